@@ -1,0 +1,48 @@
+//! # storm-primitives
+//!
+//! The three network primitives every part of storm is built on (STORM paper Sec. 2.4.1):
+//!
+//! * **XFER-AND-SIGNAL**: PUT a block of data into the global memory of a set of nodes, then
+//!   raise an event on each of them and one here. Non-blocking and all-or-nothing.
+//! * **TEST-EVENT**: poll a local event, or park until it is raised.
+//! * **COMPARE-AND-WRITE**: check `global[var] REL value` on every node of a set and, if it
+//!   holds everywhere, write a global variable on all of them. Sequentially consistent.
+//!
+//! ## What this crate owns
+//!
+//! * The contract, as the [`Primitives`] trait, and its building blocks: [`NodeSet`],
+//!   [`Layout`] (the map of global memory every node computes alike), [`GlobalMemory`],
+//!   events ([`EventTable`], [`Wait`]) and [`Relation`].
+//! * The backends: [`local`] (N virtual nodes in one process) and [`tcp`] (every node its own
+//!   endpoint; pipelined tree broadcast and tree reduction).
+//! * The [`helpers`] built only on the primitives: AWAIT-SPACE flow control and remote queues.
+//! * The [`conformance`] suite that states the contract as tests and runs on every backend.
+//!
+//! ## What it must never do
+//!
+//! Know anything about jobs, nodes' roles or scheduling. Resource-management crates reach the
+//! network only through the [`Primitives`] trait; this crate is the only one in the workspace
+//! that opens sockets between nodes (see docs/primitives.md, "Keeping the layering").
+
+pub mod conformance;
+mod error;
+mod event;
+pub mod helpers;
+mod layout;
+pub mod local;
+mod memory;
+mod nodeset;
+mod prims;
+mod relation;
+pub mod tcp;
+
+pub use error::{PrimError, Result};
+pub use event::{EventTable, Wait};
+pub use layout::{
+    Area, EventId, Layout, LayoutBuilder, LayoutError, QUEUE_SLOT_HEADER, QueueLayout, VarArray,
+    VarId,
+};
+pub use memory::GlobalMemory;
+pub use nodeset::{NodeId, NodeSet, NodeSetError};
+pub use prims::Primitives;
+pub use relation::Relation;

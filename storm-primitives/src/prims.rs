@@ -1,0 +1,123 @@
+//! The contract: the three STORM primitives as one trait that every backend implements.
+
+use bytes::Bytes;
+
+use crate::error::{PrimError, Result};
+use crate::event::Wait;
+use crate::layout::{EventId, Layout, VarId};
+use crate::memory::GlobalMemory;
+use crate::nodeset::{NodeId, NodeSet};
+use crate::relation::Relation;
+
+/// One node's handle on the fabric.
+///
+/// * `xfer_and_signal` PUTs `data` at `offset` in the global memory of every node of `dest`,
+///   then raises `remote` on each of them, then raises `local` here. It does not block: its
+///   outcome is observed only through `local`. It is all-or-nothing: if any destination cannot
+///   be reached, no destination sees `remote` and `local` is raised with the failure.
+/// * `test_event` consumes one signal of a local event, polling or parking the thread.
+/// * `compare_and_write` returns whether `global[var] REL value` holds on every node of `dest`;
+///   when it does and `write` is given, it sets `global[write.0] = write.1` on every node of
+///   `dest`. Calls with the same node set are sequentially consistent: concurrent callers that
+///   differ only in the value written leave every node with the same final value.
+///
+/// Each node also reads and writes its own global memory directly through [`memory`].
+///
+/// [`memory`]: Primitives::memory
+pub trait Primitives: Send + Sync {
+    /// This node's id.
+    fn node_id(&self) -> NodeId;
+    /// Every node of the fabric.
+    fn nodes(&self) -> NodeSet;
+    /// The global-memory layout shared by all nodes.
+    fn layout(&self) -> &Layout;
+    /// This node's own global memory.
+    fn memory(&self) -> &GlobalMemory;
+
+    /// XFER-AND-SIGNAL.
+    fn xfer_and_signal(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<EventId>,
+        local: Option<EventId>,
+    ) -> Result<()>;
+
+    /// TEST-EVENT.
+    fn test_event(&self, event: EventId, wait: Wait) -> Result<bool>;
+
+    /// COMPARE-AND-WRITE.
+    fn compare_and_write(
+        &self,
+        dest: &NodeSet,
+        var: VarId,
+        rel: Relation,
+        value: u64,
+        write: Option<(VarId, u64)>,
+    ) -> Result<bool>;
+}
+
+/// Checks the arguments of an XFER-AND-SIGNAL against the layout and the cluster.
+pub(crate) fn check_xfer(
+    layout: &Layout,
+    all: &NodeSet,
+    dest: &NodeSet,
+    offset: u64,
+    len: usize,
+    remote: Option<EventId>,
+    local: Option<EventId>,
+) -> Result<()> {
+    check_nodes(all, dest)?;
+    if !layout.contains_range(offset, len as u64) {
+        return Err(PrimError::invalid(format!(
+            "transfer of {len} bytes at offset {offset} does not fit in global memory of {} bytes",
+            layout.size()
+        )));
+    }
+    for ev in [remote, local].into_iter().flatten() {
+        check_event(layout, ev)?;
+    }
+    Ok(())
+}
+
+/// Checks the arguments of a COMPARE-AND-WRITE.
+pub(crate) fn check_caw(
+    layout: &Layout,
+    all: &NodeSet,
+    dest: &NodeSet,
+    var: VarId,
+    write: Option<(VarId, u64)>,
+) -> Result<()> {
+    check_nodes(all, dest)?;
+    for v in std::iter::once(var).chain(write.map(|w| w.0)) {
+        if layout.var_at(v.offset()).is_none() {
+            return Err(PrimError::invalid(format!(
+                "variable at offset {} is outside global memory",
+                v.offset()
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn check_event(layout: &Layout, ev: EventId) -> Result<()> {
+    if ev.index() >= layout.event_count() {
+        return Err(PrimError::invalid(format!(
+            "event {} does not exist (the layout has {})",
+            ev.index(),
+            layout.event_count()
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_nodes(all: &NodeSet, dest: &NodeSet) -> Result<()> {
+    let outside = dest.difference(all);
+    if !outside.is_empty() {
+        return Err(PrimError::invalid(format!(
+            "nodes {outside} are not in the cluster ({all})"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,362 @@
+//! A tcp node: its listener, its connections, and the dispatch of frames to the transfer and
+//! compare-and-write state machines.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+
+use super::caw::CawTable;
+use super::config::TcpConfig;
+use super::conn::{self, Conn};
+use super::wire::{Control, Frame, OutFrame};
+use super::xfer::XferTable;
+use crate::error::{PrimError, Result};
+use crate::event::{EventTable, Wait};
+use crate::layout::{EventId, Layout, VarId};
+use crate::memory::GlobalMemory;
+use crate::nodeset::{NodeId, NodeSet};
+use crate::prims::{Primitives, check_caw, check_event, check_xfer};
+use crate::relation::Relation;
+
+/// State shared by all threads of one tcp node.
+pub(crate) struct Inner {
+    pub id: NodeId,
+    pub all: NodeSet,
+    pub layout: Layout,
+    pub config: TcpConfig,
+    pub memory: GlobalMemory,
+    pub events: EventTable,
+    directory: RwLock<Vec<Option<SocketAddr>>>,
+    conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
+    pub xfers: Mutex<XferTable>,
+    pub caws: Mutex<CawTable>,
+    next_seq: AtomicU64,
+    shutdown: AtomicBool,
+    listen_addr: SocketAddr,
+}
+
+impl Inner {
+    pub fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// A sequence number unique to this node, also across restarts (it starts from the clock).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Queues `frame` for `peer`, connecting first if needed. Failures come back through
+    /// [`Inner::conn_lost`].
+    pub fn send(self: &Arc<Self>, peer: NodeId, frame: OutFrame) {
+        if self.is_shut_down() {
+            return;
+        }
+        debug_assert_ne!(peer, self.id, "a node never sends to itself");
+        for _ in 0..2 {
+            let conn = {
+                let mut conns = self.conns.lock();
+                match conns.get(&peer) {
+                    Some(c) if !c.is_closed() => c.clone(),
+                    _ => {
+                        let addr = self.directory.read().get(peer as usize).copied().flatten();
+                        let c = conn::connect(self, peer, addr);
+                        conns.insert(peer, c.clone());
+                        c
+                    }
+                }
+            };
+            if conn.send(frame.clone()) {
+                return;
+            }
+        }
+    }
+
+    pub fn send_control(self: &Arc<Self>, peer: NodeId, msg: &Control) {
+        self.send(peer, OutFrame::control(msg));
+    }
+
+    /// Registers an accepted connection unless a live one to that peer exists.
+    pub fn adopt(&self, conn: Arc<Conn>) {
+        let mut conns = self.conns.lock();
+        match conns.get(&conn.peer) {
+            Some(c) if !c.is_closed() => {}
+            _ => {
+                conns.insert(conn.peer, conn);
+            }
+        }
+    }
+
+    /// A connection failed. Every operation waiting on that peer fails now.
+    pub fn conn_lost(self: &Arc<Self>, conn: &Arc<Conn>, reason: String) {
+        let first = conn.mark_closed();
+        conn.close();
+        {
+            let mut conns = self.conns.lock();
+            if conns.get(&conn.peer).is_some_and(|c| c.id == conn.id) {
+                conns.remove(&conn.peer);
+            }
+        }
+        if !first || self.is_shut_down() {
+            return;
+        }
+        tracing::debug!(
+            node = self.id,
+            peer = conn.peer,
+            "connection lost: {reason}"
+        );
+        let err = PrimError::Unreachable {
+            node: conn.peer,
+            reason,
+        };
+        self.xfer_peer_lost(conn.peer, &err);
+        self.caw_peer_lost(conn.peer, &err);
+    }
+
+    /// Handles one frame from `from`. An error means the peer broke the protocol and the
+    /// connection is closed.
+    pub fn dispatch(
+        self: &Arc<Self>,
+        from: NodeId,
+        frame: Frame,
+    ) -> std::result::Result<(), String> {
+        match frame {
+            Frame::Data(chunk) => self.on_xfer_data(from, chunk),
+            Frame::Control(Control::Xfer(msg)) => self.on_xfer(from, msg),
+            Frame::Control(Control::Caw(msg)) => self.on_caw(from, msg),
+            Frame::Control(other) => Err(format!("unexpected message after handshake: {other:?}")),
+        }
+    }
+
+    fn sweep(self: &Arc<Self>) {
+        let now = std::time::Instant::now();
+        self.xfer_sweep(now);
+        self.caw_sweep(now);
+    }
+
+    fn shut_down(&self) {
+        if self.shutdown.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let conns: Vec<_> = self.conns.lock().drain().map(|(_, c)| c).collect();
+        for c in conns {
+            c.close();
+        }
+        self.events.close();
+        self.caw_shut_down();
+        // Wake the accept loop.
+        let _ = TcpStream::connect_timeout(&self.listen_addr, Duration::from_millis(100));
+    }
+}
+
+/// One node of the tcp backend: its own listener, connections to the peers it talks to, and
+/// threads that move frames.
+pub struct TcpNode {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl TcpNode {
+    /// Starts node `id` listening on `listener`. `directory[i]` is node `i`'s listening
+    /// address; the directory's length is the cluster size.
+    pub fn start(
+        id: NodeId,
+        listener: TcpListener,
+        directory: Vec<Option<SocketAddr>>,
+        layout: Layout,
+        config: TcpConfig,
+    ) -> Result<TcpNode> {
+        config.validate().map_err(PrimError::InvalidArgument)?;
+        let n = directory.len() as u32;
+        if id >= n {
+            return Err(PrimError::invalid(format!(
+                "node id {id} outside a cluster of {n} nodes"
+            )));
+        }
+        let listen_addr = listener
+            .local_addr()
+            .map_err(|e| PrimError::invalid(format!("listener has no address: {e}")))?;
+        let seq_start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        let inner = Arc::new(Inner {
+            id,
+            all: NodeSet::first_n(n),
+            memory: GlobalMemory::new(layout.size()),
+            events: EventTable::new(layout.event_count()),
+            layout,
+            config,
+            directory: RwLock::new(directory),
+            conns: Mutex::new(HashMap::new()),
+            xfers: Mutex::new(XferTable::default()),
+            caws: Mutex::new(CawTable::default()),
+            next_seq: AtomicU64::new(seq_start),
+            shutdown: AtomicBool::new(false),
+            listen_addr,
+        });
+        let mut threads = Vec::new();
+        let acc = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("storm-listen-{id}"))
+                .spawn(move || {
+                    for stream in listener.incoming() {
+                        if acc.is_shut_down() {
+                            break;
+                        }
+                        match stream {
+                            Ok(s) => conn::accept(&acc, s),
+                            Err(e) => {
+                                tracing::warn!(node = acc.id, "accept failed: {e}");
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                        }
+                    }
+                })
+                .map_err(|e| PrimError::invalid(format!("cannot start threads: {e}")))?,
+        );
+        let sw = inner.clone();
+        let tick =
+            (sw.config.op_timeout / 20).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("storm-sweep-{id}"))
+                .spawn(move || {
+                    while !sw.is_shut_down() {
+                        std::thread::sleep(tick);
+                        sw.sweep();
+                    }
+                })
+                .map_err(|e| PrimError::invalid(format!("cannot start threads: {e}")))?,
+        );
+        Ok(TcpNode {
+            inner,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Starts `n` nodes on loopback ports chosen by the kernel, all in this process.
+    pub fn local_cluster(n: u32, layout: &Layout, config: &TcpConfig) -> Result<Vec<TcpNode>> {
+        let listeners = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| PrimError::invalid(format!("cannot bind on loopback: {e}")))?;
+        let directory: Vec<Option<SocketAddr>> =
+            listeners.iter().map(|l| l.local_addr().ok()).collect();
+        listeners
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                TcpNode::start(
+                    i as NodeId,
+                    l,
+                    directory.clone(),
+                    layout.clone(),
+                    config.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Where this node listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.listen_addr
+    }
+
+    /// Changes where node `id` is reached (a node restarted elsewhere).
+    pub fn set_peer_address(&self, id: NodeId, addr: SocketAddr) {
+        if let Some(slot) = self.inner.directory.write().get_mut(id as usize) {
+            *slot = Some(addr);
+        }
+    }
+
+    pub fn config(&self) -> &TcpConfig {
+        &self.inner.config
+    }
+
+    /// Stops the node abruptly, as a crash would: connections close, operations in flight
+    /// fail, blocked waiters return [`PrimError::ShutDown`].
+    pub fn shutdown(&self) {
+        self.inner.shut_down();
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TcpNode {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Primitives for TcpNode {
+    fn node_id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    fn nodes(&self) -> NodeSet {
+        self.inner.all.clone()
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    fn memory(&self) -> &GlobalMemory {
+        &self.inner.memory
+    }
+
+    fn xfer_and_signal(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<EventId>,
+        local: Option<EventId>,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        check_xfer(
+            &inner.layout,
+            &inner.all,
+            dest,
+            offset,
+            data.len(),
+            remote,
+            local,
+        )?;
+        if inner.is_shut_down() {
+            return Err(PrimError::ShutDown);
+        }
+        inner.start_xfer(dest, offset, data, remote, local);
+        Ok(())
+    }
+
+    fn test_event(&self, event: EventId, wait: Wait) -> Result<bool> {
+        check_event(&self.inner.layout, event)?;
+        self.inner.events.test(event, wait)
+    }
+
+    fn compare_and_write(
+        &self,
+        dest: &NodeSet,
+        var: VarId,
+        rel: Relation,
+        value: u64,
+        write: Option<(VarId, u64)>,
+    ) -> Result<bool> {
+        let inner = &self.inner;
+        check_caw(&inner.layout, &inner.all, dest, var, write)?;
+        if inner.is_shut_down() {
+            return Err(PrimError::ShutDown);
+        }
+        inner.run_caw(dest, var, rel, value, write)
+    }
+}

@@ -1,0 +1,162 @@
+//! k-ary spanning trees over a node set, computed identically on every node.
+//!
+//! The tree has the root at position 0 and the other members in ascending id order at
+//! positions 1.., laid out like a binary heap generalised to `fanout` children: the children of
+//! position `p` are `fanout*p + 1 ..= fanout*p + fanout`. Any node that knows the root, the
+//! member set and the fanout (all carried in an operation's header) can find its parent and
+//! children without asking anyone, in time proportional to the number of ranges in the set.
+
+use crate::nodeset::{NodeId, NodeSet};
+
+#[derive(Debug, Clone)]
+pub struct Tree {
+    root: NodeId,
+    /// Members other than the root.
+    others: NodeSet,
+    fanout: usize,
+}
+
+impl Tree {
+    /// A tree rooted at `root` spanning `root` and every node of `members`.
+    pub fn new(root: NodeId, members: &NodeSet, fanout: usize) -> Self {
+        let mut others = members.clone();
+        others.remove(root);
+        Self {
+            root,
+            others,
+            fanout: fanout.max(1),
+        }
+    }
+
+    pub fn root(&self) -> NodeId {
+        self.root
+    }
+
+    /// Nodes in the tree, root included.
+    pub fn size(&self) -> usize {
+        self.others.len() + 1
+    }
+
+    fn position(&self, node: NodeId) -> Option<usize> {
+        if node == self.root {
+            Some(0)
+        } else {
+            self.others.rank(node).map(|r| r + 1)
+        }
+    }
+
+    fn at(&self, pos: usize) -> Option<NodeId> {
+        if pos == 0 {
+            Some(self.root)
+        } else {
+            self.others.nth(pos - 1)
+        }
+    }
+
+    pub fn contains(&self, node: NodeId) -> bool {
+        self.position(node).is_some()
+    }
+
+    /// The parent of `node`, `None` for the root or a non-member.
+    pub fn parent(&self, node: NodeId) -> Option<NodeId> {
+        match self.position(node)? {
+            0 => None,
+            pos => self.at((pos - 1) / self.fanout),
+        }
+    }
+
+    /// The children of `node`, in ascending position.
+    pub fn children(&self, node: NodeId) -> Vec<NodeId> {
+        let Some(pos) = self.position(node) else {
+            return Vec::new();
+        };
+        let size = self.size();
+        let first = pos.saturating_mul(self.fanout).saturating_add(1);
+        (first..first.saturating_add(self.fanout))
+            .take_while(|&p| p < size)
+            .filter_map(|p| self.at(p))
+            .collect()
+    }
+
+    /// Edges on the longest root-to-leaf path.
+    pub fn depth(&self) -> usize {
+        depth_of(self.size(), self.fanout)
+    }
+}
+
+/// Depth of a `fanout`-ary heap-shaped tree of `size` nodes.
+pub fn depth_of(size: usize, fanout: usize) -> usize {
+    let fanout = fanout.max(1);
+    if fanout == 1 {
+        return size.saturating_sub(1);
+    }
+    let mut depth = 0;
+    let mut last = size.saturating_sub(1);
+    while last > 0 {
+        last = (last - 1) / fanout;
+        depth += 1;
+    }
+    depth
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn binary_tree_over_a_range() {
+        let t = Tree::new(0, &NodeSet::first_n(7), 2);
+        assert_eq!(t.children(0), vec![1, 2]);
+        assert_eq!(t.children(1), vec![3, 4]);
+        assert_eq!(t.children(2), vec![5, 6]);
+        assert_eq!(t.children(3), Vec::<u32>::new());
+        assert_eq!(t.parent(6), Some(2));
+        assert_eq!(t.depth(), 2);
+    }
+
+    #[test]
+    fn root_outside_the_member_set_is_position_zero() {
+        let members: NodeSet = "10-12,20".parse().unwrap();
+        let t = Tree::new(3, &members, 2);
+        assert_eq!(t.size(), 5);
+        assert_eq!(t.children(3), vec![10, 11]);
+        assert_eq!(t.children(10), vec![12, 20]);
+        assert_eq!(t.parent(20), Some(10));
+        assert_eq!(t.parent(3), None);
+        assert_eq!(t.parent(4), None, "non-member");
+        assert!(t.children(4).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn every_member_is_reached_exactly_once_from_the_root(
+            ids in proptest::collection::btree_set(0u32..200, 0..60),
+            root in 0u32..200, fanout in 1usize..6) {
+            let members: NodeSet = ids.iter().copied().collect();
+            let t = Tree::new(root, &members, fanout);
+            let mut seen = vec![root];
+            let mut frontier = vec![root];
+            while let Some(n) = frontier.pop() {
+                let kids = t.children(n);
+                prop_assert!(kids.len() <= fanout);
+                for k in kids {
+                    prop_assert_eq!(t.parent(k), Some(n));
+                    seen.push(k);
+                    frontier.push(k);
+                }
+            }
+            seen.sort_unstable();
+            let mut expect = members.union(&NodeSet::single(root)).to_vec();
+            expect.sort_unstable();
+            prop_assert_eq!(seen, expect);
+            // Depth matches the longest parent chain.
+            let longest = t.others.iter().map(|mut n| {
+                let mut d = 0;
+                while let Some(p) = t.parent(n) { n = p; d += 1; }
+                d
+            }).max().unwrap_or(0);
+            prop_assert_eq!(t.depth(), longest);
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! XFER-AND-SIGNAL over the tcp tree: a pipelined broadcast with a two-phase commit.
+//!
+//! 1. **Data.** The origin sends `Begin` and then the data in chunks to its children in the
+//!    k-ary tree over the destination set. Every node writes each chunk into its global memory
+//!    and forwards it to its own children as soon as it has read it, so chunk `i` travels down
+//!    one level while chunk `i+1` arrives (the pipeline of the paper's Fig. 6).
+//! 2. **Ack.** A node whose data is complete and whose children have all acknowledged sends
+//!    `Ack` to its parent. No node has signalled anything yet.
+//! 3. **Commit.** When the origin has every acknowledgement it sends `Commit` down the tree;
+//!    each node forwards it, raises the remote event, and answers `Committed` once its subtree
+//!    has. When all have, the origin raises the local event with success.
+//!
+//! A node that cannot reach a child (its connection closes, or it misses the deadline) sends
+//! `Nack` up; the origin then sends `Abort` down and raises the local event with the failure.
+//! Before the commit phase no destination has been signalled, so a failure during the data
+//! phase (which is almost all of a transfer's time) leaves no node with a partial signal.
+//! Failures inside the short commit phase are reported as failures too, but some nodes may
+//! already have been signalled; docs/primitives.md discusses this window.
+//!
+//! The origin commits its own transfers in the order it issued them (a later transfer over the
+//! same tree may commit right behind an earlier one, since frames on one connection stay in
+//! order), so remote events from one origin are raised in issue order on every node.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::node::Inner;
+use super::tree::Tree;
+use super::wire::{Control, DataChunk, OpKey, OutFrame, XferBegin, XferMsg};
+use crate::error::PrimError;
+use crate::layout::EventId;
+use crate::nodeset::{NodeId, NodeSet};
+
+/// Longest timeout a peer may ask for (guards against absurd values on the wire).
+const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Receiving data and waiting for the children's acks.
+    Gathering,
+    /// Subtree complete; a member waits for `Commit`, the origin for its turn to commit.
+    Prepared,
+    /// Commit sent down; waiting for the children's `Committed`.
+    Committing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Child {
+    Pending,
+    Acked,
+    Committed,
+}
+
+struct XferOp {
+    begin: XferBegin,
+    /// `None` at the origin.
+    parent: Option<NodeId>,
+    /// The origin's local event.
+    local: Option<EventId>,
+    children: Vec<(NodeId, Child)>,
+    received: u64,
+    phase: Phase,
+    deadline: Instant,
+}
+
+impl XferOp {
+    fn all_children(&self, state: Child) -> bool {
+        self.children.iter().all(|&(_, s)| s == state)
+    }
+    fn set_child(&mut self, child: NodeId, from: Child, to: Child) -> bool {
+        match self.children.iter_mut().find(|(c, _)| *c == child) {
+            Some((_, s)) if *s == from => {
+                *s = to;
+                true
+            }
+            _ => false,
+        }
+    }
+    fn child_ids(&self) -> Vec<NodeId> {
+        self.children.iter().map(|&(c, _)| c).collect()
+    }
+}
+
+/// Transfers in flight at one node.
+#[derive(Default)]
+pub(crate) struct XferTable {
+    ops: HashMap<OpKey, XferOp>,
+    /// This node's own transfers, in issue order.
+    own: VecDeque<OpKey>,
+}
+
+fn xfer(msg: XferMsg) -> Control {
+    Control::Xfer(msg)
+}
+
+impl Inner {
+    /// Starts a transfer from this node (the origin).
+    pub(crate) fn start_xfer(
+        self: &Arc<Self>,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<EventId>,
+        local: Option<EventId>,
+    ) {
+        let key = OpKey {
+            origin: self.id,
+            seq: self.next_seq(),
+        };
+        let timeout = self.config.op_timeout;
+        let tree = Tree::new(self.id, dest, self.config.fanout);
+        let tree_children = tree.children(self.id);
+        if dest.contains(self.id) {
+            // Checked against the layout by the caller.
+            let _ = self.memory.write(offset, &data);
+        }
+        let begin = XferBegin {
+            key,
+            dest: dest.clone(),
+            fanout: self.config.fanout as u32,
+            offset,
+            len: data.len() as u64,
+            remote_event: remote.map(|e| e.index() as u32),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let begin_frame = OutFrame::control(&xfer(XferMsg::Begin(begin.clone())));
+        let mut table = self.xfers.lock();
+        table.ops.insert(
+            key,
+            XferOp {
+                begin,
+                parent: None,
+                local,
+                children: tree_children.iter().map(|&c| (c, Child::Pending)).collect(),
+                received: data.len() as u64,
+                phase: Phase::Gathering,
+                deadline: Instant::now() + timeout,
+            },
+        );
+        table.own.push_back(key);
+        for &c in &tree_children {
+            self.send(c, begin_frame.clone());
+        }
+        let chunk = self.config.chunk_size;
+        let mut at = 0usize;
+        while at < data.len() {
+            let end = (at + chunk).min(data.len());
+            let frame = OutFrame::data(key, at as u64, data.slice(at..end));
+            for &c in &tree_children {
+                self.send(c, frame.clone());
+            }
+            at = end;
+        }
+        self.xfer_progress(&mut table, key);
+        self.commit_own(&mut table);
+    }
+
+    pub(crate) fn on_xfer(self: &Arc<Self>, from: NodeId, msg: XferMsg) -> Result<(), String> {
+        let mut table = self.xfers.lock();
+        match msg {
+            XferMsg::Begin(begin) => self.on_begin(&mut table, from, begin)?,
+            XferMsg::Ack(key) => {
+                if let Some(op) = table.ops.get_mut(&key) {
+                    if !op.set_child(from, Child::Pending, Child::Acked) {
+                        return Err(format!("unexpected ack for {key:?}"));
+                    }
+                    self.xfer_progress(&mut table, key);
+                }
+            }
+            XferMsg::Committed(key) => {
+                if let Some(op) = table.ops.get_mut(&key) {
+                    if op.phase != Phase::Committing
+                        || !op.set_child(from, Child::Acked, Child::Committed)
+                    {
+                        return Err(format!("unexpected commit confirmation for {key:?}"));
+                    }
+                    self.xfer_progress(&mut table, key);
+                }
+            }
+            XferMsg::Nack(key, err) => {
+                if table
+                    .ops
+                    .get(&key)
+                    .is_some_and(|op| op.children.iter().any(|c| c.0 == from))
+                {
+                    self.xfer_fail(&mut table, key, err);
+                }
+            }
+            XferMsg::Commit(key) => {
+                let Some(op) = table.ops.get_mut(&key) else {
+                    tracing::warn!(
+                        node = self.id,
+                        ?key,
+                        "commit for a transfer this node already dropped"
+                    );
+                    return Ok(());
+                };
+                if op.parent != Some(from) || op.phase != Phase::Prepared {
+                    return Err(format!("unexpected commit for {key:?}"));
+                }
+                self.xfer_commit(&mut table, key);
+            }
+            XferMsg::Abort(key) => {
+                if table
+                    .ops
+                    .get(&key)
+                    .is_some_and(|op| op.parent == Some(from))
+                {
+                    self.xfer_abort(&mut table, key);
+                }
+            }
+        }
+        self.commit_own(&mut table);
+        Ok(())
+    }
+
+    fn on_begin(
+        self: &Arc<Self>,
+        table: &mut XferTable,
+        from: NodeId,
+        begin: XferBegin,
+    ) -> Result<(), String> {
+        let key = begin.key;
+        if begin.fanout == 0 || begin.timeout_ms == 0 || begin.timeout_ms > MAX_TIMEOUT_MS {
+            return Err(format!(
+                "transfer {key:?} has fanout {} and timeout {} ms",
+                begin.fanout, begin.timeout_ms
+            ));
+        }
+        if !begin.dest.is_subset(&self.all) || !begin.dest.contains(self.id) {
+            return Err(format!(
+                "transfer {key:?} to {} does not include this node",
+                begin.dest
+            ));
+        }
+        let tree = Tree::new(key.origin, &begin.dest, begin.fanout as usize);
+        if tree.parent(self.id) != Some(from) {
+            return Err(format!("node {from} is not this node's parent for {key:?}"));
+        }
+        if !self.layout.contains_range(begin.offset, begin.len) {
+            return Err(format!(
+                "transfer {key:?} of {} bytes at {} overruns global memory",
+                begin.len, begin.offset
+            ));
+        }
+        if let Some(ev) = begin.remote_event
+            && self.layout.event(ev).is_none()
+        {
+            return Err(format!("transfer {key:?} names unknown event {ev}"));
+        }
+        if table.ops.contains_key(&key) {
+            return Err(format!("transfer {key:?} begun twice"));
+        }
+        let children = tree.children(self.id);
+        let timeout = Duration::from_millis(begin.timeout_ms);
+        let frame = OutFrame::control(&xfer(XferMsg::Begin(begin.clone())));
+        for &c in &children {
+            self.send(c, frame.clone());
+        }
+        table.ops.insert(
+            key,
+            XferOp {
+                begin,
+                parent: Some(from),
+                local: None,
+                children: children.into_iter().map(|c| (c, Child::Pending)).collect(),
+                received: 0,
+                phase: Phase::Gathering,
+                // Give up a little before the origin does, so the reason reaches it.
+                deadline: Instant::now() + timeout.mul_f64(0.9),
+            },
+        );
+        self.xfer_progress(table, key);
+        Ok(())
+    }
+
+    pub(crate) fn on_xfer_data(
+        self: &Arc<Self>,
+        from: NodeId,
+        chunk: DataChunk,
+    ) -> Result<(), String> {
+        let DataChunk { key, at, payload } = chunk;
+        let (offset, children) = {
+            let table = self.xfers.lock();
+            let Some(op) = table.ops.get(&key) else {
+                return Ok(()); // aborted: drop the rest of its data
+            };
+            if op.parent != Some(from) {
+                return Err(format!(
+                    "data for {key:?} from node {from}, which is not the parent"
+                ));
+            }
+            let end = at.checked_add(payload.len() as u64);
+            if at != op.received || end.is_none_or(|e| e > op.begin.len) {
+                return Err(format!(
+                    "data for {key:?} at {at}+{} out of order or past its length {}",
+                    payload.len(),
+                    op.begin.len
+                ));
+            }
+            (op.begin.offset, op.child_ids())
+        };
+        self.memory
+            .write(offset + at, &payload)
+            .map_err(|e| e.to_string())?;
+        if !children.is_empty() {
+            let frame = OutFrame::data(key, at, payload.clone());
+            for c in children {
+                self.send(c, frame.clone());
+            }
+        }
+        let mut table = self.xfers.lock();
+        if let Some(op) = table.ops.get_mut(&key) {
+            op.received += payload.len() as u64;
+            self.xfer_progress(&mut table, key);
+            self.commit_own(&mut table);
+        }
+        Ok(())
+    }
+
+    /// Moves an operation forward when its subtree has caught up. At the origin this only marks
+    /// the transfer prepared or finished; callers then run [`Inner::commit_own`], which keeps
+    /// the commit order and avoids recursion.
+    fn xfer_progress(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
+        let Some(op) = table.ops.get_mut(&key) else {
+            return;
+        };
+        match op.phase {
+            Phase::Gathering if op.received == op.begin.len && op.all_children(Child::Acked) => {
+                op.phase = Phase::Prepared;
+                // At the origin, `commit_own` (run by the caller) takes it from here.
+                if let Some(parent) = op.parent {
+                    op.deadline = Instant::now() + 2 * Duration::from_millis(op.begin.timeout_ms);
+                    self.send_control(parent, &xfer(XferMsg::Ack(key)));
+                }
+            }
+            Phase::Committing if op.all_children(Child::Committed) => {
+                let op = table.ops.remove(&key).expect("present");
+                match op.parent {
+                    Some(parent) => self.send_control(parent, &xfer(XferMsg::Committed(key))),
+                    None => {
+                        table.own.retain(|k| *k != key);
+                        if let Some(ev) = op.local {
+                            self.events.signal(ev);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Commits this node's prepared transfers, in issue order. Called at the end of every entry
+    /// point that may have changed an own transfer's phase.
+    fn commit_own(self: &Arc<Self>, table: &mut XferTable) {
+        let mut index = 0;
+        // (dest, fanout) of the transfer ahead that is committing.
+        let mut ahead: Option<(NodeSet, u32)> = None;
+        while index < table.own.len() {
+            let key = table.own[index];
+            let Some(op) = table.ops.get(&key) else {
+                table.own.remove(index);
+                continue;
+            };
+            let tree_of = |op: &XferOp| (op.begin.dest.clone(), op.begin.fanout);
+            match op.phase {
+                Phase::Gathering => return,
+                Phase::Committing => {
+                    ahead = Some(tree_of(op));
+                    index += 1;
+                }
+                Phase::Prepared => {
+                    if ahead.as_ref().is_some_and(|a| *a != tree_of(op)) {
+                        return;
+                    }
+                    ahead = Some(tree_of(op));
+                    self.xfer_commit(table, key);
+                    if table.ops.contains_key(&key) {
+                        index += 1;
+                    }
+                    // else it finished at once and left `own`; `index` now names the next one.
+                }
+            }
+        }
+    }
+
+    /// Sends `Commit` down and raises this node's remote event.
+    fn xfer_commit(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
+        let Some(op) = table.ops.get_mut(&key) else {
+            return;
+        };
+        op.phase = Phase::Committing;
+        op.deadline = Instant::now() + Duration::from_millis(op.begin.timeout_ms);
+        let frame = OutFrame::control(&xfer(XferMsg::Commit(key)));
+        for (c, _) in &op.children {
+            self.send(*c, frame.clone());
+        }
+        if op.begin.dest.contains(self.id)
+            && let Some(ev) = op.begin.remote_event.and_then(|e| self.layout.event(e))
+        {
+            self.events.signal(ev);
+        }
+        self.xfer_progress(table, key);
+    }
+
+    /// Forgets an operation without signalling, telling the subtree to do the same.
+    fn xfer_abort(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
+        if let Some(op) = table.ops.remove(&key) {
+            let frame = OutFrame::control(&xfer(XferMsg::Abort(key)));
+            for (c, _) in op.children {
+                self.send(c, frame.clone());
+            }
+        }
+    }
+
+    /// Fails an operation: abort below, report above (or to the local event at the origin).
+    fn xfer_fail(self: &Arc<Self>, table: &mut XferTable, key: OpKey, err: PrimError) {
+        let parent = match table.ops.get(&key) {
+            Some(op) => op.parent,
+            None => return,
+        };
+        let local = table.ops.get(&key).and_then(|op| op.local);
+        self.xfer_abort(table, key);
+        match parent {
+            Some(p) => self.send_control(p, &xfer(XferMsg::Nack(key, err))),
+            None => {
+                table.own.retain(|k| *k != key);
+                match local {
+                    Some(ev) => self.events.fail(ev, err),
+                    None => tracing::warn!(
+                        node = self.id,
+                        "transfer failed with nobody listening: {err}"
+                    ),
+                }
+            }
+        }
+    }
+
+    /// A peer is gone: transfers it was part of fail now.
+    pub(crate) fn xfer_peer_lost(self: &Arc<Self>, peer: NodeId, err: &PrimError) {
+        let mut table = self.xfers.lock();
+        let keys: Vec<OpKey> = table.ops.keys().copied().collect();
+        for key in keys {
+            let Some(op) = table.ops.get(&key) else {
+                continue;
+            };
+            if op.parent == Some(peer) {
+                // Our parent died; nobody will commit this. Forget it quietly.
+                self.xfer_abort(&mut table, key);
+            } else if op
+                .children
+                .iter()
+                .any(|&(c, s)| c == peer && s != Child::Committed)
+            {
+                self.xfer_fail(&mut table, key, err.clone());
+            }
+        }
+        self.commit_own(&mut table);
+    }
+
+    /// Fails or forgets operations past their deadline.
+    pub(crate) fn xfer_sweep(self: &Arc<Self>, now: Instant) {
+        let mut table = self.xfers.lock();
+        let late: Vec<OpKey> = table
+            .ops
+            .iter()
+            .filter(|(_, op)| op.deadline <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in late {
+            let Some(op) = table.ops.get(&key) else {
+                continue;
+            };
+            if op.phase == Phase::Prepared && op.parent.is_some() {
+                tracing::warn!(
+                    node = self.id,
+                    ?key,
+                    "no commit arrived; dropping the transfer unsignalled"
+                );
+                table.ops.remove(&key);
+                continue;
+            }
+            let waiting: NodeSet = op
+                .children
+                .iter()
+                .filter(|&&(_, s)| s != Child::Committed)
+                .map(|&(c, _)| c)
+                .collect();
+            let detail = if op.received < op.begin.len {
+                format!(
+                    "node {} received {} of {} bytes",
+                    self.id, op.received, op.begin.len
+                )
+            } else {
+                format!("no answer from the subtrees under nodes {waiting}")
+            };
+            let err = PrimError::Timeout {
+                nodes: op.begin.dest.clone(),
+                timeout_ms: op.begin.timeout_ms,
+                detail,
+            };
+            self.xfer_fail(&mut table, key, err);
+        }
+        self.commit_own(&mut table);
+    }
+}
