@@ -53,6 +53,8 @@ pub struct TestLayout {
     pub a: VarId,
     pub b: VarId,
     pub counter: VarId,
+    /// Free for test agents (`storm-prim-node` counts its `data` signals here).
+    pub signals: VarId,
     pub small: Area,
     pub bulk: Area,
     pub data: EventId,
@@ -68,6 +70,7 @@ pub fn test_layout() -> TestLayout {
     let a = b.var("a");
     let bv = b.var("b");
     let counter = b.var("counter");
+    let signals = b.var("signals");
     let small = b.area("small", 4096);
     let bulk = b.area("bulk", BULK_BYTES);
     let data = b.event("data");
@@ -78,6 +81,7 @@ pub fn test_layout() -> TestLayout {
         a,
         b: bv,
         counter,
+        signals,
         small,
         bulk,
         data,

@@ -275,7 +275,14 @@ impl Layout {
     }
 }
 
-/// FNV-1a, 64 bit: tiny, stable across platforms and Rust versions.
+/// FNV-1a (64 bit) of `bytes`: tiny and stable across platforms and Rust versions.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h = Fnv64::new();
+    h.write(bytes);
+    h.finish()
+}
+
+/// FNV-1a, 64 bit, incremental.
 pub(crate) struct Fnv64(u64);
 
 impl Fnv64 {

@@ -40,7 +40,7 @@ pub use error::{PrimError, Result};
 pub use event::{EventTable, Wait};
 pub use layout::{
     Area, EventId, Layout, LayoutBuilder, LayoutError, QUEUE_SLOT_HEADER, QueueLayout, VarArray,
-    VarId,
+    VarId, fnv1a64,
 };
 pub use memory::GlobalMemory;
 pub use nodeset::{NodeId, NodeSet, NodeSetError};

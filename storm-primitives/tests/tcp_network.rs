@@ -1,0 +1,242 @@
+//! The tcp backend against peers that misbehave: unreachable, silent, or built for another
+//! cluster. Each fails the operation within the configured bound and says why.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use storm_primitives::conformance::test_layout;
+use storm_primitives::tcp::wire::{Control, Frame, OutFrame, read_frame};
+use storm_primitives::tcp::{TcpConfig, TcpNode};
+use storm_primitives::{Layout, NodeSet, PrimError, Primitives, Relation, Wait};
+
+fn config(timeout_ms: u64) -> TcpConfig {
+    TcpConfig {
+        op_timeout: Duration::from_millis(timeout_ms),
+        connect_timeout: Duration::from_millis(300),
+        ..TcpConfig::default()
+    }
+}
+
+/// Starts nodes 0..n-1 in this process, with node `n` reached at `extra`.
+fn cluster_with(n: u32, extra: SocketAddr, layout: &Layout, cfg: &TcpConfig) -> Vec<TcpNode> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut dir: Vec<Option<SocketAddr>> = listeners.iter().map(|l| l.local_addr().ok()).collect();
+    dir.push(Some(extra));
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            TcpNode::start(i as u32, l, dir.clone(), layout.clone(), cfg.clone()).unwrap()
+        })
+        .collect()
+}
+
+fn outcome(node: &TcpNode, ev: storm_primitives::EventId) -> Result<bool, PrimError> {
+    node.test_event(ev, Wait::Timeout(Duration::from_secs(30)))
+}
+
+#[test]
+fn a_node_nobody_listens_for_fails_at_once_naming_it() {
+    let t = test_layout();
+    // Bind then drop: the port refuses connections.
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let nodes = cluster_with(3, dead, &t.layout, &config(5000));
+    let all = NodeSet::first_n(4);
+    let start = Instant::now();
+    nodes[0]
+        .xfer_and_signal(
+            &all,
+            t.bulk.offset,
+            Bytes::from_static(b"x"),
+            Some(t.data),
+            Some(t.done),
+        )
+        .unwrap();
+    match outcome(&nodes[0], t.done) {
+        Err(PrimError::Unreachable { node: 3, reason }) => {
+            assert!(reason.contains("connect"), "{reason}")
+        }
+        other => panic!("expected node 3 unreachable, got {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "a refused connection is noticed before the timeout"
+    );
+    for n in &nodes {
+        assert_eq!(n.test_event(t.data, Wait::Poll), Ok(false));
+    }
+    let r = nodes[1].compare_and_write(&all, t.a, Relation::Eq, 0, None);
+    assert!(
+        matches!(r, Err(PrimError::Unreachable { node: 3, .. })),
+        "{r:?}"
+    );
+}
+
+/// A peer that completes the handshake and then never answers: the operation fails with a
+/// timeout that names it, after the configured timeout and not long after.
+#[test]
+fn a_silent_node_fails_the_operation_within_the_timeout() {
+    let t = test_layout();
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in silent.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                if let Ok(Frame::Control(Control::Hello(_))) = read_frame(&mut s, 1 << 20) {
+                    let _ = s.write_all(&OutFrame::control(&Control::HelloAck).to_vec());
+                    let mut sink = [0u8; 65536];
+                    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+                }
+            });
+        }
+    });
+    let timeout = Duration::from_millis(800);
+    let nodes = cluster_with(4, silent_addr, &t.layout, &config(800));
+    let all = NodeSet::first_n(5);
+    for origin in [0usize, 2] {
+        let start = Instant::now();
+        nodes[origin]
+            .xfer_and_signal(
+                &all,
+                t.bulk.offset,
+                Bytes::from(vec![7u8; 100_000]),
+                Some(t.data),
+                Some(t.done),
+            )
+            .unwrap();
+        let r = outcome(&nodes[origin], t.done);
+        let took = start.elapsed();
+        match r {
+            Err(PrimError::Timeout { detail, .. }) => {
+                assert!(detail.contains('4') || detail.contains("node"), "{detail}")
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(
+            took >= timeout.mul_f64(0.8),
+            "gave up after {took:?}, before the timeout"
+        );
+        assert!(
+            took < timeout + Duration::from_secs(5),
+            "took {took:?}: the timeout does not bound the wait"
+        );
+        for n in &nodes {
+            assert_eq!(
+                n.test_event(t.data, Wait::Poll),
+                Ok(false),
+                "a node was signalled"
+            );
+        }
+    }
+    // Without the silent node everything works.
+    let live = NodeSet::first_n(4);
+    nodes[0]
+        .xfer_and_signal(
+            &live,
+            t.bulk.offset,
+            Bytes::from_static(b"ok"),
+            Some(t.data),
+            Some(t.done),
+        )
+        .unwrap();
+    assert_eq!(outcome(&nodes[0], t.done), Ok(true));
+    let r = nodes[3].compare_and_write(&all, t.a, Relation::Eq, 0, None);
+    assert!(matches!(r, Err(PrimError::Timeout { .. })), "{r:?}");
+    assert_eq!(
+        nodes[3].compare_and_write(&live, t.a, Relation::Eq, 0, None),
+        Ok(true)
+    );
+}
+
+#[test]
+fn a_node_with_another_layout_is_refused_with_a_reason() {
+    let t = test_layout();
+    let mut other = Layout::builder();
+    other.var("something-else");
+    let other = other.build().unwrap();
+    let l_a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l_b = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = vec![l_a.local_addr().ok(), l_b.local_addr().ok()];
+    let a = TcpNode::start(0, l_a, dir.clone(), t.layout.clone(), config(2000)).unwrap();
+    let _b = TcpNode::start(1, l_b, dir, other, config(2000)).unwrap();
+    a.xfer_and_signal(&NodeSet::single(1), 0, Bytes::new(), None, Some(t.done))
+        .unwrap();
+    match outcome(&a, t.done) {
+        Err(PrimError::Unreachable { node: 1, reason }) => {
+            assert!(
+                reason.contains("refused") && reason.contains("layout"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_shut_down_node_refuses_calls_and_wakes_its_waiters() {
+    let t = test_layout();
+    let nodes = TcpNode::local_cluster(2, &t.layout, &config(2000)).unwrap();
+    let n1 = std::sync::Arc::new(nodes.into_iter().nth(1).unwrap());
+    let waiter = {
+        let n1 = n1.clone();
+        std::thread::spawn(move || n1.test_event(t.data, Wait::Block))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    n1.shutdown();
+    assert_eq!(waiter.join().unwrap(), Err(PrimError::ShutDown));
+    assert_eq!(
+        n1.xfer_and_signal(&NodeSet::single(0), 0, Bytes::new(), None, None),
+        Err(PrimError::ShutDown)
+    );
+}
+
+#[test]
+fn bad_configuration_is_rejected_naming_the_field() {
+    let t = test_layout();
+    for (cfg, field) in [
+        (
+            TcpConfig {
+                fanout: 0,
+                ..TcpConfig::default()
+            },
+            "fanout",
+        ),
+        (
+            TcpConfig {
+                chunk_size: 0,
+                ..TcpConfig::default()
+            },
+            "chunk_size",
+        ),
+        (
+            TcpConfig {
+                chunk_size: 1 << 30,
+                ..TcpConfig::default()
+            },
+            "max_frame",
+        ),
+        (
+            TcpConfig {
+                op_timeout: Duration::ZERO,
+                ..TcpConfig::default()
+            },
+            "timeout",
+        ),
+    ] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let dir = vec![l.local_addr().ok()];
+        match TcpNode::start(0, l, dir, t.layout.clone(), cfg) {
+            Err(PrimError::InvalidArgument(msg)) => assert!(msg.contains(field), "{msg}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted a config with a bad {field}"),
+        }
+    }
+}
