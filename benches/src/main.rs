@@ -1,1 +1,101 @@
-fn main() {}
+//! # storm-bench
+//!
+//! Measures storm the way the STORM paper does, and always beside a baseline measured in the
+//! same run on the same machine (memcpy, raw TCP, cp, fork/exec), reported as a ratio: the
+//! machines are shared and noisy, ratios travel and absolute times do not.
+//!
+//! * `storm-bench prims`: the three primitives (latency and bandwidth against nodes and size).
+
+mod baseline;
+mod prims;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use storm_primitives::tcp::TcpConfig;
+
+#[derive(Parser)]
+#[command(
+    name = "storm-bench",
+    about = "Microbenchmarks of storm's primitives and RM functions"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// XFER-AND-SIGNAL and COMPARE-AND-WRITE against node count and size.
+    Prims {
+        #[arg(long, value_enum, default_value = "tcp")]
+        backend: prims::Backend,
+        /// Destination node counts (the origin is one more node).
+        #[arg(long, default_value = "1,2,4,8,16,32", value_parser = report::parse_counts)]
+        nodes: std::vec::Vec<u32>,
+        /// Transfer sizes (K, M suffixes are powers of 1024).
+        #[arg(long, default_value = "8,4K,64K,1M,12M", value_parser = report::parse_sizes)]
+        sizes: std::vec::Vec<usize>,
+        /// Tree fanout (tcp).
+        #[arg(long, default_value_t = 2)]
+        fanout: usize,
+        /// Chunk size in bytes (tcp).
+        #[arg(long, default_value_t = 256 * 1024)]
+        chunk_size: usize,
+        /// Time spent sampling each measurement, in milliseconds.
+        #[arg(long, default_value_t = 300)]
+        time_ms: u64,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Prims {
+            backend,
+            nodes,
+            sizes,
+            fanout,
+            chunk_size,
+            time_ms,
+            csv,
+        } => {
+            let args = prims::PrimsArgs {
+                backend,
+                nodes,
+                sizes,
+                tcp: TcpConfig {
+                    fanout,
+                    chunk_size,
+                    ..TcpConfig::default()
+                },
+                budget: stats::Budget {
+                    time: Duration::from_millis(time_ms),
+                    ..Default::default()
+                },
+            };
+            let mut out = report::Csv::new(prims::CSV_HEADER);
+            let tables = prims::run(&args, &mut out)?;
+            for t in tables {
+                println!("{}", t.render());
+            }
+            if let Some(path) = csv {
+                out.write(&path)?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,21 +1,25 @@
 //! Connections between tcp nodes.
 //!
 //! A node keeps at most one outgoing connection per peer in its table and sends everything for
-//! that peer through it, so frames to one peer stay in order. Each connection has a writer
-//! thread (which also makes the connection, so a slow connect never blocks the caller) and a
-//! reader thread that decodes frames and hands them to the node. The first frame either way is
+//! that peer through it, so frames to one peer stay in order. Senders write to the socket
+//! directly when they can (see [`Conn`]); each connection also has a writer thread (which makes
+//! the connection, so a slow connect never blocks the caller, and writes what the socket could
+//! not take at once) and a reader thread that decodes frames and hands them to the node. The first frame either way is
 //! a handshake that checks protocol version, cluster size, layout fingerprint and cluster key.
 //! When a connection fails, the node is told once, and every operation waiting on that peer
 //! fails at once instead of waiting for its timeout.
 
-use std::io::{BufReader, BufWriter, Write};
+use std::collections::VecDeque;
+use std::io::{BufReader, IoSlice, Write};
+use std::os::fd::{AsRawFd, RawFd};
+
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
 
 use super::node::Inner;
 use super::wire::{Control, Frame, Hello, OutFrame, WireError, read_frame};
@@ -23,37 +27,115 @@ use crate::nodeset::NodeId;
 
 static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
 
-/// One TCP connection to a peer.
-/// What the writer thread is asked to do.
-enum Outgoing {
-    Frame(OutFrame),
-    Close,
+/// Bytes waiting for the writer thread, in order.
+#[derive(Default)]
+struct Outbox {
+    /// The socket (a duplicate owned here, so it lives exactly as long as senders may use it),
+    /// once connected and past the handshake.
+    sock: Option<TcpStream>,
+    queue: VecDeque<Bytes>,
+    /// The writer thread is writing bytes it took from the queue.
+    busy: bool,
+    closing: bool,
 }
 
+/// One TCP connection to a peer.
+///
+/// Sending tries the fast path first: when nothing is queued and the writer thread is idle,
+/// the caller writes the frame itself with a non-blocking `sendmsg`, which costs no thread
+/// hand-off. Whatever does not fit in the socket buffer (and everything sent while the
+/// connection is still opening) goes to the writer thread, which blocks on the socket so that
+/// no caller ever does: two nodes forwarding to each other can never deadlock on full buffers.
 pub(crate) struct Conn {
     pub peer: NodeId,
     pub id: u64,
-    tx: Sender<Outgoing>,
+    out: Mutex<Outbox>,
+    wake: Condvar,
     closed: AtomicBool,
     stream: Mutex<Option<TcpStream>>,
 }
 
+/// Writes as much of `parts` as the socket takes now, without blocking. Returns the bytes
+/// written, or an error for a broken connection.
+fn send_nonblocking(fd: RawFd, parts: &[&[u8]]) -> std::io::Result<usize> {
+    let iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: iov points to live slices for the duration of the call.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = std::io::Error::last_os_error();
+        match err.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(err),
+        }
+    }
+}
+
 impl Conn {
-    fn new(peer: NodeId) -> (Arc<Conn>, Receiver<Outgoing>) {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let conn = Arc::new(Conn {
+    fn new(peer: NodeId) -> Arc<Conn> {
+        Arc::new(Conn {
             peer,
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
-            tx,
+            out: Mutex::new(Outbox::default()),
+            wake: Condvar::new(),
             closed: AtomicBool::new(false),
             stream: Mutex::new(None),
-        });
-        (conn, rx)
+        })
     }
 
-    /// Queues a frame; false if the connection is already closed.
+    /// Sends a frame (in order with everything sent before); false if the connection is closed.
     pub fn send(&self, frame: OutFrame) -> bool {
-        !self.closed.load(Ordering::Acquire) && self.tx.send(Outgoing::Frame(frame)).is_ok()
+        if self.is_closed() {
+            return false;
+        }
+        let mut out = self.out.lock();
+        if out.closing {
+            return false;
+        }
+        let head = frame.head();
+        let body = &frame.body[..];
+        let mut written = 0;
+        if let Some(sock) = &out.sock
+            && !out.busy
+            && out.queue.is_empty()
+        {
+            match send_nonblocking(sock.as_raw_fd(), &[head, body]) {
+                Ok(n) => written = n,
+                Err(_) => {
+                    // The writer thread or the reader will notice and report the loss; keep
+                    // the frame so the failure is reported once, through them.
+                }
+            }
+        }
+        let total = head.len() + body.len();
+        if written < total {
+            if written < head.len() {
+                out.queue
+                    .push_back(Bytes::copy_from_slice(&head[written..]));
+                if !body.is_empty() {
+                    out.queue.push_back(frame.body.clone());
+                }
+            } else {
+                out.queue
+                    .push_back(frame.body.slice(written - head.len()..));
+            }
+            self.wake.notify_one();
+        }
+        true
     }
 
     pub fn is_closed(&self) -> bool {
@@ -71,7 +153,18 @@ impl Conn {
         if let Some(s) = self.stream.lock().take() {
             let _ = s.shutdown(Shutdown::Both);
         }
-        let _ = self.tx.send(Outgoing::Close);
+        let mut out = self.out.lock();
+        out.closing = true;
+        out.sock = None;
+        self.wake.notify_all();
+    }
+
+    /// Makes the connection usable for direct sends.
+    fn set_connected(&self, stream: &TcpStream) {
+        let mut out = self.out.lock();
+        if !out.closing {
+            out.sock = stream.try_clone().ok();
+        }
     }
 }
 
@@ -111,7 +204,7 @@ fn check_hello(inner: &Inner, h: &Hello) -> Result<(), String> {
 
 /// Starts an outgoing connection to `peer`; frames may be queued at once.
 pub(crate) fn connect(inner: &Arc<Inner>, peer: NodeId, addr: Option<SocketAddr>) -> Arc<Conn> {
-    let (conn, rx) = Conn::new(peer);
+    let conn = Conn::new(peer);
     let inner = inner.clone();
     let c = conn.clone();
     let spawned = std::thread::Builder::new()
@@ -123,7 +216,7 @@ pub(crate) fn connect(inner: &Arc<Inner>, peer: NodeId, addr: Option<SocketAddr>
             };
             match stream {
                 Ok(stream) => {
-                    let reason = write_loop(&inner, &c, stream, rx);
+                    let reason = write_loop(&inner, &c, stream);
                     inner.conn_lost(&c, reason);
                 }
                 Err(reason) => inner.conn_lost(&c, reason),
@@ -166,6 +259,7 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
         return Err("connection closed while opening".into());
     }
     spawn_reader(inner, conn, reader);
+    conn.set_connected(&stream);
     Ok(stream)
 }
 
@@ -215,18 +309,19 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
             stream
                 .set_write_timeout(Some(inner.config.op_timeout.max(Duration::from_secs(1))))
                 .ok();
-            let (conn, rx) = Conn::new(hello.node);
+            let conn = Conn::new(hello.node);
             let (Ok(reader), Ok(keep)) = (stream.try_clone(), stream.try_clone()) else {
                 return;
             };
             *conn.stream.lock() = Some(keep);
+            conn.set_connected(&stream);
             inner.adopt(conn.clone());
             let writer_inner = inner.clone();
             let writer_conn = conn.clone();
             let _ = std::thread::Builder::new()
                 .name(format!("storm-tx-{}-{}", inner.id, hello.node))
                 .spawn(move || {
-                    let reason = write_loop(&writer_inner, &writer_conn, stream, rx);
+                    let reason = write_loop(&writer_inner, &writer_conn, stream);
                     writer_inner.conn_lost(&writer_conn, reason);
                 });
             read_loop(&inner, &conn, reader);
@@ -257,30 +352,55 @@ fn read_loop(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
     inner.conn_lost(conn, reason);
 }
 
-fn write_loop(inner: &Inner, conn: &Conn, stream: TcpStream, rx: Receiver<Outgoing>) -> String {
-    let mut w = BufWriter::with_capacity(64 * 1024, stream);
+/// Writes what the fast path could not, blocking on the socket as long as it takes.
+fn write_loop(inner: &Inner, conn: &Conn, mut stream: TcpStream) -> String {
     loop {
-        let Ok(first) = rx.recv() else {
-            return "connection dropped".into();
+        let batch: Vec<Bytes> = {
+            let mut out = conn.out.lock();
+            out.busy = false;
+            while out.queue.is_empty() && !out.closing {
+                conn.wake.wait(&mut out);
+            }
+            if out.closing || inner.is_shut_down() {
+                return "connection closed".into();
+            }
+            out.busy = true;
+            out.queue.drain(..).collect()
         };
-        let mut next = Some(first);
-        while let Some(item) = next {
-            let Outgoing::Frame(frame) = item else {
-                return "connection closed".into();
-            };
-            if conn.is_closed() || inner.is_shut_down() {
-                return "connection closed".into();
-            }
-            if let Err(e) = w
-                .write_all(frame.head())
-                .and_then(|_| w.write_all(&frame.body))
-            {
-                return format!("send failed: {e}");
-            }
-            next = rx.try_recv().ok();
-        }
-        if let Err(e) = w.flush() {
+        if let Err(e) = write_all_vectored(&mut stream, batch) {
+            let mut out = conn.out.lock();
+            out.busy = false;
+            out.sock = None;
             return format!("send failed: {e}");
         }
     }
+}
+
+/// Writes every buffer, in order, with as few system calls as the kernel allows.
+fn write_all_vectored(stream: &mut TcpStream, mut bufs: Vec<Bytes>) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < bufs.len() {
+        let slices: Vec<IoSlice<'_>> = bufs[first..]
+            .iter()
+            .take(64)
+            .map(|b| IoSlice::new(b))
+            .collect();
+        let mut n = match stream.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while n > 0 {
+            let len = bufs[first].len();
+            if n >= len {
+                n -= len;
+                first += 1;
+            } else {
+                bufs[first] = bufs[first].slice(n..);
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
