@@ -1,5 +1,21 @@
 //! # storm-mm: the machine manager
 //!
-//! One per cluster (paper Sec. 2.2). It will own the job queue, node allocation (buddy tree,
-//! Ousterhout matrix), the heartbeat, job launch, termination and failure detection. It reaches
-//! the nodes only through `storm-primitives`. Filled in by the job-launch issue.
+//! One per cluster (paper Sec. 2.2). It owns the job queue and the allocation of nodes, and
+//! drives every node through the heartbeat:
+//!
+//! * [`control_server`]: the Unix control socket where storm-submit and storm make requests;
+//!   the user is identified by the socket's peer credentials.
+//! * [`fcfs`] and [`buddy`]: first-come first-served queueing and buddy allocation of nodes.
+//! * [`transfer`]: program transfer to a job's nodes (Algorithm 6).
+//! * [`manager`]: the heartbeat loop: readiness of the NMs, heartbeats (Algorithm 4), launch,
+//!   cancellation, output forwarding and termination detection (Algorithm 8).
+//!
+//! It reaches the nodes only through `storm-primitives`; it acts only at heartbeat boundaries.
+
+pub mod buddy;
+pub mod control_server;
+pub mod fcfs;
+pub mod manager;
+pub mod transfer;
+
+pub use manager::{MachineManager, MmOptions, run};

@@ -1,5 +1,22 @@
 //! # storm-nm: the node manager
 //!
-//! One per compute node (paper Sec. 2.2). It will receive heartbeats, write transferred
-//! programs to node-local storage, start program launchers and report terminations, talking to
-//! the machine manager only through `storm-primitives`. Filled in by the job-launch issue.
+//! One per compute node (paper Sec. 2.2). It
+//!
+//! * receives heartbeats from the MM through the heartbeat queue (Algorithm 5) and carries out
+//!   their commands: receive a program, launch a job, signal a job, forget a job, shut down;
+//! * receives programs chunk by chunk into its node-local spool directory and verifies size
+//!   and checksum before it acknowledges them (Algorithm 7, [`receive`]);
+//! * starts one program launcher per local task ([`launch`]) and forwards their output to the
+//!   MM ([`output`]);
+//! * polls the NM-PL shared-memory table at heartbeat intervals and reports finished jobs
+//!   (Algorithm 9, [`manager`]).
+//!
+//! It reaches other nodes only through `storm-primitives`, and its PLs only through their
+//! pipes and the shared table.
+
+pub mod launch;
+pub mod manager;
+pub mod output;
+pub mod receive;
+
+pub use manager::{NmOptions, NodeManager};

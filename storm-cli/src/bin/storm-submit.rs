@@ -1,0 +1,256 @@
+//! `storm-submit`: run a parallel job and wait for it, like `srun`.
+//!
+//! Exit status: 0 when every rank exited 0; otherwise the exit code of the lowest-numbered
+//! rank that failed, or 128 + its signal; 1 when the job could not run at all (rejected,
+//! cancelled before it started, program transfer failed) or storm-submit itself failed.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use clap::Parser;
+use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cli::submit::{self, OutputSink, Progress};
+use storm_cluster::control::{Client, JobRequest};
+use storm_cluster::messages::{JobId, Stream};
+use storm_cluster::tasks::TaskRequest;
+use storm_primitives::NodeSet;
+
+#[derive(Parser)]
+#[command(
+    name = "storm-submit",
+    about = "Run a parallel job on a storm cluster and wait for it"
+)]
+struct Args {
+    /// Nodes to run on.
+    #[arg(short = 'N', long = "nodes")]
+    nodes: Option<u32>,
+    /// Tasks (ranks) to run.
+    #[arg(short = 'n', long = "ntasks")]
+    ntasks: Option<u32>,
+    /// Tasks per node.
+    #[arg(long)]
+    ntasks_per_node: Option<u32>,
+    /// Prefix every output line with its rank.
+    #[arg(short = 'l', long)]
+    label: bool,
+    /// Working directory of the tasks (default: the current one).
+    #[arg(short = 'D', long)]
+    chdir: Option<PathBuf>,
+    /// Environment to pass: ALL (default), NONE, or VAR[=value],... (add ALL to keep the rest).
+    #[arg(long)]
+    export: Option<String>,
+    /// Do not transfer the program: it is already at that path on every node.
+    #[arg(long)]
+    no_bcast: bool,
+    /// Print the send / execute / total times of the job.
+    #[arg(long)]
+    timing: bool,
+    /// Job name (default: the program's name).
+    #[arg(short = 'J', long)]
+    job_name: Option<String>,
+    /// Say what happens (queueing, nodes).
+    #[arg(short, long)]
+    verbose: bool,
+    /// Start an embedded cluster of this many nodes on this machine for this job.
+    #[arg(long, value_name = "N")]
+    local: Option<u32>,
+    /// Timeslice of the embedded cluster, in milliseconds.
+    #[arg(long, default_value_t = 1.0)]
+    local_timeslice_ms: f64,
+    /// Keep the embedded cluster's directory (logs, spools) and print where it is.
+    #[arg(long)]
+    keep: bool,
+    /// The cluster file (default: $STORM_CONFIG, then /etc/storm/cluster.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The MM's control socket (instead of reading it from the cluster file).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+struct Terminal {
+    sink: OutputSink,
+    verbose: bool,
+    interrupts: Arc<AtomicUsize>,
+    asked: usize,
+    job: Option<JobId>,
+}
+
+impl Progress for Terminal {
+    fn accepted(&mut self, job: JobId, queued: Option<&str>) {
+        self.job = Some(job);
+        match queued {
+            Some(why) => eprintln!("storm-submit: job {job} queued: {why}"),
+            None if self.verbose => eprintln!("storm-submit: job {job} accepted"),
+            None => {}
+        }
+    }
+    fn started(&mut self, job: JobId, nodes: &NodeSet, names: &[String]) {
+        if self.verbose {
+            eprintln!(
+                "storm-submit: job {job} runs on nodes {nodes} ({})",
+                names.join(",")
+            );
+        }
+    }
+    fn output(&mut self, rank: u32, stream: Stream, data: &[u8]) {
+        self.sink.write(rank, stream, data);
+    }
+    fn cancel_requested(&mut self) -> bool {
+        let n = self.interrupts.load(Ordering::Acquire);
+        if n > 1 {
+            eprintln!("storm-submit: interrupted twice; leaving without waiting");
+            std::process::exit(130);
+        }
+        if n == 1 && self.asked == 0 {
+            self.asked = 1;
+            if let Some(job) = self.job {
+                eprintln!("storm-submit: cancelling job {job} (interrupt again to quit at once)");
+            }
+            return true;
+        }
+        false
+    }
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.1} ms", us as f64 / 1000.0)
+}
+
+fn run(args: Args) -> Result<i32, String> {
+    let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let cwd = match &args.chdir {
+        Some(d) => here.join(d),
+        None => here.clone(),
+    };
+    if !cwd.is_dir() {
+        return Err(format!(
+            "working directory {} does not exist",
+            cwd.display()
+        ));
+    }
+    let path_var = std::env::var("PATH").ok();
+    let program_name = &args.command[0];
+    let program = match submit::resolve_program(program_name, &here, path_var.as_deref()) {
+        Ok(p) => p,
+        Err(_) if args.no_bcast && program_name.starts_with('/') => PathBuf::from(program_name),
+        Err(e) => return Err(e),
+    };
+    let env = submit::export_env(args.export.as_deref(), std::env::vars())?;
+    let file = if args.no_bcast {
+        None
+    } else {
+        Some(File::open(&program).map_err(|e| format!("cannot open {}: {e}", program.display()))?)
+    };
+    let req = JobRequest {
+        name: args.job_name.clone().unwrap_or_else(|| {
+            program
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        }),
+        program: program.clone(),
+        args: args.command[1..].to_vec(),
+        env,
+        cwd,
+        tasks: match (args.local, args.nodes, args.ntasks, args.ntasks_per_node) {
+            // `--local N` alone: one task on each of the N nodes.
+            (Some(n), None, None, None) => TaskRequest {
+                nodes: Some(n),
+                ntasks: Some(n),
+                ntasks_per_node: None,
+            },
+            _ => TaskRequest {
+                nodes: args.nodes,
+                ntasks: args.ntasks,
+                ntasks_per_node: args.ntasks_per_node,
+            },
+        },
+        bcast: !args.no_bcast,
+    };
+
+    let local = match args.local {
+        Some(n) => {
+            let c = LocalCluster::start(&LocalOptions {
+                nodes: n,
+                timeslice_ms: args.local_timeslice_ms,
+                keep: args.keep,
+            })
+            .map_err(|e| format!("cannot start the local cluster: {e:#}"))?;
+            if args.keep || args.verbose {
+                eprintln!(
+                    "storm-submit: local cluster of {n} nodes in {}",
+                    c.root().display()
+                );
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    let socket = match &local {
+        Some(c) => c.socket().to_path_buf(),
+        None => storm_cli::control_socket(args.socket.clone(), args.config.clone())?,
+    };
+    let interrupts = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let counter = interrupts.clone();
+        // SAFETY: the handler only touches an atomic.
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                counter.fetch_add(1, Ordering::AcqRel);
+            })
+        }
+        .map_err(|e| e.to_string())?;
+    }
+    let mut term = Terminal {
+        sink: OutputSink::new(args.label),
+        verbose: args.verbose,
+        interrupts,
+        asked: 0,
+        job: None,
+    };
+    let result = Client::connect(&socket)
+        .and_then(|client| submit::run_job(client, req, file.as_ref(), &mut term));
+    term.sink.flush();
+    if let Some(c) = local
+        && let Err(e) = c.shutdown()
+    {
+        eprintln!("storm-submit: stopping the local cluster: {e:#}");
+    }
+    let (outcome, nodes, names) = result?;
+    if let Some(reason) = &outcome.reason {
+        eprintln!("storm-submit: job {}: {reason}", outcome.job);
+    }
+    for line in submit::failure_lines(&outcome, &nodes, &names) {
+        eprintln!("storm-submit: job {}: {line}", outcome.job);
+    }
+    if args.timing {
+        let t = outcome.timing;
+        eprintln!(
+            "storm-submit: job {} timing: queued {}, send {}, execute {}, total {}",
+            outcome.job,
+            ms(t.queued_us),
+            ms(t.send_us),
+            ms(t.execute_us),
+            ms(t.total_us)
+        );
+    }
+    Ok(outcome.exit_code())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("storm-submit: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! # storm-cli: the user's tools
+//!
+//! * `storm-submit`: launch a parallel job and follow it (shaped like Slurm's `srun`), on a
+//!   cluster or on an embedded local one (`--local N`, [`local`]).
+//! * `storm`: `queue`, `cancel`, `nodes`, `shutdown`.
+//!
+//! They talk only to the machine manager, over its Unix control socket.
+
+pub mod local;
+pub mod submit;
+
+use std::path::PathBuf;
+
+use storm_cluster::ClusterConfig;
+
+/// The default cluster file, when neither `--config` nor `$STORM_CONFIG` names one.
+pub const DEFAULT_CONFIG: &str = "/etc/storm/cluster.toml";
+
+/// The MM's control socket: `--socket`, else the `control_socket` of the cluster file named by
+/// `--config`, `$STORM_CONFIG`, or [`DEFAULT_CONFIG`].
+pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(s) = socket {
+        return Ok(s);
+    }
+    let path = config
+        .or_else(|| std::env::var_os("STORM_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    ClusterConfig::load(&path)
+        .map(|c| c.cluster.control_socket)
+        .map_err(|e| format!("{e} (use --local N for an embedded cluster, or --config FILE)"))
+}

@@ -1,0 +1,254 @@
+//! The embedded cluster behind `storm-submit --local N`: an MM and N NMs on this machine,
+//! talking over loopback, each NM with its own spool directory under one temporary directory.
+//!
+//! Every daemon's listening socket is bound here first (port 0, so the kernel picks free
+//! ports) and handed to the daemon as descriptor 3 (`--listen-fd 3`): the cluster file lists
+//! the real addresses and no daemon can lose a race for its port.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use storm_cluster::config::{ClusterConfig, ClusterSection, MmSection, NodeEntry, TcpSection};
+use storm_cluster::control::{Client, Reply, Request};
+
+/// Options of the embedded cluster.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    pub nodes: u32,
+    pub timeslice_ms: f64,
+    /// Keep the temporary directory (logs, spools) after shutdown.
+    pub keep: bool,
+}
+
+/// A running embedded cluster.
+pub struct LocalCluster {
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    daemons: Vec<(String, Child)>,
+    pub config: ClusterConfig,
+    pub config_path: PathBuf,
+}
+
+/// Where the storm daemons' binaries are: `$STORM_BIN_DIR`, or next to this program.
+pub fn bin_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("STORM_BIN_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let exe = std::env::current_exe().context("locating storm-submit")?;
+    Ok(exe
+        .parent()
+        .context("storm-submit has no directory")?
+        .to_path_buf())
+}
+
+fn spawn_daemon(bin: &Path, args: &[String], listener: &TcpListener, log: &Path) -> Result<Child> {
+    if !bin.is_file() {
+        bail!(
+            "{} not found (build the workspace, or set STORM_BIN_DIR)",
+            bin.display()
+        );
+    }
+    let log_file =
+        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .args(["--listen-fd", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file);
+    // Out of the terminal's process group: Ctrl-C goes to storm-submit, which cancels the job
+    // and then stops the daemons itself.
+    cmd.process_group(0);
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "warn");
+    }
+    // SAFETY: dup2 is async-signal-safe and only touches the child's descriptors.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself is a no-op that would leave close-on-exec set.
+            let ok = if fd == 3 {
+                let flags = libc::fcntl(3, libc::F_GETFD);
+                flags >= 0 && libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) >= 0
+            } else {
+                libc::dup2(fd, 3) >= 0
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
+fn tail(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+impl LocalCluster {
+    pub fn start(opts: &LocalOptions) -> Result<Self> {
+        if opts.nodes == 0 {
+            bail!("--local needs at least one node");
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("storm-local-")
+            .tempdir()
+            .context("creating a temporary directory")?;
+        let root = dir.path().to_path_buf();
+        let listeners = (0..=opts.nodes)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("binding loopback ports")?;
+        let addr = |l: &TcpListener| -> Result<SocketAddr> { Ok(l.local_addr()?) };
+        let nodes = (0..opts.nodes as usize)
+            .map(|i| {
+                Ok(NodeEntry {
+                    name: format!("node{i}"),
+                    address: addr(&listeners[i])?,
+                    spool: root.join(format!("node{i}")),
+                    cpus: 1,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let config = ClusterConfig {
+            cluster: ClusterSection {
+                name: format!("local-{}", std::process::id()),
+                timeslice_ms: opts.timeslice_ms,
+                control_socket: root.join("mm.sock"),
+                ..ClusterSection::default()
+            },
+            tcp: TcpSection::default(),
+            mm: MmSection {
+                address: addr(&listeners[opts.nodes as usize])?,
+            },
+            nodes,
+        };
+        config.validate()?;
+        let config_path = root.join("cluster.toml");
+        std::fs::write(&config_path, config.to_toml())?;
+        let bin = bin_dir()?;
+        let cfg_arg = config_path.display().to_string();
+        let mut cluster = LocalCluster {
+            dir: Some(dir),
+            root: root.clone(),
+            daemons: Vec::new(),
+            config,
+            config_path,
+        };
+        let mm = spawn_daemon(
+            &bin.join("storm-mm"),
+            &["--config".into(), cfg_arg.clone()],
+            &listeners[opts.nodes as usize],
+            &root.join("mm.log"),
+        )?;
+        cluster.daemons.push(("storm-mm".into(), mm));
+        for (i, listener) in listeners.iter().take(opts.nodes as usize).enumerate() {
+            let nm = spawn_daemon(
+                &bin.join("storm-nm"),
+                &[
+                    "--config".into(),
+                    cfg_arg.clone(),
+                    "--node".into(),
+                    format!("node{i}"),
+                ],
+                listener,
+                &root.join(format!("node{i}.log")),
+            )?;
+            cluster.daemons.push((format!("storm-nm node{i}"), nm));
+        }
+        drop(listeners);
+        if opts.keep {
+            cluster.dir.take().map(|d| d.keep());
+        }
+        cluster.wait_for_mm()?;
+        Ok(cluster)
+    }
+
+    /// The directory holding the cluster file, logs and spools.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.config.cluster.control_socket
+    }
+
+    fn wait_for_mm(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for (name, child) in &mut self.daemons {
+                if let Some(status) = child.try_wait()? {
+                    let log = if name == "storm-mm" {
+                        self.root.join("mm.log")
+                    } else {
+                        self.root
+                            .join(format!("{}.log", name.trim_start_matches("storm-nm ")))
+                    };
+                    bail!("{name} exited during start-up ({status}):\n{}", tail(&log));
+                }
+            }
+            if let Ok(client) = Client::connect(self.socket())
+                && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
+                && nodes.iter().all(|n| n.state != "unknown")
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the machine manager did not open {} within 20 s:\n{}",
+                    self.socket().display(),
+                    tail(&self.root.join("mm.log"))
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Asks the MM to shut the cluster down, and waits for every daemon.
+    pub fn shutdown(mut self) -> Result<()> {
+        if let Ok(client) = Client::connect(self.socket()) {
+            match client.call(&Request::Shutdown) {
+                Ok(Reply::Done) => {}
+                Ok(other) => eprintln!("storm-submit: unexpected shutdown reply {other:?}"),
+                Err(e) => eprintln!("storm-submit: shutdown: {e}"),
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (_, child) in &mut self.daemons {
+            while child.try_wait()?.is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        self.kill();
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        for (_, child) in &mut self.daemons {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,331 @@
+//! Submitting a job and following it to the end: what storm-submit does once it knows the
+//! job (see the binary for the options).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use storm_cluster::control::{self, Client, JobOutcome, JobRequest, Reply, Request};
+use storm_cluster::messages::{JobId, Stream};
+use storm_cluster::tasks::ranks_on;
+use storm_primitives::NodeSet;
+
+/// Finds the program as a shell would: a path with a slash is taken relative to `cwd`, a bare
+/// name is looked up in `PATH`. The result must be an executable file.
+pub fn resolve_program(
+    program: &str,
+    cwd: &Path,
+    path_var: Option<&str>,
+) -> Result<PathBuf, String> {
+    let found = if program.contains('/') {
+        let p = cwd.join(program);
+        if !p.exists() {
+            return Err(format!("program {program} not found"));
+        }
+        p
+    } else {
+        path_var
+            .unwrap_or("")
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(program))
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("program {program} not found in PATH"))?
+    };
+    let meta = std::fs::metadata(&found).map_err(|e| format!("{}: {e}", found.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", found.display()));
+    }
+    if meta.permissions().mode() & 0o111 == 0
+        || nix::unistd::access(&found, nix::unistd::AccessFlags::X_OK).is_err()
+    {
+        return Err(format!("{} is not executable", found.display()));
+    }
+    Ok(found)
+}
+
+/// Builds the job's environment from `--export` (Slurm's rules): `ALL` (the default) passes
+/// this environment; `NONE` passes nothing; a list `VAR,VAR=value,...` passes only those,
+/// unless it also names `ALL`.
+pub fn export_env(
+    spec: Option<&str>,
+    current: impl Iterator<Item = (String, String)>,
+) -> Result<Vec<(String, String)>, String> {
+    let current: Vec<(String, String)> = current.collect();
+    let Some(spec) = spec else { return Ok(current) };
+    let mut all = false;
+    let mut chosen: Vec<(String, String)> = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match item {
+            "ALL" => all = true,
+            "NONE" => {}
+            _ => match item.split_once('=') {
+                Some((k, v)) if !k.is_empty() => chosen.push((k.to_string(), v.to_string())),
+                Some(_) => return Err(format!("--export: {item:?} has no variable name")),
+                None => match current.iter().find(|(k, _)| k == item) {
+                    Some(kv) => chosen.push(kv.clone()),
+                    None => return Err(format!("--export: {item} is not set in this environment")),
+                },
+            },
+        }
+    }
+    let mut env = if all { current } else { Vec::new() };
+    for (k, v) in chosen {
+        env.retain(|(x, _)| *x != k);
+        env.push((k, v));
+    }
+    Ok(env)
+}
+
+/// Where output goes and how it is labelled.
+pub struct OutputSink {
+    label: bool,
+    partial: HashMap<(u32, bool), Vec<u8>>,
+}
+
+impl OutputSink {
+    pub fn new(label: bool) -> Self {
+        Self {
+            label,
+            partial: HashMap::new(),
+        }
+    }
+
+    pub fn write(&mut self, rank: u32, stream: Stream, data: &[u8]) {
+        let is_err = stream == Stream::Stderr;
+        if !self.label {
+            let _ = if is_err {
+                std::io::stderr().write_all(data)
+            } else {
+                std::io::stdout().write_all(data)
+            };
+            let _ = if is_err {
+                std::io::stderr().flush()
+            } else {
+                std::io::stdout().flush()
+            };
+            return;
+        }
+        let buf = self.partial.entry((rank, is_err)).or_default();
+        buf.extend_from_slice(data);
+        let mut out = Vec::new();
+        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            out.extend_from_slice(format!("{rank}: ").as_bytes());
+            out.extend_from_slice(&line);
+        }
+        Self::emit(is_err, &out);
+    }
+
+    fn emit(is_err: bool, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if is_err {
+            let _ = std::io::stderr().write_all(bytes);
+        } else {
+            let mut o = std::io::stdout();
+            let _ = o.write_all(bytes);
+            let _ = o.flush();
+        }
+    }
+
+    /// Writes out unfinished lines.
+    pub fn flush(&mut self) {
+        let mut keys: Vec<_> = self.partial.keys().copied().collect();
+        keys.sort_unstable();
+        for key in keys {
+            let buf = self.partial.remove(&key).unwrap_or_default();
+            if !buf.is_empty() {
+                let mut out = format!("{}: ", key.0).into_bytes();
+                out.extend_from_slice(&buf);
+                out.push(b'\n');
+                Self::emit(key.1, &out);
+            }
+        }
+    }
+}
+
+/// Hooks for what happens while a job runs.
+pub trait Progress {
+    fn accepted(&mut self, _job: JobId, _queued: Option<&str>) {}
+    fn started(&mut self, _job: JobId, _nodes: &NodeSet, _names: &[String]) {}
+    fn output(&mut self, _rank: u32, _stream: Stream, _data: &[u8]) {}
+    /// Asked between events: whether the user wants the job cancelled now.
+    fn cancel_requested(&mut self) -> bool {
+        false
+    }
+}
+
+enum Event {
+    Reply(Reply),
+    Lost(String),
+}
+
+/// Submits `req` (with the open program for a broadcast) and follows it to its end.
+pub fn run_job(
+    client: Client,
+    req: JobRequest,
+    program: Option<&File>,
+    progress: &mut dyn Progress,
+) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
+    client.request(&Request::Submit(req), program.map(|f| f.as_fd()))?;
+    let canceller = client.sock.try_clone().map_err(|e| e.to_string())?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        loop {
+            match client.next() {
+                Ok(r) => {
+                    if tx.send(Event::Reply(r)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Event::Lost(e));
+                    break;
+                }
+            }
+        }
+    });
+    let mut job = None;
+    let mut nodes = NodeSet::new();
+    let mut names = Vec::new();
+    let mut cancel_sent = false;
+    loop {
+        if !cancel_sent
+            && let Some(id) = job
+            && progress.cancel_requested()
+        {
+            control::send(&canceller, &Request::Cancel { job: id }, None)
+                .map_err(|e| e.to_string())?;
+            cancel_sent = true;
+        }
+        let ev = match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok(ev) => ev,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                return Err("lost the machine manager".into());
+            }
+        };
+        match ev {
+            Event::Reply(Reply::Accepted { job: id, queued }) => {
+                job = Some(id);
+                progress.accepted(id, queued.as_deref());
+            }
+            Event::Reply(Reply::Started {
+                job: id,
+                nodes: n,
+                node_names,
+            }) => {
+                progress.started(id, &n, &node_names);
+                nodes = n;
+                names = node_names;
+            }
+            Event::Reply(Reply::Output(c)) => progress.output(c.rank, c.stream, &c.data),
+            Event::Reply(Reply::Finished(outcome)) => return Ok((outcome, nodes, names)),
+            Event::Reply(Reply::Done) => {}
+            Event::Reply(Reply::Error(e)) => return Err(e),
+            Event::Reply(other) => return Err(format!("unexpected reply {other:?}")),
+            Event::Lost(e) => return Err(e),
+        }
+    }
+}
+
+/// One line per failed rank, like srun's "task N: Exited with exit code C".
+pub fn failure_lines(outcome: &JobOutcome, nodes: &NodeSet, names: &[String]) -> Vec<String> {
+    let ntasks = outcome.ranks.len() as u32;
+    let nnodes = nodes.len() as u32;
+    let node_of = |rank: u32| -> String {
+        (0..nnodes)
+            .find(|&k| {
+                let (first, count) = ranks_on(ntasks, nnodes, k);
+                (first..first + count).contains(&rank)
+            })
+            .and_then(|k| names.get(k as usize).cloned())
+            .unwrap_or_else(|| "?".into())
+    };
+    outcome
+        .ranks
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, s)| match s {
+            Some(s) if s.success() => None,
+            Some(s) => Some(format!("rank {rank} on {}: {s}", node_of(rank as u32))),
+            None => Some(format!(
+                "rank {rank} on {}: no exit status was reported",
+                node_of(rank as u32)
+            )),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> impl Iterator<Item = (String, String)> {
+        vec![
+            ("HOME".to_string(), "/h".to_string()),
+            ("A".to_string(), "1".to_string()),
+        ]
+        .into_iter()
+    }
+
+    #[test]
+    fn export_follows_slurm() {
+        assert_eq!(export_env(None, env()).unwrap().len(), 2);
+        assert_eq!(export_env(Some("NONE"), env()).unwrap(), vec![]);
+        assert_eq!(
+            export_env(Some("A,B=2"), env()).unwrap(),
+            vec![("A".into(), "1".into()), ("B".into(), "2".into())]
+        );
+        let all = export_env(Some("ALL,A=9"), env()).unwrap();
+        assert_eq!(
+            all,
+            vec![("HOME".into(), "/h".into()), ("A".into(), "9".into())]
+        );
+        assert!(
+            export_env(Some("NOPE"), env())
+                .unwrap_err()
+                .contains("NOPE")
+        );
+        assert!(export_env(Some("=x"), env()).is_err());
+    }
+
+    #[test]
+    fn programs_are_found_like_a_shell_finds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("prog");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        let plain = dir.path().join("data");
+        std::fs::write(&plain, "x").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().to_str().unwrap();
+        assert_eq!(
+            resolve_program("prog", Path::new("/"), Some(path)).unwrap(),
+            exe
+        );
+        assert_eq!(
+            resolve_program("./prog", dir.path(), None).unwrap(),
+            dir.path().join("./prog")
+        );
+        assert!(
+            resolve_program("nope", Path::new("/"), Some(path))
+                .unwrap_err()
+                .contains("not found in PATH")
+        );
+        assert!(
+            resolve_program("./data", dir.path(), None)
+                .unwrap_err()
+                .contains("not executable")
+        );
+        assert!(
+            resolve_program("./missing", dir.path(), None)
+                .unwrap_err()
+                .contains("not found")
+        );
+    }
+}

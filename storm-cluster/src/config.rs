@@ -1,0 +1,359 @@
+//! The cluster file (TOML): the nodes, the backend and the tunables every daemon reads.
+//!
+//! ```toml
+//! [cluster]
+//! name = "demo"
+//! backend = "tcp"
+//! timeslice_ms = 1.0
+//! control_socket = "/run/storm/mm.sock"
+//!
+//! [mm]
+//! address = "10.0.0.1:7000"
+//!
+//! [[node]]
+//! name = "node0"
+//! address = "10.0.0.10:7001"
+//! spool = "/var/spool/storm"
+//! cpus = 16
+//! ```
+//!
+//! Everything but the nodes and addresses has a default; unknown keys are errors (a typo
+//! should not be silently ignored).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use storm_primitives::NodeId;
+use storm_primitives::tcp::TcpConfig;
+
+/// Why a cluster file is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read cluster file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cluster file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("cluster file: {0}")]
+    Invalid(String),
+}
+
+/// Which implementation of the primitives the daemons use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Tcp,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    pub name: String,
+    pub backend: BackendKind,
+    /// The heartbeat period: the MM acts only at these boundaries.
+    pub timeslice_ms: f64,
+    /// Unix socket where the MM takes requests from storm-submit and storm.
+    pub control_socket: PathBuf,
+    /// Jobs that may run at once (sizes the per-job areas of global memory).
+    pub max_jobs: usize,
+    /// Tasks one node may run for one job.
+    pub max_tasks_per_node: usize,
+    /// Heartbeat queue: slots and bytes per slot.
+    pub heartbeat_slots: usize,
+    pub heartbeat_bytes: usize,
+    /// Program transfer (Algorithm 6): bytes per chunk and slots in the chunk queue.
+    pub transfer_chunk_bytes: usize,
+    pub transfer_slots: usize,
+    /// Program transfers that may run at once (on disjoint nodes).
+    pub max_transfers: usize,
+    /// Output queue from each node to the MM: slots and bytes per slot.
+    pub output_slots: usize,
+    pub output_bytes: usize,
+    /// After SIGTERM, how long a cancelled job has before SIGKILL.
+    pub kill_wait_ms: u64,
+    /// The storm-pl binary; by default the one next to storm-nm.
+    pub pl_path: Option<PathBuf>,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            name: "storm".into(),
+            backend: BackendKind::Tcp,
+            timeslice_ms: 1.0,
+            control_socket: PathBuf::from("/run/storm/mm.sock"),
+            max_jobs: 32,
+            max_tasks_per_node: 64,
+            heartbeat_slots: 16,
+            heartbeat_bytes: 64 * 1024,
+            transfer_chunk_bytes: 512 * 1024,
+            transfer_slots: 2,
+            max_transfers: 4,
+            output_slots: 8,
+            output_bytes: 16 * 1024,
+            kill_wait_ms: 2000,
+            pl_path: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TcpSection {
+    pub fanout: usize,
+    pub chunk_bytes: usize,
+    pub op_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for TcpSection {
+    fn default() -> Self {
+        let d = TcpConfig::default();
+        Self {
+            fanout: d.fanout,
+            chunk_bytes: d.chunk_size,
+            op_timeout_ms: d.op_timeout.as_millis() as u64,
+            connect_timeout_ms: d.connect_timeout.as_millis() as u64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmSection {
+    /// Where the MM's primitives endpoint listens.
+    pub address: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    pub name: String,
+    /// Where this node's NM listens for the primitives.
+    pub address: SocketAddr,
+    /// Node-local directory for transferred programs.
+    pub spool: PathBuf,
+    /// Processors: how many tasks of one job go on the node when only -n is given.
+    #[serde(default = "one")]
+    pub cpus: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A whole cluster file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    #[serde(default)]
+    pub cluster: ClusterSection,
+    #[serde(default)]
+    pub tcp: TcpSection,
+    pub mm: MmSection,
+    #[serde(rename = "node", default)]
+    pub nodes: Vec<NodeEntry>,
+}
+
+impl ClusterConfig {
+    /// Reads and validates a cluster file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates cluster-file text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let cfg: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The file's text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a config always serialises")
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.nodes.is_empty() {
+            return bad("no [[node]] entries: a cluster needs at least one node".into());
+        }
+        let c = &self.cluster;
+        if !(c.timeslice_ms > 0.0 && c.timeslice_ms <= 60_000.0) {
+            return bad(format!(
+                "timeslice_ms = {} must be in (0, 60000]",
+                c.timeslice_ms
+            ));
+        }
+        for (name, v) in [
+            ("max_jobs", c.max_jobs),
+            ("max_tasks_per_node", c.max_tasks_per_node),
+            ("heartbeat_slots", c.heartbeat_slots),
+            ("heartbeat_bytes", c.heartbeat_bytes),
+            ("transfer_chunk_bytes", c.transfer_chunk_bytes),
+            ("transfer_slots", c.transfer_slots),
+            ("max_transfers", c.max_transfers),
+            ("output_slots", c.output_slots),
+            ("output_bytes", c.output_bytes),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be at least 1"));
+            }
+        }
+        if c.heartbeat_bytes < 1024 {
+            return bad("heartbeat_bytes must be at least 1024".into());
+        }
+        self.tcp_config()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("[tcp] {e}")))?;
+        let mut names = HashSet::new();
+        let mut addrs = HashSet::from([self.mm.address]);
+        for n in &self.nodes {
+            if n.name.is_empty() {
+                return bad("a node has an empty name".into());
+            }
+            if !names.insert(&n.name) {
+                return bad(format!("node name {:?} appears twice", n.name));
+            }
+            if !addrs.insert(n.address) && n.address.port() != 0 {
+                return bad(format!("address {} is used twice", n.address));
+            }
+            if n.cpus == 0 {
+                return bad(format!("node {} has cpus = 0", n.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Compute nodes in the cluster.
+    pub fn node_count(&self) -> u32 {
+        self.nodes.len() as u32
+    }
+
+    /// The MM's id in the primitives fabric: one past the last compute node.
+    pub fn mm_id(&self) -> NodeId {
+        self.nodes.len() as NodeId
+    }
+
+    /// Node `id`'s index by name.
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .map(|i| i as NodeId)
+    }
+
+    /// Every fabric endpoint's address: compute nodes first, then the MM.
+    pub fn directory(&self) -> Vec<Option<SocketAddr>> {
+        self.nodes
+            .iter()
+            .map(|n| Some(n.address))
+            .chain(std::iter::once(Some(self.mm.address)))
+            .collect()
+    }
+
+    pub fn timeslice(&self) -> Duration {
+        Duration::from_secs_f64(self.cluster.timeslice_ms / 1000.0)
+    }
+
+    pub fn tcp_config(&self) -> TcpConfig {
+        TcpConfig {
+            fanout: self.tcp.fanout,
+            chunk_size: self.tcp.chunk_bytes,
+            op_timeout: Duration::from_millis(self.tcp.op_timeout_ms),
+            connect_timeout: Duration::from_millis(self.tcp.connect_timeout_ms),
+            cluster_key: crate::layout::name_key(&self.cluster.name),
+            ..TcpConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: &str = r#"
+        [cluster]
+        name = "t"
+        [mm]
+        address = "127.0.0.1:7000"
+        [[node]]
+        name = "a"
+        address = "127.0.0.1:7001"
+        spool = "/tmp/a"
+        [[node]]
+        name = "b"
+        address = "127.0.0.1:7002"
+        spool = "/tmp/b"
+        cpus = 4
+    "#;
+
+    #[test]
+    fn a_minimal_file_gets_defaults_and_a_directory() {
+        let c = ClusterConfig::parse(SMALL).unwrap();
+        assert_eq!(c.node_count(), 2);
+        assert_eq!(c.mm_id(), 2);
+        assert_eq!(c.nodes[0].cpus, 1);
+        assert_eq!(c.nodes[1].cpus, 4);
+        assert_eq!(c.timeslice(), Duration::from_millis(1));
+        assert_eq!(c.directory()[2], Some("127.0.0.1:7000".parse().unwrap()));
+        assert_eq!(c.node_by_name("b"), Some(1));
+        let again = ClusterConfig::parse(&c.to_toml()).unwrap();
+        assert_eq!(again, c, "round trip through TOML");
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let typo = SMALL.replace("name = \"t\"", "name = \"t\"\ntimeslise_ms = 2");
+        let e = ClusterConfig::parse(&typo).unwrap_err().to_string();
+        assert!(e.contains("timeslise_ms"), "{e}");
+        let dup = SMALL.replace("name = \"b\"", "name = \"a\"");
+        assert!(
+            ClusterConfig::parse(&dup)
+                .unwrap_err()
+                .to_string()
+                .contains("\"a\" appears twice")
+        );
+        let zero = SMALL.replace("name = \"t\"", "name = \"t\"\ntimeslice_ms = 0");
+        assert!(
+            ClusterConfig::parse(&zero)
+                .unwrap_err()
+                .to_string()
+                .contains("timeslice_ms")
+        );
+        let none = "[mm]\naddress = \"127.0.0.1:1\"\n";
+        assert!(
+            ClusterConfig::parse(none)
+                .unwrap_err()
+                .to_string()
+                .contains("no [[node]]")
+        );
+        let fan = SMALL.replace("[mm]", "[tcp]\nfanout = 0\n[mm]");
+        assert!(
+            ClusterConfig::parse(&fan)
+                .unwrap_err()
+                .to_string()
+                .contains("fanout")
+        );
+        let e = ClusterConfig::load(Path::new("/nonexistent/storm.toml")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/storm.toml"), "{e}");
+    }
+}

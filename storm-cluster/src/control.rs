@@ -1,0 +1,384 @@
+//! The control protocol between storm-submit / storm and the MM, over the MM's Unix socket.
+//!
+//! Frames are a 4-byte little-endian length and a bincode body of at most [`MAX_FRAME`]
+//! bytes. The first request on a connection is [`Request::Hello`] with the protocol version.
+//! A submission passes the program to the MM as an open file descriptor (SCM_RIGHTS) rather
+//! than a path: the MM reads exactly the file the user opened, with the user's rights, and a
+//! path the user could not read can never be broadcast by a privileged MM. The MM identifies
+//! the user from the socket's peer credentials (SO_PEERCRED), never from the request.
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use serde::{Deserialize, Serialize};
+use storm_primitives::NodeSet;
+
+use crate::messages::{JobId, OutputChunk, RankStatus};
+use crate::tasks::TaskRequest;
+
+pub const PROTOCOL_VERSION: u32 = 1;
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// A job as storm-submit asks for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRequest {
+    pub name: String,
+    /// The program's absolute path (as resolved by storm-submit). With `bcast` the file
+    /// itself travels as the descriptor attached to the request.
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub tasks: TaskRequest,
+    /// Transfer the program to the nodes (false: `--no-bcast`).
+    pub bcast: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Hello { version: u32 },
+    Submit(JobRequest),
+    Cancel { job: JobId },
+    Queue,
+    Nodes,
+    Shutdown,
+}
+
+/// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// Submission to nodes allocated.
+    pub queued_us: u64,
+    /// Nodes allocated to program ready on every node (0 with `--no-bcast`).
+    pub send_us: u64,
+    /// Launch heartbeat to termination detected.
+    pub execute_us: u64,
+    /// Submission to termination detected.
+    pub total_us: u64,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobOutcome {
+    pub job: JobId,
+    /// Status of every rank, by rank; `None` for ranks that never reported.
+    pub ranks: Vec<Option<RankStatus>>,
+    /// Why the job ended other than by its processes finishing (cancelled, failed to start).
+    pub reason: Option<String>,
+    pub timing: Timing,
+}
+
+impl JobOutcome {
+    /// The exit code storm-submit returns: 0 when every rank succeeded; otherwise the lowest
+    /// failing rank's exit code, or 128 + its signal; 1 for a job that ended without reports.
+    pub fn exit_code(&self) -> i32 {
+        for status in &self.ranks {
+            match status {
+                Some(s) if s.success() => {}
+                Some(s) => return s.shell_code(),
+                None => return 1,
+            }
+        }
+        if self.reason.is_some() && self.ranks.is_empty() {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub job: JobId,
+    pub name: String,
+    pub uid: u32,
+    pub state: String,
+    pub nodes: NodeSet,
+    pub ntasks: u32,
+    pub elapsed_ms: u64,
+    /// Why a queued job waits.
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: u32,
+    pub name: String,
+    pub state: String,
+    pub jobs: Vec<JobId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Hello {
+        version: u32,
+        cluster: String,
+        nodes: u32,
+    },
+    Error(String),
+    /// The job is accepted; `queued` says why it waits, if it does.
+    Accepted {
+        job: JobId,
+        queued: Option<String>,
+    },
+    Started {
+        job: JobId,
+        nodes: NodeSet,
+        node_names: Vec<String>,
+    },
+    Output(OutputChunk),
+    Finished(JobOutcome),
+    Queue(Vec<JobInfo>),
+    Nodes(Vec<NodeInfo>),
+    Done,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("connection closed")]
+    Closed,
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
+    TooLarge(usize),
+}
+
+/// Sends one frame, with `fd` attached if given.
+pub fn send<T: Serialize>(
+    sock: &UnixStream,
+    msg: &T,
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<(), ControlError> {
+    let body = bincode::serde::encode_to_vec(msg, bincode::config::standard())
+        .map_err(|e| ControlError::Malformed(e.to_string()))?;
+    if body.len() > MAX_FRAME {
+        return Err(ControlError::TooLarge(body.len()));
+    }
+    let len = (body.len() as u32).to_le_bytes();
+    match fd {
+        None => {
+            let mut w = sock;
+            w.write_all(&len)?;
+            w.write_all(&body)?;
+        }
+        Some(fd) => {
+            let fds = [fd.as_raw_fd()];
+            let cmsg = [ControlMessage::ScmRights(&fds)];
+            let iov = [IoSlice::new(&len)];
+            // The descriptor rides on the length prefix; the body follows.
+            let n = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+                .map_err(std::io::Error::from)?;
+            if n != len.len() {
+                let mut w = sock;
+                w.write_all(&len[n..])?;
+            }
+            let mut w = sock;
+            w.write_all(&body)?;
+        }
+    }
+    Ok(())
+}
+
+/// Receives one frame and any descriptors attached to it.
+pub fn recv<T: serde::de::DeserializeOwned>(
+    sock: &UnixStream,
+) -> Result<(T, Vec<OwnedFd>), ControlError> {
+    let mut len = [0u8; 4];
+    let mut fds = Vec::new();
+    let mut got = 0;
+    while got < len.len() {
+        let mut cmsg_space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+        let (n, received) = {
+            let mut iov = [IoSliceMut::new(&mut len[got..])];
+            let msg = recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg_space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
+            let mut received = Vec::new();
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        // SAFETY: the kernel just gave us these descriptors; we own them now.
+                        received.extend(
+                            raw.into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
+                    }
+                }
+            }
+            (msg.bytes, received)
+        };
+        fds.extend(received);
+        if n == 0 {
+            return Err(ControlError::Closed);
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(ControlError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    let mut r = sock;
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => ControlError::Closed,
+        _ => ControlError::Io(e),
+    })?;
+    let config = bincode::config::standard().with_limit::<MAX_FRAME>();
+    let (msg, _) = bincode::serde::decode_from_slice(&body, config)
+        .map_err(|e| ControlError::Malformed(e.to_string()))?;
+    Ok((msg, fds))
+}
+
+/// The user and group of the process on the other end of `sock`.
+pub fn peer_credentials(sock: &UnixStream) -> std::io::Result<(u32, u32)> {
+    let cred =
+        nix::sys::socket::getsockopt(&sock.as_fd(), nix::sys::socket::sockopt::PeerCredentials)
+            .map_err(std::io::Error::from)?;
+    Ok((cred.uid(), cred.gid()))
+}
+
+/// A connection to the MM, past the version handshake.
+pub struct Client {
+    pub sock: UnixStream,
+    pub cluster: String,
+    pub nodes: u32,
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Result<Client, String> {
+        let sock = UnixStream::connect(path).map_err(|e| {
+            format!(
+                "cannot reach the machine manager at {}: {e} (is storm-mm running, and is this the control_socket of its cluster file?)",
+                path.display()
+            )
+        })?;
+        send(
+            &sock,
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+            },
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        match recv::<Reply>(&sock)
+            .map_err(|e| format!("machine manager handshake failed: {e}"))?
+            .0
+        {
+            Reply::Hello {
+                version,
+                cluster,
+                nodes,
+            } if version == PROTOCOL_VERSION => Ok(Client {
+                sock,
+                cluster,
+                nodes,
+            }),
+            Reply::Hello { version, .. } => Err(format!(
+                "the machine manager speaks control protocol {version}, this tool speaks {PROTOCOL_VERSION}"
+            )),
+            Reply::Error(e) => Err(e),
+            other => Err(format!("unexpected handshake reply {other:?}")),
+        }
+    }
+
+    pub fn request(&self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Result<(), String> {
+        send(&self.sock, req, fd).map_err(|e| format!("lost the machine manager: {e}"))
+    }
+
+    pub fn next(&self) -> Result<Reply, String> {
+        recv::<Reply>(&self.sock)
+            .map(|(r, _)| r)
+            .map_err(|e| format!("lost the machine manager: {e}"))
+    }
+
+    /// One request, one reply.
+    pub fn call(&self, req: &Request) -> Result<Reply, String> {
+        self.request(req, None)?;
+        self.next()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Seek;
+
+    #[test]
+    fn frames_and_descriptors_cross_a_socketpair() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"#!/bin/true\n").unwrap();
+        file.rewind().unwrap();
+        let req = Request::Cancel { job: 42 };
+        send(&a, &req, Some(file.as_fd())).unwrap();
+        send(&a, &Request::Queue, None).unwrap();
+        let (got, fds) = recv::<Request>(&b).unwrap();
+        assert_eq!(got, req);
+        assert_eq!(fds.len(), 1);
+        let mut passed = std::fs::File::from(fds.into_iter().next().unwrap());
+        let mut text = String::new();
+        passed.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "#!/bin/true\n", "the descriptor is the very file");
+        let (got, fds) = recv::<Request>(&b).unwrap();
+        assert_eq!(got, Request::Queue);
+        assert!(fds.is_empty());
+        let (uid, _) = peer_credentials(&b).unwrap();
+        assert_eq!(uid, nix::unistd::getuid().as_raw());
+    }
+
+    #[test]
+    fn bad_frames_are_errors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = &a;
+        w.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        assert!(matches!(
+            recv::<Request>(&b),
+            Err(ControlError::TooLarge(_))
+        ));
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut w = &a;
+        w.write_all(&3u32.to_le_bytes()).unwrap();
+        w.write_all(&[0xff, 0xff, 0xff]).unwrap();
+        assert!(matches!(
+            recv::<Request>(&b),
+            Err(ControlError::Malformed(_))
+        ));
+        drop(a);
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(a);
+        assert!(matches!(recv::<Request>(&b), Err(ControlError::Closed)));
+    }
+
+    #[test]
+    fn exit_code_is_the_lowest_failing_rank() {
+        let outcome = |ranks: Vec<Option<RankStatus>>| JobOutcome {
+            job: 1,
+            ranks,
+            reason: None,
+            timing: Timing::default(),
+        };
+        assert_eq!(outcome(vec![Some(RankStatus::Exited(0)); 3]).exit_code(), 0);
+        assert_eq!(
+            outcome(vec![
+                Some(RankStatus::Exited(0)),
+                Some(RankStatus::Signaled(11)),
+                Some(RankStatus::Exited(3))
+            ])
+            .exit_code(),
+            139
+        );
+        assert_eq!(
+            outcome(vec![Some(RankStatus::Exited(0)), None]).exit_code(),
+            1
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! The global-memory layout of storm's resource management, identical on the MM and every NM.
+//!
+//! Each node's region holds what the NM side uses (the heartbeat queue, the chunk queue of
+//! program transfers, readiness and termination flags) and what the MM side uses (one output
+//! queue per node, per-job report areas, termination hints). Every node allocates the whole
+//! layout; pages a node never touches are never backed by memory (the region is allocated
+//! zeroed, which large allocations get lazily from the kernel).
+
+use storm_primitives::{Area, EventId, Layout, LayoutError, QueueLayout, VarArray, VarId};
+
+use crate::config::ClusterConfig;
+
+/// Bytes of one node's report for one job: job id, count, then one status per task.
+pub fn report_bytes(max_tasks_per_node: usize) -> usize {
+    16 + 16 * max_tasks_per_node + 64
+}
+
+/// Offsets of everything the daemons share.
+#[derive(Debug, Clone)]
+pub struct RmLayout {
+    pub layout: Layout,
+    // --- written to the NMs ---
+    /// MM to all NMs (Algorithms 4 and 5).
+    pub heartbeat: QueueLayout,
+    /// MM to a job's NMs: program chunks (Algorithms 6 and 7).
+    pub chunks: QueueLayout,
+    /// Set by an NM to its boot stamp once it is ready.
+    pub nm_ready: VarId,
+    /// Set by an NM to `2*transfer+1` when a received program checks out, `2*transfer` when
+    /// it does not.
+    pub file_ack: VarId,
+    /// `terminated[slot] = job id` once every local process of that job has ended
+    /// (Algorithm 9).
+    pub terminated: VarArray,
+    // --- written to the MM ---
+    /// One output queue per compute node, NM to MM.
+    pub output: Vec<QueueLayout>,
+    /// Reports: `reports[slot][node]` holds one node's exit statuses for the job in `slot`.
+    pub reports: Area,
+    pub report_bytes: usize,
+    /// `term_hint[slot] = job id`: the job's last node announces that its processes ended.
+    pub term_hint: VarArray,
+    /// Raised at the MM with every termination announcement.
+    pub term_event: EventId,
+    // --- local completion events (each used by one thread) ---
+    /// MM main loop: heartbeat transfers.
+    pub hb_sent: EventId,
+    /// MM transfer workers, one event each.
+    pub chunk_sent: Vec<EventId>,
+    /// NM main loop: reports and announcements.
+    pub report_sent: EventId,
+    /// NM output thread.
+    pub output_sent: EventId,
+    max_jobs: usize,
+    nodes: usize,
+}
+
+impl RmLayout {
+    pub fn new(cfg: &ClusterConfig) -> Result<Self, LayoutError> {
+        let c = &cfg.cluster;
+        let nodes = cfg.nodes.len();
+        let mut b = Layout::builder();
+        let heartbeat = b.queue("heartbeat", c.heartbeat_slots, c.heartbeat_bytes);
+        let chunks = b.queue("chunks", c.transfer_slots, c.transfer_chunk_bytes);
+        let nm_ready = b.var("nm.ready");
+        let file_ack = b.var("file.ack");
+        let terminated = b.array("terminated", c.max_jobs);
+        let output = (0..nodes)
+            .map(|i| b.queue(&format!("output.{i}"), c.output_slots, c.output_bytes))
+            .collect();
+        let report_bytes = report_bytes(c.max_tasks_per_node);
+        let reports = b.area("reports", c.max_jobs * nodes * report_bytes);
+        let term_hint = b.array("term.hint", c.max_jobs);
+        let term_event = b.event("term.event");
+        let hb_sent = b.event("heartbeat.sent");
+        let chunk_sent = (0..c.max_transfers)
+            .map(|i| b.event(&format!("chunk.sent.{i}")))
+            .collect();
+        let report_sent = b.event("report.sent");
+        let output_sent = b.event("output.sent");
+        Ok(Self {
+            layout: b.build()?,
+            heartbeat,
+            chunks,
+            nm_ready,
+            file_ack,
+            terminated,
+            output,
+            reports,
+            report_bytes,
+            term_hint,
+            term_event,
+            hb_sent,
+            chunk_sent,
+            report_sent,
+            output_sent,
+            max_jobs: c.max_jobs,
+            nodes,
+        })
+    }
+
+    /// Offset of node `node`'s report for the job in `slot`.
+    pub fn report_offset(&self, slot: usize, node: usize) -> u64 {
+        debug_assert!(slot < self.max_jobs && node < self.nodes);
+        self.reports.offset + ((slot * self.nodes + node) * self.report_bytes) as u64
+    }
+}
+
+/// A cluster key from the cluster's name: nodes of differently named clusters refuse each
+/// other's connections.
+pub fn name_key(name: &str) -> u64 {
+    storm_primitives::fnv1a64(name.as_bytes())
+}

@@ -1,0 +1,306 @@
+//! What travels through the primitives between the MM and the NMs: heartbeats (MM to all NMs,
+//! Algorithms 4 and 5), per-node reports of exit statuses (NM to MM, Algorithm 9) and output
+//! (NM to MM). All are bincode with an explicit size limit; decoding never panics.
+
+use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use storm_primitives::{NodeId, NodeSet};
+
+pub type JobId = u64;
+
+/// How one task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankStatus {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+}
+
+impl RankStatus {
+    pub fn success(self) -> bool {
+        self == RankStatus::Exited(0)
+    }
+
+    /// The shell's convention: the exit code, or 128 + the signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            RankStatus::Exited(c) => c,
+            RankStatus::Signaled(s) => 128 + s,
+        }
+    }
+
+    /// From a `waitpid` status.
+    pub fn from_wait_status(status: i32) -> Self {
+        if libc::WIFSIGNALED(status) {
+            RankStatus::Signaled(libc::WTERMSIG(status))
+        } else {
+            RankStatus::Exited(libc::WEXITSTATUS(status))
+        }
+    }
+}
+
+impl std::fmt::Display for RankStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RankStatus::Exited(c) => write!(f, "exit code {c}"),
+            RankStatus::Signaled(s) => write!(f, "killed by signal {s} ({})", signal_name(s)),
+        }
+    }
+}
+
+/// `SIGKILL`-style name of a signal number.
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+/// A program to distribute (RECEIVE-FILE-INFO of Algorithm 5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Transfer number: the chunk queue's epoch, and what the NM acknowledges in `file.ack`.
+    pub transfer: u32,
+    pub job: JobId,
+    pub nodes: NodeSet,
+    /// Bytes of program data; after them the chunk queue carries one [`FileTrailer`].
+    pub size: u64,
+    /// File name under the job's spool directory.
+    pub name: String,
+    /// Owner of the received file when the NM runs as root.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The last entry of a program transfer: what the receiver must have got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileTrailer {
+    pub size: u64,
+    pub checksum: u64,
+}
+
+impl FileTrailer {
+    pub const BYTES: usize = 16;
+
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.size.to_le_bytes());
+        b[8..].copy_from_slice(&self.checksum.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        (b.len() == Self::BYTES).then(|| Self {
+            size: u64::from_le_bytes(b[..8].try_into().expect("8")),
+            checksum: u64::from_le_bytes(b[8..].try_into().expect("8")),
+        })
+    }
+}
+
+/// Where the program of a job is found on the nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Program {
+    /// Transferred to each node's spool directory under this name.
+    Spooled(String),
+    /// Already present on every node at this path (`--no-bcast`).
+    Path(PathBuf),
+}
+
+/// Start a job's processes (LAUNCH-JOB of Algorithm 5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub job: JobId,
+    pub slot: u32,
+    pub nodes: NodeSet,
+    pub ntasks: u32,
+    pub program: Program,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    /// The node that announces the job's termination to the MM (Algorithm 9).
+    pub reporter: NodeId,
+}
+
+/// One command carried by a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    ReceiveFile(FileInfo),
+    Launch(LaunchSpec),
+    /// Send `signal` to every process of `job` on this node.
+    Signal {
+        job: JobId,
+        signal: i32,
+    },
+    /// The job is over: remove its spool directory.
+    Forget {
+        job: JobId,
+    },
+    /// Stop the node manager.
+    Shutdown,
+}
+
+impl Command {
+    /// The nodes a command concerns (`None`: every node).
+    pub fn nodes(&self) -> Option<&NodeSet> {
+        match self {
+            Command::ReceiveFile(f) => Some(&f.nodes),
+            Command::Launch(l) => Some(&l.nodes),
+            _ => None,
+        }
+    }
+}
+
+/// The heartbeat: one entry of the heartbeat queue, issued every timeslice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Heartbeat {
+    pub seq: u64,
+    pub commands: Vec<Command>,
+}
+
+/// One node's exit statuses for a job, PUT into the MM's report area.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub job: JobId,
+    /// (rank, status) for each task of the job on this node.
+    pub statuses: Vec<(u32, RankStatus)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of a task's output, NM to MM to storm-submit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    pub job: JobId,
+    pub rank: u32,
+    pub stream: Stream,
+    pub data: Vec<u8>,
+}
+
+/// Why bytes were not a valid message.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed {what}: {detail}")]
+pub struct MessageError {
+    pub what: &'static str,
+    pub detail: String,
+}
+
+/// Encodes a message; fails if it exceeds `limit` bytes.
+pub fn encode<T: Serialize>(
+    what: &'static str,
+    msg: &T,
+    limit: usize,
+) -> Result<Vec<u8>, MessageError> {
+    let bytes = bincode::serde::encode_to_vec(msg, bincode::config::standard()).map_err(|e| {
+        MessageError {
+            what,
+            detail: e.to_string(),
+        }
+    })?;
+    if bytes.len() > limit {
+        return Err(MessageError {
+            what,
+            detail: format!("{} bytes exceed the limit of {limit}", bytes.len()),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Decodes a message of at most `limit` bytes.
+pub fn decode<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+    limit: usize,
+) -> Result<T, MessageError> {
+    if bytes.len() > limit {
+        return Err(MessageError {
+            what,
+            detail: format!("{} bytes exceed the limit of {limit}", bytes.len()),
+        });
+    }
+    let config = bincode::config::standard().with_limit::<{ 64 << 20 }>();
+    bincode::serde::decode_from_slice(bytes, config)
+        .map(|(v, _)| v)
+        .map_err(|e| MessageError {
+            what,
+            detail: e.to_string(),
+        })
+}
+
+/// Incremental checksum of a program file (xxh3, 64 bit).
+#[derive(Clone, Default)]
+pub struct Checksum(xxhash_rust::xxh3::Xxh3);
+
+impl Checksum {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes)
+    }
+    pub fn finish(&self) -> u64 {
+        self.0.digest()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn heartbeats_round_trip_and_respect_limits() {
+        let hb = Heartbeat {
+            seq: 7,
+            commands: vec![
+                Command::Signal { job: 3, signal: 15 },
+                Command::Launch(LaunchSpec {
+                    job: 3,
+                    slot: 1,
+                    nodes: "0-3".parse().unwrap(),
+                    ntasks: 8,
+                    program: Program::Spooled("a.out".into()),
+                    args: vec!["-x".into()],
+                    env: vec![("A".into(), "1".into())],
+                    cwd: "/tmp".into(),
+                    uid: 1000,
+                    gid: 1000,
+                    reporter: 3,
+                }),
+            ],
+        };
+        let bytes = encode("heartbeat", &hb, 4096).unwrap();
+        assert_eq!(decode::<Heartbeat>("heartbeat", &bytes, 4096).unwrap(), hb);
+        assert!(
+            encode("heartbeat", &hb, 10)
+                .unwrap_err()
+                .to_string()
+                .contains("limit")
+        );
+        assert!(decode::<Heartbeat>("heartbeat", &bytes, 10).is_err());
+    }
+
+    #[test]
+    fn statuses_follow_the_shell_convention() {
+        assert_eq!(RankStatus::Exited(3).shell_code(), 3);
+        assert_eq!(RankStatus::Signaled(9).shell_code(), 137);
+        assert!(RankStatus::Signaled(9).to_string().contains("SIGKILL"));
+        assert!(RankStatus::Exited(0).success());
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = decode::<Heartbeat>("heartbeat", &bytes, 1 << 20);
+            let _ = decode::<NodeReport>("report", &bytes, 1 << 20);
+            let _ = decode::<OutputChunk>("output", &bytes, 1 << 20);
+        }
+    }
+}

@@ -1,0 +1,511 @@
+//! The node manager's loop.
+//!
+//! Block on the heartbeat queue (Algorithm 5); carry out each heartbeat's commands for this
+//! node; then, on every heartbeat interval, look at the NM-PL table for tasks that ended and,
+//! when all of a job's local tasks have ended and their output is delivered, report their exit
+//! statuses to the MM and set `terminated[slot]` (Algorithm 9). The job's last node also
+//! announces the termination to the MM.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use storm_cluster::endpoint::{self, Listen};
+use storm_cluster::messages::{
+    Command, FileInfo, Heartbeat, JobId, LaunchSpec, NodeReport, Program, RankStatus, Stream,
+    decode, encode,
+};
+use storm_cluster::tasks::ranks_on;
+use storm_cluster::{ClusterConfig, RmLayout};
+use storm_pl::{PlSpec, PlTable};
+use storm_primitives::helpers::QueueConsumer;
+use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
+
+use crate::launch::start_pl;
+use crate::output::{Drained, Output, Watch};
+use crate::receive;
+
+/// How long after its tasks ended a job's output pipes may stay open (held by a process the
+/// task left behind) before the NM stops reading them and reports the job.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
+/// How to start a node manager.
+pub struct NmOptions {
+    pub config: ClusterConfig,
+    pub node: NodeId,
+    pub listen: Listen,
+    /// The storm-pl binary.
+    pub pl_path: PathBuf,
+    /// Set to stop the NM (signal handlers set it).
+    pub stop: Arc<AtomicBool>,
+}
+
+struct LocalRank {
+    rank: u32,
+    slot: Option<usize>,
+    pl: Option<Child>,
+    status: Option<RankStatus>,
+    output: Drained,
+}
+
+struct LocalJob {
+    spec: LaunchSpec,
+    ranks: Vec<LocalRank>,
+    exited_at: Option<Instant>,
+    output_closed: bool,
+    reported: bool,
+}
+
+pub struct NodeManager {
+    cfg: ClusterConfig,
+    node: NodeId,
+    mm: NodeId,
+    rm: RmLayout,
+    prims: Arc<dyn Primitives>,
+    spool: PathBuf,
+    pl_path: PathBuf,
+    table: PlTable,
+    output: Output,
+    jobs: BTreeMap<JobId, LocalJob>,
+    receivers: BTreeMap<JobId, Arc<AtomicBool>>,
+    /// PLs that reported and still have to be reaped.
+    zombies: Vec<Child>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NodeManager {
+    pub fn start(opts: NmOptions) -> Result<Self> {
+        let NmOptions {
+            config: cfg,
+            node,
+            listen,
+            pl_path,
+            stop,
+        } = opts;
+        let entry = cfg
+            .nodes
+            .get(node as usize)
+            .with_context(|| format!("node {node} is not in the cluster file"))?
+            .clone();
+        if !pl_path.is_file() {
+            bail!(
+                "storm-pl not found at {} (set pl_path in the cluster file)",
+                pl_path.display()
+            );
+        }
+        std::fs::create_dir_all(&entry.spool).with_context(|| {
+            format!(
+                "cannot create the spool directory {}",
+                entry.spool.display()
+            )
+        })?;
+        let rm = RmLayout::new(&cfg)?;
+        let prims = endpoint::start(&cfg, &rm, node, listen).map_err(anyhow::Error::msg)?;
+        let table = PlTable::create(cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs)?;
+        let mm = cfg.mm_id();
+        let output = Output::start(prims.clone(), &rm, node, mm)?;
+        tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
+        Ok(Self {
+            node,
+            mm,
+            rm,
+            prims,
+            spool: entry.spool,
+            pl_path,
+            table,
+            output,
+            jobs: BTreeMap::new(),
+            receivers: BTreeMap::new(),
+            zombies: Vec::new(),
+            stop,
+            cfg,
+        })
+    }
+
+    /// Runs until told to shut down (by a heartbeat or a signal).
+    pub fn run(mut self) -> Result<()> {
+        let mut heartbeats = QueueConsumer::new(&*self.prims, self.rm.heartbeat, 1)?;
+        let stamp = (std::process::id() as u64) << 32 | 1;
+        self.prims.memory().store(self.rm.nm_ready, stamp);
+        let idle_wait =
+            (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        let mut shutdown = false;
+        while !shutdown && !self.stop.load(Ordering::Acquire) {
+            match heartbeats.dequeue(&*self.prims, Wait::Timeout(idle_wait)) {
+                Ok(Some(bytes)) => shutdown = self.heartbeat(&bytes),
+                Ok(None) => {}
+                Err(PrimError::ShutDown) => break,
+                Err(e) => bail!("heartbeat queue: {e}"),
+            }
+            self.poll_tasks();
+        }
+        tracing::info!(node = self.node, "node manager stopping");
+        for job in self.jobs.keys().copied().collect::<Vec<_>>() {
+            self.signal_job(job, libc::SIGKILL);
+        }
+        Ok(())
+    }
+
+    /// Carries out one heartbeat; true if it says to shut down.
+    fn heartbeat(&mut self, bytes: &Bytes) -> bool {
+        let hb: Heartbeat = match decode("heartbeat", bytes, self.cfg.cluster.heartbeat_bytes) {
+            Ok(hb) => hb,
+            Err(e) => {
+                tracing::error!(node = self.node, "ignoring a heartbeat: {e}");
+                return false;
+            }
+        };
+        let mut shutdown = false;
+        for cmd in hb.commands {
+            if cmd.nodes().is_some_and(|n| !n.contains(self.node)) {
+                continue;
+            }
+            match cmd {
+                Command::ReceiveFile(info) => self.receive_file(info),
+                Command::Launch(spec) => self.launch(spec),
+                Command::Signal { job, signal } => self.signal_job(job, signal),
+                Command::Forget { job } => self.forget(job),
+                Command::Shutdown => shutdown = true,
+            }
+        }
+        shutdown
+    }
+
+    fn job_dir(&self, job: JobId) -> PathBuf {
+        self.spool.join(format!("job-{job}"))
+    }
+
+    fn receive_file(&mut self, info: FileInfo) {
+        let path = self.job_dir(info.job).join(&info.name);
+        let owner = nix::unistd::geteuid()
+            .is_root()
+            .then_some((info.uid, info.gid));
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.receivers.insert(info.job, cancel.clone());
+        let stall =
+            Duration::from_millis(self.cfg.tcp.op_timeout_ms * 6).max(Duration::from_secs(30));
+        receive::spawn(
+            self.prims.clone(),
+            self.rm.clone(),
+            info,
+            path,
+            owner,
+            cancel,
+            stall,
+        );
+    }
+
+    fn task_env(
+        &self,
+        spec: &LaunchSpec,
+        rank: u32,
+        local_rank: u32,
+        local_size: u32,
+    ) -> Vec<(String, String)> {
+        let name = self.cfg.nodes[self.node as usize].name.clone();
+        let storm = [
+            ("STORM_JOB_ID", spec.job.to_string()),
+            ("STORM_RANK", rank.to_string()),
+            ("STORM_SIZE", spec.ntasks.to_string()),
+            ("STORM_NODEID", self.node.to_string()),
+            ("STORM_NODENAME", name),
+            ("STORM_LOCAL_RANK", local_rank.to_string()),
+            ("STORM_LOCAL_SIZE", local_size.to_string()),
+            ("STORM_NNODES", spec.nodes.len().to_string()),
+            ("STORM_NODELIST", spec.nodes.to_string()),
+        ];
+        let mut env: Vec<(String, String)> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| !k.starts_with("STORM_"))
+            .cloned()
+            .collect();
+        env.extend(storm.into_iter().map(|(k, v)| (k.to_string(), v)));
+        env
+    }
+
+    fn launch(&mut self, spec: LaunchSpec) {
+        let Some(k) = spec.nodes.rank(self.node) else {
+            return;
+        };
+        let (first, count) = ranks_on(spec.ntasks, spec.nodes.len() as u32, k as u32);
+        let program = match &spec.program {
+            Program::Spooled(name) => self.job_dir(spec.job).join(name),
+            Program::Path(p) => p.clone(),
+        };
+        let mut ranks = Vec::new();
+        for local in 0..count {
+            let rank = first + local;
+            let started = self.start_rank(&spec, &program, rank, local, count);
+            ranks.push(started);
+        }
+        tracing::info!(node = self.node, job = spec.job, ranks = count, "launched");
+        self.jobs.insert(
+            spec.job,
+            LocalJob {
+                spec,
+                ranks,
+                exited_at: None,
+                output_closed: false,
+                reported: false,
+            },
+        );
+    }
+
+    fn start_rank(
+        &self,
+        spec: &LaunchSpec,
+        program: &Path,
+        rank: u32,
+        local: u32,
+        count: u32,
+    ) -> LocalRank {
+        let output: Drained = Arc::new(std::sync::atomic::AtomicU32::new(2));
+        let failed = |why: String, output: Drained| {
+            tracing::error!(node = self.node, job = spec.job, rank, "{why}");
+            self.tell_user(
+                spec.job,
+                rank,
+                &format!("storm-nm: rank {rank} on node {}: {why}\n", self.node),
+                &output,
+            );
+            LocalRank {
+                rank,
+                slot: None,
+                pl: None,
+                status: Some(RankStatus::Exited(127)),
+                output,
+            }
+        };
+        let Some(slot) = self.table.claim() else {
+            return failed("too many tasks on this node".into(), output);
+        };
+        let pl_spec = PlSpec {
+            job: spec.job,
+            rank,
+            node: self.node,
+            slot: slot as u32,
+            program: program.to_path_buf(),
+            args: spec.args.clone(),
+            env: self.task_env(spec, rank, local, count),
+            cwd: spec.cwd.clone(),
+            uid: spec.uid,
+            gid: spec.gid,
+        };
+        match start_pl(&self.pl_path, &self.table, &pl_spec) {
+            Ok(started) => {
+                for (stream, fd) in [
+                    (Stream::Stdout, started.stdout),
+                    (Stream::Stderr, started.stderr),
+                ] {
+                    self.output.watch(Watch {
+                        job: spec.job,
+                        rank,
+                        stream,
+                        fd,
+                        remaining: output.clone(),
+                    });
+                }
+                LocalRank {
+                    rank,
+                    slot: Some(slot),
+                    pl: Some(started.child),
+                    status: None,
+                    output,
+                }
+            }
+            Err(e) => {
+                let _ = self.table.release(slot);
+                failed(
+                    format!("cannot start storm-pl ({}): {e}", self.pl_path.display()),
+                    output,
+                )
+            }
+        }
+    }
+
+    /// Delivers a message to the user as the rank's standard error.
+    fn tell_user(&self, job: JobId, rank: u32, text: &str, output: &Drained) {
+        output.store(1, Ordering::Release);
+        match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok((r, w)) => {
+                let _ = nix::unistd::write(&w, text.as_bytes());
+                drop(w);
+                self.output.watch(Watch {
+                    job,
+                    rank,
+                    stream: Stream::Stderr,
+                    fd: r,
+                    remaining: output.clone(),
+                });
+            }
+            Err(_) => output.store(0, Ordering::Release),
+        }
+    }
+
+    fn signal_job(&mut self, job: JobId, signal: i32) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let sig = Signal::try_from(signal).ok();
+        for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
+            let pid = r.slot.and_then(|s| self.table.pid(s).ok().flatten());
+            match (pid, sig) {
+                (Some(pid), Some(sig)) => {
+                    let _ = killpg(Pid::from_raw(pid), sig);
+                }
+                (None, _) => {
+                    // The task has not started yet: stop its launcher, so it never does.
+                    if let Some(pl) = &r.pl {
+                        let _ = kill(Pid::from_raw(pl.id() as i32), Signal::SIGKILL);
+                    }
+                }
+                (Some(_), None) => tracing::warn!(signal, "not a signal"),
+            }
+        }
+    }
+
+    fn forget(&mut self, job: JobId) {
+        if let Some(cancel) = self.receivers.remove(&job) {
+            cancel.store(true, Ordering::Release);
+        }
+        if self.jobs.get(&job).is_some_and(|j| !j.reported) {
+            self.signal_job(job, libc::SIGKILL);
+        }
+        if let Some(j) = self.jobs.remove(&job) {
+            for r in j.ranks {
+                if let Some(pl) = r.pl {
+                    self.zombies.push(pl);
+                }
+            }
+        }
+        let dir = self.job_dir(job);
+        if dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            tracing::warn!("cannot remove {}: {e}", dir.display());
+        }
+    }
+
+    /// Algorithm 9: collect ended tasks; report jobs whose local tasks all ended.
+    fn poll_tasks(&mut self) {
+        self.zombies
+            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+        let mut ready = Vec::new();
+        for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
+            for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
+                if let Some(s) = r.slot.and_then(|s| self.table.status(s).ok().flatten()) {
+                    r.status = Some(s);
+                    continue;
+                }
+                let Some(pl) = r.pl.as_mut() else { continue };
+                if let Ok(Some(exit)) = pl.try_wait() {
+                    // The launcher is gone. Take the status it wrote, or make one up from its
+                    // own end, and make sure nothing it started lives on.
+                    r.status = r
+                        .slot
+                        .and_then(|s| self.table.status(s).ok().flatten())
+                        .or_else(|| {
+                            if let Some(pid) = r.slot.and_then(|s| self.table.pid(s).ok().flatten())
+                            {
+                                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                            }
+                            use std::os::unix::process::ExitStatusExt;
+                            Some(match (exit.code(), exit.signal()) {
+                                (_, Some(sig)) => RankStatus::Signaled(sig),
+                                (Some(c), _) => RankStatus::Exited(c),
+                                _ => RankStatus::Exited(1),
+                            })
+                        });
+                }
+            }
+            if j.ranks.iter().any(|r| r.status.is_none()) {
+                continue;
+            }
+            let ended = *j.exited_at.get_or_insert_with(Instant::now);
+            let drained = j
+                .ranks
+                .iter()
+                .all(|r| r.output.load(Ordering::Acquire) == 0);
+            if !drained && !j.output_closed && ended.elapsed() > OUTPUT_GRACE {
+                tracing::warn!(job, "tasks ended but their output stays open; closing it");
+                self.output.close_job(*job);
+                j.output_closed = true;
+            }
+            if drained {
+                ready.push(*job);
+            }
+        }
+        for job in ready {
+            if let Err(e) = self.report(job) {
+                tracing::warn!(node = self.node, job, "cannot report to the MM yet: {e}");
+            }
+        }
+    }
+
+    /// Tells the MM how the job's local tasks ended.
+    fn report(&mut self, job: JobId) -> Result<()> {
+        let j = self.jobs.get(&job).expect("job present");
+        let slot = j.spec.slot as usize;
+        let report = NodeReport {
+            job,
+            statuses: j
+                .ranks
+                .iter()
+                .map(|r| (r.rank, r.status.expect("all ended")))
+                .collect(),
+        };
+        let bytes = encode("report", &report, self.rm.report_bytes)?;
+        let mm = NodeSet::single(self.mm);
+        let offset = self.rm.report_offset(slot, self.node as usize);
+        self.put_and_wait(&mm, offset, Bytes::from(bytes), None)?;
+        self.prims.memory().store(self.rm.terminated.at(slot), job);
+        if j.spec.reporter == self.node {
+            let hint = self.rm.term_hint.at(slot).offset();
+            self.put_and_wait(
+                &mm,
+                hint,
+                Bytes::copy_from_slice(&job.to_ne_bytes()),
+                Some(self.rm.term_event),
+            )?;
+        }
+        let j = self.jobs.get_mut(&job).expect("job present");
+        j.reported = true;
+        for r in &mut j.ranks {
+            if let Some(slot) = r.slot.take() {
+                let _ = self.table.release(slot);
+            }
+            if let Some(pl) = r.pl.take() {
+                self.zombies.push(pl);
+            }
+        }
+        tracing::info!(node = self.node, job, "reported termination");
+        Ok(())
+    }
+
+    fn put_and_wait(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<storm_primitives::EventId>,
+    ) -> Result<()> {
+        self.prims
+            .xfer_and_signal(dest, offset, data, remote, Some(self.rm.report_sent))?;
+        let wait = Duration::from_millis(self.cfg.tcp.op_timeout_ms * 2);
+        match self
+            .prims
+            .test_event(self.rm.report_sent, Wait::Timeout(wait))?
+        {
+            true => Ok(()),
+            false => bail!("no completion within {wait:?}"),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Receiving a program (Algorithm 7): dequeue chunks from the chunk queue, write them to the
+//! node-local spool, then dequeue the trailer the MM sends after the data and check size and
+//! checksum against it; only then acknowledge in `file.ack`.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use storm_cluster::RmLayout;
+use storm_cluster::messages::{Checksum, FileInfo, FileTrailer};
+use storm_primitives::helpers::QueueConsumer;
+use storm_primitives::{Primitives, Wait};
+
+/// Starts the receiving thread. The acknowledgement is `2*transfer + 1` for a verified file,
+/// `2*transfer` for a failure (written, so the MM learns of it instead of waiting).
+pub fn spawn(
+    prims: Arc<dyn Primitives>,
+    rm: RmLayout,
+    info: FileInfo,
+    path: PathBuf,
+    owner: Option<(u32, u32)>,
+    cancel: Arc<AtomicBool>,
+    stall: Duration,
+) {
+    let name = format!("storm-nm-recv-{}", info.job);
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let ok = match receive(&*prims, &rm, &info, &path, owner, &cancel, stall) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(job = info.job, "program transfer failed: {e}");
+                let _ = std::fs::remove_file(&path);
+                false
+            }
+        };
+        let ack = 2 * info.transfer as u64 + u64::from(ok);
+        prims.memory().store(rm.file_ack, ack);
+    });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start a receiving thread: {e}");
+    }
+}
+
+fn receive(
+    prims: &dyn Primitives,
+    rm: &RmLayout,
+    info: &FileInfo,
+    path: &PathBuf,
+    owner: Option<(u32, u32)>,
+    cancel: &AtomicBool,
+    stall: Duration,
+) -> Result<(), String> {
+    let mut consumer =
+        QueueConsumer::new(prims, rm.chunks, info.transfer).map_err(|e| e.to_string())?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut file =
+        File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let mut sum = Checksum::new();
+    let mut written = 0u64;
+    let mut last = Instant::now();
+    let mut next = || -> Result<bytes::Bytes, String> {
+        loop {
+            if cancel.load(Ordering::Acquire) {
+                return Err("cancelled".into());
+            }
+            match consumer
+                .dequeue(prims, Wait::Timeout(Duration::from_millis(100)))
+                .map_err(|e| e.to_string())?
+            {
+                Some(c) => {
+                    last = Instant::now();
+                    return Ok(c);
+                }
+                None if last.elapsed() > stall => return Err(format!("no data for {stall:?}")),
+                None => {}
+            }
+        }
+    };
+    while written < info.size {
+        let chunk = next().map_err(|e| format!("{e} after {written} of {} bytes", info.size))?;
+        file.write_all(&chunk)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        sum.update(&chunk);
+        written += chunk.len() as u64;
+    }
+    let trailer = next()?;
+    let trailer =
+        FileTrailer::from_bytes(&trailer).ok_or("the transfer did not end with a trailer")?;
+    if written != info.size || trailer.size != written {
+        return Err(format!(
+            "received {written} bytes, expected {}",
+            trailer.size
+        ));
+    }
+    if sum.finish() != trailer.checksum {
+        return Err("checksum mismatch: the received program differs from the one sent".into());
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! `storm-pl`: runs one task of a job and reports how it ended (see the crate docs).
+//!
+//! Input: the task's [`PlSpec`] (bincode) on standard input, the NM's table on descriptor 3.
+//! Standard output and error are the NM's pipes; the task inherits them. A task that cannot
+//! be started gets a message on its standard error naming the node and the reason, and exit
+//! code 127 (not found) or 126 (not executable), as a shell would report it.
+
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{Context, Result};
+use storm_cluster::messages::RankStatus;
+use storm_pl::{PlSpec, PlTable, TABLE_FD};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("storm-pl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .context("reading the task description")?;
+    let spec = PlSpec::decode(&input).map_err(anyhow::Error::msg)?;
+    // SAFETY: the NM put the table on this descriptor for us, and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(TABLE_FD) };
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .context("table descriptor")?;
+    let table = PlTable::open(fd).context("opening the NM's table")?;
+    let status = launch(&spec, &table);
+    table.set_exited(spec.slot as usize, status)?;
+    Ok(())
+}
+
+/// Why a task could not start, as (message, exit code).
+fn preflight(spec: &PlSpec) -> Result<(), (String, i32)> {
+    let node = spec.node;
+    if !spec.cwd.is_dir() {
+        return Err((
+            format!(
+                "working directory {} does not exist on node {node}",
+                spec.cwd.display()
+            ),
+            127,
+        ));
+    }
+    let meta = std::fs::metadata(&spec.program).map_err(|e| {
+        (
+            format!(
+                "cannot execute {} on node {node}: {e}",
+                spec.program.display()
+            ),
+            127,
+        )
+    })?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err((
+            format!(
+                "cannot execute {} on node {node}: not an executable file",
+                spec.program.display()
+            ),
+            126,
+        ));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if me != 0 && me != spec.uid {
+        return Err((
+            format!(
+                "storm-nm on node {node} runs as uid {me} and cannot start a task as uid {}",
+                spec.uid
+            ),
+            126,
+        ));
+    }
+    Ok(())
+}
+
+fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
+    if let Err((message, code)) = preflight(spec) {
+        eprintln!("storm-pl: rank {}: {message}", spec.rank);
+        return RankStatus::Exited(code);
+    }
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::null())
+        .process_group(0);
+    if nix::unistd::geteuid().is_root() && spec.uid != 0 {
+        let groups = supplementary_groups(spec.uid, spec.gid);
+        // SAFETY: setgroups is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(move || nix::unistd::setgroups(&groups).map_err(std::io::Error::from));
+        }
+        cmd.uid(spec.uid).gid(spec.gid);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "storm-pl: rank {}: cannot execute {} on node {}: {e}",
+                spec.rank,
+                spec.program.display(),
+                spec.node
+            );
+            return RankStatus::Exited(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    if let Err(e) = table.set_running(spec.slot as usize, child.id() as i32) {
+        eprintln!("storm-pl: rank {}: {e}", spec.rank);
+    }
+    match child.wait() {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => RankStatus::Exited(code),
+            (None, Some(sig)) => RankStatus::Signaled(sig),
+            (None, None) => RankStatus::Exited(1),
+        },
+        Err(e) => {
+            eprintln!("storm-pl: rank {}: lost track of the task: {e}", spec.rank);
+            RankStatus::Exited(1)
+        }
+    }
+}
+
+/// The groups of user `uid` (with `gid` as primary), as `initgroups` would set them.
+fn supplementary_groups(uid: u32, gid: u32) -> Vec<nix::unistd::Gid> {
+    let gid = nix::unistd::Gid::from_raw(gid);
+    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten();
+    match user.and_then(|u| std::ffi::CString::new(u.name).ok()) {
+        Some(name) => nix::unistd::getgrouplist(&name, gid).unwrap_or_else(|_| vec![gid]),
+        None => vec![gid],
+    }
+}

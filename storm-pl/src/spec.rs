@@ -1,0 +1,34 @@
+//! What a PL is told about its task.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// One task, as the NM hands it to its PL (bincode on the PL's standard input).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlSpec {
+    pub job: u64,
+    pub rank: u32,
+    pub node: u32,
+    /// Slot of this task in the NM's table.
+    pub slot: u32,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// The complete environment of the task (STORM_* included).
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl PlSpec {
+    pub fn encode(&self) -> Vec<u8> {
+        storm_cluster::messages::encode("task description", self, 16 << 20)
+            .expect("task description encodes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        storm_cluster::messages::decode("task description", bytes, 16 << 20)
+            .map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,263 @@
+//! The NM-PL table: one slot per local task in a shared anonymous memory file (memfd).
+//!
+//! A slot moves FREE -> STARTING (NM assigned it to a new PL) -> RUNNING (PL started the task
+//! and wrote its process id, which is also its process group) -> EXITED (PL wrote the exit
+//! status). Every field is an atomic; the state is written last with release ordering, so a
+//! reader that sees EXITED also sees the status.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+use storm_cluster::messages::RankStatus;
+
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    Free = 0,
+    Starting = 1,
+    Running = 2,
+    Exited = 3,
+}
+
+#[repr(C)]
+struct Slot {
+    state: AtomicU32,
+    _pad: u32,
+    pid: AtomicI64,
+    status: AtomicI64,
+    _reserved: AtomicI64,
+}
+
+const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
+const MAGIC: u64 = 0x5354_4f52_4d50_4c31; // "STORMPL1"
+
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("shared memory: {0}")]
+    Sys(#[from] nix::Error),
+    #[error("descriptor {0} is not a storm-pl table")]
+    NotATable(i32),
+    #[error("slot {slot} outside a table of {len}")]
+    NoSlot { slot: usize, len: usize },
+}
+
+/// The shared table, mapped in this process.
+pub struct PlTable {
+    base: NonNull<u8>,
+    bytes: usize,
+    slots: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is only accessed through atomics.
+unsafe impl Send for PlTable {}
+unsafe impl Sync for PlTable {}
+
+fn encode(status: RankStatus) -> i64 {
+    match status {
+        RankStatus::Exited(c) => c as i64,
+        RankStatus::Signaled(s) => -(s as i64),
+    }
+}
+
+fn decode(raw: i64) -> RankStatus {
+    if raw < 0 {
+        RankStatus::Signaled((-raw) as i32)
+    } else {
+        RankStatus::Exited(raw as i32)
+    }
+}
+
+impl PlTable {
+    /// Creates a table of `slots` slots (NM side).
+    pub fn create(slots: usize) -> Result<Self, TableError> {
+        let fd = nix::sys::memfd::memfd_create(
+            "storm-pl-table",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )?;
+        let bytes = SLOT_BYTES * (slots + 1);
+        nix::unistd::ftruncate(&fd, bytes as i64)?;
+        let table = Self::map(fd, bytes, slots)?;
+        // Slot "-1" (the header) holds the magic and the slot count.
+        let header = table.raw_slot(0);
+        header.pid.store(MAGIC as i64, Ordering::Relaxed);
+        header.status.store(slots as i64, Ordering::Release);
+        Ok(table)
+    }
+
+    /// Maps a table created by an NM (PL side).
+    pub fn open(fd: OwnedFd) -> Result<Self, TableError> {
+        let raw = fd.as_raw_fd();
+        let stat = nix::sys::stat::fstat(&fd)?;
+        let bytes = stat.st_size as usize;
+        if bytes < SLOT_BYTES || bytes % SLOT_BYTES != 0 {
+            return Err(TableError::NotATable(raw));
+        }
+        let table = Self::map(fd, bytes, bytes / SLOT_BYTES - 1)?;
+        let header = table.raw_slot(0);
+        if header.pid.load(Ordering::Relaxed) != MAGIC as i64
+            || header.status.load(Ordering::Acquire) != table.slots as i64
+        {
+            return Err(TableError::NotATable(raw));
+        }
+        Ok(table)
+    }
+
+    fn map(fd: OwnedFd, bytes: usize, slots: usize) -> Result<Self, TableError> {
+        // SAFETY: a fresh shared mapping of a file we hold open; unmapped in Drop.
+        let ptr = unsafe {
+            mmap(
+                None,
+                std::num::NonZeroUsize::new(bytes).expect("non-empty"),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &fd,
+                0,
+            )?
+        };
+        Ok(Self {
+            base: ptr.cast(),
+            bytes,
+            slots,
+            fd,
+        })
+    }
+
+    fn raw_slot(&self, index: usize) -> &Slot {
+        // SAFETY: index <= slots, inside the mapping; Slot is all atomics.
+        unsafe { &*self.base.as_ptr().add(index * SLOT_BYTES).cast::<Slot>() }
+    }
+
+    fn slot(&self, slot: usize) -> Result<&Slot, TableError> {
+        if slot >= self.slots {
+            return Err(TableError::NoSlot {
+                slot,
+                len: self.slots,
+            });
+        }
+        Ok(self.raw_slot(slot + 1))
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots == 0
+    }
+
+    /// The descriptor to hand to a PL.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub fn state(&self, slot: usize) -> Result<SlotState, TableError> {
+        Ok(match self.slot(slot)?.state.load(Ordering::Acquire) {
+            0 => SlotState::Free,
+            1 => SlotState::Starting,
+            2 => SlotState::Running,
+            _ => SlotState::Exited,
+        })
+    }
+
+    /// NM: a free slot, marked STARTING.
+    pub fn claim(&self) -> Option<usize> {
+        (0..self.slots).find(|&i| {
+            self.raw_slot(i + 1)
+                .state
+                .compare_exchange(
+                    SlotState::Free as u32,
+                    SlotState::Starting as u32,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        })
+    }
+
+    /// NM: makes a slot free again.
+    pub fn release(&self, slot: usize) -> Result<(), TableError> {
+        let s = self.slot(slot)?;
+        s.pid.store(0, Ordering::Relaxed);
+        s.status.store(0, Ordering::Relaxed);
+        s.state.store(SlotState::Free as u32, Ordering::Release);
+        Ok(())
+    }
+
+    /// PL: the task runs as process `pid` (also its process group).
+    pub fn set_running(&self, slot: usize, pid: i32) -> Result<(), TableError> {
+        let s = self.slot(slot)?;
+        s.pid.store(pid as i64, Ordering::Relaxed);
+        s.state.store(SlotState::Running as u32, Ordering::Release);
+        Ok(())
+    }
+
+    /// PL: the task ended.
+    pub fn set_exited(&self, slot: usize, status: RankStatus) -> Result<(), TableError> {
+        let s = self.slot(slot)?;
+        s.status.store(encode(status), Ordering::Relaxed);
+        s.state.store(SlotState::Exited as u32, Ordering::Release);
+        Ok(())
+    }
+
+    /// The task's process id, once running.
+    pub fn pid(&self, slot: usize) -> Result<Option<i32>, TableError> {
+        let s = self.slot(slot)?;
+        let state = s.state.load(Ordering::Acquire);
+        let pid = s.pid.load(Ordering::Relaxed);
+        Ok((state >= SlotState::Running as u32 && pid > 0).then_some(pid as i32))
+    }
+
+    /// The exit status, once exited.
+    pub fn status(&self, slot: usize) -> Result<Option<RankStatus>, TableError> {
+        let s = self.slot(slot)?;
+        if s.state.load(Ordering::Acquire) == SlotState::Exited as u32 {
+            Ok(Some(decode(s.status.load(Ordering::Relaxed))))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl Drop for PlTable {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `map` with this length.
+        let _ = unsafe { munmap(self.base.cast(), self.bytes) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_goes_through_its_states_and_is_seen_through_a_second_mapping() {
+        let nm = PlTable::create(4).unwrap();
+        let dup = nm.fd().try_clone_to_owned().unwrap();
+        let pl = PlTable::open(dup).unwrap();
+        let slot = nm.claim().unwrap();
+        assert_eq!(pl.state(slot).unwrap(), SlotState::Starting);
+        assert_eq!(nm.pid(slot).unwrap(), None);
+        pl.set_running(slot, 4242).unwrap();
+        assert_eq!(nm.pid(slot).unwrap(), Some(4242));
+        assert_eq!(nm.status(slot).unwrap(), None);
+        pl.set_exited(slot, RankStatus::Signaled(9)).unwrap();
+        assert_eq!(nm.status(slot).unwrap(), Some(RankStatus::Signaled(9)));
+        pl.set_exited(slot, RankStatus::Exited(3)).unwrap();
+        assert_eq!(nm.status(slot).unwrap(), Some(RankStatus::Exited(3)));
+        nm.release(slot).unwrap();
+        assert_eq!(nm.state(slot).unwrap(), SlotState::Free);
+        let taken: Vec<_> = std::iter::from_fn(|| nm.claim()).collect();
+        assert_eq!(taken, vec![0, 1, 2, 3]);
+        assert!(matches!(nm.state(4), Err(TableError::NoSlot { .. })));
+    }
+
+    #[test]
+    fn a_descriptor_that_is_not_a_table_is_refused() {
+        let f = std::fs::File::open("/etc/hostname")
+            .unwrap_or_else(|_| std::fs::File::open("/etc/passwd").unwrap());
+        assert!(PlTable::open(OwnedFd::from(f)).is_err());
+    }
+}
