@@ -24,6 +24,19 @@ pub struct LocalOptions {
     pub timeslice_ms: f64,
     /// Keep the temporary directory (logs, spools) after shutdown.
     pub keep: bool,
+    /// Grace between SIGTERM and SIGKILL for cancelled jobs (the cluster default if `None`).
+    pub kill_wait_ms: Option<u64>,
+}
+
+impl LocalOptions {
+    pub fn new(nodes: u32) -> Self {
+        Self {
+            nodes,
+            timeslice_ms: 1.0,
+            keep: false,
+            kill_wait_ms: None,
+        }
+    }
 }
 
 /// A running embedded cluster.
@@ -109,6 +122,8 @@ impl LocalCluster {
             .tempdir()
             .context("creating a temporary directory")?;
         let root = dir.path().to_path_buf();
+        // Jobs run as the submitting user, who must be able to reach the spool directories.
+        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
         let listeners = (0..=opts.nodes)
             .map(|_| TcpListener::bind("127.0.0.1:0"))
             .collect::<std::io::Result<Vec<_>>>()
@@ -129,6 +144,9 @@ impl LocalCluster {
                 name: format!("local-{}", std::process::id()),
                 timeslice_ms: opts.timeslice_ms,
                 control_socket: root.join("mm.sock"),
+                kill_wait_ms: opts
+                    .kill_wait_ms
+                    .unwrap_or(ClusterSection::default().kill_wait_ms),
                 ..ClusterSection::default()
             },
             tcp: TcpSection::default(),

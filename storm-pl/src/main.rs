@@ -100,12 +100,20 @@ fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
         .stdin(Stdio::null())
         .process_group(0);
     if nix::unistd::geteuid().is_root() && spec.uid != 0 {
+        // Drop privileges in the child ourselves: std would set the uid before running
+        // pre_exec hooks, after which setgroups is no longer allowed. Order: groups, gid, uid.
         let groups = supplementary_groups(spec.uid, spec.gid);
-        // SAFETY: setgroups is async-signal-safe and touches only the child.
+        let uid = nix::unistd::Uid::from_raw(spec.uid);
+        let gid = nix::unistd::Gid::from_raw(spec.gid);
+        // SAFETY: setgroups, setgid and setuid are async-signal-safe and touch only the child.
         unsafe {
-            cmd.pre_exec(move || nix::unistd::setgroups(&groups).map_err(std::io::Error::from));
+            cmd.pre_exec(move || {
+                nix::unistd::setgroups(&groups)?;
+                nix::unistd::setgid(gid)?;
+                nix::unistd::setuid(uid)?;
+                Ok(())
+            });
         }
-        cmd.uid(spec.uid).gid(spec.gid);
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,

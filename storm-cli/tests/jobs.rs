@@ -1,0 +1,499 @@
+//! Jobs end to end on real daemons (storm-mm, storm-nm, storm-pl as processes) on loopback:
+//! what a user of storm-submit sees.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use support::{TestCluster, script, text};
+
+/// Parses `KEY=VALUE` words of each labelled line into one map per rank.
+fn env_by_rank(stdout: &str) -> BTreeMap<u32, BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for line in stdout.lines() {
+        let (rank, rest) = line.split_once(": ").expect("labelled line");
+        let map: BTreeMap<String, String> = rest
+            .split_whitespace()
+            .filter_map(|w| {
+                w.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        assert!(
+            out.insert(rank.parse().unwrap(), map).is_none(),
+            "rank {rank} printed twice"
+        );
+    }
+    out
+}
+
+#[test]
+fn every_rank_runs_exactly_once_with_its_environment() {
+    let c = TestCluster::start(6);
+    let work = tempfile::tempdir().unwrap();
+    let marks = work.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let prog = script(
+        work.path(),
+        "env.sh",
+        &format!(
+            "touch {}/rank-$STORM_RANK-$$\n\
+             echo JOB=$STORM_JOB_ID RANK=$STORM_RANK SIZE=$STORM_SIZE NODE=$STORM_NODEID \
+             NAME=$STORM_NODENAME LOCAL=$STORM_LOCAL_RANK LSIZE=$STORM_LOCAL_SIZE NNODES=$STORM_NNODES \
+             LIST=$STORM_NODELIST EXTRA=$EXTRA PWD=$(pwd)\n",
+            marks.display()
+        ),
+    );
+    let out = c.submit(&[
+        "-N",
+        "6",
+        "-n",
+        "13",
+        "-l",
+        "--export",
+        "ALL,EXTRA=yes",
+        "-D",
+        work.path().to_str().unwrap(),
+        prog.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ranks = env_by_rank(&text(&out.stdout));
+    assert_eq!(
+        ranks.keys().copied().collect::<Vec<_>>(),
+        (0..13).collect::<Vec<_>>()
+    );
+    // Blocks of 3,2,2,2,2,2 ranks on nodes 0..5.
+    let expect_node = |r: u32| if r < 3 { 0 } else { (r - 3) / 2 + 1 };
+    for (rank, env) in &ranks {
+        let node = expect_node(*rank);
+        let first = if node == 0 { 0 } else { 3 + (node - 1) * 2 };
+        assert_eq!(env["RANK"], rank.to_string());
+        assert_eq!(env["SIZE"], "13");
+        assert_eq!(env["NODE"], node.to_string(), "rank {rank}");
+        assert_eq!(env["NAME"], format!("node{node}"));
+        assert_eq!(env["LOCAL"], (rank - first).to_string(), "rank {rank}");
+        assert_eq!(env["LSIZE"], if node == 0 { "3" } else { "2" });
+        assert_eq!(env["NNODES"], "6");
+        assert_eq!(env["LIST"], "0-5");
+        assert_eq!(env["EXTRA"], "yes");
+        assert_eq!(env["PWD"], work.path().to_str().unwrap());
+        assert_eq!(env["JOB"], ranks[&0]["JOB"]);
+    }
+    let files: Vec<String> = std::fs::read_dir(&marks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len(), 13, "each rank ran exactly once: {files:?}");
+    let ran: BTreeSet<u32> = files
+        .iter()
+        .map(|f| f.split('-').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ran.len(), 13);
+}
+
+#[test]
+fn the_delivered_program_is_byte_identical_on_every_node() {
+    let c = TestCluster::start(5);
+    let work = tempfile::tempdir().unwrap();
+    // A script that reports its own path and checksum, padded to 3 MB after its `exit`.
+    let mut body = String::from("echo \"$0 $(sha256sum < \"$0\" | cut -d' ' -f1)\"\nexit 0\n");
+    let pad: String = (0..3_000_000u32)
+        .map(|i| char::from(b'a' + (i.wrapping_mul(2654435761) >> 27) as u8 % 26))
+        .collect();
+    body.push_str(&pad);
+    let prog = script(work.path(), "big.sh", &body);
+    let want = {
+        let out = std::process::Command::new("sha256sum")
+            .arg(&prog)
+            .output()
+            .unwrap();
+        text(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let out = c.submit(&["-N", "5", "-l", prog.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let mut paths = BTreeSet::new();
+    for line in stdout.lines() {
+        let (rank, rest) = line.split_once(": ").unwrap();
+        let (path, sum) = rest.split_once(' ').unwrap();
+        assert_eq!(sum, want, "rank {rank} ran a different program");
+        assert!(
+            path.starts_with(c.root.join(format!("node{rank}")).to_str().unwrap()),
+            "rank {rank} ran {path}, not its node's spool copy"
+        );
+        paths.insert(path.to_string());
+    }
+    assert_eq!(paths.len(), 5, "one copy per node");
+    // The spool copies are removed once the job is over.
+    std::thread::sleep(Duration::from_millis(300));
+    for p in &paths {
+        assert!(!std::path::Path::new(p).exists(), "{p} left behind");
+    }
+}
+
+#[test]
+fn each_ranks_output_arrives_complete() {
+    let c = TestCluster::start(4);
+    let work = tempfile::tempdir().unwrap();
+    // 60000 lines (about 1.3 MB) on stdout and 2000 on stderr per rank, then no newline.
+    let prog = script(
+        work.path(),
+        "talk.sh",
+        "i=0; yes \"rank $STORM_RANK says hello\" | head -n 60000\n\
+         yes \"rank $STORM_RANK complains\" | head -n 2000 >&2\nprintf 'tail-%s' $STORM_RANK\n",
+    );
+    let out = c.submit(&["-N", "4", "-n", "8", "-l", prog.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    for rank in 0..8 {
+        let hello = format!("{rank}: rank {rank} says hello");
+        assert_eq!(
+            stdout.lines().filter(|l| *l == hello).count(),
+            60000,
+            "rank {rank} stdout"
+        );
+        let complaint = format!("{rank}: rank {rank} complains");
+        assert_eq!(
+            stderr.lines().filter(|l| *l == complaint).count(),
+            2000,
+            "rank {rank} stderr"
+        );
+        assert!(
+            stdout.lines().any(|l| l == format!("{rank}: tail-{rank}")),
+            "rank {rank}: unterminated last line"
+        );
+    }
+    assert_eq!(
+        stdout.lines().count(),
+        8 * 60001,
+        "nothing extra, nothing garbled"
+    );
+}
+
+#[test]
+fn exit_codes_and_signals_are_reported_per_rank() {
+    let c = TestCluster::start(4);
+    let work = tempfile::tempdir().unwrap();
+    let prog = script(
+        work.path(),
+        "fail.sh",
+        "case $STORM_RANK in 1) kill -SEGV $$ ;; 2) exit 3 ;; 3) exit 5 ;; esac\nexit 0\n",
+    );
+    let out = c.submit(&["-N", "4", prog.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 11),
+        "lowest failing rank is 1, by SIGSEGV"
+    );
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("rank 1 on node1: killed by signal 11 (SIGSEGV)"),
+        "{err}"
+    );
+    assert!(err.contains("rank 2 on node2: exit code 3"), "{err}");
+    assert!(err.contains("rank 3 on node3: exit code 5"), "{err}");
+    assert!(!err.contains("rank 0"), "rank 0 succeeded: {err}");
+
+    let only_last = script(
+        work.path(),
+        "last.sh",
+        "[ $STORM_RANK = 3 ] && exit 5\nexit 0\n",
+    );
+    let out = c.submit(&["-N", "4", only_last.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(5));
+    let ok = c.submit(&["-N", "4", "/bin/true"]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+}
+
+fn wait_for_line(child: &mut std::process::Child, needle: &str, count: usize) -> String {
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    while seen.matches(needle).count() < count {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never saw {count} x {needle:?} in {seen:?}"
+        );
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "output ended before {needle:?}: {seen:?}");
+        seen.push_str(&text(&buf[..n]));
+    }
+    child.stdout = Some(stdout);
+    seen
+}
+
+/// Processes running a spooled copy of the script `marker`.
+fn pids_with(marker: &str) -> usize {
+    let pattern = format!("job-[0-9]+/{marker}");
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", &pattern])
+        .output()
+        .unwrap();
+    text(&out.stdout).lines().count()
+}
+
+#[test]
+fn cancel_stops_a_running_job_everywhere_even_one_that_ignores_sigterm() {
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        kill_wait_ms: Some(500),
+        ..storm_cli::local::LocalOptions::new(4)
+    });
+    let work = tempfile::tempdir().unwrap();
+    let marker = format!("storm-test-sleeper-{}", std::process::id());
+    let prog = script(
+        work.path(),
+        &marker,
+        "[ $STORM_RANK = 2 ] && trap '' TERM\necho started\nsleep 300 & wait\nsleep 300\n",
+    );
+    let mut child = c.spawn(&["-N", "4", prog.to_str().unwrap()]);
+    wait_for_line(&mut child, "started", 4);
+    assert_eq!(pids_with(&marker), 4, "four ranks run");
+    let jobs = c.queued_jobs();
+    assert_eq!(jobs.len(), 1);
+    let cancel = c.storm(&["cancel", &jobs[0].to_string()]);
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "rank 0 ended by SIGTERM: {err}"
+    );
+    assert!(err.contains("cancelled by uid"), "{err}");
+    assert!(
+        err.contains("rank 2 on node2: killed by signal 9 (SIGKILL)"),
+        "the rank that ignored SIGTERM was killed: {err}"
+    );
+    assert_eq!(pids_with(&marker), 0, "no process of the job is left");
+    assert!(c.queued_jobs().is_empty());
+}
+
+#[test]
+fn two_jobs_run_at_once_on_disjoint_nodes_and_nodes_are_free_afterwards() {
+    let c = TestCluster::start(8);
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().display();
+    // Each job waits until the other one is running too.
+    let prog = script(
+        work.path(),
+        "meet.sh",
+        &format!(
+            "touch {dir}/$1-$STORM_RANK\n\
+             n=0; while [ $(ls {dir} | grep -c \"^$2-\") -lt 4 ] && [ $n -lt 3000 ]; do sleep 0.01; n=$((n+1)); done\n\
+             [ $n -lt 3000 ] || exit 9\necho NODE=$STORM_NODEID\n"
+        ),
+    );
+    let a = c.spawn(&["-N", "4", "-l", prog.to_str().unwrap(), "a", "b"]);
+    let b = c.spawn(&["-N", "4", "-l", prog.to_str().unwrap(), "b", "a"]);
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(
+        a.status.success() && b.status.success(),
+        "both jobs met: {} {}",
+        text(&a.stderr),
+        text(&b.stderr)
+    );
+    let nodes = |o: &std::process::Output| -> BTreeSet<String> {
+        text(&o.stdout)
+            .lines()
+            .map(|l| l.split("NODE=").nth(1).unwrap().to_string())
+            .collect()
+    };
+    let (na, nb) = (nodes(&a), nodes(&b));
+    assert_eq!((na.len(), nb.len()), (4, 4));
+    assert!(na.is_disjoint(&nb), "{na:?} and {nb:?} overlap");
+    // All eight nodes are free again: a job that needs every one of them runs at once.
+    let all = c.submit(&["-N", "8", "-v", "/bin/true"]);
+    assert!(all.status.success(), "{}", text(&all.stderr));
+    assert!(
+        !text(&all.stderr).contains("queued"),
+        "{}",
+        text(&all.stderr)
+    );
+    let nodes = text(&c.storm(&["nodes"]).stdout);
+    assert_eq!(
+        nodes.lines().filter(|l| l.contains("idle")).count(),
+        8,
+        "{nodes}"
+    );
+}
+
+#[test]
+fn a_job_that_must_wait_for_busy_nodes_is_queued_and_says_so() {
+    let c = TestCluster::start(4);
+    let work = tempfile::tempdir().unwrap();
+    let flag = work.path().join("go");
+    let hold = script(
+        work.path(),
+        "hold.sh",
+        &format!(
+            "echo holding\nwhile [ ! -e {} ]; do sleep 0.01; done\n",
+            flag.display()
+        ),
+    );
+    let mut first = c.spawn(&["-N", "4", hold.to_str().unwrap()]);
+    wait_for_line(&mut first, "holding", 4);
+    let second = c.spawn(&["-N", "2", "/bin/echo", "second ran"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let queue = text(&c.storm(&["queue"]).stdout);
+    assert!(
+        queue.contains("queued") && queue.contains("waiting for 2 free nodes"),
+        "{queue}"
+    );
+    std::fs::write(&flag, "").unwrap();
+    assert!(first.wait().unwrap().success());
+    let second = second.wait_with_output().unwrap();
+    assert!(second.status.success());
+    assert!(
+        text(&second.stderr).contains("queued: waiting for 2 free nodes (0 free now)"),
+        "{}",
+        text(&second.stderr)
+    );
+    assert_eq!(text(&second.stdout), "second ran\nsecond ran\n");
+}
+
+#[test]
+fn bad_submissions_are_rejected_with_a_clear_error_and_leave_nothing_behind() {
+    let c = TestCluster::start(3);
+    let work = tempfile::tempdir().unwrap();
+    let plain = work.path().join("data.txt");
+    std::fs::write(&plain, "not a program").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["/no/such/program"],
+            "program /no/such/program not found",
+        ),
+        (vec!["no-such-program-anywhere"], "not found in PATH"),
+        (vec![plain.to_str().unwrap()], "is not executable"),
+        (vec!["-N", "4", "/bin/true"], "asks for 4 nodes but cluster"),
+        (
+            vec!["-N", "3", "-n", "2", "/bin/true"],
+            "cannot cover 3 nodes",
+        ),
+        (
+            vec!["-D", "/no/such/dir", "/bin/true"],
+            "working directory /no/such/dir does not exist",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = c.submit(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(message),
+            "{args:?}: expected {message:?} in {err:?}"
+        );
+    }
+    assert!(c.queued_jobs().is_empty());
+    for node in 0..3 {
+        let spool = c.root.join(format!("node{node}"));
+        let entries = std::fs::read_dir(&spool).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(entries, 0, "nothing was transferred to node {node}");
+    }
+}
+
+#[test]
+fn without_a_machine_manager_storm_submit_says_so() {
+    support::ensure_daemons();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .args(["--socket", "/nonexistent/storm/mm.sock", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("cannot reach the machine manager at /nonexistent/storm/mm.sock"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The node managers run as root here, so jobs run as whoever submits them, and only the
+/// owner (or root) may cancel a job.
+#[test]
+fn jobs_run_as_their_submitter_and_only_the_owner_may_cancel() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to submit as another user");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let c = TestCluster::start(2);
+    let nobody = 65534;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .args([
+            "--socket",
+            c.socket.to_str().unwrap(),
+            "-N",
+            "2",
+            "-D",
+            "/tmp",
+            "/usr/bin/id",
+            "-u",
+        ])
+        .uid(nobody)
+        .gid(nobody)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "65534\n65534\n",
+        "the ranks ran as the submitting user"
+    );
+
+    let work = tempfile::tempdir().unwrap();
+    let hold = script(work.path(), "hold.sh", "echo holding\nsleep 300\n");
+    let mut job = c.spawn(&["-N", "1", hold.to_str().unwrap()]);
+    wait_for_line(&mut job, "holding", 1);
+    let id = c.queued_jobs()[0].to_string();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_storm"))
+        .args(["--socket", c.socket.to_str().unwrap(), "cancel", &id])
+        .uid(nobody)
+        .gid(nobody)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("belongs to uid 0; only its owner or root may cancel it"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(c.queued_jobs().len(), 1, "the job still runs");
+    assert!(
+        c.storm(&["cancel", &id]).status.success(),
+        "root may cancel it"
+    );
+    assert_eq!(job.wait().unwrap().code(), Some(143));
+}
+
+#[test]
+fn ctrl_c_in_storm_submit_cancels_the_job_on_every_node() {
+    let c = TestCluster::start(3);
+    let work = tempfile::tempdir().unwrap();
+    let marker = format!("storm-test-ctrlc-{}", std::process::id());
+    let prog = script(work.path(), &marker, "echo started\nexec sleep 300\n");
+    let mut child = c.spawn(&["-N", "3", prog.to_str().unwrap()]);
+    wait_for_line(&mut child, "started", 3);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(err.contains("cancelling job"), "{err}");
+    assert_eq!(out.status.code(), Some(128 + 15), "{err}");
+    assert_eq!(
+        pids_with(&marker),
+        0,
+        "the job's processes are gone on every node"
+    );
+    assert!(c.queued_jobs().is_empty());
+}

@@ -1,0 +1,126 @@
+//! Real daemons on loopback for integration tests: an embedded cluster (storm-mm, storm-nm,
+//! storm-pl as processes), and helpers to run storm-submit and storm against it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Once;
+
+use storm_cli::local::{LocalCluster, LocalOptions};
+
+/// The directory holding the workspace's binaries (target/debug).
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+static BUILD: Once = Once::new();
+
+/// Makes sure the daemons are built and current (a plain `cargo test -p storm-cli` builds only
+/// this package's binaries, and a stale daemon would test old code).
+pub fn ensure_daemons() {
+    BUILD.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build", "--quiet", "-p", "storm-mm", "-p", "storm-nm", "-p", "storm-pl",
+            ])
+            .status()
+            .expect("running cargo build for the daemons");
+        assert!(status.success(), "building the daemons failed");
+        let dir = bin_dir();
+        for b in ["storm-mm", "storm-nm", "storm-pl"] {
+            assert!(dir.join(b).is_file(), "{b} is not in {}", dir.display());
+        }
+    });
+    // SAFETY: set once, before any daemon starts; tests only read it.
+    unsafe { std::env::set_var("STORM_BIN_DIR", bin_dir()) };
+}
+
+pub struct TestCluster {
+    pub cluster: Option<LocalCluster>,
+    pub socket: PathBuf,
+    pub root: PathBuf,
+}
+
+impl TestCluster {
+    pub fn start(nodes: u32) -> Self {
+        Self::with(LocalOptions::new(nodes))
+    }
+
+    pub fn with(opts: LocalOptions) -> Self {
+        ensure_daemons();
+        let cluster = LocalCluster::start(&opts).expect("start the local cluster");
+        let socket = cluster.socket().to_path_buf();
+        let root = cluster.root().to_path_buf();
+        Self {
+            cluster: Some(cluster),
+            socket,
+            root,
+        }
+    }
+
+    fn submit_cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_storm-submit"));
+        c.arg("--socket").arg(&self.socket).args(args);
+        c
+    }
+
+    /// Runs storm-submit to completion.
+    pub fn submit(&self, args: &[&str]) -> Output {
+        self.submit_cmd(args).output().expect("run storm-submit")
+    }
+
+    /// Starts storm-submit without waiting.
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.submit_cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn storm-submit")
+    }
+
+    /// Runs `storm <args>`.
+    pub fn storm(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_storm"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run storm")
+    }
+
+    /// Job ids in `storm queue`.
+    pub fn queued_jobs(&self) -> Vec<u64> {
+        let out = self.storm(&["queue"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if let Some(c) = self.cluster.take() {
+            let _ = c.shutdown();
+        }
+    }
+}
+
+/// Writes an executable shell script into `dir`.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
