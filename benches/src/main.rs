@@ -5,8 +5,10 @@
 //! machines are shared and noisy, ratios travel and absolute times do not.
 //!
 //! * `storm-bench prims`: the three primitives (latency and bandwidth against nodes and size).
+//! * `storm-bench launch`: job launch of a padded do-nothing program (the paper's Fig. 2a).
 
 mod baseline;
+mod launch;
 mod prims;
 mod report;
 mod stats;
@@ -53,6 +55,33 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// Launch a do-nothing program padded to 4, 8, 12 MB on 1..32 nodes (paper Fig. 2a).
+    Launch {
+        /// Node counts.
+        #[arg(long, default_value = "1,2,4,8,16,32", value_parser = report::parse_counts)]
+        nodes: std::vec::Vec<u32>,
+        /// Program sizes in MB.
+        #[arg(long, default_value = "4,8,12", value_parser = report::parse_counts)]
+        sizes_mb: std::vec::Vec<u32>,
+        /// Measured runs per point (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Timeslice of the cluster, in milliseconds.
+        #[arg(long, default_value_t = 1.0)]
+        timeslice_ms: f64,
+        /// Program transfer chunk size in KiB (cluster default if not given).
+        #[arg(long)]
+        chunk_kb: Option<usize>,
+        /// Program transfer queue slots (cluster default if not given).
+        #[arg(long)]
+        slots: Option<usize>,
+        /// Tree fanout (cluster default if not given).
+        #[arg(long)]
+        fanout: Option<usize>,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -91,6 +120,33 @@ fn main() -> Result<()> {
             for t in tables {
                 println!("{}", t.render());
             }
+            if let Some(path) = csv {
+                out.write(&path)?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        Command::Launch {
+            nodes,
+            sizes_mb,
+            runs,
+            timeslice_ms,
+            chunk_kb,
+            slots,
+            fanout,
+            csv,
+        } => {
+            let args = launch::LaunchArgs {
+                nodes,
+                sizes_mb,
+                runs: runs.max(1),
+                timeslice_ms,
+                chunk_kb,
+                slots,
+                fanout,
+            };
+            let mut out = report::Csv::new(launch::CSV_HEADER);
+            let table = launch::run(&args, &mut out)?;
+            println!("{}", table.render());
             if let Some(path) = csv {
                 out.write(&path)?;
                 eprintln!("wrote {}", path.display());

@@ -26,6 +26,11 @@ pub struct LocalOptions {
     pub keep: bool,
     /// Grace between SIGTERM and SIGKILL for cancelled jobs (the cluster default if `None`).
     pub kill_wait_ms: Option<u64>,
+    /// Program transfer chunk size and queue slots (cluster defaults if `None`).
+    pub transfer_chunk_bytes: Option<usize>,
+    pub transfer_slots: Option<usize>,
+    /// Tree fanout of the tcp backend (default if `None`).
+    pub fanout: Option<usize>,
 }
 
 impl LocalOptions {
@@ -35,6 +40,9 @@ impl LocalOptions {
             timeslice_ms: 1.0,
             keep: false,
             kill_wait_ms: None,
+            transfer_chunk_bytes: None,
+            transfer_slots: None,
+            fanout: None,
         }
     }
 }
@@ -155,6 +163,16 @@ impl LocalCluster {
             },
             nodes,
         };
+        let mut config = config;
+        if let Some(b) = opts.transfer_chunk_bytes {
+            config.cluster.transfer_chunk_bytes = b;
+        }
+        if let Some(s) = opts.transfer_slots {
+            config.cluster.transfer_slots = s;
+        }
+        if let Some(f) = opts.fanout {
+            config.tcp.fanout = f;
+        }
         config.validate()?;
         let config_path = root.join("cluster.toml");
         std::fs::write(&config_path, config.to_toml())?;

@@ -64,18 +64,23 @@ fn receive(
     let mut sum = Checksum::new();
     let mut written = 0u64;
     let mut last = Instant::now();
-    let mut next = || -> Result<bytes::Bytes, String> {
+    // Waits for the next entry and hands it, in place in the queue slot, to `consume`.
+    let mut next = |consume: &mut dyn FnMut(&[u8]) -> Result<(), String>| -> Result<(), String> {
         loop {
             if cancel.load(Ordering::Acquire) {
                 return Err("cancelled".into());
             }
-            match consumer
-                .dequeue(prims, Wait::Timeout(Duration::from_millis(100)))
-                .map_err(|e| e.to_string())?
-            {
-                Some(c) => {
+            let got = consumer
+                .dequeue_with(
+                    prims,
+                    Wait::Timeout(Duration::from_millis(100)),
+                    &mut *consume,
+                )
+                .map_err(|e| e.to_string())?;
+            match got {
+                Some(result) => {
                     last = Instant::now();
-                    return Ok(c);
+                    return result;
                 }
                 None if last.elapsed() > stall => return Err(format!("no data for {stall:?}")),
                 None => {}
@@ -83,15 +88,21 @@ fn receive(
         }
     };
     while written < info.size {
-        let chunk = next().map_err(|e| format!("{e} after {written} of {} bytes", info.size))?;
-        file.write_all(&chunk)
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
-        sum.update(&chunk);
-        written += chunk.len() as u64;
+        next(&mut |chunk: &[u8]| {
+            file.write_all(chunk)
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            sum.update(chunk);
+            written += chunk.len() as u64;
+            Ok(())
+        })
+        .map_err(|e| format!("{e} after {written} of {} bytes", info.size))?;
     }
-    let trailer = next()?;
-    let trailer =
-        FileTrailer::from_bytes(&trailer).ok_or("the transfer did not end with a trailer")?;
+    let mut trailer = None;
+    next(&mut |bytes: &[u8]| {
+        trailer = FileTrailer::from_bytes(bytes);
+        Ok(())
+    })?;
+    let trailer = trailer.ok_or("the transfer did not end with a trailer")?;
     if written != info.size || trailer.size != written {
         return Err(format!(
             "received {written} bytes, expected {}",

@@ -174,6 +174,28 @@ impl GlobalMemory {
         Ok(())
     }
 
+    /// Borrows `len` bytes at `offset` without copying.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write these bytes while the borrow lives, neither local code nor a remote
+    /// transfer. The caller must know from its protocol that the region is quiescent, as a
+    /// remote-queue slot is between its signal and the consumer advancing `dequeued`.
+    pub unsafe fn view(&self, offset: u64, len: usize) -> Result<&[u8]> {
+        let start = self.check_range(offset, len)?;
+        std::sync::atomic::fence(Ordering::Acquire);
+        // SAFETY: in range; the caller guarantees no concurrent writer.
+        Ok(unsafe { std::slice::from_raw_parts(self.as_ptr().add(start), len) })
+    }
+
+    /// The address of `len` bytes at `offset`, for a kernel or a NIC to write into (the way
+    /// remote data lands in global memory without an intermediate copy).
+    pub fn target(&self, offset: u64, len: usize) -> Result<*mut u8> {
+        let start = self.check_range(offset, len)?;
+        // SAFETY: in range of our allocation.
+        Ok(unsafe { self.as_ptr().add(start) })
+    }
+
     /// Reads `len` bytes at `offset` into a new vector.
     pub fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         let mut v = vec![0u8; len];

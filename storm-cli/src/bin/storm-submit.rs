@@ -181,7 +181,7 @@ fn run(args: Args) -> Result<i32, String> {
                 nodes: n,
                 timeslice_ms: args.local_timeslice_ms,
                 keep: args.keep,
-                kill_wait_ms: None,
+                ..LocalOptions::new(n)
             })
             .map_err(|e| format!("cannot start the local cluster: {e:#}"))?;
             if args.keep || args.verbose {

@@ -10,7 +10,7 @@
 //! fails at once instead of waiting for its timeout.
 
 use std::collections::VecDeque;
-use std::io::{BufReader, IoSlice, Write};
+use std::io::{BufRead, BufReader, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -22,7 +22,10 @@ use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
 use super::node::Inner;
-use super::wire::{Control, Frame, Hello, OutFrame, WireError, read_frame};
+use super::wire::{
+    self, Control, DATA_PREFIX_LEN, Frame, HEADER_LEN, Hello, KIND_DATA, OutFrame, WireError,
+    read_frame,
+};
 use crate::nodeset::NodeId;
 
 static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
@@ -337,19 +340,105 @@ fn spawn_reader(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
 }
 
 fn read_loop(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
-    let mut reader = BufReader::with_capacity(256 * 1024, stream);
+    let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let reason = loop {
-        match read_frame(&mut reader, inner.config.max_frame) {
-            Ok(frame) => {
-                if let Err(why) = inner.dispatch(conn.peer, frame) {
-                    break format!("protocol error: {why}");
-                }
-            }
-            Err(WireError::Closed) => break "connection closed by peer".to_string(),
-            Err(e) => break e.to_string(),
+        if let Err(why) = read_one(inner, conn.peer, &mut reader) {
+            break why;
         }
     };
     inner.conn_lost(conn, reason);
+}
+
+fn describe(e: WireError) -> String {
+    match e {
+        WireError::Closed => "connection closed by peer".to_string(),
+        e => e.to_string(),
+    }
+}
+
+/// Reads and handles one frame. Transfer data goes straight from the socket into global
+/// memory, the way a NIC would place it; nothing is copied through an intermediate buffer.
+fn read_one(
+    inner: &Arc<Inner>,
+    from: NodeId,
+    reader: &mut BufReader<TcpStream>,
+) -> Result<(), String> {
+    let mut head = [0u8; HEADER_LEN];
+    wire::read_exact(reader, &mut head).map_err(describe)?;
+    let (kind, len) = wire::parse_header(&head, inner.config.max_frame).map_err(describe)?;
+    if kind != KIND_DATA {
+        let mut body = vec![0u8; len];
+        wire::read_exact(reader, &mut body).map_err(describe)?;
+        let frame = wire::decode_body(kind, Bytes::from(body)).map_err(describe)?;
+        return inner
+            .dispatch(from, frame)
+            .map_err(|why| format!("protocol error: {why}"));
+    }
+    let mut prefix = [0u8; DATA_PREFIX_LEN];
+    wire::read_exact(reader, &mut prefix).map_err(describe)?;
+    let (key, at) = wire::parse_data_prefix(&prefix);
+    let payload = len - DATA_PREFIX_LEN;
+    match inner
+        .xfer_data_target(from, key, at, payload)
+        .map_err(|why| format!("protocol error: {why}"))?
+    {
+        Some(target) => {
+            read_into_memory(inner, reader, target.offset, payload)?;
+            inner.xfer_data_arrived(key, at, payload, target);
+        }
+        None => {
+            // The transfer was aborted: read its bytes and drop them.
+            std::io::copy(
+                &mut reader.by_ref().take(payload as u64),
+                &mut std::io::sink(),
+            )
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Moves `len` bytes from the connection into global memory at `offset`: what the reader has
+/// buffered first, then the rest by `read(2)` straight into the region.
+fn read_into_memory(
+    inner: &Inner,
+    reader: &mut BufReader<TcpStream>,
+    offset: u64,
+    len: usize,
+) -> Result<(), String> {
+    let buffered = reader.buffer();
+    let n = buffered.len().min(len);
+    inner
+        .memory
+        .write(offset, &buffered[..n])
+        .map_err(|e| e.to_string())?;
+    reader.consume(n);
+    let mut done = n;
+    if done == len {
+        return Ok(());
+    }
+    let target = inner
+        .memory
+        .target(offset + done as u64, len - done)
+        .map_err(|e| e.to_string())?;
+    let fd = reader.get_ref().as_raw_fd();
+    while done < len {
+        // SAFETY: `target` points to `len - n` bytes of global memory that this transfer owns
+        // until it commits; the kernel writes them as a NIC would.
+        let r = unsafe { libc::read(fd, target.add(done - n).cast(), len - done) };
+        match r {
+            0 => return Err("connection closed by peer".into()),
+            r if r > 0 => done += r as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e.to_string());
+                }
+            }
+        }
+    }
+    std::sync::atomic::fence(Ordering::Release);
+    Ok(())
 }
 
 /// Writes what the fast path could not, blocking on the socket as long as it takes.

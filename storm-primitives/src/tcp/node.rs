@@ -126,7 +126,10 @@ impl Inner {
         frame: Frame,
     ) -> std::result::Result<(), String> {
         match frame {
-            Frame::Data(chunk) => self.on_xfer_data(from, chunk),
+            Frame::Data(chunk) => Err(format!(
+                "data frame for {:?} outside the data path",
+                chunk.key
+            )),
             Frame::Control(Control::Xfer(msg)) => self.on_xfer(from, msg),
             Frame::Control(Control::Caw(msg)) => self.on_caw(from, msg),
             Frame::Control(other) => Err(format!("unexpected message after handshake: {other:?}")),

@@ -212,14 +212,8 @@ impl OutFrame {
     }
 }
 
-/// Reads one frame. `limit` bounds the body length.
-pub fn read_frame(r: &mut impl Read, limit: usize) -> Result<Frame, WireError> {
-    let mut head = [0u8; HEADER_LEN];
-    match r.read_exact(&mut head) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(WireError::Closed),
-        Err(e) => return Err(e.into()),
-    }
+/// Checks a frame header; returns the frame's kind and body length.
+pub fn parse_header(head: &[u8; HEADER_LEN], limit: usize) -> Result<(u8, usize), WireError> {
     let magic: [u8; 4] = head[..4].try_into().expect("4 bytes");
     if magic != MAGIC {
         return Err(WireError::BadMagic(magic));
@@ -237,6 +231,36 @@ pub fn read_frame(r: &mut impl Read, limit: usize) -> Result<Frame, WireError> {
     if len > limit {
         return Err(WireError::TooLarge { len, limit });
     }
+    if kind == KIND_DATA && len < DATA_PREFIX_LEN {
+        return Err(WireError::Malformed(format!(
+            "data frame of {len} bytes is shorter than its {DATA_PREFIX_LEN}-byte prefix"
+        )));
+    }
+    Ok((kind, len))
+}
+
+/// Parses the prefix of a data frame: the operation and the chunk's offset in the transfer.
+pub fn parse_data_prefix(prefix: &[u8; DATA_PREFIX_LEN]) -> (OpKey, u64) {
+    let origin = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes"));
+    let seq = u64::from_le_bytes(prefix[4..12].try_into().expect("8 bytes"));
+    let at = u64::from_le_bytes(prefix[12..20].try_into().expect("8 bytes"));
+    (OpKey { origin, seq }, at)
+}
+
+/// Reads exactly `buf.len()` bytes; end of stream is [`WireError::Closed`].
+pub fn read_exact(r: &mut impl Read, buf: &mut [u8]) -> Result<(), WireError> {
+    match r.read_exact(buf) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(WireError::Closed),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads one frame. `limit` bounds the body length.
+pub fn read_frame(r: &mut impl Read, limit: usize) -> Result<Frame, WireError> {
+    let mut head = [0u8; HEADER_LEN];
+    read_exact(r, &mut head)?;
+    let (kind, len) = parse_header(&head, limit)?;
     let mut body = Vec::with_capacity(len);
     let got = r.take(len as u64).read_to_end(&mut body)?;
     if got != len {

@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use super::node::Inner;
 use super::tree::Tree;
-use super::wire::{Control, DataChunk, OpKey, OutFrame, XferBegin, XferMsg};
+use super::wire::{Control, OpKey, OutFrame, XferBegin, XferMsg};
 use crate::error::PrimError;
 use crate::layout::EventId;
 use crate::nodeset::{NodeId, NodeSet};
@@ -81,6 +81,27 @@ impl XferOp {
     }
     fn child_ids(&self) -> Vec<NodeId> {
         self.children.iter().map(|&(c, _)| c).collect()
+    }
+}
+
+/// Where a chunk of transfer data lands, and who gets it next.
+pub(crate) struct DataTarget {
+    pub offset: u64,
+    pub children: Vec<NodeId>,
+}
+
+/// Bytes of global memory being forwarded to children. The transfer owns them until it
+/// commits, and they are sent before then, so nothing writes them while this view lives.
+struct MemoryView {
+    node: Arc<Inner>,
+    offset: u64,
+    len: usize,
+}
+
+impl AsRef<[u8]> for MemoryView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the type's comment; offset and len were checked against the layout.
+        unsafe { self.node.memory.view(self.offset, self.len).unwrap_or(&[]) }
     }
 }
 
@@ -277,48 +298,64 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn on_xfer_data(
-        self: &Arc<Self>,
+    /// Where the chunk `at..at+len` of transfer `key` from `from` goes, or `None` if the
+    /// transfer was aborted (its remaining data is dropped). An error means `from` broke the
+    /// protocol.
+    pub(crate) fn xfer_data_target(
+        &self,
         from: NodeId,
-        chunk: DataChunk,
-    ) -> Result<(), String> {
-        let DataChunk { key, at, payload } = chunk;
-        let (offset, children) = {
-            let table = self.xfers.lock();
-            let Some(op) = table.ops.get(&key) else {
-                return Ok(()); // aborted: drop the rest of its data
-            };
-            if op.parent != Some(from) {
-                return Err(format!(
-                    "data for {key:?} from node {from}, which is not the parent"
-                ));
-            }
-            let end = at.checked_add(payload.len() as u64);
-            if at != op.received || end.is_none_or(|e| e > op.begin.len) {
-                return Err(format!(
-                    "data for {key:?} at {at}+{} out of order or past its length {}",
-                    payload.len(),
-                    op.begin.len
-                ));
-            }
-            (op.begin.offset, op.child_ids())
+        key: OpKey,
+        at: u64,
+        len: usize,
+    ) -> Result<Option<DataTarget>, String> {
+        let table = self.xfers.lock();
+        let Some(op) = table.ops.get(&key) else {
+            return Ok(None);
         };
-        self.memory
-            .write(offset + at, &payload)
-            .map_err(|e| e.to_string())?;
-        if !children.is_empty() {
-            let frame = OutFrame::data(key, at, payload.clone());
-            for c in children {
+        if op.parent != Some(from) {
+            return Err(format!(
+                "data for {key:?} from node {from}, which is not the parent"
+            ));
+        }
+        let end = at.checked_add(len as u64);
+        if at != op.received || end.is_none_or(|e| e > op.begin.len) {
+            return Err(format!(
+                "data for {key:?} at {at}+{len} out of order or past its length {}",
+                op.begin.len
+            ));
+        }
+        Ok(Some(DataTarget {
+            offset: op.begin.offset + at,
+            children: op.child_ids(),
+        }))
+    }
+
+    /// A chunk has landed in global memory: forward it to the children straight from there
+    /// and count it.
+    pub(crate) fn xfer_data_arrived(
+        self: &Arc<Self>,
+        key: OpKey,
+        at: u64,
+        len: usize,
+        target: DataTarget,
+    ) {
+        if !target.children.is_empty() {
+            let view = Bytes::from_owner(MemoryView {
+                node: self.clone(),
+                offset: target.offset,
+                len,
+            });
+            let frame = OutFrame::data(key, at, view);
+            for c in target.children {
                 self.send(c, frame.clone());
             }
         }
         let mut table = self.xfers.lock();
         if let Some(op) = table.ops.get_mut(&key) {
-            op.received += payload.len() as u64;
+            op.received += len as u64;
             self.xfer_progress(&mut table, key);
             self.commit_own(&mut table);
         }
-        Ok(())
     }
 
     /// Moves an operation forward when its subtree has caught up. At the origin this only marks

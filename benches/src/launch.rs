@@ -1,0 +1,245 @@
+//! `storm-bench launch`: the paper's Fig. 2a on this machine.
+//!
+//! A do-nothing program padded to 4, 8 and 12 MB with a static array is launched on 1..32
+//! nodes of an embedded cluster (storm-mm and N storm-nm processes over the tcp backend on
+//! loopback, a cluster of exactly N nodes, 1 ms timeslice). For each launch the MM reports the
+//! send time (nodes allocated to program verified on every node) and the execute time (launch
+//! heartbeat to termination detected); storm-submit's side gives the end-to-end time from
+//! submission to the job's result.
+//!
+//! The floor, measured in the same run (with no cluster running, so the cluster's heartbeats do
+//! not slow it): copy the program into N directories, then fork/exec the N copies and wait for
+//! all of them. That is the least any launcher on one host must do.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cli::submit::{self, Progress};
+use storm_cluster::control::{Client, JobRequest};
+use storm_cluster::tasks::TaskRequest;
+
+use crate::report::{Csv, Table};
+use crate::stats::fmt_time;
+
+pub struct LaunchArgs {
+    pub nodes: Vec<u32>,
+    pub sizes_mb: Vec<u32>,
+    pub runs: usize,
+    pub timeslice_ms: f64,
+    pub chunk_kb: Option<usize>,
+    pub slots: Option<usize>,
+    pub fanout: Option<usize>,
+}
+
+pub const CSV_HEADER: &[&str] = &[
+    "size_mb",
+    "nodes",
+    "runs",
+    "send_s",
+    "execute_s",
+    "mm_total_s",
+    "end_to_end_s",
+    "floor_s",
+    "ratio",
+];
+
+/// Builds the padded do-nothing program with the C compiler.
+fn build_program(dir: &Path, mb: u32) -> Result<PathBuf> {
+    let src = dir.join(format!("donothing{mb}.c"));
+    let bin = dir.join(format!("donothing{mb}"));
+    std::fs::write(
+        &src,
+        format!(
+            "/* storm-bench launch: a program that does nothing, padded with a static array */\n\
+             __attribute__((used)) static const volatile char pad[{bytes}] = {{ 1 }};\n\
+             int main(void) {{ return pad[0] - 1; }}\n",
+            bytes = mb as usize * 1024 * 1024 - 16 * 1024
+        ),
+    )?;
+    let status = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .context("running cc (install a C compiler: apt-get install build-essential)")?;
+    if !status.success() {
+        bail!("cc failed to build the {mb} MB program");
+    }
+    let size = std::fs::metadata(&bin)?.len();
+    let want = mb as u64 * 1024 * 1024;
+    if size < want - 64 * 1024 || size > want + 64 * 1024 {
+        bail!("the {mb} MB program came out at {size} bytes (did the compiler drop the array?)");
+    }
+    Ok(bin)
+}
+
+struct Quiet;
+impl Progress for Quiet {}
+
+struct Sample {
+    send: f64,
+    execute: f64,
+    mm_total: f64,
+    end_to_end: f64,
+}
+
+fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample> {
+    let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
+    let file = File::open(program)?;
+    let req = JobRequest {
+        name: "donothing".into(),
+        program: program.to_path_buf(),
+        args: Vec::new(),
+        env: Vec::new(),
+        cwd: std::env::temp_dir(),
+        tasks: TaskRequest {
+            nodes: Some(n),
+            ntasks: Some(n),
+            ntasks_per_node: None,
+        },
+        bcast: true,
+    };
+    let start = Instant::now();
+    let (outcome, _, _) =
+        submit::run_job(client, req, Some(&file), &mut Quiet).map_err(anyhow::Error::msg)?;
+    let end_to_end = start.elapsed().as_secs_f64();
+    if outcome.exit_code() != 0 {
+        bail!("the do-nothing program failed: {outcome:?}");
+    }
+    let t = outcome.timing;
+    Ok(Sample {
+        send: t.send_us as f64 / 1e6,
+        execute: t.execute_us as f64 / 1e6,
+        mm_total: t.total_us as f64 / 1e6,
+        end_to_end,
+    })
+}
+
+/// Copies the program into `n` directories and runs the copies, as fast as one host can.
+fn floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
+    let dirs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("floor{i}"))).collect();
+    for d in &dirs {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d)?;
+    }
+    let start = Instant::now();
+    let copies = dirs
+        .iter()
+        .map(|d| {
+            let dest = d.join("prog");
+            std::fs::copy(program, &dest).map(|_| dest)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let children = copies
+        .iter()
+        .map(|p| Command::new(p).spawn())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    for mut c in children {
+        c.wait()?;
+    }
+    let took = start.elapsed().as_secs_f64();
+    for d in &dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(took)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
+    let work = tempfile::Builder::new()
+        .prefix("storm-bench-launch-")
+        .tempdir()?;
+    let programs: Vec<(u32, PathBuf)> = args
+        .sizes_mb
+        .iter()
+        .map(|&mb| build_program(work.path(), mb).map(|p| (mb, p)))
+        .collect::<Result<_>>()?;
+    let mut table = Table::new(
+        format!(
+            "Job launch (paper Fig. 2a): do-nothing program on N nodes of an N-node embedded tcp cluster, \
+             timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies, same run",
+            args.timeslice_ms, args.runs
+        ),
+        &[
+            "size",
+            "N",
+            "send",
+            "execute",
+            "MM total",
+            "end to end",
+            "floor",
+            "ratio",
+        ],
+    );
+    for &n in &args.nodes {
+        // The floor is measured with no cluster running (half before, half after), so the
+        // cluster's own heartbeats do not slow it down.
+        let mut floors: Vec<Vec<f64>> = vec![Vec::new(); programs.len()];
+        let floor_runs = |floors: &mut Vec<Vec<f64>>, runs: usize| -> Result<()> {
+            for (i, (_, program)) in programs.iter().enumerate() {
+                for _ in 0..runs {
+                    floors[i].push(floor_once(work.path(), program, n)?);
+                }
+            }
+            Ok(())
+        };
+        floor_runs(&mut floors, args.runs.div_ceil(2))?;
+        let cluster = LocalCluster::start(&LocalOptions {
+            timeslice_ms: args.timeslice_ms,
+            transfer_chunk_bytes: args.chunk_kb.map(|k| k * 1024),
+            transfer_slots: args.slots,
+            fanout: args.fanout,
+            ..LocalOptions::new(n)
+        })?;
+        let mut launches: Vec<Vec<Sample>> = Vec::new();
+        for (_, program) in &programs {
+            launch_once(&cluster, program, n)?; // warm-up: page cache, connections
+            let mut samples = Vec::new();
+            for _ in 0..args.runs {
+                samples.push(launch_once(&cluster, program, n)?);
+            }
+            launches.push(samples);
+        }
+        cluster.shutdown()?;
+        std::thread::sleep(Duration::from_millis(100));
+        floor_runs(&mut floors, args.runs / 2)?;
+        for (((mb, _), samples), floors) in programs.iter().zip(launches).zip(floors) {
+            let send = median(samples.iter().map(|s| s.send).collect());
+            let execute = median(samples.iter().map(|s| s.execute).collect());
+            let mm_total = median(samples.iter().map(|s| s.mm_total).collect());
+            let e2e = median(samples.iter().map(|s| s.end_to_end).collect());
+            let floor = median(floors);
+            table.push(vec![
+                format!("{mb} MB"),
+                n.to_string(),
+                fmt_time(send),
+                fmt_time(execute),
+                fmt_time(mm_total),
+                fmt_time(e2e),
+                fmt_time(floor),
+                format!("{:.2}", e2e / floor),
+            ]);
+            csv.push(vec![
+                mb.to_string(),
+                n.to_string(),
+                args.runs.to_string(),
+                format!("{send:.6}"),
+                format!("{execute:.6}"),
+                format!("{mm_total:.6}"),
+                format!("{e2e:.6}"),
+                format!("{floor:.6}"),
+                format!("{:.4}", e2e / floor),
+            ]);
+        }
+        eprintln!("  measured N = {n}");
+    }
+    Ok(table)
+}
