@@ -32,6 +32,8 @@ mod layout;
 pub mod local;
 mod memory;
 mod nodeset;
+#[cfg(feature = "ofi")]
+pub mod ofi;
 mod prims;
 mod relation;
 pub mod tcp;
