@@ -33,6 +33,8 @@ pub struct LaunchArgs {
     pub chunk_kb: Option<usize>,
     pub slots: Option<usize>,
     pub fanout: Option<usize>,
+    pub backend: storm_cluster::config::BackendKind,
+    pub provider: Option<String>,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -164,9 +166,15 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
         .collect::<Result<_>>()?;
     let mut table = Table::new(
         format!(
-            "Job launch (paper Fig. 2a): do-nothing program on N nodes of an N-node embedded tcp cluster, \
+            "Job launch (paper Fig. 2a): do-nothing program on N nodes of an N-node embedded {:?} cluster{}, \
              timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies, same run",
-            args.timeslice_ms, args.runs
+            args.backend,
+            args.provider
+                .as_ref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default(),
+            args.timeslice_ms,
+            args.runs
         ),
         &[
             "size",
@@ -197,6 +205,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
             transfer_chunk_bytes: args.chunk_kb.map(|k| k * 1024),
             transfer_slots: args.slots,
             fanout: args.fanout,
+            backend: args.backend,
+            provider: args.provider.clone(),
             ..LocalOptions::new(n)
         })?;
         let mut launches: Vec<Vec<Sample>> = Vec::new();

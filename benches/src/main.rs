@@ -34,8 +34,12 @@ struct Cli {
 enum Command {
     /// XFER-AND-SIGNAL and COMPARE-AND-WRITE against node count and size.
     Prims {
-        #[arg(long, value_enum, default_value = "tcp")]
-        backend: prims::Backend,
+        /// Backends to measure, in one run (e.g. tcp,ofi).
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "tcp")]
+        backend: Vec<prims::Backend>,
+        /// libfabric provider for the ofi backend.
+        #[arg(long, default_value = "tcp;ofi_rxm")]
+        provider: String,
         /// Destination node counts (the origin is one more node).
         #[arg(long, default_value = "1,2,4,8,16,32", value_parser = report::parse_counts)]
         nodes: std::vec::Vec<u32>,
@@ -78,6 +82,12 @@ enum Command {
         /// Tree fanout (cluster default if not given).
         #[arg(long)]
         fanout: Option<usize>,
+        /// Primitives backend of the cluster: tcp or ofi.
+        #[arg(long, default_value = "tcp")]
+        backend: storm_cluster::config::BackendKind,
+        /// libfabric provider for --backend ofi.
+        #[arg(long)]
+        provider: Option<String>,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -94,6 +104,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Prims {
             backend,
+            provider,
             nodes,
             sizes,
             fanout,
@@ -101,24 +112,26 @@ fn main() -> Result<()> {
             time_ms,
             csv,
         } => {
-            let args = prims::PrimsArgs {
-                backend,
-                nodes,
-                sizes,
-                tcp: TcpConfig {
-                    fanout,
-                    chunk_size,
-                    ..TcpConfig::default()
-                },
-                budget: stats::Budget {
-                    time: Duration::from_millis(time_ms),
-                    ..Default::default()
-                },
-            };
             let mut out = report::Csv::new(prims::CSV_HEADER);
-            let tables = prims::run(&args, &mut out)?;
-            for t in tables {
-                println!("{}", t.render());
+            for backend in backend {
+                let args = prims::PrimsArgs {
+                    backend,
+                    provider: provider.clone(),
+                    nodes: nodes.clone(),
+                    sizes: sizes.clone(),
+                    tcp: TcpConfig {
+                        fanout,
+                        chunk_size,
+                        ..TcpConfig::default()
+                    },
+                    budget: stats::Budget {
+                        time: Duration::from_millis(time_ms),
+                        ..Default::default()
+                    },
+                };
+                for t in prims::run(&args, &mut out)? {
+                    println!("{}", t.render());
+                }
             }
             if let Some(path) = csv {
                 out.write(&path)?;
@@ -133,6 +146,8 @@ fn main() -> Result<()> {
             chunk_kb,
             slots,
             fanout,
+            backend,
+            provider,
             csv,
         } => {
             let args = launch::LaunchArgs {
@@ -143,6 +158,8 @@ fn main() -> Result<()> {
                 chunk_kb,
                 slots,
                 fanout,
+                backend,
+                provider,
             };
             let mut out = report::Csv::new(launch::CSV_HEADER);
             let table = launch::run(&args, &mut out)?;

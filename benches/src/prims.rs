@@ -23,10 +23,13 @@ use crate::stats::{Budget, fmt_time, mb_per_s, sample};
 pub enum Backend {
     Local,
     Tcp,
+    /// libfabric (`--provider`, default tcp;ofi_rxm).
+    Ofi,
 }
 
 pub struct PrimsArgs {
     pub backend: Backend,
+    pub provider: String,
     pub nodes: Vec<u32>,
     pub sizes: Vec<usize>,
     pub tcp: TcpConfig,
@@ -59,38 +62,44 @@ fn bench_layout(max_size: usize) -> Result<BenchLayout> {
     })
 }
 
-/// Keeps a cluster alive while its handles are used.
-enum Cluster {
-    Local(Vec<Arc<dyn Primitives>>),
-    Tcp(Vec<Arc<dyn Primitives>>),
-}
+/// A running cluster: the handles of its nodes.
+struct Cluster(Vec<Arc<dyn Primitives>>);
 
 impl Cluster {
-    fn start(backend: Backend, n: u32, layout: &Layout, tcp: &TcpConfig) -> Result<Self> {
-        Ok(match backend {
-            Backend::Local => {
-                let fabric = LocalFabric::new(n, layout.clone());
-                Cluster::Local(
-                    fabric
-                        .all_nodes()
-                        .into_iter()
-                        .map(|n| Arc::new(n) as Arc<dyn Primitives>)
-                        .collect(),
-                )
+    fn start(
+        backend: Backend,
+        n: u32,
+        layout: &Layout,
+        tcp: &TcpConfig,
+        provider: &str,
+    ) -> Result<Self> {
+        Ok(Cluster(match backend {
+            Backend::Local => LocalFabric::new(n, layout.clone())
+                .all_nodes()
+                .into_iter()
+                .map(|n| Arc::new(n) as Arc<dyn Primitives>)
+                .collect(),
+            Backend::Tcp => TcpNode::local_cluster(n, layout, tcp)?
+                .into_iter()
+                .map(|n| Arc::new(n) as Arc<dyn Primitives>)
+                .collect(),
+            Backend::Ofi => {
+                use storm_primitives::conformance::{ClusterFactory, OfiFactory};
+                let factory = OfiFactory::new(provider);
+                if !factory.available() {
+                    bail!(
+                        "libfabric provider {provider:?} is not available; providers found: {}",
+                        storm_primitives::ofi::available_providers().join(", ")
+                    );
+                }
+                let cluster = factory.start(n, layout);
+                (0..n).map(|i| cluster.node(i)).collect()
             }
-            Backend::Tcp => Cluster::Tcp(
-                TcpNode::local_cluster(n, layout, tcp)?
-                    .into_iter()
-                    .map(|n| Arc::new(n) as Arc<dyn Primitives>)
-                    .collect(),
-            ),
-        })
+        }))
     }
 
     fn origin(&self) -> &Arc<dyn Primitives> {
-        match self {
-            Cluster::Local(v) | Cluster::Tcp(v) => &v[0],
-        }
+        &self.0[0]
     }
 }
 
@@ -99,7 +108,7 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     let bl = bench_layout(max_size)?;
     let baseline_name = match args.backend {
         Backend::Local => "memcpy",
-        Backend::Tcp => "raw TCP",
+        Backend::Tcp | Backend::Ofi => "raw TCP",
     };
     let backend_name = match args.backend {
         Backend::Local => "local".to_string(),
@@ -108,6 +117,7 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             args.tcp.fanout,
             size_label(args.tcp.chunk_size)
         ),
+        Backend::Ofi => format!("ofi ({}, flat RMA writes)", args.provider),
     };
     let mut xfer = Table::new(
         format!(
@@ -145,13 +155,13 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     for &size in args.sizes.iter().chain(std::iter::once(&8)) {
         let s = match args.backend {
             Backend::Local => baseline::memcpy(size, args.budget)?,
-            Backend::Tcp => baseline::raw_tcp(size, args.budget)?,
+            Backend::Tcp | Backend::Ofi => baseline::raw_tcp(size, args.budget)?,
         };
         base.insert(size, s.median());
     }
 
     for &n in &args.nodes {
-        let cluster = Cluster::start(args.backend, n + 1, &bl.layout, &args.tcp)?;
+        let cluster = Cluster::start(args.backend, n + 1, &bl.layout, &args.tcp, &args.provider)?;
         let origin = cluster.origin().clone();
         let dest = NodeSet::range(1, n);
         for &size in &args.sizes {

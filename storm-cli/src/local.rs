@@ -14,7 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use storm_cluster::config::{ClusterConfig, ClusterSection, MmSection, NodeEntry, TcpSection};
+use storm_cluster::config::{
+    BackendKind, ClusterConfig, ClusterSection, MmSection, NodeEntry, OfiSection, TcpSection,
+};
 use storm_cluster::control::{Client, Reply, Request};
 
 /// Options of the embedded cluster.
@@ -31,6 +33,9 @@ pub struct LocalOptions {
     pub transfer_slots: Option<usize>,
     /// Tree fanout of the tcp backend (default if `None`).
     pub fanout: Option<usize>,
+    /// The primitives backend, and the libfabric provider for `ofi` (default if `None`).
+    pub backend: BackendKind,
+    pub provider: Option<String>,
 }
 
 impl LocalOptions {
@@ -43,6 +48,8 @@ impl LocalOptions {
             transfer_chunk_bytes: None,
             transfer_slots: None,
             fanout: None,
+            backend: BackendKind::Tcp,
+            provider: None,
         }
     }
 }
@@ -111,13 +118,22 @@ fn spawn_daemon(bin: &Path, args: &[String], listener: &TcpListener, log: &Path)
         .with_context(|| format!("starting {}", bin.display()))
 }
 
+/// The last lines of a daemon's log worth showing: its error and causes, without the
+/// backtrace that follows them.
 fn tail(path: &Path) -> String {
     let mut text = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
         let _ = f.read_to_string(&mut text);
     }
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(10)..].join("\n")
+    let end = text
+        .to_lowercase()
+        .find("stack backtrace")
+        .unwrap_or(text.len());
+    let lines: Vec<&str> = text[..end]
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
 }
 
 impl LocalCluster {
@@ -155,9 +171,13 @@ impl LocalCluster {
                 kill_wait_ms: opts
                     .kill_wait_ms
                     .unwrap_or(ClusterSection::default().kill_wait_ms),
+                backend: opts.backend,
                 ..ClusterSection::default()
             },
             tcp: TcpSection::default(),
+            ofi: OfiSection {
+                provider: opts.provider.clone(),
+            },
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },

@@ -47,7 +47,21 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
+    /// TCP trees: any IP network.
     Tcp,
+    /// libfabric: RDMA writes and network atomics (verbs;ofi_rxm on InfiniBand).
+    Ofi,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tcp" => Ok(BackendKind::Tcp),
+            "ofi" => Ok(BackendKind::Ofi),
+            other => Err(format!("unknown backend {other:?} (expected tcp or ofi)")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,6 +137,15 @@ impl Default for TcpSection {
     }
 }
 
+/// The libfabric backend.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OfiSection {
+    /// The provider, e.g. `tcp;ofi_rxm` or `verbs;ofi_rxm`; by default `verbs;ofi_rxm` where an
+    /// RDMA device exists, else `tcp;ofi_rxm`.
+    pub provider: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MmSection {
@@ -155,6 +178,8 @@ pub struct ClusterConfig {
     pub cluster: ClusterSection,
     #[serde(default)]
     pub tcp: TcpSection,
+    #[serde(default)]
+    pub ofi: OfiSection,
     pub mm: MmSection,
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,

@@ -58,5 +58,95 @@ pub fn start(
                 .map_err(|e| format!("cannot start the tcp endpoint: {e}"))?;
             Ok(Arc::new(node))
         }
+        BackendKind::Ofi => start_ofi(cfg, rm, id, listener, directory, addr),
+    }
+}
+
+/// The ofi endpoint, bootstrapped over a tcp node on the configured address. The tcp node
+/// stays up beside it: a slower peer may still be publishing its address into it.
+#[cfg(feature = "ofi")]
+fn start_ofi(
+    cfg: &ClusterConfig,
+    rm: &RmLayout,
+    id: NodeId,
+    listener: TcpListener,
+    directory: Vec<Option<std::net::SocketAddr>>,
+    addr: std::net::SocketAddr,
+) -> Result<Arc<dyn Primitives>, String> {
+    use storm_primitives::ofi::{OfiConfig, OfiNode, bootstrap_layout, default_provider};
+    let bl = bootstrap_layout(directory.len() as u32);
+    let boot = TcpNode::start(id, listener, directory, bl.layout.clone(), cfg.tcp_config())
+        .map_err(|e| format!("cannot start the bootstrap endpoint: {e}"))?;
+    let provider = cfg.ofi.provider.clone().unwrap_or_else(default_provider);
+    let mut config = OfiConfig::new(&provider);
+    if provider != "shm" {
+        config.node = Some(addr.ip().to_string());
+    }
+    config.op_timeout = std::time::Duration::from_millis(cfg.tcp.op_timeout_ms);
+    let ofi = OfiNode::start(rm.layout.clone(), config, &boot, &bl)
+        .map_err(|e| format!("cannot start the ofi endpoint: {e}"))?;
+    tracing::info!(node = id, provider, mr_mode = ?ofi.mr_mode(), "ofi endpoint up");
+    Ok(Arc::new(WithBootstrap { ofi, _boot: boot }))
+}
+
+#[cfg(not(feature = "ofi"))]
+fn start_ofi(
+    _: &ClusterConfig,
+    _: &RmLayout,
+    _: NodeId,
+    _: TcpListener,
+    _: Vec<Option<std::net::SocketAddr>>,
+    _: std::net::SocketAddr,
+) -> Result<Arc<dyn Primitives>, String> {
+    Err("this build has no ofi backend (built without the `ofi` feature)".into())
+}
+
+/// An ofi node and the tcp node that bootstrapped it.
+#[cfg(feature = "ofi")]
+struct WithBootstrap {
+    ofi: storm_primitives::ofi::OfiNode,
+    _boot: TcpNode,
+}
+
+#[cfg(feature = "ofi")]
+impl Primitives for WithBootstrap {
+    fn node_id(&self) -> NodeId {
+        self.ofi.node_id()
+    }
+    fn nodes(&self) -> storm_primitives::NodeSet {
+        self.ofi.nodes()
+    }
+    fn layout(&self) -> &storm_primitives::Layout {
+        self.ofi.layout()
+    }
+    fn memory(&self) -> &storm_primitives::GlobalMemory {
+        self.ofi.memory()
+    }
+    fn xfer_and_signal(
+        &self,
+        dest: &storm_primitives::NodeSet,
+        offset: u64,
+        data: bytes::Bytes,
+        remote: Option<storm_primitives::EventId>,
+        local: Option<storm_primitives::EventId>,
+    ) -> storm_primitives::Result<()> {
+        self.ofi.xfer_and_signal(dest, offset, data, remote, local)
+    }
+    fn test_event(
+        &self,
+        event: storm_primitives::EventId,
+        wait: storm_primitives::Wait,
+    ) -> storm_primitives::Result<bool> {
+        self.ofi.test_event(event, wait)
+    }
+    fn compare_and_write(
+        &self,
+        dest: &storm_primitives::NodeSet,
+        var: storm_primitives::VarId,
+        rel: storm_primitives::Relation,
+        value: u64,
+        write: Option<(storm_primitives::VarId, u64)>,
+    ) -> storm_primitives::Result<bool> {
+        self.ofi.compare_and_write(dest, var, rel, value, write)
     }
 }

@@ -961,17 +961,24 @@ pub fn scales_to_the_backends_largest_cluster(f: &dyn ClusterFactory) {
 ///
 /// `conformance_suite!(factory; ignore kills = "reason")` marks the two cases that crash a node
 /// inside the test process as ignored, with the reason (shown by `cargo test`), for a backend
-/// that cannot survive that in one process.
+/// that cannot survive that in one process. `conformance_suite!(factory; every case [attrs])`
+/// puts attributes on every case (used to ignore, visibly, a suite whose hardware is absent).
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:expr) => {
         $crate::conformance_suite!(@all $factory; []);
     };
     ($factory:expr; ignore kills = $why:literal) => {
-        $crate::conformance_suite!(@all $factory; [#[ignore = $why]]);
+        $crate::conformance_suite!(@all $factory; []; [#[ignore = $why]]);
+    };
+    ($factory:expr; every case [$($attr:tt)*]) => {
+        $crate::conformance_suite!(@all $factory; [$($attr)*]; [$($attr)*]);
     };
     (@all $factory:expr; [$($kill_attr:tt)*]) => {
-        $crate::conformance_suite!(@cases $factory; [];
+        $crate::conformance_suite!(@all $factory; []; [$($kill_attr)*]);
+    };
+    (@all $factory:expr; [$($case_attr:tt)*]; [$($kill_attr:tt)*]) => {
+        $crate::conformance_suite!(@cases $factory; [$($case_attr)*];
             xfer_puts_data_and_signals_every_destination,
             xfer_to_a_subset_leaves_other_nodes_untouched,
             xfer_of_megabytes_is_byte_exact_everywhere,
@@ -1079,6 +1086,8 @@ pub struct OfiFactory {
     pub provider: String,
     /// Largest cluster to run (providers differ in what one test process can hold).
     pub max: u32,
+    /// Register local buffers as FI_MR_LOCAL providers require, even where not required.
+    pub force_mr_local: bool,
 }
 
 #[cfg(feature = "ofi")]
@@ -1087,6 +1096,7 @@ impl OfiFactory {
         Self {
             provider: provider.to_string(),
             max: 32,
+            force_mr_local: false,
         }
     }
 
@@ -1115,6 +1125,7 @@ impl OfiFactory {
             c.node = Some("127.0.0.1".into());
         }
         c.op_timeout = Duration::from_secs(3);
+        c.force_mr_local = self.force_mr_local;
         c
     }
 }

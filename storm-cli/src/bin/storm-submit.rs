@@ -60,6 +60,12 @@ struct Args {
     /// Timeslice of the embedded cluster, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
     local_timeslice_ms: f64,
+    /// Primitives backend of the embedded cluster: tcp, or ofi (libfabric).
+    #[arg(long, default_value = "tcp")]
+    backend: storm_cluster::config::BackendKind,
+    /// libfabric provider of the embedded cluster with --backend ofi (e.g. 'tcp;ofi_rxm').
+    #[arg(long)]
+    provider: Option<String>,
     /// Keep the embedded cluster's directory (logs, spools) and print where it is.
     #[arg(long)]
     keep: bool,
@@ -181,6 +187,8 @@ fn run(args: Args) -> Result<i32, String> {
                 nodes: n,
                 timeslice_ms: args.local_timeslice_ms,
                 keep: args.keep,
+                backend: args.backend,
+                provider: args.provider.clone(),
                 ..LocalOptions::new(n)
             })
             .map_err(|e| format!("cannot start the local cluster: {e:#}"))?;

@@ -190,6 +190,7 @@ impl Fabric {
         node: Option<&str>,
         base: *mut u8,
         len: usize,
+        force_mr_local: bool,
     ) -> Result<Fabric, PrimError> {
         let info = getinfo(Some(provider), node).map_err(|e| {
             let found = available_providers();
@@ -214,7 +215,10 @@ impl Fabric {
         // SAFETY: each call gets objects opened just before, in libfabric's documented order.
         unsafe {
             let i = f.info.0;
-            f.mr_mode = MrMode((*(*i).domain_attr).mr_mode as u64);
+            f.mr_mode = MrMode(
+                (*(*i).domain_attr).mr_mode as u64
+                    | if force_mr_local { sys::FI_MR_LOCAL } else { 0 },
+            );
             if f.mr_mode.0 & sys::FI_MR_RAW != 0 {
                 return Err(PrimError::invalid(format!(
                     "provider {provider} needs FI_MR_RAW keys, which storm does not support"

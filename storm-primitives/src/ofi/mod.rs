@@ -33,6 +33,9 @@ pub struct OfiConfig {
     pub bootstrap_timeout: Duration,
     /// Bytes per RMA write of a transfer.
     pub chunk_size: usize,
+    /// Register local buffers even if the provider does not ask for it (FI_MR_LOCAL). Lets the
+    /// registration path that InfiniBand needs run on providers that do not need it.
+    pub force_mr_local: bool,
 }
 
 impl OfiConfig {
@@ -43,6 +46,7 @@ impl OfiConfig {
             op_timeout: Duration::from_secs(5),
             bootstrap_timeout: Duration::from_secs(30),
             chunk_size: 1 << 20,
+            force_mr_local: false,
         }
     }
 }

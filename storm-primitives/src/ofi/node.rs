@@ -75,6 +75,9 @@ struct Inner {
     caw: Mutex<()>,
     /// Whether the provider takes FI_DELIVERY_COMPLETE.
     delivery: AtomicBool,
+    /// Held shared by callers that touch the endpoint outside the node's own threads, and
+    /// exclusively by shutdown while it closes the endpoint.
+    open: parking_lot::RwLock<()>,
     stop: Arc<AtomicBool>,
 }
 
@@ -108,6 +111,7 @@ impl OfiNode {
             config.node.as_deref(),
             memory.as_ptr(),
             memory.len(),
+            config.force_mr_local,
         )?);
         let me = PeerRecord {
             name: fabric.name()?,
@@ -140,6 +144,7 @@ impl OfiNode {
             tail,
             caw: Mutex::new(()),
             delivery: AtomicBool::new(true),
+            open: parking_lot::RwLock::new(()),
             stop: Arc::new(AtomicBool::new(false)),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -194,6 +199,7 @@ impl OfiNode {
         // No transfer or progress thread is left; wait out a compare-and-write in progress
         // (new ones see `stop` under this lock), then close.
         let _caw = self.inner.caw.lock();
+        let _closing = self.inner.open.write();
         self.inner.fabric.close();
     }
 }
@@ -716,8 +722,17 @@ impl Primitives for OfiNode {
     }
 
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool> {
-        check_event(&self.inner.layout, event)?;
-        self.inner.events.test(event, wait)
+        let inner = &self.inner;
+        check_event(&inner.layout, event)?;
+        // A signal delivered into our completion queue counts even if the progress thread has
+        // not got to it yet.
+        {
+            let _open = inner.open.read();
+            if !inner.stop.load(Ordering::Acquire) {
+                progress::drain(&inner.fabric, &inner.events, &inner.layout, false);
+            }
+        }
+        inner.events.test(event, wait)
     }
 
     fn compare_and_write(

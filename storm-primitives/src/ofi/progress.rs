@@ -79,14 +79,17 @@ unsafe fn complete(ctx: *mut libc::c_void, r: Result<(), String>) {
     }
 }
 
-/// Runs until `stop`: reads completions, resolves tickets, raises events.
-pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: Arc<AtomicBool>) {
+/// Reads what the completion queue holds now (or, with `wait`, blocks briefly for it), resolves
+/// tickets and raises events. Returns how many entries it handled. Any thread may call it: the
+/// progress thread does so in a loop, and TEST-EVENT once before it looks at its event, so a
+/// signal already delivered into this node's queue is never missed.
+pub fn drain(fabric: &Fabric, events: &EventTable, layout: &Layout, wait: bool) -> usize {
     let mut entries: [sys::fi_cq_data_entry; 32] = Default::default();
-    let mut idle = 0u32;
-    while !stop.load(Ordering::Acquire) {
+    let mut handled = 0;
+    loop {
         // SAFETY: entries has room for 32 entries of the CQ's format (FI_CQ_FORMAT_DATA).
         let n = unsafe {
-            if fabric.cq_waits {
+            if wait && handled == 0 && fabric.cq_waits {
                 sys::fi_cq_sread(
                     fabric.cq,
                     entries.as_mut_ptr().cast(),
@@ -99,7 +102,7 @@ pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: A
             }
         };
         if n > 0 {
-            idle = 0;
+            handled += n as usize;
             for e in &entries[..n as usize] {
                 // A target-side arrival carries FI_REMOTE_WRITE. Some providers (sockets) also
                 // set FI_REMOTE_CQ_DATA on the initiator's own completion of fi_writedata, so
@@ -124,6 +127,7 @@ pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: A
             // SAFETY: reads one error entry into err.
             let r = unsafe { sys::fi_cq_readerr(fabric.cq, &mut err, 0) };
             if r > 0 {
+                handled += 1;
                 // SAFETY: fi_strerror is valid for any error number.
                 let text = unsafe { std::ffi::CStr::from_ptr(sys::fi_strerror(err.err)) }
                     .to_string_lossy()
@@ -135,7 +139,18 @@ pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: A
             }
             continue;
         }
-        // Nothing: FI_EAGAIN (or a timed-out wait).
+        return handled; // FI_EAGAIN, or a wait that timed out
+    }
+}
+
+/// Runs until `stop`: the node's progress engine.
+pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: Arc<AtomicBool>) {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        if drain(&fabric, &events, &layout, true) > 0 {
+            idle = 0;
+            continue;
+        }
         if !fabric.cq_waits {
             idle = (idle + 1).min(64);
             if idle > 8 {
