@@ -5,7 +5,8 @@
 //!
 //! * [`control_server`]: the Unix control socket where storm-submit and storm make requests;
 //!   the user is identified by the socket's peer credentials.
-//! * [`fcfs`] and [`buddy`]: first-come first-served queueing and buddy allocation of nodes.
+//! * [`policy`] and [`buddy`]: scheduling policies as pure state machines (FCFS, EASY
+//!   backfilling, gang scheduling over an Ousterhout matrix) and buddy allocation of nodes.
 //! * [`transfer`]: program transfer to a job's nodes (Algorithm 6).
 //! * [`manager`]: the heartbeat loop: readiness of the NMs, heartbeats (Algorithm 4), launch,
 //!   cancellation, output forwarding and termination detection (Algorithm 8).
@@ -14,8 +15,8 @@
 
 pub mod buddy;
 pub mod control_server;
-pub mod fcfs;
 pub mod manager;
+pub mod policy;
 pub mod transfer;
 
 pub use manager::{MachineManager, MmOptions, run};

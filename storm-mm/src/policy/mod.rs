@@ -1,0 +1,78 @@
+//! Scheduling policies as pure state machines.
+//!
+//! A policy is fed jobs, their ends and the time, and answers with decisions; it does no I/O,
+//! so it is tested deterministically, with thousands of simulated nodes and property tests of
+//! its invariants. The MM applies the decisions at heartbeat boundaries:
+//!
+//! * [`Decision::Start`]: give a job these nodes, in this time slot of the Ousterhout matrix
+//!   (always 0 for the space-sharing policies);
+//! * [`Decision::Run`]: from this timeslice on, exactly these jobs run (gang scheduling); the
+//!   others are stopped on their nodes.
+//!
+//! Policies: [`Fcfs`] (first come, first served, buddy allocation), [`Easy`] (EASY
+//! backfilling: later jobs may start early if they do not delay the first queued job's
+//! reservation) and [`Gang`] (an Ousterhout matrix with MPL time slots, buddy allocation
+//! within each slot, round-robin time slicing and alternative scheduling).
+
+mod easy;
+mod fcfs;
+mod gang;
+
+use std::time::Duration;
+
+use storm_cluster::JobId;
+pub use storm_cluster::config::PolicyKind;
+use storm_primitives::NodeSet;
+
+pub use easy::Easy;
+pub use fcfs::Fcfs;
+pub use gang::Gang;
+
+/// A job as a policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobAsk {
+    pub job: JobId,
+    pub nodes: u32,
+    /// Wall-clock limit (`--time`); the MM kills the job when it passes.
+    pub limit: Option<Duration>,
+}
+
+/// What the MM must do at this timeslice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Start {
+        job: JobId,
+        nodes: NodeSet,
+        time_slot: usize,
+    },
+    Run {
+        jobs: Vec<JobId>,
+    },
+}
+
+/// A scheduling policy.
+pub trait Policy: Send {
+    fn name(&self) -> &'static str;
+    /// A new job joins the queue.
+    fn submit(&mut self, ask: JobAsk, now: Duration);
+    /// A queued job leaves the queue (cancelled); false if it was not queued.
+    fn withdraw(&mut self, job: JobId) -> bool;
+    /// A started job ended; its nodes are free again.
+    fn ended(&mut self, job: JobId, now: Duration);
+    /// The decisions for the timeslice that starts at `now`, starting at most `max_starts`
+    /// jobs (the MM's own limits: free job areas).
+    fn tick(&mut self, now: Duration, max_starts: usize) -> Vec<Decision>;
+    /// Why a queued job waits.
+    fn reason(&self, job: JobId) -> Option<String>;
+    /// Jobs waiting.
+    fn queued(&self) -> usize;
+}
+
+/// Builds a policy for `nodes` nodes.
+pub fn build(kind: PolicyKind, nodes: u32, mpl: usize, default_limit: Duration) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::Fcfs => Box::new(Fcfs::new(nodes)),
+        PolicyKind::Easy => Box::new(Easy::new(nodes, default_limit)),
+        PolicyKind::Gang => Box::new(Gang::new(nodes, mpl.max(1))),
+    }
+}
