@@ -137,6 +137,58 @@ impl Default for TcpSection {
     }
 }
 
+/// How the MM schedules jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// First come, first served, space sharing.
+    #[default]
+    Fcfs,
+    /// EASY backfilling (uses `--time`).
+    Easy,
+    /// Gang scheduling: time slicing over an Ousterhout matrix.
+    Gang,
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fcfs" => Ok(PolicyKind::Fcfs),
+            "easy" => Ok(PolicyKind::Easy),
+            "gang" => Ok(PolicyKind::Gang),
+            other => Err(format!(
+                "unknown policy {other:?} (expected fcfs, easy or gang)"
+            )),
+        }
+    }
+}
+
+/// Scheduling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerSection {
+    pub policy: PolicyKind,
+    /// Time slots of the gang scheduler's matrix (multiprogramming level).
+    pub mpl: usize,
+    /// Limit given to jobs submitted without `--time` (EASY needs one for every job).
+    pub default_time_limit_s: u64,
+    /// Each NM appends every schedule it applies to `<spool>/switches.log` (for benchmarks and
+    /// tests: heartbeat number, monotonic time in ns, jobs running).
+    pub switch_log: bool,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        Self {
+            policy: PolicyKind::Fcfs,
+            mpl: 2,
+            default_time_limit_s: 24 * 3600,
+            switch_log: false,
+        }
+    }
+}
+
 /// The libfabric backend.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -180,6 +232,8 @@ pub struct ClusterConfig {
     pub tcp: TcpSection,
     #[serde(default)]
     pub ofi: OfiSection,
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
     pub mm: MmSection,
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,
@@ -242,6 +296,15 @@ impl ClusterConfig {
             if v == 0 {
                 return bad(format!("{name} must be at least 1"));
             }
+        }
+        if self.scheduler.mpl == 0 || self.scheduler.mpl > 64 {
+            return bad(format!(
+                "[scheduler] mpl = {} must be in 1..=64",
+                self.scheduler.mpl
+            ));
+        }
+        if self.scheduler.default_time_limit_s == 0 {
+            return bad("[scheduler] default_time_limit_s must be at least 1".into());
         }
         if c.heartbeat_bytes < 1024 {
             return bad("heartbeat_bytes must be at least 1024".into());

@@ -35,6 +35,46 @@ pub struct JobRequest {
     pub tasks: TaskRequest,
     /// Transfer the program to the nodes (false: `--no-bcast`).
     pub bcast: bool,
+    /// Wall-clock limit in milliseconds (`--time`); the job is killed when it passes.
+    pub time_limit_ms: Option<u64>,
+}
+
+/// Parses a time limit as Slurm's `--time` does: `M` (minutes), `M:S`, `H:M:S`, `D-H`,
+/// `D-H:M`, `D-H:M:S`. Returns milliseconds.
+pub fn parse_time_limit(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!("{text:?} is not a time limit (examples: 10 for ten minutes, 0:30, 1:00:00, 2-12)")
+    };
+    let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+    let (days, rest) = match text.split_once('-') {
+        Some((d, r)) => (num(d)?, Some(r)),
+        None => (0, None),
+    };
+    let secs = match rest {
+        Some(r) => {
+            let parts: Vec<&str> = r.split(':').collect();
+            match parts.as_slice() {
+                [h] => num(h)? * 3600,
+                [h, m] => num(h)? * 3600 + num(m)? * 60,
+                [h, m, s] => num(h)? * 3600 + num(m)? * 60 + num(s)?,
+                _ => return Err(bad()),
+            }
+        }
+        None => {
+            let parts: Vec<&str> = text.split(':').collect();
+            match parts.as_slice() {
+                [m] => num(m)? * 60,
+                [m, s] => num(m)? * 60 + num(s)?,
+                [h, m, s] => num(h)? * 3600 + num(m)? * 60 + num(s)?,
+                _ => return Err(bad()),
+            }
+        }
+    };
+    let total = days * 86_400 + secs;
+    if total == 0 {
+        return Err(format!("time limit {text:?} is zero"));
+    }
+    Ok(total * 1000)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,10 +164,12 @@ pub enum Reply {
         job: JobId,
         queued: Option<String>,
     },
+    /// The job has its nodes; `time_slot` is its row of the gang scheduler's matrix.
     Started {
         job: JobId,
         nodes: NodeSet,
         node_names: Vec<String>,
+        time_slot: Option<u32>,
     },
     Output(OutputChunk),
     Finished(JobOutcome),
@@ -356,6 +398,25 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         drop(a);
         assert!(matches!(recv::<Request>(&b), Err(ControlError::Closed)));
+    }
+
+    #[test]
+    fn time_limits_parse_like_slurm() {
+        assert_eq!(parse_time_limit("10"), Ok(600_000));
+        assert_eq!(parse_time_limit("0:30"), Ok(30_000));
+        assert_eq!(parse_time_limit("1:00:00"), Ok(3_600_000));
+        assert_eq!(
+            parse_time_limit("2-12"),
+            Ok((2 * 86_400 + 12 * 3600) * 1000)
+        );
+        assert_eq!(parse_time_limit("1-0:0:5"), Ok((86_400 + 5) * 1000));
+        assert!(
+            parse_time_limit("abc")
+                .unwrap_err()
+                .contains("not a time limit")
+        );
+        assert!(parse_time_limit("0").unwrap_err().contains("zero"));
+        assert!(parse_time_limit("1:2:3:4").is_err());
     }
 
     #[test]

@@ -139,6 +139,11 @@ pub enum Command {
     Forget {
         job: JobId,
     },
+    /// Gang scheduling: from this heartbeat on exactly these jobs run; every other job's
+    /// processes on the node are stopped.
+    Schedule {
+        run: Vec<JobId>,
+    },
     /// Stop the node manager.
     Shutdown,
 }

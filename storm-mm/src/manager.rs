@@ -4,9 +4,11 @@
 //! 2. until every NM is up, checks their readiness with COMPARE-AND-WRITE;
 //! 3. follows program transfers (Algorithm 6 runs in worker threads; the MM checks each
 //!    node's acknowledgement with COMPARE-AND-WRITE);
-//! 4. starts queued jobs that fit (FCFS, buddy allocation);
+//! 4. asks the scheduling policy (FCFS, EASY backfilling or gang) what to start and, under gang
+//!    scheduling, which jobs run in this timeslice; enforces time limits;
 //! 5. escalates cancellations from SIGTERM to SIGKILL;
-//! 6. issues the heartbeat with the commands due (Algorithm 4);
+//! 6. issues the heartbeat with the commands due and, under gang scheduling, the schedule of
+//!    the timeslice (the strobe; Algorithm 4);
 //! 7. forwards the tasks' output to storm-submit;
 //! 8. detects terminations (Algorithm 8) and tells storm-submit how its job ended.
 
@@ -31,9 +33,8 @@ use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::helpers::{QueueConsumer, QueueProducer};
 use storm_primitives::{NodeId, NodeSet, Primitives, Relation, Wait};
 
-use crate::buddy::Buddy;
 use crate::control_server::{self, ClientId, Incoming};
-use crate::fcfs::Fcfs;
+use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
 use crate::transfer::{self, Transfer, TransferDone};
 
 /// How to start a machine manager.
@@ -47,6 +48,9 @@ pub struct MmOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Queued,
+    /// Nodes allocated; the program transfer waits for a worker or for its nodes to finish
+    /// another job's transfer (each node has one chunk queue).
+    Allocated,
     /// A worker is sending the program.
     Sending {
         transfer: u32,
@@ -86,6 +90,9 @@ struct Job {
     cancel: Option<Cancel>,
     worker_cancel: Option<Arc<AtomicBool>>,
     terminating: bool,
+    /// Row of the gang scheduler's matrix.
+    time_slot: usize,
+    limit: Option<Duration>,
 }
 
 struct Client {
@@ -103,8 +110,16 @@ pub struct MachineManager {
     clients: HashMap<ClientId, Client>,
     jobs: BTreeMap<JobId, Job>,
     next_job: JobId,
-    fcfs: Fcfs,
-    buddy: Buddy,
+    policy: Box<dyn Policy>,
+    gang: bool,
+    /// When the MM started: the policy's time origin.
+    epoch: Instant,
+    /// Jobs that run in this timeslice (gang scheduling).
+    run_set: Vec<JobId>,
+    /// Nodes receiving a program now.
+    transferring: NodeSet,
+    /// Submissions not yet answered (answered after the next scheduling decision).
+    unanswered: Vec<(ClientId, JobId)>,
     up: Vec<bool>,
     next_probe: Instant,
     heartbeats: QueueProducer,
@@ -153,7 +168,17 @@ impl MachineManager {
         Ok(Self {
             heartbeats: QueueProducer::new(rm.heartbeat, all.clone(), 1)
                 .with_space_timeout(op_timeout),
-            buddy: Buddy::new(cfg.node_count()),
+            policy: crate::policy::build(
+                cfg.scheduler.policy,
+                cfg.node_count(),
+                cfg.scheduler.mpl,
+                Duration::from_secs(cfg.scheduler.default_time_limit_s),
+            ),
+            gang: cfg.scheduler.policy == PolicyKind::Gang,
+            epoch: Instant::now(),
+            run_set: Vec::new(),
+            transferring: NodeSet::new(),
+            unanswered: Vec::new(),
             up: vec![false; cfg.node_count() as usize],
             slots: vec![None; cfg.cluster.max_jobs],
             workers: vec![None; cfg.cluster.max_transfers],
@@ -162,7 +187,6 @@ impl MachineManager {
             clients: HashMap::new(),
             jobs: BTreeMap::new(),
             next_job: 1,
-            fcfs: Fcfs::default(),
             hb_seq: 0,
             hb_outstanding: 0,
             commands: VecDeque::new(),
@@ -224,6 +248,7 @@ impl MachineManager {
         if self.all_up() && !self.shutting_down {
             self.schedule();
         }
+        self.enforce_limits();
         self.escalate_cancels();
         if self.all_up() {
             self.issue_heartbeat();
@@ -272,10 +297,12 @@ impl MachineManager {
         };
         match req {
             Request::Hello { .. } => self.reply(client, Reply::Error("already connected".into())),
-            Request::Submit(job) => match self.submit(client, job, fds) {
-                Ok((id, queued)) => self.reply(client, Reply::Accepted { job: id, queued }),
-                Err(e) => self.reply(client, Reply::Error(e)),
-            },
+            // Accepted is sent after the next scheduling decision, saying why the job waits.
+            Request::Submit(job) => {
+                if let Err(e) = self.submit(client, job, fds) {
+                    self.reply(client, Reply::Error(e));
+                }
+            }
             Request::Cancel { job } => {
                 let reply = match self.jobs.get(&job) {
                     None => Reply::Error(format!("no job {job} (it may have finished already)")),
@@ -324,7 +351,7 @@ impl MachineManager {
         client: ClientId,
         req: JobRequest,
         mut fds: Vec<OwnedFd>,
-    ) -> Result<(JobId, Option<String>), String> {
+    ) -> Result<JobId, String> {
         if self.shutting_down {
             return Err("the cluster is shutting down".into());
         }
@@ -402,10 +429,21 @@ impl MachineManager {
                 cancel: None,
                 worker_cancel: None,
                 terminating: false,
+                time_slot: 0,
+                limit: req.time_limit_ms.map(Duration::from_millis),
                 req,
             },
         );
-        self.fcfs.push(id, plan.nodes);
+        let limit = self.jobs[&id].limit;
+        self.policy.submit(
+            JobAsk {
+                job: id,
+                nodes: plan.nodes,
+                limit,
+            },
+            self.epoch.elapsed(),
+        );
+        self.unanswered.push((client, id));
         tracing::info!(
             job = id,
             uid,
@@ -413,8 +451,7 @@ impl MachineManager {
             tasks = plan.ntasks,
             "job accepted"
         );
-        let queued = self.wait_reason(id);
-        Ok((id, queued))
+        Ok(id)
     }
 
     /// Why a queued job cannot start right now, if it cannot.
@@ -432,12 +469,7 @@ impl MachineManager {
                 self.slots.len()
             ));
         }
-        let reason = self.fcfs.reason(job, &self.buddy)?;
-        let head_fits = self
-            .fcfs
-            .head_fits(&self.buddy)
-            .is_some_and(|(j, _)| j == job);
-        (!head_fits).then_some(reason)
+        self.policy.reason(job)
     }
 
     fn job_info(&self, j: &Job) -> JobInfo {
@@ -445,6 +477,7 @@ impl MachineManager {
             (Some(_), Phase::Queued) => "cancelling",
             (Some(_), _) => "cancelling",
             (None, Phase::Queued) => "queued",
+            (None, Phase::Allocated) => "starting",
             (None, Phase::Sending { .. } | Phase::Verifying { .. }) => "sending",
             (None, Phase::Launching) => "launching",
             (None, Phase::Running) if j.terminating => "ending",
@@ -465,7 +498,6 @@ impl MachineManager {
     }
 
     fn node_infos(&self) -> Vec<NodeInfo> {
-        let free = self.buddy.free_set();
         self.cfg
             .nodes
             .iter()
@@ -478,12 +510,10 @@ impl MachineManager {
                     .filter(|j| j.nodes.contains(id))
                     .map(|j| j.id)
                     .collect();
-                let state = if !self.up[i] {
-                    "unknown"
-                } else if free.contains(id) {
-                    "idle"
-                } else {
-                    "allocated"
+                let state = match (self.up[i], jobs.is_empty()) {
+                    (false, _) => "unknown",
+                    (true, true) => "idle",
+                    (true, false) => "allocated",
                 };
                 NodeInfo {
                     id,
@@ -520,100 +550,173 @@ impl MachineManager {
         }
     }
 
+    /// Asks the policy for this timeslice's decisions and applies them; answers submissions
+    /// made since the last timeslice; starts program transfers that can start.
     fn schedule(&mut self) {
-        loop {
-            let Some(slot) = self.slots.iter().position(Option::is_none) else {
-                return;
-            };
-            let Some((job, _)) = self.fcfs.head_fits(&self.buddy) else {
-                return;
-            };
-            let bcast = self.jobs[&job].program.is_some();
-            let worker = self.workers.iter().position(Option::is_none);
-            if bcast && worker.is_none() {
-                return;
+        let free_slots = self.slots.iter().filter(|s| s.is_none()).count();
+        let decisions = self.policy.tick(self.epoch.elapsed(), free_slots);
+        let starting: Vec<JobId> = decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Start { job, .. } => Some(*job),
+                Decision::Run { .. } => None,
+            })
+            .collect();
+        // Answer submissions: those starting now without a reason, before their Started.
+        let unanswered: Vec<(ClientId, JobId)> = self.unanswered.drain(..).collect();
+        for &(client, job) in unanswered.iter().filter(|(_, j)| starting.contains(j)) {
+            self.reply(client, Reply::Accepted { job, queued: None });
+        }
+        for d in decisions {
+            match d {
+                Decision::Start {
+                    job,
+                    nodes,
+                    time_slot,
+                } => {
+                    let slot = self
+                        .slots
+                        .iter()
+                        .position(Option::is_none)
+                        .expect("the policy starts at most max_starts jobs");
+                    self.slots[slot] = Some(job);
+                    self.start_job(job, nodes, slot, time_slot);
+                }
+                Decision::Run { jobs } => self.run_set = jobs,
             }
-            let Some((job, nodes)) = self.fcfs.start_head(&mut self.buddy) else {
-                return;
-            };
-            self.slots[slot] = Some(job);
-            self.start_job(job, nodes, slot, worker);
+        }
+        for (client, job) in unanswered
+            .into_iter()
+            .filter(|(_, j)| !starting.contains(j))
+        {
+            if self.jobs.contains_key(&job) {
+                let queued = self.wait_reason(job);
+                self.reply(client, Reply::Accepted { job, queued });
+            }
+        }
+        self.begin_transfers();
+    }
+
+    /// Jobs past their time limit are cancelled on every node.
+    fn enforce_limits(&mut self) {
+        let late: Vec<(JobId, Duration)> = self
+            .jobs
+            .values()
+            .filter(|j| j.cancel.is_none())
+            .filter_map(|j| Some((j.id, j.limit?, j.allocated?)))
+            .filter(|(_, limit, since)| since.elapsed() > *limit)
+            .map(|(id, limit, _)| (id, limit))
+            .collect();
+        for (id, limit) in late {
+            self.cancel(id, format!("time limit of {} exceeded", human(limit)));
         }
     }
 
-    fn start_job(&mut self, id: JobId, nodes: NodeSet, slot: usize, worker: Option<usize>) {
+    /// A job got its nodes: tell its submitter, then transfer its program or launch it.
+    fn start_job(&mut self, id: JobId, nodes: NodeSet, slot: usize, time_slot: usize) {
         let names: Vec<String> = nodes
             .iter()
             .map(|n| self.cfg.nodes[n as usize].name.clone())
             .collect();
-        let op_timeout = Duration::from_millis(self.cfg.tcp.op_timeout_ms);
-        let transfer = self.next_transfer;
+        let gang = self.gang;
         let j = self.jobs.get_mut(&id).expect("job");
         j.nodes = nodes.clone();
         j.slot = Some(slot);
+        j.time_slot = time_slot;
         j.allocated = Some(Instant::now());
-        tracing::info!(job = id, nodes = %nodes, "job starts");
+        j.phase = Phase::Allocated;
+        tracing::info!(job = id, nodes = %nodes, time_slot, "job starts");
         let started = Reply::Started {
             job: id,
-            nodes: nodes.clone(),
+            nodes,
             node_names: names,
+            time_slot: gang.then_some(time_slot as u32),
         };
-        let client = j.client;
-        match (j.program.as_ref(), worker) {
-            (Some(file), Some(worker)) => {
-                let file = match file.try_clone() {
-                    Ok(f) => f,
-                    Err(e) => {
-                        self.fail(id, format!("cannot read the program: {e}"));
-                        return;
-                    }
-                };
-                self.next_transfer += 1;
-                let name = j
-                    .req
-                    .program
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "program".into());
-                let cancel = Arc::new(AtomicBool::new(false));
-                j.worker_cancel = Some(cancel.clone());
-                j.phase = Phase::Sending { transfer, worker };
-                let info = FileInfo {
-                    transfer,
-                    job: id,
-                    nodes: nodes.clone(),
-                    size: j.size,
-                    name,
-                    uid: j.uid,
-                    gid: j.gid,
-                };
-                let size = j.size;
-                self.workers[worker] = Some(id);
-                self.commands.push_back(Command::ReceiveFile(info));
-                transfer::spawn(
-                    self.prims.clone(),
-                    &self.rm,
-                    Transfer {
-                        job: id,
-                        transfer,
-                        nodes,
-                        file,
-                        size,
-                        event: self.rm.chunk_sent[worker],
-                        cancel,
-                        timeout: op_timeout * 6,
-                    },
-                    self.worker_tx.clone(),
-                );
-            }
-            _ => {
-                j.ready = Some(Instant::now());
-                self.queue_launch(id);
-            }
+        let (client, bcast) = (j.client, j.program.is_some());
+        if !bcast {
+            j.ready = Some(Instant::now());
         }
         if let Some(c) = client {
             self.reply(c, started);
         }
+        if !bcast {
+            self.queue_launch(id);
+        }
+    }
+
+    /// Starts the program transfers of allocated jobs, as workers and nodes allow: each node
+    /// receives one program at a time (it has one chunk queue).
+    fn begin_transfers(&mut self) {
+        let waiting: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase == Phase::Allocated)
+            .map(|j| j.id)
+            .collect();
+        for id in waiting {
+            let Some(worker) = self.workers.iter().position(Option::is_none) else {
+                return;
+            };
+            if !self.jobs[&id].nodes.is_disjoint(&self.transferring) {
+                continue;
+            }
+            self.begin_transfer(id, worker);
+        }
+    }
+
+    fn begin_transfer(&mut self, id: JobId, worker: usize) {
+        let op_timeout = Duration::from_millis(self.cfg.tcp.op_timeout_ms);
+        let transfer = self.next_transfer;
+        let j = self.jobs.get_mut(&id).expect("job");
+        let Some(file) = j.program.as_ref().map(File::try_clone) else {
+            return;
+        };
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                self.fail(id, format!("cannot read the program: {e}"));
+                return;
+            }
+        };
+        self.next_transfer += 1;
+        let name = j
+            .req
+            .program
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "program".into());
+        let cancel = Arc::new(AtomicBool::new(false));
+        j.worker_cancel = Some(cancel.clone());
+        j.phase = Phase::Sending { transfer, worker };
+        let nodes = j.nodes.clone();
+        let info = FileInfo {
+            transfer,
+            job: id,
+            nodes: nodes.clone(),
+            size: j.size,
+            name,
+            uid: j.uid,
+            gid: j.gid,
+        };
+        let size = j.size;
+        self.workers[worker] = Some(id);
+        self.transferring = self.transferring.union(&nodes);
+        self.commands.push_back(Command::ReceiveFile(info));
+        transfer::spawn(
+            self.prims.clone(),
+            &self.rm,
+            Transfer {
+                job: id,
+                transfer,
+                nodes,
+                file,
+                size,
+                event: self.rm.chunk_sent[worker],
+                cancel,
+                timeout: op_timeout * 6,
+            },
+            self.worker_tx.clone(),
+        );
     }
 
     fn queue_launch(&mut self, id: JobId) {
@@ -693,6 +796,7 @@ impl MachineManager {
                 .collect();
             if bad.is_empty() {
                 self.jobs.get_mut(&id).expect("job").ready = Some(Instant::now());
+                self.transferring = self.transferring.difference(&nodes);
                 self.queue_launch(id);
             } else {
                 self.fail(
@@ -715,7 +819,10 @@ impl MachineManager {
         tracing::info!(job = id, "{reason}");
         match j.phase {
             Phase::Queued => {
-                self.fcfs.remove(id);
+                self.policy.withdraw(id);
+                self.finish(id, Some(format!("{reason} before it started")), Vec::new());
+            }
+            Phase::Allocated => {
                 self.finish(id, Some(format!("{reason} before it started")), Vec::new());
             }
             Phase::Sending { .. } | Phase::Verifying { .. } => {
@@ -791,6 +898,12 @@ impl MachineManager {
                 break;
             }
             taken += 1;
+        }
+        if self.gang {
+            // The strobe: every heartbeat names the jobs of this timeslice.
+            hb.commands.push(Command::Schedule {
+                run: self.run_set.clone(),
+            });
         }
         let bytes = match encode("heartbeat", &hb, limit) {
             Ok(b) => b,
@@ -956,8 +1069,12 @@ impl MachineManager {
             }
             self.workers[worker] = None;
         }
+        if matches!(j.phase, Phase::Sending { .. } | Phase::Verifying { .. }) {
+            self.transferring = self.transferring.difference(&j.nodes);
+        }
         if !j.nodes.is_empty() {
-            self.buddy.release(&j.nodes);
+            self.policy.ended(id, self.epoch.elapsed());
+            self.run_set.retain(|r| *r != id);
             self.commands.push_back(Command::Forget { job: id });
         }
         let now = Instant::now();
@@ -1031,4 +1148,14 @@ pub fn run(opts: MmOptions) -> Result<()> {
     MachineManager::start(opts)
         .context("starting the machine manager")?
         .run()
+}
+
+/// `1m30s`-style text for a duration.
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs / 3600, secs % 3600 / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
+    }
 }

@@ -7,6 +7,7 @@
 //! announces the termination to the MM.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
+use storm_cluster::config::PolicyKind;
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, JobId, LaunchSpec, NodeReport, Program, RankStatus, Stream,
@@ -53,11 +55,17 @@ struct LocalRank {
     pl: Option<Child>,
     status: Option<RankStatus>,
     output: Drained,
+    /// The task's process group has been stopped (gang scheduling).
+    stopped: bool,
 }
 
 struct LocalJob {
     spec: LaunchSpec,
     ranks: Vec<LocalRank>,
+    /// Out of its time slot: its tasks are kept stopped.
+    suspended: bool,
+    /// Signalled to end: it runs until it does, whatever the schedule.
+    ending: bool,
     exited_at: Option<Instant>,
     output_closed: bool,
     reported: bool,
@@ -77,6 +85,10 @@ pub struct NodeManager {
     receivers: BTreeMap<JobId, Arc<AtomicBool>>,
     /// PLs that reported and still have to be reaped.
     zombies: Vec<Child>,
+    /// Jobs launched under gang scheduling whose time slot has not come yet.
+    pending: BTreeMap<JobId, LaunchSpec>,
+    /// Where applied schedules are recorded, if the cluster asks for it.
+    switch_log: Option<std::io::LineWriter<std::fs::File>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -111,6 +123,17 @@ impl NodeManager {
         let table = PlTable::create(cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs)?;
         let mm = cfg.mm_id();
         let output = Output::start(prims.clone(), &rm, node, mm)?;
+        let switch_log = if cfg.scheduler.switch_log {
+            let path = entry.spool.join("switches.log");
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            Some(std::io::LineWriter::new(f))
+        } else {
+            None
+        };
         tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
         Ok(Self {
             node,
@@ -124,6 +147,8 @@ impl NodeManager {
             jobs: BTreeMap::new(),
             receivers: BTreeMap::new(),
             zombies: Vec::new(),
+            switch_log,
+            pending: BTreeMap::new(),
             stop,
             cfg,
         })
@@ -172,6 +197,7 @@ impl NodeManager {
                 Command::Launch(spec) => self.launch(spec),
                 Command::Signal { job, signal } => self.signal_job(job, signal),
                 Command::Forget { job } => self.forget(job),
+                Command::Schedule { run } => self.apply_schedule(hb.seq, &run),
                 Command::Shutdown => shutdown = true,
             }
         }
@@ -231,7 +257,20 @@ impl NodeManager {
         env
     }
 
+    /// LAUNCH-JOB. Under gang scheduling the job's launchers start at the first strobe that
+    /// runs the job, so no task ever runs outside its time slot, not even briefly.
     fn launch(&mut self, spec: LaunchSpec) {
+        if spec.nodes.rank(self.node).is_none() {
+            return;
+        }
+        if self.cfg.scheduler.policy == PolicyKind::Gang {
+            self.pending.insert(spec.job, spec);
+        } else {
+            self.spawn_job(spec);
+        }
+    }
+
+    fn spawn_job(&mut self, spec: LaunchSpec) {
         let Some(k) = spec.nodes.rank(self.node) else {
             return;
         };
@@ -252,6 +291,38 @@ impl NodeManager {
             LocalJob {
                 spec,
                 ranks,
+                suspended: false,
+                ending: false,
+                exited_at: None,
+                output_closed: false,
+                reported: false,
+            },
+        );
+    }
+
+    /// A job whose tasks never started on this node: report them with `status`.
+    fn record_unstarted(&mut self, spec: LaunchSpec, status: RankStatus) {
+        let Some(k) = spec.nodes.rank(self.node) else {
+            return;
+        };
+        let (first, count) = ranks_on(spec.ntasks, spec.nodes.len() as u32, k as u32);
+        let ranks = (first..first + count)
+            .map(|rank| LocalRank {
+                rank,
+                slot: None,
+                pl: None,
+                status: Some(status),
+                output: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+                stopped: false,
+            })
+            .collect();
+        self.jobs.insert(
+            spec.job,
+            LocalJob {
+                spec,
+                ranks,
+                suspended: false,
+                ending: true,
                 exited_at: None,
                 output_closed: false,
                 reported: false,
@@ -282,6 +353,7 @@ impl NodeManager {
                 pl: None,
                 status: Some(RankStatus::Exited(127)),
                 output,
+                stopped: false,
             }
         };
         let Some(slot) = self.table.claim() else {
@@ -319,6 +391,7 @@ impl NodeManager {
                     pl: Some(started.child),
                     status: None,
                     output,
+                    stopped: false,
                 }
             }
             Err(e) => {
@@ -350,7 +423,112 @@ impl NodeManager {
         }
     }
 
+    /// Gang scheduling: stops every local job that is not in `run`, then continues every one
+    /// that is. Stopping first means that a node never has two time slots' tasks runnable.
+    fn apply_schedule(&mut self, seq: u64, run: &[JobId]) {
+        let due: Vec<JobId> = self
+            .pending
+            .keys()
+            .filter(|j| run.contains(j))
+            .copied()
+            .collect();
+        let mut started = Vec::new();
+        for job in due {
+            if let Some(spec) = self.pending.remove(&job) {
+                started.push(job);
+                self.spawn_job(spec);
+            }
+        }
+        let mut stopped = Vec::new();
+        let mut continued = Vec::new();
+        for (job, j) in self
+            .jobs
+            .iter_mut()
+            .filter(|(_, j)| !j.reported && !j.ending)
+        {
+            let should_run = run.contains(job);
+            let running = !j.suspended;
+            if should_run == running {
+                continue;
+            }
+            j.suspended = !should_run;
+            if should_run {
+                continued.push(*job)
+            } else {
+                stopped.push(*job)
+            }
+        }
+        let mut halting = Vec::new();
+        for job in &stopped {
+            halting.extend(self.stop_job(*job, true));
+        }
+        // A stopped process keeps running until it is scheduled and acts on SIGSTOP: make sure
+        // the old slot has stopped before the new one continues.
+        if !wait_until_stopped(&halting, Duration::from_millis(50)) {
+            tracing::warn!(
+                node = self.node,
+                seq,
+                "tasks of the previous slot took over 50 ms to stop (overloaded node?)"
+            );
+        }
+        for job in &continued {
+            self.stop_job(*job, false);
+        }
+        if let Some(log) = self.switch_log.as_mut()
+            && !(stopped.is_empty() && continued.is_empty() && started.is_empty())
+        {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: clock_gettime writes into ts.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            let ns = ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128;
+            let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            let _ = writeln!(
+                log,
+                "{seq} {ns} stop={} cont={} start={}",
+                list(&stopped),
+                list(&continued),
+                list(&started)
+            );
+        }
+    }
+
+    /// SIGSTOP (or SIGCONT) to every running task of a job; returns the tasks signalled. Tasks
+    /// whose process is not known yet are stopped by `poll_tasks` as soon as it is.
+    fn stop_job(&mut self, job: JobId, stop: bool) -> Vec<i32> {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        let sig = if stop {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        let mut pids = Vec::new();
+        for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
+            if let Some(pid) = r.slot.and_then(|s| self.table.pid(s).ok().flatten()) {
+                let _ = killpg(Pid::from_raw(pid), sig);
+                r.stopped = stop;
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
     fn signal_job(&mut self, job: JobId, signal: i32) {
+        if let Some(spec) = self.pending.remove(&job) {
+            // Never started here: its tasks end, unstarted, by this signal.
+            self.record_unstarted(spec, RankStatus::Signaled(signal));
+            return;
+        }
+        let was_suspended = self.jobs.get(&job).is_some_and(|j| j.suspended);
+        if let Some(j) = self.jobs.get_mut(&job) {
+            // A stopped process cannot act on a signal: let the job run until it ends.
+            j.ending = true;
+            j.suspended = false;
+        }
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
@@ -370,9 +548,13 @@ impl NodeManager {
                 (Some(_), None) => tracing::warn!(signal, "not a signal"),
             }
         }
+        if was_suspended {
+            self.stop_job(job, false);
+        }
     }
 
     fn forget(&mut self, job: JobId) {
+        self.pending.remove(&job);
         if let Some(cancel) = self.receivers.remove(&job) {
             cancel.store(true, Ordering::Release);
         }
@@ -404,6 +586,13 @@ impl NodeManager {
                 if let Some(s) = r.slot.and_then(|s| self.table.status(s).ok().flatten()) {
                     r.status = Some(s);
                     continue;
+                }
+                if j.suspended
+                    && !r.stopped
+                    && let Some(pid) = r.slot.and_then(|s| self.table.pid(s).ok().flatten())
+                {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGSTOP);
+                    r.stopped = true;
                 }
                 let Some(pl) = r.pl.as_mut() else { continue };
                 if let Ok(Some(exit)) = pl.try_wait() {
@@ -508,4 +697,28 @@ impl NodeManager {
             false => bail!("no completion within {wait:?}"),
         }
     }
+}
+
+/// Waits (at most `limit`) until each process is stopped, a zombie or gone, reading its state
+/// from /proc. False if the limit passed first.
+fn wait_until_stopped(pids: &[i32], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    for &pid in pids {
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(") ")
+                        .and_then(|(_, rest)| rest.chars().next())
+                });
+            if !matches!(state, Some('R' | 'S' | 'D')) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+    true
 }
