@@ -104,6 +104,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
             ntasks_per_node: None,
         },
         bcast: true,
+        time_limit_ms: None,
     };
     let start = Instant::now();
     let (outcome, _, _) =

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    BackendKind, ClusterConfig, ClusterSection, MmSection, NodeEntry, OfiSection, TcpSection,
+    BackendKind, ClusterConfig, ClusterSection, MmSection, NodeEntry, OfiSection, SchedulerSection,
+    TcpSection,
 };
 use storm_cluster::control::{Client, Reply, Request};
 
@@ -36,6 +37,8 @@ pub struct LocalOptions {
     /// The primitives backend, and the libfabric provider for `ofi` (default if `None`).
     pub backend: BackendKind,
     pub provider: Option<String>,
+    /// Scheduling policy, MPL, default limit.
+    pub scheduler: SchedulerSection,
 }
 
 impl LocalOptions {
@@ -50,6 +53,7 @@ impl LocalOptions {
             fanout: None,
             backend: BackendKind::Tcp,
             provider: None,
+            scheduler: SchedulerSection::default(),
         }
     }
 }
@@ -178,6 +182,7 @@ impl LocalCluster {
             ofi: OfiSection {
                 provider: opts.provider.clone(),
             },
+            scheduler: opts.scheduler.clone(),
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },
@@ -241,6 +246,15 @@ impl LocalCluster {
 
     pub fn socket(&self) -> &Path {
         &self.config.cluster.control_socket
+    }
+
+    /// The daemons' names ("storm-mm", "storm-nm node3") and process ids, for tools that
+    /// account for their CPU time.
+    pub fn daemon_pids(&self) -> Vec<(&str, u32)> {
+        self.daemons
+            .iter()
+            .map(|(name, child)| (name.as_str(), child.id()))
+            .collect()
     }
 
     fn wait_for_mm(&mut self) -> Result<()> {

@@ -152,7 +152,14 @@ impl OutputSink {
 /// Hooks for what happens while a job runs.
 pub trait Progress {
     fn accepted(&mut self, _job: JobId, _queued: Option<&str>) {}
-    fn started(&mut self, _job: JobId, _nodes: &NodeSet, _names: &[String]) {}
+    fn started(
+        &mut self,
+        _job: JobId,
+        _nodes: &NodeSet,
+        _names: &[String],
+        _time_slot: Option<u32>,
+    ) {
+    }
     fn output(&mut self, _rank: u32, _stream: Stream, _data: &[u8]) {}
     /// Asked between events: whether the user wants the job cancelled now.
     fn cancel_requested(&mut self) -> bool {
@@ -219,8 +226,9 @@ pub fn run_job(
                 job: id,
                 nodes: n,
                 node_names,
+                time_slot,
             }) => {
-                progress.started(id, &n, &node_names);
+                progress.started(id, &n, &node_names, time_slot);
                 nodes = n;
                 names = node_names;
             }

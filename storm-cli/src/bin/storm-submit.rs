@@ -45,7 +45,10 @@ struct Args {
     /// Do not transfer the program: it is already at that path on every node.
     #[arg(long)]
     no_bcast: bool,
-    /// Print the send / execute / total times of the job.
+    /// Wall-clock limit: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (as Slurm's --time).
+    #[arg(short = 't', long = "time", value_parser = storm_cluster::control::parse_time_limit)]
+    time_limit_ms: Option<u64>,
+    /// Print the send / execute / total times of the job, and its time slot.
     #[arg(long)]
     timing: bool,
     /// Job name (default: the program's name).
@@ -66,6 +69,12 @@ struct Args {
     /// libfabric provider of the embedded cluster with --backend ofi (e.g. 'tcp;ofi_rxm').
     #[arg(long)]
     provider: Option<String>,
+    /// Scheduling policy of the embedded cluster: fcfs, easy or gang.
+    #[arg(long, default_value = "fcfs")]
+    policy: storm_cluster::config::PolicyKind,
+    /// Multiprogramming level (time slots) of the embedded cluster's gang scheduler.
+    #[arg(long, default_value_t = 2)]
+    mpl: usize,
     /// Keep the embedded cluster's directory (logs, spools) and print where it is.
     #[arg(long)]
     keep: bool,
@@ -83,6 +92,7 @@ struct Args {
 struct Terminal {
     sink: OutputSink,
     verbose: bool,
+    timing: bool,
     interrupts: Arc<AtomicUsize>,
     asked: usize,
     job: Option<JobId>,
@@ -97,10 +107,13 @@ impl Progress for Terminal {
             None => {}
         }
     }
-    fn started(&mut self, job: JobId, nodes: &NodeSet, names: &[String]) {
-        if self.verbose {
+    fn started(&mut self, job: JobId, nodes: &NodeSet, names: &[String], time_slot: Option<u32>) {
+        if self.verbose || self.timing {
+            let slot = time_slot
+                .map(|s| format!(", time slot {s}"))
+                .unwrap_or_default();
             eprintln!(
-                "storm-submit: job {job} runs on nodes {nodes} ({})",
+                "storm-submit: job {job} runs on nodes {nodes} ({}){slot}",
                 names.join(",")
             );
         }
@@ -179,6 +192,7 @@ fn run(args: Args) -> Result<i32, String> {
             },
         },
         bcast: !args.no_bcast,
+        time_limit_ms: args.time_limit_ms,
     };
 
     let local = match args.local {
@@ -189,6 +203,11 @@ fn run(args: Args) -> Result<i32, String> {
                 keep: args.keep,
                 backend: args.backend,
                 provider: args.provider.clone(),
+                scheduler: storm_cluster::config::SchedulerSection {
+                    policy: args.policy,
+                    mpl: args.mpl,
+                    ..Default::default()
+                },
                 ..LocalOptions::new(n)
             })
             .map_err(|e| format!("cannot start the local cluster: {e:#}"))?;
@@ -220,6 +239,7 @@ fn run(args: Args) -> Result<i32, String> {
     let mut term = Terminal {
         sink: OutputSink::new(args.label),
         verbose: args.verbose,
+        timing: args.timing,
         interrupts,
         asked: 0,
         job: None,

@@ -1,0 +1,430 @@
+//! Gang scheduling with real daemons and real processes: what the kernel says about the tasks'
+//! states (/proc), what every NM recorded switching (switches.log), and what the user sees.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use storm_cli::local::LocalOptions;
+use storm_cluster::config::{PolicyKind, SchedulerSection};
+use support::{TestCluster, script, text};
+
+fn gang(nodes: u32, mpl: usize, timeslice_ms: f64) -> TestCluster {
+    TestCluster::with(LocalOptions {
+        timeslice_ms,
+        kill_wait_ms: Some(500),
+        scheduler: SchedulerSection {
+            policy: PolicyKind::Gang,
+            mpl,
+            switch_log: true,
+            ..SchedulerSection::default()
+        },
+        ..LocalOptions::new(nodes)
+    })
+}
+
+/// A task of a job: its pid, node and rank, found through /proc.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    pid: i32,
+    job: u64,
+    node: u32,
+    rank: u32,
+}
+
+fn env_of(pid: i32) -> Option<BTreeMap<String, String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_string(), v.to_string()))
+            })
+            .collect(),
+    )
+}
+
+/// Task processes (not launchers) running a script whose name contains `marker`.
+fn tasks(marker: &str) -> Vec<Task> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmd).contains(marker) {
+            continue;
+        }
+        // The task itself, child of its launcher, not a subshell it forked.
+        if parent_comm(pid).as_deref() != Some("storm-pl") {
+            continue;
+        }
+        let Some(env) = env_of(pid) else { continue };
+        let (Some(job), Some(node), Some(rank)) = (
+            env.get("STORM_JOB_ID"),
+            env.get("STORM_NODEID"),
+            env.get("STORM_RANK"),
+        ) else {
+            continue;
+        };
+        out.push(Task {
+            pid,
+            job: job.parse().unwrap(),
+            node: node.parse().unwrap(),
+            rank: rank.parse().unwrap(),
+        });
+    }
+    out
+}
+
+/// The command name of a process's parent.
+fn parent_comm(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ppid: i32 = stat
+        .rsplit_once(") ")?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(
+        std::fs::read_to_string(format!("/proc/{ppid}/comm"))
+            .ok()?
+            .trim()
+            .to_string(),
+    )
+}
+
+/// 'R', 'S', 'T', 'Z'..., or None if the process is gone.
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+}
+
+fn runnable(pid: i32) -> bool {
+    matches!(state(pid), Some('R' | 'S' | 'D'))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A shell loop that keeps the CPU busy for `secs` seconds, then prints its rank.
+fn spinner(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    script(
+        dir,
+        name,
+        "end=$(( $(date +%s) + $1 ))\nwhile [ $(date +%s) -lt $end ]; do :; done\necho \"done $STORM_RANK\"\n",
+    )
+}
+
+#[test]
+fn at_any_instant_at_most_one_time_slots_tasks_are_runnable_on_a_node() {
+    let c = gang(4, 2, 20.0);
+    let work = tempfile::tempdir().unwrap();
+    let marker = format!("gang-one-{}", std::process::id());
+    let prog = spinner(work.path(), &marker);
+    let a = c.spawn(&["-N", "4", prog.to_str().unwrap(), "4"]);
+    let b = c.spawn(&["-N", "4", prog.to_str().unwrap(), "4"]);
+    wait_for("eight tasks", Duration::from_secs(20), || {
+        tasks(&marker).len() == 8
+    });
+    let all = tasks(&marker);
+    let jobs: BTreeSet<u64> = all.iter().map(|t| t.job).collect();
+    assert_eq!(jobs.len(), 2);
+    let (ja, jb) = (*jobs.first().unwrap(), *jobs.last().unwrap());
+    let mut samples = 0;
+    let mut seen_each = [false, false];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        for node in 0..4 {
+            let pa = all
+                .iter()
+                .find(|t| t.job == ja && t.node == node)
+                .unwrap()
+                .pid;
+            let pb = all
+                .iter()
+                .find(|t| t.job == jb && t.node == node)
+                .unwrap()
+                .pid;
+            // B, then A, then B: if B was runnable at both ends and A in between, both were
+            // runnable at once (a 20 ms timeslice cannot switch twice in a few microseconds).
+            let (b1, a1, b2) = (runnable(pb), runnable(pa), runnable(pb));
+            if b1 && a1 && b2 {
+                let states: Vec<String> = all
+                    .iter()
+                    .map(|t| format!("j{}n{}:{:?}", t.job, t.node, state(t.pid)))
+                    .collect();
+                let log = std::fs::read_to_string(
+                    c.root.join(format!("node{node}")).join("switches.log"),
+                )
+                .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(4).collect();
+                panic!(
+                    "node {node}: jobs {ja} and {jb} were both runnable; now {states:?}; log tail {tail:?}"
+                );
+            }
+            seen_each[0] |= a1 && !b1 && !b2;
+            seen_each[1] |= b1 && b2 && !a1;
+            samples += 1;
+        }
+    }
+    assert!(samples > 100, "only {samples} samples");
+    assert!(
+        seen_each[0] && seen_each[1],
+        "both jobs ran in turn: {seen_each:?}"
+    );
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+}
+
+/// Parses every NM's switches.log: for each node, heartbeat number -> (ns, stopped, continued).
+type Switches = BTreeMap<u32, BTreeMap<u64, (u128, Vec<u64>, Vec<u64>)>>;
+
+fn switches(c: &TestCluster, nodes: u32) -> Switches {
+    let mut out = BTreeMap::new();
+    for n in 0..nodes {
+        let text = std::fs::read_to_string(c.root.join(format!("node{n}")).join("switches.log"))
+            .unwrap_or_default();
+        let mut per = BTreeMap::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let list = |s: &str, key: &str| -> Vec<u64> {
+                s.trim_start_matches(key)
+                    .split(',')
+                    .filter(|x| !x.is_empty())
+                    .map(|x| x.parse().unwrap())
+                    .collect()
+            };
+            per.insert(
+                f[0].parse().unwrap(),
+                (
+                    f[1].parse().unwrap(),
+                    list(f[2], "stop="),
+                    list(f[3], "cont="),
+                ),
+            );
+            let _ = f.get(4); // start=: launchers spawned at this strobe
+        }
+        out.insert(n, per);
+    }
+    out
+}
+
+#[test]
+fn all_nodes_of_a_job_switch_at_the_same_strobe_and_results_survive_thousands_of_switches() {
+    let c = gang(4, 2, 1.0);
+    let work = tempfile::tempdir().unwrap();
+    // Each rank prints 2000 numbered lines while it computes for about 4 s.
+    let prog = script(
+        work.path(),
+        "count.sh",
+        "end=$(( $(date +%s) + 4 )); i=0\nwhile [ $(date +%s) -lt $end ] || [ $i -lt 2000 ]; do\n  if [ $i -lt 2000 ]; then echo \"$STORM_RANK line $i\"; i=$((i+1)); fi\ndone\nexit $((STORM_RANK % 2 + 2))\n",
+    );
+    let a = c.spawn(&["-N", "4", "-n", "8", "-l", prog.to_str().unwrap()]);
+    let b = c.spawn(&["-N", "4", "-n", "8", "-l", prog.to_str().unwrap()]);
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    for out in &outs {
+        // Ranks exit 2 or 3: the lowest failing rank (0) decides.
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        for rank in 0..8 {
+            let lines: Vec<&str> = stdout
+                .lines()
+                .filter(|l| l.starts_with(&format!("{rank}: ")))
+                .collect();
+            assert_eq!(lines.len(), 2000, "rank {rank}");
+            for (i, l) in lines.iter().enumerate() {
+                assert_eq!(
+                    *l,
+                    format!("{rank}: {rank} line {i}"),
+                    "rank {rank}'s output is intact and in order"
+                );
+            }
+        }
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("rank 1 on node0: exit code 3"), "{stderr}");
+    }
+    let log = switches(&c, 4);
+    let total: usize = log.values().map(BTreeMap::len).sum();
+    assert!(total >= 4 * 1000, "only {total} switches in all");
+    // Every node switched each job at exactly the same strobes, until the job's tasks ended
+    // somewhere (a node stops switching a job once its own tasks of it are done).
+    let jobs: BTreeSet<u64> = log
+        .values()
+        .flat_map(|m| m.values().flat_map(|(_, s, c)| s.iter().chain(c).copied()))
+        .collect();
+    for job in jobs {
+        let moves = |n: u32| -> BTreeMap<u64, bool> {
+            log[&n]
+                .iter()
+                .filter_map(|(seq, (_, s, c))| {
+                    if s.contains(&job) {
+                        Some((*seq, false))
+                    } else if c.contains(&job) {
+                        Some((*seq, true))
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        };
+        let last = (0..4)
+            .filter_map(|n| moves(n).keys().last().copied())
+            .min()
+            .unwrap();
+        let reference: Vec<(u64, bool)> =
+            moves(0).into_iter().filter(|(s, _)| *s <= last).collect();
+        assert!(
+            reference.len() > 100,
+            "job {job} switched only {} times",
+            reference.len()
+        );
+        for n in 1..4 {
+            let here: Vec<(u64, bool)> = moves(n).into_iter().filter(|(s, _)| *s <= last).collect();
+            assert_eq!(
+                reference, here,
+                "job {job}: node {n} switched at other strobes than node 0"
+            );
+        }
+    }
+}
+
+#[test]
+fn cancel_and_time_limit_act_on_a_suspended_job() {
+    let c = gang(2, 2, 50.0);
+    let work = tempfile::tempdir().unwrap();
+    let pid = std::process::id();
+    let (ma, mb, mo) = (
+        format!("gang-cancel-{pid}"),
+        format!("gang-limit-{pid}"),
+        format!("gang-other-{pid}"),
+    );
+    let (pa, pb, po) = (
+        spinner(work.path(), &ma),
+        spinner(work.path(), &mb),
+        spinner(work.path(), &mo),
+    );
+    let a = c.spawn(&["-N", "2", pa.to_str().unwrap(), "60"]);
+    let b = c.spawn(&["-N", "2", "--time", "0:03", pb.to_str().unwrap(), "60"]);
+    let other = c.spawn(&["-N", "2", "--time", "0:20", po.to_str().unwrap(), "2"]);
+    wait_for("job A's tasks", Duration::from_secs(20), || {
+        tasks(&ma).len() == 2
+    });
+    let ta = tasks(&ma);
+    let ja = ta[0].job;
+    // Wait until job A is stopped, then cancel it.
+    let pids: Vec<i32> = ta.iter().map(|t| t.pid).collect();
+    wait_for("job A suspended", Duration::from_secs(10), || {
+        pids.iter().all(|&p| state(p) == Some('T'))
+    });
+    assert!(c.storm(&["cancel", &ja.to_string()]).status.success());
+    let a = a.wait_with_output().unwrap();
+    assert_eq!(
+        a.status.code(),
+        Some(143),
+        "cancelled while suspended: {}",
+        text(&a.stderr)
+    );
+    for p in pids {
+        assert!(
+            matches!(state(p), None | Some('Z')),
+            "task {p} of the cancelled job lives on"
+        );
+    }
+    // B runs 60 s but has a 3 s limit, part of it spent suspended: it is killed at its limit.
+    let b = b.wait_with_output().unwrap();
+    let err = text(&b.stderr);
+    assert!(err.contains("time limit of 3s exceeded"), "{err}");
+    assert_eq!(b.status.code(), Some(143));
+    let other = other.wait_with_output().unwrap();
+    assert!(
+        other.status.success(),
+        "the third job was undisturbed: {}",
+        text(&other.stderr)
+    );
+}
+
+#[test]
+fn a_task_that_dies_while_its_slot_is_stopped_is_collected() {
+    let c = gang(2, 2, 50.0);
+    let work = tempfile::tempdir().unwrap();
+    // Distinct script names tell the victim's tasks from its partner's, whatever job ids the
+    // two concurrent submissions receive.
+    let victim_marker = format!("gang-die-victim-{}", std::process::id());
+    let partner_marker = format!("gang-die-partner-{}", std::process::id());
+    let victim_prog = spinner(work.path(), &victim_marker);
+    let partner_prog = spinner(work.path(), &partner_marker);
+    let victim_job = c.spawn(&["-N", "2", "-n", "2", victim_prog.to_str().unwrap(), "3"]);
+    let partner = c.spawn(&["-N", "2", partner_prog.to_str().unwrap(), "3"]);
+    wait_for("the victim's two tasks", Duration::from_secs(20), || {
+        tasks(&victim_marker).len() == 2
+    });
+    let victim = *tasks(&victim_marker).iter().find(|t| t.rank == 1).unwrap();
+    wait_for(
+        "the victim's slot to be stopped",
+        Duration::from_secs(10),
+        || state(victim.pid) == Some('T'),
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = victim_job.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(137), "{err}");
+    assert!(
+        err.contains(&format!(
+            "rank 1 on node{}: killed by signal 9 (SIGKILL)",
+            victim.node
+        )),
+        "{err}"
+    );
+    assert!(
+        text(&out.stdout).contains("done 0"),
+        "rank 0 finished its work"
+    );
+    assert!(partner.wait_with_output().unwrap().status.success());
+}
+
+#[test]
+fn under_fcfs_a_job_past_its_time_limit_is_killed_everywhere_and_reported() {
+    let c = TestCluster::with(LocalOptions {
+        kill_wait_ms: Some(300),
+        ..LocalOptions::new(3)
+    });
+    let work = tempfile::tempdir().unwrap();
+    let prog = script(work.path(), "sleepy.sh", "trap '' TERM\nsleep 60\n");
+    let start = Instant::now();
+    let out = c.submit(&["-N", "3", "--time", "0:02", prog.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "killed before its limit"
+    );
+    assert!(err.contains("time limit of 2s exceeded"), "{err}");
+    assert!(
+        err.contains("killed by signal 9 (SIGKILL)"),
+        "TERM was ignored, so KILL followed: {err}"
+    );
+    assert_eq!(out.status.code(), Some(137));
+    let bad = c.submit(&["--time", "soon", "/bin/true"]);
+    assert!(
+        text(&bad.stderr).contains("not a time limit"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
