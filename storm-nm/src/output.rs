@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use storm_cluster::RmLayout;
 use storm_cluster::messages::{JobId, OutputChunk, Stream, encode};
@@ -107,10 +107,10 @@ impl Forwarder {
         let mut watches: Vec<Watch> = Vec::new();
         let mut buf = vec![0u8; self.max];
         loop {
-            for msg in rx.try_iter() {
-                match msg {
-                    Msg::Watch(w) => watches.push(w),
-                    Msg::Close(job) => {
+            loop {
+                match rx.try_recv() {
+                    Ok(Msg::Watch(w)) => watches.push(w),
+                    Ok(Msg::Close(job)) => {
                         let (closed, kept): (Vec<_>, Vec<_>) =
                             watches.drain(..).partition(|w| w.job == job);
                         watches = kept;
@@ -118,6 +118,9 @@ impl Forwarder {
                             self.finish(w);
                         }
                     }
+                    Err(TryRecvError::Empty) => break,
+                    // The NM is gone (shutting down): nothing left to forward to.
+                    Err(TryRecvError::Disconnected) => return,
                 }
             }
             let ready: Vec<(bool, bool)> = {
@@ -146,6 +149,11 @@ impl Forwarder {
                     })
                     .collect()
             };
+            if ready[0].1 {
+                // The wake pipe's writer closed: the NM is gone. Without this the hung-up
+                // pipe would make every poll return at once, and the thread spin.
+                return;
+            }
             if ready[0].0 {
                 let mut sink = [0u8; 64];
                 while matches!(nix::unistd::read(&wake, &mut sink), Ok(n) if n > 0) {}
