@@ -174,7 +174,8 @@ pub struct SchedulerSection {
     /// Limit given to jobs submitted without `--time` (EASY needs one for every job).
     pub default_time_limit_s: u64,
     /// Each NM appends every schedule it applies to `<spool>/switches.log` (for benchmarks and
-    /// tests: heartbeat number, monotonic time in ns, jobs running).
+    /// tests), one line per switch: `SEQ DONE_NS stop=JOBS cont=JOBS start=JOBS recv=NS`, with
+    /// CLOCK_MONOTONIC times of the switch's completion and of the heartbeat's receipt.
     pub switch_log: bool,
 }
 

@@ -17,6 +17,7 @@
 pub mod launch;
 pub mod manager;
 pub mod output;
+pub mod procstat;
 pub mod receive;
 
 pub use manager::{NmOptions, NodeManager};

@@ -32,11 +32,15 @@ use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
 use crate::launch::start_pl;
 use crate::output::{Drained, Output, Watch};
+use crate::procstat::TaskStates;
 use crate::receive;
 
 /// How long after its tasks ended a job's output pipes may stay open (held by a process the
 /// task left behind) before the NM stops reading them and reports the job.
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
+/// How often `poll_tasks` waits on the launchers (see there).
+const LAUNCHER_CHECK: Duration = Duration::from_millis(10);
 
 /// How to start a node manager.
 pub struct NmOptions {
@@ -89,6 +93,10 @@ pub struct NodeManager {
     pending: BTreeMap<JobId, LaunchSpec>,
     /// Where applied schedules are recorded, if the cluster asks for it.
     switch_log: Option<std::io::LineWriter<std::fs::File>>,
+    /// Open /proc stat files of the tasks gang scheduling stops.
+    task_states: TaskStates,
+    /// When `poll_tasks` next waits on the launchers.
+    next_launcher_check: Instant,
     stop: Arc<AtomicBool>,
 }
 
@@ -148,6 +156,8 @@ impl NodeManager {
             receivers: BTreeMap::new(),
             zombies: Vec::new(),
             switch_log,
+            task_states: TaskStates::default(),
+            next_launcher_check: Instant::now(),
             pending: BTreeMap::new(),
             stop,
             cfg,
@@ -180,6 +190,7 @@ impl NodeManager {
 
     /// Carries out one heartbeat; true if it says to shut down.
     fn heartbeat(&mut self, bytes: &Bytes) -> bool {
+        let received_ns = monotonic_ns();
         let hb: Heartbeat = match decode("heartbeat", bytes, self.cfg.cluster.heartbeat_bytes) {
             Ok(hb) => hb,
             Err(e) => {
@@ -197,7 +208,7 @@ impl NodeManager {
                 Command::Launch(spec) => self.launch(spec),
                 Command::Signal { job, signal } => self.signal_job(job, signal),
                 Command::Forget { job } => self.forget(job),
-                Command::Schedule { run } => self.apply_schedule(hb.seq, &run),
+                Command::Schedule { run } => self.apply_schedule(hb.seq, received_ns, &run),
                 Command::Shutdown => shutdown = true,
             }
         }
@@ -425,7 +436,9 @@ impl NodeManager {
 
     /// Gang scheduling: stops every local job that is not in `run`, then continues every one
     /// that is. Stopping first means that a node never has two time slots' tasks runnable.
-    fn apply_schedule(&mut self, seq: u64, run: &[JobId]) {
+    /// `received_ns` (CLOCK_MONOTONIC) is when the heartbeat was taken from the queue; the
+    /// switch log records it beside the time the switch was complete.
+    fn apply_schedule(&mut self, seq: u64, received_ns: u128, run: &[JobId]) {
         let due: Vec<JobId> = self
             .pending
             .keys()
@@ -464,7 +477,10 @@ impl NodeManager {
         }
         // A stopped process keeps running until it is scheduled and acts on SIGSTOP: make sure
         // the old slot has stopped before the new one continues.
-        if !wait_until_stopped(&halting, Duration::from_millis(50)) {
+        if !self
+            .task_states
+            .wait_until_stopped(&halting, Duration::from_millis(50))
+        {
             tracing::warn!(
                 node = self.node,
                 seq,
@@ -474,20 +490,22 @@ impl NodeManager {
         for job in &continued {
             self.stop_job(*job, false);
         }
+        let live: Vec<i32> = self
+            .jobs
+            .values()
+            .flat_map(|j| &j.ranks)
+            .filter(|r| r.status.is_none())
+            .filter_map(|r| r.slot.and_then(|s| self.table.pid(s).ok().flatten()))
+            .collect();
+        self.task_states.retain(&live);
         if let Some(log) = self.switch_log.as_mut()
             && !(stopped.is_empty() && continued.is_empty() && started.is_empty())
         {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: clock_gettime writes into ts.
-            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-            let ns = ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128;
+            let ns = monotonic_ns();
             let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let _ = writeln!(
                 log,
-                "{seq} {ns} stop={} cont={} start={}",
+                "{seq} {ns} stop={} cont={} start={} recv={received_ns}",
                 list(&stopped),
                 list(&continued),
                 list(&started)
@@ -578,8 +596,15 @@ impl NodeManager {
 
     /// Algorithm 9: collect ended tasks; report jobs whose local tasks all ended.
     fn poll_tasks(&mut self) {
-        self.zombies
-            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+        // A launcher writes its task's status into the table before it exits; waiting on the
+        // launchers themselves (to reap them, and to notice one that died) can be less eager
+        // than the heartbeat, which saves a syscall per task per heartbeat.
+        let check_launchers = self.next_launcher_check <= Instant::now();
+        if check_launchers {
+            self.next_launcher_check = Instant::now() + LAUNCHER_CHECK;
+            self.zombies
+                .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+        }
         let mut ready = Vec::new();
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
             for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
@@ -594,7 +619,9 @@ impl NodeManager {
                     let _ = killpg(Pid::from_raw(pid), Signal::SIGSTOP);
                     r.stopped = true;
                 }
-                let Some(pl) = r.pl.as_mut() else { continue };
+                let Some(pl) = r.pl.as_mut().filter(|_| check_launchers) else {
+                    continue;
+                };
                 if let Ok(Some(exit)) = pl.try_wait() {
                     // The launcher is gone. Take the status it wrote, or make one up from its
                     // own end, and make sure nothing it started lives on.
@@ -701,24 +728,13 @@ impl NodeManager {
 
 /// Waits (at most `limit`) until each process is stopped, a zombie or gone, reading its state
 /// from /proc. False if the limit passed first.
-fn wait_until_stopped(pids: &[i32], limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    for &pid in pids {
-        loop {
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(") ")
-                        .and_then(|(_, rest)| rest.chars().next())
-                });
-            if !matches!(state, Some('R' | 'S' | 'D')) {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-    }
-    true
+/// CLOCK_MONOTONIC in nanoseconds: comparable across the processes of one machine.
+fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into ts.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
