@@ -330,6 +330,15 @@ fn cancel_and_time_limit_act_on_a_suspended_job() {
     wait_for("job A suspended", Duration::from_secs(10), || {
         pids.iter().all(|&p| state(p) == Some('T'))
     });
+    // `storm queue` shows each placed job's time slot, and which one is suspended.
+    wait_for(
+        "storm queue to show both slots",
+        Duration::from_secs(10),
+        || {
+            let q = text(&c.storm(&["queue"]).stdout);
+            q.contains("(time slot 0)") && q.contains("(time slot 1)") && q.contains("suspended")
+        },
+    );
     assert!(c.storm(&["cancel", &ja.to_string()]).status.success());
     let a = a.wait_with_output().unwrap();
     assert_eq!(

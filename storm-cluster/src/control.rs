@@ -141,6 +141,8 @@ pub struct JobInfo {
     pub elapsed_ms: u64,
     /// Why a queued job waits.
     pub reason: Option<String>,
+    /// Gang scheduling: the job's row of the Ousterhout matrix, once placed.
+    pub time_slot: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

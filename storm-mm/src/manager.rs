@@ -481,6 +481,8 @@ impl MachineManager {
             (None, Phase::Sending { .. } | Phase::Verifying { .. }) => "sending",
             (None, Phase::Launching) => "launching",
             (None, Phase::Running) if j.terminating => "ending",
+            // Gang scheduling: placed, but not in this timeslice's slot.
+            (None, Phase::Running) if self.gang && !self.run_set.contains(&j.id) => "suspended",
             (None, Phase::Running) => "running",
         };
         JobInfo {
@@ -494,6 +496,7 @@ impl MachineManager {
             reason: (j.phase == Phase::Queued)
                 .then(|| self.wait_reason(j.id))
                 .flatten(),
+            time_slot: (self.gang && j.phase != Phase::Queued).then_some(j.time_slot as u32),
         }
     }
 

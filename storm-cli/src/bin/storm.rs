@@ -47,7 +47,11 @@ fn run(args: Args) -> Result<(), String> {
                 "JOB", "NAME", "UID", "STATE", "TASKS", "ELAPSED"
             );
             for j in jobs {
-                let place = j.reason.clone().unwrap_or_else(|| j.nodes.to_string());
+                let place = match (&j.reason, j.time_slot) {
+                    (Some(why), _) => why.clone(),
+                    (None, Some(slot)) => format!("{} (time slot {slot})", j.nodes),
+                    (None, None) => j.nodes.to_string(),
+                };
                 println!(
                     "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>9.1}s  {}",
                     j.job,
