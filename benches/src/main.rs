@@ -6,8 +6,11 @@
 //!
 //! * `storm-bench prims`: the three primitives (latency and bandwidth against nodes and size).
 //! * `storm-bench launch`: job launch of a padded do-nothing program (the paper's Fig. 2a).
+//! * `storm-bench gang`: gang scheduling against quantum and MPL, its CPU cost and strobe skew
+//!   (the paper's Figs. 3 and 5).
 
 mod baseline;
+mod gang;
 mod launch;
 mod prims;
 mod report;
@@ -92,6 +95,63 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// Gang scheduling: quantum sweep (Fig. 3), MPL sweep (Fig. 5), CPU per switch, skew.
+    Gang {
+        /// Nodes of the cluster, and ranks of every SPMD job.
+        #[arg(long, default_value_t = 8)]
+        nodes: u32,
+        /// Jobs run together in the quantum sweep.
+        #[arg(long, default_value_t = 2)]
+        mpl: usize,
+        /// Which measurements to make.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "quantum,mpl,skew"
+        )]
+        parts: Vec<gang::Part>,
+        /// Quanta (timeslices) of the quantum sweep, in ms.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "0.3,0.5,1,2,4,16,64,256,1000"
+        )]
+        quanta_ms: Vec<f64>,
+        /// Multiprogramming levels of the MPL sweep.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        mpls: Vec<usize>,
+        /// Quantum of the MPL sweep, in ms.
+        #[arg(long, default_value_t = 1.0)]
+        mpl_quantum_ms: f64,
+        /// Node counts of the light-job skew measurement.
+        #[arg(long, value_delimiter = ',', default_value = "8,16")]
+        skew_nodes: Vec<u32>,
+        /// Quantum of the skew measurement, in ms.
+        #[arg(long, default_value_t = 1.0)]
+        skew_quantum_ms: f64,
+        /// How long the light jobs of the skew measurement sleep, in seconds.
+        #[arg(long, default_value_t = 3.0)]
+        skew_seconds: f64,
+        /// Tree fanout of the tcp backend (cluster default if not given).
+        #[arg(long)]
+        fanout: Option<usize>,
+        /// Target runtime of one SPMD job run bare, in seconds.
+        #[arg(long, default_value_t = 2.0)]
+        alone_s: f64,
+        /// CPU time every rank computes between two barriers, in ms.
+        #[arg(long, default_value_t = 1.0)]
+        sync_ms: f64,
+        /// Primitives backend of the cluster: tcp or ofi.
+        #[arg(long, default_value = "tcp")]
+        backend: storm_cluster::config::BackendKind,
+        /// libfabric provider for --backend ofi.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -164,6 +224,61 @@ fn main() -> Result<()> {
             let mut out = report::Csv::new(launch::CSV_HEADER);
             let table = launch::run(&args, &mut out)?;
             println!("{}", table.render());
+            if let Some(path) = csv {
+                out.write(&path)?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        Command::Gang {
+            nodes,
+            mpl,
+            parts,
+            quanta_ms,
+            mpls,
+            mpl_quantum_ms,
+            skew_nodes,
+            skew_quantum_ms,
+            skew_seconds,
+            fanout,
+            alone_s,
+            sync_ms,
+            backend,
+            provider,
+            csv,
+        } => {
+            if nodes == 0 || mpl == 0 || mpls.contains(&0) || skew_nodes.contains(&0) {
+                anyhow::bail!("node counts and multiprogramming levels must be at least 1");
+            }
+            if quanta_ms
+                .iter()
+                .chain([&mpl_quantum_ms, &skew_quantum_ms])
+                .any(|q| *q <= 0.0)
+                || alone_s <= 0.0
+                || sync_ms <= 0.0
+                || skew_seconds <= 0.0
+            {
+                anyhow::bail!("quanta, --alone-s, --sync-ms and --skew-seconds must be positive");
+            }
+            let args = gang::GangArgs {
+                nodes,
+                mpl,
+                parts,
+                quanta_ms,
+                mpls,
+                mpl_quantum_ms,
+                skew_nodes,
+                skew_quantum_ms,
+                skew_seconds,
+                alone_s,
+                sync_ms,
+                backend,
+                provider,
+                fanout,
+            };
+            let mut out = report::Csv::new(gang::CSV_HEADER);
+            for table in gang::run(&args, &mut out)? {
+                println!("{}", table.render());
+            }
             if let Some(path) = csv {
                 out.write(&path)?;
                 eprintln!("wrote {}", path.display());

@@ -25,6 +25,11 @@ impl Default for Budget {
 pub struct Samples(Vec<f64>);
 
 impl Samples {
+    /// Samples measured elsewhere, in seconds.
+    pub fn from_secs(v: Vec<f64>) -> Self {
+        Self(v)
+    }
+
     pub fn median(&self) -> f64 {
         self.quantile(0.5)
     }
