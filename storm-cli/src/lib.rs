@@ -3,11 +3,14 @@
 //! * `storm-submit`: launch a parallel job and follow it (shaped like Slurm's `srun`), on a
 //!   cluster or on an embedded local one (`--local N`, [`local`]).
 //! * `storm`: `queue`, `cancel`, `nodes`, `shutdown`.
+//! * `storm-testbed`: a cluster whose nodes are network namespaces on this machine
+//!   ([`testbed`]), for fault tests and by hand.
 //!
 //! They talk only to the machine manager, over its Unix control socket.
 
 pub mod local;
 pub mod submit;
+pub mod testbed;
 
 use std::path::PathBuf;
 

@@ -124,7 +124,7 @@ fn spawn_daemon(bin: &Path, args: &[String], listener: &TcpListener, log: &Path)
 
 /// The last lines of a daemon's log worth showing: its error and causes, without the
 /// backtrace that follows them.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let mut text = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
         let _ = f.read_to_string(&mut text);
@@ -138,6 +138,33 @@ fn tail(path: &Path) -> String {
         .filter(|l| !l.trim().is_empty())
         .collect();
     lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+/// Waits until the MM answers on `socket` and knows every NM (none "unknown"); `check` runs
+/// between tries and fails early when a daemon died.
+pub(crate) fn wait_for_nodes(
+    socket: &Path,
+    limit: Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        check()?;
+        if let Ok(client) = Client::connect(socket)
+            && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
+            && nodes.iter().all(|n| n.state != "unknown")
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the machine manager did not report every node up on {} within {} s",
+                socket.display(),
+                limit.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 impl LocalCluster {
@@ -258,34 +285,23 @@ impl LocalCluster {
     }
 
     fn wait_for_mm(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            for (name, child) in &mut self.daemons {
+        let root = self.root.clone();
+        let socket = self.socket().to_path_buf();
+        let daemons = &mut self.daemons;
+        wait_for_nodes(&socket, Duration::from_secs(20), || {
+            for (name, child) in daemons.iter_mut() {
                 if let Some(status) = child.try_wait()? {
                     let log = if name == "storm-mm" {
-                        self.root.join("mm.log")
+                        root.join("mm.log")
                     } else {
-                        self.root
-                            .join(format!("{}.log", name.trim_start_matches("storm-nm ")))
+                        root.join(format!("{}.log", name.trim_start_matches("storm-nm ")))
                     };
                     bail!("{name} exited during start-up ({status}):\n{}", tail(&log));
                 }
             }
-            if let Ok(client) = Client::connect(self.socket())
-                && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
-                && nodes.iter().all(|n| n.state != "unknown")
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the machine manager did not open {} within 20 s:\n{}",
-                    self.socket().display(),
-                    tail(&self.root.join("mm.log"))
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+            Ok(())
+        })
+        .map_err(|e| e.context(format!("log of the MM:\n{}", tail(&root.join("mm.log")))))
     }
 
     /// Asks the MM to shut the cluster down, and waits for every daemon.

@@ -1,0 +1,135 @@
+//! storm-testbed: a storm cluster whose nodes are network namespaces on this machine.
+//!
+//! ```text
+//! storm-testbed up --nodes 8          # namespaces, bridge, MM and 8 NMs; prints how to use it
+//! storm-submit --config /run/storm-testbed/storm/cluster.toml -N 8 hostname
+//! storm-testbed link --node 3 down    # cut node 3's cable (and `up` to restore it)
+//! storm-testbed down                  # kill the daemons, delete the namespaces
+//! ```
+//!
+//! Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2. Every address lives inside the
+//! testbed's namespaces (10.200.0.0/16); nothing is configured on the host's network.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use storm_cli::testbed::{Testbed, TestbedOptions, down_by_state, namespaces_available, set_link};
+use storm_cluster::config::{PolicyKind, SchedulerSection};
+
+#[derive(Parser)]
+#[command(
+    name = "storm-testbed",
+    about = "A storm cluster in network namespaces on this machine"
+)]
+struct Cli {
+    /// Name of the testbed (namespace prefix, 1-8 letters or digits).
+    #[arg(long, default_value = "storm", global = true)]
+    name: String,
+    /// Directory of the testbed's files (default: /run/storm-testbed/NAME).
+    #[arg(long, global = true)]
+    dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the namespaces and start the MM and one NM per node.
+    Up {
+        #[arg(long, short = 'N')]
+        nodes: u32,
+        /// Heartbeat period (and gang quantum), in milliseconds.
+        #[arg(long, default_value_t = 1.0)]
+        timeslice_ms: f64,
+        /// Scheduling policy: fcfs, easy or gang.
+        #[arg(long, default_value = "fcfs")]
+        policy: PolicyKind,
+        /// Time slots of the gang scheduler.
+        #[arg(long, default_value_t = 2)]
+        mpl: usize,
+    },
+    /// Stop the daemons and delete the namespaces and the testbed's files.
+    Down,
+    /// Cut or restore a node's link to the bridge.
+    Link {
+        #[arg(long)]
+        node: u32,
+        #[arg(value_parser = ["up", "down"])]
+        state: String,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let dir = cli
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/run/storm-testbed").join(&cli.name));
+    match cli.command {
+        Cmd::Up {
+            nodes,
+            timeslice_ms,
+            policy,
+            mpl,
+        } => {
+            if dir.exists() {
+                bail!(
+                    "{} exists: testbed {:?} is up, or was not taken down (storm-testbed --name {} down)",
+                    dir.display(),
+                    cli.name,
+                    cli.name
+                );
+            }
+            if let Err(why) = namespaces_available() {
+                bail!("cannot create network namespaces here (run as root): {why}");
+            }
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let tb = Testbed::up(&TestbedOptions {
+                name: cli.name.clone(),
+                nodes,
+                dir: dir.clone(),
+                timeslice_ms,
+                scheduler: SchedulerSection {
+                    policy,
+                    mpl,
+                    ..SchedulerSection::default()
+                },
+            })?;
+            println!(
+                "testbed {} up: {nodes} nodes in namespaces {}-n0..{}-n{}, MM in {}-mm\n\
+                 cluster file: {}\n\
+                 try: storm-submit --config {} -N {nodes} hostname\n\
+                 stop: storm-testbed --name {} down",
+                cli.name,
+                cli.name,
+                cli.name,
+                nodes - 1,
+                cli.name,
+                tb.config_path.display(),
+                tb.config_path.display(),
+                cli.name
+            );
+            tb.detach();
+        }
+        Cmd::Down => {
+            if !dir.exists() {
+                bail!(
+                    "no testbed {:?} ({} does not exist)",
+                    cli.name,
+                    dir.display()
+                );
+            }
+            down_by_state(&dir)?;
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+            println!("testbed {} down", cli.name);
+        }
+        Cmd::Link { node, state } => {
+            set_link(&cli.name, node, state == "up")
+                .with_context(|| format!("is testbed {:?} up?", cli.name))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,423 @@
+//! A test cluster in network namespaces: every node a network namespace of its own, with its
+//! own address, running one storm-nm; the MM in another; all joined by a bridge that lives in a
+//! "switch" namespace. No address is ever configured outside these namespaces, so nothing
+//! reaches the host's network, and a link can be cut (`ip link set ... down`) like a cable.
+//!
+//! Layout for a testbed named `T` with N nodes (addresses in 10.200.0.0/16):
+//!
+//! * `T-sw`: bridge `br0`; one veth end per node (`n0`..) and one for the MM (`mm`);
+//! * `T-mm`: `eth0` = 10.200.0.1, storm-mm listening on port 7000;
+//! * `T-n<i>`: `eth0` = 10.200.0.2 + i, storm-nm for node `node<i>` on port 7000.
+//!
+//! The cluster file, logs, spools, the MM's control socket and a state file (namespaces and
+//! daemon pids) live in one directory. [`Testbed::down`] (also run on drop) kills the daemons
+//! and deletes the namespaces, which deletes their links; [`down_by_state`] does the same from
+//! the state file, for `storm-testbed down` and for testbeds left behind by an interrupted run.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use storm_cluster::config::{
+    ClusterConfig, ClusterSection, MmSection, NodeEntry, OfiSection, SchedulerSection, TcpSection,
+};
+
+use crate::local::{bin_dir, tail, wait_for_nodes};
+
+/// The port every daemon listens on, each in its own namespace.
+const PORT: u16 = 7000;
+const STATE_FILE: &str = "testbed.state";
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct TestbedOptions {
+    /// Namespace prefix; at most 8 characters so that names stay short.
+    pub name: String,
+    pub nodes: u32,
+    /// Where the cluster file, logs, spools and state go (created; must not exist).
+    pub dir: PathBuf,
+    pub timeslice_ms: f64,
+    pub scheduler: SchedulerSection,
+}
+
+/// A running testbed. Dropping it tears it down.
+#[derive(Debug)]
+pub struct Testbed {
+    pub name: String,
+    pub dir: PathBuf,
+    pub config: ClusterConfig,
+    pub config_path: PathBuf,
+    namespaces: Vec<String>,
+    /// (daemon name, pid)
+    daemons: Vec<(String, u32)>,
+    /// The daemons as our children, reaped after teardown (empty once handed to a CLI user).
+    children: Vec<std::process::Child>,
+    torn_down: bool,
+}
+
+/// Runs `ip` with `args`; the error names the command and what ip said.
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip (install iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The address of node `i`.
+pub fn node_addr(i: u32) -> Ipv4Addr {
+    let host = i + 2;
+    Ipv4Addr::new(10, 200, (host >> 8) as u8, (host & 0xff) as u8)
+}
+
+pub const MM_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+
+/// Whether this process may create network namespaces: tries one.
+pub fn namespaces_available() -> Result<(), String> {
+    static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = format!("stbprobe{}-{n}", std::process::id());
+    match ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = ip(&["netns", "del", &probe]);
+            Ok(())
+        }
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
+impl Testbed {
+    pub fn switch_ns(&self) -> String {
+        format!("{}-sw", self.name)
+    }
+
+    pub fn node_ns(&self, i: u32) -> String {
+        format!("{}-n{i}", self.name)
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.config.cluster.control_socket
+    }
+
+    /// Builds the namespaces, writes the cluster file, starts the daemons and waits until the
+    /// MM sees every NM.
+    pub fn up(opts: &TestbedOptions) -> Result<Self> {
+        if opts.nodes == 0 || opts.nodes > 60_000 {
+            bail!("a testbed has 1 to 60000 nodes, not {}", opts.nodes);
+        }
+        if opts.name.is_empty()
+            || opts.name.len() > 8
+            || !opts.name.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            bail!("testbed name {:?}: use 1 to 8 letters or digits", opts.name);
+        }
+        std::fs::create_dir(&opts.dir)
+            .with_context(|| format!("creating {}", opts.dir.display()))?;
+        // Jobs run as their submitter, who must reach the spools.
+        std::fs::set_permissions(
+            &opts.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+        let config = make_config(opts)?;
+        let config_path = opts.dir.join("cluster.toml");
+        std::fs::write(&config_path, config.to_toml())?;
+        let mut tb = Testbed {
+            name: opts.name.clone(),
+            dir: opts.dir.clone(),
+            config,
+            config_path,
+            namespaces: Vec::new(),
+            daemons: Vec::new(),
+            children: Vec::new(),
+            torn_down: false,
+        };
+        // On any error below, dropping `tb` removes what was made so far.
+        tb.build_network(opts.nodes)?;
+        tb.start_daemons()?;
+        let daemons = tb.daemons.clone();
+        let dir = tb.dir.clone();
+        wait_for_nodes(tb.socket(), Duration::from_secs(30), || {
+            for (name, pid) in &daemons {
+                if !alive(*pid) {
+                    let log = dir.join(format!("{}.log", name.replace(' ', "-")));
+                    bail!("{name} exited during start-up:\n{}", tail(&log));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(tb)
+    }
+
+    fn add_ns(&mut self, ns: String) -> Result<()> {
+        ip(&["netns", "add", &ns])?;
+        self.namespaces.push(ns.clone());
+        self.save_state()?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])
+    }
+
+    /// One veth pair: `sw_end` on the bridge, `eth0` with `addr` in `ns`.
+    fn plug(&self, ns: &str, sw_end: &str, addr: Ipv4Addr) -> Result<()> {
+        let sw = self.switch_ns();
+        ip(&[
+            "link", "add", sw_end, "netns", &sw, "type", "veth", "peer", "name", "eth0", "netns",
+            ns,
+        ])?;
+        ip(&["-n", &sw, "link", "set", sw_end, "master", "br0", "up"])?;
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{addr}/16"),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", ns, "link", "set", "eth0", "up"])
+    }
+
+    fn build_network(&mut self, nodes: u32) -> Result<()> {
+        let sw = self.switch_ns();
+        self.add_ns(sw.clone())?;
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        let mm = format!("{}-mm", self.name);
+        self.add_ns(mm.clone())?;
+        self.plug(&mm, "mm", MM_ADDR)?;
+        for i in 0..nodes {
+            let ns = self.node_ns(i);
+            self.add_ns(ns.clone())?;
+            self.plug(&ns, &format!("n{i}"), node_addr(i))?;
+        }
+        Ok(())
+    }
+
+    fn spawn_in(&mut self, ns: &str, name: &str, program: &str, args: &[String]) -> Result<()> {
+        let bin = bin_dir()?.join(program);
+        if !bin.is_file() {
+            bail!(
+                "{} not found (build the workspace, or set STORM_BIN_DIR)",
+                bin.display()
+            );
+        }
+        let log = self.dir.join(format!("{}.log", name.replace(' ', "-")));
+        let log = std::fs::File::create(&log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns])
+            .arg(&bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            // Its own session: it outlives `storm-testbed up`, and Ctrl-C in the terminal does
+            // not reach it.
+            .process_group(0);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        // `ip netns exec` enters the namespace and execs the daemon: same pid.
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name} in {ns}"))?;
+        self.daemons.push((name.to_string(), child.id()));
+        self.children.push(child);
+        self.save_state()
+    }
+
+    fn start_daemons(&mut self) -> Result<()> {
+        let cfg = self.config_path.display().to_string();
+        let mm_ns = format!("{}-mm", self.name);
+        self.spawn_in(
+            &mm_ns,
+            "storm-mm",
+            "storm-mm",
+            &["--config".into(), cfg.clone()],
+        )?;
+        for i in 0..self.config.nodes.len() as u32 {
+            let ns = self.node_ns(i);
+            self.spawn_in(
+                &ns,
+                &format!("storm-nm node{i}"),
+                "storm-nm",
+                &[
+                    "--config".into(),
+                    cfg.clone(),
+                    "--node".into(),
+                    format!("node{i}"),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The pid of a daemon ("storm-mm", "storm-nm node3").
+    pub fn pid(&self, daemon: &str) -> Option<u32> {
+        self.daemons
+            .iter()
+            .find(|(n, _)| n == daemon)
+            .map(|(_, p)| *p)
+    }
+
+    /// Cuts (or restores) node `i`'s cable.
+    pub fn set_link(&self, i: u32, up: bool) -> Result<()> {
+        set_link(&self.name, i, up)
+    }
+
+    fn save_state(&self) -> Result<()> {
+        let mut text = String::new();
+        for ns in &self.namespaces {
+            text.push_str(&format!("ns {ns}\n"));
+        }
+        for (name, pid) in &self.daemons {
+            text.push_str(&format!("pid {pid} {name}\n"));
+        }
+        std::fs::write(self.dir.join(STATE_FILE), text)
+            .with_context(|| format!("writing the state of testbed {}", self.name))
+    }
+
+    /// Kills the daemons and deletes the namespaces; the directory stays (logs).
+    pub fn down(mut self) -> Result<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        let result = down_by_state(&self.dir);
+        for mut c in self.children.drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        result
+    }
+
+    /// Leaves the testbed running when this value goes away (`storm-testbed up`): the state
+    /// file in its directory is what `storm-testbed down` uses.
+    pub fn detach(mut self) {
+        self.torn_down = true;
+        self.children.clear();
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("storm-testbed: tearing down {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// The cluster file of a testbed: every daemon on port 7000 of its namespace's address.
+fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
+    let v4 = |a: Ipv4Addr| SocketAddr::V4(SocketAddrV4::new(a, PORT));
+    let config = ClusterConfig {
+        cluster: ClusterSection {
+            name: format!("testbed-{}", opts.name),
+            timeslice_ms: opts.timeslice_ms,
+            control_socket: opts.dir.join("mm.sock"),
+            ..ClusterSection::default()
+        },
+        tcp: TcpSection::default(),
+        ofi: OfiSection::default(),
+        scheduler: opts.scheduler.clone(),
+        mm: MmSection {
+            address: v4(MM_ADDR),
+        },
+        nodes: (0..opts.nodes)
+            .map(|i| NodeEntry {
+                name: format!("node{i}"),
+                address: v4(node_addr(i)),
+                spool: opts.dir.join(format!("node{i}")),
+                cpus: 1,
+            })
+            .collect(),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+fn alive(pid: u32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+}
+
+/// Tears down the testbed whose state file is in `dir`: SIGTERM to its daemons, SIGKILL to any
+/// still there after 2 s, then deletes its namespaces. Safe to run twice.
+pub fn down_by_state(dir: &Path) -> Result<()> {
+    let path = dir.join(STATE_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut pids = Vec::new();
+    let mut namespaces = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        match (f.next(), f.next()) {
+            (Some("pid"), Some(p)) => pids.extend(p.parse::<u32>().ok()),
+            (Some("ns"), Some(ns)) => namespaces.push(ns.to_string()),
+            _ => bail!("{}: malformed line {line:?}", path.display()),
+        }
+    }
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for &p in &pids {
+        let _ = kill(Pid::from_raw(p as i32), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pids.iter().any(|&p| alive(p) && !is_zombie(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &p in &pids {
+        let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+    }
+    let mut failed = Vec::new();
+    for ns in namespaces.iter().rev() {
+        if let Err(e) = ip(&["netns", "del", ns])
+            && ip_netns_exists(ns)
+        {
+            failed.push(format!("{e:#}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("some namespaces remain: {}", failed.join("; "));
+    }
+    std::fs::remove_file(&path)?;
+    Ok(())
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").and_then(|(_, r)| r.chars().next()))
+        == Some('Z')
+}
+
+fn ip_netns_exists(ns: &str) -> bool {
+    Path::new("/run/netns").join(ns).exists()
+}
+
+/// Cuts (or restores) node `i`'s cable in testbed `name`: its port on the bridge goes down
+/// (or up).
+pub fn set_link(name: &str, i: u32, up: bool) -> Result<()> {
+    ip(&[
+        "-n",
+        &format!("{name}-sw"),
+        "link",
+        "set",
+        &format!("n{i}"),
+        if up { "up" } else { "down" },
+    ])
+}
