@@ -15,6 +15,7 @@
 
 pub mod buddy;
 pub mod control_server;
+pub mod log_limit;
 pub mod manager;
 pub mod policy;
 pub mod transfer;

@@ -34,6 +34,7 @@ use storm_primitives::helpers::{QueueConsumer, QueueProducer};
 use storm_primitives::{NodeId, NodeSet, Primitives, Relation, Wait};
 
 use crate::control_server::{self, ClientId, Incoming};
+use crate::log_limit::LogLimit;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
 use crate::transfer::{self, Transfer, TransferDone};
 
@@ -116,6 +117,9 @@ pub struct MachineManager {
     epoch: Instant,
     /// Jobs that run in this timeslice (gang scheduling).
     run_set: Vec<JobId>,
+    /// Heartbeat failures recur every timeslice while a node is unreachable: log them at most
+    /// once a second.
+    hb_errors: LogLimit,
     /// Nodes receiving a program now.
     transferring: NodeSet,
     /// Submissions not yet answered (answered after the next scheduling decision).
@@ -177,6 +181,7 @@ impl MachineManager {
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: Instant::now(),
             run_set: Vec::new(),
+            hb_errors: LogLimit::new(Duration::from_secs(1)),
             transferring: NodeSet::new(),
             unanswered: Vec::new(),
             up: vec![false; cfg.node_count() as usize],
@@ -884,7 +889,12 @@ impl MachineManager {
                 Ok(false) => break,
                 Err(e) => {
                     self.hb_outstanding -= 1;
-                    tracing::error!("a heartbeat did not reach every node: {e}");
+                    if let Some(more) = self.hb_errors.allow(Instant::now()) {
+                        tracing::error!(
+                            suppressed = more,
+                            "a heartbeat did not reach every node: {e}"
+                        );
+                    }
                 }
             }
         }
@@ -933,7 +943,11 @@ impl MachineManager {
                     }
                 }
             }
-            Err(e) => tracing::error!("cannot issue the heartbeat: {e}"),
+            Err(e) => {
+                if let Some(more) = self.hb_errors.allow(Instant::now()) {
+                    tracing::error!(suppressed = more, "cannot issue the heartbeat: {e}");
+                }
+            }
         }
     }
 
