@@ -7,7 +7,7 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::NodeSet;
 
-use super::{Decision, JobAsk, Policy};
+use super::{Decision, JobAsk, Policy, withdraw_from};
 use crate::buddy::Buddy;
 
 pub struct Fcfs {
@@ -36,9 +36,7 @@ impl Policy for Fcfs {
     }
 
     fn withdraw(&mut self, job: JobId) -> bool {
-        let before = self.queue.len();
-        self.queue.retain(|a| a.job != job);
-        before != self.queue.len()
+        withdraw_from(&mut self.queue, job)
     }
 
     fn ended(&mut self, job: JobId, _now: Duration) {

@@ -68,6 +68,13 @@ pub trait Policy: Send {
     fn queued(&self) -> usize;
 }
 
+/// Removes a queued job (cancelled before it started); false if it was not queued.
+fn withdraw_from(queue: &mut std::collections::VecDeque<JobAsk>, job: JobId) -> bool {
+    let before = queue.len();
+    queue.retain(|a| a.job != job);
+    before != queue.len()
+}
+
 /// Builds a policy for `nodes` nodes.
 pub fn build(kind: PolicyKind, nodes: u32, mpl: usize, default_limit: Duration) -> Box<dyn Policy> {
     match kind {
