@@ -726,8 +726,6 @@ impl NodeManager {
     }
 }
 
-/// Waits (at most `limit`) until each process is stopped, a zombie or gone, reading its state
-/// from /proc. False if the limit passed first.
 /// CLOCK_MONOTONIC in nanoseconds: comparable across the processes of one machine.
 fn monotonic_ns() -> u128 {
     let mut ts = libc::timespec {
