@@ -366,7 +366,9 @@ pub fn down_by_state(dir: &Path) -> Result<()> {
     for line in text.lines() {
         let mut f = line.split_whitespace();
         match (f.next(), f.next()) {
-            (Some("pid"), Some(p)) => pids.extend(p.parse::<u32>().ok()),
+            // Only if that pid still runs a storm daemon: after a reboot or a long time it may
+            // belong to something else.
+            (Some("pid"), Some(p)) => pids.extend(p.parse::<u32>().ok().filter(|&p| is_daemon(p))),
             (Some("ns"), Some(ns)) => namespaces.push(ns.to_string()),
             _ => bail!("{}: malformed line {line:?}", path.display()),
         }
@@ -396,6 +398,13 @@ pub fn down_by_state(dir: &Path) -> Result<()> {
     }
     std::fs::remove_file(&path)?;
     Ok(())
+}
+
+fn is_daemon(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        c.split(|&b| b == 0)
+            .any(|arg| arg.ends_with(b"storm-mm") || arg.ends_with(b"storm-nm"))
+    })
 }
 
 fn is_zombie(pid: u32) -> bool {
