@@ -507,35 +507,15 @@ impl Inner {
         var: VarId,
         deadline: Instant,
     ) -> Result<Vec<(NodeId, u64)>> {
-        let desc = self.local_desc();
         let dummy = self.operand_ptr(0);
-        let mut tickets = Vec::new();
-        for n in nodes.iter() {
-            let peer = &self.peers[n as usize];
-            let r = self.memory.target(self.result_slot(n).offset(), 8)?.cast();
-            let raddr = self.remote_addr(n, var.offset());
-            let t = self.post(n, "fi_fetch_atomic", deadline, |ctx| {
-                // SAFETY: as in compare_swap.
-                unsafe {
-                    sys::fi_fetch_atomic(
-                        self.fabric.ep,
-                        dummy,
-                        1,
-                        desc,
-                        r,
-                        desc,
-                        peer.addr,
-                        raddr,
-                        peer.key,
-                        sys::FI_UINT64,
-                        sys::FI_ATOMIC_READ,
-                        ctx,
-                    )
-                }
-            })?;
-            tickets.push((n, t));
-        }
-        progress::wait_all(&tickets, deadline, "reading the variable")?;
+        self.fetch_atomic_on_all(
+            nodes,
+            var,
+            dummy,
+            sys::FI_ATOMIC_READ,
+            deadline,
+            "reading the variable",
+        )?;
         Ok(nodes
             .iter()
             .map(|n| (n, self.memory.load(self.result_slot(n))))
@@ -553,8 +533,29 @@ impl Inner {
         deadline: Instant,
     ) -> Result<()> {
         self.memory.store(self.operand(1), value);
-        let desc = self.local_desc();
         let src = self.operand_ptr(1);
+        self.fetch_atomic_on_all(
+            nodes,
+            var,
+            src,
+            sys::FI_ATOMIC_WRITE,
+            deadline,
+            "writing the variable",
+        )
+    }
+
+    /// One `fi_fetch_atomic` of `op` with operand `src` on `var` of every node, each fetching
+    /// into that node's result slot; waits for all of them.
+    fn fetch_atomic_on_all(
+        &self,
+        nodes: &NodeSet,
+        var: VarId,
+        src: *mut libc::c_void,
+        op: sys::fi_op,
+        deadline: Instant,
+        what: &str,
+    ) -> Result<()> {
+        let desc = self.local_desc();
         let mut tickets = Vec::new();
         for n in nodes.iter() {
             let peer = &self.peers[n as usize];
@@ -574,14 +575,14 @@ impl Inner {
                         raddr,
                         peer.key,
                         sys::FI_UINT64,
-                        sys::FI_ATOMIC_WRITE,
+                        op,
                         ctx,
                     )
                 }
             })?;
             tickets.push((n, t));
         }
-        progress::wait_all(&tickets, deadline, "writing the variable")
+        progress::wait_all(&tickets, deadline, what)
     }
 
     fn operand(&self, i: u64) -> VarId {
