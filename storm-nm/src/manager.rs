@@ -75,6 +75,21 @@ struct LocalJob {
     reported: bool,
 }
 
+impl LocalJob {
+    /// A job as it starts on this node; `ending` for one whose tasks never start here.
+    fn new(spec: LaunchSpec, ranks: Vec<LocalRank>, ending: bool) -> Self {
+        Self {
+            spec,
+            ranks,
+            suspended: false,
+            ending,
+            exited_at: None,
+            output_closed: false,
+            reported: false,
+        }
+    }
+}
+
 pub struct NodeManager {
     cfg: ClusterConfig,
     node: NodeId,
@@ -297,18 +312,8 @@ impl NodeManager {
             ranks.push(started);
         }
         tracing::info!(node = self.node, job = spec.job, ranks = count, "launched");
-        self.jobs.insert(
-            spec.job,
-            LocalJob {
-                spec,
-                ranks,
-                suspended: false,
-                ending: false,
-                exited_at: None,
-                output_closed: false,
-                reported: false,
-            },
-        );
+        self.jobs
+            .insert(spec.job, LocalJob::new(spec, ranks, false));
     }
 
     /// A job whose tasks never started on this node: report them with `status`.
@@ -327,18 +332,7 @@ impl NodeManager {
                 stopped: false,
             })
             .collect();
-        self.jobs.insert(
-            spec.job,
-            LocalJob {
-                spec,
-                ranks,
-                suspended: false,
-                ending: true,
-                exited_at: None,
-                output_closed: false,
-                reported: false,
-            },
-        );
+        self.jobs.insert(spec.job, LocalJob::new(spec, ranks, true));
     }
 
     fn start_rank(
