@@ -193,10 +193,7 @@ fn main() -> Result<()> {
                     println!("{}", t.render());
                 }
             }
-            if let Some(path) = csv {
-                out.write(&path)?;
-                eprintln!("wrote {}", path.display());
-            }
+            out.write_if_asked(csv.as_deref())?;
         }
         Command::Launch {
             nodes,
@@ -224,10 +221,7 @@ fn main() -> Result<()> {
             let mut out = report::Csv::new(launch::CSV_HEADER);
             let table = launch::run(&args, &mut out)?;
             println!("{}", table.render());
-            if let Some(path) = csv {
-                out.write(&path)?;
-                eprintln!("wrote {}", path.display());
-            }
+            out.write_if_asked(csv.as_deref())?;
         }
         Command::Gang {
             nodes,
@@ -279,10 +273,7 @@ fn main() -> Result<()> {
             for table in gang::run(&args, &mut out)? {
                 println!("{}", table.render());
             }
-            if let Some(path) = csv {
-                out.write(&path)?;
-                eprintln!("wrote {}", path.display());
-            }
+            out.write_if_asked(csv.as_deref())?;
         }
     }
     Ok(())

@@ -81,6 +81,15 @@ impl Csv {
         }
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     }
+
+    /// Writes the file if the user asked for one (`--csv`), and says where.
+    pub fn write_if_asked(&self, path: Option<&Path>) -> Result<()> {
+        if let Some(path) = path {
+            self.write(path)?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok(())
+    }
 }
 
 /// Parses `8,4K,64K,1M,12M` (binary multiples).

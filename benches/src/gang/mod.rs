@@ -67,6 +67,7 @@ pub const CSV_HEADER: &[&str] = &[
     "slowdown",
     "vs_bare",
     "switches",
+    "heartbeat_period_s",
     "nm_cpu_per_switch_s",
     "nm_share",
     "mm_share",
@@ -134,6 +135,19 @@ impl Overhead {
         Samples::from_secs(self.switches.receipt_skews.clone()).quantile(q)
     }
 
+    /// The CSV columns from `switches` to `skew_p99_s`.
+    fn csv_cells(&self) -> [String; 7] {
+        [
+            self.switches.switches.to_string(),
+            format!("{:.9}", self.heartbeat_period()),
+            format!("{:.9}", self.nm_per_switch()),
+            format!("{:.5}", self.nm_share()),
+            format!("{:.5}", self.mm_share()),
+            format!("{:.9}", self.skew(0.5)),
+            format!("{:.9}", self.skew(0.99)),
+        ]
+    }
+
     /// On one node, from taking the heartbeat to the switch being complete.
     fn handling(&self, q: f64) -> f64 {
         Samples::from_secs(self.switches.handling.clone()).quantile(q)
@@ -163,14 +177,20 @@ fn observed<T>(
     ))
 }
 
-/// One cluster, one job alone, then `mpl` jobs together.
+/// One measurement point: the program run bare (fork/exec, no cluster) before and after, and
+/// between them one cluster running one job alone, then `mpl` jobs together.
 struct GangRun {
+    mpl: usize,
+    quantum_ms: f64,
+    /// Mean of the bare runs before and after the cluster's.
+    bare: f64,
     alone: f64,
     together: f64,
     overhead: Overhead,
 }
 
 fn gang_run(args: &GangArgs, program: &Spmd, mpl: usize, quantum_ms: f64) -> Result<GangRun> {
+    let before = program.run_bare(args.nodes)?.secs();
     let cluster = start_cluster(args, args.nodes, mpl, quantum_ms)?;
     let (alone, slot) = program.run_job(&cluster, args.nodes)?;
     if slot.is_none() {
@@ -180,15 +200,15 @@ fn gang_run(args: &GangArgs, program: &Spmd, mpl: usize, quantum_ms: f64) -> Res
         program.run_jobs(&cluster, args.nodes, mpl)
     })?;
     cluster.shutdown()?;
+    let after = program.run_bare(args.nodes)?.secs();
     Ok(GangRun {
+        mpl,
+        quantum_ms,
+        bare: (before + after) / 2.0,
         alone: alone.secs(),
         together: Span::makespan(&spans),
         overhead,
     })
-}
-
-fn bare(program: &Spmd, ranks: u32) -> Result<f64> {
-    Ok(program.run_bare(ranks)?.secs())
 }
 
 fn fmt_pct(x: f64) -> String {
@@ -223,15 +243,8 @@ fn gang_columns(first: &str) -> Vec<&str> {
     ]
 }
 
-fn gang_row(
-    first: String,
-    mpl: usize,
-    bare: f64,
-    run: &GangRun,
-    table: &mut Table,
-    csv: &mut Csv,
-    csv_key: (&str, u32, f64),
-) {
+fn gang_row(first: String, run: &GangRun, table: &mut Table, csv: &mut Csv, csv_table: &str) {
+    let (mpl, bare) = (run.mpl, run.bare);
     let m = mpl as f64;
     let o = &run.overhead;
     table.push(vec![
@@ -250,27 +263,28 @@ fn gang_row(
         fmt_opt(o.skew(0.99)),
         fmt_opt(o.receipt_skew(0.99)),
     ]);
-    let (name, nodes, quantum_ms) = csv_key;
-    csv.push(vec![
-        name.into(),
-        nodes.to_string(),
+    csv.push(gang_csv_row(run, csv_table));
+}
+
+/// One CSV row of the quantum or MPL sweep.
+fn gang_csv_row(run: &GangRun, csv_table: &str) -> Vec<String> {
+    let (mpl, bare) = (run.mpl, run.bare);
+    let m = mpl as f64;
+    let o = &run.overhead;
+    let mut row = vec![
+        csv_table.into(),
+        o.nodes.to_string(),
         mpl.to_string(),
-        quantum_ms.to_string(),
+        run.quantum_ms.to_string(),
         format!("{bare:.6}"),
         format!("{:.6}", run.alone),
         format!("{:.6}", run.together),
         format!("{:.4}", run.together / (m * run.alone)),
         format!("{:.4}", run.together / (m * bare)),
-        o.switches.switches.to_string(),
-        format!("{:.9}", o.heartbeat_period()),
-        format!("{:.9}", o.nm_per_switch()),
-        format!("{:.5}", o.nm_share()),
-        format!("{:.5}", o.mm_share()),
-        format!("{:.9}", o.skew(0.5)),
-        format!("{:.9}", o.skew(0.99)),
-        String::new(),
-        String::new(),
-    ]);
+    ];
+    row.extend(o.csv_cells());
+    row.extend([String::new(), String::new()]);
+    row
 }
 
 const NOTES: &str = "slowdown = together / (MPL x alone); vs bare = together / (MPL x the program \
@@ -289,18 +303,8 @@ fn quantum_sweep(args: &GangArgs, program: &Spmd, csv: &mut Csv) -> Result<Table
         &gang_columns("quantum"),
     );
     for &q in &args.quanta_ms {
-        let before = bare(program, args.nodes)?;
         let run = gang_run(args, program, args.mpl, q)?;
-        let after = bare(program, args.nodes)?;
-        gang_row(
-            format!("{q} ms"),
-            args.mpl,
-            (before + after) / 2.0,
-            &run,
-            &mut table,
-            csv,
-            ("quantum", args.nodes, q),
-        );
+        gang_row(format!("{q} ms"), &run, &mut table, csv, "quantum");
         eprintln!("  measured quantum {q} ms");
     }
     Ok(table)
@@ -317,18 +321,8 @@ fn mpl_sweep(args: &GangArgs, program: &Spmd, csv: &mut Csv) -> Result<Table> {
         &gang_columns("MPL"),
     );
     for &mpl in &args.mpls {
-        let before = bare(program, args.nodes)?;
         let run = gang_run(args, program, mpl, q)?;
-        let after = bare(program, args.nodes)?;
-        gang_row(
-            mpl.to_string(),
-            mpl,
-            (before + after) / 2.0,
-            &run,
-            &mut table,
-            csv,
-            ("mpl", args.nodes, q),
-        );
+        gang_row(mpl.to_string(), &run, &mut table, csv, "mpl");
         eprintln!("  measured MPL {mpl}");
     }
     Ok(table)
@@ -422,29 +416,31 @@ fn skew_sweep(args: &GangArgs, csv: &mut Csv) -> Result<Table> {
             fmt_pct(o.nm_share()),
             fmt_pct(o.mm_share()),
         ]);
-        csv.push(vec![
-            "skew".into(),
-            n.to_string(),
-            "2".into(),
-            q.to_string(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            o.switches.switches.to_string(),
-            format!("{:.9}", o.heartbeat_period()),
-            format!("{:.9}", o.nm_per_switch()),
-            format!("{:.5}", o.nm_share()),
-            format!("{:.5}", o.mm_share()),
-            format!("{:.9}", o.skew(0.5)),
-            format!("{p99:.9}"),
-            format!("{:.9}", wake.median()),
-            format!("{:.9}", wake.quantile(0.99)),
-        ]);
+        csv.push(skew_csv_row(n, q, &o, &wake));
         eprintln!("  measured skew on {n} nodes");
     }
     Ok(table)
+}
+
+/// One CSV row of the skew measurement.
+fn skew_csv_row(n: u32, q: f64, o: &Overhead, wake: &Samples) -> Vec<String> {
+    let mut row: Vec<String> = vec![
+        "skew".into(),
+        n.to_string(),
+        "2".into(),
+        q.to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
+    row.extend(o.csv_cells());
+    row.extend([
+        format!("{:.9}", wake.median()),
+        format!("{:.9}", wake.quantile(0.99)),
+    ]);
+    row
 }
 
 pub fn run(args: &GangArgs, csv: &mut Csv) -> Result<Vec<Table>> {
@@ -468,4 +464,47 @@ pub fn run(args: &GangArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         tables.push(skew_sweep(args, csv)?);
     }
     Ok(tables)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn overhead() -> Overhead {
+        Overhead {
+            switches: SwitchSummary {
+                switches: 8,
+                heartbeats: 2,
+                heartbeat_period: Some(1e-3),
+                skews: vec![1e-4, 2e-4],
+                receipt_skews: vec![1e-4, 1e-4],
+                handling: vec![5e-5; 8],
+            },
+            nm_cpu: 4e-4,
+            mm_cpu: 1e-4,
+            wall: 2e-3,
+            nodes: 4,
+        }
+    }
+
+    #[test]
+    fn every_csv_row_has_one_cell_per_header_column() {
+        let run = GangRun {
+            mpl: 2,
+            quantum_ms: 1.0,
+            bare: 1.0,
+            alone: 1.1,
+            together: 2.4,
+            overhead: overhead(),
+        };
+        let wake = Samples::from_secs(vec![1e-5, 2e-5]);
+        for row in [
+            gang_csv_row(&run, "quantum"),
+            skew_csv_row(4, 1.0, &overhead(), &wake),
+        ] {
+            assert_eq!(row.len(), CSV_HEADER.len(), "{row:?}");
+        }
+        // 8 switches over 4 nodes: 0.4 ms of NM CPU is 50 us per switch.
+        assert_eq!(overhead().nm_per_switch(), 5e-5);
+    }
 }
