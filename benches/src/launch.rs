@@ -105,6 +105,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         },
         bcast: true,
         time_limit_ms: None,
+        requeue: false,
     };
     let start = Instant::now();
     let (outcome, _, _) =

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    BackendKind, ClusterConfig, ClusterSection, MmSection, NodeEntry, OfiSection, SchedulerSection,
-    TcpSection,
+    BackendKind, ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection,
+    SchedulerSection, TcpSection,
 };
 use storm_cluster::control::{Client, Reply, Request};
 
@@ -39,6 +39,8 @@ pub struct LocalOptions {
     pub provider: Option<String>,
     /// Scheduling policy, MPL, default limit.
     pub scheduler: SchedulerSection,
+    /// Failure detection.
+    pub failure: FailureSection,
 }
 
 impl LocalOptions {
@@ -54,6 +56,7 @@ impl LocalOptions {
             backend: BackendKind::Tcp,
             provider: None,
             scheduler: SchedulerSection::default(),
+            failure: FailureSection::default(),
         }
     }
 }
@@ -140,8 +143,8 @@ pub(crate) fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(8)..].join("\n")
 }
 
-/// Waits until the MM answers on `socket` and knows every NM (none "unknown"); `check` runs
-/// between tries and fails early when a daemon died.
+/// Waits until the MM answers on `socket` and every NM has joined (none "unknown" or
+/// "joining"); `check` runs between tries and fails early when a daemon died.
 pub(crate) fn wait_for_nodes(
     socket: &Path,
     limit: Duration,
@@ -152,7 +155,9 @@ pub(crate) fn wait_for_nodes(
         check()?;
         if let Ok(client) = Client::connect(socket)
             && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
-            && nodes.iter().all(|n| n.state != "unknown")
+            && nodes
+                .iter()
+                .all(|n| !matches!(n.state.as_str(), "unknown" | "joining"))
         {
             return Ok(());
         }
@@ -210,6 +215,7 @@ impl LocalCluster {
                 provider: opts.provider.clone(),
             },
             scheduler: opts.scheduler.clone(),
+            failure: opts.failure.clone(),
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },

@@ -161,6 +161,8 @@ pub trait Progress {
     ) {
     }
     fn output(&mut self, _rank: u32, _stream: Stream, _data: &[u8]) {}
+    /// A node of the job failed and the job (`--requeue`) went back to the queue.
+    fn requeued(&mut self, _job: JobId, _reason: &str) {}
     /// Asked between events: whether the user wants the job cancelled now.
     fn cancel_requested(&mut self) -> bool {
         false
@@ -233,6 +235,7 @@ pub fn run_job(
                 names = node_names;
             }
             Event::Reply(Reply::Output(c)) => progress.output(c.rank, c.stream, &c.data),
+            Event::Reply(Reply::Requeued { job: id, reason }) => progress.requeued(id, &reason),
             Event::Reply(Reply::Finished(outcome)) => return Ok((outcome, nodes, names)),
             Event::Reply(Reply::Done) => {}
             Event::Reply(Reply::Error(e)) => return Err(e),

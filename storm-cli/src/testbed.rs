@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    ClusterConfig, ClusterSection, MmSection, NodeEntry, OfiSection, SchedulerSection, TcpSection,
+    ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection,
+    SchedulerSection, TcpSection,
 };
 
 use crate::local::{bin_dir, tail, wait_for_nodes};
@@ -41,6 +42,7 @@ pub struct TestbedOptions {
     pub dir: PathBuf,
     pub timeslice_ms: f64,
     pub scheduler: SchedulerSection,
+    pub failure: FailureSection,
 }
 
 /// A running testbed. Dropping it tears it down.
@@ -211,7 +213,11 @@ impl Testbed {
             );
         }
         let log = self.dir.join(format!("{}.log", name.replace(' ', "-")));
-        let log = std::fs::File::create(&log)?;
+        // Appended to: a restarted daemon keeps its predecessor's log.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns])
             .arg(&bin)
@@ -235,29 +241,49 @@ impl Testbed {
     }
 
     fn start_daemons(&mut self) -> Result<()> {
-        let cfg = self.config_path.display().to_string();
-        let mm_ns = format!("{}-mm", self.name);
-        self.spawn_in(
-            &mm_ns,
-            "storm-mm",
-            "storm-mm",
-            &["--config".into(), cfg.clone()],
-        )?;
+        self.start_mm()?;
         for i in 0..self.config.nodes.len() as u32 {
-            let ns = self.node_ns(i);
-            self.spawn_in(
-                &ns,
-                &format!("storm-nm node{i}"),
-                "storm-nm",
-                &[
-                    "--config".into(),
-                    cfg.clone(),
-                    "--node".into(),
-                    format!("node{i}"),
-                ],
-            )?;
+            self.start_nm(i)?;
         }
         Ok(())
+    }
+
+    /// Starts the MM in its namespace (again, after [`Testbed::kill`]).
+    pub fn start_mm(&mut self) -> Result<()> {
+        let cfg = self.config_path.display().to_string();
+        let mm_ns = format!("{}-mm", self.name);
+        self.spawn_in(&mm_ns, "storm-mm", "storm-mm", &["--config".into(), cfg])
+    }
+
+    /// Starts node `i`'s NM in its namespace (again, after [`Testbed::kill`]).
+    pub fn start_nm(&mut self, i: u32) -> Result<()> {
+        let cfg = self.config_path.display().to_string();
+        let ns = self.node_ns(i);
+        self.spawn_in(
+            &ns,
+            &format!("storm-nm node{i}"),
+            "storm-nm",
+            &["--config".into(), cfg, "--node".into(), format!("node{i}")],
+        )
+    }
+
+    /// Kills a daemon ("storm-mm", "storm-nm node3") with SIGKILL, as a crash would, and
+    /// reaps it.
+    pub fn kill(&mut self, daemon: &str) -> Result<()> {
+        let Some(pos) = self.daemons.iter().position(|(n, _)| n == daemon) else {
+            bail!("testbed {} runs no {daemon}", self.name);
+        };
+        let (_, pid) = self.daemons.remove(pos);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .with_context(|| format!("killing {daemon} (pid {pid})"))?;
+        if let Some(i) = self.children.iter().position(|c| c.id() == pid) {
+            let mut child = self.children.remove(i);
+            let _ = child.wait();
+        }
+        self.save_state()
     }
 
     /// The pid of a daemon ("storm-mm", "storm-nm node3").
@@ -332,6 +358,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         tcp: TcpSection::default(),
         ofi: OfiSection::default(),
         scheduler: opts.scheduler.clone(),
+        failure: opts.failure.clone(),
         mm: MmSection {
             address: v4(MM_ADDR),
         },

@@ -10,50 +10,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
-use storm_cluster::config::SchedulerSection;
+use support::testbed::{can_run, unique_name, up};
 use support::{bin_dir, ensure_daemons, script, text};
-
-/// A short unique testbed name (namespace prefix): tests run in parallel, and in other
-/// processes.
-fn unique_name() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "t{:05}{:02}",
-        std::process::id() % 100_000,
-        N.fetch_add(1, Ordering::Relaxed) % 100
-    )
-}
-
-/// Whether the test can run here; panics (with the reason) if it cannot and skipping was not
-/// asked for.
-fn can_run(test: &str) -> bool {
-    match namespaces_available() {
-        Ok(()) => true,
-        Err(why) if std::env::var_os("STORM_ALLOW_NO_NETNS").is_some() => {
-            eprintln!("NOT TESTED: {test}: network namespaces unavailable ({why})");
-            false
-        }
-        Err(why) => panic!(
-            "{test} needs network namespaces, which cannot be made here ({why}); run as root, \
-             or set STORM_ALLOW_NO_NETNS=1 to skip it visibly"
-        ),
-    }
-}
-
-fn up(nodes: u32, work: &Path) -> Testbed {
-    ensure_daemons();
-    Testbed::up(&TestbedOptions {
-        name: unique_name(),
-        nodes,
-        dir: work.join("testbed"),
-        timeslice_ms: 1.0,
-        scheduler: SchedulerSection::default(),
-    })
-    .expect("testbed up")
-}
 
 fn netns_of(pid: u32) -> String {
     std::fs::read_link(format!("/proc/{pid}/ns/net"))

@@ -123,6 +123,9 @@ pub struct TcpSection {
     pub chunk_bytes: usize,
     pub op_timeout_ms: u64,
     pub connect_timeout_ms: u64,
+    /// Data unacknowledged this long closes the connection (TCP_USER_TIMEOUT): how soon a
+    /// node behind a cut link is noticed.
+    pub peer_timeout_ms: u64,
 }
 
 impl Default for TcpSection {
@@ -133,6 +136,7 @@ impl Default for TcpSection {
             chunk_bytes: d.chunk_size,
             op_timeout_ms: d.op_timeout.as_millis() as u64,
             connect_timeout_ms: d.connect_timeout.as_millis() as u64,
+            peer_timeout_ms: d.peer_timeout.as_millis() as u64,
         }
     }
 }
@@ -190,6 +194,30 @@ impl Default for SchedulerSection {
     }
 }
 
+/// Failure detection (docs/operations.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailureSection {
+    /// A node that misses this many consecutive heartbeats is marked DOWN (K).
+    pub missed_heartbeats: u32,
+    /// How often the MM checks with COMPARE-AND-WRITE that every node took the heartbeats
+    /// delivered to it; a node behind for `missed_heartbeats` checks in a row is DOWN.
+    pub check_interval_ms: u64,
+    /// An NM that hears no heartbeat for this long assumes the MM dropped it (or restarted)
+    /// and registers again. Longer than any stall of the MM.
+    pub rejoin_after_ms: u64,
+}
+
+impl Default for FailureSection {
+    fn default() -> Self {
+        Self {
+            missed_heartbeats: 3,
+            check_interval_ms: 100,
+            rejoin_after_ms: 10_000,
+        }
+    }
+}
+
 /// The libfabric backend.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -235,6 +263,8 @@ pub struct ClusterConfig {
     pub ofi: OfiSection,
     #[serde(default)]
     pub scheduler: SchedulerSection,
+    #[serde(default)]
+    pub failure: FailureSection,
     pub mm: MmSection,
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,
@@ -310,6 +340,19 @@ impl ClusterConfig {
         if c.heartbeat_bytes < 1024 {
             return bad("heartbeat_bytes must be at least 1024".into());
         }
+        let f = &self.failure;
+        if f.missed_heartbeats == 0 || f.check_interval_ms == 0 {
+            return bad(
+                "[failure] missed_heartbeats and check_interval_ms must be at least 1".into(),
+            );
+        }
+        if f.rejoin_after_ms <= self.tcp.peer_timeout_ms {
+            return bad(format!(
+                "[failure] rejoin_after_ms = {} must exceed [tcp] peer_timeout_ms = {}: an NM \
+                 would leave a cluster that is only waiting for a failed peer",
+                f.rejoin_after_ms, self.tcp.peer_timeout_ms
+            ));
+        }
         self.tcp_config()
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("[tcp] {e}")))?;
@@ -369,6 +412,7 @@ impl ClusterConfig {
             chunk_size: self.tcp.chunk_bytes,
             op_timeout: Duration::from_millis(self.tcp.op_timeout_ms),
             connect_timeout: Duration::from_millis(self.tcp.connect_timeout_ms),
+            peer_timeout: Duration::from_millis(self.tcp.peer_timeout_ms),
             cluster_key: crate::layout::name_key(&self.cluster.name),
             ..TcpConfig::default()
         }

@@ -37,6 +37,9 @@ pub struct JobRequest {
     pub bcast: bool,
     /// Wall-clock limit in milliseconds (`--time`); the job is killed when it passes.
     pub time_limit_ms: Option<u64>,
+    /// Put the job back in the queue, rather than end it, when one of its nodes fails
+    /// (`--requeue`).
+    pub requeue: bool,
 }
 
 /// Parses a time limit as Slurm's `--time` does: `M` (minutes), `M:S`, `H:M:S`, `D-H`,
@@ -79,11 +82,24 @@ pub fn parse_time_limit(text: &str) -> Result<u64, String> {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    Hello { version: u32 },
+    Hello {
+        version: u32,
+    },
     Submit(JobRequest),
-    Cancel { job: JobId },
+    Cancel {
+        job: JobId,
+    },
     Queue,
     Nodes,
+    /// Keep these nodes out of allocation until resumed; jobs on them run to their end.
+    Drain {
+        nodes: NodeSet,
+        reason: String,
+    },
+    /// End a drain.
+    Resume {
+        nodes: NodeSet,
+    },
     Shutdown,
 }
 
@@ -149,8 +165,11 @@ pub struct JobInfo {
 pub struct NodeInfo {
     pub id: u32,
     pub name: String,
+    /// `unknown`, `joining`, `idle`, `allocated`, `down`, `draining` or `drained`.
     pub state: String,
     pub jobs: Vec<JobId>,
+    /// Why the node is down or drained.
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +193,12 @@ pub enum Reply {
         time_slot: Option<u32>,
     },
     Output(OutputChunk),
+    /// A node of the job failed; the job (`--requeue`) is back in the queue and will run
+    /// again from the start.
+    Requeued {
+        job: JobId,
+        reason: String,
+    },
     Finished(JobOutcome),
     Queue(Vec<JobInfo>),
     Nodes(Vec<NodeInfo>),

@@ -24,8 +24,9 @@ pub struct RmLayout {
     pub heartbeat: QueueLayout,
     /// MM to a job's NMs: program chunks (Algorithms 6 and 7).
     pub chunks: QueueLayout,
-    /// Set by an NM to its boot stamp once it is ready.
-    pub nm_ready: VarId,
+    /// MM to one NM: a [`crate::messages::Membership`] message, signalled with `joined`.
+    pub join: Area,
+    pub joined: EventId,
     /// Set by an NM to `2*transfer+1` when a received program checks out, `2*transfer` when
     /// it does not.
     pub file_ack: VarId,
@@ -42,6 +43,12 @@ pub struct RmLayout {
     pub term_hint: VarArray,
     /// Raised at the MM with every termination announcement.
     pub term_event: EventId,
+    /// `registry[node]`: the stamp of the NM's current registration (NM to MM).
+    pub registry: VarArray,
+    /// `join_ack[node]`: the stamp whose `Welcome` the NM has carried out (NM to MM).
+    pub join_ack: VarArray,
+    /// Raised at the MM with every registration and acknowledgement.
+    pub registered: EventId,
     // --- local completion events (each used by one thread) ---
     /// MM main loop: heartbeat transfers.
     pub hb_sent: EventId,
@@ -51,6 +58,10 @@ pub struct RmLayout {
     pub report_sent: EventId,
     /// NM output thread.
     pub output_sent: EventId,
+    /// MM main loop: membership messages.
+    pub join_sent: EventId,
+    /// NM main loop: registrations and acknowledgements.
+    pub register_sent: EventId,
     max_jobs: usize,
     nodes: usize,
 }
@@ -62,7 +73,8 @@ impl RmLayout {
         let mut b = Layout::builder();
         let heartbeat = b.queue("heartbeat", c.heartbeat_slots, c.heartbeat_bytes);
         let chunks = b.queue("chunks", c.transfer_slots, c.transfer_chunk_bytes);
-        let nm_ready = b.var("nm.ready");
+        let join = b.area("join", crate::messages::MEMBERSHIP_BYTES);
+        let joined = b.event("joined");
         let file_ack = b.var("file.ack");
         let terminated = b.array("terminated", c.max_jobs);
         let output = (0..nodes)
@@ -72,17 +84,23 @@ impl RmLayout {
         let reports = b.area("reports", c.max_jobs * nodes * report_bytes);
         let term_hint = b.array("term.hint", c.max_jobs);
         let term_event = b.event("term.event");
+        let registry = b.array("registry", nodes);
+        let join_ack = b.array("join.ack", nodes);
+        let registered = b.event("registered");
         let hb_sent = b.event("heartbeat.sent");
         let chunk_sent = (0..c.max_transfers)
             .map(|i| b.event(&format!("chunk.sent.{i}")))
             .collect();
         let report_sent = b.event("report.sent");
         let output_sent = b.event("output.sent");
+        let join_sent = b.event("join.sent");
+        let register_sent = b.event("register.sent");
         Ok(Self {
             layout: b.build()?,
             heartbeat,
             chunks,
-            nm_ready,
+            join,
+            joined,
             file_ack,
             terminated,
             output,
@@ -90,10 +108,15 @@ impl RmLayout {
             report_bytes,
             term_hint,
             term_event,
+            registry,
+            join_ack,
+            registered,
             hb_sent,
             chunk_sent,
             report_sent,
             output_sent,
+            join_sent,
+            register_sent,
             max_jobs: c.max_jobs,
             nodes,
         })

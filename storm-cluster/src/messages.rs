@@ -159,6 +159,34 @@ impl Command {
     }
 }
 
+/// Membership: what the MM writes into an NM's `join` area (and signals with `joined`).
+///
+/// An NM registers by writing its stamp into the MM's registry. The MM answers `Welcome`; the
+/// NM drops whatever it ran for an earlier membership, discards stale heartbeat signals and
+/// acknowledges; the MM then sends `Start` with the heartbeat sequence number the node joins
+/// at, and adds it to the heartbeat's node set. `Evicted` tells an NM the MM no longer counts
+/// it as a member (it was marked DOWN), so it registers again at once. Each names the stamp
+/// it answers, so a message meant for an earlier registration is ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Membership {
+    Welcome {
+        stamp: u64,
+        /// Epoch of this node's output queue for this membership.
+        output_epoch: u32,
+    },
+    Start {
+        stamp: u64,
+        /// Absolute sequence number of the first heartbeat the node takes.
+        seq: u64,
+    },
+    Evicted {
+        stamp: u64,
+    },
+}
+
+/// Bytes of the `join` area that carries one [`Membership`] message.
+pub const MEMBERSHIP_BYTES: usize = 64;
+
 /// The heartbeat: one entry of the heartbeat queue, issued every timeslice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Heartbeat {

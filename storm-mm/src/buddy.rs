@@ -5,6 +5,10 @@
 //! unused tail of that block back as smaller buddy blocks, so jobs get contiguous, aligned
 //! ranges (which keeps the node sets compact and the gang-scheduling matrix tidy) and no node
 //! is wasted. Freed blocks merge with free buddies. Pure bookkeeping: no I/O.
+//!
+//! Nodes can be made *unavailable* (down, drained, not yet registered). An unavailable leaf
+//! is treated like a phantom one: it merges, but is never handed out, and a request is placed
+//! in an aligned sub-block of a free block that avoids it.
 
 use std::collections::BTreeSet;
 
@@ -20,6 +24,8 @@ pub struct Buddy {
     total: u32,
     /// Free blocks by order: `free[o]` holds the start of each free block of `2^o` leaves.
     free: Vec<BTreeSet<u32>>,
+    /// Nodes that must not be handed out (free or not).
+    unavailable: BTreeSet<u32>,
 }
 
 fn order_for(k: u32) -> usize {
@@ -34,6 +40,7 @@ impl Buddy {
             nodes,
             total,
             free: vec![BTreeSet::new(); order_for(total) + 1],
+            unavailable: BTreeSet::new(),
         };
         b.release_range(0, total);
         b
@@ -43,6 +50,7 @@ impl Buddy {
         self.nodes
     }
 
+    /// Free leaves that are real nodes, as `(start, end)` of each free block.
     fn blocks(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         let nodes = self.nodes;
         self.free
@@ -54,41 +62,89 @@ impl Buddy {
             .filter(|(s, e)| s < e)
     }
 
-    /// Number of free (real) nodes.
+    /// Number of free nodes that can be handed out.
     pub fn free_count(&self) -> u32 {
-        self.blocks().map(|(s, e)| e - s).sum()
+        self.free_set().len() as u32
     }
 
-    /// The free nodes.
+    /// The free nodes that can be handed out.
     pub fn free_set(&self) -> NodeSet {
-        self.blocks().flat_map(|(s, e)| s..e).collect()
+        self.blocks()
+            .flat_map(|(s, e)| s..e)
+            .filter(|n| !self.unavailable.contains(n))
+            .collect()
     }
 
-    /// The lowest free block of order at least `want` whose first `k` leaves are real nodes.
-    fn find(&self, k: u32, want: usize) -> Option<(usize, u32)> {
-        (want..self.free.len()).find_map(|o| {
-            self.free[o]
-                .iter()
-                .find(|&&s| s + k <= self.nodes)
-                .map(|&s| (o, s))
-        })
+    /// The lowest aligned sub-block of `2^want` leaves, inside a free block, whose first `k`
+    /// leaves are usable: (order of the free block, its start, the sub-block's start).
+    fn find(&self, k: u32, want: usize) -> Option<(usize, u32, u32)> {
+        let mut best: Option<(usize, u32, u32)> = None;
+        for o in want..self.free.len() {
+            for &s in &self.free[o] {
+                let fit = (0..1u32 << (o - want))
+                    .map(|i| s + (i << want))
+                    .find(|&c| self.usable(c, c + k));
+                if let Some(c) = fit
+                    && best.is_none_or(|(_, _, b)| c < b)
+                {
+                    best = Some((o, s, c));
+                }
+                if fit.is_some() {
+                    break;
+                }
+            }
+            // Prefer the smallest free block that fits, as a buddy allocator does.
+            if best.is_some() {
+                break;
+            }
+        }
+        best
     }
 
-    /// Takes `k` nodes, or `None` if no aligned block is free.
+    /// Takes `k` nodes: an aligned block when one is free; otherwise, when at least `k` nodes
+    /// are free but scattered (around a down node, say), the lowest `k` of them, so a job never
+    /// waits while enough nodes are free. `None` if fewer than `k` are free.
     pub fn allocate(&mut self, k: u32) -> Option<NodeSet> {
         if k == 0 || k > self.nodes {
             return None;
         }
         let want = order_for(k);
-        let (order, start) = self.find(k, want)?;
+        let Some((order, start, at)) = self.find(k, want) else {
+            return self.scatter(k);
+        };
         self.free[order].remove(&start);
-        // Split down to the wanted order, freeing the upper halves.
-        for o in (want..order).rev() {
-            self.free[o].insert(start + (1 << o));
+        // Give back the rest of the free block: before the sub-block, and after the job.
+        self.release_range(start, at);
+        self.release_range(at + k, start + (1 << order));
+        Some(NodeSet::range(at, at + k - 1))
+    }
+
+    /// The lowest `k` free nodes, each cut out of its free block.
+    fn scatter(&mut self, k: u32) -> Option<NodeSet> {
+        let chosen: NodeSet = self.free_set().iter().take(k as usize).collect();
+        if chosen.len() < k as usize {
+            return None;
         }
-        // Give back the tail of the block the job does not use.
-        self.release_range(start + k, start + (1 << want));
-        Some(NodeSet::range(start, start + k - 1))
+        for n in chosen.iter() {
+            self.take_leaf(n);
+        }
+        Some(chosen)
+    }
+
+    /// Removes the single free leaf `node` from the free block holding it.
+    fn take_leaf(&mut self, node: u32) {
+        let found = self.free.iter().enumerate().find_map(|(o, starts)| {
+            starts
+                .range(..=node)
+                .next_back()
+                .filter(|&&s| node < s + (1 << o))
+                .map(|&s| (o, s))
+        });
+        if let Some((order, start)) = found {
+            self.free[order].remove(&start);
+            self.release_range(start, node);
+            self.release_range(node + 1, start + (1 << order));
+        }
     }
 
     /// Returns nodes to the pool.
@@ -96,6 +152,24 @@ impl Buddy {
         for &(lo, hi) in set.ranges() {
             self.release_range(lo, hi.saturating_add(1).min(self.nodes));
         }
+    }
+
+    /// Keeps `node` out of every allocation from now on. It stays in the free blocks (so
+    /// they keep merging), like a phantom leaf, but is never handed out.
+    pub fn set_unavailable(&mut self, node: u32) {
+        if node < self.nodes {
+            self.unavailable.insert(node);
+        }
+    }
+
+    /// Lets `node` be allocated again.
+    pub fn set_available(&mut self, node: u32) {
+        self.unavailable.remove(&node);
+    }
+
+    /// Whether leaves `lo..hi` are all real, available nodes.
+    fn usable(&self, lo: u32, hi: u32) -> bool {
+        hi <= self.nodes && self.unavailable.range(lo..hi).next().is_none()
     }
 
     /// Frees leaves `lo..hi` as maximal aligned blocks, merging with free buddies.
@@ -125,6 +199,11 @@ impl Buddy {
 
     /// Whether `k` nodes could be allocated now.
     pub fn fits(&self, k: u32) -> bool {
+        k > 0 && k <= self.nodes && self.free_count() >= k
+    }
+
+    /// Whether `k` nodes could be allocated now as one aligned block.
+    pub fn fits_aligned(&self, k: u32) -> bool {
         k > 0 && k <= self.nodes && self.find(k, order_for(k)).is_some()
     }
 }
@@ -170,7 +249,98 @@ mod tests {
         assert_eq!(b.allocate(7), None, "more than the cluster");
     }
 
+    #[test]
+    fn an_unavailable_node_is_never_handed_out_until_available_again() {
+        let mut b = Buddy::new(8);
+        b.set_unavailable(2);
+        assert_eq!(b.free_count(), 7);
+        assert!(!b.fits(8), "the whole cluster is not free");
+        assert_eq!(b.allocate(4), Some(NodeSet::range(4, 7)));
+        assert_eq!(b.allocate(2), Some(NodeSet::range(0, 1)));
+        assert_eq!(b.allocate(1), Some(NodeSet::single(3)));
+        assert_eq!(b.allocate(1), None);
+        // A node that fails while allocated stays out when its job ends.
+        b.set_unavailable(5);
+        b.release(&NodeSet::range(4, 7));
+        assert_eq!(b.free_count(), 3);
+        b.set_available(5);
+        b.set_available(2);
+        b.release(&NodeSet::range(0, 1));
+        b.release(&NodeSet::single(3));
+        assert!(b.fits_aligned(8), "everything merges back once available");
+    }
+
+    #[test]
+    fn a_job_fits_around_an_unavailable_node() {
+        let mut b = Buddy::new(4);
+        b.set_unavailable(3);
+        assert_eq!(
+            b.allocate(3),
+            Some(NodeSet::range(0, 2)),
+            "the 3 nodes left"
+        );
+        let mut b = Buddy::new(4);
+        b.set_unavailable(0);
+        assert_eq!(b.allocate(2), Some(NodeSet::range(2, 3)));
+        assert_eq!(b.allocate(1), Some(NodeSet::single(1)));
+        assert_eq!(b.allocate(1), None);
+        // No aligned block of 4 holds 3 usable nodes: they are taken scattered.
+        let mut b = Buddy::new(4);
+        b.set_unavailable(2);
+        assert_eq!(b.allocate(3), Some("0-1,3".parse().unwrap()));
+        assert_eq!(b.free_count(), 0);
+        b.set_available(2);
+        b.release(&"0-1,3".parse().unwrap());
+        assert!(b.fits_aligned(4), "the scattered nodes merge back");
+    }
+
     proptest! {
+        #[test]
+        fn unavailable_nodes_stay_out_and_come_back(
+            n in 1u32..40,
+            ops in proptest::collection::vec((0u8..4, 0u32..40, 1u32..12), 1..80)) {
+            let mut b = Buddy::new(n);
+            let mut held: Vec<NodeSet> = Vec::new();
+            let mut down: BTreeSet<u32> = BTreeSet::new();
+            for (op, node, k) in ops {
+                match op {
+                    0 => if let Some(s) = b.allocate(k) {
+                        for d in &down {
+                            prop_assert!(!s.contains(*d), "{:?} includes unavailable {}", s, d);
+                        }
+                        held.push(s);
+                    },
+                    1 => if !held.is_empty() {
+                        let s = held.remove(0);
+                        b.release(&s);
+                    },
+                    2 => if node < n {
+                        b.set_unavailable(node);
+                        down.insert(node);
+                    },
+                    _ => {
+                        b.set_available(node);
+                        down.remove(&node);
+                    }
+                }
+                let in_use: NodeSet = held.iter().fold(NodeSet::new(), |a, s| a.union(s));
+                let free = b.free_set();
+                prop_assert!(free.is_disjoint(&in_use));
+                for d in &down {
+                    prop_assert!(!free.contains(*d));
+                }
+                let out = down.iter().filter(|d| !in_use.contains(**d)).count() as u32;
+                prop_assert_eq!(b.free_count() + in_use.len() as u32 + out, n);
+            }
+            for s in held.drain(..) {
+                b.release(&s);
+            }
+            for d in std::mem::take(&mut down) {
+                b.set_available(d);
+            }
+            prop_assert!(b.fits_aligned(n));
+        }
+
         #[test]
         fn allocations_never_overlap_and_freeing_everything_restores_the_pool(
             n in 1u32..70, ops in proptest::collection::vec((1u32..20, any::<bool>()), 1..60)) {
@@ -199,7 +369,7 @@ mod tests {
                 b.release(&s);
             }
             prop_assert_eq!(b.free_count(), n);
-            prop_assert!(b.fits(n), "fully merged: the whole cluster is free again");
+            prop_assert!(b.fits_aligned(n), "fully merged: the whole cluster is free again");
         }
     }
 }

@@ -8,8 +8,10 @@
 //! * [`policy`] and [`buddy`]: scheduling policies as pure state machines (FCFS, EASY
 //!   backfilling, gang scheduling over an Ousterhout matrix) and buddy allocation of nodes.
 //! * [`transfer`]: program transfer to a job's nodes (Algorithm 6).
-//! * [`manager`]: the heartbeat loop: readiness of the NMs, heartbeats (Algorithm 4), launch,
-//!   cancellation, output forwarding and termination detection (Algorithm 8).
+//! * [`manager`]: the heartbeat loop: membership of the NMs, heartbeats (Algorithm 4), failure
+//!   detection, launch, cancellation, output forwarding and termination detection
+//!   (Algorithm 8).
+//! * [`nodes`]: the table of node states (unknown, joining, up, down; drained).
 //!
 //! It reaches the nodes only through `storm-primitives`; it acts only at heartbeat boundaries.
 
@@ -17,6 +19,7 @@ pub mod buddy;
 pub mod control_server;
 pub mod log_limit;
 pub mod manager;
+pub mod nodes;
 pub mod policy;
 pub mod transfer;
 

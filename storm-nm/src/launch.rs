@@ -24,9 +24,11 @@ pub fn start_pl(pl: &Path, table: &PlTable, spec: &PlSpec) -> std::io::Result<St
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: dup2 and fcntl are async-signal-safe; they only touch the child's descriptors.
+    let me = std::process::id() as libc::pid_t;
+    // SAFETY: dup2, fcntl, prctl and getppid are async-signal-safe; they only touch the child.
     unsafe {
         cmd.pre_exec(move || {
+            storm_pl::die_with_parent(me)?;
             if table_fd == TABLE_FD {
                 let flags = libc::fcntl(TABLE_FD, libc::F_GETFD);
                 if flags < 0 || libc::fcntl(TABLE_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0

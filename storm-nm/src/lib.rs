@@ -2,6 +2,8 @@
 //!
 //! One per compute node (paper Sec. 2.2). It
 //!
+//! * registers with the MM and joins the heartbeat, and registers again when the MM no
+//!   longer counts it as a member ([`membership`]);
 //! * receives heartbeats from the MM through the heartbeat queue (Algorithm 5) and carries out
 //!   their commands: receive a program, launch a job, signal a job, forget a job, shut down;
 //! * receives programs chunk by chunk into its node-local spool directory and verifies size
@@ -16,6 +18,7 @@
 
 pub mod launch;
 pub mod manager;
+pub mod membership;
 pub mod output;
 pub mod procstat;
 pub mod receive;

@@ -1,6 +1,7 @@
 //! The node manager's loop.
 //!
-//! Block on the heartbeat queue (Algorithm 5); carry out each heartbeat's commands for this
+//! Join the cluster (see [`crate::membership`]); block on the heartbeat queue (Algorithm 5);
+//! carry out each heartbeat's commands for this
 //! node; then, on every heartbeat interval, look at the NM-PL table for tasks that ended and,
 //! when all of a job's local tasks have ended and their output is delivered, report their exit
 //! statuses to the MM and set `terminated[slot]` (Algorithm 9). The job's last node also
@@ -27,10 +28,10 @@ use storm_cluster::messages::{
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_pl::{PlSpec, PlTable};
-use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
 use crate::launch::start_pl;
+use crate::membership::{Event, Registration};
 use crate::output::{Drained, Output, Watch};
 use crate::procstat::TaskStates;
 use crate::receive;
@@ -61,6 +62,13 @@ struct LocalRank {
     output: Drained,
     /// The task's process group has been stopped (gang scheduling).
     stopped: bool,
+}
+
+/// A launcher to reap, and the NM-PL table slot to free once it is gone (a launcher killed
+/// with its job may still write the slot until it exits).
+struct Zombie {
+    pl: Child,
+    slot: Option<usize>,
 }
 
 struct LocalJob {
@@ -101,9 +109,9 @@ pub struct NodeManager {
     table: PlTable,
     output: Output,
     jobs: BTreeMap<JobId, LocalJob>,
-    receivers: BTreeMap<JobId, Arc<AtomicBool>>,
-    /// PLs that reported and still have to be reaped.
-    zombies: Vec<Child>,
+    receivers: BTreeMap<JobId, receive::Receiver>,
+    /// PLs that reported (or were killed) and still have to be reaped.
+    zombies: Vec<Zombie>,
     /// Jobs launched under gang scheduling whose time slot has not come yet.
     pending: BTreeMap<JobId, LaunchSpec>,
     /// Where applied schedules are recorded, if the cluster asks for it.
@@ -145,7 +153,8 @@ impl NodeManager {
         let prims = endpoint::start(&cfg, &rm, node, listen).map_err(anyhow::Error::msg)?;
         let table = PlTable::create(cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs)?;
         let mm = cfg.mm_id();
-        let output = Output::start(prims.clone(), &rm, node, mm)?;
+        // Replaced at every welcome, with that membership's output queue epoch.
+        let output = Output::start(prims.clone(), &rm, node, mm, 1)?;
         let switch_log = if cfg.scheduler.switch_log {
             let path = entry.spool.join("switches.log");
             let f = std::fs::OpenOptions::new()
@@ -181,16 +190,21 @@ impl NodeManager {
 
     /// Runs until told to shut down (by a heartbeat or a signal).
     pub fn run(mut self) -> Result<()> {
-        let mut heartbeats = QueueConsumer::new(&*self.prims, self.rm.heartbeat, 1)?;
-        let stamp = (std::process::id() as u64) << 32 | 1;
-        self.prims.memory().store(self.rm.nm_ready, stamp);
+        let mut membership = Registration::new(
+            self.prims.clone(),
+            self.rm.clone(),
+            self.node,
+            self.mm,
+            Duration::from_millis(self.cfg.failure.rejoin_after_ms),
+        );
         let idle_wait =
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let mut shutdown = false;
         while !shutdown && !self.stop.load(Ordering::Acquire) {
-            match heartbeats.dequeue(&*self.prims, Wait::Timeout(idle_wait)) {
-                Ok(Some(bytes)) => shutdown = self.heartbeat(&bytes),
-                Ok(None) => {}
+            match membership.next(idle_wait) {
+                Ok(Event::Heartbeat(bytes)) => shutdown = self.heartbeat(&bytes),
+                Ok(Event::Welcomed { output_epoch }) => self.new_membership(output_epoch)?,
+                Ok(Event::Idle) => {}
                 Err(PrimError::ShutDown) => break,
                 Err(e) => bail!("heartbeat queue: {e}"),
             }
@@ -230,6 +244,37 @@ impl NodeManager {
         shutdown
     }
 
+    /// The MM welcomed this node into a new membership: whatever ran for the earlier one was
+    /// ended by the MM (its nodes were told to forget it), so it goes here too, and output
+    /// starts afresh at the membership's queue epoch.
+    fn new_membership(&mut self, output_epoch: u32) -> Result<()> {
+        let jobs: Vec<JobId> = self
+            .jobs
+            .keys()
+            .chain(self.pending.keys())
+            .copied()
+            .collect();
+        for job in jobs {
+            tracing::warn!(
+                node = self.node,
+                job,
+                "ending a job of an earlier membership"
+            );
+            self.forget(job);
+        }
+        for (_, receiver) in std::mem::take(&mut self.receivers) {
+            receiver.stop();
+        }
+        self.output = Output::start(
+            self.prims.clone(),
+            &self.rm,
+            self.node,
+            self.mm,
+            output_epoch,
+        )?;
+        Ok(())
+    }
+
     fn job_dir(&self, job: JobId) -> PathBuf {
         self.spool.join(format!("job-{job}"))
     }
@@ -239,19 +284,23 @@ impl NodeManager {
         let owner = nix::unistd::geteuid()
             .is_root()
             .then_some((info.uid, info.gid));
-        let cancel = Arc::new(AtomicBool::new(false));
-        self.receivers.insert(info.job, cancel.clone());
+        // One receiver at a time takes from the chunk queue: earlier ones have finished, or
+        // were cancelled with their job and stop now.
+        for (_, receiver) in std::mem::take(&mut self.receivers) {
+            receiver.stop();
+        }
         let stall =
             Duration::from_millis(self.cfg.tcp.op_timeout_ms * 6).max(Duration::from_secs(30));
-        receive::spawn(
+        let job = info.job;
+        let receiver = receive::spawn(
             self.prims.clone(),
             self.rm.clone(),
             info,
             path,
             owner,
-            cancel,
             stall,
         );
+        self.receivers.insert(job, receiver);
     }
 
     fn task_env(
@@ -288,6 +337,12 @@ impl NodeManager {
     fn launch(&mut self, spec: LaunchSpec) {
         if spec.nodes.rank(self.node).is_none() {
             return;
+        }
+        // A job run again (requeued) may use the slot it used before: its old termination
+        // flag must not announce the new run's end.
+        let flag = self.rm.terminated.at(spec.slot as usize);
+        if self.prims.memory().load(flag) == spec.job {
+            self.prims.memory().store(flag, 0);
         }
         if self.cfg.scheduler.policy == PolicyKind::Gang {
             self.pending.insert(spec.job, spec);
@@ -567,16 +622,22 @@ impl NodeManager {
 
     fn forget(&mut self, job: JobId) {
         self.pending.remove(&job);
-        if let Some(cancel) = self.receivers.remove(&job) {
-            cancel.store(true, Ordering::Release);
+        // Cancelled now; joined before the next transfer starts.
+        if let Some(receiver) = self.receivers.get(&job) {
+            receiver.cancel();
         }
         if self.jobs.get(&job).is_some_and(|j| !j.reported) {
             self.signal_job(job, libc::SIGKILL);
         }
         if let Some(j) = self.jobs.remove(&job) {
             for r in j.ranks {
-                if let Some(pl) = r.pl {
-                    self.zombies.push(pl);
+                match r.pl {
+                    Some(pl) => self.zombies.push(Zombie { pl, slot: r.slot }),
+                    None => {
+                        if let Some(slot) = r.slot {
+                            let _ = self.table.release(slot);
+                        }
+                    }
                 }
             }
         }
@@ -596,8 +657,14 @@ impl NodeManager {
         let check_launchers = self.next_launcher_check <= Instant::now();
         if check_launchers {
             self.next_launcher_check = Instant::now() + LAUNCHER_CHECK;
-            self.zombies
-                .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+            let table = &self.table;
+            self.zombies.retain_mut(|z| {
+                let gone = matches!(z.pl.try_wait(), Ok(Some(_)) | Err(_));
+                if gone && let Some(slot) = z.slot {
+                    let _ = table.release(slot);
+                }
+                !gone
+            });
         }
         let mut ready = Vec::new();
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
@@ -693,7 +760,7 @@ impl NodeManager {
                 let _ = self.table.release(slot);
             }
             if let Some(pl) = r.pl.take() {
-                self.zombies.push(pl);
+                self.zombies.push(Zombie { pl, slot: None });
             }
         }
         tracing::info!(node = self.node, job, "reported termination");

@@ -54,11 +54,12 @@ impl Output {
         rm: &RmLayout,
         node: NodeId,
         mm: NodeId,
+        epoch: u32,
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (wake_rx, wake_tx) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
-        let producer = QueueProducer::new(rm.output[node as usize], NodeSet::single(mm), 1);
+        let producer = QueueProducer::new(rm.output[node as usize], NodeSet::single(mm), epoch);
         let event = rm.output_sent;
         let max = rm.output[node as usize]
             .slot_payload

@@ -15,20 +15,44 @@ use storm_cluster::messages::{Checksum, FileInfo, FileTrailer};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{Primitives, Wait};
 
+/// A receiving thread.
+pub struct Receiver {
+    cancel: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    /// Asks the thread to stop; it does within one dequeue wait.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+
+    /// Cancels the thread and waits for it: two receivers must never take signals from the
+    /// one chunk queue at the same time.
+    pub fn stop(mut self) {
+        self.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Starts the receiving thread. The acknowledgement is `2*transfer + 1` for a verified file,
-/// `2*transfer` for a failure (written, so the MM learns of it instead of waiting).
+/// `2*transfer` for a failure (written, so the MM learns of it instead of waiting); a
+/// cancelled transfer writes none (nobody waits for it, and a later transfer may).
 pub fn spawn(
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
     info: FileInfo,
     path: PathBuf,
     owner: Option<(u32, u32)>,
-    cancel: Arc<AtomicBool>,
     stall: Duration,
-) {
+) -> Receiver {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
     let name = format!("storm-nm-recv-{}", info.job);
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let ok = match receive(&*prims, &rm, &info, &path, owner, &cancel, stall) {
+        let ok = match receive(&*prims, &rm, &info, &path, owner, &flag, stall) {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(job = info.job, "program transfer failed: {e}");
@@ -36,12 +60,19 @@ pub fn spawn(
                 false
             }
         };
-        let ack = 2 * info.transfer as u64 + u64::from(ok);
-        prims.memory().store(rm.file_ack, ack);
+        if !flag.load(Ordering::Acquire) {
+            let ack = 2 * info.transfer as u64 + u64::from(ok);
+            prims.memory().store(rm.file_ack, ack);
+        }
     });
-    if let Err(e) = spawned {
-        tracing::error!("cannot start a receiving thread: {e}");
-    }
+    let thread = match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!("cannot start a receiving thread: {e}");
+            None
+        }
+    };
+    Receiver { cancel, thread }
 }
 
 fn receive(
@@ -73,7 +104,7 @@ fn receive(
             let got = consumer
                 .dequeue_with(
                     prims,
-                    Wait::Timeout(Duration::from_millis(100)),
+                    Wait::Timeout(Duration::from_millis(20)),
                     &mut *consume,
                 )
                 .map_err(|e| e.to_string())?;

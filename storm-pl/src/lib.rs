@@ -17,3 +17,28 @@ pub use table::{PlTable, SlotState, TableError};
 
 /// The descriptor on which a PL finds the shared-memory table.
 pub const TABLE_FD: i32 = 3;
+
+/// Called in a child between fork and exec: the child gets SIGKILL when the process that
+/// started it (`parent`, its pid) dies, so that a killed NM takes its PLs with it and a killed
+/// PL its task, and nothing of a job outlives the daemons that track it. Must run after any
+/// change of credentials, which clears the setting. Async-signal-safe.
+pub fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: prctl and getppid are async-signal-safe and touch only this process.
+    unsafe {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The parent died before the setting took effect.
+        if libc::getppid() != parent {
+            libc::_exit(137);
+        }
+    }
+    Ok(())
+}

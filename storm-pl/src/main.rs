@@ -115,6 +115,12 @@ fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
             });
         }
     }
+    let me = std::process::id() as libc::pid_t;
+    // SAFETY: die_with_parent is async-signal-safe. Registered after the privilege drop, whose
+    // credential change would clear it.
+    unsafe {
+        cmd.pre_exec(move || storm_pl::die_with_parent(me));
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -240,3 +240,66 @@ fn bad_configuration_is_rejected_naming_the_field() {
         }
     }
 }
+
+/// Paper Sec. 2.4.3 and DESIGN: when an interior node of the tree dies, leaving it out of the
+/// destination set re-attaches its subtree, so operations on the remaining nodes work at once.
+#[test]
+fn the_tree_heals_when_an_interior_node_dies() {
+    let t = test_layout();
+    let cfg = TcpConfig {
+        fanout: 2,
+        ..config(5000)
+    };
+    let nodes = TcpNode::local_cluster(8, &t.layout, &cfg).unwrap();
+    // Binary tree rooted at 0 over 1..7: node 1 is the parent of nodes 3 and 4.
+    nodes[1].shutdown();
+    let all: NodeSet = "1-7".parse().unwrap();
+    nodes[0]
+        .xfer_and_signal(
+            &all,
+            t.bulk.offset,
+            Bytes::from_static(b"lost"),
+            Some(t.data),
+            Some(t.done),
+        )
+        .unwrap();
+    match outcome(&nodes[0], t.done) {
+        Err(PrimError::Unreachable { node: 1, .. }) => {}
+        other => panic!("the transfer must fail naming node 1, got {other:?}"),
+    }
+    for n in &nodes[2..] {
+        assert_eq!(
+            n.test_event(t.data, Wait::Poll),
+            Ok(false),
+            "nothing signalled"
+        );
+    }
+    // Without node 1, its children hang off the new tree and receive.
+    let rest: NodeSet = "2-7".parse().unwrap();
+    nodes[0]
+        .xfer_and_signal(
+            &rest,
+            t.bulk.offset,
+            Bytes::from_static(b"healed"),
+            Some(t.data),
+            Some(t.done),
+        )
+        .unwrap();
+    assert_eq!(outcome(&nodes[0], t.done), Ok(true));
+    for n in &nodes[2..] {
+        assert_eq!(
+            n.test_event(t.data, Wait::Timeout(Duration::from_secs(10))),
+            Ok(true)
+        );
+        assert_eq!(
+            n.memory().read_vec(t.bulk.offset, 6).unwrap(),
+            b"healed".to_vec()
+        );
+    }
+    // Reductions too.
+    assert_eq!(
+        nodes[0].compare_and_write(&rest, t.a, Relation::Eq, 0, Some((t.a, 9))),
+        Ok(true)
+    );
+    assert_eq!(nodes[4].memory().load(t.a), 9);
+}

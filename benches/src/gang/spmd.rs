@@ -206,6 +206,7 @@ pub fn submit(
         },
         bcast: true,
         time_limit_ms: None,
+        requeue: false,
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

@@ -48,6 +48,10 @@ struct Args {
     /// Wall-clock limit: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (as Slurm's --time).
     #[arg(short = 't', long = "time", value_parser = storm_cluster::control::parse_time_limit)]
     time_limit_ms: Option<u64>,
+    /// When a node of the job fails, run the job again from the start (on other nodes)
+    /// instead of ending it.
+    #[arg(long)]
+    requeue: bool,
     /// Print the send / execute / total times of the job, and its time slot.
     #[arg(long)]
     timing: bool,
@@ -121,6 +125,12 @@ impl Progress for Terminal {
     fn output(&mut self, rank: u32, stream: Stream, data: &[u8]) {
         self.sink.write(rank, stream, data);
     }
+    fn requeued(&mut self, job: JobId, reason: &str) {
+        eprintln!(
+            "storm-submit: job {job} requeued: {reason}; it will run again from the start \
+             (the output above came from the interrupted run)"
+        );
+    }
     fn cancel_requested(&mut self) -> bool {
         let n = self.interrupts.load(Ordering::Acquire);
         if n > 1 {
@@ -193,6 +203,7 @@ fn run(args: Args) -> Result<i32, String> {
         },
         bcast: !args.no_bcast,
         time_limit_ms: args.time_limit_ms,
+        requeue: args.requeue,
     };
 
     let local = match args.local {

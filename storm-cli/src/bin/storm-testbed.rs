@@ -97,6 +97,7 @@ fn main() -> Result<()> {
                     mpl,
                     ..SchedulerSection::default()
                 },
+                failure: Default::default(),
             })?;
             println!(
                 "testbed {} up: {nodes} nodes in namespaces {}-n0..{}-n{}, MM in {}-mm\n\

@@ -1,10 +1,12 @@
-//! `storm`: look at and manage a storm cluster (queue, cancel, nodes, shutdown).
+//! `storm`: look at and manage a storm cluster (queue, cancel, nodes, drain, resume,
+//! shutdown).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use storm_cluster::control::{Client, Reply, Request};
+use storm_cluster::control::{Client, NodeInfo, Reply, Request};
+use storm_primitives::NodeSet;
 
 #[derive(Parser)]
 #[command(name = "storm", about = "Look at and manage a storm cluster")]
@@ -27,6 +29,19 @@ enum Cmd {
     Cancel { job: u64 },
     /// Nodes and their state.
     Nodes,
+    /// Keep nodes out of allocation until resumed (jobs on them run to their end).
+    Drain {
+        /// Node ids (`0-3,7`) or names (`node0,node5`).
+        nodes: String,
+        /// Why (shown by `storm nodes`).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Let drained nodes take jobs again.
+    Resume {
+        /// Node ids (`0-3,7`) or names (`node0,node5`).
+        nodes: String,
+    },
     /// Stop the machine manager and every node manager.
     Shutdown,
 }
@@ -38,6 +53,13 @@ fn run(args: Args) -> Result<(), String> {
         Cmd::Queue => Request::Queue,
         Cmd::Cancel { job } => Request::Cancel { job },
         Cmd::Nodes => Request::Nodes,
+        Cmd::Drain { nodes, reason } => Request::Drain {
+            nodes: node_set(&client, &nodes)?,
+            reason,
+        },
+        Cmd::Resume { nodes } => Request::Resume {
+            nodes: node_set(&client, &nodes)?,
+        },
         Cmd::Shutdown => Request::Shutdown,
     };
     match client.call(&req)? {
@@ -65,15 +87,19 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
         Reply::Nodes(nodes) => {
-            println!("{:>4}  {:<16} {:<10} JOBS", "ID", "NAME", "STATE");
+            println!(
+                "{:>4}  {:<16} {:<10} {:<12} REASON",
+                "ID", "NAME", "STATE", "JOBS"
+            );
             for n in nodes {
                 let jobs: Vec<String> = n.jobs.iter().map(u64::to_string).collect();
                 println!(
-                    "{:>4}  {:<16} {:<10} {}",
+                    "{:>4}  {:<16} {:<10} {:<12} {}",
                     n.id,
                     n.name,
                     n.state,
-                    jobs.join(",")
+                    jobs.join(","),
+                    n.reason.unwrap_or_default()
                 );
             }
         }
@@ -82,6 +108,26 @@ fn run(args: Args) -> Result<(), String> {
         other => return Err(format!("unexpected reply {other:?}")),
     }
     Ok(())
+}
+
+/// Nodes named by ids (`0-3,7`) or by names (`node0,node5`).
+fn node_set(client: &Client, text: &str) -> Result<NodeSet, String> {
+    if let Ok(set) = text.parse::<NodeSet>() {
+        return Ok(set);
+    }
+    let nodes: Vec<NodeInfo> = match client.call(&Request::Nodes)? {
+        Reply::Nodes(n) => n,
+        other => return Err(format!("unexpected reply {other:?}")),
+    };
+    text.split(',')
+        .map(|name| {
+            nodes
+                .iter()
+                .find(|n| n.name == name.trim())
+                .map(|n| n.id)
+                .ok_or_else(|| format!("no node is called {name:?} (see storm nodes)"))
+        })
+        .collect()
 }
 
 fn main() -> ExitCode {

@@ -9,6 +9,8 @@ use std::sync::Once;
 
 use storm_cli::local::{LocalCluster, LocalOptions};
 
+pub mod testbed;
+
 /// The directory holding the workspace's binaries (target/debug).
 pub fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_storm-submit"))

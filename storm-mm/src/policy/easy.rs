@@ -14,12 +14,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use storm_cluster::JobId;
-use storm_primitives::NodeSet;
+use storm_primitives::{NodeId, NodeSet};
 
 use super::{Decision, JobAsk, Policy, withdraw_from};
 
 pub struct Easy {
     free: NodeSet,
+    /// Nodes kept out of allocation.
+    unavailable: NodeSet,
     queue: VecDeque<JobAsk>,
     /// Running jobs: nodes and estimated end.
     running: HashMap<JobId, (NodeSet, Duration)>,
@@ -32,6 +34,7 @@ impl Easy {
     pub fn new(nodes: u32, default_limit: Duration) -> Self {
         Self {
             free: NodeSet::first_n(nodes),
+            unavailable: NodeSet::new(),
             queue: VecDeque::new(),
             running: HashMap::new(),
             default_limit,
@@ -74,7 +77,7 @@ impl Easy {
         let mut ends: Vec<(Duration, u32)> = self
             .running
             .values()
-            .map(|(n, end)| (*end, n.len() as u32))
+            .map(|(n, end)| (*end, n.difference(&self.unavailable).len() as u32))
             .collect();
         ends.sort_unstable();
         for (end, n) in ends {
@@ -102,7 +105,18 @@ impl Policy for Easy {
 
     fn ended(&mut self, job: JobId, _now: Duration) {
         if let Some((nodes, _)) = self.running.remove(&job) {
-            self.free = self.free.union(&nodes);
+            self.free = self.free.union(&nodes.difference(&self.unavailable));
+        }
+    }
+
+    fn set_unavailable(&mut self, node: NodeId) {
+        self.unavailable.insert(node);
+        self.free.remove(node);
+    }
+
+    fn set_available(&mut self, node: NodeId) {
+        if self.unavailable.remove(node) && !self.running.values().any(|(n, _)| n.contains(node)) {
+            self.free.insert(node);
         }
     }
 

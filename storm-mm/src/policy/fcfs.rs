@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use storm_cluster::JobId;
-use storm_primitives::NodeSet;
+use storm_primitives::{NodeId, NodeSet};
 
 use super::{Decision, JobAsk, Policy, withdraw_from};
 use crate::buddy::Buddy;
@@ -62,6 +62,14 @@ impl Policy for Fcfs {
             });
         }
         out
+    }
+
+    fn set_unavailable(&mut self, node: NodeId) {
+        self.buddy.set_unavailable(node);
+    }
+
+    fn set_available(&mut self, node: NodeId) {
+        self.buddy.set_available(node);
     }
 
     fn reason(&self, job: JobId) -> Option<String> {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use storm_cluster::JobId;
-use storm_primitives::NodeSet;
+use storm_primitives::{NodeId, NodeSet};
 
 use super::{Decision, JobAsk, Policy, withdraw_from};
 use crate::buddy::Buddy;
@@ -118,6 +118,18 @@ impl Policy for Gang {
             jobs: self.run_set(),
         });
         out
+    }
+
+    fn set_unavailable(&mut self, node: NodeId) {
+        for slot in &mut self.slots {
+            slot.set_unavailable(node);
+        }
+    }
+
+    fn set_available(&mut self, node: NodeId) {
+        for slot in &mut self.slots {
+            slot.set_available(node);
+        }
     }
 
     fn reason(&self, job: JobId) -> Option<String> {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use storm_cluster::JobId;
 pub use storm_cluster::config::PolicyKind;
-use storm_primitives::NodeSet;
+use storm_primitives::{NodeId, NodeSet};
 
 pub use easy::Easy;
 pub use fcfs::Fcfs;
@@ -62,6 +62,11 @@ pub trait Policy: Send {
     /// The decisions for the timeslice that starts at `now`, starting at most `max_starts`
     /// jobs (the MM's own limits: free job areas).
     fn tick(&mut self, now: Duration, max_starts: usize) -> Vec<Decision>;
+    /// Keeps `node` out of allocation (down, drained, not registered); a job holding it keeps
+    /// it until the job ends.
+    fn set_unavailable(&mut self, node: NodeId);
+    /// Lets `node` be allocated again.
+    fn set_available(&mut self, node: NodeId);
     /// Why a queued job waits.
     fn reason(&self, job: JobId) -> Option<String>;
     /// Jobs waiting.

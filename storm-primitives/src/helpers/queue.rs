@@ -70,6 +70,34 @@ impl QueueProducer {
         &self.dest
     }
 
+    /// The absolute sequence number the next entry will carry.
+    pub fn next_seq(&self) -> u64 {
+        self.enqueued
+    }
+
+    /// Stops sending to `node` (it failed, or left). Space already confirmed stays confirmed:
+    /// the remaining consumers are a subset of those that confirmed it.
+    pub fn remove(&mut self, node: crate::NodeId) {
+        self.dest.remove(node);
+    }
+
+    /// Starts sending to `node` from the next entry on. Its consumer must have joined at
+    /// [`QueueProducer::next_seq`] (see [`QueueConsumer::join`]) before that entry is due, so
+    /// that its `dequeued` counter never makes confirmed space look smaller than it is.
+    pub fn add(&mut self, node: crate::NodeId) {
+        self.dest.insert(node);
+    }
+
+    /// The last entry's transfer failed, so no consumer was signalled (XFER-AND-SIGNAL is all
+    /// or nothing): its sequence number and slot are used again by the next entry. Consumers
+    /// that were signalled all the same (a node failing during the commit) see the entry
+    /// again and skip it as one they already took.
+    pub fn unsend_last(&mut self) {
+        if self.enqueued > self.base {
+            self.enqueued -= 1;
+        }
+    }
+
     /// Entries enqueued so far in this epoch.
     pub fn count(&self) -> u64 {
         self.enqueued - self.base
@@ -179,9 +207,36 @@ impl QueueConsumer {
         })
     }
 
+    /// Joins a running stream of `epoch` at absolute sequence number `head` (a node that
+    /// (re)joins a queue whose producer has already sent entries). Unlike
+    /// [`QueueConsumer::new`] it leaves pending signals alone: the caller has discarded those
+    /// that belong to the time before it joined, and entries from `head` on may already have
+    /// arrived.
+    pub fn join<P: Primitives + ?Sized>(
+        prims: &P,
+        queue: QueueLayout,
+        epoch: u32,
+        head: u64,
+    ) -> Self {
+        let base = epoch_base(epoch);
+        let head = head.max(base);
+        prims.memory().store(queue.dequeued, head);
+        Self { queue, base, head }
+    }
+
+    /// Discards every signal that has arrived so far.
+    pub fn discard_signals<P: Primitives + ?Sized>(prims: &P, queue: QueueLayout) {
+        while prims.test_event(queue.arrived, Wait::Poll).unwrap_or(false) {}
+    }
+
     /// Entries dequeued so far in this epoch.
     pub fn count(&self) -> u64 {
         self.head - self.base
+    }
+
+    /// The absolute sequence number of the next entry this consumer takes.
+    pub fn head(&self) -> u64 {
+        self.head
     }
 
     /// DEQUEUE: waits (as `wait` says) for the next entry and returns its payload, or `None`
@@ -211,6 +266,11 @@ impl QueueConsumer {
         prims.memory().read(offset, &mut header)?;
         let len = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
         let seq = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+        if seq < self.head {
+            // A signal for an entry this consumer already took (sent again after a failed
+            // transfer that reached it all the same), or one left from before it joined.
+            return Ok(None);
+        }
         if seq != self.head || len > self.queue.slot_payload as u64 {
             return Err(PrimError::Protocol {
                 node: prims.node_id(),
@@ -349,5 +409,68 @@ mod tests {
             assert_eq!(&got[..], &i.to_le_bytes());
         }
         producer.join().unwrap();
+    }
+
+    #[test]
+    fn a_consumer_joins_a_running_stream_where_it_is_told() {
+        let (fabric, q) = setup(4);
+        let mut first = QueueConsumer::new(&fabric.node(1), q, 1).unwrap();
+        let mut producer = QueueProducer::new(q, "1".parse().unwrap(), 1);
+        for i in 0..6u64 {
+            producer
+                .enqueue(&fabric.node(0), &i.to_le_bytes(), None)
+                .unwrap();
+            first
+                .dequeue(&fabric.node(1), Wait::Poll)
+                .unwrap()
+                .expect("entry");
+        }
+        // Node 2 joins at the next entry; what came before is not for it.
+        let node2 = fabric.node(2);
+        QueueConsumer::discard_signals(&node2, q);
+        let mut late = QueueConsumer::join(&node2, q, 1, producer.next_seq());
+        producer.add(2);
+        for i in 6..12u64 {
+            producer
+                .enqueue(&fabric.node(0), &i.to_le_bytes(), None)
+                .unwrap();
+            for (node, c) in [(fabric.node(1), &mut first), (fabric.node(2), &mut late)] {
+                let got = c.dequeue(&node, Wait::Poll).unwrap().expect("entry");
+                assert_eq!(&got[..], &i.to_le_bytes());
+            }
+        }
+        assert_eq!(late.head(), producer.next_seq(), "caught up");
+        producer.remove(1);
+        producer.enqueue(&fabric.node(0), b"only 2", None).unwrap();
+        assert_eq!(
+            &late.dequeue(&node2, Wait::Poll).unwrap().unwrap()[..],
+            b"only 2"
+        );
+        assert!(
+            first
+                .dequeue(&fabric.node(1), Wait::Poll)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn an_entry_sent_again_is_taken_once() {
+        let (fabric, q) = setup(4);
+        let node1 = fabric.node(1);
+        let mut c = QueueConsumer::new(&node1, q, 1).unwrap();
+        let mut p = QueueProducer::new(q, "1".parse().unwrap(), 1);
+        p.enqueue(&fabric.node(0), b"a", None).unwrap();
+        assert_eq!(&c.dequeue(&node1, Wait::Poll).unwrap().unwrap()[..], b"a");
+        // The transfer reported failure, but this consumer was signalled all the same: the
+        // producer sends the entry again under the same sequence number.
+        p.unsend_last();
+        p.enqueue(&fabric.node(0), b"a", None).unwrap();
+        assert!(
+            c.dequeue(&node1, Wait::Poll).unwrap().is_none(),
+            "the repeat is skipped"
+        );
+        p.enqueue(&fabric.node(0), b"b", None).unwrap();
+        assert_eq!(&c.dequeue(&node1, Wait::Poll).unwrap().unwrap()[..], b"b");
     }
 }

@@ -14,6 +14,10 @@ pub struct TcpConfig {
     pub op_timeout: Duration,
     /// How long to wait for a TCP connection and its handshake.
     pub connect_timeout: Duration,
+    /// How long data sent to a peer may stay unacknowledged before the connection is declared
+    /// lost (TCP_USER_TIMEOUT): a peer behind a cut link fails its operations after this
+    /// instead of after `op_timeout`.
+    pub peer_timeout: Duration,
     /// Largest data frame body accepted from a peer.
     pub max_frame: usize,
     /// Nodes only talk to nodes presenting the same key (guards against mixing two clusters
@@ -28,6 +32,7 @@ impl Default for TcpConfig {
             chunk_size: 256 * 1024,
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
+            peer_timeout: Duration::from_millis(500),
             max_frame: 16 * 1024 * 1024,
             cluster_key: 0,
         }
@@ -52,7 +57,10 @@ impl TcpConfig {
         if self.max_frame > u32::MAX as usize {
             return Err("max_frame must fit in 32 bits".into());
         }
-        if self.op_timeout.is_zero() || self.connect_timeout.is_zero() {
+        if self.op_timeout.is_zero()
+            || self.connect_timeout.is_zero()
+            || self.peer_timeout.is_zero()
+        {
             return Err("timeouts must be greater than zero".into());
         }
         Ok(())

@@ -232,12 +232,37 @@ pub(crate) fn connect(inner: &Arc<Inner>, peer: NodeId, addr: Option<SocketAddr>
     conn
 }
 
+/// Makes the kernel close the connection when sent data stays unacknowledged for `timeout`
+/// (a cut link, a powered-off host), so the peer's operations fail with `Unreachable` naming
+/// it rather than with a timeout naming nobody.
+fn set_user_timeout(stream: &TcpStream, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let ms: libc::c_uint = timeout.as_millis().clamp(1, u32::MAX as u128) as libc::c_uint;
+    // SAFETY: a valid socket and a pointer to a c_uint of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "cannot set TCP_USER_TIMEOUT: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Connects, shakes hands and starts the reader thread.
 fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStream, String> {
     let timeout = inner.config.connect_timeout;
     let mut stream = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     stream.set_nodelay(true).ok();
+    set_user_timeout(&stream, inner.config.peer_timeout);
     stream
         .write_all(&OutFrame::control(&Control::Hello(hello_for(inner))).to_vec())
         .map_err(|e| format!("handshake with {addr} failed: {e}"))?;
@@ -273,6 +298,7 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
         .name(format!("storm-accept-{}", inner.id))
         .spawn(move || {
             stream.set_nodelay(true).ok();
+            set_user_timeout(&stream, inner.config.peer_timeout);
             stream
                 .set_read_timeout(Some(inner.config.connect_timeout))
                 .ok();

@@ -1,14 +1,15 @@
 //! The machine manager's loop. It acts only at heartbeat boundaries: every timeslice it
 //!
 //! 1. takes the requests that arrived on the control socket;
-//! 2. until every NM is up, checks their readiness with COMPARE-AND-WRITE;
+//! 2. answers NM registrations and welcomes nodes into the heartbeat (see [`membership`]);
 //! 3. follows program transfers (Algorithm 6 runs in worker threads; the MM checks each
 //!    node's acknowledgement with COMPARE-AND-WRITE);
 //! 4. asks the scheduling policy (FCFS, EASY backfilling or gang) what to start and, under gang
 //!    scheduling, which jobs run in this timeslice; enforces time limits;
 //! 5. escalates cancellations from SIGTERM to SIGKILL;
 //! 6. issues the heartbeat with the commands due and, under gang scheduling, the schedule of
-//!    the timeslice (the strobe; Algorithm 4);
+//!    the timeslice (the strobe; Algorithm 4), and detects failed nodes from heartbeats that
+//!    do not arrive (see [`failure`]);
 //! 7. forwards the tasks' output to storm-submit;
 //! 8. detects terminations (Algorithm 8) and tells storm-submit how its job ended.
 
@@ -30,11 +31,15 @@ use storm_cluster::messages::{
 };
 use storm_cluster::tasks::TaskPlan;
 use storm_cluster::{ClusterConfig, RmLayout};
-use storm_primitives::helpers::{QueueConsumer, QueueProducer};
-use storm_primitives::{NodeId, NodeSet, Primitives, Relation, Wait};
+use storm_primitives::helpers::{QueueConsumer, QueueProducer, epoch_base};
+use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Relation, Wait};
+
+mod failure;
+mod membership;
 
 use crate::control_server::{self, ClientId, Incoming};
 use crate::log_limit::LogLimit;
+use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
 use crate::transfer::{self, Transfer, TransferDone};
 
@@ -96,6 +101,13 @@ struct Job {
     limit: Option<Duration>,
 }
 
+/// The heartbeat whose transfer has not completed yet.
+struct InFlight {
+    /// Commands it carries, sent again if it fails.
+    commands: Vec<Command>,
+    issued: Instant,
+}
+
 struct Client {
     uid: u32,
     gid: u32,
@@ -124,11 +136,18 @@ pub struct MachineManager {
     transferring: NodeSet,
     /// Submissions not yet answered (answered after the next scheduling decision).
     unanswered: Vec<(ClientId, JobId)>,
-    up: Vec<bool>,
-    next_probe: Instant,
+    /// Membership, failures and drains of the nodes.
+    nodes: NodeTable,
+    /// Producer of the heartbeat queue; its node set is the members (the UP nodes).
     heartbeats: QueueProducer,
     hb_seq: u64,
-    hb_outstanding: u64,
+    hb_in_flight: Option<InFlight>,
+    /// Every heartbeat before this sequence number reached every member.
+    hb_delivered: u64,
+    /// When the next receipt check (COMPARE-AND-WRITE on the heartbeat counters) is due, and
+    /// what it checks: that every member took every heartbeat before `check_target`.
+    next_check: Instant,
+    check_target: u64,
     commands: VecDeque<Command>,
     outputs: Vec<QueueConsumer>,
     slots: Vec<Option<JobId>>,
@@ -161,7 +180,16 @@ impl MachineManager {
             tx,
         )?;
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
-        let op_timeout = Duration::from_millis(cfg.tcp.op_timeout_ms);
+        let mut policy = crate::policy::build(
+            cfg.scheduler.policy,
+            cfg.node_count(),
+            cfg.scheduler.mpl,
+            Duration::from_secs(cfg.scheduler.default_time_limit_s),
+        );
+        // Nodes become available as they join.
+        for n in all.iter() {
+            policy.set_unavailable(n);
+        }
         tracing::info!(
             cluster = %cfg.cluster.name,
             nodes = cfg.node_count(),
@@ -170,30 +198,30 @@ impl MachineManager {
             "machine manager started"
         );
         Ok(Self {
-            heartbeats: QueueProducer::new(rm.heartbeat, all.clone(), 1)
-                .with_space_timeout(op_timeout),
-            policy: crate::policy::build(
-                cfg.scheduler.policy,
-                cfg.node_count(),
-                cfg.scheduler.mpl,
-                Duration::from_secs(cfg.scheduler.default_time_limit_s),
-            ),
+            // No member yet: nodes join as their NMs register. AWAIT-SPACE waits at most a
+            // timeslice, so a node that stops taking heartbeats never stalls the others (the
+            // receipt check finds it).
+            heartbeats: QueueProducer::new(rm.heartbeat, NodeSet::new(), 1)
+                .with_space_timeout(cfg.timeslice().max(Duration::from_millis(1))),
+            policy,
+            nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
+            hb_in_flight: None,
+            hb_delivered: epoch_base(1),
+            next_check: Instant::now(),
+            check_target: epoch_base(1),
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: Instant::now(),
             run_set: Vec::new(),
             hb_errors: LogLimit::new(Duration::from_secs(1)),
             transferring: NodeSet::new(),
             unanswered: Vec::new(),
-            up: vec![false; cfg.node_count() as usize],
             slots: vec![None; cfg.cluster.max_jobs],
             workers: vec![None; cfg.cluster.max_transfers],
-            next_probe: Instant::now(),
             incoming,
             clients: HashMap::new(),
             jobs: BTreeMap::new(),
             next_job: 1,
             hb_seq: 0,
-            hb_outstanding: 0,
             commands: VecDeque::new(),
             next_transfer: 1,
             worker_tx,
@@ -208,10 +236,6 @@ impl MachineManager {
         })
     }
 
-    fn all_up(&self) -> bool {
-        self.up.iter().all(|&u| u)
-    }
-
     /// Runs until a shutdown request or a signal.
     pub fn run(mut self) -> Result<()> {
         let slice = self.cfg.timeslice();
@@ -222,7 +246,8 @@ impl MachineManager {
                 tracing::info!("stopping on a signal");
                 break;
             }
-            if self.shutting_down && self.commands.is_empty() {
+            if self.shutting_down && (self.commands.is_empty() || self.heartbeats.dest().is_empty())
+            {
                 self.wait_heartbeats(Duration::from_millis(self.cfg.tcp.op_timeout_ms));
                 tracing::info!("shut down");
                 break;
@@ -243,21 +268,18 @@ impl MachineManager {
         while let Ok(msg) = self.incoming.try_recv() {
             self.handle(msg);
         }
-        if !self.all_up() {
-            self.probe_nodes();
-        }
+        self.membership();
         while let Ok(done) = self.worker_rx.try_recv() {
             self.transfer_done(done);
         }
         self.verify_transfers();
-        if self.all_up() && !self.shutting_down {
+        if !self.shutting_down {
             self.schedule();
         }
         self.enforce_limits();
         self.escalate_cancels();
-        if self.all_up() {
-            self.issue_heartbeat();
-        }
+        self.issue_heartbeat();
+        self.check_receipt();
         self.forward_output(&self.all.clone());
         self.detect_terminations();
     }
@@ -330,6 +352,20 @@ impl MachineManager {
                 let list = self.node_infos();
                 self.reply(client, Reply::Nodes(list));
             }
+            Request::Drain { nodes, reason } => {
+                let reply = self.operator(uid, "drain nodes").and_then(|()| {
+                    self.drain(&nodes, reason)?;
+                    Ok(Reply::Done)
+                });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Resume { nodes } => {
+                let reply = self.operator(uid, "resume nodes").and_then(|()| {
+                    self.resume(&nodes)?;
+                    Ok(Reply::Done)
+                });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
             Request::Shutdown => {
                 let me = nix::unistd::geteuid().as_raw();
                 if uid != 0 && uid != me {
@@ -348,6 +384,16 @@ impl MachineManager {
                 self.shutting_down = true;
                 self.reply(client, Reply::Done);
             }
+        }
+    }
+
+    /// Whether `uid` may act on the cluster as an operator: root or the MM's own user.
+    fn operator(&self, uid: u32, what: &str) -> Result<(), String> {
+        let me = nix::unistd::geteuid().as_raw();
+        if uid == 0 || uid == me {
+            Ok(())
+        } else {
+            Err(format!("only root or the MM's own user may {what}"))
         }
     }
 
@@ -461,11 +507,13 @@ impl MachineManager {
 
     /// Why a queued job cannot start right now, if it cannot.
     fn wait_reason(&self, job: JobId) -> Option<String> {
-        if !self.all_up() {
-            let up = self.up.iter().filter(|&&u| u).count();
+        let want = self.jobs.get(&job).map_or(0, |j| j.plan.nodes);
+        let available = self.nodes.available_count();
+        if want > available {
             return Some(format!(
-                "waiting for the node managers to come up ({up} of {} up)",
-                self.up.len()
+                "waiting for {want} nodes: {available} of {} are up and not drained ({} up)",
+                self.nodes.len(),
+                self.nodes.up_count()
             ));
         }
         if self.slots.iter().all(Option::is_some) {
@@ -518,45 +566,19 @@ impl MachineManager {
                     .filter(|j| j.nodes.contains(id))
                     .map(|j| j.id)
                     .collect();
-                let state = match (self.up[i], jobs.is_empty()) {
-                    (false, _) => "unknown",
-                    (true, true) => "idle",
-                    (true, false) => "allocated",
-                };
+                let (state, reason) = self.nodes.describe(id, !jobs.is_empty());
                 NodeInfo {
                     id,
                     name: n.name.clone(),
                     state: state.into(),
                     jobs,
+                    reason,
                 }
             })
             .collect()
     }
 
-    // ---------------------------------------------------------------- nodes and scheduling
-
-    fn probe_nodes(&mut self) {
-        if Instant::now() < self.next_probe {
-            return;
-        }
-        self.next_probe = Instant::now() + Duration::from_millis(50);
-        for i in 0..self.up.len() {
-            if self.up[i] {
-                continue;
-            }
-            let one = NodeSet::single(i as NodeId);
-            if let Ok(true) =
-                self.prims
-                    .compare_and_write(&one, self.rm.nm_ready, Relation::Ne, 0, None)
-            {
-                self.up[i] = true;
-                tracing::info!(node = i, name = %self.cfg.nodes[i].name, "node manager is up");
-            }
-        }
-        if self.all_up() {
-            tracing::info!("all {} node managers are up", self.up.len());
-        }
-    }
+    // ---------------------------------------------------------------- scheduling
 
     /// Asks the policy for this timeslice's decisions and applies them; answers submissions
     /// made since the last timeslice; starts program transfers that can start.
@@ -882,21 +904,15 @@ impl MachineManager {
 
     // ---------------------------------------------------------------- heartbeat
 
+    /// Issues this timeslice's heartbeat to the members, once the previous one has completed.
+    /// One heartbeat is in flight at a time, so a failed one can be sent again under the same
+    /// sequence number with nothing after it to overtake it.
     fn issue_heartbeat(&mut self) {
-        while self.hb_outstanding > 0 {
-            match self.prims.test_event(self.rm.hb_sent, Wait::Poll) {
-                Ok(true) => self.hb_outstanding -= 1,
-                Ok(false) => break,
-                Err(e) => {
-                    self.hb_outstanding -= 1;
-                    if let Some(more) = self.hb_errors.allow(Instant::now()) {
-                        tracing::error!(
-                            suppressed = more,
-                            "a heartbeat did not reach every node: {e}"
-                        );
-                    }
-                }
-            }
+        if !self.heartbeat_completed() {
+            return;
+        }
+        if self.heartbeats.dest().is_empty() {
+            return;
         }
         let limit = self.cfg.cluster.heartbeat_bytes;
         let mut hb = Heartbeat {
@@ -931,34 +947,67 @@ impl MachineManager {
         {
             Ok(()) => {
                 self.hb_seq += 1;
-                self.hb_outstanding += 1;
                 let sent: Vec<Command> = self.commands.drain(..taken).collect();
                 let now = Instant::now();
-                for cmd in sent {
+                for cmd in &sent {
                     if let Command::Launch(spec) = cmd
                         && let Some(j) = self.jobs.get_mut(&spec.job)
+                        && j.phase == Phase::Launching
                     {
                         j.launched = Some(now);
                         j.phase = Phase::Running;
                     }
                 }
+                self.hb_in_flight = Some(InFlight {
+                    commands: sent,
+                    issued: now,
+                });
             }
             Err(e) => {
+                // AWAIT-SPACE found no room in time (a node that just joined, or one that no
+                // longer takes heartbeats, which the receipt check finds), or could not ask a
+                // node (which counts as a miss).
                 if let Some(more) = self.hb_errors.allow(Instant::now()) {
-                    tracing::error!(suppressed = more, "cannot issue the heartbeat: {e}");
+                    tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
                 }
+                if !matches!(e, PrimError::Timeout { .. }) {
+                    self.blame(&e, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Takes the outcome of the heartbeat in flight, if it has one; true when none is in
+    /// flight any more.
+    fn heartbeat_completed(&mut self) -> bool {
+        let Some(flight) = &self.hb_in_flight else {
+            return true;
+        };
+        match self.prims.test_event(self.rm.hb_sent, Wait::Poll) {
+            Ok(false) => false,
+            Ok(true) => {
+                self.hb_in_flight = None;
+                self.hb_delivered = self.heartbeats.next_seq();
+                self.nodes.heard_all();
+                true
+            }
+            Err(e) => {
+                let issued = flight.issued;
+                let flight = self.hb_in_flight.take().expect("in flight");
+                self.heartbeat_failed(e, flight.commands, issued);
+                true
             }
         }
     }
 
     fn wait_heartbeats(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        while self.hb_outstanding > 0 && Instant::now() < deadline {
+        while self.hb_in_flight.is_some() && Instant::now() < deadline {
             match self
                 .prims
                 .test_event(self.rm.hb_sent, Wait::Timeout(deadline - Instant::now()))
             {
-                Ok(true) | Err(_) => self.hb_outstanding -= 1,
+                Ok(true) | Err(_) => self.hb_in_flight = None,
                 Ok(false) => break,
             }
         }
@@ -1066,18 +1115,12 @@ impl MachineManager {
         self.finish(id, Some(reason), Vec::new());
     }
 
-    /// Removes a job, frees what it held, and tells its submitter how it ended.
-    fn finish(
-        &mut self,
-        id: JobId,
-        reason: Option<String>,
-        ranks: Vec<Option<storm_cluster::messages::RankStatus>>,
-    ) {
-        let Some(j) = self.jobs.remove(&id) else {
-            return;
-        };
+    /// Frees what a started job holds: its job area, its transfer worker, its nodes (and their
+    /// processes and spool directories, through `Forget`).
+    fn release(&mut self, j: &Job) {
         if let Some(slot) = j.slot {
             self.slots[slot] = None;
+            self.prims.memory().store(self.rm.term_hint.at(slot), 0);
         }
         if let Phase::Sending { worker, .. } = j.phase {
             // The worker reports back and is forgotten; its slot frees when it does.
@@ -1090,10 +1133,23 @@ impl MachineManager {
             self.transferring = self.transferring.difference(&j.nodes);
         }
         if !j.nodes.is_empty() {
-            self.policy.ended(id, self.epoch.elapsed());
-            self.run_set.retain(|r| *r != id);
-            self.commands.push_back(Command::Forget { job: id });
+            self.policy.ended(j.id, self.epoch.elapsed());
+            self.run_set.retain(|r| *r != j.id);
+            self.commands.push_back(Command::Forget { job: j.id });
         }
+    }
+
+    /// Removes a job, frees what it held, and tells its submitter how it ended.
+    fn finish(
+        &mut self,
+        id: JobId,
+        reason: Option<String>,
+        ranks: Vec<Option<storm_cluster::messages::RankStatus>>,
+    ) {
+        let Some(j) = self.jobs.remove(&id) else {
+            return;
+        };
+        self.release(&j);
         let now = Instant::now();
         let us = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) if b >= a => (b - a).as_micros() as u64,

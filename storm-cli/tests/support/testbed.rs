@@ -1,0 +1,119 @@
+//! Namespace testbeds for integration tests, and what the tests ask of them.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
+use storm_cluster::config::{FailureSection, SchedulerSection};
+use storm_cluster::control::{Client, NodeInfo, Reply, Request};
+
+use super::ensure_daemons;
+
+/// A short unique testbed name (namespace prefix): tests run in parallel, and in other
+/// processes.
+pub fn unique_name() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "t{:05}{:02}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::Relaxed) % 100
+    )
+}
+
+/// Whether the test can run here; panics (with the reason) if it cannot and skipping was not
+/// asked for.
+pub fn can_run(test: &str) -> bool {
+    match namespaces_available() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("STORM_ALLOW_NO_NETNS").is_some() => {
+            eprintln!("NOT TESTED: {test}: network namespaces unavailable ({why})");
+            false
+        }
+        Err(why) => panic!(
+            "{test} needs network namespaces, which cannot be made here ({why}); run as root, \
+             or set STORM_ALLOW_NO_NETNS=1 to skip it visibly"
+        ),
+    }
+}
+
+/// A testbed of `nodes` nodes under `work`, 1 ms timeslice, FCFS.
+pub fn up(nodes: u32, work: &Path) -> Testbed {
+    ensure_daemons();
+    Testbed::up(&TestbedOptions {
+        name: unique_name(),
+        nodes,
+        dir: work.join("testbed"),
+        timeslice_ms: 1.0,
+        scheduler: SchedulerSection::default(),
+        failure: FailureSection::default(),
+    })
+    .expect("testbed up")
+}
+
+/// The MM's view of the nodes.
+pub fn nodes(socket: &Path) -> Vec<NodeInfo> {
+    let client = Client::connect(socket).expect("connect to the MM");
+    match client.call(&Request::Nodes).expect("nodes") {
+        Reply::Nodes(n) => n,
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+/// Waits until node `node` is in `state`; returns how long it took, or panics with what the
+/// MM reported last.
+pub fn wait_node_state(socket: &Path, node: u32, state: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let all = nodes(socket);
+        let n = &all[node as usize];
+        if n.state == state {
+            return start.elapsed();
+        }
+        if start.elapsed() > limit {
+            panic!("node {node} is not {state} after {limit:?}: {all:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until `storm queue` shows `job` in `state`.
+pub fn wait_job_state(socket: &Path, job_name: &str, state: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let client = Client::connect(socket).expect("connect to the MM");
+        let jobs = match client.call(&Request::Queue).expect("queue") {
+            Reply::Queue(j) => j,
+            other => panic!("unexpected reply {other:?}"),
+        };
+        if jobs.iter().any(|j| j.name == job_name && j.state == state) {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("job {job_name} is not {state} after {limit:?}: {jobs:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The last lines of every daemon log of a testbed, for assertion messages.
+pub fn logs(tb: &storm_cli::testbed::Testbed) -> String {
+    let mut out = String::new();
+    let mut entries: Vec<_> = std::fs::read_dir(&tb.dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    entries.sort();
+    for path in entries
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+    {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("==> {} <==\n", path.display()));
+        for l in &lines[lines.len().saturating_sub(25)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}

@@ -1,0 +1,256 @@
+//! The NM's side of membership: registering with the MM, joining the heartbeat, and noticing
+//! when the MM no longer counts this node as a member.
+//!
+//! The NM writes its stamp (pid and generation) into the MM's registry. The MM answers
+//! `Welcome`: the NM drops everything it ran for an earlier membership, discards stale
+//! heartbeat signals, and acknowledges. `Start` tells it the sequence number of its first
+//! heartbeat. An NM that hears no heartbeat for `rejoin_after_ms`, or that the MM tells it
+//! was evicted (it was marked DOWN, or the MM restarted), registers again with a new stamp.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use storm_cluster::RmLayout;
+use storm_cluster::messages::{MEMBERSHIP_BYTES, Membership, decode};
+use storm_primitives::helpers::QueueConsumer;
+use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
+
+/// How often an unanswered registration is sent again.
+const REGISTER_RETRY: Duration = Duration::from_millis(500);
+
+enum Standing {
+    /// Registered (or about to) with `stamp`; waiting for the welcome.
+    Registering { stamp: u64, sent: Option<Instant> },
+    /// Welcomed and acknowledged; waiting for the first heartbeat's sequence number.
+    Welcomed { stamp: u64, since: Instant },
+    /// A member: takes every heartbeat.
+    Member {
+        stamp: u64,
+        heartbeats: QueueConsumer,
+        last_heard: Instant,
+    },
+}
+
+/// What the manager must do next.
+pub enum Event {
+    /// A heartbeat to carry out.
+    Heartbeat(Bytes),
+    /// A new membership begins: drop every job of the earlier one and send output at this
+    /// epoch of the output queue.
+    Welcomed { output_epoch: u32 },
+    /// Nothing arrived in time.
+    Idle,
+}
+
+pub struct Registration {
+    prims: Arc<dyn Primitives>,
+    rm: RmLayout,
+    node: NodeId,
+    mm: NodeId,
+    rejoin_after: Duration,
+    generation: u32,
+    standing: Standing,
+}
+
+impl Registration {
+    pub fn new(
+        prims: Arc<dyn Primitives>,
+        rm: RmLayout,
+        node: NodeId,
+        mm: NodeId,
+        rejoin_after: Duration,
+    ) -> Self {
+        let mut m = Self {
+            prims,
+            rm,
+            node,
+            mm,
+            rejoin_after,
+            generation: 0,
+            standing: Standing::Registering {
+                stamp: 0,
+                sent: None,
+            },
+        };
+        m.standing = Standing::Registering {
+            stamp: m.next_stamp(),
+            sent: None,
+        };
+        m
+    }
+
+    /// A stamp no earlier registration of this node used: the pid and a generation.
+    fn next_stamp(&mut self) -> u64 {
+        self.generation += 1;
+        (std::process::id() as u64) << 32 | self.generation as u64
+    }
+
+    pub fn is_member(&self) -> bool {
+        matches!(self.standing, Standing::Member { .. })
+    }
+
+    /// Waits up to `wait` for the next thing to do.
+    pub fn next(&mut self, wait: Duration) -> Result<Event, PrimError> {
+        // Completions of registrations and acknowledgements: failures are retried anyway.
+        while let Ok(true) = self.prims.test_event(self.rm.register_sent, Wait::Poll) {}
+        if self.prims.test_event(self.rm.joined, Wait::Poll)? {
+            return Ok(self.on_message());
+        }
+        match &mut self.standing {
+            Standing::Registering { stamp, sent } => {
+                if sent.is_none_or(|t| t.elapsed() >= REGISTER_RETRY) {
+                    *sent = Some(Instant::now());
+                    let (stamp, at) = (*stamp, self.rm.registry.at(self.node as usize).offset());
+                    self.send_to_mm(at, stamp);
+                }
+                self.wait_message(wait)
+            }
+            Standing::Welcomed { since, .. } => {
+                if since.elapsed() > self.rejoin_after {
+                    tracing::warn!(
+                        node = self.node,
+                        "welcomed but never started; registering again"
+                    );
+                    self.register_again();
+                    return Ok(Event::Idle);
+                }
+                self.wait_message(wait)
+            }
+            Standing::Member {
+                heartbeats,
+                last_heard,
+                ..
+            } => match heartbeats.dequeue(&*self.prims, Wait::Timeout(wait))? {
+                Some(bytes) => {
+                    *last_heard = Instant::now();
+                    Ok(Event::Heartbeat(bytes))
+                }
+                None if last_heard.elapsed() > self.rejoin_after => {
+                    tracing::warn!(
+                        node = self.node,
+                        "no heartbeat for {:?}; registering with the MM again",
+                        last_heard.elapsed()
+                    );
+                    self.register_again();
+                    Ok(Event::Idle)
+                }
+                None => Ok(Event::Idle),
+            },
+        }
+    }
+
+    fn wait_message(&mut self, wait: Duration) -> Result<Event, PrimError> {
+        if self.prims.test_event(self.rm.joined, Wait::Timeout(wait))? {
+            Ok(self.on_message())
+        } else {
+            Ok(Event::Idle)
+        }
+    }
+
+    fn stamp(&self) -> u64 {
+        match self.standing {
+            Standing::Registering { stamp, .. }
+            | Standing::Welcomed { stamp, .. }
+            | Standing::Member { stamp, .. } => stamp,
+        }
+    }
+
+    fn register_again(&mut self) {
+        self.standing = Standing::Registering {
+            stamp: self.next_stamp(),
+            sent: None,
+        };
+    }
+
+    /// Handles the membership message in the join area. Messages for another stamp are
+    /// left over from an earlier registration and ignored.
+    fn on_message(&mut self) -> Event {
+        let bytes = match self
+            .prims
+            .memory()
+            .read_vec(self.rm.join.offset, MEMBERSHIP_BYTES)
+        {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(node = self.node, "cannot read the join area: {e}");
+                return Event::Idle;
+            }
+        };
+        let msg: Membership = match decode("membership", &bytes, MEMBERSHIP_BYTES) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(node = self.node, "ignoring a membership message: {e}");
+                return Event::Idle;
+            }
+        };
+        let mine = self.stamp();
+        match msg {
+            Membership::Welcome {
+                stamp,
+                output_epoch,
+            } if stamp == mine => {
+                let ack_at = self.rm.join_ack.at(self.node as usize).offset();
+                match self.standing {
+                    Standing::Registering { .. } => {
+                        // Nothing is sent to a node between its eviction and its start: every
+                        // heartbeat signal pending now is stale.
+                        QueueConsumer::discard_signals(&*self.prims, self.rm.heartbeat);
+                        self.standing = Standing::Welcomed {
+                            stamp,
+                            since: Instant::now(),
+                        };
+                        self.send_to_mm(ack_at, stamp);
+                        tracing::info!(node = self.node, "welcomed by the MM");
+                        Event::Welcomed { output_epoch }
+                    }
+                    Standing::Welcomed { .. } => {
+                        // Our acknowledgement was lost: send it again.
+                        self.send_to_mm(ack_at, stamp);
+                        Event::Idle
+                    }
+                    Standing::Member { .. } => Event::Idle,
+                }
+            }
+            Membership::Start { stamp, seq } if stamp == mine => {
+                if let Standing::Welcomed { .. } = self.standing {
+                    let heartbeats = QueueConsumer::join(&*self.prims, self.rm.heartbeat, 1, seq);
+                    self.standing = Standing::Member {
+                        stamp,
+                        heartbeats,
+                        last_heard: Instant::now(),
+                    };
+                    tracing::info!(node = self.node, seq, "joined the heartbeat");
+                }
+                Event::Idle
+            }
+            Membership::Evicted { stamp } if stamp == mine || stamp == 0 => {
+                match &mut self.standing {
+                    Standing::Registering { sent, .. } => *sent = None,
+                    _ => {
+                        tracing::warn!(
+                            node = self.node,
+                            "the MM no longer counts this node as a member; registering again"
+                        );
+                        self.register_again();
+                    }
+                }
+                Event::Idle
+            }
+            _ => Event::Idle,
+        }
+    }
+
+    /// Writes `value` into the MM's memory at `offset` and raises `registered` there.
+    fn send_to_mm(&self, offset: u64, value: u64) {
+        if let Err(e) = self.prims.xfer_and_signal(
+            &NodeSet::single(self.mm),
+            offset,
+            Bytes::copy_from_slice(&value.to_ne_bytes()),
+            Some(self.rm.registered),
+            Some(self.rm.register_sent),
+        ) {
+            tracing::debug!(node = self.node, "cannot reach the MM: {e}");
+        }
+    }
+}
