@@ -281,6 +281,44 @@ impl LocalCluster {
         &self.config.cluster.control_socket
     }
 
+    /// Kills node `i`'s NM with SIGKILL, as a crash would (fault injection for tests and
+    /// benchmarks), and reaps it.
+    pub fn kill_nm(&mut self, i: u32) -> Result<()> {
+        let name = format!("storm-nm node{i}");
+        let Some((_, child)) = self.daemons.iter_mut().find(|(n, _)| *n == name) else {
+            bail!("this cluster has no {name}");
+        };
+        child.kill().with_context(|| format!("killing {name}"))?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Starts node `i`'s NM again after [`LocalCluster::kill_nm`]; it binds its configured
+    /// address and registers with the MM.
+    pub fn restart_nm(&mut self, i: u32) -> Result<()> {
+        let name = format!("storm-nm node{i}");
+        let Some(pos) = self.daemons.iter().position(|(n, _)| *n == name) else {
+            bail!("this cluster has no {name}");
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join(format!("node{i}.log")))?;
+        let mut cmd = Command::new(bin_dir()?.join("storm-nm"));
+        cmd.args(["--config".as_ref(), self.config_path.as_os_str()])
+            .args(["--node", &format!("node{i}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .process_group(0);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn");
+        }
+        let child = cmd.spawn().with_context(|| format!("restarting {name}"))?;
+        self.daemons[pos].1 = child;
+        Ok(())
+    }
+
     /// The daemons' names ("storm-mm", "storm-nm node3") and process ids, for tools that
     /// account for their CPU time.
     pub fn daemon_pids(&self) -> Vec<(&str, u32)> {

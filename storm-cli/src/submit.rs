@@ -240,7 +240,15 @@ pub fn run_job(
             Event::Reply(Reply::Done) => {}
             Event::Reply(Reply::Error(e)) => return Err(e),
             Event::Reply(other) => return Err(format!("unexpected reply {other:?}")),
-            Event::Lost(e) => return Err(e),
+            Event::Lost(e) => {
+                return Err(match job {
+                    Some(id) => format!(
+                        "lost the machine manager ({e}): it stopped or restarted, and job \
+                         {id}'s outcome is unknown (see storm queue)"
+                    ),
+                    None => format!("lost the machine manager ({e}) before it accepted the job"),
+                });
+            }
         }
     }
 }

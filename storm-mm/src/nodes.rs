@@ -2,7 +2,7 @@
 //! heartbeats that lead to DOWN, and the operator's drain. Pure bookkeeping: the manager does
 //! the talking (docs/operations.md describes the states as an operator sees them).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use storm_primitives::{NodeId, NodeSet};
 
@@ -31,8 +31,8 @@ pub struct Node {
     pub output_epoch: u32,
     /// When the MM last told this node (down or unknown) to register.
     pub last_nudge: Option<Instant>,
-    /// Consecutive heartbeats this node missed.
-    misses: u32,
+    /// When a heartbeat last reached this node (or it joined).
+    last_heard: Option<Instant>,
     /// Consecutive receipt checks that found this node behind.
     lagging: u32,
 }
@@ -53,7 +53,7 @@ impl NodeTable {
             stamp_seen: 0,
             output_epoch: 1,
             last_nudge: None,
-            misses: 0,
+            last_heard: None,
             lagging: 0,
         };
         Self {
@@ -105,19 +105,23 @@ impl NodeTable {
             .collect()
     }
 
-    /// A heartbeat addressed to `n` failed because of it; `intervals` heartbeat intervals
-    /// passed since it was sent (a peer behind a cut link fails only after the connection's
-    /// timeout, which is many intervals of silence). True if `n` has now missed K in a row.
-    pub fn missed(&mut self, n: NodeId, intervals: u32) -> bool {
-        let node = &mut self.nodes[n as usize];
-        node.misses = node.misses.saturating_add(intervals.max(1));
-        node.misses >= self.limit
+    /// A heartbeat addressed to `n` failed because of it (its connection closed or was
+    /// refused, or timed out). The node has missed every heartbeat since the last one that
+    /// reached it: true if that is K heartbeat intervals (`interval`) or more.
+    pub fn missed(&mut self, n: NodeId, now: Instant, interval: Duration) -> bool {
+        let Some(heard) = self.nodes[n as usize].last_heard else {
+            return true;
+        };
+        let silent = now.saturating_duration_since(heard);
+        silent.as_nanos() >= interval.as_nanos().max(1) * self.limit as u128
     }
 
-    /// A heartbeat reached every member.
-    pub fn heard_all(&mut self) {
+    /// A heartbeat issued at `sent` reached every member.
+    pub fn heard_all(&mut self, sent: Instant) {
         for node in &mut self.nodes {
-            node.misses = 0;
+            if matches!(node.life, Life::Up { .. }) {
+                node.last_heard = Some(sent);
+            }
         }
     }
 
@@ -137,7 +141,7 @@ impl NodeTable {
     pub fn set_up(&mut self, n: NodeId, stamp: u64) {
         let node = &mut self.nodes[n as usize];
         node.life = Life::Up { stamp };
-        node.misses = 0;
+        node.last_heard = Some(Instant::now());
         node.lagging = 0;
     }
 
@@ -148,7 +152,7 @@ impl NodeTable {
             return false;
         }
         node.life = Life::Down { reason, since: now };
-        node.misses = 0;
+        node.last_heard = None;
         node.lagging = 0;
         node.last_nudge = Some(now);
         true
@@ -181,22 +185,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn k_consecutive_misses_make_a_node_down_and_a_heard_heartbeat_forgives() {
+    fn a_node_is_down_once_k_heartbeat_intervals_passed_since_it_last_heard_one() {
+        let ms = Duration::from_millis;
         let mut t = NodeTable::new(4, 3);
         t.set_up(1, 7);
-        assert!(!t.missed(1, 1));
-        assert!(!t.missed(1, 1));
-        t.heard_all();
-        assert!(!t.missed(1, 1), "the count restarts after a good heartbeat");
-        assert!(!t.missed(1, 1));
-        assert!(t.missed(1, 1), "third in a row");
-    }
-
-    #[test]
-    fn a_long_silence_counts_as_that_many_missed_heartbeats() {
-        let mut t = NodeTable::new(2, 3);
-        t.set_up(0, 1);
-        assert!(t.missed(0, 500), "a failure after 500 intervals of silence");
+        let t0 = Instant::now();
+        t.heard_all(t0);
+        assert!(!t.missed(1, t0 + ms(1), ms(1)), "one interval: one miss");
+        assert!(!t.missed(1, t0 + ms(2), ms(1)));
+        assert!(t.missed(1, t0 + ms(3), ms(1)), "the third interval");
+        t.heard_all(t0 + ms(3));
+        assert!(
+            !t.missed(1, t0 + ms(4), ms(1)),
+            "a heartbeat that arrived resets the count"
+        );
+        assert!(
+            t.missed(1, t0 + ms(500), ms(1)),
+            "a failure after 500 intervals of silence (a cut link)"
+        );
     }
 
     #[test]

@@ -4,15 +4,15 @@
 //!
 //! * a heartbeat whose XFER-AND-SIGNAL fails naming the node (its connection closed, was
 //!   refused, or timed out: a dead NM, a crashed host, a cut link). Nothing was signalled
-//!   anywhere (all or nothing), so the heartbeat is sent again under the same sequence number;
-//!   the node has missed one heartbeat, or as many heartbeat intervals as the failure took to
-//!   show;
+//!   anywhere (all or nothing), so the heartbeat is sent again under the same sequence number.
+//!   The node has missed every heartbeat since the last one that reached it; once that is K
+//!   heartbeat intervals, it is DOWN;
 //! * a receipt check: every `check_interval_ms` one COMPARE-AND-WRITE asks whether every
 //!   member took every heartbeat delivered before the previous check. When it says no, each
 //!   member is asked alone, and the ones behind have missed that check (an NM that is alive on
 //!   the network but no longer takes heartbeats).
 //!
-//! K consecutive misses (`missed_heartbeats`) make the node DOWN: it leaves the heartbeat (the
+//! K (`missed_heartbeats`) makes the node DOWN: it leaves the heartbeat (the
 //! tcp tree is built over the remaining members, so it heals at once) and allocation; each job
 //! that used it ends with a reason naming the node, or goes back to the queue if it was
 //! submitted with `--requeue`; its processes on the other nodes are killed (`Forget`).
@@ -29,12 +29,7 @@ use crate::policy::JobAsk;
 impl MachineManager {
     /// The heartbeat in flight failed: count the miss against the node the error names, and
     /// send the heartbeat again.
-    pub(super) fn heartbeat_failed(
-        &mut self,
-        e: PrimError,
-        commands: Vec<Command>,
-        issued: Instant,
-    ) {
+    pub(super) fn heartbeat_failed(&mut self, e: PrimError, commands: Vec<Command>) {
         self.heartbeats.unsend_last();
         self.hb_seq -= 1;
         let again: Vec<Command> = commands.into_iter().filter(|c| self.still_due(c)).collect();
@@ -47,12 +42,12 @@ impl MachineManager {
                 "a heartbeat did not reach every node: {e}"
             );
         }
-        self.blame(&e, issued);
+        self.blame(&e);
     }
 
     /// Counts a missed heartbeat against the node `e` names, if it names a member; marks it
     /// DOWN after K.
-    pub(super) fn blame(&mut self, e: &PrimError, since: Instant) {
+    pub(super) fn blame(&mut self, e: &PrimError) {
         let node = match e {
             PrimError::Unreachable { node, .. } | PrimError::Protocol { node, .. } => *node,
             PrimError::Timeout { nodes, .. } if nodes.len() == 1 => {
@@ -63,12 +58,10 @@ impl MachineManager {
         if !self.heartbeats.dest().contains(node) {
             return;
         }
-        let interval = self
-            .cfg
-            .timeslice()
-            .max(std::time::Duration::from_micros(1));
-        let intervals = (since.elapsed().as_nanos() / interval.as_nanos()).min(u32::MAX as u128);
-        if self.nodes.missed(node, intervals as u32) {
+        if self
+            .nodes
+            .missed(node, Instant::now(), self.cfg.timeslice())
+        {
             let k = self.cfg.failure.missed_heartbeats;
             self.mark_down(node, format!("missed {k} heartbeats in a row ({e})"));
         }
@@ -120,7 +113,7 @@ impl MachineManager {
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("receipt check failed: {e}");
-                self.blame(&e, now);
+                self.blame(&e);
             }
         }
         // Someone is behind (or the check failed): ask each member alone.
@@ -145,7 +138,7 @@ impl MachineManager {
                         );
                     }
                 }
-                Err(e) => self.blame(&e, now),
+                Err(e) => self.blame(&e),
             }
         }
     }

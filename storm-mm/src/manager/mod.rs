@@ -971,7 +971,7 @@ impl MachineManager {
                     tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
                 }
                 if !matches!(e, PrimError::Timeout { .. }) {
-                    self.blame(&e, Instant::now());
+                    self.blame(&e);
                 }
             }
         }
@@ -986,15 +986,15 @@ impl MachineManager {
         match self.prims.test_event(self.rm.hb_sent, Wait::Poll) {
             Ok(false) => false,
             Ok(true) => {
+                let issued = flight.issued;
                 self.hb_in_flight = None;
                 self.hb_delivered = self.heartbeats.next_seq();
-                self.nodes.heard_all();
+                self.nodes.heard_all(issued);
                 true
             }
             Err(e) => {
-                let issued = flight.issued;
                 let flight = self.hb_in_flight.take().expect("in flight");
-                self.heartbeat_failed(e, flight.commands, issued);
+                self.heartbeat_failed(e, flight.commands);
                 true
             }
         }
