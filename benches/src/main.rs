@@ -8,8 +8,10 @@
 //! * `storm-bench launch`: job launch of a padded do-nothing program (the paper's Fig. 2a).
 //! * `storm-bench gang`: gang scheduling against quantum and MPL, its CPU cost and strobe skew
 //!   (the paper's Figs. 3 and 5).
+//! * `storm-bench faults`: failure detection latency, rejoin time and tree healing.
 
 mod baseline;
+mod faults;
 mod gang;
 mod launch;
 mod prims;
@@ -91,6 +93,24 @@ enum Command {
         /// libfabric provider for --backend ofi.
         #[arg(long)]
         provider: Option<String>,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Failure detection (kill to DOWN), rejoin (restart to UP) and tree healing.
+    Faults {
+        /// Nodes of the embedded cluster for detection.
+        #[arg(long, default_value_t = 8)]
+        nodes: u32,
+        /// Trials of each measurement.
+        #[arg(long, default_value_t = 10)]
+        trials: usize,
+        /// Timeslice (heartbeat interval) of the cluster, in milliseconds.
+        #[arg(long, default_value_t = 1.0)]
+        timeslice_ms: f64,
+        /// Node counts of the tree-healing measurement.
+        #[arg(long, default_value = "8,16,32", value_parser = report::parse_counts)]
+        heal_nodes: std::vec::Vec<u32>,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -221,6 +241,28 @@ fn main() -> Result<()> {
             let mut out = report::Csv::new(launch::CSV_HEADER);
             let table = launch::run(&args, &mut out)?;
             println!("{}", table.render());
+            out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Faults {
+            nodes,
+            trials,
+            timeslice_ms,
+            heal_nodes,
+            csv,
+        } => {
+            if trials == 0 || timeslice_ms <= 0.0 {
+                anyhow::bail!("--trials and --timeslice-ms must be positive");
+            }
+            let args = faults::FaultsArgs {
+                nodes,
+                trials,
+                timeslice_ms,
+                heal_nodes,
+            };
+            let mut out = report::Csv::new(faults::CSV_HEADER);
+            for table in faults::run(&args, &mut out)? {
+                println!("{}", table.render());
+            }
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Gang {

@@ -1,0 +1,233 @@
+//! `storm-bench faults`: how fast storm notices a failed node and recovers.
+//!
+//! * detection: an embedded cluster (MM and N NMs as processes on loopback); in each trial one
+//!   NM is killed with SIGKILL and the MM's node table is polled until it says DOWN. The
+//!   latency is reported in milliseconds and in heartbeat intervals (the timeslice). Then the
+//!   NM is started again and the time until the node is back up (re-registered and welcomed)
+//!   is measured. Baseline, same run: how long the kernel takes to tell a client that nobody
+//!   listens on a loopback port (a refused connect), the quickest notice of a dead process.
+//! * heal: tcp nodes in this process, a binary tree over N nodes; an interior node (node 1,
+//!   parent of a subtree) is shut down as a crash would, and the time is taken from then until
+//!   an XFER-AND-SIGNAL to the remaining nodes has completed: the failed transfer that names
+//!   the node, plus one on the tree rebuilt without it. Baseline, same run: one transfer of the
+//!   same 8 bytes on the healthy tree.
+
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cluster::control::{Client, Reply, Request};
+use storm_primitives::conformance::test_layout;
+use storm_primitives::tcp::{TcpConfig, TcpNode};
+use storm_primitives::{NodeSet, PrimError, Primitives, Wait};
+
+use crate::report::{Csv, Table};
+use crate::stats::{Samples, fmt_time};
+
+pub struct FaultsArgs {
+    pub nodes: u32,
+    pub trials: usize,
+    pub timeslice_ms: f64,
+    pub heal_nodes: Vec<u32>,
+}
+
+pub const CSV_HEADER: &[&str] = &[
+    "measure",
+    "nodes",
+    "trials",
+    "median_s",
+    "p90_s",
+    "max_s",
+    "heartbeats_median",
+    "baseline_s",
+    "ratio",
+];
+
+pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
+    Ok(vec![detection(args, csv)?, heal(args, csv)?])
+}
+
+/// The MM's state for `node`.
+fn node_state(client: &Client, node: u32) -> Result<String> {
+    match client.call(&Request::Nodes).map_err(anyhow::Error::msg)? {
+        Reply::Nodes(n) => n
+            .get(node as usize)
+            .map(|n| n.state.clone())
+            .context("node missing from the MM's table"),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+fn wait_state(socket: &std::path::Path, node: u32, want: &[&str], limit: Duration) -> Result<()> {
+    let client = Client::connect(socket).map_err(anyhow::Error::msg)?;
+    let start = Instant::now();
+    loop {
+        if want.contains(&node_state(&client, node)?.as_str()) {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            bail!("node {node} did not become {want:?} within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Median time for a loopback connect to a port nobody listens on to be refused.
+fn refused_connect() -> Result<f64> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut v = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        if TcpStream::connect(port).is_ok() {
+            bail!("something listens on {port}");
+        }
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(Samples::from_secs(v).median())
+}
+
+fn detection(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
+    if args.nodes < 2 {
+        bail!("detection needs at least 2 nodes");
+    }
+    let mut opts = LocalOptions::new(args.nodes);
+    opts.timeslice_ms = args.timeslice_ms;
+    let mut cluster = LocalCluster::start(&opts)?;
+    let socket = cluster.socket().to_path_buf();
+    let baseline = refused_connect()?;
+    let (mut detect, mut rejoin) = (Vec::new(), Vec::new());
+    for trial in 0..args.trials {
+        let node = trial as u32 % args.nodes;
+        let t = Instant::now();
+        cluster.kill_nm(node)?;
+        wait_state(&socket, node, &["down"], Duration::from_secs(30))?;
+        detect.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        cluster.restart_nm(node)?;
+        wait_state(&socket, node, &["idle"], Duration::from_secs(30))?;
+        rejoin.push(t.elapsed().as_secs_f64());
+    }
+    cluster.shutdown()?;
+    let slice = args.timeslice_ms / 1000.0;
+    let mut table = Table::new(
+        format!(
+            "Failure detection: kill -9 of one NM of an embedded {}-node cluster (tcp, loopback, \
+             timeslice {} ms) until the MM reports it DOWN, and restart until it is up again; \
+             {} trials; baseline: a refused loopback connect, same run",
+            args.nodes, args.timeslice_ms, args.trials
+        ),
+        &[
+            "measure",
+            "median",
+            "p90",
+            "max",
+            "heartbeats",
+            "baseline",
+            "ratio",
+        ],
+    );
+    for (name, v) in [("kill to DOWN", detect), ("restart to UP", rejoin)] {
+        let s = Samples::from_secs(v);
+        let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
+        table.push(vec![
+            name.into(),
+            fmt_time(med),
+            fmt_time(p90),
+            fmt_time(max),
+            format!("{:.1}", med / slice),
+            fmt_time(baseline),
+            format!("{:.0}", med / baseline),
+        ]);
+        csv.push(vec![
+            name.replace(' ', "_"),
+            args.nodes.to_string(),
+            s.len().to_string(),
+            format!("{med:.6}"),
+            format!("{p90:.6}"),
+            format!("{max:.6}"),
+            format!("{:.2}", med / slice),
+            format!("{baseline:.6}"),
+            format!("{:.2}", med / baseline),
+        ]);
+    }
+    Ok(table)
+}
+
+fn heal(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
+    let mut table = Table::new(
+        format!(
+            "Tree healing (tcp, binary tree, 8-byte XFER-AND-SIGNAL from node 0): interior node 1 \
+             crashes; time until a transfer to the remaining nodes completes (the failed transfer \
+             naming node 1, then one on the rebuilt tree); {} trials; baseline: one transfer on \
+             the healthy tree, same run",
+            args.trials
+        ),
+        &["N", "heal median", "heal p90", "healthy xfer", "ratio"],
+    );
+    let t = test_layout();
+    let cfg = TcpConfig {
+        fanout: 2,
+        ..TcpConfig::default()
+    };
+    for &n in &args.heal_nodes {
+        if n < 4 {
+            bail!("healing needs at least 4 nodes (node 1 must have children)");
+        }
+        let (mut heal, mut healthy) = (Vec::new(), Vec::new());
+        for _ in 0..args.trials {
+            let nodes = TcpNode::local_cluster(n, &t.layout, &cfg)?;
+            let all = NodeSet::range(1, n - 1);
+            let xfer = |dest: &NodeSet| -> Result<(), PrimError> {
+                nodes[0].xfer_and_signal(
+                    dest,
+                    t.small.offset,
+                    Bytes::from_static(b"strobe!!"),
+                    Some(t.data),
+                    Some(t.done),
+                )?;
+                match nodes[0].test_event(t.done, Wait::Timeout(Duration::from_secs(30)))? {
+                    true => Ok(()),
+                    false => Err(PrimError::TransferFailed("no completion".into())),
+                }
+            };
+            // Warm the connections, then time a healthy transfer.
+            xfer(&all)?;
+            let start = Instant::now();
+            xfer(&all)?;
+            healthy.push(start.elapsed().as_secs_f64());
+            nodes[1].shutdown();
+            let start = Instant::now();
+            match xfer(&all) {
+                Err(PrimError::Unreachable { node: 1, .. }) => {}
+                other => bail!("the transfer over the dead node should fail naming it: {other:?}"),
+            }
+            let mut rest = all.clone();
+            rest.remove(1);
+            xfer(&rest)?;
+            heal.push(start.elapsed().as_secs_f64());
+        }
+        let (heal, healthy) = (Samples::from_secs(heal), Samples::from_secs(healthy));
+        let ratio = heal.median() / healthy.median();
+        table.push(vec![
+            n.to_string(),
+            fmt_time(heal.median()),
+            fmt_time(heal.quantile(0.9)),
+            fmt_time(healthy.median()),
+            format!("{ratio:.2}"),
+        ]);
+        csv.push(vec![
+            "tree_heal".into(),
+            n.to_string(),
+            heal.len().to_string(),
+            format!("{:.6}", heal.median()),
+            format!("{:.6}", heal.quantile(0.9)),
+            format!("{:.6}", heal.quantile(1.0)),
+            String::new(),
+            format!("{:.6}", healthy.median()),
+            format!("{ratio:.2}"),
+        ]);
+    }
+    Ok(table)
+}
