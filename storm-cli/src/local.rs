@@ -82,19 +82,28 @@ pub fn bin_dir() -> Result<PathBuf> {
         .to_path_buf())
 }
 
-fn spawn_daemon(bin: &Path, args: &[String], listener: &TcpListener, log: &Path) -> Result<Child> {
+/// Starts a daemon with its output appended to `log`. With `listener` it uses that
+/// pre-bound socket (`--listen-fd 3`); without, it binds its configured address (a restart).
+fn spawn_daemon(
+    bin: &Path,
+    args: &[String],
+    listener: Option<&TcpListener>,
+    log: &Path,
+) -> Result<Child> {
     if !bin.is_file() {
         bail!(
             "{} not found (build the workspace, or set STORM_BIN_DIR)",
             bin.display()
         );
     }
-    let log_file =
-        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let fd = listener.as_raw_fd();
+    // Appended to: a restarted daemon keeps its predecessor's log.
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
     let mut cmd = Command::new(bin);
     cmd.args(args)
-        .args(["--listen-fd", "3"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file);
@@ -104,22 +113,26 @@ fn spawn_daemon(bin: &Path, args: &[String], listener: &TcpListener, log: &Path)
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "warn");
     }
-    // SAFETY: dup2 is async-signal-safe and only touches the child's descriptors.
-    unsafe {
-        cmd.pre_exec(move || {
-            // dup2 onto itself is a no-op that would leave close-on-exec set.
-            let ok = if fd == 3 {
-                let flags = libc::fcntl(3, libc::F_GETFD);
-                flags >= 0 && libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) >= 0
-            } else {
-                libc::dup2(fd, 3) >= 0
-            };
-            if ok {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
+    if let Some(listener) = listener {
+        let fd = listener.as_raw_fd();
+        cmd.args(["--listen-fd", "3"]);
+        // SAFETY: dup2 is async-signal-safe and only touches the child's descriptors.
+        unsafe {
+            cmd.pre_exec(move || {
+                // dup2 onto itself is a no-op that would leave close-on-exec set.
+                let ok = if fd == 3 {
+                    let flags = libc::fcntl(3, libc::F_GETFD);
+                    flags >= 0 && libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) >= 0
+                } else {
+                    libc::dup2(fd, 3) >= 0
+                };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
     }
     cmd.spawn()
         .with_context(|| format!("starting {}", bin.display()))
@@ -246,7 +259,7 @@ impl LocalCluster {
         let mm = spawn_daemon(
             &bin.join("storm-mm"),
             &["--config".into(), cfg_arg.clone()],
-            &listeners[opts.nodes as usize],
+            Some(&listeners[opts.nodes as usize]),
             &root.join("mm.log"),
         )?;
         cluster.daemons.push(("storm-mm".into(), mm));
@@ -259,7 +272,7 @@ impl LocalCluster {
                     "--node".into(),
                     format!("node{i}"),
                 ],
-                listener,
+                Some(listener),
                 &root.join(format!("node{i}.log")),
             )?;
             cluster.daemons.push((format!("storm-nm node{i}"), nm));
@@ -300,21 +313,18 @@ impl LocalCluster {
         let Some(pos) = self.daemons.iter().position(|(n, _)| *n == name) else {
             bail!("this cluster has no {name}");
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.root.join(format!("node{i}.log")))?;
-        let mut cmd = Command::new(bin_dir()?.join("storm-nm"));
-        cmd.args(["--config".as_ref(), self.config_path.as_os_str()])
-            .args(["--node", &format!("node{i}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0);
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "warn");
-        }
-        let child = cmd.spawn().with_context(|| format!("restarting {name}"))?;
+        let child = spawn_daemon(
+            &bin_dir()?.join("storm-nm"),
+            &[
+                "--config".into(),
+                self.config_path.display().to_string(),
+                "--node".into(),
+                format!("node{i}"),
+            ],
+            None,
+            &self.root.join(format!("node{i}.log")),
+        )
+        .with_context(|| format!("restarting {name}"))?;
         self.daemons[pos].1 = child;
         Ok(())
     }

@@ -78,27 +78,15 @@ impl Buddy {
     /// The lowest aligned sub-block of `2^want` leaves, inside a free block, whose first `k`
     /// leaves are usable: (order of the free block, its start, the sub-block's start).
     fn find(&self, k: u32, want: usize) -> Option<(usize, u32, u32)> {
-        let mut best: Option<(usize, u32, u32)> = None;
-        for o in want..self.free.len() {
-            for &s in &self.free[o] {
-                let fit = (0..1u32 << (o - want))
+        // The smallest free blocks first, as a buddy allocator does; the lowest within them.
+        (want..self.free.len()).find_map(|o| {
+            self.free[o].iter().find_map(|&s| {
+                (0..1u32 << (o - want))
                     .map(|i| s + (i << want))
-                    .find(|&c| self.usable(c, c + k));
-                if let Some(c) = fit
-                    && best.is_none_or(|(_, _, b)| c < b)
-                {
-                    best = Some((o, s, c));
-                }
-                if fit.is_some() {
-                    break;
-                }
-            }
-            // Prefer the smallest free block that fits, as a buddy allocator does.
-            if best.is_some() {
-                break;
-            }
-        }
-        best
+                    .find(|&c| self.usable(c, c + k))
+                    .map(|c| (o, s, c))
+            })
+        })
     }
 
     /// Takes `k` nodes: an aligned block when one is free; otherwise, when at least `k` nodes

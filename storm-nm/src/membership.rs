@@ -86,10 +86,6 @@ impl Registration {
         (std::process::id() as u64) << 32 | self.generation as u64
     }
 
-    pub fn is_member(&self) -> bool {
-        matches!(self.standing, Standing::Member { .. })
-    }
-
     /// Waits up to `wait` for the next thing to do.
     pub fn next(&mut self, wait: Duration) -> Result<Event, PrimError> {
         // Completions of registrations and acknowledgements: failures are retried anyway.

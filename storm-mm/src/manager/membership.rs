@@ -28,11 +28,10 @@ const NUDGE_EVERY: Duration = Duration::from_secs(1);
 impl MachineManager {
     /// Answers registrations and acknowledgements; nudges nodes that are not members.
     pub(super) fn membership(&mut self) {
-        while let Ok(true) = self.prims.test_event(self.rm.registered, Wait::Poll) {}
-        while let Ok(done) = self.prims.test_event(self.rm.join_sent, Wait::Poll) {
-            if !done {
-                break;
-            }
+        // Signals and completions only say "look"; the registry and the acknowledgements in
+        // memory say what happened, and unanswered messages are sent again.
+        for event in [self.rm.registered, self.rm.join_sent] {
+            while let Ok(true) = self.prims.test_event(event, Wait::Poll) {}
         }
         let now = Instant::now();
         let prims = self.prims.clone();
