@@ -621,6 +621,7 @@ impl NodeManager {
     }
 
     fn forget(&mut self, job: JobId) {
+        tracing::info!(node = self.node, job, "forgetting the job");
         self.pending.remove(&job);
         // Cancelled now; joined before the next transfer starts.
         if let Some(receiver) = self.receivers.get(&job) {

@@ -19,8 +19,9 @@
 
 use std::time::Instant;
 
+use bytes::Bytes;
 use storm_cluster::control::Reply;
-use storm_cluster::messages::{Command, JobId};
+use storm_cluster::messages::JobId;
 use storm_primitives::{NodeId, NodeSet, PrimError, Relation};
 
 use super::{MachineManager, Phase};
@@ -28,14 +29,11 @@ use crate::policy::JobAsk;
 
 impl MachineManager {
     /// The heartbeat in flight failed: count the miss against the node the error names, and
-    /// send the heartbeat again.
-    pub(super) fn heartbeat_failed(&mut self, e: PrimError, commands: Vec<Command>) {
+    /// send the same heartbeat again. Nodes that took it all the same (a node failing during
+    /// the commit phase leaves some signalled) skip the repeat; the others take it.
+    pub(super) fn heartbeat_failed(&mut self, e: PrimError, sent: Bytes) {
         self.heartbeats.unsend_last();
-        self.hb_seq -= 1;
-        let again: Vec<Command> = commands.into_iter().filter(|c| self.still_due(c)).collect();
-        for cmd in again.into_iter().rev() {
-            self.commands.push_front(cmd);
-        }
+        self.hb_resend = Some(sent);
         if let Some(more) = self.hb_errors.allow(Instant::now()) {
             tracing::warn!(
                 suppressed = more,
@@ -64,25 +62,6 @@ impl MachineManager {
         {
             let k = self.cfg.failure.missed_heartbeats;
             self.mark_down(node, format!("missed {k} heartbeats in a row ({e})"));
-        }
-    }
-
-    /// Whether a command of a failed heartbeat still needs sending: not if its job ended or
-    /// was placed elsewhere meanwhile.
-    fn still_due(&self, cmd: &Command) -> bool {
-        match cmd {
-            Command::Launch(spec) => self
-                .jobs
-                .get(&spec.job)
-                .is_some_and(|j| j.nodes == spec.nodes && j.phase == Phase::Running),
-            Command::ReceiveFile(info) => self.jobs.get(&info.job).is_some_and(|j| {
-                matches!(j.phase,
-                    Phase::Sending { transfer, .. } | Phase::Verifying { transfer }
-                        if transfer == info.transfer)
-            }),
-            Command::Signal { job, .. } => self.jobs.contains_key(job),
-            Command::Forget { .. } | Command::Shutdown => true,
-            Command::Schedule { .. } => false,
         }
     }
 

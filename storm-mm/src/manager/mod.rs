@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use storm_cluster::control::{JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request, Timing};
 use storm_cluster::endpoint::{self, Listen};
@@ -103,8 +104,8 @@ struct Job {
 
 /// The heartbeat whose transfer has not completed yet.
 struct InFlight {
-    /// Commands it carries, sent again if it fails.
-    commands: Vec<Command>,
+    /// The heartbeat as sent, sent again as it is if it fails.
+    bytes: Bytes,
     issued: Instant,
 }
 
@@ -140,8 +141,11 @@ pub struct MachineManager {
     nodes: NodeTable,
     /// Producer of the heartbeat queue; its node set is the members (the UP nodes).
     heartbeats: QueueProducer,
+    /// Sequence number of the next new heartbeat.
     hb_seq: u64,
     hb_in_flight: Option<InFlight>,
+    /// A heartbeat whose transfer failed, to send again before any new one.
+    hb_resend: Option<Bytes>,
     /// Every heartbeat before this sequence number reached every member.
     hb_delivered: u64,
     /// When the next receipt check (COMPARE-AND-WRITE on the heartbeat counters) is due, and
@@ -206,6 +210,7 @@ impl MachineManager {
             policy,
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             hb_in_flight: None,
+            hb_resend: None,
             hb_delivered: epoch_base(1),
             next_check: Instant::now(),
             check_target: epoch_base(1),
@@ -905,8 +910,8 @@ impl MachineManager {
     // ---------------------------------------------------------------- heartbeat
 
     /// Issues this timeslice's heartbeat to the members, once the previous one has completed.
-    /// One heartbeat is in flight at a time, so a failed one can be sent again under the same
-    /// sequence number with nothing after it to overtake it.
+    /// One heartbeat is in flight at a time, so a failed one can be sent again, byte for byte
+    /// under the same sequence number, with nothing after it to overtake it.
     fn issue_heartbeat(&mut self) {
         if !self.heartbeat_completed() {
             return;
@@ -914,6 +919,53 @@ impl MachineManager {
         if self.heartbeats.dest().is_empty() {
             return;
         }
+        let (bytes, fresh) = match self.hb_resend.take() {
+            Some(bytes) => (bytes, None),
+            None => match self.next_heartbeat() {
+                Some((bytes, taken)) => (bytes, Some(taken)),
+                None => return,
+            },
+        };
+        match self
+            .heartbeats
+            .enqueue(&*self.prims, &bytes, Some(self.rm.hb_sent))
+        {
+            Ok(()) => {
+                let now = Instant::now();
+                if let Some(taken) = fresh {
+                    self.hb_seq += 1;
+                    for cmd in self.commands.drain(..taken) {
+                        if let Command::Launch(spec) = cmd
+                            && let Some(j) = self.jobs.get_mut(&spec.job)
+                            && j.phase == Phase::Launching
+                        {
+                            j.launched = Some(now);
+                            j.phase = Phase::Running;
+                        }
+                    }
+                }
+                self.hb_in_flight = Some(InFlight { bytes, issued: now });
+            }
+            Err(e) => {
+                // AWAIT-SPACE found no room in time (a node that just joined, or one that no
+                // longer takes heartbeats, which the receipt check finds), or could not ask a
+                // node (which counts as a miss).
+                if fresh.is_none() {
+                    self.hb_resend = Some(bytes);
+                }
+                if let Some(more) = self.hb_errors.allow(Instant::now()) {
+                    tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
+                }
+                if !matches!(e, PrimError::Timeout { .. }) {
+                    self.blame(&e);
+                }
+            }
+        }
+    }
+
+    /// The next heartbeat: as many queued commands as fit and, under gang scheduling, the
+    /// schedule of this timeslice (the strobe). Also returns how many commands it carries.
+    fn next_heartbeat(&self) -> Option<(Bytes, usize)> {
         let limit = self.cfg.cluster.heartbeat_bytes;
         let mut hb = Heartbeat {
             seq: self.hb_seq,
@@ -929,50 +981,15 @@ impl MachineManager {
             taken += 1;
         }
         if self.gang {
-            // The strobe: every heartbeat names the jobs of this timeslice.
             hb.commands.push(Command::Schedule {
                 run: self.run_set.clone(),
             });
         }
-        let bytes = match encode("heartbeat", &hb, limit) {
-            Ok(b) => b,
+        match encode("heartbeat", &hb, limit) {
+            Ok(b) => Some((Bytes::from(b), taken)),
             Err(e) => {
                 tracing::error!("cannot encode a heartbeat: {e}");
-                return;
-            }
-        };
-        match self
-            .heartbeats
-            .enqueue(&*self.prims, &bytes, Some(self.rm.hb_sent))
-        {
-            Ok(()) => {
-                self.hb_seq += 1;
-                let sent: Vec<Command> = self.commands.drain(..taken).collect();
-                let now = Instant::now();
-                for cmd in &sent {
-                    if let Command::Launch(spec) = cmd
-                        && let Some(j) = self.jobs.get_mut(&spec.job)
-                        && j.phase == Phase::Launching
-                    {
-                        j.launched = Some(now);
-                        j.phase = Phase::Running;
-                    }
-                }
-                self.hb_in_flight = Some(InFlight {
-                    commands: sent,
-                    issued: now,
-                });
-            }
-            Err(e) => {
-                // AWAIT-SPACE found no room in time (a node that just joined, or one that no
-                // longer takes heartbeats, which the receipt check finds), or could not ask a
-                // node (which counts as a miss).
-                if let Some(more) = self.hb_errors.allow(Instant::now()) {
-                    tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
-                }
-                if !matches!(e, PrimError::Timeout { .. }) {
-                    self.blame(&e);
-                }
+                None
             }
         }
     }
@@ -994,7 +1011,7 @@ impl MachineManager {
             }
             Err(e) => {
                 let flight = self.hb_in_flight.take().expect("in flight");
-                self.heartbeat_failed(e, flight.commands);
+                self.heartbeat_failed(e, flight.bytes);
                 true
             }
         }

@@ -89,9 +89,10 @@ impl QueueProducer {
     }
 
     /// The last entry's transfer failed, so no consumer was signalled (XFER-AND-SIGNAL is all
-    /// or nothing): its sequence number and slot are used again by the next entry. Consumers
-    /// that were signalled all the same (a node failing during the commit) see the entry
-    /// again and skip it as one they already took.
+    /// or nothing): its sequence number and slot are used again by the next entry, which must
+    /// be the same entry sent again. Consumers that were signalled all the same (a node failing
+    /// during the commit) see it again and skip it as one they already took; a different
+    /// entry in its place would be lost to them.
     pub fn unsend_last(&mut self) {
         if self.enqueued > self.base {
             self.enqueued -= 1;
