@@ -245,8 +245,8 @@ impl NodeManager {
     }
 
     /// The MM welcomed this node into a new membership: whatever ran for the earlier one was
-    /// ended by the MM (its nodes were told to forget it), so it goes here too, and output
-    /// starts afresh at the membership's queue epoch.
+    /// ended by the MM (its nodes were told to forget it, or the MM restarted), so it goes here
+    /// too; program transfers and output start afresh.
     fn new_membership(&mut self, output_epoch: u32) -> Result<()> {
         let jobs: Vec<JobId> = self
             .jobs
@@ -265,6 +265,12 @@ impl NodeManager {
         for (_, receiver) in std::mem::take(&mut self.receivers) {
             receiver.stop();
         }
+        // A restarted MM numbers its transfers afresh, so the chunk queue's epochs start
+        // over: the queue goes back to its never-used state (a producer then waits for this
+        // node's receiver, whatever epoch it starts at), and an acknowledgement left from the
+        // earlier membership must not answer for a new transfer.
+        self.prims.memory().store(self.rm.chunks.dequeued, 0);
+        self.prims.memory().store(self.rm.file_ack, 0);
         self.output = Output::start(
             self.prims.clone(),
             &self.rm,
