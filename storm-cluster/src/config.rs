@@ -6,6 +6,7 @@
 //! backend = "tcp"
 //! timeslice_ms = 1.0
 //! control_socket = "/run/storm/mm.sock"
+//! state_dir = "/var/lib/storm"
 //!
 //! [mm]
 //! address = "10.0.0.1:7000"
@@ -92,6 +93,9 @@ pub struct ClusterSection {
     pub kill_wait_ms: u64,
     /// The storm-pl binary; by default the one next to storm-nm.
     pub pl_path: Option<PathBuf>,
+    /// Where the MM keeps its journal (jobs, results, drains) and the programs of waiting
+    /// jobs, so that a restarted MM loses nothing it accepted.
+    pub state_dir: PathBuf,
 }
 
 impl Default for ClusterSection {
@@ -112,6 +116,7 @@ impl Default for ClusterSection {
             output_bytes: 16 * 1024,
             kill_wait_ms: 2000,
             pl_path: None,
+            state_dir: PathBuf::from("/var/lib/storm"),
         }
     }
 }

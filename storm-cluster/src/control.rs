@@ -19,7 +19,7 @@ use storm_primitives::NodeSet;
 use crate::messages::{JobId, OutputChunk, RankStatus};
 use crate::tasks::TaskRequest;
 
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -100,6 +100,14 @@ pub enum Request {
     Resume {
         nodes: NodeSet,
     },
+    /// Follow a job submitted on another connection (storm-submit after the MM restarted):
+    /// the MM answers as it answered the submission (`Accepted`, then `Started`, output and
+    /// `Finished`), or at once with `Finished` for a job that already ended.
+    Attach {
+        job: JobId,
+    },
+    /// Jobs that ended, most recent last.
+    History,
     Shutdown,
 }
 
@@ -159,6 +167,8 @@ pub struct JobInfo {
     pub reason: Option<String>,
     /// Gang scheduling: the job's row of the Ousterhout matrix, once placed.
     pub time_slot: Option<u32>,
+    /// For a job that ended: the exit code storm-submit returned for it.
+    pub exit_code: Option<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,6 +211,7 @@ pub enum Reply {
     },
     Finished(JobOutcome),
     Queue(Vec<JobInfo>),
+    History(Vec<JobInfo>),
     Nodes(Vec<NodeInfo>),
     Done,
 }

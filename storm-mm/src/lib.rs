@@ -12,11 +12,14 @@
 //!   detection, launch, cancellation, output forwarding and termination detection
 //!   (Algorithm 8).
 //! * [`nodes`]: the table of node states (unknown, joining, up, down; drained).
+//! * [`journal`]: jobs, their results and the drains, in an embedded transactional store, so
+//!   that a restarted MM loses nothing it accepted.
 //!
 //! It reaches the nodes only through `storm-primitives`; it acts only at heartbeat boundaries.
 
 pub mod buddy;
 pub mod control_server;
+pub mod journal;
 pub mod log_limit;
 pub mod manager;
 pub mod nodes;

@@ -176,6 +176,7 @@ impl MachineManager {
         let client = j.client;
         self.jobs.insert(id, j);
         self.policy.submit(ask, self.epoch.elapsed());
+        self.unrecorded.insert(id);
         tracing::warn!(job = id, "requeued: {reason}");
         if let Some(c) = client {
             self.reply(c, Reply::Requeued { job: id, reason });

@@ -17,6 +17,7 @@ use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeId, NodeSet, Wait};
 
 use super::MachineManager;
+use crate::journal::NodeRecord;
 use crate::nodes::Life;
 
 /// How long the MM waits for a welcome's acknowledgement before welcoming again.
@@ -159,6 +160,12 @@ impl MachineManager {
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = Some(reason.clone());
             self.policy.set_unavailable(n);
+            self.journal.put_node(
+                n,
+                NodeRecord {
+                    drain: Some(reason.clone()),
+                },
+            );
         }
         tracing::info!(nodes = %nodes, "drained: {reason}");
         Ok(())
@@ -169,6 +176,7 @@ impl MachineManager {
         self.check_nodes(nodes)?;
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = None;
+            self.journal.put_node(n, NodeRecord { drain: None });
             if self.nodes.is_up(n) {
                 self.policy.set_available(n);
             }

@@ -37,8 +37,10 @@ use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Relation, Wait};
 
 mod failure;
 mod membership;
+mod restart;
 
 use crate::control_server::{self, ClientId, Incoming};
+use crate::journal::{JobRecord, JobState, Journal};
 use crate::log_limit::LogLimit;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
@@ -91,6 +93,10 @@ struct Job {
     nodes: NodeSet,
     slot: Option<usize>,
     submitted: Instant,
+    /// `submitted` as wall-clock time (milliseconds since the Unix epoch), for the journal.
+    submitted_ms: u64,
+    /// A copy of the program is in the journal's state directory.
+    program_saved: bool,
     allocated: Option<Instant>,
     ready: Option<Instant>,
     launched: Option<Instant>,
@@ -160,6 +166,18 @@ pub struct MachineManager {
     worker_tx: Sender<TransferDone>,
     worker_rx: Receiver<TransferDone>,
     shutting_down: bool,
+    /// Jobs, results and drains, kept so that a restarted MM loses nothing it accepted.
+    journal: Journal,
+    /// Jobs whose journal record must be written with the next commit.
+    unrecorded: std::collections::BTreeSet<JobId>,
+    /// Replies held until the journal has committed what they tell.
+    outbox: Vec<(ClientId, Reply)>,
+    /// Jobs that ended, as the journal keeps them (oldest first).
+    finished: BTreeMap<JobId, JobRecord>,
+    /// Jobs restored from the journal, held out of the queue until their submitters reattach
+    /// or this instant passes (see [`restart`]).
+    held: Option<Instant>,
+    journal_errors: LogLimit,
     stop: Arc<AtomicBool>,
 }
 
@@ -171,6 +189,7 @@ impl MachineManager {
             stop,
         } = opts;
         let rm = RmLayout::new(&cfg)?;
+        let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
         let prims = endpoint::start(&cfg, &rm, cfg.mm_id(), listen).map_err(anyhow::Error::msg)?;
         let all = NodeSet::first_n(cfg.node_count());
         let outputs = (0..cfg.node_count() as usize)
@@ -201,7 +220,7 @@ impl MachineManager {
             timeslice = ?cfg.timeslice(),
             "machine manager started"
         );
-        Ok(Self {
+        let mut mm = Self {
             // No member yet: nodes join as their NMs register. AWAIT-SPACE waits at most a
             // timeslice, so a node that stops taking heartbeats never stalls the others (the
             // receipt check finds it).
@@ -232,13 +251,21 @@ impl MachineManager {
             worker_tx,
             worker_rx,
             shutting_down: false,
+            journal,
+            unrecorded: Default::default(),
+            outbox: Vec::new(),
+            finished: BTreeMap::new(),
+            held: None,
+            journal_errors: LogLimit::new(Duration::from_secs(10)),
             outputs,
             all,
             rm,
             prims,
             cfg,
             stop,
-        })
+        };
+        mm.restore(restored);
+        Ok(mm)
     }
 
     /// Runs until a shutdown request or a signal.
@@ -279,6 +306,7 @@ impl MachineManager {
         }
         self.verify_transfers();
         if !self.shutting_down {
+            self.release_held();
             self.schedule();
         }
         self.enforce_limits();
@@ -287,14 +315,53 @@ impl MachineManager {
         self.check_receipt();
         self.forward_output(&self.all.clone());
         self.detect_terminations();
+        self.publish();
+    }
+
+    /// Commits this timeslice's changes to the journal, then sends the replies that tell of
+    /// them: a client never learns of a state a restarted MM would not know.
+    fn publish(&mut self) {
+        for id in std::mem::take(&mut self.unrecorded) {
+            let Some(j) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            // A waiting job (or one that may be requeued) needs its program after a restart.
+            if !j.program_saved
+                && (j.phase == Phase::Queued || j.req.requeue)
+                && let Some(program) = &j.program
+            {
+                match self.journal.save_program(id, program) {
+                    Ok(()) => j.program_saved = true,
+                    Err(e) => tracing::error!(
+                        job = id,
+                        "the job would not survive a restart of the MM: {e}"
+                    ),
+                }
+            }
+            let rec = job_record(j);
+            self.journal.put_job(rec);
+        }
+        if let Err(e) = self.journal.commit()
+            && let Some(more) = self.journal_errors.allow(Instant::now())
+        {
+            tracing::error!(
+                suppressed = more,
+                "cannot write the journal; what changed now would not survive a restart of the MM: {e}"
+            );
+        }
+        for (client, r) in self.outbox.drain(..) {
+            if let Some(c) = self.clients.get(&client) {
+                let _ = c.tx.send(r);
+            }
+        }
     }
 
     // ---------------------------------------------------------------- control requests
 
-    fn reply(&self, client: ClientId, r: Reply) {
-        if let Some(c) = self.clients.get(&client) {
-            let _ = c.tx.send(r);
-        }
+    /// Queues a reply; it is sent at the end of the timeslice, once the journal holds what
+    /// it tells.
+    fn reply(&mut self, client: ClientId, r: Reply) {
+        self.outbox.push((client, r));
     }
 
     fn handle(&mut self, msg: Incoming) {
@@ -353,6 +420,11 @@ impl MachineManager {
                 let list = self.jobs.values().map(|j| self.job_info(j)).collect();
                 self.reply(client, Reply::Queue(list));
             }
+            Request::History => {
+                let list = self.finished.values().filter_map(finished_info).collect();
+                self.reply(client, Reply::History(list));
+            }
+            Request::Attach { job } => self.attach(client, uid, job),
             Request::Nodes => {
                 let list = self.node_infos();
                 self.reply(client, Reply::Nodes(list));
@@ -451,6 +523,7 @@ impl MachineManager {
         };
         let id = self.next_job;
         self.next_job += 1;
+        self.journal.set_next_job(self.next_job);
         let launch_probe = launch_spec(
             id,
             0,
@@ -479,6 +552,8 @@ impl MachineManager {
                 nodes: NodeSet::new(),
                 slot: None,
                 submitted: Instant::now(),
+                submitted_ms: Journal::now_ms(),
+                program_saved: false,
                 allocated: None,
                 ready: None,
                 launched: None,
@@ -500,6 +575,7 @@ impl MachineManager {
             self.epoch.elapsed(),
         );
         self.unanswered.push((client, id));
+        self.unrecorded.insert(id);
         tracing::info!(
             job = id,
             uid,
@@ -512,6 +588,13 @@ impl MachineManager {
 
     /// Why a queued job cannot start right now, if it cannot.
     fn wait_reason(&self, job: JobId) -> Option<String> {
+        if self.held.is_some() {
+            return Some(format!(
+                "held after a restart of the machine manager until the submitters of the queued \
+                 jobs reattach (at most {} s)",
+                restart::REATTACH_GRACE.as_secs()
+            ));
+        }
         let want = self.jobs.get(&job).map_or(0, |j| j.plan.nodes);
         let available = self.nodes.available_count();
         if want > available {
@@ -555,6 +638,7 @@ impl MachineManager {
                 .then(|| self.wait_reason(j.id))
                 .flatten(),
             time_slot: (self.gang && j.phase != Phase::Queued).then_some(j.time_slot as u32),
+            exit_code: None,
         }
     }
 
@@ -660,6 +744,7 @@ impl MachineManager {
         j.time_slot = time_slot;
         j.allocated = Some(Instant::now());
         j.phase = Phase::Allocated;
+        self.unrecorded.insert(id);
         tracing::info!(job = id, nodes = %nodes, time_slot, "job starts");
         let started = Reply::Started {
             job: id,
@@ -1179,18 +1264,76 @@ impl MachineManager {
             total_us: us(Some(j.submitted), Some(now)),
         };
         tracing::info!(job = id, ?timing, "job ended");
+        let outcome = JobOutcome {
+            job: id,
+            ranks,
+            reason,
+            timing,
+        };
+        self.record_finished(JobRecord {
+            id,
+            uid: j.uid,
+            gid: j.gid,
+            req: j.req,
+            submitted_ms: j.submitted_ms,
+            state: JobState::Finished {
+                nodes: j.nodes,
+                outcome: outcome.clone(),
+                ended_ms: Journal::now_ms(),
+            },
+        });
         if let Some(c) = j.client {
-            self.reply(
-                c,
-                Reply::Finished(JobOutcome {
-                    job: id,
-                    ranks,
-                    reason,
-                    timing,
-                }),
-            );
+            self.reply(c, Reply::Finished(outcome));
         }
     }
+
+    /// Keeps a finished job for `storm history` and reattaching submitters, in memory and in
+    /// the journal.
+    fn record_finished(&mut self, rec: JobRecord) {
+        self.unrecorded.remove(&rec.id);
+        self.finished.insert(rec.id, rec.clone());
+        while self.finished.len() > crate::journal::KEEP_FINISHED {
+            self.finished.pop_first();
+        }
+        self.journal.put_job(rec);
+    }
+}
+
+/// The journal's record of a job that has not ended.
+fn job_record(j: &Job) -> JobRecord {
+    JobRecord {
+        id: j.id,
+        uid: j.uid,
+        gid: j.gid,
+        req: j.req.clone(),
+        submitted_ms: j.submitted_ms,
+        state: match j.phase {
+            Phase::Queued => JobState::Queued,
+            _ => JobState::Started {
+                nodes: j.nodes.clone(),
+            },
+        },
+    }
+}
+
+/// How `storm history` shows a finished job.
+fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
+    let JobState::Finished { nodes, outcome, .. } = &rec.state else {
+        return None;
+    };
+    let code = outcome.exit_code();
+    Some(JobInfo {
+        job: rec.id,
+        name: rec.req.name.clone(),
+        uid: rec.uid,
+        state: if code == 0 { "completed" } else { "failed" }.into(),
+        nodes: nodes.clone(),
+        ntasks: outcome.ranks.len() as u32,
+        elapsed_ms: outcome.timing.total_us / 1000,
+        reason: outcome.reason.clone(),
+        time_slot: None,
+        exit_code: Some(code),
+    })
 }
 
 /// The launch command of a job placed on `nodes`.

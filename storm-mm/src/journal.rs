@@ -1,0 +1,525 @@
+//! The MM's journal: what a restarted MM needs so that no accepted job is lost.
+//!
+//! It lives in `state_dir` (cluster file): `journal.redb`, a redb database (an embedded,
+//! transactional, crash-safe store), and `programs/`, the programs of jobs that wait in the
+//! queue (the MM holds a job's program as the descriptor storm-submit passed; a restarted MM
+//! needs a copy).
+//!
+//! It records every job from acceptance to its end (queued, started on some nodes, finished
+//! with its outcome), the next job id, and the operator's drains. Changes are staged during a
+//! timeslice and committed together, once, before the MM answers anyone (see
+//! `MachineManager::tick`): a client never sees a state the journal has not recorded.
+//!
+//! The last [`KEEP_FINISHED`] finished jobs are kept, for `storm history` and for a
+//! storm-submit that reattaches after the MM restarted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use storm_cluster::control::{JobOutcome, JobRequest};
+use storm_cluster::messages::JobId;
+use storm_primitives::{NodeId, NodeSet};
+
+/// Finished jobs kept in the journal.
+pub const KEEP_FINISHED: usize = 1000;
+
+/// Bumped when a record changes shape; a journal of another format is refused, not misread.
+const FORMAT: u64 = 1;
+
+const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
+const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {path}: {message}")]
+    Store { path: PathBuf, message: String },
+    #[error(
+        "journal {path}: record {record} is unreadable ({message}); move the file away to start with an empty journal"
+    )]
+    Corrupt {
+        path: PathBuf,
+        record: String,
+        message: String,
+    },
+    #[error("program of job {job} in {path}: {source}")]
+    Program {
+        job: JobId,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A job as the journal knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub uid: u32,
+    pub gid: u32,
+    pub req: JobRequest,
+    /// Milliseconds since the Unix epoch.
+    pub submitted_ms: u64,
+    pub state: JobState,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Waiting for nodes; its program (with bcast) is saved in `programs/`.
+    Queued,
+    /// Given nodes: its program is being sent, or it runs.
+    Started { nodes: NodeSet },
+    /// Ended, with what its submitter was told.
+    Finished {
+        nodes: NodeSet,
+        outcome: JobOutcome,
+        /// Milliseconds since the Unix epoch.
+        ended_ms: u64,
+    },
+}
+
+/// Per-node state that outlives an MM restart.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The operator drained the node, for this reason.
+    pub drain: Option<String>,
+}
+
+/// What the journal held when opened.
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub next_job: JobId,
+    /// By id: submission order.
+    pub jobs: Vec<JobRecord>,
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
+}
+
+enum Change {
+    Job(Box<JobRecord>),
+    Node(NodeId, NodeRecord),
+    RemoveJob(JobId),
+}
+
+pub struct Journal {
+    db: Database,
+    path: PathBuf,
+    programs: PathBuf,
+    staged: Vec<Change>,
+    next_job: Option<JobId>,
+    /// Finished jobs in the journal, oldest first (to drop beyond [`KEEP_FINISHED`]).
+    finished: BTreeSet<JobId>,
+    /// Program copies to delete once the commit that ends their job is done.
+    unneeded: Vec<JobId>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Journal {
+    /// Milliseconds since the Unix epoch, as records store time.
+    pub fn now_ms() -> u64 {
+        now_ms()
+    }
+
+    /// Opens (or creates) the journal in `dir` and reads what it holds.
+    pub fn open(dir: &Path) -> Result<(Self, Restored), JournalError> {
+        let path = dir.join("journal.redb");
+        let store = |message: String| JournalError::Store {
+            path: path.clone(),
+            message,
+        };
+        let programs = dir.join("programs");
+        std::fs::create_dir_all(&programs)
+            .map_err(|e| store(format!("cannot create {}: {e}", programs.display())))?;
+        let db = Database::create(&path).map_err(|e| store(e.to_string()))?;
+        let mut journal = Self {
+            db,
+            path: path.clone(),
+            programs,
+            staged: Vec::new(),
+            next_job: None,
+            finished: BTreeSet::new(),
+            unneeded: Vec::new(),
+        };
+        let restored = journal.read()?;
+        journal.finished = restored
+            .jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Finished { .. }))
+            .map(|j| j.id)
+            .collect();
+        Ok((journal, restored))
+    }
+
+    fn store_error(&self, e: impl std::fmt::Display) -> JournalError {
+        JournalError::Store {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    fn read(&mut self) -> Result<Restored, JournalError> {
+        // Create the tables (and stamp the format) on first use.
+        let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
+        {
+            let mut meta = w.open_table(META).map_err(|e| self.store_error(e))?;
+            let format = meta
+                .get("format")
+                .map_err(|e| self.store_error(e))?
+                .map(|v| v.value());
+            match format {
+                None => {
+                    meta.insert("format", FORMAT)
+                        .map_err(|e| self.store_error(e))?;
+                }
+                Some(FORMAT) => {}
+                Some(other) => {
+                    return Err(self.store_error(format!(
+                        "written in format {other}; this storm-mm reads format {FORMAT}"
+                    )));
+                }
+            }
+            w.open_table(JOBS).map_err(|e| self.store_error(e))?;
+            w.open_table(NODES).map_err(|e| self.store_error(e))?;
+        }
+        w.commit().map_err(|e| self.store_error(e))?;
+
+        let r = self.db.begin_read().map_err(|e| self.store_error(e))?;
+        let meta = r.open_table(META).map_err(|e| self.store_error(e))?;
+        let mut restored = Restored {
+            next_job: meta
+                .get("next_job")
+                .map_err(|e| self.store_error(e))?
+                .map_or(1, |v| v.value()),
+            ..Restored::default()
+        };
+        let jobs = r.open_table(JOBS).map_err(|e| self.store_error(e))?;
+        for entry in jobs.iter().map_err(|e| self.store_error(e))? {
+            let (k, v) = entry.map_err(|e| self.store_error(e))?;
+            let rec: JobRecord = self.decode(&format!("job {}", k.value()), v.value())?;
+            restored.jobs.push(rec);
+        }
+        let nodes = r.open_table(NODES).map_err(|e| self.store_error(e))?;
+        for entry in nodes.iter().map_err(|e| self.store_error(e))? {
+            let (k, v) = entry.map_err(|e| self.store_error(e))?;
+            let rec: NodeRecord = self.decode(&format!("node {}", k.value()), v.value())?;
+            restored.nodes.insert(k.value(), rec);
+        }
+        // Ids are never used twice, even if the counter was not committed with a job.
+        let highest = restored.jobs.iter().map(|j| j.id).max().unwrap_or(0);
+        restored.next_job = restored.next_job.max(highest + 1);
+        Ok(restored)
+    }
+
+    fn decode<T: DeserializeOwned>(&self, record: &str, bytes: &[u8]) -> Result<T, JournalError> {
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+            .map(|(v, _)| v)
+            .map_err(|e| JournalError::Corrupt {
+                path: self.path.clone(),
+                record: record.to_string(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Stages a job's current record.
+    pub fn put_job(&mut self, rec: JobRecord) {
+        if matches!(rec.state, JobState::Finished { .. }) {
+            self.finished.insert(rec.id);
+            self.unneeded.push(rec.id);
+            while self.finished.len() > KEEP_FINISHED {
+                let oldest = self.finished.pop_first().expect("non-empty");
+                self.staged.push(Change::RemoveJob(oldest));
+            }
+        }
+        self.staged.push(Change::Job(Box::new(rec)));
+    }
+
+    /// Stages a node's record.
+    pub fn put_node(&mut self, node: NodeId, rec: NodeRecord) {
+        self.staged.push(Change::Node(node, rec));
+    }
+
+    /// Stages the next job id.
+    pub fn set_next_job(&mut self, next: JobId) {
+        self.next_job = Some(next);
+    }
+
+    /// Whether changes wait for [`Journal::commit`].
+    pub fn dirty(&self) -> bool {
+        !self.staged.is_empty() || self.next_job.is_some()
+    }
+
+    /// Commits every staged change in one durable transaction. On error nothing of it is
+    /// committed and the changes stay staged, to be tried again with the next commit.
+    pub fn commit(&mut self) -> Result<(), JournalError> {
+        if !self.dirty() {
+            return Ok(());
+        }
+        let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
+        {
+            let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
+            let mut nodes = w.open_table(NODES).map_err(|e| self.store_error(e))?;
+            let mut meta = w.open_table(META).map_err(|e| self.store_error(e))?;
+            for change in &self.staged {
+                match change {
+                    Change::Job(rec) => {
+                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                        jobs.insert(rec.id, bytes.as_slice())
+                            .map_err(|e| self.store_error(e))?;
+                    }
+                    Change::RemoveJob(id) => {
+                        jobs.remove(*id).map_err(|e| self.store_error(e))?;
+                    }
+                    Change::Node(n, rec) => {
+                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                        nodes
+                            .insert(*n, bytes.as_slice())
+                            .map_err(|e| self.store_error(e))?;
+                    }
+                }
+            }
+            if let Some(next) = self.next_job {
+                meta.insert("next_job", next)
+                    .map_err(|e| self.store_error(e))?;
+            }
+        }
+        w.commit().map_err(|e| self.store_error(e))?;
+        self.staged.clear();
+        self.next_job = None;
+        for job in std::mem::take(&mut self.unneeded) {
+            let _ = std::fs::remove_file(self.program_path(job));
+        }
+        Ok(())
+    }
+
+    fn program_path(&self, job: JobId) -> PathBuf {
+        self.programs.join(format!("job-{job}"))
+    }
+
+    /// Saves a copy of job `job`'s program (written aside, synced, then renamed into place,
+    /// so a copy that exists is complete).
+    pub fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
+        let path = self.program_path(job);
+        let err = |source| JournalError::Program {
+            job,
+            path: path.clone(),
+            source,
+        };
+        let partial = path.with_extension("partial");
+        let mut out = File::create(&partial).map_err(err)?;
+        // Positioned reads: the descriptor's offset belongs to whoever else reads it.
+        let copied = (|| {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut at = 0u64;
+            loop {
+                let n = program.read_at(&mut buf, at)?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])?;
+                at += n as u64;
+            }
+            out.sync_all()
+        })();
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&partial);
+            return Err(err(e));
+        }
+        std::fs::rename(&partial, &path).map_err(err)
+    }
+
+    /// The saved program of job `job`, if there is one.
+    pub fn program(&self, job: JobId) -> Option<File> {
+        File::open(self.program_path(job)).ok()
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use storm_cluster::control::Timing;
+    use storm_cluster::tasks::TaskRequest;
+
+    fn request(name: &str) -> JobRequest {
+        JobRequest {
+            name: name.into(),
+            program: "/bin/true".into(),
+            args: vec!["a".into()],
+            env: vec![("K".into(), "V".into())],
+            cwd: "/".into(),
+            tasks: TaskRequest::default(),
+            bcast: true,
+            time_limit_ms: Some(60_000),
+            requeue: false,
+        }
+    }
+
+    fn job(id: JobId, state: JobState) -> JobRecord {
+        JobRecord {
+            id,
+            uid: 1000,
+            gid: 100,
+            req: request(&format!("job{id}")),
+            submitted_ms: 1_700_000_000_000 + id,
+            state,
+        }
+    }
+
+    fn finished(id: JobId) -> JobRecord {
+        job(
+            id,
+            JobState::Finished {
+                nodes: "0-1".parse().unwrap(),
+                outcome: JobOutcome {
+                    job: id,
+                    ranks: vec![],
+                    reason: Some("cancelled".into()),
+                    timing: Timing::default(),
+                },
+                ended_ms: 1,
+            },
+        )
+    }
+
+    #[test]
+    fn committed_records_are_read_back_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = vec![
+            job(1, JobState::Queued),
+            job(
+                2,
+                JobState::Started {
+                    nodes: "2-3".parse().unwrap(),
+                },
+            ),
+            finished(3),
+        ];
+        {
+            let (mut j, restored) = Journal::open(dir.path()).unwrap();
+            assert!(restored.jobs.is_empty());
+            assert_eq!(restored.next_job, 1, "a new journal starts at job 1");
+            for r in &records {
+                j.put_job(r.clone());
+            }
+            j.put_node(
+                4,
+                NodeRecord {
+                    drain: Some("fan".into()),
+                },
+            );
+            j.set_next_job(7);
+            j.commit().unwrap();
+        }
+        let (_, restored) = Journal::open(dir.path()).unwrap();
+        assert_eq!(restored.jobs, records);
+        assert_eq!(restored.next_job, 7);
+        assert_eq!(restored.nodes[&4].drain.as_deref(), Some("fan"));
+    }
+
+    #[test]
+    fn staged_changes_are_lost_without_a_commit_and_ids_never_go_back() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.put_job(job(5, JobState::Queued));
+            j.commit().unwrap();
+            j.put_job(job(6, JobState::Queued));
+            j.set_next_job(7);
+            // Dropped without committing: as if the MM was killed here.
+        }
+        let (_, restored) = Journal::open(dir.path()).unwrap();
+        assert_eq!(restored.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [5]);
+        assert_eq!(
+            restored.next_job, 6,
+            "the next id follows the highest job even if the counter was not committed"
+        );
+    }
+
+    #[test]
+    fn only_the_latest_finished_jobs_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = 5;
+        {
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.put_job(job(1, JobState::Queued));
+            for id in 2..2 + (KEEP_FINISHED + extra) as u64 {
+                j.put_job(finished(id));
+            }
+            j.commit().unwrap();
+        }
+        let (_, restored) = Journal::open(dir.path()).unwrap();
+        let ids: Vec<u64> = restored.jobs.iter().map(|j| j.id).collect();
+        assert_eq!(ids.len(), KEEP_FINISHED + 1);
+        assert_eq!(ids[0], 1, "a queued job is never dropped");
+        assert_eq!(
+            ids[1],
+            2 + extra as u64,
+            "the oldest finished jobs went first"
+        );
+    }
+
+    #[test]
+    fn a_saved_program_is_a_complete_copy_and_goes_when_its_job_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("prog");
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&src, &bytes).unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("state")).unwrap();
+        j.save_program(9, &File::open(&src).unwrap()).unwrap();
+        let mut copy = Vec::new();
+        std::io::Read::read_to_end(&mut j.program(9).unwrap(), &mut copy).unwrap();
+        assert!(copy == bytes, "the copy differs from the program");
+        j.put_job(finished(9));
+        j.commit().unwrap();
+        assert!(
+            j.program(9).is_none(),
+            "the copy of a finished job is removed"
+        );
+    }
+
+    #[test]
+    fn a_damaged_record_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (j, _) = Journal::open(dir.path()).unwrap();
+            let w = j.db.begin_write().unwrap();
+            {
+                let mut jobs = w.open_table(JOBS).unwrap();
+                jobs.insert(42u64, [0xffu8, 0xff, 0xff].as_slice()).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        let err = Journal::open(dir.path()).err().expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("record job 42"), "{text}");
+        assert!(text.contains("journal.redb"), "{text}");
+    }
+
+    #[test]
+    fn a_journal_of_another_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (j, _) = Journal::open(dir.path()).unwrap();
+            let w = j.db.begin_write().unwrap();
+            w.open_table(META)
+                .unwrap()
+                .insert("format", FORMAT + 1)
+                .unwrap();
+            w.commit().unwrap();
+        }
+        let err = Journal::open(dir.path()).err().expect("refused");
+        assert!(err.to_string().contains("format"), "{err}");
+    }
+}
