@@ -217,6 +217,7 @@ impl LocalCluster {
                 name: format!("local-{}", std::process::id()),
                 timeslice_ms: opts.timeslice_ms,
                 control_socket: root.join("mm.sock"),
+                state_dir: root.join("mm-state"),
                 kill_wait_ms: opts
                     .kill_wait_ms
                     .unwrap_or(ClusterSection::default().kill_wait_ms),
@@ -297,12 +298,37 @@ impl LocalCluster {
     /// Kills node `i`'s NM with SIGKILL, as a crash would (fault injection for tests and
     /// benchmarks), and reaps it.
     pub fn kill_nm(&mut self, i: u32) -> Result<()> {
-        let name = format!("storm-nm node{i}");
-        let Some((_, child)) = self.daemons.iter_mut().find(|(n, _)| *n == name) else {
+        self.kill_daemon(&format!("storm-nm node{i}"))
+    }
+
+    /// Kills the MM with SIGKILL, as a crash would, and reaps it.
+    pub fn kill_mm(&mut self) -> Result<()> {
+        self.kill_daemon("storm-mm")
+    }
+
+    fn kill_daemon(&mut self, name: &str) -> Result<()> {
+        let Some((_, child)) = self.daemons.iter_mut().find(|(n, _)| n == name) else {
             bail!("this cluster has no {name}");
         };
         child.kill().with_context(|| format!("killing {name}"))?;
         child.wait()?;
+        Ok(())
+    }
+
+    /// Starts the MM again after [`LocalCluster::kill_mm`]; it binds its configured address
+    /// and takes up its journal. Returns once it is started (not yet ready).
+    pub fn restart_mm(&mut self) -> Result<()> {
+        let Some(pos) = self.daemons.iter().position(|(n, _)| n == "storm-mm") else {
+            bail!("this cluster has no storm-mm");
+        };
+        let child = spawn_daemon(
+            &bin_dir()?.join("storm-mm"),
+            &["--config".into(), self.config_path.display().to_string()],
+            None,
+            &self.root.join("mm.log"),
+        )
+        .context("restarting storm-mm")?;
+        self.daemons[pos].1 = child;
         Ok(())
     }
 

@@ -163,6 +163,11 @@ pub trait Progress {
     fn output(&mut self, _rank: u32, _stream: Stream, _data: &[u8]) {}
     /// A node of the job failed and the job (`--requeue`) went back to the queue.
     fn requeued(&mut self, _job: JobId, _reason: &str) {}
+    /// The connection to the MM was lost while following `job` (`why`): a client connected
+    /// to an MM that came back, to follow the job on, or `None` to give up.
+    fn reconnect(&mut self, _job: JobId, _why: &str) -> Option<Client> {
+        None
+    }
     /// Asked between events: whether the user wants the job cancelled now.
     fn cancel_requested(&mut self) -> bool {
         false
@@ -174,7 +179,39 @@ enum Event {
     Lost(String),
 }
 
-/// Submits `req` (with the open program for a broadcast) and follows it to its end.
+/// A connection to the MM: replies arrive on `rx` (read by a thread); requests go out on
+/// `requests`.
+struct Connection {
+    requests: std::os::unix::net::UnixStream,
+    rx: crossbeam_channel::Receiver<Event>,
+}
+
+impl Connection {
+    fn follow(client: Client) -> Result<Self, String> {
+        let requests = client.sock.try_clone().map_err(|e| e.to_string())?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            loop {
+                match client.next() {
+                    Ok(r) => {
+                        if tx.send(Event::Reply(r)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Event::Lost(e));
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Self { requests, rx })
+    }
+}
+
+/// Submits `req` (with the open program for a broadcast) and follows it to its end. If the
+/// connection to the MM is lost once the job is accepted, `progress` may reconnect; the job
+/// is then followed on the new connection (`Attach`).
 pub fn run_job(
     client: Client,
     req: JobRequest,
@@ -182,41 +219,26 @@ pub fn run_job(
     progress: &mut dyn Progress,
 ) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
     client.request(&Request::Submit(req), program.map(|f| f.as_fd()))?;
-    let canceller = client.sock.try_clone().map_err(|e| e.to_string())?;
-    let (tx, rx) = crossbeam_channel::unbounded();
-    std::thread::spawn(move || {
-        loop {
-            match client.next() {
-                Ok(r) => {
-                    if tx.send(Event::Reply(r)).is_err() {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Event::Lost(e));
-                    break;
-                }
-            }
-        }
-    });
+    let mut conn = Connection::follow(client)?;
     let mut job = None;
     let mut nodes = NodeSet::new();
     let mut names = Vec::new();
-    let mut cancel_sent = false;
+    // The user asked to cancel; the request went out on the current connection.
+    let (mut cancel_wanted, mut cancel_sent) = (false, false);
     loop {
-        if !cancel_sent
-            && let Some(id) = job
-            && progress.cancel_requested()
-        {
-            control::send(&canceller, &Request::Cancel { job: id }, None)
-                .map_err(|e| e.to_string())?;
-            cancel_sent = true;
+        if let Some(id) = job {
+            cancel_wanted = cancel_wanted || progress.cancel_requested();
+            if cancel_wanted && !cancel_sent {
+                // A failed send shows as a lost connection on the reader's side.
+                let _ = control::send(&conn.requests, &Request::Cancel { job: id }, None);
+                cancel_sent = true;
+            }
         }
-        let ev = match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+        let ev = match conn.rx.recv_timeout(std::time::Duration::from_millis(50)) {
             Ok(ev) => ev,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                return Err("lost the machine manager".into());
+                Event::Lost("the connection closed".into())
             }
         };
         match ev {
@@ -241,13 +263,22 @@ pub fn run_job(
             Event::Reply(Reply::Error(e)) => return Err(e),
             Event::Reply(other) => return Err(format!("unexpected reply {other:?}")),
             Event::Lost(e) => {
-                return Err(match job {
-                    Some(id) => format!(
+                let Some(id) = job else {
+                    return Err(format!(
+                        "lost the machine manager ({e}) before it confirmed the job; it may \
+                         have been accepted all the same (see storm queue)"
+                    ));
+                };
+                let Some(client) = progress.reconnect(id, &e) else {
+                    return Err(format!(
                         "lost the machine manager ({e}): it stopped or restarted, and job \
-                         {id}'s outcome is unknown (see storm queue)"
-                    ),
-                    None => format!("lost the machine manager ({e}) before it accepted the job"),
-                });
+                         {id}'s outcome is unknown (see storm queue and storm history)"
+                    ));
+                };
+                client.request(&Request::Attach { job: id }, None)?;
+                conn = Connection::follow(client)?;
+                // A cancel asked for before the loss is asked again.
+                cancel_sent = false;
             }
         }
     }

@@ -353,6 +353,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             name: format!("testbed-{}", opts.name),
             timeslice_ms: opts.timeslice_ms,
             control_socket: opts.dir.join("mm.sock"),
+            state_dir: opts.dir.join("mm-state"),
             ..ClusterSection::default()
         },
         tcp: TcpSection::default(),

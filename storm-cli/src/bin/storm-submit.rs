@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use storm_cli::local::{LocalCluster, LocalOptions};
@@ -52,6 +53,10 @@ struct Args {
     /// instead of ending it.
     #[arg(long)]
     requeue: bool,
+    /// If the connection to the machine manager is lost (it restarted), wait this many
+    /// seconds for it to come back and follow the job on (0: give up at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    reconnect: u64,
     /// Print the send / execute / total times of the job, and its time slot.
     #[arg(long)]
     timing: bool,
@@ -100,6 +105,9 @@ struct Terminal {
     interrupts: Arc<AtomicUsize>,
     asked: usize,
     job: Option<JobId>,
+    /// Where to reconnect to the MM, and for how long to try.
+    socket: PathBuf,
+    reconnect: Duration,
 }
 
 impl Progress for Terminal {
@@ -130,6 +138,29 @@ impl Progress for Terminal {
             "storm-submit: job {job} requeued: {reason}; it will run again from the start \
              (the output above came from the interrupted run)"
         );
+    }
+    fn reconnect(&mut self, job: JobId, why: &str) -> Option<Client> {
+        if self.reconnect.is_zero() {
+            return None;
+        }
+        eprintln!(
+            "storm-submit: {why}; waiting up to {} s for the machine manager to come back to \
+             follow job {job}",
+            self.reconnect.as_secs()
+        );
+        let deadline = Instant::now() + self.reconnect;
+        while Instant::now() < deadline {
+            if self.interrupts.load(Ordering::Acquire) > 0 {
+                eprintln!("storm-submit: interrupted; job {job} was not cancelled");
+                return None;
+            }
+            if let Ok(client) = Client::connect(&self.socket) {
+                eprintln!("storm-submit: the machine manager is back; following job {job}");
+                return Some(client);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
     }
     fn cancel_requested(&mut self) -> bool {
         let n = self.interrupts.load(Ordering::Acquire);
@@ -254,6 +285,12 @@ fn run(args: Args) -> Result<i32, String> {
         interrupts,
         asked: 0,
         job: None,
+        socket: socket.clone(),
+        // Nothing restarts the MM of an embedded cluster.
+        reconnect: match local {
+            Some(_) => Duration::ZERO,
+            None => Duration::from_secs(args.reconnect),
+        },
     };
     let result = Client::connect(&socket)
         .and_then(|client| submit::run_job(client, req, file.as_ref(), &mut term));

@@ -1,4 +1,4 @@
-//! `storm`: look at and manage a storm cluster (queue, cancel, nodes, drain, resume,
+//! `storm`: look at and manage a storm cluster (queue, history, cancel, nodes, drain, resume,
 //! shutdown).
 
 use std::path::PathBuf;
@@ -25,6 +25,8 @@ struct Args {
 enum Cmd {
     /// Jobs queued and running.
     Queue,
+    /// Jobs that ended (the last 1000), with their exit code and why they ended.
+    History,
     /// Cancel a job (its owner or root only).
     Cancel { job: u64 },
     /// Nodes and their state.
@@ -51,6 +53,7 @@ fn run(args: Args) -> Result<(), String> {
     let client = Client::connect(&socket)?;
     let req = match args.command {
         Cmd::Queue => Request::Queue,
+        Cmd::History => Request::History,
         Cmd::Cancel { job } => Request::Cancel { job },
         Cmd::Nodes => Request::Nodes,
         Cmd::Drain { nodes, reason } => Request::Drain {
@@ -81,6 +84,29 @@ fn run(args: Args) -> Result<(), String> {
                     j.uid,
                     j.state,
                     j.ntasks,
+                    j.elapsed_ms as f64 / 1000.0,
+                    place
+                );
+            }
+        }
+        Reply::History(jobs) => {
+            println!(
+                "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>10}  NODES / REASON",
+                "JOB", "NAME", "UID", "STATE", "EXIT", "ELAPSED"
+            );
+            for j in jobs {
+                let place = match &j.reason {
+                    Some(why) if j.nodes.is_empty() => why.clone(),
+                    Some(why) => format!("{}: {why}", j.nodes),
+                    None => j.nodes.to_string(),
+                };
+                println!(
+                    "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>9.1}s  {}",
+                    j.job,
+                    j.name,
+                    j.uid,
+                    j.state,
+                    j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
                     j.elapsed_ms as f64 / 1000.0,
                     place
                 );

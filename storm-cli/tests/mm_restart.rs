@@ -1,0 +1,234 @@
+//! The MM killed with SIGKILL and started again, on a namespace testbed, checked as users see
+//! it: nothing it had accepted is lost.
+//!
+//! These tests need root (network namespaces). Where namespaces cannot be made they fail and
+//! say why, unless STORM_ALLOW_NO_NETNS=1 is set, in which case they print NOT TESTED.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use storm_cli::testbed::Testbed;
+use storm_cluster::control::{Client, JobInfo, Reply, Request};
+use support::testbed::{can_run, logs, nodes, up, wait_node_state};
+use support::{bin_dir, script, text};
+
+fn submit(tb: &Testbed, args: &[&str]) -> Command {
+    let mut c = Command::new(bin_dir().join("storm-submit"));
+    c.arg("--config").arg(&tb.config_path).args(args);
+    c
+}
+
+/// Starts storm-submit with standard error going to `log` (read with [`wait_for`] while it runs).
+fn spawn_logged(tb: &Testbed, args: &[&str], log: &Path) -> Child {
+    submit(tb, args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `log` contains `text`.
+fn wait_for(log: &Path, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(text)) {
+        assert!(
+            Instant::now() < deadline,
+            "{} never said {text:?}: {:?}",
+            log.display(),
+            std::fs::read_to_string(log)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn storm(tb: &Testbed, args: &[&str]) -> Output {
+    Command::new(bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&tb.config_path)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Waits until the MM answers on its control socket again.
+fn wait_mm(socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Client::connect(socket).is_err() {
+        assert!(Instant::now() < deadline, "the MM did not come back");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn history(socket: &Path) -> Vec<JobInfo> {
+    let client = Client::connect(socket).expect("connect to the MM");
+    match client.call(&Request::History).expect("history") {
+        Reply::History(h) => h,
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_clearly() {
+    if !can_run("a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_clearly")
+    {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mut tb = up(2, work.path());
+    let socket = tb.socket().to_path_buf();
+
+    // A job that ended before the restart, and a drain.
+    let done = submit(&tb, &["-N", "1", "-J", "done", "/bin/sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(done.status.code(), Some(3), "{}", text(&done.stderr));
+    let drained = storm(&tb, &["drain", "1", "--reason", "disk check"]);
+    assert!(drained.status.success(), "{}", text(&drained.stderr));
+
+    // A job running on node 0 and one waiting behind it.
+    let pid_file = work.path().join("running.pid");
+    let sleeper = script(
+        work.path(),
+        "sleeper.sh",
+        &format!("echo $$ > {}\nexec sleep 600\n", pid_file.display()),
+    );
+    let (running_log, waiting_log) = (
+        work.path().join("running.err"),
+        work.path().join("waiting.err"),
+    );
+    let running = spawn_logged(
+        &tb,
+        &["-v", "-N", "1", "-J", "running", sleeper.to_str().unwrap()],
+        &running_log,
+    );
+    wait_for(&running_log, "runs on nodes 0");
+    let waiting_prog = script(work.path(), "waiting.sh", "echo hello from the queue\n");
+    let waiting = spawn_logged(
+        &tb,
+        &["-N", "1", "-J", "waiting", waiting_prog.to_str().unwrap()],
+        &waiting_log,
+    );
+    // Killed once the submitters know their jobs (before that, a submitter cannot follow its
+    // job across the restart: it does not know its id).
+    wait_for(&waiting_log, "queued: waiting for 1 free nodes");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pid_file.exists() {
+        assert!(Instant::now() < deadline, "the running job never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let task: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    tb.kill("storm-mm").unwrap();
+    tb.start_mm().unwrap();
+    wait_mm(&socket);
+
+    // The running job ends and says why; its task is gone.
+    let out = running.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&running_log).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}\n{}", logs(&tb));
+    assert!(
+        stderr.contains("the machine manager restarted while the job ran on nodes 0"),
+        "the running job's end says why: {stderr}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(task) {
+        assert!(
+            Instant::now() < deadline,
+            "the task of the job that ran across the restart was not killed\n{}",
+            logs(&tb)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The queued job runs once node 0 is free; its submitter followed it across the restart.
+    let out = waiting.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&waiting_log).unwrap();
+    assert!(out.status.success(), "{stderr}\n{}", logs(&tb));
+    assert_eq!(text(&out.stdout), "hello from the queue\n");
+    assert!(
+        stderr.contains("the machine manager is back; following job"),
+        "storm-submit said it reattached: {stderr}"
+    );
+
+    // Results from before the restart, and of the job the restart ended.
+    let past = history(&socket);
+    let find = |name: &str| {
+        past.iter()
+            .find(|j| j.name == name)
+            .unwrap_or_else(|| panic!("{name} is not in the history: {past:#?}"))
+            .clone()
+    };
+    assert_eq!(find("done").exit_code, Some(3));
+    assert_eq!(find("done").state, "failed");
+    assert!(
+        find("running")
+            .reason
+            .is_some_and(|r| r.contains("machine manager restarted")),
+        "{past:#?}"
+    );
+    assert_eq!(find("waiting").exit_code, Some(0));
+
+    // The drain held; job ids go on from where they were.
+    wait_node_state(&socket, 0, "idle", Duration::from_secs(10));
+    let node1 = &nodes(&socket)[1];
+    assert_eq!(node1.state, "drained", "{node1:?}");
+    assert_eq!(node1.reason.as_deref(), Some("disk check"));
+    let next = submit(&tb, &["-v", "-N", "1", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(next.status.success(), "{}", text(&next.stderr));
+    let highest = past.iter().map(|j| j.job).max().unwrap();
+    assert!(
+        text(&next.stderr).contains(&format!("job {} ", highest + 1)),
+        "a new job takes the next id after {highest}: {}",
+        text(&next.stderr)
+    );
+}
+
+#[test]
+fn storm_history_lists_finished_jobs_with_their_exit_codes() {
+    if !can_run("storm_history_lists_finished_jobs_with_their_exit_codes") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let tb = up(1, work.path());
+    for code in ["0", "7"] {
+        let _ = submit(&tb, &["-J", &format!("exit{code}"), "/bin/sh", "-c"])
+            .arg(format!("exit {code}"))
+            .output()
+            .unwrap();
+    }
+    let out = storm(&tb, &["history"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing = text(&out.stdout);
+    let line = |name: &str| {
+        listing
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no {name} in:\n{listing}"))
+            .to_string()
+    };
+    assert!(line("exit0").contains("completed"), "{listing}");
+    let failed = line("exit7");
+    assert!(
+        failed.contains("failed") && failed.split_whitespace().any(|w| w == "7"),
+        "{listing}"
+    );
+}
