@@ -11,6 +11,11 @@
 //!   an XFER-AND-SIGNAL to the remaining nodes has completed: the failed transfer that names
 //!   the node, plus one on the tree rebuilt without it. Baseline, same run: one transfer of the
 //!   same 8 bytes on the healthy tree.
+//! * MM restart: the MM of an embedded cluster, with finished jobs in its journal, is killed
+//!   with SIGKILL and started again; the time is taken from the start until the control
+//!   socket answers (journal read, ready for requests) and until every node is idle again
+//!   (every NM re-registered and welcomed: the cluster is ready). Baseline, same run: a
+//!   fork/exec of `/bin/true`.
 
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -23,6 +28,7 @@ use storm_primitives::conformance::test_layout;
 use storm_primitives::tcp::{TcpConfig, TcpNode};
 use storm_primitives::{NodeSet, PrimError, Primitives, Wait};
 
+use crate::launch::Quiet;
 use crate::report::{Csv, Table};
 use crate::stats::{Samples, fmt_time};
 
@@ -46,7 +52,11 @@ pub const CSV_HEADER: &[&str] = &[
 ];
 
 pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
-    Ok(vec![detection(args, csv)?, heal(args, csv)?])
+    Ok(vec![
+        detection(args, csv)?,
+        heal(args, csv)?,
+        mm_restart(args, csv)?,
+    ])
 }
 
 /// The MM's state for `node`.
@@ -227,6 +237,117 @@ fn heal(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             String::new(),
             format!("{:.6}", healthy.median()),
             format!("{ratio:.2}"),
+        ]);
+    }
+    Ok(table)
+}
+
+/// Median time to fork and exec `/bin/true` and wait for it.
+fn fork_exec() -> Result<f64> {
+    let mut v = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let status = std::process::Command::new("/bin/true").status()?;
+        if !status.success() {
+            bail!("/bin/true failed");
+        }
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(Samples::from_secs(v).median())
+}
+
+/// Jobs run before the MM restarts, so that its journal has records to read.
+const JOURNALED_JOBS: usize = 20;
+
+fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
+    let mut opts = LocalOptions::new(args.nodes);
+    opts.timeslice_ms = args.timeslice_ms;
+    let mut cluster = LocalCluster::start(&opts)?;
+    let socket = cluster.socket().to_path_buf();
+    for _ in 0..JOURNALED_JOBS {
+        let client = Client::connect(&socket).map_err(anyhow::Error::msg)?;
+        let req = storm_cluster::control::JobRequest {
+            name: "journaled".into(),
+            program: "/bin/true".into(),
+            args: vec![],
+            env: vec![],
+            cwd: "/".into(),
+            tasks: storm_cluster::tasks::TaskRequest {
+                nodes: Some(args.nodes),
+                ..Default::default()
+            },
+            bcast: false,
+            time_limit_ms: None,
+            requeue: false,
+        };
+        storm_cli::submit::run_job(client, req, None, &mut Quiet).map_err(anyhow::Error::msg)?;
+    }
+    let baseline = fork_exec()?;
+    let (mut answering, mut ready) = (Vec::new(), Vec::new());
+    for _ in 0..args.trials {
+        cluster.kill_mm()?;
+        let t = Instant::now();
+        cluster.restart_mm()?;
+        let client = loop {
+            if let Ok(c) = Client::connect(&socket) {
+                break c;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                bail!("the MM did not come back within 30 s");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        answering.push(t.elapsed().as_secs_f64());
+        loop {
+            let all = match client.call(&Request::Nodes).map_err(anyhow::Error::msg)? {
+                Reply::Nodes(n) => n,
+                other => bail!("unexpected reply {other:?}"),
+            };
+            if all.iter().all(|n| n.state == "idle") {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                bail!("the nodes were not all idle 30 s after the MM restarted: {all:?}");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        ready.push(t.elapsed().as_secs_f64());
+    }
+    cluster.shutdown()?;
+    let mut table = Table::new(
+        format!(
+            "MM restart: kill -9 of the MM of an embedded {}-node cluster (tcp, loopback, \
+             timeslice {} ms, {JOURNALED_JOBS} jobs in the journal), from its restart until it \
+             answers requests and until every node is idle again; {} trials; baseline: \
+             fork/exec of /bin/true, same run",
+            args.nodes, args.timeslice_ms, args.trials
+        ),
+        &["measure", "median", "p90", "max", "baseline", "ratio"],
+    );
+    for (name, v) in [
+        ("restart to answering", answering),
+        ("restart to ready", ready),
+    ] {
+        let s = Samples::from_secs(v);
+        let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
+        table.push(vec![
+            name.into(),
+            fmt_time(med),
+            fmt_time(p90),
+            fmt_time(max),
+            fmt_time(baseline),
+            format!("{:.0}", med / baseline),
+        ]);
+        csv.push(vec![
+            name.replace(' ', "_"),
+            args.nodes.to_string(),
+            s.len().to_string(),
+            format!("{med:.6}"),
+            format!("{p90:.6}"),
+            format!("{max:.6}"),
+            String::new(),
+            format!("{baseline:.6}"),
+            format!("{:.2}", med / baseline),
         ]);
     }
     Ok(table)

@@ -79,7 +79,8 @@ fn build_program(dir: &Path, mb: u32) -> Result<PathBuf> {
     Ok(bin)
 }
 
-struct Quiet;
+/// Follows a job without showing anything.
+pub(crate) struct Quiet;
 impl Progress for Quiet {}
 
 struct Sample {

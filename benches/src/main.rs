@@ -8,7 +8,7 @@
 //! * `storm-bench launch`: job launch of a padded do-nothing program (the paper's Fig. 2a).
 //! * `storm-bench gang`: gang scheduling against quantum and MPL, its CPU cost and strobe skew
 //!   (the paper's Figs. 3 and 5).
-//! * `storm-bench faults`: failure detection latency, rejoin time and tree healing.
+//! * `storm-bench faults`: failure detection latency, rejoin time, tree healing and MM restart.
 
 mod baseline;
 mod faults;
@@ -97,7 +97,7 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
-    /// Failure detection (kill to DOWN), rejoin (restart to UP) and tree healing.
+    /// Failure detection (kill to DOWN), rejoin (restart to UP), tree healing and MM restart to ready.
     Faults {
         /// Nodes of the embedded cluster for detection.
         #[arg(long, default_value_t = 8)]
