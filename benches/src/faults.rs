@@ -139,28 +139,7 @@ fn detection(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         ],
     );
     for (name, v) in [("kill to DOWN", detect), ("restart to UP", rejoin)] {
-        let s = Samples::from_secs(v);
-        let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
-        table.push(vec![
-            name.into(),
-            fmt_time(med),
-            fmt_time(p90),
-            fmt_time(max),
-            format!("{:.1}", med / slice),
-            fmt_time(baseline),
-            format!("{:.0}", med / baseline),
-        ]);
-        csv.push(vec![
-            name.replace(' ', "_"),
-            args.nodes.to_string(),
-            s.len().to_string(),
-            format!("{med:.6}"),
-            format!("{p90:.6}"),
-            format!("{max:.6}"),
-            format!("{:.2}", med / slice),
-            format!("{baseline:.6}"),
-            format!("{:.2}", med / baseline),
-        ]);
+        push_measure(&mut table, csv, name, args.nodes, v, Some(slice), baseline);
     }
     Ok(table)
 }
@@ -328,27 +307,41 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         ("restart to answering", answering),
         ("restart to ready", ready),
     ] {
-        let s = Samples::from_secs(v);
-        let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
-        table.push(vec![
-            name.into(),
-            fmt_time(med),
-            fmt_time(p90),
-            fmt_time(max),
-            fmt_time(baseline),
-            format!("{:.0}", med / baseline),
-        ]);
-        csv.push(vec![
-            name.replace(' ', "_"),
-            args.nodes.to_string(),
-            s.len().to_string(),
-            format!("{med:.6}"),
-            format!("{p90:.6}"),
-            format!("{max:.6}"),
-            String::new(),
-            format!("{baseline:.6}"),
-            format!("{:.2}", med / baseline),
-        ]);
+        push_measure(&mut table, csv, name, args.nodes, v, None, baseline);
     }
     Ok(table)
+}
+
+/// One measurement: a row of `table` (median, p90, max, heartbeats if given, baseline,
+/// ratio) and of the CSV.
+fn push_measure(
+    table: &mut Table,
+    csv: &mut Csv,
+    name: &str,
+    nodes: u32,
+    samples: Vec<f64>,
+    slice: Option<f64>,
+    baseline: f64,
+) {
+    let s = Samples::from_secs(samples);
+    let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
+    let mut row = vec![name.into(), fmt_time(med), fmt_time(p90), fmt_time(max)];
+    if let Some(slice) = slice {
+        row.push(format!("{:.1}", med / slice));
+    }
+    row.extend([fmt_time(baseline), format!("{:.0}", med / baseline)]);
+    table.push(row);
+    csv.push(vec![
+        name.replace(' ', "_"),
+        nodes.to_string(),
+        s.len().to_string(),
+        format!("{med:.6}"),
+        format!("{p90:.6}"),
+        format!("{max:.6}"),
+        slice
+            .map(|sl| format!("{:.2}", med / sl))
+            .unwrap_or_default(),
+        format!("{baseline:.6}"),
+        format!("{:.2}", med / baseline),
+    ]);
 }

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -139,6 +139,9 @@ impl Journal {
         let programs = dir.join("programs");
         std::fs::create_dir_all(&programs)
             .map_err(|e| store(format!("cannot create {}: {e}", programs.display())))?;
+        // Users' programs: readable by the MM only.
+        std::fs::set_permissions(&programs, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| store(format!("cannot restrict {}: {e}", programs.display())))?;
         let db = Database::create(&path).map_err(|e| store(e.to_string()))?;
         let mut journal = Self {
             db,
@@ -150,6 +153,7 @@ impl Journal {
             unneeded: Vec::new(),
         };
         let restored = journal.read()?;
+        journal.remove_stray_programs(&restored);
         journal.finished = restored
             .jobs
             .iter()
@@ -298,6 +302,25 @@ impl Journal {
             let _ = std::fs::remove_file(self.program_path(job));
         }
         Ok(())
+    }
+
+    /// Removes program copies no unfinished job needs: left by a commit that never happened
+    /// (the MM was killed between saving a program and committing its job) or half written.
+    fn remove_stray_programs(&self, restored: &Restored) {
+        let needed: BTreeSet<PathBuf> = restored
+            .jobs
+            .iter()
+            .filter(|j| !matches!(j.state, JobState::Finished { .. }))
+            .map(|j| self.program_path(j.id))
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&self.programs) else {
+            return;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            if !needed.contains(&path) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
     }
 
     fn program_path(&self, job: JobId) -> PathBuf {
@@ -487,6 +510,25 @@ mod tests {
             j.program(9).is_none(),
             "the copy of a finished job is removed"
         );
+    }
+
+    #[test]
+    fn program_copies_no_waiting_job_needs_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("prog");
+        std::fs::write(&src, b"#!/bin/sh\n").unwrap();
+        let state = dir.path().join("state");
+        {
+            let (mut j, _) = Journal::open(&state).unwrap();
+            j.save_program(1, &File::open(&src).unwrap()).unwrap();
+            j.put_job(job(1, JobState::Queued));
+            j.commit().unwrap();
+            // Saved, but the MM died before the job's record was committed.
+            j.save_program(2, &File::open(&src).unwrap()).unwrap();
+        }
+        let (j, _) = Journal::open(&state).unwrap();
+        assert!(j.program(1).is_some(), "a queued job keeps its program");
+        assert!(j.program(2).is_none(), "a copy no job needs is removed");
     }
 
     #[test]

@@ -108,6 +108,54 @@ struct Job {
     limit: Option<Duration>,
 }
 
+/// What a new job (or one restored from the journal) starts with.
+struct NewJob {
+    id: JobId,
+    uid: u32,
+    gid: u32,
+    req: JobRequest,
+    plan: TaskPlan,
+    program: Option<File>,
+    client: Option<ClientId>,
+    submitted: Instant,
+    submitted_ms: u64,
+}
+
+impl Job {
+    /// A job waiting in the queue.
+    fn queued(new: NewJob) -> Self {
+        let size = new
+            .program
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len());
+        Self {
+            id: new.id,
+            uid: new.uid,
+            gid: new.gid,
+            plan: new.plan,
+            program: new.program,
+            size,
+            client: new.client,
+            phase: Phase::Queued,
+            nodes: NodeSet::new(),
+            slot: None,
+            submitted: new.submitted,
+            submitted_ms: new.submitted_ms,
+            program_saved: false,
+            allocated: None,
+            ready: None,
+            launched: None,
+            cancel: None,
+            worker_cancel: None,
+            terminating: false,
+            time_slot: 0,
+            limit: new.req.time_limit_ms.map(Duration::from_millis),
+            req: new.req,
+        }
+    }
+}
+
 /// The heartbeat whose transfer has not completed yet.
 struct InFlight {
     /// The heartbeat as sent, sent again as it is if it fails.
@@ -503,7 +551,7 @@ impl MachineManager {
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
         }
-        let (program, size) = if req.bcast {
+        let program = if req.bcast {
             let fd = fds
                 .pop()
                 .ok_or("the program's descriptor did not arrive with the request")?;
@@ -517,9 +565,9 @@ impl MachineManager {
             if meta.permissions().mode() & 0o111 == 0 {
                 return Err(format!("{} is not executable", req.program.display()));
             }
-            (Some(file), meta.len())
+            Some(file)
         } else {
-            (None, 0)
+            None
         };
         let id = self.next_job;
         self.next_job += 1;
@@ -540,40 +588,31 @@ impl MachineManager {
         }
         self.jobs.insert(
             id,
-            Job {
+            Job::queued(NewJob {
                 id,
                 uid,
                 gid,
+                req,
                 plan,
                 program,
-                size,
                 client: Some(client),
-                phase: Phase::Queued,
-                nodes: NodeSet::new(),
-                slot: None,
                 submitted: Instant::now(),
                 submitted_ms: Journal::now_ms(),
-                program_saved: false,
-                allocated: None,
-                ready: None,
-                launched: None,
-                cancel: None,
-                worker_cancel: None,
-                terminating: false,
-                time_slot: 0,
-                limit: req.time_limit_ms.map(Duration::from_millis),
-                req,
-            },
+            }),
         );
         let limit = self.jobs[&id].limit;
-        self.policy.submit(
-            JobAsk {
-                job: id,
-                nodes: plan.nodes,
-                limit,
-            },
-            self.epoch.elapsed(),
-        );
+        // While jobs restored after a restart are held, new ones queue behind them (they
+        // enter the policy together, in order, when the hold ends).
+        if self.held.is_none() {
+            self.policy.submit(
+                JobAsk {
+                    job: id,
+                    nodes: plan.nodes,
+                    limit,
+                },
+                self.epoch.elapsed(),
+            );
+        }
         self.unanswered.push((client, id));
         self.unrecorded.insert(id);
         tracing::info!(

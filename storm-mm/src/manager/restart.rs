@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use storm_cluster::control::{JobOutcome, Reply, Timing};
 use storm_cluster::messages::JobId;
 
-use super::{Job, MachineManager, Phase};
+use super::{Job, MachineManager, NewJob, Phase};
 use crate::journal::{JobRecord, JobState, Journal, Restored};
 use crate::policy::JobAsk;
 
@@ -108,39 +108,21 @@ impl MachineManager {
         } else {
             None
         };
-        let size = program
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .map_or(0, |m| m.len());
         let age = Duration::from_millis(Journal::now_ms().saturating_sub(rec.submitted_ms));
         let now = Instant::now();
-        self.jobs.insert(
-            rec.id,
-            Job {
-                id: rec.id,
-                uid: rec.uid,
-                gid: rec.gid,
-                req: rec.req.clone(),
-                plan,
-                program_saved: program.is_some(),
-                program,
-                size,
-                client: None,
-                phase: Phase::Queued,
-                nodes: Default::default(),
-                slot: None,
-                submitted: now.checked_sub(age).unwrap_or(now),
-                submitted_ms: rec.submitted_ms,
-                allocated: None,
-                ready: None,
-                launched: None,
-                cancel: None,
-                worker_cancel: None,
-                terminating: false,
-                time_slot: 0,
-                limit: rec.req.time_limit_ms.map(Duration::from_millis),
-            },
-        );
+        let mut job = Job::queued(NewJob {
+            id: rec.id,
+            uid: rec.uid,
+            gid: rec.gid,
+            req: rec.req.clone(),
+            plan,
+            program,
+            client: None,
+            submitted: now.checked_sub(age).unwrap_or(now),
+            submitted_ms: rec.submitted_ms,
+        });
+        job.program_saved = job.program.is_some();
+        self.jobs.insert(rec.id, job);
         self.unrecorded.insert(rec.id);
         Ok(())
     }
@@ -172,8 +154,8 @@ impl MachineManager {
         });
     }
 
-    /// Restored jobs enter the queue, in their order, once all their submitters are back or
-    /// the grace period is over.
+    /// Restored jobs (and jobs submitted meanwhile) enter the queue, in their order, once all
+    /// the restored jobs' submitters are back or the grace period is over.
     pub(super) fn release_held(&mut self) {
         let Some(until) = self.held else {
             return;
