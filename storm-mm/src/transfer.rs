@@ -25,37 +25,72 @@ pub struct Transfer {
     pub nodes: NodeSet,
     pub file: File,
     pub size: u64,
-    /// This worker's local completion event.
+    /// The worker slot, and its local completion event.
+    pub worker: usize,
     pub event: EventId,
     pub cancel: Arc<AtomicBool>,
     /// Longest wait for queue space or a completion.
     pub timeout: Duration,
 }
 
-/// What a worker reports when it is done.
+/// What a worker reports when it is done. By then no completion of its transfer is still
+/// due, so its slot and event may serve the next transfer.
 pub struct TransferDone {
     pub job: JobId,
+    pub transfer: u32,
+    pub worker: usize,
     pub result: Result<(), String>,
 }
 
 pub fn spawn(prims: Arc<dyn Primitives>, rm: &RmLayout, t: Transfer, done: Sender<TransferDone>) {
     let queue = rm.chunks;
-    let job = t.job;
+    let (job, transfer, worker) = (t.job, t.transfer, t.worker);
+    let report = done.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("storm-mm-send-{job}"))
         .spawn(move || {
             let result = send(&*prims, queue, &t);
-            let _ = done.send(TransferDone { job: t.job, result });
+            let _ = done.send(TransferDone {
+                job,
+                transfer,
+                worker,
+                result,
+            });
         });
     if let Err(e) = spawned {
-        tracing::error!("cannot start a transfer thread: {e}");
+        let _ = report.send(TransferDone {
+            job,
+            transfer,
+            worker,
+            result: Err(format!("cannot start a transfer thread: {e}")),
+        });
     }
 }
 
+/// Sends the program; whatever the outcome, returns only once every chunk sent has
+/// completed or failed (or the timeout passed), so that no late completion lands on the
+/// worker's event after the MM gave it to another transfer.
 fn send(
     prims: &dyn Primitives,
     queue: storm_primitives::QueueLayout,
     t: &Transfer,
+) -> Result<(), String> {
+    let mut outstanding = 0u64;
+    let result = send_chunks(prims, queue, t, &mut outstanding);
+    while outstanding > 0 {
+        match prims.test_event(t.event, Wait::Timeout(t.timeout)) {
+            Ok(true) | Err(_) => outstanding -= 1,
+            Ok(false) => break,
+        }
+    }
+    result
+}
+
+fn send_chunks(
+    prims: &dyn Primitives,
+    queue: storm_primitives::QueueLayout,
+    t: &Transfer,
+    outstanding: &mut u64,
 ) -> Result<(), String> {
     let mut producer =
         QueueProducer::new(queue, t.nodes.clone(), t.transfer).with_space_timeout(t.timeout);
@@ -63,7 +98,6 @@ fn send(
     let mut buf = vec![0u8; chunk];
     let mut sum = Checksum::new();
     let mut offset = 0u64;
-    let mut outstanding = 0u64;
     let collect = |outstanding: &mut u64, wait: Wait| -> Result<(), String> {
         while *outstanding > 0 {
             match prims.test_event(t.event, wait) {
@@ -92,9 +126,9 @@ fn send(
         producer
             .enqueue(prims, &buf[..n], Some(t.event))
             .map_err(|e| format!("sending chunk at byte {offset}: {e}"))?;
-        outstanding += 1;
+        *outstanding += 1;
         offset += n as u64;
-        collect(&mut outstanding, Wait::Poll)?;
+        collect(outstanding, Wait::Poll)?;
     }
     let trailer = FileTrailer {
         size: t.size,
@@ -103,6 +137,6 @@ fn send(
     producer
         .enqueue(prims, &trailer.to_bytes(), Some(t.event))
         .map_err(|e| format!("sending the trailer: {e}"))?;
-    outstanding += 1;
-    collect(&mut outstanding, Wait::Timeout(t.timeout))
+    *outstanding += 1;
+    collect(outstanding, Wait::Timeout(t.timeout))
 }

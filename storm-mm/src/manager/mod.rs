@@ -870,6 +870,7 @@ impl MachineManager {
                 nodes,
                 file,
                 size,
+                worker,
                 event: self.rm.chunk_sent[worker],
                 cancel,
                 timeout: op_timeout * 6,
@@ -895,13 +896,21 @@ impl MachineManager {
     // ---------------------------------------------------------------- program transfer
 
     fn transfer_done(&mut self, done: TransferDone) {
+        // The worker slot frees only now, even for a job that ended meanwhile: until its
+        // worker is done, late completions may still land on the slot's event.
+        if self.workers[done.worker] == Some(done.job) {
+            self.workers[done.worker] = None;
+        }
         let Some(j) = self.jobs.get_mut(&done.job) else {
             return;
         };
-        let Phase::Sending { transfer, worker } = j.phase else {
+        let Phase::Sending { transfer, .. } = j.phase else {
             return;
         };
-        self.workers[worker] = None;
+        if transfer != done.transfer {
+            // An earlier run's transfer (the job was requeued since).
+            return;
+        }
         match done.result {
             Ok(()) => j.phase = Phase::Verifying { transfer },
             Err(e) => {
@@ -1263,12 +1272,11 @@ impl MachineManager {
             self.slots[slot] = None;
             self.prims.memory().store(self.rm.term_hint.at(slot), 0);
         }
-        if let Phase::Sending { worker, .. } = j.phase {
+        if let Phase::Sending { .. } = j.phase {
             // The worker reports back and is forgotten; its slot frees when it does.
             if let Some(c) = &j.worker_cancel {
                 c.store(true, Ordering::Release);
             }
-            self.workers[worker] = None;
         }
         if matches!(j.phase, Phase::Sending { .. } | Phase::Verifying { .. }) {
             self.transferring = self.transferring.difference(&j.nodes);
