@@ -10,22 +10,18 @@ mod support;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
 
 use storm_cli::testbed::Testbed;
-use support::testbed::{can_run, logs, nodes, up, wait_job_state, wait_node_state};
-use support::{bin_dir, script, text};
+use support::testbed::{
+    can_run, gone_within, logs, nodes, submit, up, wait_job_state, wait_node_state, wait_pid,
+};
+use support::{script, text};
 
 /// Failure of a node shows within this long (the target is 3 heartbeats; the slack is for a
 /// loaded CI machine, and for a cut link, which shows after the tcp peer timeout).
 const DETECT: Duration = Duration::from_secs(10);
-
-fn submit(tb: &Testbed, args: &[&str]) -> Command {
-    let mut c = Command::new(bin_dir().join("storm-submit"));
-    c.arg("--config").arg(&tb.config_path).args(args);
-    c
-}
 
 fn spawn(tb: &Testbed, args: &[&str]) -> Child {
     submit(tb, args)
@@ -54,46 +50,7 @@ fn sleeper(dir: &Path) -> String {
 }
 
 fn pid_in(dir: &Path, node: u32) -> u32 {
-    let path = dir.join(format!("pid.{node}"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(&path)
-            && let Ok(pid) = t.trim().parse()
-        {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Whether process `pid` ends (exits, or is a zombie) within `limit`.
-fn gone_within(pid: u32, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => return true,
-            Ok(stat)
-                if stat
-                    .rsplit(')')
-                    .next()
-                    .is_some_and(|s| s.trim_start().starts_with('Z')) =>
-            {
-                return true;
-            }
-            Ok(_) => {}
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "process {pid}: {:?}",
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-    );
-    false
+    wait_pid(&dir.join(format!("pid.{node}")), Duration::from_secs(20))
 }
 
 #[test]
@@ -244,7 +201,12 @@ fn a_node_manager_killed_during_the_program_broadcast_fails_only_that_job() {
     let next = submit(&tb, &["-N", "3", "/bin/echo", "next"])
         .output()
         .unwrap();
-    assert!(next.status.success(), "{}", text(&next.stderr));
+    assert!(
+        next.status.success(),
+        "{}\n{}",
+        text(&next.stderr),
+        logs(&tb)
+    );
     assert_eq!(text(&next.stdout).matches("next").count(), 3);
 }
 

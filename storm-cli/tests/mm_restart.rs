@@ -12,14 +12,8 @@ use std::time::{Duration, Instant};
 
 use storm_cli::testbed::Testbed;
 use storm_cluster::control::{Client, JobInfo, Reply, Request};
-use support::testbed::{can_run, logs, nodes, up, wait_node_state};
+use support::testbed::{can_run, gone_within, logs, nodes, submit, up, wait_node_state, wait_pid};
 use support::{bin_dir, script, text};
-
-fn submit(tb: &Testbed, args: &[&str]) -> Command {
-    let mut c = Command::new(bin_dir().join("storm-submit"));
-    c.arg("--config").arg(&tb.config_path).args(args);
-    c
-}
 
 /// Starts storm-submit with standard error going to `log` (read with [`wait_for`] while it runs).
 fn spawn_logged(tb: &Testbed, args: &[&str], log: &Path) -> Child {
@@ -70,16 +64,6 @@ fn history(socket: &Path) -> Vec<JobInfo> {
     }
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        !s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
-}
-
 #[test]
 fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_clearly() {
     if !can_run("a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_clearly")
@@ -124,16 +108,7 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
     // Killed once the submitters know their jobs (before that, a submitter cannot follow its
     // job across the restart: it does not know its id).
     wait_for(&waiting_log, "queued: waiting for 1 free nodes");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pid_file.exists() {
-        assert!(Instant::now() < deadline, "the running job never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let task: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let task = wait_pid(&pid_file, Duration::from_secs(10));
 
     tb.kill("storm-mm").unwrap();
     tb.start_mm().unwrap();
@@ -147,15 +122,11 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
         stderr.contains("the machine manager restarted while the job ran on nodes 0"),
         "the running job's end says why: {stderr}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(task) {
-        assert!(
-            Instant::now() < deadline,
-            "the task of the job that ran across the restart was not killed\n{}",
-            logs(&tb)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        gone_within(task, Duration::from_secs(10)),
+        "the task of the job that ran across the restart was not killed\n{}",
+        logs(&tb)
+    );
 
     // The queued job runs once node 0 is free; its submitter followed it across the restart.
     let out = waiting.wait_with_output().unwrap();

@@ -117,18 +117,14 @@ pub struct Journal {
     unneeded: Vec<JobId>,
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch, as records store time.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Journal {
-    /// Milliseconds since the Unix epoch, as records store time.
-    pub fn now_ms() -> u64 {
-        now_ms()
-    }
-
     /// Opens (or creates) the journal in `dir` and reads what it holds.
     pub fn open(dir: &Path) -> Result<(Self, Restored), JournalError> {
         let path = dir.join("journal.redb");

@@ -1,6 +1,7 @@
 //! Namespace testbeds for integration tests, and what the tests ask of them.
 
 use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
 use storm_cluster::config::{FailureSection, SchedulerSection};
 use storm_cluster::control::{Client, NodeInfo, Reply, Request};
 
-use super::ensure_daemons;
+use super::{bin_dir, ensure_daemons};
 
 /// A short unique testbed name (namespace prefix): tests run in parallel, and in other
 /// processes.
@@ -116,4 +117,54 @@ pub fn logs(tb: &storm_cli::testbed::Testbed) -> String {
         }
     }
     out
+}
+
+/// storm-submit against testbed `tb`, with `args`.
+pub fn submit(tb: &Testbed, args: &[&str]) -> Command {
+    let mut c = Command::new(bin_dir().join("storm-submit"));
+    c.arg("--config").arg(&tb.config_path).args(args);
+    c
+}
+
+/// Waits up to `limit` for a task to write its pid into `path`, and returns the pid.
+pub fn wait_pid(path: &Path, limit: Duration) -> u32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(t) = std::fs::read_to_string(path)
+            && let Ok(pid) = t.trim().parse()
+        {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` ends (exits, or is a zombie) within `limit`.
+pub fn gone_within(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z')) =>
+            {
+                return true;
+            }
+            Ok(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "process {pid}: {:?}",
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+    );
+    false
 }

@@ -40,7 +40,7 @@ mod membership;
 mod restart;
 
 use crate::control_server::{self, ClientId, Incoming};
-use crate::journal::{JobRecord, JobState, Journal};
+use crate::journal::{self, JobRecord, JobState, Journal};
 use crate::log_limit::LogLimit;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
@@ -536,18 +536,7 @@ impl MachineManager {
             .get(&client)
             .map(|c| (c.uid, c.gid))
             .ok_or("unknown client")?;
-        let cpus = self.cfg.nodes.iter().map(|n| n.cpus).min().unwrap_or(1);
-        let plan = req
-            .tasks
-            .plan(cpus, self.cfg.cluster.max_tasks_per_node as u32)?;
-        if plan.nodes > self.cfg.node_count() {
-            return Err(format!(
-                "the job asks for {} nodes but cluster {:?} has {}",
-                plan.nodes,
-                self.cfg.cluster.name,
-                self.cfg.node_count()
-            ));
-        }
+        let plan = self.plan(&req)?;
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
         }
@@ -597,7 +586,7 @@ impl MachineManager {
                 program,
                 client: Some(client),
                 submitted: Instant::now(),
-                submitted_ms: Journal::now_ms(),
+                submitted_ms: journal::now_ms(),
             }),
         );
         let limit = self.jobs[&id].limit;
@@ -623,6 +612,23 @@ impl MachineManager {
             "job accepted"
         );
         Ok(id)
+    }
+
+    /// The shape of job `req` on this cluster, or why it does not fit.
+    fn plan(&self, req: &JobRequest) -> Result<TaskPlan, String> {
+        let cpus = self.cfg.nodes.iter().map(|n| n.cpus).min().unwrap_or(1);
+        let plan = req
+            .tasks
+            .plan(cpus, self.cfg.cluster.max_tasks_per_node as u32)?;
+        if plan.nodes > self.cfg.node_count() {
+            return Err(format!(
+                "the job asks for {} nodes but cluster {:?} has {}",
+                plan.nodes,
+                self.cfg.cluster.name,
+                self.cfg.node_count()
+            ));
+        }
+        Ok(plan)
     }
 
     /// Why a queued job cannot start right now, if it cannot.
@@ -1326,7 +1332,7 @@ impl MachineManager {
             state: JobState::Finished {
                 nodes: j.nodes,
                 outcome: outcome.clone(),
-                ended_ms: Journal::now_ms(),
+                ended_ms: journal::now_ms(),
             },
         });
         if let Some(c) = j.client {

@@ -20,7 +20,7 @@ use storm_cluster::control::{JobOutcome, Reply, Timing};
 use storm_cluster::messages::JobId;
 
 use super::{Job, MachineManager, NewJob, Phase};
-use crate::journal::{JobRecord, JobState, Journal, Restored};
+use crate::journal::{self, JobRecord, JobState, Restored};
 use crate::policy::JobAsk;
 
 /// How long restored queued jobs wait for their submitters to reattach.
@@ -88,19 +88,9 @@ impl MachineManager {
 
     /// Puts a journaled job back in the queue (held; see [`MachineManager::release_held`]).
     fn readmit(&mut self, rec: &JobRecord) -> Result<(), String> {
-        let cpus = self.cfg.nodes.iter().map(|n| n.cpus).min().unwrap_or(1);
-        let plan = rec
-            .req
-            .tasks
-            .plan(cpus, self.cfg.cluster.max_tasks_per_node as u32)
+        let plan = self
+            .plan(&rec.req)
             .map_err(|e| format!("it no longer fits this cluster: {e}"))?;
-        if plan.nodes > self.cfg.node_count() {
-            return Err(format!(
-                "it asks for {} nodes and the cluster now has {}",
-                plan.nodes,
-                self.cfg.node_count()
-            ));
-        }
         let program = if rec.req.bcast {
             Some(self.journal.program(rec.id).ok_or_else(|| {
                 "the machine manager restarted and the copy of its program is missing".to_string()
@@ -108,7 +98,7 @@ impl MachineManager {
         } else {
             None
         };
-        let age = Duration::from_millis(Journal::now_ms().saturating_sub(rec.submitted_ms));
+        let age = Duration::from_millis(journal::now_ms().saturating_sub(rec.submitted_ms));
         let now = Instant::now();
         let mut job = Job::queued(NewJob {
             id: rec.id,
@@ -134,7 +124,7 @@ impl MachineManager {
             JobState::Started { nodes } => nodes.clone(),
             _ => Default::default(),
         };
-        let total_us = Journal::now_ms().saturating_sub(rec.submitted_ms) * 1000;
+        let total_us = journal::now_ms().saturating_sub(rec.submitted_ms) * 1000;
         let outcome = JobOutcome {
             job: rec.id,
             ranks: Vec::new(),
@@ -148,7 +138,7 @@ impl MachineManager {
             state: JobState::Finished {
                 nodes,
                 outcome,
-                ended_ms: Journal::now_ms(),
+                ended_ms: journal::now_ms(),
             },
             ..rec
         });
