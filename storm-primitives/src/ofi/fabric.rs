@@ -12,21 +12,30 @@
 //! * `FI_MR_ALLOCATED`: only allocated memory may be registered (global memory is).
 //!
 //! `FI_MR_RAW` (keys wider than 64 bits) is refused with a clear error.
+//!
+//! libfabric itself is opened here, at the first [`Fabric::open`] or [`available_providers`]:
+//! a process that never uses the ofi backend never loads it.
 
 use std::ffi::{CStr, CString};
 use std::ptr;
 
-use ofi_sys as sys;
+use ofi_sys::{self as sys, LibFabric};
 
 use crate::error::PrimError;
+
+/// libfabric, loaded on first use; a clear error naming the library and its package if it
+/// cannot be.
+pub fn library() -> Result<&'static LibFabric, PrimError> {
+    sys::library().map_err(|e| PrimError::Unavailable(e.to_string()))
+}
 
 /// A libfabric return code as an error.
 pub fn fi_error(what: &str, code: isize) -> PrimError {
     let errno = (-code) as i32;
-    // SAFETY: fi_strerror returns a static string for any value.
-    let text = unsafe { CStr::from_ptr(sys::fi_strerror(errno)) }
-        .to_string_lossy()
-        .into_owned();
+    let text = match sys::library() {
+        Ok(lib) => lib.strerror(errno),
+        Err(_) => format!("error {errno}"),
+    };
     PrimError::InvalidArgument(format!("libfabric {what}: {text} ({code})"))
 }
 
@@ -68,19 +77,20 @@ impl MrMode {
     }
 }
 
-/// The result of `fi_getinfo`, freed with `fi_freeinfo`.
-struct InfoList(*mut sys::fi_info);
+/// The result of `fi_getinfo` (or `fi_allocinfo`), freed with `fi_freeinfo`.
+struct InfoList(*mut sys::fi_info, &'static LibFabric);
 
 impl Drop for InfoList {
     fn drop(&mut self) {
         if !self.0.is_null() {
-            // SAFETY: allocated by fi_getinfo.
-            unsafe { sys::fi_freeinfo(self.0) };
+            // SAFETY: allocated by this library's fi_getinfo or fi_dupinfo.
+            unsafe { (self.1.fi_freeinfo)(self.0) };
         }
     }
 }
 
-/// Providers that offer RMA and atomics on reliable datagram endpoints here.
+/// Providers that offer RMA and atomics on reliable datagram endpoints here (none where
+/// libfabric is not installed).
 pub fn available_providers() -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     if let Ok(list) = getinfo(None, None) {
@@ -107,12 +117,13 @@ pub fn available_providers() -> Vec<String> {
 /// Queries providers with RMA + atomics on RDM endpoints, optionally one provider by name and
 /// a source node (address) to bind.
 fn getinfo(provider: Option<&str>, node: Option<&str>) -> Result<InfoList, PrimError> {
-    // SAFETY: fi_dupinfo(NULL) allocates an empty fi_info with all sub-attributes.
-    let hints = unsafe { sys::fi_dupinfo(ptr::null()) };
+    let lib = library()?;
+    // SAFETY: allocates an empty fi_info with all sub-attributes, freed by InfoList.
+    let hints = unsafe { lib.fi_allocinfo() };
     if hints.is_null() {
         return Err(PrimError::invalid("libfabric: cannot allocate hints"));
     }
-    let hints = InfoList(hints);
+    let hints = InfoList(hints, lib);
     // SAFETY: hints and its attribute structs were allocated by fi_dupinfo.
     unsafe {
         let h = &mut *hints.0;
@@ -145,7 +156,7 @@ fn getinfo(provider: Option<&str>, node: Option<&str>) -> Result<InfoList, PrimE
     let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
     // SAFETY: valid hints; out receives a list we free.
     let rc = unsafe {
-        sys::fi_getinfo(
+        (lib.fi_getinfo)(
             sys::STORM_FI_VERSION,
             node_c.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
             ptr::null(),
@@ -155,7 +166,7 @@ fn getinfo(provider: Option<&str>, node: Option<&str>) -> Result<InfoList, PrimE
         )
     };
     check("fi_getinfo", rc)?;
-    Ok(InfoList(out))
+    Ok(InfoList(out, lib))
 }
 
 /// An open endpoint and everything it needs.
@@ -193,6 +204,9 @@ impl Fabric {
         force_mr_local: bool,
     ) -> Result<Fabric, PrimError> {
         let info = getinfo(Some(provider), node).map_err(|e| {
+            if let PrimError::Unavailable(_) = e {
+                return e;
+            }
             let found = available_providers();
             PrimError::invalid(format!(
                 "provider {provider:?} with RMA and atomics is not available ({e}); providers found: {}",
@@ -226,7 +240,7 @@ impl Fabric {
             }
             check(
                 "fi_fabric",
-                sys::fi_fabric((*i).fabric_attr, &mut f.fabric, ptr::null_mut()),
+                (f.info.1.fi_fabric)((*i).fabric_attr, &mut f.fabric, ptr::null_mut()),
             )?;
             check(
                 "fi_domain",
@@ -301,6 +315,11 @@ impl Fabric {
         check("fi_getname", rc)?;
         buf.truncate(len);
         Ok(buf)
+    }
+
+    /// libfabric's text for an error number.
+    pub fn strerror(&self, errno: i32) -> String {
+        self.info.1.strerror(errno)
     }
 
     /// The key others use to reach the registered region: the one we asked for, or under

@@ -17,7 +17,7 @@ mod progress;
 use std::time::Duration;
 
 pub use bootstrap::{BootstrapLayout, bootstrap_layout};
-pub use fabric::available_providers;
+pub use fabric::{available_providers, library};
 pub use node::OfiNode;
 
 /// How an ofi node opens its provider.

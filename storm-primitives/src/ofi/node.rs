@@ -59,6 +59,7 @@ struct XferJob {
     data: Bytes,
     remote: Option<EventId>,
     local: Option<EventId>,
+    timeout: Duration,
 }
 
 struct Inner {
@@ -79,6 +80,8 @@ struct Inner {
     /// exclusively by shutdown while it closes the endpoint.
     open: parking_lot::RwLock<()>,
     stop: Arc<AtomicBool>,
+    /// Test hook: completions are not read, as in a stopped process.
+    frozen: Arc<AtomicBool>,
 }
 
 /// One node of the ofi backend.
@@ -146,6 +149,7 @@ impl OfiNode {
             delivery: AtomicBool::new(true),
             open: parking_lot::RwLock::new(()),
             stop: Arc::new(AtomicBool::new(false)),
+            frozen: Arc::new(AtomicBool::new(false)),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let mut threads = Vec::new();
@@ -159,6 +163,7 @@ impl OfiNode {
                         p.events.clone(),
                         p.layout.clone(),
                         p.stop.clone(),
+                        p.frozen.clone(),
                     )
                 })
                 .map_err(|e| PrimError::invalid(format!("cannot start a thread: {e}")))?,
@@ -185,6 +190,13 @@ impl OfiNode {
     /// The provider's memory-registration requirements (names of the FI_MR_* bits).
     pub fn mr_mode(&self) -> Vec<&'static str> {
         self.inner.fabric.mr_mode.names()
+    }
+
+    /// Test hook: stops (or resumes) reading the completion queue, as SIGSTOP (SIGCONT) of the
+    /// node's process would. On a provider with manual progress nothing then reaches this
+    /// node; on hardware RDMA, data still lands and only signals wait.
+    pub fn freeze(&self, frozen: bool) {
+        self.inner.frozen.store(frozen, Ordering::Release);
     }
 
     /// Stops the node abruptly, as a crash would: the endpoint closes and peers see it gone.
@@ -230,10 +242,6 @@ fn engine(inner: Arc<Inner>, rx: Receiver<XferJob>) {
 }
 
 impl Inner {
-    fn deadline(&self) -> Instant {
-        Instant::now() + self.config.op_timeout
-    }
-
     fn remote_addr(&self, node: NodeId, offset: u64) -> u64 {
         if self.fabric.mr_mode.virt_addr() {
             self.peers[node as usize].base + offset
@@ -286,7 +294,7 @@ impl Inner {
             if Instant::now() > deadline || self.stop.load(Ordering::Acquire) {
                 return Err(PrimError::Timeout {
                     nodes: NodeSet::single(node),
-                    timeout_ms: self.config.op_timeout.as_millis() as u64,
+                    timeout_ms: 0,
                     detail: format!("{what}: the provider's queue stayed full"),
                 });
             }
@@ -389,7 +397,7 @@ impl Inner {
     }
 
     fn run_xfer(&self, job: &XferJob) -> Result<()> {
-        let deadline = self.deadline();
+        let deadline = Instant::now() + job.timeout;
         if job.dest.contains(self.id) {
             self.memory.write(job.offset, &job.data)?;
         }
@@ -604,6 +612,7 @@ impl Inner {
         rel: Relation,
         value: u64,
         write: Option<(VarId, u64)>,
+        timeout: Duration,
     ) -> Result<bool> {
         let Some(root) = dest.first() else {
             return Ok(true);
@@ -612,7 +621,7 @@ impl Inner {
         if self.stop.load(Ordering::Acquire) {
             return Err(PrimError::ShutDown);
         }
-        let deadline = self.deadline();
+        let deadline = Instant::now() + timeout;
         // A compare-and-swap on one node is one network atomic.
         if dest.len() == 1
             && let Some((wvar, wval)) = write
@@ -654,7 +663,7 @@ impl Inner {
             if Instant::now() + pause > deadline {
                 return Err(PrimError::Timeout {
                     nodes: NodeSet::single(root),
-                    timeout_ms: self.config.op_timeout.as_millis() as u64,
+                    timeout_ms: 0,
                     detail: format!(
                         "the compare-and-write lock at node {root} stayed held by node {}",
                         old - 1
@@ -690,13 +699,14 @@ impl Primitives for OfiNode {
         &self.inner.memory
     }
 
-    fn xfer_and_signal(
+    fn xfer_and_signal_within(
         &self,
         dest: &NodeSet,
         offset: u64,
         data: Bytes,
         remote: Option<EventId>,
         local: Option<EventId>,
+        timeout: Option<Duration>,
     ) -> Result<()> {
         let inner = &self.inner;
         check_xfer(
@@ -718,6 +728,7 @@ impl Primitives for OfiNode {
             data,
             remote,
             local,
+            timeout: timeout.unwrap_or(inner.config.op_timeout),
         })
         .map_err(|_| PrimError::ShutDown)
     }
@@ -736,19 +747,21 @@ impl Primitives for OfiNode {
         inner.events.test(event, wait)
     }
 
-    fn compare_and_write(
+    fn compare_and_write_within(
         &self,
         dest: &NodeSet,
         var: VarId,
         rel: Relation,
         value: u64,
         write: Option<(VarId, u64)>,
+        timeout: Option<Duration>,
     ) -> Result<bool> {
         let inner = &self.inner;
         check_caw(&inner.layout, &inner.all, dest, var, write)?;
         if inner.stop.load(Ordering::Acquire) {
             return Err(PrimError::ShutDown);
         }
-        inner.run_caw(dest, var, rel, value, write)
+        let timeout = timeout.unwrap_or(inner.config.op_timeout);
+        inner.run_caw(dest, var, rel, value, write, timeout)
     }
 }

@@ -128,10 +128,7 @@ pub fn drain(fabric: &Fabric, events: &EventTable, layout: &Layout, wait: bool) 
             let r = unsafe { sys::fi_cq_readerr(fabric.cq, &mut err, 0) };
             if r > 0 {
                 handled += 1;
-                // SAFETY: fi_strerror is valid for any error number.
-                let text = unsafe { std::ffi::CStr::from_ptr(sys::fi_strerror(err.err)) }
-                    .to_string_lossy()
-                    .into_owned();
+                let text = fabric.strerror(err.err);
                 if err.flags & sys::FI_REMOTE_WRITE == 0 {
                     // SAFETY: as above.
                     unsafe { complete(err.op_context, Err(text)) };
@@ -143,10 +140,21 @@ pub fn drain(fabric: &Fabric, events: &EventTable, layout: &Layout, wait: bool) 
     }
 }
 
-/// Runs until `stop`: the node's progress engine.
-pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: Arc<AtomicBool>) {
+/// Runs until `stop`: the node's progress engine. While `frozen` (a test's stand-in for a
+/// stopped process) it reads nothing.
+pub fn run(
+    fabric: Arc<Fabric>,
+    events: Arc<EventTable>,
+    layout: Layout,
+    stop: Arc<AtomicBool>,
+    frozen: Arc<AtomicBool>,
+) {
     let mut idle = 0u32;
     while !stop.load(Ordering::Acquire) {
+        if frozen.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
         if drain(&fabric, &events, &layout, true) > 0 {
             idle = 0;
             continue;
@@ -162,12 +170,14 @@ pub fn run(fabric: Arc<Fabric>, events: Arc<EventTable>, layout: Layout, stop: A
     }
 }
 
-/// Waits for every ticket; the first failure names its node.
+/// Waits for every ticket until `deadline`. A failure names its node; otherwise the nodes
+/// whose operations had not completed by the deadline are named together.
 pub fn wait_all(
     tickets: &[(u32, Arc<Ticket>)],
     deadline: Instant,
     what: &str,
 ) -> Result<(), PrimError> {
+    let mut late = crate::nodeset::NodeSet::new();
     for (node, t) in tickets {
         match t.wait(deadline) {
             Some(Ok(())) => {}
@@ -178,13 +188,16 @@ pub fn wait_all(
                 });
             }
             None => {
-                return Err(PrimError::Timeout {
-                    nodes: crate::nodeset::NodeSet::single(*node),
-                    timeout_ms: 0,
-                    detail: format!("{what}: node {node} did not complete in time"),
-                });
+                late.insert(*node);
             }
         }
     }
-    Ok(())
+    if late.is_empty() {
+        return Ok(());
+    }
+    Err(PrimError::Timeout {
+        detail: format!("{what}: nodes {late} did not complete in time"),
+        nodes: late,
+        timeout_ms: 0,
+    })
 }

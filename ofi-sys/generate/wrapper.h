@@ -1,4 +1,4 @@
-/* Everything storm's ofi backend uses from libfabric. */
+/* What ofi-sys binds from libfabric: every header with a data-path call storm might use. */
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -6,4 +6,5 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_tagged.h>
 #include <rdma/fi_errno.h>
