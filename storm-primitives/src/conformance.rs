@@ -34,6 +34,9 @@ pub trait TestCluster: Send + Sync {
     fn node(&self, id: NodeId) -> Arc<dyn Primitives>;
     /// Crashes node `id` abruptly.
     fn kill(&self, id: NodeId);
+    /// Freezes (or thaws) node `id` as SIGSTOP (SIGCONT) of its process would: it handles
+    /// nothing, while its peers may still reach its memory if the fabric needs no CPU there.
+    fn freeze(&self, id: NodeId, frozen: bool);
 }
 
 /// Starts clusters of one backend.
@@ -41,6 +44,20 @@ pub trait ClusterFactory: Sync {
     fn start(&self, nodes: u32, layout: &Layout) -> Box<dyn TestCluster>;
     /// The largest cluster this backend runs comfortably inside one test process.
     fn max_nodes(&self) -> u32;
+    /// Whether a transfer that includes a frozen node fails before any destination is
+    /// signalled. True where the frozen node must acknowledge the data (tcp); on RDMA (ofi)
+    /// its data lands without it, so the failure falls in the signal phase and the others may
+    /// have been signalled: the commit window of docs/primitives.md, which callers handle by
+    /// sending again under the same sequence number.
+    fn frozen_nodes_fail_before_signals(&self) -> bool {
+        true
+    }
+    /// Whether a transfer to other nodes completes while an earlier one from the same origin
+    /// still waits on a frozen node. False on ofi, whose one engine thread runs an origin's
+    /// transfers one after the other (docs/primitives.md, "Not yet").
+    fn transfers_pass_a_frozen_node(&self) -> bool {
+        true
+    }
 }
 
 /// Longest any case waits for one thing before calling the backend broken.
@@ -725,6 +742,11 @@ pub fn dead_node_fails_operations_and_others_go_on(f: &dyn ClusterFactory) {
             ),
             "unexpected error {err:?}"
         );
+        assert_eq!(
+            err.blamed(),
+            NodeSet::single(3),
+            "the failure names the dead node, and only it: {err}"
+        );
         for id in [0u32, 1, 2, 4, 5] {
             assert!(
                 no_signal(&*c.node(id), t.data, Duration::from_millis(100)),
@@ -732,9 +754,11 @@ pub fn dead_node_fails_operations_and_others_go_on(f: &dyn ClusterFactory) {
             );
         }
         let r = o.compare_and_write(&everyone, t.a, Relation::Eq, 0, Some((t.b, 1)));
-        assert!(
-            r.is_err(),
-            "compare-and-write including a dead node must fail, got {r:?}"
+        let err = r.expect_err("compare-and-write including a dead node must fail");
+        assert_eq!(
+            err.blamed(),
+            NodeSet::single(3),
+            "the failure names the dead node, and only it: {err}"
         );
     }
     let alive: NodeSet = "0-2,4-5".parse().unwrap();
@@ -760,6 +784,198 @@ pub fn dead_node_fails_operations_and_others_go_on(f: &dyn ClusterFactory) {
     for id in alive.iter() {
         assert_eq!(c.node(id).memory().load(t.b), 9);
     }
+}
+
+/// A frozen node (its process stopped; its kernel, or its NIC, still takes bytes) must not
+/// stall the others: an operation that includes it either completes (a fabric that needs no
+/// CPU on the target, as RDMA hardware) or fails within the timeout it was given, naming that
+/// node and no other, and with no destination signalled; operations without it go on as usual
+/// meanwhile; once thawed it takes part again.
+pub fn frozen_node_is_named_within_the_timeout_and_others_go_on(f: &dyn ClusterFactory) {
+    let t = test_layout();
+    let c = f.start(6, &t.layout);
+    let o = c.node(0);
+    let others: NodeSet = "1-5".parse().unwrap();
+    // Node 1 is the root of every compare-and-write on nodes 1..5 and a child of node 0 in
+    // its trees; node 5 sits behind node 2 in the binary trees from node 0 and from node 1.
+    // In either place what waits behind it, or in front of it, must not be blamed.
+    for frozen in [1u32, 5] {
+        let mut without = others.clone();
+        without.remove(frozen);
+        c.freeze(frozen, true);
+        frozen_node_case(
+            &*c,
+            &t,
+            &others,
+            &without,
+            frozen,
+            f.frozen_nodes_fail_before_signals(),
+            f.transfers_pass_a_frozen_node(),
+        );
+        c.freeze(frozen, false);
+        // Thawed, it takes part again (it may first work off what queued meanwhile).
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            o.xfer_and_signal(
+                &others,
+                t.small.offset,
+                Bytes::from_static(b"thawed"),
+                Some(t.data),
+                Some(t.done),
+            )
+            .unwrap();
+            if outcome(&*o, t.done).is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "thawed node {frozen} never took part again"
+            );
+        }
+        assert_eq!(read(&*c.node(frozen), t.small.offset, 6), b"thawed");
+        // Attempts that failed while the thawed node caught up may still signal late (the
+        // commit-phase window): let them land and drop them before the next round.
+        for id in others.iter() {
+            let node = c.node(id);
+            while node
+                .test_event(t.data, Wait::Timeout(Duration::from_millis(100)))
+                .unwrap()
+            {}
+        }
+    }
+}
+
+fn frozen_node_case(
+    c: &dyn TestCluster,
+    t: &TestLayout,
+    others: &NodeSet,
+    without: &NodeSet,
+    frozen: NodeId,
+    fails_before_signals: bool,
+    passes: bool,
+) {
+    let o = c.node(0);
+    let timeout = Duration::from_millis(300);
+    // Well under any backend's default timeout of seconds: a failure after that means the
+    // operation's own timeout was ignored.
+    let bound = Duration::from_secs(3);
+    if passes {
+        // A transfer to the frozen node, still waiting on it, holds up no transfer to other nodes
+        // from the same origin (the MM's message to a silent node must not hold up the heartbeat
+        // to the others): one around it completes before the first gives up. (Node 0 is in
+        // neither destination set, so its `data` event serves as the first transfer's local
+        // event.)
+        let patient = Duration::from_secs(2);
+        let began = Instant::now();
+        o.xfer_and_signal_within(
+            &NodeSet::single(frozen),
+            t.small.offset + 64,
+            Bytes::from_static(b"waits"),
+            Some(t.data),
+            Some(t.data),
+            Some(patient),
+        )
+        .unwrap();
+        o.xfer_and_signal_within(
+            without,
+            t.small.offset,
+            Bytes::from_static(b"passes"),
+            Some(t.data),
+            Some(t.done),
+            Some(timeout),
+        )
+        .unwrap();
+        outcome(&*o, t.done).expect("the transfer around the frozen node succeeds");
+        assert!(
+            began.elapsed() < patient,
+            "a transfer around the frozen node waited {:?}, behind one that includes it",
+            began.elapsed()
+        );
+        // The one that includes the frozen node fails (or, on a fabric that needs no CPU at the
+        // target, completes); either way it ends.
+        let _ = outcome(&*o, t.data);
+        for id in without.iter() {
+            expect_signal(&*c.node(id), t.data, "passing the frozen node");
+            assert_eq!(read(&*c.node(id), t.small.offset, 6), b"passes");
+        }
+    }
+    let began = Instant::now();
+    o.xfer_and_signal_within(
+        others,
+        t.small.offset,
+        Bytes::from_static(b"frozen"),
+        Some(t.data),
+        Some(t.done),
+        Some(timeout),
+    )
+    .unwrap();
+    match outcome(&*o, t.done) {
+        Ok(()) => {
+            for id in without.iter() {
+                expect_signal(&*c.node(id), t.data, "a transfer that completed");
+            }
+        }
+        Err(err) => {
+            assert!(
+                began.elapsed() < bound,
+                "the transfer failed after {:?}, not within its {timeout:?}: {err}",
+                began.elapsed()
+            );
+            assert_eq!(
+                err.blamed(),
+                NodeSet::single(frozen),
+                "the failure names the frozen node and none of the others: {err}"
+            );
+            for id in without.iter() {
+                let node = c.node(id);
+                if fails_before_signals {
+                    assert!(
+                        no_signal(&*node, t.data, Duration::from_millis(50)),
+                        "node {id} saw a signal of a failed transfer"
+                    );
+                } else {
+                    // Possibly signalled in the commit window: drop it.
+                    let _ = node.test_event(t.data, Wait::Timeout(Duration::from_millis(50)));
+                }
+            }
+        }
+    }
+    // The others go on, at once, without it.
+    o.xfer_and_signal_within(
+        without,
+        t.small.offset,
+        Bytes::from_static(b"around"),
+        Some(t.data),
+        Some(t.done),
+        Some(timeout),
+    )
+    .unwrap();
+    outcome(&*o, t.done).expect("a transfer around the frozen node completes");
+    for id in without.iter() {
+        expect_signal(&*c.node(id), t.data, "around the frozen node");
+        assert_eq!(read(&*c.node(id), t.small.offset, 6), b"around");
+    }
+    let began = Instant::now();
+    match o.compare_and_write_within(others, t.a, Relation::Eq, 0, Some((t.b, 5)), Some(timeout)) {
+        Ok(holds) => assert!(holds, "every node holds a = 0"),
+        Err(err) => {
+            assert!(
+                began.elapsed() < bound,
+                "the compare-and-write failed after {:?}: {err}",
+                began.elapsed()
+            );
+            assert_eq!(
+                err.blamed(),
+                NodeSet::single(frozen),
+                "the failure names the frozen node: {err}"
+            );
+        }
+    }
+    assert!(
+        o.compare_and_write_within(without, t.a, Relation::Eq, 0, None, Some(timeout))
+            .unwrap(),
+        "a compare-and-write around the frozen node answers"
+    );
 }
 
 /// A node killed while a large transfer is under way: the origin learns of the failure and no
@@ -959,10 +1175,11 @@ pub fn scales_to_the_backends_largest_cluster(f: &dyn ClusterFactory) {
 
 /// Generates one `#[test]` per conformance case for a [`ClusterFactory`] expression.
 ///
-/// `conformance_suite!(factory; ignore kills = "reason")` marks the two cases that crash a node
-/// inside the test process as ignored, with the reason (shown by `cargo test`), for a backend
-/// that cannot survive that in one process. `conformance_suite!(factory; every case [attrs])`
-/// puts attributes on every case (used to ignore, visibly, a suite whose hardware is absent).
+/// `conformance_suite!(factory; ignore kills = "reason")` marks the three cases that crash or
+/// freeze a node inside the test process as ignored, with the reason (shown by `cargo test`),
+/// for a backend that cannot survive that in one process. `conformance_suite!(factory; every case [attrs])`
+/// puts attributes on every case (used to ignore, visibly, a suite whose hardware or library
+/// is absent); both combine as `every case [attrs]; ignore kills = "reason"`.
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:expr) => {
@@ -973,6 +1190,9 @@ macro_rules! conformance_suite {
     };
     ($factory:expr; every case [$($attr:tt)*]) => {
         $crate::conformance_suite!(@all $factory; [$($attr)*]; [$($attr)*]);
+    };
+    ($factory:expr; every case [$($attr:tt)*]; ignore kills = $why:literal) => {
+        $crate::conformance_suite!(@all $factory; [$($attr)*]; [#[ignore = $why]]);
     };
     (@all $factory:expr; [$($kill_attr:tt)*]) => {
         $crate::conformance_suite!(@all $factory; []; [$($kill_attr)*]);
@@ -999,6 +1219,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@cases $factory; [$($kill_attr)*];
             dead_node_fails_operations_and_others_go_on,
             node_killed_mid_transfer_leaves_no_partial_signal,
+            frozen_node_is_named_within_the_timeout_and_others_go_on,
         );
     };
     (@cases $factory:expr; $attrs:tt; $($case:ident),* $(,)?) => {
@@ -1031,6 +1252,9 @@ impl TestCluster for LocalCluster {
     }
     fn kill(&self, id: NodeId) {
         self.0.kill(id)
+    }
+    fn freeze(&self, id: NodeId, frozen: bool) {
+        self.0.freeze(id, frozen)
     }
 }
 
@@ -1067,6 +1291,9 @@ impl TestCluster for TcpCluster {
     fn kill(&self, id: NodeId) {
         self.0[id as usize].shutdown()
     }
+    fn freeze(&self, id: NodeId, frozen: bool) {
+        self.0[id as usize].freeze(frozen)
+    }
 }
 
 impl ClusterFactory for TcpFactory {
@@ -1081,7 +1308,6 @@ impl ClusterFactory for TcpFactory {
 
 /// Clusters of the `ofi` backend on one libfabric provider: addresses are exchanged over an
 /// in-process tcp cluster, then every node opens its own endpoint.
-#[cfg(feature = "ofi")]
 pub struct OfiFactory {
     pub provider: String,
     /// Largest cluster to run (providers differ in what one test process can hold).
@@ -1090,7 +1316,6 @@ pub struct OfiFactory {
     pub force_mr_local: bool,
 }
 
-#[cfg(feature = "ofi")]
 impl OfiFactory {
     pub fn new(provider: &str) -> Self {
         Self {
@@ -1130,10 +1355,8 @@ impl OfiFactory {
     }
 }
 
-#[cfg(feature = "ofi")]
 struct OfiCluster(Vec<Arc<crate::ofi::OfiNode>>);
 
-#[cfg(feature = "ofi")]
 impl TestCluster for OfiCluster {
     fn size(&self) -> u32 {
         self.0.len() as u32
@@ -1144,9 +1367,11 @@ impl TestCluster for OfiCluster {
     fn kill(&self, id: NodeId) {
         self.0[id as usize].shutdown()
     }
+    fn freeze(&self, id: NodeId, frozen: bool) {
+        self.0[id as usize].freeze(frozen)
+    }
 }
 
-#[cfg(feature = "ofi")]
 impl ClusterFactory for OfiFactory {
     fn start(&self, nodes: u32, layout: &Layout) -> Box<dyn TestCluster> {
         self.prepare_environment();
@@ -1174,5 +1399,11 @@ impl ClusterFactory for OfiFactory {
     }
     fn max_nodes(&self) -> u32 {
         self.max
+    }
+    fn frozen_nodes_fail_before_signals(&self) -> bool {
+        false
+    }
+    fn transfers_pass_a_frozen_node(&self) -> bool {
+        false
     }
 }

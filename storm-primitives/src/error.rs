@@ -13,7 +13,8 @@ pub enum PrimError {
     InvalidArgument(String),
     #[error("node {node} is unreachable: {reason}")]
     Unreachable { node: NodeId, reason: String },
-    #[error("operation on nodes {nodes} did not complete within {timeout_ms} ms: {detail}")]
+    /// `nodes` are the ones that did not answer in time (not those waiting behind them).
+    #[error("nodes {nodes} did not answer within {timeout_ms} ms: {detail}")]
     Timeout {
         nodes: NodeSet,
         timeout_ms: u64,
@@ -25,11 +26,26 @@ pub enum PrimError {
     Protocol { node: NodeId, detail: String },
     #[error("this node has been shut down")]
     ShutDown,
+    /// The backend cannot run on this machine (e.g. its library is not installed).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl PrimError {
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         PrimError::InvalidArgument(msg.into())
+    }
+
+    /// The nodes this error blames: the one whose connection failed, or those that did not
+    /// answer in time. Empty for errors about the caller or this node.
+    pub fn blamed(&self) -> NodeSet {
+        match self {
+            PrimError::Unreachable { node, .. } | PrimError::Protocol { node, .. } => {
+                NodeSet::single(*node)
+            }
+            PrimError::Timeout { nodes, .. } => nodes.clone(),
+            _ => NodeSet::new(),
+        }
     }
 }
 

@@ -13,8 +13,10 @@
 //! * The contract, as the [`Primitives`] trait, and its building blocks: [`NodeSet`],
 //!   [`Layout`] (the map of global memory every node computes alike), [`GlobalMemory`],
 //!   events ([`EventTable`], [`Wait`]) and [`Relation`].
-//! * The backends: [`local`] (N virtual nodes in one process) and [`tcp`] (every node its own
-//!   endpoint; pipelined tree broadcast and tree reduction).
+//! * The backends: [`local`] (N virtual nodes in one process), [`tcp`] (every node its own
+//!   endpoint; pipelined tree broadcast and tree reduction) and [`ofi`] (libfabric: RDMA
+//!   writes and network atomics; libfabric is loaded the first time an ofi node starts, so
+//!   the other backends never load it).
 //! * The [`helpers`] built only on the primitives: AWAIT-SPACE flow control and remote queues.
 //! * The [`conformance`] suite that states the contract as tests and runs on every backend.
 //!
@@ -32,7 +34,6 @@ mod layout;
 pub mod local;
 mod memory;
 mod nodeset;
-#[cfg(feature = "ofi")]
 pub mod ofi;
 mod prims;
 mod relation;

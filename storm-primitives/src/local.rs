@@ -9,9 +9,14 @@
 //! call returns; its outcome is still reported through the local event, as the contract says.
 //! COMPARE-AND-WRITE runs entirely under the sequencer lock, which makes all of them
 //! sequentially consistent.
+//!
+//! A frozen node ([`LocalFabric::freeze`], the stand-in for a stopped process) takes part in
+//! nothing: an operation that includes it fails with [`PrimError::Timeout`] naming it, as it
+//! would once its timeout passed (no time passes in this backend), and nobody is signalled.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -28,6 +33,7 @@ struct NodeState {
     memory: GlobalMemory,
     events: EventTable,
     alive: AtomicBool,
+    frozen: AtomicBool,
 }
 
 /// A whole in-process cluster.
@@ -46,6 +52,7 @@ impl LocalFabric {
                 memory: GlobalMemory::new(layout.size()),
                 events: EventTable::new(layout.event_count()),
                 alive: AtomicBool::new(true),
+                frozen: AtomicBool::new(false),
             })
             .collect();
         Arc::new(Self {
@@ -88,6 +95,22 @@ impl LocalFabric {
         }
     }
 
+    /// Freezes (or thaws) node `id`: operations that include it fail as timed out, naming it,
+    /// until it is thawed.
+    pub fn freeze(&self, id: NodeId, frozen: bool) {
+        let _seq = self.sequencer.lock();
+        if let Some(n) = self.nodes.get(id as usize) {
+            n.frozen.store(frozen, Ordering::SeqCst);
+        }
+    }
+
+    /// The frozen nodes of `dest`.
+    fn frozen_in(&self, dest: &NodeSet) -> NodeSet {
+        dest.iter()
+            .filter(|&id| self.nodes[id as usize].frozen.load(Ordering::SeqCst))
+            .collect()
+    }
+
     pub fn is_alive(&self, id: NodeId) -> bool {
         self.nodes
             .get(id as usize)
@@ -126,6 +149,14 @@ impl LocalNode {
         }
     }
 
+    fn frozen_error(nodes: NodeSet, timeout: Option<Duration>) -> PrimError {
+        PrimError::Timeout {
+            timeout_ms: timeout.map_or(0, |t| t.as_millis() as u64),
+            detail: format!("nodes {nodes} are frozen"),
+            nodes,
+        }
+    }
+
     fn report(&self, local: Option<EventId>, outcome: std::result::Result<(), PrimError>) {
         let Some(ev) = local else {
             if let Err(e) = outcome {
@@ -157,13 +188,14 @@ impl Primitives for LocalNode {
         &self.state().memory
     }
 
-    fn xfer_and_signal(
+    fn xfer_and_signal_within(
         &self,
         dest: &NodeSet,
         offset: u64,
         data: Bytes,
         remote: Option<EventId>,
         local: Option<EventId>,
+        timeout: Option<Duration>,
     ) -> Result<()> {
         check_xfer(
             &self.fabric.layout,
@@ -175,6 +207,11 @@ impl Primitives for LocalNode {
             local,
         )?;
         self.check_alive()?;
+        let frozen = self.fabric.frozen_in(dest);
+        if !frozen.is_empty() {
+            self.report(local, Err(Self::frozen_error(frozen, timeout)));
+            return Ok(());
+        }
         for id in dest.iter() {
             let node = &self.fabric.nodes[id as usize];
             if !node.alive.load(Ordering::SeqCst) {
@@ -206,19 +243,24 @@ impl Primitives for LocalNode {
         self.state().events.test(event, wait)
     }
 
-    fn compare_and_write(
+    fn compare_and_write_within(
         &self,
         dest: &NodeSet,
         var: VarId,
         rel: Relation,
         value: u64,
         write: Option<(VarId, u64)>,
+        timeout: Option<Duration>,
     ) -> Result<bool> {
         check_caw(&self.fabric.layout, &self.fabric.all, dest, var, write)?;
         self.check_alive()?;
         let _seq = self.fabric.sequencer.lock();
         if let Some(dead) = self.fabric.first_dead(dest) {
             return Err(Self::dead_node_error(dead));
+        }
+        let frozen = self.fabric.frozen_in(dest);
+        if !frozen.is_empty() {
+            return Err(Self::frozen_error(frozen, timeout));
         }
         let holds = dest.iter().all(|id| {
             self.fabric.nodes[id as usize]

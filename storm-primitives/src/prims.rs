@@ -1,5 +1,7 @@
 //! The contract: the three STORM primitives as one trait that every backend implements.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use crate::error::{PrimError, Result};
@@ -23,6 +25,14 @@ use crate::relation::Relation;
 ///
 /// Each node also reads and writes its own global memory directly through [`memory`].
 ///
+/// **Deadlines and blame.** Every operation has a timeout: the backend's configured one, or
+/// the one given to the `_within` forms (a heartbeat's deadline is a few heartbeat periods,
+/// not the seconds a program transfer may take). A failure names the destinations that did not
+/// complete: [`PrimError::Unreachable`] the one whose connection failed,
+/// [`PrimError::Timeout`] those that did not answer in time (a frozen or overloaded node, not
+/// the healthy nodes that waited behind it). A caller can leave them out and go on with the
+/// others.
+///
 /// [`memory`]: Primitives::memory
 pub trait Primitives: Send + Sync {
     /// This node's id.
@@ -34,7 +44,7 @@ pub trait Primitives: Send + Sync {
     /// This node's own global memory.
     fn memory(&self) -> &GlobalMemory;
 
-    /// XFER-AND-SIGNAL.
+    /// XFER-AND-SIGNAL, with the backend's configured timeout.
     fn xfer_and_signal(
         &self,
         dest: &NodeSet,
@@ -42,12 +52,26 @@ pub trait Primitives: Send + Sync {
         data: Bytes,
         remote: Option<EventId>,
         local: Option<EventId>,
+    ) -> Result<()> {
+        self.xfer_and_signal_within(dest, offset, data, remote, local, None)
+    }
+
+    /// XFER-AND-SIGNAL that fails (through `local`) if it has not completed within `timeout`
+    /// (`None`: the backend's configured timeout), naming the destinations that had not.
+    fn xfer_and_signal_within(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<EventId>,
+        local: Option<EventId>,
+        timeout: Option<Duration>,
     ) -> Result<()>;
 
     /// TEST-EVENT.
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool>;
 
-    /// COMPARE-AND-WRITE.
+    /// COMPARE-AND-WRITE, with the backend's configured timeout.
     fn compare_and_write(
         &self,
         dest: &NodeSet,
@@ -55,6 +79,20 @@ pub trait Primitives: Send + Sync {
         rel: Relation,
         value: u64,
         write: Option<(VarId, u64)>,
+    ) -> Result<bool> {
+        self.compare_and_write_within(dest, var, rel, value, write, None)
+    }
+
+    /// COMPARE-AND-WRITE that fails if it has not completed within `timeout` (`None`: the
+    /// backend's configured timeout), naming the nodes that had not answered.
+    fn compare_and_write_within(
+        &self,
+        dest: &NodeSet,
+        var: VarId,
+        rel: Relation,
+        value: u64,
+        write: Option<(VarId, u64)>,
+        timeout: Option<Duration>,
     ) -> Result<bool>;
 }
 

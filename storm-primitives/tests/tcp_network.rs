@@ -120,9 +120,11 @@ fn a_silent_node_fails_the_operation_within_the_timeout() {
             }
             other => panic!("expected a timeout, got {other:?}"),
         }
+        // The node whose child is silent waits at least half the timeout (less the deeper it
+        // is, so that it reports before its own parent gives up: tcp::tree::Tree::patience).
         assert!(
-            took >= timeout.mul_f64(0.8),
-            "gave up after {took:?}, before the timeout"
+            took >= timeout / 2,
+            "gave up after {took:?}, before half the timeout"
         );
         assert!(
             took < timeout + Duration::from_secs(5),

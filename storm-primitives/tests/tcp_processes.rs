@@ -1,6 +1,6 @@
 //! The tcp backend with every node but one in its own process: transfers verified in each
-//! process's memory, `kill -9` in the middle of a transfer, compare-and-swap across processes,
-//! and garbage sent to a node's port.
+//! process's memory, `kill -9` in the middle of a transfer, SIGSTOP of a process, compare-and-
+//! swap across processes, and garbage sent to a node's port.
 
 mod support;
 
@@ -39,6 +39,56 @@ fn megabytes_reach_every_process_byte_for_byte() {
     assert!(
         c.await_value(&c.agent_ids(), c.t.signals, 1),
         "each process saw one signal"
+    );
+}
+
+/// A stopped process (SIGSTOP: its kernel still acknowledges TCP, so no connection breaks)
+/// fails the operations that include it within their own timeout, naming it and not the
+/// processes behind it, while operations around it go on; SIGCONT brings it back.
+#[test]
+fn a_stopped_process_is_named_within_the_timeout_and_the_rest_go_on() {
+    use nix::sys::signal::Signal;
+    let c = ProcessCluster::start(6, &config());
+    // Node 5 sits behind node 2 in the binary tree from node 0.
+    c.signal(5, Signal::SIGSTOP);
+    let timeout = Duration::from_millis(200);
+    let began = std::time::Instant::now();
+    c.node0
+        .xfer_and_signal_within(
+            &c.all(),
+            c.t.small.offset,
+            Bytes::from_static(b"stopped"),
+            Some(c.t.data),
+            Some(c.t.done),
+            Some(timeout),
+        )
+        .unwrap();
+    let err = c
+        .node0
+        .test_event(c.t.done, Wait::Timeout(Duration::from_secs(10)))
+        .expect_err("a transfer including a stopped process fails");
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "failed after {:?}, not within its own timeout (the configured one is 3 s): {err}",
+        began.elapsed()
+    );
+    assert_eq!(err.blamed(), NodeSet::single(5), "{err}");
+    let without: NodeSet = "0-4".parse().unwrap();
+    assert_eq!(
+        c.node0
+            .compare_and_write_within(&without, c.t.a, Relation::Eq, 0, None, Some(timeout)),
+        Ok(true),
+        "the others answer at once"
+    );
+    let err = c
+        .node0
+        .compare_and_write_within(&c.all(), c.t.a, Relation::Eq, 0, None, Some(timeout))
+        .expect_err("a compare-and-write including a stopped process fails");
+    assert_eq!(err.blamed(), NodeSet::single(5), "{err}");
+    c.signal(5, Signal::SIGCONT);
+    assert!(
+        c.await_value(&c.all(), c.t.a, 0),
+        "the resumed process answers again"
     );
 }
 

@@ -38,6 +38,7 @@ pub struct QueueProducer {
     confirmed: Option<u64>,
     backoff: Backoff,
     space_timeout: Option<Duration>,
+    op_timeout: Option<Duration>,
 }
 
 impl QueueProducer {
@@ -52,7 +53,15 @@ impl QueueProducer {
             confirmed: None,
             backoff: Backoff::default(),
             space_timeout: None,
+            op_timeout: None,
         }
+    }
+
+    /// Gives each primitive of an ENQUEUE (the AWAIT-SPACE checks and the transfer) at most
+    /// `timeout`, so that a consumer that stops answering is named within it.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = Some(timeout);
+        self
     }
 
     /// Fail an ENQUEUE that waits longer than `timeout` for space.
@@ -104,6 +113,12 @@ impl QueueProducer {
         self.enqueued - self.base
     }
 
+    /// Every consumer is known to have dequeued (released) every entry before this absolute
+    /// sequence number; `None` until a check has shown that they joined this epoch.
+    pub fn confirmed(&self) -> Option<u64> {
+        self.confirmed
+    }
+
     /// Largest payload one entry may carry.
     pub fn max_payload(&self) -> usize {
         self.queue.slot_payload
@@ -127,12 +142,13 @@ impl QueueProducer {
             .max(needed);
         let dequeued = self.queue.dequeued;
         if hopeful > needed
-            && prims.compare_and_write(
+            && prims.compare_and_write_within(
                 &self.dest,
                 dequeued,
                 crate::relation::Relation::Ge,
                 hopeful,
                 None,
+                self.op_timeout,
             )?
         {
             self.confirmed = Some(hopeful);
@@ -146,6 +162,7 @@ impl QueueProducer {
             needed,
             self.backoff,
             deadline,
+            self.op_timeout,
         )?;
         self.confirmed = Some(needed);
         Ok(())
@@ -174,12 +191,13 @@ impl QueueProducer {
         buf.put_u64_le(payload.len() as u64);
         buf.put_u64_le(seq);
         buf.put_slice(payload);
-        prims.xfer_and_signal(
+        prims.xfer_and_signal_within(
             &self.dest,
             self.queue.slot_offset(slot),
             buf.freeze(),
             Some(self.queue.arrived),
             local,
+            self.op_timeout,
         )?;
         self.enqueued += 1;
         Ok(())
@@ -192,6 +210,9 @@ pub struct QueueConsumer {
     queue: QueueLayout,
     base: u64,
     head: u64,
+    /// What `dequeued` says (the producer may reuse the slots before it). Equal to `head`,
+    /// except while entries taken with [`QueueConsumer::take`] await their release.
+    released: u64,
 }
 
 impl QueueConsumer {
@@ -205,6 +226,7 @@ impl QueueConsumer {
             queue,
             base,
             head: base,
+            released: base,
         })
     }
 
@@ -222,7 +244,12 @@ impl QueueConsumer {
         let base = epoch_base(epoch);
         let head = head.max(base);
         prims.memory().store(queue.dequeued, head);
-        Self { queue, base, head }
+        Self {
+            queue,
+            base,
+            head,
+            released: head,
+        }
     }
 
     /// Discards every signal that has arrived so far.
@@ -258,6 +285,49 @@ impl QueueConsumer {
         wait: Wait,
         consume: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
+        let taken = self.take_with(prims, wait, |_, payload| consume(payload))?;
+        if taken.is_some() {
+            self.release(prims, self.head);
+        }
+        Ok(taken)
+    }
+
+    /// DEQUEUE that keeps the entry's slot: returns the entry's absolute sequence number and a
+    /// copy of its payload, but the producer may not reuse the slot (nor any after it) until
+    /// [`QueueConsumer::release`] says so. A consumer that must pass entries on before it lets
+    /// them go (and have them sent again if it fails first) releases them once they are
+    /// safely elsewhere; the producer can then run at most a queue's length ahead.
+    pub fn take<P: Primitives + ?Sized>(
+        &mut self,
+        prims: &P,
+        wait: Wait,
+    ) -> Result<Option<(u64, Bytes)>> {
+        self.take_with(prims, wait, |seq, payload| {
+            (seq, Bytes::copy_from_slice(payload))
+        })
+    }
+
+    /// Lets the producer reuse the slots of every entry before absolute sequence number
+    /// `upto` (at most the next entry to take).
+    pub fn release<P: Primitives + ?Sized>(&mut self, prims: &P, upto: u64) {
+        let upto = upto.min(self.head);
+        if upto > self.released {
+            self.released = upto;
+            prims.memory().store(self.queue.dequeued, upto);
+        }
+    }
+
+    /// Entries taken and not yet released.
+    pub fn unreleased(&self) -> u64 {
+        self.head - self.released
+    }
+
+    fn take_with<P: Primitives + ?Sized, R>(
+        &mut self,
+        prims: &P,
+        wait: Wait,
+        consume: impl FnOnce(u64, &[u8]) -> R,
+    ) -> Result<Option<R>> {
         if !prims.test_event(self.queue.arrived, wait)? {
             return Ok(None);
         }
@@ -283,15 +353,15 @@ impl QueueConsumer {
             });
         }
         // SAFETY: the producer writes this slot again only after every consumer, this one
-        // included, has advanced `dequeued` past it (AWAIT-SPACE), which happens below.
+        // included, has advanced `dequeued` past it (AWAIT-SPACE), which happens only after
+        // `consume` returns (in `dequeue_with`, or later through `release`).
         let payload = unsafe {
             prims
                 .memory()
                 .view(offset + QUEUE_SLOT_HEADER as u64, len as usize)?
         };
-        let result = consume(payload);
+        let result = consume(seq, payload);
         self.head += 1;
-        prims.memory().store(self.queue.dequeued, self.head);
         Ok(Some(result))
     }
 }
@@ -323,29 +393,31 @@ mod tests {
         fn memory(&self) -> &GlobalMemory {
             self.0.memory()
         }
-        fn xfer_and_signal(
+        fn xfer_and_signal_within(
             &self,
             d: &NodeSet,
             o: u64,
             b: Bytes,
             r: Option<EventId>,
             l: Option<EventId>,
+            t: Option<Duration>,
         ) -> Result<()> {
-            self.0.xfer_and_signal(d, o, b, r, l)
+            self.0.xfer_and_signal_within(d, o, b, r, l, t)
         }
         fn test_event(&self, e: EventId, w: Wait) -> Result<bool> {
             self.0.test_event(e, w)
         }
-        fn compare_and_write(
+        fn compare_and_write_within(
             &self,
             d: &NodeSet,
             v: VarId,
             r: Relation,
             x: u64,
             w: Option<(VarId, u64)>,
+            t: Option<Duration>,
         ) -> Result<bool> {
             self.1.fetch_add(1, Ordering::Relaxed);
-            self.0.compare_and_write(d, v, r, x, w)
+            self.0.compare_and_write_within(d, v, r, x, w, t)
         }
     }
 
@@ -473,5 +545,31 @@ mod tests {
         );
         p.enqueue(&fabric.node(0), b"b", None).unwrap();
         assert_eq!(&c.dequeue(&node1, Wait::Poll).unwrap().unwrap()[..], b"b");
+    }
+
+    #[test]
+    fn taken_entries_hold_their_slots_until_released() {
+        let (fabric, q) = setup(2);
+        let node1 = fabric.node(1);
+        let mut c = QueueConsumer::new(&node1, q, 1).unwrap();
+        let mut p = QueueProducer::new(q, "1".parse().unwrap(), 1)
+            .with_space_timeout(Duration::from_millis(20));
+        p.enqueue(&fabric.node(0), b"a", None).unwrap();
+        p.enqueue(&fabric.node(0), b"b", None).unwrap();
+        let (seq_a, a) = c.take(&node1, Wait::Poll).unwrap().unwrap();
+        let (seq_b, b) = c.take(&node1, Wait::Poll).unwrap().unwrap();
+        assert_eq!((&a[..], &b[..], seq_b), (&b"a"[..], &b"b"[..], seq_a + 1));
+        assert_eq!(c.unreleased(), 2);
+        assert!(
+            matches!(
+                p.enqueue(&fabric.node(0), b"c", None),
+                Err(PrimError::Timeout { .. })
+            ),
+            "both slots are still taken: the producer must wait"
+        );
+        c.release(&node1, seq_a + 1);
+        p.enqueue(&fabric.node(0), b"c", None).unwrap();
+        assert!(p.confirmed().is_some_and(|x| x > seq_a));
+        assert_eq!(&c.take(&node1, Wait::Poll).unwrap().unwrap().1[..], b"c");
     }
 }

@@ -16,6 +16,12 @@
 //! and every node sees the same last write. Any node that cannot be reached fails the
 //! operation; if that happens during the write phase, nodes that already wrote keep the value
 //! (docs/primitives.md explains this window).
+//!
+//! **Time.** An operation of timeout T spends at most T/4 queued at the root, T/2 comparing and
+//! T/4 writing, so the root answers within T; the origin blames the root itself only if it
+//! has not answered by then. Each node waits for its children's votes for its level's share of
+//! the compare time ([`Tree::patience`]: the deeper, the shorter, evenly spaced), so the
+//! lowest node with a silent child gives up first and names that child.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,6 +38,16 @@ use crate::nodeset::{NodeId, NodeSet};
 use crate::relation::Relation;
 
 const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+/// The compare phase's share of an operation's time (the root's; deeper nodes wait less).
+fn compare_time(timeout_ms: u64) -> Duration {
+    Duration::from_millis(timeout_ms) / 2
+}
+
+/// The queue's and the write phase's share.
+fn quarter(timeout_ms: u64) -> Duration {
+    Duration::from_millis(timeout_ms) / 4
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -96,7 +112,7 @@ fn caw(msg: CawMsg) -> Control {
 }
 
 impl Inner {
-    /// Runs a COMPARE-AND-WRITE from this node and waits for its result.
+    /// Runs a COMPARE-AND-WRITE from this node and waits at most `timeout` for its result.
     pub(crate) fn run_caw(
         self: &Arc<Self>,
         dest: &NodeSet,
@@ -104,6 +120,7 @@ impl Inner {
         rel: Relation,
         value: u64,
         write: Option<(VarId, u64)>,
+        timeout: Duration,
     ) -> Result<bool> {
         let Some(root) = dest.first() else {
             return Ok(true); // holds vacuously on no nodes
@@ -112,7 +129,6 @@ impl Inner {
             origin: self.id,
             seq: self.next_seq(),
         };
-        let timeout = self.config.op_timeout;
         let req = CawRequest {
             key,
             dest: dest.clone(),
@@ -121,7 +137,7 @@ impl Inner {
             rel,
             value,
             write: write.map(|(v, x)| (v.offset(), x)),
-            timeout_ms: timeout.as_millis() as u64,
+            timeout_ms: (timeout.as_millis() as u64).max(1),
         };
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.caws.lock().waiters.insert(key, (root, tx));
@@ -131,9 +147,14 @@ impl Inner {
         } else {
             self.send_control(root, &caw(CawMsg::Request(req)));
         }
-        // The root gives a request at most half the timeout in its queue and half to run, so
-        // this only expires when the root itself stops answering.
-        let wait = timeout + self.config.connect_timeout + Duration::from_millis(100);
+        // The root answers within the timeout, failure included, so this only expires when
+        // the root itself stops answering (a new connection may take its connect timeout).
+        let grace = (timeout / 4).max(Duration::from_millis(2));
+        let wait = if root == self.id {
+            timeout + grace
+        } else {
+            timeout + grace + self.connect_grace(root)
+        };
         match rx.recv_timeout(wait) {
             Ok(result) => result,
             Err(_) => {
@@ -142,9 +163,9 @@ impl Inner {
                     return Err(PrimError::ShutDown);
                 }
                 Err(PrimError::Timeout {
-                    nodes: dest.clone(),
+                    nodes: NodeSet::single(root),
                     timeout_ms: wait.as_millis() as u64,
-                    detail: format!("root node {root} did not answer"),
+                    detail: format!("root node {root} of the compare-and-write did not answer"),
                 })
             }
         }
@@ -288,10 +309,11 @@ impl Inner {
             let Some(Queued { req, arrived }) = table.queue.pop_front() else {
                 return;
             };
-            let half = Duration::from_millis(req.timeout_ms) / 2;
-            if arrived.elapsed() > half {
+            if arrived.elapsed() > quarter(req.timeout_ms) {
+                // Held up behind an operation that waits on a silent node (which that one
+                // names); nothing here is to blame.
                 let err = PrimError::Timeout {
-                    nodes: req.dest.clone(),
+                    nodes: NodeSet::new(),
                     timeout_ms: req.timeout_ms,
                     detail: format!("queued too long at root node {}", self.id),
                 };
@@ -306,6 +328,8 @@ impl Inner {
             for &c in &children {
                 self.send_control(c, &frame);
             }
+            let deadline = Instant::now() + tree.patience(self.id, compare_time(req.timeout_ms));
+            self.sweep_by(deadline);
             table.ops.insert(
                 key,
                 CawOp {
@@ -314,7 +338,7 @@ impl Inner {
                     children: children.into_iter().map(|c| (c, Child::Pending)).collect(),
                     holds,
                     phase: Phase::Comparing,
-                    deadline: Instant::now() + half,
+                    deadline,
                 },
             );
             table.active = Some(key);
@@ -349,7 +373,9 @@ impl Inner {
         for &c in &children {
             self.send_control(c, &frame);
         }
-        let half = Duration::from_millis(req.timeout_ms) / 2;
+        // Shorter than the parent's by a level's share.
+        let deadline = Instant::now() + tree.patience(self.id, compare_time(req.timeout_ms));
+        self.sweep_by(deadline);
         table.ops.insert(
             key,
             CawOp {
@@ -358,7 +384,7 @@ impl Inner {
                 children: children.into_iter().map(|c| (c, Child::Pending)).collect(),
                 holds,
                 phase: Phase::Comparing,
-                deadline: Instant::now() + half.mul_f64(0.9),
+                deadline,
             },
         );
         self.caw_progress(table, key);
@@ -376,6 +402,7 @@ impl Inner {
                     if op.req.write.is_some() {
                         op.phase = Phase::Voted;
                         op.deadline = Instant::now() + Duration::from_millis(op.req.timeout_ms);
+                        self.sweep_by(op.deadline);
                     } else {
                         table.ops.remove(&key);
                     }
@@ -419,6 +446,8 @@ impl Inner {
             self.memory.store(var, value);
         }
         op.phase = Phase::Writing;
+        op.deadline = Instant::now() + quarter(op.req.timeout_ms);
+        self.sweep_by(op.deadline);
         let frame = caw(CawMsg::Write(key));
         for (c, _) in &op.children {
             self.send_control(*c, &frame);
@@ -502,7 +531,8 @@ impl Inner {
         }
     }
 
-    pub(crate) fn caw_sweep(self: &Arc<Self>, now: Instant) {
+    /// Fails or forgets operations past their deadline; returns the next deadline.
+    pub(crate) fn caw_sweep(self: &Arc<Self>, now: Instant) -> Option<Instant> {
         let mut table = self.caws.lock();
         let late: Vec<OpKey> = table
             .ops
@@ -532,12 +562,20 @@ impl Inner {
                 .map(|&(c, _)| c)
                 .collect();
             let err = PrimError::Timeout {
-                nodes: op.req.dest.clone(),
+                nodes: waiting.clone(),
                 timeout_ms: op.req.timeout_ms,
-                detail: format!("no answer from the subtrees under nodes {waiting}"),
+                detail: format!(
+                    "node {} had no answer from nodes {waiting} for compare-and-write {key:?}",
+                    self.id
+                ),
             };
             self.caw_fail(&mut table, key, err);
         }
+        let queued = table
+            .queue
+            .iter()
+            .map(|q| q.arrived + quarter(q.req.timeout_ms));
+        table.ops.values().map(|op| op.deadline).chain(queued).min()
     }
 
     /// Wakes every waiting caller with `ShutDown`.

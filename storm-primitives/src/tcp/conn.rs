@@ -145,6 +145,11 @@ impl Conn {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Past the handshake and open.
+    pub fn is_connected(&self) -> bool {
+        !self.is_closed() && self.out.lock().sock.is_some()
+    }
+
     /// Marks the connection closed; true for the first caller only.
     pub fn mark_closed(&self) -> bool {
         !self.closed.swap(true, Ordering::AcqRel)
@@ -299,6 +304,7 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
         .spawn(move || {
             stream.set_nodelay(true).ok();
             set_user_timeout(&stream, inner.config.peer_timeout);
+            inner.wait_while_frozen();
             stream
                 .set_read_timeout(Some(inner.config.connect_timeout))
                 .ok();
@@ -368,6 +374,7 @@ fn spawn_reader(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
 fn read_loop(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let reason = loop {
+        inner.wait_while_frozen();
         if let Err(why) = read_one(inner, conn.peer, &mut reader) {
             break why;
         }

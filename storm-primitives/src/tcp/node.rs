@@ -6,10 +6,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::caw::CawTable;
 use super::config::TcpConfig;
@@ -23,6 +23,9 @@ use crate::memory::GlobalMemory;
 use crate::nodeset::{NodeId, NodeSet};
 use crate::prims::{Primitives, check_caw, check_event, check_xfer};
 use crate::relation::Relation;
+
+/// The shortest timeout an operation may have (the wire carries milliseconds).
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// State shared by all threads of one tcp node.
 pub(crate) struct Inner {
@@ -39,6 +42,12 @@ pub(crate) struct Inner {
     next_seq: AtomicU64,
     shutdown: AtomicBool,
     listen_addr: SocketAddr,
+    /// The earliest deadline of an operation here: the sweeper sleeps until then.
+    sweep_at: Mutex<Option<Instant>>,
+    sweep_wake: Condvar,
+    /// Test hook: frames and deadlines are not handled, as in a stopped process.
+    frozen: Mutex<bool>,
+    thawed: Condvar,
 }
 
 impl Inner {
@@ -49,6 +58,32 @@ impl Inner {
     /// A sequence number unique to this node, also across restarts (it starts from the clock).
     pub fn next_seq(&self) -> u64 {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes sure the sweeper wakes by `at` to fail operations that are late by then.
+    pub fn sweep_by(&self, at: Instant) {
+        let mut next = self.sweep_at.lock();
+        if next.is_none_or(|n| at < n) {
+            *next = Some(at);
+            self.sweep_wake.notify_one();
+        }
+    }
+
+    /// How long reaching `peer` may take before it can answer: nothing over a connection that
+    /// is up, the connect timeout otherwise.
+    pub fn connect_grace(&self, peer: NodeId) -> Duration {
+        match self.conns.lock().get(&peer) {
+            Some(c) if c.is_connected() => Duration::ZERO,
+            _ => self.config.connect_timeout,
+        }
+    }
+
+    /// Blocks while the node is frozen (a test's stand-in for SIGSTOP).
+    pub fn wait_while_frozen(&self) {
+        let mut frozen = self.frozen.lock();
+        while *frozen && !self.is_shut_down() {
+            self.thawed.wait(&mut frozen);
+        }
     }
 
     /// Queues `frame` for `peer`, connecting first if needed. Failures come back through
@@ -136,10 +171,39 @@ impl Inner {
         }
     }
 
-    fn sweep(self: &Arc<Self>) {
-        let now = std::time::Instant::now();
-        self.xfer_sweep(now);
-        self.caw_sweep(now);
+    /// Fails the operations past their deadline; returns the next deadline, if any.
+    fn sweep(self: &Arc<Self>) -> Option<Instant> {
+        let now = Instant::now();
+        let next_xfer = self.xfer_sweep(now);
+        let next_caw = self.caw_sweep(now);
+        next_xfer.into_iter().chain(next_caw).min()
+    }
+
+    /// The sweeper's loop: sleeps until the earliest deadline (or a new, earlier one), then
+    /// fails what is late. Deadlines of a few milliseconds (heartbeats) are met to within a
+    /// scheduling delay, however long the configured operation timeout is.
+    fn run_sweeper(self: &Arc<Self>) {
+        // Deadlines can only move earlier through `sweep_by`; this bounds a missed wake-up.
+        let longest = Duration::from_millis(50);
+        while !self.is_shut_down() {
+            {
+                let mut next = self.sweep_at.lock();
+                let until = next
+                    .take()
+                    .unwrap_or_else(|| Instant::now() + longest)
+                    .min(Instant::now() + longest);
+                if Instant::now() < until {
+                    self.sweep_wake.wait_until(&mut next, until);
+                }
+            }
+            if self.is_shut_down() {
+                break;
+            }
+            self.wait_while_frozen();
+            if let Some(next) = self.sweep() {
+                self.sweep_by(next);
+            }
+        }
     }
 
     fn shut_down(&self) {
@@ -152,6 +216,8 @@ impl Inner {
         }
         self.events.close();
         self.caw_shut_down();
+        self.thawed.notify_all();
+        self.sweep_wake.notify_all();
         // Wake the accept loop.
         let _ = TcpStream::connect_timeout(&self.listen_addr, Duration::from_millis(100));
     }
@@ -202,6 +268,10 @@ impl TcpNode {
             next_seq: AtomicU64::new(seq_start),
             shutdown: AtomicBool::new(false),
             listen_addr,
+            sweep_at: Mutex::new(None),
+            sweep_wake: Condvar::new(),
+            frozen: Mutex::new(false),
+            thawed: Condvar::new(),
         });
         let mut threads = Vec::new();
         let acc = inner.clone();
@@ -225,17 +295,10 @@ impl TcpNode {
                 .map_err(|e| PrimError::invalid(format!("cannot start threads: {e}")))?,
         );
         let sw = inner.clone();
-        let tick =
-            (sw.config.op_timeout / 20).clamp(Duration::from_millis(1), Duration::from_millis(50));
         threads.push(
             std::thread::Builder::new()
                 .name(format!("storm-sweep-{id}"))
-                .spawn(move || {
-                    while !sw.is_shut_down() {
-                        std::thread::sleep(tick);
-                        sw.sweep();
-                    }
-                })
+                .spawn(move || sw.run_sweeper())
                 .map_err(|e| PrimError::invalid(format!("cannot start threads: {e}")))?,
         );
         Ok(TcpNode {
@@ -283,6 +346,15 @@ impl TcpNode {
         &self.inner.config
     }
 
+    /// Test hook: stops (or resumes) handling frames and deadlines, as SIGSTOP (SIGCONT) of a
+    /// node's process would, while the kernel keeps accepting its bytes.
+    pub fn freeze(&self, frozen: bool) {
+        *self.inner.frozen.lock() = frozen;
+        if !frozen {
+            self.inner.thawed.notify_all();
+        }
+    }
+
     /// Stops the node abruptly, as a crash would: connections close, operations in flight
     /// fail, blocked waiters return [`PrimError::ShutDown`].
     pub fn shutdown(&self) {
@@ -317,13 +389,14 @@ impl Primitives for TcpNode {
         &self.inner.memory
     }
 
-    fn xfer_and_signal(
+    fn xfer_and_signal_within(
         &self,
         dest: &NodeSet,
         offset: u64,
         data: Bytes,
         remote: Option<EventId>,
         local: Option<EventId>,
+        timeout: Option<Duration>,
     ) -> Result<()> {
         let inner = &self.inner;
         check_xfer(
@@ -338,7 +411,8 @@ impl Primitives for TcpNode {
         if inner.is_shut_down() {
             return Err(PrimError::ShutDown);
         }
-        inner.start_xfer(dest, offset, data, remote, local);
+        let timeout = timeout.unwrap_or(inner.config.op_timeout).max(MIN_TIMEOUT);
+        inner.start_xfer(dest, offset, data, remote, local, timeout);
         Ok(())
     }
 
@@ -347,19 +421,21 @@ impl Primitives for TcpNode {
         self.inner.events.test(event, wait)
     }
 
-    fn compare_and_write(
+    fn compare_and_write_within(
         &self,
         dest: &NodeSet,
         var: VarId,
         rel: Relation,
         value: u64,
         write: Option<(VarId, u64)>,
+        timeout: Option<Duration>,
     ) -> Result<bool> {
         let inner = &self.inner;
         check_caw(&inner.layout, &inner.all, dest, var, write)?;
         if inner.is_shut_down() {
             return Err(PrimError::ShutDown);
         }
-        inner.run_caw(dest, var, rel, value, write)
+        let timeout = timeout.unwrap_or(inner.config.op_timeout).max(MIN_TIMEOUT);
+        inner.run_caw(dest, var, rel, value, write, timeout)
     }
 }

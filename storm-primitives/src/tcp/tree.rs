@@ -6,6 +6,8 @@
 //! member set and the fanout (all carried in an operation's header) can find its parent and
 //! children without asking anyone, in time proportional to the number of ranges in the set.
 
+use std::time::Duration;
+
 use crate::nodeset::{NodeId, NodeSet};
 
 #[derive(Debug, Clone)]
@@ -82,6 +84,32 @@ impl Tree {
     pub fn depth(&self) -> usize {
         depth_of(self.size(), self.fanout)
     }
+
+    /// Edges from the root to `node` (0 for the root and for a non-member).
+    pub fn level(&self, node: NodeId) -> usize {
+        let mut pos = self.position(node).unwrap_or(0);
+        let mut level = 0;
+        while pos > 0 {
+            pos = (pos - 1) / self.fanout;
+            level += 1;
+        }
+        level
+    }
+
+    /// How long `node` waits for its children in an operation whose root waits `timeout`.
+    ///
+    /// Each level down waits `timeout / (2 D)` less than the one above it, in a tree of depth
+    /// D: the root waits all of it, a node at level L waits (2D - L) / 2D of it, and none less
+    /// than half. So the lowest node whose child is silent gives up first, by a margin of
+    /// `timeout / 2D` over its parent, and its report (naming that child, not the healthy nodes
+    /// above it) reaches the parent before the parent gives up itself; a loaded host that runs
+    /// a node's timer late by less than that margin still blames the right node. And no node
+    /// blames a child that had less than half the timeout to answer.
+    pub fn patience(&self, node: NodeId, timeout: Duration) -> Duration {
+        let depth = self.depth().max(1) as u32;
+        let level = (self.level(node) as u32).min(depth);
+        timeout * (2 * depth - level) / (2 * depth)
+    }
 }
 
 /// Depth of a `fanout`-ary heap-shaped tree of `size` nodes.
@@ -103,6 +131,25 @@ pub fn depth_of(size: usize, fanout: usize) -> usize {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn lower_levels_give_up_first_by_an_even_share_of_the_timeout() {
+        // 0 -> 1,2; 1 -> 3,4; 2 -> 5,6; 3 -> 7: depth 3, so levels are 1/6 of it apart.
+        let t = Tree::new(0, &NodeSet::first_n(8), 2);
+        let six = Duration::from_secs(6);
+        assert_eq!(t.level(0), 0);
+        assert_eq!(t.level(2), 1);
+        assert_eq!(t.level(5), 2);
+        assert_eq!(t.level(7), 3);
+        assert_eq!(t.patience(0, six), Duration::from_secs(6));
+        assert_eq!(t.patience(1, six), Duration::from_secs(5));
+        assert_eq!(t.patience(3, six), Duration::from_secs(4));
+        // A leaf waits for no one; no level waits less than half.
+        assert_eq!(t.patience(7, six), Duration::from_secs(3));
+        // A lone root waits all of it.
+        let alone = Tree::new(4, &NodeSet::single(4), 2);
+        assert_eq!(alone.patience(4, six), six);
+    }
 
     #[test]
     fn binary_tree_over_a_range() {

@@ -12,14 +12,24 @@
 //!
 //! A node that cannot reach a child (its connection closes, or it misses the deadline) sends
 //! `Nack` up; the origin then sends `Abort` down and raises the local event with the failure.
+//!
+//! **Deadlines name the node that stopped answering.** `Begin` carries the origin's timeout,
+//! and each node waits on its children for its level's share of it ([`Tree::patience`]: the
+//! deeper, the shorter, evenly spaced), so a node gives up on its children before its parent
+//! gives up on it: the first deadline to pass is that of the lowest node whose data is complete
+//! and whose child did not answer, and its `Nack` names exactly that child (a frozen node), not
+//! the healthy nodes waiting behind it. A node still missing data does not time out: its parent
+//! is the one waiting on someone.
 //! Before the commit phase no destination has been signalled, so a failure during the data
 //! phase (which is almost all of a transfer's time) leaves no node with a partial signal.
 //! Failures inside the short commit phase are reported as failures too, but some nodes may
 //! already have been signalled; docs/primitives.md discusses this window.
 //!
-//! The origin commits its own transfers in the order it issued them (a later transfer over the
-//! same tree may commit right behind an earlier one, since frames on one connection stay in
-//! order), so remote events from one origin are raised in issue order on every node.
+//! The origin commits its own transfers in the order it issued them wherever their
+//! destinations meet (a later transfer over the same tree may commit right behind an earlier
+//! one, since frames on one connection stay in order), so remote events from one origin are
+//! raised in issue order on every node; transfers to disjoint node sets do not wait for each
+//! other.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -36,6 +46,10 @@ use crate::nodeset::{NodeId, NodeSet};
 
 /// Longest timeout a peer may ask for (guards against absurd values on the wire).
 const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+/// How long past its deadline a member still missing data keeps a transfer before dropping
+/// it quietly (its upstream decides the outcome).
+const DATA_WAIT_FACTOR: u32 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -118,7 +132,8 @@ fn xfer(msg: XferMsg) -> Control {
 }
 
 impl Inner {
-    /// Starts a transfer from this node (the origin).
+    /// Starts a transfer from this node (the origin) that fails if it has not completed
+    /// within `timeout`.
     pub(crate) fn start_xfer(
         self: &Arc<Self>,
         dest: &NodeSet,
@@ -126,12 +141,12 @@ impl Inner {
         data: Bytes,
         remote: Option<EventId>,
         local: Option<EventId>,
+        timeout: Duration,
     ) {
         let key = OpKey {
             origin: self.id,
             seq: self.next_seq(),
         };
-        let timeout = self.config.op_timeout;
         let tree = Tree::new(self.id, dest, self.config.fanout);
         let tree_children = tree.children(self.id);
         if dest.contains(self.id) {
@@ -145,9 +160,12 @@ impl Inner {
             offset,
             len: data.len() as u64,
             remote_event: remote.map(|e| e.index() as u32),
-            timeout_ms: timeout.as_millis() as u64,
+            timeout_ms: (timeout.as_millis() as u64).max(1),
         };
         let begin_frame = OutFrame::control(&xfer(XferMsg::Begin(begin.clone())));
+        // The origin is the tree's root: it waits the whole timeout.
+        let deadline = Instant::now() + tree.patience(self.id, timeout);
+        self.sweep_by(deadline);
         let mut table = self.xfers.lock();
         table.ops.insert(
             key,
@@ -158,7 +176,7 @@ impl Inner {
                 children: tree_children.iter().map(|&c| (c, Child::Pending)).collect(),
                 received: data.len() as u64,
                 phase: Phase::Gathering,
-                deadline: Instant::now() + timeout,
+                deadline,
             },
         );
         table.own.push_back(key);
@@ -281,6 +299,8 @@ impl Inner {
         for &c in &children {
             self.send(c, frame.clone());
         }
+        let deadline = Instant::now() + tree.patience(self.id, timeout);
+        self.sweep_by(deadline);
         table.ops.insert(
             key,
             XferOp {
@@ -290,8 +310,9 @@ impl Inner {
                 children: children.into_iter().map(|c| (c, Child::Pending)).collect(),
                 received: 0,
                 phase: Phase::Gathering,
-                // Give up a little before the origin does, so the reason reaches it.
-                deadline: Instant::now() + timeout.mul_f64(0.9),
+                // Shorter than the parent's by a level's share, so the reason reaches it
+                // before it gives up itself.
+                deadline,
             },
         );
         self.xfer_progress(table, key);
@@ -371,6 +392,7 @@ impl Inner {
                 // At the origin, `commit_own` (run by the caller) takes it from here.
                 if let Some(parent) = op.parent {
                     op.deadline = Instant::now() + 2 * Duration::from_millis(op.begin.timeout_ms);
+                    self.sweep_by(op.deadline);
                     self.send_control(parent, &xfer(XferMsg::Ack(key)));
                 }
             }
@@ -390,35 +412,49 @@ impl Inner {
         }
     }
 
-    /// Commits this node's prepared transfers, in issue order. Called at the end of every entry
-    /// point that may have changed an own transfer's phase.
+    /// Commits this node's prepared transfers, in issue order wherever their destinations
+    /// meet. Called at the end of every entry point that may have changed an own transfer's
+    /// phase.
+    ///
+    /// A prepared transfer commits unless an earlier one that shares a destination with it has
+    /// not committed yet, or is committing over another tree (its `Commit` frames could be
+    /// overtaken on other connections). One over the same tree may commit right behind it:
+    /// frames on one connection stay in order. Transfers to other nodes do not wait: a
+    /// transfer held up by a silent node (until its deadline) holds up only the later ones
+    /// that include that node, never a heartbeat that goes around it.
     fn commit_own(self: &Arc<Self>, table: &mut XferTable) {
+        // Destinations of earlier transfers not committed yet.
+        let mut uncommitted = NodeSet::new();
+        // (dest, fanout) of earlier transfers committing.
+        let mut committing: Vec<(NodeSet, u32)> = Vec::new();
         let mut index = 0;
-        // (dest, fanout) of the transfer ahead that is committing.
-        let mut ahead: Option<(NodeSet, u32)> = None;
         while index < table.own.len() {
             let key = table.own[index];
             let Some(op) = table.ops.get(&key) else {
                 table.own.remove(index);
                 continue;
             };
-            let tree_of = |op: &XferOp| (op.begin.dest.clone(), op.begin.fanout);
+            let tree = (op.begin.dest.clone(), op.begin.fanout);
+            index += 1;
             match op.phase {
-                Phase::Gathering => return,
-                Phase::Committing => {
-                    ahead = Some(tree_of(op));
-                    index += 1;
-                }
+                Phase::Gathering => uncommitted = uncommitted.union(&tree.0),
+                Phase::Committing => committing.push(tree),
                 Phase::Prepared => {
-                    if ahead.as_ref().is_some_and(|a| *a != tree_of(op)) {
-                        return;
+                    let free = uncommitted.is_disjoint(&tree.0)
+                        && committing
+                            .iter()
+                            .all(|c| *c == tree || c.0.is_disjoint(&tree.0));
+                    if !free {
+                        uncommitted = uncommitted.union(&tree.0);
+                        continue;
                     }
-                    ahead = Some(tree_of(op));
                     self.xfer_commit(table, key);
                     if table.ops.contains_key(&key) {
-                        index += 1;
+                        committing.push(tree);
+                    } else {
+                        // It finished at once and left `own`: the next one is at its place.
+                        index -= 1;
                     }
-                    // else it finished at once and left `own`; `index` now names the next one.
                 }
             }
         }
@@ -431,6 +467,7 @@ impl Inner {
         };
         op.phase = Phase::Committing;
         op.deadline = Instant::now() + Duration::from_millis(op.begin.timeout_ms);
+        self.sweep_by(op.deadline);
         let frame = OutFrame::control(&xfer(XferMsg::Commit(key)));
         for (c, _) in &op.children {
             self.send(*c, frame.clone());
@@ -498,8 +535,8 @@ impl Inner {
         self.commit_own(&mut table);
     }
 
-    /// Fails or forgets operations past their deadline.
-    pub(crate) fn xfer_sweep(self: &Arc<Self>, now: Instant) {
+    /// Fails or forgets operations past their deadline; returns the next deadline.
+    pub(crate) fn xfer_sweep(self: &Arc<Self>, now: Instant) -> Option<Instant> {
         let mut table = self.xfers.lock();
         let late: Vec<OpKey> = table
             .ops
@@ -508,7 +545,7 @@ impl Inner {
             .map(|(k, _)| *k)
             .collect();
         for key in late {
-            let Some(op) = table.ops.get(&key) else {
+            let Some(op) = table.ops.get_mut(&key) else {
                 continue;
             };
             if op.phase == Phase::Prepared && op.parent.is_some() {
@@ -520,27 +557,36 @@ impl Inner {
                 table.ops.remove(&key);
                 continue;
             }
+            if op.received < op.begin.len && op.parent.is_some() {
+                // Our data is late: the parent, not a child, is the one waiting on someone,
+                // and its deadline (or its parent's) names them. Wait for its Abort, then
+                // drop the transfer quietly.
+                let timeout = Duration::from_millis(op.begin.timeout_ms);
+                if op.deadline + timeout * DATA_WAIT_FACTOR <= now {
+                    table.ops.remove(&key);
+                } else {
+                    op.deadline += timeout;
+                }
+                continue;
+            }
             let waiting: NodeSet = op
                 .children
                 .iter()
                 .filter(|&&(_, s)| s != Child::Committed)
+                .filter(|&&(_, s)| op.phase == Phase::Committing || s == Child::Pending)
                 .map(|&(c, _)| c)
                 .collect();
-            let detail = if op.received < op.begin.len {
-                format!(
-                    "node {} received {} of {} bytes",
-                    self.id, op.received, op.begin.len
-                )
-            } else {
-                format!("no answer from the subtrees under nodes {waiting}")
-            };
             let err = PrimError::Timeout {
-                nodes: op.begin.dest.clone(),
+                nodes: waiting.clone(),
                 timeout_ms: op.begin.timeout_ms,
-                detail,
+                detail: format!(
+                    "node {} had no answer from nodes {waiting} for transfer {key:?}",
+                    self.id
+                ),
             };
             self.xfer_fail(&mut table, key, err);
         }
         self.commit_own(&mut table);
+        table.ops.values().map(|op| op.deadline).min()
     }
 }

@@ -106,6 +106,12 @@ impl ProcessCluster {
         agent.child.wait().unwrap();
     }
 
+    /// Sends `signal` to node `id`'s process (SIGSTOP freezes it, SIGCONT thaws it).
+    pub fn signal(&self, id: NodeId, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.agents[id as usize - 1].child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
     /// Polls with COMPARE-AND-WRITE until `var = value` on every node of `on`.
     pub fn await_value(&self, on: &NodeSet, var: storm_primitives::VarId, value: u64) -> bool {
         let start = Instant::now();
