@@ -203,11 +203,24 @@ impl Default for SchedulerSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FailureSection {
-    /// A node that misses this many consecutive heartbeats is marked DOWN (K).
+    /// K: a node that has taken no heartbeat for this many heartbeat periods (and has not
+    /// registered back) is DOWN.
     pub missed_heartbeats: u32,
-    /// How often the MM checks with COMPARE-AND-WRITE that every node took the heartbeats
-    /// delivered to it; a node behind for `missed_heartbeats` checks in a row is DOWN.
+    /// A heartbeat's deadline, in heartbeat periods: a member that has not taken it by then
+    /// leaves the heartbeat (unresponsive) and the others go on without it. Less than K.
+    pub deadline_heartbeats: u32,
+    /// The least a heartbeat's deadline may be, in milliseconds, whatever the period: a
+    /// healthy node on a loaded host can go unscheduled for tens of milliseconds (more than
+    /// 50 ms was seen on a 2-core host running 8 NMs), and leaving the heartbeat for that
+    /// makes it register again and sends a job being started there back to the queue.
+    pub deadline_min_ms: u64,
+    /// How often the MM checks with COMPARE-AND-WRITE that every member took the heartbeats
+    /// delivered to it; one found behind is unresponsive.
     pub check_interval_ms: u64,
+    /// After a restart of the MM, how long jobs that ran wait for their nodes to register
+    /// again and say they still hold them; a job some of whose nodes did not come back by then
+    /// ends, naming them.
+    pub readopt_within_ms: u64,
     /// An NM that hears no heartbeat for this long assumes the MM dropped it (or restarted)
     /// and registers again. Longer than any stall of the MM.
     pub rejoin_after_ms: u64,
@@ -216,8 +229,11 @@ pub struct FailureSection {
 impl Default for FailureSection {
     fn default() -> Self {
         Self {
-            missed_heartbeats: 3,
+            missed_heartbeats: 1000,
+            deadline_heartbeats: 10,
+            deadline_min_ms: 200,
             check_interval_ms: 100,
+            readopt_within_ms: 30_000,
             rejoin_after_ms: 10_000,
         }
     }
@@ -247,7 +263,8 @@ pub struct NodeEntry {
     pub address: SocketAddr,
     /// Node-local directory for transferred programs.
     pub spool: PathBuf,
-    /// Processors: how many tasks of one job go on the node when only -n is given.
+    /// Processors: how many tasks of one job the node runs without `--overcommit` (and how
+    /// many `-n` alone puts on it). Default 1, as in Slurm.
     #[serde(default = "one")]
     pub cpus: u32,
 }
@@ -346,10 +363,27 @@ impl ClusterConfig {
             return bad("heartbeat_bytes must be at least 1024".into());
         }
         let f = &self.failure;
-        if f.missed_heartbeats == 0 || f.check_interval_ms == 0 {
+        if f.missed_heartbeats == 0
+            || f.deadline_heartbeats == 0
+            || f.check_interval_ms == 0
+            || f.readopt_within_ms == 0
+        {
             return bad(
-                "[failure] missed_heartbeats and check_interval_ms must be at least 1".into(),
+                "[failure] missed_heartbeats, deadline_heartbeats, check_interval_ms and \
+                 readopt_within_ms must be at least 1"
+                    .into(),
             );
+        }
+        if self.heartbeat_deadline() >= self.timeslice() * f.missed_heartbeats {
+            return bad(format!(
+                "[failure] a heartbeat's deadline ({} ms: deadline_heartbeats = {} periods, at \
+                 least deadline_min_ms = {}) must be shorter than missed_heartbeats = {} \
+                 periods: a member must leave the heartbeat before it counts as DOWN",
+                self.heartbeat_deadline().as_millis(),
+                f.deadline_heartbeats,
+                f.deadline_min_ms,
+                f.missed_heartbeats
+            ));
         }
         if f.rejoin_after_ms <= self.tcp.peer_timeout_ms {
             return bad(format!(
@@ -385,6 +419,17 @@ impl ClusterConfig {
         self.nodes.len() as u32
     }
 
+    /// What the cluster offers a job: its nodes, their CPUs and the per-node task limit.
+    pub fn capacity(&self) -> crate::tasks::Capacity {
+        let cpus = self.nodes.iter().map(|n| n.cpus);
+        crate::tasks::Capacity {
+            nodes: self.node_count(),
+            cpus_per_node: cpus.clone().min().unwrap_or(1),
+            max_cpus_per_node: cpus.max().unwrap_or(1),
+            max_tasks_per_node: self.cluster.max_tasks_per_node as u32,
+        }
+    }
+
     /// The MM's id in the primitives fabric: one past the last compute node.
     pub fn mm_id(&self) -> NodeId {
         self.nodes.len() as NodeId
@@ -405,6 +450,13 @@ impl ClusterConfig {
             .map(|n| Some(n.address))
             .chain(std::iter::once(Some(self.mm.address)))
             .collect()
+    }
+
+    /// How long a member has to take a heartbeat (and the bound on every primitive the MM's
+    /// loop waits for): `deadline_heartbeats` periods, at least `deadline_min_ms` (and 1 ms).
+    pub fn heartbeat_deadline(&self) -> Duration {
+        (self.timeslice() * self.failure.deadline_heartbeats)
+            .max(Duration::from_millis(self.failure.deadline_min_ms.max(1)))
     }
 
     pub fn timeslice(&self) -> Duration {

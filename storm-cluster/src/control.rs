@@ -19,7 +19,9 @@ use storm_primitives::NodeSet;
 use crate::messages::{JobId, OutputChunk, RankStatus};
 use crate::tasks::TaskRequest;
 
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 3: `overcommit` in task requests; metrics. Version 4: output chunks carry their
+/// stream offset.
+pub const PROTOCOL_VERSION: u32 = 4;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -108,6 +110,8 @@ pub enum Request {
     },
     /// Jobs that ended, most recent last.
     History,
+    /// The MM's metrics, in the Prometheus text format.
+    Metrics,
     Shutdown,
 }
 
@@ -210,6 +214,15 @@ pub enum Reply {
         reason: String,
     },
     Finished(JobOutcome),
+    /// The program is being sent to the job's nodes: `sent` of `total` bytes have reached
+    /// every one of them. Sent while the transfer lasts, a few times a second at most.
+    Progress {
+        job: JobId,
+        sent: u64,
+        total: u64,
+    },
+    /// The metrics text (`Request::Metrics`).
+    Metrics(String),
     Queue(Vec<JobInfo>),
     History(Vec<JobInfo>),
     Nodes(Vec<NodeInfo>),

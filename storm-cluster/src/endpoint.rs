@@ -64,7 +64,6 @@ pub fn start(
 
 /// The ofi endpoint, bootstrapped over a tcp node on the configured address. The tcp node
 /// stays up beside it: a slower peer may still be publishing its address into it.
-#[cfg(feature = "ofi")]
 fn start_ofi(
     cfg: &ClusterConfig,
     rm: &RmLayout,
@@ -89,26 +88,12 @@ fn start_ofi(
     Ok(Arc::new(WithBootstrap { ofi, _boot: boot }))
 }
 
-#[cfg(not(feature = "ofi"))]
-fn start_ofi(
-    _: &ClusterConfig,
-    _: &RmLayout,
-    _: NodeId,
-    _: TcpListener,
-    _: Vec<Option<std::net::SocketAddr>>,
-    _: std::net::SocketAddr,
-) -> Result<Arc<dyn Primitives>, String> {
-    Err("this build has no ofi backend (built without the `ofi` feature)".into())
-}
-
 /// An ofi node and the tcp node that bootstrapped it.
-#[cfg(feature = "ofi")]
 struct WithBootstrap {
     ofi: storm_primitives::ofi::OfiNode,
     _boot: TcpNode,
 }
 
-#[cfg(feature = "ofi")]
 impl Primitives for WithBootstrap {
     fn node_id(&self) -> NodeId {
         self.ofi.node_id()
@@ -122,15 +107,17 @@ impl Primitives for WithBootstrap {
     fn memory(&self) -> &storm_primitives::GlobalMemory {
         self.ofi.memory()
     }
-    fn xfer_and_signal(
+    fn xfer_and_signal_within(
         &self,
         dest: &storm_primitives::NodeSet,
         offset: u64,
         data: bytes::Bytes,
         remote: Option<storm_primitives::EventId>,
         local: Option<storm_primitives::EventId>,
+        timeout: Option<std::time::Duration>,
     ) -> storm_primitives::Result<()> {
-        self.ofi.xfer_and_signal(dest, offset, data, remote, local)
+        self.ofi
+            .xfer_and_signal_within(dest, offset, data, remote, local, timeout)
     }
     fn test_event(
         &self,
@@ -139,14 +126,16 @@ impl Primitives for WithBootstrap {
     ) -> storm_primitives::Result<bool> {
         self.ofi.test_event(event, wait)
     }
-    fn compare_and_write(
+    fn compare_and_write_within(
         &self,
         dest: &storm_primitives::NodeSet,
         var: storm_primitives::VarId,
         rel: storm_primitives::Relation,
         value: u64,
         write: Option<(storm_primitives::VarId, u64)>,
+        timeout: Option<std::time::Duration>,
     ) -> storm_primitives::Result<bool> {
-        self.ofi.compare_and_write(dest, var, rel, value, write)
+        self.ofi
+            .compare_and_write_within(dest, var, rel, value, write, timeout)
     }
 }

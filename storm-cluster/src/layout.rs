@@ -45,6 +45,12 @@ pub struct RmLayout {
     pub term_event: EventId,
     /// `registry[node]`: the stamp of the NM's current registration (NM to MM).
     pub registry: VarArray,
+    /// `inventory[node]`: the jobs the NM held when it registered (NM to MM, written just
+    /// before its stamp).
+    pub inventory: Area,
+    pub inventory_bytes: usize,
+    /// Bytes of the `join` area.
+    pub membership_bytes: usize,
     /// `join_ack[node]`: the stamp whose `Welcome` the NM has carried out (NM to MM).
     pub join_ack: VarArray,
     /// Raised at the MM with every registration and acknowledgement.
@@ -73,7 +79,8 @@ impl RmLayout {
         let mut b = Layout::builder();
         let heartbeat = b.queue("heartbeat", c.heartbeat_slots, c.heartbeat_bytes);
         let chunks = b.queue("chunks", c.transfer_slots, c.transfer_chunk_bytes);
-        let join = b.area("join", crate::messages::MEMBERSHIP_BYTES);
+        let membership_bytes = crate::messages::membership_bytes(c.max_jobs);
+        let join = b.area("join", membership_bytes);
         let joined = b.event("joined");
         let file_ack = b.var("file.ack");
         let terminated = b.array("terminated", c.max_jobs);
@@ -85,6 +92,8 @@ impl RmLayout {
         let term_hint = b.array("term.hint", c.max_jobs);
         let term_event = b.event("term.event");
         let registry = b.array("registry", nodes);
+        let inventory_bytes = crate::messages::inventory_bytes(c.max_jobs);
+        let inventory = b.area("inventory", nodes * inventory_bytes);
         let join_ack = b.array("join.ack", nodes);
         let registered = b.event("registered");
         let hb_sent = b.event("heartbeat.sent");
@@ -109,6 +118,9 @@ impl RmLayout {
             term_hint,
             term_event,
             registry,
+            inventory,
+            inventory_bytes,
+            membership_bytes,
             join_ack,
             registered,
             hb_sent,
@@ -120,6 +132,12 @@ impl RmLayout {
             max_jobs: c.max_jobs,
             nodes,
         })
+    }
+
+    /// Offset of node `node`'s inventory area.
+    pub fn inventory_offset(&self, node: usize) -> u64 {
+        debug_assert!(node < self.nodes);
+        self.inventory.offset + (node * self.inventory_bytes) as u64
     }
 
     /// Offset of node `node`'s report for the job in `slot`.

@@ -9,12 +9,17 @@
 //! * [`messages`]: heartbeats and their commands, per-node reports, output chunks.
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM.
+//! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
+//! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
+//!   notification.
 //!
-//! It holds definitions, not behaviour: no threads, and no network access (the control socket
-//! is a local Unix socket).
+//! Apart from [`endpoint`], which hands the daemons their `storm-primitives` node, it holds
+//! definitions, not behaviour: no threads, and no network access of its own (the control
+//! socket and the readiness socket are local Unix sockets).
 
 pub mod config;
 pub mod control;
+pub mod daemon;
 pub mod endpoint;
 pub mod layout;
 pub mod messages;

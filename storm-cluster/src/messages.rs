@@ -161,11 +161,13 @@ impl Command {
 
 /// Membership: what the MM writes into an NM's `join` area (and signals with `joined`).
 ///
-/// An NM registers by writing its stamp into the MM's registry. The MM answers `Welcome`; the
-/// NM drops whatever it ran for an earlier membership, discards stale heartbeat signals and
-/// acknowledges; the MM then sends `Start` with the heartbeat sequence number the node joins
-/// at, and adds it to the heartbeat's node set. `Evicted` tells an NM the MM no longer counts
-/// it as a member (it was marked DOWN), so it registers again at once. Each names the stamp
+/// An NM registers by writing its [`Inventory`] (the jobs it holds) and then its stamp into
+/// the MM's memory. The MM answers `Welcome` with the jobs the node keeps (those the MM still
+/// knows as running there: a node that was only silent loses nothing); the NM drops every
+/// other job, discards stale heartbeat signals and acknowledges; the MM then sends `Start`
+/// with the heartbeat sequence number the node joins at, and adds it to the heartbeat's node
+/// set. `Evicted` tells an NM the MM no longer counts it as a member (it missed a deadline,
+/// was marked DOWN, or the MM restarted), so it registers again at once. Each names the stamp
 /// it answers, so a message meant for an earlier registration is ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Membership {
@@ -173,6 +175,11 @@ pub enum Membership {
         stamp: u64,
         /// Epoch of this node's output queue for this membership.
         output_epoch: u32,
+        /// Which MM process this is: a new value means the MM restarted, and what the old one
+        /// held in its memory (reports, output in its queues) must be sent again.
+        incarnation: u64,
+        /// The jobs of the inventory the node keeps running.
+        keep: Vec<JobId>,
     },
     Start {
         stamp: u64,
@@ -184,8 +191,33 @@ pub enum Membership {
     },
 }
 
-/// Bytes of the `join` area that carries one [`Membership`] message.
-pub const MEMBERSHIP_BYTES: usize = 64;
+/// Bytes of the `join` area that carries one [`Membership`] message, for a cluster running
+/// at most `max_jobs` jobs at once.
+pub fn membership_bytes(max_jobs: usize) -> usize {
+    64 + 10 * max_jobs
+}
+
+/// A job an NM holds when it registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldJob {
+    pub job: JobId,
+    /// Its slot (per-job areas of global memory).
+    pub slot: u32,
+    /// Every local task has ended.
+    pub ended: bool,
+}
+
+/// What an NM tells the MM when it registers: its stamp, and every job it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Inventory {
+    pub stamp: u64,
+    pub jobs: Vec<HeldJob>,
+}
+
+/// Bytes of one node's inventory area, for at most `max_jobs` jobs.
+pub fn inventory_bytes(max_jobs: usize) -> usize {
+    64 + 24 * max_jobs
+}
 
 /// The heartbeat: one entry of the heartbeat queue, issued every timeslice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -202,19 +234,38 @@ pub struct NodeReport {
     pub statuses: Vec<(u32, RankStatus)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Stream {
     Stdout,
     Stderr,
 }
 
 /// A piece of a task's output, NM to MM to storm-submit.
+///
+/// A chunk may arrive twice (an NM sends again what a restarted MM, or a new membership,
+/// may not have passed on): `offset` says where its bytes start in the task's stream, so a
+/// receiver keeps each byte once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputChunk {
     pub job: JobId,
     pub rank: u32,
     pub stream: Stream,
+    /// Bytes of this stream before this chunk.
+    pub offset: u64,
     pub data: Vec<u8>,
+}
+
+impl OutputChunk {
+    /// The part of this chunk past `seen` bytes of its stream (what a receiver that has
+    /// `seen` bytes lacks), or `None` if it has all of it.
+    pub fn unseen(&self, seen: u64) -> Option<&[u8]> {
+        let end = self.offset + self.data.len() as u64;
+        if end <= seen {
+            return None;
+        }
+        let skip = seen.saturating_sub(self.offset) as usize;
+        Some(&self.data[skip..])
+    }
 }
 
 /// Why bytes were not a valid message.
@@ -328,12 +379,63 @@ mod tests {
         assert!(RankStatus::Exited(0).success());
     }
 
+    #[test]
+    fn the_largest_inventory_and_welcome_fit_their_areas() {
+        for max_jobs in [1, 32, 1000] {
+            let jobs = (0..max_jobs as u64)
+                .map(|i| HeldJob {
+                    job: u64::MAX - i,
+                    slot: u32::MAX,
+                    ended: true,
+                })
+                .collect::<Vec<_>>();
+            let inv = Inventory {
+                stamp: u64::MAX,
+                jobs: jobs.clone(),
+            };
+            encode("inventory", &inv, inventory_bytes(max_jobs)).unwrap();
+            let welcome = Membership::Welcome {
+                stamp: u64::MAX,
+                output_epoch: u32::MAX,
+                incarnation: u64::MAX,
+                keep: jobs.iter().map(|h| h.job).collect(),
+            };
+            encode("membership", &welcome, membership_bytes(max_jobs)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_receiver_keeps_each_byte_of_a_stream_once() {
+        let chunk = OutputChunk {
+            job: 1,
+            rank: 0,
+            stream: Stream::Stdout,
+            offset: 10,
+            data: b"abcdef".to_vec(),
+        };
+        assert_eq!(
+            chunk.unseen(0),
+            Some(&b"abcdef"[..]),
+            "a gap keeps all of it"
+        );
+        assert_eq!(chunk.unseen(10), Some(&b"abcdef"[..]));
+        assert_eq!(
+            chunk.unseen(13),
+            Some(&b"def"[..]),
+            "the overlap is dropped"
+        );
+        assert_eq!(chunk.unseen(16), None, "seen already");
+        assert_eq!(chunk.unseen(99), None);
+    }
+
     proptest! {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = decode::<Heartbeat>("heartbeat", &bytes, 1 << 20);
             let _ = decode::<NodeReport>("report", &bytes, 1 << 20);
             let _ = decode::<OutputChunk>("output", &bytes, 1 << 20);
+            let _ = decode::<Inventory>("inventory", &bytes, 1 << 20);
+            let _ = decode::<Membership>("membership", &bytes, 1 << 20);
         }
     }
 }

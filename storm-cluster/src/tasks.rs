@@ -1,6 +1,18 @@
-//! Turning `-N`, `-n` and `--ntasks-per-node` into nodes and tasks, and placing ranks on
-//! nodes. Ranks are placed in blocks, as Slurm's default does: with 10 tasks on 4 nodes the
-//! nodes run ranks 0-2, 3-5, 6-7 and 8-9.
+//! Turning `-N`, `-n`, `--ntasks-per-node` and `--overcommit` into nodes and tasks, as srun
+//! does, and placing ranks on nodes.
+//!
+//! * `-n T` alone takes as many nodes as T tasks need at one task per CPU, filling each
+//!   node's CPUs in order: `-n 8` on nodes of 2 CPUs runs 2 tasks on each of 4 nodes.
+//! * `-N N` alone runs one task per node; with `--ntasks-per-node K`, K per node.
+//! * `-N N -n T` spreads T tasks over exactly N nodes.
+//! * `-n T --ntasks-per-node K` takes ceil(T/K) nodes.
+//! * More tasks on a node than it has CPUs is an error that says how many there are, unless
+//!   `--overcommit` allows several tasks per CPU (with `-n` alone it then takes at most the
+//!   whole cluster and shares its CPUs).
+//!
+//! Ranks are placed in blocks, as Slurm's default block distribution does: with 10 tasks on 4
+//! nodes the nodes run ranks 0-2, 3-5, 6-7 and 8-9. Jobs take whole nodes, and a cluster whose
+//! nodes have different CPU counts is planned as if each had the smallest count.
 
 use serde::{Deserialize, Serialize};
 
@@ -10,6 +22,8 @@ pub struct TaskRequest {
     pub nodes: Option<u32>,
     pub ntasks: Option<u32>,
     pub ntasks_per_node: Option<u32>,
+    /// Allow more tasks on a node than it has CPUs (`--overcommit`, srun's `-O`).
+    pub overcommit: bool,
 }
 
 /// The decided shape of a job.
@@ -19,13 +33,60 @@ pub struct TaskPlan {
     pub ntasks: u32,
 }
 
+/// What a cluster offers a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Nodes in the cluster.
+    pub nodes: u32,
+    /// CPUs of the smallest node: what every node is planned with.
+    pub cpus_per_node: u32,
+    /// CPUs of the largest node (equal to `cpus_per_node` on a uniform cluster).
+    pub max_cpus_per_node: u32,
+    /// The cluster's limit of tasks per node and job, overcommitted or not.
+    pub max_tasks_per_node: u32,
+}
+
+impl Capacity {
+    /// A cluster of `nodes` nodes of `cpus` CPUs each.
+    pub fn uniform(nodes: u32, cpus: u32, max_tasks_per_node: u32) -> Self {
+        Self {
+            nodes,
+            cpus_per_node: cpus,
+            max_cpus_per_node: cpus,
+            max_tasks_per_node,
+        }
+    }
+
+    /// "4 nodes of 2 CPUs" (and how a mixed cluster is counted).
+    fn describe(&self) -> String {
+        let nodes = plural(self.nodes, "node");
+        if self.max_cpus_per_node > self.cpus_per_node {
+            format!(
+                "{nodes} of {} to {} CPUs, planned as {} each",
+                self.cpus_per_node, self.max_cpus_per_node, self.cpus_per_node
+            )
+        } else {
+            format!("{nodes} of {}", plural(self.cpus_per_node, "CPU"))
+        }
+    }
+}
+
+fn plural(n: u32, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 impl TaskRequest {
-    /// Decides nodes and tasks. `cpus` is the processors of one node (used when only `-n` is
-    /// given); `max_per_node` is the cluster's limit of tasks per node and job.
-    pub fn plan(&self, cpus: u32, max_per_node: u32) -> Result<TaskPlan, String> {
+    /// Decides nodes and tasks on a cluster of capacity `cap`, or says why the request does
+    /// not fit.
+    pub fn plan(&self, cap: &Capacity) -> Result<TaskPlan, String> {
         if self.nodes == Some(0) || self.ntasks == Some(0) || self.ntasks_per_node == Some(0) {
             return Err("node and task counts must be at least 1".into());
         }
+        let cpus = cap.cpus_per_node.max(1);
         let plan = match (self.nodes, self.ntasks, self.ntasks_per_node) {
             (Some(n), Some(t), per) => {
                 if t < n {
@@ -53,20 +114,56 @@ impl TaskRequest {
                 nodes: t.div_ceil(k),
                 ntasks: t,
             },
-            (None, Some(t), None) => TaskPlan {
-                nodes: t.div_ceil(cpus.max(1)),
-                ntasks: t,
-            },
+            (None, Some(t), None) => {
+                let need = t.div_ceil(cpus);
+                if need <= cap.nodes {
+                    TaskPlan {
+                        nodes: need,
+                        ntasks: t,
+                    }
+                } else if self.overcommit {
+                    TaskPlan {
+                        nodes: cap.nodes.max(1),
+                        ntasks: t,
+                    }
+                } else {
+                    return Err(format!(
+                        "the job asks for {t} tasks but the cluster has {} CPUs ({}); use \
+                         --overcommit to run more tasks than CPUs",
+                        cap.nodes.saturating_mul(cpus),
+                        cap.describe()
+                    ));
+                }
+            }
             (None, None, per) => TaskPlan {
                 nodes: 1,
                 ntasks: per.unwrap_or(1),
             },
         };
-        let busiest = plan.ntasks.div_ceil(plan.nodes);
-        if busiest > max_per_node {
+        if plan.nodes > cap.nodes {
             return Err(format!(
-                "{} tasks on {} nodes put {busiest} tasks on a node; the cluster allows {max_per_node} per node and job",
-                plan.ntasks, plan.nodes
+                "the job asks for {} but the cluster has {}",
+                plural(plan.nodes, "node"),
+                cap.nodes
+            ));
+        }
+        let busiest = plan.ntasks.div_ceil(plan.nodes);
+        if busiest > cap.max_tasks_per_node {
+            return Err(format!(
+                "{} tasks on {} put {busiest} tasks on a node; the cluster allows {} per node and job",
+                plan.ntasks,
+                plural(plan.nodes, "node"),
+                cap.max_tasks_per_node
+            ));
+        }
+        if busiest > cpus && !self.overcommit {
+            return Err(format!(
+                "{} tasks on {} put {busiest} tasks on a node, which has {} (the cluster has {}); \
+                 ask for more nodes with -N, or allow several tasks per CPU with --overcommit",
+                plan.ntasks,
+                plural(plan.nodes, "node"),
+                plural(cpus, "CPU"),
+                cap.describe()
             ));
         }
         Ok(plan)
@@ -92,76 +189,108 @@ mod tests {
             nodes,
             ntasks,
             ntasks_per_node: per,
+            overcommit: false,
         }
     }
 
+    fn plan(nodes: u32, ntasks: u32) -> Result<TaskPlan, String> {
+        Ok(TaskPlan { nodes, ntasks })
+    }
+
+    /// 4 nodes of 2 CPUs, 64 tasks per node at most.
+    fn four_by_two() -> Capacity {
+        Capacity::uniform(4, 2, 64)
+    }
+
     #[test]
-    fn the_options_combine_like_srun() {
-        assert_eq!(
-            req(Some(4), None, None).plan(1, 64),
-            Ok(TaskPlan {
-                nodes: 4,
-                ntasks: 4
-            })
-        );
-        assert_eq!(
-            req(Some(4), None, Some(3)).plan(1, 64),
-            Ok(TaskPlan {
-                nodes: 4,
-                ntasks: 12
-            })
-        );
-        assert_eq!(
-            req(Some(4), Some(10), None).plan(1, 64),
-            Ok(TaskPlan {
-                nodes: 4,
-                ntasks: 10
-            })
-        );
-        assert_eq!(
-            req(None, Some(10), Some(4)).plan(1, 64),
-            Ok(TaskPlan {
-                nodes: 3,
-                ntasks: 10
-            })
-        );
-        assert_eq!(
-            req(None, Some(10), None).plan(4, 64),
-            Ok(TaskPlan {
-                nodes: 3,
-                ntasks: 10
-            })
-        );
-        assert_eq!(
-            req(None, None, None).plan(4, 64),
-            Ok(TaskPlan {
-                nodes: 1,
-                ntasks: 1
-            })
-        );
+    fn n_alone_fills_each_nodes_cpus_like_srun() {
+        let cap = four_by_two();
+        assert_eq!(req(None, Some(8), None).plan(&cap), plan(4, 8));
+        assert_eq!(req(None, Some(5), None).plan(&cap), plan(3, 5));
+        assert_eq!(req(None, Some(2), None).plan(&cap), plan(1, 2));
+        assert_eq!(req(None, Some(1), None).plan(&cap), plan(1, 1));
+    }
+
+    #[test]
+    fn big_n_alone_runs_one_task_per_node() {
+        let cap = four_by_two();
+        assert_eq!(req(Some(4), None, None).plan(&cap), plan(4, 4));
+        assert_eq!(req(Some(3), None, Some(2)).plan(&cap), plan(3, 6));
+        assert_eq!(req(None, None, None).plan(&cap), plan(1, 1));
+    }
+
+    #[test]
+    fn big_n_with_n_spreads_over_exactly_those_nodes() {
+        let cap = four_by_two();
+        assert_eq!(req(Some(4), Some(6), None).plan(&cap), plan(4, 6));
+        assert_eq!(req(Some(2), Some(4), None).plan(&cap), plan(2, 4));
+        assert_eq!(req(None, Some(6), Some(2)).plan(&cap), plan(3, 6));
+    }
+
+    #[test]
+    fn more_tasks_than_cpus_is_an_error_that_counts_them() {
+        let cap = four_by_two();
+        let err = req(None, Some(9), None).plan(&cap).unwrap_err();
+        assert!(err.contains("9 tasks"), "{err}");
+        assert!(err.contains("8 CPUs (4 nodes of 2 CPUs)"), "{err}");
+        assert!(err.contains("--overcommit"), "{err}");
+        let err = req(Some(2), Some(6), None).plan(&cap).unwrap_err();
+        assert!(err.contains("3 tasks on a node, which has 2 CPUs"), "{err}");
+        let err = req(Some(1), None, Some(3)).plan(&cap).unwrap_err();
+        assert!(err.contains("which has 2 CPUs"), "{err}");
+    }
+
+    #[test]
+    fn overcommit_shares_cpus_but_keeps_the_per_node_limit() {
+        let cap = four_by_two();
+        let over = |nodes, ntasks, per| TaskRequest {
+            overcommit: true,
+            ..req(nodes, ntasks, per)
+        };
+        assert_eq!(over(None, Some(12), None).plan(&cap), plan(4, 12));
+        assert_eq!(over(None, Some(3), None).plan(&cap), plan(2, 3));
+        assert_eq!(over(Some(2), Some(6), None).plan(&cap), plan(2, 6));
+        let err = over(Some(1), Some(100), None).plan(&cap).unwrap_err();
+        assert!(err.contains("allows 64"), "{err}");
     }
 
     #[test]
     fn impossible_shapes_are_explained() {
+        let cap = Capacity::uniform(8, 64, 64);
         assert!(
             req(Some(4), Some(2), None)
-                .plan(1, 64)
+                .plan(&cap)
                 .unwrap_err()
                 .contains("cannot cover")
         );
         assert!(
             req(Some(2), Some(10), Some(4))
-                .plan(1, 64)
+                .plan(&cap)
                 .unwrap_err()
                 .contains("do not fit")
         );
+        let err = req(Some(9), None, None).plan(&cap).unwrap_err();
         assert!(
-            req(Some(1), Some(100), None)
-                .plan(1, 64)
-                .unwrap_err()
-                .contains("allows 64")
+            err.contains("asks for 9 nodes but the cluster has 8"),
+            "{err}"
         );
-        assert!(req(Some(0), None, None).plan(1, 64).is_err());
+        assert!(req(Some(0), None, None).plan(&cap).is_err());
+    }
+
+    #[test]
+    fn a_mixed_cluster_is_planned_with_its_smallest_node() {
+        let cap = Capacity {
+            nodes: 4,
+            cpus_per_node: 2,
+            max_cpus_per_node: 8,
+            max_tasks_per_node: 64,
+        };
+        assert_eq!(req(None, Some(8), None).plan(&cap), plan(4, 8));
+        let err = req(None, Some(9), None).plan(&cap).unwrap_err();
+        assert!(
+            err.contains("4 nodes of 2 to 8 CPUs, planned as 2 each"),
+            "{err}"
+        );
     }
 
     #[test]

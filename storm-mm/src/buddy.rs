@@ -119,6 +119,19 @@ impl Buddy {
         Some(chosen)
     }
 
+    /// Takes exactly the nodes of `set` (a job that held them before the MM restarted takes
+    /// them back), available or not. False, taking nothing, if one of them is not free.
+    pub fn take(&mut self, set: &NodeSet) -> bool {
+        let free = self.blocks().flat_map(|(s, e)| s..e).collect::<NodeSet>();
+        if set.is_empty() || !set.is_subset(&free) {
+            return false;
+        }
+        for n in set.iter() {
+            self.take_leaf(n);
+        }
+        true
+    }
+
     /// Removes the single free leaf `node` from the free block holding it.
     fn take_leaf(&mut self, node: u32) {
         let found = self.free.iter().enumerate().find_map(|(o, starts)| {
@@ -220,6 +233,29 @@ mod tests {
             Some(NodeSet::range(0, 3)),
             "freed buddies merge"
         );
+    }
+
+    #[test]
+    fn nodes_taken_back_are_not_handed_out_and_merge_when_released() {
+        let mut b = Buddy::new(8);
+        b.set_unavailable(5);
+        assert!(
+            b.take(&"1,5".parse().unwrap()),
+            "unavailable nodes can be taken back"
+        );
+        assert!(!b.take(&NodeSet::single(1)), "node 1 is taken already");
+        assert!(!b.take(&"0,1".parse().unwrap()), "all or nothing");
+        assert_eq!(
+            b.free_count(),
+            6,
+            "node 0 is still free: {:?}",
+            b.free_set()
+        );
+        assert_eq!(b.allocate(2), Some(NodeSet::range(2, 3)));
+        b.set_available(5);
+        b.release(&"1,5".parse().unwrap());
+        b.release(&NodeSet::range(2, 3));
+        assert!(b.fits_aligned(8));
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! The MM's control socket: accepts storm-submit and storm, and turns their requests into
 //! messages for the main loop, which alone decides. Each connection has a reader thread
-//! (handshake, then requests) and a writer thread (replies, including streamed output).
+//! (handshake, then requests) and a writer thread (replies, including streamed output). The
+//! writer counts the replies it has written, so the main loop knows when output it passed on
+//! is safely with the client (and may be let go of on the node; see `manager::output`).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -20,6 +23,8 @@ pub enum Incoming {
         uid: u32,
         gid: u32,
         tx: Sender<Reply>,
+        /// Replies written to the client's socket so far.
+        written: Arc<AtomicU64>,
     },
     Request {
         client: ClientId,
@@ -99,10 +104,12 @@ fn serve(sock: UnixStream, cluster: String, nodes: u32, to_main: Sender<Incoming
         }
         let (tx, rx) = crossbeam_channel::unbounded();
         let Ok(writer_sock) = sock.try_clone() else { return };
+        let written = Arc::new(AtomicU64::new(0));
+        let counter = written.clone();
         let _ = std::thread::Builder::new()
             .name(format!("storm-mm-reply-{client}"))
-            .spawn(move || write_replies(writer_sock, rx));
-        if to_main.send(Incoming::Connected { client, uid, gid, tx }).is_err() {
+            .spawn(move || write_replies(writer_sock, rx, &counter));
+        if to_main.send(Incoming::Connected { client, uid, gid, tx, written }).is_err() {
             return;
         }
         loop {
@@ -123,11 +130,12 @@ fn serve(sock: UnixStream, cluster: String, nodes: u32, to_main: Sender<Incoming
     });
 }
 
-fn write_replies(sock: UnixStream, rx: Receiver<Reply>) {
+fn write_replies(sock: UnixStream, rx: Receiver<Reply>, written: &AtomicU64) {
     for reply in rx {
         if control::send(&sock, &reply, None).is_err() {
             break;
         }
+        written.fetch_add(1, Ordering::Release);
     }
     drop(sock);
 }

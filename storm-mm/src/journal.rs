@@ -30,7 +30,9 @@ use storm_primitives::{NodeId, NodeSet};
 pub const KEEP_FINISHED: usize = 1000;
 
 /// Bumped when a record changes shape; a journal of another format is refused, not misread.
-const FORMAT: u64 = 1;
+/// Format 2: a job's task request carries `overcommit`. Format 3: a started job records its
+/// job slot, time slot and launch time (a restarted MM re-adopts running jobs).
+const FORMAT: u64 = 3;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -73,7 +75,16 @@ pub enum JobState {
     /// Waiting for nodes; its program (with bcast) is saved in `programs/`.
     Queued,
     /// Given nodes: its program is being sent, or it runs.
-    Started { nodes: NodeSet },
+    Started {
+        nodes: NodeSet,
+        /// Its per-job areas of global memory (termination flags, reports).
+        slot: u32,
+        /// Its row of the gang scheduler's matrix (0 for the other policies).
+        time_slot: u32,
+        /// When its launch command went out (milliseconds since the Unix epoch); `None` while
+        /// its program is sent or its launch waits for a heartbeat (no task can have started).
+        launched_ms: Option<u64>,
+    },
     /// Ended, with what its submitter was told.
     Finished {
         nodes: NodeSet,
@@ -183,7 +194,9 @@ impl Journal {
                 Some(FORMAT) => {}
                 Some(other) => {
                     return Err(self.store_error(format!(
-                        "written in format {other}; this storm-mm reads format {FORMAT}"
+                        "written in format {other} by another version of storm-mm; this one \
+                         reads format {FORMAT}. Finish or cancel the jobs with the storm-mm that \
+                         wrote it, or move the file away to start with an empty journal"
                     )));
                 }
             }
@@ -421,6 +434,9 @@ mod tests {
                 2,
                 JobState::Started {
                     nodes: "2-3".parse().unwrap(),
+                    slot: 5,
+                    time_slot: 1,
+                    launched_ms: Some(1_700_000_000_000),
                 },
             ),
             finished(3),

@@ -14,6 +14,7 @@
 //! * [`nodes`]: the table of node states (unknown, joining, up, down; drained).
 //! * [`journal`]: jobs, their results and the drains, in an embedded transactional store, so
 //!   that a restarted MM loses nothing it accepted.
+//! * [`metrics`]: what `storm metrics` shows, in the Prometheus text format.
 //!
 //! It reaches the nodes only through `storm-primitives`; it acts only at heartbeat boundaries.
 
@@ -22,6 +23,7 @@ pub mod control_server;
 pub mod journal;
 pub mod log_limit;
 pub mod manager;
+pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod transfer;

@@ -1,12 +1,11 @@
 //! `storm-mm`: the machine manager daemon.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
 use clap::Parser;
 use storm_cluster::ClusterConfig;
+use storm_cluster::daemon;
 use storm_cluster::endpoint::Listen;
 use storm_mm::MmOptions;
 
@@ -22,18 +21,10 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    daemon::init_logging();
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
+    let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
     storm_mm::run(MmOptions {
         config,

@@ -1,6 +1,14 @@
-//! The MM's table of nodes: each node's membership (unknown, joining, up, down), the missed
-//! heartbeats that lead to DOWN, and the operator's drain. Pure bookkeeping: the manager does
-//! the talking (docs/operations.md describes the states as an operator sees them).
+//! The MM's table of nodes: each node's membership (unknown, joining, up, unresponsive,
+//! down), the silence that leads to DOWN, and the operator's drain. Pure bookkeeping: the
+//! manager does the talking (docs/operations.md describes the states as an operator sees
+//! them).
+//!
+//! **The rule.** A member that misses a heartbeat's deadline, or falls behind in taking them,
+//! is *unresponsive*: it leaves the heartbeat (the others go on without it) and allocation,
+//! keeps its jobs, and is told to register again. It is DOWN once K heartbeat periods have
+//! passed since the last heartbeat it took, unless its NM registered again and was welcomed
+//! back before then. Killed, frozen and cut-off nodes all follow this one rule; only how fast
+//! they leave the heartbeat differs (a closed connection at once, silence at the deadline).
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +24,9 @@ pub enum Life {
     Joining { stamp: u64, sent: Instant },
     /// A member: it receives every heartbeat.
     Up { stamp: u64 },
+    /// Missed a heartbeat's deadline (or fell behind): out of the heartbeat and of allocation,
+    /// its jobs kept, waiting for its NM to register again; DOWN at K periods of silence.
+    Unresponsive { stamp: u64, reason: String },
     /// Failed; out of the heartbeat and of allocation until its NM registers again.
     Down { reason: String, since: Instant },
 }
@@ -31,17 +42,17 @@ pub struct Node {
     pub output_epoch: u32,
     /// When the MM last told this node (down or unknown) to register.
     pub last_nudge: Option<Instant>,
-    /// When a heartbeat last reached this node (or it joined).
+    /// The jobs its current welcome lets it keep (sent again with the welcome).
+    pub keep: Vec<storm_cluster::messages::JobId>,
+    /// When the last heartbeat this node took was issued (or it joined); `None` once DOWN.
     last_heard: Option<Instant>,
-    /// Consecutive receipt checks that found this node behind.
-    lagging: u32,
 }
 
 /// Every node of the cluster.
 #[derive(Debug, Clone)]
 pub struct NodeTable {
     nodes: Vec<Node>,
-    /// K: misses (or lagging checks) that make a node DOWN.
+    /// K: heartbeat periods of silence that make a node DOWN.
     limit: u32,
 }
 
@@ -53,8 +64,8 @@ impl NodeTable {
             stamp_seen: 0,
             output_epoch: 1,
             last_nudge: None,
+            keep: Vec::new(),
             last_heard: None,
-            lagging: 0,
         };
         Self {
             nodes: vec![node; count as usize],
@@ -105,17 +116,6 @@ impl NodeTable {
             .collect()
     }
 
-    /// A heartbeat addressed to `n` failed because of it (its connection closed or was
-    /// refused, or timed out). The node has missed every heartbeat since the last one that
-    /// reached it: true if that is K heartbeat intervals (`interval`) or more.
-    pub fn missed(&mut self, n: NodeId, now: Instant, interval: Duration) -> bool {
-        let Some(heard) = self.nodes[n as usize].last_heard else {
-            return true;
-        };
-        let silent = now.saturating_duration_since(heard);
-        silent.as_nanos() >= interval.as_nanos().max(1) * self.limit as u128
-    }
-
     /// A heartbeat issued at `sent` reached every member.
     pub fn heard_all(&mut self, sent: Instant) {
         for node in &mut self.nodes {
@@ -125,16 +125,49 @@ impl NodeTable {
         }
     }
 
-    /// A receipt check found `n` behind; true if it has been behind K checks in a row.
-    pub fn lagging(&mut self, n: NodeId) -> bool {
-        let node = &mut self.nodes[n as usize];
-        node.lagging += 1;
-        node.lagging >= self.limit
+    /// The MM itself did not run for `by` (a stall of its own): nobody missed anything
+    /// meanwhile, so every node's silence is counted from `by` later.
+    pub fn excuse(&mut self, by: Duration) {
+        for node in &mut self.nodes {
+            if let Some(h) = &mut node.last_heard {
+                *h += by;
+            }
+        }
     }
 
-    /// A receipt check found `n` caught up.
-    pub fn caught_up(&mut self, n: NodeId) {
-        self.nodes[n as usize].lagging = 0;
+    /// Member `n` missed a heartbeat's deadline or fell behind (`reason`): it leaves the
+    /// heartbeat. False if it was not a member.
+    pub fn set_unresponsive(&mut self, n: NodeId, reason: String) -> bool {
+        let node = &mut self.nodes[n as usize];
+        let Life::Up { stamp } = node.life else {
+            return false;
+        };
+        node.life = Life::Unresponsive { stamp, reason };
+        true
+    }
+
+    /// Nodes out of the heartbeat (unresponsive, or registering again after that) whose
+    /// silence has lasted K heartbeat periods (`period`) by `now`, with what made them leave.
+    pub fn silent_too_long(&self, now: Instant, period: Duration) -> Vec<(NodeId, String)> {
+        let limit = period.saturating_mul(self.limit);
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(n, node)| {
+                let heard = node.last_heard?;
+                let reason = match &node.life {
+                    Life::Unresponsive { reason, .. } => reason.clone(),
+                    Life::Joining { .. } => "it registered again but did not finish joining".into(),
+                    _ => return None,
+                };
+                (now.saturating_duration_since(heard) >= limit).then_some((n as NodeId, reason))
+            })
+            .collect()
+    }
+
+    /// When `n` last took a heartbeat (its issue time), if it is not DOWN.
+    pub fn last_heard(&self, n: NodeId) -> Option<Instant> {
+        self.nodes[n as usize].last_heard
     }
 
     /// Marks `n` up with registration `stamp`.
@@ -142,7 +175,6 @@ impl NodeTable {
         let node = &mut self.nodes[n as usize];
         node.life = Life::Up { stamp };
         node.last_heard = Some(Instant::now());
-        node.lagging = 0;
     }
 
     /// Marks `n` down; false if it already was.
@@ -153,7 +185,6 @@ impl NodeTable {
         }
         node.life = Life::Down { reason, since: now };
         node.last_heard = None;
-        node.lagging = 0;
         node.last_nudge = Some(now);
         true
     }
@@ -165,6 +196,13 @@ impl NodeTable {
         match (&node.life, has_jobs) {
             (Life::Unknown, _) => ("unknown", drain),
             (Life::Joining { .. }, _) => ("joining", drain),
+            (Life::Unresponsive { reason, .. }, _) => (
+                "unresponsive",
+                Some(match drain {
+                    Some(d) => format!("{reason}; drained: {d}"),
+                    None => reason.clone(),
+                }),
+            ),
             (Life::Down { reason, .. }, _) => (
                 "down",
                 Some(match drain {
@@ -185,34 +223,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_node_is_down_once_k_heartbeat_intervals_passed_since_it_last_heard_one() {
+    fn an_unresponsive_node_is_down_k_periods_after_the_last_heartbeat_it_took() {
         let ms = Duration::from_millis;
         let mut t = NodeTable::new(4, 3);
         t.set_up(1, 7);
+        t.set_up(2, 9);
         let t0 = Instant::now();
         t.heard_all(t0);
-        assert!(!t.missed(1, t0 + ms(1), ms(1)), "one interval: one miss");
-        assert!(!t.missed(1, t0 + ms(2), ms(1)));
-        assert!(t.missed(1, t0 + ms(3), ms(1)), "the third interval");
-        t.heard_all(t0 + ms(3));
-        assert!(
-            !t.missed(1, t0 + ms(4), ms(1)),
-            "a heartbeat that arrived resets the count"
+        assert!(t.set_unresponsive(1, "missed a deadline".into()));
+        assert!(!t.set_unresponsive(1, "again".into()), "only members leave");
+        assert!(t.silent_too_long(t0 + ms(2), ms(1)).is_empty());
+        t.heard_all(t0 + ms(2));
+        assert_eq!(
+            t.silent_too_long(t0 + ms(3), ms(1)),
+            vec![(1, "missed a deadline".to_string())],
+            "heartbeats to the others do not count for it; its silence started at t0"
         );
         assert!(
-            t.missed(1, t0 + ms(500), ms(1)),
-            "a failure after 500 intervals of silence (a cut link)"
+            t.silent_too_long(t0 + ms(4), ms(1))
+                .iter()
+                .all(|(n, _)| *n != 2),
+            "members are never counted here: they are heard or they leave"
         );
-    }
-
-    #[test]
-    fn lagging_checks_count_separately_and_reset_when_caught_up() {
-        let mut t = NodeTable::new(2, 2);
-        t.set_up(0, 1);
-        assert!(!t.lagging(0));
-        t.caught_up(0);
-        assert!(!t.lagging(0));
-        assert!(t.lagging(0));
+        t.excuse(ms(10));
+        assert!(
+            t.silent_too_long(t0 + ms(12), ms(1)).is_empty(),
+            "a stall of the MM's own is not the node's silence"
+        );
+        t.set_up(1, 8);
+        assert!(t.silent_too_long(t0 + ms(100), ms(1)).is_empty(), "back up");
     }
 
     #[test]
@@ -226,6 +265,13 @@ mod tests {
         assert_eq!(t.describe(0, true), ("draining", Some("bad fan".into())));
         assert_eq!(t.describe(0, false), ("drained", Some("bad fan".into())));
         assert!(!t.is_available(0), "drained nodes are not allocated");
+        t.get_mut(0).drain = None;
+        assert!(t.set_unresponsive(0, "missed a deadline".into()));
+        assert_eq!(
+            t.describe(0, true),
+            ("unresponsive", Some("missed a deadline".into()))
+        );
+        t.get_mut(0).drain = Some("bad fan".into());
         assert!(t.set_down(0, "missed 3 heartbeats".into(), Instant::now()));
         assert!(!t.set_down(0, "again".into(), Instant::now()));
         assert_eq!(

@@ -5,18 +5,26 @@
 //! (AWAIT-SPACE) and then only starts the transfer, so the next chunk is read while the current
 //! one travels: the double buffering of the paper. The checksum is computed in the same pass
 //! and sent last, in a [`FileTrailer`], so the program is read exactly once.
+//!
+//! A worker waits for queue space and completions in short steps, so that a transfer the MM
+//! cancelled (its job ended, or a node of it failed) stops within [`CANCEL_CHECK`], and a
+//! failure says which nodes did not take a chunk.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use storm_cluster::RmLayout;
 use storm_cluster::messages::{Checksum, FileTrailer, JobId};
 use storm_primitives::helpers::QueueProducer;
-use storm_primitives::{EventId, NodeSet, Primitives, Wait};
+use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Wait};
+
+/// How often a waiting worker looks whether its transfer was cancelled.
+const CANCEL_CHECK: Duration = Duration::from_millis(100);
 
 /// A transfer to run.
 pub struct Transfer {
@@ -29,6 +37,8 @@ pub struct Transfer {
     pub worker: usize,
     pub event: EventId,
     pub cancel: Arc<AtomicBool>,
+    /// Program bytes whose chunks have reached every node, for progress reports.
+    pub delivered: Arc<AtomicU64>,
     /// Longest wait for queue space or a completion.
     pub timeout: Duration,
 }
@@ -39,7 +49,37 @@ pub struct TransferDone {
     pub job: JobId,
     pub transfer: u32,
     pub worker: usize,
-    pub result: Result<(), String>,
+    pub result: Result<(), Failure>,
+}
+
+/// Why a transfer did not complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub message: String,
+    /// The nodes that did not take a chunk in time (empty if the failure was not theirs).
+    pub blamed: NodeSet,
+}
+
+impl Failure {
+    fn new(message: String) -> Self {
+        Self {
+            message,
+            blamed: NodeSet::new(),
+        }
+    }
+
+    fn from_prim(what: String, e: &PrimError) -> Self {
+        Self {
+            message: format!("{what}: {e}"),
+            blamed: e.blamed(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 pub fn spawn(prims: Arc<dyn Primitives>, rm: &RmLayout, t: Transfer, done: Sender<TransferDone>) {
@@ -62,7 +102,7 @@ pub fn spawn(prims: Arc<dyn Primitives>, rm: &RmLayout, t: Transfer, done: Sende
             job,
             transfer,
             worker,
-            result: Err(format!("cannot start a transfer thread: {e}")),
+            result: Err(Failure::new(format!("cannot start a transfer thread: {e}"))),
         });
     }
 }
@@ -74,69 +114,126 @@ fn send(
     prims: &dyn Primitives,
     queue: storm_primitives::QueueLayout,
     t: &Transfer,
-) -> Result<(), String> {
-    let mut outstanding = 0u64;
+) -> Result<(), Failure> {
+    let mut outstanding = Outstanding::default();
     let result = send_chunks(prims, queue, t, &mut outstanding);
-    while outstanding > 0 {
-        match prims.test_event(t.event, Wait::Timeout(t.timeout)) {
-            Ok(true) | Err(_) => outstanding -= 1,
-            Ok(false) => break,
+    let deadline = Instant::now() + t.timeout;
+    while !outstanding.is_empty() && Instant::now() < deadline {
+        match prims.test_event(t.event, Wait::Timeout(CANCEL_CHECK)) {
+            Ok(true) | Err(_) => outstanding.completed(&t.delivered),
+            Ok(false) => {}
         }
     }
     result
+}
+
+/// The sizes of the chunks sent and not yet completed, oldest first: completions come in the
+/// order of the sends (one origin's XFER-AND-SIGNALs are signalled in issue order).
+#[derive(Default)]
+struct Outstanding(VecDeque<u64>);
+
+impl Outstanding {
+    fn sent(&mut self, program_bytes: u64) {
+        self.0.push_back(program_bytes);
+    }
+
+    /// The oldest chunk completed (delivered or failed).
+    fn completed(&mut self, delivered: &AtomicU64) {
+        if let Some(n) = self.0.pop_front() {
+            delivered.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 fn send_chunks(
     prims: &dyn Primitives,
     queue: storm_primitives::QueueLayout,
     t: &Transfer,
-    outstanding: &mut u64,
-) -> Result<(), String> {
+    outstanding: &mut Outstanding,
+) -> Result<(), Failure> {
     let mut producer =
-        QueueProducer::new(queue, t.nodes.clone(), t.transfer).with_space_timeout(t.timeout);
+        QueueProducer::new(queue, t.nodes.clone(), t.transfer).with_space_timeout(CANCEL_CHECK);
     let chunk = queue.slot_payload;
     let mut buf = vec![0u8; chunk];
     let mut sum = Checksum::new();
     let mut offset = 0u64;
-    let collect = |outstanding: &mut u64, wait: Wait| -> Result<(), String> {
-        while *outstanding > 0 {
+    let cancelled = || t.cancel.load(Ordering::Acquire);
+    // Takes the completions there are; with `patient`, waits (up to the timeout) until no
+    // chunk is outstanding.
+    let collect = |outstanding: &mut Outstanding, patient: bool| -> Result<(), Failure> {
+        let deadline = Instant::now() + t.timeout;
+        while !outstanding.is_empty() {
+            let wait = if patient {
+                Wait::Timeout(CANCEL_CHECK)
+            } else {
+                Wait::Poll
+            };
             match prims.test_event(t.event, wait) {
-                Ok(true) => *outstanding -= 1,
-                Ok(false) if wait == Wait::Poll => return Ok(()),
-                Ok(false) => {
-                    return Err(format!("a chunk was not delivered within {:?}", t.timeout));
+                Ok(true) => outstanding.completed(&t.delivered),
+                Ok(false) if !patient => return Ok(()),
+                Ok(false) if cancelled() => return Err(Failure::new("cancelled".into())),
+                Ok(false) if Instant::now() >= deadline => {
+                    return Err(Failure::new(format!(
+                        "a chunk was not delivered within {:?}",
+                        t.timeout
+                    )));
                 }
+                Ok(false) => {}
                 Err(e) => {
-                    *outstanding -= 1;
-                    return Err(e.to_string());
+                    outstanding.completed(&AtomicU64::new(0));
+                    return Err(Failure::from_prim("delivering a chunk".into(), &e));
                 }
             }
         }
         Ok(())
     };
+    // ENQUEUE, waiting for space in short steps (until the timeout, or a cancel).
+    let enqueue = |producer: &mut QueueProducer, data: &[u8], what: String| {
+        let deadline = Instant::now() + t.timeout;
+        loop {
+            match producer.enqueue(prims, data, Some(t.event)) {
+                Ok(()) => return Ok(()),
+                Err(PrimError::Timeout { .. }) if cancelled() => {
+                    return Err(Failure::new("cancelled".into()));
+                }
+                Err(PrimError::Timeout { .. }) if Instant::now() < deadline => {}
+                Err(e) => return Err(Failure::from_prim(what, &e)),
+            }
+        }
+    };
     while offset < t.size {
-        if t.cancel.load(Ordering::Acquire) {
-            return Err("cancelled".into());
+        if cancelled() {
+            return Err(Failure::new("cancelled".into()));
         }
         let n = chunk.min((t.size - offset) as usize);
         t.file.read_exact_at(&mut buf[..n], offset).map_err(|e| {
-            format!("reading the program at byte {offset}: {e} (was it changed or truncated?)")
+            Failure::new(format!(
+                "reading the program at byte {offset}: {e} (was it changed or truncated?)"
+            ))
         })?;
         sum.update(&buf[..n]);
-        producer
-            .enqueue(prims, &buf[..n], Some(t.event))
-            .map_err(|e| format!("sending chunk at byte {offset}: {e}"))?;
-        *outstanding += 1;
+        enqueue(
+            &mut producer,
+            &buf[..n],
+            format!("sending chunk at byte {offset}"),
+        )?;
+        outstanding.sent(n as u64);
         offset += n as u64;
-        collect(outstanding, Wait::Poll)?;
+        collect(outstanding, false)?;
     }
     let trailer = FileTrailer {
         size: t.size,
         checksum: sum.finish(),
     };
-    producer
-        .enqueue(prims, &trailer.to_bytes(), Some(t.event))
-        .map_err(|e| format!("sending the trailer: {e}"))?;
-    *outstanding += 1;
-    collect(outstanding, Wait::Timeout(t.timeout))
+    enqueue(
+        &mut producer,
+        &trailer.to_bytes(),
+        "sending the trailer".into(),
+    )?;
+    outstanding.sent(0);
+    collect(outstanding, true)
 }

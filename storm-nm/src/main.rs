@@ -1,12 +1,11 @@
 //! `storm-nm`: the node manager daemon.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use storm_cluster::ClusterConfig;
+use storm_cluster::daemon;
 use storm_cluster::endpoint::Listen;
 use storm_nm::{NmOptions, NodeManager};
 
@@ -25,12 +24,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    daemon::init_logging();
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
     let node = match config.node_by_name(&args.node) {
@@ -46,17 +40,15 @@ fn main() -> Result<()> {
             .context("locating storm-nm")?
             .with_file_name("storm-pl"),
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
+    let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
-    NodeManager::start(NmOptions {
+    let nm = NodeManager::start(NmOptions {
         config,
         node,
         listen,
         pl_path,
         stop,
-    })?
-    .run()
+    })?;
+    daemon::notify_ready();
+    nm.run()
 }

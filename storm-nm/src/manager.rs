@@ -1,11 +1,15 @@
 //! The node manager's loop.
 //!
 //! Join the cluster (see [`crate::membership`]); block on the heartbeat queue (Algorithm 5);
-//! carry out each heartbeat's commands for this
-//! node; then, on every heartbeat interval, look at the NM-PL table for tasks that ended and,
-//! when all of a job's local tasks have ended and their output is delivered, report their exit
-//! statuses to the MM and set `terminated[slot]` (Algorithm 9). The job's last node also
-//! announces the termination to the MM.
+//! carry out each heartbeat's commands for this node; then, on every heartbeat interval, look
+//! at the NM-PL table for tasks that ended and, when all of a job's local tasks have ended and
+//! their output is delivered, report their exit statuses to the MM and set `terminated[slot]`
+//! (Algorithm 9). The job's last node also announces the termination to the MM.
+//!
+//! The tasks outlive the node's membership: when the NM registers again (it was cut off,
+//! frozen, or the MM restarted) it keeps every job the MM still knows, and when the MM is a
+//! new process, it reports again the jobs that ended (their reports were in the old MM's
+//! memory) once their output has been sent again.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -22,8 +26,8 @@ use nix::unistd::Pid;
 use storm_cluster::config::PolicyKind;
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, JobId, LaunchSpec, NodeReport, Program, RankStatus, Stream,
-    decode, encode,
+    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, NodeReport, Program, RankStatus,
+    Stream, decode, encode,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -81,6 +85,9 @@ struct LocalJob {
     exited_at: Option<Instant>,
     output_closed: bool,
     reported: bool,
+    /// Reported to another MM process: reported again to this one once the output that
+    /// process may not have passed on has been sent again.
+    report_again: bool,
 }
 
 impl LocalJob {
@@ -94,6 +101,7 @@ impl LocalJob {
             exited_at: None,
             output_closed: false,
             reported: false,
+            report_again: false,
         }
     }
 }
@@ -120,6 +128,9 @@ pub struct NodeManager {
     task_states: TaskStates,
     /// When `poll_tasks` next waits on the launchers.
     next_launcher_check: Instant,
+    /// The MM process (incarnation) and output queue epoch of the current membership.
+    incarnation: Option<u64>,
+    output_epoch: u32,
     stop: Arc<AtomicBool>,
 }
 
@@ -153,8 +164,8 @@ impl NodeManager {
         let prims = endpoint::start(&cfg, &rm, node, listen).map_err(anyhow::Error::msg)?;
         let table = PlTable::create(cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs)?;
         let mm = cfg.mm_id();
-        // Replaced at every welcome, with that membership's output queue epoch.
-        let output = Output::start(prims.clone(), &rm, node, mm, 1)?;
+        // Sends from the first welcome on, at that membership's output queue epoch.
+        let output = Output::start(prims.clone(), &rm, node, mm)?;
         let switch_log = if cfg.scheduler.switch_log {
             let path = entry.spool.join("switches.log");
             let f = std::fs::OpenOptions::new()
@@ -182,6 +193,8 @@ impl NodeManager {
             switch_log,
             task_states: TaskStates::default(),
             next_launcher_check: Instant::now(),
+            incarnation: None,
+            output_epoch: 0,
             pending: BTreeMap::new(),
             stop,
             cfg,
@@ -201,12 +214,24 @@ impl NodeManager {
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let mut shutdown = false;
         while !shutdown && !self.stop.load(Ordering::Acquire) {
-            match membership.next(idle_wait) {
+            if membership.registering() {
+                // Before a registration goes out: see `Output::hold`.
+                self.output.hold();
+            }
+            let next = membership.next(idle_wait, &|| self.held_jobs());
+            match next {
                 Ok(Event::Heartbeat(bytes)) => shutdown = self.heartbeat(&bytes),
-                Ok(Event::Welcomed { output_epoch }) => self.new_membership(output_epoch)?,
+                Ok(Event::Welcomed {
+                    output_epoch,
+                    incarnation,
+                    keep,
+                }) => self.new_membership(output_epoch, incarnation, &keep),
                 Ok(Event::Idle) => {}
                 Err(PrimError::ShutDown) => break,
                 Err(e) => bail!("heartbeat queue: {e}"),
+            }
+            if self.output.stalled() {
+                membership.rejoin("output could not be delivered to the MM");
             }
             self.poll_tasks();
         }
@@ -244,24 +269,49 @@ impl NodeManager {
         shutdown
     }
 
-    /// The MM welcomed this node into a new membership: whatever ran for the earlier one was
-    /// ended by the MM (its nodes were told to forget it, or the MM restarted), so it goes here
-    /// too; program transfers and output start afresh.
-    fn new_membership(&mut self, output_epoch: u32) -> Result<()> {
+    /// The jobs this node holds, for its registration.
+    fn held_jobs(&self) -> Vec<HeldJob> {
+        let running = self.jobs.iter().map(|(&job, j)| HeldJob {
+            job,
+            slot: j.spec.slot,
+            ended: j.ranks.iter().all(|r| r.status.is_some()),
+        });
+        let waiting = self.pending.iter().map(|(&job, spec)| HeldJob {
+            job,
+            slot: spec.slot,
+            ended: false,
+        });
+        running.chain(waiting).collect()
+    }
+
+    /// The MM welcomed this node into a new membership that keeps the jobs of `keep`: any
+    /// other job ended with the earlier membership (its nodes were told to forget it, or the
+    /// MM no longer knows it), so it goes here too. Program transfers start afresh; output
+    /// goes on in the new queue epoch, starting with what the MM may not have passed on.
+    fn new_membership(&mut self, output_epoch: u32, incarnation: u64, keep: &[JobId]) {
         let jobs: Vec<JobId> = self
             .jobs
             .keys()
             .chain(self.pending.keys())
             .copied()
+            .filter(|job| !keep.contains(job))
             .collect();
         for job in jobs {
             tracing::warn!(
                 node = self.node,
                 job,
-                "ending a job of an earlier membership"
+                "ending a job the MM no longer knows here"
             );
             self.forget(job);
         }
+        // A new MM process lost the reports in the old one's memory.
+        if self.incarnation.is_some_and(|i| i != incarnation) {
+            for j in self.jobs.values_mut().filter(|j| j.reported) {
+                j.reported = false;
+                j.report_again = true;
+            }
+        }
+        self.incarnation = Some(incarnation);
         for (_, receiver) in std::mem::take(&mut self.receivers) {
             receiver.stop();
         }
@@ -271,14 +321,8 @@ impl NodeManager {
         // earlier membership must not answer for a new transfer.
         self.prims.memory().store(self.rm.chunks.dequeued, 0);
         self.prims.memory().store(self.rm.file_ack, 0);
-        self.output = Output::start(
-            self.prims.clone(),
-            &self.rm,
-            self.node,
-            self.mm,
-            output_epoch,
-        )?;
-        Ok(())
+        self.output_epoch = output_epoch;
+        self.output.new_epoch(output_epoch);
     }
 
     fn job_dir(&self, job: JobId) -> PathBuf {
@@ -342,6 +386,10 @@ impl NodeManager {
     /// runs the job, so no task ever runs outside its time slot, not even briefly.
     fn launch(&mut self, spec: LaunchSpec) {
         if spec.nodes.rank(self.node).is_none() {
+            return;
+        }
+        if self.jobs.contains_key(&spec.job) || self.pending.contains_key(&spec.job) {
+            // Launched again for a node that missed the first launch; this one did not.
             return;
         }
         // A job run again (requeued) may use the slot it used before: its old termination
@@ -718,12 +766,17 @@ impl NodeManager {
                 .ranks
                 .iter()
                 .all(|r| r.output.load(Ordering::Acquire) == 0);
-            if !drained && !j.output_closed && ended.elapsed() > OUTPUT_GRACE {
+            if self.output.backlogged() {
+                // Output waits to be sent (a slow submitter, or no MM): the pipes are not
+                // read meanwhile, so their staying open says nothing.
+                j.exited_at = Some(Instant::now());
+            } else if !drained && !j.output_closed && ended.elapsed() > OUTPUT_GRACE {
                 tracing::warn!(job, "tasks ended but their output stays open; closing it");
                 self.output.close_job(*job);
                 j.output_closed = true;
             }
-            if drained {
+            // Output sent again in a new membership reaches the MM before the report does.
+            if drained && self.output.flushed(self.output_epoch) {
                 ready.push(*job);
             }
         }
@@ -762,6 +815,9 @@ impl NodeManager {
         }
         let j = self.jobs.get_mut(&job).expect("job present");
         j.reported = true;
+        if std::mem::take(&mut j.report_again) {
+            tracing::info!(node = self.node, job, "reported again to a restarted MM");
+        }
         for r in &mut j.ranks {
             if let Some(slot) = r.slot.take() {
                 let _ = self.table.release(slot);

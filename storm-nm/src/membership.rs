@@ -1,18 +1,21 @@
 //! The NM's side of membership: registering with the MM, joining the heartbeat, and noticing
 //! when the MM no longer counts this node as a member.
 //!
-//! The NM writes its stamp (pid and generation) into the MM's registry. The MM answers
-//! `Welcome`: the NM drops everything it ran for an earlier membership, discards stale
-//! heartbeat signals, and acknowledges. `Start` tells it the sequence number of its first
-//! heartbeat. An NM that hears no heartbeat for `rejoin_after_ms`, or that the MM tells it
-//! was evicted (it was marked DOWN, or the MM restarted), registers again with a new stamp.
+//! The NM writes its inventory (the jobs it holds) and then its stamp (pid and generation)
+//! into the MM's memory. The MM answers `Welcome` with the jobs the node keeps: the NM drops
+//! the others, discards stale heartbeat signals, and acknowledges. `Start` tells it the
+//! sequence number of its first heartbeat. An NM that hears no heartbeat for
+//! `rejoin_after_ms`, or that the MM tells it was evicted (it missed a heartbeat's deadline,
+//! was marked DOWN, or the MM restarted), registers again with a new stamp; so does one whose
+//! output could not be delivered ([`Registration::rejoin`]). Registering again loses nothing:
+//! the MM lets the node keep every job it still knows there.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{MEMBERSHIP_BYTES, Membership, decode};
+use storm_cluster::messages::{HeldJob, Inventory, JobId, Membership, decode, encode};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
@@ -36,9 +39,13 @@ enum Standing {
 pub enum Event {
     /// A heartbeat to carry out.
     Heartbeat(Bytes),
-    /// A new membership begins: drop every job of the earlier one and send output at this
-    /// epoch of the output queue.
-    Welcomed { output_epoch: u32 },
+    /// A new membership begins: keep only the jobs of `keep`, and send output at this epoch
+    /// of the output queue. `incarnation` names the MM process.
+    Welcomed {
+        output_epoch: u32,
+        incarnation: u64,
+        keep: Vec<JobId>,
+    },
     /// Nothing arrived in time.
     Idle,
 }
@@ -86,8 +93,13 @@ impl Registration {
         (std::process::id() as u64) << 32 | self.generation as u64
     }
 
-    /// Waits up to `wait` for the next thing to do.
-    pub fn next(&mut self, wait: Duration) -> Result<Event, PrimError> {
+    /// Waits up to `wait` for the next thing to do. `held` lists the jobs this node holds (sent
+    /// with each registration).
+    pub fn next(
+        &mut self,
+        wait: Duration,
+        held: &dyn Fn() -> Vec<HeldJob>,
+    ) -> Result<Event, PrimError> {
         // Completions of registrations and acknowledgements: failures are retried anyway.
         while let Ok(true) = self.prims.test_event(self.rm.register_sent, Wait::Poll) {}
         if self.prims.test_event(self.rm.joined, Wait::Poll)? {
@@ -97,7 +109,9 @@ impl Registration {
             Standing::Registering { stamp, sent } => {
                 if sent.is_none_or(|t| t.elapsed() >= REGISTER_RETRY) {
                     *sent = Some(Instant::now());
-                    let (stamp, at) = (*stamp, self.rm.registry.at(self.node as usize).offset());
+                    let stamp = *stamp;
+                    self.send_inventory(stamp, held());
+                    let at = self.rm.registry.at(self.node as usize).offset();
                     self.send_to_mm(at, stamp);
                 }
                 self.wait_message(wait)
@@ -159,13 +173,27 @@ impl Registration {
         };
     }
 
+    /// Whether this node is registering with the MM (and not yet welcomed).
+    pub fn registering(&self) -> bool {
+        matches!(self.standing, Standing::Registering { .. })
+    }
+
+    /// Registers again (unless a registration is under way already): the MM then starts a new
+    /// membership, which keeps this node's jobs and starts a new output queue epoch.
+    pub fn rejoin(&mut self, why: &str) {
+        if !matches!(self.standing, Standing::Registering { .. }) {
+            tracing::warn!(node = self.node, "registering with the MM again: {why}");
+            self.register_again();
+        }
+    }
+
     /// Handles the membership message in the join area. Messages for another stamp are
     /// left over from an earlier registration and ignored.
     fn on_message(&mut self) -> Event {
         let bytes = match self
             .prims
             .memory()
-            .read_vec(self.rm.join.offset, MEMBERSHIP_BYTES)
+            .read_vec(self.rm.join.offset, self.rm.membership_bytes)
         {
             Ok(b) => b,
             Err(e) => {
@@ -173,7 +201,7 @@ impl Registration {
                 return Event::Idle;
             }
         };
-        let msg: Membership = match decode("membership", &bytes, MEMBERSHIP_BYTES) {
+        let msg: Membership = match decode("membership", &bytes, self.rm.membership_bytes) {
             Ok(m) => m,
             Err(e) => {
                 tracing::error!(node = self.node, "ignoring a membership message: {e}");
@@ -185,6 +213,8 @@ impl Registration {
             Membership::Welcome {
                 stamp,
                 output_epoch,
+                incarnation,
+                keep,
             } if stamp == mine => {
                 let ack_at = self.rm.join_ack.at(self.node as usize).offset();
                 match self.standing {
@@ -197,8 +227,12 @@ impl Registration {
                             since: Instant::now(),
                         };
                         self.send_to_mm(ack_at, stamp);
-                        tracing::info!(node = self.node, "welcomed by the MM");
-                        Event::Welcomed { output_epoch }
+                        tracing::info!(node = self.node, kept = ?keep, "welcomed by the MM");
+                        Event::Welcomed {
+                            output_epoch,
+                            incarnation,
+                            keep,
+                        }
                     }
                     Standing::Welcomed { .. } => {
                         // Our acknowledgement was lost: send it again.
@@ -234,6 +268,44 @@ impl Registration {
                 Event::Idle
             }
             _ => Event::Idle,
+        }
+    }
+
+    /// Writes the inventory of registration `stamp` into this node's inventory area at the
+    /// MM (before the stamp, which the MM acts on). Jobs that do not fit are left out, ended
+    /// ones first; the MM then ends them.
+    fn send_inventory(&self, stamp: u64, mut jobs: Vec<HeldJob>) {
+        jobs.sort_by_key(|h| (h.ended, h.job));
+        let bytes = loop {
+            let inventory = Inventory {
+                stamp,
+                jobs: jobs.clone(),
+            };
+            match encode("inventory", &inventory, self.rm.inventory_bytes) {
+                Ok(b) => break b,
+                Err(e) if !jobs.is_empty() => {
+                    let dropped = jobs.pop().expect("not empty");
+                    tracing::error!(
+                        node = self.node,
+                        job = dropped.job,
+                        "left out of the inventory: {e}"
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(node = self.node, "cannot encode an empty inventory: {e}");
+                    return;
+                }
+            }
+        };
+        let at = self.rm.inventory_offset(self.node as usize);
+        if let Err(e) = self.prims.xfer_and_signal(
+            &NodeSet::single(self.mm),
+            at,
+            Bytes::from(bytes),
+            None,
+            Some(self.rm.register_sent),
+        ) {
+            tracing::debug!(node = self.node, "cannot reach the MM: {e}");
         }
     }
 

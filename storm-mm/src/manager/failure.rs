@@ -1,36 +1,49 @@
 //! Failure detection (paper Sec. 2.4.3) and what follows from a failed node.
 //!
-//! Two signs of a failed node, both from the primitives:
+//! Every heartbeat has a deadline of `deadline_heartbeats` periods (`[failure]`), not the
+//! seconds a program transfer may take, and the primitives name the nodes that did not
+//! complete. Three signs of a failing member, all from the primitives:
 //!
-//! * a heartbeat whose XFER-AND-SIGNAL fails naming the node (its connection closed, was
-//!   refused, or timed out: a dead NM, a crashed host, a cut link). Nothing was signalled
-//!   anywhere (all or nothing), so the heartbeat is sent again under the same sequence number.
-//!   The node has missed every heartbeat since the last one that reached it; once that is K
-//!   heartbeat intervals, it is DOWN;
+//! * a heartbeat whose XFER-AND-SIGNAL fails naming it (its connection closed or was refused:
+//!   a dead NM, a crashed host; or it did not answer by the deadline: a frozen, overloaded or
+//!   cut-off node, whose kernel may still acknowledge TCP);
+//! * AWAIT-SPACE that finds its heartbeat queue full (it stopped taking heartbeats);
 //! * a receipt check: every `check_interval_ms` one COMPARE-AND-WRITE asks whether every
-//!   member took every heartbeat delivered before the previous check. When it says no, each
-//!   member is asked alone, and the ones behind have missed that check (an NM that is alive on
-//!   the network but no longer takes heartbeats).
+//!   member took every heartbeat delivered before the previous check.
 //!
-//! K (`missed_heartbeats`) makes the node DOWN: it leaves the heartbeat (the
-//! tcp tree is built over the remaining members, so it heals at once) and allocation; each job
-//! that used it ends with a reason naming the node, or goes back to the queue if it was
-//! submitted with `--requeue`; its processes on the other nodes are killed (`Forget`).
+//! A member named by any of them becomes *unresponsive* at once: it leaves the heartbeat (the
+//! tcp tree is rebuilt over the others, and the failed heartbeat goes to them again under the
+//! same sequence number; any that took it already skip the repeat), leaves allocation, keeps
+//! its jobs, and is told to register again. It is DOWN once it has taken no heartbeat for K
+//! periods (`missed_heartbeats`) without registering back; then each job that used it ends
+//! with a reason naming the node, goes back to the queue if it never started or was submitted
+//! with `--requeue`, and its processes on the other nodes are killed (`Forget`). Every
+//! primitive the MM's loop waits on has the same deadline, so a slow node can hold the loop
+//! (and the heartbeat to everyone) for at most one deadline, once.
 
 use std::time::Instant;
 
 use bytes::Bytes;
 use storm_cluster::control::Reply;
-use storm_cluster::messages::JobId;
+use storm_cluster::messages::{JobId, Membership};
 use storm_primitives::{NodeId, NodeSet, PrimError, Relation};
 
 use super::{MachineManager, Phase};
 use crate::policy::JobAsk;
 
+/// Where a job goes back in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Requeue {
+    /// It never started: ahead of every job waiting.
+    Front,
+    /// It ran (`--requeue`): behind every job waiting.
+    Back,
+}
+
 impl MachineManager {
-    /// The heartbeat in flight failed: count the miss against the node the error names, and
-    /// send the same heartbeat again. Nodes that took it all the same (a node failing during
-    /// the commit phase leaves some signalled) skip the repeat; the others take it.
+    /// The heartbeat in flight failed: the nodes it names leave the heartbeat, and the same
+    /// heartbeat goes again, byte for byte, to the others. Nodes that took it all the same (a
+    /// node failing during the commit phase leaves some signalled) skip the repeat.
     pub(super) fn heartbeat_failed(&mut self, e: PrimError, sent: Bytes) {
         self.heartbeats.unsend_last();
         self.hb_resend = Some(sent);
@@ -43,29 +56,63 @@ impl MachineManager {
         self.blame(&e);
     }
 
-    /// Counts a missed heartbeat against the node `e` names, if it names a member; marks it
-    /// DOWN after K.
+    /// The members `e` names leave the heartbeat.
     pub(super) fn blame(&mut self, e: &PrimError) {
-        let node = match e {
-            PrimError::Unreachable { node, .. } | PrimError::Protocol { node, .. } => *node,
-            PrimError::Timeout { nodes, .. } if nodes.len() == 1 => {
-                nodes.first().expect("one node")
+        self.blame_nodes(&e.blamed(), &e.to_string());
+    }
+
+    /// The members of `nodes` leave the heartbeat, for `reason`.
+    pub(super) fn blame_nodes(&mut self, nodes: &NodeSet, reason: &str) {
+        for n in nodes.iter() {
+            if self.heartbeats.dest().contains(n) {
+                self.set_unresponsive(n, reason.to_string());
             }
-            _ => return,
-        };
-        if !self.heartbeats.dest().contains(node) {
-            return;
-        }
-        if self
-            .nodes
-            .missed(node, Instant::now(), self.cfg.timeslice())
-        {
-            let k = self.cfg.failure.missed_heartbeats;
-            self.mark_down(node, format!("missed {k} heartbeats in a row ({e})"));
         }
     }
 
-    /// The receipt check: COMPARE-AND-WRITE on every member's heartbeat counter.
+    /// Member `n` did not take a heartbeat in time (`reason`): it leaves the heartbeat and
+    /// allocation, keeps its jobs, and is told to register again. It is DOWN if it has not
+    /// come back K heartbeat periods after the last heartbeat it took.
+    pub(super) fn set_unresponsive(&mut self, n: NodeId, reason: String) {
+        if !self.nodes.set_unresponsive(n, reason.clone()) {
+            return;
+        }
+        tracing::warn!(node = n, name = %self.node_name(n), "node is unresponsive; the heartbeat goes on without it: {reason}");
+        self.metrics.heartbeat_missed();
+        self.heartbeats.remove(n);
+        self.policy.set_unavailable(n);
+        let stamp = self.nodes.get(n).stamp_seen;
+        self.send_membership(n, &Membership::Evicted { stamp });
+        // A job that has not started cannot go on without the node (it would miss the
+        // program's commands and the launch), and none of its code ran: it is placed again.
+        let unstarted: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase != Phase::Queued && !j.phase.started() && j.nodes.contains(n))
+            .map(|j| j.id)
+            .collect();
+        let why = format!(
+            "node {n} ({}) stopped answering: {reason}",
+            self.node_name(n)
+        );
+        for id in unstarted {
+            self.node_lost_job(id, why.clone());
+        }
+    }
+
+    /// Nodes silent for K heartbeat periods are DOWN.
+    pub(super) fn enforce_silence(&mut self, now: Instant) {
+        let k = self.cfg.failure.missed_heartbeats;
+        for (n, reason) in self.nodes.silent_too_long(now, self.cfg.timeslice()) {
+            self.mark_down(
+                n,
+                format!("took no heartbeat for {k} heartbeat periods ({reason})"),
+            );
+        }
+    }
+
+    /// The receipt check: COMPARE-AND-WRITE on every member's heartbeat counter. A member
+    /// found behind (alive on the network, but no longer taking heartbeats) is unresponsive.
     pub(super) fn check_receipt(&mut self) {
         let now = Instant::now();
         if now < self.next_check {
@@ -79,16 +126,16 @@ impl MachineManager {
             return;
         }
         let dequeued = self.rm.heartbeat.dequeued;
-        match self
-            .prims
-            .compare_and_write(&members, dequeued, Relation::Ge, target, None)
-        {
-            Ok(true) => {
-                for n in members.iter() {
-                    self.nodes.caught_up(n);
-                }
-                return;
-            }
+        let deadline = Some(self.cfg.heartbeat_deadline());
+        match self.prims.compare_and_write_within(
+            &members,
+            dequeued,
+            Relation::Ge,
+            target,
+            None,
+            deadline,
+        ) {
+            Ok(true) => return,
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("receipt check failed: {e}");
@@ -100,23 +147,19 @@ impl MachineManager {
             if !self.heartbeats.dest().contains(n) {
                 continue;
             }
-            match self.prims.compare_and_write(
+            match self.prims.compare_and_write_within(
                 &NodeSet::single(n),
                 dequeued,
                 Relation::Ge,
                 target,
                 None,
+                deadline,
             ) {
-                Ok(true) => self.nodes.caught_up(n),
-                Ok(false) => {
-                    if self.nodes.lagging(n) {
-                        let k = self.cfg.failure.missed_heartbeats;
-                        self.mark_down(
-                            n,
-                            format!("stopped taking heartbeats ({k} receipt checks behind)"),
-                        );
-                    }
-                }
+                Ok(true) => {}
+                Ok(false) => self.set_unresponsive(
+                    n,
+                    "stopped taking heartbeats (behind at a receipt check)".into(),
+                ),
                 Err(e) => self.blame(&e),
             }
         }
@@ -139,21 +182,42 @@ impl MachineManager {
             .collect();
         let why = format!("node {n} ({}) failed: {reason}", self.node_name(n));
         for id in hit {
-            let requeue = self
-                .jobs
-                .get(&id)
-                .is_some_and(|j| j.req.requeue && j.cancel.is_none());
-            if requeue {
-                self.requeue(id, why.clone());
-            } else {
-                self.fail(id, why.clone());
+            self.node_lost_job(id, why.clone());
+        }
+    }
+
+    /// Job `id` lost a node, or its processes there (`why`). If none of its tasks can have
+    /// started (its program was being sent, or its launch had not gone out), no user code ran:
+    /// it goes back to the head of the queue by itself. A job that started ends, or, submitted
+    /// with `--requeue`, goes back to the end of the queue. A cancelled job just ends.
+    pub(super) fn node_lost_job(&mut self, id: JobId, why: String) {
+        let Some(j) = self.jobs.get(&id) else {
+            return;
+        };
+        if j.cancel.is_some() {
+            self.fail(id, why);
+            return;
+        }
+        match j.phase {
+            Phase::Queued => {}
+            Phase::Allocated
+            | Phase::Sending { .. }
+            | Phase::Verifying { .. }
+            | Phase::Launching => self.requeue(
+                id,
+                format!("{why} (none of its tasks had started)"),
+                Requeue::Front,
+            ),
+            Phase::Running | Phase::Recovering if j.req.requeue => {
+                self.requeue(id, why, Requeue::Back)
             }
+            Phase::Running | Phase::Recovering => self.fail(id, why),
         }
     }
 
     /// Puts a started job back in the queue after a node failure: its processes elsewhere are
     /// killed, and it will run again from the start, on nodes the policy picks.
-    fn requeue(&mut self, id: JobId, reason: String) {
+    pub(super) fn requeue(&mut self, id: JobId, reason: String, place: Requeue) {
         let Some(j) = self.jobs.remove(&id) else {
             return;
         };
@@ -165,7 +229,10 @@ impl MachineManager {
         j.allocated = None;
         j.ready = None;
         j.launched = None;
+        j.launched_ms = None;
+        j.recovery = None;
         j.worker_cancel = None;
+        j.transfer_progress = None;
         j.terminating = false;
         j.time_slot = 0;
         let ask = JobAsk {
@@ -175,7 +242,13 @@ impl MachineManager {
         };
         let client = j.client;
         self.jobs.insert(id, j);
-        self.policy.submit(ask, self.epoch.elapsed());
+        let now = self.epoch.elapsed();
+        match place {
+            // Restored jobs enter the policy when the hold after a restart ends.
+            _ if self.held.is_some() => {}
+            Requeue::Front => self.policy.submit_front(ask, now),
+            Requeue::Back => self.policy.submit(ask, now),
+        }
         self.unrecorded.insert(id);
         tracing::warn!(job = id, "requeued: {reason}");
         if let Some(c) = client {

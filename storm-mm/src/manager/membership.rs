@@ -1,22 +1,29 @@
 //! Membership: how nodes join the heartbeat, and the operator's drain and resume.
 //!
-//! An NM registers by writing a stamp (its pid and a generation) into `registry[node]` in the
-//! MM's memory. The MM answers with `Welcome`, the NM clears what it ran before and writes the
+//! An NM registers by writing its inventory (the jobs it holds) into `inventory[node]` and
+//! then a stamp (its pid and a generation) into `registry[node]` in the MM's memory. The MM
+//! answers `Welcome` with the jobs the node keeps; the NM drops the others and writes the
 //! stamp into `join_ack[node]`; the MM then sends `Start` with the heartbeat sequence number
-//! the node joins at and adds it to the heartbeat's node set. A registration with a new stamp
-//! from a node that is up means its NM restarted: the old membership is over (the node is
-//! marked down, its jobs end) before the new one begins. Down and unknown nodes are nudged
-//! (`Evicted`) once a second, so an NM whose link came back, or that outlived an MM restart,
-//! registers at once.
+//! the node joins at and adds it to the heartbeat's node set.
+//!
+//! **Silence is not a restart.** A registration from the same NM process (same pid in the
+//! stamp) after a gap, or from any NM after the MM restarted, is *re-adoption*: the node keeps
+//! every job the MM knows as running there and the inventory lists. A job the MM launched
+//! there but the inventory lacks never reached the node (its Launch was in a heartbeat the
+//! node missed) and is launched again; a cancel it missed is sent again; jobs it holds that
+//! the MM no longer knows are dropped. Only a new NM process (another pid) means the node lost
+//! its processes: its jobs end (or go back to the queue) before the new membership begins.
+//! Unresponsive, down and unknown nodes are nudged (`Evicted`) once a second, so an NM whose
+//! link came back, or that outlived an MM restart, registers at once.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use storm_cluster::messages::{MEMBERSHIP_BYTES, Membership, encode};
-use storm_primitives::helpers::QueueConsumer;
+use storm_cluster::messages::{Command, HeldJob, Inventory, JobId, Membership, decode, encode};
 use storm_primitives::{NodeId, NodeSet, Wait};
 
-use super::MachineManager;
+use super::{MachineManager, Phase, launch_spec};
 use crate::journal::NodeRecord;
 use crate::nodes::Life;
 
@@ -47,10 +54,11 @@ impl MachineManager {
                     if mem.load(self.rm.join_ack.at(n as usize)) == stamp {
                         self.admit(n, stamp);
                     } else if now.duration_since(sent) >= WELCOME_RETRY {
-                        self.welcome(n, stamp, now);
+                        let keep = self.nodes.get(n).keep.clone();
+                        self.welcome(n, stamp, keep, now);
                     }
                 }
-                Life::Down { .. } | Life::Unknown => {
+                Life::Down { .. } | Life::Unknown | Life::Unresponsive { .. } => {
                     let node = self.nodes.get_mut(n);
                     if node
                         .last_nudge
@@ -68,31 +76,133 @@ impl MachineManager {
 
     /// An NM registered with a stamp the MM has not acted on.
     fn registered(&mut self, n: NodeId, stamp: u64, now: Instant) {
+        let Some(inventory) = self.read_inventory(n, stamp) else {
+            return; // its inventory is not all here yet: look again next timeslice
+        };
+        let previous = self.nodes.get(n).stamp_seen;
+        // The pid is the stamp's upper half. Before any registration (previous == 0) this MM
+        // has just started: whatever the NM holds may be ours to re-adopt.
+        let same_process = previous == 0 || previous >> 32 == stamp >> 32;
         if self.nodes.is_up(n) {
-            self.mark_down(n, "its node manager restarted".into());
+            // Registering again while a member: it stopped hearing heartbeats. It rejoins at
+            // a new sequence number.
+            self.heartbeats.remove(n);
+            self.policy.set_unavailable(n);
         }
         self.nodes.get_mut(n).stamp_seen = stamp;
-        tracing::info!(node = n, name = %self.node_name(n), stamp = format!("{stamp:#x}"), "node manager registered");
-        self.welcome(n, stamp, now);
+        let keep = if same_process {
+            self.readopt(n, &inventory)
+        } else {
+            if !matches!(self.nodes.get(n).life, Life::Down { .. }) {
+                self.mark_down(n, "its node manager restarted".into());
+            }
+            Vec::new()
+        };
+        tracing::info!(node = n, name = %self.node_name(n), stamp = format!("{stamp:#x}"), kept = ?keep, "node manager registered");
+        self.welcome(n, stamp, keep, now);
     }
 
-    /// Starts a new membership for `n`: a fresh output queue epoch, and `Welcome`.
-    fn welcome(&mut self, n: NodeId, stamp: u64, now: Instant) {
+    /// The inventory node `n` wrote with registration `stamp`, once it has arrived whole.
+    fn read_inventory(&self, n: NodeId, stamp: u64) -> Option<Inventory> {
+        let bytes = self
+            .prims
+            .memory()
+            .read_vec(
+                self.rm.inventory_offset(n as usize),
+                self.rm.inventory_bytes,
+            )
+            .ok()?;
+        // Another stamp, or bytes that do not decode: the inventory of this registration is
+        // still on its way (the NM writes it again with every retry).
+        match decode::<Inventory>("inventory", &bytes, self.rm.inventory_bytes) {
+            Ok(inv) if inv.stamp == stamp => Some(inv),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(node = n, "inventory not readable yet: {e}");
+                None
+            }
+        }
+    }
+
+    /// The same NM (or any NM, just after this MM started) is back: the jobs it keeps.
+    ///
+    /// * A job the MM knows on `n` that the inventory lists stays (a cancel it may have
+    ///   missed is sent again).
+    /// * A recovering job (it ran when this MM restarted) counts `n` as holding it or not;
+    ///   [`MachineManager::advance_recoveries`] decides once all its nodes have answered.
+    /// * A job launched on `n` that the inventory lacks never reached it (its heartbeat was
+    ///   missed while `n` was out of the heartbeat): it is launched again there.
+    fn readopt(&mut self, n: NodeId, inventory: &Inventory) -> Vec<JobId> {
+        let held: HashMap<JobId, HeldJob> = inventory.jobs.iter().map(|h| (h.job, *h)).collect();
+        let mine: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
+            .map(|j| j.id)
+            .collect();
+        let mut keep = Vec::new();
+        for id in mine {
+            let j = self.jobs.get_mut(&id).expect("listed");
+            let holds = held
+                .get(&id)
+                .is_some_and(|h| Some(h.slot as usize) == j.slot);
+            if let Some(r) = &mut j.recovery {
+                if holds {
+                    r.held.insert(n);
+                } else {
+                    r.missing.insert(n);
+                }
+            }
+            if holds {
+                keep.push(id);
+                if let Some(c) = &j.cancel {
+                    let signal = if c.killed {
+                        libc::SIGKILL
+                    } else {
+                        libc::SIGTERM
+                    };
+                    self.commands.push_back(Command::Signal { job: id, signal });
+                }
+                continue;
+            }
+            if j.phase == Phase::Running {
+                tracing::info!(
+                    job = id,
+                    node = n,
+                    "launching again on a node that missed the launch"
+                );
+                let spec = launch_spec(
+                    id,
+                    j.slot.expect("started jobs have a slot"),
+                    &j.req,
+                    &j.plan,
+                    &j.nodes,
+                    (j.uid, j.gid),
+                );
+                self.commands.push_back(Command::Launch(spec));
+            }
+        }
+        keep
+    }
+
+    /// Starts a new membership for `n`: a fresh output queue epoch, and `Welcome` with the
+    /// jobs it keeps.
+    fn welcome(&mut self, n: NodeId, stamp: u64, keep: Vec<JobId>, now: Instant) {
         let node = self.nodes.get_mut(n);
         if !matches!(node.life, Life::Joining { stamp: s, .. } if s == stamp) {
             node.output_epoch += 1;
         }
         let output_epoch = node.output_epoch;
         node.life = Life::Joining { stamp, sent: now };
-        match QueueConsumer::new(&*self.prims, self.rm.output[n as usize], output_epoch) {
-            Ok(c) => self.outputs[n as usize] = c,
-            Err(e) => tracing::error!(node = n, "cannot reset the output queue: {e}"),
-        }
+        node.keep = keep.clone();
+        self.restart_output(n, output_epoch);
         self.send_membership(
             n,
             &Membership::Welcome {
                 stamp,
                 output_epoch,
+                incarnation: self.incarnation,
+                keep,
             },
         );
     }
@@ -111,20 +221,23 @@ impl MachineManager {
 
     /// Writes a membership message into node `n`'s join area and signals it. Non-blocking:
     /// a message that does not arrive is sent again by whoever waits for its answer.
-    fn send_membership(&self, n: NodeId, msg: &Membership) {
-        let bytes = match encode("membership", msg, MEMBERSHIP_BYTES) {
+    pub(super) fn send_membership(&self, n: NodeId, msg: &Membership) {
+        let bytes = match encode("membership", msg, self.rm.membership_bytes) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!("cannot encode {msg:?}: {e}");
                 return;
             }
         };
-        if let Err(e) = self.prims.xfer_and_signal(
+        // A heartbeat's deadline: a message to a silent node must not stay in flight for the
+        // seconds of the operation timeout (on ofi it holds up the MM's later transfers).
+        if let Err(e) = self.prims.xfer_and_signal_within(
             &NodeSet::single(n),
             self.rm.join.offset,
             Bytes::from(bytes),
             Some(self.rm.joined),
             Some(self.rm.join_sent),
+            Some(self.cfg.heartbeat_deadline()),
         ) {
             tracing::debug!(node = n, "cannot send {msg:?}: {e}");
         }

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -37,14 +37,19 @@ use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Relation, Wait};
 
 mod failure;
 mod membership;
+mod output;
 mod restart;
 
 use crate::control_server::{self, ClientId, Incoming};
 use crate::journal::{self, JobRecord, JobState, Journal};
 use crate::log_limit::LogLimit;
+use crate::metrics::Metrics;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
 use crate::transfer::{self, Transfer, TransferDone};
+
+/// How often a submitter hears how far its program transfer is.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How to start a machine manager.
 pub struct MmOptions {
@@ -72,6 +77,16 @@ enum Phase {
     /// The launch command is waiting for the next heartbeat.
     Launching,
     Running,
+    /// Ran when the MM restarted: waiting for its nodes to register and say they still hold
+    /// it (see [`restart`]).
+    Recovering,
+}
+
+impl Phase {
+    /// Whether the job's launch has gone out, so that some of its tasks may run.
+    fn started(self) -> bool {
+        matches!(self, Phase::Running | Phase::Recovering)
+    }
 }
 
 struct Cancel {
@@ -100,12 +115,24 @@ struct Job {
     allocated: Option<Instant>,
     ready: Option<Instant>,
     launched: Option<Instant>,
+    /// `launched` as wall-clock time (milliseconds since the Unix epoch), for the journal.
+    launched_ms: Option<u64>,
     cancel: Option<Cancel>,
     worker_cancel: Option<Arc<AtomicBool>>,
+    /// While the program is sent: bytes delivered to every node, and what was last reported
+    /// to the submitter (when, how much).
+    transfer_progress: Option<(Arc<AtomicU64>, Instant, u64)>,
     terminating: bool,
     /// Row of the gang scheduler's matrix.
     time_slot: usize,
     limit: Option<Duration>,
+    /// While `Recovering`: what its nodes said so far.
+    recovery: Option<restart::Recovery>,
+    /// Restored from the journal after a restart of the MM: its submitter may reattach.
+    restored: bool,
+    /// Output taken from the nodes' queues while the restored job's submitter has not
+    /// reattached yet: (node, queue entry, chunk), sent when it does.
+    held_output: Vec<(NodeId, u64, OutputChunk)>,
 }
 
 /// What a new job (or one restored from the journal) starts with.
@@ -146,11 +173,16 @@ impl Job {
             allocated: None,
             ready: None,
             launched: None,
+            launched_ms: None,
             cancel: None,
             worker_cancel: None,
+            transfer_progress: None,
             terminating: false,
             time_slot: 0,
             limit: new.req.time_limit_ms.map(Duration::from_millis),
+            recovery: None,
+            restored: false,
+            held_output: Vec::new(),
             req: new.req,
         }
     }
@@ -167,6 +199,10 @@ struct Client {
     uid: u32,
     gid: u32,
     tx: Sender<Reply>,
+    /// Replies queued for this client so far (the outbox numbers them in order).
+    queued: u64,
+    /// Replies written to its socket so far (counted by its writer thread).
+    written: Arc<AtomicU64>,
 }
 
 pub struct MachineManager {
@@ -207,9 +243,11 @@ pub struct MachineManager {
     next_check: Instant,
     check_target: u64,
     commands: VecDeque<Command>,
-    outputs: Vec<QueueConsumer>,
+    /// Each node's output queue, and the entries taken from it not yet released.
+    outputs: Vec<output::NodeOutput>,
     slots: Vec<Option<JobId>>,
-    workers: Vec<Option<JobId>>,
+    /// Transfer workers at work: the job and the nodes each sends to.
+    workers: Vec<Option<(JobId, NodeSet)>>,
     next_transfer: u32,
     worker_tx: Sender<TransferDone>,
     worker_rx: Receiver<TransferDone>,
@@ -225,7 +263,15 @@ pub struct MachineManager {
     /// Jobs restored from the journal, held out of the queue until their submitters reattach
     /// or this instant passes (see [`restart`]).
     held: Option<Instant>,
+    /// Until when submitters of jobs restored after a restart may reattach (see [`restart`]).
+    reattach_until: Option<Instant>,
+    /// Which MM process this is (NMs send again what an earlier one held in its memory).
+    incarnation: u64,
     journal_errors: LogLimit,
+    /// What `storm metrics` shows.
+    metrics: Metrics,
+    /// When the last timeslice began (to tell the MM's own stalls from nodes' silence).
+    last_tick: Instant,
     stop: Arc<AtomicBool>,
 }
 
@@ -241,7 +287,7 @@ impl MachineManager {
         let prims = endpoint::start(&cfg, &rm, cfg.mm_id(), listen).map_err(anyhow::Error::msg)?;
         let all = NodeSet::first_n(cfg.node_count());
         let outputs = (0..cfg.node_count() as usize)
-            .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1))
+            .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1).map(output::NodeOutput::new))
             .collect::<Result<Vec<_>, _>>()?;
         let (tx, incoming) = crossbeam_channel::unbounded();
         control_server::start(
@@ -273,7 +319,8 @@ impl MachineManager {
             // timeslice, so a node that stops taking heartbeats never stalls the others (the
             // receipt check finds it).
             heartbeats: QueueProducer::new(rm.heartbeat, NodeSet::new(), 1)
-                .with_space_timeout(cfg.timeslice().max(Duration::from_millis(1))),
+                .with_space_timeout(cfg.timeslice().max(Duration::from_millis(1)))
+                .with_op_timeout(cfg.heartbeat_deadline()),
             policy,
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             hb_in_flight: None,
@@ -304,7 +351,11 @@ impl MachineManager {
             outbox: Vec::new(),
             finished: BTreeMap::new(),
             held: None,
+            reattach_until: None,
+            incarnation: incarnation(),
             journal_errors: LogLimit::new(Duration::from_secs(10)),
+            metrics: Metrics::new(),
+            last_tick: Instant::now(),
             outputs,
             all,
             rm,
@@ -345,16 +396,28 @@ impl MachineManager {
     }
 
     fn tick(&mut self) {
+        let now = Instant::now();
+        // A stall of the MM's own (it was not scheduled, or swapped) is nobody's silence.
+        let gap = now.saturating_duration_since(self.last_tick);
+        let slice = self.cfg.timeslice();
+        if gap > slice * 3 {
+            self.nodes.excuse(gap - slice);
+        }
+        self.last_tick = now;
         while let Ok(msg) = self.incoming.try_recv() {
             self.handle(msg);
         }
         self.membership();
+        self.enforce_silence(now);
         while let Ok(done) = self.worker_rx.try_recv() {
             self.transfer_done(done);
         }
+        self.report_transfer_progress();
         self.verify_transfers();
+        self.advance_recoveries(now);
         if !self.shutting_down {
             self.release_held();
+            self.end_reattach_window(now);
             self.schedule();
         }
         self.enforce_limits();
@@ -389,7 +452,12 @@ impl MachineManager {
             let rec = job_record(j);
             self.journal.put_job(rec);
         }
-        if let Err(e) = self.journal.commit()
+        let committing = self.journal.dirty().then(Instant::now);
+        let committed = self.journal.commit();
+        if let (Some(t), Ok(())) = (committing, &committed) {
+            self.metrics.journal_committed(t.elapsed());
+        }
+        if let Err(e) = committed
             && let Some(more) = self.journal_errors.allow(Instant::now())
         {
             tracing::error!(
@@ -407,9 +475,14 @@ impl MachineManager {
     // ---------------------------------------------------------------- control requests
 
     /// Queues a reply; it is sent at the end of the timeslice, once the journal holds what
-    /// it tells.
-    fn reply(&mut self, client: ClientId, r: Reply) {
+    /// it tells. Returns its number among the replies to this client (it is written to the
+    /// client's socket once the client's `written` count reaches it), or `None` if the client
+    /// is gone.
+    fn reply(&mut self, client: ClientId, r: Reply) -> Option<u64> {
+        let c = self.clients.get_mut(&client)?;
+        c.queued += 1;
         self.outbox.push((client, r));
+        Some(c.queued)
     }
 
     fn handle(&mut self, msg: Incoming) {
@@ -419,8 +492,18 @@ impl MachineManager {
                 uid,
                 gid,
                 tx,
+                written,
             } => {
-                self.clients.insert(client, Client { uid, gid, tx });
+                self.clients.insert(
+                    client,
+                    Client {
+                        uid,
+                        gid,
+                        tx,
+                        queued: 0,
+                        written,
+                    },
+                );
             }
             Incoming::Gone { client } => {
                 self.clients.remove(&client);
@@ -443,7 +526,9 @@ impl MachineManager {
             return;
         };
         match req {
-            Request::Hello { .. } => self.reply(client, Reply::Error("already connected".into())),
+            Request::Hello { .. } => {
+                self.reply(client, Reply::Error("already connected".into()));
+            }
             // Accepted is sent after the next scheduling decision, saying why the job waits.
             Request::Submit(job) => {
                 if let Err(e) = self.submit(client, job, fds) {
@@ -473,6 +558,10 @@ impl MachineManager {
                 self.reply(client, Reply::History(list));
             }
             Request::Attach { job } => self.attach(client, uid, job),
+            Request::Metrics => {
+                let text = self.metrics_text();
+                self.reply(client, Reply::Metrics(text));
+            }
             Request::Nodes => {
                 let list = self.node_infos();
                 self.reply(client, Reply::Nodes(list));
@@ -604,6 +693,7 @@ impl MachineManager {
         }
         self.unanswered.push((client, id));
         self.unrecorded.insert(id);
+        self.metrics.job_submitted();
         tracing::info!(
             job = id,
             uid,
@@ -616,19 +706,9 @@ impl MachineManager {
 
     /// The shape of job `req` on this cluster, or why it does not fit.
     fn plan(&self, req: &JobRequest) -> Result<TaskPlan, String> {
-        let cpus = self.cfg.nodes.iter().map(|n| n.cpus).min().unwrap_or(1);
-        let plan = req
-            .tasks
-            .plan(cpus, self.cfg.cluster.max_tasks_per_node as u32)?;
-        if plan.nodes > self.cfg.node_count() {
-            return Err(format!(
-                "the job asks for {} nodes but cluster {:?} has {}",
-                plan.nodes,
-                self.cfg.cluster.name,
-                self.cfg.node_count()
-            ));
-        }
-        Ok(plan)
+        req.tasks
+            .plan(&self.cfg.capacity())
+            .map_err(|e| format!("{e} (cluster {:?})", self.cfg.cluster.name))
     }
 
     /// Why a queued job cannot start right now, if it cannot.
@@ -666,6 +746,7 @@ impl MachineManager {
             (None, Phase::Allocated) => "starting",
             (None, Phase::Sending { .. } | Phase::Verifying { .. }) => "sending",
             (None, Phase::Launching) => "launching",
+            (None, Phase::Recovering) => "recovering",
             (None, Phase::Running) if j.terminating => "ending",
             // Gang scheduling: placed, but not in this timeslice's slot.
             (None, Phase::Running) if self.gang && !self.run_set.contains(&j.id) => "suspended",
@@ -712,6 +793,25 @@ impl MachineManager {
             .collect()
     }
 
+    /// The metrics, with the node and job gauges set from the state now.
+    fn metrics_text(&self) -> String {
+        let busy = self
+            .jobs
+            .values()
+            .fold(NodeSet::new(), |all, j| all.union(&j.nodes));
+        let node_states: Vec<&str> = (0..self.cfg.node_count())
+            .map(|n| self.nodes.describe(n, busy.contains(n)).0)
+            .collect();
+        let job_states: Vec<String> = self.jobs.values().map(|j| self.job_info(j).state).collect();
+        let queued = self
+            .jobs
+            .values()
+            .filter(|j| j.phase == Phase::Queued)
+            .count();
+        self.metrics
+            .encode(node_states, job_states.iter().map(String::as_str), queued)
+    }
+
     // ---------------------------------------------------------------- scheduling
 
     /// Asks the policy for this timeslice's decisions and applies them; answers submissions
@@ -746,7 +846,12 @@ impl MachineManager {
                     self.slots[slot] = Some(job);
                     self.start_job(job, nodes, slot, time_slot);
                 }
-                Decision::Run { jobs } => self.run_set = jobs,
+                Decision::Run { jobs } => {
+                    if jobs != self.run_set {
+                        self.metrics.gang_switched();
+                    }
+                    self.run_set = jobs;
+                }
             }
         }
         for (client, job) in unanswered
@@ -853,6 +958,19 @@ impl MachineManager {
         let cancel = Arc::new(AtomicBool::new(false));
         j.worker_cancel = Some(cancel.clone());
         j.phase = Phase::Sending { transfer, worker };
+        let delivered = Arc::new(AtomicU64::new(0));
+        j.transfer_progress = Some((delivered.clone(), Instant::now(), 0));
+        let progress = j.client.map(|c| {
+            let total = j.size;
+            (
+                c,
+                Reply::Progress {
+                    job: id,
+                    sent: 0,
+                    total,
+                },
+            )
+        });
         let nodes = j.nodes.clone();
         let info = FileInfo {
             transfer,
@@ -864,7 +982,10 @@ impl MachineManager {
             gid: j.gid,
         };
         let size = j.size;
-        self.workers[worker] = Some(id);
+        if let Some((c, r)) = progress {
+            self.reply(c, r);
+        }
+        self.workers[worker] = Some((id, nodes.clone()));
         self.transferring = self.transferring.union(&nodes);
         self.commands.push_back(Command::ReceiveFile(info));
         transfer::spawn(
@@ -879,6 +1000,7 @@ impl MachineManager {
                 worker,
                 event: self.rm.chunk_sent[worker],
                 cancel,
+                delivered,
                 timeout: op_timeout * 6,
             },
             self.worker_tx.clone(),
@@ -901,32 +1023,88 @@ impl MachineManager {
 
     // ---------------------------------------------------------------- program transfer
 
+    /// Tells submitters how far their program transfer is, at most every
+    /// [`PROGRESS_INTERVAL`] and only when it moved.
+    fn report_transfer_progress(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for j in self.jobs.values_mut() {
+            let (Some(client), Some((delivered, last_at, last))) =
+                (j.client, j.transfer_progress.as_mut())
+            else {
+                continue;
+            };
+            let sent = delivered.load(Ordering::Relaxed);
+            if sent != *last && now.duration_since(*last_at) >= PROGRESS_INTERVAL {
+                (*last_at, *last) = (now, sent);
+                due.push((
+                    client,
+                    Reply::Progress {
+                        job: j.id,
+                        sent,
+                        total: j.size,
+                    },
+                ));
+            }
+        }
+        for (client, r) in due {
+            self.reply(client, r);
+        }
+    }
+
     fn transfer_done(&mut self, done: TransferDone) {
         // The worker slot frees only now, even for a job that ended meanwhile: until its
         // worker is done, late completions may still land on the slot's event.
-        if self.workers[done.worker] == Some(done.job) {
-            self.workers[done.worker] = None;
-        }
-        let Some(j) = self.jobs.get_mut(&done.job) else {
-            return;
+        let sent_to = match &self.workers[done.worker] {
+            Some((job, nodes)) if *job == done.job => nodes.clone(),
+            _ => NodeSet::new(),
         };
+        self.workers[done.worker] = None;
+        let current = self.jobs.get(&done.job).is_some_and(
+            |j| matches!(j.phase, Phase::Sending { transfer, .. } if transfer == done.transfer),
+        );
+        if !current {
+            // The job ended, or was requeued, while its worker still sent: only now are its
+            // nodes free for another transfer (nothing of this one can reach them any more).
+            self.transferring = self.transferring.difference(&sent_to);
+            return;
+        }
+        let j = self.jobs.get_mut(&done.job).expect("current");
         let Phase::Sending { transfer, .. } = j.phase else {
             return;
         };
-        if transfer != done.transfer {
-            // An earlier run's transfer (the job was requeued since).
-            return;
+        j.transfer_progress = None;
+        if done.result.is_err() {
+            // The worker has stopped: the nodes are free for another transfer, this job's
+            // again included. (A successful transfer keeps them until it is verified.)
+            self.transferring = self.transferring.difference(&sent_to);
         }
+        let j = self.jobs.get_mut(&done.job).expect("current");
         match done.result {
-            Ok(()) => j.phase = Phase::Verifying { transfer },
-            Err(e) => {
-                let reason = j
-                    .cancel
-                    .as_ref()
-                    .map(|c| c.reason.clone())
-                    .unwrap_or(format!("program transfer failed: {e}"));
-                self.fail(done.job, reason);
+            Ok(()) => {
+                j.phase = Phase::Verifying { transfer };
+                if let Some(c) = j.client {
+                    let (job, total) = (j.id, j.size);
+                    self.reply(
+                        c,
+                        Reply::Progress {
+                            job,
+                            sent: total,
+                            total,
+                        },
+                    );
+                }
             }
+            Err(e) => match j.cancel.as_ref().map(|c| c.reason.clone()) {
+                Some(reason) => self.fail(done.job, reason),
+                // Nodes that did not take the program: they leave the heartbeat, and the job,
+                // none of whose tasks started, is placed again.
+                None if !e.blamed.is_empty() => {
+                    self.blame_nodes(&e.blamed, &e.message);
+                    self.node_lost_job(done.job, format!("program transfer failed: {e}"));
+                }
+                None => self.fail(done.job, format!("program transfer failed: {e}")),
+            },
         }
     }
 
@@ -942,17 +1120,27 @@ impl MachineManager {
         for (id, transfer, nodes) in verifying {
             let good = 2 * transfer as u64 + 1;
             let ack = self.rm.file_ack;
-            let answered =
-                match self
-                    .prims
-                    .compare_and_write(&nodes, ack, Relation::Ge, good - 1, None)
-                {
-                    Ok(a) => a,
-                    Err(e) => {
-                        self.fail(id, format!("cannot check the program on the nodes: {e}"));
-                        continue;
+            let deadline = Some(self.cfg.heartbeat_deadline());
+            let answered = match self.prims.compare_and_write_within(
+                &nodes,
+                ack,
+                Relation::Ge,
+                good - 1,
+                None,
+                deadline,
+            ) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.blame(&e);
+                    let why = format!("cannot check the program on the nodes: {e}");
+                    if e.blamed().is_empty() {
+                        self.fail(id, why);
+                    } else {
+                        self.node_lost_job(id, why);
                     }
-                };
+                    continue;
+                }
+            };
             if !answered {
                 continue;
             }
@@ -962,14 +1150,22 @@ impl MachineManager {
                 .filter(|&n| {
                     let one = NodeSet::single(n);
                     !matches!(
-                        self.prims
-                            .compare_and_write(&one, ack, Relation::Eq, good, None),
+                        self.prims.compare_and_write_within(
+                            &one,
+                            ack,
+                            Relation::Eq,
+                            good,
+                            None,
+                            deadline
+                        ),
                         Ok(true)
                     )
                 })
                 .collect();
             if bad.is_empty() {
-                self.jobs.get_mut(&id).expect("job").ready = Some(Instant::now());
+                let j = self.jobs.get_mut(&id).expect("job");
+                j.ready = Some(Instant::now());
+                self.metrics.program_delivered(j.size, nodes.len() as u64);
                 self.transferring = self.transferring.difference(&nodes);
                 self.queue_launch(id);
             } else {
@@ -1012,7 +1208,7 @@ impl MachineManager {
                     self.fail(id, format!("{reason} during program transfer"));
                 }
             }
-            Phase::Launching | Phase::Running => {
+            Phase::Launching | Phase::Running | Phase::Recovering => {
                 j.cancel = Some(Cancel {
                     reason,
                     since: Instant::now(),
@@ -1079,7 +1275,10 @@ impl MachineManager {
                             && j.phase == Phase::Launching
                         {
                             j.launched = Some(now);
+                            j.launched_ms = Some(journal::now_ms());
                             j.phase = Phase::Running;
+                            // A restarted MM re-adopts it (and knows its tasks may have run).
+                            self.unrecorded.insert(spec.job);
                         }
                     }
                 }
@@ -1143,6 +1342,7 @@ impl MachineManager {
             Ok(false) => false,
             Ok(true) => {
                 let issued = flight.issued;
+                self.metrics.heartbeat_delivered(issued.elapsed());
                 self.hb_in_flight = None;
                 self.hb_delivered = self.heartbeats.next_seq();
                 self.nodes.heard_all(issued);
@@ -1169,30 +1369,7 @@ impl MachineManager {
         }
     }
 
-    // ---------------------------------------------------------------- output and termination
-
-    fn forward_output(&mut self, nodes: &NodeSet) {
-        for n in nodes.iter() {
-            loop {
-                let entry = match self.outputs[n as usize].dequeue(&*self.prims, Wait::Poll) {
-                    Ok(Some(e)) => e,
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::error!(node = n, "output queue: {e}");
-                        break;
-                    }
-                };
-                match decode::<OutputChunk>("output", &entry, self.cfg.cluster.output_bytes) {
-                    Ok(chunk) => {
-                        if let Some(c) = self.jobs.get(&chunk.job).and_then(|j| j.client) {
-                            self.reply(c, Reply::Output(chunk));
-                        }
-                    }
-                    Err(e) => tracing::error!(node = n, "{e}"),
-                }
-            }
-        }
-    }
+    // ---------------------------------------------------------------- termination
 
     /// Algorithm 8.
     fn detect_terminations(&mut self) {
@@ -1224,13 +1401,21 @@ impl MachineManager {
             .collect();
         for (id, slot, nodes) in ending {
             let flag = self.rm.terminated.at(slot);
-            match self
-                .prims
-                .compare_and_write(&nodes, flag, Relation::Eq, id, Some((flag, 0)))
-            {
+            let deadline = Some(self.cfg.heartbeat_deadline());
+            match self.prims.compare_and_write_within(
+                &nodes,
+                flag,
+                Relation::Eq,
+                id,
+                Some((flag, 0)),
+                deadline,
+            ) {
                 Ok(true) => self.job_ended(id, slot, &nodes),
                 Ok(false) => {}
-                Err(e) => tracing::warn!(job = id, "termination check failed: {e}"),
+                Err(e) => {
+                    tracing::warn!(job = id, "termination check failed: {e}");
+                    self.blame(&e);
+                }
             }
         }
     }
@@ -1284,12 +1469,20 @@ impl MachineManager {
                 c.store(true, Ordering::Release);
             }
         }
-        if matches!(j.phase, Phase::Sending { .. } | Phase::Verifying { .. }) {
+        if matches!(j.phase, Phase::Verifying { .. }) {
             self.transferring = self.transferring.difference(&j.nodes);
         }
+        // A sending worker's nodes are freed when it reports back (`transfer_done`).
         if !j.nodes.is_empty() {
             self.policy.ended(j.id, self.epoch.elapsed());
             self.run_set.retain(|r| *r != j.id);
+            // What has not gone out yet never will: a launch must not start tasks that the
+            // Forget behind it would kill at once.
+            self.commands.retain(|c| match c {
+                Command::Launch(spec) => spec.job != j.id,
+                Command::ReceiveFile(info) => info.job != j.id,
+                _ => true,
+            });
             self.commands.push_back(Command::Forget { job: j.id });
         }
     }
@@ -1317,12 +1510,20 @@ impl MachineManager {
             total_us: us(Some(j.submitted), Some(now)),
         };
         tracing::info!(job = id, ?timing, "job ended");
+        if let Some(launched) = j.launched {
+            let send = j.req.bcast.then_some(timing.send_us);
+            self.metrics.launched(
+                send.map(Duration::from_micros),
+                now.saturating_duration_since(launched),
+            );
+        }
         let outcome = JobOutcome {
             job: id,
             ranks,
             reason,
             timing,
         };
+        self.metrics.job_ended(outcome.exit_code() == 0);
         self.record_finished(JobRecord {
             id,
             uid: j.uid,
@@ -1364,6 +1565,9 @@ fn job_record(j: &Job) -> JobRecord {
             Phase::Queued => JobState::Queued,
             _ => JobState::Started {
                 nodes: j.nodes.clone(),
+                slot: j.slot.unwrap_or(0) as u32,
+                time_slot: j.time_slot as u32,
+                launched_ms: j.launched_ms,
             },
         },
     }
@@ -1430,10 +1634,18 @@ impl std::fmt::Debug for MachineManager {
 }
 
 /// Runs a machine manager until it is told to stop.
+/// Starts a machine manager, tells the service manager it is ready (control socket bound,
+/// endpoint up, journal restored), and runs it.
 pub fn run(opts: MmOptions) -> Result<()> {
-    MachineManager::start(opts)
-        .context("starting the machine manager")?
-        .run()
+    let mm = MachineManager::start(opts).context("starting the machine manager")?;
+    storm_cluster::daemon::notify_ready();
+    mm.run()
+}
+
+/// A number that tells this MM process from any other that ran the cluster: the start time
+/// and the pid.
+fn incarnation() -> u64 {
+    journal::now_ms() << 22 | (std::process::id() as u64 & 0x3f_ffff)
 }
 
 /// `1m30s`-style text for a duration.

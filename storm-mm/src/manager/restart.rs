@@ -1,30 +1,59 @@
-//! Restarting from the journal, and submitters that reattach.
+//! Restarting from the journal, re-adopting the jobs that ran, and submitters that reattach.
 //!
 //! A restarted MM reads the journal before it takes any request:
 //!
 //! * finished jobs keep their outcome (`storm history`, and `Finished` for a submitter that
 //!   reattaches);
 //! * queued jobs are queued again, in their order, with the program saved when they were
-//!   queued;
-//! * jobs that had nodes (their program was being sent, or they ran) cannot be followed: their
-//!   NMs kill them when they register with the new MM. They end with a reason that says so,
-//!   or, submitted with `--requeue`, go back to the queue.
+//!   queued; so are jobs that had nodes but whose launch had not gone out (no task of theirs
+//!   can have started), if their program is at hand (not sent from storm-submit, or saved);
+//! * jobs whose launch went out are *recovering*: they take back their nodes, job slot and
+//!   time slot, and wait for their NMs, which kept their tasks running, to register again
+//!   (the MM nudges every node at once). Each NM lists the jobs it holds. A job that all its
+//!   nodes list runs on as if nothing had happened: its NMs send again the output and the
+//!   reports the old MM may not have passed on. A node that comes back without it (its NM
+//!   restarted too) ends it, or requeues it with `--requeue`, or, when none of its nodes had
+//!   started it, requeues it at the head of the queue. Nodes that do not come back within
+//!   `[failure] readopt_within_ms` end it with a reason that names them.
 //!
 //! Restored queued jobs are held out of scheduling until every one of their submitters has
 //! reattached (storm-submit reconnects by itself) or [`REATTACH_GRACE`] has passed, so that
-//! no output is produced before anyone listens, and they start in their original order.
+//! no output is produced before anyone listens, and they start in their original order. The
+//! output of a recovering job is held, unreleased on its nodes, until its submitter reattaches
+//! or the same grace has passed; a job nobody reattached to runs to its end (its output is
+//! dropped; its outcome goes to `storm history`).
 
 use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobOutcome, Reply, Timing};
 use storm_cluster::messages::JobId;
+use storm_primitives::NodeSet;
 
 use super::{Job, MachineManager, NewJob, Phase};
 use crate::journal::{self, JobRecord, JobState, Restored};
-use crate::policy::JobAsk;
+use crate::policy::{JobAsk, Placement};
 
-/// How long restored queued jobs wait for their submitters to reattach.
+/// How long restored jobs wait for their submitters to reattach.
 pub(super) const REATTACH_GRACE: Duration = Duration::from_secs(5);
+
+/// What the nodes of a recovering job said so far.
+#[derive(Debug, Clone)]
+pub(super) struct Recovery {
+    /// When the job ends if some of its nodes have not come back.
+    pub until: Instant,
+    /// Nodes that registered holding the job.
+    pub held: NodeSet,
+    /// Nodes that registered without it.
+    pub missing: NodeSet,
+}
+
+/// Where a job the journal knows as started stood.
+struct Started<'a> {
+    nodes: &'a NodeSet,
+    slot: u32,
+    time_slot: u32,
+    launched_ms: u64,
+}
 
 impl MachineManager {
     /// Takes up what the journal held.
@@ -35,54 +64,246 @@ impl MachineManager {
                 self.nodes.get_mut(n).drain = rec.drain;
             }
         }
-        let (mut queued, mut ended, mut requeued) = (0, 0, 0);
+        let (mut queued, mut ended, mut requeued, mut recovering) = (0, 0, 0, 0);
         for rec in restored.jobs {
-            match &rec.state {
+            let outcome = match &rec.state {
                 JobState::Finished { .. } => {
                     self.finished.insert(rec.id, rec);
+                    continue;
                 }
-                JobState::Queued => match self.readmit(&rec) {
-                    Ok(()) => queued += 1,
-                    Err(why) => {
-                        self.end_restored(rec, why);
-                        ended += 1;
+                JobState::Queued => self.readmit(&rec).map(|()| &mut queued),
+                JobState::Started {
+                    nodes,
+                    slot,
+                    time_slot,
+                    launched_ms: Some(launched_ms),
+                } => self
+                    .recover(
+                        &rec,
+                        Started {
+                            nodes,
+                            slot: *slot,
+                            time_slot: *time_slot,
+                            launched_ms: *launched_ms,
+                        },
+                    )
+                    .map(|()| &mut recovering),
+                JobState::Started {
+                    nodes,
+                    launched_ms: None,
+                    ..
+                } => {
+                    let result = self.readmit(&rec).map_err(|e| {
+                        format!(
+                            "the machine manager restarted while the job was starting on nodes \
+                             {nodes}, and {e}"
+                        )
+                    });
+                    if result.is_ok() {
+                        tracing::warn!(
+                            job = rec.id,
+                            "requeued: the machine manager restarted before its launch went out"
+                        );
                     }
-                },
-                JobState::Started { nodes } => {
-                    let why = format!(
-                        "the machine manager restarted while the job ran on nodes {nodes}; \
-                         its processes were killed"
-                    );
-                    let again = if rec.req.requeue {
-                        self.readmit(&rec)
-                    } else {
-                        Err(why.clone())
-                    };
-                    match again {
-                        Ok(()) => {
-                            tracing::warn!(job = rec.id, "requeued: {why}");
-                            requeued += 1;
-                        }
-                        Err(e) => {
-                            self.end_restored(rec, e);
-                            ended += 1;
-                        }
-                    }
+                    result.map(|()| &mut requeued)
+                }
+            };
+            match outcome {
+                Ok(count) => *count += 1,
+                Err(why) => {
+                    self.end_restored(rec, why);
+                    ended += 1;
                 }
             }
         }
         if queued + requeued > 0 {
             self.held = Some(Instant::now() + REATTACH_GRACE);
         }
-        if queued + ended + requeued + self.finished.len() > 0 {
+        if queued + requeued + recovering > 0 {
+            self.reattach_until = Some(Instant::now() + REATTACH_GRACE);
+        }
+        if queued + ended + requeued + recovering + self.finished.len() > 0 {
             tracing::info!(
                 queued,
                 requeued,
+                recovering,
                 ended,
                 finished = self.finished.len(),
                 next_job = self.next_job,
                 "restored from the journal"
             );
+        }
+    }
+
+    /// Takes back a job whose launch went out before the restart: its nodes, job slot and time
+    /// slot are its own again, and it waits for its nodes to say they still run it.
+    fn recover(&mut self, rec: &JobRecord, at: Started) -> Result<(), String> {
+        let lost = |why: String| {
+            format!(
+                "the machine manager restarted while the job ran on nodes {}, and {why}",
+                at.nodes
+            )
+        };
+        let plan = self
+            .plan(&rec.req)
+            .map_err(|e| lost(format!("it no longer fits this cluster: {e}")))?;
+        let slot = at.slot as usize;
+        if plan.nodes as usize != at.nodes.len()
+            || at
+                .nodes
+                .last()
+                .is_none_or(|n| n as usize >= self.nodes.len())
+        {
+            return Err(lost("the cluster file changed under it".into()));
+        }
+        if self.slots.get(slot).is_none_or(Option::is_some) {
+            return Err(lost(format!(
+                "its job area {slot} is no longer free (max_jobs changed?)"
+            )));
+        }
+        let now_ms = journal::now_ms();
+        let ran = Duration::from_millis(now_ms.saturating_sub(at.launched_ms));
+        let age = Duration::from_millis(now_ms.saturating_sub(rec.submitted_ms));
+        let limit = rec.req.time_limit_ms.map(Duration::from_millis);
+        let ask = JobAsk {
+            job: rec.id,
+            nodes: plan.nodes,
+            limit,
+        };
+        let placed = Placement {
+            nodes: at.nodes.clone(),
+            time_slot: at.time_slot as usize,
+        };
+        if !self.policy.adopt(ask, &placed, ran, self.epoch.elapsed()) {
+            return Err(lost(format!(
+                "its nodes (time slot {}) are no longer free for it",
+                at.time_slot
+            )));
+        }
+        // With --requeue it may have to run again: it needs its program.
+        let program = (rec.req.bcast && rec.req.requeue)
+            .then(|| self.journal.program(rec.id))
+            .flatten();
+        let now = Instant::now();
+        let since = |d: Duration| now.checked_sub(d).unwrap_or(now);
+        let mut job = Job::queued(NewJob {
+            id: rec.id,
+            uid: rec.uid,
+            gid: rec.gid,
+            req: rec.req.clone(),
+            plan,
+            program,
+            client: None,
+            submitted: since(age),
+            submitted_ms: rec.submitted_ms,
+        });
+        job.program_saved = job.program.is_some();
+        job.phase = Phase::Recovering;
+        job.nodes = at.nodes.clone();
+        job.slot = Some(slot);
+        job.time_slot = at.time_slot as usize;
+        job.allocated = Some(since(ran));
+        job.ready = job.allocated;
+        job.launched = job.allocated;
+        job.launched_ms = Some(at.launched_ms);
+        job.restored = true;
+        job.recovery = Some(Recovery {
+            until: now + Duration::from_millis(self.cfg.failure.readopt_within_ms),
+            held: NodeSet::new(),
+            missing: NodeSet::new(),
+        });
+        self.slots[slot] = Some(rec.id);
+        self.jobs.insert(rec.id, job);
+        tracing::info!(job = rec.id, nodes = %at.nodes, "waiting for the nodes of a job that ran to register again");
+        Ok(())
+    }
+
+    /// Recovering jobs whose nodes have all answered, or whose time is up, go on or end.
+    pub(super) fn advance_recoveries(&mut self, now: Instant) {
+        let recovering: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase == Phase::Recovering)
+            .map(|j| j.id)
+            .collect();
+        let within = self.cfg.failure.readopt_within_ms;
+        for id in recovering {
+            let j = &self.jobs[&id];
+            let Some(r) = j.recovery.clone() else {
+                continue;
+            };
+            let answered = r.held.union(&r.missing);
+            if j.nodes.is_subset(&answered) {
+                if r.missing.is_empty() {
+                    self.recovered(id);
+                } else {
+                    // Its launch went out, so its code may have run: the rule for a started
+                    // job applies (it ends, or goes back to the queue with --requeue).
+                    self.node_lost_job(
+                        id,
+                        format!(
+                            "its processes on nodes {} were gone when the machine manager \
+                             restarted (their node managers restarted too)",
+                            r.missing
+                        ),
+                    );
+                }
+            } else if now >= r.until {
+                let absent = j.nodes.difference(&answered);
+                self.node_lost_job(
+                    id,
+                    format!(
+                        "nodes {absent} did not come back within {} ms of the machine \
+                         manager's restart",
+                        within
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Every node of a recovering job holds it: it runs on.
+    fn recovered(&mut self, id: JobId) {
+        let hint = self.rm.term_hint;
+        let mem = self.prims.memory();
+        let j = self.jobs.get_mut(&id).expect("recovering job");
+        j.phase = Phase::Running;
+        j.recovery = None;
+        // Its reporter may have said already, to this MM, that it ended.
+        if let Some(slot) = j.slot
+            && mem.load(hint.at(slot)) == id
+        {
+            j.terminating = true;
+        }
+        tracing::info!(job = id, nodes = %j.nodes, "re-adopted a job that ran across the restart");
+    }
+
+    /// Once every restored job's submitter is back, or the grace has passed, output held for
+    /// those that did not reattach is dropped (the jobs run on).
+    pub(super) fn end_reattach_window(&mut self, now: Instant) {
+        let Some(until) = self.reattach_until else {
+            return;
+        };
+        let unattached: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.restored && j.client.is_none())
+            .map(|j| j.id)
+            .collect();
+        if !unattached.is_empty() && now < until {
+            return;
+        }
+        self.reattach_until = None;
+        for id in unattached {
+            if self.jobs[&id].phase != Phase::Queued {
+                tracing::warn!(
+                    job = id,
+                    "its submitter did not reattach within {} s; it runs on, its output \
+                     dropped, its outcome kept for storm history",
+                    REATTACH_GRACE.as_secs()
+                );
+            }
+            self.drop_held_output(id);
         }
     }
 
@@ -112,6 +333,7 @@ impl MachineManager {
             submitted_ms: rec.submitted_ms,
         });
         job.program_saved = job.program.is_some();
+        job.restored = true;
         self.jobs.insert(rec.id, job);
         self.unrecorded.insert(rec.id);
         Ok(())
@@ -121,7 +343,7 @@ impl MachineManager {
     fn end_restored(&mut self, rec: JobRecord, reason: String) {
         tracing::warn!(job = rec.id, "{reason}");
         let nodes = match &rec.state {
-            JobState::Started { nodes } => nodes.clone(),
+            JobState::Started { nodes, .. } => nodes.clone(),
             _ => Default::default(),
         };
         let total_us = journal::now_ms().saturating_sub(rec.submitted_ms) * 1000;
@@ -182,15 +404,17 @@ impl MachineManager {
             .or_else(|| self.finished.get(&job).map(|r| r.uid));
         match owner {
             None => {
-                return self.reply(client, Reply::Error(format!("no job {job}")));
+                self.reply(client, Reply::Error(format!("no job {job}")));
+                return;
             }
             Some(o) if uid != 0 && uid != o => {
-                return self.reply(
+                self.reply(
                     client,
                     Reply::Error(format!(
                         "job {job} belongs to uid {o}; only its owner or root may follow it"
                     )),
                 );
+                return;
             }
             Some(_) => {}
         }
@@ -219,6 +443,7 @@ impl MachineManager {
         if let Some(s) = started {
             self.reply(client, s);
         }
+        self.send_held_output(job);
         tracing::info!(job, "submitter reattached");
     }
 }

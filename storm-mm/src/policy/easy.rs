@@ -16,7 +16,7 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::{NodeId, NodeSet};
 
-use super::{Decision, JobAsk, Policy, withdraw_from};
+use super::{Decision, JobAsk, Placement, Policy, withdraw_from};
 
 pub struct Easy {
     free: NodeSet,
@@ -97,6 +97,26 @@ impl Policy for Easy {
 
     fn submit(&mut self, ask: JobAsk, _now: Duration) {
         self.queue.push_back(ask);
+    }
+
+    fn submit_front(&mut self, ask: JobAsk, _now: Duration) {
+        self.queue.push_front(ask);
+    }
+
+    fn adopt(&mut self, ask: JobAsk, placed: &Placement, ran: Duration, now: Duration) -> bool {
+        // Free or kept out of allocation, but held by no running job.
+        let taken = self
+            .running
+            .values()
+            .fold(NodeSet::new(), |all, (n, _)| all.union(n));
+        let idle = self.free.union(&self.unavailable).difference(&taken);
+        if placed.nodes.is_empty() || !placed.nodes.is_subset(&idle) {
+            return false;
+        }
+        let end = (now + self.limit(&ask)).saturating_sub(ran);
+        self.free = self.free.difference(&placed.nodes);
+        self.running.insert(ask.job, (placed.nodes.clone(), end));
+        true
     }
 
     fn withdraw(&mut self, job: JobId) -> bool {

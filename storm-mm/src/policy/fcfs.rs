@@ -7,7 +7,7 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::{NodeId, NodeSet};
 
-use super::{Decision, JobAsk, Policy, withdraw_from};
+use super::{Decision, JobAsk, Placement, Policy, withdraw_from};
 use crate::buddy::Buddy;
 
 pub struct Fcfs {
@@ -33,6 +33,18 @@ impl Policy for Fcfs {
 
     fn submit(&mut self, ask: JobAsk, _now: Duration) {
         self.queue.push_back(ask);
+    }
+
+    fn submit_front(&mut self, ask: JobAsk, _now: Duration) {
+        self.queue.push_front(ask);
+    }
+
+    fn adopt(&mut self, ask: JobAsk, placed: &Placement, _ran: Duration, _now: Duration) -> bool {
+        if !self.buddy.take(&placed.nodes) {
+            return false;
+        }
+        self.running.insert(ask.job, placed.nodes.clone());
+        true
     }
 
     fn withdraw(&mut self, job: JobId) -> bool {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::{NodeId, NodeSet};
 
-use super::{Decision, JobAsk, Policy, withdraw_from};
+use super::{Decision, JobAsk, Placement, Policy, withdraw_from};
 use crate::buddy::Buddy;
 
 pub struct Gang {
@@ -72,6 +72,20 @@ impl Policy for Gang {
 
     fn submit(&mut self, ask: JobAsk, _now: Duration) {
         self.queue.push_back(ask);
+    }
+
+    fn submit_front(&mut self, ask: JobAsk, _now: Duration) {
+        self.queue.push_front(ask);
+    }
+
+    fn adopt(&mut self, ask: JobAsk, placed: &Placement, _ran: Duration, _now: Duration) -> bool {
+        let slot = placed.time_slot;
+        if slot >= self.slots.len() || !self.slots[slot].take(&placed.nodes) {
+            return false;
+        }
+        self.matrix[slot].insert(ask.job, placed.nodes.clone());
+        self.placed.insert(ask.job, slot);
+        true
     }
 
     fn withdraw(&mut self, job: JobId) -> bool {

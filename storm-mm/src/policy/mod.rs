@@ -37,6 +37,13 @@ pub struct JobAsk {
     pub limit: Option<Duration>,
 }
 
+/// Where a running job is: its nodes and its row of the gang scheduler's matrix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub nodes: NodeSet,
+    pub time_slot: usize,
+}
+
 /// What the MM must do at this timeslice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -55,6 +62,13 @@ pub trait Policy: Send {
     fn name(&self) -> &'static str;
     /// A new job joins the queue.
     fn submit(&mut self, ask: JobAsk, now: Duration);
+    /// A job that had nodes but never started (a node failed during its program transfer or
+    /// before its launch) goes back to the head of the queue.
+    fn submit_front(&mut self, ask: JobAsk, now: Duration);
+    /// A job that ran when the MM restarted takes back exactly its nodes (and, under gang
+    /// scheduling, its time slot), having run for `ran` of its limit. False, changing nothing,
+    /// if they are not free (the cluster file changed).
+    fn adopt(&mut self, ask: JobAsk, placed: &Placement, ran: Duration, now: Duration) -> bool;
     /// A queued job leaves the queue (cancelled); false if it was not queued.
     fn withdraw(&mut self, job: JobId) -> bool;
     /// A started job ended; its nodes are free again.

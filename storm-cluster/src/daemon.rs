@@ -1,0 +1,186 @@
+//! Process plumbing shared by the daemons (storm-mm, storm-nm): logging, stop signals and
+//! readiness.
+//!
+//! * Logs go to standard error through `tracing`, filtered by `RUST_LOG` (default `info`).
+//!   Colour escapes are written only to a terminal (and never with `NO_COLOR` set): a daemon's
+//!   log file or journal holds plain text.
+//! * SIGTERM and SIGINT set a flag the daemon's loop watches, so it stops cleanly.
+//! * [`notify_ready`] tells a service manager that the daemon is up, with systemd's
+//!   `sd_notify` protocol (`READY=1` to the datagram socket in `NOTIFY_SOCKET`): a unit of
+//!   `Type=notify` starts its dependents only then, and `storm-submit --local` and
+//!   `storm-bench startup` time start-up by it.
+
+use std::io::IsTerminal;
+use std::os::unix::net::UnixDatagram;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// The environment variable naming the service manager's notification socket.
+pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
+
+/// Installs the log subscriber: `RUST_LOG` (default `info`) to standard error, in colour only
+/// on a terminal.
+pub fn init_logging() {
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
+}
+
+/// A flag that SIGTERM and SIGINT set.
+pub fn stop_flag() -> std::io::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    Ok(stop)
+}
+
+/// CLOCK_MONOTONIC in microseconds: comparable between the processes of one machine.
+pub fn monotonic_usec() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always available on Linux");
+    t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+}
+
+/// The message [`notify_ready`] sends: ready, by whom, and when (`MONOTONIC_USEC`, as
+/// systemd's protocol spells CLOCK_MONOTONIC), so a listener can time start-up exactly
+/// however late it reads the message.
+pub fn ready_message(pid: u32, monotonic_usec: u64) -> String {
+    format!("READY=1\nMAINPID={pid}\nMONOTONIC_USEC={monotonic_usec}\n")
+}
+
+/// A daemon's readiness, as [`parse_ready`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    pub pid: u32,
+    /// When it was sent, if the message says (CLOCK_MONOTONIC microseconds).
+    pub monotonic_usec: Option<u64>,
+}
+
+/// Tells the service manager in `NOTIFY_SOCKET`, if any, that this daemon is ready. A path
+/// starting with `@` is a Linux abstract socket, as systemd allows. It never blocks (a
+/// listener that does not read its socket must not stall the daemon), and failing to notify
+/// is logged, never fatal: the daemon serves either way.
+pub fn notify_ready() {
+    let Some(target) = std::env::var_os(NOTIFY_SOCKET) else {
+        return;
+    };
+    let msg = ready_message(std::process::id(), monotonic_usec());
+    if let Err(e) = send_notification(&target, &msg) {
+        tracing::warn!(
+            socket = %target.to_string_lossy(),
+            "cannot tell the service manager that this daemon is ready: {e}"
+        );
+    }
+}
+
+fn send_notification(target: &std::ffi::OsStr, msg: &str) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let sock = UnixDatagram::unbound()?;
+    // A datagram socket's queue is short (10 messages by default): a full one must not make
+    // the daemon wait.
+    sock.set_nonblocking(true)?;
+    let bytes = target.as_bytes();
+    if let Some(name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+        sock.send_to_addr(msg.as_bytes(), &addr)?;
+    } else {
+        sock.send_to(msg.as_bytes(), std::path::Path::new(target))?;
+    }
+    Ok(())
+}
+
+/// Who says it is ready (`MAINPID=`) and when (`MONOTONIC_USEC=`), if the message says
+/// `READY=1` and names its process.
+pub fn parse_ready(msg: &[u8]) -> Option<Ready> {
+    let text = std::str::from_utf8(msg).ok()?;
+    let mut ready = false;
+    let mut pid = None;
+    let mut monotonic_usec = None;
+    for line in text.lines() {
+        match line.split_once('=') {
+            Some(("READY", "1")) => ready = true,
+            Some(("MAINPID", p)) => pid = p.trim().parse().ok(),
+            Some(("MONOTONIC_USEC", t)) => monotonic_usec = t.trim().parse().ok(),
+            _ => {}
+        }
+    }
+    Some(Ready {
+        pid: pid.filter(|_| ready)?,
+        monotonic_usec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_reaches_a_notify_socket_and_parses_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let listener = UnixDatagram::bind(&path).unwrap();
+        let before = monotonic_usec();
+        send_notification(path.as_os_str(), &ready_message(4242, monotonic_usec())).unwrap();
+        let mut buf = [0u8; 256];
+        let n = listener.recv(&mut buf).unwrap();
+        let ready = parse_ready(&buf[..n]).unwrap();
+        assert_eq!(ready.pid, 4242);
+        let at = ready.monotonic_usec.unwrap();
+        assert!(
+            at >= before && at <= monotonic_usec(),
+            "sent between the two readings"
+        );
+    }
+
+    #[test]
+    fn abstract_notify_sockets_work_too() {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("storm-notify-test-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixDatagram::bind_addr(&addr).unwrap();
+        send_notification(
+            std::ffi::OsStr::new(&format!("@{name}")),
+            &ready_message(7, 1),
+        )
+        .unwrap();
+        let mut buf = [0u8; 256];
+        let n = listener.recv(&mut buf).unwrap();
+        assert_eq!(parse_ready(&buf[..n]).map(|r| r.pid), Some(7));
+    }
+
+    #[test]
+    fn a_listener_that_never_reads_does_not_block_the_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let _listener = UnixDatagram::bind(&path).unwrap();
+        let mut refused = 0;
+        // Far more than the socket's queue holds.
+        for pid in 0..1000 {
+            if send_notification(path.as_os_str(), &ready_message(pid, 0)).is_err() {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0, "the queue filled up and sending said so");
+    }
+
+    #[test]
+    fn only_ready_messages_count() {
+        assert_eq!(parse_ready(b"STATUS=starting\nMAINPID=5\n"), None);
+        assert_eq!(parse_ready(b"READY=1\n"), None, "no pid to attribute it to");
+        assert_eq!(
+            parse_ready(b"MAINPID=9\nREADY=1"),
+            Some(Ready {
+                pid: 9,
+                monotonic_usec: None
+            })
+        );
+        assert_eq!(parse_ready(&[0xff, 0xfe]), None);
+    }
+}

@@ -1,0 +1,190 @@
+//! The tasks' output, from the nodes' output queues to the submitters, with flow control from
+//! end to end.
+//!
+//! Each node's output queue is read in order, and an entry is *released* (the queue's
+//! `dequeued` counter, which the node's producer checks before it reuses a slot, moves past
+//! it) only once the reply that carries it has been written to its submitter's socket, or it
+//! has nobody to go to. So what an NM sees released has reached storm-submit:
+//!
+//! * the NM keeps the entries it sent that are not released yet and sends them again in the
+//!   next queue epoch (a new membership, or a restarted MM): output survives both;
+//! * a submitter that reads slowly slows its job's tasks down (the queue fills, the NM stops
+//!   reading their pipes) instead of growing the MM's memory.
+//!
+//! Entries sent again may have been passed on already; each chunk carries its offset in its
+//! stream, and storm-submit keeps each byte once.
+//!
+//! After a restart of the MM, the output of a restored job whose submitter has not reattached
+//! yet is taken and held, unreleased, until it does (the queue's slots bound what is held), or
+//! until the reattach window ends; then it is dropped.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use storm_cluster::control::Reply;
+use storm_cluster::messages::{JobId, OutputChunk, decode};
+use storm_primitives::helpers::QueueConsumer;
+use storm_primitives::{NodeId, NodeSet, Wait};
+
+use super::{ClientId, MachineManager};
+
+/// What releases an entry taken from an output queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ack {
+    /// Its chunk went to `client` as that client's reply number `n`.
+    Reply { client: ClientId, n: u64 },
+    /// Held for the submitter of `job` to reattach.
+    Held(JobId),
+    /// Nobody to send it to (or unreadable).
+    Done,
+}
+
+/// One node's output queue as the MM reads it.
+pub(super) struct NodeOutput {
+    consumer: QueueConsumer,
+    /// Entries taken and not released yet, in order: (the sequence number after the entry,
+    /// what releases it).
+    pending: VecDeque<(u64, Ack)>,
+}
+
+impl NodeOutput {
+    pub(super) fn new(consumer: QueueConsumer) -> Self {
+        Self {
+            consumer,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// A new queue epoch (a new membership of the node): what is pending belongs to the old
+    /// one, whose entries the NM sends again.
+    pub(super) fn restart(&mut self, consumer: QueueConsumer) {
+        *self = Self::new(consumer);
+    }
+}
+
+impl MachineManager {
+    /// Passes on what `nodes` wrote into their output queues, and releases what reached its
+    /// submitter.
+    pub(super) fn forward_output(&mut self, nodes: &NodeSet) {
+        for n in nodes.iter() {
+            self.take_output(n);
+            self.release_output(n);
+        }
+    }
+
+    fn take_output(&mut self, n: NodeId) {
+        loop {
+            let taken = self.outputs[n as usize]
+                .consumer
+                .take(&*self.prims, Wait::Poll);
+            let (seq, entry) = match taken {
+                Ok(Some(e)) => e,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(node = n, "output queue: {e}");
+                    break;
+                }
+            };
+            let ack = match decode::<OutputChunk>("output", &entry, self.cfg.cluster.output_bytes) {
+                Ok(chunk) => {
+                    self.metrics.output_forwarded(chunk.data.len());
+                    self.pass_on(n, seq, chunk)
+                }
+                Err(e) => {
+                    tracing::error!(node = n, "{e}");
+                    Ack::Done
+                }
+            };
+            self.outputs[n as usize].pending.push_back((seq + 1, ack));
+        }
+    }
+
+    /// Sends a chunk to its job's submitter, or holds it for one who may reattach.
+    fn pass_on(&mut self, n: NodeId, seq: u64, chunk: OutputChunk) -> Ack {
+        let job = chunk.job;
+        let reattaching = self.reattach_until.is_some();
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return Ack::Done;
+        };
+        match j.client {
+            Some(client) => match self.reply(client, Reply::Output(chunk)) {
+                Some(k) => Ack::Reply { client, n: k },
+                None => Ack::Done,
+            },
+            None if j.restored && reattaching => {
+                j.held_output.push((n, seq, chunk));
+                Ack::Held(job)
+            }
+            None => Ack::Done,
+        }
+    }
+
+    /// Releases node `n`'s entries, in order, up to the first still on its way.
+    fn release_output(&mut self, n: NodeId) {
+        let (out, clients, jobs) = (&mut self.outputs[n as usize], &self.clients, &self.jobs);
+        let mut upto = None;
+        while let Some(&(after, ack)) = out.pending.front() {
+            let done = match ack {
+                Ack::Done => true,
+                Ack::Reply { client, n } => clients
+                    .get(&client)
+                    .is_none_or(|c| c.written.load(Ordering::Acquire) >= n),
+                Ack::Held(job) => !jobs.contains_key(&job),
+            };
+            if !done {
+                break;
+            }
+            upto = Some(after);
+            out.pending.pop_front();
+        }
+        if let Some(upto) = upto {
+            out.consumer.release(&*self.prims, upto);
+        }
+    }
+
+    /// A restored job's submitter reattached: it gets the output held for it.
+    pub(super) fn send_held_output(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let Some(client) = j.client else {
+            return;
+        };
+        for (n, seq, chunk) in std::mem::take(&mut j.held_output) {
+            let ack = match self.reply(client, Reply::Output(chunk)) {
+                Some(k) => Ack::Reply { client, n: k },
+                None => Ack::Done,
+            };
+            self.set_ack(n, seq, job, ack);
+        }
+    }
+
+    /// Nobody reattached to follow `job`: the output held for it goes.
+    pub(super) fn drop_held_output(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        for (n, seq, _) in std::mem::take(&mut j.held_output) {
+            self.set_ack(n, seq, job, Ack::Done);
+        }
+    }
+
+    /// What releases entry `seq` of node `n`'s queue, held for `job`, from now on.
+    fn set_ack(&mut self, n: NodeId, seq: u64, job: JobId, ack: Ack) {
+        if let Some(entry) = self.outputs[n as usize]
+            .pending
+            .iter_mut()
+            .find(|(after, a)| *after == seq + 1 && *a == Ack::Held(job))
+        {
+            entry.1 = ack;
+        }
+    }
+
+    /// A new membership of node `n` starts its output queue at `epoch`.
+    pub(super) fn restart_output(&mut self, n: NodeId, epoch: u32) {
+        match QueueConsumer::new(&*self.prims, self.rm.output[n as usize], epoch) {
+            Ok(c) => self.outputs[n as usize].restart(c),
+            Err(e) => tracing::error!(node = n, "cannot reset the output queue: {e}"),
+        }
+    }
+}
