@@ -2,15 +2,19 @@
 //!
 //! * `storm-submit`: launch a parallel job and follow it (shaped like Slurm's `srun`), on a
 //!   cluster or on an embedded local one (`--local N`, [`local`]).
-//! * `storm`: `queue`, `cancel`, `nodes`, `shutdown`.
+//! * `storm`: `queue`, `history`, `nodes` (as tables, or JSON with `--json`: [`views`]),
+//!   `metrics` (Prometheus text, printed or served over HTTP: [`metrics_http`]), `cancel`,
+//!   `drain`, `resume`, `shutdown`.
 //! * `storm-testbed`: a cluster whose nodes are network namespaces on this machine
 //!   ([`testbed`]), for fault tests and by hand.
 //!
 //! They talk only to the machine manager, over its Unix control socket.
 
 pub mod local;
+pub mod metrics_http;
 pub mod submit;
 pub mod testbed;
+pub mod views;
 
 use std::path::PathBuf;
 

@@ -4,10 +4,15 @@
 //! Every daemon's listening socket is bound here first (port 0, so the kernel picks free
 //! ports) and handed to the daemon as descriptor 3 (`--listen-fd 3`): the cluster file lists
 //! the real addresses and no daemon can lose a race for its port.
+//!
+//! Each daemon tells when it is ready through the systemd notification protocol
+//! (`NOTIFY_SOCKET`, see `storm_cluster::daemon`); the cluster records how long each took from
+//! fork/exec to ready ([`LocalCluster::ready_times`]).
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +29,8 @@ use storm_cluster::control::{Client, Reply, Request};
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
     pub nodes: u32,
+    /// CPUs of every node (`None`: this machine's cores, as each node runs on all of them).
+    pub cpus: Option<u32>,
     pub timeslice_ms: f64,
     /// Keep the temporary directory (logs, spools) after shutdown.
     pub keep: bool,
@@ -41,12 +48,15 @@ pub struct LocalOptions {
     pub scheduler: SchedulerSection,
     /// Failure detection.
     pub failure: FailureSection,
+    /// The daemons' log filter (`RUST_LOG` syntax); by default `$RUST_LOG`, else `warn`.
+    pub log_filter: Option<String>,
 }
 
 impl LocalOptions {
     pub fn new(nodes: u32) -> Self {
         Self {
             nodes,
+            cpus: None,
             timeslice_ms: 1.0,
             keep: false,
             kill_wait_ms: None,
@@ -57,17 +67,38 @@ impl LocalOptions {
             provider: None,
             scheduler: SchedulerSection::default(),
             failure: FailureSection::default(),
+            log_filter: None,
         }
     }
+}
+
+/// One daemon of the cluster.
+struct Daemon {
+    /// "storm-mm", or "storm-nm node3".
+    name: String,
+    child: Child,
+    /// CLOCK_MONOTONIC (microseconds) just before its fork/exec.
+    started_usec: u64,
+    /// How long after `started` it said it was ready.
+    ready_after: Option<Duration>,
 }
 
 /// A running embedded cluster.
 pub struct LocalCluster {
     dir: Option<tempfile::TempDir>,
     root: PathBuf,
-    daemons: Vec<(String, Child)>,
+    daemons: Vec<Daemon>,
+    /// Where the daemons send their readiness (`NOTIFY_SOCKET`).
+    notify: UnixDatagram,
+    /// The daemons' log filter, for restarts.
+    log_filter: Option<String>,
     pub config: ClusterConfig,
     pub config_path: PathBuf,
+}
+
+/// This machine's CPUs: what each node of a cluster on it may use.
+pub fn host_cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
 /// Where the storm daemons' binaries are: `$STORM_BIN_DIR`, or next to this program.
@@ -82,14 +113,18 @@ pub fn bin_dir() -> Result<PathBuf> {
         .to_path_buf())
 }
 
-/// Starts a daemon with its output appended to `log`. With `listener` it uses that
-/// pre-bound socket (`--listen-fd 3`); without, it binds its configured address (a restart).
+/// Starts daemon `name` with its output appended to `log` and its readiness sent to
+/// `notify`. With `listener` it uses that pre-bound socket (`--listen-fd 3`); without, it
+/// binds its configured address (a restart).
 fn spawn_daemon(
+    name: &str,
     bin: &Path,
     args: &[String],
     listener: Option<&TcpListener>,
     log: &Path,
-) -> Result<Child> {
+    log_filter: Option<&str>,
+    notify: &Path,
+) -> Result<Daemon> {
     if !bin.is_file() {
         bail!(
             "{} not found (build the workspace, or set STORM_BIN_DIR)",
@@ -104,14 +139,21 @@ fn spawn_daemon(
         .with_context(|| format!("opening {}", log.display()))?;
     let mut cmd = Command::new(bin);
     cmd.args(args)
+        .env(storm_cluster::daemon::NOTIFY_SOCKET, notify)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file);
     // Out of the terminal's process group: Ctrl-C goes to storm-submit, which cancels the job
     // and then stops the daemons itself.
     cmd.process_group(0);
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
+    match log_filter {
+        Some(filter) => {
+            cmd.env("RUST_LOG", filter);
+        }
+        None if std::env::var_os("RUST_LOG").is_none() => {
+            cmd.env("RUST_LOG", "warn");
+        }
+        None => {}
     }
     if let Some(listener) = listener {
         let fd = listener.as_raw_fd();
@@ -134,8 +176,24 @@ fn spawn_daemon(
             });
         }
     }
-    cmd.spawn()
-        .with_context(|| format!("starting {}", bin.display()))
+    let started_usec = storm_cluster::daemon::monotonic_usec();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    Ok(Daemon {
+        name: name.to_string(),
+        child,
+        started_usec,
+        ready_after: None,
+    })
+}
+
+/// The log file of daemon `name` ("storm-mm", "storm-nm node3") under `root`.
+fn daemon_log(root: &Path, name: &str) -> PathBuf {
+    match name.strip_prefix("storm-nm ") {
+        Some(node) => root.join(format!("{node}.log")),
+        None => root.join("mm.log"),
+    }
 }
 
 /// The last lines of a daemon's log worth showing: its error and causes, without the
@@ -202,13 +260,14 @@ impl LocalCluster {
             .collect::<std::io::Result<Vec<_>>>()
             .context("binding loopback ports")?;
         let addr = |l: &TcpListener| -> Result<SocketAddr> { Ok(l.local_addr()?) };
+        let cpus = opts.cpus.unwrap_or_else(host_cpus);
         let nodes = (0..opts.nodes as usize)
             .map(|i| {
                 Ok(NodeEntry {
                     name: format!("node{i}"),
                     address: addr(&listeners[i])?,
                     spool: root.join(format!("node{i}")),
-                    cpus: 1,
+                    cpus,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -250,22 +309,32 @@ impl LocalCluster {
         std::fs::write(&config_path, config.to_toml())?;
         let bin = bin_dir()?;
         let cfg_arg = config_path.display().to_string();
+        let notify_path = root.join("notify.sock");
+        let notify = UnixDatagram::bind(&notify_path)
+            .with_context(|| format!("binding {}", notify_path.display()))?;
+        notify.set_nonblocking(true)?;
         let mut cluster = LocalCluster {
             dir: Some(dir),
             root: root.clone(),
             daemons: Vec::new(),
+            notify,
+            log_filter: opts.log_filter.clone(),
             config,
             config_path,
         };
         let mm = spawn_daemon(
+            "storm-mm",
             &bin.join("storm-mm"),
             &["--config".into(), cfg_arg.clone()],
             Some(&listeners[opts.nodes as usize]),
             &root.join("mm.log"),
+            opts.log_filter.as_deref(),
+            &notify_path,
         )?;
-        cluster.daemons.push(("storm-mm".into(), mm));
+        cluster.daemons.push(mm);
         for (i, listener) in listeners.iter().take(opts.nodes as usize).enumerate() {
             let nm = spawn_daemon(
+                &format!("storm-nm node{i}"),
                 &bin.join("storm-nm"),
                 &[
                     "--config".into(),
@@ -275,8 +344,10 @@ impl LocalCluster {
                 ],
                 Some(listener),
                 &root.join(format!("node{i}.log")),
+                opts.log_filter.as_deref(),
+                &notify_path,
             )?;
-            cluster.daemons.push((format!("storm-nm node{i}"), nm));
+            cluster.daemons.push(nm);
         }
         drop(listeners);
         if opts.keep {
@@ -307,52 +378,81 @@ impl LocalCluster {
     }
 
     fn kill_daemon(&mut self, name: &str) -> Result<()> {
-        let Some((_, child)) = self.daemons.iter_mut().find(|(n, _)| n == name) else {
+        let Some(d) = self.daemons.iter_mut().find(|d| d.name == name) else {
             bail!("this cluster has no {name}");
         };
-        child.kill().with_context(|| format!("killing {name}"))?;
-        child.wait()?;
+        d.child.kill().with_context(|| format!("killing {name}"))?;
+        d.child.wait()?;
         Ok(())
+    }
+
+    /// Starts daemon `name` again after it was killed: it binds its configured address (and
+    /// the MM takes up its journal, an NM registers with the MM).
+    fn restart_daemon(&mut self, name: &str) -> Result<()> {
+        // Make room in the readiness socket's short queue for the restarted daemon's message.
+        self.collect_ready();
+        let Some(pos) = self.daemons.iter().position(|d| d.name == name) else {
+            bail!("this cluster has no {name}");
+        };
+        let mut args = vec!["--config".into(), self.config_path.display().to_string()];
+        let (bin, log) = match name.strip_prefix("storm-nm ") {
+            Some(node) => {
+                args.extend(["--node".into(), node.to_string()]);
+                ("storm-nm", self.root.join(format!("{node}.log")))
+            }
+            None => ("storm-mm", self.root.join("mm.log")),
+        };
+        let daemon = spawn_daemon(
+            name,
+            &bin_dir()?.join(bin),
+            &args,
+            None,
+            &log,
+            self.log_filter.as_deref(),
+            &self.root.join("notify.sock"),
+        )
+        .with_context(|| format!("restarting {name}"))?;
+        self.daemons[pos] = daemon;
+        Ok(())
+    }
+
+    /// How long each daemon took from fork/exec to telling it was ready (`None`: not yet,
+    /// or it never did), by name, in start order.
+    pub fn ready_times(&mut self) -> Vec<(String, Option<Duration>)> {
+        self.collect_ready();
+        self.daemons
+            .iter()
+            .map(|d| (d.name.clone(), d.ready_after))
+            .collect()
+    }
+
+    /// Takes the readiness messages that arrived, and credits each to its daemon at the time
+    /// it was sent (or read, for a message without one).
+    fn collect_ready(&mut self) {
+        let mut buf = [0u8; 512];
+        while let Ok(n) = self.notify.recv(&mut buf) {
+            let now = storm_cluster::daemon::monotonic_usec();
+            let Some(ready) = storm_cluster::daemon::parse_ready(&buf[..n]) else {
+                continue;
+            };
+            if let Some(d) = self.daemons.iter_mut().find(|d| d.child.id() == ready.pid) {
+                let at = ready.monotonic_usec.unwrap_or(now);
+                d.ready_after
+                    .get_or_insert(Duration::from_micros(at.saturating_sub(d.started_usec)));
+            }
+        }
     }
 
     /// Starts the MM again after [`LocalCluster::kill_mm`]; it binds its configured address
     /// and takes up its journal. Returns once it is started (not yet ready).
     pub fn restart_mm(&mut self) -> Result<()> {
-        let Some(pos) = self.daemons.iter().position(|(n, _)| n == "storm-mm") else {
-            bail!("this cluster has no storm-mm");
-        };
-        let child = spawn_daemon(
-            &bin_dir()?.join("storm-mm"),
-            &["--config".into(), self.config_path.display().to_string()],
-            None,
-            &self.root.join("mm.log"),
-        )
-        .context("restarting storm-mm")?;
-        self.daemons[pos].1 = child;
-        Ok(())
+        self.restart_daemon("storm-mm")
     }
 
     /// Starts node `i`'s NM again after [`LocalCluster::kill_nm`]; it binds its configured
     /// address and registers with the MM.
     pub fn restart_nm(&mut self, i: u32) -> Result<()> {
-        let name = format!("storm-nm node{i}");
-        let Some(pos) = self.daemons.iter().position(|(n, _)| *n == name) else {
-            bail!("this cluster has no {name}");
-        };
-        let child = spawn_daemon(
-            &bin_dir()?.join("storm-nm"),
-            &[
-                "--config".into(),
-                self.config_path.display().to_string(),
-                "--node".into(),
-                format!("node{i}"),
-            ],
-            None,
-            &self.root.join(format!("node{i}.log")),
-        )
-        .with_context(|| format!("restarting {name}"))?;
-        self.daemons[pos].1 = child;
-        Ok(())
+        self.restart_daemon(&format!("storm-nm node{i}"))
     }
 
     /// The daemons' names ("storm-mm", "storm-nm node3") and process ids, for tools that
@@ -360,28 +460,36 @@ impl LocalCluster {
     pub fn daemon_pids(&self) -> Vec<(&str, u32)> {
         self.daemons
             .iter()
-            .map(|(name, child)| (name.as_str(), child.id()))
+            .map(|d| (d.name.as_str(), d.child.id()))
             .collect()
     }
 
     fn wait_for_mm(&mut self) -> Result<()> {
         let root = self.root.clone();
         let socket = self.socket().to_path_buf();
-        let daemons = &mut self.daemons;
+        let mut exited = false;
         wait_for_nodes(&socket, Duration::from_secs(20), || {
-            for (name, child) in daemons.iter_mut() {
-                if let Some(status) = child.try_wait()? {
-                    let log = if name == "storm-mm" {
-                        root.join("mm.log")
-                    } else {
-                        root.join(format!("{}.log", name.trim_start_matches("storm-nm ")))
-                    };
-                    bail!("{name} exited during start-up ({status}):\n{}", tail(&log));
+            // Read readiness as it comes: the socket's queue is short.
+            self.collect_ready();
+            for d in self.daemons.iter_mut() {
+                if let Some(status) = d.child.try_wait()? {
+                    exited = true;
+                    bail!(
+                        "{} exited during start-up ({status}):\n{}",
+                        d.name,
+                        tail(&daemon_log(&root, &d.name))
+                    );
                 }
             }
             Ok(())
         })
-        .map_err(|e| e.context(format!("log of the MM:\n{}", tail(&root.join("mm.log")))))
+        .map_err(|e| {
+            if exited {
+                e
+            } else {
+                e.context(format!("log of the MM:\n{}", tail(&root.join("mm.log"))))
+            }
+        })
     }
 
     /// Asks the MM to shut the cluster down, and waits for every daemon.
@@ -394,8 +502,8 @@ impl LocalCluster {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        for (_, child) in &mut self.daemons {
-            while child.try_wait()?.is_none() && Instant::now() < deadline {
+        for d in &mut self.daemons {
+            while d.child.try_wait()?.is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
@@ -404,10 +512,10 @@ impl LocalCluster {
     }
 
     fn kill(&mut self) {
-        for (_, child) in &mut self.daemons {
-            if let Ok(None) = child.try_wait() {
-                let _ = child.kill();
-                let _ = child.wait();
+        for d in &mut self.daemons {
+            if let Ok(None) = d.child.try_wait() {
+                let _ = d.child.kill();
+                let _ = d.child.wait();
             }
         }
     }

@@ -161,8 +161,12 @@ pub trait Progress {
     ) {
     }
     fn output(&mut self, _rank: u32, _stream: Stream, _data: &[u8]) {}
-    /// A node of the job failed and the job (`--requeue`) went back to the queue.
-    fn requeued(&mut self, _job: JobId, _reason: &str) {}
+    /// The program is on its way to the job's nodes: `sent` of `total` bytes reached every
+    /// one of them (first with `sent` 0 when the transfer starts).
+    fn transfer(&mut self, _job: JobId, _sent: u64, _total: u64) {}
+    /// A node of the job failed and the job went back to the queue (by itself if it had not
+    /// started, with `--requeue` if it had); `had_output` says whether this run printed any.
+    fn requeued(&mut self, _job: JobId, _reason: &str, _had_output: bool) {}
     /// The connection to the MM was lost while following `job` (`why`): a client connected
     /// to an MM that came back, to follow the job on, or `None` to give up.
     fn reconnect(&mut self, _job: JobId, _why: &str) -> Option<Client> {
@@ -211,7 +215,8 @@ impl Connection {
 
 /// Submits `req` (with the open program for a broadcast) and follows it to its end. If the
 /// connection to the MM is lost once the job is accepted, `progress` may reconnect; the job
-/// is then followed on the new connection (`Attach`).
+/// is then followed on the new connection (`Attach`). Output that arrives twice (sent again
+/// after the MM restarted, or after a node rejoined) is passed on once, by its stream offset.
 pub fn run_job(
     client: Client,
     req: JobRequest,
@@ -225,6 +230,8 @@ pub fn run_job(
     let mut names = Vec::new();
     // The user asked to cancel; the request went out on the current connection.
     let (mut cancel_wanted, mut cancel_sent) = (false, false);
+    // Bytes of each task's streams passed on so far (of the current run).
+    let mut seen: HashMap<(u32, Stream), u64> = HashMap::new();
     loop {
         if let Some(id) = job {
             cancel_wanted = cancel_wanted || progress.cancel_requested();
@@ -256,8 +263,24 @@ pub fn run_job(
                 nodes = n;
                 names = node_names;
             }
-            Event::Reply(Reply::Output(c)) => progress.output(c.rank, c.stream, &c.data),
-            Event::Reply(Reply::Requeued { job: id, reason }) => progress.requeued(id, &reason),
+            Event::Reply(Reply::Output(c)) => {
+                let seen = seen.entry((c.rank, c.stream)).or_default();
+                if let Some(new) = c.unseen(*seen) {
+                    progress.output(c.rank, c.stream, new);
+                    *seen = c.offset + c.data.len() as u64;
+                }
+            }
+            Event::Reply(Reply::Progress {
+                job: id,
+                sent,
+                total,
+            }) => progress.transfer(id, sent, total),
+            Event::Reply(Reply::Requeued { job: id, reason }) => {
+                // It runs again from the start: its streams too.
+                let had_output = !seen.is_empty();
+                seen.clear();
+                progress.requeued(id, &reason, had_output);
+            }
             Event::Reply(Reply::Finished(outcome)) => return Ok((outcome, nodes, names)),
             Event::Reply(Reply::Done) => {}
             Event::Reply(Reply::Error(e)) => return Err(e),

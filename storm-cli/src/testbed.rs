@@ -38,6 +38,8 @@ pub struct TestbedOptions {
     /// Namespace prefix; at most 8 characters so that names stay short.
     pub name: String,
     pub nodes: u32,
+    /// CPUs of every node (they all share this machine's).
+    pub cpus: u32,
     /// Where the cluster file, logs, spools and state go (created; must not exist).
     pub dir: PathBuf,
     pub timeslice_ms: f64,
@@ -368,7 +370,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                 name: format!("node{i}"),
                 address: v4(node_addr(i)),
                 spool: opts.dir.join(format!("node{i}")),
-                cpus: 1,
+                cpus: opts.cpus,
             })
             .collect(),
     };

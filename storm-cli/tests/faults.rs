@@ -1,5 +1,5 @@
 //! Faults on a namespace testbed, each checked as a user sees it: an NM killed while idle,
-//! during a job and during a program broadcast; a node's link cut and restored; garbage sent
+//! during a job and during a program broadcast (the job, not started, is requeued); a node's link cut and restored; garbage sent
 //! to every listening port. (MM restarts: see mm_restart.rs.)
 //!
 //! These tests need root (network namespaces). Where namespaces cannot be made they fail and
@@ -19,8 +19,9 @@ use support::testbed::{
 };
 use support::{script, text};
 
-/// Failure of a node shows within this long (the target is 3 heartbeats; the slack is for a
-/// loaded CI machine, and for a cut link, which shows after the tcp peer timeout).
+/// Failure of a node shows within this long: the rule is K = 1000 heartbeat periods (1 s at the
+/// testbed's 1 ms) plus a few deadlines; the rest is slack for a loaded CI machine. The chaos
+/// tests (chaos.rs) check the rule itself.
 const DETECT: Duration = Duration::from_secs(10);
 
 fn spawn(tb: &Testbed, args: &[&str]) -> Child {
@@ -68,7 +69,7 @@ fn an_idle_node_manager_killed_is_marked_down_and_rejoins_when_restarted() {
         down.reason
             .as_deref()
             .unwrap_or("")
-            .contains("missed 3 heartbeats"),
+            .contains("took no heartbeat for 1000 heartbeat periods"),
         "the reason says what was seen: {down:?}"
     );
     // The other nodes work on; a job as large as the cluster waits and says why.
@@ -167,8 +168,8 @@ fn a_requeue_job_runs_again_on_other_nodes_when_its_node_dies() {
 }
 
 #[test]
-fn a_node_manager_killed_during_the_program_broadcast_fails_only_that_job() {
-    if !can_run("a_node_manager_killed_during_the_program_broadcast_fails_only_that_job") {
+fn a_job_whose_node_dies_during_the_program_broadcast_is_requeued_by_itself() {
+    if !can_run("a_job_whose_node_dies_during_the_program_broadcast_is_requeued_by_itself") {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -189,24 +190,24 @@ fn a_node_manager_killed_during_the_program_broadcast_fails_only_that_job() {
     let job = spawn(&tb, &["-N", "4", prog.to_str().unwrap()]);
     wait_job_state(&socket, "big.sh", "sending", Duration::from_secs(10));
     tb.kill("storm-nm node3").unwrap();
-    let out = finish(job);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    let stderr = text(&out.stderr);
-    assert!(
-        stderr.contains("node 3") && !text(&out.stdout).contains("big ran"),
-        "the job ends naming node 3, without running: {stderr}"
-    );
     wait_node_state(&socket, 3, "down", DETECT);
-    // The other nodes are free and take the next job.
-    let next = submit(&tb, &["-N", "3", "/bin/echo", "next"])
-        .output()
-        .unwrap();
+    // None of its tasks started, so the job went back to the head of the queue by itself and
+    // waits for a fourth node.
+    wait_job_state(&socket, "big.sh", "queued", Duration::from_secs(10));
+    // A job submitted meanwhile queues behind it (FCFS), and nothing is lost.
+    let next = spawn(&tb, &["-N", "3", "/bin/echo", "next"]);
+    tb.start_nm(3).unwrap();
+    let out = finish(job);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{}", logs(&tb));
     assert!(
-        next.status.success(),
-        "{}\n{}",
-        text(&next.stderr),
-        logs(&tb)
+        stderr.contains("requeued: node 3 (node3)")
+            && stderr.contains("(none of its tasks had started)"),
+        "storm-submit says why the job went back to the queue: {stderr}"
     );
+    assert_eq!(text(&out.stdout).matches("big ran").count(), 4);
+    let next = finish(next);
+    assert!(next.status.success(), "{}", text(&next.stderr));
     assert_eq!(text(&next.stdout).matches("next").count(), 3);
 }
 

@@ -372,7 +372,14 @@ fn bad_submissions_are_rejected_with_a_clear_error_and_leave_nothing_behind() {
         ),
         (vec!["no-such-program-anywhere"], "not found in PATH"),
         (vec![plain.to_str().unwrap()], "is not executable"),
-        (vec!["-N", "4", "/bin/true"], "asks for 4 nodes but cluster"),
+        (
+            vec!["-N", "4", "/bin/true"],
+            "asks for 4 nodes but the cluster has 3",
+        ),
+        (
+            vec!["-n", "13", "/bin/true"],
+            "asks for 13 tasks but the cluster has 12 CPUs (3 nodes of 4 CPUs)",
+        ),
         (
             vec!["-N", "3", "-n", "2", "/bin/true"],
             "cannot cover 3 nodes",
@@ -420,7 +427,10 @@ fn without_a_machine_manager_storm_submit_says_so() {
 #[test]
 fn jobs_run_as_their_submitter_and_only_the_owner_may_cancel() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: needs root to submit as another user");
+        support::say_not_tested(
+            "jobs_run_as_their_submitter_and_only_the_owner_may_cancel",
+            "needs root to submit as another user",
+        );
         return;
     }
     use std::os::unix::process::CommandExt;
@@ -496,4 +506,46 @@ fn ctrl_c_in_storm_submit_cancels_the_job_on_every_node() {
         "the job's processes are gone on every node"
     );
     assert!(c.queued_jobs().is_empty());
+}
+
+#[test]
+fn every_daemon_says_when_it_is_ready_and_the_log_has_no_colour() {
+    support::ensure_daemons();
+    let begun = Instant::now();
+    let mut cluster = storm_cli::local::LocalCluster::start(&storm_cli::local::LocalOptions {
+        log_filter: Some("info".into()),
+        ..storm_cli::local::LocalOptions::new(3)
+    })
+    .expect("start the cluster");
+    let took = begun.elapsed();
+    let times = cluster.ready_times();
+    let names: Vec<&str> = times.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "storm-mm",
+            "storm-nm node0",
+            "storm-nm node1",
+            "storm-nm node2"
+        ]
+    );
+    for (name, ready) in &times {
+        let ready = ready.unwrap_or_else(|| panic!("{name} never said it was ready"));
+        assert!(
+            !ready.is_zero() && ready <= took,
+            "{name} ready {ready:?} after its start, the cluster took {took:?}"
+        );
+    }
+    let log = std::fs::read(cluster.root().join("mm.log")).unwrap();
+    cluster.shutdown().unwrap();
+    assert!(
+        text(&log).contains("machine manager started"),
+        "the MM logs at info: {}",
+        text(&log)
+    );
+    assert!(
+        !log.contains(&0x1b),
+        "escape codes in a log file: {}",
+        text(&log)
+    );
 }

@@ -1,5 +1,6 @@
 //! Jobs end to end with the daemons on the ofi backend (libfabric tcp;ofi_rxm): the heartbeat,
 //! the program transfer, output and termination all ride on RMA writes and network atomics.
+//! Where libfabric is not installed, the tests are reported as ignored with that reason.
 
 mod support;
 
@@ -18,6 +19,10 @@ fn ofi_cluster(nodes: u32) -> TestCluster {
 }
 
 #[test]
+#[cfg_attr(
+    not(libfabric),
+    ignore = "libfabric is not installed (apt-get install libfabric1): the ofi backend needs it"
+)]
 fn an_eight_node_job_runs_end_to_end_on_the_ofi_backend() {
     let c = ofi_cluster(8);
     let work = tempfile::tempdir().unwrap();
@@ -62,6 +67,10 @@ fn an_eight_node_job_runs_end_to_end_on_the_ofi_backend() {
 }
 
 #[test]
+#[cfg_attr(
+    not(libfabric),
+    ignore = "libfabric is not installed (apt-get install libfabric1): the ofi backend needs it"
+)]
 fn a_missing_provider_is_named_with_the_ones_that_exist() {
     support::ensure_daemons();
     let err = match storm_cli::local::LocalCluster::start(&LocalOptions {

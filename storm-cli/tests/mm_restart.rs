@@ -1,5 +1,5 @@
 //! The MM killed with SIGKILL and started again, on a namespace testbed, checked as users see
-//! it: nothing it had accepted is lost.
+//! it: nothing it had accepted is lost, and running jobs run on with all their output.
 //!
 //! These tests need root (network namespaces). Where namespaces cannot be made they fail and
 //! say why, unless STORM_ALLOW_NO_NETNS=1 is set, in which case they print NOT TESTED.
@@ -11,8 +11,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cli::testbed::Testbed;
+use storm_cluster::config::{FailureSection, SchedulerSection};
 use storm_cluster::control::{Client, JobInfo, Reply, Request};
-use support::testbed::{can_run, gone_within, logs, nodes, submit, up, wait_node_state, wait_pid};
+use support::testbed::{
+    can_run, gone_within, logs, nodes, submit, up, up_with, wait_node_state, wait_pid,
+};
 use support::{bin_dir, script, text};
 
 /// Starts storm-submit with standard error going to `log` (read with [`wait_for`] while it runs).
@@ -64,10 +67,34 @@ fn history(socket: &Path) -> Vec<JobInfo> {
     }
 }
 
+/// A job that prints `lines` numbered lines, one every 50 ms, marks each on standard error,
+/// and exits 5.
+fn counter(dir: &Path, lines: u32) -> String {
+    script(
+        dir,
+        "counter.sh",
+        &format!(
+            "i=1\nwhile [ $i -le {lines} ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
+             sleep 0.05; done\nexit 5\n"
+        ),
+    )
+    .display()
+    .to_string()
+}
+
+/// The lines a counter job printed, in order, each once.
+fn assert_counted(stdout: &str, lines: u32) {
+    let want: Vec<String> = (1..=lines).map(|i| format!("line {i}")).collect();
+    let got: Vec<&str> = stdout.lines().collect();
+    assert_eq!(got, want, "every line exactly once, in order");
+}
+
 #[test]
-fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_clearly() {
-    if !can_run("a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_clearly")
-    {
+fn running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_results_and_drains_are_kept()
+ {
+    if !can_run(
+        "running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_results_and_drains_are_kept",
+    ) {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -82,23 +109,18 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
     let drained = storm(&tb, &["drain", "1", "--reason", "disk check"]);
     assert!(drained.status.success(), "{}", text(&drained.stderr));
 
-    // A job running on node 0 and one waiting behind it.
-    let pid_file = work.path().join("running.pid");
-    let sleeper = script(
-        work.path(),
-        "sleeper.sh",
-        &format!("echo $$ > {}\nexec sleep 600\n", pid_file.display()),
-    );
+    // A job running on node 0 across the restart, and one waiting behind it.
     let (running_log, waiting_log) = (
         work.path().join("running.err"),
         work.path().join("waiting.err"),
     );
     let running = spawn_logged(
         &tb,
-        &["-v", "-N", "1", "-J", "running", sleeper.to_str().unwrap()],
+        &["-v", "-N", "1", "-J", "running", &counter(work.path(), 60)],
         &running_log,
     );
-    wait_for(&running_log, "runs on nodes 0");
+    // The waiting job is submitted only once the running one holds node 0, so that it waits.
+    wait_for(&running_log, "tick 1");
     let waiting_prog = script(work.path(), "waiting.sh", "echo hello from the queue\n");
     let waiting = spawn_logged(
         &tb,
@@ -108,27 +130,25 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
     // Killed once the submitters know their jobs (before that, a submitter cannot follow its
     // job across the restart: it does not know its id).
     wait_for(&waiting_log, "queued: waiting for 1 free nodes");
-    let task = wait_pid(&pid_file, Duration::from_secs(10));
+    wait_for(&running_log, "tick 5");
 
     tb.kill("storm-mm").unwrap();
+    // The job prints on while no MM is there: its NM holds the output.
+    std::thread::sleep(Duration::from_millis(500));
     tb.start_mm().unwrap();
     wait_mm(&socket);
 
-    // The running job ends and says why; its task is gone.
+    // The running job ran on: every line once, its exit code, told across the restart.
     let out = running.wait_with_output().unwrap();
     let stderr = std::fs::read_to_string(&running_log).unwrap();
-    assert_eq!(out.status.code(), Some(1), "{stderr}\n{}", logs(&tb));
+    assert_eq!(out.status.code(), Some(5), "{stderr}\n{}", logs(&tb));
+    assert_counted(&text(&out.stdout), 60);
     assert!(
-        stderr.contains("the machine manager restarted while the job ran on nodes 0"),
-        "the running job's end says why: {stderr}"
-    );
-    assert!(
-        gone_within(task, Duration::from_secs(10)),
-        "the task of the job that ran across the restart was not killed\n{}",
-        logs(&tb)
+        stderr.contains("the machine manager is back; following job"),
+        "storm-submit said it reattached: {stderr}"
     );
 
-    // The queued job runs once node 0 is free; its submitter followed it across the restart.
+    // The queued job ran once node 0 was free; its submitter followed it across the restart.
     let out = waiting.wait_with_output().unwrap();
     let stderr = std::fs::read_to_string(&waiting_log).unwrap();
     assert!(out.status.success(), "{stderr}\n{}", logs(&tb));
@@ -138,7 +158,7 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
         "storm-submit said it reattached: {stderr}"
     );
 
-    // Results from before the restart, and of the job the restart ended.
+    // Results from before and across the restart.
     let past = history(&socket);
     let find = |name: &str| {
         past.iter()
@@ -148,12 +168,7 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
     };
     assert_eq!(find("done").exit_code, Some(3));
     assert_eq!(find("done").state, "failed");
-    assert!(
-        find("running")
-            .reason
-            .is_some_and(|r| r.contains("machine manager restarted")),
-        "{past:#?}"
-    );
+    assert_eq!(find("running").exit_code, Some(5), "{past:#?}");
     assert_eq!(find("waiting").exit_code, Some(0));
 
     // The drain held; job ids go on from where they were.
@@ -171,6 +186,56 @@ fn a_restarted_mm_keeps_queued_jobs_results_and_drains_and_ends_running_jobs_cle
         "a new job takes the next id after {highest}: {}",
         text(&next.stderr)
     );
+}
+
+#[test]
+fn a_running_job_whose_node_does_not_come_back_after_an_mm_restart_ends_naming_it() {
+    if !can_run("a_running_job_whose_node_does_not_come_back_after_an_mm_restart_ends_naming_it") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let failure = FailureSection {
+        readopt_within_ms: 3000,
+        ..FailureSection::default()
+    };
+    let mut tb = up_with(2, work.path(), SchedulerSection::default(), failure);
+    let socket = tb.socket().to_path_buf();
+    let sleeper = script(
+        work.path(),
+        "sleeper.sh",
+        &format!(
+            "echo $$ > {}/pid.$STORM_NODEID\nexec sleep 600\n",
+            work.path().display()
+        ),
+    );
+    let log = work.path().join("job.err");
+    let job = spawn_logged(
+        &tb,
+        &["-N", "2", "-J", "stranded", sleeper.to_str().unwrap()],
+        &log,
+    );
+    let survivor = wait_pid(&work.path().join("pid.0"), Duration::from_secs(10));
+    wait_pid(&work.path().join("pid.1"), Duration::from_secs(10));
+
+    tb.kill("storm-mm").unwrap();
+    tb.kill("storm-nm node1").unwrap();
+    tb.start_mm().unwrap();
+    wait_mm(&socket);
+
+    let out = job.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}\n{}", logs(&tb));
+    assert!(
+        stderr
+            .contains("nodes 1 did not come back within 3000 ms of the machine manager's restart"),
+        "the job's end names the node that did not come back: {stderr}"
+    );
+    assert!(
+        gone_within(survivor, Duration::from_secs(10)),
+        "the job's task on node 0 was killed\n{}",
+        logs(&tb)
+    );
+    wait_node_state(&socket, 0, "idle", Duration::from_secs(10));
 }
 
 #[test]

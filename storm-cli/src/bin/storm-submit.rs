@@ -5,6 +5,7 @@
 //! cancelled before it started, program transfer failed) or storm-submit itself failed.
 
 use std::fs::File;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,15 +26,18 @@ use storm_primitives::NodeSet;
     about = "Run a parallel job on a storm cluster and wait for it"
 )]
 struct Args {
-    /// Nodes to run on.
+    /// Nodes to run on (alone: one task on each).
     #[arg(short = 'N', long = "nodes")]
     nodes: Option<u32>,
-    /// Tasks (ranks) to run.
+    /// Tasks (ranks) to run (alone: as many nodes as they need at one task per CPU).
     #[arg(short = 'n', long = "ntasks")]
     ntasks: Option<u32>,
     /// Tasks per node.
     #[arg(long)]
     ntasks_per_node: Option<u32>,
+    /// Allow more tasks on a node than it has CPUs.
+    #[arg(short = 'O', long)]
+    overcommit: bool,
     /// Prefix every output line with its rank.
     #[arg(short = 'l', long)]
     label: bool,
@@ -69,6 +73,9 @@ struct Args {
     /// Start an embedded cluster of this many nodes on this machine for this job.
     #[arg(long, value_name = "N")]
     local: Option<u32>,
+    /// CPUs of each node of the embedded cluster (default: this machine's cores).
+    #[arg(long, value_name = "CPUS")]
+    local_cpus: Option<u32>,
     /// Timeslice of the embedded cluster, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
     local_timeslice_ms: f64,
@@ -98,8 +105,50 @@ struct Args {
     command: Vec<String>,
 }
 
+/// How long a program transfer runs before storm-submit shows its progress.
+const SHOW_TRANSFER_AFTER: Duration = Duration::from_secs(1);
+
+/// The progress bar of a program transfer: shown on a terminal once the transfer has taken
+/// [`SHOW_TRANSFER_AFTER`], cleared when it ends.
+struct TransferBar {
+    started: Instant,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl TransferBar {
+    fn update(&mut self, job: JobId, sent: u64, total: u64) {
+        if self.bar.is_none() && sent < total && self.started.elapsed() >= SHOW_TRANSFER_AFTER {
+            let style = indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            let bar = indicatif::ProgressBar::new(total)
+                .with_style(style)
+                .with_message(format!("storm-submit: job {job}: sending the program"));
+            // The rate and time left count from here, not from the transfer's start.
+            bar.set_position(sent);
+            bar.reset_eta();
+            bar.enable_steady_tick(Duration::from_millis(200));
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(sent);
+        }
+    }
+
+    fn clear(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 struct Terminal {
     sink: OutputSink,
+    /// Standard error is a terminal (progress bars go there, and only there).
+    stderr_tty: bool,
+    transfer: Option<TransferBar>,
     verbose: bool,
     timing: bool,
     interrupts: Arc<AtomicUsize>,
@@ -131,13 +180,30 @@ impl Progress for Terminal {
         }
     }
     fn output(&mut self, rank: u32, stream: Stream, data: &[u8]) {
+        self.end_transfer();
         self.sink.write(rank, stream, data);
     }
-    fn requeued(&mut self, job: JobId, reason: &str) {
-        eprintln!(
-            "storm-submit: job {job} requeued: {reason}; it will run again from the start \
-             (the output above came from the interrupted run)"
-        );
+    fn transfer(&mut self, job: JobId, sent: u64, total: u64) {
+        if !self.stderr_tty {
+            return;
+        }
+        let t = self.transfer.get_or_insert_with(|| TransferBar {
+            started: Instant::now(),
+            bar: None,
+        });
+        t.update(job, sent, total);
+        if sent >= total {
+            self.end_transfer();
+        }
+    }
+    fn requeued(&mut self, job: JobId, reason: &str, had_output: bool) {
+        self.end_transfer();
+        let note = if had_output {
+            " (the output above came from the interrupted run)"
+        } else {
+            ""
+        };
+        eprintln!("storm-submit: job {job} requeued: {reason}; it will run from the start{note}");
     }
     fn reconnect(&mut self, job: JobId, why: &str) -> Option<Client> {
         if self.reconnect.is_zero() {
@@ -176,6 +242,15 @@ impl Progress for Terminal {
             return true;
         }
         false
+    }
+}
+
+impl Terminal {
+    /// Clears the transfer's progress bar, if one shows.
+    fn end_transfer(&mut self) {
+        if let Some(mut t) = self.transfer.take() {
+            t.clear();
+        }
     }
 }
 
@@ -225,11 +300,13 @@ fn run(args: Args) -> Result<i32, String> {
                 nodes: Some(n),
                 ntasks: Some(n),
                 ntasks_per_node: None,
+                overcommit: args.overcommit,
             },
             _ => TaskRequest {
                 nodes: args.nodes,
                 ntasks: args.ntasks,
                 ntasks_per_node: args.ntasks_per_node,
+                overcommit: args.overcommit,
             },
         },
         bcast: !args.no_bcast,
@@ -239,8 +316,12 @@ fn run(args: Args) -> Result<i32, String> {
 
     let local = match args.local {
         Some(n) => {
+            if args.local_cpus == Some(0) {
+                return Err("--local-cpus must be at least 1".into());
+            }
             let c = LocalCluster::start(&LocalOptions {
                 nodes: n,
+                cpus: args.local_cpus,
                 timeslice_ms: args.local_timeslice_ms,
                 keep: args.keep,
                 backend: args.backend,
@@ -280,6 +361,8 @@ fn run(args: Args) -> Result<i32, String> {
     }
     let mut term = Terminal {
         sink: OutputSink::new(args.label),
+        stderr_tty: std::io::stderr().is_terminal(),
+        transfer: None,
         verbose: args.verbose,
         timing: args.timing,
         interrupts,
@@ -294,6 +377,7 @@ fn run(args: Args) -> Result<i32, String> {
     };
     let result = Client::connect(&socket)
         .and_then(|client| submit::run_job(client, req, file.as_ref(), &mut term));
+    term.end_transfer();
     term.sink.flush();
     if let Some(c) = local
         && let Err(e) = c.shutdown()

@@ -39,6 +39,9 @@ enum Cmd {
     Up {
         #[arg(long, short = 'N')]
         nodes: u32,
+        /// CPUs of every node (default: this machine's cores, which the nodes share).
+        #[arg(long)]
+        cpus: Option<u32>,
         /// Heartbeat period (and gang quantum), in milliseconds.
         #[arg(long, default_value_t = 1.0)]
         timeslice_ms: f64,
@@ -69,6 +72,7 @@ fn main() -> Result<()> {
     match cli.command {
         Cmd::Up {
             nodes,
+            cpus,
             timeslice_ms,
             policy,
             mpl,
@@ -90,6 +94,7 @@ fn main() -> Result<()> {
             let tb = Testbed::up(&TestbedOptions {
                 name: cli.name.clone(),
                 nodes,
+                cpus: cpus.unwrap_or_else(storm_cli::local::host_cpus).max(1),
                 dir: dir.clone(),
                 timeslice_ms,
                 scheduler: SchedulerSection {

@@ -1,10 +1,12 @@
-//! `storm`: look at and manage a storm cluster (queue, history, cancel, nodes, drain, resume,
-//! shutdown).
+//! `storm`: look at and manage a storm cluster (queue, history, cancel, nodes, metrics, drain,
+//! resume, shutdown).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use storm_cli::{metrics_http, views};
 use storm_cluster::control::{Client, NodeInfo, Reply, Request};
 use storm_primitives::NodeSet;
 
@@ -24,13 +26,32 @@ struct Args {
 #[derive(Subcommand)]
 enum Cmd {
     /// Jobs queued and running.
-    Queue,
+    Queue {
+        /// Print JSON (`{"jobs": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Jobs that ended (the last 1000), with their exit code and why they ended.
-    History,
+    History {
+        /// Print JSON (`{"jobs": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a job (its owner or root only).
     Cancel { job: u64 },
     /// Nodes and their state.
-    Nodes,
+    Nodes {
+        /// Print JSON (`{"nodes": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The machine manager's metrics, in the Prometheus text format.
+    Metrics {
+        /// Serve them over HTTP at this address (`GET /metrics`) for Prometheus to scrape,
+        /// instead of printing them once.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+    },
     /// Keep nodes out of allocation until resumed (jobs on them run to their end).
     Drain {
         /// Node ids (`0-3,7`) or names (`node0,node5`).
@@ -50,85 +71,41 @@ enum Cmd {
 
 fn run(args: Args) -> Result<(), String> {
     let socket = storm_cli::control_socket(args.socket, args.config)?;
-    let client = Client::connect(&socket)?;
-    let req = match args.command {
-        Cmd::Queue => Request::Queue,
-        Cmd::History => Request::History,
-        Cmd::Cancel { job } => Request::Cancel { job },
-        Cmd::Nodes => Request::Nodes,
-        Cmd::Drain { nodes, reason } => Request::Drain {
-            nodes: node_set(&client, &nodes)?,
-            reason,
-        },
-        Cmd::Resume { nodes } => Request::Resume {
-            nodes: node_set(&client, &nodes)?,
-        },
-        Cmd::Shutdown => Request::Shutdown,
+    let (req, json) = match args.command {
+        Cmd::Metrics { listen } => return metrics(&socket, listen),
+        Cmd::Queue { json } => (Request::Queue, json),
+        Cmd::History { json } => (Request::History, json),
+        Cmd::Cancel { job } => (Request::Cancel { job }, false),
+        Cmd::Nodes { json } => (Request::Nodes, json),
+        Cmd::Drain { nodes, reason } => (
+            Request::Drain {
+                nodes: node_set(&socket, &nodes)?,
+                reason,
+            },
+            false,
+        ),
+        Cmd::Resume { nodes } => (
+            Request::Resume {
+                nodes: node_set(&socket, &nodes)?,
+            },
+            false,
+        ),
+        Cmd::Shutdown => (Request::Shutdown, false),
     };
+    let client = Client::connect(&socket)?;
     match client.call(&req)? {
-        Reply::Queue(jobs) => {
-            println!(
-                "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>10}  NODES / REASON",
-                "JOB", "NAME", "UID", "STATE", "TASKS", "ELAPSED"
-            );
-            for j in jobs {
-                let place = match (&j.reason, j.time_slot) {
-                    (Some(why), _) => why.clone(),
-                    (None, Some(slot)) => format!("{} (time slot {slot})", j.nodes),
-                    (None, None) => j.nodes.to_string(),
-                };
-                println!(
-                    "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>9.1}s  {}",
-                    j.job,
-                    j.name,
-                    j.uid,
-                    j.state,
-                    j.ntasks,
-                    j.elapsed_ms as f64 / 1000.0,
-                    place
-                );
-            }
+        Reply::Queue(jobs) | Reply::History(jobs) if json => {
+            let nodes = node_list(&client)?;
+            let views: Vec<_> = jobs.iter().map(|j| views::job_view(j, &nodes)).collect();
+            println!("{}", views::jobs_json(&views));
         }
-        Reply::History(jobs) => {
-            println!(
-                "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>10}  NODES / REASON",
-                "JOB", "NAME", "UID", "STATE", "EXIT", "ELAPSED"
-            );
-            for j in jobs {
-                let place = match &j.reason {
-                    Some(why) if j.nodes.is_empty() => why.clone(),
-                    Some(why) => format!("{}: {why}", j.nodes),
-                    None => j.nodes.to_string(),
-                };
-                println!(
-                    "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>9.1}s  {}",
-                    j.job,
-                    j.name,
-                    j.uid,
-                    j.state,
-                    j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
-                    j.elapsed_ms as f64 / 1000.0,
-                    place
-                );
-            }
+        Reply::Queue(jobs) => print!("{}", views::queue_table(&jobs)),
+        Reply::History(jobs) => print!("{}", views::history_table(&jobs)),
+        Reply::Nodes(nodes) if json => {
+            let views: Vec<_> = nodes.iter().map(views::node_view).collect();
+            println!("{}", views::nodes_json(&views));
         }
-        Reply::Nodes(nodes) => {
-            println!(
-                "{:>4}  {:<16} {:<10} {:<12} REASON",
-                "ID", "NAME", "STATE", "JOBS"
-            );
-            for n in nodes {
-                let jobs: Vec<String> = n.jobs.iter().map(u64::to_string).collect();
-                println!(
-                    "{:>4}  {:<16} {:<10} {:<12} {}",
-                    n.id,
-                    n.name,
-                    n.state,
-                    jobs.join(","),
-                    n.reason.unwrap_or_default()
-                );
-            }
-        }
+        Reply::Nodes(nodes) => print!("{}", views::nodes_table(&nodes)),
         Reply::Done => {}
         Reply::Error(e) => return Err(e),
         other => return Err(format!("unexpected reply {other:?}")),
@@ -136,15 +113,33 @@ fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Nodes named by ids (`0-3,7`) or by names (`node0,node5`).
-fn node_set(client: &Client, text: &str) -> Result<NodeSet, String> {
+/// `storm metrics`: print them once, or serve them.
+fn metrics(socket: &std::path::Path, listen: Option<SocketAddr>) -> Result<(), String> {
+    let Some(addr) = listen else {
+        print!("{}", metrics_http::fetch(socket)?);
+        return Ok(());
+    };
+    let server = metrics_http::MetricsServer::bind(addr, socket.to_path_buf())?;
+    let bound = server.local_addr().unwrap_or(addr);
+    eprintln!("storm metrics: serving http://{bound}/metrics");
+    server.serve();
+    Ok(())
+}
+
+/// The MM's node listing.
+fn node_list(client: &Client) -> Result<Vec<NodeInfo>, String> {
+    match client.call(&Request::Nodes)? {
+        Reply::Nodes(n) => Ok(n),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Nodes named by ids (`0-3,7`) or by names (`node0,node5`, looked up with the MM).
+fn node_set(socket: &std::path::Path, text: &str) -> Result<NodeSet, String> {
     if let Ok(set) = text.parse::<NodeSet>() {
         return Ok(set);
     }
-    let nodes: Vec<NodeInfo> = match client.call(&Request::Nodes)? {
-        Reply::Nodes(n) => n,
-        other => return Err(format!("unexpected reply {other:?}")),
-    };
+    let nodes = node_list(&Client::connect(socket)?)?;
     text.split(',')
         .map(|name| {
             nodes

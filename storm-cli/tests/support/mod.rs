@@ -42,15 +42,38 @@ pub fn ensure_daemons() {
     unsafe { std::env::set_var("STORM_BIN_DIR", bin_dir()) };
 }
 
+/// Makes sure every binary of the workspace (storm-bench and storm-prim-node too) is built
+/// and current, besides the daemons.
+pub fn ensure_all_binaries() {
+    static ALL: Once = Once::new();
+    ensure_daemons();
+    ALL.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--workspace", "--bins"])
+            .status()
+            .expect("running cargo build for every binary");
+        assert!(status.success(), "building the workspace's binaries failed");
+    });
+}
+
 pub struct TestCluster {
     pub cluster: Option<LocalCluster>,
     pub socket: PathBuf,
     pub root: PathBuf,
 }
 
+/// CPUs per node of the clusters tests start: fixed, so that what `-n` does is the same on
+/// every machine.
+pub const TEST_CPUS: u32 = 4;
+
 impl TestCluster {
+    /// `nodes` nodes of [`TEST_CPUS`] CPUs.
     pub fn start(nodes: u32) -> Self {
-        Self::with(LocalOptions::new(nodes))
+        Self::with(LocalOptions {
+            cpus: Some(TEST_CPUS),
+            ..LocalOptions::new(nodes)
+        })
     }
 
     pub fn with(opts: LocalOptions) -> Self {
@@ -112,6 +135,13 @@ impl Drop for TestCluster {
             let _ = c.shutdown();
         }
     }
+}
+
+/// Says, past the test harness's output capture (so that it shows even when the test passes),
+/// that `test` could not run here and why.
+pub fn say_not_tested(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "NOT TESTED: {test}: {why}");
 }
 
 /// Writes an executable shell script into `dir`.

@@ -28,7 +28,7 @@ pub fn can_run(test: &str) -> bool {
     match namespaces_available() {
         Ok(()) => true,
         Err(why) if std::env::var_os("STORM_ALLOW_NO_NETNS").is_some() => {
-            eprintln!("NOT TESTED: {test}: network namespaces unavailable ({why})");
+            super::say_not_tested(test, &format!("network namespaces unavailable ({why})"));
             false
         }
         Err(why) => panic!(
@@ -40,14 +40,31 @@ pub fn can_run(test: &str) -> bool {
 
 /// A testbed of `nodes` nodes under `work`, 1 ms timeslice, FCFS.
 pub fn up(nodes: u32, work: &Path) -> Testbed {
+    up_with(
+        nodes,
+        work,
+        SchedulerSection::default(),
+        FailureSection::default(),
+    )
+}
+
+/// A testbed of `nodes` nodes under `work`, 1 ms timeslice, with these scheduler and failure
+/// settings.
+pub fn up_with(
+    nodes: u32,
+    work: &Path,
+    scheduler: SchedulerSection,
+    failure: FailureSection,
+) -> Testbed {
     ensure_daemons();
     Testbed::up(&TestbedOptions {
         name: unique_name(),
         nodes,
+        cpus: storm_cli::local::host_cpus(),
         dir: work.join("testbed"),
         timeslice_ms: 1.0,
-        scheduler: SchedulerSection::default(),
-        failure: FailureSection::default(),
+        scheduler,
+        failure,
     })
     .expect("testbed up")
 }

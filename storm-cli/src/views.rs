@@ -1,0 +1,220 @@
+//! What `storm queue`, `storm history` and `storm nodes` print: aligned tables for people,
+//! or JSON (`--json`) for scripts.
+//!
+//! The JSON is one object per listing (`{"jobs": [...]}`, `{"nodes": [...]}`), each entry with
+//! fixed keys; node sets are in the id-range form `storm` accepts (`"0-3,7"`), with the
+//! nodes' names beside them. Durations are in seconds.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use storm_cluster::control::{JobInfo, NodeInfo};
+
+/// A job as the JSON listings show it.
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    pub job: u64,
+    pub name: String,
+    pub uid: u32,
+    pub state: String,
+    /// Node ids, as ranges (`"0-3,7"`); empty while queued.
+    pub nodes: String,
+    pub node_names: Vec<String>,
+    pub ntasks: u32,
+    pub elapsed_s: f64,
+    /// Why a queued job waits, or why an ended one ended other than by its tasks finishing.
+    pub reason: Option<String>,
+    /// Gang scheduling: its row of the Ousterhout matrix.
+    pub time_slot: Option<u32>,
+    /// For an ended job, the exit code its submitter got.
+    pub exit_code: Option<i32>,
+}
+
+/// A node as the JSON listing shows it.
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    pub id: u32,
+    pub name: String,
+    pub state: String,
+    pub jobs: Vec<u64>,
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Jobs<'a> {
+    jobs: &'a [JobView],
+}
+
+#[derive(Serialize)]
+struct Nodes<'a> {
+    nodes: &'a [NodeView],
+}
+
+/// The names of the nodes in `job`, from the node listing (ids it does not know show as
+/// their number).
+pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
+    let node_names = job
+        .nodes
+        .iter()
+        .map(|id| {
+            nodes
+                .iter()
+                .find(|n| n.id == id)
+                .map_or_else(|| id.to_string(), |n| n.name.clone())
+        })
+        .collect();
+    JobView {
+        job: job.job,
+        name: job.name.clone(),
+        uid: job.uid,
+        state: job.state.clone(),
+        nodes: job.nodes.to_string(),
+        node_names,
+        ntasks: job.ntasks,
+        elapsed_s: job.elapsed_ms as f64 / 1000.0,
+        reason: job.reason.clone(),
+        time_slot: job.time_slot,
+        exit_code: job.exit_code,
+    }
+}
+
+pub fn node_view(n: &NodeInfo) -> NodeView {
+    NodeView {
+        id: n.id,
+        name: n.name.clone(),
+        state: n.state.clone(),
+        jobs: n.jobs.clone(),
+        reason: n.reason.clone(),
+    }
+}
+
+/// `{"jobs": [...]}`.
+pub fn jobs_json(jobs: &[JobView]) -> String {
+    serde_json::to_string_pretty(&Jobs { jobs }).unwrap_or_default()
+}
+
+/// `{"nodes": [...]}`.
+pub fn nodes_json(nodes: &[NodeView]) -> String {
+    serde_json::to_string_pretty(&Nodes { nodes }).unwrap_or_default()
+}
+
+/// `storm queue`: queued and running jobs.
+pub fn queue_table(jobs: &[JobInfo]) -> String {
+    let mut out = format!(
+        "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>10}  NODES / REASON\n",
+        "JOB", "NAME", "UID", "STATE", "TASKS", "ELAPSED"
+    );
+    for j in jobs {
+        let place = match (&j.reason, j.time_slot) {
+            (Some(why), _) => why.clone(),
+            (None, Some(slot)) => format!("{} (time slot {slot})", j.nodes),
+            (None, None) => j.nodes.to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>9.1}s  {}",
+            j.job,
+            j.name,
+            j.uid,
+            j.state,
+            j.ntasks,
+            j.elapsed_ms as f64 / 1000.0,
+            place
+        );
+    }
+    out
+}
+
+/// `storm history`: jobs that ended.
+pub fn history_table(jobs: &[JobInfo]) -> String {
+    let mut out = format!(
+        "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>10}  NODES / REASON\n",
+        "JOB", "NAME", "UID", "STATE", "EXIT", "ELAPSED"
+    );
+    for j in jobs {
+        let place = match &j.reason {
+            Some(why) if j.nodes.is_empty() => why.clone(),
+            Some(why) => format!("{}: {why}", j.nodes),
+            None => j.nodes.to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>9.1}s  {}",
+            j.job,
+            j.name,
+            j.uid,
+            j.state,
+            j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            j.elapsed_ms as f64 / 1000.0,
+            place
+        );
+    }
+    out
+}
+
+/// `storm nodes`.
+pub fn nodes_table(nodes: &[NodeInfo]) -> String {
+    let mut out = format!(
+        "{:>4}  {:<16} {:<10} {:<12} REASON\n",
+        "ID", "NAME", "STATE", "JOBS"
+    );
+    for n in nodes {
+        let jobs: Vec<String> = n.jobs.iter().map(u64::to_string).collect();
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<16} {:<10} {:<12} {}",
+            n.id,
+            n.name,
+            n.state,
+            jobs.join(","),
+            n.reason.clone().unwrap_or_default()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use storm_primitives::NodeSet;
+
+    fn node(id: u32, name: &str) -> NodeInfo {
+        NodeInfo {
+            id,
+            name: name.into(),
+            state: "allocated".into(),
+            jobs: vec![7],
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn json_names_the_nodes_and_parses_back() {
+        let nodes = vec![node(0, "a0"), node(1, "a1"), node(2, "a2")];
+        let job = JobInfo {
+            job: 7,
+            name: "hello".into(),
+            uid: 1000,
+            state: "running".into(),
+            nodes: "0,2".parse::<NodeSet>().unwrap(),
+            ntasks: 4,
+            elapsed_ms: 1500,
+            reason: None,
+            time_slot: Some(1),
+            exit_code: None,
+        };
+        let text = jobs_json(&[job_view(&job, &nodes)]);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let j = &v["jobs"][0];
+        assert_eq!(j["job"], 7);
+        assert_eq!(j["nodes"], "0,2");
+        assert_eq!(j["node_names"], serde_json::json!(["a0", "a2"]));
+        assert_eq!(j["elapsed_s"], 1.5);
+        assert_eq!(j["time_slot"], 1);
+        assert!(j["exit_code"].is_null());
+        let text = nodes_json(&nodes.iter().map(node_view).collect::<Vec<_>>());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["nodes"][1]["name"], "a1");
+        assert_eq!(v["nodes"][1]["jobs"], serde_json::json!([7]));
+    }
+}
