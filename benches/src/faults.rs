@@ -323,6 +323,7 @@ fn push_measure(
     slice: Option<f64>,
     baseline: f64,
 ) {
+    csv.push_distribution(name, samples.clone());
     let s = Samples::from_secs(samples);
     let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
     let mut row = vec![name.into(), fmt_time(med), fmt_time(p90), fmt_time(max)];

@@ -102,7 +102,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         tasks: TaskRequest {
             nodes: Some(n),
             ntasks: Some(n),
-            ntasks_per_node: None,
+            ..TaskRequest::default()
         },
         bcast: true,
         time_limit_ms: None,

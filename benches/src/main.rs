@@ -9,13 +9,16 @@
 //! * `storm-bench gang`: gang scheduling against quantum and MPL, its CPU cost and strobe skew
 //!   (the paper's Figs. 3 and 5).
 //! * `storm-bench faults`: failure detection latency, rejoin time, tree healing and MM restart.
+//! * `storm-bench startup`: daemon start-up, fork/exec to ready, on each backend.
 
 mod baseline;
 mod faults;
 mod gang;
 mod launch;
+mod plot;
 mod prims;
 mod report;
+mod startup;
 mod stats;
 
 use std::path::PathBuf;
@@ -63,6 +66,9 @@ enum Command {
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Also draw the figure (time against nodes, per size, beside the baseline) into this PNG file.
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
     },
     /// Launch a do-nothing program padded to 4, 8, 12 MB on 1..32 nodes (paper Fig. 2a).
     Launch {
@@ -96,6 +102,9 @@ enum Command {
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Also draw the figure (paper Fig. 2a: launch time against nodes, with the floor) into this PNG file.
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
     },
     /// Failure detection (kill to DOWN), rejoin (restart to UP), tree healing and MM restart to ready.
     Faults {
@@ -111,6 +120,25 @@ enum Command {
         /// Node counts of the tree-healing measurement.
         #[arg(long, default_value = "8,16,32", value_parser = report::parse_counts)]
         heal_nodes: std::vec::Vec<u32>,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Also draw the figure (each measured time as a CDF; tree healing against nodes) into this PNG file.
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
+    },
+    /// Daemon start-up (fork/exec to ready) on each backend, beside fork/exec of /bin/true.
+    Startup {
+        /// Backends to measure, in one run (default: tcp, and ofi where libfabric is
+        /// installed).
+        #[arg(long, value_delimiter = ',')]
+        backend: Vec<storm_cluster::config::BackendKind>,
+        /// libfabric provider for the ofi backend (default: the best one found).
+        #[arg(long)]
+        provider: Option<String>,
+        /// Clusters started per backend (after one warm-up).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -171,6 +199,9 @@ enum Command {
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Also draw the figures (paper Figs. 3 and 5, strobe-skew CDF) into this PNG file.
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
     },
 }
 
@@ -191,6 +222,7 @@ fn main() -> Result<()> {
             chunk_size,
             time_ms,
             csv,
+            plot,
         } => {
             let mut out = report::Csv::new(prims::CSV_HEADER);
             for backend in backend {
@@ -214,6 +246,7 @@ fn main() -> Result<()> {
                 }
             }
             out.write_if_asked(csv.as_deref())?;
+            plot_if_asked(plot.as_deref(), plot::prims(&out))?;
         }
         Command::Launch {
             nodes,
@@ -226,6 +259,7 @@ fn main() -> Result<()> {
             backend,
             provider,
             csv,
+            plot,
         } => {
             let args = launch::LaunchArgs {
                 nodes,
@@ -242,6 +276,7 @@ fn main() -> Result<()> {
             let table = launch::run(&args, &mut out)?;
             println!("{}", table.render());
             out.write_if_asked(csv.as_deref())?;
+            plot_if_asked(plot.as_deref(), plot::launch(&out))?;
         }
         Command::Faults {
             nodes,
@@ -249,6 +284,7 @@ fn main() -> Result<()> {
             timeslice_ms,
             heal_nodes,
             csv,
+            plot,
         } => {
             if trials == 0 || timeslice_ms <= 0.0 {
                 anyhow::bail!("--trials and --timeslice-ms must be positive");
@@ -263,6 +299,27 @@ fn main() -> Result<()> {
             for table in faults::run(&args, &mut out)? {
                 println!("{}", table.render());
             }
+            out.write_if_asked(csv.as_deref())?;
+            plot_if_asked(plot.as_deref(), plot::faults(&out))?;
+        }
+        Command::Startup {
+            backend,
+            provider,
+            runs,
+            csv,
+        } => {
+            let backends = if backend.is_empty() {
+                startup::available_backends()
+            } else {
+                backend
+            };
+            let args = startup::StartupArgs {
+                backends,
+                provider,
+                runs: runs.max(1),
+            };
+            let mut out = report::Csv::new(startup::CSV_HEADER);
+            println!("{}", startup::run(&args, &mut out)?.render());
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Gang {
@@ -281,6 +338,7 @@ fn main() -> Result<()> {
             backend,
             provider,
             csv,
+            plot,
         } => {
             if nodes == 0 || mpl == 0 || mpls.contains(&0) || skew_nodes.contains(&0) {
                 anyhow::bail!("node counts and multiprogramming levels must be at least 1");
@@ -316,7 +374,17 @@ fn main() -> Result<()> {
                 println!("{}", table.render());
             }
             out.write_if_asked(csv.as_deref())?;
+            plot_if_asked(plot.as_deref(), plot::gang(&out))?;
         }
+    }
+    Ok(())
+}
+
+/// Draws the figure if the user asked for one (`--plot`), and says where.
+fn plot_if_asked(path: Option<&std::path::Path>, panels: Vec<plot::Panel>) -> Result<()> {
+    if let Some(path) = path {
+        plot::draw(&panels, path)?;
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }

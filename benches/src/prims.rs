@@ -85,6 +85,8 @@ impl Cluster {
                 .collect(),
             Backend::Ofi => {
                 use storm_primitives::conformance::{ClusterFactory, OfiFactory};
+                // Not installed: say so, naming the library and its package.
+                storm_primitives::ofi::library()?;
                 let factory = OfiFactory::new(provider);
                 if !factory.available() {
                     bail!(

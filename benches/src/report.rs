@@ -52,11 +52,13 @@ impl Table {
     }
 }
 
-/// Machine-readable results: one CSV file, one row per measurement.
+/// Machine-readable results: one CSV file, one row per measurement; plus the raw samples of
+/// the measurements whose distribution a figure shows (not written to the CSV).
 #[derive(Debug, Default)]
 pub struct Csv {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
+    distributions: Vec<(String, Vec<f64>)>,
 }
 
 impl Csv {
@@ -64,12 +66,31 @@ impl Csv {
         Self {
             header: header.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
+            distributions: Vec::new(),
         }
     }
 
     pub fn push(&mut self, row: Vec<String>) {
         debug_assert_eq!(row.len(), self.header.len());
         self.rows.push(row);
+    }
+
+    /// Keeps the samples (seconds) of one measurement, for a figure of their distribution.
+    pub fn push_distribution(&mut self, name: impl Into<String>, samples: Vec<f64>) {
+        self.distributions.push((name.into(), samples));
+    }
+
+    pub fn distributions(&self) -> &[(String, Vec<f64>)] {
+        &self.distributions
+    }
+
+    /// The index of column `name`.
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
+    }
+
+    pub fn rows(&self) -> &[Vec<String>] {
+        &self.rows
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {

@@ -47,6 +47,11 @@ impl Samples {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    /// The samples, in seconds, in the order taken.
+    pub fn values(&self) -> &[f64] {
+        &self.0
+    }
 }
 
 /// Times `f` repeatedly within `budget`. `f` returns the duration it measured itself (so it

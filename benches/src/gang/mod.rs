@@ -417,6 +417,11 @@ fn skew_sweep(args: &GangArgs, csv: &mut Csv) -> Result<Table> {
             fmt_pct(o.mm_share()),
         ]);
         csv.push(skew_csv_row(n, q, &o, &wake));
+        csv.push_distribution(format!("skew, {n} nodes"), o.switches.skews.clone());
+        csv.push_distribution(
+            format!("skew baseline: waking {n} processes at once"),
+            wake.values().to_vec(),
+        );
         eprintln!("  measured skew on {n} nodes");
     }
     Ok(table)

@@ -202,7 +202,7 @@ pub fn submit(
         tasks: TaskRequest {
             nodes: Some(nodes),
             ntasks: Some(nodes),
-            ntasks_per_node: None,
+            ..TaskRequest::default()
         },
         bcast: true,
         time_limit_ms: None,
