@@ -16,8 +16,8 @@ fn gang(nodes: u32, mpl: usize, timeslice_ms: f64) -> TestCluster {
         kill_wait_ms: Some(500),
         // A node that misses a heartbeat's deadline leaves the heartbeat, and misses its
         // switches, by design (docs/operations.md). With CPU-bound jobs and parallel tests on
-        // a 2-core machine, healthy NMs go unscheduled for more than the default 50 ms; these
-        // tests are about switching, so heartbeats get 500 ms.
+        // a 2-core machine, healthy NMs have gone unscheduled for longer than a default
+        // deadline; these tests are about switching, so heartbeats get 500 ms.
         failure: FailureSection {
             deadline_min_ms: 500,
             ..FailureSection::default()
