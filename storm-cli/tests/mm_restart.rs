@@ -268,3 +268,152 @@ fn storm_history_lists_finished_jobs_with_their_exit_codes() {
         "{listing}"
     );
 }
+
+/// The MM's queue: every job it holds, with its state and time slot.
+fn queue(socket: &Path) -> Vec<JobInfo> {
+    let client = Client::connect(socket).expect("connect to the MM");
+    match client.call(&Request::Queue).expect("queue") {
+        Reply::Queue(q) => q,
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+#[test]
+fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_across_an_mm_restart()
+{
+    if !can_run(
+        "gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_across_an_mm_restart",
+    ) {
+        return;
+    }
+    const SUBMITTERS: usize = 50;
+    let work = tempfile::tempdir().unwrap();
+    let scheduler = SchedulerSection {
+        policy: storm_cluster::config::PolicyKind::Gang,
+        mpl: 2,
+        ..SchedulerSection::default()
+    };
+    let mut tb = up_with(4, work.path(), scheduler, FailureSection::default());
+    let socket = tb.socket().to_path_buf();
+
+    // Two gang-scheduled jobs fill the matrix (both on all 4 nodes, one time slot each): at
+    // any instant one runs and the other is suspended.
+    let gang_log = |i: usize| work.path().join(format!("gang{i}.err"));
+    let gangs: Vec<Child> = (0..2)
+        .map(|i| {
+            spawn_logged(
+                &tb,
+                &[
+                    "-N",
+                    "4",
+                    "-J",
+                    &format!("gang{i}"),
+                    &counter(work.path(), 60),
+                ],
+                &gang_log(i),
+            )
+        })
+        .collect();
+    for i in 0..2 {
+        wait_for(&gang_log(i), "tick 3");
+    }
+    // Fifty submitters whose jobs wait behind them.
+    let submitters: Vec<Child> = (0..SUBMITTERS)
+        .map(|i| {
+            submit(
+                &tb,
+                &[
+                    "-N",
+                    "1",
+                    "-J",
+                    &format!("q{i}"),
+                    "/bin/echo",
+                    &format!("queued job {i}"),
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let before = loop {
+        let q = queue(&socket);
+        if q.iter().filter(|j| j.state == "queued").count() == SUBMITTERS {
+            break q;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the submitters' jobs never all queued: {q:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let slot_of = |q: &[JobInfo], name: &str| {
+        q.iter()
+            .find(|j| j.name == name)
+            .and_then(|j| j.time_slot)
+            .unwrap_or_else(|| panic!("{name} has no time slot: {q:#?}"))
+    };
+    let slots = [slot_of(&before, "gang0"), slot_of(&before, "gang1")];
+    assert_ne!(slots[0], slots[1], "one time slot each: {before:#?}");
+
+    tb.kill("storm-mm").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    tb.start_mm().unwrap();
+    wait_mm(&socket);
+
+    // The gang jobs are back in their own time slots.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let q = queue(&socket);
+        let placed = |name: &str| {
+            q.iter()
+                .find(|j| j.name == name)
+                .is_some_and(|j| matches!(j.state.as_str(), "running" | "suspended"))
+        };
+        if placed("gang0") && placed("gang1") {
+            assert_eq!(
+                [slot_of(&q, "gang0"), slot_of(&q, "gang1")],
+                slots,
+                "time slots kept across the restart"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gang jobs were not re-adopted: {q:#?}\n{}",
+            logs(&tb)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (i, g) in gangs.into_iter().enumerate() {
+        let out = g.wait_with_output().unwrap();
+        let stderr = std::fs::read_to_string(gang_log(i)).unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(5),
+            "gang{i}: {stderr}\n{}",
+            logs(&tb)
+        );
+        // Four ranks, each printing every line once (in order within a rank).
+        let stdout = text(&out.stdout);
+        for n in 1..=60 {
+            assert_eq!(
+                stdout.lines().filter(|l| *l == format!("line {n}")).count(),
+                4,
+                "gang{i}: line {n} from each of the 4 ranks, once"
+            );
+        }
+    }
+    for (i, s) in submitters.into_iter().enumerate() {
+        let out = s.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "submitter {i}: {}\n{}",
+            text(&out.stderr),
+            logs(&tb)
+        );
+        assert_eq!(text(&out.stdout).trim(), format!("queued job {i}"));
+    }
+}
