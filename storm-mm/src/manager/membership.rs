@@ -23,7 +23,7 @@ use bytes::Bytes;
 use storm_cluster::messages::{Command, HeldJob, Inventory, JobId, Membership, decode, encode};
 use storm_primitives::{NodeId, NodeSet, Wait};
 
-use super::{MachineManager, Phase, launch_spec};
+use super::{MachineManager, Phase};
 use crate::journal::NodeRecord;
 use crate::nodes::Life;
 
@@ -171,15 +171,7 @@ impl MachineManager {
                     node = n,
                     "launching again on a node that missed the launch"
                 );
-                let spec = launch_spec(
-                    id,
-                    j.slot.expect("started jobs have a slot"),
-                    &j.req,
-                    &j.plan,
-                    &j.nodes,
-                    (j.uid, j.gid),
-                );
-                self.commands.push_back(Command::Launch(spec));
+                self.commands.push_back(Command::Launch(j.launch_spec()));
             }
         }
         keep

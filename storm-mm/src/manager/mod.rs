@@ -186,6 +186,18 @@ impl Job {
             req: new.req,
         }
     }
+
+    /// The launch command of this started job (it has a job slot).
+    fn launch_spec(&self) -> LaunchSpec {
+        launch_spec(
+            self.id,
+            self.slot.expect("started jobs have a slot"),
+            &self.req,
+            &self.plan,
+            &self.nodes,
+            (self.uid, self.gid),
+        )
+    }
 }
 
 /// The heartbeat whose transfer has not completed yet.
@@ -1008,15 +1020,7 @@ impl MachineManager {
     }
 
     fn queue_launch(&mut self, id: JobId) {
-        let j = &self.jobs[&id];
-        let spec = launch_spec(
-            id,
-            j.slot.expect("slot"),
-            &j.req,
-            &j.plan,
-            &j.nodes,
-            (j.uid, j.gid),
-        );
+        let spec = self.jobs[&id].launch_spec();
         self.commands.push_back(Command::Launch(spec));
         self.jobs.get_mut(&id).expect("job").phase = Phase::Launching;
     }

@@ -23,10 +23,12 @@
 //! or the same grace has passed; a job nobody reattached to runs to its end (its output is
 //! dropped; its outcome goes to `storm history`).
 
+use std::fs::File;
 use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobOutcome, Reply, Timing};
 use storm_cluster::messages::JobId;
+use storm_cluster::tasks::TaskPlan;
 use storm_primitives::NodeSet;
 
 use super::{Job, MachineManager, NewJob, Phase};
@@ -161,9 +163,7 @@ impl MachineManager {
                 "its job area {slot} is no longer free (max_jobs changed?)"
             )));
         }
-        let now_ms = journal::now_ms();
-        let ran = Duration::from_millis(now_ms.saturating_sub(at.launched_ms));
-        let age = Duration::from_millis(now_ms.saturating_sub(rec.submitted_ms));
+        let ran = Duration::from_millis(journal::now_ms().saturating_sub(at.launched_ms));
         let limit = rec.req.time_limit_ms.map(Duration::from_millis);
         let ask = JobAsk {
             job: rec.id,
@@ -185,28 +185,15 @@ impl MachineManager {
             .then(|| self.journal.program(rec.id))
             .flatten();
         let now = Instant::now();
-        let since = |d: Duration| now.checked_sub(d).unwrap_or(now);
-        let mut job = Job::queued(NewJob {
-            id: rec.id,
-            uid: rec.uid,
-            gid: rec.gid,
-            req: rec.req.clone(),
-            plan,
-            program,
-            client: None,
-            submitted: since(age),
-            submitted_ms: rec.submitted_ms,
-        });
-        job.program_saved = job.program.is_some();
+        let mut job = restored_job(rec, plan, program);
         job.phase = Phase::Recovering;
         job.nodes = at.nodes.clone();
         job.slot = Some(slot);
         job.time_slot = at.time_slot as usize;
-        job.allocated = Some(since(ran));
+        job.allocated = Some(now.checked_sub(ran).unwrap_or(now));
         job.ready = job.allocated;
         job.launched = job.allocated;
         job.launched_ms = Some(at.launched_ms);
-        job.restored = true;
         job.recovery = Some(Recovery {
             until: now + Duration::from_millis(self.cfg.failure.readopt_within_ms),
             held: NodeSet::new(),
@@ -319,22 +306,7 @@ impl MachineManager {
         } else {
             None
         };
-        let age = Duration::from_millis(journal::now_ms().saturating_sub(rec.submitted_ms));
-        let now = Instant::now();
-        let mut job = Job::queued(NewJob {
-            id: rec.id,
-            uid: rec.uid,
-            gid: rec.gid,
-            req: rec.req.clone(),
-            plan,
-            program,
-            client: None,
-            submitted: now.checked_sub(age).unwrap_or(now),
-            submitted_ms: rec.submitted_ms,
-        });
-        job.program_saved = job.program.is_some();
-        job.restored = true;
-        self.jobs.insert(rec.id, job);
+        self.jobs.insert(rec.id, restored_job(rec, plan, program));
         self.unrecorded.insert(rec.id);
         Ok(())
     }
@@ -446,4 +418,25 @@ impl MachineManager {
         self.send_held_output(job);
         tracing::info!(job, "submitter reattached");
     }
+}
+
+/// A job as its journal record describes it, queued, with no submitter attached yet; its
+/// submission time is set back by the age the record gives it.
+fn restored_job(rec: &JobRecord, plan: TaskPlan, program: Option<File>) -> Job {
+    let age = Duration::from_millis(journal::now_ms().saturating_sub(rec.submitted_ms));
+    let now = Instant::now();
+    let mut job = Job::queued(NewJob {
+        id: rec.id,
+        uid: rec.uid,
+        gid: rec.gid,
+        req: rec.req.clone(),
+        plan,
+        program,
+        client: None,
+        submitted: now.checked_sub(age).unwrap_or(now),
+        submitted_ms: rec.submitted_ms,
+    });
+    job.program_saved = job.program.is_some();
+    job.restored = true;
+    job
 }
