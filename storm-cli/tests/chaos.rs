@@ -15,13 +15,15 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use storm_cli::testbed::Testbed;
-use support::testbed::{can_run, logs, nodes, submit, up, wait_job_state, wait_node_state};
+use support::testbed::{
+    can_run, finish, logs, nodes, spawn, submit, up, wait_job_state, wait_node_state,
+};
 use support::{script, text};
 
 /// K heartbeat periods at the testbed's defaults: `missed_heartbeats` = 1000 at 1 ms.
@@ -38,18 +40,6 @@ fn long_freeze() -> Duration {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     Duration::from_secs(s)
-}
-
-fn spawn(tb: &Testbed, args: &[&str]) -> Child {
-    submit(tb, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn finish(child: Child) -> Output {
-    child.wait_with_output().unwrap()
 }
 
 /// A stopped NM, continued when this is dropped (also when an assertion fails, so the testbed
@@ -93,8 +83,15 @@ fn counter(dir: &Path, name: &str, lines: u32, gap: f64, code: i32) -> String {
     .to_string()
 }
 
-/// Asserts every rank of `ranks` printed lines 1..=lines exactly once, in order.
-fn assert_all_lines(out: &Output, ranks: u32, lines: u32) {
+/// Asserts that a [`counter`] job of `ranks` ranks exited with `code` and that every rank
+/// printed lines 1..=lines exactly once, in order. `context` (daemon logs) goes with a failure.
+fn assert_whole(out: &Output, code: i32, ranks: u32, lines: u32, context: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}\n{context}",
+        text(&out.stderr)
+    );
     let stdout = text(&out.stdout);
     for rank in 0..ranks {
         let got: Vec<&str> = stdout
@@ -159,14 +156,7 @@ fn freeze_idle(freeze: Duration) {
     drop(frozen);
 
     let out = finish(healthy);
-    assert_eq!(
-        out.status.code(),
-        Some(4),
-        "{}\n{}",
-        text(&out.stderr),
-        logs(&tb)
-    );
-    assert_all_lines(&out, 2, 20);
+    assert_whole(&out, 4, 2, 20, &logs(&tb));
     // Thawed, the node joins again and takes work.
     wait_node_state(&socket, 3, "idle", Duration::from_secs(20));
     let all = submit(&tb, &["-N", "4", "/bin/echo", "all"])
@@ -221,14 +211,7 @@ fn freeze_under_a_job(freeze: Duration) -> Output {
     drop(frozen);
 
     let out = finish(healthy);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out.stderr),
-        logs(&tb)
-    );
-    assert_all_lines(&out, 2, 30);
+    assert_whole(&out, 0, 2, 30, &logs(&tb));
     let hit = finish(hit);
     wait_node_state(&socket, 3, "idle", Duration::from_secs(20));
     hit
@@ -241,8 +224,7 @@ fn a_node_frozen_for_100_ms_under_a_job_leaves_that_job_whole() {
     }
     let hit = freeze_under_a_job(Duration::from_millis(100));
     // Silence is not a restart: the NM kept its tasks, the MM re-adopted them.
-    assert_eq!(hit.status.code(), Some(6), "{}", text(&hit.stderr));
-    assert_all_lines(&hit, 2, 30);
+    assert_whole(&hit, 6, 2, 30, "");
 }
 
 #[test]
@@ -286,14 +268,7 @@ fn two_nodes_frozen_at_once_stall_no_one_and_both_rejoin() {
     assert!(during.status.success(), "{}", text(&during.stderr));
     drop((a, b));
     let out = finish(healthy);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out.stderr),
-        logs(&tb)
-    );
-    assert_all_lines(&out, 2, 30);
+    assert_whole(&out, 0, 2, 30, &logs(&tb));
     for n in [2, 3] {
         wait_node_state(&socket, n, "idle", Duration::from_secs(20));
     }

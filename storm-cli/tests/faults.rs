@@ -10,12 +10,11 @@ mod support;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
-use storm_cli::testbed::Testbed;
 use support::testbed::{
-    can_run, gone_within, logs, nodes, submit, up, wait_job_state, wait_node_state, wait_pid,
+    can_run, finish, gone_within, logs, nodes, spawn, submit, up, wait_job_state, wait_node_state,
+    wait_pid,
 };
 use support::{script, text};
 
@@ -23,18 +22,6 @@ use support::{script, text};
 /// testbed's 1 ms) plus a few deadlines; the rest is slack for a loaded CI machine. The chaos
 /// tests (chaos.rs) check the rule itself.
 const DETECT: Duration = Duration::from_secs(10);
-
-fn spawn(tb: &Testbed, args: &[&str]) -> Child {
-    submit(tb, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn finish(child: Child) -> Output {
-    child.wait_with_output().unwrap()
-}
 
 /// A task that records its pid in `dir/pid.<node>` and then sleeps until killed.
 fn sleeper(dir: &Path) -> String {

@@ -1,7 +1,7 @@
 //! Namespace testbeds for integration tests, and what the tests ask of them.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -141,6 +141,20 @@ pub fn submit(tb: &Testbed, args: &[&str]) -> Command {
     let mut c = Command::new(bin_dir().join("storm-submit"));
     c.arg("--config").arg(&tb.config_path).args(args);
     c
+}
+
+/// storm-submit against testbed `tb`, started with its output piped (see [`finish`]).
+pub fn spawn(tb: &Testbed, args: &[&str]) -> Child {
+    submit(tb, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a storm-submit started by [`spawn`] and takes its output.
+pub fn finish(child: Child) -> Output {
+    child.wait_with_output().unwrap()
 }
 
 /// Waits up to `limit` for a task to write its pid into `path`, and returns the pid.
