@@ -256,7 +256,20 @@ impl Registration {
             }
             Membership::Evicted { stamp } if stamp == mine || stamp == 0 => {
                 match &mut self.standing {
-                    Standing::Registering { sent, .. } => *sent = None,
+                    // The MM does not know this node yet (it restarted): send the
+                    // registration again at once.
+                    Standing::Registering { sent, .. } if stamp == 0 => *sent = None,
+                    // The MM took this registration and then gave up on it (the node went
+                    // DOWN before its welcome got through). It acts only on a stamp it has not
+                    // seen, so the same one sent again would be ignored for ever: register
+                    // with a new one.
+                    Standing::Registering { .. } => {
+                        tracing::warn!(
+                            node = self.node,
+                            "the MM dropped this node's registration; registering again"
+                        );
+                        self.register_again();
+                    }
                     _ => {
                         tracing::warn!(
                             node = self.node,
