@@ -79,6 +79,22 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Runs the nftables script `script` in namespace `ns`; the error says what nft said.
+fn nft(ns: &str, script: &str) -> Result<()> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", script])
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip netns exec ... nft (install iproute2 and nftables)")?;
+    if !out.status.success() {
+        bail!(
+            "nft {script:?} in {ns} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 /// The address of node `i`.
 pub fn node_addr(i: u32) -> Ipv4Addr {
     let host = i + 2;
@@ -299,6 +315,29 @@ impl Testbed {
     /// Cuts (or restores) node `i`'s cable.
     pub fn set_link(&self, i: u32, up: bool) -> Result<()> {
         set_link(&self.name, i, up)
+    }
+
+    /// Makes node `i`'s link drop `percent` % of the packets it sends and of those it
+    /// receives, at random (0 restores it). This kernel has no netem, so it is an nftables
+    /// rule in the node's namespace (`numgen random`); needs the `nft` tool (Debian package
+    /// `nftables`).
+    pub fn set_loss(&self, i: u32, percent: u32) -> Result<()> {
+        let ns = self.node_ns(i);
+        // Deleting a table that is not there fails; that is fine.
+        let _ = nft(&ns, "delete table inet storm_loss");
+        if percent == 0 {
+            return Ok(());
+        }
+        nft(
+            &ns,
+            &format!(
+                "table inet storm_loss {{ \
+                   chain input {{ type filter hook input priority 0; \
+                     numgen random mod 100 < {percent} drop; }}; \
+                   chain output {{ type filter hook output priority 0; \
+                     numgen random mod 100 < {percent} drop; }}; }}"
+            ),
+        )
     }
 
     fn save_state(&self) -> Result<()> {

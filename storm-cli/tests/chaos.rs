@@ -16,6 +16,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Output;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -32,6 +33,16 @@ const K_PERIODS: Duration = Duration::from_millis(1000);
 /// The slack docs/operations.md states for detection on top of K periods (one heartbeat
 /// deadline, the MM's check interval, and scheduling noise on a loaded 2-core host).
 const DETECT_SLACK: Duration = Duration::from_millis(1500);
+
+/// A 4-node testbed for one case, and the right to run it: the cases run one at a time, so
+/// that the detection times they check measure storm, not the other cases' load on a 2-core
+/// machine. (Bind it as `let (_serial, tb)`: the testbed is torn down before the next case
+/// starts.)
+fn testbed(work: &Path) -> (MutexGuard<'static, ()>, Testbed) {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    (serial, up(4, work))
+}
 
 /// How long the long freeze lasts (30 s with STORM_CHAOS_LONG_S=30).
 fn long_freeze() -> Duration {
@@ -115,7 +126,7 @@ fn state_after(socket: &Path, node: u32, state: &str, since: Instant, limit: Dur
 /// the thawed node is back idle and takes work.
 fn freeze_idle(freeze: Duration) {
     let work = tempfile::tempdir().unwrap();
-    let tb = up(4, work.path());
+    let (_serial, tb) = testbed(work.path());
     let socket = tb.socket().to_path_buf();
     let prog = counter(work.path(), "healthy.sh", 20, 0.1, 4);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &prog]);
@@ -190,8 +201,18 @@ fn an_idle_node_frozen_for_long_is_down_within_the_rule_and_rejoins() {
 /// A job on nodes 2 and 3 while node 3 freezes for `freeze`, beside a job on healthy nodes 0
 /// and 1. Returns the frozen job's output.
 fn freeze_under_a_job(freeze: Duration) -> Output {
+    trouble_under_a_job(|tb| {
+        let _frozen = Frozen::new(tb, 3);
+        std::thread::sleep(freeze);
+    })
+}
+
+/// A job on nodes 2 and 3 while `trouble` is done to node 3, beside a job on healthy nodes 0
+/// and 1, which must complete whole. Returns the troubled job's output once node 3 is idle
+/// again.
+fn trouble_under_a_job(trouble: impl FnOnce(&Testbed)) -> Output {
     let work = tempfile::tempdir().unwrap();
-    let tb = up(4, work.path());
+    let (_serial, tb) = testbed(work.path());
     let socket = tb.socket().to_path_buf();
     let healthy_prog = counter(work.path(), "healthy.sh", 30, 0.1, 0);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &healthy_prog]);
@@ -206,9 +227,7 @@ fn freeze_under_a_job(freeze: Duration) -> Output {
     );
     std::thread::sleep(Duration::from_millis(300));
 
-    let frozen = Frozen::new(&tb, 3);
-    std::thread::sleep(freeze);
-    drop(frozen);
+    trouble(&tb);
 
     let out = finish(healthy);
     assert_whole(&out, 0, 2, 30, &logs(&tb));
@@ -247,7 +266,7 @@ fn two_nodes_frozen_at_once_stall_no_one_and_both_rejoin() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let tb = up(4, work.path());
+    let (_serial, tb) = testbed(work.path());
     let socket = tb.socket().to_path_buf();
     let prog = counter(work.path(), "healthy.sh", 30, 0.1, 0);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &prog]);
@@ -272,4 +291,64 @@ fn two_nodes_frozen_at_once_stall_no_one_and_both_rejoin() {
     for n in [2, 3] {
         wait_node_state(&socket, n, "idle", Duration::from_secs(20));
     }
+}
+
+/// How long a lossy link or a starved NM lasts in these cases.
+const TROUBLE: Duration = Duration::from_secs(3);
+
+/// The troubled node's job, under a fault that may or may not make the node miss K periods:
+/// it completes whole, or it ends naming the node, never anything in between.
+fn whole_or_ended_naming_node_3(hit: &Output) {
+    let stderr = text(&hit.stderr);
+    eprintln!("the troubled node's job ended with {:?}", hit.status.code());
+    match hit.status.code() {
+        Some(6) => assert_whole(hit, 6, 2, 30, ""),
+        Some(1) => assert!(
+            stderr.contains("node 3 (node3) failed"),
+            "the job's end names the troubled node: {stderr}"
+        ),
+        other => panic!("the troubled node's job ended with {other:?}: {stderr}"),
+    }
+}
+
+/// Node 3's link drops `percent` % of its packets in both directions for [`TROUBLE`].
+fn lossy(percent: u32) -> Output {
+    trouble_under_a_job(|tb| {
+        tb.set_loss(3, percent).expect("set the loss");
+        std::thread::sleep(TROUBLE);
+        tb.set_loss(3, 0).expect("clear the loss");
+    })
+}
+
+#[test]
+fn one_percent_packet_loss_on_a_link_fails_no_job_on_healthy_nodes() {
+    if can_run("one_percent_packet_loss_on_a_link_fails_no_job_on_healthy_nodes") {
+        whole_or_ended_naming_node_3(&lossy(1));
+    }
+}
+
+#[test]
+fn ten_percent_packet_loss_on_a_link_fails_no_job_on_healthy_nodes() {
+    if can_run("ten_percent_packet_loss_on_a_link_fails_no_job_on_healthy_nodes") {
+        whole_or_ended_naming_node_3(&lossy(10));
+    }
+}
+
+/// An NM that gets the CPU 5 ms out of every 50 (stopped the rest of the time, as a node
+/// whose cores are taken by something else would be) for [`TROUBLE`].
+#[test]
+fn a_node_manager_starved_of_cpu_fails_no_job_on_healthy_nodes() {
+    if !can_run("a_node_manager_starved_of_cpu_fails_no_job_on_healthy_nodes") {
+        return;
+    }
+    let hit = trouble_under_a_job(|tb| {
+        let until = Instant::now() + TROUBLE;
+        while Instant::now() < until {
+            let frozen = Frozen::new(tb, 3);
+            std::thread::sleep(Duration::from_millis(45));
+            drop(frozen);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    whole_or_ended_naming_node_3(&hit);
 }
