@@ -204,8 +204,9 @@ fn at_any_instant_at_most_one_time_slots_tasks_are_runnable_on_a_node() {
     }
 }
 
-/// Parses every NM's switches.log: for each node, heartbeat number -> (ns, stopped, continued).
-type Switches = BTreeMap<u32, BTreeMap<u64, (u128, Vec<u64>, Vec<u64>)>>;
+/// Parses every NM's switches.log: for each node, heartbeat number -> (ns, stopped, continued,
+/// the heartbeat that began the switch).
+type Switches = BTreeMap<u32, BTreeMap<u64, (u128, Vec<u64>, Vec<u64>, u64)>>;
 
 fn switches(c: &TestCluster, nodes: u32) -> Switches {
     let mut out = BTreeMap::new();
@@ -222,15 +223,16 @@ fn switches(c: &TestCluster, nodes: u32) -> Switches {
                     .map(|x| x.parse().unwrap())
                     .collect()
             };
+            // f[4] is start=: launchers spawned at this strobe; f[5] is recv=.
             per.insert(
                 f[0].parse().unwrap(),
                 (
                     f[1].parse().unwrap(),
                     list(f[2], "stop="),
                     list(f[3], "cont="),
+                    f[6].trim_start_matches("from=").parse().unwrap(),
                 ),
             );
-            let _ = f.get(4); // start=: launchers spawned at this strobe
         }
         out.insert(n, per);
     }
@@ -287,13 +289,25 @@ fn all_nodes_of_a_job_switch_at_the_same_strobe_and_results_survive_hundreds_of_
     // somewhere (a node stops switching a job once its own tasks of it are done).
     let jobs: BTreeSet<u64> = log
         .values()
-        .flat_map(|m| m.values().flat_map(|(_, s, c)| s.iter().chain(c).copied()))
+        .flat_map(|m| {
+            m.values()
+                .flat_map(|(_, s, c, _)| s.iter().chain(c).copied())
+        })
+        .collect();
+    // A node whose old slot took longer than a heartbeat to stop continues the new one late,
+    // by design (it never runs two slots at once); those strobes are left out, on every node.
+    let late: BTreeSet<u64> = log
+        .values()
+        .flat_map(|m| m.iter())
+        .filter(|(seq, e)| e.3 < **seq)
+        .flat_map(|(seq, e)| e.3..=*seq)
         .collect();
     for job in jobs {
         let moves = |n: u32| -> BTreeMap<u64, bool> {
             log[&n]
                 .iter()
-                .filter_map(|(seq, (_, s, c))| {
+                .filter(|(seq, _)| !late.contains(seq))
+                .filter_map(|(seq, (_, s, c, _))| {
                     if s.contains(&job) {
                         Some((*seq, false))
                     } else if c.contains(&job) {

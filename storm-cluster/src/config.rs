@@ -183,8 +183,10 @@ pub struct SchedulerSection {
     /// Limit given to jobs submitted without `--time` (EASY needs one for every job).
     pub default_time_limit_s: u64,
     /// Each NM appends every schedule it applies to `<spool>/switches.log` (for benchmarks and
-    /// tests), one line per switch: `SEQ DONE_NS stop=JOBS cont=JOBS start=JOBS recv=NS`, with
-    /// CLOCK_MONOTONIC times of the switch's completion and of the heartbeat's receipt.
+    /// tests), one line per switch: `SEQ DONE_NS stop=JOBS cont=JOBS start=JOBS recv=NS
+    /// from=SEQ`, with CLOCK_MONOTONIC times of the switch's completion and of the heartbeat's
+    /// receipt. `from` is the heartbeat that began the switch: earlier than `SEQ` when the old
+    /// slot's tasks took longer than a heartbeat to stop.
     pub switch_log: bool,
 }
 

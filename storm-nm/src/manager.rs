@@ -47,6 +47,29 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 /// How often `poll_tasks` waits on the launchers (see there).
 const LAUNCHER_CHECK: Duration = Duration::from_millis(10);
 
+/// How long a gang switch waits, inside the heartbeat, for the old slot's tasks to stop
+/// before it leaves the rest to the NM's loop (which looks again every millisecond).
+const SWITCH_INLINE_WAIT: Duration = Duration::from_millis(5);
+/// A switch whose old slot still has not stopped after this long is logged.
+const SWITCH_WARN: Duration = Duration::from_millis(50);
+/// A task that has not acted on SIGSTOP after this long is stuck in the kernel (a hung file
+/// system): its pending SIGSTOP still stops it before it runs user code again, so the new
+/// slot runs rather than wait for it indefinitely.
+const SWITCH_GIVE_UP: Duration = Duration::from_secs(1);
+
+/// A gang switch in progress: the old slot's jobs have been sent SIGSTOP; the new slot's are
+/// continued once those have stopped.
+struct Switch {
+    /// The heartbeat whose schedule the switch carries out (the latest, if several came
+    /// while it waited) and the one that began it.
+    seq: u64,
+    from: u64,
+    received_ns: u128,
+    since: Instant,
+    stopped: Vec<JobId>,
+    warned: bool,
+}
+
 /// How to start a node manager.
 pub struct NmOptions {
     pub config: ClusterConfig,
@@ -122,6 +145,10 @@ pub struct NodeManager {
     zombies: Vec<Zombie>,
     /// Jobs launched under gang scheduling whose time slot has not come yet.
     pending: BTreeMap<JobId, LaunchSpec>,
+    /// The jobs the latest gang schedule runs.
+    run: Vec<JobId>,
+    /// A gang switch waiting for the old slot to stop.
+    switch: Option<Switch>,
     /// Where applied schedules are recorded, if the cluster asks for it.
     switch_log: Option<std::io::LineWriter<std::fs::File>>,
     /// Open /proc stat files of the tasks gang scheduling stops.
@@ -196,6 +223,8 @@ impl NodeManager {
             incarnation: None,
             output_epoch: 0,
             pending: BTreeMap::new(),
+            run: Vec::new(),
+            switch: None,
             stop,
             cfg,
         })
@@ -218,7 +247,13 @@ impl NodeManager {
                 // Before a registration goes out: see `Output::hold`.
                 self.output.hold();
             }
-            let next = membership.next(idle_wait, &|| self.held_jobs());
+            // A switch waiting for tasks to stop is looked at again every millisecond.
+            let wait = if self.switch.is_some() {
+                Duration::from_millis(1)
+            } else {
+                idle_wait
+            };
+            let next = membership.next(wait, &|| self.held_jobs());
             match next {
                 Ok(Event::Heartbeat(bytes)) => shutdown = self.heartbeat(&bytes),
                 Ok(Event::Welcomed {
@@ -233,6 +268,7 @@ impl NodeManager {
             if self.output.stalled() {
                 membership.rejoin("output could not be delivered to the MM");
             }
+            self.finish_switch(Duration::ZERO);
             self.poll_tasks();
         }
         tracing::info!(node = self.node, "node manager stopping");
@@ -537,59 +573,110 @@ impl NodeManager {
         }
     }
 
-    /// Gang scheduling: stops every local job that is not in `run`, then continues every one
-    /// that is. Stopping first means that a node never has two time slots' tasks runnable.
+    /// Gang scheduling: stops every local job that is not in `run`, then, once their tasks
+    /// have all acted on SIGSTOP, continues (or starts) every one that is. A node never has
+    /// two time slots' tasks runnable: when the old slot takes a while to stop (a busy
+    /// node), the new one waits for it in `finish_switch`, called again on every loop.
     /// `received_ns` (CLOCK_MONOTONIC) is when the heartbeat was taken from the queue; the
     /// switch log records it beside the time the switch was complete.
     fn apply_schedule(&mut self, seq: u64, received_ns: u128, run: &[JobId]) {
+        self.run.clear();
+        self.run.extend_from_slice(run);
+        let mut stopped = Vec::new();
+        for (job, j) in self
+            .jobs
+            .iter_mut()
+            .filter(|(_, j)| !j.reported && !j.ending)
+        {
+            let suspend = !run.contains(job);
+            // A job whose continuing was still waiting has not run since it was stopped.
+            let ran = j.ranks.iter().any(|r| r.status.is_none() && !r.stopped);
+            if suspend && !j.suspended && ran {
+                stopped.push(*job);
+            }
+            j.suspended = suspend;
+        }
+        for job in &stopped {
+            self.stop_job(*job, true);
+        }
+        let switch = self.switch.get_or_insert_with(|| Switch {
+            seq,
+            from: seq,
+            received_ns,
+            since: Instant::now(),
+            stopped: Vec::new(),
+            warned: false,
+        });
+        switch.seq = seq;
+        switch.received_ns = received_ns;
+        switch.stopped.extend(stopped);
+        self.finish_switch(SWITCH_INLINE_WAIT);
+    }
+
+    /// Completes the switch in progress if the tasks it stopped have stopped, waiting for
+    /// them at most `wait`: continues every job of the slot and starts those launched for
+    /// it. Past `SWITCH_GIVE_UP` (a task stuck in the kernel) the new slot runs anyway.
+    fn finish_switch(&mut self, wait: Duration) {
+        let Some(switch) = self.switch.as_mut() else {
+            return;
+        };
+        let halting: Vec<i32> = self
+            .jobs
+            .values()
+            .filter(|j| j.suspended && !j.reported && !j.ending)
+            .flat_map(|j| &j.ranks)
+            .filter(|r| r.status.is_none() && r.stopped)
+            .filter_map(|r| r.slot.and_then(|s| self.table.pid(s).ok().flatten()))
+            .collect();
+        let waited = switch.since.elapsed();
+        if !self.task_states.wait_until_stopped(&halting, wait) {
+            if waited < SWITCH_GIVE_UP {
+                if waited > SWITCH_WARN && !switch.warned {
+                    switch.warned = true;
+                    tracing::warn!(
+                        node = self.node,
+                        seq = switch.seq,
+                        "tasks of the previous slot have taken over {} ms to stop (overloaded \
+                         node?); the new slot waits for them",
+                        SWITCH_WARN.as_millis()
+                    );
+                }
+                return;
+            }
+            tracing::warn!(
+                node = self.node,
+                seq = switch.seq,
+                "tasks of the previous slot did not stop within {} ms; the new slot runs anyway",
+                SWITCH_GIVE_UP.as_millis()
+            );
+        }
+        let Some(switch) = self.switch.take() else {
+            return;
+        };
+        let mut started = Vec::new();
         let due: Vec<JobId> = self
             .pending
             .keys()
-            .filter(|j| run.contains(j))
+            .filter(|j| self.run.contains(j))
             .copied()
             .collect();
-        let mut started = Vec::new();
         for job in due {
             if let Some(spec) = self.pending.remove(&job) {
                 started.push(job);
                 self.spawn_job(spec);
             }
         }
-        let mut stopped = Vec::new();
-        let mut continued = Vec::new();
-        for (job, j) in self
+        let continued: Vec<JobId> = self
             .jobs
-            .iter_mut()
-            .filter(|(_, j)| !j.reported && !j.ending)
-        {
-            let should_run = run.contains(job);
-            let running = !j.suspended;
-            if should_run == running {
-                continue;
-            }
-            j.suspended = !should_run;
-            if should_run {
-                continued.push(*job)
-            } else {
-                stopped.push(*job)
-            }
-        }
-        let mut halting = Vec::new();
-        for job in &stopped {
-            halting.extend(self.stop_job(*job, true));
-        }
-        // A stopped process keeps running until it is scheduled and acts on SIGSTOP: make sure
-        // the old slot has stopped before the new one continues.
-        if !self
-            .task_states
-            .wait_until_stopped(&halting, Duration::from_millis(50))
-        {
-            tracing::warn!(
-                node = self.node,
-                seq,
-                "tasks of the previous slot took over 50 ms to stop (overloaded node?)"
-            );
-        }
+            .iter()
+            .filter(|(job, j)| {
+                !j.suspended
+                    && !j.reported
+                    && !started.contains(job)
+                    && j.ranks.iter().any(|r| r.status.is_none() && r.stopped)
+            })
+            .map(|(job, _)| *job)
+            .collect();
         for job in &continued {
             self.stop_job(*job, false);
         }
@@ -602,16 +689,19 @@ impl NodeManager {
             .collect();
         self.task_states.retain(&live);
         if let Some(log) = self.switch_log.as_mut()
-            && !(stopped.is_empty() && continued.is_empty() && started.is_empty())
+            && !(switch.stopped.is_empty() && continued.is_empty() && started.is_empty())
         {
             let ns = monotonic_ns();
             let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let _ = writeln!(
                 log,
-                "{seq} {ns} stop={} cont={} start={} recv={received_ns}",
-                list(&stopped),
+                "{} {ns} stop={} cont={} start={} recv={} from={}",
+                switch.seq,
+                list(&switch.stopped),
                 list(&continued),
-                list(&started)
+                list(&started),
+                switch.received_ns,
+                switch.from,
             );
         }
     }
