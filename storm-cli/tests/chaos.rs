@@ -8,6 +8,8 @@
 //! * a node frozen past K heartbeat periods is DOWN within the rule (K periods plus the slack
 //!   docs/operations.md states), with a reason, and joins again once thawed.
 //!
+//! Lossy (1%, 10%) and slow (50 ms each way) links and an NM starved of CPU run the same way.
+//!
 //! The long freeze is 5 s here so CI stays short; `STORM_CHAOS_LONG_S=30` runs the issue's
 //! 30 s. These tests need root (network namespaces). Where namespaces cannot be made they
 //! fail and say why, unless STORM_ALLOW_NO_NETNS=1 is set, in which case they print NOT TESTED.
@@ -210,9 +212,9 @@ fn freeze_under_a_job(freeze: Duration) -> Output {
 /// A job on nodes 2 and 3 while `trouble` is done to node 3, beside a job on healthy nodes 0
 /// and 1, which must complete whole. Returns the troubled job's output once node 3 is idle
 /// again.
-fn trouble_under_a_job(trouble: impl FnOnce(&Testbed)) -> Output {
+fn trouble_under_a_job(trouble: impl FnOnce(&mut Testbed)) -> Output {
     let work = tempfile::tempdir().unwrap();
-    let (_serial, tb) = testbed(work.path());
+    let (_serial, mut tb) = testbed(work.path());
     let socket = tb.socket().to_path_buf();
     let healthy_prog = counter(work.path(), "healthy.sh", 30, 0.1, 0);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &healthy_prog]);
@@ -227,7 +229,7 @@ fn trouble_under_a_job(trouble: impl FnOnce(&Testbed)) -> Output {
     );
     std::thread::sleep(Duration::from_millis(300));
 
-    trouble(&tb);
+    trouble(&mut tb);
 
     let out = finish(healthy);
     assert_whole(&out, 0, 2, 30, &logs(&tb));
@@ -318,6 +320,44 @@ fn lossy(percent: u32) -> Output {
         std::thread::sleep(TROUBLE);
         tb.set_loss(3, 0).expect("clear the loss");
     })
+}
+
+/// 50 ms more each way on node 3's link (a 100 ms longer round trip) for [`TROUBLE`]: within
+/// the heartbeat deadline (`deadline_min_ms` = 200), so the node stays a member and its job
+/// completes whole, only slower.
+#[test]
+fn a_50_ms_delay_on_a_link_fails_no_job() {
+    if !can_run("a_50_ms_delay_on_a_link_fails_no_job") {
+        return;
+    }
+    let hit = trouble_under_a_job(|tb| {
+        tb.set_delay(3, Duration::from_millis(50))
+            .expect("delay the link");
+        let rtt = connect_time(&tb.node_ns(0), 3);
+        assert!(
+            rtt >= Duration::from_millis(100),
+            "a TCP handshake with node 3 takes a round trip of at least 100 ms: {rtt:?}"
+        );
+        eprintln!("TCP handshake with the delayed node: {rtt:?}");
+        std::thread::sleep(TROUBLE);
+        tb.set_delay(3, Duration::ZERO).expect("clear the delay");
+    });
+    assert_whole(&hit, 6, 2, 30, "");
+}
+
+/// How long a TCP handshake from namespace `ns` to node `node`'s NM port takes.
+fn connect_time(ns: &str, node: u32) -> Duration {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let addr = std::net::SocketAddr::from((storm_cli::testbed::node_addr(node), 7000));
+        let start = Instant::now();
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        start.elapsed()
+    })
+    .join()
+    .unwrap()
 }
 
 #[test]

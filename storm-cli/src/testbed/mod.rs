@@ -28,6 +28,8 @@ use storm_cluster::config::{
 
 use crate::local::{bin_dir, tail, wait_for_nodes};
 
+mod delay;
+
 /// The port every daemon listens on, each in its own namespace.
 const PORT: u16 = 7000;
 const STATE_FILE: &str = "testbed.state";
@@ -59,6 +61,8 @@ pub struct Testbed {
     daemons: Vec<(String, u32)>,
     /// The daemons as our children, reaped after teardown (empty once handed to a CLI user).
     children: Vec<std::process::Child>,
+    /// Delay lines inserted on nodes' links, by node.
+    delay_lines: std::collections::BTreeMap<u32, delay::DelayLine>,
     torn_down: bool,
 }
 
@@ -160,6 +164,7 @@ impl Testbed {
             namespaces: Vec::new(),
             daemons: Vec::new(),
             children: Vec::new(),
+            delay_lines: Default::default(),
             torn_down: false,
         };
         // On any error below, dropping `tb` removes what was made so far.
@@ -340,6 +345,21 @@ impl Testbed {
         )
     }
 
+    /// Delays every frame node `i` sends and every frame sent to it by `delay`, so its round
+    /// trip grows by twice that (`Duration::ZERO` takes the delay away). This kernel has no
+    /// netem: a relay in this process carries the node's traffic (see `delay.rs`), for as
+    /// long as this value lives.
+    pub fn set_delay(&mut self, i: u32, delay: Duration) -> Result<()> {
+        if let Some(line) = self.delay_lines.get(&i) {
+            line.set_delay(delay);
+            return Ok(());
+        }
+        let line = delay::DelayLine::insert(&self.switch_ns(), &format!("n{i}"), delay)
+            .with_context(|| format!("putting a delay line on node {i}'s link"))?;
+        self.delay_lines.insert(i, line);
+        Ok(())
+    }
+
     fn save_state(&self) -> Result<()> {
         let mut text = String::new();
         for ns in &self.namespaces {
@@ -362,6 +382,7 @@ impl Testbed {
             return Ok(());
         }
         self.torn_down = true;
+        self.delay_lines.clear();
         let result = down_by_state(&self.dir);
         for mut c in self.children.drain(..) {
             let _ = c.kill();
