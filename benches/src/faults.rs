@@ -6,6 +6,11 @@
 //!   NM is started again and the time until the node is back up (re-registered and welcomed)
 //!   is measured. Baseline, same run: how long the kernel takes to tell a client that nobody
 //!   listens on a loopback port (a refused connect), the quickest notice of a dead process.
+//!   The same for a frozen NM (SIGSTOP, as a swapping host or a hung file system would do):
+//!   the time until DOWN, then SIGCONT and the time until it is idle again.
+//! * heartbeat period: an embedded cluster whose NMs log every heartbeat they take; the gaps
+//!   between heartbeats at the healthy nodes while one NM is frozen (p50, p99, max), against
+//!   the same gaps with no node frozen, same run.
 //! * heal: tcp nodes in this process, a binary tree over N nodes; an interior node (node 1,
 //!   parent of a subtree) is shut down as a crash would, and the time is taken from then until
 //!   an XFER-AND-SIGNAL to the remaining nodes has completed: the failed transfer that names
@@ -14,7 +19,9 @@
 //! * MM restart: the MM of an embedded cluster, with finished jobs in its journal, is killed
 //!   with SIGKILL and started again; the time is taken from the start until the control
 //!   socket answers (journal read, ready for requests) and until every node is idle again
-//!   (every NM re-registered and welcomed: the cluster is ready). Baseline, same run: a
+//!   (every NM re-registered and welcomed: the cluster is ready). Then the same with one running
+//!   job on every node (`sleep`, each with its storm-submit attached): until every job is
+//!   re-adopted (running again, not recovering) and its node busy. Baseline, same run: a
 //!   fork/exec of `/bin/true`.
 
 use std::net::{TcpListener, TcpStream};
@@ -27,6 +34,9 @@ use storm_cluster::control::{Client, Reply, Request};
 use storm_primitives::conformance::test_layout;
 use storm_primitives::tcp::{TcpConfig, TcpNode};
 use storm_primitives::{NodeSet, PrimError, Primitives, Wait};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use crate::launch::Quiet;
 use crate::report::{Csv, Table};
@@ -45,6 +55,7 @@ pub const CSV_HEADER: &[&str] = &[
     "trials",
     "median_s",
     "p90_s",
+    "p99_s",
     "max_s",
     "heartbeats_median",
     "baseline_s",
@@ -54,6 +65,7 @@ pub const CSV_HEADER: &[&str] = &[
 pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     Ok(vec![
         detection(args, csv)?,
+        heartbeat_period(args, csv)?,
         heal(args, csv)?,
         mm_restart(args, csv)?,
     ])
@@ -84,6 +96,145 @@ fn wait_state(socket: &std::path::Path, node: u32, want: &[&str], limit: Duratio
     }
 }
 
+/// The pid of node `node`'s NM.
+fn nm_pid(cluster: &LocalCluster, node: u32) -> Result<Pid> {
+    let name = format!("storm-nm node{node}");
+    cluster
+        .daemon_pids()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, pid)| Pid::from_raw(pid as i32))
+        .with_context(|| format!("no {name} in the cluster"))
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (the clock of the NMs' heartbeat logs).
+fn monotonic_ns() -> Result<u128> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
+    Ok(t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128)
+}
+
+/// The gaps between the heartbeats node `node` took between `from` and `to` (CLOCK_MONOTONIC
+/// ns), read from its heartbeat log, in seconds.
+fn heartbeat_gaps(root: &std::path::Path, node: u32, from: u128, to: u128) -> Result<Vec<f64>> {
+    let path = root.join(format!("node{node}")).join("heartbeats.log");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut times = Vec::new();
+    for line in text.lines() {
+        let ns: u128 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("malformed line in {}: {line:?}", path.display()))?;
+        if (from..to).contains(&ns) {
+            times.push(ns);
+        }
+    }
+    Ok(times
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as f64 / 1e9)
+        .collect())
+}
+
+/// How long each window of the heartbeat-period measurement lasts.
+const PERIOD_WINDOW: Duration = Duration::from_secs(3);
+
+/// The heartbeat period the healthy nodes see while one NM is frozen, against the period with
+/// none frozen, same run.
+fn heartbeat_period(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
+    if args.nodes < 2 {
+        bail!("the heartbeat period needs at least 2 nodes");
+    }
+    let mut opts = LocalOptions::new(args.nodes);
+    opts.timeslice_ms = args.timeslice_ms;
+    opts.scheduler.heartbeat_log = true;
+    let cluster = LocalCluster::start(&opts)?;
+    let socket = cluster.socket().to_path_buf();
+    let root = cluster.root().to_path_buf();
+    let frozen = args.nodes - 1;
+    let healthy = 0..frozen;
+    let (mut calm, mut troubled) = (Vec::new(), Vec::new());
+    for _ in 0..args.trials.min(3) {
+        let from = monotonic_ns()?;
+        std::thread::sleep(PERIOD_WINDOW);
+        let to = monotonic_ns()?;
+        for n in healthy.clone() {
+            calm.extend(heartbeat_gaps(&root, n, from, to)?);
+        }
+        let pid = nm_pid(&cluster, frozen)?;
+        let from = monotonic_ns()?;
+        kill(pid, Signal::SIGSTOP)?;
+        std::thread::sleep(PERIOD_WINDOW);
+        let to = monotonic_ns()?;
+        kill(pid, Signal::SIGCONT)?;
+        for n in healthy.clone() {
+            troubled.extend(heartbeat_gaps(&root, n, from, to)?);
+        }
+        wait_state(&socket, frozen, &["idle"], Duration::from_secs(30))?;
+    }
+    cluster.shutdown()?;
+    if calm.is_empty() || troubled.is_empty() {
+        bail!("the healthy nodes logged no heartbeats");
+    }
+    let calm_s = Samples::from_secs(calm.clone());
+    let troubled_s = Samples::from_secs(troubled.clone());
+    let mut table = Table::new(
+        format!(
+            "Heartbeat period at the {} healthy nodes of an embedded {}-node cluster (tcp, \
+             loopback, timeslice {} ms) in {} windows of {:?} from SIGSTOP of node {frozen}'s \
+             NM (through its detection); baseline: the same nodes' period in windows with no \
+             node frozen, same run",
+            args.nodes - 1,
+            args.nodes,
+            args.timeslice_ms,
+            args.trials.min(3),
+            PERIOD_WINDOW,
+        ),
+        &[
+            "measure",
+            "gaps",
+            "p50",
+            "p99",
+            "max",
+            "ratio p50",
+            "ratio p99",
+        ],
+    );
+    for (name, s) in [
+        ("heartbeat gap, none frozen", &calm_s),
+        ("heartbeat gap, one frozen", &troubled_s),
+    ] {
+        table.push(vec![
+            name.into(),
+            s.len().to_string(),
+            fmt_time(s.median()),
+            fmt_time(s.quantile(0.99)),
+            fmt_time(s.quantile(1.0)),
+            format!("{:.2}", s.median() / calm_s.median()),
+            format!("{:.2}", s.quantile(0.99) / calm_s.quantile(0.99)),
+        ]);
+    }
+    for (name, v, s) in [
+        ("heartbeat gap none frozen", calm, &calm_s),
+        ("heartbeat gap one frozen", troubled, &troubled_s),
+    ] {
+        csv.push_distribution(name, v);
+        csv.push(vec![
+            name.replace(' ', "_"),
+            args.nodes.to_string(),
+            s.len().to_string(),
+            format!("{:.6}", s.median()),
+            format!("{:.6}", s.quantile(0.9)),
+            format!("{:.6}", s.quantile(0.99)),
+            format!("{:.6}", s.quantile(1.0)),
+            String::new(),
+            format!("{:.6}", calm_s.median()),
+            format!("{:.2}", s.median() / calm_s.median()),
+        ]);
+    }
+    Ok(table)
+}
+
 /// Median time for a loopback connect to a port nobody listens on to be refused.
 fn refused_connect() -> Result<f64> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
@@ -108,6 +259,21 @@ fn detection(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let socket = cluster.socket().to_path_buf();
     let baseline = refused_connect()?;
     let (mut detect, mut rejoin) = (Vec::new(), Vec::new());
+    let (mut frozen_down, mut thawed_up) = (Vec::new(), Vec::new());
+    for trial in 0..args.trials {
+        let node = trial as u32 % args.nodes;
+        let pid = nm_pid(&cluster, node)?;
+        let t = Instant::now();
+        kill(pid, Signal::SIGSTOP)?;
+        let down = wait_state(&socket, node, &["down"], Duration::from_secs(30));
+        let t_down = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        kill(pid, Signal::SIGCONT)?;
+        down?;
+        frozen_down.push(t_down);
+        wait_state(&socket, node, &["idle"], Duration::from_secs(30))?;
+        thawed_up.push(t.elapsed().as_secs_f64());
+    }
     for trial in 0..args.trials {
         let node = trial as u32 % args.nodes;
         let t = Instant::now();
@@ -123,9 +289,10 @@ fn detection(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let slice = args.timeslice_ms / 1000.0;
     let mut table = Table::new(
         format!(
-            "Failure detection: kill -9 of one NM of an embedded {}-node cluster (tcp, loopback, \
-             timeslice {} ms) until the MM reports it DOWN, and restart until it is up again; \
-             {} trials; baseline: a refused loopback connect, same run",
+            "Failure detection: SIGSTOP (frozen) or kill -9 of one NM of an embedded {}-node \
+             cluster (tcp, loopback, timeslice {} ms) until the MM reports it DOWN, and SIGCONT \
+             or restart until it is idle again; {} trials each; baseline: a refused loopback \
+             connect, same run",
             args.nodes, args.timeslice_ms, args.trials
         ),
         &[
@@ -138,7 +305,12 @@ fn detection(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             "ratio",
         ],
     );
-    for (name, v) in [("kill to DOWN", detect), ("restart to UP", rejoin)] {
+    for (name, v) in [
+        ("freeze to DOWN", frozen_down),
+        ("thaw to UP", thawed_up),
+        ("kill to DOWN", detect),
+        ("restart to UP", rejoin),
+    ] {
         push_measure(&mut table, csv, name, args.nodes, v, Some(slice), baseline);
     }
     Ok(table)
@@ -212,6 +384,7 @@ fn heal(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             heal.len().to_string(),
             format!("{:.6}", heal.median()),
             format!("{:.6}", heal.quantile(0.9)),
+            format!("{:.6}", heal.quantile(0.99)),
             format!("{:.6}", heal.quantile(1.0)),
             String::new(),
             format!("{:.6}", healthy.median()),
@@ -264,41 +437,58 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let baseline = fork_exec()?;
     let (mut answering, mut ready) = (Vec::new(), Vec::new());
     for _ in 0..args.trials {
-        cluster.kill_mm()?;
-        let t = Instant::now();
-        cluster.restart_mm()?;
-        let client = loop {
-            if let Ok(c) = Client::connect(&socket) {
-                break c;
-            }
-            if t.elapsed() > Duration::from_secs(30) {
-                bail!("the MM did not come back within 30 s");
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        };
-        answering.push(t.elapsed().as_secs_f64());
-        loop {
-            let all = match client.call(&Request::Nodes).map_err(anyhow::Error::msg)? {
-                Reply::Nodes(n) => n,
-                other => bail!("unexpected reply {other:?}"),
-            };
-            if all.iter().all(|n| n.state == "idle") {
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(30) {
-                bail!("the nodes were not all idle 30 s after the MM restarted: {all:?}");
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        let (client, answered) = restart_mm(&mut cluster, &socket)?;
+        answering.push(answered);
+        let t = Instant::now() - Duration::from_secs_f64(answered);
+        wait_until(&client, t, "every node idle", |jobs, nodes| {
+            jobs.is_empty() && nodes.iter().all(|n| n.state == "idle")
+        })?;
         ready.push(t.elapsed().as_secs_f64());
     }
+    // One running job on every node, each with its storm-submit attached (it reattaches).
+    let submit = storm_cli::local::bin_dir()?.join("storm-submit");
+    let mut submitters = Vec::new();
+    for _ in 0..args.nodes {
+        submitters.push(
+            std::process::Command::new(&submit)
+                .arg("--socket")
+                .arg(&socket)
+                .args(["-N", "1", "-J", "readopted", "sleep", "3600"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {}", submit.display()))?,
+        );
+    }
+    let running = |jobs: &[storm_cluster::control::JobInfo]| {
+        jobs.len() == args.nodes as usize && jobs.iter().all(|j| j.state == "running")
+    };
+    let client = Client::connect(&socket).map_err(anyhow::Error::msg)?;
+    wait_until(&client, Instant::now(), "the jobs running", |jobs, _| {
+        running(jobs)
+    })?;
+    let (mut answering_busy, mut readopted) = (Vec::new(), Vec::new());
+    for _ in 0..args.trials {
+        let (client, answered) = restart_mm(&mut cluster, &socket)?;
+        answering_busy.push(answered);
+        let t = Instant::now() - Duration::from_secs_f64(answered);
+        wait_until(&client, t, "every job re-adopted", |jobs, nodes| {
+            running(jobs) && nodes.iter().all(|n| n.state != "idle" && n.state != "down")
+        })?;
+        readopted.push(t.elapsed().as_secs_f64());
+    }
     cluster.shutdown()?;
+    for mut s in submitters {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
     let mut table = Table::new(
         format!(
             "MM restart: kill -9 of the MM of an embedded {}-node cluster (tcp, loopback, \
              timeslice {} ms, {JOURNALED_JOBS} jobs in the journal), from its restart until it \
-             answers requests and until every node is idle again; {} trials; baseline: \
-             fork/exec of /bin/true, same run",
+             answers requests and until every node is idle again; then with a running job on \
+             every node, until each is re-adopted; {} trials each; baseline: fork/exec of \
+             /bin/true, same run",
             args.nodes, args.timeslice_ms, args.trials
         ),
         &["measure", "median", "p90", "max", "baseline", "ratio"],
@@ -306,10 +496,64 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     for (name, v) in [
         ("restart to answering", answering),
         ("restart to ready", ready),
+        (
+            &*format!("restart to answering, {} jobs", args.nodes),
+            answering_busy,
+        ),
+        (
+            &*format!("restart to {} jobs re-adopted", args.nodes),
+            readopted,
+        ),
     ] {
         push_measure(&mut table, csv, name, args.nodes, v, None, baseline);
     }
     Ok(table)
+}
+
+/// Kills the MM with SIGKILL and starts it again; returns a client once it answers, and how
+/// long after the restart that was (seconds).
+fn restart_mm(cluster: &mut LocalCluster, socket: &std::path::Path) -> Result<(Client, f64)> {
+    cluster.kill_mm()?;
+    let t = Instant::now();
+    cluster.restart_mm()?;
+    loop {
+        if let Ok(c) = Client::connect(socket) {
+            return Ok((c, t.elapsed().as_secs_f64()));
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("the MM did not come back within 30 s");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Polls the MM's queue and node table until `done` says so (at most 30 s after `since`).
+fn wait_until(
+    client: &Client,
+    since: Instant,
+    what: &str,
+    mut done: impl FnMut(
+        &[storm_cluster::control::JobInfo],
+        &[storm_cluster::control::NodeInfo],
+    ) -> bool,
+) -> Result<()> {
+    loop {
+        let jobs = match client.call(&Request::Queue).map_err(anyhow::Error::msg)? {
+            Reply::Queue(j) => j,
+            other => bail!("unexpected reply {other:?}"),
+        };
+        let nodes = match client.call(&Request::Nodes).map_err(anyhow::Error::msg)? {
+            Reply::Nodes(n) => n,
+            other => bail!("unexpected reply {other:?}"),
+        };
+        if done(&jobs, &nodes) {
+            return Ok(());
+        }
+        if since.elapsed() > Duration::from_secs(30) {
+            bail!("not {what} 30 s after the MM restarted: {jobs:?} {nodes:?}");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 /// One measurement: a row of `table` (median, p90, max, heartbeats if given, baseline,
@@ -326,6 +570,7 @@ fn push_measure(
     csv.push_distribution(name, samples.clone());
     let s = Samples::from_secs(samples);
     let (med, p90, max) = (s.median(), s.quantile(0.9), s.quantile(1.0));
+    let p99 = s.quantile(0.99);
     let mut row = vec![name.into(), fmt_time(med), fmt_time(p90), fmt_time(max)];
     if let Some(slice) = slice {
         row.push(format!("{:.1}", med / slice));
@@ -338,6 +583,7 @@ fn push_measure(
         s.len().to_string(),
         format!("{med:.6}"),
         format!("{p90:.6}"),
+        format!("{p99:.6}"),
         format!("{max:.6}"),
         slice
             .map(|sl| format!("{:.2}", med / sl))

@@ -4,6 +4,8 @@
 //!
 //! * jobs on healthy nodes complete with all their output and their exit codes;
 //! * a job submitted while a node is frozen runs at once on the others;
+//! * the healthy nodes take a heartbeat at least every K periods throughout (every NM logs
+//!   the heartbeats it takes);
 //! * a blip leaves the frozen node's own job alone ("silence is not a restart");
 //! * a node frozen past K heartbeat periods is DOWN within the rule (K periods plus the slack
 //!   docs/operations.md states), with a reason, and joins again once thawed.
@@ -24,8 +26,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use storm_cli::testbed::Testbed;
+use storm_cluster::config::{FailureSection, SchedulerSection};
 use support::testbed::{
-    can_run, finish, logs, nodes, spawn, submit, up, wait_job_state, wait_node_state,
+    can_run, finish, logs, nodes, spawn, submit, up_with, wait_job_state, wait_node_state,
 };
 use support::{script, text};
 
@@ -43,7 +46,56 @@ const DETECT_SLACK: Duration = Duration::from_millis(1500);
 fn testbed(work: &Path) -> (MutexGuard<'static, ()>, Testbed) {
     static SERIAL: Mutex<()> = Mutex::new(());
     let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    (serial, up(4, work))
+    let scheduler = SchedulerSection {
+        heartbeat_log: true,
+        ..SchedulerSection::default()
+    };
+    (
+        serial,
+        up_with(4, work, scheduler, FailureSection::default()),
+    )
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of the NMs' heartbeat logs.
+fn monotonic_ns() -> u128 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
+}
+
+/// The gaps between the heartbeats node `node` took from `since_ns` (CLOCK_MONOTONIC) until
+/// now, counting the one before `since_ns` and now as the ends (so a node that took none has
+/// one gap, as long as the whole time).
+fn heartbeat_gaps(tb: &Testbed, node: u32, since_ns: u128) -> Vec<Duration> {
+    let now = monotonic_ns();
+    let log = std::fs::read_to_string(tb.dir.join(format!("node{node}")).join("heartbeats.log"))
+        .unwrap_or_default();
+    let times: Vec<u128> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let first = times.partition_point(|&t| t < since_ns).saturating_sub(1);
+    let mut points: Vec<u128> = times[first..]
+        .iter()
+        .copied()
+        .filter(|&t| t <= now)
+        .collect();
+    points.push(now);
+    points
+        .windows(2)
+        .map(|w| Duration::from_nanos((w[1] - w[0]) as u64))
+        .collect()
+}
+
+/// Asserts that nodes `healthy` took a heartbeat at least every K periods since `since_ns`.
+fn assert_heartbeats_kept(tb: &Testbed, healthy: &[u32], since_ns: u128) {
+    for &n in healthy {
+        let gaps = heartbeat_gaps(tb, n, since_ns);
+        let worst = gaps.iter().max().copied().unwrap_or_default();
+        assert!(
+            worst < K_PERIODS,
+            "healthy node {n} went {worst:?} without a heartbeat (K periods: {K_PERIODS:?})"
+        );
+    }
 }
 
 /// How long the long freeze lasts (30 s with STORM_CHAOS_LONG_S=30).
@@ -60,6 +112,8 @@ fn long_freeze() -> Duration {
 struct Frozen {
     pid: Pid,
     since: Instant,
+    /// `since` on CLOCK_MONOTONIC, in nanoseconds.
+    since_ns: u128,
 }
 
 impl Frozen {
@@ -68,10 +122,12 @@ impl Frozen {
             .pid(&format!("storm-nm node{node}"))
             .expect("the node's NM runs");
         let pid = Pid::from_raw(pid as i32);
+        let since_ns = monotonic_ns();
         kill(pid, Signal::SIGSTOP).expect("SIGSTOP the NM");
         Self {
             pid,
             since: Instant::now(),
+            since_ns,
         }
     }
 }
@@ -166,6 +222,7 @@ fn freeze_idle(freeze: Duration) {
     }
     let left = freeze.saturating_sub(frozen.since.elapsed());
     std::thread::sleep(left);
+    assert_heartbeats_kept(&tb, &[0, 1, 2], frozen.since_ns);
     drop(frozen);
 
     let out = finish(healthy);
@@ -229,7 +286,9 @@ fn trouble_under_a_job(trouble: impl FnOnce(&mut Testbed)) -> Output {
     );
     std::thread::sleep(Duration::from_millis(300));
 
+    let since = monotonic_ns();
     trouble(&mut tb);
+    assert_heartbeats_kept(&tb, &[0, 1, 2], since);
 
     let out = finish(healthy);
     assert_whole(&out, 0, 2, 30, &logs(&tb));
@@ -287,6 +346,7 @@ fn two_nodes_frozen_at_once_stall_no_one_and_both_rejoin() {
         .output()
         .unwrap();
     assert!(during.status.success(), "{}", text(&during.stderr));
+    assert_heartbeats_kept(&tb, &[0, 1], a.since_ns);
     drop((a, b));
     let out = finish(healthy);
     assert_whole(&out, 0, 2, 30, &logs(&tb));
@@ -339,7 +399,17 @@ fn a_50_ms_delay_on_a_link_fails_no_job() {
             "a TCP handshake with node 3 takes a round trip of at least 100 ms: {rtt:?}"
         );
         eprintln!("TCP handshake with the delayed node: {rtt:?}");
+        let since = monotonic_ns();
         std::thread::sleep(TROUBLE);
+        let mut gaps = heartbeat_gaps(tb, 0, since);
+        gaps.sort();
+        eprintln!(
+            "heartbeat gaps at healthy node 0 while node 3's link was slow: {} gaps, median \
+             {:?}, max {:?}",
+            gaps.len(),
+            gaps[gaps.len() / 2],
+            gaps.last().unwrap()
+        );
         tb.set_delay(3, Duration::ZERO).expect("clear the delay");
     });
     assert_whole(&hit, 6, 2, 30, "");

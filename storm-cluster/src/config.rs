@@ -188,6 +188,10 @@ pub struct SchedulerSection {
     /// receipt. `from` is the heartbeat that began the switch: earlier than `SEQ` when the old
     /// slot's tasks took longer than a heartbeat to stop.
     pub switch_log: bool,
+    /// Each NM appends every heartbeat it takes to `<spool>/heartbeats.log` (for benchmarks),
+    /// one line each: `SEQ RECV_NS`, the CLOCK_MONOTONIC time it took the heartbeat from its
+    /// queue.
+    pub heartbeat_log: bool,
 }
 
 impl Default for SchedulerSection {
@@ -197,6 +201,7 @@ impl Default for SchedulerSection {
             mpl: 2,
             default_time_limit_s: 24 * 3600,
             switch_log: false,
+            heartbeat_log: false,
         }
     }
 }

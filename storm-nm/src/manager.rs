@@ -151,6 +151,8 @@ pub struct NodeManager {
     switch: Option<Switch>,
     /// Where applied schedules are recorded, if the cluster asks for it.
     switch_log: Option<std::io::LineWriter<std::fs::File>>,
+    /// Where heartbeats are recorded as they are taken, if the cluster asks for it.
+    heartbeat_log: Option<std::io::LineWriter<std::fs::File>>,
     /// Open /proc stat files of the tasks gang scheduling stops.
     task_states: TaskStates,
     /// When `poll_tasks` next waits on the launchers.
@@ -193,17 +195,20 @@ impl NodeManager {
         let mm = cfg.mm_id();
         // Sends from the first welcome on, at that membership's output queue epoch.
         let output = Output::start(prims.clone(), &rm, node, mm)?;
-        let switch_log = if cfg.scheduler.switch_log {
-            let path = entry.spool.join("switches.log");
+        let log = |enabled: bool, name: &str| -> Result<_> {
+            if !enabled {
+                return Ok(None);
+            }
+            let path = entry.spool.join(name);
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&path)
                 .with_context(|| format!("opening {}", path.display()))?;
-            Some(std::io::LineWriter::new(f))
-        } else {
-            None
+            Ok(Some(std::io::LineWriter::new(f)))
         };
+        let switch_log = log(cfg.scheduler.switch_log, "switches.log")?;
+        let heartbeat_log = log(cfg.scheduler.heartbeat_log, "heartbeats.log")?;
         tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
         Ok(Self {
             node,
@@ -218,6 +223,7 @@ impl NodeManager {
             receivers: BTreeMap::new(),
             zombies: Vec::new(),
             switch_log,
+            heartbeat_log,
             task_states: TaskStates::default(),
             next_launcher_check: Instant::now(),
             incarnation: None,
@@ -288,6 +294,9 @@ impl NodeManager {
                 return false;
             }
         };
+        if let Some(log) = self.heartbeat_log.as_mut() {
+            let _ = writeln!(log, "{} {received_ns}", hb.seq);
+        }
         let mut shutdown = false;
         for cmd in hb.commands {
             if cmd.nodes().is_some_and(|n| !n.contains(self.node)) {
