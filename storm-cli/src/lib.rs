@@ -23,16 +23,20 @@ use storm_cluster::ClusterConfig;
 /// The default cluster file, when neither `--config` nor `$STORM_CONFIG` names one.
 pub const DEFAULT_CONFIG: &str = "/etc/storm/cluster.toml";
 
+/// The cluster file: `config` if given, else `$STORM_CONFIG`, else the default path.
+pub fn config_path(config: Option<PathBuf>) -> PathBuf {
+    config
+        .or_else(|| std::env::var_os("STORM_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
+}
+
 /// The MM's control socket: `--socket`, else the `control_socket` of the cluster file named by
 /// `--config`, `$STORM_CONFIG`, or [`DEFAULT_CONFIG`].
 pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(s) = socket {
         return Ok(s);
     }
-    let path = config
-        .or_else(|| std::env::var_os("STORM_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
-    ClusterConfig::load(&path)
+    ClusterConfig::load(&config_path(config))
         .map(|c| c.cluster.control_socket)
         .map_err(|e| format!("{e} (use --local N for an embedded cluster, or --config FILE)"))
 }

@@ -253,8 +253,8 @@ impl LocalCluster {
             .tempdir()
             .context("creating a temporary directory")?;
         let root = dir.path().to_path_buf();
-        // Jobs run as the submitting user, who must be able to reach the spool directories.
-        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        // Only the user who started it can reach the cluster (its socket, files and key).
+        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let listeners = (0..=opts.nodes)
             .map(|_| TcpListener::bind("127.0.0.1:0"))
             .collect::<std::io::Result<Vec<_>>>()
@@ -304,9 +304,12 @@ impl LocalCluster {
         if let Some(f) = opts.fanout {
             config.tcp.fanout = f;
         }
+        config.cluster.key_file = Some(root.join(storm_cluster::key::DEFAULT_NAME));
         config.validate()?;
         let config_path = root.join("cluster.toml");
         std::fs::write(&config_path, config.to_toml())?;
+        // A fresh key for every cluster, next to its file (where the daemons look).
+        storm_cluster::key::generate(&root.join(storm_cluster::key::DEFAULT_NAME))?;
         let bin = bin_dir()?;
         let cfg_arg = config_path.display().to_string();
         let notify_path = root.join("notify.sock");

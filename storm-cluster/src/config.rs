@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use storm_primitives::NodeId;
 use storm_primitives::tcp::TcpConfig;
+use storm_primitives::tcp::auth::{ClusterKey, Protection};
 
 /// Why a cluster file is not usable.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,9 @@ pub struct ClusterSection {
     /// Where the MM keeps its journal (jobs, results, drains) and the programs of waiting
     /// jobs, so that a restarted MM loses nothing it accepted.
     pub state_dir: PathBuf,
+    /// The secret every daemon of the cluster shares (`storm keygen`). By default
+    /// `storm.key` next to the cluster file; a relative path is taken from there too.
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for ClusterSection {
@@ -117,6 +121,7 @@ impl Default for ClusterSection {
             kill_wait_ms: 2000,
             pl_path: None,
             state_dir: PathBuf::from("/var/lib/storm"),
+            key_file: None,
         }
     }
 }
@@ -131,6 +136,9 @@ pub struct TcpSection {
     /// Data unacknowledged this long closes the connection (TCP_USER_TIMEOUT): how soon a
     /// node behind a cut link is noticed.
     pub peer_timeout_ms: u64,
+    /// Encrypt frames as well as authenticate them (ChaCha20-Poly1305), for a network others
+    /// can read.
+    pub encrypt: bool,
 }
 
 impl Default for TcpSection {
@@ -142,6 +150,7 @@ impl Default for TcpSection {
             op_timeout_ms: d.op_timeout.as_millis() as u64,
             connect_timeout_ms: d.connect_timeout.as_millis() as u64,
             peer_timeout_ms: d.peer_timeout.as_millis() as u64,
+            encrypt: false,
         }
     }
 }
@@ -306,13 +315,32 @@ impl ClusterConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text).map_err(|e| match e {
+        let mut cfg = Self::parse(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,
             },
             other => other,
-        })
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let key = cfg
+            .cluster
+            .key_file
+            .take()
+            .unwrap_or_else(|| PathBuf::from(crate::key::DEFAULT_NAME));
+        cfg.cluster.key_file = Some(dir.join(key));
+        Ok(cfg)
+    }
+
+    /// Reads the cluster key (see [`crate::key`]). A config parsed from text rather than
+    /// loaded from a file must name its `key_file`.
+    pub fn load_key(&self) -> Result<ClusterKey, crate::key::KeyError> {
+        let path = self
+            .cluster
+            .key_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(crate::key::DEFAULT_NAME));
+        crate::key::load(&path)
     }
 
     /// Parses and validates cluster-file text.
@@ -399,7 +427,7 @@ impl ClusterConfig {
                 f.rejoin_after_ms, self.tcp.peer_timeout_ms
             ));
         }
-        self.tcp_config()
+        self.tcp_config(ClusterKey::from_bytes([0; 32]))
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("[tcp] {e}")))?;
         let mut names = HashSet::new();
@@ -470,14 +498,20 @@ impl ClusterConfig {
         Duration::from_secs_f64(self.cluster.timeslice_ms / 1000.0)
     }
 
-    pub fn tcp_config(&self) -> TcpConfig {
+    /// The tcp backend's settings, with the cluster's key.
+    pub fn tcp_config(&self, key: ClusterKey) -> TcpConfig {
         TcpConfig {
             fanout: self.tcp.fanout,
             chunk_size: self.tcp.chunk_bytes,
             op_timeout: Duration::from_millis(self.tcp.op_timeout_ms),
             connect_timeout: Duration::from_millis(self.tcp.connect_timeout_ms),
             peer_timeout: Duration::from_millis(self.tcp.peer_timeout_ms),
-            cluster_key: crate::layout::name_key(&self.cluster.name),
+            key,
+            protection: if self.tcp.encrypt {
+                Protection::Encrypt
+            } else {
+                Protection::Authenticate
+            },
             ..TcpConfig::default()
         }
     }

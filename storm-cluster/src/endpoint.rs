@@ -9,6 +9,7 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::sync::Arc;
 
 use storm_primitives::tcp::TcpNode;
+use storm_primitives::tcp::auth::ClusterKey;
 use storm_primitives::{NodeId, Primitives};
 
 use crate::config::{BackendKind, ClusterConfig};
@@ -29,6 +30,7 @@ pub fn start(
     rm: &RmLayout,
     id: NodeId,
     listen: Listen,
+    key: ClusterKey,
 ) -> Result<Arc<dyn Primitives>, String> {
     let directory = cfg.directory();
     let addr = directory
@@ -54,11 +56,17 @@ pub fn start(
     };
     match cfg.cluster.backend {
         BackendKind::Tcp => {
-            let node = TcpNode::start(id, listener, directory, rm.layout.clone(), cfg.tcp_config())
-                .map_err(|e| format!("cannot start the tcp endpoint: {e}"))?;
+            let node = TcpNode::start(
+                id,
+                listener,
+                directory,
+                rm.layout.clone(),
+                cfg.tcp_config(key),
+            )
+            .map_err(|e| format!("cannot start the tcp endpoint: {e}"))?;
             Ok(Arc::new(node))
         }
-        BackendKind::Ofi => start_ofi(cfg, rm, id, listener, directory, addr),
+        BackendKind::Ofi => start_ofi(cfg, rm, id, listener, directory, addr, key),
     }
 }
 
@@ -71,11 +79,19 @@ fn start_ofi(
     listener: TcpListener,
     directory: Vec<Option<std::net::SocketAddr>>,
     addr: std::net::SocketAddr,
+    key: ClusterKey,
 ) -> Result<Arc<dyn Primitives>, String> {
     use storm_primitives::ofi::{OfiConfig, OfiNode, bootstrap_layout, default_provider};
     let bl = bootstrap_layout(directory.len() as u32);
-    let boot = TcpNode::start(id, listener, directory, bl.layout.clone(), cfg.tcp_config())
-        .map_err(|e| format!("cannot start the bootstrap endpoint: {e}"))?;
+    // Addresses and memory keys are exchanged over this authenticated link only.
+    let boot = TcpNode::start(
+        id,
+        listener,
+        directory,
+        bl.layout.clone(),
+        cfg.tcp_config(key),
+    )
+    .map_err(|e| format!("cannot start the bootstrap endpoint: {e}"))?;
     let provider = cfg.ofi.provider.clone().unwrap_or_else(default_provider);
     let mut config = OfiConfig::new(&provider);
     if provider != "shm" {

@@ -172,6 +172,8 @@ impl NodeManager {
             pl_path,
             stop,
         } = opts;
+        // First: without the key this daemon must not run at all.
+        let key = cfg.load_key()?;
         let entry = cfg
             .nodes
             .get(node as usize)
@@ -190,7 +192,7 @@ impl NodeManager {
             )
         })?;
         let rm = RmLayout::new(&cfg)?;
-        let prims = endpoint::start(&cfg, &rm, node, listen).map_err(anyhow::Error::msg)?;
+        let prims = endpoint::start(&cfg, &rm, node, listen, key).map_err(anyhow::Error::msg)?;
         let table = PlTable::create(cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs)?;
         let mm = cfg.mm_id();
         // Sends from the first welcome on, at that membership's output queue epoch.

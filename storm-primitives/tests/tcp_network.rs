@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use storm_primitives::conformance::test_layout;
+use storm_primitives::tcp::auth::{Protection, Transcript};
 use storm_primitives::tcp::wire::{Control, Frame, OutFrame, read_frame};
 use storm_primitives::tcp::{TcpConfig, TcpNode};
 use storm_primitives::{Layout, NodeSet, PrimError, Primitives, Relation, Wait};
@@ -84,13 +85,35 @@ fn a_node_nobody_listens_for_fails_at_once_naming_it() {
 #[test]
 fn a_silent_node_fails_the_operation_within_the_timeout() {
     let t = test_layout();
+    let cfg = config(800);
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_addr = silent.local_addr().unwrap();
+    let (key, fingerprint) = (cfg.key.clone(), t.layout.fingerprint());
     std::thread::spawn(move || {
         for s in silent.incoming() {
             let Ok(mut s) = s else { continue };
+            let key = key.clone();
             std::thread::spawn(move || {
-                if let Ok(Frame::Control(Control::Hello(_))) = read_frame(&mut s, 1 << 20) {
+                // A real member (it holds the key, as node 4 of 5), silent after the handshake.
+                let Ok(Frame::Control(Control::Hello(h))) = read_frame(&mut s, 1 << 20) else {
+                    return;
+                };
+                let nonce = [5u8; 32];
+                let t = Transcript::new(
+                    h.node,
+                    4,
+                    5,
+                    fingerprint,
+                    Protection::Authenticate,
+                    &h.nonce,
+                    &nonce,
+                );
+                let challenge = Control::Challenge {
+                    nonce,
+                    proof: t.server_proof(&key),
+                };
+                let _ = s.write_all(&OutFrame::control(&challenge).to_vec());
+                if let Ok(Frame::Control(Control::Proof(_))) = read_frame(&mut s, 1 << 20) {
                     let _ = s.write_all(&OutFrame::control(&Control::HelloAck).to_vec());
                     let mut sink = [0u8; 65536];
                     while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
@@ -99,7 +122,7 @@ fn a_silent_node_fails_the_operation_within_the_timeout() {
         }
     });
     let timeout = Duration::from_millis(800);
-    let nodes = cluster_with(4, silent_addr, &t.layout, &config(800));
+    let nodes = cluster_with(4, silent_addr, &t.layout, &cfg);
     let all = NodeSet::first_n(5);
     for origin in [0usize, 2] {
         let start = Instant::now();
@@ -158,28 +181,51 @@ fn a_silent_node_fails_the_operation_within_the_timeout() {
     );
 }
 
+/// Two nodes, 0 with `layout_a` and `cfg_a`, 1 with `layout_b` and `cfg_b`: why a transfer
+/// from 0 to 1 could not be made.
+fn refusal(layout_a: Layout, cfg_a: TcpConfig, layout_b: Layout, cfg_b: TcpConfig) -> String {
+    let t = test_layout();
+    let l_a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l_b = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = vec![l_a.local_addr().ok(), l_b.local_addr().ok()];
+    let a = TcpNode::start(0, l_a, dir.clone(), layout_a, cfg_a).unwrap();
+    let _b = TcpNode::start(1, l_b, dir, layout_b, cfg_b).unwrap();
+    a.xfer_and_signal(&NodeSet::single(1), 0, Bytes::new(), None, Some(t.done))
+        .unwrap();
+    match outcome(&a, t.done) {
+        Err(PrimError::Unreachable { node: 1, reason }) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
 #[test]
-fn a_node_with_another_layout_is_refused_with_a_reason() {
+fn a_node_with_another_layout_is_refused_and_told_nothing_more() {
     let t = test_layout();
     let mut other = Layout::builder();
     other.var("something-else");
     let other = other.build().unwrap();
-    let l_a = TcpListener::bind("127.0.0.1:0").unwrap();
-    let l_b = TcpListener::bind("127.0.0.1:0").unwrap();
-    let dir = vec![l_a.local_addr().ok(), l_b.local_addr().ok()];
-    let a = TcpNode::start(0, l_a, dir.clone(), t.layout.clone(), config(2000)).unwrap();
-    let _b = TcpNode::start(1, l_b, dir, other, config(2000)).unwrap();
-    a.xfer_and_signal(&NodeSet::single(1), 0, Bytes::new(), None, Some(t.done))
-        .unwrap();
-    match outcome(&a, t.done) {
-        Err(PrimError::Unreachable { node: 1, reason }) => {
-            assert!(
-                reason.contains("refused") && reason.contains("layout"),
-                "{reason}"
-            )
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let cfg = config(2000);
+    let reason = refusal(t.layout.clone(), cfg.clone(), other, cfg);
+    assert!(
+        reason.contains("refused") && !reason.contains("layout"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_node_without_the_cluster_key_is_refused() {
+    let t = test_layout();
+    // Each config has its own random key.
+    let reason = refusal(
+        t.layout.clone(),
+        config(2000),
+        t.layout.clone(),
+        config(2000),
+    );
+    assert!(
+        reason.contains("did not prove it holds the cluster key"),
+        "{reason}"
+    );
 }
 
 #[test]

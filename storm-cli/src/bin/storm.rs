@@ -1,5 +1,5 @@
 //! `storm`: look at and manage a storm cluster (queue, history, cancel, nodes, metrics, drain,
-//! resume, shutdown).
+//! resume, shutdown), and make its key (keygen).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -67,9 +67,20 @@ enum Cmd {
     },
     /// Stop the machine manager and every node manager.
     Shutdown,
+    /// Make the cluster's secret key: a new file of mode 0600 that every daemon reads (copy it
+    /// to every node, owned by the daemons' user). Users never need it.
+    Keygen {
+        /// Where to write it (default: the cluster file's `key_file`, else `storm.key` next to
+        /// the cluster file).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn run(args: Args) -> Result<(), String> {
+    if let Cmd::Keygen { out } = args.command {
+        return keygen(out, args.config);
+    }
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let (req, json) = match args.command {
         Cmd::Metrics { listen } => return metrics(&socket, listen),
@@ -91,6 +102,7 @@ fn run(args: Args) -> Result<(), String> {
             false,
         ),
         Cmd::Shutdown => (Request::Shutdown, false),
+        Cmd::Keygen { .. } => unreachable!("handled above"),
     };
     let client = Client::connect(&socket)?;
     match client.call(&req)? {
@@ -110,6 +122,26 @@ fn run(args: Args) -> Result<(), String> {
         Reply::Error(e) => return Err(e),
         other => return Err(format!("unexpected reply {other:?}")),
     }
+    Ok(())
+}
+
+/// `storm keygen`: writes a new key where the cluster file says the daemons look for it.
+fn keygen(out: Option<PathBuf>, config: Option<PathBuf>) -> Result<(), String> {
+    let path = match out {
+        Some(p) => p,
+        None => {
+            let cfg = storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(config))
+                .map_err(|e| format!("{e} (or give the key's path with --out)"))?;
+            cfg.cluster
+                .key_file
+                .expect("a loaded cluster file names its key file")
+        }
+    };
+    storm_cluster::key::generate(&path).map_err(|e| e.to_string())?;
+    eprintln!(
+        "storm keygen: wrote a new cluster key to {} (mode 0600); copy it to every node",
+        path.display()
+    );
     Ok(())
 }
 

@@ -156,6 +156,8 @@ impl Testbed {
         let config = make_config(opts)?;
         let config_path = opts.dir.join("cluster.toml");
         std::fs::write(&config_path, config.to_toml())?;
+        // A fresh key for every testbed, next to its file (where the daemons look).
+        storm_cluster::key::generate(&opts.dir.join(storm_cluster::key::DEFAULT_NAME))?;
         let mut tb = Testbed {
             name: opts.name.clone(),
             dir: opts.dir.clone(),
@@ -416,6 +418,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             timeslice_ms: opts.timeslice_ms,
             control_socket: opts.dir.join("mm.sock"),
             state_dir: opts.dir.join("mm-state"),
+            key_file: Some(opts.dir.join(storm_cluster::key::DEFAULT_NAME)),
             ..ClusterSection::default()
         },
         tcp: TcpSection::default(),

@@ -81,6 +81,10 @@ impl TestCluster {
         let cluster = LocalCluster::start(&opts).expect("start the local cluster");
         let socket = cluster.socket().to_path_buf();
         let root = cluster.root().to_path_buf();
+        // Tests submit as other users too (a multi-user machine): they must reach the socket.
+        // The key stays private (0600, owned by root).
+        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("open the cluster directory to other users");
         Self {
             cluster: Some(cluster),
             socket,

@@ -294,9 +294,12 @@ impl MachineManager {
             listen,
             stop,
         } = opts;
+        // First: without the key this daemon must not run at all.
+        let key = cfg.load_key()?;
         let rm = RmLayout::new(&cfg)?;
         let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
-        let prims = endpoint::start(&cfg, &rm, cfg.mm_id(), listen).map_err(anyhow::Error::msg)?;
+        let prims =
+            endpoint::start(&cfg, &rm, cfg.mm_id(), listen, key).map_err(anyhow::Error::msg)?;
         let all = NodeSet::first_n(cfg.node_count());
         let outputs = (0..cfg.node_count() as usize)
             .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1).map(output::NodeOutput::new))

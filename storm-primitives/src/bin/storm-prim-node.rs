@@ -54,6 +54,10 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    let key = std::env::var("STORM_CLUSTER_KEY")
+        .context("STORM_CLUSTER_KEY must hold the cluster key (64 hex digits)")?;
+    let key = storm_primitives::tcp::auth::ClusterKey::from_hex(&key)
+        .map_err(|e| anyhow::anyhow!("STORM_CLUSTER_KEY: {e}"))?;
     let listener =
         TcpListener::bind(args.bind).with_context(|| format!("binding {}", args.bind))?;
     let mut out = std::io::stdout();
@@ -82,6 +86,7 @@ fn main() -> Result<()> {
         fanout: args.fanout,
         chunk_size: args.chunk_size,
         op_timeout: Duration::from_millis(args.timeout_ms),
+        key,
         ..TcpConfig::default()
     };
     let node = Arc::new(TcpNode::start(

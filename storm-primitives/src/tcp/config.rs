@@ -2,8 +2,10 @@
 
 use std::time::Duration;
 
+use super::auth::{ClusterKey, Protection};
+
 /// How a tcp node builds trees, splits data and gives up on peers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct TcpConfig {
     /// Children per node in the spanning trees (2 is the paper's binary broadcast).
     pub fanout: usize,
@@ -20,9 +22,12 @@ pub struct TcpConfig {
     pub peer_timeout: Duration,
     /// Largest data frame body accepted from a peer.
     pub max_frame: usize,
-    /// Nodes only talk to nodes presenting the same key (guards against mixing two clusters
-    /// on one network; it is not authentication).
-    pub cluster_key: u64,
+    /// Nodes talk only to nodes that prove they hold this key (see [`super::auth`]).
+    pub key: ClusterKey,
+    /// How frames after the handshake are protected.
+    pub protection: Protection,
+    /// Handshakes being made at once with peers not yet authenticated; more are refused.
+    pub max_handshakes: usize,
 }
 
 impl Default for TcpConfig {
@@ -34,7 +39,11 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(1),
             peer_timeout: Duration::from_millis(500),
             max_frame: 16 * 1024 * 1024,
-            cluster_key: 0,
+            // Nodes started in one process from one config share it; separate processes
+            // must be given the same key.
+            key: ClusterKey::random(),
+            protection: Protection::Authenticate,
+            max_handshakes: 64,
         }
     }
 }

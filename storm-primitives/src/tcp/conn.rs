@@ -4,8 +4,14 @@
 //! that peer through it, so frames to one peer stay in order. Senders write to the socket
 //! directly when they can (see [`Conn`]); each connection also has a writer thread (which makes
 //! the connection, so a slow connect never blocks the caller, and writes what the socket could
-//! not take at once) and a reader thread that decodes frames and hands them to the node. The first frame either way is
-//! a handshake that checks protocol version, cluster size, layout fingerprint and cluster key.
+//! not take at once) and a reader thread that decodes frames and hands them to the node.
+//!
+//! Every connection opens with a handshake, made within `connect_timeout` as a whole: the
+//! protocol version, cluster size, layout fingerprint and frame protection must match, and
+//! each side proves with a fresh nonce from the other that it holds the cluster key
+//! ([`super::auth`]). After it, every frame carries a tag, checked before the frame is acted
+//! on or its data written to memory; one that fails closes the connection and is logged with
+//! the peer's address. A refused peer is told only "refused".
 //! When a connection fails, the node is told once, and every operation waiting on that peer
 //! fails at once instead of waiting for its timeout.
 
@@ -15,12 +21,13 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
+use super::auth::{Opener, Sealer, Transcript, random_bytes};
 use super::node::Inner;
 use super::wire::{
     self, Control, DATA_PREFIX_LEN, Frame, HEADER_LEN, Hello, KIND_DATA, OutFrame, WireError,
@@ -30,13 +37,25 @@ use crate::nodeset::NodeId;
 
 static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Bytes waiting for the writer thread, in order.
+/// The largest handshake frame accepted (a `Hello` is under 100 bytes).
+const MAX_HANDSHAKE_FRAME: usize = 4096;
+
+/// Something waiting for the writer thread: a frame not sealed yet (it gets its sequence
+/// number when it goes out), or the rest of a sealed one that the fast path began.
+enum Queued {
+    Frame(OutFrame),
+    Raw(Bytes),
+}
+
+/// What waits for the writer thread, in order.
 #[derive(Default)]
 struct Outbox {
     /// The socket (a duplicate owned here, so it lives exactly as long as senders may use it),
     /// once connected and past the handshake.
     sock: Option<TcpStream>,
-    queue: VecDeque<Bytes>,
+    /// Seals outgoing frames, from the handshake on.
+    sealer: Option<Sealer>,
+    queue: VecDeque<Queued>,
     /// The writer thread is writing bytes it took from the queue.
     busy: bool,
     closing: bool,
@@ -109,35 +128,34 @@ impl Conn {
         if out.closing {
             return false;
         }
-        let head = frame.head();
-        let body = &frame.body[..];
-        let mut written = 0;
-        if let Some(sock) = &out.sock
+        let out = &mut *out;
+        if let (Some(sock), Some(sealer)) = (&out.sock, out.sealer.as_mut())
             && !out.busy
             && out.queue.is_empty()
         {
-            match send_nonblocking(sock.as_raw_fd(), &[head, body]) {
-                Ok(n) => written = n,
-                Err(_) => {
-                    // The writer thread or the reader will notice and report the loss; keep
-                    // the frame so the failure is reported once, through them.
-                }
+            // Next in line: sealed now, written as far as the socket takes it.
+            let head = frame.head();
+            let (body, tag) = sealer.seal(head, frame.body.clone());
+            let parts = [head, &body[..], &tag[..]];
+            // An error is noticed and reported once by the writer thread or the reader;
+            // the frame stays queued meanwhile.
+            let mut skip = send_nonblocking(sock.as_raw_fd(), &parts).unwrap_or(0);
+            if skip == head.len() + body.len() + tag.len() {
+                return true;
             }
-        }
-        let total = head.len() + body.len();
-        if written < total {
-            if written < head.len() {
-                out.queue
-                    .push_back(Bytes::copy_from_slice(&head[written..]));
-                if !body.is_empty() {
-                    out.queue.push_back(frame.body.clone());
+            for part in [Bytes::copy_from_slice(head), body, tag] {
+                if skip >= part.len() {
+                    skip -= part.len();
+                } else {
+                    out.queue.push_back(Queued::Raw(part.slice(skip..)));
+                    skip = 0;
                 }
-            } else {
-                out.queue
-                    .push_back(frame.body.slice(written - head.len()..));
             }
             self.wake.notify_one();
+            return true;
         }
+        out.queue.push_back(Queued::Frame(frame));
+        self.wake.notify_one();
         true
     }
 
@@ -167,25 +185,27 @@ impl Conn {
         self.wake.notify_all();
     }
 
-    /// Makes the connection usable for direct sends.
-    fn set_connected(&self, stream: &TcpStream) {
+    /// Makes the connection usable for direct sends, sealing with `sealer`.
+    fn set_connected(&self, stream: &TcpStream, sealer: Sealer) {
         let mut out = self.out.lock();
+        out.sealer = Some(sealer);
         if !out.closing {
             out.sock = stream.try_clone().ok();
         }
     }
 }
 
-fn hello_for(inner: &Inner) -> Hello {
+fn hello_for(inner: &Inner, nonce: [u8; 32]) -> Hello {
     Hello {
         node: inner.id,
         cluster_size: inner.all.len() as u32,
         layout_fingerprint: inner.layout.fingerprint(),
-        cluster_key: inner.config.cluster_key,
+        protection: inner.config.protection.code(),
+        nonce,
     }
 }
 
-/// Why we refuse a peer's handshake, if we do.
+/// Why we refuse a peer's handshake, if we do (logged here, never told to the peer).
 fn check_hello(inner: &Inner, h: &Hello) -> Result<(), String> {
     if h.cluster_size != inner.all.len() as u32 {
         return Err(format!(
@@ -204,10 +224,85 @@ fn check_hello(inner: &Inner, h: &Hello) -> Result<(), String> {
             inner.layout.fingerprint()
         ));
     }
-    if h.cluster_key != inner.config.cluster_key {
-        return Err("cluster key differs".into());
+    if h.protection != inner.config.protection.code() {
+        return Err(format!(
+            "frame protection differs (peer {}, this node {:?})",
+            h.protection, inner.config.protection
+        ));
     }
     Ok(())
+}
+
+/// What a handshake binds, from either side.
+fn transcript(
+    inner: &Inner,
+    client: NodeId,
+    server: NodeId,
+    c: &[u8; 32],
+    s: &[u8; 32],
+) -> Transcript {
+    Transcript::new(
+        client,
+        server,
+        inner.all.len() as u32,
+        inner.layout.fingerprint(),
+        inner.config.protection,
+        c,
+        s,
+    )
+}
+
+/// Reads from a socket until a deadline for the whole exchange, not per read: a peer that
+/// trickles its handshake a byte at a time still runs out of time.
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    at: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the handshake took too long",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&*self.stream).read(buf)
+    }
+}
+
+/// Reads one handshake frame before `at`.
+fn read_handshake(stream: &TcpStream, at: Instant) -> Result<Control, String> {
+    match read_frame(&mut Deadline { stream, at }, MAX_HANDSHAKE_FRAME) {
+        Ok(Frame::Control(c)) => Ok(c),
+        Ok(Frame::Data(_)) => Err("a data frame during the handshake".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Handshakes being made by accepted connections, to cap them.
+static HANDSHAKES: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one handshake in progress while it lives.
+struct HandshakeSlot;
+
+impl HandshakeSlot {
+    fn take(limit: usize) -> Option<Self> {
+        let now = HANDSHAKES.fetch_add(1, Ordering::AcqRel);
+        if now >= limit {
+            HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(HandshakeSlot)
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Starts an outgoing connection to `peer`; frames may be queued at once.
@@ -266,21 +361,40 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
     let timeout = inner.config.connect_timeout;
     let mut stream = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let deadline = Instant::now() + timeout;
     stream.set_nodelay(true).ok();
     set_user_timeout(&stream, inner.config.peer_timeout);
+    let failed = |e: String| format!("handshake with node {} at {addr} failed: {e}", conn.peer);
+    let nonce = random_bytes();
     stream
-        .write_all(&OutFrame::control(&Control::Hello(hello_for(inner))).to_vec())
-        .map_err(|e| format!("handshake with {addr} failed: {e}"))?;
-    stream.set_read_timeout(Some(timeout)).ok();
-    let reply = read_frame(&mut stream, inner.config.max_frame);
-    match reply {
-        Ok(Frame::Control(Control::HelloAck)) => {}
-        Ok(Frame::Control(Control::HelloReject(why))) => {
-            return Err(format!("node {} at {addr} refused us: {why}", conn.peer));
-        }
-        Ok(other) => return Err(format!("unexpected handshake reply from {addr}: {other:?}")),
-        Err(e) => return Err(format!("handshake with {addr} failed: {e}")),
+        .write_all(&OutFrame::control(&Control::Hello(hello_for(inner, nonce))).to_vec())
+        .map_err(|e| failed(e.to_string()))?;
+    let (their_nonce, proof) = match read_handshake(&stream, deadline).map_err(failed)? {
+        Control::Challenge { nonce, proof } => (nonce, proof),
+        Control::HelloReject(_) => return Err(format!("node {} at {addr} refused us", conn.peer)),
+        other => return Err(failed(format!("unexpected reply {other:?}"))),
+    };
+    let t = transcript(inner, inner.id, conn.peer, &nonce, &their_nonce);
+    if !t.verify(&inner.config.key, &proof, true) {
+        tracing::warn!(
+            node = inner.id,
+            peer = conn.peer,
+            %addr,
+            "the peer did not prove it holds the cluster key; closing"
+        );
+        return Err(failed(
+            "the peer did not prove it holds the cluster key".into(),
+        ));
     }
+    stream
+        .write_all(&OutFrame::control(&Control::Proof(t.client_proof(&inner.config.key))).to_vec())
+        .map_err(|e| failed(e.to_string()))?;
+    match read_handshake(&stream, deadline).map_err(failed)? {
+        Control::HelloAck => {}
+        Control::HelloReject(_) => return Err(format!("node {} at {addr} refused us", conn.peer)),
+        other => return Err(failed(format!("unexpected reply {other:?}"))),
+    }
+    let session = t.session(&inner.config.key, inner.config.protection, true);
     stream.set_read_timeout(None).ok();
     stream
         .set_write_timeout(Some(inner.config.op_timeout.max(Duration::from_secs(1))))
@@ -291,13 +405,73 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
         let _ = stream.shutdown(Shutdown::Both);
         return Err("connection closed while opening".into());
     }
-    spawn_reader(inner, conn, reader);
-    conn.set_connected(&stream);
+    spawn_reader(inner, conn, reader, session.opener);
+    conn.set_connected(&stream, session.sealer);
     Ok(stream)
+}
+
+/// The accepting side of a handshake; the peer's id and this connection's session, or why
+/// it was refused (to log; the peer is told only "refused").
+fn accept_handshake(
+    inner: &Inner,
+    stream: &mut TcpStream,
+) -> Result<(NodeId, super::auth::Session), String> {
+    let deadline = Instant::now() + inner.config.connect_timeout;
+    let refuse = |stream: &mut TcpStream, why: String| {
+        let reject = OutFrame::control(&Control::HelloReject("refused".into()));
+        let _ = stream.write_all(&reject.to_vec());
+        Err(why)
+    };
+    let hello = match read_handshake(stream, deadline)? {
+        Control::Hello(h) => h,
+        other => return Err(format!("expected a handshake, got {other:?}")),
+    };
+    if let Err(why) = check_hello(inner, &hello) {
+        return refuse(stream, format!("node {} claimed: {why}", hello.node));
+    }
+    let nonce = random_bytes();
+    let t = transcript(inner, hello.node, inner.id, &hello.nonce, &nonce);
+    let challenge = Control::Challenge {
+        nonce,
+        proof: t.server_proof(&inner.config.key),
+    };
+    stream
+        .write_all(&OutFrame::control(&challenge).to_vec())
+        .map_err(|e| e.to_string())?;
+    match read_handshake(stream, deadline)? {
+        Control::Proof(p) if t.verify(&inner.config.key, &p, false) => {}
+        Control::Proof(_) => {
+            return refuse(
+                stream,
+                format!(
+                    "a peer claiming node {} did not prove it holds the cluster key",
+                    hello.node
+                ),
+            );
+        }
+        other => return Err(format!("expected the handshake's proof, got {other:?}")),
+    }
+    stream
+        .write_all(&OutFrame::control(&Control::HelloAck).to_vec())
+        .map_err(|e| e.to_string())?;
+    Ok((
+        hello.node,
+        t.session(&inner.config.key, inner.config.protection, false),
+    ))
 }
 
 /// Handles one accepted socket: handshake, then register and read.
 pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
+    let peer_addr = stream.peer_addr().ok();
+    let Some(slot) = HandshakeSlot::take(inner.config.max_handshakes) else {
+        tracing::warn!(
+            node = inner.id,
+            ?peer_addr,
+            "{} handshakes already in progress; closing a new connection",
+            inner.config.max_handshakes
+        );
+        return;
+    };
     let inner = inner.clone();
     let _ = std::thread::Builder::new()
         .name(format!("storm-accept-{}", inner.id))
@@ -305,77 +479,51 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
             stream.set_nodelay(true).ok();
             set_user_timeout(&stream, inner.config.peer_timeout);
             inner.wait_while_frozen();
-            stream
-                .set_read_timeout(Some(inner.config.connect_timeout))
-                .ok();
-            let peer_addr = stream.peer_addr().ok();
-            let hello = match read_frame(&mut stream, inner.config.max_frame) {
-                Ok(Frame::Control(Control::Hello(h))) => h,
-                Ok(other) => {
-                    tracing::warn!(
-                        node = inner.id,
-                        ?peer_addr,
-                        "expected a handshake, got {other:?}; closing"
-                    );
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(node = inner.id, ?peer_addr, "bad handshake: {e}; closing");
+            let (peer, session) = match accept_handshake(&inner, &mut stream) {
+                Ok(done) => done,
+                Err(why) => {
+                    tracing::warn!(node = inner.id, ?peer_addr, "refused a connection: {why}");
                     return;
                 }
             };
-            if let Err(why) = check_hello(&inner, &hello) {
-                tracing::warn!(
-                    node = inner.id,
-                    ?peer_addr,
-                    "refusing node {}: {why}",
-                    hello.node
-                );
-                let _ = stream.write_all(&OutFrame::control(&Control::HelloReject(why)).to_vec());
-                return;
-            }
-            if stream
-                .write_all(&OutFrame::control(&Control::HelloAck).to_vec())
-                .is_err()
-            {
-                return;
-            }
+            drop(slot);
             stream.set_read_timeout(None).ok();
             stream
                 .set_write_timeout(Some(inner.config.op_timeout.max(Duration::from_secs(1))))
                 .ok();
-            let conn = Conn::new(hello.node);
+            let conn = Conn::new(peer);
             let (Ok(reader), Ok(keep)) = (stream.try_clone(), stream.try_clone()) else {
                 return;
             };
             *conn.stream.lock() = Some(keep);
-            conn.set_connected(&stream);
+            conn.set_connected(&stream, session.sealer);
             inner.adopt(conn.clone());
             let writer_inner = inner.clone();
             let writer_conn = conn.clone();
             let _ = std::thread::Builder::new()
-                .name(format!("storm-tx-{}-{}", inner.id, hello.node))
+                .name(format!("storm-tx-{}-{}", inner.id, peer))
                 .spawn(move || {
                     let reason = write_loop(&writer_inner, &writer_conn, stream);
                     writer_inner.conn_lost(&writer_conn, reason);
                 });
-            read_loop(&inner, &conn, reader);
+            read_loop(&inner, &conn, reader, session.opener);
         });
 }
 
-fn spawn_reader(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
+fn spawn_reader(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream, opener: Opener) {
     let inner = inner.clone();
     let conn = conn.clone();
     let _ = std::thread::Builder::new()
         .name(format!("storm-rx-{}-{}", inner.id, conn.peer))
-        .spawn(move || read_loop(&inner, &conn, stream));
+        .spawn(move || read_loop(&inner, &conn, stream, opener));
 }
 
-fn read_loop(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream) {
+fn read_loop(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream, mut opener: Opener) {
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let mut staging = Vec::new();
     let reason = loop {
         inner.wait_while_frozen();
-        if let Err(why) = read_one(inner, conn.peer, &mut reader) {
+        if let Err(why) = read_one(inner, conn.peer, &mut reader, &mut opener, &mut staging) {
             break why;
         }
     };
@@ -389,44 +537,93 @@ fn describe(e: WireError) -> String {
     }
 }
 
-/// Reads and handles one frame. Transfer data goes straight from the socket into global
-/// memory, the way a NIC would place it; nothing is copied through an intermediate buffer.
+/// Reads the tag after a frame and checks the frame (decrypting its body in place). A frame
+/// that fails is logged with the peer's address, and the connection closes.
+fn check(
+    inner: &Inner,
+    from: NodeId,
+    reader: &mut BufReader<TcpStream>,
+    opener: &mut Opener,
+    head: &[u8],
+    body: &mut [u8],
+) -> Result<(), String> {
+    let mut tag = [0u8; 32];
+    let tag = &mut tag[..inner.config.protection.tag_len()];
+    wire::read_exact(reader, tag).map_err(describe)?;
+    opener.open(head, body, tag).map_err(|e| {
+        let addr = reader.get_ref().peer_addr().ok();
+        tracing::warn!(
+            node = inner.id,
+            peer = from,
+            ?addr,
+            "{e}; closing the connection"
+        );
+        e.to_string()
+    })
+}
+
+/// Reads, checks and handles one frame. Nothing is acted on, and no data is written to
+/// memory, before the frame's tag is checked. On a link without protection (measurements
+/// only) transfer data goes straight from the socket into global memory, the way a NIC would
+/// place it.
 fn read_one(
     inner: &Arc<Inner>,
     from: NodeId,
     reader: &mut BufReader<TcpStream>,
+    opener: &mut Opener,
+    staging: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let mut head = [0u8; HEADER_LEN];
-    wire::read_exact(reader, &mut head).map_err(describe)?;
-    let (kind, len) = wire::parse_header(&head, inner.config.max_frame).map_err(describe)?;
+    let mut head = [0u8; HEADER_LEN + DATA_PREFIX_LEN];
+    wire::read_exact(reader, &mut head[..HEADER_LEN]).map_err(describe)?;
+    let (kind, len) = wire::parse_header(
+        head[..HEADER_LEN].try_into().expect("header length"),
+        inner.config.max_frame,
+    )
+    .map_err(describe)?;
     if kind != KIND_DATA {
         let mut body = vec![0u8; len];
         wire::read_exact(reader, &mut body).map_err(describe)?;
+        check(inner, from, reader, opener, &head[..HEADER_LEN], &mut body)?;
         let frame = wire::decode_body(kind, Bytes::from(body)).map_err(describe)?;
         return inner
             .dispatch(from, frame)
             .map_err(|why| format!("protocol error: {why}"));
     }
-    let mut prefix = [0u8; DATA_PREFIX_LEN];
-    wire::read_exact(reader, &mut prefix).map_err(describe)?;
-    let (key, at) = wire::parse_data_prefix(&prefix);
+    wire::read_exact(reader, &mut head[HEADER_LEN..]).map_err(describe)?;
+    let (key, at) = wire::parse_data_prefix(head[HEADER_LEN..].try_into().expect("prefix"));
     let payload = len - DATA_PREFIX_LEN;
+    if !opener.unprotected() {
+        staging.resize(payload, 0);
+        wire::read_exact(reader, staging).map_err(describe)?;
+        check(inner, from, reader, opener, &head, staging)?;
+    }
     match inner
         .xfer_data_target(from, key, at, payload)
         .map_err(|why| format!("protocol error: {why}"))?
     {
-        Some(target) => {
+        Some(target) if opener.unprotected() => {
             read_into_memory(inner, reader, target.offset, payload)?;
+            check(inner, from, reader, opener, &head, &mut [])?;
             inner.xfer_data_arrived(key, at, payload, target);
         }
-        None => {
+        Some(target) => {
+            inner
+                .memory
+                .write(target.offset, staging)
+                .map_err(|e| e.to_string())?;
+            std::sync::atomic::fence(Ordering::Release);
+            inner.xfer_data_arrived(key, at, payload, target);
+        }
+        None if opener.unprotected() => {
             // The transfer was aborted: read its bytes and drop them.
             std::io::copy(
                 &mut reader.by_ref().take(payload as u64),
                 &mut std::io::sink(),
             )
             .map_err(|e| e.to_string())?;
+            check(inner, from, reader, opener, &head, &mut [])?;
         }
+        None => {}
     }
     Ok(())
 }
@@ -474,7 +671,8 @@ fn read_into_memory(
     Ok(())
 }
 
-/// Writes what the fast path could not, blocking on the socket as long as it takes.
+/// Writes what the fast path could not, blocking on the socket as long as it takes. Frames
+/// are sealed here, in queue order, which is the order they go out.
 fn write_loop(inner: &Inner, conn: &Conn, mut stream: TcpStream) -> String {
     loop {
         let batch: Vec<Bytes> = {
@@ -487,7 +685,22 @@ fn write_loop(inner: &Inner, conn: &Conn, mut stream: TcpStream) -> String {
                 return "connection closed".into();
             }
             out.busy = true;
-            out.queue.drain(..).collect()
+            let out = &mut *out;
+            let Some(sealer) = out.sealer.as_mut() else {
+                return "no session on a connected link".into();
+            };
+            let mut batch = Vec::with_capacity(out.queue.len() * 3);
+            for queued in out.queue.drain(..) {
+                match queued {
+                    Queued::Raw(bytes) => batch.push(bytes),
+                    Queued::Frame(frame) => {
+                        let head = Bytes::copy_from_slice(frame.head());
+                        let (body, tag) = sealer.seal(&head, frame.body);
+                        batch.extend([head, body, tag].into_iter().filter(|b| !b.is_empty()));
+                    }
+                }
+            }
+            batch
         };
         if let Err(e) = write_all_vectored(&mut stream, batch) {
             let mut out = conn.out.lock();

@@ -8,6 +8,7 @@
 //! * `caw`: COMPARE-AND-WRITE as a tree reduction serialised at the set's root.
 //! * `node`: [`TcpNode`], which ties them together and implements [`crate::Primitives`].
 
+pub mod auth;
 mod caw;
 mod config;
 mod conn;

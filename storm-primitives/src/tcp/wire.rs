@@ -7,7 +7,9 @@
 //! ```
 //!
 //! `kind` is [`KIND_CONTROL`] (body: one bincode-encoded [`Control`]) or [`KIND_DATA`] (body: a
-//! 20-byte chunk prefix, then raw bytes of an XFER-AND-SIGNAL). The body length is checked
+//! 20-byte chunk prefix, then raw bytes of an XFER-AND-SIGNAL). After the handshake every frame
+//! is followed by its tag (see [`super::auth`]), whose length the link's protection sets and
+//! which the body length does not count. The body length is checked
 //! against the configured limit before anything is allocated, and every decode error is a
 //! [`WireError`]: bytes from the network never panic.
 
@@ -21,7 +23,7 @@ use crate::nodeset::{NodeId, NodeSet};
 use crate::relation::Relation;
 
 pub const MAGIC: [u8; 4] = *b"STRM";
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 12;
 pub const KIND_CONTROL: u8 = 1;
 pub const KIND_DATA: u8 = 2;
@@ -43,7 +45,10 @@ pub struct Hello {
     pub node: NodeId,
     pub cluster_size: u32,
     pub layout_fingerprint: u64,
-    pub cluster_key: u64,
+    /// [`super::auth::Protection::code`] of the frames after the handshake.
+    pub protection: u8,
+    /// Fresh for every connection.
+    pub nonce: [u8; 32],
 }
 
 /// Header of one XFER-AND-SIGNAL, sent down the tree before its data.
@@ -112,7 +117,15 @@ pub enum CawMsg {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Control {
     Hello(Hello),
+    /// The accepting side's fresh nonce and its proof that it holds the cluster key.
+    Challenge {
+        nonce: [u8; 32],
+        proof: [u8; 32],
+    },
+    /// The connecting side's proof.
+    Proof([u8; 32]),
     HelloAck,
+    /// Always just "refused": the reason is logged where it was decided, not told.
     HelloReject(String),
     Xfer(XferMsg),
     Caw(CawMsg),

@@ -43,6 +43,8 @@ impl ProcessCluster {
         for id in 1..n {
             let mut child = Command::new(env!("CARGO_BIN_EXE_storm-prim-node"))
                 .args(["--id", &id.to_string()])
+                // The key goes by environment, never on the command line.
+                .env("STORM_CLUSTER_KEY", config.key.to_hex())
                 .args(["--fanout", &config.fanout.to_string()])
                 .args(["--chunk-size", &config.chunk_size.to_string()])
                 .args(["--timeout-ms", &config.op_timeout.as_millis().to_string()])

@@ -1,0 +1,226 @@
+//! Only the cluster's own daemons can talk to its daemons: the cluster key.
+//!
+//! * Daemons refuse to start without a private key of their own user, naming the file and the
+//!   fix.
+//! * A process that has the cluster file but not the key (as any local user has) connects to
+//!   every daemon's port and tries its luck: a handshake with a made-up proof, a replay of a
+//!   handshake a key holder made, frames without a handshake. Every attempt is refused and
+//!   logged, and afterwards every node is still up and a job runs.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use storm_cluster::config::ClusterConfig;
+use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
+use storm_primitives::tcp::wire::{Control, Frame, Hello, OutFrame, read_frame};
+use support::{TestCluster, ensure_daemons, text};
+
+/// Runs daemon `bin` (`storm-mm`, or `storm-nm` for node0) on `config` and returns its exit
+/// code and standard error.
+fn start_daemon(bin: &str, config: &Path) -> (Option<i32>, String) {
+    let mut cmd = Command::new(support::bin_dir().join(bin));
+    cmd.arg("--config").arg(config);
+    if bin == "storm-nm" {
+        cmd.args(["--node", "node0"]);
+    }
+    let out = cmd.output().expect("run the daemon");
+    (out.status.code(), text(&out.stderr))
+}
+
+#[test]
+fn daemons_refuse_a_missing_exposed_or_foreign_key_naming_the_file_and_fix() {
+    ensure_daemons();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nname = \"t\"\ncontrol_socket = \"{0}/mm.sock\"\nstate_dir = \"{0}/state\"\n\
+             [mm]\naddress = \"127.0.0.1:1\"\n[[node]]\nname = \"node0\"\naddress = \
+             \"127.0.0.1:2\"\nspool = \"{0}/node0\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let key = dir.path().join("storm.key");
+    for bin in ["storm-mm", "storm-nm"] {
+        let (code, err) = start_daemon(bin, &config);
+        assert_eq!(code, Some(1), "{bin}: {err}");
+        assert!(
+            err.contains(&key.display().to_string()) && err.contains("storm keygen"),
+            "{bin} names the missing key and how to make one: {err}"
+        );
+    }
+    storm_cluster::key::generate(&key).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for bin in ["storm-mm", "storm-nm"] {
+        let (code, err) = start_daemon(bin, &config);
+        assert_eq!(code, Some(1), "{bin}: {err}");
+        assert!(
+            err.contains("can be read by other users") && err.contains("chmod 600"),
+            "{bin} refuses a key others can read: {err}"
+        );
+    }
+    if nix::unistd::geteuid().is_root() {
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
+        let (code, err) = start_daemon("storm-nm", &config);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("belongs to uid 65534"), "{err}");
+    } else {
+        support::say_not_tested(
+            "daemons_refuse_..._foreign_key (the chown part)",
+            "needs root",
+        );
+    }
+}
+
+/// A `Hello` as node `node` of `cfg` would send it.
+fn hello(cfg: &ClusterConfig, node: u32, nonce: [u8; 32]) -> Hello {
+    let rm = storm_cluster::layout::RmLayout::new(cfg).unwrap();
+    Hello {
+        node,
+        cluster_size: cfg.node_count() + 1,
+        layout_fingerprint: rm.layout.fingerprint(),
+        protection: Protection::Authenticate.code(),
+        nonce,
+    }
+}
+
+/// Sends `hello`, reads the challenge, answers it with `proof(challenge nonce, server proof)`
+/// and says whether the daemon refused.
+fn handshake(
+    addr: SocketAddr,
+    hello: &Hello,
+    proof: impl FnOnce([u8; 32]) -> [u8; 32],
+) -> (bool, [u8; 32]) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&OutFrame::control(&Control::Hello(hello.clone())).to_vec())
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let nonce = match read_frame(&mut s, 1 << 20) {
+        Ok(Frame::Control(Control::Challenge { nonce, .. })) => nonce,
+        other => panic!("a hello as a member would send it is answered by a challenge: {other:?}"),
+    };
+    let p = proof(nonce);
+    s.write_all(&OutFrame::control(&Control::Proof(p)).to_vec())
+        .unwrap();
+    let was_refused = match read_frame(&mut s, 1 << 20) {
+        Ok(Frame::Control(Control::HelloAck)) => false,
+        Ok(Frame::Control(Control::HelloReject(why))) => {
+            assert_eq!(why, "refused", "a refusal tells nothing more");
+            true
+        }
+        other => panic!("a proof is answered by an ack or a refusal: {other:?}"),
+    };
+    (was_refused, p)
+}
+
+#[test]
+fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
+    let c = TestCluster::start(3);
+    let cfg = c.cluster.as_ref().unwrap().config.clone();
+    let key = ClusterKey::from_hex(
+        &std::fs::read_to_string(c.root.join(storm_cluster::key::DEFAULT_NAME)).unwrap(),
+    )
+    .unwrap();
+    let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
+    let size = cfg.node_count() + 1;
+    let targets: Vec<(u32, SocketAddr)> = (0..cfg.node_count())
+        .map(|i| (i, cfg.nodes[i as usize].address))
+        .chain([(cfg.mm_id(), cfg.mm.address)])
+        .collect();
+    for &(target, addr) in &targets {
+        // Claim to be another member (the MM, to a node; node 0, to the MM).
+        let claim = if target == cfg.mm_id() {
+            0
+        } else {
+            cfg.mm_id()
+        };
+        // 1. A guessed proof.
+        let (was_refused, _) = handshake(addr, &hello(&cfg, claim, [1; 32]), |_| [0xAB; 32]);
+        assert!(was_refused, "a made-up proof is refused by node {target}");
+        // 2. The right proof under another key.
+        let wrong = ClusterKey::random();
+        let h = hello(&cfg, claim, [2; 32]);
+        let (was_refused, _) = handshake(addr, &h, |server_nonce| {
+            Transcript::new(
+                claim,
+                target,
+                size,
+                rm.layout.fingerprint(),
+                Protection::Authenticate,
+                &h.nonce,
+                &server_nonce,
+            )
+            .client_proof(&wrong)
+        });
+        assert!(
+            was_refused,
+            "a proof under another key is refused by {target}"
+        );
+        // 3. A key holder's handshake, recorded, then replayed word for word: the daemon's
+        //    fresh nonce makes the recorded proof worthless.
+        let h = hello(&cfg, claim, [3; 32]);
+        let (_, recorded) = handshake(addr, &h, |server_nonce| {
+            Transcript::new(
+                claim,
+                target,
+                size,
+                rm.layout.fingerprint(),
+                Protection::Authenticate,
+                &h.nonce,
+                &server_nonce,
+            )
+            .client_proof(&key)
+        });
+        let (was_refused, _) = handshake(addr, &h, |_| recorded);
+        assert!(was_refused, "a replayed handshake is refused by {target}");
+        // 4. Commands without any handshake.
+        let mut s = TcpStream::connect(addr).unwrap();
+        let _ = s.write_all(&OutFrame::control(&Control::HelloAck).to_vec());
+        let mut sink = Vec::new();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.read_to_end(&mut sink);
+    }
+    // Every attempt was logged, with the reason, where it was refused (the refusal goes out
+    // before the daemon writes its log line).
+    let logs = || -> String {
+        std::fs::read_dir(&c.root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect()
+    };
+    let logged = || {
+        logs()
+            .matches("did not prove it holds the cluster key")
+            .count()
+    };
+    let since = std::time::Instant::now();
+    while logged() < 3 * targets.len() && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        logged() >= 3 * targets.len(),
+        "each refused proof is logged:\n{}",
+        logs()
+    );
+    // Nothing came of it: every node is up, and a job runs on all of them.
+    let out = c.submit(&["-N", "3", "/bin/echo", "still here"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).matches("still here").count(), 3);
+    let nodes = c.storm(&["nodes"]);
+    assert!(
+        !text(&nodes.stdout).contains("down"),
+        "{}",
+        text(&nodes.stdout)
+    );
+}
