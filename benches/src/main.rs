@@ -10,11 +10,13 @@
 //!   (the paper's Figs. 3 and 5).
 //! * `storm-bench faults`: failure detection latency, rejoin time, tree healing and MM restart.
 //! * `storm-bench startup`: daemon start-up, fork/exec to ready, on each backend.
+//! * `storm-bench links`: what authenticated and encrypted tcp links cost.
 
 mod baseline;
 mod faults;
 mod gang;
 mod launch;
+mod links;
 mod plot;
 mod prims;
 mod report;
@@ -126,6 +128,25 @@ enum Command {
         /// Also draw the figure (each measured time as a CDF; tree healing against nodes) into this PNG file.
         #[arg(long, value_name = "FILE.png")]
         plot: Option<PathBuf>,
+    },
+    /// What authenticated and encrypted tcp links cost, beside unprotected links in the same
+    /// run.
+    Links {
+        /// Destination node counts (the origin is one more node).
+        #[arg(long, default_value = "1,4", value_parser = report::parse_counts)]
+        nodes: std::vec::Vec<u32>,
+        /// Transfer sizes (K, M suffixes are powers of 1024).
+        #[arg(long, default_value = "8,12M", value_parser = report::parse_sizes)]
+        sizes: std::vec::Vec<usize>,
+        /// Rounds; each runs every operation on every cluster.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Operations per cluster per round.
+        #[arg(long, default_value_t = 5)]
+        per_round: usize,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
     },
     /// Daemon start-up (fork/exec to ready) on each backend, beside fork/exec of /bin/true.
     Startup {
@@ -301,6 +322,26 @@ fn main() -> Result<()> {
             }
             out.write_if_asked(csv.as_deref())?;
             plot_if_asked(plot.as_deref(), plot::faults(&out))?;
+        }
+        Command::Links {
+            nodes,
+            sizes,
+            rounds,
+            per_round,
+            csv,
+        } => {
+            if rounds == 0 || per_round == 0 {
+                anyhow::bail!("--rounds and --per-round must be positive");
+            }
+            let args = links::LinksArgs {
+                nodes,
+                sizes,
+                rounds,
+                per_round,
+            };
+            let mut out = report::Csv::new(links::CSV_HEADER);
+            println!("{}", links::run(&args, &mut out)?.render());
+            out.write_if_asked(csv.as_deref())?;
         }
         Command::Startup {
             backend,

@@ -36,16 +36,16 @@ pub struct PrimsArgs {
     pub budget: Budget,
 }
 
-struct BenchLayout {
-    layout: Layout,
-    var: storm_primitives::VarId,
-    other: storm_primitives::VarId,
-    data_offset: u64,
-    arrived: storm_primitives::EventId,
-    done: storm_primitives::EventId,
+pub(crate) struct BenchLayout {
+    pub layout: Layout,
+    pub var: storm_primitives::VarId,
+    pub other: storm_primitives::VarId,
+    pub data_offset: u64,
+    pub arrived: storm_primitives::EventId,
+    pub done: storm_primitives::EventId,
 }
 
-fn bench_layout(max_size: usize) -> Result<BenchLayout> {
+pub(crate) fn bench_layout(max_size: usize) -> Result<BenchLayout> {
     let mut b = Layout::builder();
     let var = b.var("var");
     let other = b.var("other");

@@ -1,0 +1,161 @@
+//! `storm-bench links`: what protecting the tcp backend's links costs. The same operations run
+//! on clusters whose links are unprotected (the baseline, same run), authenticated (keyed
+//! BLAKE3 tags, the default) and encrypted (ChaCha20-Poly1305): XFER-AND-SIGNAL of a small and
+//! a large transfer and COMPARE-AND-WRITE, from node 0 to nodes 1..N. The three clusters are
+//! measured in turn, round after round, so that a noisy neighbour hits them alike.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use bytes::Bytes;
+use storm_primitives::tcp::auth::Protection;
+use storm_primitives::tcp::{TcpConfig, TcpNode};
+use storm_primitives::{NodeSet, Primitives, Relation, Wait};
+
+use crate::prims::{BenchLayout, bench_layout};
+use crate::report::{Csv, Table, size_label};
+use crate::stats::{Samples, fmt_time};
+
+pub const CSV_HEADER: &[&str] = &[
+    "protection",
+    "op",
+    "nodes",
+    "bytes",
+    "median_s",
+    "baseline_median_s",
+    "ratio",
+    "extra_s",
+];
+
+pub struct LinksArgs {
+    pub nodes: Vec<u32>,
+    pub sizes: Vec<usize>,
+    pub rounds: usize,
+    pub per_round: usize,
+}
+
+const PROTECTIONS: [Protection; 3] = [
+    Protection::Unprotected,
+    Protection::Authenticate,
+    Protection::Encrypt,
+];
+
+fn name(p: Protection) -> &'static str {
+    match p {
+        Protection::Unprotected => "unprotected",
+        Protection::Authenticate => "authenticated",
+        Protection::Encrypt => "encrypted",
+    }
+}
+
+/// One XFER-AND-SIGNAL of `data` to `dest`, until the origin's event says it is complete.
+fn xfer(origin: &TcpNode, bl: &BenchLayout, dest: &NodeSet, data: &Bytes) -> Result<Duration> {
+    let t = Instant::now();
+    origin.xfer_and_signal(
+        dest,
+        bl.data_offset,
+        data.clone(),
+        Some(bl.arrived),
+        Some(bl.done),
+    )?;
+    match origin.test_event(bl.done, Wait::Block) {
+        Ok(true) => Ok(t.elapsed()),
+        Ok(false) => Err(anyhow!("no completion")),
+        Err(e) => Err(anyhow!("transfer failed: {e}")),
+    }
+}
+
+fn caw(origin: &TcpNode, bl: &BenchLayout, dest: &NodeSet) -> Result<Duration> {
+    let t = Instant::now();
+    origin.compare_and_write(dest, bl.var, Relation::Ge, 0, None)?;
+    Ok(t.elapsed())
+}
+
+pub fn run(args: &LinksArgs, csv: &mut Csv) -> Result<Table> {
+    let max = args.sizes.iter().copied().max().unwrap_or(8);
+    let bl = bench_layout(max)?;
+    let mut table = Table::new(
+        format!(
+            "Link protection on the tcp backend (fanout 2, chunk 256 KiB): node 0 to nodes 1..N, \
+             {} rounds of {} operations per cluster, clusters taken in turn; baseline: the same \
+             operation on unprotected links, same run",
+            args.rounds, args.per_round
+        ),
+        &[
+            "N",
+            "operation",
+            "protection",
+            "median",
+            "unprotected",
+            "ratio",
+            "extra",
+        ],
+    );
+    for &n in &args.nodes {
+        let clusters: Vec<Vec<TcpNode>> = PROTECTIONS
+            .iter()
+            .map(|&protection| {
+                let cfg = TcpConfig {
+                    protection,
+                    ..TcpConfig::default()
+                };
+                TcpNode::local_cluster(n + 1, &bl.layout, &cfg)
+            })
+            .collect::<Result<_, _>>()?;
+        let dest = NodeSet::range(1, n);
+        let mut ops: Vec<(String, usize)> = args
+            .sizes
+            .iter()
+            .map(|&s| (format!("XFER-AND-SIGNAL {}", size_label(s)), s))
+            .collect();
+        ops.push(("COMPARE-AND-WRITE".into(), 8));
+        // samples[op][protection]
+        let mut samples = vec![vec![Vec::new(); PROTECTIONS.len()]; ops.len()];
+        for _ in 0..args.rounds {
+            for (o, (label, size)) in ops.iter().enumerate() {
+                let data = Bytes::from(vec![0x5au8; *size]);
+                for (p, cluster) in clusters.iter().enumerate() {
+                    for _ in 0..args.per_round {
+                        let d = if label.starts_with("COMPARE") {
+                            caw(&cluster[0], &bl, &dest)?
+                        } else {
+                            xfer(&cluster[0], &bl, &dest, &data)?
+                        };
+                        samples[o][p].push(d.as_secs_f64());
+                    }
+                }
+            }
+        }
+        for (o, (label, size)) in ops.iter().enumerate() {
+            let base = Samples::from_secs(samples[o][0].clone()).median();
+            for (p, &protection) in PROTECTIONS.iter().enumerate() {
+                let med = Samples::from_secs(samples[o][p].clone()).median();
+                table.push(vec![
+                    n.to_string(),
+                    label.clone(),
+                    name(protection).into(),
+                    fmt_time(med),
+                    fmt_time(base),
+                    format!("{:.3}", med / base),
+                    fmt_time(med - base),
+                ]);
+                csv.push(vec![
+                    name(protection).into(),
+                    label.split(' ').next().unwrap_or_default().into(),
+                    n.to_string(),
+                    size.to_string(),
+                    format!("{med:.9}"),
+                    format!("{base:.9}"),
+                    format!("{:.4}", med / base),
+                    format!("{:.9}", med - base),
+                ]);
+            }
+        }
+        for c in clusters {
+            for node in c {
+                node.shutdown();
+            }
+        }
+    }
+    Ok(table)
+}
