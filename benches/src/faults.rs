@@ -550,7 +550,8 @@ fn wait_until(
             return Ok(());
         }
         if since.elapsed() > Duration::from_secs(30) {
-            bail!("not {what} 30 s after the MM restarted: {jobs:?} {nodes:?}");
+            let history = client.call(&Request::History).map_err(anyhow::Error::msg)?;
+            bail!("not {what} 30 s after the MM restarted: {jobs:?} {nodes:?}; ended: {history:?}");
         }
         std::thread::sleep(Duration::from_micros(200));
     }

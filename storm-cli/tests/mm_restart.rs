@@ -417,3 +417,51 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
         assert_eq!(text(&out.stdout).trim(), format!("queued job {i}"));
     }
 }
+
+/// Jobs killed with the MM as soon as they run (their launch may not be in the journal yet):
+/// each is re-adopted, none is lost or run twice.
+#[test]
+fn jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart() {
+    if !can_run("jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mut tb = up(4, work.path());
+    let socket = tb.socket().to_path_buf();
+    let mut submitters: Vec<Child> = (0..4)
+        .map(|_| {
+            submit(&tb, &["-N", "1", "-J", "held", "sleep", "600"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let running = |q: &[JobInfo]| q.len() == 4 && q.iter().all(|j| j.state == "running");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !running(&queue(&socket)) {
+        assert!(Instant::now() < deadline, "{:?}", queue(&socket));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before: Vec<u64> = queue(&socket).iter().map(|j| j.job).collect();
+    tb.kill("storm-mm").unwrap();
+    tb.start_mm().unwrap();
+    wait_mm(&socket);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !running(&queue(&socket)) {
+        assert!(
+            Instant::now() < deadline,
+            "not every job re-adopted: queue {:?}\nhistory {:?}\n{}",
+            queue(&socket),
+            history(&socket),
+            logs(&tb)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after: Vec<u64> = queue(&socket).iter().map(|j| j.job).collect();
+    assert_eq!(before, after, "the same jobs, each once");
+    for s in &mut submitters {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+}

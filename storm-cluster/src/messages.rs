@@ -74,6 +74,21 @@ pub struct FileInfo {
     pub gid: u32,
 }
 
+impl FileInfo {
+    /// Why this file cannot be received, if it cannot: its name must be one plain file name,
+    /// so that it lands in the job's spool directory and nowhere else.
+    pub fn problem(&self) -> Option<String> {
+        let mut parts = std::path::Path::new(&self.name).components();
+        match (parts.next(), parts.next()) {
+            (Some(std::path::Component::Normal(_)), None) => None,
+            _ => Some(format!(
+                "file name {:?} is not one plain file name",
+                self.name
+            )),
+        }
+    }
+}
+
 /// The last entry of a program transfer: what the receiver must have got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileTrailer {
@@ -123,6 +138,41 @@ pub struct LaunchSpec {
     pub gid: u32,
     /// The node that announces the job's termination to the MM (Algorithm 9).
     pub reporter: NodeId,
+}
+
+impl LaunchSpec {
+    /// What makes this launch impossible on a cluster of `node_count` nodes whose layout has
+    /// `max_jobs` job slots and room for `max_tasks_per_node` tasks of a job per node, if
+    /// anything: the indices it carries are checked before any of them is used.
+    pub fn problem(
+        &self,
+        node_count: u32,
+        max_jobs: usize,
+        max_tasks_per_node: usize,
+    ) -> Option<String> {
+        if self.slot as usize >= max_jobs {
+            return Some(format!(
+                "job slot {} outside the {max_jobs} slots of the layout",
+                self.slot
+            ));
+        }
+        let last = self.nodes.last()?;
+        if last >= node_count {
+            return Some(format!(
+                "node {last} outside the cluster of {node_count} nodes"
+            ));
+        }
+        if self.reporter >= node_count {
+            return Some(format!("reporter {} is not a node", self.reporter));
+        }
+        let per_node = self.ntasks.div_ceil(self.nodes.len() as u32) as usize;
+        if per_node > max_tasks_per_node {
+            return Some(format!(
+                "{per_node} tasks per node, more than the layout's {max_tasks_per_node}"
+            ));
+        }
+        None
+    }
 }
 
 /// One command carried by a heartbeat.
@@ -337,6 +387,51 @@ impl Checksum {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_name_that_leaves_the_spool_directory_is_refused() {
+        let info = |name: &str| FileInfo {
+            transfer: 0,
+            job: 1,
+            nodes: NodeSet::single(0),
+            size: 1,
+            name: name.into(),
+            uid: 0,
+            gid: 0,
+        };
+        assert_eq!(info("a.out").problem(), None);
+        for bad in ["", "..", "../x", "/etc/passwd", "a/b", "."] {
+            assert!(info(bad).problem().is_some(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_launch_with_indices_outside_the_layout_is_named_before_use() {
+        let ok = LaunchSpec {
+            job: 1,
+            slot: 3,
+            nodes: "0-1".parse().unwrap(),
+            ntasks: 8,
+            program: Program::Path("/bin/true".into()),
+            args: vec![],
+            env: vec![],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            reporter: 0,
+        };
+        assert_eq!(ok.problem(4, 4, 4), None);
+        let bad = |f: &dyn Fn(&mut LaunchSpec)| {
+            let mut s = ok.clone();
+            f(&mut s);
+            s.problem(4, 4, 4).expect("refused")
+        };
+        assert!(bad(&|s| s.slot = 4).contains("job slot 4"));
+        assert!(bad(&|s| s.slot = u32::MAX).contains("job slot"));
+        assert!(bad(&|s| s.nodes = "2-9".parse().unwrap()).contains("node 9"));
+        assert!(bad(&|s| s.reporter = 7).contains("reporter 7"));
+        assert!(bad(&|s| s.ntasks = 9).contains("5 tasks per node"));
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -377,6 +377,14 @@ impl NodeManager {
     }
 
     fn receive_file(&mut self, info: FileInfo) {
+        if let Some(why) = info.problem() {
+            tracing::error!(
+                node = self.node,
+                job = info.job,
+                "ignoring a file transfer: {why}"
+            );
+            return;
+        }
         let path = self.job_dir(info.job).join(&info.name);
         let owner = nix::unistd::geteuid()
             .is_root()
@@ -433,6 +441,15 @@ impl NodeManager {
     /// runs the job, so no task ever runs outside its time slot, not even briefly.
     fn launch(&mut self, spec: LaunchSpec) {
         if spec.nodes.rank(self.node).is_none() {
+            return;
+        }
+        let c = &self.cfg.cluster;
+        if let Some(why) = spec.problem(self.cfg.node_count(), c.max_jobs, c.max_tasks_per_node) {
+            tracing::error!(
+                node = self.node,
+                job = spec.job,
+                "ignoring an impossible launch: {why}"
+            );
             return;
         }
         if self.jobs.contains_key(&spec.job) || self.pending.contains_key(&spec.job) {
