@@ -483,6 +483,94 @@ fn jobs_run_as_their_submitter_and_only_the_owner_may_cancel() {
     assert_eq!(job.wait().unwrap().code(), Some(143));
 }
 
+/// A user cannot reach, through storm, what their own rights do not reach: the launcher takes
+/// the user's identity before it looks at the working directory or the program. Here a
+/// readable directory under a directory only root may enter (a relative path from inside it
+/// would need no search right on the parent).
+#[test]
+fn a_job_reaches_paths_only_with_its_users_rights() {
+    if !nix::unistd::geteuid().is_root() {
+        support::say_not_tested(
+            "a_job_reaches_paths_only_with_its_users_rights",
+            "needs root to submit as another user",
+        );
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let c = TestCluster::start(1);
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let open = private.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(open.join("secret.txt"), "TOPSECRET\n").unwrap();
+    std::fs::set_permissions(
+        open.join("secret.txt"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    // storm-submit would stop at its own check (it runs as the user too): the request goes
+    // straight to the MM's socket, as an attacker's would.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "raw_submit_helper", "--ignored", "--nocapture"])
+        .env("STORM_TEST_RAW_SOCKET", &c.socket)
+        .env("STORM_TEST_RAW_CWD", &open)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(!stdout.contains("TOPSECRET"), "the file was read: {stdout}");
+    assert!(
+        stderr.contains("cannot use working directory") && stderr.contains("Permission denied"),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Run as another user by [`a_job_reaches_paths_only_with_its_users_rights`]: submits
+/// `/bin/cat secret.txt` in `$STORM_TEST_RAW_CWD` straight to the MM at
+/// `$STORM_TEST_RAW_SOCKET`, printing the job's output.
+#[test]
+#[ignore = "a helper that a_job_reaches_paths_only_with_its_users_rights runs as another user"]
+fn raw_submit_helper() {
+    use storm_cli::submit::Progress;
+    use storm_cluster::messages::Stream;
+    let (Ok(socket), Ok(cwd)) = (
+        std::env::var("STORM_TEST_RAW_SOCKET"),
+        std::env::var("STORM_TEST_RAW_CWD"),
+    ) else {
+        return;
+    };
+    struct Print;
+    impl Progress for Print {
+        fn output(&mut self, _rank: u32, stream: Stream, data: &[u8]) {
+            use std::io::Write;
+            match stream {
+                Stream::Stdout => std::io::stdout().write_all(data).unwrap(),
+                Stream::Stderr => std::io::stderr().write_all(data).unwrap(),
+            }
+        }
+    }
+    let req = storm_cluster::control::JobRequest {
+        name: "raw".into(),
+        program: "/bin/cat".into(),
+        args: vec!["secret.txt".into()],
+        env: vec![],
+        cwd: cwd.into(),
+        tasks: storm_cluster::tasks::TaskRequest {
+            nodes: Some(1),
+            ..Default::default()
+        },
+        bcast: false,
+        time_limit_ms: None,
+        requeue: false,
+    };
+    let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
+    let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);
+    eprintln!("outcome: {outcome:?}");
+}
+
 #[test]
 fn ctrl_c_in_storm_submit_cancels_the_job_on_every_node() {
     let c = TestCluster::start(3);

@@ -44,17 +44,58 @@ fn run() -> Result<()> {
     Ok(())
 }
 
+/// Makes this launcher the task's user (groups, gid, uid, in that order) when it runs as
+/// root, before it looks at any path of the job: the working directory and the program are
+/// then reached with the user's rights, and errors tell the user only what they could see
+/// for themselves. Dying with the NM is set again, as a change of credentials clears it.
+fn become_user(spec: &PlSpec) -> Result<(), (String, i32)> {
+    if !nix::unistd::geteuid().is_root() || spec.uid == 0 {
+        return Ok(());
+    }
+    let nm = nix::unistd::getppid().as_raw();
+    let groups = supplementary_groups(spec.uid, spec.gid);
+    let dropped = nix::unistd::setgroups(&groups)
+        .and_then(|()| nix::unistd::setgid(nix::unistd::Gid::from_raw(spec.gid)))
+        .and_then(|()| nix::unistd::setuid(nix::unistd::Uid::from_raw(spec.uid)));
+    if let Err(e) = dropped {
+        return Err((
+            format!("cannot become uid {} on node {}: {e}", spec.uid, spec.node),
+            126,
+        ));
+    }
+    // The user may signal this launcher but must not trace it: it maps the NM's table of
+    // every job's tasks. (The kernel already does this after setuid unless
+    // fs.suid_dumpable says otherwise.) The task itself, after exec, is the user's to trace.
+    // SAFETY: prctl with plain integer arguments, affecting only this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err((format!("prctl: {}", std::io::Error::last_os_error()), 126));
+    }
+    storm_pl::die_with_parent(nm).map_err(|e| (format!("prctl: {e}"), 126))
+}
+
 /// Why a task could not start, as (message, exit code).
 fn preflight(spec: &PlSpec) -> Result<(), (String, i32)> {
     let node = spec.node;
-    if !spec.cwd.is_dir() {
-        return Err((
-            format!(
-                "working directory {} does not exist on node {node}",
-                spec.cwd.display()
-            ),
-            127,
-        ));
+    match std::fs::metadata(&spec.cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err((
+                format!(
+                    "working directory {} on node {node} is not a directory",
+                    spec.cwd.display()
+                ),
+                127,
+            ));
+        }
+        Err(e) => {
+            return Err((
+                format!(
+                    "cannot use working directory {} on node {node}: {e}",
+                    spec.cwd.display()
+                ),
+                127,
+            ));
+        }
     }
     let meta = std::fs::metadata(&spec.program).map_err(|e| {
         (
@@ -88,7 +129,7 @@ fn preflight(spec: &PlSpec) -> Result<(), (String, i32)> {
 }
 
 fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
-    if let Err((message, code)) = preflight(spec) {
+    if let Err((message, code)) = become_user(spec).and_then(|()| preflight(spec)) {
         eprintln!("storm-pl: rank {}: {message}", spec.rank);
         return RankStatus::Exited(code);
     }
@@ -99,25 +140,8 @@ fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
         .current_dir(&spec.cwd)
         .stdin(Stdio::null())
         .process_group(0);
-    if nix::unistd::geteuid().is_root() && spec.uid != 0 {
-        // Drop privileges in the child ourselves: std would set the uid before running
-        // pre_exec hooks, after which setgroups is no longer allowed. Order: groups, gid, uid.
-        let groups = supplementary_groups(spec.uid, spec.gid);
-        let uid = nix::unistd::Uid::from_raw(spec.uid);
-        let gid = nix::unistd::Gid::from_raw(spec.gid);
-        // SAFETY: setgroups, setgid and setuid are async-signal-safe and touch only the child.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::unistd::setgroups(&groups)?;
-                nix::unistd::setgid(gid)?;
-                nix::unistd::setuid(uid)?;
-                Ok(())
-            });
-        }
-    }
     let me = std::process::id() as libc::pid_t;
-    // SAFETY: die_with_parent is async-signal-safe. Registered after the privilege drop, whose
-    // credential change would clear it.
+    // SAFETY: die_with_parent is async-signal-safe.
     unsafe {
         cmd.pre_exec(move || storm_pl::die_with_parent(me));
     }
