@@ -528,6 +528,49 @@ fn a_job_reaches_paths_only_with_its_users_rights() {
     );
 }
 
+/// A program sent to the nodes lands in a job directory only its user can enter, and the
+/// copy is theirs alone: no other user of the node can read a user's private program there.
+#[test]
+fn a_spooled_program_is_private_to_its_user() {
+    if !nix::unistd::geteuid().is_root() {
+        support::say_not_tested(
+            "a_spooled_program_is_private_to_its_user",
+            "needs root to submit as another user",
+        );
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let c = TestCluster::start(1);
+    let work = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let prog = script(
+        work.path(),
+        "where.sh",
+        "stat -c '%a %u' \"$(dirname \"$0\")\" \"$0\"\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .args([
+            "--socket",
+            c.socket.to_str().unwrap(),
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+        ])
+        .arg(&prog)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "700 65534\n700 65534\n",
+        "the job directory, then the program"
+    );
+}
+
 /// Run as another user by [`a_job_reaches_paths_only_with_its_users_rights`]: submits
 /// `/bin/cat secret.txt` in `$STORM_TEST_RAW_CWD` straight to the MM at
 /// `$STORM_TEST_RAW_SOCKET`, printing the job's output.

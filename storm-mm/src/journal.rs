@@ -146,10 +146,14 @@ impl Journal {
         let programs = dir.join("programs");
         std::fs::create_dir_all(&programs)
             .map_err(|e| store(format!("cannot create {}: {e}", programs.display())))?;
-        // Users' programs: readable by the MM only.
-        std::fs::set_permissions(&programs, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| store(format!("cannot restrict {}: {e}", programs.display())))?;
+        // Users' programs and jobs' environments (tokens, passwords): for the MM only.
+        for private in [dir, &programs] {
+            std::fs::set_permissions(private, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| store(format!("cannot restrict {}: {e}", private.display())))?;
+        }
         let db = Database::create(&path).map_err(|e| store(e.to_string()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| store(format!("cannot restrict {}: {e}", path.display())))?;
         let mut journal = Self {
             db,
             path: path.clone(),
@@ -423,6 +427,20 @@ mod tests {
                 ended_ms: 1,
             },
         )
+    }
+
+    /// Jobs' environments hold users' secrets: only the MM may read the journal.
+    #[test]
+    fn the_state_directory_and_journal_are_private_to_the_mm() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = Journal::open(&state).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&state), 0o700);
+        assert_eq!(mode(&state.join("journal.redb")), 0o600);
+        assert_eq!(mode(&state.join("programs")), 0o700);
     }
 
     #[test]

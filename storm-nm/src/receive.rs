@@ -2,8 +2,8 @@
 //! node-local spool, then dequeue the trailer the MM sends after the data and check size and
 //! checksum against it; only then acknowledge in `file.ack`.
 
-use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,11 +87,23 @@ fn receive(
     let mut consumer =
         QueueConsumer::new(prims, rm.chunks, info.transfer).map_err(|e| e.to_string())?;
     if let Some(dir) = path.parent() {
+        // The job's directory is its user's alone: 0700, owned by them.
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("chmod {}: {e}", dir.display()))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        }
     }
-    let mut file =
-        File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o700)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
     let mut sum = Checksum::new();
     let mut written = 0u64;
     let mut last = Instant::now();
@@ -143,7 +155,7 @@ fn receive(
     if sum.finish() != trailer.checksum {
         return Err("checksum mismatch: the received program differs from the one sent".into());
     }
-    file.set_permissions(std::fs::Permissions::from_mode(0o755))
+    file.set_permissions(std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("chmod {}: {e}", path.display()))?;
     if let Some((uid, gid)) = owner {
         std::os::unix::fs::chown(path, Some(uid), Some(gid))
