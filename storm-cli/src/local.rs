@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
     BackendKind, ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection,
-    SchedulerSection, TcpSection,
+    SchedulerSection, SecuritySection, TcpSection,
 };
 use storm_cluster::control::{Client, Reply, Request};
 
@@ -48,6 +48,8 @@ pub struct LocalOptions {
     pub scheduler: SchedulerSection,
     /// Failure detection.
     pub failure: FailureSection,
+    /// Who may run jobs.
+    pub security: SecuritySection,
     /// The daemons' log filter (`RUST_LOG` syntax); by default `$RUST_LOG`, else `warn`.
     pub log_filter: Option<String>,
 }
@@ -67,6 +69,7 @@ impl LocalOptions {
             provider: None,
             scheduler: SchedulerSection::default(),
             failure: FailureSection::default(),
+            security: SecuritySection::default(),
             log_filter: None,
         }
     }
@@ -284,6 +287,7 @@ impl LocalCluster {
                 ..ClusterSection::default()
             },
             tcp: TcpSection::default(),
+            security: opts.security.clone(),
             ofi: OfiSection {
                 provider: opts.provider.clone(),
             },

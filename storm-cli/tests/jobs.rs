@@ -528,6 +528,49 @@ fn a_job_reaches_paths_only_with_its_users_rights() {
     );
 }
 
+/// `[security] allow_root_jobs = false`: root's jobs are refused with the reason, other users'
+/// run.
+#[test]
+fn a_cluster_can_refuse_jobs_as_root() {
+    if !nix::unistd::geteuid().is_root() {
+        support::say_not_tested(
+            "a_cluster_can_refuse_jobs_as_root",
+            "needs root to submit as root and as another user",
+        );
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        security: storm_cluster::config::SecuritySection {
+            allow_root_jobs: false,
+        },
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let root = c.submit(&["-N", "1", "/usr/bin/id", "-u"]);
+    assert_eq!(root.status.code(), Some(1));
+    assert!(
+        text(&root.stderr).contains("allow_root_jobs = false"),
+        "{}",
+        text(&root.stderr)
+    );
+    let user = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .args([
+            "--socket",
+            c.socket.to_str().unwrap(),
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+        ])
+        .args(["/usr/bin/id", "-u"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(user.status.success(), "{}", text(&user.stderr));
+    assert_eq!(text(&user.stdout), "65534\n");
+}
+
 /// A program sent to the nodes lands in a job directory only its user can enter, and the
 /// copy is theirs alone: no other user of the node can read a user's private program there.
 #[test]

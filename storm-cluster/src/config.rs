@@ -289,6 +289,23 @@ fn one() -> u32 {
     1
 }
 
+/// Who may run jobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecuritySection {
+    /// Whether root (uid 0) may run jobs, as Slurm allows by default. The MM refuses such
+    /// jobs at submission when false, and NMs refuse to start them.
+    pub allow_root_jobs: bool,
+}
+
+impl Default for SecuritySection {
+    fn default() -> Self {
+        Self {
+            allow_root_jobs: true,
+        }
+    }
+}
+
 /// A whole cluster file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -297,6 +314,8 @@ pub struct ClusterConfig {
     pub cluster: ClusterSection,
     #[serde(default)]
     pub tcp: TcpSection,
+    #[serde(default)]
+    pub security: SecuritySection,
     #[serde(default)]
     pub ofi: OfiSection,
     #[serde(default)]

@@ -444,7 +444,11 @@ impl NodeManager {
             return;
         }
         let c = &self.cfg.cluster;
-        if let Some(why) = spec.problem(self.cfg.node_count(), c.max_jobs, c.max_tasks_per_node) {
+        let root_refused = (spec.uid == 0 && !self.cfg.security.allow_root_jobs)
+            .then(|| "a job as root, which [security] allow_root_jobs forbids".to_string());
+        if let Some(why) = root_refused
+            .or_else(|| spec.problem(self.cfg.node_count(), c.max_jobs, c.max_tasks_per_node))
+        {
             tracing::error!(
                 node = self.node,
                 job = spec.job,

@@ -422,6 +422,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             ..ClusterSection::default()
         },
         tcp: TcpSection::default(),
+        security: Default::default(),
         ofi: OfiSection::default(),
         scheduler: opts.scheduler.clone(),
         failure: opts.failure.clone(),

@@ -640,6 +640,13 @@ impl MachineManager {
             .get(&client)
             .map(|c| (c.uid, c.gid))
             .ok_or("unknown client")?;
+        if uid == 0 && !self.cfg.security.allow_root_jobs {
+            return Err(
+                "root may not run jobs on this cluster ([security] allow_root_jobs = false); \
+                 submit as another user"
+                    .into(),
+            );
+        }
         let plan = self.plan(&req)?;
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
