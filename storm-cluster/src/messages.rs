@@ -257,10 +257,14 @@ pub struct HeldJob {
     pub ended: bool,
 }
 
-/// What an NM tells the MM when it registers: its stamp, and every job it holds.
+/// What an NM tells the MM when it registers: its stamp, since when its process runs, and
+/// every job it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Inventory {
     pub stamp: u64,
+    /// When this NM process started (Unix time, milliseconds): a job launched well after that
+    /// which it does not hold never reached it, rather than being lost with an earlier NM.
+    pub since_ms: u64,
     pub jobs: Vec<HeldJob>,
 }
 
@@ -486,6 +490,7 @@ mod tests {
                 .collect::<Vec<_>>();
             let inv = Inventory {
                 stamp: u64::MAX,
+                since_ms: u64::MAX,
                 jobs: jobs.clone(),
             };
             encode("inventory", &inv, inventory_bytes(max_jobs)).unwrap();

@@ -50,6 +50,13 @@ pub enum Event {
     Idle,
 }
 
+/// When this NM process started (Unix time, milliseconds), for the inventory.
+static PROCESS_STARTED_MS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+});
+
 pub struct Registration {
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
@@ -68,6 +75,7 @@ impl Registration {
         mm: NodeId,
         rejoin_after: Duration,
     ) -> Self {
+        let _ = *PROCESS_STARTED_MS;
         let mut m = Self {
             prims,
             rm,
@@ -292,6 +300,7 @@ impl Registration {
         let bytes = loop {
             let inventory = Inventory {
                 stamp,
+                since_ms: *PROCESS_STARTED_MS,
                 jobs: jobs.clone(),
             };
             match encode("inventory", &inventory, self.rm.inventory_bytes) {

@@ -133,6 +133,9 @@ impl MachineManager {
     /// * A job launched on `n` that the inventory lacks never reached it (its heartbeat was
     ///   missed while `n` was out of the heartbeat): it is launched again there.
     fn readopt(&mut self, n: NodeId, inventory: &Inventory) -> Vec<JobId> {
+        /// How far apart the MM's and a node's clocks may be when comparing an NM's start
+        /// with a job's launch.
+        const CLOCK_MARGIN_MS: u64 = 1000;
         let held: HashMap<JobId, HeldJob> = inventory.jobs.iter().map(|h| (h.job, *h)).collect();
         let mine: Vec<JobId> = self
             .jobs
@@ -147,8 +150,16 @@ impl MachineManager {
                 .get(&id)
                 .is_some_and(|h| Some(h.slot as usize) == j.slot);
             if let Some(r) = &mut j.recovery {
+                // An NM that ran well before the launch went out and does not hold the job
+                // never got the launch (the MM died before its heartbeat arrived); otherwise
+                // its tasks were lost with an earlier NM.
+                let before_launch = j
+                    .launched_ms
+                    .is_some_and(|l| inventory.since_ms.saturating_add(CLOCK_MARGIN_MS) < l);
                 if holds {
                     r.held.insert(n);
+                } else if before_launch {
+                    r.unlaunched.insert(n);
                 } else {
                     r.missing.insert(n);
                 }

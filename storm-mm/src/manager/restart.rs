@@ -45,8 +45,12 @@ pub(super) struct Recovery {
     pub until: Instant,
     /// Nodes that registered holding the job.
     pub held: NodeSet,
-    /// Nodes that registered without it.
+    /// Nodes that registered without it, their NM having started after its launch (or too
+    /// near it to tell): its tasks there were lost.
     pub missing: NodeSet,
+    /// Nodes that registered without it whose NM ran since well before its launch: the launch
+    /// never reached them.
+    pub unlaunched: NodeSet,
 }
 
 /// Where a job the journal knows as started stood.
@@ -198,6 +202,7 @@ impl MachineManager {
             until: now + Duration::from_millis(self.cfg.failure.readopt_within_ms),
             held: NodeSet::new(),
             missing: NodeSet::new(),
+            unlaunched: NodeSet::new(),
         });
         self.slots[slot] = Some(rec.id);
         self.jobs.insert(rec.id, job);
@@ -219,9 +224,20 @@ impl MachineManager {
             let Some(r) = j.recovery.clone() else {
                 continue;
             };
-            let answered = r.held.union(&r.missing);
+            let answered = r.held.union(&r.missing).union(&r.unlaunched);
             if j.nodes.is_subset(&answered) {
                 if r.missing.is_empty() {
+                    if !r.unlaunched.is_empty() {
+                        // None of its code ran there: the launch goes out again (a node that
+                        // holds the job already ignores it).
+                        tracing::info!(
+                            job = id,
+                            nodes = %r.unlaunched,
+                            "launching again where the launch never arrived before the restart"
+                        );
+                        self.commands
+                            .push_back(storm_cluster::messages::Command::Launch(j.launch_spec()));
+                    }
                     self.recovered(id);
                 } else {
                     // Its launch went out, so its code may have run: the rule for a started
