@@ -49,7 +49,12 @@ fn name(p: Protection) -> &'static str {
 }
 
 /// One XFER-AND-SIGNAL of `data` to `dest`, until the origin's event says it is complete.
-fn xfer(origin: &TcpNode, bl: &BenchLayout, dest: &NodeSet, data: &Bytes) -> Result<Duration> {
+pub(crate) fn xfer(
+    origin: &dyn Primitives,
+    bl: &BenchLayout,
+    dest: &NodeSet,
+    data: &Bytes,
+) -> Result<Duration> {
     let t = Instant::now();
     origin.xfer_and_signal(
         dest,

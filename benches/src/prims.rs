@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, bail};
 use bytes::Bytes;
 use storm_primitives::local::LocalFabric;
 use storm_primitives::tcp::{TcpConfig, TcpNode};
-use storm_primitives::{Layout, NodeSet, Primitives, Relation, Wait};
+use storm_primitives::{Layout, NodeSet, Primitives, Relation};
 
 use crate::baseline;
 use crate::report::{Csv, Table, size_label};
@@ -169,19 +169,7 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         for &size in &args.sizes {
             let data = Bytes::from(vec![0x3cu8; size]);
             let samples = sample(args.budget, || {
-                let t = Instant::now();
-                origin.xfer_and_signal(
-                    &dest,
-                    bl.data_offset,
-                    data.clone(),
-                    Some(bl.arrived),
-                    Some(bl.done),
-                )?;
-                match origin.test_event(bl.done, Wait::Block) {
-                    Ok(true) => Ok(t.elapsed()),
-                    Ok(false) => Err(anyhow!("no completion")),
-                    Err(e) => Err(anyhow!("transfer failed: {e}")),
-                }
+                crate::links::xfer(&*origin, &bl, &dest, &data)
             })?;
             let med = samples.median();
             let b = base[&size];

@@ -136,6 +136,19 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
         .map(|i| (i, cfg.nodes[i as usize].address))
         .chain([(cfg.mm_id(), cfg.mm.address)])
         .collect();
+    // The connecting side's proof for `hello` to `target`, under `key`.
+    let proof = |key: &ClusterKey, hello: &Hello, target: u32, server_nonce: [u8; 32]| {
+        Transcript::new(
+            hello.node,
+            target,
+            size,
+            rm.layout.fingerprint(),
+            Protection::Authenticate,
+            &hello.nonce,
+            &server_nonce,
+        )
+        .client_proof(key)
+    };
     for &(target, addr) in &targets {
         // Claim to be another member (the MM, to a node; node 0, to the MM).
         let claim = if target == cfg.mm_id() {
@@ -149,18 +162,7 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
         // 2. The right proof under another key.
         let wrong = ClusterKey::random();
         let h = hello(&cfg, claim, [2; 32]);
-        let (was_refused, _) = handshake(addr, &h, |server_nonce| {
-            Transcript::new(
-                claim,
-                target,
-                size,
-                rm.layout.fingerprint(),
-                Protection::Authenticate,
-                &h.nonce,
-                &server_nonce,
-            )
-            .client_proof(&wrong)
-        });
+        let (was_refused, _) = handshake(addr, &h, |n| proof(&wrong, &h, target, n));
         assert!(
             was_refused,
             "a proof under another key is refused by {target}"
@@ -168,18 +170,7 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
         // 3. A key holder's handshake, recorded, then replayed word for word: the daemon's
         //    fresh nonce makes the recorded proof worthless.
         let h = hello(&cfg, claim, [3; 32]);
-        let (_, recorded) = handshake(addr, &h, |server_nonce| {
-            Transcript::new(
-                claim,
-                target,
-                size,
-                rm.layout.fingerprint(),
-                Protection::Authenticate,
-                &h.nonce,
-                &server_nonce,
-            )
-            .client_proof(&key)
-        });
+        let (_, recorded) = handshake(addr, &h, |n| proof(&key, &h, target, n));
         let (was_refused, _) = handshake(addr, &h, |_| recorded);
         assert!(was_refused, "a replayed handshake is refused by {target}");
         // 4. Commands without any handshake.
