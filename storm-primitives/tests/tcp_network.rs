@@ -351,3 +351,71 @@ fn the_tree_heals_when_an_interior_node_dies() {
     );
     assert_eq!(nodes[4].memory().load(t.a), 9);
 }
+
+/// A peer that trickles its handshake a byte at a time runs out of time for the whole
+/// handshake (not per read), and handshakes beyond `max_handshakes` are closed at once; the
+/// node keeps working for real peers.
+#[test]
+fn slow_and_excess_handshakes_are_cut_off() {
+    let t = test_layout();
+    let cfg = TcpConfig {
+        max_handshakes: 2,
+        ..config(2000)
+    };
+    let nodes = TcpNode::local_cluster(2, &t.layout, &cfg).unwrap();
+    let addr = nodes[1].local_addr();
+    // Two connections that say nothing hold both handshake places...
+    let idle: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    // ...so a third is closed at once, without a word.
+    let mut third = std::net::TcpStream::connect(addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(third.read(&mut buf), Ok(0) | Err(_)),
+        "the connection over the cap is closed"
+    );
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(50));
+    // A handshake trickled a byte every 50 ms would take seconds; the node gives it its
+    // connect timeout (300 ms here) as a whole.
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    let hello = OutFrame::control(&Control::Hello(storm_primitives::tcp::wire::Hello {
+        node: 0,
+        cluster_size: 2,
+        layout_fingerprint: t.layout.fingerprint(),
+        protection: Protection::Authenticate.code(),
+        nonce: [0; 32],
+    }))
+    .to_vec();
+    let start = Instant::now();
+    let mut cut = false;
+    for b in &hello {
+        if slow.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        slow.set_nonblocking(true).unwrap();
+        let closed = matches!(slow.read(&mut buf), Ok(0));
+        slow.set_nonblocking(false).unwrap();
+        if closed {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "the trickled handshake was allowed to finish");
+    assert!(
+        start.elapsed() < Duration::from_millis(50) * hello.len() as u32,
+        "cut off before the whole handshake was sent"
+    );
+    // Real peers still connect.
+    nodes[0]
+        .xfer_and_signal(&NodeSet::single(1), 0, Bytes::new(), None, Some(t.done))
+        .unwrap();
+    assert_eq!(outcome(&nodes[0], t.done), Ok(true));
+}

@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -282,26 +282,24 @@ fn read_handshake(stream: &TcpStream, at: Instant) -> Result<Control, String> {
     }
 }
 
-/// Handshakes being made by accepted connections, to cap them.
-static HANDSHAKES: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts one handshake in progress while it lives.
-struct HandshakeSlot;
+/// One handshake in progress on an accepted connection, counted in its node's
+/// `handshakes` while it lives.
+struct HandshakeSlot(Arc<Inner>);
 
 impl HandshakeSlot {
-    fn take(limit: usize) -> Option<Self> {
-        let now = HANDSHAKES.fetch_add(1, Ordering::AcqRel);
-        if now >= limit {
-            HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+    fn take(inner: &Arc<Inner>) -> Option<Self> {
+        let now = inner.handshakes.fetch_add(1, Ordering::AcqRel);
+        if now >= inner.config.max_handshakes {
+            inner.handshakes.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(HandshakeSlot)
+        Some(HandshakeSlot(inner.clone()))
     }
 }
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -463,7 +461,7 @@ fn accept_handshake(
 /// Handles one accepted socket: handshake, then register and read.
 pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
     let peer_addr = stream.peer_addr().ok();
-    let Some(slot) = HandshakeSlot::take(inner.config.max_handshakes) else {
+    let Some(slot) = HandshakeSlot::take(inner) else {
         tracing::warn!(
             node = inner.id,
             ?peer_addr,

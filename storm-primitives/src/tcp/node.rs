@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     /// The earliest deadline of an operation here: the sweeper sleeps until then.
     sweep_at: Mutex<Option<Instant>>,
     sweep_wake: Condvar,
+    /// Handshakes being made with accepted connections (capped by `max_handshakes`).
+    pub handshakes: std::sync::atomic::AtomicUsize,
     /// Test hook: frames and deadlines are not handled, as in a stopped process.
     frozen: Mutex<bool>,
     thawed: Condvar,
@@ -270,6 +272,7 @@ impl TcpNode {
             listen_addr,
             sweep_at: Mutex::new(None),
             sweep_wake: Condvar::new(),
+            handshakes: std::sync::atomic::AtomicUsize::new(0),
             frozen: Mutex::new(false),
             thawed: Condvar::new(),
         });
