@@ -107,29 +107,14 @@ fn nm_pid(cluster: &LocalCluster, node: u32) -> Result<Pid> {
         .with_context(|| format!("no {name} in the cluster"))
 }
 
-/// CLOCK_MONOTONIC now, in nanoseconds (the clock of the NMs' heartbeat logs).
-fn monotonic_ns() -> Result<u128> {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
-    Ok(t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128)
-}
-
 /// The gaps between the heartbeats node `node` took between `from` and `to` (CLOCK_MONOTONIC
 /// ns), read from its heartbeat log, in seconds.
 fn heartbeat_gaps(root: &std::path::Path, node: u32, from: u128, to: u128) -> Result<Vec<f64>> {
-    let path = root.join(format!("node{node}")).join("heartbeats.log");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut times = Vec::new();
-    for line in text.lines() {
-        let ns: u128 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("malformed line in {}: {line:?}", path.display()))?;
-        if (from..to).contains(&ns) {
-            times.push(ns);
-        }
-    }
+    let times: Vec<u128> =
+        storm_cli::diagnostics::heartbeat_times(&root.join(format!("node{node}")))?
+            .into_iter()
+            .filter(|t| (from..to).contains(t))
+            .collect();
     Ok(times
         .windows(2)
         .map(|w| (w[1] - w[0]) as f64 / 1e9)
@@ -155,17 +140,17 @@ fn heartbeat_period(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let healthy = 0..frozen;
     let (mut calm, mut troubled) = (Vec::new(), Vec::new());
     for _ in 0..args.trials.min(3) {
-        let from = monotonic_ns()?;
+        let from = storm_cluster::daemon::monotonic_ns();
         std::thread::sleep(PERIOD_WINDOW);
-        let to = monotonic_ns()?;
+        let to = storm_cluster::daemon::monotonic_ns();
         for n in healthy.clone() {
             calm.extend(heartbeat_gaps(&root, n, from, to)?);
         }
         let pid = nm_pid(&cluster, frozen)?;
-        let from = monotonic_ns()?;
+        let from = storm_cluster::daemon::monotonic_ns();
         kill(pid, Signal::SIGSTOP)?;
         std::thread::sleep(PERIOD_WINDOW);
-        let to = monotonic_ns()?;
+        let to = storm_cluster::daemon::monotonic_ns();
         kill(pid, Signal::SIGCONT)?;
         for n in healthy.clone() {
             troubled.extend(heartbeat_gaps(&root, n, from, to)?);

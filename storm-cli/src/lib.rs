@@ -10,6 +10,7 @@
 //!
 //! They talk only to the machine manager, over its Unix control socket.
 
+pub mod diagnostics;
 pub mod local;
 pub mod metrics_http;
 pub mod submit;

@@ -27,6 +27,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use storm_cli::testbed::Testbed;
 use storm_cluster::config::{FailureSection, SchedulerSection};
+use storm_cluster::daemon::monotonic_ns;
 use support::testbed::{
     can_run, finish, logs, nodes, spawn, submit, up_with, wait_job_state, wait_node_state,
 };
@@ -56,23 +57,13 @@ fn testbed(work: &Path) -> (MutexGuard<'static, ()>, Testbed) {
     )
 }
 
-/// CLOCK_MONOTONIC now, in nanoseconds: the clock of the NMs' heartbeat logs.
-fn monotonic_ns() -> u128 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
-    t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
-}
-
 /// The gaps between the heartbeats node `node` took from `since_ns` (CLOCK_MONOTONIC) until
 /// now, counting the one before `since_ns` and now as the ends (so a node that took none has
 /// one gap, as long as the whole time).
 fn heartbeat_gaps(tb: &Testbed, node: u32, since_ns: u128) -> Vec<Duration> {
     let now = monotonic_ns();
-    let log = std::fs::read_to_string(tb.dir.join(format!("node{node}")).join("heartbeats.log"))
-        .unwrap_or_default();
-    let times: Vec<u128> = log
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .collect();
+    let times = storm_cli::diagnostics::heartbeat_times(&tb.dir.join(format!("node{node}")))
+        .expect("the node's heartbeat log");
     let first = times.partition_point(|&t| t < since_ns).saturating_sub(1);
     let mut points: Vec<u128> = times[first..]
         .iter()

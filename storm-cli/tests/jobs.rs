@@ -426,31 +426,13 @@ fn without_a_machine_manager_storm_submit_says_so() {
 /// owner (or root) may cancel a job.
 #[test]
 fn jobs_run_as_their_submitter_and_only_the_owner_may_cancel() {
-    if !nix::unistd::geteuid().is_root() {
-        support::say_not_tested(
-            "jobs_run_as_their_submitter_and_only_the_owner_may_cancel",
-            "needs root to submit as another user",
-        );
+    if !support::root_or_say("jobs_run_as_their_submitter_and_only_the_owner_may_cancel") {
         return;
     }
     use std::os::unix::process::CommandExt;
     let c = TestCluster::start(2);
-    let nobody = 65534;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
-        .args([
-            "--socket",
-            c.socket.to_str().unwrap(),
-            "-N",
-            "2",
-            "-D",
-            "/tmp",
-            "/usr/bin/id",
-            "-u",
-        ])
-        .uid(nobody)
-        .gid(nobody)
-        .output()
-        .unwrap();
+    let nobody = support::NOBODY;
+    let out = c.submit_as(nobody, &["-N", "2", "-D", "/tmp", "/usr/bin/id", "-u"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
@@ -489,11 +471,7 @@ fn jobs_run_as_their_submitter_and_only_the_owner_may_cancel() {
 /// would need no search right on the parent).
 #[test]
 fn a_job_reaches_paths_only_with_its_users_rights() {
-    if !nix::unistd::geteuid().is_root() {
-        support::say_not_tested(
-            "a_job_reaches_paths_only_with_its_users_rights",
-            "needs root to submit as another user",
-        );
+    if !support::root_or_say("a_job_reaches_paths_only_with_its_users_rights") {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -516,8 +494,8 @@ fn a_job_reaches_paths_only_with_its_users_rights() {
         .args(["--exact", "raw_submit_helper", "--ignored", "--nocapture"])
         .env("STORM_TEST_RAW_SOCKET", &c.socket)
         .env("STORM_TEST_RAW_CWD", &open)
-        .uid(65534)
-        .gid(65534)
+        .uid(support::NOBODY)
+        .gid(support::NOBODY)
         .output()
         .unwrap();
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -532,14 +510,9 @@ fn a_job_reaches_paths_only_with_its_users_rights() {
 /// run.
 #[test]
 fn a_cluster_can_refuse_jobs_as_root() {
-    if !nix::unistd::geteuid().is_root() {
-        support::say_not_tested(
-            "a_cluster_can_refuse_jobs_as_root",
-            "needs root to submit as root and as another user",
-        );
+    if !support::root_or_say("a_cluster_can_refuse_jobs_as_root") {
         return;
     }
-    use std::os::unix::process::CommandExt;
     let c = TestCluster::with(storm_cli::local::LocalOptions {
         security: storm_cluster::config::SecuritySection {
             allow_root_jobs: false,
@@ -553,20 +526,10 @@ fn a_cluster_can_refuse_jobs_as_root() {
         "{}",
         text(&root.stderr)
     );
-    let user = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
-        .args([
-            "--socket",
-            c.socket.to_str().unwrap(),
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-        ])
-        .args(["/usr/bin/id", "-u"])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let user = c.submit_as(
+        support::NOBODY,
+        &["-N", "1", "-D", "/tmp", "/usr/bin/id", "-u"],
+    );
     assert!(user.status.success(), "{}", text(&user.stderr));
     assert_eq!(text(&user.stdout), "65534\n");
 }
@@ -575,15 +538,10 @@ fn a_cluster_can_refuse_jobs_as_root() {
 /// copy is theirs alone: no other user of the node can read a user's private program there.
 #[test]
 fn a_spooled_program_is_private_to_its_user() {
-    if !nix::unistd::geteuid().is_root() {
-        support::say_not_tested(
-            "a_spooled_program_is_private_to_its_user",
-            "needs root to submit as another user",
-        );
+    if !support::root_or_say("a_spooled_program_is_private_to_its_user") {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     let c = TestCluster::start(1);
     let work = tempfile::tempdir().unwrap();
     std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -592,20 +550,10 @@ fn a_spooled_program_is_private_to_its_user() {
         "where.sh",
         "stat -c '%a %u' \"$(dirname \"$0\")\" \"$0\"\n",
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
-        .args([
-            "--socket",
-            c.socket.to_str().unwrap(),
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-        ])
-        .arg(&prog)
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let out = c.submit_as(
+        support::NOBODY,
+        &["-N", "1", "-D", "/tmp", prog.to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),

@@ -40,11 +40,25 @@ pub fn stop_flag() -> std::io::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-/// CLOCK_MONOTONIC in microseconds: comparable between the processes of one machine.
-pub fn monotonic_usec() -> u64 {
+/// CLOCK_MONOTONIC in nanoseconds: comparable between the processes of one machine (the
+/// clock of the NMs' switch and heartbeat logs).
+pub fn monotonic_ns() -> u128 {
     let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC is always available on Linux");
-    t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+    t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
+}
+
+/// CLOCK_MONOTONIC in microseconds.
+pub fn monotonic_usec() -> u64 {
+    (monotonic_ns() / 1_000) as u64
+}
+
+/// Wall-clock time, milliseconds since the Unix epoch (0 if the clock is set before it):
+/// what the journal records and what an NM says about its start.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The message [`notify_ready`] sends: ready, by whom, and when (`MONOTONIC_USEC`, as

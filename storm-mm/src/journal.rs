@@ -130,9 +130,7 @@ pub struct Journal {
 
 /// Milliseconds since the Unix epoch, as records store time.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    storm_cluster::daemon::unix_ms()
 }
 
 impl Journal {

@@ -288,7 +288,7 @@ impl NodeManager {
 
     /// Carries out one heartbeat; true if it says to shut down.
     fn heartbeat(&mut self, bytes: &Bytes) -> bool {
-        let received_ns = monotonic_ns();
+        let received_ns = storm_cluster::daemon::monotonic_ns();
         let hb: Heartbeat = match decode("heartbeat", bytes, self.cfg.cluster.heartbeat_bytes) {
             Ok(hb) => hb,
             Err(e) => {
@@ -723,7 +723,7 @@ impl NodeManager {
         if let Some(log) = self.switch_log.as_mut()
             && !(switch.stopped.is_empty() && continued.is_empty() && started.is_empty())
         {
-            let ns = monotonic_ns();
+            let ns = storm_cluster::daemon::monotonic_ns();
             let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let _ = writeln!(
                 log,
@@ -970,15 +970,4 @@ impl NodeManager {
             false => bail!("no completion within {wait:?}"),
         }
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: comparable across the processes of one machine.
-fn monotonic_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into ts.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }

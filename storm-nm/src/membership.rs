@@ -51,11 +51,8 @@ pub enum Event {
 }
 
 /// When this NM process started (Unix time, milliseconds), for the inventory.
-static PROCESS_STARTED_MS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-});
+static PROCESS_STARTED_MS: std::sync::LazyLock<u64> =
+    std::sync::LazyLock::new(storm_cluster::daemon::unix_ms);
 
 pub struct Registration {
     prims: Arc<dyn Primitives>,

@@ -103,6 +103,16 @@ impl TestCluster {
         self.submit_cmd(args).output().expect("run storm-submit")
     }
 
+    /// Runs storm-submit to completion as user (and group) `uid` (needs root).
+    pub fn submit_as(&self, uid: u32, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        self.submit_cmd(args)
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .expect("run storm-submit")
+    }
+
     /// Starts storm-submit without waiting.
     pub fn spawn(&self, args: &[&str]) -> Child {
         self.submit_cmd(args)
@@ -146,6 +156,19 @@ impl Drop for TestCluster {
 pub fn say_not_tested(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "NOT TESTED: {test}: {why}");
+}
+
+/// The user and group tests submit as when they need another user than root.
+pub const NOBODY: u32 = 65534;
+
+/// Whether this process is root, as `test` needs (to act as another user); says NOT TESTED
+/// with the reason when it is not.
+pub fn root_or_say(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        say_not_tested(test, "needs root to act as another user");
+    }
+    root
 }
 
 /// Writes an executable shell script into `dir`.
