@@ -992,11 +992,13 @@ pub fn node_killed_mid_transfer_leaves_no_partial_signal(f: &dyn ClusterFactory)
         let watcher = {
             let c = c.clone();
             std::thread::spawn(move || {
-                // Kill as soon as the data starts landing on node 1.
+                // Kill as soon as the data starts landing on node 1 (where a backend places
+                // data as it arrives) or a few milliseconds in (where it keeps the data until
+                // the commit), later with each attempt.
                 let start = Instant::now();
+                let soon = Duration::from_millis(1 << attempt);
                 let watched = c.node(1);
-                while watched.memory().load(VarId(t.bulk.offset)) == 0 && start.elapsed() < PATIENCE
-                {
+                while watched.memory().load(VarId(t.bulk.offset)) == 0 && start.elapsed() < soon {
                     std::thread::yield_now();
                 }
                 c.kill(victim);

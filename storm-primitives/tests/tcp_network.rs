@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use storm_primitives::conformance::test_layout;
 use storm_primitives::tcp::auth::{Protection, Transcript};
-use storm_primitives::tcp::wire::{Control, Frame, OutFrame, read_frame};
+use storm_primitives::tcp::peer::{Membership, RawPeer};
+use storm_primitives::tcp::wire::{
+    Control, Frame, OpKey, OutFrame, XferBegin, XferMsg, read_frame,
+};
 use storm_primitives::tcp::{TcpConfig, TcpNode};
 use storm_primitives::{Layout, NodeSet, PrimError, Primitives, Relation, Wait};
 
@@ -350,6 +353,137 @@ fn the_tree_heals_when_an_interior_node_dies() {
         Ok(true)
     );
     assert_eq!(nodes[4].memory().load(t.a), 9);
+}
+
+/// A transfer's data reaches a node's memory only when it commits. Here an earlier transfer
+/// from node 0 is stuck behind a frozen node 1 and fails; a later one to the same bytes goes
+/// around it and commits on node 2; then node 1 thaws and relays the stale data to node 2,
+/// which must not let it overwrite what was committed.
+#[test]
+fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
+    let t = test_layout();
+    let cfg = TcpConfig {
+        fanout: 1,
+        ..config(500)
+    };
+    let nodes = TcpNode::local_cluster(3, &t.layout, &cfg).unwrap();
+    let both: NodeSet = "1-2".parse().unwrap();
+    let send = |dest: &NodeSet, at: u64, data: &'static [u8]| {
+        nodes[0]
+            .xfer_and_signal(
+                dest,
+                t.bulk.offset + at,
+                Bytes::from_static(data),
+                Some(t.data),
+                Some(t.done),
+            )
+            .unwrap();
+        outcome(&nodes[0], t.done)
+    };
+    // Connect 0 -> 1 -> 2 (the chain for fanout 1), then freeze node 1.
+    assert_eq!(send(&both, 64, b"warm"), Ok(true));
+    nodes[1].freeze(true);
+    assert!(
+        matches!(send(&both, 0, b"stale!!!"), Err(PrimError::Timeout { .. })),
+        "the transfer through the frozen node fails"
+    );
+    assert_eq!(send(&NodeSet::single(2), 0, b"healed!!"), Ok(true));
+    nodes[1].freeze(false);
+    // Frames on each link stay in order: once this transfer over 0 -> 1 -> 2 has committed,
+    // node 2 has handled everything node 1 relayed before it.
+    assert_eq!(send(&both, 64, b"sync"), Ok(true));
+    assert_eq!(
+        nodes[2].memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"healed!!".to_vec(),
+        "the stale transfer's data landed after the later commit"
+    );
+}
+
+/// The commit phase's window: the origin (driven by hand here) gave up on a transfer after
+/// sending its `Commit`, which is stuck behind a frozen node 1, and committed a later transfer
+/// to the same bytes on node 2 directly. When node 1 thaws and relays the old `Commit`, node 2
+/// has already dropped the old transfer: its memory keeps the later data and its event is not
+/// raised twice.
+#[test]
+fn a_late_commit_of_a_superseded_transfer_is_ignored() {
+    let t = test_layout();
+    let cfg = config(5000);
+    let listeners: Vec<_> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
+    let dir: Vec<_> = std::iter::once(unused)
+        .chain(listeners.iter().map(|l| l.local_addr().ok()))
+        .collect();
+    let nodes: Vec<TcpNode> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| TcpNode::start(i as u32 + 1, l, dir.clone(), t.layout.clone(), cfg.clone()))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let me = Membership {
+        node: 0,
+        cluster_size: 3,
+        layout: t.layout.clone(),
+        key: cfg.key.clone(),
+        protection: cfg.protection,
+    };
+    let mut to_1 = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
+    let mut to_2 = RawPeer::connect(dir[2].unwrap(), 2, &me).unwrap();
+    let xfer = |peer: &mut RawPeer, seq: u64, dest: &str, at: u64, data: &'static [u8]| {
+        let key = OpKey { origin: 0, seq };
+        let begin = XferBegin {
+            key,
+            dest: dest.parse().unwrap(),
+            fanout: 1,
+            offset: t.bulk.offset + at,
+            len: data.len() as u64,
+            remote_event: Some(t.data.index() as u32),
+            timeout_ms: 5000,
+        };
+        peer.send_control(&Control::Xfer(XferMsg::Begin(begin)))
+            .unwrap();
+        peer.send(&OutFrame::data(key, 0, Bytes::from_static(data)))
+            .unwrap();
+        key
+    };
+    let reply = |peer: &mut RawPeer| match peer.recv_control().unwrap() {
+        Control::Xfer(msg) => msg,
+        other => panic!("expected a transfer message, got {other:?}"),
+    };
+    // 1. The old transfer, 0 -> 1 -> 2, is prepared everywhere; its commit waits at node 1.
+    let old = xfer(&mut to_1, 1, "1-2", 0, b"stale!!!");
+    assert_eq!(reply(&mut to_1), XferMsg::Ack(old));
+    nodes[0].freeze(true);
+    to_1.send_control(&Control::Xfer(XferMsg::Commit(old)))
+        .unwrap();
+    // 2. The later one commits on node 2.
+    let new = xfer(&mut to_2, 2, "2", 0, b"healed!!");
+    assert_eq!(reply(&mut to_2), XferMsg::Ack(new));
+    to_2.send_control(&Control::Xfer(XferMsg::Commit(new)))
+        .unwrap();
+    assert_eq!(reply(&mut to_2), XferMsg::Committed(new));
+    assert_eq!(nodes[1].test_event(t.data, Wait::Poll), Ok(true));
+    // 3. Node 1 thaws and relays the old commit; a transfer behind it on the same links
+    //    tells when node 2 has handled it.
+    nodes[0].freeze(false);
+    let sync = xfer(&mut to_1, 3, "1-2", 64, b"sync");
+    loop {
+        match reply(&mut to_1) {
+            XferMsg::Ack(k) if k == sync => break,
+            _ => continue,
+        }
+    }
+    assert_eq!(
+        nodes[1].memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"healed!!".to_vec(),
+        "the superseded transfer committed after the later one"
+    );
+    assert_eq!(
+        nodes[1].test_event(t.data, Wait::Poll),
+        Ok(false),
+        "node 2 was signalled for the superseded transfer"
+    );
 }
 
 /// A peer that trickles its handshake a byte at a time runs out of time for the whole

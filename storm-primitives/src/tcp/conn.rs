@@ -16,7 +16,7 @@
 //! fails at once instead of waiting for its timeout.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, IoSlice, Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -518,10 +518,8 @@ fn spawn_reader(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream, opener:
 
 fn read_loop(inner: &Arc<Inner>, conn: &Arc<Conn>, stream: TcpStream, mut opener: Opener) {
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
-    let mut staging = Vec::new();
     let reason = loop {
-        inner.wait_while_frozen();
-        if let Err(why) = read_one(inner, conn.peer, &mut reader, &mut opener, &mut staging) {
+        if let Err(why) = read_one(inner, conn.peer, &mut reader, &mut opener) {
             break why;
         }
     };
@@ -560,19 +558,19 @@ fn check(
     })
 }
 
-/// Reads, checks and handles one frame. Nothing is acted on, and no data is written to
-/// memory, before the frame's tag is checked. On a link without protection (measurements
-/// only) transfer data goes straight from the socket into global memory, the way a NIC would
-/// place it.
+/// Reads, checks and handles one frame. Nothing is acted on before the frame's tag is
+/// checked; transfer data is kept with its transfer and reaches global memory only when the
+/// transfer commits (see `xfer`).
 fn read_one(
     inner: &Arc<Inner>,
     from: NodeId,
     reader: &mut BufReader<TcpStream>,
     opener: &mut Opener,
-    staging: &mut Vec<u8>,
 ) -> Result<(), String> {
     let mut head = [0u8; HEADER_LEN + DATA_PREFIX_LEN];
     wire::read_exact(reader, &mut head[..HEADER_LEN]).map_err(describe)?;
+    // A frozen node (a test's SIGSTOP) handles nothing, not even a frame it was waiting for.
+    inner.wait_while_frozen();
     let (kind, len) = wire::parse_header(
         head[..HEADER_LEN].try_into().expect("header length"),
         inner.config.max_frame,
@@ -589,84 +587,12 @@ fn read_one(
     }
     wire::read_exact(reader, &mut head[HEADER_LEN..]).map_err(describe)?;
     let (key, at) = wire::parse_data_prefix(head[HEADER_LEN..].try_into().expect("prefix"));
-    let payload = len - DATA_PREFIX_LEN;
-    if !opener.unprotected() {
-        staging.resize(payload, 0);
-        wire::read_exact(reader, staging).map_err(describe)?;
-        check(inner, from, reader, opener, &head, staging)?;
-    }
-    match inner
-        .xfer_data_target(from, key, at, payload)
-        .map_err(|why| format!("protocol error: {why}"))?
-    {
-        Some(target) if opener.unprotected() => {
-            read_into_memory(inner, reader, target.offset, payload)?;
-            check(inner, from, reader, opener, &head, &mut [])?;
-            inner.xfer_data_arrived(key, at, payload, target);
-        }
-        Some(target) => {
-            inner
-                .memory
-                .write(target.offset, staging)
-                .map_err(|e| e.to_string())?;
-            std::sync::atomic::fence(Ordering::Release);
-            inner.xfer_data_arrived(key, at, payload, target);
-        }
-        None if opener.unprotected() => {
-            // The transfer was aborted: read its bytes and drop them.
-            std::io::copy(
-                &mut reader.by_ref().take(payload as u64),
-                &mut std::io::sink(),
-            )
-            .map_err(|e| e.to_string())?;
-            check(inner, from, reader, opener, &head, &mut [])?;
-        }
-        None => {}
-    }
-    Ok(())
-}
-
-/// Moves `len` bytes from the connection into global memory at `offset`: what the reader has
-/// buffered first, then the rest by `read(2)` straight into the region.
-fn read_into_memory(
-    inner: &Inner,
-    reader: &mut BufReader<TcpStream>,
-    offset: u64,
-    len: usize,
-) -> Result<(), String> {
-    let buffered = reader.buffer();
-    let n = buffered.len().min(len);
+    let mut payload = vec![0u8; len - DATA_PREFIX_LEN];
+    wire::read_exact(reader, &mut payload).map_err(describe)?;
+    check(inner, from, reader, opener, &head, &mut payload)?;
     inner
-        .memory
-        .write(offset, &buffered[..n])
-        .map_err(|e| e.to_string())?;
-    reader.consume(n);
-    let mut done = n;
-    if done == len {
-        return Ok(());
-    }
-    let target = inner
-        .memory
-        .target(offset + done as u64, len - done)
-        .map_err(|e| e.to_string())?;
-    let fd = reader.get_ref().as_raw_fd();
-    while done < len {
-        // SAFETY: `target` points to `len - n` bytes of global memory that this transfer owns
-        // until it commits; the kernel writes them as a NIC would.
-        let r = unsafe { libc::read(fd, target.add(done - n).cast(), len - done) };
-        match r {
-            0 => return Err("connection closed by peer".into()),
-            r if r > 0 => done += r as usize,
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e.to_string());
-                }
-            }
-        }
-    }
-    std::sync::atomic::fence(Ordering::Release);
-    Ok(())
+        .xfer_data(from, key, at, Bytes::from(payload))
+        .map_err(|why| format!("protocol error: {why}"))
 }
 
 /// Writes what the fast path could not, blocking on the socket as long as it takes. Frames

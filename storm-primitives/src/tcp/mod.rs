@@ -7,12 +7,14 @@
 //! * `xfer`: XFER-AND-SIGNAL as a pipelined broadcast with a two-phase commit.
 //! * `caw`: COMPARE-AND-WRITE as a tree reduction serialised at the set's root.
 //! * `node`: [`TcpNode`], which ties them together and implements [`crate::Primitives`].
+//! * [`peer`]: a member driven by hand, frame by frame, for tests.
 
 pub mod auth;
 mod caw;
 mod config;
 mod conn;
 mod node;
+pub mod peer;
 pub mod tree;
 pub mod wire;
 mod xfer;

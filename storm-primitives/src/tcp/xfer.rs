@@ -1,14 +1,24 @@
 //! XFER-AND-SIGNAL over the tcp tree: a pipelined broadcast with a two-phase commit.
 //!
 //! 1. **Data.** The origin sends `Begin` and then the data in chunks to its children in the
-//!    k-ary tree over the destination set. Every node writes each chunk into its global memory
-//!    and forwards it to its own children as soon as it has read it, so chunk `i` travels down
+//!    k-ary tree over the destination set. Every node keeps each chunk with the transfer and
+//!    forwards it to its own children as soon as it has read it, so chunk `i` travels down
 //!    one level while chunk `i+1` arrives (the pipeline of the paper's Fig. 6).
 //! 2. **Ack.** A node whose data is complete and whose children have all acknowledged sends
 //!    `Ack` to its parent. No node has signalled anything yet.
 //! 3. **Commit.** When the origin has every acknowledgement it sends `Commit` down the tree;
-//!    each node forwards it, raises the remote event, and answers `Committed` once its subtree
-//!    has. When all have, the origin raises the local event with success.
+//!    each node forwards it, writes the data into its global memory, raises the remote event,
+//!    and answers `Committed` once its subtree has. When all have, the origin raises the local
+//!    event with success.
+//!
+//! **Memory changes only at the commit.** A transfer's data reaches a node's global memory
+//! when the node commits it, never before: an aborted transfer leaves memory untouched, and
+//! the data of an earlier transfer still in flight on a slow path (behind a frozen node, say)
+//! cannot land on top of a later transfer to the same region that went around it and
+//! committed. Commits from one origin reach each node in issue order wherever their
+//! destinations meet (below), so the last committed transfer's bytes are what a node holds.
+//! A node that commits a transfer drops any earlier, uncommitted one from the same origin to
+//! an overlapping region: the origin has given up on it, or it could not commit later.
 //!
 //! A node that cannot reach a child (its connection closes, or it misses the deadline) sends
 //! `Nack` up; the origin then sends `Abort` down and raises the local event with the failure.
@@ -76,6 +86,9 @@ struct XferOp {
     local: Option<EventId>,
     children: Vec<(NodeId, Child)>,
     received: u64,
+    /// Data received so far, as `(position in the transfer, bytes)`: written into global
+    /// memory at the commit.
+    staged: Vec<(u64, Bytes)>,
     phase: Phase,
     deadline: Instant,
 }
@@ -95,27 +108,6 @@ impl XferOp {
     }
     fn child_ids(&self) -> Vec<NodeId> {
         self.children.iter().map(|&(c, _)| c).collect()
-    }
-}
-
-/// Where a chunk of transfer data lands, and who gets it next.
-pub(crate) struct DataTarget {
-    pub offset: u64,
-    pub children: Vec<NodeId>,
-}
-
-/// Bytes of global memory being forwarded to children. The transfer owns them until it
-/// commits, and they are sent before then, so nothing writes them while this view lives.
-struct MemoryView {
-    node: Arc<Inner>,
-    offset: u64,
-    len: usize,
-}
-
-impl AsRef<[u8]> for MemoryView {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: see the type's comment; offset and len were checked against the layout.
-        unsafe { self.node.memory.view(self.offset, self.len).unwrap_or(&[]) }
     }
 }
 
@@ -175,6 +167,7 @@ impl Inner {
                 local,
                 children: tree_children.iter().map(|&c| (c, Child::Pending)).collect(),
                 received: data.len() as u64,
+                staged: Vec::new(),
                 phase: Phase::Gathering,
                 deadline,
             },
@@ -309,6 +302,7 @@ impl Inner {
                 local: None,
                 children: children.into_iter().map(|c| (c, Child::Pending)).collect(),
                 received: 0,
+                staged: Vec::new(),
                 phase: Phase::Gathering,
                 // Shorter than the parent's by a level's share, so the reason reaches it
                 // before it gives up itself.
@@ -319,64 +313,52 @@ impl Inner {
         Ok(())
     }
 
-    /// Where the chunk `at..at+len` of transfer `key` from `from` goes, or `None` if the
-    /// transfer was aborted (its remaining data is dropped). An error means `from` broke the
-    /// protocol.
-    pub(crate) fn xfer_data_target(
-        &self,
+    /// A chunk `data` at `at` of transfer `key` has come from `from`: forward it to the
+    /// children and keep it for the commit. Data of a transfer this node no longer has (it
+    /// was aborted) is dropped. An error means `from` broke the protocol.
+    pub(crate) fn xfer_data(
+        self: &Arc<Self>,
         from: NodeId,
         key: OpKey,
         at: u64,
-        len: usize,
-    ) -> Result<Option<DataTarget>, String> {
-        let table = self.xfers.lock();
-        let Some(op) = table.ops.get(&key) else {
-            return Ok(None);
+        data: Bytes,
+    ) -> Result<(), String> {
+        let children = {
+            let table = self.xfers.lock();
+            let Some(op) = table.ops.get(&key) else {
+                return Ok(());
+            };
+            if op.parent != Some(from) {
+                return Err(format!(
+                    "data for {key:?} from node {from}, which is not the parent"
+                ));
+            }
+            let end = at.checked_add(data.len() as u64);
+            if at != op.received || end.is_none_or(|e| e > op.begin.len) {
+                return Err(format!(
+                    "data for {key:?} at {at}+{} out of order or past its length {}",
+                    data.len(),
+                    op.begin.len
+                ));
+            }
+            op.child_ids()
         };
-        if op.parent != Some(from) {
-            return Err(format!(
-                "data for {key:?} from node {from}, which is not the parent"
-            ));
-        }
-        let end = at.checked_add(len as u64);
-        if at != op.received || end.is_none_or(|e| e > op.begin.len) {
-            return Err(format!(
-                "data for {key:?} at {at}+{len} out of order or past its length {}",
-                op.begin.len
-            ));
-        }
-        Ok(Some(DataTarget {
-            offset: op.begin.offset + at,
-            children: op.child_ids(),
-        }))
-    }
-
-    /// A chunk has landed in global memory: forward it to the children straight from there
-    /// and count it.
-    pub(crate) fn xfer_data_arrived(
-        self: &Arc<Self>,
-        key: OpKey,
-        at: u64,
-        len: usize,
-        target: DataTarget,
-    ) {
-        if !target.children.is_empty() {
-            let view = Bytes::from_owner(MemoryView {
-                node: self.clone(),
-                offset: target.offset,
-                len,
-            });
-            let frame = OutFrame::data(key, at, view);
-            for c in target.children {
+        // Only this connection's reader brings data for `key`, so nothing else moves
+        // `received` between the check above and the count below.
+        if !children.is_empty() {
+            let frame = OutFrame::data(key, at, data.clone());
+            for c in children {
                 self.send(c, frame.clone());
             }
         }
         let mut table = self.xfers.lock();
         if let Some(op) = table.ops.get_mut(&key) {
-            op.received += len as u64;
+            op.received += data.len() as u64;
+            op.staged.push((at, data));
             self.xfer_progress(&mut table, key);
             self.commit_own(&mut table);
         }
+        Ok(())
     }
 
     /// Moves an operation forward when its subtree has caught up. At the origin this only marks
@@ -460,7 +442,8 @@ impl Inner {
         }
     }
 
-    /// Sends `Commit` down and raises this node's remote event.
+    /// Sends `Commit` down, writes the data into this node's memory and raises its remote
+    /// event.
     fn xfer_commit(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
         let Some(op) = table.ops.get_mut(&key) else {
             return;
@@ -472,12 +455,54 @@ impl Inner {
         for (c, _) in &op.children {
             self.send(*c, frame.clone());
         }
+        // The origin wrote its own copy when it issued the transfer.
+        let member = op.parent.is_some();
+        for (at, chunk) in std::mem::take(&mut op.staged) {
+            // Checked against the layout when the transfer began.
+            let _ = self.memory.write(op.begin.offset + at, &chunk);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         if op.begin.dest.contains(self.id)
             && let Some(ev) = op.begin.remote_event.and_then(|e| self.layout.event(e))
         {
             self.events.signal(ev);
         }
+        if member {
+            self.drop_superseded(table, key);
+        }
         self.xfer_progress(table, key);
+    }
+
+    /// Aborts the transfers from `key`'s origin, issued before it to an overlapping region,
+    /// that this node has not committed: once `key` has committed here they never will (the
+    /// origin commits in issue order, so it gave up on them), and their late data must not
+    /// follow `key`'s.
+    fn drop_superseded(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
+        let Some(op) = table.ops.get(&key) else {
+            return;
+        };
+        let (start, end) = (op.begin.offset, op.begin.offset + op.begin.len);
+        let stale: Vec<OpKey> = table
+            .ops
+            .iter()
+            .filter(|(k, o)| {
+                k.origin == key.origin
+                    && k.seq < key.seq
+                    && o.phase != Phase::Committing
+                    && o.begin.offset < end
+                    && start < o.begin.offset + o.begin.len
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            tracing::debug!(
+                node = self.id,
+                ?k,
+                later = ?key,
+                "dropping a transfer superseded by a later commit"
+            );
+            self.xfer_abort(table, k);
+        }
     }
 
     /// Forgets an operation without signalling, telling the subtree to do the same.

@@ -1,0 +1,142 @@
+//! A member of a tcp cluster driven by hand, frame by frame.
+//!
+//! Tests use it to send what no real node would send, or in an order no real node would send
+//! it (an origin that commits one transfer while another is still in flight, a peer that
+//! lies about its tree), and to watch a real node's answers. It holds the cluster key and
+//! speaks the same handshake and framing as [`super::TcpNode`], through the same
+//! [`super::auth`] and [`super::wire`] code.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::auth::{ClusterKey, Opener, Protection, Sealer, Transcript, random_bytes};
+use super::wire::{
+    self, Control, DATA_PREFIX_LEN, Frame, HEADER_LEN, Hello, KIND_DATA, OutFrame, WireError,
+};
+use crate::layout::Layout;
+use crate::nodeset::NodeId;
+
+/// One authenticated connection from a hand-driven node to a real one.
+pub struct RawPeer {
+    stream: TcpStream,
+    sealer: Sealer,
+    opener: Opener,
+    protection: Protection,
+}
+
+/// Who the hand-driven node claims to be, in which cluster.
+#[derive(Clone)]
+pub struct Membership {
+    pub node: NodeId,
+    pub cluster_size: u32,
+    pub layout: Layout,
+    pub key: ClusterKey,
+    pub protection: Protection,
+}
+
+impl RawPeer {
+    /// Connects to node `them` at `addr` and completes the handshake as `me.node`.
+    pub fn connect(addr: SocketAddr, them: NodeId, me: &Membership) -> Result<Self, String> {
+        let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+        stream.set_nodelay(true).ok();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).ok();
+        let fingerprint = me.layout.fingerprint();
+        let nonce = random_bytes();
+        let hello = Hello {
+            node: me.node,
+            cluster_size: me.cluster_size,
+            layout_fingerprint: fingerprint,
+            protection: me.protection.code(),
+            nonce,
+        };
+        let handshake = |e: WireError| format!("handshake with node {them}: {e}");
+        stream
+            .write_all(&OutFrame::control(&Control::Hello(hello)).to_vec())
+            .map_err(|e| e.to_string())?;
+        let (their_nonce, proof) =
+            match wire::read_frame(&mut stream, wire::MAX_CONTROL_LEN).map_err(handshake)? {
+                Frame::Control(Control::Challenge { nonce, proof }) => (nonce, proof),
+                other => return Err(format!("node {them} answered the hello with {other:?}")),
+            };
+        let t = Transcript::new(
+            me.node,
+            them,
+            me.cluster_size,
+            fingerprint,
+            me.protection,
+            &nonce,
+            &their_nonce,
+        );
+        if !t.verify(&me.key, &proof, true) {
+            return Err(format!("node {them} did not prove it holds the key"));
+        }
+        stream
+            .write_all(&OutFrame::control(&Control::Proof(t.client_proof(&me.key))).to_vec())
+            .map_err(|e| e.to_string())?;
+        match wire::read_frame(&mut stream, wire::MAX_CONTROL_LEN).map_err(handshake)? {
+            Frame::Control(Control::HelloAck) => {}
+            other => return Err(format!("node {them} answered the proof with {other:?}")),
+        }
+        let session = t.session(&me.key, me.protection, true);
+        Ok(Self {
+            stream,
+            sealer: session.sealer,
+            opener: session.opener,
+            protection: me.protection,
+        })
+    }
+
+    /// Seals and sends one frame.
+    pub fn send(&mut self, frame: &OutFrame) -> std::io::Result<()> {
+        let (body, tag) = self.sealer.seal(frame.head(), frame.body.clone());
+        let mut out = frame.head().to_vec();
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&tag);
+        self.stream.write_all(&out)
+    }
+
+    pub fn send_control(&mut self, msg: &Control) -> std::io::Result<()> {
+        self.send(&OutFrame::control(msg))
+    }
+
+    /// Reads and checks the next frame from the real node.
+    pub fn recv(&mut self) -> Result<Frame, String> {
+        let mut head = [0u8; HEADER_LEN + DATA_PREFIX_LEN];
+        wire::read_exact(&mut self.stream, &mut head[..HEADER_LEN]).map_err(|e| e.to_string())?;
+        let (kind, len) = wire::parse_header(
+            head[..HEADER_LEN].try_into().expect("header length"),
+            usize::MAX,
+        )
+        .map_err(|e| e.to_string())?;
+        let head_len = if kind == KIND_DATA {
+            HEADER_LEN + DATA_PREFIX_LEN
+        } else {
+            HEADER_LEN
+        };
+        wire::read_exact(&mut self.stream, &mut head[HEADER_LEN..head_len])
+            .map_err(|e| e.to_string())?;
+        let mut body = vec![0u8; len - (head_len - HEADER_LEN)];
+        let mut tag = vec![0u8; self.protection.tag_len()];
+        self.stream
+            .read_exact(&mut body)
+            .and_then(|()| self.stream.read_exact(&mut tag))
+            .map_err(|e| e.to_string())?;
+        self.opener
+            .open(&head[..head_len], &mut body, &tag)
+            .map_err(|e| e.to_string())?;
+        let mut whole = head[HEADER_LEN..head_len].to_vec();
+        whole.extend_from_slice(&body);
+        wire::decode_body(kind, Bytes::from(whole)).map_err(|e| e.to_string())
+    }
+
+    /// The next control message, skipping nothing: anything else is an error.
+    pub fn recv_control(&mut self) -> Result<Control, String> {
+        match self.recv()? {
+            Frame::Control(c) => Ok(c),
+            Frame::Data(d) => Err(format!("expected a control message, got data {:?}", d.key)),
+        }
+    }
+}
