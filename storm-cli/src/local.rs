@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    BackendKind, ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection,
-    SchedulerSection, SecuritySection, TcpSection,
+    BackendKind, ClusterConfig, ClusterSection, FailureSection, LimitsSection, MmSection,
+    NodeEntry, OfiSection, SchedulerSection, SecuritySection, TcpSection,
 };
 use storm_cluster::control::{Client, Reply, Request};
 
@@ -50,6 +50,8 @@ pub struct LocalOptions {
     pub failure: FailureSection,
     /// Who may run jobs.
     pub security: SecuritySection,
+    /// What one user may hold at the MM.
+    pub limits: LimitsSection,
     /// The daemons' log filter (`RUST_LOG` syntax); by default `$RUST_LOG`, else `warn`.
     pub log_filter: Option<String>,
 }
@@ -70,6 +72,7 @@ impl LocalOptions {
             scheduler: SchedulerSection::default(),
             failure: FailureSection::default(),
             security: SecuritySection::default(),
+            limits: LimitsSection::default(),
             log_filter: None,
         }
     }
@@ -288,6 +291,7 @@ impl LocalCluster {
             },
             tcp: TcpSection::default(),
             security: opts.security.clone(),
+            limits: opts.limits.clone(),
             ofi: OfiSection {
                 provider: opts.provider.clone(),
             },

@@ -306,6 +306,40 @@ impl Default for SecuritySection {
     }
 }
 
+/// What one user may hold at the MM, so that no user can exhaust it for the others. Each limit
+/// is checked when something new is asked for; what was accepted before is never dropped for
+/// it. The defaults are far above what an interactive user needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Jobs of one user waiting in the queue (not yet started).
+    pub max_queued_jobs_per_user: u32,
+    /// Size of a program sent with the job (`--bcast`, the default).
+    pub max_program_bytes: u64,
+    /// Total size of the programs the MM holds for one user's unfinished jobs.
+    pub max_spooled_bytes_per_user: u64,
+    /// Control connections (storm-submit, storm) one user may have open at once.
+    pub max_connections_per_user: u32,
+    /// Size of one control request.
+    pub max_request_bytes: u32,
+    /// Replies (other than output, which is flow-controlled end to end) a client may leave
+    /// unread; past it the client is disconnected and its jobs go on without it.
+    pub max_unread_replies: u32,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            max_queued_jobs_per_user: 10_000,
+            max_program_bytes: 1 << 30,
+            max_spooled_bytes_per_user: 8 << 30,
+            max_connections_per_user: 64,
+            max_request_bytes: 4 << 20,
+            max_unread_replies: 1024,
+        }
+    }
+}
+
 /// A whole cluster file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -316,6 +350,8 @@ pub struct ClusterConfig {
     pub tcp: TcpSection,
     #[serde(default)]
     pub security: SecuritySection,
+    #[serde(default)]
+    pub limits: LimitsSection,
     #[serde(default)]
     pub ofi: OfiSection,
     #[serde(default)]
@@ -403,6 +439,31 @@ impl ClusterConfig {
             if v == 0 {
                 return bad(format!("{name} must be at least 1"));
             }
+        }
+        let l = &self.limits;
+        for (name, v) in [
+            (
+                "max_queued_jobs_per_user",
+                l.max_queued_jobs_per_user as u64,
+            ),
+            ("max_program_bytes", l.max_program_bytes),
+            ("max_spooled_bytes_per_user", l.max_spooled_bytes_per_user),
+            (
+                "max_connections_per_user",
+                l.max_connections_per_user as u64,
+            ),
+            ("max_unread_replies", l.max_unread_replies as u64),
+        ] {
+            if v == 0 {
+                return bad(format!("[limits] {name} must be at least 1"));
+            }
+        }
+        if !(4096..=crate::control::MAX_FRAME as u32).contains(&l.max_request_bytes) {
+            return bad(format!(
+                "[limits] max_request_bytes = {} must be in 4096..={}",
+                l.max_request_bytes,
+                crate::control::MAX_FRAME
+            ));
         }
         if self.scheduler.mpl == 0 || self.scheduler.mpl > 64 {
             return bad(format!(

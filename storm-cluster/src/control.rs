@@ -237,8 +237,8 @@ pub enum ControlError {
     Io(#[from] std::io::Error),
     #[error("malformed frame: {0}")]
     Malformed(String),
-    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
-    TooLarge(usize),
+    #[error("frame of {len} bytes exceeds the limit of {limit}")]
+    TooLarge { len: usize, limit: usize },
 }
 
 /// Sends one frame, with `fd` attached if given.
@@ -250,7 +250,10 @@ pub fn send<T: Serialize>(
     let body = bincode::serde::encode_to_vec(msg, bincode::config::standard())
         .map_err(|e| ControlError::Malformed(e.to_string()))?;
     if body.len() > MAX_FRAME {
-        return Err(ControlError::TooLarge(body.len()));
+        return Err(ControlError::TooLarge {
+            len: body.len(),
+            limit: MAX_FRAME,
+        });
     }
     let len = (body.len() as u32).to_le_bytes();
     match fd {
@@ -281,6 +284,17 @@ pub fn send<T: Serialize>(
 pub fn recv<T: serde::de::DeserializeOwned>(
     sock: &UnixStream,
 ) -> Result<(T, Vec<OwnedFd>), ControlError> {
+    recv_within(sock, MAX_FRAME)
+}
+
+/// Receives one frame of at most `limit` bytes (and at most [`MAX_FRAME`]) and any
+/// descriptors attached to it. A frame over the limit is not read: the stream is then out of
+/// step and must be closed.
+pub fn recv_within<T: serde::de::DeserializeOwned>(
+    sock: &UnixStream,
+    limit: usize,
+) -> Result<(T, Vec<OwnedFd>), ControlError> {
+    let limit = limit.min(MAX_FRAME);
     let mut len = [0u8; 4];
     let mut fds = Vec::new();
     let mut got = 0;
@@ -316,8 +330,8 @@ pub fn recv<T: serde::de::DeserializeOwned>(
         got += n;
     }
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(ControlError::TooLarge(len));
+    if len > limit {
+        return Err(ControlError::TooLarge { len, limit });
     }
     let mut body = vec![0u8; len];
     let mut r = sock;
@@ -435,7 +449,7 @@ mod tests {
         w.write_all(&u32::MAX.to_le_bytes()).unwrap();
         assert!(matches!(
             recv::<Request>(&b),
-            Err(ControlError::TooLarge(_))
+            Err(ControlError::TooLarge { .. })
         ));
         let (a, b) = UnixStream::pair().unwrap();
         let mut w = &a;

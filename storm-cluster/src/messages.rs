@@ -76,8 +76,15 @@ pub struct FileInfo {
 
 impl FileInfo {
     /// Why this file cannot be received, if it cannot: its name must be one plain file name,
-    /// so that it lands in the job's spool directory and nowhere else.
-    pub fn problem(&self) -> Option<String> {
+    /// so that it lands in the job's spool directory and nowhere else, and it may not be
+    /// larger than `max_bytes` (`[limits] max_program_bytes`).
+    pub fn problem(&self, max_bytes: u64) -> Option<String> {
+        if self.size > max_bytes {
+            return Some(format!(
+                "a file of {} bytes exceeds [limits] max_program_bytes = {max_bytes}",
+                self.size
+            ));
+        }
         let mut parts = std::path::Path::new(&self.name).components();
         match (parts.next(), parts.next()) {
             (Some(std::path::Component::Normal(_)), None) => None,
@@ -403,10 +410,26 @@ mod tests {
             uid: 0,
             gid: 0,
         };
-        assert_eq!(info("a.out").problem(), None);
+        assert_eq!(info("a.out").problem(1), None);
         for bad in ["", "..", "../x", "/etc/passwd", "a/b", "."] {
-            assert!(info(bad).problem().is_some(), "{bad:?}");
+            assert!(info(bad).problem(1).is_some(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_file_over_the_program_size_limit_is_refused_naming_it() {
+        let info = FileInfo {
+            transfer: 0,
+            job: 1,
+            nodes: NodeSet::single(0),
+            size: 1001,
+            name: "a.out".into(),
+            uid: 0,
+            gid: 0,
+        };
+        let why = info.problem(1000).expect("refused");
+        assert!(why.contains("max_program_bytes = 1000"), "{why}");
+        assert_eq!(info.problem(1001), None);
     }
 
     #[test]

@@ -4,14 +4,16 @@
 //! writer counts the replies it has written, so the main loop knows when output it passed on
 //! is safely with the client (and may be let go of on the node; see `manager::output`).
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_channel::{Receiver, Sender};
+use storm_cluster::config::LimitsSection;
 use storm_cluster::control::{self, ControlError, PROTOCOL_VERSION, Reply, Request};
 
 pub type ClientId = u64;
@@ -25,7 +27,10 @@ pub enum Incoming {
         tx: Sender<Reply>,
         /// Replies written to the client's socket so far.
         written: Arc<AtomicU64>,
+        /// The connection, to close it when the client breaks a limit.
+        closer: UnixStream,
     },
+
     Request {
         client: ClientId,
         req: Request,
@@ -38,11 +43,63 @@ pub enum Incoming {
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
+/// What every connection thread shares: the cluster's identity, the limits, and how many
+/// connections each user has open.
+struct Shared {
+    cluster: String,
+    nodes: u32,
+    limits: LimitsSection,
+    open: Mutex<HashMap<u32, u32>>,
+    to_main: Sender<Incoming>,
+}
+
+/// One of a user's connections, counted while it lives.
+struct Counted<'a> {
+    shared: &'a Shared,
+    uid: u32,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut open = self.shared.open_counts();
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn open_counts(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
+        // A count is whole at every unlock, so a panicked holder left nothing half-done.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a new connection of `uid`, or says why it is refused.
+    fn admit(&self, uid: u32) -> Result<Counted<'_>, String> {
+        let mut open = self.open_counts();
+        let n = open.entry(uid).or_insert(0);
+        let limit = self.limits.max_connections_per_user;
+        if *n >= limit {
+            return Err(format!(
+                "user {uid} already has {n} connections to the machine manager, the limit \
+                 ([limits] max_connections_per_user = {limit}); close some (finished \
+                 storm-submit or storm commands) and try again"
+            ));
+        }
+        *n += 1;
+        Ok(Counted { shared: self, uid })
+    }
+}
+
 /// Binds the control socket (replacing a stale one) and starts accepting.
 pub fn start(
     path: &Path,
     cluster: String,
     nodes: u32,
+    limits: LimitsSection,
     to_main: Sender<Incoming>,
 ) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
@@ -61,12 +118,19 @@ pub fn start(
         .map_err(|e| anyhow::anyhow!("cannot create the control socket {}: {e}", path.display()))?;
     // Every local user may submit; the MM checks who they are on each request.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    let shared = Arc::new(Shared {
+        cluster,
+        nodes,
+        limits,
+        open: Mutex::new(HashMap::new()),
+        to_main,
+    });
     std::thread::Builder::new()
         .name("storm-mm-accept".into())
         .spawn(move || {
             for conn in listener.incoming() {
                 match conn {
-                    Ok(sock) => serve(sock, cluster.clone(), nodes, to_main.clone()),
+                    Ok(sock) => serve(sock, shared.clone()),
                     Err(e) => tracing::warn!("control socket accept failed: {e}"),
                 }
             }
@@ -74,60 +138,115 @@ pub fn start(
     Ok(())
 }
 
-fn serve(sock: UnixStream, cluster: String, nodes: u32, to_main: Sender<Incoming>) {
+fn serve(sock: UnixStream, shared: Arc<Shared>) {
     let client = NEXT_CLIENT.fetch_add(1, Ordering::Relaxed);
-    let _ = std::thread::Builder::new().name(format!("storm-mm-client-{client}")).spawn(move || {
-        let (uid, gid) = match control::peer_credentials(&sock) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!("cannot identify a control client: {e}");
-                return;
-            }
-        };
-        match control::recv::<Request>(&sock) {
-            Ok((Request::Hello { version }, _)) if version == PROTOCOL_VERSION => {
-                let _ = control::send(&sock, &Reply::Hello { version: PROTOCOL_VERSION, cluster, nodes }, None);
-            }
-            Ok((Request::Hello { version }, _)) => {
-                let msg = format!("control protocol {version} is not supported; this MM speaks {PROTOCOL_VERSION}");
-                let _ = control::send(&sock, &Reply::Error(msg), None);
-                return;
-            }
-            Ok(_) => {
-                let _ = control::send(&sock, &Reply::Error("expected Hello first".into()), None);
-                return;
-            }
-            Err(e) => {
-                tracing::debug!("control client left during the handshake: {e}");
-                return;
-            }
-        }
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let Ok(writer_sock) = sock.try_clone() else { return };
-        let written = Arc::new(AtomicU64::new(0));
-        let counter = written.clone();
-        let _ = std::thread::Builder::new()
-            .name(format!("storm-mm-reply-{client}"))
-            .spawn(move || write_replies(writer_sock, rx, &counter));
-        if to_main.send(Incoming::Connected { client, uid, gid, tx, written }).is_err() {
+    let spawned = std::thread::Builder::new()
+        .name(format!("storm-mm-client-{client}"))
+        .spawn(move || run_client(client, sock, &shared));
+    if let Err(e) = spawned {
+        // The connection closes as `sock` drops with the closure.
+        tracing::warn!("cannot start a thread for a control client: {e}");
+    }
+}
+
+/// Identifies the client, checks its limits and protocol version, then passes its requests
+/// to the main loop until it goes.
+fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
+    let refuse = |msg: String| {
+        let _ = control::send(&sock, &Reply::Error(msg), None);
+    };
+    let (uid, gid) = match control::peer_credentials(&sock) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("cannot identify a control client: {e}");
             return;
         }
-        loop {
-            match control::recv::<Request>(&sock) {
-                Ok((req, fds)) => {
-                    if to_main.send(Incoming::Request { client, req, fds }).is_err() {
-                        break;
-                    }
-                }
-                Err(ControlError::Closed) => break,
-                Err(e) => {
-                    tracing::warn!(client, "dropping a control client: {e}");
+    };
+    let _counted = match shared.admit(uid) {
+        Ok(c) => c,
+        Err(msg) => {
+            tracing::warn!(uid, "refusing a control connection: {msg}");
+            return refuse(msg);
+        }
+    };
+    let limit = shared.limits.max_request_bytes as usize;
+    match control::recv_within::<Request>(&sock, limit) {
+        Ok((Request::Hello { version }, _)) if version == PROTOCOL_VERSION => {
+            let hello = Reply::Hello {
+                version: PROTOCOL_VERSION,
+                cluster: shared.cluster.clone(),
+                nodes: shared.nodes,
+            };
+            let _ = control::send(&sock, &hello, None);
+        }
+        Ok((Request::Hello { version }, _)) => {
+            return refuse(format!(
+                "control protocol {version} is not supported; this MM speaks {PROTOCOL_VERSION}"
+            ));
+        }
+        Ok(_) => return refuse("expected Hello first".into()),
+        Err(e) => {
+            tracing::debug!("control client left during the handshake: {e}");
+            return;
+        }
+    }
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let Ok(writer_sock) = sock.try_clone() else {
+        return;
+    };
+    let Ok(closer) = sock.try_clone() else {
+        return;
+    };
+    let written = Arc::new(AtomicU64::new(0));
+    let counter = written.clone();
+    let writer = std::thread::Builder::new()
+        .name(format!("storm-mm-reply-{client}"))
+        .spawn(move || write_replies(writer_sock, rx, &counter));
+    if writer.is_err() {
+        return refuse("the machine manager cannot start a thread for this client".into());
+    }
+    // The last word to a client dropped for a request over the limit.
+    let last_word = tx.clone();
+    let connected = Incoming::Connected {
+        client,
+        uid,
+        gid,
+        tx,
+        written,
+        closer,
+    };
+    if shared.to_main.send(connected).is_err() {
+        return;
+    }
+    loop {
+        match control::recv_within::<Request>(&sock, limit) {
+            Ok((req, fds)) => {
+                if shared
+                    .to_main
+                    .send(Incoming::Request { client, req, fds })
+                    .is_err()
+                {
                     break;
                 }
             }
+            Err(ControlError::Closed) => break,
+            Err(ControlError::TooLarge { len, limit }) => {
+                // Unread, the rest of the frame leaves the stream out of step: close it.
+                let msg = format!(
+                    "a request of {len} bytes exceeds the limit of {limit} bytes ([limits] \
+                     max_request_bytes); submit fewer environment variables or arguments"
+                );
+                tracing::warn!(client, uid, "dropping a control client: {msg}");
+                let _ = last_word.send(Reply::Error(msg));
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(client, "dropping a control client: {e}");
+                break;
+            }
         }
-        let _ = to_main.send(Incoming::Gone { client });
-    });
+    }
+    let _ = shared.to_main.send(Incoming::Gone { client });
 }
 
 fn write_replies(sock: UnixStream, rx: Receiver<Reply>, written: &AtomicU64) {

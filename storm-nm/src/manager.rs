@@ -377,7 +377,7 @@ impl NodeManager {
     }
 
     fn receive_file(&mut self, info: FileInfo) {
-        if let Some(why) = info.problem() {
+        if let Some(why) = info.problem(self.cfg.limits.max_program_bytes) {
             tracing::error!(
                 node = self.node,
                 job = info.job,

@@ -423,6 +423,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         },
         tcp: TcpSection::default(),
         security: Default::default(),
+        limits: Default::default(),
         ofi: OfiSection::default(),
         scheduler: opts.scheduler.clone(),
         failure: opts.failure.clone(),

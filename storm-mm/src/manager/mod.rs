@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,6 +47,7 @@ use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
+use crate::program_saver::ProgramSaver;
 use crate::transfer::{self, Transfer, TransferDone};
 
 /// How often a submitter hears how far its program transfer is.
@@ -215,6 +217,12 @@ struct Client {
     queued: u64,
     /// Replies written to its socket so far (counted by its writer thread).
     written: Arc<AtomicU64>,
+    /// The numbers of its replies other than output that may not be written yet (output is
+    /// flow-controlled end to end, see `output`; these are bounded by
+    /// `[limits] max_unread_replies`).
+    unread: VecDeque<u64>,
+    /// Its connection, to close when it breaks that limit.
+    closer: std::os::unix::net::UnixStream,
 }
 
 pub struct MachineManager {
@@ -263,6 +271,8 @@ pub struct MachineManager {
     next_transfer: u32,
     worker_tx: Sender<TransferDone>,
     worker_rx: Receiver<TransferDone>,
+    /// Copies waiting jobs' programs beside the journal.
+    saver: ProgramSaver,
     shutting_down: bool,
     /// Jobs, results and drains, kept so that a restarted MM loses nothing it accepted.
     journal: Journal,
@@ -309,6 +319,7 @@ impl MachineManager {
             &cfg.cluster.control_socket,
             cfg.cluster.name.clone(),
             cfg.node_count(),
+            cfg.limits.clone(),
             tx,
         )?;
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
@@ -360,6 +371,7 @@ impl MachineManager {
             next_transfer: 1,
             worker_tx,
             worker_rx,
+            saver: ProgramSaver::start()?,
             shutting_down: false,
             journal,
             unrecorded: Default::default(),
@@ -427,6 +439,7 @@ impl MachineManager {
         while let Ok(done) = self.worker_rx.try_recv() {
             self.transfer_done(done);
         }
+        self.saved_programs();
         self.report_transfer_progress();
         self.verify_transfers();
         self.advance_recoveries(now);
@@ -444,6 +457,20 @@ impl MachineManager {
         self.publish();
     }
 
+    /// Hears which programs' copies are saved. A copy whose job ended meanwhile goes; one
+    /// that failed leaves a job that a restart of the MM would lose, which is logged.
+    fn saved_programs(&mut self) {
+        while let Ok((job, outcome)) = self.saver.done.try_recv() {
+            match outcome {
+                Ok(()) if !self.jobs.contains_key(&job) => self.journal.discard_program(job),
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::error!(job, "the job would not survive a restart of the MM: {e}")
+                }
+            }
+        }
+    }
+
     /// Commits this timeslice's changes to the journal, then sends the replies that tell of
     /// them: a client never learns of a state a restarted MM would not know.
     fn publish(&mut self) {
@@ -451,18 +478,14 @@ impl MachineManager {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            // A waiting job (or one that may be requeued) needs its program after a restart.
+            // A waiting job (or one that may be requeued) needs its program after a restart:
+            // it is copied off the main loop (`saved_programs` hears when it is done).
             if !j.program_saved
                 && (j.phase == Phase::Queued || j.req.requeue)
-                && let Some(program) = &j.program
+                && let Some(copy) = j.program.as_ref().and_then(|p| p.try_clone().ok())
             {
-                match self.journal.save_program(id, program) {
-                    Ok(()) => j.program_saved = true,
-                    Err(e) => tracing::error!(
-                        job = id,
-                        "the job would not survive a restart of the MM: {e}"
-                    ),
-                }
+                j.program_saved = true;
+                self.saver.save(id, copy, self.journal.program_path(id));
             }
             let rec = job_record(j);
             self.journal.put_job(rec);
@@ -496,8 +519,44 @@ impl MachineManager {
     fn reply(&mut self, client: ClientId, r: Reply) -> Option<u64> {
         let c = self.clients.get_mut(&client)?;
         c.queued += 1;
+        let n = c.queued;
+        if !matches!(r, Reply::Output(_)) {
+            let written = c.written.load(Ordering::Acquire);
+            while c.unread.front().is_some_and(|&k| k <= written) {
+                c.unread.pop_front();
+            }
+            c.unread.push_back(n);
+            if c.unread.len() > self.cfg.limits.max_unread_replies as usize {
+                self.drop_unreading_client(client);
+                return None;
+            }
+        }
         self.outbox.push((client, r));
-        Some(c.queued)
+        Some(n)
+    }
+
+    /// Disconnects a client that leaves more than `[limits] max_unread_replies` replies
+    /// unread (it asks without reading the answers). Its jobs go on without it: their output
+    /// is dropped, and their state stays in `storm queue`.
+    fn drop_unreading_client(&mut self, client: ClientId) {
+        let Some(c) = self.clients.remove(&client) else {
+            return;
+        };
+        let mut detached = 0;
+        for j in self.jobs.values_mut().filter(|j| j.client == Some(client)) {
+            j.client = None;
+            detached += 1;
+        }
+        tracing::warn!(
+            client,
+            uid = c.uid,
+            detached,
+            "disconnecting a control client that left {} replies unread ([limits] \
+             max_unread_replies = {}); its jobs go on without it",
+            c.unread.len(),
+            self.cfg.limits.max_unread_replies
+        );
+        let _ = c.closer.shutdown(std::net::Shutdown::Both);
     }
 
     fn handle(&mut self, msg: Incoming) {
@@ -508,6 +567,7 @@ impl MachineManager {
                 gid,
                 tx,
                 written,
+                closer,
             } => {
                 self.clients.insert(
                     client,
@@ -517,6 +577,8 @@ impl MachineManager {
                         tx,
                         queued: 0,
                         written,
+                        unread: VecDeque::new(),
+                        closer,
                     },
                 );
             }
@@ -626,6 +688,53 @@ impl MachineManager {
         }
     }
 
+    /// `[limits] max_program_bytes` and `max_spooled_bytes_per_user` for a program of
+    /// `size` bytes that user `uid` sends with a new job.
+    fn check_program_limits(&self, uid: u32, program: &Path, size: u64) -> Result<(), String> {
+        let l = &self.cfg.limits;
+        if size > l.max_program_bytes {
+            return Err(format!(
+                "{} is {size} bytes, over the limit for a program sent with its job ([limits] \
+                 max_program_bytes = {}); put it where every node can read it and submit with \
+                 --no-bcast",
+                program.display(),
+                l.max_program_bytes
+            ));
+        }
+        let held: u64 = self
+            .jobs
+            .values()
+            .filter(|j| j.uid == uid && j.program.is_some())
+            .map(|j| j.size)
+            .sum();
+        if held + size > l.max_spooled_bytes_per_user {
+            return Err(format!(
+                "the machine manager already holds {held} bytes of programs for user {uid}'s \
+                 unfinished jobs; {size} more would pass the limit ([limits] \
+                 max_spooled_bytes_per_user = {}); wait for some jobs to finish",
+                l.max_spooled_bytes_per_user
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[limits] max_queued_jobs_per_user` for a new job of user `uid`.
+    fn check_queue_limit(&self, uid: u32) -> Result<(), String> {
+        let limit = self.cfg.limits.max_queued_jobs_per_user;
+        let waiting = self
+            .jobs
+            .values()
+            .filter(|j| j.uid == uid && j.phase == Phase::Queued)
+            .count();
+        if waiting >= limit as usize {
+            return Err(format!(
+                "user {uid} already has {waiting} jobs waiting to start, the limit ([limits] \
+                 max_queued_jobs_per_user = {limit}); wait for some to start, or cancel some"
+            ));
+        }
+        Ok(())
+    }
+
     fn submit(
         &mut self,
         client: ClientId,
@@ -665,10 +774,12 @@ impl MachineManager {
             if meta.permissions().mode() & 0o111 == 0 {
                 return Err(format!("{} is not executable", req.program.display()));
             }
+            self.check_program_limits(uid, &req.program, meta.len())?;
             Some(file)
         } else {
             None
         };
+        self.check_queue_limit(uid)?;
         let id = self.next_job;
         self.next_job += 1;
         self.journal.set_next_job(self.next_job);

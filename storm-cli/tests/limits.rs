@@ -1,0 +1,286 @@
+//! Per-user limits at the MM (`[limits]`, docs/security.md): each refuses the new request
+//! with a message naming the limit, and nothing accepted before is lost.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use storm_cli::local::LocalOptions;
+use storm_cluster::config::LimitsSection;
+use storm_cluster::control::{Client, JobRequest, Request};
+use storm_cluster::tasks::TaskRequest;
+use support::{TestCluster, text};
+
+fn cluster(limits: LimitsSection) -> TestCluster {
+    TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        limits,
+        ..LocalOptions::new(1)
+    })
+}
+
+/// Waits until `storm queue` shows a running job.
+fn wait_running(c: &TestCluster) {
+    let since = Instant::now();
+    while !text(&c.storm(&["queue"]).stdout).contains("running") {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "no job started: {}",
+            text(&c.storm(&["queue"]).stdout)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn refused_naming(out: &std::process::Output, limit: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(limit),
+        "the refusal names {limit}: {}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_user_over_the_queued_jobs_limit_is_refused_and_the_queued_jobs_run() {
+    let c = cluster(LimitsSection {
+        max_queued_jobs_per_user: 1,
+        ..Default::default()
+    });
+    let running = c.spawn(&["-N", "1", "/bin/sleep", "1"]);
+    wait_running(&c);
+    let waiting = c.spawn(&["-N", "1", "/bin/echo", "second"]);
+    let since = Instant::now();
+    while c.queued_jobs().len() < 2 && since.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    refused_naming(
+        &c.submit(&["-N", "1", "/bin/echo", "third"]),
+        "max_queued_jobs_per_user = 1",
+    );
+    let (running, waiting) = (
+        running.wait_with_output().unwrap(),
+        waiting.wait_with_output().unwrap(),
+    );
+    assert!(running.status.success(), "{}", text(&running.stderr));
+    assert!(waiting.status.success(), "{}", text(&waiting.stderr));
+    assert_eq!(text(&waiting.stdout), "second\n");
+}
+
+#[test]
+fn a_program_over_the_size_limit_is_refused_and_runs_without_bcast() {
+    let size = std::fs::metadata("/bin/true").unwrap().len();
+    let c = cluster(LimitsSection {
+        max_program_bytes: size - 1,
+        ..Default::default()
+    });
+    refused_naming(
+        &c.submit(&["-N", "1", "/bin/true"]),
+        &format!("max_program_bytes = {}", size - 1),
+    );
+    let out = c.submit(&["-N", "1", "--no-bcast", "/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn programs_held_for_a_user_past_the_spool_limit_are_refused_until_jobs_finish() {
+    let size = std::fs::metadata("/bin/sleep").unwrap().len();
+    let c = cluster(LimitsSection {
+        max_spooled_bytes_per_user: 2 * size + size / 2,
+        ..Default::default()
+    });
+    let first = c.spawn(&["-N", "1", "/bin/sleep", "1"]);
+    wait_running(&c);
+    let second = c.spawn(&["-N", "1", "/bin/sleep", "0"]);
+    let since = Instant::now();
+    while c.queued_jobs().len() < 2 && since.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    refused_naming(
+        &c.submit(&["-N", "1", "/bin/sleep", "0"]),
+        "max_spooled_bytes_per_user",
+    );
+    for job in [first, second] {
+        let out = job.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let after = c.submit(&["-N", "1", "/bin/sleep", "0"]);
+    assert!(after.status.success(), "{}", text(&after.stderr));
+}
+
+#[test]
+fn a_user_over_the_connection_limit_is_refused_and_others_are_not() {
+    let c = cluster(LimitsSection {
+        max_connections_per_user: 2,
+        ..Default::default()
+    });
+    let held: Vec<Client> = (0..2)
+        .map(|_| Client::connect(&c.socket).expect("within the limit"))
+        .collect();
+    let refused = Client::connect(&c.socket)
+        .err()
+        .expect("a third is refused");
+    assert!(
+        refused.contains("max_connections_per_user = 2"),
+        "{refused}"
+    );
+    if support::root_or_say("a_user_over_the_connection_limit_is_refused_and_others_are_not") {
+        use std::os::unix::process::CommandExt;
+        let other = Command::new(env!("CARGO_BIN_EXE_storm"))
+            .arg("--socket")
+            .arg(&c.socket)
+            .arg("queue")
+            .uid(support::NOBODY)
+            .gid(support::NOBODY)
+            .output()
+            .unwrap();
+        assert!(
+            other.status.success(),
+            "another user is not limited: {}",
+            text(&other.stderr)
+        );
+    }
+    drop(held);
+    let since = Instant::now();
+    while Client::connect(&c.socket).is_err() {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "closed connections are counted out"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_request_over_the_size_limit_is_refused_naming_it() {
+    let c = cluster(LimitsSection {
+        max_request_bytes: 4096,
+        ..Default::default()
+    });
+    // storm-submit passes its environment on, as srun does.
+    let out = Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .args(["-N", "1", "/bin/true"])
+        .env("STORM_TEST_BIG", "x".repeat(8192))
+        .output()
+        .unwrap();
+    refused_naming(&out, "max_request_bytes");
+    let fine = c.submit(&["-N", "1", "/bin/true"]);
+    assert!(fine.status.success(), "{}", text(&fine.stderr));
+}
+
+/// A client that asks and never reads the answers is disconnected once it leaves more than
+/// `max_unread_replies` unread; the job it submitted runs to its end all the same.
+#[test]
+fn a_client_that_does_not_read_is_dropped_and_its_job_is_not_harmed() {
+    let c = cluster(LimitsSection {
+        max_unread_replies: 8,
+        ..Default::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    let marker = work.path().join("finished");
+    let client = Client::connect(&c.socket).unwrap();
+    let job = JobRequest {
+        name: "unread".into(),
+        program: "/bin/sh".into(),
+        args: vec![
+            "-c".into(),
+            format!("sleep 1; echo whole > {}", marker.display()),
+        ],
+        env: vec![],
+        cwd: work.path().to_path_buf(),
+        tasks: TaskRequest {
+            nodes: Some(1),
+            ..Default::default()
+        },
+        bcast: false,
+        time_limit_ms: None,
+        requeue: false,
+    };
+    client.request(&Request::Submit(job), None).unwrap();
+    let since = Instant::now();
+    let mut sent = 0u64;
+    while client.request(&Request::Queue, None).is_ok() {
+        sent += 1;
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "still connected after {sent} unread requests"
+        );
+    }
+    wait_for_file(&marker);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "whole\n");
+    let log = std::fs::read_to_string(c.root.join("mm.log")).unwrap_or_default();
+    assert!(
+        log.contains("max_unread_replies = 8"),
+        "the MM says why it dropped the client: {log}"
+    );
+    let after = c.submit(&["-N", "1", "/bin/true"]);
+    assert!(after.status.success(), "{}", text(&after.stderr));
+}
+
+fn wait_for_file(path: &Path) {
+    let since = Instant::now();
+    while !path.exists() {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "{} never appeared: the job did not run to its end",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Written by `echo >`: give the write a moment to complete.
+    std::thread::sleep(Duration::from_millis(50));
+}
+
+/// A waiting job's program is copied beside the journal off the MM's main loop: while a large
+/// copy is still being written (its `.partial` file exists), the MM answers `storm queue`.
+/// (Copied on the main loop, the answer came only after the copy was complete.)
+#[test]
+fn a_large_program_is_saved_while_the_mm_goes_on_answering() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = cluster(LimitsSection {
+        max_program_bytes: 2 << 30,
+        max_spooled_bytes_per_user: 4 << 30,
+        ..Default::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    let big = work.path().join("big.sh");
+    std::fs::write(&big, "#!/bin/sh\nexit 0\n").unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&big).unwrap();
+    file.set_len(256 << 20).unwrap();
+    drop(file);
+    std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let running = c.spawn(&["-N", "1", "/bin/sleep", "2"]);
+    wait_running(&c);
+    let waiting = c.spawn(&["-N", "1", big.to_str().unwrap()]);
+    let programs = c.root.join("mm-state").join("programs");
+    let partial = || {
+        std::fs::read_dir(&programs)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+    };
+    let since = Instant::now();
+    while !partial() {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the waiting job's program was never copied"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let queue = c.storm(&["queue"]);
+    assert!(queue.status.success(), "{}", text(&queue.stderr));
+    assert!(
+        partial(),
+        "the MM answered only once the copy was complete: it copied on its main loop"
+    );
+    // Its submitter gone, the big job is cancelled (sending it would only take time here).
+    let mut waiting = waiting;
+    waiting.kill().unwrap();
+    let _ = waiting.wait();
+    let out = running.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
