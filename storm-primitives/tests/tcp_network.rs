@@ -10,7 +10,7 @@ use storm_primitives::conformance::test_layout;
 use storm_primitives::tcp::auth::{Protection, Transcript};
 use storm_primitives::tcp::peer::{Membership, RawPeer};
 use storm_primitives::tcp::wire::{
-    Control, Frame, OpKey, OutFrame, XferBegin, XferMsg, read_frame,
+    CawMsg, CawRequest, Control, Frame, OpKey, OutFrame, XferBegin, XferMsg, read_frame,
 };
 use storm_primitives::tcp::{TcpConfig, TcpNode};
 use storm_primitives::{Layout, NodeSet, PrimError, Primitives, Relation, Wait};
@@ -483,6 +483,113 @@ fn a_late_commit_of_a_superseded_transfer_is_ignored() {
         nodes[1].test_event(t.data, Wait::Poll),
         Ok(false),
         "node 2 was signalled for the superseded transfer"
+    );
+}
+
+/// A member that starts transfers and COMPARE-AND-WRITEs and never finishes them cannot grow
+/// a node's tables past `max_pending_ops`, nor its held data past `max_staged_bytes`: the
+/// excess is refused to its origin naming the limit, and the node goes on working.
+#[test]
+fn pending_operations_and_staged_bytes_are_capped() {
+    let t = test_layout();
+    let cfg = TcpConfig {
+        max_pending_ops: 4,
+        max_staged_bytes: 1024,
+        ..config(5000)
+    };
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
+    let dir = vec![unused, l.local_addr().ok()];
+    let node = TcpNode::start(1, l, dir.clone(), t.layout.clone(), cfg.clone()).unwrap();
+    let me = Membership {
+        node: 0,
+        cluster_size: 2,
+        layout: t.layout.clone(),
+        key: cfg.key.clone(),
+        protection: cfg.protection,
+    };
+    let mut peer = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
+    let key = |seq| OpKey { origin: 0, seq };
+    let begin = |seq, len| {
+        Control::Xfer(XferMsg::Begin(XferBegin {
+            key: key(seq),
+            dest: NodeSet::single(1),
+            fanout: 2,
+            offset: t.bulk.offset,
+            len,
+            remote_event: None,
+            timeout_ms: 60_000,
+        }))
+    };
+    // Four transfers begun and left open; the fifth is refused.
+    peer.send_control(&begin(1, 2000)).unwrap();
+    for seq in 2..=4 {
+        peer.send_control(&begin(seq, 100)).unwrap();
+    }
+    peer.send_control(&begin(5, 100)).unwrap();
+    match peer.recv_control().unwrap() {
+        Control::Xfer(XferMsg::Nack(k, PrimError::TransferFailed(why))) => {
+            assert_eq!(k, key(5));
+            assert!(why.contains("max_pending_ops"), "{why}");
+        }
+        other => panic!("expected the fifth transfer refused, got {other:?}"),
+    }
+    // Data past the staged-bytes limit fails its transfer.
+    peer.send(&OutFrame::data(key(1), 0, Bytes::from(vec![1u8; 1000])))
+        .unwrap();
+    peer.send(&OutFrame::data(key(1), 1000, Bytes::from(vec![1u8; 100])))
+        .unwrap();
+    match peer.recv_control().unwrap() {
+        Control::Xfer(XferMsg::Nack(k, PrimError::TransferFailed(why))) => {
+            assert_eq!(k, key(1));
+            assert!(why.contains("max_staged_bytes"), "{why}");
+        }
+        other => panic!("expected the transfer past the byte limit failed, got {other:?}"),
+    }
+    assert_eq!(
+        node.memory().read_vec(t.bulk.offset, 4).unwrap(),
+        vec![0u8; 4],
+        "nothing of a failed transfer reached memory"
+    );
+    // COMPARE-AND-WRITEs that the parent never finishes: node 1 votes on four and keeps
+    // them; the fifth is refused.
+    for seq in 10..=14 {
+        let req = CawRequest {
+            key: key(seq),
+            dest: "0-1".parse().unwrap(),
+            fanout: 2,
+            var: t.a.offset(),
+            rel: Relation::Eq,
+            value: 0,
+            write: Some((t.a.offset(), 1)),
+            timeout_ms: 60_000,
+        };
+        peer.send_control(&Control::Caw(CawMsg::Compare(req)))
+            .unwrap();
+    }
+    let mut votes = 0;
+    loop {
+        match peer.recv_control().unwrap() {
+            Control::Caw(CawMsg::Vote(_, true)) => votes += 1,
+            Control::Caw(CawMsg::Nack(k, PrimError::TransferFailed(why))) => {
+                assert_eq!(k, key(14));
+                assert!(why.contains("max_pending_ops"), "{why}");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(votes, 4);
+    // Finishing one makes room, and the node still works for its peer.
+    peer.send_control(&Control::Caw(CawMsg::Release(key(10))))
+        .unwrap();
+    peer.send_control(&begin(20, 2)).unwrap();
+    // Transfer 1 failed and left: its place is free too.
+    peer.send(&OutFrame::data(key(20), 0, Bytes::from_static(b"ok")))
+        .unwrap();
+    assert_eq!(
+        peer.recv_control().unwrap(),
+        Control::Xfer(XferMsg::Ack(key(20)))
     );
 }
 

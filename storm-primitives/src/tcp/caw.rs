@@ -192,6 +192,11 @@ impl Inner {
                         req.key
                     ));
                 }
+                if table.queue.len() >= self.config.max_pending_ops {
+                    let err = self.overloaded("requests queued", table.queue.len());
+                    self.caw_reply(&mut table, req.key, Err(err));
+                    return Ok(());
+                }
                 self.caw_enqueue(&mut table, req);
             }
             CawMsg::Compare(req) => self.on_compare(&mut table, from, req)?,
@@ -258,6 +263,16 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// The error for an operation refused because `count` others are `what` here.
+    fn overloaded(&self, what: &str, count: usize) -> PrimError {
+        let err = PrimError::TransferFailed(format!(
+            "node {} has {count} compare-and-write {what}, its limit (max_pending_ops)",
+            self.id
+        ));
+        tracing::warn!(node = self.id, "refusing a compare-and-write: {err}");
+        err
     }
 
     fn check_request(&self, req: &CawRequest) -> std::result::Result<(), String> {
@@ -365,6 +380,11 @@ impl Inner {
         }
         if table.ops.contains_key(&req.key) {
             return Err(format!("compare {:?} received twice", req.key));
+        }
+        if table.ops.len() >= self.config.max_pending_ops {
+            let err = self.overloaded("operations in progress", table.ops.len());
+            self.send_control(from, &caw(CawMsg::Nack(req.key, err)));
+            return Ok(());
         }
         let key = req.key;
         let children = tree.children(self.id);

@@ -28,6 +28,14 @@ pub struct TcpConfig {
     pub protection: Protection,
     /// Handshakes being made at once with peers not yet authenticated; more are refused.
     pub max_handshakes: usize,
+    /// Operations one node keeps in progress for others: transfers passing through or ending
+    /// here, COMPARE-AND-WRITEs here, and requests queued here as a root, each counted on its
+    /// own. More are refused with an error to their origin, so that no peer can grow a node's
+    /// tables without bound.
+    pub max_pending_ops: usize,
+    /// Bytes of transfer data a node holds for transfers not committed yet; a transfer that
+    /// would pass it fails.
+    pub max_staged_bytes: u64,
 }
 
 impl Default for TcpConfig {
@@ -44,6 +52,8 @@ impl Default for TcpConfig {
             key: ClusterKey::random(),
             protection: Protection::Authenticate,
             max_handshakes: 64,
+            max_pending_ops: 4096,
+            max_staged_bytes: 1 << 30,
         }
     }
 }
@@ -62,6 +72,9 @@ impl TcpConfig {
                 "chunk_size {} does not fit in max_frame {}",
                 self.chunk_size, self.max_frame
             ));
+        }
+        if self.max_pending_ops == 0 || self.max_staged_bytes == 0 {
+            return Err("max_pending_ops and max_staged_bytes must be at least 1".into());
         }
         if self.max_frame > u32::MAX as usize {
             return Err("max_frame must fit in 32 bits".into());

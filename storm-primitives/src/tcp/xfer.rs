@@ -117,6 +117,21 @@ pub(crate) struct XferTable {
     ops: HashMap<OpKey, XferOp>,
     /// This node's own transfers, in issue order.
     own: VecDeque<OpKey>,
+    /// Bytes held in `staged` over all transfers (bounded by `max_staged_bytes`).
+    staged_bytes: u64,
+}
+
+impl XferTable {
+    /// Forgets a transfer, and the data it held.
+    fn remove(&mut self, key: &OpKey) -> Option<XferOp> {
+        let op = self.ops.remove(key)?;
+        self.staged_bytes -= staged_len(&op);
+        Some(op)
+    }
+}
+
+fn staged_len(op: &XferOp) -> u64 {
+    op.staged.iter().map(|(_, b)| b.len() as u64).sum()
 }
 
 fn xfer(msg: XferMsg) -> Control {
@@ -286,6 +301,16 @@ impl Inner {
         if table.ops.contains_key(&key) {
             return Err(format!("transfer {key:?} begun twice"));
         }
+        if table.ops.len() >= self.config.max_pending_ops {
+            let err = PrimError::TransferFailed(format!(
+                "node {} has {} transfers in progress, its limit (max_pending_ops)",
+                self.id,
+                table.ops.len()
+            ));
+            tracing::warn!(node = self.id, ?key, "refusing a transfer: {err}");
+            self.send_control(from, &xfer(XferMsg::Nack(key, err)));
+            return Ok(());
+        }
         let children = tree.children(self.id);
         let timeout = Duration::from_millis(begin.timeout_ms);
         let frame = OutFrame::control(&xfer(XferMsg::Begin(begin.clone())));
@@ -341,6 +366,18 @@ impl Inner {
                     op.begin.len
                 ));
             }
+            if table.staged_bytes + data.len() as u64 > self.config.max_staged_bytes {
+                let err = PrimError::TransferFailed(format!(
+                    "node {} holds {} bytes of uncommitted transfers, its limit \
+                     (max_staged_bytes)",
+                    self.id, table.staged_bytes
+                ));
+                tracing::warn!(node = self.id, ?key, "failing a transfer: {err}");
+                drop(table);
+                let mut table = self.xfers.lock();
+                self.xfer_fail(&mut table, key, err);
+                return Ok(());
+            }
             op.child_ids()
         };
         // Only this connection's reader brings data for `key`, so nothing else moves
@@ -353,8 +390,10 @@ impl Inner {
         }
         let mut table = self.xfers.lock();
         if let Some(op) = table.ops.get_mut(&key) {
-            op.received += data.len() as u64;
+            let len = data.len() as u64;
+            op.received += len;
             op.staged.push((at, data));
+            table.staged_bytes += len;
             self.xfer_progress(&mut table, key);
             self.commit_own(&mut table);
         }
@@ -379,7 +418,7 @@ impl Inner {
                 }
             }
             Phase::Committing if op.all_children(Child::Committed) => {
-                let op = table.ops.remove(&key).expect("present");
+                let op = table.remove(&key).expect("present");
                 match op.parent {
                     Some(parent) => self.send_control(parent, &xfer(XferMsg::Committed(key))),
                     None => {
@@ -457,13 +496,20 @@ impl Inner {
         }
         // The origin wrote its own copy when it issued the transfer.
         let member = op.parent.is_some();
-        for (at, chunk) in std::mem::take(&mut op.staged) {
+        let staged = std::mem::take(&mut op.staged);
+        let (offset, dest, remote_event) = (
+            op.begin.offset,
+            op.begin.dest.clone(),
+            op.begin.remote_event,
+        );
+        table.staged_bytes -= staged.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        for (at, chunk) in staged {
             // Checked against the layout when the transfer began.
-            let _ = self.memory.write(op.begin.offset + at, &chunk);
+            let _ = self.memory.write(offset + at, &chunk);
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        if op.begin.dest.contains(self.id)
-            && let Some(ev) = op.begin.remote_event.and_then(|e| self.layout.event(e))
+        if dest.contains(self.id)
+            && let Some(ev) = remote_event.and_then(|e| self.layout.event(e))
         {
             self.events.signal(ev);
         }
@@ -507,7 +553,7 @@ impl Inner {
 
     /// Forgets an operation without signalling, telling the subtree to do the same.
     fn xfer_abort(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
-        if let Some(op) = table.ops.remove(&key) {
+        if let Some(op) = table.remove(&key) {
             let frame = OutFrame::control(&xfer(XferMsg::Abort(key)));
             for (c, _) in op.children {
                 self.send(c, frame.clone());
@@ -579,7 +625,7 @@ impl Inner {
                     ?key,
                     "no commit arrived; dropping the transfer unsignalled"
                 );
-                table.ops.remove(&key);
+                table.remove(&key);
                 continue;
             }
             if op.received < op.begin.len && op.parent.is_some() {
@@ -588,7 +634,7 @@ impl Inner {
                 // drop the transfer quietly.
                 let timeout = Duration::from_millis(op.begin.timeout_ms);
                 if op.deadline + timeout * DATA_WAIT_FACTOR <= now {
-                    table.ops.remove(&key);
+                    table.remove(&key);
                 } else {
                     op.deadline += timeout;
                 }
