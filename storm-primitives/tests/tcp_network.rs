@@ -593,6 +593,53 @@ fn pending_operations_and_staged_bytes_are_capped() {
     );
 }
 
+/// A member holds at most one connection it opened to a node: a newer one closes the one
+/// before (a restarted peer's, or a flood of them), so connections and their threads stay
+/// bounded by the cluster's size.
+#[test]
+fn a_members_new_connection_closes_its_previous_one() {
+    let t = test_layout();
+    let cfg = config(5000);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
+    let dir = vec![unused, l.local_addr().ok()];
+    let _node = TcpNode::start(1, l, dir.clone(), t.layout.clone(), cfg.clone()).unwrap();
+    let me = Membership {
+        node: 0,
+        cluster_size: 2,
+        layout: t.layout.clone(),
+        key: cfg.key.clone(),
+        protection: cfg.protection,
+    };
+    let mut first = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
+    let mut second = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
+    assert!(
+        first.recv().is_err(),
+        "the first connection is closed once the second is made"
+    );
+    // The second one works.
+    let key = OpKey { origin: 0, seq: 1 };
+    let begin = XferBegin {
+        key,
+        dest: NodeSet::single(1),
+        fanout: 2,
+        offset: t.bulk.offset,
+        len: 2,
+        remote_event: None,
+        timeout_ms: 5000,
+    };
+    second
+        .send_control(&Control::Xfer(XferMsg::Begin(begin)))
+        .unwrap();
+    second
+        .send(&OutFrame::data(key, 0, Bytes::from_static(b"ok")))
+        .unwrap();
+    assert_eq!(
+        second.recv_control().unwrap(),
+        Control::Xfer(XferMsg::Ack(key))
+    );
+}
+
 /// A peer that trickles its handshake a byte at a time runs out of time for the whole
 /// handshake (not per read), and handshakes beyond `max_handshakes` are closed at once; the
 /// node keeps working for real peers.

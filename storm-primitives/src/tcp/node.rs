@@ -37,6 +37,9 @@ pub(crate) struct Inner {
     pub events: EventTable,
     directory: RwLock<Vec<Option<SocketAddr>>>,
     conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
+    /// The latest connection each peer opened to this node: a newer one closes the one
+    /// before, so a peer holds at most one here (and one it accepted from this node).
+    accepted: Mutex<HashMap<NodeId, Arc<Conn>>>,
     pub xfers: Mutex<XferTable>,
     pub caws: Mutex<CawTable>,
     next_seq: AtomicU64,
@@ -118,8 +121,20 @@ impl Inner {
         self.send(peer, OutFrame::control(msg));
     }
 
-    /// Registers an accepted connection unless a live one to that peer exists.
-    pub fn adopt(&self, conn: Arc<Conn>) {
+    /// Registers an accepted connection unless a live one to that peer exists, and closes
+    /// the connection the peer opened before this one, if it is still open.
+    pub fn adopt(self: &Arc<Self>, conn: Arc<Conn>) {
+        let before = self.accepted.lock().insert(conn.peer, conn.clone());
+        if let Some(old) = before
+            && !old.is_closed()
+        {
+            tracing::info!(
+                node = self.id,
+                peer = conn.peer,
+                "the peer connected again; closing its previous connection"
+            );
+            self.conn_lost(&old, "the peer connected again".into());
+        }
         let mut conns = self.conns.lock();
         match conns.get(&conn.peer) {
             Some(c) if !c.is_closed() => {}
@@ -265,6 +280,7 @@ impl TcpNode {
             config,
             directory: RwLock::new(directory),
             conns: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(HashMap::new()),
             xfers: Mutex::new(XferTable::default()),
             caws: Mutex::new(CawTable::default()),
             next_seq: AtomicU64::new(seq_start),
