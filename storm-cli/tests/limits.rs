@@ -34,6 +34,26 @@ fn wait_running(c: &TestCluster) {
     }
 }
 
+/// On the one node: `sleep 1` running, and the job `args` waiting behind it (both in
+/// `storm queue`).
+fn running_and_waiting(
+    c: &TestCluster,
+    args: &[&str],
+) -> (std::process::Child, std::process::Child) {
+    let running = c.spawn(&["-N", "1", "/bin/sleep", "1"]);
+    wait_running(c);
+    let waiting = c.spawn(&[&["-N", "1"], args].concat());
+    let since = Instant::now();
+    while c.queued_jobs().len() < 2 {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the second job never showed in the queue"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (running, waiting)
+}
+
 fn refused_naming(out: &std::process::Output, limit: &str) {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
@@ -49,13 +69,7 @@ fn a_user_over_the_queued_jobs_limit_is_refused_and_the_queued_jobs_run() {
         max_queued_jobs_per_user: 1,
         ..Default::default()
     });
-    let running = c.spawn(&["-N", "1", "/bin/sleep", "1"]);
-    wait_running(&c);
-    let waiting = c.spawn(&["-N", "1", "/bin/echo", "second"]);
-    let since = Instant::now();
-    while c.queued_jobs().len() < 2 && since.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (running, waiting) = running_and_waiting(&c, &["/bin/echo", "second"]);
     refused_naming(
         &c.submit(&["-N", "1", "/bin/echo", "third"]),
         "max_queued_jobs_per_user = 1",
@@ -91,13 +105,7 @@ fn programs_held_for_a_user_past_the_spool_limit_are_refused_until_jobs_finish()
         max_spooled_bytes_per_user: 2 * size + size / 2,
         ..Default::default()
     });
-    let first = c.spawn(&["-N", "1", "/bin/sleep", "1"]);
-    wait_running(&c);
-    let second = c.spawn(&["-N", "1", "/bin/sleep", "0"]);
-    let since = Instant::now();
-    while c.queued_jobs().len() < 2 && since.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (first, second) = running_and_waiting(&c, &["/bin/sleep", "0"]);
     refused_naming(
         &c.submit(&["-N", "1", "/bin/sleep", "0"]),
         "max_spooled_bytes_per_user",

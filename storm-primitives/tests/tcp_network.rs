@@ -43,6 +43,45 @@ fn outcome(node: &TcpNode, ev: storm_primitives::EventId) -> Result<bool, PrimEr
     node.test_event(ev, Wait::Timeout(Duration::from_secs(30)))
 }
 
+/// Real nodes 1..=n in this process, with node 0 left to the test to drive by hand: the
+/// nodes, and what node 0 needs to connect to node `i` (`connect(i)`).
+struct HandDriven {
+    nodes: Vec<TcpNode>,
+    dir: Vec<Option<SocketAddr>>,
+    me: Membership,
+}
+
+impl HandDriven {
+    fn start(n: u32, layout: &Layout, cfg: &TcpConfig) -> Self {
+        let listeners: Vec<_> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
+        let dir: Vec<_> = std::iter::once(unused)
+            .chain(listeners.iter().map(|l| l.local_addr().ok()))
+            .collect();
+        let nodes = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| TcpNode::start(i as u32 + 1, l, dir.clone(), layout.clone(), cfg.clone()))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let me = Membership {
+            node: 0,
+            cluster_size: n + 1,
+            layout: layout.clone(),
+            key: cfg.key.clone(),
+            protection: cfg.protection,
+        };
+        Self { nodes, dir, me }
+    }
+
+    /// A fresh connection from node 0 to node `i`, past the handshake.
+    fn connect(&self, i: u32) -> RawPeer {
+        RawPeer::connect(self.dir[i as usize].unwrap(), i, &self.me).unwrap()
+    }
+}
+
 #[test]
 fn a_node_nobody_listens_for_fails_at_once_naming_it() {
     let t = test_layout();
@@ -407,29 +446,10 @@ fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
 #[test]
 fn a_late_commit_of_a_superseded_transfer_is_ignored() {
     let t = test_layout();
-    let cfg = config(5000);
-    let listeners: Vec<_> = (0..2)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
-    let dir: Vec<_> = std::iter::once(unused)
-        .chain(listeners.iter().map(|l| l.local_addr().ok()))
-        .collect();
-    let nodes: Vec<TcpNode> = listeners
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| TcpNode::start(i as u32 + 1, l, dir.clone(), t.layout.clone(), cfg.clone()))
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let me = Membership {
-        node: 0,
-        cluster_size: 3,
-        layout: t.layout.clone(),
-        key: cfg.key.clone(),
-        protection: cfg.protection,
-    };
-    let mut to_1 = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
-    let mut to_2 = RawPeer::connect(dir[2].unwrap(), 2, &me).unwrap();
+    let hand = HandDriven::start(2, &t.layout, &config(5000));
+    let nodes = &hand.nodes;
+    let mut to_1 = hand.connect(1);
+    let mut to_2 = hand.connect(2);
     let xfer = |peer: &mut RawPeer, seq: u64, dest: &str, at: u64, data: &'static [u8]| {
         let key = OpKey { origin: 0, seq };
         let begin = XferBegin {
@@ -497,18 +517,9 @@ fn pending_operations_and_staged_bytes_are_capped() {
         max_staged_bytes: 1024,
         ..config(5000)
     };
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
-    let dir = vec![unused, l.local_addr().ok()];
-    let node = TcpNode::start(1, l, dir.clone(), t.layout.clone(), cfg.clone()).unwrap();
-    let me = Membership {
-        node: 0,
-        cluster_size: 2,
-        layout: t.layout.clone(),
-        key: cfg.key.clone(),
-        protection: cfg.protection,
-    };
-    let mut peer = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
+    let hand = HandDriven::start(1, &t.layout, &cfg);
+    let node = &hand.nodes[0];
+    let mut peer = hand.connect(1);
     let key = |seq| OpKey { origin: 0, seq };
     let begin = |seq, len| {
         Control::Xfer(XferMsg::Begin(XferBegin {
@@ -599,20 +610,9 @@ fn pending_operations_and_staged_bytes_are_capped() {
 #[test]
 fn a_members_new_connection_closes_its_previous_one() {
     let t = test_layout();
-    let cfg = config(5000);
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let unused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().ok();
-    let dir = vec![unused, l.local_addr().ok()];
-    let _node = TcpNode::start(1, l, dir.clone(), t.layout.clone(), cfg.clone()).unwrap();
-    let me = Membership {
-        node: 0,
-        cluster_size: 2,
-        layout: t.layout.clone(),
-        key: cfg.key.clone(),
-        protection: cfg.protection,
-    };
-    let mut first = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
-    let mut second = RawPeer::connect(dir[1].unwrap(), 1, &me).unwrap();
+    let hand = HandDriven::start(1, &t.layout, &config(5000));
+    let mut first = hand.connect(1);
+    let mut second = hand.connect(1);
     assert!(
         first.recv().is_err(),
         "the first connection is closed once the second is made"
