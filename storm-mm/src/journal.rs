@@ -348,16 +348,10 @@ impl Journal {
     pub fn program(&self, job: JobId) -> Option<File> {
         File::open(self.program_path(job)).ok()
     }
-
-    /// Removes the copy of job `job`'s program now (the job is gone).
-    pub fn discard_program(&self, job: JobId) {
-        let _ = std::fs::remove_file(self.program_path(job));
-    }
 }
 
 /// Saves a copy of job `job`'s program at `path` (written aside, synced, then renamed into
-/// place, so a copy that exists is complete). Takes as long as the program is large: the MM
-/// runs it off its main loop (`program_saver`).
+/// place, so a copy that exists is complete).
 pub fn save_program_at(path: &Path, job: JobId, program: &File) -> Result<(), JournalError> {
     let err = |source| JournalError::Program {
         job,

@@ -13,8 +13,7 @@
 //!   (Algorithm 8).
 //! * [`nodes`]: the table of node states (unknown, joining, up, down; drained).
 //! * [`journal`]: jobs, their results and the drains, in an embedded transactional store, so
-//!   that a restarted MM loses nothing it accepted; [`program_saver`] copies the programs of
-//!   waiting jobs beside it, off the main loop.
+//!   that a restarted MM loses nothing it accepted.
 //! * [`metrics`]: what `storm metrics` shows, in the Prometheus text format.
 //!
 //! It reaches the nodes only through `storm-primitives`; it acts only at heartbeat boundaries.
@@ -27,7 +26,6 @@ pub mod manager;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
-pub mod program_saver;
 pub mod transfer;
 
 pub use manager::{MachineManager, MmOptions, run};

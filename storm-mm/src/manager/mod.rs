@@ -47,7 +47,6 @@ use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
-use crate::program_saver::ProgramSaver;
 use crate::transfer::{self, Transfer, TransferDone};
 
 /// How often a submitter hears how far its program transfer is.
@@ -271,8 +270,6 @@ pub struct MachineManager {
     next_transfer: u32,
     worker_tx: Sender<TransferDone>,
     worker_rx: Receiver<TransferDone>,
-    /// Copies waiting jobs' programs beside the journal.
-    saver: ProgramSaver,
     shutting_down: bool,
     /// Jobs, results and drains, kept so that a restarted MM loses nothing it accepted.
     journal: Journal,
@@ -371,7 +368,6 @@ impl MachineManager {
             next_transfer: 1,
             worker_tx,
             worker_rx,
-            saver: ProgramSaver::start()?,
             shutting_down: false,
             journal,
             unrecorded: Default::default(),
@@ -439,7 +435,6 @@ impl MachineManager {
         while let Ok(done) = self.worker_rx.try_recv() {
             self.transfer_done(done);
         }
-        self.saved_programs();
         self.report_transfer_progress();
         self.verify_transfers();
         self.advance_recoveries(now);
@@ -457,20 +452,6 @@ impl MachineManager {
         self.publish();
     }
 
-    /// Hears which programs' copies are saved. A copy whose job ended meanwhile goes; one
-    /// that failed leaves a job that a restart of the MM would lose, which is logged.
-    fn saved_programs(&mut self) {
-        while let Ok((job, outcome)) = self.saver.done.try_recv() {
-            match outcome {
-                Ok(()) if !self.jobs.contains_key(&job) => self.journal.discard_program(job),
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::error!(job, "the job would not survive a restart of the MM: {e}")
-                }
-            }
-        }
-    }
-
     /// Commits this timeslice's changes to the journal, then sends the replies that tell of
     /// them: a client never learns of a state a restarted MM would not know.
     fn publish(&mut self) {
@@ -478,14 +459,18 @@ impl MachineManager {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            // A waiting job (or one that may be requeued) needs its program after a restart:
-            // it is copied off the main loop (`saved_programs` hears when it is done).
+            // A waiting job (or one that may be requeued) needs its program after a restart.
             if !j.program_saved
                 && (j.phase == Phase::Queued || j.req.requeue)
-                && let Some(copy) = j.program.as_ref().and_then(|p| p.try_clone().ok())
+                && let Some(program) = &j.program
             {
-                j.program_saved = true;
-                self.saver.save(id, copy, self.journal.program_path(id));
+                match self.journal.save_program(id, program) {
+                    Ok(()) => j.program_saved = true,
+                    Err(e) => tracing::error!(
+                        job = id,
+                        "the job would not survive a restart of the MM: {e}"
+                    ),
+                }
             }
             let rec = job_record(j);
             self.journal.put_job(rec);

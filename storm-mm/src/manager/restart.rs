@@ -317,9 +317,7 @@ impl MachineManager {
             .map_err(|e| format!("it no longer fits this cluster: {e}"))?;
         let program = if rec.req.bcast {
             Some(self.journal.program(rec.id).ok_or_else(|| {
-                "the machine manager restarted and the copy of its program is missing (the \
-                 restart came before the copy was complete, or it was removed)"
-                    .to_string()
+                "the machine manager restarted and the copy of its program is missing".to_string()
             })?)
         } else {
             None
