@@ -334,51 +334,46 @@ impl Journal {
         }
     }
 
-    /// Where the copy of job `job`'s program is kept.
-    pub fn program_path(&self, job: JobId) -> PathBuf {
+    fn program_path(&self, job: JobId) -> PathBuf {
         self.programs.join(format!("job-{job}"))
     }
 
-    /// Saves a copy of job `job`'s program (see [`save_program_at`]).
+    /// Saves a copy of job `job`'s program (written aside, synced, then renamed into place,
+    /// so a copy that exists is complete).
     pub fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
-        save_program_at(&self.program_path(job), job, program)
+        let path = self.program_path(job);
+        let err = |source| JournalError::Program {
+            job,
+            path: path.clone(),
+            source,
+        };
+        let partial = path.with_extension("partial");
+        let mut out = File::create(&partial).map_err(err)?;
+        // Positioned reads: the descriptor's offset belongs to whoever else reads it.
+        let copied = (|| {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut at = 0u64;
+            loop {
+                let n = program.read_at(&mut buf, at)?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])?;
+                at += n as u64;
+            }
+            out.sync_all()
+        })();
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&partial);
+            return Err(err(e));
+        }
+        std::fs::rename(&partial, &path).map_err(err)
     }
 
     /// The saved program of job `job`, if there is one.
     pub fn program(&self, job: JobId) -> Option<File> {
         File::open(self.program_path(job)).ok()
     }
-}
-
-/// Saves a copy of job `job`'s program at `path` (written aside, synced, then renamed into
-/// place, so a copy that exists is complete).
-pub fn save_program_at(path: &Path, job: JobId, program: &File) -> Result<(), JournalError> {
-    let err = |source| JournalError::Program {
-        job,
-        path: path.to_path_buf(),
-        source,
-    };
-    let partial = path.with_extension("partial");
-    let mut out = File::create(&partial).map_err(err)?;
-    // Positioned reads: the descriptor's offset belongs to whoever else reads it.
-    let copied = (|| {
-        let mut buf = vec![0u8; 1 << 20];
-        let mut at = 0u64;
-        loop {
-            let n = program.read_at(&mut buf, at)?;
-            if n == 0 {
-                break;
-            }
-            out.write_all(&buf[..n])?;
-            at += n as u64;
-        }
-        out.sync_all()
-    })();
-    if let Err(e) = copied {
-        let _ = std::fs::remove_file(&partial);
-        return Err(err(e));
-    }
-    std::fs::rename(&partial, path).map_err(err)
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
