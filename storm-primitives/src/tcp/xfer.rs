@@ -125,13 +125,14 @@ impl XferTable {
     /// Forgets a transfer, and the data it held.
     fn remove(&mut self, key: &OpKey) -> Option<XferOp> {
         let op = self.ops.remove(key)?;
-        self.staged_bytes -= staged_len(&op);
+        self.staged_bytes -= staged_len(&op.staged);
         Some(op)
     }
 }
 
-fn staged_len(op: &XferOp) -> u64 {
-    op.staged.iter().map(|(_, b)| b.len() as u64).sum()
+/// Bytes held in a transfer's staged chunks.
+fn staged_len(staged: &[(u64, Bytes)]) -> u64 {
+    staged.iter().map(|(_, b)| b.len() as u64).sum()
 }
 
 fn xfer(msg: XferMsg) -> Control {
@@ -502,7 +503,7 @@ impl Inner {
             op.begin.dest.clone(),
             op.begin.remote_event,
         );
-        table.staged_bytes -= staged.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        table.staged_bytes -= staged_len(&staged);
         for (at, chunk) in staged {
             // Checked against the layout when the transfer began.
             let _ = self.memory.write(offset + at, &chunk);
