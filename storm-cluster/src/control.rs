@@ -353,6 +353,13 @@ pub fn peer_credentials(sock: &UnixStream) -> std::io::Result<(u32, u32)> {
     Ok((cred.uid(), cred.gid()))
 }
 
+/// Hangs up on a control client: both directions are shut, so its reader and writer threads
+/// end and the client sees end-of-file. (Here, so the resource-management crates, which may
+/// not name `std::net`, can close a Unix socket.)
+pub fn hang_up(sock: &UnixStream) {
+    let _ = sock.shutdown(std::net::Shutdown::Both);
+}
+
 /// A connection to the MM, past the version handshake.
 pub struct Client {
     pub sock: UnixStream,

@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
-use storm_cluster::control::{JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request, Timing};
+use storm_cluster::control::{
+    self, JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request, Timing,
+};
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, JobId, LaunchSpec, NodeReport, OutputChunk, Program, decode,
@@ -541,7 +543,7 @@ impl MachineManager {
             c.unread.len(),
             self.cfg.limits.max_unread_replies
         );
-        let _ = c.closer.shutdown(std::net::Shutdown::Both);
+        control::hang_up(&c.closer);
     }
 
     fn handle(&mut self, msg: Incoming) {
