@@ -370,8 +370,7 @@ pub fn decode<T: DeserializeOwned>(
             detail: format!("{} bytes exceed the limit of {limit}", bytes.len()),
         });
     }
-    let config = bincode::config::standard().with_limit::<{ 64 << 20 }>();
-    bincode::serde::decode_from_slice(bytes, config)
+    storm_primitives::codec::decode(bytes)
         .map(|(v, _)| v)
         .map_err(|e| MessageError {
             what,

@@ -235,13 +235,7 @@ impl Journal {
     }
 
     fn decode<T: DeserializeOwned>(&self, record: &str, bytes: &[u8]) -> Result<T, JournalError> {
-        bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-            .map(|(v, _)| v)
-            .map_err(|e| JournalError::Corrupt {
-                path: self.path.clone(),
-                record: record.to_string(),
-                message: e.to_string(),
-            })
+        decode_record(&self.path, record, bytes)
     }
 
     /// Stages a job's current record.
@@ -378,6 +372,22 @@ impl Journal {
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
     bincode::serde::encode_to_vec(value, bincode::config::standard())
+}
+
+/// Decodes one record read from the journal at `path`; a record that does not decode is
+/// [`JournalError::Corrupt`], naming the file and the record.
+pub fn decode_record<T: DeserializeOwned>(
+    path: &Path,
+    record: &str,
+    bytes: &[u8],
+) -> Result<T, JournalError> {
+    storm_primitives::codec::decode(bytes)
+        .map(|(v, _)| v)
+        .map_err(|e| JournalError::Corrupt {
+            path: path.to_path_buf(),
+            record: record.to_string(),
+            message: e.to_string(),
+        })
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@
 //! network only through the [`Primitives`] trait; this crate is the only one in the workspace
 //! that opens sockets between nodes (see docs/primitives.md, "Keeping the layering").
 
+pub mod codec;
 pub mod conformance;
 mod error;
 mod event;

@@ -287,8 +287,7 @@ pub fn decode_body(kind: u8, mut body: Bytes) -> Result<Frame, WireError> {
     match kind {
         KIND_CONTROL => {
             let (msg, used): (Control, usize) =
-                bincode::serde::decode_from_slice(&body, bincode_config())
-                    .map_err(|e| WireError::Malformed(e.to_string()))?;
+                crate::codec::decode(&body).map_err(|e| WireError::Malformed(e.to_string()))?;
             if used != body.len() {
                 return Err(WireError::Malformed(format!(
                     "{} trailing bytes after the message",
