@@ -333,14 +333,12 @@ pub fn recv_within<T: serde::de::DeserializeOwned>(
     if len > limit {
         return Err(ControlError::TooLarge { len, limit });
     }
-    let mut body = vec![0u8; len];
-    let mut r = sock;
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => ControlError::Closed,
-        _ => ControlError::Io(e),
-    })?;
-    let config = bincode::config::standard().with_limit::<MAX_FRAME>();
-    let (msg, _) = bincode::serde::decode_from_slice(&body, config)
+    // The buffer grows with the bytes that arrive, not with the length the peer claimed.
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    if sock.take(len as u64).read_to_end(&mut body)? != len {
+        return Err(ControlError::Closed);
+    }
+    let (msg, _) = storm_primitives::codec::decode(&body)
         .map_err(|e| ControlError::Malformed(e.to_string()))?;
     Ok((msg, fds))
 }
