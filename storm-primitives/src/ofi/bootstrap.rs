@@ -26,7 +26,8 @@ pub struct PeerRecord {
 }
 
 impl PeerRecord {
-    fn encode(&self) -> Result<Vec<u8>, PrimError> {
+    /// The record as it is written into the node's slot.
+    pub fn encode(&self) -> Result<Vec<u8>, PrimError> {
         if self.name.len() > SLOT - 24 {
             return Err(PrimError::invalid(format!(
                 "endpoint name of {} bytes is too long",
@@ -42,7 +43,8 @@ impl PeerRecord {
         Ok(v)
     }
 
-    fn decode(b: &[u8]) -> Option<PeerRecord> {
+    /// Reads a record from another node's slot; `None` if it is not one.
+    pub fn decode(b: &[u8]) -> Option<PeerRecord> {
         if b.len() < 24 || u32::from_le_bytes(b[..4].try_into().ok()?) != MAGIC {
             return None;
         }

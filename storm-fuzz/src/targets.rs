@@ -1,0 +1,713 @@
+//! The fuzz targets: each decoder of bytes storm receives, followed by the first checks its
+//! receiver makes on what it decoded (an index that is validated is only as good as the
+//! validation).
+//!
+//! | target | bytes from | decoder |
+//! | --- | --- | --- |
+//! | `tcp-frame` | a tcp link (after the handshake: a key holder) | `tcp::wire::read_frame` |
+//! | `rm-message` | global memory (heartbeats, reports, output, membership) | `messages::decode` |
+//! | `control` | the MM's Unix socket (any local user) and its replies | `control::recv_within` |
+//! | `journal` | the MM's journal on disk | `journal::decode_record` |
+//! | `cluster-file` | the cluster file | `ClusterConfig::parse`, then `RmLayout::new` |
+//! | `hostlist` | command lines, the cluster file, the control socket | `NodeSet::from_str` |
+//! | `task-spec` | a PL's standard input, from its NM | `PlSpec::decode` |
+//! | `ofi-bootstrap` | another node's slot in the ofi bootstrap | `PeerRecord::decode` |
+//!
+//! A target's check returns whether the input was accepted (decoded and passed the checks);
+//! the acceptance rate tells whether the mutator still reaches past the first bytes.
+
+use std::io::{Cursor, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use serde::Serialize;
+use storm_cluster::control::{self, JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request};
+use storm_cluster::messages::{
+    self, Command, FileInfo, Heartbeat, HeldJob, Inventory, LaunchSpec, Membership, NodeReport,
+    OutputChunk, Program, RankStatus, Stream,
+};
+use storm_cluster::tasks::{Capacity, TaskRequest};
+use storm_cluster::{ClusterConfig, RmLayout};
+use storm_mm::journal::{self, JobRecord, JobState, NodeRecord};
+use storm_pl::PlSpec;
+use storm_primitives::ofi::bootstrap::PeerRecord;
+use storm_primitives::tcp::wire::{
+    self, CawMsg, CawRequest, Control, Hello, OpKey, OutFrame, XferBegin, XferMsg,
+};
+use storm_primitives::{NodeSet, PrimError, Relation};
+
+/// One decoder under test.
+pub struct Target {
+    pub name: &'static str,
+    /// Valid inputs the mutator starts from.
+    pub seeds: fn() -> Vec<Vec<u8>>,
+    /// Tokens of the format, inserted by the mutator.
+    pub dictionary: &'static [&'static [u8]],
+    /// Decodes and checks one input; true if it was accepted.
+    pub check: fn(&[u8]) -> bool,
+    /// The largest allocation a checked length may cause (a limit the decoder enforces
+    /// before it allocates), beyond what the input's own size explains.
+    pub checked_allocation: usize,
+}
+
+/// Every target, in the order of the table above.
+pub fn all() -> &'static [Target] {
+    TARGETS
+}
+
+/// The target called `name`.
+pub fn by_name(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+const TARGETS: &[Target] = &[
+    Target {
+        name: "tcp-frame",
+        seeds: tcp_frame_seeds,
+        dictionary: &[b"STRM", &[1], &[2]],
+        check: tcp_frame,
+        checked_allocation: TCP_FRAME_LIMIT,
+    },
+    Target {
+        name: "rm-message",
+        seeds: rm_message_seeds,
+        dictionary: &[],
+        check: rm_message,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "control",
+        seeds: control_seeds,
+        dictionary: &[],
+        check: control_frame,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "journal",
+        seeds: journal_seeds,
+        dictionary: &[],
+        check: journal_record,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "cluster-file",
+        seeds: cluster_file_seeds,
+        dictionary: &[
+            b"[cluster]",
+            b"[[node]]",
+            b"[tcp]",
+            b"[limits]",
+            b"name = ",
+            b"address = \"127.0.0.1:1\"\n",
+            b"max_jobs = ",
+            b"max_tasks_per_node = ",
+            b"heartbeat_bytes = ",
+            b"cpus = ",
+            b"fanout = ",
+            b"0",
+            b"4294967295",
+            b"18446744073709551615",
+            b"-1",
+            b"1e308",
+            b"\"",
+            b"\n",
+        ],
+        check: cluster_file,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "hostlist",
+        seeds: hostlist_seeds,
+        dictionary: &[
+            b"[",
+            b"]",
+            b"-",
+            b",",
+            b" ",
+            b"0",
+            b"4294967295",
+            b"4294967296",
+            b"99999999999999999999",
+        ],
+        check: hostlist,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "task-spec",
+        seeds: task_spec_seeds,
+        dictionary: &[],
+        check: task_spec,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "ofi-bootstrap",
+        seeds: ofi_bootstrap_seeds,
+        dictionary: &[b"1IFO", &[0xff, 0xff, 0xff, 0xff]],
+        check: ofi_bootstrap,
+        checked_allocation: 0,
+    },
+];
+
+fn bincode<T: Serialize>(value: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("seed encodes")
+}
+
+/// One selector byte, then the encoding: targets with several message types.
+fn tagged<T: Serialize>(tag: u8, value: &T) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend(bincode(value));
+    v
+}
+
+fn nodes(text: &str) -> NodeSet {
+    text.parse().expect("seed node set")
+}
+
+// --- tcp frames -------------------------------------------------------------------------
+
+/// The body limit the frames are read with: small, so that a length check that is missing
+/// would show as an allocation past it.
+const TCP_FRAME_LIMIT: usize = 64 << 10;
+
+fn tcp_frame_seeds() -> Vec<Vec<u8>> {
+    let key = OpKey { origin: 0, seq: 7 };
+    let begin = XferBegin {
+        key,
+        dest: nodes("1-3"),
+        fanout: 2,
+        offset: 4096,
+        len: 12,
+        remote_event: Some(3),
+        timeout_ms: 5000,
+    };
+    let caw = CawRequest {
+        key,
+        dest: nodes("1-15"),
+        fanout: 2,
+        var: 9,
+        rel: Relation::Ge,
+        value: 4,
+        write: Some((10, 1)),
+        timeout_ms: 5000,
+    };
+    let controls = [
+        Control::Hello(Hello {
+            node: 2,
+            cluster_size: 4,
+            layout_fingerprint: 0xfeed,
+            protection: 1,
+            nonce: [7; 32],
+        }),
+        Control::Challenge {
+            nonce: [1; 32],
+            proof: [2; 32],
+        },
+        Control::Proof([3; 32]),
+        Control::HelloAck,
+        Control::HelloReject("refused".into()),
+        Control::Xfer(XferMsg::Begin(begin)),
+        Control::Xfer(XferMsg::Nack(key, PrimError::TransferFailed("full".into()))),
+        Control::Xfer(XferMsg::Commit(key)),
+        Control::Caw(CawMsg::Request(caw)),
+        Control::Caw(CawMsg::Vote(key, true)),
+        Control::Caw(CawMsg::Done(
+            key,
+            Err(PrimError::Timeout {
+                nodes: nodes("3"),
+                timeout_ms: 5,
+                detail: "slow".into(),
+            }),
+        )),
+    ];
+    let mut seeds: Vec<Vec<u8>> = controls
+        .iter()
+        .map(|c| OutFrame::control(c).to_vec())
+        .collect();
+    seeds.push(OutFrame::data(key, 4096, Bytes::from_static(b"hello, nodes")).to_vec());
+    seeds
+}
+
+fn tcp_frame(input: &[u8]) -> bool {
+    wire::read_frame(&mut Cursor::new(input), TCP_FRAME_LIMIT).is_ok()
+}
+
+// --- RM messages through global memory ---------------------------------------------------
+
+/// The sizes the daemons decode with (docs/architecture.md's example cluster).
+const HEARTBEAT_BYTES: usize = 65536;
+const REPORT_BYTES: usize = 4096;
+const OUTPUT_BYTES: usize = 16384;
+const MAX_JOBS: usize = 32;
+const NODE_COUNT: u32 = 16;
+const MAX_TASKS_PER_NODE: usize = 64;
+
+fn launch_spec() -> LaunchSpec {
+    LaunchSpec {
+        job: 42,
+        slot: 3,
+        nodes: nodes("0-3"),
+        ntasks: 8,
+        program: Program::Spooled("a.out".into()),
+        args: vec!["-n".into(), "5".into()],
+        env: vec![("PATH".into(), "/usr/bin".into())],
+        cwd: "/home/user".into(),
+        uid: 1000,
+        gid: 1000,
+        reporter: 0,
+    }
+}
+
+fn rm_message_seeds() -> Vec<Vec<u8>> {
+    let heartbeat = Heartbeat {
+        seq: 99,
+        commands: vec![
+            Command::ReceiveFile(FileInfo {
+                transfer: 1,
+                job: 42,
+                nodes: nodes("0-3"),
+                size: 1 << 20,
+                name: "a.out".into(),
+                uid: 1000,
+                gid: 1000,
+            }),
+            Command::Launch(launch_spec()),
+            Command::Signal {
+                job: 42,
+                signal: 15,
+            },
+            Command::Forget { job: 41 },
+            Command::Schedule { run: vec![42, 43] },
+            Command::Shutdown,
+        ],
+    };
+    vec![
+        tagged(0, &heartbeat),
+        tagged(
+            1,
+            &NodeReport {
+                job: 42,
+                statuses: vec![(0, RankStatus::Exited(0)), (1, RankStatus::Signaled(9))],
+            },
+        ),
+        tagged(
+            2,
+            &OutputChunk {
+                job: 42,
+                rank: 1,
+                stream: Stream::Stderr,
+                offset: 4096,
+                data: b"warning: x\n".to_vec(),
+            },
+        ),
+        tagged(
+            3,
+            &Inventory {
+                stamp: 5,
+                since_ms: 100,
+                jobs: vec![HeldJob {
+                    job: 42,
+                    slot: 3,
+                    ended: false,
+                }],
+            },
+        ),
+        tagged(
+            4,
+            &Membership::Welcome {
+                stamp: 5,
+                output_epoch: 2,
+                incarnation: 77,
+                keep: vec![42],
+            },
+        ),
+        tagged(4, &Membership::Start { stamp: 5, seq: 9 }),
+    ]
+}
+
+fn rm_message(input: &[u8]) -> bool {
+    let Some((&tag, bytes)) = input.split_first() else {
+        return false;
+    };
+    match tag % 5 {
+        0 => messages::decode::<Heartbeat>("heartbeat", bytes, HEARTBEAT_BYTES)
+            .map(|hb| {
+                // What an NM checks before acting on each command.
+                for c in &hb.commands {
+                    match c {
+                        Command::Launch(l) => {
+                            let _ = l.problem(NODE_COUNT, MAX_JOBS, MAX_TASKS_PER_NODE);
+                        }
+                        Command::ReceiveFile(f) => {
+                            let _ = f.problem(1 << 30);
+                        }
+                        _ => {}
+                    }
+                    let _ = c.nodes().map(|n| n.contains(NODE_COUNT - 1));
+                }
+            })
+            .is_ok(),
+        1 => messages::decode::<NodeReport>("report", bytes, REPORT_BYTES).is_ok(),
+        2 => messages::decode::<OutputChunk>("output", bytes, OUTPUT_BYTES)
+            .map(|chunk| {
+                // What the MM does with a chunk: keep the bytes it has not seen.
+                for seen in [0, chunk.offset, u64::MAX] {
+                    let _ = chunk.unseen(seen);
+                }
+            })
+            .is_ok(),
+        3 => messages::decode::<Inventory>("inventory", bytes, messages::inventory_bytes(MAX_JOBS))
+            .is_ok(),
+        _ => messages::decode::<Membership>(
+            "membership",
+            bytes,
+            messages::membership_bytes(MAX_JOBS),
+        )
+        .is_ok(),
+    }
+}
+
+// --- the control socket -------------------------------------------------------------------
+
+/// `[limits] max_request_bytes` by default.
+const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+fn job_request() -> JobRequest {
+    JobRequest {
+        name: "hello".into(),
+        program: "/bin/hostname".into(),
+        args: vec!["-s".into()],
+        env: vec![("HOME".into(), "/home/user".into())],
+        cwd: "/tmp".into(),
+        tasks: TaskRequest {
+            nodes: Some(2),
+            ntasks: Some(4),
+            ntasks_per_node: None,
+            overcommit: false,
+        },
+        bcast: true,
+        time_limit_ms: Some(60_000),
+        requeue: false,
+    }
+}
+
+fn framed(tag: u8, body: Vec<u8>) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend((body.len() as u32).to_le_bytes());
+    v.extend(body);
+    v
+}
+
+fn control_seeds() -> Vec<Vec<u8>> {
+    let requests = [
+        Request::Hello { version: 4 },
+        Request::Submit(job_request()),
+        Request::Cancel { job: 3 },
+        Request::Queue,
+        Request::Drain {
+            nodes: nodes("2-5"),
+            reason: "disk".into(),
+        },
+        Request::Attach { job: 9 },
+    ];
+    let outcome = JobOutcome {
+        job: 3,
+        ranks: vec![Some(RankStatus::Exited(0)), None],
+        reason: Some("node 1 failed".into()),
+        timing: Default::default(),
+    };
+    let replies = [
+        Reply::Hello {
+            version: 4,
+            cluster: "prod".into(),
+            nodes: 16,
+        },
+        Reply::Started {
+            job: 3,
+            nodes: nodes("0-1"),
+            node_names: vec!["n0".into(), "n1".into()],
+            time_slot: Some(1),
+        },
+        Reply::Output(OutputChunk {
+            job: 3,
+            rank: 0,
+            stream: Stream::Stdout,
+            offset: 0,
+            data: b"hi\n".to_vec(),
+        }),
+        Reply::Finished(outcome),
+        Reply::Queue(vec![JobInfo {
+            job: 3,
+            name: "hello".into(),
+            uid: 1000,
+            state: "RUNNING".into(),
+            nodes: nodes("0-1"),
+            ntasks: 4,
+            elapsed_ms: 10,
+            reason: None,
+            time_slot: None,
+            exit_code: None,
+        }]),
+        Reply::Nodes(vec![NodeInfo {
+            id: 0,
+            name: "n0".into(),
+            state: "UP".into(),
+            jobs: vec![3],
+            reason: None,
+        }]),
+    ];
+    let mut seeds: Vec<Vec<u8>> = requests.iter().map(|r| framed(0, bincode(r))).collect();
+    seeds.extend(replies.iter().map(|r| framed(1, bincode(r))));
+    seeds
+}
+
+/// The bytes after the selector go through a real socket into the real receiver: the MM's
+/// for requests (with its request limit), storm-submit's for replies.
+fn control_frame(input: &[u8]) -> bool {
+    let Some((&tag, bytes)) = input.split_first() else {
+        return false;
+    };
+    let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+    // Inputs are far smaller than a socket's buffer, so this never blocks.
+    ours.write_all(bytes).expect("write to socketpair");
+    drop(ours);
+    if tag % 2 == 0 {
+        control::recv_within::<Request>(&theirs, MAX_REQUEST_BYTES)
+            .map(|(request, _fds)| {
+                // What the MM checks first in a submission.
+                if let Request::Submit(job) = request {
+                    let _ = job.tasks.plan(&Capacity {
+                        nodes: NODE_COUNT,
+                        cpus_per_node: 4,
+                        max_cpus_per_node: 8,
+                        max_tasks_per_node: MAX_TASKS_PER_NODE as u32,
+                    });
+                }
+            })
+            .is_ok()
+    } else {
+        control::recv::<Reply>(&theirs)
+            .map(|(reply, _fds)| {
+                if let Reply::Finished(outcome) = reply {
+                    let _ = outcome.exit_code();
+                }
+            })
+            .is_ok()
+    }
+}
+
+// --- the journal --------------------------------------------------------------------------
+
+fn journal_seeds() -> Vec<Vec<u8>> {
+    let record = |state| JobRecord {
+        id: 7,
+        uid: 1000,
+        gid: 1000,
+        req: job_request(),
+        submitted_ms: 1_700_000_000_000,
+        state,
+    };
+    vec![
+        tagged(0, &record(JobState::Queued)),
+        tagged(
+            0,
+            &record(JobState::Started {
+                nodes: nodes("0-3"),
+                slot: 2,
+                time_slot: 1,
+                launched_ms: Some(1_700_000_000_500),
+            }),
+        ),
+        tagged(
+            0,
+            &record(JobState::Finished {
+                nodes: nodes("0-3"),
+                outcome: JobOutcome {
+                    job: 7,
+                    ranks: vec![Some(RankStatus::Signaled(9))],
+                    reason: Some("time limit".into()),
+                    timing: Default::default(),
+                },
+                ended_ms: 1_700_000_001_000,
+            }),
+        ),
+        tagged(
+            1,
+            &NodeRecord {
+                drain: Some("bad fan".into()),
+            },
+        ),
+    ]
+}
+
+fn journal_record(input: &[u8]) -> bool {
+    let Some((&tag, bytes)) = input.split_first() else {
+        return false;
+    };
+    let path = Path::new("journal.redb");
+    if tag % 2 == 0 {
+        journal::decode_record::<JobRecord>(path, "job 7", bytes).is_ok()
+    } else {
+        journal::decode_record::<NodeRecord>(path, "node 1", bytes).is_ok()
+    }
+}
+
+// --- the cluster file ---------------------------------------------------------------------
+
+const CLUSTER_FILE: &str = r#"[cluster]
+name = "prod"
+backend = "tcp"
+timeslice_ms = 1.0
+control_socket = "/run/storm/mm.sock"
+max_jobs = 32
+max_tasks_per_node = 64
+heartbeat_slots = 16
+heartbeat_bytes = 65536
+transfer_chunk_bytes = 524288
+transfer_slots = 2
+max_transfers = 4
+output_slots = 8
+output_bytes = 16384
+kill_wait_ms = 2000
+state_dir = "/var/lib/storm"
+
+[tcp]
+fanout = 2
+chunk_bytes = 262144
+op_timeout_ms = 5000
+connect_timeout_ms = 1000
+encrypt = false
+
+[security]
+allow_root_jobs = true
+
+[scheduler]
+policy = "gang"
+mpl = 2
+
+[limits]
+max_queued_jobs_per_user = 10000
+max_request_bytes = 4194304
+
+[mm]
+address = "127.0.0.1:7000"
+
+[[node]]
+name = "node0"
+address = "127.0.0.1:7001"
+spool = "/var/spool/storm"
+cpus = 16
+
+[[node]]
+name = "node1"
+address = "127.0.0.1:7002"
+spool = "/var/spool/storm"
+"#;
+
+fn cluster_file_seeds() -> Vec<Vec<u8>> {
+    let minimal = "[cluster]\nname = \"x\"\n[mm]\naddress = \"127.0.0.1:1\"\n\
+                   [[node]]\nname = \"a\"\naddress = \"127.0.0.1:2\"\nspool = \"/s\"\n";
+    vec![CLUSTER_FILE.into(), minimal.into()]
+}
+
+/// What a daemon does with its cluster file: parse and check it, then lay out global
+/// memory from it.
+fn cluster_file(input: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(input);
+    match ClusterConfig::parse(&text) {
+        Ok(cfg) => {
+            let _ = cfg.to_toml();
+            RmLayout::new(&cfg).is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
+// --- hostlists ----------------------------------------------------------------------------
+
+fn hostlist_seeds() -> Vec<Vec<u8>> {
+    ["0-7,12,20-23", "[0-4095]", "5", "", "0,2,4,6-9,4294967295"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect()
+}
+
+/// Parses; a set that parses prints as text that parses back to the same set.
+fn hostlist(input: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(input);
+    let Ok(set) = text.parse::<NodeSet>() else {
+        return false;
+    };
+    let again: NodeSet = set
+        .to_string()
+        .parse()
+        .unwrap_or_else(|e| panic!("{set} (from {text:?}) does not parse back: {e}"));
+    assert_eq!(again, set, "{text:?} does not round-trip");
+    let _ = (set.len(), set.last(), set.contains(0));
+    true
+}
+
+// --- a PL's task description --------------------------------------------------------------
+
+fn task_spec_seeds() -> Vec<Vec<u8>> {
+    vec![
+        PlSpec {
+            job: 42,
+            rank: 3,
+            node: 1,
+            slot: 2,
+            program: PathBuf::from("/var/spool/storm/job-42/a.out"),
+            args: vec!["x".into()],
+            env: vec![("STORM_RANK".into(), "3".into())],
+            cwd: "/home/user".into(),
+            uid: 1000,
+            gid: 1000,
+        }
+        .encode(),
+    ]
+}
+
+fn task_spec(input: &[u8]) -> bool {
+    PlSpec::decode(input).is_ok()
+}
+
+// --- the ofi bootstrap --------------------------------------------------------------------
+
+fn ofi_bootstrap_seeds() -> Vec<Vec<u8>> {
+    let record = PeerRecord {
+        name: vec![2, 0, 0x1f, 0x90, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+        key: 0x1234,
+        base: 0x7f00_0000_0000,
+    };
+    vec![record.encode().expect("seed record encodes")]
+}
+
+fn ofi_bootstrap(input: &[u8]) -> bool {
+    PeerRecord::decode(input).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_seed_is_accepted_by_its_target() {
+        // A seed its own target rejects would start the mutator from nothing.
+        for target in all() {
+            for (i, seed) in (target.seeds)().iter().enumerate() {
+                assert!(
+                    (target.check)(seed),
+                    "{}: seed {i} is rejected",
+                    target.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_unique() {
+        for t in all() {
+            assert!(std::ptr::eq(by_name(t.name).unwrap(), t), "{}", t.name);
+        }
+    }
+}
