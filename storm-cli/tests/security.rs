@@ -6,6 +6,8 @@
 //!   every daemon's port and tries its luck: a handshake with a made-up proof, a replay of a
 //!   handshake a key holder made, frames without a handshake. Every attempt is refused and
 //!   logged, and afterwards every node is still up and a job runs.
+//! * A key holder posing as one compute node cannot write into another's memory (where the
+//!   MM's commands arrive): only the MM writes there.
 
 mod support;
 
@@ -17,7 +19,11 @@ use std::time::Duration;
 
 use storm_cluster::config::ClusterConfig;
 use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
-use storm_primitives::tcp::wire::{Control, Frame, Hello, OutFrame, read_frame};
+use storm_primitives::tcp::peer::{Membership, RawPeer};
+use storm_primitives::tcp::wire::{
+    Control, Frame, Hello, OpKey, OutFrame, XferBegin, XferMsg, read_frame,
+};
+use storm_primitives::{NodeSet, PrimError};
 use support::{TestCluster, ensure_daemons, text};
 
 /// Runs daemon `bin` (`storm-mm`, or `storm-nm` for node0) on `config` and returns its exit
@@ -214,4 +220,52 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
         "{}",
         text(&nodes.stdout)
     );
+}
+
+#[test]
+fn a_compute_node_cannot_write_commands_into_another() {
+    let c = TestCluster::start(2);
+    let cfg = c.cluster.as_ref().unwrap().config.clone();
+    let key = ClusterKey::from_hex(
+        &std::fs::read_to_string(c.root.join(storm_cluster::key::DEFAULT_NAME)).unwrap(),
+    )
+    .unwrap();
+    let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
+    // Node 1, as far as node 0 can tell: it holds the key and proves it.
+    let me = Membership {
+        node: 1,
+        cluster_size: cfg.node_count() + 1,
+        layout: rm.layout.clone(),
+        key,
+        protection: Protection::Authenticate,
+    };
+    let mut peer = RawPeer::connect(cfg.nodes[0].address, 0, &me).unwrap();
+    let op = OpKey { origin: 1, seq: 1 };
+    peer.send_control(&Control::Xfer(XferMsg::Begin(XferBegin {
+        key: op,
+        dest: NodeSet::single(0),
+        fanout: 2,
+        offset: rm.heartbeat.slots.offset,
+        len: 64,
+        remote_event: Some(rm.heartbeat.arrived.index() as u32),
+        timeout_ms: 5000,
+    })))
+    .unwrap();
+    // The refusal goes back to the origin over node 0's own connection to node 1 (the real
+    // one, which drops it): the log says what happened.
+    let log = || std::fs::read_to_string(c.root.join("node0.log")).unwrap_or_default();
+    let since = std::time::Instant::now();
+    while !log().contains("node 1 may not write into node 0's memory")
+        && since.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        log().contains("refusing a transfer") && log().contains("node 1 may not write"),
+        "node 0 refuses and logs the transfer:\n{}",
+        log()
+    );
+    let out = c.submit(&["-N", "2", "/bin/echo", "still here"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).matches("still here").count(), 2);
 }

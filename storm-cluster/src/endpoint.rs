@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use storm_primitives::tcp::TcpNode;
 use storm_primitives::tcp::auth::ClusterKey;
-use storm_primitives::{NodeId, Primitives};
+use storm_primitives::{NodeId, NodeSet, Primitives};
 
 use crate::config::{BackendKind, ClusterConfig};
 use crate::layout::RmLayout;
@@ -56,14 +56,13 @@ pub fn start(
     };
     match cfg.cluster.backend {
         BackendKind::Tcp => {
-            let node = TcpNode::start(
-                id,
-                listener,
-                directory,
-                rm.layout.clone(),
-                cfg.tcp_config(key),
-            )
-            .map_err(|e| format!("cannot start the tcp endpoint: {e}"))?;
+            let mut tcp = cfg.tcp_config(key);
+            if id != cfg.mm_id() {
+                // A compute node's memory holds commands: only the MM writes it.
+                tcp.writers = Some(NodeSet::single(cfg.mm_id()));
+            }
+            let node = TcpNode::start(id, listener, directory, rm.layout.clone(), tcp)
+                .map_err(|e| format!("cannot start the tcp endpoint: {e}"))?;
             Ok(Arc::new(node))
         }
         BackendKind::Ofi => start_ofi(cfg, rm, id, listener, directory, addr, key),

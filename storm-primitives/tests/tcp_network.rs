@@ -82,6 +82,78 @@ impl HandDriven {
     }
 }
 
+/// A compute node takes writes from the MM alone (`TcpConfig::writers`): here node 0 is the
+/// MM, nodes 1 and 2 compute nodes. Another member's transfer or writing compare-and-write
+/// fails at its origin, naming the rule, and leaves the node's memory as it was; the MM's
+/// operations, relayed through a compute node, and the compute nodes' writes to the MM go on.
+#[test]
+fn a_compute_node_takes_writes_from_the_mm_alone() {
+    let t = test_layout();
+    let listeners: Vec<_> = (0..3)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let dir: Vec<Option<SocketAddr>> = listeners.iter().map(|l| l.local_addr().ok()).collect();
+    let shared = TcpConfig {
+        fanout: 1,
+        ..config(2000)
+    };
+    let nodes: Vec<TcpNode> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let cfg = TcpConfig {
+                writers: (i > 0).then(|| NodeSet::single(0)),
+                ..shared.clone()
+            };
+            TcpNode::start(i as u32, l, dir.clone(), t.layout.clone(), cfg).unwrap()
+        })
+        .collect();
+    let xfer = |from: usize, dest: &str, data: &'static [u8]| {
+        nodes[from]
+            .xfer_and_signal(
+                &dest.parse().unwrap(),
+                t.bulk.offset,
+                Bytes::from_static(data),
+                None,
+                Some(t.done),
+            )
+            .unwrap();
+        outcome(&nodes[from], t.done)
+    };
+    assert_eq!(
+        xfer(0, "1-2", b"from mm"),
+        Ok(true),
+        "the MM writes through node 1"
+    );
+    assert_eq!(
+        xfer(1, "0", b"from 1!"),
+        Ok(true),
+        "a compute node writes to the MM"
+    );
+    match xfer(1, "2", b"forged!") {
+        Err(PrimError::TransferFailed(why)) => assert!(
+            why.contains("node 1 may not write into node 2's memory"),
+            "{why}"
+        ),
+        other => panic!("a compute node wrote into another: {other:?}"),
+    }
+    assert_eq!(
+        nodes[2].memory().read_vec(t.bulk.offset, 7).unwrap(),
+        b"from mm".to_vec()
+    );
+    let caw = |from: usize, write: Option<(storm_primitives::VarId, u64)>| {
+        nodes[from].compare_and_write(&"2".parse().unwrap(), t.a, Relation::Eq, 0, write)
+    };
+    assert_eq!(caw(1, None), Ok(true), "comparing alone writes nothing");
+    assert!(
+        matches!(caw(1, Some((t.a, 9))), Err(PrimError::TransferFailed(_))),
+        "a compute node's compare-and-write wrote into another"
+    );
+    assert_eq!(nodes[2].memory().load(t.a), 0);
+    assert_eq!(caw(0, Some((t.a, 9))), Ok(true));
+    assert_eq!(nodes[2].memory().load(t.a), 9);
+}
+
 #[test]
 fn a_node_nobody_listens_for_fails_at_once_naming_it() {
     let t = test_layout();

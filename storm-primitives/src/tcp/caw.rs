@@ -197,6 +197,11 @@ impl Inner {
                     self.caw_reply(&mut table, req.key, Err(err));
                     return Ok(());
                 }
+                if let Some(err) = req.write.and_then(|_| self.refused_writer(req.key.origin)) {
+                    tracing::warn!(node = self.id, key = ?req.key, "refusing a compare-and-write: {err}");
+                    self.caw_reply(&mut table, req.key, Err(err));
+                    return Ok(());
+                }
                 self.caw_enqueue(&mut table, req);
             }
             CawMsg::Compare(req) => self.on_compare(&mut table, from, req)?,
@@ -383,6 +388,11 @@ impl Inner {
         }
         if table.ops.len() >= self.config.max_pending_ops {
             let err = self.overloaded("operations in progress", table.ops.len());
+            self.send_control(from, &caw(CawMsg::Nack(req.key, err)));
+            return Ok(());
+        }
+        if let Some(err) = req.write.and_then(|_| self.refused_writer(req.key.origin)) {
+            tracing::warn!(node = self.id, key = ?req.key, from, "refusing a compare-and-write: {err}");
             self.send_control(from, &caw(CawMsg::Nack(req.key, err)));
             return Ok(());
         }

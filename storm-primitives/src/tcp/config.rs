@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::auth::{ClusterKey, Protection};
+use crate::NodeSet;
 
 /// How a tcp node builds trees, splits data and gives up on peers.
 #[derive(Debug, Clone)]
@@ -36,6 +37,10 @@ pub struct TcpConfig {
     /// Bytes of transfer data a node holds for transfers not committed yet; a transfer that
     /// would pass it fails.
     pub max_staged_bytes: u64,
+    /// The only origins whose XFER-AND-SIGNALs and writing COMPARE-AND-WRITEs this node
+    /// carries out on its own memory (`None`: every member). A compute node takes them from
+    /// the MM alone; others are refused with an error to their origin and logged.
+    pub writers: Option<NodeSet>,
 }
 
 impl Default for TcpConfig {
@@ -54,6 +59,7 @@ impl Default for TcpConfig {
             max_handshakes: 64,
             max_pending_ops: 4096,
             max_staged_bytes: 1 << 30,
+            writers: None,
         }
     }
 }

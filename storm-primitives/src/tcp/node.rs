@@ -121,6 +121,17 @@ impl Inner {
         self.send(peer, OutFrame::control(msg));
     }
 
+    /// Why `origin` may not write into this node's memory, if it may not (`TcpConfig::writers`).
+    pub fn refused_writer(&self, origin: NodeId) -> Option<PrimError> {
+        let writers = self.config.writers.as_ref()?;
+        (!writers.contains(origin)).then(|| {
+            PrimError::TransferFailed(format!(
+                "node {origin} may not write into node {}'s memory (only {writers} may)",
+                self.id
+            ))
+        })
+    }
+
     /// Registers an accepted connection unless a live one to that peer exists, and closes
     /// the connection the peer opened before this one, if it is still open.
     pub fn adopt(self: &Arc<Self>, conn: Arc<Conn>) {

@@ -312,6 +312,11 @@ impl Inner {
             self.send_control(from, &xfer(XferMsg::Nack(key, err)));
             return Ok(());
         }
+        if let Some(err) = self.refused_writer(key.origin) {
+            tracing::warn!(node = self.id, ?key, from, "refusing a transfer: {err}");
+            self.send_control(from, &xfer(XferMsg::Nack(key, err)));
+            return Ok(());
+        }
         let children = tree.children(self.id);
         let timeout = Duration::from_millis(begin.timeout_ms);
         let frame = OutFrame::control(&xfer(XferMsg::Begin(begin.clone())));
