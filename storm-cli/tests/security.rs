@@ -18,12 +18,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use storm_cluster::config::ClusterConfig;
+use storm_primitives::NodeSet;
 use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
 use storm_primitives::tcp::peer::{Membership, RawPeer};
 use storm_primitives::tcp::wire::{
     Control, Frame, Hello, OpKey, OutFrame, XferBegin, XferMsg, read_frame,
 };
-use storm_primitives::{NodeSet, PrimError};
 use support::{TestCluster, ensure_daemons, text};
 
 /// Runs daemon `bin` (`storm-mm`, or `storm-nm` for node0) on `config` and returns its exit
