@@ -292,7 +292,7 @@ impl Fabric {
                     len,
                     access,
                     0,
-                    1,
+                    remote_key((*(*i).domain_attr).mr_key_size),
                     0,
                     &mut f.mr,
                     ptr::null_mut(),
@@ -445,5 +445,47 @@ impl Fabric {
 impl Drop for Fabric {
     fn drop(&mut self) {
         self.close();
+    }
+}
+/// The key asked for the region other nodes write: random, so that a process on the fabric
+/// cannot guess it (a provider with FI_MR_PROV_KEY picks its own instead), within the
+/// provider's key size, and never 0 (the key of local-only regions).
+fn remote_key(key_size: usize) -> u64 {
+    let bits = (key_size.clamp(1, 8) * 8) as u32;
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    loop {
+        let key = u64::from_le_bytes(crate::tcp::auth::random_bytes::<8>()) & mask;
+        if key != 0 {
+            return key;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remote_key;
+
+    #[test]
+    fn remote_keys_are_random_nonzero_and_fit_the_providers_key_size() {
+        let keys: Vec<u64> = (0..64).map(|_| remote_key(8)).collect();
+        let mut distinct = keys.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), keys.len(), "64-bit keys repeat: {keys:?}");
+        for size in [1, 2, 4] {
+            for _ in 0..200 {
+                let k = remote_key(size);
+                assert!(k != 0 && k < 1 << (8 * size), "{k:#x} for {size}-byte keys");
+            }
+        }
+        assert_ne!(
+            remote_key(0),
+            0,
+            "a provider reporting no key size still gets a key"
+        );
     }
 }
