@@ -1514,12 +1514,16 @@ impl MachineManager {
         for (id, slot, nodes) in ending {
             let flag = self.rm.terminated.at(slot);
             let deadline = Some(self.cfg.heartbeat_deadline());
+            // Compare only: a check that fails part way (a node too slow to answer) must not
+            // have cleared the flag on the nodes that did, or no later check could succeed
+            // and the job would stay "ending" for ever. The flag holds the job's id, never
+            // reused, and an NM clears it when the same job is launched again (requeue).
             match self.prims.compare_and_write_within(
                 &nodes,
                 flag,
                 Relation::Eq,
                 id,
-                Some((flag, 0)),
+                None,
                 deadline,
             ) {
                 Ok(true) => self.job_ended(id, slot, &nodes),
