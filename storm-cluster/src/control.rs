@@ -373,18 +373,25 @@ impl Client {
                 path.display()
             )
         })?;
-        send(
+        // An MM that refuses the connection (a limit) says why and hangs up, possibly before
+        // the hello is written: its reason is still there to read.
+        let sent = send(
             &sock,
             &Request::Hello {
                 version: PROTOCOL_VERSION,
             },
             None,
-        )
-        .map_err(|e| e.to_string())?;
-        match recv::<Reply>(&sock)
-            .map_err(|e| format!("machine manager handshake failed: {e}"))?
-            .0
-        {
+        );
+        let reply = match recv::<Reply>(&sock) {
+            Ok((reply, _)) => reply,
+            Err(e) => {
+                return Err(match sent {
+                    Err(sent) => sent.to_string(),
+                    Ok(()) => format!("machine manager handshake failed: {e}"),
+                });
+            }
+        };
+        match reply {
             Reply::Hello {
                 version,
                 cluster,
