@@ -82,6 +82,7 @@ pub struct Metrics {
     program_bytes: Counter,
     output_bytes: Counter,
     journal_commit: Histogram,
+    tick: Histogram,
     gang_switches: Counter,
     jobs_submitted: Counter,
     jobs_ended: Family<Outcome, Counter>,
@@ -113,6 +114,17 @@ impl Metrics {
             "Heartbeat issued to delivered to every member",
             Unit::Seconds,
             heartbeat_round_trip.clone(),
+        );
+        // A timeslice's work, 100 us to seconds: a tick longer than the heartbeat's deadline
+        // delays every node's heartbeat.
+        let tick = Histogram::new([
+            1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+        ]);
+        registry.register_with_unit(
+            "main_loop_tick",
+            "Time the MM's main loop spent on one timeslice's work",
+            Unit::Seconds,
+            tick.clone(),
         );
         let heartbeats_missed = Counter::default();
         registry.register(
@@ -183,6 +195,7 @@ impl Metrics {
             program_bytes,
             output_bytes,
             journal_commit,
+            tick,
             gang_switches,
             jobs_submitted,
             jobs_ended,
@@ -215,6 +228,10 @@ impl Metrics {
 
     pub fn journal_committed(&self, took: Duration) {
         self.journal_commit.observe(took.as_secs_f64());
+    }
+
+    pub fn ticked(&self, took: Duration) {
+        self.tick.observe(took.as_secs_f64());
     }
 
     pub fn gang_switched(&self) {
@@ -352,6 +369,8 @@ mod tests {
         m.program_delivered(1000, 4);
         m.output_forwarded(12);
         m.journal_committed(Duration::from_micros(400));
+        m.ticked(Duration::from_micros(300));
+        m.ticked(Duration::from_millis(1500));
         m.gang_switched();
         m.job_submitted();
         m.job_ended(true);
@@ -369,6 +388,12 @@ mod tests {
         assert_eq!(value(&text, "storm_program_bytes_total"), 4000.0);
         assert_eq!(value(&text, "storm_output_bytes_total"), 12.0);
         assert_eq!(value(&text, "storm_journal_commit_seconds_count"), 1.0);
+        assert_eq!(value(&text, "storm_main_loop_tick_seconds_count"), 2.0);
+        assert_eq!(
+            value(&text, "storm_main_loop_tick_seconds_bucket{le=\"1.0\"}"),
+            1.0,
+            "one tick took longer than a second"
+        );
         assert_eq!(value(&text, "storm_gang_switches_total"), 1.0);
         assert_eq!(value(&text, "storm_jobs_submitted_total"), 1.0);
         assert_eq!(
