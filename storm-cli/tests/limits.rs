@@ -118,6 +118,58 @@ fn programs_held_for_a_user_past_the_spool_limit_are_refused_until_jobs_finish()
     assert!(after.status.success(), "{}", text(&after.stderr));
 }
 
+/// A waiting job's program is copied beside the journal (so a restarted MM can send it) on a
+/// thread, not on the MM's main loop: on the main loop, copying a program near the size limit
+/// stopped every heartbeat for seconds. Here no tick of the main loop takes a second
+/// (`storm_main_loop_tick_seconds`), far above a timeslice's work and far below the copy.
+#[test]
+fn a_large_waiting_program_is_copied_without_stalling_the_main_loop() {
+    let c = cluster(LimitsSection::default());
+    let work = tempfile::tempdir().unwrap();
+    let big = support::script(work.path(), "big.sh", "echo big\nexit 0\n");
+    let size: u64 = 1000 << 20;
+    // Sparse: costs no disk here, but every byte is read and written by the copy.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let running = c.spawn(&["-N", "1", "/bin/sleep", "300"]);
+    wait_running(&c);
+    let waiting = c.spawn(&["-N", "1", big.to_str().unwrap()]);
+    // The copy is renamed into place when complete.
+    let copy = c.root.join("mm-state/programs/job-2");
+    let since = Instant::now();
+    while std::fs::metadata(&copy).map(|m| m.len()).unwrap_or(0) != size {
+        assert!(
+            since.elapsed() < Duration::from_secs(120),
+            "the program was never copied"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let metrics = text(&c.storm(&["metrics"]).stdout);
+    let series = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    let ticks = series("storm_main_loop_tick_seconds_count");
+    let within_a_second = series("storm_main_loop_tick_seconds_bucket{le=\"1.0\"}");
+    assert!(ticks > 0.0);
+    assert_eq!(
+        within_a_second, ticks,
+        "a tick of the main loop took more than a second while the program was copied"
+    );
+    for job in ["1", "2"] {
+        assert!(c.storm(&["cancel", job]).status.success());
+    }
+    for job in [running, waiting] {
+        job.wait_with_output().unwrap();
+    }
+}
+
 #[test]
 fn a_user_over_the_connection_limit_is_refused_and_others_are_not() {
     let c = cluster(LimitsSection {

@@ -318,9 +318,10 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
         wait_for(&gang_log(i), "tick 3");
     }
     // Fifty submitters whose jobs wait behind them.
+    let submitter_log = |i: usize| work.path().join(format!("q{i}.err"));
     let submitters: Vec<Child> = (0..SUBMITTERS)
         .map(|i| {
-            submit(
+            spawn_logged(
                 &tb,
                 &[
                     "-N",
@@ -330,11 +331,8 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
                     "/bin/echo",
                     &format!("queued job {i}"),
                 ],
+                &submitter_log(i),
             )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -357,6 +355,11 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
     };
     let slots = [slot_of(&before, "gang0"), slot_of(&before, "gang1")];
     assert_ne!(slots[0], slots[1], "one time slot each: {before:#?}");
+    // Each submitter has heard that its job was accepted (and queued): only then is the job
+    // its to follow across the restart.
+    for i in 0..SUBMITTERS {
+        wait_for(&submitter_log(i), "queued");
+    }
 
     tb.kill("storm-mm").unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -411,7 +414,7 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
         assert!(
             out.status.success(),
             "submitter {i}: {}\n{}",
-            text(&out.stderr),
+            std::fs::read_to_string(submitter_log(i)).unwrap_or_default(),
             logs(&tb)
         );
         assert_eq!(text(&out.stdout).trim(), format!("queued job {i}"));

@@ -119,7 +119,7 @@ enum Change {
 pub struct Journal {
     db: Database,
     path: PathBuf,
-    programs: PathBuf,
+    programs: ProgramStore,
     staged: Vec<Change>,
     next_job: Option<JobId>,
     /// Finished jobs in the journal, oldest first (to drop beyond [`KEEP_FINISHED`]).
@@ -155,7 +155,7 @@ impl Journal {
         let mut journal = Self {
             db,
             path: path.clone(),
-            programs,
+            programs: ProgramStore { dir: programs },
             staged: Vec::new(),
             next_job: None,
             finished: BTreeSet::new(),
@@ -304,7 +304,7 @@ impl Journal {
         self.staged.clear();
         self.next_job = None;
         for job in std::mem::take(&mut self.unneeded) {
-            let _ = std::fs::remove_file(self.program_path(job));
+            self.programs.remove(job);
         }
         Ok(())
     }
@@ -316,9 +316,9 @@ impl Journal {
             .jobs
             .iter()
             .filter(|j| !matches!(j.state, JobState::Finished { .. }))
-            .map(|j| self.program_path(j.id))
+            .map(|j| self.programs.path(j.id))
             .collect();
-        let Ok(entries) = std::fs::read_dir(&self.programs) else {
+        let Ok(entries) = std::fs::read_dir(&self.programs.dir) else {
             return;
         };
         for path in entries.flatten().map(|e| e.path()) {
@@ -328,14 +328,42 @@ impl Journal {
         }
     }
 
-    fn program_path(&self, job: JobId) -> PathBuf {
-        self.programs.join(format!("job-{job}"))
+    /// Where program copies are kept, for the thread that makes them.
+    pub fn program_store(&self) -> ProgramStore {
+        self.programs.clone()
+    }
+
+    /// Saves a copy of job `job`'s program (see [`ProgramStore::save`]).
+    pub fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
+        self.programs.save(job, program)
+    }
+
+    /// The saved program of job `job`, if there is one.
+    pub fn program(&self, job: JobId) -> Option<File> {
+        File::open(self.programs.path(job)).ok()
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard())
+}
+
+/// The directory of program copies (`programs/` beside the journal): the programs of jobs
+/// that wait for nodes or may be requeued, which a restarted MM sends when they start.
+#[derive(Debug, Clone)]
+pub struct ProgramStore {
+    dir: PathBuf,
+}
+
+impl ProgramStore {
+    fn path(&self, job: JobId) -> PathBuf {
+        self.dir.join(format!("job-{job}"))
     }
 
     /// Saves a copy of job `job`'s program (written aside, synced, then renamed into place,
     /// so a copy that exists is complete).
-    pub fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
-        let path = self.program_path(job);
+    pub fn save(&self, job: JobId, program: &File) -> Result<(), JournalError> {
+        let path = self.path(job);
         let err = |source| JournalError::Program {
             job,
             path: path.clone(),
@@ -364,14 +392,10 @@ impl Journal {
         std::fs::rename(&partial, &path).map_err(err)
     }
 
-    /// The saved program of job `job`, if there is one.
-    pub fn program(&self, job: JobId) -> Option<File> {
-        File::open(self.program_path(job)).ok()
+    /// Deletes job `job`'s copy, if there is one.
+    pub fn remove(&self, job: JobId) {
+        let _ = std::fs::remove_file(self.path(job));
     }
-}
-
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
-    bincode::serde::encode_to_vec(value, bincode::config::standard())
 }
 
 /// Decodes one record read from the journal at `path`; a record that does not decode is

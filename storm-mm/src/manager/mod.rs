@@ -13,7 +13,7 @@
 //! 7. forwards the tasks' output to storm-submit;
 //! 8. detects terminations (Algorithm 8) and tells storm-submit how its job ended.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
@@ -42,6 +42,7 @@ mod failure;
 mod membership;
 mod output;
 mod restart;
+mod saver;
 
 use crate::control_server::{self, ClientId, Incoming};
 use crate::journal::{self, JobRecord, JobState, Journal};
@@ -115,6 +116,8 @@ struct Job {
     submitted_ms: u64,
     /// A copy of the program is in the journal's state directory.
     program_saved: bool,
+    /// Copying the program there failed (logged); it is not tried again.
+    program_save_failed: bool,
     allocated: Option<Instant>,
     ready: Option<Instant>,
     launched: Option<Instant>,
@@ -173,6 +176,7 @@ impl Job {
             submitted: new.submitted,
             submitted_ms: new.submitted_ms,
             program_saved: false,
+            program_save_failed: false,
             allocated: None,
             ready: None,
             launched: None,
@@ -279,6 +283,11 @@ pub struct MachineManager {
     unrecorded: std::collections::BTreeSet<JobId>,
     /// Replies held until the journal has committed what they tell.
     outbox: Vec<(ClientId, Reply)>,
+    /// Copies programs of waiting jobs beside the journal, off the main loop.
+    saver: saver::Saver,
+    /// Jobs whose program copy is under way: not journaled yet, their submitters' replies
+    /// held.
+    saving: BTreeSet<JobId>,
     /// Jobs that ended, as the journal keeps them (oldest first).
     finished: BTreeMap<JobId, JobRecord>,
     /// Jobs restored from the journal, held out of the queue until their submitters reattach
@@ -371,6 +380,8 @@ impl MachineManager {
             worker_tx,
             worker_rx,
             shutting_down: false,
+            saver: saver::Saver::start(journal.program_store()),
+            saving: BTreeSet::new(),
             journal,
             unrecorded: Default::default(),
             outbox: Vec::new(),
@@ -452,31 +463,64 @@ impl MachineManager {
         self.forward_output(&self.all.clone());
         self.detect_terminations();
         self.publish();
+        self.metrics.ticked(now.elapsed());
     }
 
     /// Commits this timeslice's changes to the journal, then sends the replies that tell of
-    /// them: a client never learns of a state a restarted MM would not know.
+    /// them: a client never learns of a state a restarted MM would not know. A job whose
+    /// program is being copied is journaled once the copy is complete, and its submitter's
+    /// replies wait for that.
     fn publish(&mut self) {
+        for (id, saved) in self.saver.finished() {
+            self.saving.remove(&id);
+            match (self.jobs.get_mut(&id), saved) {
+                (Some(j), Ok(())) => j.program_saved = true,
+                (Some(j), Err(e)) => {
+                    j.program_save_failed = true;
+                    tracing::error!(
+                        job = id,
+                        "the job would not survive a restart of the MM: {e}"
+                    );
+                }
+                // It ended while its copy was made; nothing will need the copy.
+                (None, _) => self.journal.program_store().remove(id),
+            }
+        }
+        let mut later = BTreeSet::new();
         for id in std::mem::take(&mut self.unrecorded) {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
             };
+            if self.saving.contains(&id) {
+                later.insert(id);
+                continue;
+            }
             // A waiting job (or one that may be requeued) needs its program after a restart.
             if !j.program_saved
+                && !j.program_save_failed
                 && (j.phase == Phase::Queued || j.req.requeue)
                 && let Some(program) = &j.program
             {
-                match self.journal.save_program(id, program) {
-                    Ok(()) => j.program_saved = true,
-                    Err(e) => tracing::error!(
-                        job = id,
-                        "the job would not survive a restart of the MM: {e}"
-                    ),
+                match program.try_clone() {
+                    Ok(copy) => {
+                        self.saver.save(id, copy);
+                        self.saving.insert(id);
+                        later.insert(id);
+                        continue;
+                    }
+                    Err(e) => {
+                        j.program_save_failed = true;
+                        tracing::error!(
+                            job = id,
+                            "the job would not survive a restart of the MM: cannot read its program: {e}"
+                        );
+                    }
                 }
             }
             let rec = job_record(j);
             self.journal.put_job(rec);
         }
+        self.unrecorded = later;
         let committing = self.journal.dirty().then(Instant::now);
         let committed = self.journal.commit();
         if let (Some(t), Ok(())) = (committing, &committed) {
@@ -490,11 +534,25 @@ impl MachineManager {
                 "cannot write the journal; what changed now would not survive a restart of the MM: {e}"
             );
         }
-        for (client, r) in self.outbox.drain(..) {
-            if let Some(c) = self.clients.get(&client) {
+        let held: HashSet<ClientId> = self
+            .saving
+            .iter()
+            .filter_map(|id| self.jobs.get(id)?.client)
+            .collect();
+        let mut kept = Vec::new();
+        for (client, mut r) in self.outbox.drain(..) {
+            // A listing made this timeslice may name a job whose copy just began: it is not
+            // accepted until its record is journaled.
+            if let Reply::Queue(list) = &mut r {
+                list.retain(|j| !self.saving.contains(&j.job));
+            }
+            if held.contains(&client) {
+                kept.push((client, r));
+            } else if let Some(c) = self.clients.get(&client) {
                 let _ = c.tx.send(r);
             }
         }
+        self.outbox = kept;
     }
 
     // ---------------------------------------------------------------- control requests
