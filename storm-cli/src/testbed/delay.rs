@@ -49,7 +49,7 @@ impl DelayLine {
             let (port, near) = (port.to_string(), near.clone());
             std::thread::spawn(move || -> Result<(OwnedFd, OwnedFd)> {
                 enter_netns(&ns)?;
-                Ok((packet_socket(&port)?, packet_socket(&near)?))
+                Ok((packet_socket(&port, true)?, packet_socket(&near, true)?))
             })
             .join()
             .map_err(|_| anyhow::anyhow!("the delay line's set-up thread panicked"))??
@@ -93,15 +93,16 @@ impl Drop for DelayLine {
 }
 
 /// Moves this thread into the network namespace `ns` (made by `ip netns add`).
-fn enter_netns(ns: &str) -> Result<()> {
+pub(super) fn enter_netns(ns: &str) -> Result<()> {
     let path = format!("/var/run/netns/{ns}");
     let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
     nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
         .with_context(|| format!("entering network namespace {ns}"))
 }
 
-/// A packet socket that takes and sends whole frames, virtio-net header first, on `link`.
-fn packet_socket(link: &str) -> Result<OwnedFd> {
+/// A packet socket that takes and sends whole frames on `link`, virtio-net header first if
+/// `vnet_header`.
+pub(super) fn packet_socket(link: &str, vnet_header: bool) -> Result<OwnedFd> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned at once.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto as libc::c_int) };
@@ -116,7 +117,7 @@ fn packet_socket(link: &str) -> Result<OwnedFd> {
     if index == 0 {
         bail!("no link {link}: {}", std::io::Error::last_os_error());
     }
-    let one: libc::c_int = 1;
+    let one: libc::c_int = vnet_header.into();
     let timeout = libc::timeval {
         tv_sec: 0,
         tv_usec: 100_000,

@@ -28,6 +28,7 @@ use storm_cluster::config::{
 
 use crate::local::{bin_dir, tail, wait_for_nodes};
 
+pub mod capture;
 mod delay;
 
 /// The port every daemon listens on, each in its own namespace.
@@ -128,6 +129,26 @@ impl Testbed {
 
     pub fn node_ns(&self, i: u32) -> String {
         format!("{}-n{i}", self.name)
+    }
+
+    /// The TCP payloads seen on node `i`'s link during `window` (see [`capture`]).
+    pub fn capture(&self, i: u32, window: Duration) -> Result<Vec<capture::Segment>> {
+        capture::capture(&self.switch_ns(), &format!("n{i}"), window)
+    }
+
+    /// Runs `f` on a thread inside node `i`'s network namespace.
+    pub fn in_node<T: Send + 'static>(
+        &self,
+        i: u32,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T> {
+        let ns = self.node_ns(i);
+        std::thread::spawn(move || -> Result<T> {
+            delay::enter_netns(&ns)?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread in node {i}'s namespace panicked"))?
     }
 
     pub fn socket(&self) -> &Path {
