@@ -17,9 +17,9 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
+use storm_primitives::tcp::auth::{ClusterKey, Protection};
 use storm_primitives::tcp::wire::Hello;
-use support::handshake::handshake;
+use support::handshake::{client_proof, daemons, handshake};
 use support::testbed::{can_run, finish, logs, nodes, spawn, up, wait_node_state};
 use support::{NOBODY, text};
 
@@ -131,18 +131,7 @@ fn attacker() {
         println!("{target} made-up-proof refused={refused}");
         let h = hello([2; 32]);
         let wrong = ClusterKey::random();
-        let (refused, _) = handshake(addr, &h, |server_nonce| {
-            Transcript::new(
-                h.node,
-                target,
-                plan.cluster_size,
-                plan.fingerprint,
-                Protection::Authenticate,
-                &h.nonce,
-                &server_nonce,
-            )
-            .client_proof(&wrong)
-        });
+        let (refused, _) = handshake(addr, &h, |n| client_proof(&wrong, &h, target, n));
         println!("{target} other-key refused={refused}");
         let (refused, _) = handshake(addr, recorded, |_| *recorded_proof);
         println!("{target} replayed-handshake refused={refused}");
@@ -171,10 +160,7 @@ fn an_attacker_on_the_network_without_the_key_achieves_nothing() {
     let key = cfg.load_key().unwrap();
     let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
     let size = cfg.node_count() + 1;
-    let targets: Vec<(u32, SocketAddr)> = (0..cfg.node_count())
-        .map(|i| (i, cfg.nodes[i as usize].address))
-        .chain([(cfg.mm_id(), cfg.mm.address)])
-        .collect();
+    let targets = daemons(&cfg);
 
     // What a host on the network sees: the MM's heartbeats to node 1.
     let to_node1 = SocketAddr::V4(SocketAddrV4::new(storm_cli::testbed::node_addr(1), 7000));
@@ -211,22 +197,10 @@ fn an_attacker_on_the_network_without_the_key_achieves_nothing() {
                 nonce: [target as u8 + 3; 32],
             };
             let key = key.clone();
-            let fingerprint = rm.layout.fingerprint();
             let h = hello.clone();
             let (_, proof) = tb
                 .in_node(0, move || {
-                    handshake(addr, &h, |server_nonce| {
-                        Transcript::new(
-                            h.node,
-                            target,
-                            size,
-                            fingerprint,
-                            Protection::Authenticate,
-                            &h.nonce,
-                            &server_nonce,
-                        )
-                        .client_proof(&key)
-                    })
+                    handshake(addr, &h, |n| client_proof(&key, &h, target, n))
                 })
                 .unwrap();
             (hello, proof)

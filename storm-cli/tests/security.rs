@@ -12,17 +12,17 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use storm_cluster::config::ClusterConfig;
 use storm_primitives::NodeSet;
-use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
+use storm_primitives::tcp::auth::{ClusterKey, Protection};
 use storm_primitives::tcp::peer::{Membership, RawPeer};
 use storm_primitives::tcp::wire::{Control, Hello, OpKey, OutFrame, XferBegin, XferMsg};
-use support::handshake::handshake;
+use support::handshake::{client_proof, daemons, handshake};
 use support::{TestCluster, ensure_daemons, text};
 
 /// Runs daemon `bin` (`storm-mm`, or `storm-nm` for node0) on `config` and returns its exit
@@ -106,25 +106,8 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
         &std::fs::read_to_string(c.root.join(storm_cluster::key::DEFAULT_NAME)).unwrap(),
     )
     .unwrap();
-    let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
-    let size = cfg.node_count() + 1;
-    let targets: Vec<(u32, SocketAddr)> = (0..cfg.node_count())
-        .map(|i| (i, cfg.nodes[i as usize].address))
-        .chain([(cfg.mm_id(), cfg.mm.address)])
-        .collect();
-    // The connecting side's proof for `hello` to `target`, under `key`.
-    let proof = |key: &ClusterKey, hello: &Hello, target: u32, server_nonce: [u8; 32]| {
-        Transcript::new(
-            hello.node,
-            target,
-            size,
-            rm.layout.fingerprint(),
-            Protection::Authenticate,
-            &hello.nonce,
-            &server_nonce,
-        )
-        .client_proof(key)
-    };
+    let targets = daemons(&cfg);
+    let proof = client_proof;
     for &(target, addr) in &targets {
         // Claim to be another member (the MM, to a node; node 0, to the MM).
         let claim = if target == cfg.mm_id() {

@@ -4,7 +4,37 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use storm_cluster::config::ClusterConfig;
+use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
 use storm_primitives::tcp::wire::{Control, Frame, Hello, OutFrame, read_frame};
+
+/// Every daemon of the cluster: (node id, address), the MM last.
+pub fn daemons(cfg: &ClusterConfig) -> Vec<(u32, SocketAddr)> {
+    (0..cfg.node_count())
+        .map(|i| (i, cfg.nodes[i as usize].address))
+        .chain([(cfg.mm_id(), cfg.mm.address)])
+        .collect()
+}
+
+/// The proof a connecting node sends, under `key`, for `hello` to node `target` that answered
+/// with `server_nonce`.
+pub fn client_proof(
+    key: &ClusterKey,
+    hello: &Hello,
+    target: u32,
+    server_nonce: [u8; 32],
+) -> [u8; 32] {
+    Transcript::new(
+        hello.node,
+        target,
+        hello.cluster_size,
+        hello.layout_fingerprint,
+        Protection::Authenticate,
+        &hello.nonce,
+        &server_nonce,
+    )
+    .client_proof(key)
+}
 
 /// Sends `hello`, reads the challenge, answers it with `proof(challenge nonce, server proof)`
 /// and says whether the daemon refused.
