@@ -154,6 +154,50 @@ fn a_compute_node_takes_writes_from_the_mm_alone() {
     assert_eq!(nodes[2].memory().load(t.a), 9);
 }
 
+/// A root holds requests in a queue behind the operation it runs. When that operation waits
+/// on a silent node past the time a queued request may wait, the request fails, and the
+/// sweeper goes back to sleeping until the next deadline: it had kept waking for the expired
+/// request, burning a core, for as long as the operation ahead waited.
+#[test]
+fn a_request_queued_past_its_time_does_not_keep_the_sweeper_awake() {
+    let t = test_layout();
+    let nodes = TcpNode::local_cluster(3, &t.layout, &config(2000)).unwrap();
+    let both: NodeSet = "1-2".parse().unwrap();
+    // Connect everything while all answer.
+    assert_eq!(
+        nodes[0].compare_and_write(&both, t.a, Relation::Eq, 0, None),
+        Ok(true)
+    );
+    nodes[2].freeze(true);
+    std::thread::scope(|s| {
+        // The root waits up to half the timeout (1 s) for the frozen node; a request queued
+        // behind it may wait a quarter (500 ms).
+        let start = Instant::now();
+        let ahead = s.spawn(|| nodes[0].compare_and_write(&both, t.a, Relation::Eq, 0, None));
+        std::thread::sleep(Duration::from_millis(50));
+        let queued = s.spawn(|| nodes[0].compare_and_write(&both, t.a, Relation::Eq, 0, None));
+        // From past the queued request's time to before the end of the one ahead.
+        std::thread::sleep(Duration::from_millis(600).saturating_sub(start.elapsed()));
+        let before = nodes[1].sweeps();
+        std::thread::sleep(Duration::from_millis(300));
+        let woke = nodes[1].sweeps() - before;
+        let queued = queued.join().unwrap();
+        assert!(
+            matches!(&queued, Err(PrimError::Timeout { detail, .. }) if detail.contains("queued too long")),
+            "{queued:?}"
+        );
+        assert!(matches!(
+            ahead.join().unwrap(),
+            Err(PrimError::Timeout { .. })
+        ));
+        assert!(
+            woke < 50,
+            "the root's sweeper woke {woke} times in 300 ms with one deadline ahead"
+        );
+    });
+    nodes[2].freeze(false);
+}
+
 #[test]
 fn a_node_nobody_listens_for_fails_at_once_naming_it() {
     let t = test_layout();

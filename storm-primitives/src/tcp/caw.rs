@@ -330,13 +330,7 @@ impl Inner {
                 return;
             };
             if arrived.elapsed() > quarter(req.timeout_ms) {
-                // Held up behind an operation that waits on a silent node (which that one
-                // names); nothing here is to blame.
-                let err = PrimError::Timeout {
-                    nodes: NodeSet::new(),
-                    timeout_ms: req.timeout_ms,
-                    detail: format!("queued too long at root node {}", self.id),
-                };
+                let err = self.queued_too_long(req.timeout_ms);
                 self.caw_reply(table, req.key, Err(err));
                 continue;
             }
@@ -601,11 +595,36 @@ impl Inner {
             };
             self.caw_fail(&mut table, key, err);
         }
+        // Requests queued past their time fail here, not only when they reach the front: one
+        // left in the queue would have the sweeper wake at once, again and again, for as long
+        // as the operation ahead of it waits.
+        let mut expired = Vec::new();
+        table.queue.retain(|q| {
+            let late = q.arrived + quarter(q.req.timeout_ms) <= now;
+            if late {
+                expired.push((q.req.key, q.req.timeout_ms));
+            }
+            !late
+        });
+        for (key, timeout_ms) in expired {
+            let err = self.queued_too_long(timeout_ms);
+            self.caw_reply(&mut table, key, Err(err));
+        }
         let queued = table
             .queue
             .iter()
             .map(|q| q.arrived + quarter(q.req.timeout_ms));
         table.ops.values().map(|op| op.deadline).chain(queued).min()
+    }
+
+    /// A request held up behind an operation that waits on a silent node (which that one
+    /// names): nothing here is to blame.
+    fn queued_too_long(&self, timeout_ms: u64) -> PrimError {
+        PrimError::Timeout {
+            nodes: NodeSet::new(),
+            timeout_ms,
+            detail: format!("queued too long at root node {}", self.id),
+        }
     }
 
     /// Wakes every waiting caller with `ShutDown`.

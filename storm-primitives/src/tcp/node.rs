@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     /// The earliest deadline of an operation here: the sweeper sleeps until then.
     sweep_at: Mutex<Option<Instant>>,
     sweep_wake: Condvar,
+    /// Sweeps made: the sweeper wakes at deadlines, not in a loop (a test reads it).
+    sweeps: AtomicU64,
     /// Handshakes being made with accepted connections (capped by `max_handshakes`).
     pub handshakes: std::sync::atomic::AtomicUsize,
     /// Test hook: frames and deadlines are not handled, as in a stopped process.
@@ -201,6 +203,7 @@ impl Inner {
 
     /// Fails the operations past their deadline; returns the next deadline, if any.
     fn sweep(self: &Arc<Self>) -> Option<Instant> {
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let next_xfer = self.xfer_sweep(now);
         let next_caw = self.caw_sweep(now);
@@ -298,6 +301,7 @@ impl TcpNode {
             shutdown: AtomicBool::new(false),
             listen_addr,
             sweep_at: Mutex::new(None),
+            sweeps: AtomicU64::new(0),
             sweep_wake: Condvar::new(),
             handshakes: std::sync::atomic::AtomicUsize::new(0),
             frozen: Mutex::new(false),
@@ -374,6 +378,11 @@ impl TcpNode {
 
     pub fn config(&self) -> &TcpConfig {
         &self.inner.config
+    }
+
+    /// How many times the sweeper has looked for late operations.
+    pub fn sweeps(&self) -> u64 {
+        self.inner.sweeps.load(Ordering::Relaxed)
     }
 
     /// Test hook: stops (or resumes) handling frames and deadlines, as SIGSTOP (SIGCONT) of a
