@@ -218,6 +218,9 @@ fn a_compute_node_cannot_write_commands_into_another() {
         "node 0 refuses and logs the transfer:\n{}",
         log()
     );
+    // Node 0 took the impostor's connection as node 1's (a key holder may claim any id):
+    // hang up, so node 0 reaches the real node 1 again.
+    drop(peer);
     let out = c.submit(&["-N", "2", "/bin/echo", "still here"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).matches("still here").count(), 2);
