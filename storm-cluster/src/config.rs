@@ -425,19 +425,26 @@ impl ClusterConfig {
                 c.timeslice_ms
             ));
         }
-        for (name, v) in [
-            ("max_jobs", c.max_jobs),
-            ("max_tasks_per_node", c.max_tasks_per_node),
-            ("heartbeat_slots", c.heartbeat_slots),
-            ("heartbeat_bytes", c.heartbeat_bytes),
-            ("transfer_chunk_bytes", c.transfer_chunk_bytes),
-            ("transfer_slots", c.transfer_slots),
-            ("max_transfers", c.max_transfers),
-            ("output_slots", c.output_slots),
-            ("output_bytes", c.output_bytes),
+        // Counts size tables, events and threads before any memory is laid out: each has a
+        // ceiling far above any real cluster's and far below what a typo can ask for.
+        for (name, v, most) in [
+            ("max_jobs", c.max_jobs, 1 << 16),
+            ("max_tasks_per_node", c.max_tasks_per_node, 1 << 16),
+            ("heartbeat_slots", c.heartbeat_slots, 1 << 16),
+            ("heartbeat_bytes", c.heartbeat_bytes, usize::MAX),
+            ("transfer_chunk_bytes", c.transfer_chunk_bytes, usize::MAX),
+            ("transfer_slots", c.transfer_slots, 1 << 16),
+            ("max_transfers", c.max_transfers, 256),
+            ("output_slots", c.output_slots, 1 << 16),
+            ("output_bytes", c.output_bytes, usize::MAX),
         ] {
             if v == 0 {
                 return bad(format!("{name} must be at least 1"));
+            }
+            if v > most {
+                return bad(format!(
+                    "{name} = {v} is more than the {most} storm supports"
+                ));
             }
         }
         let l = &self.limits;
@@ -629,6 +636,20 @@ mod tests {
         assert_eq!(c.node_by_name("b"), Some(1));
         let again = ClusterConfig::parse(&c.to_toml()).unwrap();
         assert_eq!(again, c, "round trip through TOML");
+    }
+
+    #[test]
+    fn counts_beyond_what_storm_supports_are_named_before_anything_is_sized() {
+        // Found by fuzzing: 42949672954 transfers had the layout reserve 171 GB and abort.
+        let huge = SMALL.replace("name = \"t\"", "name = \"t\"\nmax_transfers = 42949672954");
+        let e = ClusterConfig::parse(&huge).unwrap_err().to_string();
+        assert!(
+            e.contains("max_transfers = 42949672954 is more than the 256"),
+            "{e}"
+        );
+        let slots = SMALL.replace("name = \"t\"", "name = \"t\"\nheartbeat_slots = 100000");
+        let e = ClusterConfig::parse(&slots).unwrap_err().to_string();
+        assert!(e.contains("heartbeat_slots"), "{e}");
     }
 
     #[test]
