@@ -68,6 +68,9 @@ impl Summary {
 }
 
 thread_local! {
+    /// The input being checked on this thread, for the report of a hopeless allocation.
+    static CURRENT: std::cell::RefCell<(&'static str, Vec<u8>)> =
+        const { std::cell::RefCell::new(("", Vec::new())) };
     static PANIC_MESSAGE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -98,10 +101,30 @@ fn install_panic_hook() {
     });
 }
 
+fn report_hopeless(size: usize) {
+    CURRENT.with(|c| {
+        let (target, input) = &*c.borrow();
+        eprintln!(
+            "storm-fuzz: {target}: allocated {size} bytes at once (the process aborts): a \
+             length was trusted before its bytes arrived\ninput ({} bytes): {}",
+            input.len(),
+            to_hex(input)
+        );
+    });
+}
+
 /// Runs one input through `target`: whether it was accepted and what it allocated, or the
-/// problem it shows.
+/// problem it shows. An allocation too large to survive aborts the process after printing
+/// the input.
 pub fn check_one(target: &Target, input: &[u8]) -> Result<(bool, guard::Usage), Problem> {
     install_panic_hook();
+    guard::on_hopeless(report_hopeless);
+    CURRENT.with(|c| {
+        let mut c = c.borrow_mut();
+        c.0 = target.name;
+        c.1.clear();
+        c.1.extend_from_slice(input);
+    });
     QUIET.with(|q| q.set(true));
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
         guard::measure(|| (target.check)(input))
