@@ -267,7 +267,7 @@ pub fn run_job(
                 let seen = seen.entry((c.rank, c.stream)).or_default();
                 if let Some(new) = c.unseen(*seen) {
                     progress.output(c.rank, c.stream, new);
-                    *seen = c.offset + c.data.len() as u64;
+                    *seen = c.offset.saturating_add(c.data.len() as u64);
                 }
             }
             Event::Reply(Reply::Progress {

@@ -320,7 +320,7 @@ impl OutputChunk {
     /// The part of this chunk past `seen` bytes of its stream (what a receiver that has
     /// `seen` bytes lacks), or `None` if it has all of it.
     pub fn unseen(&self, seen: u64) -> Option<&[u8]> {
-        let end = self.offset + self.data.len() as u64;
+        let end = self.offset.saturating_add(self.data.len() as u64);
         if end <= seen {
             return None;
         }
