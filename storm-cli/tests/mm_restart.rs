@@ -433,6 +433,10 @@ fn jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart() {
     let work = tempfile::tempdir().unwrap();
     let mut tb = up(4, work.path());
     let socket = tb.socket().to_path_buf();
+    // A restarted MM tells "the launch never arrived" from "the node manager restarted since"
+    // by the NM's start time, with a second's margin for clocks: a launch within a second of
+    // an NM's start counts as lost, and its job ends. Start the rounds past that second.
+    std::thread::sleep(Duration::from_millis(1500));
     let running = |q: &[JobInfo]| q.len() == 4 && q.iter().all(|j| j.state == "running");
     for round in 0..5 {
         let mut submitters: Vec<Child> = (0..4)
