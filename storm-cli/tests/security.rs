@@ -102,10 +102,7 @@ fn hello(cfg: &ClusterConfig, node: u32, nonce: [u8; 32]) -> Hello {
 fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
     let c = TestCluster::start(3);
     let cfg = c.cluster.as_ref().unwrap().config.clone();
-    let key = ClusterKey::from_hex(
-        &std::fs::read_to_string(c.root.join(storm_cluster::key::DEFAULT_NAME)).unwrap(),
-    )
-    .unwrap();
+    let key = cfg.load_key().unwrap();
     let targets = daemons(&cfg);
     let proof = client_proof;
     for &(target, addr) in &targets {
@@ -179,10 +176,7 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
 fn a_compute_node_cannot_write_commands_into_another() {
     let c = TestCluster::start(2);
     let cfg = c.cluster.as_ref().unwrap().config.clone();
-    let key = ClusterKey::from_hex(
-        &std::fs::read_to_string(c.root.join(storm_cluster::key::DEFAULT_NAME)).unwrap(),
-    )
-    .unwrap();
+    let key = cfg.load_key().unwrap();
     let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
     // Node 1, as far as node 0 can tell: it holds the key and proves it.
     let me = Membership {
