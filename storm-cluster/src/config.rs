@@ -136,7 +136,7 @@ pub struct TcpSection {
     /// Data unacknowledged this long closes the connection (TCP_USER_TIMEOUT): how soon a
     /// node behind a cut link is noticed.
     pub peer_timeout_ms: u64,
-    /// Encrypt frames as well as authenticate them (ChaCha20-Poly1305), for a network others
+    /// Encrypt frames as well as authenticate them (AES-256-GCM), for a network others
     /// can read.
     pub encrypt: bool,
 }
