@@ -416,6 +416,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             bcast: false,
             time_limit_ms: None,
             requeue: false,
+            mpi: Default::default(),
         };
         storm_cli::submit::run_job(client, req, None, &mut Quiet).map_err(anyhow::Error::msg)?;
     }

@@ -107,6 +107,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         bcast: true,
         time_limit_ms: None,
         requeue: false,
+        mpi: Default::default(),
     };
     let start = Instant::now();
     let (outcome, _, _) =

@@ -599,6 +599,7 @@ fn raw_submit_helper() {
         bcast: false,
         time_limit_ms: None,
         requeue: false,
+        mpi: Default::default(),
     };
     let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
     let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);

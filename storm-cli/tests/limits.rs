@@ -272,6 +272,7 @@ fn a_client_that_does_not_read_is_dropped_and_its_job_is_not_harmed() {
         bcast: false,
         time_limit_ms: None,
         requeue: false,
+        mpi: Default::default(),
     };
     client.request(&Request::Submit(job), None).unwrap();
     let since = Instant::now();

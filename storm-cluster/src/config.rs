@@ -90,6 +90,10 @@ pub struct ClusterSection {
     /// Output queue from each node to the MM: slots and bytes per slot.
     pub output_slots: usize,
     pub output_bytes: usize,
+    /// MPI jobs (PMI): bytes of one node's puts to one fence, and of a job's whole key space
+    /// as the MM sends it back (docs/mpi.md).
+    pub pmi_node_bytes: usize,
+    pub pmi_job_bytes: usize,
     /// After SIGTERM, how long a cancelled job has before SIGKILL.
     pub kill_wait_ms: u64,
     /// The storm-pl binary; by default the one next to storm-nm.
@@ -118,6 +122,8 @@ impl Default for ClusterSection {
             max_transfers: 4,
             output_slots: 8,
             output_bytes: 16 * 1024,
+            pmi_node_bytes: 32 * 1024,
+            pmi_job_bytes: 1024 * 1024,
             kill_wait_ms: 2000,
             pl_path: None,
             state_dir: PathBuf::from("/var/lib/storm"),
@@ -437,6 +443,8 @@ impl ClusterConfig {
             ("max_transfers", c.max_transfers, 256),
             ("output_slots", c.output_slots, 1 << 16),
             ("output_bytes", c.output_bytes, usize::MAX),
+            ("pmi_node_bytes", c.pmi_node_bytes, 1 << 26),
+            ("pmi_job_bytes", c.pmi_job_bytes, 1 << 30),
         ] {
             if v == 0 {
                 return bad(format!("{name} must be at least 1"));

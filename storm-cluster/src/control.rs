@@ -21,7 +21,7 @@ use crate::tasks::TaskRequest;
 
 /// Version 3: `overcommit` in task requests; metrics. Version 4: output chunks carry their
 /// stream offset.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -42,6 +42,8 @@ pub struct JobRequest {
     /// Put the job back in the queue, rather than end it, when one of its nodes fails
     /// (`--requeue`).
     pub requeue: bool,
+    /// Which PMI protocols the tasks are served (`--mpi`).
+    pub mpi: crate::messages::MpiMode,
 }
 
 /// Parses a time limit as Slurm's `--time` does: `M` (minutes), `M:S`, `H:M:S`, `D-H`,
@@ -136,13 +138,19 @@ pub struct JobOutcome {
     pub ranks: Vec<Option<RankStatus>>,
     /// Why the job ended other than by its processes finishing (cancelled, failed to start).
     pub reason: Option<String>,
+    /// The exit code a rank asked the whole job to end with (`MPI_Abort`).
+    pub abort_code: Option<i32>,
     pub timing: Timing,
 }
 
 impl JobOutcome {
-    /// The exit code storm-submit returns: 0 when every rank succeeded; otherwise the lowest
+    /// The exit code storm-submit returns: the code of an `MPI_Abort` that ended the job;
+    /// otherwise 0 when every rank succeeded; otherwise the lowest
     /// failing rank's exit code, or 128 + its signal; 1 for a job that ended without reports.
     pub fn exit_code(&self) -> i32 {
+        if let Some(code) = self.abort_code {
+            return code;
+        }
         for status in &self.ranks {
             match status {
                 Some(s) if s.success() => {}
@@ -502,9 +510,19 @@ mod tests {
             job: 1,
             ranks,
             reason: None,
+            abort_code: None,
             timing: Timing::default(),
         };
         assert_eq!(outcome(vec![Some(RankStatus::Exited(0)); 3]).exit_code(), 0);
+        // An MPI_Abort's code wins over the statuses of the ranks it had killed.
+        let aborted = JobOutcome {
+            abort_code: Some(7),
+            ..outcome(vec![
+                Some(RankStatus::Signaled(9)),
+                Some(RankStatus::Exited(7)),
+            ])
+        };
+        assert_eq!(aborted.exit_code(), 7);
         assert_eq!(
             outcome(vec![
                 Some(RankStatus::Exited(0)),

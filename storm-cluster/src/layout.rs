@@ -55,6 +55,17 @@ pub struct RmLayout {
     pub join_ack: VarArray,
     /// Raised at the MM with every registration and acknowledgement.
     pub registered: EventId,
+    // --- MPI (PMI) key exchange ---
+    /// `pmi_up[slot][node]`: a node's [`crate::messages::PmiUp`] for the job in `slot` (NM
+    /// to MM), signalled with `pmi_up_event`.
+    pub pmi_up: Area,
+    pub pmi_node_bytes: usize,
+    pub pmi_up_event: EventId,
+    /// `pmi_down[slot]`: the MM's [`crate::messages::PmiFenced`] for the job in `slot`, on
+    /// each of its nodes, signalled with `pmi_down_event`.
+    pub pmi_down: Area,
+    pub pmi_job_bytes: usize,
+    pub pmi_down_event: EventId,
     // --- local completion events (each used by one thread) ---
     /// MM main loop: heartbeat transfers.
     pub hb_sent: EventId,
@@ -66,6 +77,9 @@ pub struct RmLayout {
     pub output_sent: EventId,
     /// MM main loop: membership messages.
     pub join_sent: EventId,
+    /// NM PMI thread: contributions; MM main loop: fence results.
+    pub pmi_up_sent: EventId,
+    pub pmi_down_sent: EventId,
     /// NM main loop: registrations and acknowledgements.
     pub register_sent: EventId,
     max_jobs: usize,
@@ -96,6 +110,12 @@ impl RmLayout {
         let inventory = b.area("inventory", nodes * inventory_bytes);
         let join_ack = b.array("join.ack", nodes);
         let registered = b.event("registered");
+        let pmi_node_bytes = c.pmi_node_bytes;
+        let pmi_up = b.area("pmi.up", c.max_jobs * nodes * pmi_node_bytes);
+        let pmi_up_event = b.event("pmi.up.signal");
+        let pmi_job_bytes = c.pmi_job_bytes;
+        let pmi_down = b.area("pmi.down", c.max_jobs * pmi_job_bytes);
+        let pmi_down_event = b.event("pmi.down.signal");
         let hb_sent = b.event("heartbeat.sent");
         let chunk_sent = (0..c.max_transfers)
             .map(|i| b.event(&format!("chunk.sent.{i}")))
@@ -104,6 +124,8 @@ impl RmLayout {
         let output_sent = b.event("output.sent");
         let join_sent = b.event("join.sent");
         let register_sent = b.event("register.sent");
+        let pmi_up_sent = b.event("pmi.up.sent");
+        let pmi_down_sent = b.event("pmi.down.sent");
         Ok(Self {
             layout: b.build()?,
             heartbeat,
@@ -123,12 +145,20 @@ impl RmLayout {
             membership_bytes,
             join_ack,
             registered,
+            pmi_up,
+            pmi_node_bytes,
+            pmi_up_event,
+            pmi_down,
+            pmi_job_bytes,
+            pmi_down_event,
             hb_sent,
             chunk_sent,
             report_sent,
             output_sent,
             join_sent,
             register_sent,
+            pmi_up_sent,
+            pmi_down_sent,
             max_jobs: c.max_jobs,
             nodes,
         })
@@ -138,6 +168,18 @@ impl RmLayout {
     pub fn inventory_offset(&self, node: usize) -> u64 {
         debug_assert!(node < self.nodes);
         self.inventory.offset + (node * self.inventory_bytes) as u64
+    }
+
+    /// Offset of node `node`'s PMI message for the job in `slot` (at the MM).
+    pub fn pmi_up_offset(&self, slot: usize, node: usize) -> u64 {
+        debug_assert!(slot < self.max_jobs && node < self.nodes);
+        self.pmi_up.offset + ((slot * self.nodes + node) * self.pmi_node_bytes) as u64
+    }
+
+    /// Offset of the MM's PMI fence result for the job in `slot` (at its nodes).
+    pub fn pmi_down_offset(&self, slot: usize) -> u64 {
+        debug_assert!(slot < self.max_jobs);
+        self.pmi_down.offset + (slot * self.pmi_job_bytes) as u64
     }
 
     /// Offset of node `node`'s report for the job in `slot`.

@@ -145,6 +145,74 @@ pub struct LaunchSpec {
     pub gid: u32,
     /// The node that announces the job's termination to the MM (Algorithm 9).
     pub reporter: NodeId,
+    /// Which PMI protocols the NMs serve the job's tasks (MPI wire-up).
+    pub mpi: MpiMode,
+}
+
+/// Which PMI protocols a job's tasks are served (`storm-submit --mpi`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum MpiMode {
+    /// No PMI: tasks get no `PMI_FD` and MPI programs start as singletons.
+    None,
+    Pmi1,
+    Pmi2,
+    /// Both on one socket; the task's first line decides (as Slurm's pmi2 plugin does).
+    #[default]
+    Both,
+}
+
+impl MpiMode {
+    pub fn serves_v1(self) -> bool {
+        matches!(self, MpiMode::Pmi1 | MpiMode::Both)
+    }
+
+    pub fn serves_v2(self) -> bool {
+        matches!(self, MpiMode::Pmi2 | MpiMode::Both)
+    }
+}
+
+impl std::str::FromStr for MpiMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(MpiMode::None),
+            "pmi1" => Ok(MpiMode::Pmi1),
+            "pmi2" => Ok(MpiMode::Pmi2),
+            "both" | "pmi" => Ok(MpiMode::Both),
+            other => Err(format!(
+                "unknown --mpi {other:?} (expected none, pmi1, pmi2 or both)"
+            )),
+        }
+    }
+}
+
+/// NM to MM: one node's part in a job's PMI exchange, written into `pmi_up[slot][node]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PmiUp {
+    /// Every local rank entered fence `epoch`; these are the node's puts since the last one.
+    Fence {
+        job: JobId,
+        epoch: u32,
+        pairs: Vec<(String, String)>,
+    },
+    /// End the job: a rank called abort (with its exit code), broke the protocol, or left
+    /// without finalize.
+    Abort {
+        job: JobId,
+        rank: u32,
+        code: Option<i32>,
+        message: String,
+    },
+}
+
+/// MM to a job's NMs: the union of every node's puts for fence `epoch`, written into
+/// `pmi_down[slot]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PmiFenced {
+    pub job: JobId,
+    pub epoch: u32,
+    pub pairs: Vec<(String, String)>,
 }
 
 impl LaunchSpec {
@@ -445,6 +513,7 @@ mod tests {
             uid: 0,
             gid: 0,
             reporter: 0,
+            mpi: MpiMode::Both,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
         let bad = |f: &dyn Fn(&mut LaunchSpec)| {
@@ -478,6 +547,7 @@ mod tests {
                     uid: 1000,
                     gid: 1000,
                     reporter: 3,
+                    mpi: MpiMode::Pmi1,
                 }),
             ],
         };

@@ -255,6 +255,7 @@ fn launch_spec() -> LaunchSpec {
         uid: 1000,
         gid: 1000,
         reporter: 0,
+        mpi: Default::default(),
     }
 }
 
@@ -388,6 +389,7 @@ fn job_request() -> JobRequest {
         bcast: true,
         time_limit_ms: Some(60_000),
         requeue: false,
+        mpi: Default::default(),
     }
 }
 
@@ -414,6 +416,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
         job: 3,
         ranks: vec![Some(RankStatus::Exited(0)), None],
         reason: Some("node 1 failed".into()),
+        abort_code: None,
         timing: Default::default(),
     };
     let replies = [
@@ -526,6 +529,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                     job: 7,
                     ranks: vec![Some(RankStatus::Signaled(9))],
                     reason: Some("time limit".into()),
+                    abort_code: None,
                     timing: Default::default(),
                 },
                 ended_ms: 1_700_000_001_000,

@@ -31,8 +31,9 @@ pub const KEEP_FINISHED: usize = 1000;
 
 /// Bumped when a record changes shape; a journal of another format is refused, not misread.
 /// Format 2: a job's task request carries `overcommit`. Format 3: a started job records its
-/// job slot, time slot and launch time (a restarted MM re-adopts running jobs).
-const FORMAT: u64 = 3;
+/// job slot, time slot and launch time (a restarted MM re-adopts running jobs). Format 4: a
+/// request carries its `mpi` mode and an outcome its `abort_code`.
+const FORMAT: u64 = 4;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -431,6 +432,7 @@ mod tests {
             bcast: true,
             time_limit_ms: Some(60_000),
             requeue: false,
+            mpi: Default::default(),
         }
     }
 
@@ -454,6 +456,7 @@ mod tests {
                     job: id,
                     ranks: vec![],
                     reason: Some("cancelled".into()),
+                    abort_code: None,
                     timing: Timing::default(),
                 },
                 ended_ms: 1,

@@ -18,8 +18,16 @@ pub struct Started {
     pub stderr: OwnedFd,
 }
 
-pub fn start_pl(pl: &Path, table: &PlTable, spec: &PlSpec) -> std::io::Result<Started> {
+/// Starts a PL; `pmi`, if given, is the task's end of its PMI socket, which the PL and its
+/// task find on descriptor [`crate::pmi::PMI_FD`].
+pub fn start_pl(
+    pl: &Path,
+    table: &PlTable,
+    spec: &PlSpec,
+    pmi: Option<&OwnedFd>,
+) -> std::io::Result<Started> {
     let table_fd = table.fd().as_raw_fd();
+    let pmi_fd = pmi.map(|fd| fd.as_raw_fd());
     let mut cmd = Command::new(pl);
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -29,13 +37,28 @@ pub fn start_pl(pl: &Path, table: &PlTable, spec: &PlSpec) -> std::io::Result<St
     unsafe {
         cmd.pre_exec(move || {
             storm_pl::die_with_parent(me)?;
-            if table_fd == TABLE_FD {
-                let flags = libc::fcntl(TABLE_FD, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(TABLE_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
+            // Each descriptor is first copied above the fixed numbers, so that placing one
+            // cannot overwrite the other; dup2 leaves the copies open across exec.
+            // (No allocation here: this runs between fork and exec.)
+            let high = |from: i32| {
+                let fd = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, 10);
+                if fd < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(fd)
                 }
-            } else if libc::dup2(table_fd, TABLE_FD) < 0 {
+            };
+            let table_high = high(table_fd)?;
+            let pmi_high = match pmi_fd {
+                Some(fd) => Some(high(fd)?),
+                None => None,
+            };
+            if libc::dup2(table_high, TABLE_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = pmi_high
+                && libc::dup2(fd, crate::pmi::PMI_FD) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -20,6 +20,7 @@ pub mod launch;
 pub mod manager;
 pub mod membership;
 pub mod output;
+pub mod pmi;
 pub mod procstat;
 pub mod receive;
 

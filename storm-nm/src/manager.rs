@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::Arc;
@@ -26,8 +27,8 @@ use nix::unistd::Pid;
 use storm_cluster::config::PolicyKind;
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, NodeReport, Program, RankStatus,
-    Stream, decode, encode,
+    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, NodeReport, Program,
+    RankStatus, Stream, decode, encode,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -37,6 +38,7 @@ use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 use crate::launch::start_pl;
 use crate::membership::{Event, Registration};
 use crate::output::{Drained, Output, Watch};
+use crate::pmi::{JobFacts, PmiService, process_mapping};
 use crate::procstat::TaskStates;
 use crate::receive;
 
@@ -139,6 +141,7 @@ pub struct NodeManager {
     pl_path: PathBuf,
     table: PlTable,
     output: Output,
+    pmi: PmiService,
     jobs: BTreeMap<JobId, LocalJob>,
     receivers: BTreeMap<JobId, receive::Receiver>,
     /// PLs that reported (or were killed) and still have to be reaped.
@@ -197,6 +200,13 @@ impl NodeManager {
         let mm = cfg.mm_id();
         // Sends from the first welcome on, at that membership's output queue epoch.
         let output = Output::start(prims.clone(), &rm, node, mm)?;
+        let pmi = PmiService::start(
+            prims.clone(),
+            &rm,
+            node,
+            mm,
+            Duration::from_millis(cfg.tcp.op_timeout_ms * 2),
+        )?;
         let log = |enabled: bool, name: &str| -> Result<_> {
             if !enabled {
                 return Ok(None);
@@ -221,6 +231,7 @@ impl NodeManager {
             pl_path,
             table,
             output,
+            pmi,
             jobs: BTreeMap::new(),
             receivers: BTreeMap::new(),
             zombies: Vec::new(),
@@ -370,6 +381,7 @@ impl NodeManager {
         self.prims.memory().store(self.rm.file_ack, 0);
         self.output_epoch = output_epoch;
         self.output.new_epoch(output_epoch);
+        self.pmi.resend();
     }
 
     fn job_dir(&self, job: JobId) -> PathBuf {
@@ -434,6 +446,16 @@ impl NodeManager {
             .cloned()
             .collect();
         env.extend(storm.into_iter().map(|(k, v)| (k.to_string(), v)));
+        if spec.mpi != MpiMode::None {
+            // The PMI server's socket (see `pmi`), as MPICH's and Slurm's launchers set it.
+            env.retain(|(k, _)| !k.starts_with("PMI_"));
+            env.extend([
+                ("PMI_FD".to_string(), crate::pmi::PMI_FD.to_string()),
+                ("PMI_RANK".to_string(), rank.to_string()),
+                ("PMI_SIZE".to_string(), spec.ntasks.to_string()),
+                ("PMI_JOBID".to_string(), format!("storm-{}", spec.job)),
+            ]);
+        }
         env
     }
 
@@ -483,10 +505,37 @@ impl NodeManager {
             Program::Path(p) => p.clone(),
         };
         let mut ranks = Vec::new();
+        let mut pmi_conns = Vec::new();
         for local in 0..count {
             let rank = first + local;
-            let started = self.start_rank(&spec, &program, rank, local, count);
+            let task_end = if spec.mpi == MpiMode::None {
+                None
+            } else {
+                match std::os::unix::net::UnixStream::pair() {
+                    Ok((ours, theirs)) => {
+                        pmi_conns.push((rank, ours));
+                        Some(OwnedFd::from(theirs))
+                    }
+                    Err(e) => {
+                        tracing::error!(node = self.node, job = spec.job, "no PMI socket: {e}");
+                        None
+                    }
+                }
+            };
+            // The task's end is closed here once its PL has it: the NM sees end of file when
+            // the task and its PL are gone.
+            let started = self.start_rank(&spec, &program, rank, local, count, task_end.as_ref());
             ranks.push(started);
+        }
+        if spec.mpi != MpiMode::None {
+            let facts = JobFacts {
+                job: spec.job,
+                size: spec.ntasks,
+                mapping: process_mapping(spec.ntasks, spec.nodes.len() as u32),
+                v1: spec.mpi.serves_v1(),
+                v2: spec.mpi.serves_v2(),
+            };
+            self.pmi.add_job(spec.slot as usize, facts, pmi_conns);
         }
         tracing::info!(node = self.node, job = spec.job, ranks = count, "launched");
         self.jobs
@@ -519,6 +568,7 @@ impl NodeManager {
         rank: u32,
         local: u32,
         count: u32,
+        pmi: Option<&OwnedFd>,
     ) -> LocalRank {
         let output: Drained = Arc::new(std::sync::atomic::AtomicU32::new(2));
         let failed = |why: String, output: Drained| {
@@ -553,7 +603,7 @@ impl NodeManager {
             uid: spec.uid,
             gid: spec.gid,
         };
-        match start_pl(&self.pl_path, &self.table, &pl_spec) {
+        match start_pl(&self.pl_path, &self.table, &pl_spec, pmi) {
             Ok(started) => {
                 for (stream, fd) in [
                     (Stream::Stdout, started.stdout),
@@ -806,6 +856,7 @@ impl NodeManager {
         if self.jobs.get(&job).is_some_and(|j| !j.reported) {
             self.signal_job(job, libc::SIGKILL);
         }
+        self.pmi.remove_job(job);
         if let Some(j) = self.jobs.remove(&job) {
             for r in j.ranks {
                 match r.pl {

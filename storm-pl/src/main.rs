@@ -161,6 +161,12 @@ fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
             });
         }
     };
+    // The task has its PMI socket now; the NM must see it close when the task ends, not when
+    // this launcher does.
+    if let Some(fd) = pmi_fd(spec) {
+        // SAFETY: the descriptor was put there for the task by the NM; nothing here uses it.
+        unsafe { libc::close(fd) };
+    }
     if let Err(e) = table.set_running(spec.slot as usize, child.id() as i32) {
         eprintln!("storm-pl: rank {}: {e}", spec.rank);
     }
@@ -175,6 +181,15 @@ fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
             RankStatus::Exited(1)
         }
     }
+}
+
+/// The task's PMI socket, if the NM gave it one (`PMI_FD` in its environment).
+fn pmi_fd(spec: &PlSpec) -> Option<i32> {
+    spec.env
+        .iter()
+        .find(|(k, _)| k == "PMI_FD")
+        .and_then(|(_, v)| v.parse().ok())
+        .filter(|&fd| fd > 2 && fd != TABLE_FD)
 }
 
 /// The groups of user `uid` (with `gid` as primary), as `initgroups` would set them.

@@ -207,6 +207,7 @@ pub fn submit(
         bcast: true,
         time_limit_ms: None,
         requeue: false,
+        mpi: Default::default(),
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

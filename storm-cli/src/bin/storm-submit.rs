@@ -57,6 +57,11 @@ struct Args {
     /// instead of ending it.
     #[arg(long)]
     requeue: bool,
+    /// How MPI programs find each other: the PMI protocols each task is served on the socket
+    /// `PMI_FD` (none: no PMI, MPI programs start as singletons; default: PMI-1 and PMI-2,
+    /// the task's first message decides).
+    #[arg(long, value_name = "none|pmi1|pmi2|both", default_value = "both")]
+    mpi: storm_cluster::messages::MpiMode,
     /// If the connection to the machine manager is lost (it restarted), wait this many
     /// seconds for it to come back and follow the job on (0: give up at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
@@ -312,6 +317,7 @@ fn run(args: Args) -> Result<i32, String> {
         bcast: !args.no_bcast,
         time_limit_ms: args.time_limit_ms,
         requeue: args.requeue,
+        mpi: args.mpi,
     };
 
     let local = match args.local {

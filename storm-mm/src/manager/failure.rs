@@ -234,6 +234,7 @@ impl MachineManager {
         j.worker_cancel = None;
         j.transfer_progress = None;
         j.terminating = false;
+        j.pmi_epoch = 0;
         j.time_slot = 0;
         let ask = JobAsk {
             job: id,

@@ -41,6 +41,7 @@ use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Relation, Wait};
 mod failure;
 mod membership;
 mod output;
+mod pmi;
 mod restart;
 mod saver;
 
@@ -139,6 +140,10 @@ struct Job {
     /// Output taken from the nodes' queues while the restored job's submitter has not
     /// reattached yet: (node, queue entry, chunk), sent when it does.
     held_output: Vec<(NodeId, u64, OutputChunk)>,
+    /// MPI: the last PMI fence whose result went to the job's nodes.
+    pmi_epoch: u32,
+    /// MPI: the exit code a rank asked the job to end with (`MPI_Abort`).
+    abort_code: Option<i32>,
 }
 
 /// What a new job (or one restored from the journal) starts with.
@@ -190,6 +195,8 @@ impl Job {
             recovery: None,
             restored: false,
             held_output: Vec::new(),
+            pmi_epoch: 0,
+            abort_code: None,
             req: new.req,
         }
     }
@@ -261,6 +268,8 @@ pub struct MachineManager {
     hb_in_flight: Option<InFlight>,
     /// A heartbeat whose transfer failed, to send again before any new one.
     hb_resend: Option<Bytes>,
+    /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
+    pmi_recheck: bool,
     /// Every heartbeat before this sequence number reached every member.
     hb_delivered: u64,
     /// When the next receipt check (COMPARE-AND-WRITE on the heartbeat counters) is due, and
@@ -359,6 +368,7 @@ impl MachineManager {
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             hb_in_flight: None,
             hb_resend: None,
+            pmi_recheck: false,
             hb_delivered: epoch_base(1),
             next_check: Instant::now(),
             check_target: epoch_base(1),
@@ -461,6 +471,7 @@ impl MachineManager {
         self.issue_heartbeat();
         self.check_receipt();
         self.forward_output(&self.all.clone());
+        self.pmi_exchange();
         self.detect_terminations();
         self.publish();
         self.metrics.ticked(now.elapsed());
@@ -1695,6 +1706,7 @@ impl MachineManager {
             job: id,
             ranks,
             reason,
+            abort_code: j.abort_code,
             timing,
         };
         self.metrics.job_ended(outcome.exit_code() == 0);
@@ -1798,6 +1810,7 @@ fn launch_spec(
         uid,
         gid,
         reporter: nodes.last().unwrap_or(0),
+        mpi: req.mpi,
     }
 }
 

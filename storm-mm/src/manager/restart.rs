@@ -339,6 +339,7 @@ impl MachineManager {
             job: rec.id,
             ranks: Vec::new(),
             reason: Some(reason),
+            abort_code: None,
             timing: Timing {
                 total_us,
                 ..Timing::default()

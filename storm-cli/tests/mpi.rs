@@ -1,0 +1,156 @@
+//! Unmodified MPICH programs under storm-submit: wire-up through the NMs' PMI servers, the
+//! same output as MPICH's own `mpiexec`, `MPI_Abort` and early exits ending the job, several
+//! MPI jobs at once and an MPI job under gang scheduling. Needs `mpicc` and `mpiexec`
+//! (Debian: mpich, libmpich-dev; `.ci/run` installs them); without them each test says
+//! NOT TESTED.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use storm_cli::local::LocalOptions;
+use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
+use support::{TestCluster, say_not_tested, text};
+
+/// Compiles `tests/mpi/<name>.c` with mpicc into `dir`, or says why the test cannot run.
+fn mpi_program(test: &str, dir: &Path, name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mpi")
+        .join(format!("{name}.c"));
+    let out = dir.join(name);
+    match Command::new("mpicc").arg("-o").arg(&out).arg(&src).output() {
+        Ok(o) if o.status.success() => Some(out),
+        Ok(o) => panic!("mpicc failed on {}: {}", src.display(), text(&o.stderr)),
+        Err(e) => {
+            say_not_tested(
+                test,
+                &format!("mpicc is not installed ({e}); install mpich and libmpich-dev"),
+            );
+            None
+        }
+    }
+}
+
+fn sorted_lines(b: &[u8]) -> Vec<String> {
+    let mut v: Vec<String> = text(b).lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_mpi_program_prints_under_storm_what_it_prints_under_mpiexec() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hello) = mpi_program("mpi: same output as mpiexec", dir.path(), "hello") else {
+        return;
+    };
+    let reference = Command::new("mpiexec")
+        .args(["-n", "8"])
+        .arg(&hello)
+        .output()
+        .expect("mpiexec (mpich) is installed with mpicc");
+    assert!(reference.status.success(), "{}", text(&reference.stderr));
+    let c = TestCluster::start(4);
+    for mpi in ["both", "pmi1"] {
+        let out = c.submit(&["-N", "4", "-n", "8", "--mpi", mpi, hello.to_str().unwrap()]);
+        assert!(out.status.success(), "--mpi {mpi}: {}", text(&out.stderr));
+        assert_eq!(
+            sorted_lines(&out.stdout),
+            sorted_lines(&reference.stdout),
+            "--mpi {mpi}: 8 ranks, 2 per node, each sees size 8, the allreduce's sum and its ring neighbour"
+        );
+    }
+    // Without PMI every rank is a singleton, as the issue first saw.
+    let out = c.submit(&[
+        "-N",
+        "2",
+        "-n",
+        "2",
+        "--mpi",
+        "none",
+        hello.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        ["rank 0 of 1 sum=1 from=0"; 2],
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn mpi_abort_ends_the_job_on_every_node_with_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(abort) = mpi_program("mpi: MPI_Abort", dir.path(), "abort") else {
+        return;
+    };
+    let c = TestCluster::start(4);
+    let out = c.submit(&["-N", "4", "-n", "8", abort.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{err}");
+    assert!(
+        err.contains("rank 1 on node 0 aborted the job with exit code 7"),
+        "{err}"
+    );
+    // The others were waiting in a barrier (and then a 60 s sleep): they were ended.
+    assert_eq!(c.queued_jobs(), Vec::<u64>::new());
+}
+
+#[test]
+fn a_rank_that_leaves_without_finalize_ends_the_job_instead_of_hanging_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(early) = mpi_program("mpi: early exit", dir.path(), "early") else {
+        return;
+    };
+    let c = TestCluster::start(2);
+    let out = c.submit(&["-N", "2", "-n", "4", early.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("rank 2 on node 1 ended the job: rank 2 exited without calling MPI_Finalize"),
+        "{err}"
+    );
+}
+
+#[test]
+fn mpi_jobs_run_side_by_side_and_under_gang_scheduling() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(spin) = mpi_program("mpi: gang scheduling", dir.path(), "spin") else {
+        return;
+    };
+    let c = TestCluster::with(LocalOptions {
+        timeslice_ms: 2.0,
+        kill_wait_ms: Some(500),
+        failure: FailureSection {
+            deadline_min_ms: 500,
+            ..FailureSection::default()
+        },
+        scheduler: SchedulerSection {
+            policy: PolicyKind::Gang,
+            mpl: 2,
+            ..SchedulerSection::default()
+        },
+        ..LocalOptions::new(2)
+    });
+    // Two jobs on the same two nodes, each taking turns with the other every 2 ms for the
+    // whole run: each is stopped and resumed hundreds of times, mid-collective.
+    let jobs: Vec<_> = (0..2)
+        .map(|_| c.spawn(&["-N", "2", "-n", "4", spin.to_str().unwrap(), "1000"]))
+        .collect();
+    for job in jobs {
+        let out = job.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        // sum over ranks of (rank + i) = 6 + 4i; over i < 1000: 6000 + 4 * 499500.
+        let expected: BTreeSet<String> = (0..4)
+            .map(|r| format!("rank {r} of 4 total=2004000"))
+            .collect();
+        assert_eq!(
+            text(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect::<BTreeSet<_>>(),
+            expected
+        );
+    }
+}

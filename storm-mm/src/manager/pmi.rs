@@ -1,0 +1,196 @@
+//! The MM's part in MPI wire-up: the root of every PMI fence (docs/mpi.md).
+//!
+//! Each NM serves its local ranks' PMI requests. When all of them have entered a fence, the
+//! NM writes its puts since the last fence into `pmi_up[slot][node]` here by XFER-AND-SIGNAL,
+//! raising `pmi_up_event`. When every node of the job has written its part for the same
+//! fence, the MM merges them and sends the union to all of the job's nodes in one
+//! XFER-AND-SIGNAL (the multicast tree of the primitives) into `pmi_down[slot]`, raising
+//! `pmi_down_event` there; each NM then releases its ranks.
+//!
+//! Why rooted at the MM and not node to node: compute nodes accept writes only from the MM
+//! (docs/security.md), so a flat exchange between NMs is refused by design. The data a node
+//! writes is in the MM's own memory once its XFER-AND-SIGNAL raised the event, so arrival
+//! needs no further COMPARE-AND-WRITE: the MM reads each node's part and checks its job and
+//! fence number.
+//!
+//! A node may instead write an abort (a rank's `MPI_Abort`, a broken protocol, a rank gone
+//! without finalize): the job is cancelled with the rank's message and ends with its code.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use storm_cluster::messages::{JobId, MpiMode, PmiFenced, PmiUp, decode, encode};
+use storm_primitives::{NodeSet, Wait};
+
+use super::{MachineManager, Phase};
+
+/// What the nodes of one job have written for it.
+enum Parts {
+    /// Every node is in fence `epoch`; the union of their puts.
+    Complete {
+        epoch: u32,
+        pairs: Vec<(String, String)>,
+    },
+    Abort {
+        node: u32,
+        rank: u32,
+        code: Option<i32>,
+        message: String,
+    },
+    Waiting,
+}
+
+impl MachineManager {
+    /// Carries out every fence whose parts have all arrived, and every abort.
+    pub(super) fn pmi_exchange(&mut self) {
+        let mut signalled = std::mem::take(&mut self.pmi_recheck);
+        while let Ok(true) = self.prims.test_event(self.rm.pmi_up_event, Wait::Poll) {
+            signalled = true;
+        }
+        if !signalled {
+            return;
+        }
+        let mpi_jobs: Vec<(JobId, usize, NodeSet, u32)> = self
+            .jobs
+            .values()
+            .filter(|j| j.req.mpi != MpiMode::None && j.cancel.is_none())
+            .filter(|j| matches!(j.phase, Phase::Running | Phase::Recovering))
+            .filter_map(|j| Some((j.id, j.slot?, j.nodes.clone(), j.pmi_epoch)))
+            .collect();
+        for (id, slot, nodes, done) in mpi_jobs {
+            match self.pmi_parts(id, slot, &nodes, done) {
+                Parts::Waiting => {}
+                Parts::Abort {
+                    node,
+                    rank,
+                    code,
+                    message,
+                } => {
+                    let why = match code {
+                        Some(c) => format!(
+                            "rank {rank} on node {node} aborted the job with exit code {c}: {message}"
+                        ),
+                        None => format!("rank {rank} on node {node} ended the job: {message}"),
+                    };
+                    if let Some(j) = self.jobs.get_mut(&id) {
+                        j.abort_code = code;
+                    }
+                    self.cancel(id, why);
+                }
+                Parts::Complete { epoch, pairs } => {
+                    self.pmi_release(id, slot, &nodes, epoch, pairs)
+                }
+            }
+        }
+    }
+
+    /// Reads what each node of job `id` wrote for it.
+    fn pmi_parts(&self, id: JobId, slot: usize, nodes: &NodeSet, done: u32) -> Parts {
+        let limit = self.rm.pmi_node_bytes;
+        let mem = self.prims.memory();
+        let mut epoch = None;
+        let mut merged = BTreeMap::new();
+        let mut complete = true;
+        for n in nodes.iter() {
+            let bytes = mem
+                .read_vec(self.rm.pmi_up_offset(slot, n as usize), limit)
+                .unwrap_or_default();
+            match decode::<PmiUp>("PMI message", &bytes, limit) {
+                Ok(PmiUp::Abort {
+                    job,
+                    rank,
+                    code,
+                    message,
+                }) if job == id => {
+                    return Parts::Abort {
+                        node: n,
+                        rank,
+                        code,
+                        message,
+                    };
+                }
+                Ok(PmiUp::Fence {
+                    job,
+                    epoch: e,
+                    pairs,
+                }) if job == id && e > done => {
+                    if *epoch.get_or_insert(e) != e {
+                        complete = false;
+                    }
+                    merged.extend(pairs);
+                }
+                // Another job's message from an earlier use of the slot, an older fence, or
+                // nothing yet (zeroes decode as nothing valid).
+                _ => complete = false,
+            }
+        }
+        match epoch {
+            Some(epoch) if complete => Parts::Complete {
+                epoch,
+                pairs: merged.into_iter().collect(),
+            },
+            _ => Parts::Waiting,
+        }
+    }
+
+    /// Sends the union of fence `epoch` to the job's nodes, which lets their ranks go on.
+    fn pmi_release(
+        &mut self,
+        id: JobId,
+        slot: usize,
+        nodes: &NodeSet,
+        epoch: u32,
+        pairs: Vec<(String, String)>,
+    ) {
+        let count = pairs.len();
+        let msg = PmiFenced {
+            job: id,
+            epoch,
+            pairs,
+        };
+        let bytes = match encode("PMI fence result", &msg, self.rm.pmi_job_bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                self.cancel(
+                    id,
+                    format!(
+                        "its MPI key space outgrew the cluster's limit ({e}; raise [cluster] pmi_job_bytes)"
+                    ),
+                );
+                return;
+            }
+        };
+        let sent = self.prims.xfer_and_signal(
+            nodes,
+            self.rm.pmi_down_offset(slot),
+            Bytes::from(bytes),
+            Some(self.rm.pmi_down_event),
+            Some(self.rm.pmi_down_sent),
+        );
+        let done = sent.and_then(|()| {
+            self.prims.test_event(
+                self.rm.pmi_down_sent,
+                Wait::Timeout(self.cfg.heartbeat_deadline()),
+            )
+        });
+        match done {
+            Ok(true) => {
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.pmi_epoch = epoch;
+                }
+                tracing::debug!(job = id, epoch, keys = count, "PMI fence released");
+            }
+            // Not confirmed: the nodes' parts stay, and the next tick sends the result again
+            // (an NM takes a fence's result once).
+            Ok(false) => {
+                tracing::warn!(job = id, epoch, "PMI fence result not confirmed in time");
+                self.pmi_recheck = true;
+            }
+            Err(e) => {
+                tracing::warn!(job = id, epoch, "cannot send a PMI fence result: {e}");
+                self.pmi_recheck = true;
+                self.blame(&e);
+            }
+        }
+    }
+}

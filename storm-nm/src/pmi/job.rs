@@ -1,0 +1,556 @@
+//! One job's PMI server on one node, without I/O: requests from the local ranks go in,
+//! replies and the node's part of each fence come out ([`Effect`]).
+//!
+//! The key space: a rank's `put` is kept in this node's copy at once and queued as this
+//! node's contribution to the next fence. When every local rank has entered the fence
+//! (`barrier_in`, `kvs-fence`), the contribution goes to the MM, which merges every node's
+//! and sends the union back ([`PmiJob::fenced`]); only then are the ranks released, and every
+//! `get` after it is answered from this node's copy, at once.
+
+use std::collections::{BTreeMap, HashMap};
+
+use storm_cluster::messages::JobId;
+
+use super::wire::{Request, Version, reply_v1, reply_v2};
+
+/// What the job's tasks are told about the job, the same on every node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFacts {
+    pub job: JobId,
+    pub size: u32,
+    /// `PMI_process_mapping`: which ranks share a node.
+    pub mapping: String,
+    /// Which protocol versions are served (`--mpi`).
+    pub v1: bool,
+    pub v2: bool,
+}
+
+impl JobFacts {
+    pub fn kvsname(&self) -> String {
+        format!("storm-{}", self.job)
+    }
+}
+
+/// `PMI_process_mapping` for storm's block placement of `ntasks` on `nnodes` nodes: the
+/// first `ntasks % nnodes` nodes run one task more (Flux RFC 13's vector form).
+pub fn process_mapping(ntasks: u32, nnodes: u32) -> String {
+    let base = ntasks / nnodes.max(1);
+    let extra = ntasks % nnodes.max(1);
+    let mut groups = Vec::new();
+    if extra > 0 {
+        groups.push(format!("(0,{extra},{})", base + 1));
+    }
+    if base > 0 && nnodes > extra {
+        groups.push(format!("({extra},{},{base})", nnodes - extra));
+    }
+    format!("(vector,{})", groups.join(","))
+}
+
+/// Something the server must do for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Write these bytes to the rank's socket.
+    Reply(u32, Vec<u8>),
+    /// Every local rank is in fence `epoch`: send these puts to the MM.
+    Contribute {
+        epoch: u32,
+        pairs: Vec<(String, String)>,
+    },
+    /// End the job on every node: a rank asked for it (`abort`), or broke the protocol, or
+    /// left without `finalize`.
+    Abort {
+        rank: u32,
+        code: Option<i32>,
+        message: String,
+    },
+    /// Close the rank's socket (after a protocol error).
+    Close(u32),
+}
+
+#[derive(Debug, Default)]
+struct Rank {
+    version: Option<Version>,
+    initialized: bool,
+    finalized: bool,
+    in_fence: bool,
+    closed: bool,
+}
+
+/// One job's PMI state on this node.
+#[derive(Debug)]
+pub struct PmiJob {
+    pub facts: JobFacts,
+    ranks: BTreeMap<u32, Rank>,
+    kvs: HashMap<String, String>,
+    node_attrs: HashMap<String, String>,
+    /// Puts since the last fence: this node's next contribution.
+    pending: Vec<(String, String)>,
+    /// Fences completed.
+    epoch: u32,
+    /// This node's contribution to fence `epoch + 1` is with the MM.
+    contributed: bool,
+    aborted: bool,
+}
+
+impl PmiJob {
+    pub fn new(facts: JobFacts, local_ranks: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            facts,
+            ranks: local_ranks
+                .into_iter()
+                .map(|r| (r, Rank::default()))
+                .collect(),
+            kvs: HashMap::new(),
+            node_attrs: HashMap::new(),
+            pending: Vec::new(),
+            epoch: 0,
+            contributed: false,
+            aborted: false,
+        }
+    }
+
+    /// The fence this node waits for, with its contribution, if it waits for one (sent again
+    /// to a restarted MM).
+    pub fn waiting_fence(&self) -> Option<(u32, Vec<(String, String)>)> {
+        self.contributed
+            .then(|| (self.epoch + 1, self.pending.clone()))
+    }
+
+    /// Handles one request from local rank `rank`.
+    pub fn handle(&mut self, rank: u32, req: &Request) -> Vec<Effect> {
+        let Some(r) = self.ranks.get_mut(&rank) else {
+            return vec![Effect::Close(rank)];
+        };
+        let v2 = r.version == Some(Version::Two);
+        let reply = |cmd: &str, pairs: &[(&str, &str)]| {
+            Effect::Reply(
+                rank,
+                if v2 {
+                    reply_v2(cmd, pairs)
+                } else {
+                    reply_v1(cmd, pairs)
+                },
+            )
+        };
+        let size = self.facts.size.to_string();
+        match (r.version, req.cmd.as_str()) {
+            (None, "init") => {
+                let wants_v2 = req.get("pmi_version") == Some("2");
+                let served = if wants_v2 {
+                    self.facts.v2
+                } else {
+                    self.facts.v1
+                };
+                if !served {
+                    let msg = if wants_v2 {
+                        "this job serves PMI-1 only (storm-submit --mpi)"
+                    } else {
+                        "this job serves PMI-2 only (storm-submit --mpi)"
+                    };
+                    return vec![
+                        Effect::Reply(
+                            rank,
+                            reply_v1("response_to_init", &[("rc", "-1"), ("msg", msg)]),
+                        ),
+                        Effect::Close(rank),
+                    ];
+                }
+                r.version = Some(if wants_v2 { Version::Two } else { Version::One });
+                r.initialized = !wants_v2;
+                let (version, sub) = if wants_v2 { ("2", "0") } else { ("1", "1") };
+                vec![Effect::Reply(
+                    rank,
+                    reply_v1(
+                        "response_to_init",
+                        &[
+                            ("pmi_version", version),
+                            ("pmi_subversion", sub),
+                            ("rc", "0"),
+                        ],
+                    ),
+                )]
+            }
+            (None, other) => self.protocol_error(
+                rank,
+                format!("{other:?} before init (PMI needs init first)"),
+            ),
+            // ------------------------------------------------------------------ PMI-1
+            (Some(Version::One), cmd) => match cmd {
+                "get_maxes" => vec![reply(
+                    "maxes",
+                    &[
+                        ("rc", "0"),
+                        ("kvsname_max", "256"),
+                        ("keylen_max", "64"),
+                        ("vallen_max", "1024"),
+                    ],
+                )],
+                "get_appnum" => vec![reply("appnum", &[("rc", "0"), ("appnum", "0")])],
+                "get_universe_size" => {
+                    vec![reply("universe_size", &[("rc", "0"), ("size", &size)])]
+                }
+                "get_my_kvsname" => vec![reply(
+                    "my_kvsname",
+                    &[("rc", "0"), ("kvsname", &self.facts.kvsname())],
+                )],
+                "put" => match (req.get("key"), req.get("value")) {
+                    (Some(k), Some(v)) => {
+                        self.put(k, v);
+                        vec![reply("put_result", &[("rc", "0")])]
+                    }
+                    _ => vec![reply(
+                        "put_result",
+                        &[("rc", "-1"), ("msg", "put_needs_key_and_value")],
+                    )],
+                },
+                "get" => match req.get("key").and_then(|k| self.lookup(k)) {
+                    Some(v) => vec![reply("get_result", &[("rc", "0"), ("value", &v)])],
+                    None => vec![reply(
+                        "get_result",
+                        &[("rc", "-1"), ("msg", "key_not_found")],
+                    )],
+                },
+                "barrier_in" => self.enter_fence(rank),
+                "finalize" => {
+                    self.ranks.get_mut(&rank).expect("rank").finalized = true;
+                    vec![reply("finalize_ack", &[("rc", "0")])]
+                }
+                "abort" => self.abort(
+                    rank,
+                    req.get("exitcode").and_then(|c| c.parse().ok()),
+                    req.get("msg").unwrap_or("MPI_Abort").to_string(),
+                ),
+                "publish_name" | "unpublish_name" | "lookup_name" | "spawn" => {
+                    let result = format!("{cmd}_result");
+                    vec![reply(&result, &[("rc", "-1"), ("msg", "not_supported")])]
+                }
+                other => self.protocol_error(rank, format!("unknown PMI-1 command {other:?}")),
+            },
+            // ------------------------------------------------------------------ PMI-2
+            (Some(Version::Two), cmd) => match cmd {
+                "fullinit" => {
+                    self.ranks.get_mut(&rank).expect("rank").initialized = true;
+                    let me = rank.to_string();
+                    vec![reply(
+                        "fullinit-response",
+                        &[
+                            ("rc", "0"),
+                            ("pmi-version", "2"),
+                            ("pmi-subversion", "0"),
+                            ("rank", &me),
+                            ("size", &size),
+                            ("appnum", "0"),
+                            ("debugged", "FALSE"),
+                            ("pmiverbose", "FALSE"),
+                        ],
+                    )]
+                }
+                "job-getid" => vec![reply(
+                    "job-getid-response",
+                    &[("rc", "0"), ("jobid", &self.facts.kvsname())],
+                )],
+                "info-getjobattr" => {
+                    let value = match req.get("key") {
+                        Some("PMI_process_mapping") => Some(self.facts.mapping.clone()),
+                        Some("universeSize") => Some(size.clone()),
+                        _ => None,
+                    };
+                    found_reply(&reply, "info-getjobattr-response", value)
+                }
+                "info-putnodeattr" => {
+                    if let (Some(k), Some(v)) = (req.get("key"), req.get("value")) {
+                        self.node_attrs.insert(k.to_string(), v.to_string());
+                    }
+                    vec![reply("info-putnodeattr-response", &[("rc", "0")])]
+                }
+                "info-getnodeattr" => {
+                    let value = req.get("key").and_then(|k| self.node_attrs.get(k).cloned());
+                    found_reply(&reply, "info-getnodeattr-response", value)
+                }
+                "kvs-put" => match (req.get("key"), req.get("value")) {
+                    (Some(k), Some(v)) => {
+                        self.put(k, v);
+                        vec![reply("kvs-put-response", &[("rc", "0")])]
+                    }
+                    _ => vec![reply(
+                        "kvs-put-response",
+                        &[("rc", "-1"), ("errmsg", "kvs-put needs key and value")],
+                    )],
+                },
+                "kvs-get" => {
+                    let value = req.get("key").and_then(|k| self.lookup(k));
+                    found_reply(&reply, "kvs-get-response", value)
+                }
+                "kvs-fence" => self.enter_fence(rank),
+                "finalize" => {
+                    self.ranks.get_mut(&rank).expect("rank").finalized = true;
+                    vec![reply("finalize-response", &[("rc", "0")])]
+                }
+                "abort" => self.abort(
+                    rank,
+                    None,
+                    req.get("msg").unwrap_or("PMI2_Abort").to_string(),
+                ),
+                other => self.protocol_error(rank, format!("unknown PMI-2 command {other:?}")),
+            },
+        }
+    }
+
+    /// The MM's union of every node's contribution to fence `epoch`: the ranks in it go on.
+    pub fn fenced(&mut self, epoch: u32, pairs: Vec<(String, String)>) -> Vec<Effect> {
+        if !self.contributed || epoch != self.epoch + 1 {
+            return Vec::new();
+        }
+        self.epoch = epoch;
+        self.contributed = false;
+        self.pending.clear();
+        self.kvs.extend(pairs);
+        let mut out = Vec::new();
+        for (&rank, r) in self.ranks.iter_mut() {
+            if std::mem::take(&mut r.in_fence) {
+                out.push(Effect::Reply(
+                    rank,
+                    match r.version {
+                        Some(Version::Two) => reply_v2("kvs-fence-response", &[("rc", "0")]),
+                        _ => reply_v1("barrier_out", &[("rc", "0")]),
+                    },
+                ));
+            }
+        }
+        out
+    }
+
+    /// Rank `rank`'s socket closed (the task ended). After init and before finalize that
+    /// ends the job: the other ranks would wait for it for ever.
+    pub fn closed(&mut self, rank: u32) -> Vec<Effect> {
+        let Some(r) = self.ranks.get_mut(&rank) else {
+            return Vec::new();
+        };
+        r.closed = true;
+        if r.initialized && !r.finalized {
+            return self.abort(
+                rank,
+                None,
+                format!("rank {rank} exited without calling MPI_Finalize"),
+            );
+        }
+        Vec::new()
+    }
+
+    /// Rank `rank` sent bytes that are no PMI message: the job ends, the socket closes.
+    pub fn malformed(&mut self, rank: u32, what: String) -> Vec<Effect> {
+        self.protocol_error(rank, what)
+    }
+
+    fn put(&mut self, key: &str, value: &str) {
+        self.kvs.insert(key.to_string(), value.to_string());
+        self.pending.push((key.to_string(), value.to_string()));
+    }
+
+    fn lookup(&self, key: &str) -> Option<String> {
+        if key == "PMI_process_mapping" {
+            return Some(self.facts.mapping.clone());
+        }
+        self.kvs.get(key).cloned()
+    }
+
+    fn enter_fence(&mut self, rank: u32) -> Vec<Effect> {
+        self.ranks.get_mut(&rank).expect("rank").in_fence = true;
+        if self.contributed || !self.ranks.values().all(|r| r.in_fence) {
+            return Vec::new();
+        }
+        self.contributed = true;
+        vec![Effect::Contribute {
+            epoch: self.epoch + 1,
+            pairs: self.pending.clone(),
+        }]
+    }
+
+    fn abort(&mut self, rank: u32, code: Option<i32>, message: String) -> Vec<Effect> {
+        if std::mem::replace(&mut self.aborted, true) {
+            return Vec::new();
+        }
+        vec![Effect::Abort {
+            rank,
+            code,
+            message,
+        }]
+    }
+
+    fn protocol_error(&mut self, rank: u32, what: String) -> Vec<Effect> {
+        let mut out = self.abort(
+            rank,
+            None,
+            format!("rank {rank} broke the PMI protocol: {what}"),
+        );
+        out.push(Effect::Close(rank));
+        out
+    }
+}
+
+fn found_reply(
+    reply: &impl Fn(&str, &[(&str, &str)]) -> Effect,
+    cmd: &str,
+    value: Option<String>,
+) -> Vec<Effect> {
+    vec![match value {
+        Some(v) => reply(cmd, &[("rc", "0"), ("found", "TRUE"), ("value", &v)]),
+        None => reply(cmd, &[("rc", "0"), ("found", "FALSE")]),
+    }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::wire::{Framer, parse_v1};
+    use super::*;
+
+    fn facts() -> JobFacts {
+        JobFacts {
+            job: 9,
+            size: 4,
+            mapping: process_mapping(4, 2),
+            v1: true,
+            v2: true,
+        }
+    }
+
+    fn v1(job: &mut PmiJob, rank: u32, line: &str) -> Vec<Effect> {
+        job.handle(rank, &parse_v1(line.as_bytes()).unwrap())
+    }
+
+    fn replies(effects: &[Effect]) -> Vec<String> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Reply(_, b) => Some(String::from_utf8_lossy(b).into_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_mapping_follows_the_block_placement() {
+        assert_eq!(process_mapping(4, 2), "(vector,(0,2,2))");
+        assert_eq!(process_mapping(10, 4), "(vector,(0,2,3),(2,2,2))");
+        assert_eq!(process_mapping(3, 4), "(vector,(0,3,1))");
+        assert_eq!(process_mapping(1, 1), "(vector,(0,1,1))");
+    }
+
+    #[test]
+    fn a_fence_waits_for_every_local_rank_and_publishes_the_union() {
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        for r in [0, 1] {
+            v1(&mut job, r, "cmd=init pmi_version=1 pmi_subversion=1");
+        }
+        assert_eq!(
+            replies(&v1(&mut job, 0, "cmd=put kvsname=storm-9 key=a value=1")),
+            ["cmd=put_result rc=0\n"]
+        );
+        // Absent keys answer at once, as Open MPI's probing needs.
+        assert_eq!(
+            replies(&v1(&mut job, 1, "cmd=get kvsname=storm-9 key=z")),
+            ["cmd=get_result rc=-1 msg=key_not_found\n"]
+        );
+        assert!(
+            v1(&mut job, 0, "cmd=barrier_in").is_empty(),
+            "rank 1 not in yet"
+        );
+        let e = v1(&mut job, 1, "cmd=barrier_in");
+        assert_eq!(
+            e,
+            [Effect::Contribute {
+                epoch: 1,
+                pairs: vec![("a".into(), "1".into())]
+            }]
+        );
+        assert!(
+            job.fenced(2, vec![]).is_empty(),
+            "another fence's answer is ignored"
+        );
+        let e = job.fenced(1, vec![("a".into(), "1".into()), ("b".into(), "2".into())]);
+        assert_eq!(replies(&e), ["cmd=barrier_out rc=0\n"; 2]);
+        assert_eq!(
+            replies(&v1(&mut job, 0, "cmd=get kvsname=storm-9 key=b")),
+            ["cmd=get_result rc=0 value=2\n"]
+        );
+        // The next fence contributes only what was put since.
+        v1(&mut job, 0, "cmd=barrier_in");
+        assert_eq!(
+            v1(&mut job, 1, "cmd=barrier_in"),
+            [Effect::Contribute {
+                epoch: 2,
+                pairs: vec![]
+            }]
+        );
+    }
+
+    #[test]
+    fn pmi2_speaks_its_own_framing_after_a_v1_init() {
+        let mut job = PmiJob::new(facts(), [2]);
+        let mut f = Framer::default();
+        f.push(b"cmd=init pmi_version=2 pmi_subversion=0\n");
+        let init = f.next_request().unwrap().unwrap();
+        assert_eq!(
+            replies(&job.handle(2, &init)),
+            ["cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0\n"]
+        );
+        let body = "cmd=info-getjobattr;key=PMI_process_mapping;";
+        f.push(format!("{:<6}{body}", body.len()).as_bytes());
+        let r = replies(&job.handle(2, &f.next_request().unwrap().unwrap()));
+        assert!(
+            r[0].ends_with("cmd=info-getjobattr-response;rc=0;found=TRUE;value=(vector,(0,2,2));"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn abort_early_exit_and_bad_requests_end_the_job_once() {
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        v1(&mut job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
+        v1(&mut job, 1, "cmd=init pmi_version=1 pmi_subversion=1");
+        assert_eq!(
+            v1(&mut job, 1, "cmd=abort exitcode=7"),
+            [Effect::Abort {
+                rank: 1,
+                code: Some(7),
+                message: "MPI_Abort".into()
+            }]
+        );
+        assert!(job.closed(0).is_empty(), "the job is already ending");
+
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        v1(&mut job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
+        assert!(
+            job.closed(1).is_empty(),
+            "a task that never used PMI may leave"
+        );
+        match job.closed(0).as_slice() {
+            [
+                Effect::Abort {
+                    rank: 0,
+                    code: None,
+                    message,
+                },
+            ] => {
+                assert!(
+                    message.contains("without calling MPI_Finalize"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let mut job = PmiJob::new(facts(), [0]);
+        let e = v1(&mut job, 0, "cmd=get_maxes");
+        assert!(matches!(e.last(), Some(Effect::Close(0))), "{e:?}");
+        let mut job = PmiJob::new(
+            JobFacts {
+                v2: false,
+                ..facts()
+            },
+            [0],
+        );
+        let e = v1(&mut job, 0, "cmd=init pmi_version=2 pmi_subversion=0");
+        assert!(replies(&e)[0].contains("rc=-1"), "{e:?}");
+    }
+}

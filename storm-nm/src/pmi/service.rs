@@ -1,0 +1,355 @@
+//! The NM's PMI thread: serves the PMI sockets of every local task of every MPI job, sends
+//! each fence's contribution (or an abort) to the MM, and takes the MM's fence results.
+//!
+//! The thread sleeps in `poll` on the tasks' sockets and a wake-up pipe. A second thread
+//! waits on `pmi_down_event` (the MM wrote a fence result) and writes to that pipe; the main
+//! loop writes to it when it adds or removes a job.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use storm_cluster::RmLayout;
+use storm_cluster::messages::{JobId, PmiFenced, PmiUp, decode, encode};
+use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
+
+use super::job::{Effect, JobFacts, PmiJob};
+use super::wire::Framer;
+
+/// Key-value pairs of the PMI key space.
+type Pairs = Vec<(String, String)>;
+
+enum Msg {
+    Add {
+        slot: usize,
+        facts: JobFacts,
+        conns: Vec<(u32, UnixStream)>,
+    },
+    Remove(JobId),
+    /// A new membership (perhaps a restarted MM): send again the contributions of fences
+    /// still waiting.
+    Resend,
+}
+
+/// The handle the NM's main loop keeps.
+pub struct PmiService {
+    tx: Sender<Msg>,
+    wake: Arc<OwnedFd>,
+}
+
+impl PmiService {
+    pub fn start(
+        prims: Arc<dyn Primitives>,
+        rm: &RmLayout,
+        node: NodeId,
+        mm: NodeId,
+        op_timeout: Duration,
+    ) -> std::io::Result<Self> {
+        let (wake_r, wake_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+        let wake_w = Arc::new(wake_w);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let server = Server {
+            prims: prims.clone(),
+            rm: rm.clone(),
+            node,
+            mm,
+            op_timeout,
+            jobs: BTreeMap::new(),
+        };
+        std::thread::Builder::new()
+            .name(format!("storm-pmi-{node}"))
+            .spawn(move || server.run(rx, wake_r))?;
+        let bridge_wake = wake_w.clone();
+        let down = rm.pmi_down_event;
+        std::thread::Builder::new()
+            .name(format!("storm-pmi-wait-{node}"))
+            .spawn(move || {
+                loop {
+                    match prims.test_event(down, Wait::Timeout(Duration::from_secs(1))) {
+                        Ok(true) => poke(&bridge_wake),
+                        Ok(false) => {}
+                        Err(PrimError::ShutDown) => break,
+                        Err(e) => {
+                            tracing::warn!(node, "PMI: waiting for fence results: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                }
+            })?;
+        Ok(Self { tx, wake: wake_w })
+    }
+
+    /// Serves the tasks of a job that just started here: `conns` are the NM's ends of their
+    /// PMI sockets, by rank.
+    pub fn add_job(&self, slot: usize, facts: JobFacts, conns: Vec<(u32, UnixStream)>) {
+        let _ = self.tx.send(Msg::Add { slot, facts, conns });
+        poke(&self.wake);
+    }
+
+    pub fn remove_job(&self, job: JobId) {
+        let _ = self.tx.send(Msg::Remove(job));
+        poke(&self.wake);
+    }
+
+    pub fn resend(&self) {
+        let _ = self.tx.send(Msg::Resend);
+        poke(&self.wake);
+    }
+}
+
+fn poke(fd: &OwnedFd) {
+    let _ = nix::unistd::write(fd, &[1]);
+}
+
+struct Conn {
+    stream: UnixStream,
+    framer: Framer,
+}
+
+struct Served {
+    slot: usize,
+    state: PmiJob,
+    conns: BTreeMap<u32, Conn>,
+}
+
+struct Server {
+    prims: Arc<dyn Primitives>,
+    rm: RmLayout,
+    node: NodeId,
+    mm: NodeId,
+    op_timeout: Duration,
+    jobs: BTreeMap<JobId, Served>,
+}
+
+impl Server {
+    fn run(mut self, rx: Receiver<Msg>, wake: OwnedFd) {
+        loop {
+            let mut fds = vec![libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let mut who = Vec::new();
+            for (&job, s) in &self.jobs {
+                for (&rank, c) in &s.conns {
+                    fds.push(libc::pollfd {
+                        fd: c.stream.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    who.push((job, rank));
+                }
+            }
+            // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 200) };
+            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!(node = self.node, "PMI: poll failed; the PMI server stops");
+                return;
+            }
+            if fds[0].revents != 0 {
+                let mut sink = [0u8; 64];
+                while matches!(nix::unistd::read(&wake, &mut sink), Ok(n) if n > 0) {}
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(msg) => self.take(msg),
+                    Err(crossbeam_channel::TryRecvError::Empty) => break,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return,
+                }
+            }
+            self.collect_results();
+            for (pfd, (job, rank)) in fds[1..].iter().zip(who) {
+                if pfd.revents != 0 {
+                    self.read_from(job, rank);
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, msg: Msg) {
+        match msg {
+            Msg::Add { slot, facts, conns } => {
+                let job = facts.job;
+                let state = PmiJob::new(facts, conns.iter().map(|(r, _)| *r));
+                let conns = conns
+                    .into_iter()
+                    .map(|(rank, stream)| {
+                        (
+                            rank,
+                            Conn {
+                                stream,
+                                framer: Framer::default(),
+                            },
+                        )
+                    })
+                    .collect();
+                self.jobs.insert(job, Served { slot, state, conns });
+            }
+            Msg::Remove(job) => {
+                self.jobs.remove(&job);
+            }
+            Msg::Resend => {
+                let waiting: Vec<(JobId, u32, Pairs)> = self
+                    .jobs
+                    .iter()
+                    .filter_map(|(&job, s)| s.state.waiting_fence().map(|(e, p)| (job, e, p)))
+                    .collect();
+                for (job, epoch, pairs) in waiting {
+                    self.send_up(job, PmiUp::Fence { job, epoch, pairs });
+                }
+            }
+        }
+    }
+
+    /// Takes the MM's fence results for the jobs waiting for one.
+    fn collect_results(&mut self) {
+        let limit = self.rm.pmi_job_bytes;
+        let ready: Vec<(JobId, PmiFenced)> = self
+            .jobs
+            .iter()
+            .filter(|(_, s)| s.state.waiting_fence().is_some())
+            .filter_map(|(&job, s)| {
+                let bytes = self
+                    .prims
+                    .memory()
+                    .read_vec(self.rm.pmi_down_offset(s.slot), limit)
+                    .ok()?;
+                let msg: PmiFenced = decode("PMI fence result", &bytes, limit).ok()?;
+                (msg.job == job).then_some((job, msg))
+            })
+            .collect();
+        for (job, msg) in ready {
+            let effects = match self.jobs.get_mut(&job) {
+                Some(s) => s.state.fenced(msg.epoch, msg.pairs),
+                None => continue,
+            };
+            self.apply(job, effects);
+        }
+    }
+
+    fn read_from(&mut self, job: JobId, rank: u32) {
+        let Some(s) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let Some(c) = s.conns.get_mut(&rank) else {
+            return;
+        };
+        let mut buf = [0u8; 16 * 1024];
+        let effects = match c.stream.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                s.conns.remove(&rank);
+                s.state.closed(rank)
+            }
+            Ok(n) => {
+                c.framer.push(&buf[..n]);
+                let mut effects = Vec::new();
+                loop {
+                    match c.framer.next_request() {
+                        Ok(Some(req)) => effects.extend(s.state.handle(rank, &req)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            effects.extend(s.state.malformed(rank, e.to_string()));
+                            break;
+                        }
+                    }
+                }
+                effects
+            }
+        };
+        self.apply(job, effects);
+    }
+
+    fn apply(&mut self, job: JobId, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Reply(rank, bytes) => {
+                    if let Some(c) = self.jobs.get_mut(&job).and_then(|s| s.conns.get_mut(&rank)) {
+                        // A task that stopped reading loses its connection, not the server.
+                        let _ = c.stream.write_all(&bytes);
+                    }
+                }
+                Effect::Contribute { epoch, pairs } => {
+                    self.send_up(job, PmiUp::Fence { job, epoch, pairs })
+                }
+                Effect::Abort {
+                    rank,
+                    code,
+                    message,
+                } => {
+                    tracing::warn!(node = self.node, job, rank, ?code, "PMI: {message}");
+                    self.send_up(
+                        job,
+                        PmiUp::Abort {
+                            job,
+                            rank,
+                            code,
+                            message,
+                        },
+                    )
+                }
+                Effect::Close(rank) => {
+                    if let Some(s) = self.jobs.get_mut(&job) {
+                        s.conns.remove(&rank);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes this node's message for `job` into its area at the MM.
+    fn send_up(&mut self, job: JobId, msg: PmiUp) {
+        let Some(slot) = self.jobs.get(&job).map(|s| s.slot) else {
+            return;
+        };
+        let limit = self.rm.pmi_node_bytes;
+        let bytes = match encode("PMI message", &msg, limit) {
+            Ok(b) => b,
+            Err(e) => {
+                let abort = PmiUp::Abort {
+                    job,
+                    rank: 0,
+                    code: None,
+                    message: format!(
+                        "node {}'s MPI puts for one fence are too large ({e}; raise [cluster] pmi_node_bytes)",
+                        self.node
+                    ),
+                };
+                encode("PMI message", &abort, limit).expect("an abort fits in any area")
+            }
+        };
+        let mm = NodeSet::single(self.mm);
+        let offset = self.rm.pmi_up_offset(slot, self.node as usize);
+        let sent = self
+            .prims
+            .xfer_and_signal(
+                &mm,
+                offset,
+                Bytes::from(bytes),
+                Some(self.rm.pmi_up_event),
+                Some(self.rm.pmi_up_sent),
+            )
+            .and_then(|()| {
+                self.prims
+                    .test_event(self.rm.pmi_up_sent, Wait::Timeout(self.op_timeout))
+            });
+        match sent {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                node = self.node,
+                job,
+                "PMI: the MM did not confirm in time; sent again at the next membership"
+            ),
+            Err(e) => tracing::warn!(
+                node = self.node,
+                job,
+                "PMI: cannot reach the MM ({e}); sent again at the next membership"
+            ),
+        }
+    }
+}
