@@ -488,6 +488,11 @@ impl NodeManager {
         if self.prims.memory().load(flag) == spec.job {
             self.prims.memory().store(flag, 0);
         }
+        // Nor may the MM's PMI fence results for its earlier run release its ranks.
+        let _ = self
+            .prims
+            .memory()
+            .write(self.rm.pmi_down_offset(spec.slot as usize), &[0u8; 32]);
         if self.cfg.scheduler.policy == PolicyKind::Gang {
             self.pending.insert(spec.job, spec);
         } else {

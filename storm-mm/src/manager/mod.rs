@@ -1077,6 +1077,7 @@ impl MachineManager {
             .map(|n| self.cfg.nodes[n as usize].name.clone())
             .collect();
         let gang = self.gang;
+        self.clear_pmi_parts(slot, &nodes);
         let j = self.jobs.get_mut(&id).expect("job");
         j.nodes = nodes.clone();
         j.slot = Some(slot);

@@ -84,6 +84,16 @@ impl MachineManager {
         }
     }
 
+    /// Forgets what the nodes wrote into a job slot's PMI areas before, so that a job (or the
+    /// same job, requeued) starting in `slot` on `nodes` cannot take an earlier run's part
+    /// for its own.
+    pub(super) fn clear_pmi_parts(&self, slot: usize, nodes: &NodeSet) {
+        let mem = self.prims.memory();
+        for n in nodes.iter() {
+            let _ = mem.write(self.rm.pmi_up_offset(slot, n as usize), &[0u8; 32]);
+        }
+    }
+
     /// Reads what each node of job `id` wrote for it.
     fn pmi_parts(&self, id: JobId, slot: usize, nodes: &NodeSet, done: u32) -> Parts {
         let limit = self.rm.pmi_node_bytes;
