@@ -304,11 +304,6 @@ impl Opener {
         }
     }
 
-    /// Whether the link reads data frames straight into memory (only when unprotected).
-    pub fn unprotected(&self) -> bool {
-        matches!(self.cipher, Cipher::Unprotected)
-    }
-
     /// Checks the next frame's tag and decrypts its body in place. After an error the
     /// connection must be closed: the sequence is lost.
     pub fn open(&mut self, head: &[u8], body: &mut [u8], tag: &[u8]) -> Result<(), AuthError> {
