@@ -408,8 +408,9 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
     Ok(stream)
 }
 
-/// The accepting side of a handshake; the peer's id and this connection's session, or why
-/// it was refused (to log; the peer is told only "refused").
+/// The accepting side of a handshake up to the peer's proof; the peer's id and this
+/// connection's session, or why it was refused (to log; the peer is told only "refused").
+/// The caller sends the `HelloAck` once the connection is adopted.
 fn accept_handshake(
     inner: &Inner,
     stream: &mut TcpStream,
@@ -449,9 +450,6 @@ fn accept_handshake(
         }
         other => return Err(format!("expected the handshake's proof, got {other:?}")),
     }
-    stream
-        .write_all(&OutFrame::control(&Control::HelloAck).to_vec())
-        .map_err(|e| e.to_string())?;
     Ok((
         hello.node,
         t.session(&inner.config.key, inner.config.protection, false),
@@ -495,7 +493,14 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
             };
             *conn.stream.lock() = Some(keep);
             conn.set_connected(&stream, session.sealer);
+            // Adopted before the peer hears `HelloAck`: a connection the peer opens after
+            // this one is then adopted after it, and closes this one, never the reverse.
+            // Frames sent meanwhile wait in the queue for the writer started below.
             inner.adopt(conn.clone());
+            if let Err(e) = (&stream).write_all(&OutFrame::control(&Control::HelloAck).to_vec()) {
+                inner.conn_lost(&conn, format!("sending the handshake's ack: {e}"));
+                return;
+            }
             let writer_inner = inner.clone();
             let writer_conn = conn.clone();
             let _ = std::thread::Builder::new()
