@@ -539,6 +539,8 @@ impl NodeManager {
                 mapping: process_mapping(spec.ntasks, spec.nodes.len() as u32),
                 v1: spec.mpi.serves_v1(),
                 v2: spec.mpi.serves_v2(),
+                node_bytes: self.rm.pmi_node_bytes,
+                job_bytes: self.rm.pmi_job_bytes,
             };
             self.pmi.add_job(spec.slot as usize, facts, pmi_conns);
         }

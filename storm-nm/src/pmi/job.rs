@@ -23,6 +23,12 @@ pub struct JobFacts {
     /// Which protocol versions are served (`--mpi`).
     pub v1: bool,
     pub v2: bool,
+    /// The bytes of keys and values one fence's puts on one node may hold (`[cluster]
+    /// pmi_node_bytes`); also the bound on `info-putnodeattr`'s node attributes.
+    pub node_bytes: usize,
+    /// The bytes of keys and values the job's whole key space may hold (`[cluster]
+    /// pmi_job_bytes`).
+    pub job_bytes: usize,
 }
 
 impl JobFacts {
@@ -82,9 +88,14 @@ pub struct PmiJob {
     pub facts: JobFacts,
     ranks: BTreeMap<u32, Rank>,
     kvs: HashMap<String, String>,
+    /// The bytes of keys and values in `kvs`, bounded by `facts.job_bytes`.
+    kvs_bytes: usize,
     node_attrs: HashMap<String, String>,
+    node_attr_bytes: usize,
     /// Puts since the last fence: this node's next contribution.
-    pending: Vec<(String, String)>,
+    pending: BTreeMap<String, String>,
+    /// The bytes of keys and values in `pending`, bounded by `facts.node_bytes`.
+    pending_bytes: usize,
     /// Fences completed.
     epoch: u32,
     /// This node's contribution to fence `epoch + 1` is with the MM.
@@ -101,8 +112,11 @@ impl PmiJob {
                 .map(|r| (r, Rank::default()))
                 .collect(),
             kvs: HashMap::new(),
+            kvs_bytes: 0,
             node_attrs: HashMap::new(),
-            pending: Vec::new(),
+            node_attr_bytes: 0,
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
             epoch: 0,
             contributed: false,
             aborted: false,
@@ -113,7 +127,7 @@ impl PmiJob {
     /// to a restarted MM).
     pub fn waiting_fence(&self) -> Option<(u32, Vec<(String, String)>)> {
         self.contributed
-            .then(|| (self.epoch + 1, self.pending.clone()))
+            .then(|| (self.epoch + 1, self.contribution()))
     }
 
     /// Handles one request from local rank `rank`.
@@ -194,10 +208,13 @@ impl PmiJob {
                     &[("rc", "0"), ("kvsname", &self.facts.kvsname())],
                 )],
                 "put" => match (req.get("key"), req.get("value")) {
-                    (Some(k), Some(v)) => {
-                        self.put(k, v);
-                        vec![reply("put_result", &[("rc", "0")])]
-                    }
+                    (Some(k), Some(v)) => match self.put(rank, k, v) {
+                        Ok(()) => vec![reply("put_result", &[("rc", "0")])],
+                        Err(mut abort) => {
+                            abort.insert(0, reply("put_result", &[("rc", "-1"), ("msg", "full")]));
+                            abort
+                        }
+                    },
                     _ => vec![reply(
                         "put_result",
                         &[("rc", "-1"), ("msg", "put_needs_key_and_value")],
@@ -259,7 +276,23 @@ impl PmiJob {
                 }
                 "info-putnodeattr" => {
                     if let (Some(k), Some(v)) = (req.get("key"), req.get("value")) {
-                        self.node_attrs.insert(k.to_string(), v.to_string());
+                        let bytes = self.node_attr_bytes + k.len() + v.len();
+                        if bytes > self.facts.node_bytes {
+                            let what = format!(
+                                "rank {rank}'s node attributes exceed the {} bytes a node holds ([cluster] pmi_node_bytes)",
+                                self.facts.node_bytes
+                            );
+                            let mut out = vec![reply(
+                                "info-putnodeattr-response",
+                                &[("rc", "-1"), ("errmsg", "the node attributes are full")],
+                            )];
+                            out.extend(self.abort(rank, None, what));
+                            return out;
+                        }
+                        if let Some(old) = self.node_attrs.insert(k.to_string(), v.to_string()) {
+                            self.node_attr_bytes -= k.len() + old.len();
+                        }
+                        self.node_attr_bytes += k.len() + v.len();
                     }
                     vec![reply("info-putnodeattr-response", &[("rc", "0")])]
                 }
@@ -268,10 +301,14 @@ impl PmiJob {
                     found_reply(&reply, "info-getnodeattr-response", value)
                 }
                 "kvs-put" => match (req.get("key"), req.get("value")) {
-                    (Some(k), Some(v)) => {
-                        self.put(k, v);
-                        vec![reply("kvs-put-response", &[("rc", "0")])]
-                    }
+                    (Some(k), Some(v)) => match self.put(rank, k, v) {
+                        Ok(()) => vec![reply("kvs-put-response", &[("rc", "0")])],
+                        Err(mut abort) => {
+                            let full = [("rc", "-1"), ("errmsg", "the key space is full")];
+                            abort.insert(0, reply("kvs-put-response", &full));
+                            abort
+                        }
+                    },
                     _ => vec![reply(
                         "kvs-put-response",
                         &[("rc", "-1"), ("errmsg", "kvs-put needs key and value")],
@@ -304,8 +341,25 @@ impl PmiJob {
         self.epoch = epoch;
         self.contributed = false;
         self.pending.clear();
-        self.kvs.extend(pairs);
+        self.pending_bytes = 0;
+        for (k, v) in pairs {
+            let key_len = k.len();
+            self.kvs_bytes += key_len + v.len();
+            if let Some(old) = self.kvs.insert(k, v) {
+                self.kvs_bytes -= key_len + old.len();
+            }
+        }
         let mut out = Vec::new();
+        if self.kvs_bytes > self.facts.job_bytes {
+            return self.abort(
+                0,
+                None,
+                format!(
+                    "the job's MPI key space outgrew the {} bytes it may hold ([cluster] pmi_job_bytes)",
+                    self.facts.job_bytes
+                ),
+            );
+        }
         for (&rank, r) in self.ranks.iter_mut() {
             if std::mem::take(&mut r.in_fence) {
                 out.push(Effect::Reply(
@@ -342,9 +396,43 @@ impl PmiJob {
         self.protocol_error(rank, what)
     }
 
-    fn put(&mut self, key: &str, value: &str) {
-        self.kvs.insert(key.to_string(), value.to_string());
-        self.pending.push((key.to_string(), value.to_string()));
+    /// Keeps a put in this node's copy and its next contribution, or, past either limit,
+    /// ends the job (the effects to carry that out) and keeps nothing.
+    fn put(&mut self, rank: u32, key: &str, value: &str) -> Result<(), Vec<Effect>> {
+        let size = key.len() + value.len();
+        let replaced = self.kvs.get(key).map_or(0, |old| key.len() + old.len());
+        let replaced_pending = self.pending.get(key).map_or(0, |old| key.len() + old.len());
+        let (limit, what) = if self.pending_bytes + size - replaced_pending > self.facts.node_bytes
+        {
+            (
+                self.facts.node_bytes,
+                "one fence's puts on a node ([cluster] pmi_node_bytes)",
+            )
+        } else if self.kvs_bytes + size - replaced > self.facts.job_bytes {
+            (
+                self.facts.job_bytes,
+                "the job's key space ([cluster] pmi_job_bytes)",
+            )
+        } else {
+            self.kvs.insert(key.to_string(), value.to_string());
+            self.kvs_bytes = self.kvs_bytes + size - replaced;
+            self.pending.insert(key.to_string(), value.to_string());
+            self.pending_bytes = self.pending_bytes + size - replaced_pending;
+            return Ok(());
+        };
+        Err(self.abort(
+            rank,
+            None,
+            format!("rank {rank}'s MPI puts exceed the {limit} bytes allowed for {what}"),
+        ))
+    }
+
+    /// This node's puts since the last fence, as sent to the MM.
+    fn contribution(&self) -> Vec<(String, String)> {
+        self.pending
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     fn lookup(&self, key: &str) -> Option<String> {
@@ -362,7 +450,7 @@ impl PmiJob {
         self.contributed = true;
         vec![Effect::Contribute {
             epoch: self.epoch + 1,
-            pairs: self.pending.clone(),
+            pairs: self.contribution(),
         }]
     }
 
@@ -411,6 +499,8 @@ mod tests {
             mapping: process_mapping(4, 2),
             v1: true,
             v2: true,
+            node_bytes: 32 << 10,
+            job_bytes: 1 << 20,
         }
     }
 
@@ -552,5 +642,96 @@ mod tests {
         );
         let e = v1(&mut job, 0, "cmd=init pmi_version=2 pmi_subversion=0");
         assert!(replies(&e)[0].contains("rc=-1"), "{e:?}");
+    }
+
+    /// A job's key space is bounded on the NM: a put past one fence's node limit, or past the
+    /// job's whole key space, fails, ends the job naming the limit, and is not kept, so a
+    /// program that puts in a loop cannot grow the node manager without bound.
+    #[test]
+    fn puts_past_the_key_space_limits_end_the_job_naming_the_limit() {
+        let small = JobFacts {
+            node_bytes: 100,
+            job_bytes: 150,
+            ..facts()
+        };
+        let mut job = PmiJob::new(small.clone(), [0]);
+        v1(&mut job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
+        let value = "v".repeat(40);
+        for k in ["k1", "k2"] {
+            let e = v1(
+                &mut job,
+                0,
+                &format!("cmd=put kvsname=storm-9 key={k} value={value}"),
+            );
+            assert_eq!(replies(&e), ["cmd=put_result rc=0\n"]);
+        }
+        // Overwriting a key does not count it twice against the job's key space.
+        let e = v1(
+            &mut job,
+            0,
+            &format!("cmd=put kvsname=storm-9 key=k1 value={value}"),
+        );
+        assert_eq!(
+            replies(&e),
+            ["cmd=put_result rc=0\n"],
+            "84 of 100 bytes pending"
+        );
+        let e = v1(
+            &mut job,
+            0,
+            &format!("cmd=put kvsname=storm-9 key=k3 value={value}"),
+        );
+        assert_eq!(replies(&e)[0], "cmd=put_result rc=-1 msg=full\n");
+        match &e[1] {
+            Effect::Abort {
+                rank: 0,
+                code: None,
+                message,
+            } => assert!(
+                message.contains("100 bytes") && message.contains("pmi_node_bytes"),
+                "{message}"
+            ),
+            other => panic!("expected an abort, got {other:?}"),
+        }
+        assert_eq!(
+            v1(&mut job, 0, "cmd=get kvsname=storm-9 key=k3"),
+            [Effect::Reply(
+                0,
+                b"cmd=get_result rc=-1 msg=key_not_found\n".to_vec()
+            )],
+            "a refused put is not kept"
+        );
+
+        // The job-wide limit counts what fences brought from other nodes.
+        let mut job = PmiJob::new(small, [0]);
+        v1(&mut job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
+        v1(&mut job, 0, "cmd=barrier_in");
+        let theirs = vec![("far".to_string(), "x".repeat(140))];
+        assert_eq!(replies(&job.fenced(1, theirs)), ["cmd=barrier_out rc=0\n"]);
+        let e = v1(
+            &mut job,
+            0,
+            "cmd=put kvsname=storm-9 key=k value=0123456789",
+        );
+        match &e[1] {
+            Effect::Abort { message, .. } => {
+                assert!(message.contains("pmi_job_bytes"), "{message}")
+            }
+            other => panic!("expected an abort, got {other:?}"),
+        }
+        let mut job = PmiJob::new(
+            JobFacts {
+                job_bytes: 100,
+                ..facts()
+            },
+            [0],
+        );
+        v1(&mut job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
+        v1(&mut job, 0, "cmd=barrier_in");
+        let theirs = vec![("far".to_string(), "x".repeat(140))];
+        assert!(
+            matches!(job.fenced(1, theirs).as_slice(), [Effect::Abort { message, .. }] if message.contains("pmi_job_bytes")),
+            "a fence result past the job's key space ends the job"
+        );
     }
 }
