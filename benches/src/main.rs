@@ -234,7 +234,7 @@ enum Command {
     /// does not explain, no hang.
     Fuzz {
         /// Targets (default: all): tcp-frame, rm-message, control, journal, cluster-file,
-        /// hostlist, task-spec, ofi-bootstrap.
+        /// hostlist, task-spec, ofi-bootstrap, pmi.
         #[arg(long, value_delimiter = ',')]
         target: Vec<String>,
         /// Inputs per target.

@@ -5,13 +5,14 @@
 //! | target | bytes from | decoder |
 //! | --- | --- | --- |
 //! | `tcp-frame` | a tcp link (after the handshake: a key holder) | `tcp::wire::read_frame` |
-//! | `rm-message` | global memory (heartbeats, reports, output, membership) | `messages::decode` |
+//! | `rm-message` | global memory (heartbeats, reports, output, membership, PMI fences) | `messages::decode` |
 //! | `control` | the MM's Unix socket (any local user) and its replies | `control::recv_within` |
 //! | `journal` | the MM's journal on disk | `journal::decode_record` |
 //! | `cluster-file` | the cluster file | `ClusterConfig::parse`, then `RmLayout::new` |
 //! | `hostlist` | command lines, the cluster file, the control socket | `NodeSet::from_str` |
 //! | `task-spec` | a PL's standard input, from its NM | `PlSpec::decode` |
 //! | `ofi-bootstrap` | another node's slot in the ofi bootstrap | `PeerRecord::decode` |
+//! | `pmi` | an MPI task's `PMI_FD` (any program a user runs) | `pmi::wire::Framer`, then `PmiJob::handle` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -25,11 +26,13 @@ use serde::Serialize;
 use storm_cluster::control::{self, JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request};
 use storm_cluster::messages::{
     self, Command, FileInfo, Heartbeat, HeldJob, Inventory, LaunchSpec, Membership, NodeReport,
-    OutputChunk, Program, RankStatus, Stream,
+    OutputChunk, PmiFenced, PmiUp, Program, RankStatus, Stream,
 };
 use storm_cluster::tasks::{Capacity, TaskRequest};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::journal::{self, JobRecord, JobState, NodeRecord};
+use storm_nm::pmi::job::{Effect, JobFacts, PmiJob, process_mapping};
+use storm_nm::pmi::wire::Framer;
 use storm_pl::PlSpec;
 use storm_primitives::ofi::bootstrap::PeerRecord;
 use storm_primitives::tcp::wire::{
@@ -61,7 +64,7 @@ pub fn by_name(name: &str) -> Option<&'static Target> {
     TARGETS.iter().find(|t| t.name == name)
 }
 
-const TARGETS: &[Target] = &[
+static TARGETS: &[Target] = &[
     Target {
         name: "tcp-frame",
         seeds: tcp_frame_seeds,
@@ -145,6 +148,35 @@ const TARGETS: &[Target] = &[
         seeds: ofi_bootstrap_seeds,
         dictionary: &[b"1IFO", &[0xff, 0xff, 0xff, 0xff]],
         check: ofi_bootstrap,
+        checked_allocation: 0,
+    },
+    Target {
+        name: "pmi",
+        seeds: pmi_seeds,
+        dictionary: &[
+            b"cmd=",
+            b"mcmd=",
+            b" ",
+            b"=",
+            b";",
+            b"\n",
+            b"init pmi_version=1 pmi_subversion=1",
+            b"init pmi_version=2 pmi_subversion=0",
+            b"put kvsname=storm-9 key=",
+            b" value=",
+            b"get kvsname=storm-9 key=",
+            b"barrier_in",
+            b"kvs-fence;",
+            b"kvs-put;key=",
+            b"kvs-get;key=",
+            b"info-putnodeattr;key=",
+            b"finalize",
+            b"abort",
+            b"PMI_process_mapping",
+            b"999999",
+            b"000000",
+        ],
+        check: pmi,
         checked_allocation: 0,
     },
 ];
@@ -238,6 +270,9 @@ fn tcp_frame(input: &[u8]) -> bool {
 const HEARTBEAT_BYTES: usize = 65536;
 const REPORT_BYTES: usize = 4096;
 const OUTPUT_BYTES: usize = 16384;
+/// The default `[cluster] pmi_node_bytes` and `pmi_job_bytes`.
+const PMI_NODE_BYTES: usize = 32 << 10;
+const PMI_JOB_BYTES: usize = 1 << 20;
 const MAX_JOBS: usize = 32;
 const NODE_COUNT: u32 = 16;
 const MAX_TASKS_PER_NODE: usize = 64;
@@ -323,6 +358,31 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
             },
         ),
         tagged(4, &Membership::Start { stamp: 5, seq: 9 }),
+        tagged(
+            5,
+            &PmiUp::Fence {
+                job: 42,
+                epoch: 1,
+                pairs: vec![("card-0".into(), "tcp://127.0.0.1:5".into())],
+            },
+        ),
+        tagged(
+            5,
+            &PmiUp::Abort {
+                job: 42,
+                rank: 3,
+                code: Some(7),
+                message: "MPI_Abort".into(),
+            },
+        ),
+        tagged(
+            6,
+            &PmiFenced {
+                job: 42,
+                epoch: 1,
+                pairs: vec![("card-0".into(), "tcp://127.0.0.1:5".into())],
+            },
+        ),
     ]
 }
 
@@ -330,7 +390,7 @@ fn rm_message(input: &[u8]) -> bool {
     let Some((&tag, bytes)) = input.split_first() else {
         return false;
     };
-    match tag % 5 {
+    match tag % 7 {
         0 => messages::decode::<Heartbeat>("heartbeat", bytes, HEARTBEAT_BYTES)
             .map(|hb| {
                 // What an NM checks before acting on each command.
@@ -359,12 +419,14 @@ fn rm_message(input: &[u8]) -> bool {
             .is_ok(),
         3 => messages::decode::<Inventory>("inventory", bytes, messages::inventory_bytes(MAX_JOBS))
             .is_ok(),
-        _ => messages::decode::<Membership>(
+        4 => messages::decode::<Membership>(
             "membership",
             bytes,
             messages::membership_bytes(MAX_JOBS),
         )
         .is_ok(),
+        5 => messages::decode::<PmiUp>("PMI message", bytes, PMI_NODE_BYTES).is_ok(),
+        _ => messages::decode::<PmiFenced>("PMI fence result", bytes, PMI_JOB_BYTES).is_ok(),
     }
 }
 
@@ -688,6 +750,122 @@ fn ofi_bootstrap_seeds() -> Vec<Vec<u8>> {
 
 fn ofi_bootstrap(input: &[u8]) -> bool {
     PeerRecord::decode(input).is_some()
+}
+
+// --- an MPI task's PMI socket --------------------------------------------------------------
+
+fn pmi_seeds() -> Vec<Vec<u8>> {
+    let v2 = |body: &str| format!("{:<6}{body}", body.len());
+    let one = [
+        "cmd=init pmi_version=1 pmi_subversion=1\n",
+        "cmd=get_maxes\ncmd=get_my_kvsname\ncmd=get_universe_size\ncmd=get_appnum\n",
+        "cmd=put kvsname=storm-9 key=card-0 value=tcp://127.0.0.1:5 x\n",
+        "cmd=barrier_in\n",
+        "cmd=get kvsname=storm-9 key=card-0\ncmd=get kvsname=storm-9 key=nope\n",
+        "cmd=finalize\n",
+    ]
+    .concat();
+    let two = [
+        "cmd=init pmi_version=2 pmi_subversion=0\n".to_string(),
+        v2("cmd=fullinit;pmirank=0;"),
+        v2("cmd=job-getid;"),
+        v2("cmd=info-getjobattr;key=PMI_process_mapping;"),
+        v2("cmd=info-putnodeattr;key=shm;value=/dev/shm/x;"),
+        v2("cmd=info-getnodeattr;key=shm;wait=FALSE;"),
+        v2("cmd=kvs-put;key=card-0;value=ofi://x;"),
+        v2("cmd=kvs-fence;"),
+        v2("cmd=kvs-get;jobid=storm-9;srcid=-1;key=card-0;"),
+        v2("cmd=finalize;"),
+    ]
+    .concat();
+    let abort = "cmd=init pmi_version=1 pmi_subversion=1\ncmd=abort exitcode=7\n";
+    // The first byte says how the rest is cut into reads: 0 for all at once.
+    [(0, one.as_str()), (7, two.as_str()), (3, abort)]
+        .iter()
+        .map(|(cut, text)| {
+            let mut v = vec![*cut];
+            v.extend_from_slice(text.as_bytes());
+            v
+        })
+        .collect()
+}
+
+/// What an NM does with the bytes one task writes to its PMI socket: cut them into messages
+/// as they arrive, answer each, and carry fences out as the MM would. Every reply must be
+/// one well-framed message, whatever the task put in the key space (a value must never
+/// forge a second reply). Accepted if at least one request was served before anything
+/// closed the socket.
+fn pmi(input: &[u8]) -> bool {
+    let Some((&cut, bytes)) = input.split_first() else {
+        return false;
+    };
+    let facts = JobFacts {
+        job: 9,
+        size: 2,
+        mapping: process_mapping(2, 1),
+        v1: true,
+        v2: true,
+        node_bytes: 4 << 10,
+        job_bytes: 16 << 10,
+    };
+    let mut job = PmiJob::new(facts, [0]);
+    let mut framer = Framer::default();
+    let mut served = 0;
+    let step = if cut == 0 {
+        bytes.len().max(1)
+    } else {
+        usize::from(cut)
+    };
+    for read in bytes.chunks(step) {
+        framer.push(read);
+        loop {
+            let mut effects = match framer.next_request() {
+                Ok(Some(request)) => job.handle(0, &request),
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = job.malformed(0, e.to_string());
+                    return served > 0;
+                }
+            };
+            served += 1;
+            while let Some(effect) = effects.pop() {
+                match effect {
+                    Effect::Reply(_, reply) => check_pmi_reply(&framer, &reply),
+                    Effect::Contribute { epoch, pairs } => effects.extend(job.fenced(epoch, pairs)),
+                    Effect::Close(_) => return served > 1,
+                    Effect::Abort { .. } => {}
+                }
+            }
+        }
+    }
+    let _ = job.closed(0);
+    served > 0
+}
+
+fn check_pmi_reply(framer: &Framer, reply: &[u8]) {
+    use storm_nm::pmi::wire::Version;
+    let text = String::from_utf8_lossy(reply);
+    let v2_body = (framer.version() == Some(Version::Two)
+        && !text.starts_with("cmd=response_to_init"))
+    .then(|| reply.get(6..))
+    .flatten();
+    match v2_body {
+        Some(body) => {
+            let len: usize = text[..6]
+                .trim()
+                .parse()
+                .expect("a PMI-2 reply's length is a number");
+            assert_eq!(
+                len,
+                body.len(),
+                "a PMI-2 reply's length is its body's: {text:?}"
+            );
+        }
+        None => assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "a PMI-1 reply is one line: {text:?}"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -131,3 +131,8 @@ fn the_guard_notices_a_trusted_length() {
         Err(run::Problem::Panic(_))
     ));
 }
+
+#[test]
+fn pmi_messages_from_mpi_tasks() {
+    fuzz("pmi");
+}
