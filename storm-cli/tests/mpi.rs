@@ -1,8 +1,12 @@
 //! Unmodified MPICH programs under storm-submit: wire-up through the NMs' PMI servers, the
 //! same output as MPICH's own `mpiexec`, `MPI_Abort` and early exits ending the job, several
-//! MPI jobs at once and an MPI job under gang scheduling. Needs `mpicc` and `mpiexec`
+//! MPI jobs at once and an MPI job under gang scheduling. Needs MPICH's `mpicc` and `mpiexec`
 //! (Debian: mpich, libmpich-dev; `.ci/run` installs them); without them each test says
-//! NOT TESTED.
+//! NOT TESTED. Open MPI 4 (Debian: openmpi-bin, libopenmpi-dev) runs with `--mpi openmpi`,
+//! the same way tested against its own `mpirun`.
+//!
+//! With both MPIs installed, plain `mpicc` is whichever Debian's alternatives chose: the tests
+//! use `mpicc.mpich` / `mpiexec.mpich` and `mpicc.openmpi` / `mpirun.openmpi` when they exist.
 
 mod support;
 
@@ -14,19 +18,38 @@ use storm_cli::local::LocalOptions;
 use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
 use support::{TestCluster, say_not_tested, text};
 
-/// Compiles `tests/mpi/<name>.c` with mpicc into `dir`, or says why the test cannot run.
+/// `tool.<flavour>` if Debian's alternatives installed it under that name, else `tool`.
+fn mpi_tool(tool: &str, flavour: &str) -> String {
+    let named = format!("{tool}.{flavour}");
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&named).is_file()));
+    if found { named } else { tool.to_string() }
+}
+
+/// Compiles `tests/mpi/<name>.c` with MPICH's mpicc into `dir`, or says why the test cannot
+/// run.
 fn mpi_program(test: &str, dir: &Path, name: &str) -> Option<PathBuf> {
+    compile(
+        test,
+        &mpi_tool("mpicc", "mpich"),
+        dir,
+        name,
+        "mpich and libmpich-dev",
+    )
+}
+
+fn compile(test: &str, mpicc: &str, dir: &Path, name: &str, packages: &str) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mpi")
         .join(format!("{name}.c"));
     let out = dir.join(name);
-    match Command::new("mpicc").arg("-o").arg(&out).arg(&src).output() {
+    match Command::new(mpicc).arg("-o").arg(&out).arg(&src).output() {
         Ok(o) if o.status.success() => Some(out),
-        Ok(o) => panic!("mpicc failed on {}: {}", src.display(), text(&o.stderr)),
+        Ok(o) => panic!("{mpicc} failed on {}: {}", src.display(), text(&o.stderr)),
         Err(e) => {
             say_not_tested(
                 test,
-                &format!("mpicc is not installed ({e}); install mpich and libmpich-dev"),
+                &format!("{mpicc} is not installed ({e}); install {packages}"),
             );
             None
         }
@@ -45,7 +68,7 @@ fn an_mpi_program_prints_under_storm_what_it_prints_under_mpiexec() {
     let Some(hello) = mpi_program("mpi: same output as mpiexec", dir.path(), "hello") else {
         return;
     };
-    let reference = Command::new("mpiexec")
+    let reference = Command::new(mpi_tool("mpiexec", "mpich"))
         .args(["-n", "8"])
         .arg(&hello)
         .output()
@@ -153,4 +176,87 @@ fn mpi_jobs_run_side_by_side_and_under_gang_scheduling() {
             expected
         );
     }
+}
+
+/// Open MPI 4 has no PMI-1 wire client, but its `flux` component loads a PMI-1 library:
+/// `--mpi openmpi` points it at storm's (libstorm_pmi.so, beside storm-nm). The same program
+/// prints under storm what it prints under Open MPI's own `mpirun`.
+///
+/// Both runs keep Open MPI's tcp transport on loopback, and leave out its shared-memory
+/// transport (vader): vader names its segments by host name and local rank, so the embedded
+/// cluster's pretend nodes, all one host, would share segments. Real nodes have their own.
+#[test]
+fn an_open_mpi_program_prints_under_storm_what_it_prints_under_mpirun() {
+    let test = "mpi: Open MPI through libstorm_pmi.so";
+    let mpicc = mpi_tool("mpicc", "openmpi");
+    if mpicc == "mpicc" {
+        say_not_tested(
+            test,
+            "mpicc.openmpi is not installed; install openmpi-bin and libopenmpi-dev",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hello) = compile(
+        test,
+        &mpicc,
+        dir.path(),
+        "hello",
+        "openmpi-bin and libopenmpi-dev",
+    ) else {
+        return;
+    };
+    let env = [
+        ("OMPI_MCA_btl", "self,tcp"),
+        ("OMPI_MCA_btl_tcp_if_include", "lo"),
+    ];
+    let reference = Command::new(mpi_tool("mpirun", "openmpi"))
+        .args(["--oversubscribe", "--allow-run-as-root", "-n", "8"])
+        .arg(&hello)
+        .envs(env)
+        .output()
+        .expect("mpirun.openmpi is installed with mpicc.openmpi");
+    assert!(reference.status.success(), "{}", text(&reference.stderr));
+    let c = TestCluster::start(4);
+    let run = |mpi: &str| {
+        c.submit_env(
+            &env,
+            &["-N", "4", "-n", "8", "--mpi", mpi, hello.to_str().unwrap()],
+        )
+    };
+    let out = run("openmpi");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        sorted_lines(&reference.stdout),
+        "8 ranks, 2 per node, each sees size 8, the allreduce's sum and its ring neighbour"
+    );
+    // MPI_Abort reaches the NM through PMI_Abort and ends the job with its code.
+    let abort = compile(test, &mpicc, dir.path(), "abort", "libopenmpi-dev").unwrap();
+    let out = c.submit_env(
+        &env,
+        &[
+            "-N",
+            "4",
+            "-n",
+            "8",
+            "--mpi",
+            "openmpi",
+            abort.to_str().unwrap(),
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{err}");
+    assert!(
+        err.contains("rank 1 on node 0 aborted the job with exit code 7"),
+        "{err}"
+    );
+    // Without the flux component's variables Open MPI starts singletons, as the issue saw.
+    let out = run("both");
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        ["rank 0 of 1 sum=1 from=0"; 8],
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -98,6 +98,9 @@ pub struct ClusterSection {
     pub kill_wait_ms: u64,
     /// The storm-pl binary; by default the one next to storm-nm.
     pub pl_path: Option<PathBuf>,
+    /// The PMI-1 client library Open MPI loads (`storm-submit --mpi openmpi`); by default
+    /// `libstorm_pmi.so` next to storm-nm.
+    pub pmi_library: Option<PathBuf>,
     /// Where the MM keeps its journal (jobs, results, drains) and the programs of waiting
     /// jobs, so that a restarted MM loses nothing it accepted.
     pub state_dir: PathBuf,
@@ -126,6 +129,7 @@ impl Default for ClusterSection {
             pmi_job_bytes: 1024 * 1024,
             kill_wait_ms: 2000,
             pl_path: None,
+            pmi_library: None,
             state_dir: PathBuf::from("/var/lib/storm"),
             key_file: None,
         }

@@ -159,15 +159,18 @@ pub enum MpiMode {
     /// Both on one socket; the task's first line decides (as Slurm's pmi2 plugin does).
     #[default]
     Both,
+    /// Both, and what Open MPI 4 needs to load storm's PMI-1 client library through its
+    /// `flux` component: `FLUX_JOB_ID` and `FLUX_PMI_LIBRARY_PATH` (docs/mpi.md).
+    OpenMpi,
 }
 
 impl MpiMode {
     pub fn serves_v1(self) -> bool {
-        matches!(self, MpiMode::Pmi1 | MpiMode::Both)
+        matches!(self, MpiMode::Pmi1 | MpiMode::Both | MpiMode::OpenMpi)
     }
 
     pub fn serves_v2(self) -> bool {
-        matches!(self, MpiMode::Pmi2 | MpiMode::Both)
+        matches!(self, MpiMode::Pmi2 | MpiMode::Both | MpiMode::OpenMpi)
     }
 }
 
@@ -180,8 +183,9 @@ impl std::str::FromStr for MpiMode {
             "pmi1" => Ok(MpiMode::Pmi1),
             "pmi2" => Ok(MpiMode::Pmi2),
             "both" | "pmi" => Ok(MpiMode::Both),
+            "openmpi" => Ok(MpiMode::OpenMpi),
             other => Err(format!(
-                "unknown --mpi {other:?} (expected none, pmi1, pmi2 or both)"
+                "unknown --mpi {other:?} (expected none, pmi1, pmi2, both or openmpi)"
             )),
         }
     }

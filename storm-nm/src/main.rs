@@ -40,6 +40,12 @@ fn main() -> Result<()> {
             .context("locating storm-nm")?
             .with_file_name("storm-pl"),
     };
+    let pmi_library = match &config.cluster.pmi_library {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .context("locating storm-nm")?
+            .with_file_name("libstorm_pmi.so"),
+    };
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
     let nm = NodeManager::start(NmOptions {
@@ -47,6 +53,7 @@ fn main() -> Result<()> {
         node,
         listen,
         pl_path,
+        pmi_library,
         stop,
     })?;
     daemon::notify_ready();

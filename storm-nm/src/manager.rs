@@ -79,6 +79,8 @@ pub struct NmOptions {
     pub listen: Listen,
     /// The storm-pl binary.
     pub pl_path: PathBuf,
+    /// The PMI-1 client library for `--mpi openmpi` jobs (`libstorm_pmi.so`).
+    pub pmi_library: PathBuf,
     /// Set to stop the NM (signal handlers set it).
     pub stop: Arc<AtomicBool>,
 }
@@ -139,6 +141,7 @@ pub struct NodeManager {
     prims: Arc<dyn Primitives>,
     spool: PathBuf,
     pl_path: PathBuf,
+    pmi_library: PathBuf,
     table: PlTable,
     output: Output,
     pmi: PmiService,
@@ -173,6 +176,7 @@ impl NodeManager {
             node,
             listen,
             pl_path,
+            pmi_library,
             stop,
         } = opts;
         // First: without the key this daemon must not run at all.
@@ -229,6 +233,7 @@ impl NodeManager {
             prims,
             spool: entry.spool,
             pl_path,
+            pmi_library,
             table,
             output,
             pmi,
@@ -456,6 +461,18 @@ impl NodeManager {
                 ("PMI_JOBID".to_string(), format!("storm-{}", spec.job)),
             ]);
         }
+        if spec.mpi == MpiMode::OpenMpi {
+            // Open MPI 4's `flux` component is chosen when FLUX_JOB_ID is set, and loads the
+            // PMI-1 library named here (docs/mpi.md).
+            env.retain(|(k, _)| !k.starts_with("FLUX_"));
+            env.extend([
+                ("FLUX_JOB_ID".to_string(), spec.job.to_string()),
+                (
+                    "FLUX_PMI_LIBRARY_PATH".to_string(),
+                    self.pmi_library.display().to_string(),
+                ),
+            ]);
+        }
         env
     }
 
@@ -595,6 +612,15 @@ impl NodeManager {
                 stopped: false,
             }
         };
+        if spec.mpi == MpiMode::OpenMpi && !self.pmi_library.is_file() {
+            return failed(
+                format!(
+                    "--mpi openmpi needs storm's PMI library, which is not at {} (cargo build --release builds it beside storm-nm; or set [cluster] pmi_library)",
+                    self.pmi_library.display()
+                ),
+                output,
+            );
+        }
         let Some(slot) = self.table.claim() else {
             return failed("too many tasks on this node".into(), output);
         };

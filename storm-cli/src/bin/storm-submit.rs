@@ -59,8 +59,13 @@ struct Args {
     requeue: bool,
     /// How MPI programs find each other: the PMI protocols each task is served on the socket
     /// `PMI_FD` (none: no PMI, MPI programs start as singletons; default: PMI-1 and PMI-2,
-    /// the task's first message decides).
-    #[arg(long, value_name = "none|pmi1|pmi2|both", default_value = "both")]
+    /// the task's first message decides; openmpi: both, and Open MPI 4 loads storm's PMI
+    /// library through its flux component).
+    #[arg(
+        long,
+        value_name = "none|pmi1|pmi2|both|openmpi",
+        default_value = "both"
+    )]
     mpi: storm_cluster::messages::MpiMode,
     /// If the connection to the machine manager is lost (it restarted), wait this many
     /// seconds for it to come back and follow the job on (0: give up at once).

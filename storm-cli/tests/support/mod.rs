@@ -29,13 +29,22 @@ pub fn ensure_daemons() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .args([
-                "build", "--quiet", "-p", "storm-mm", "-p", "storm-nm", "-p", "storm-pl",
+                "build",
+                "--quiet",
+                "-p",
+                "storm-mm",
+                "-p",
+                "storm-nm",
+                "-p",
+                "storm-pl",
+                "-p",
+                "storm-pmi",
             ])
             .status()
             .expect("running cargo build for the daemons");
         assert!(status.success(), "building the daemons failed");
         let dir = bin_dir();
-        for b in ["storm-mm", "storm-nm", "storm-pl"] {
+        for b in ["storm-mm", "storm-nm", "storm-pl", "libstorm_pmi.so"] {
             assert!(dir.join(b).is_file(), "{b} is not in {}", dir.display());
         }
     });
@@ -102,6 +111,14 @@ impl TestCluster {
     /// Runs storm-submit to completion.
     pub fn submit(&self, args: &[&str]) -> Output {
         self.submit_cmd(args).output().expect("run storm-submit")
+    }
+
+    /// Runs storm-submit to completion with these variables added to its environment (which
+    /// the job's tasks get).
+    pub fn submit_env(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        let mut c = self.submit_cmd(args);
+        c.envs(env.iter().copied());
+        c.output().expect("run storm-submit")
     }
 
     /// Runs storm-submit to completion as user (and group) `uid` (needs root).
