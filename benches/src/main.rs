@@ -11,6 +11,7 @@
 //! * `storm-bench faults`: failure detection latency, rejoin time, tree healing and MM restart.
 //! * `storm-bench startup`: daemon start-up, fork/exec to ready, on each backend.
 //! * `storm-bench links`: what authenticated and encrypted tcp links cost.
+//! * `storm-bench mpi`: MPI wire-up (`MPI_Init` to the first barrier) against MPICH's Hydra.
 //! * `storm-bench fuzz`: the long fuzz run of every decoder (CI runs a bounded one).
 
 mod baseline;
@@ -19,6 +20,7 @@ mod fuzz;
 mod gang;
 mod launch;
 mod links;
+mod mpi;
 mod plot;
 mod prims;
 mod report;
@@ -150,6 +152,25 @@ enum Command {
         /// Operations per cluster per round.
         #[arg(long, default_value_t = 5)]
         per_round: usize,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// MPI wire-up (MPI_Init to the first barrier) and end to end on 1..32 nodes, against
+    /// MPICH's own launcher (Hydra) in the same run. Needs mpich and libmpich-dev.
+    Mpi {
+        /// Node counts.
+        #[arg(long, default_value = "1,2,4,8,16,32", value_parser = report::parse_counts)]
+        nodes: std::vec::Vec<u32>,
+        /// Ranks per node.
+        #[arg(long, default_value_t = 1)]
+        ppn: u32,
+        /// Measured runs per point (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Timeslice of the cluster, in milliseconds.
+        #[arg(long, default_value_t = 1.0)]
+        timeslice_ms: f64,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -385,6 +406,26 @@ fn main() -> Result<()> {
             let mut out = report::Csv::new(links::CSV_HEADER);
             println!("{}", links::run(&args, &mut out)?.render());
             println!("{}", links::frame_costs(&[8, 256 * 1024]).render());
+            out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Mpi {
+            nodes,
+            ppn,
+            runs,
+            timeslice_ms,
+            csv,
+        } => {
+            if ppn == 0 || timeslice_ms <= 0.0 {
+                anyhow::bail!("--ppn and --timeslice-ms must be positive");
+            }
+            let args = mpi::MpiArgs {
+                nodes,
+                ppn,
+                runs: runs.max(1),
+                timeslice_ms,
+            };
+            let mut out = report::Csv::new(mpi::CSV_HEADER);
+            println!("{}", mpi::run(&args, &mut out)?.render());
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Startup {
