@@ -304,6 +304,9 @@ pub struct MachineManager {
     held: Option<Instant>,
     /// Until when submitters of jobs restored after a restart may reattach (see [`restart`]).
     reattach_until: Option<Instant>,
+    /// Output held for restored jobs that ended before their submitters reattached: given
+    /// to the submitter that reattaches, before the outcome (see [`output`]).
+    finished_output: HashMap<JobId, Vec<(NodeId, u64, storm_cluster::messages::OutputChunk)>>,
     /// Which MM process this is (NMs send again what an earlier one held in its memory).
     incarnation: u64,
     journal_errors: LogLimit,
@@ -398,6 +401,7 @@ impl MachineManager {
             finished: BTreeMap::new(),
             held: None,
             reattach_until: None,
+            finished_output: HashMap::new(),
             incarnation: incarnation(),
             journal_errors: LogLimit::new(Duration::from_secs(10)),
             metrics: Metrics::new(),
@@ -1680,10 +1684,14 @@ impl MachineManager {
         reason: Option<String>,
         ranks: Vec<Option<storm_cluster::messages::RankStatus>>,
     ) {
-        let Some(j) = self.jobs.remove(&id) else {
+        let Some(mut j) = self.jobs.remove(&id) else {
             return;
         };
         self.release(&j);
+        if j.client.is_none() && !j.held_output.is_empty() && self.reattach_until.is_some() {
+            self.finished_output
+                .insert(id, std::mem::take(&mut j.held_output));
+        }
         let now = Instant::now();
         let us = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) if b >= a => (b - a).as_micros() as u64,

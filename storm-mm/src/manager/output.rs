@@ -16,7 +16,8 @@
 //!
 //! After a restart of the MM, the output of a restored job whose submitter has not reattached
 //! yet is taken and held, unreleased, until it does (the queue's slots bound what is held), or
-//! until the reattach window ends; then it is dropped.
+//! until the reattach window ends; then it is dropped. A job that ends meanwhile keeps what
+//! was held for it (`finished_output`) for its submitter, who gets it before the outcome.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -129,7 +130,9 @@ impl MachineManager {
                 Ack::Reply { client, n } => clients
                     .get(&client)
                     .is_none_or(|c| c.written.load(Ordering::Acquire) >= n),
-                Ack::Held(job) => !jobs.contains_key(&job),
+                Ack::Held(job) => {
+                    !jobs.contains_key(&job) && !self.finished_output.contains_key(&job)
+                }
             };
             if !done {
                 break;
@@ -159,12 +162,25 @@ impl MachineManager {
         }
     }
 
+    /// A restored job that ended before its submitter reattached: the output held for it
+    /// goes to `client`, who reattached.
+    pub(super) fn send_finished_output(&mut self, client: ClientId, job: JobId) {
+        for (n, seq, chunk) in self.finished_output.remove(&job).unwrap_or_default() {
+            let ack = match self.reply(client, Reply::Output(chunk)) {
+                Some(k) => Ack::Reply { client, n: k },
+                None => Ack::Done,
+            };
+            self.set_ack(n, seq, job, ack);
+        }
+    }
+
     /// Nobody reattached to follow `job`: the output held for it goes.
     pub(super) fn drop_held_output(&mut self, job: JobId) {
-        let Some(j) = self.jobs.get_mut(&job) else {
-            return;
+        let held = match self.jobs.get_mut(&job) {
+            Some(j) => std::mem::take(&mut j.held_output),
+            None => self.finished_output.remove(&job).unwrap_or_default(),
         };
-        for (n, seq, _) in std::mem::take(&mut j.held_output) {
+        for (n, seq, _) in held {
             self.set_ack(n, seq, job, Ack::Done);
         }
     }

@@ -293,10 +293,13 @@ impl MachineManager {
             .filter(|j| j.restored && j.client.is_none())
             .map(|j| j.id)
             .collect();
-        if !unattached.is_empty() && now < until {
+        if (!unattached.is_empty() || !self.finished_output.is_empty()) && now < until {
             return;
         }
         self.reattach_until = None;
+        for id in self.finished_output.keys().copied().collect::<Vec<_>>() {
+            self.drop_held_output(id);
+        }
         for id in unattached {
             if self.jobs[&id].phase != Phase::Queued {
                 tracing::warn!(
@@ -410,6 +413,8 @@ impl MachineManager {
         if let Some(rec) = self.finished.get(&job) {
             if let JobState::Finished { outcome, .. } = &rec.state {
                 let outcome = outcome.clone();
+                // It ended while its submitter was away: first the output held for it.
+                self.send_finished_output(client, job);
                 self.reply(client, Reply::Finished(outcome));
             }
             return;
