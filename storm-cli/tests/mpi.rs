@@ -16,7 +16,7 @@ use std::process::Command;
 
 use storm_cli::local::LocalOptions;
 use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
-use support::{TestCluster, say_not_tested, text};
+use support::{TestCluster, say_not_tested, script, text};
 
 /// `tool.<flavour>` if Debian's alternatives installed it under that name, else `tool`.
 fn mpi_tool(tool: &str, flavour: &str) -> String {
@@ -152,21 +152,22 @@ fn mpi_jobs_run_side_by_side_and_under_gang_scheduling() {
         scheduler: SchedulerSection {
             policy: PolicyKind::Gang,
             mpl: 2,
+            switch_log: true,
             ..SchedulerSection::default()
         },
         ..LocalOptions::new(2)
     });
     // Two jobs on the same two nodes, each taking turns with the other every 2 ms for the
-    // whole run: each is stopped and resumed hundreds of times, mid-collective.
+    // whole run: each is stopped and resumed thousands of times, mid-collective.
     let jobs: Vec<_> = (0..2)
-        .map(|_| c.spawn(&["-N", "2", "-n", "4", spin.to_str().unwrap(), "1000"]))
+        .map(|_| c.spawn(&["-N", "2", "-n", "4", spin.to_str().unwrap(), "2000"]))
         .collect();
     for job in jobs {
         let out = job.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));
-        // sum over ranks of (rank + i) = 6 + 4i; over i < 1000: 6000 + 4 * 499500.
+        // sum over ranks of (rank + i) = 6 + 4i; over i < 2000: 12000 + 4 * 1999000.
         let expected: BTreeSet<String> = (0..4)
-            .map(|r| format!("rank {r} of 4 total=2004000"))
+            .map(|r| format!("rank {r} of 4 total=8008000"))
             .collect();
         assert_eq!(
             text(&out.stdout)
@@ -175,6 +176,27 @@ fn mpi_jobs_run_side_by_side_and_under_gang_scheduling() {
                 .collect::<BTreeSet<_>>(),
             expected
         );
+    }
+    // Every NM recorded each schedule it applied (switches.log: `... stop=<jobs> cont=<jobs>
+    // ...`): a switch stops one job and continues the other.
+    for node in 0..2 {
+        let log = std::fs::read_to_string(c.root.join(format!("node{node}")).join("switches.log"))
+            .unwrap_or_default();
+        let switches = log
+            .lines()
+            .filter(|l| {
+                let has = |key: &str| {
+                    l.split_whitespace()
+                        .any(|f| f.strip_prefix(key).is_some_and(|jobs| !jobs.is_empty()))
+                };
+                has("stop=") && has("cont=")
+            })
+            .count();
+        assert!(
+            switches >= 1000,
+            "node {node} switched between the MPI jobs only {switches} times"
+        );
+        eprintln!("node {node}: {switches} switches between the two MPI jobs");
     }
 }
 
@@ -259,4 +281,63 @@ fn an_open_mpi_program_prints_under_storm_what_it_prints_under_mpirun() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A fence entered while the MM is down completes once it is back: each NM sends its part
+/// again to the restarted MM (at the new membership), which merges the parts and releases the
+/// fence, and the job ends normally with every rank's puts visible. The job prints only after
+/// the restart and ends before storm-submit has reattached: the restarted MM keeps that output
+/// for it and gives it before the outcome. The tasks speak PMI-1 themselves (a shell script on
+/// `PMI_FD`), so this needs no MPI library.
+#[test]
+fn a_fence_entered_while_the_mm_is_down_completes_after_its_restart() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().display().to_string();
+    let job = script(
+        work.path(),
+        "fence.sh",
+        &format!(
+            r#"pmi() {{ echo "$1" >&4; read -r reply <&4; }}
+pmi "cmd=init pmi_version=1 pmi_subversion=1"
+pmi "cmd=put kvsname=storm-$STORM_JOB_ID key=card-$PMI_RANK value=from-$PMI_RANK"
+touch "{dir}/ready-$PMI_RANK"
+while [ ! -e "{dir}/go" ]; do sleep 0.05; done
+pmi "cmd=barrier_in"
+echo "rank $PMI_RANK: $reply"
+pmi "cmd=get kvsname=storm-$STORM_JOB_ID key=card-$(( (PMI_RANK + 1) % PMI_SIZE ))"
+echo "rank $PMI_RANK: $reply"
+pmi "cmd=finalize"
+"#
+        ),
+    );
+    let mut c = TestCluster::start(2);
+    // The time limit ends the job, failing the test, if the fence is never released.
+    let submitter = c.spawn(&["-N", "2", "-n", "4", "-t", "1:00", job.to_str().unwrap()]);
+    let ready = |n: u32| (0..n).all(|r| work.path().join(format!("ready-{r}")).exists());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready(4) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ranks never got past their puts"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let cluster = c.cluster.as_mut().unwrap();
+    cluster.kill_mm().unwrap();
+    // Every rank enters the fence with no MM to take the parts.
+    std::fs::write(work.path().join("go"), "").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    cluster.restart_mm().unwrap();
+    let out = submitter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut expected: Vec<String> = (0..4)
+        .flat_map(|r| {
+            [
+                format!("rank {r}: cmd=barrier_out rc=0"),
+                format!("rank {r}: cmd=get_result rc=0 value=from-{}", (r + 1) % 4),
+            ]
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(sorted_lines(&out.stdout), expected, "{}", text(&out.stderr));
 }
