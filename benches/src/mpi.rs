@@ -25,7 +25,7 @@ use storm_cluster::messages::{MpiMode, Stream};
 use storm_cluster::tasks::TaskRequest;
 
 use crate::report::{Csv, Table};
-use crate::stats::fmt_time;
+use crate::stats::{Samples, fmt_time};
 
 pub struct MpiArgs {
     pub nodes: Vec<u32>,
@@ -179,11 +179,6 @@ fn hydra_once(program: &Path, nodes: u32, ppn: u32) -> Result<Sample> {
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 pub fn run(args: &MpiArgs, csv: &mut Csv) -> Result<Table> {
     let work = tempfile::Builder::new()
         .prefix("storm-bench-mpi-")
@@ -221,10 +216,13 @@ pub fn run(args: &MpiArgs, csv: &mut Csv) -> Result<Table> {
             hydra.push(hydra_once(&program, n, args.ppn)?);
         }
         cluster.shutdown()?;
-        let s_wire = median(storm.iter().map(|s| s.wireup).collect());
-        let h_wire = median(hydra.iter().map(|s| s.wireup).collect());
-        let s_e2e = median(storm.iter().map(|s| s.end_to_end).collect());
-        let h_e2e = median(hydra.iter().map(|s| s.end_to_end).collect());
+        let median = |samples: &[Sample], f: fn(&Sample) -> f64| {
+            Samples::from_secs(samples.iter().map(f).collect()).median()
+        };
+        let s_wire = median(&storm, |s| s.wireup);
+        let h_wire = median(&hydra, |s| s.wireup);
+        let s_e2e = median(&storm, |s| s.end_to_end);
+        let h_e2e = median(&hydra, |s| s.end_to_end);
         let ranks = n * args.ppn;
         table.push(vec![
             n.to_string(),
