@@ -492,15 +492,17 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
                 return;
             };
             *conn.stream.lock() = Some(keep);
-            conn.set_connected(&stream, session.sealer);
             // Adopted before the peer hears `HelloAck`: a connection the peer opens after
             // this one is then adopted after it, and closes this one, never the reverse.
-            // Frames sent meanwhile wait in the queue for the writer started below.
+            // It is marked connected only once the ack is written: until then frames sent to
+            // it wait in its queue for the writer started below, and none can reach the
+            // socket ahead of the ack (which the peer must read first).
             inner.adopt(conn.clone());
             if let Err(e) = (&stream).write_all(&OutFrame::control(&Control::HelloAck).to_vec()) {
                 inner.conn_lost(&conn, format!("sending the handshake's ack: {e}"));
                 return;
             }
+            conn.set_connected(&stream, session.sealer);
             let writer_inner = inner.clone();
             let writer_conn = conn.clone();
             let _ = std::thread::Builder::new()
