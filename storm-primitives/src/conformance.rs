@@ -77,7 +77,14 @@ pub struct TestLayout {
     pub data: EventId,
     pub done: EventId,
     pub queue: QueueLayout,
+    /// Home section, on node [`HOME`] only.
+    pub home_var: VarId,
+    pub home_area: Area,
+    pub home_event: EventId,
 }
+
+/// The node that holds the test layout's home section (every case uses at least 2 nodes).
+pub const HOME: NodeId = 1;
 
 /// Bytes in the layout's bulk area (room for the multi-megabyte cases).
 pub const BULK_BYTES: usize = 40 << 20;
@@ -93,8 +100,15 @@ pub fn test_layout() -> TestLayout {
     let data = b.event("data");
     let done = b.event("done");
     let queue = b.queue("q", 4, 1000);
+    b.home_section(HOME);
+    let home_var = b.var("home.var");
+    let home_area = b.area("home.area", 64 << 10);
+    let home_event = b.event("home.event");
     TestLayout {
         layout: b.build().expect("test layout"),
+        home_var,
+        home_area,
+        home_event,
         a,
         b: bv,
         counter,
@@ -1039,13 +1053,90 @@ pub fn node_killed_mid_transfer_leaves_no_partial_signal(f: &dyn ClusterFactory)
     assert!(caught >= 1, "never managed to kill a node mid-transfer");
 }
 
+/// The layout's home section exists on its home node only: operations that name it reach the
+/// home node, and any that would touch it on another node are refused before anything moves.
+pub fn the_home_section_exists_on_its_home_only(f: &dyn ClusterFactory) {
+    let t = test_layout();
+    let c = f.start(3, &t.layout);
+    let (n, home) = (c.node(0), c.node(HOME));
+    assert!(home.memory().len() >= t.home_area.offset as usize + t.home_area.len);
+    // (A backend may keep words of its own after a node's global memory.)
+    assert!(
+        n.memory().len() < t.home_area.offset as usize + t.home_area.len,
+        "node 0 does not hold the home section"
+    );
+    let only_home = NodeSet::single(HOME);
+    let data = Bytes::from(pattern(t.home_area.len, 16));
+    n.xfer_and_signal(
+        &only_home,
+        t.home_area.offset,
+        data.clone(),
+        Some(t.home_event),
+        Some(t.done),
+    )
+    .unwrap();
+    expect_signal(&*n, t.done, "the transfer into the home section");
+    expect_signal(&*home, t.home_event, "the home event");
+    let got = home
+        .memory()
+        .read_vec(t.home_area.offset, t.home_area.len)
+        .unwrap();
+    assert!(got == data, "home area holds what node 0 sent");
+    assert!(
+        n.compare_and_write(
+            &only_home,
+            t.home_var,
+            Relation::Eq,
+            0,
+            Some((t.home_var, 5))
+        )
+        .unwrap()
+    );
+    assert_eq!(home.memory().load(t.home_var), 5);
+
+    let refused = |r: crate::Result<()>, what: &str| match r {
+        Err(PrimError::InvalidArgument(msg)) => {
+            assert!(msg.contains("home section"), "{what}: {msg}")
+        }
+        other => panic!("{what}: expected an invalid-argument error, got {other:?}"),
+    };
+    let everyone = all(&*c);
+    refused(
+        n.xfer_and_signal(&everyone, t.home_area.offset, data.slice(..8), None, None),
+        "home area on every node",
+    );
+    refused(
+        n.xfer_and_signal(
+            &everyone,
+            t.a.offset(),
+            Bytes::new(),
+            Some(t.home_event),
+            None,
+        ),
+        "home event on every node",
+    );
+    refused(
+        n.compare_and_write(&everyone, t.home_var, Relation::Eq, 5, None)
+            .map(|_| ()),
+        "home variable on every node",
+    );
+    assert!(matches!(
+        n.test_event(t.home_event, Wait::Poll),
+        Err(PrimError::InvalidArgument(_))
+    ));
+    assert!(
+        !home.test_event(t.home_event, Wait::Poll).unwrap(),
+        "no second signal"
+    );
+}
+
 /// Arguments that cannot be right are rejected at once with an error that names them.
 pub fn bad_arguments_are_rejected(f: &dyn ClusterFactory) {
     let t = test_layout();
     let c = f.start(3, &t.layout);
     let n = c.node(0);
     let everyone = all(&*c);
-    let size = t.layout.size() as u64;
+    let size = t.layout.shared().bytes as u64;
     let invalid = |r: crate::Result<()>, what: &str| match r {
         Err(PrimError::InvalidArgument(msg)) => assert!(!msg.is_empty(), "{what}"),
         other => panic!("{what}: expected an invalid-argument error, got {other:?}"),
@@ -1215,6 +1306,7 @@ macro_rules! conformance_suite {
             completed_xfer_is_visible_to_compare_and_write,
             slow_consumer_under_flow_control_loses_nothing,
             bad_arguments_are_rejected,
+            the_home_section_exists_on_its_home_only,
             disjoint_operations_run_concurrently,
             scales_to_the_backends_largest_cluster,
         );

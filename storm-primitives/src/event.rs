@@ -55,6 +55,11 @@ impl EventTable {
         self.cells.len()
     }
 
+    /// Event `raw` of this table, if it has one (for ids decoded from the network).
+    pub fn event(&self, raw: u32) -> Option<EventId> {
+        ((raw as usize) < self.len()).then_some(EventId(raw))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.cells.is_empty()
     }

@@ -5,10 +5,19 @@
 //! layout with the same sequence of builder calls, so the same name lands at the same offset
 //! everywhere. The layout's fingerprint (a hash of every entry) is exchanged when nodes connect,
 //! so two nodes that disagree about the layout refuse to talk instead of corrupting each other.
+//!
+//! A layout may end with a *home section* ([`LayoutBuilder::home_section`]): entries and events
+//! that exist on one node only, for state one node keeps about every other node (the machine
+//! manager's per-node output queues and reports). Every other node allocates only the shared
+//! part, so its memory does not grow with the cluster. The shared part is a prefix of the home
+//! node's, so a name has the same offset and event index wherever it exists. Operations that
+//! name the home section are valid only when every destination is the home node.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
+
+use crate::nodeset::{NodeId, NodeSet};
 
 /// Variables are 8-byte words; areas start on cache-line boundaries.
 const WORD: usize = 8;
@@ -119,6 +128,8 @@ pub enum LayoutError {
     Empty(String),
     #[error("layout exceeds {MAX_LAYOUT_BYTES} bytes at {0:?}")]
     TooLarge(String),
+    #[error("a layout has at most one home section")]
+    SecondHomeSection,
 }
 
 /// Builds a [`Layout`]. Call the same methods in the same order on every node.
@@ -129,6 +140,8 @@ pub struct LayoutBuilder {
     next: u64,
     names: HashSet<String>,
     error: Option<LayoutError>,
+    /// The home node and where the shared part ended, once `home_section` was called.
+    home: Option<(NodeId, Extent)>,
 }
 
 impl LayoutBuilder {
@@ -204,15 +217,42 @@ impl LayoutBuilder {
         }
     }
 
+    /// Everything claimed after this call (variables, areas, queues and events) exists on node
+    /// `home` only. Call it once, after the shared entries.
+    pub fn home_section(&mut self, home: NodeId) {
+        if self.error.is_none() && self.home.is_some() {
+            self.error = Some(LayoutError::SecondHomeSection);
+        }
+        // The home section starts where the shared part's memory ends.
+        self.next = padded(self.next) as u64;
+        self.home = Some((
+            home,
+            Extent {
+                bytes: self.next as usize,
+                events: self.events.len(),
+            },
+        ));
+    }
+
     pub fn build(self) -> Result<Layout, LayoutError> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let size = (self.next as usize)
-            .next_multiple_of(AREA_ALIGN)
-            .max(AREA_ALIGN);
+        let full = Extent {
+            bytes: padded(self.next),
+            events: self.events.len(),
+        };
+        let (shared, home) = match self.home {
+            Some((node, shared)) => (shared, Some((node, full))),
+            None => (full, None),
+        };
+        let size = full.bytes;
         let mut fingerprint = Fnv64::new();
         fingerprint.write(&(size as u64).to_le_bytes());
+        fingerprint.write(&(shared.bytes as u64).to_le_bytes());
+        if let Some((node, _)) = home {
+            fingerprint.write(&node.to_le_bytes());
+        }
         for e in &self.entries {
             fingerprint.write(e.name.as_bytes());
             fingerprint.write(&[e.kind.clone() as u8]);
@@ -224,18 +264,34 @@ impl LayoutBuilder {
             fingerprint.write(&[0xEE]);
         }
         Ok(Layout {
-            size,
+            shared,
+            home,
             event_names: self.events,
             fingerprint: fingerprint.finish(),
         })
     }
 }
 
+/// Bytes of global memory for a layout that claimed up to `next`.
+fn padded(next: u64) -> usize {
+    (next as usize).next_multiple_of(AREA_ALIGN).max(AREA_ALIGN)
+}
+
+/// How much of a layout one node holds: bytes of global memory and number of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub bytes: usize,
+    pub events: usize,
+}
+
 /// The finished layout: how large each node's global memory is, how many events it has, and a
 /// fingerprint that identifies it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    size: usize,
+    /// What every node holds.
+    shared: Extent,
+    /// The home node and what it holds (the shared part and its home section).
+    home: Option<(NodeId, Extent)>,
     event_names: Vec<String>,
     fingerprint: u64,
 }
@@ -244,12 +300,32 @@ impl Layout {
     pub fn builder() -> LayoutBuilder {
         LayoutBuilder::new()
     }
-    /// Bytes of global memory on every node.
-    pub fn size(&self) -> usize {
-        self.size
+    /// What node `node` holds: the shared part, plus the home section on the home node.
+    pub fn extent_at(&self, node: NodeId) -> Extent {
+        match self.home {
+            Some((home, full)) if home == node => full,
+            _ => self.shared,
+        }
     }
-    pub fn event_count(&self) -> usize {
-        self.event_names.len()
+    /// Bytes of global memory on node `node`.
+    pub fn size_at(&self, node: NodeId) -> usize {
+        self.extent_at(node).bytes
+    }
+    /// Number of events on node `node`.
+    pub fn event_count_at(&self, node: NodeId) -> usize {
+        self.extent_at(node).events
+    }
+    /// What every node holds.
+    pub fn shared(&self) -> Extent {
+        self.shared
+    }
+    /// The node that holds the home section, if the layout has one.
+    pub fn home(&self) -> Option<NodeId> {
+        self.home.map(|(node, _)| node)
+    }
+    /// Bytes of global memory on the node that holds the most (the home node, if any).
+    pub fn max_size(&self) -> usize {
+        self.home.map_or(self.shared, |(_, full)| full).bytes
     }
     pub fn event_name(&self, id: EventId) -> Option<&str> {
         self.event_names.get(id.index()).map(String::as_str)
@@ -258,21 +334,45 @@ impl Layout {
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
     }
-    /// The event with index `raw`, if the layout has one (for ids decoded from the network).
-    pub fn event(&self, raw: u32) -> Option<EventId> {
-        ((raw as usize) < self.event_names.len()).then_some(EventId(raw))
+    /// Event `raw` on node `node`, if that node has it (for ids decoded from the network).
+    pub fn event_at(&self, node: NodeId, raw: u32) -> Option<EventId> {
+        ((raw as usize) < self.event_count_at(node)).then_some(EventId(raw))
     }
-    /// The variable at `offset`, if it is word-aligned and inside global memory.
-    pub fn var_at(&self, offset: u64) -> Option<VarId> {
-        (offset % WORD as u64 == 0 && offset.checked_add(WORD as u64)? <= self.size as u64)
+    /// The variable at `offset` on node `node`, if it is word-aligned and inside that node's
+    /// global memory.
+    pub fn var_at(&self, node: NodeId, offset: u64) -> Option<VarId> {
+        (offset % WORD as u64 == 0 && self.contains_range_at(node, offset, WORD as u64))
             .then_some(VarId(offset))
     }
-    /// Whether `offset..offset+len` lies inside global memory.
-    pub fn contains_range(&self, offset: u64, len: u64) -> bool {
+    /// Whether `offset..offset+len` lies inside node `node`'s global memory.
+    pub fn contains_range_at(&self, node: NodeId, offset: u64, len: u64) -> bool {
         offset
             .checked_add(len)
-            .is_some_and(|end| end <= self.size as u64)
+            .is_some_and(|end| end <= self.size_at(node) as u64)
     }
+    /// Whether `offset..offset+len` lies inside the global memory of every node of `dest`.
+    /// Constant time: a range past the shared part fits only a destination that is the home.
+    pub fn fits(&self, dest: &NodeSet, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        end <= self.shared.bytes as u64
+            || self
+                .home
+                .is_some_and(|(home, full)| end <= full.bytes as u64 && only(dest, home))
+    }
+    /// Whether every node of `dest` has event `ev`.
+    pub fn has_event(&self, dest: &NodeSet, ev: EventId) -> bool {
+        ev.index() < self.shared.events
+            || self
+                .home
+                .is_some_and(|(home, full)| ev.index() < full.events && only(dest, home))
+    }
+}
+
+/// Whether `dest` is exactly `{home}` (an empty set names no node, so it fits anywhere).
+fn only(dest: &NodeSet, home: NodeId) -> bool {
+    dest.iter().all(|n| n == home)
 }
 
 /// FNV-1a (64 bit) of `bytes`: tiny and stable across platforms and Rust versions.
@@ -324,8 +424,8 @@ mod tests {
         assert!(q1.slots.offset >= area1.offset + 100);
         assert_eq!(q1.slot_stride(), 216);
         assert_eq!(q1.slots.len, 4 * 216);
-        assert!(l1.size() >= (q1.slots.offset as usize + q1.slots.len));
-        assert_eq!(l1.event_count(), 2, "queue event plus 'done'");
+        assert!(l1.max_size() >= (q1.slots.offset as usize + q1.slots.len));
+        assert_eq!(l1.event_count_at(0), 2, "queue event plus 'done'");
         assert_eq!(l1.event_name(e1), Some("done"));
     }
 
@@ -355,13 +455,73 @@ mod tests {
     #[test]
     fn network_supplied_offsets_are_validated() {
         let (l, v, ..) = sample();
-        assert_eq!(l.var_at(v.offset()), Some(v));
-        assert_eq!(l.var_at(3), None, "misaligned");
-        assert_eq!(l.var_at(l.size() as u64), None, "past the end");
-        assert_eq!(l.var_at(u64::MAX - 7), None, "overflow");
-        assert!(l.contains_range(0, l.size() as u64));
-        assert!(!l.contains_range(1, l.size() as u64));
-        assert!(!l.contains_range(u64::MAX, 2));
-        assert_eq!(l.event(2), None);
+        let size = l.size_at(0) as u64;
+        assert_eq!(l.var_at(0, v.offset()), Some(v));
+        assert_eq!(l.var_at(0, 3), None, "misaligned");
+        assert_eq!(l.var_at(0, size), None, "past the end");
+        assert_eq!(l.var_at(0, u64::MAX - 7), None, "overflow");
+        assert!(l.contains_range_at(0, 0, size));
+        assert!(!l.contains_range_at(0, 1, size));
+        assert!(!l.contains_range_at(0, u64::MAX, 2));
+        assert_eq!(l.event_at(0, 2), None);
+    }
+
+    /// A layout whose node 3 also holds one area, one variable and one event per other node.
+    fn with_home(nodes: usize) -> (Layout, VarId, Area, EventId, Area, VarArray, EventId) {
+        let mut b = Layout::builder();
+        let v = b.var("shared.var");
+        let area = b.area("shared.area", 1000);
+        let ev = b.event("shared.event");
+        b.home_section(3);
+        let per_node = b.area("home.per-node", 4096 * nodes);
+        let vars = b.array("home.vars", nodes);
+        let home_ev = b.event("home.event");
+        (b.build().unwrap(), v, area, ev, per_node, vars, home_ev)
+    }
+
+    #[test]
+    fn only_the_home_node_holds_the_home_section_and_the_rest_does_not_grow_with_it() {
+        let (small, ..) = with_home(4);
+        let (large, v, area, ev, per_node, vars, home_ev) = with_home(16_384);
+        assert_eq!(
+            small.size_at(0),
+            large.size_at(0),
+            "a non-home node's memory"
+        );
+        assert_eq!(small.event_count_at(7), large.event_count_at(7));
+        assert!(large.size_at(3) >= per_node.offset as usize + 4096 * 16_384);
+        assert_eq!(large.event_count_at(3), 2);
+        assert_eq!(large.home(), Some(3));
+        assert_ne!(small.fingerprint(), large.fingerprint());
+
+        let home = NodeSet::from_iter([3]);
+        let others = NodeSet::from_iter([0, 1]);
+        let mixed = NodeSet::from_iter([1, 3]);
+        assert!(large.fits(&mixed, area.offset, area.len as u64), "shared");
+        assert!(large.fits(&home, per_node.offset, 100));
+        assert!(!large.fits(&others, per_node.offset, 100));
+        assert!(!large.fits(&mixed, per_node.offset, 100));
+        assert!(!large.fits(&home, per_node.offset, u64::MAX));
+        assert!(large.has_event(&mixed, ev));
+        assert!(large.has_event(&home, home_ev));
+        assert!(!large.has_event(&mixed, home_ev));
+        assert!(
+            per_node.offset >= large.shared().bytes as u64,
+            "after the shared part"
+        );
+        assert_eq!(large.var_at(0, v.offset()), Some(v));
+        assert_eq!(large.var_at(0, vars.at(0).offset()), None, "not on node 0");
+        assert_eq!(large.var_at(3, vars.at(0).offset()), Some(vars.at(0)));
+        assert_eq!(large.event_at(0, 1), None);
+        assert_eq!(large.event_at(3, 1), Some(home_ev));
+    }
+
+    #[test]
+    fn a_second_home_section_is_refused() {
+        let mut b = Layout::builder();
+        b.var("x");
+        b.home_section(0);
+        b.home_section(1);
+        assert_eq!(b.build(), Err(LayoutError::SecondHomeSection));
     }
 }

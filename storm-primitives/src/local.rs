@@ -48,9 +48,9 @@ impl LocalFabric {
     /// A cluster of `n` nodes (ids `0..n`) sharing `layout`.
     pub fn new(n: u32, layout: Layout) -> Arc<Self> {
         let nodes = (0..n)
-            .map(|_| NodeState {
-                memory: GlobalMemory::new(layout.size()),
-                events: EventTable::new(layout.event_count()),
+            .map(|id| NodeState {
+                memory: GlobalMemory::new(layout.size_at(id)),
+                events: EventTable::new(layout.event_count_at(id)),
                 alive: AtomicBool::new(true),
                 frozen: AtomicBool::new(false),
             })
@@ -199,7 +199,7 @@ impl Primitives for LocalNode {
     ) -> Result<()> {
         check_xfer(
             &self.fabric.layout,
-            &self.fabric.all,
+            (self.id, &self.fabric.all),
             dest,
             offset,
             data.len(),
@@ -238,7 +238,7 @@ impl Primitives for LocalNode {
     }
 
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool> {
-        check_event(&self.fabric.layout, event)?;
+        check_event(&self.fabric.layout, self.id, event)?;
         self.check_alive()?;
         self.state().events.test(event, wait)
     }

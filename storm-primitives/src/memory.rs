@@ -228,7 +228,7 @@ mod tests {
         let mut b = Layout::builder();
         let v = b.var("v");
         let layout = b.build().unwrap();
-        let mem = GlobalMemory::new(layout.size());
+        let mem = GlobalMemory::new(layout.size_at(0));
         assert_eq!(mem.as_ptr() as usize % PAGE, 0);
         mem.store(v, 0x0102_0304_0506_0708);
         assert_eq!(mem.load(v), 0x0102_0304_0506_0708);

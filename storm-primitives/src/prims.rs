@@ -96,10 +96,11 @@ pub trait Primitives: Send + Sync {
     ) -> Result<bool>;
 }
 
-/// Checks the arguments of an XFER-AND-SIGNAL against the layout and the cluster.
+/// Checks the arguments of an XFER-AND-SIGNAL from node `me` against the layout and the
+/// cluster.
 pub(crate) fn check_xfer(
     layout: &Layout,
-    all: &NodeSet,
+    (me, all): (NodeId, &NodeSet),
     dest: &NodeSet,
     offset: u64,
     len: usize,
@@ -107,14 +108,25 @@ pub(crate) fn check_xfer(
     local: Option<EventId>,
 ) -> Result<()> {
     check_nodes(all, dest)?;
-    if !layout.contains_range(offset, len as u64) {
+    if !layout.fits(dest, offset, len as u64) {
         return Err(PrimError::invalid(format!(
-            "transfer of {len} bytes at offset {offset} does not fit in global memory of {} bytes",
-            layout.size()
+            "transfer of {len} bytes at offset {offset} does not fit in the global memory of \
+             nodes {dest} ({} bytes on each node{})",
+            layout.shared().bytes,
+            home_note(layout)
         )));
     }
-    for ev in [remote, local].into_iter().flatten() {
-        check_event(layout, ev)?;
+    if let Some(ev) = remote
+        && !layout.has_event(dest, ev)
+    {
+        return Err(PrimError::invalid(format!(
+            "event {} does not exist on every node of {dest}{}",
+            ev.index(),
+            home_note(layout)
+        )));
+    }
+    if let Some(ev) = local {
+        check_event(layout, me, ev)?;
     }
     Ok(())
 }
@@ -129,25 +141,35 @@ pub(crate) fn check_caw(
 ) -> Result<()> {
     check_nodes(all, dest)?;
     for v in std::iter::once(var).chain(write.map(|w| w.0)) {
-        if layout.var_at(v.offset()).is_none() {
+        if v.offset() % 8 != 0 || !layout.fits(dest, v.offset(), 8) {
             return Err(PrimError::invalid(format!(
-                "variable at offset {} is outside global memory",
-                v.offset()
+                "variable at offset {} is outside the global memory of nodes {dest}{}",
+                v.offset(),
+                home_note(layout)
             )));
         }
     }
     Ok(())
 }
 
-pub(crate) fn check_event(layout: &Layout, ev: EventId) -> Result<()> {
-    if ev.index() >= layout.event_count() {
+/// Checks that node `me` has local event `ev`.
+pub(crate) fn check_event(layout: &Layout, me: NodeId, ev: EventId) -> Result<()> {
+    if ev.index() >= layout.event_count_at(me) {
         return Err(PrimError::invalid(format!(
-            "event {} does not exist (the layout has {})",
+            "event {} does not exist on node {me} (it has {})",
             ev.index(),
-            layout.event_count()
+            layout.event_count_at(me)
         )));
     }
     Ok(())
+}
+
+/// Where a layout's home section lives, for error messages.
+fn home_note(layout: &Layout) -> String {
+    match layout.home() {
+        Some(home) => format!("; the layout's home section exists on node {home} only"),
+        None => String::new(),
+    }
 }
 
 pub(crate) fn check_nodes(all: &NodeSet, dest: &NodeSet) -> Result<()> {

@@ -91,8 +91,9 @@ pub struct OfiNode {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-fn tail_offset(layout: &Layout) -> u64 {
-    (layout.size() as u64).next_multiple_of(64)
+/// Where the backend's own words start on node `node`: after its global memory.
+fn tail_offset(layout: &Layout, node: NodeId) -> u64 {
+    (layout.size_at(node) as u64).next_multiple_of(64)
 }
 
 impl OfiNode {
@@ -107,7 +108,7 @@ impl OfiNode {
     ) -> Result<OfiNode> {
         let id = boot.node_id();
         let all = boot.nodes();
-        let tail = tail_offset(&layout);
+        let tail = tail_offset(&layout, id);
         let memory = GlobalMemory::new((tail + OPERANDS + 8 * (all.len() as u64 + 2)) as usize);
         let fabric = Arc::new(Fabric::open(
             &config.provider,
@@ -134,7 +135,7 @@ impl OfiNode {
             })
             .collect();
         tracing::debug!(node = id, provider = %fabric.provider, mr_mode = ?fabric.mr_mode.names(), "ofi endpoint ready");
-        let events = Arc::new(EventTable::new(layout.event_count()));
+        let events = Arc::new(EventTable::new(layout.event_count_at(id)));
         let inner = Arc::new(Inner {
             id,
             all,
@@ -161,7 +162,6 @@ impl OfiNode {
                     progress::run(
                         p.fabric.clone(),
                         p.events.clone(),
-                        p.layout.clone(),
                         p.stop.clone(),
                         p.frozen.clone(),
                     )
@@ -441,7 +441,7 @@ impl Inner {
         let src = self.word(SIGNAL_SOURCE);
         let desc = self.local_desc();
         for t in targets.iter() {
-            let raddr = self.remote_addr(t, self.tail + SIGNAL_LANDING);
+            let raddr = self.remote_addr(t, tail_offset(&self.layout, t) + SIGNAL_LANDING);
             let ticket = self.write(t, src.cast_const(), 8, desc, raddr, Some(data), deadline)?;
             tickets.push((t, ticket));
         }
@@ -656,7 +656,8 @@ impl Inner {
         let me = self.id as u64 + 1;
         let mut pause = Duration::from_micros(5);
         loop {
-            let old = self.compare_swap(root, self.tail + LOCK, sys::FI_CSWAP, 0, me, deadline)?;
+            let lock = tail_offset(&self.layout, root) + LOCK;
+            let old = self.compare_swap(root, lock, sys::FI_CSWAP, 0, me, deadline)?;
             if old == 0 || old == me {
                 return Ok(());
             }
@@ -677,7 +678,8 @@ impl Inner {
 
     fn unlock_root(&self, root: NodeId, deadline: Instant) -> Result<()> {
         let me = self.id as u64 + 1;
-        self.compare_swap(root, self.tail + LOCK, sys::FI_CSWAP, me, 0, deadline)
+        let lock = tail_offset(&self.layout, root) + LOCK;
+        self.compare_swap(root, lock, sys::FI_CSWAP, me, 0, deadline)
             .map(|_| ())
     }
 }
@@ -711,7 +713,7 @@ impl Primitives for OfiNode {
         let inner = &self.inner;
         check_xfer(
             &inner.layout,
-            &inner.all,
+            (inner.id, &inner.all),
             dest,
             offset,
             data.len(),
@@ -735,13 +737,13 @@ impl Primitives for OfiNode {
 
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool> {
         let inner = &self.inner;
-        check_event(&inner.layout, event)?;
+        check_event(&inner.layout, inner.id, event)?;
         // A signal delivered into our completion queue counts even if the progress thread has
         // not got to it yet.
         {
             let _open = inner.open.read();
             if !inner.stop.load(Ordering::Acquire) {
-                progress::drain(&inner.fabric, &inner.events, &inner.layout, false);
+                progress::drain(&inner.fabric, &inner.events, false);
             }
         }
         inner.events.test(event, wait)

@@ -13,7 +13,6 @@ use parking_lot::{Condvar, Mutex};
 use super::fabric::Fabric;
 use crate::error::PrimError;
 use crate::event::EventTable;
-use crate::layout::Layout;
 
 /// Remote CQ data that means "raise event N": a tag in the high bits, the event below.
 const SIGNAL_TAG: u64 = 0x5354_0000_0000_0000;
@@ -83,7 +82,7 @@ unsafe fn complete(ctx: *mut libc::c_void, r: Result<(), String>) {
 /// tickets and raises events. Returns how many entries it handled. Any thread may call it: the
 /// progress thread does so in a loop, and TEST-EVENT once before it looks at its event, so a
 /// signal already delivered into this node's queue is never missed.
-pub fn drain(fabric: &Fabric, events: &EventTable, layout: &Layout, wait: bool) -> usize {
+pub fn drain(fabric: &Fabric, events: &EventTable, wait: bool) -> usize {
     let mut entries: [sys::fi_cq_data_entry; 32] = Default::default();
     let mut handled = 0;
     loop {
@@ -108,7 +107,7 @@ pub fn drain(fabric: &Fabric, events: &EventTable, layout: &Layout, wait: bool) 
                 // set FI_REMOTE_CQ_DATA on the initiator's own completion of fi_writedata, so
                 // that flag alone does not mean a signal arrived.
                 if e.flags & sys::FI_REMOTE_WRITE != 0 && e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
-                    match decode_signal(e.data).and_then(|ev| layout.event(ev)) {
+                    match decode_signal(e.data).and_then(|ev| events.event(ev)) {
                         Some(ev) => events.signal(ev),
                         None => tracing::warn!(
                             data = e.data,
@@ -145,7 +144,6 @@ pub fn drain(fabric: &Fabric, events: &EventTable, layout: &Layout, wait: bool) 
 pub fn run(
     fabric: Arc<Fabric>,
     events: Arc<EventTable>,
-    layout: Layout,
     stop: Arc<AtomicBool>,
     frozen: Arc<AtomicBool>,
 ) {
@@ -155,7 +153,7 @@ pub fn run(
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        if drain(&fabric, &events, &layout, true) > 0 {
+        if drain(&fabric, &events, true) > 0 {
             idle = 0;
             continue;
         }

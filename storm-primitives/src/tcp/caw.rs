@@ -295,7 +295,7 @@ impl Inner {
         }
         let vars = std::iter::once(req.var).chain(req.write.map(|w| w.0));
         for v in vars {
-            if self.layout.var_at(v).is_none() {
+            if self.layout.var_at(self.id, v).is_none() {
                 return Err(format!(
                     "request {:?} names variable offset {v} outside global memory",
                     req.key
@@ -317,7 +317,7 @@ impl Inner {
     }
 
     fn local_compare(&self, req: &CawRequest) -> bool {
-        match self.layout.var_at(req.var) {
+        match self.layout.var_at(self.id, req.var) {
             Some(var) => self.memory.compare(var, req.rel, req.value),
             None => false,
         }
@@ -465,7 +465,7 @@ impl Inner {
             return;
         };
         if let Some((var, value)) = op.req.write
-            && let Some(var) = self.layout.var_at(var)
+            && let Some(var) = self.layout.var_at(self.id, var)
         {
             self.memory.store(var, value);
         }

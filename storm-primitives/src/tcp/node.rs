@@ -288,8 +288,8 @@ impl TcpNode {
         let inner = Arc::new(Inner {
             id,
             all: NodeSet::first_n(n),
-            memory: GlobalMemory::new(layout.size()),
-            events: EventTable::new(layout.event_count()),
+            memory: GlobalMemory::new(layout.size_at(id)),
+            events: EventTable::new(layout.event_count_at(id)),
             layout,
             config,
             directory: RwLock::new(directory),
@@ -440,7 +440,7 @@ impl Primitives for TcpNode {
         let inner = &self.inner;
         check_xfer(
             &inner.layout,
-            &inner.all,
+            (inner.id, &inner.all),
             dest,
             offset,
             data.len(),
@@ -456,7 +456,7 @@ impl Primitives for TcpNode {
     }
 
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool> {
-        check_event(&self.inner.layout, event)?;
+        check_event(&self.inner.layout, self.inner.id, event)?;
         self.inner.events.test(event, wait)
     }
 

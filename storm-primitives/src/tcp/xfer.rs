@@ -288,14 +288,17 @@ impl Inner {
         if tree.parent(self.id) != Some(from) {
             return Err(format!("node {from} is not this node's parent for {key:?}"));
         }
-        if !self.layout.contains_range(begin.offset, begin.len) {
+        if !self
+            .layout
+            .contains_range_at(self.id, begin.offset, begin.len)
+        {
             return Err(format!(
                 "transfer {key:?} of {} bytes at {} overruns global memory",
                 begin.len, begin.offset
             ));
         }
         if let Some(ev) = begin.remote_event
-            && self.layout.event(ev).is_none()
+            && self.layout.event_at(self.id, ev).is_none()
         {
             return Err(format!("transfer {key:?} names unknown event {ev}"));
         }
@@ -515,7 +518,7 @@ impl Inner {
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         if dest.contains(self.id)
-            && let Some(ev) = remote_event.and_then(|e| self.layout.event(e))
+            && let Some(ev) = remote_event.and_then(|e| self.layout.event_at(self.id, e))
         {
             self.events.signal(ev);
         }
