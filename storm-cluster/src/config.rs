@@ -369,8 +369,61 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub failure: FailureSection,
     pub mm: MmSection,
-    #[serde(rename = "node", default)]
+    /// One entry per node; in the file, a `[[node]]` table may name many (see [`NodeTable`]).
+    #[serde(rename = "node", default, deserialize_with = "expand_nodes")]
     pub nodes: Vec<NodeEntry>,
+}
+
+/// A `[[node]]` table as written: `name` and `address` may be hostlist expressions
+/// (`name = "node[0000-1023]"`, `address = "10.1.[0-3].[1-254]:7001"`), one node per name.
+/// An address that expands to one entry is used by every name (valid only with port 0, for
+/// single-host testing); otherwise both must expand to the same count, paired in order.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeTable {
+    name: String,
+    address: String,
+    spool: PathBuf,
+    #[serde(default = "one")]
+    cpus: u32,
+}
+
+fn expand_nodes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeEntry>, D::Error> {
+    use serde::de::Error;
+    let tables = Vec::<NodeTable>::deserialize(d)?;
+    let mut nodes = Vec::new();
+    for t in tables {
+        let names = crate::hostlist::expand(&t.name).map_err(D::Error::custom)?;
+        let addresses = crate::hostlist::expand(&t.address).map_err(D::Error::custom)?;
+        if addresses.len() != 1 && addresses.len() != names.len() {
+            return Err(D::Error::custom(format!(
+                "node name {:?} stands for {} nodes but address {:?} for {} addresses",
+                t.name,
+                names.len(),
+                t.address,
+                addresses.len()
+            )));
+        }
+        for (i, name) in names.into_iter().enumerate() {
+            let text = &addresses[i.min(addresses.len() - 1)];
+            let address = text
+                .parse()
+                .map_err(|e| D::Error::custom(format!("node {name}: address {text:?}: {e}")))?;
+            nodes.push(NodeEntry {
+                name,
+                address,
+                spool: t.spool.clone(),
+                cpus: t.cpus,
+            });
+        }
+        if nodes.len() > crate::hostlist::MAX_EXPANSION {
+            return Err(D::Error::custom(format!(
+                "more than {} [[node]] entries",
+                crate::hostlist::MAX_EXPANSION
+            )));
+        }
+    }
+    Ok(nodes)
 }
 
 impl ClusterConfig {
@@ -617,7 +670,7 @@ impl ClusterConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const SMALL: &str = r#"
@@ -635,6 +688,73 @@ mod tests {
         spool = "/tmp/b"
         cpus = 4
     "#;
+
+    /// A cluster file whose one `[[node]]` table names `n` nodes.
+    pub(crate) fn hostlist_file(n: usize) -> String {
+        format!(
+            r#"
+            [cluster]
+            name = "big"
+            [mm]
+            address = "127.0.0.1:7000"
+            [[node]]
+            name = "node[00000-{:05}]"
+            address = "127.0.0.1:0"
+            spool = "/tmp/spool"
+            cpus = 2
+            "#,
+            n - 1
+        )
+    }
+
+    #[test]
+    fn a_hostlist_table_names_one_node_per_name_in_order() {
+        let c = ClusterConfig::parse(&hostlist_file(16_384)).unwrap();
+        assert_eq!(c.node_count(), 16_384);
+        assert_eq!(c.nodes[0].name, "node00000");
+        assert_eq!(c.nodes[16_383].name, "node16383");
+        assert_eq!(c.node_by_name("node00042"), Some(42));
+        assert!(c.nodes.iter().all(|n| n.cpus == 2));
+
+        let paired = SMALL.replace(
+            "name = \"a\"\n        address = \"127.0.0.1:7001\"",
+            "name = \"a[1-3]\"\n        address = \"127.0.0.[11-13]:7001\"",
+        );
+        let c = ClusterConfig::parse(&paired).unwrap();
+        let got: Vec<_> = c
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.address.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a1", "127.0.0.11:7001".to_string()),
+                ("a2", "127.0.0.12:7001".to_string()),
+                ("a3", "127.0.0.13:7001".to_string()),
+                ("b", "127.0.0.1:7002".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn hostlist_mistakes_name_the_table() {
+        let uneven = SMALL.replace(
+            "name = \"a\"\n        address = \"127.0.0.1:7001\"",
+            "name = \"a[1-3]\"\n        address = \"127.0.0.[11-12]:7001\"",
+        );
+        let e = ClusterConfig::parse(&uneven).unwrap_err().to_string();
+        assert!(
+            e.contains("stands for 3 nodes") && e.contains("2 addresses"),
+            "{e}"
+        );
+        let shared_port = SMALL.replace("name = \"a\"", "name = \"a[1-2]\"");
+        let e = ClusterConfig::parse(&shared_port).unwrap_err().to_string();
+        assert!(e.contains("127.0.0.1:7001 is used twice"), "{e}");
+        let backwards = SMALL.replace("name = \"a\"", "name = \"a[3-1]\"");
+        let e = ClusterConfig::parse(&backwards).unwrap_err().to_string();
+        assert!(e.contains("runs backwards"), "{e}");
+    }
 
     #[test]
     fn a_minimal_file_gets_defaults_and_a_directory() {

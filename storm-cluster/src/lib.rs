@@ -21,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod endpoint;
+pub mod hostlist;
 pub mod key;
 pub mod layout;
 pub mod messages;
