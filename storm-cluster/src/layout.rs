@@ -1,10 +1,12 @@
-//! The global-memory layout of storm's resource management, identical on the MM and every NM.
+//! The global-memory layout of storm's resource management.
 //!
-//! Each node's region holds what the NM side uses (the heartbeat queue, the chunk queue of
-//! program transfers, readiness and termination flags) and what the MM side uses (one output
-//! queue per node, per-job report areas, termination hints). Every node allocates the whole
-//! layout; pages a node never touches are never backed by memory (the region is allocated
-//! zeroed, which large allocations get lazily from the kernel).
+//! Every node holds the *shared* part: what the NMs use (the heartbeat queue, the chunk queue of
+//! program transfers, readiness and termination flags, MPI fence results). Its size depends on
+//! the `[cluster]` settings, never on the number of nodes. The MM alone also holds the layout's
+//! home section: one output queue, report, registration and MPI area per compute node
+//! (docs/operations.md gives both sizes as formulas). Pages a node never touches are never
+//! backed by memory (the region is allocated zeroed, which large allocations get lazily from
+//! the kernel).
 
 use storm_primitives::{Area, EventId, Layout, LayoutError, QueueLayout, VarArray, VarId};
 
@@ -91,6 +93,7 @@ impl RmLayout {
         let c = &cfg.cluster;
         let nodes = cfg.nodes.len();
         let mut b = Layout::builder();
+        // --- shared: on every node, the same size whatever the cluster's ---
         let heartbeat = b.queue("heartbeat", c.heartbeat_slots, c.heartbeat_bytes);
         let chunks = b.queue("chunks", c.transfer_slots, c.transfer_chunk_bytes);
         let membership_bytes = crate::messages::membership_bytes(c.max_jobs);
@@ -98,6 +101,21 @@ impl RmLayout {
         let joined = b.event("joined");
         let file_ack = b.var("file.ack");
         let terminated = b.array("terminated", c.max_jobs);
+        let pmi_job_bytes = c.pmi_job_bytes;
+        let pmi_down = b.area("pmi.down", c.max_jobs * pmi_job_bytes);
+        let pmi_down_event = b.event("pmi.down.signal");
+        let hb_sent = b.event("heartbeat.sent");
+        let chunk_sent = (0..c.max_transfers)
+            .map(|i| b.event(&format!("chunk.sent.{i}")))
+            .collect();
+        let report_sent = b.event("report.sent");
+        let output_sent = b.event("output.sent");
+        let join_sent = b.event("join.sent");
+        let register_sent = b.event("register.sent");
+        let pmi_up_sent = b.event("pmi.up.sent");
+        let pmi_down_sent = b.event("pmi.down.sent");
+        // --- the MM's home section: what the MM keeps about every node ---
+        b.home_section(cfg.mm_id());
         let output = (0..nodes)
             .map(|i| b.queue(&format!("output.{i}"), c.output_slots, c.output_bytes))
             .collect();
@@ -113,19 +131,6 @@ impl RmLayout {
         let pmi_node_bytes = c.pmi_node_bytes;
         let pmi_up = b.area("pmi.up", c.max_jobs * nodes * pmi_node_bytes);
         let pmi_up_event = b.event("pmi.up.signal");
-        let pmi_job_bytes = c.pmi_job_bytes;
-        let pmi_down = b.area("pmi.down", c.max_jobs * pmi_job_bytes);
-        let pmi_down_event = b.event("pmi.down.signal");
-        let hb_sent = b.event("heartbeat.sent");
-        let chunk_sent = (0..c.max_transfers)
-            .map(|i| b.event(&format!("chunk.sent.{i}")))
-            .collect();
-        let report_sent = b.event("report.sent");
-        let output_sent = b.event("output.sent");
-        let join_sent = b.event("join.sent");
-        let register_sent = b.event("register.sent");
-        let pmi_up_sent = b.event("pmi.up.sent");
-        let pmi_down_sent = b.event("pmi.down.sent");
         Ok(Self {
             layout: b.build()?,
             heartbeat,
@@ -193,4 +198,90 @@ impl RmLayout {
 /// other's connections.
 pub fn name_key(name: &str) -> u64 {
     storm_primitives::fnv1a64(name.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::hostlist_file;
+    use storm_primitives::NodeSet;
+
+    fn layout(nodes: usize) -> (ClusterConfig, RmLayout) {
+        let cfg = ClusterConfig::parse(&hostlist_file(nodes)).unwrap();
+        let rm = RmLayout::new(&cfg).unwrap();
+        (cfg, rm)
+    }
+
+    #[test]
+    fn an_nm_holds_the_same_memory_and_events_at_4_and_at_16384_nodes() {
+        let (_, small) = layout(4);
+        let (cfg, large) = layout(16_384);
+        for node in [0, 3] {
+            assert_eq!(small.layout.extent_at(node), large.layout.extent_at(node));
+        }
+        assert_eq!(large.layout.extent_at(16_383), small.layout.extent_at(0));
+        assert_eq!(large.layout.home(), Some(cfg.mm_id()));
+        let nm = large.layout.size_at(0);
+        let mm = large.layout.size_at(cfg.mm_id());
+        assert!(
+            mm > 16_384 * nm.min(1 << 16),
+            "the MM holds the per-node areas"
+        );
+    }
+
+    /// The formulas of docs/operations.md ("Global memory"), to within the alignment padding
+    /// of each entry (64 bytes at most, so 128 bytes per node at the MM).
+    #[test]
+    fn the_documented_size_formulas_match_the_layout() {
+        for nodes in [1, 4, 2048] {
+            let (cfg, rm) = layout(nodes);
+            let c = &cfg.cluster;
+            let nm = c.heartbeat_slots * (c.heartbeat_bytes + 16)
+                + c.transfer_slots * (c.transfer_chunk_bytes + 16)
+                + crate::messages::membership_bytes(c.max_jobs)
+                + c.max_jobs * (8 + c.pmi_job_bytes);
+            let per_node = c.output_slots * (c.output_bytes + 16)
+                + c.max_jobs * (report_bytes(c.max_tasks_per_node) + c.pmi_node_bytes)
+                + crate::messages::inventory_bytes(c.max_jobs);
+            let mm = nm + nodes * per_node + 8 * c.max_jobs;
+            let (got_nm, got_mm) = (rm.layout.size_at(0), rm.layout.size_at(cfg.mm_id()));
+            assert!((nm..nm + 2048).contains(&got_nm), "NM: {got_nm} vs {nm}");
+            let slack = 2048 + 128 * nodes;
+            assert!((mm..mm + slack).contains(&got_mm), "MM: {got_mm} vs {mm}");
+        }
+    }
+
+    #[test]
+    fn what_an_nm_writes_to_the_mm_lies_in_the_mms_home_section() {
+        let (cfg, rm) = layout(4);
+        let mm = NodeSet::single(cfg.mm_id());
+        let nm = NodeSet::single(2);
+        let writes = [
+            (rm.report_offset(3, 2), rm.report_bytes),
+            (rm.inventory_offset(2), rm.inventory_bytes),
+            (rm.pmi_up_offset(1, 2), rm.pmi_node_bytes),
+            (rm.registry.at(2).offset(), 8),
+            (rm.join_ack.at(2).offset(), 8),
+            (rm.term_hint.at(0).offset(), 8),
+            (rm.output[2].slots.offset, rm.output[2].slots.len),
+        ];
+        for (offset, len) in writes {
+            assert!(rm.layout.fits(&mm, offset, len as u64));
+            assert!(
+                !rm.layout.fits(&nm, offset, len as u64),
+                "{offset}: NMs hold none"
+            );
+        }
+        let reads = [
+            (rm.pmi_down_offset(2), rm.pmi_job_bytes),
+            (rm.join.offset, rm.join.len),
+            (rm.terminated.at(5).offset(), 8),
+        ];
+        for (offset, len) in reads {
+            assert!(
+                rm.layout.fits(&nm, offset, len as u64),
+                "{offset}: every NM"
+            );
+        }
+    }
 }

@@ -22,8 +22,9 @@ use crate::nodeset::{NodeId, NodeSet};
 /// Variables are 8-byte words; areas start on cache-line boundaries.
 const WORD: usize = 8;
 const AREA_ALIGN: usize = 64;
-/// Largest global-memory region a layout may describe.
-pub const MAX_LAYOUT_BYTES: usize = 1 << 34;
+/// Largest global-memory region a layout may describe (256 GiB: a home node's per-node areas
+/// at 16,384 nodes take tens of GiB of address space, only touched pages being backed).
+pub const MAX_LAYOUT_BYTES: usize = 1 << 38;
 
 /// A u64 global variable, identified by its byte offset (always 8-byte aligned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -327,6 +327,12 @@ impl MachineManager {
         // First: without the key this daemon must not run at all.
         let key = cfg.load_key()?;
         let rm = RmLayout::new(&cfg)?;
+        tracing::info!(
+            mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
+            nm_mib = rm.layout.size_at(0) >> 20,
+            nodes = cfg.node_count(),
+            "global memory laid out (address space; untouched pages take no memory)"
+        );
         let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
         let prims =
             endpoint::start(&cfg, &rm, cfg.mm_id(), listen, key).map_err(anyhow::Error::msg)?;
