@@ -5,9 +5,9 @@
 //! whose content is not digits, commas and dashes (an IPv6 address such as `[::1]:7001`) is
 //! ordinary text.
 
-/// Most names one expression may give: far above any real cluster, far below what a typo in
-/// a range can ask for.
-pub const MAX_EXPANSION: usize = 1 << 20;
+/// Most names one expression (and one cluster file) may give: 262,144, above the largest
+/// machines' node counts, far below what a typo in a range can ask for.
+pub const MAX_EXPANSION: usize = 1 << 18;
 
 /// Why an expression could not be expanded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

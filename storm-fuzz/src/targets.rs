@@ -117,7 +117,9 @@ static TARGETS: &[Target] = &[
             b"\n",
         ],
         check: cluster_file,
-        checked_allocation: 0,
+        // A hostlist may name up to MAX_EXPANSION nodes; each costs its entry, its name and
+        // its output queue's layout entries (well under 1 KiB).
+        checked_allocation: storm_cluster::hostlist::MAX_EXPANSION * 1024,
     },
     Target {
         name: "hostlist",
