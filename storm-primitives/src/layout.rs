@@ -362,6 +362,10 @@ impl Layout {
                 .home
                 .is_some_and(|(home, full)| end <= full.bytes as u64 && only(dest, home))
     }
+    /// Whether `offset` is a word-aligned variable on every node of `dest`.
+    pub fn var_fits(&self, dest: &NodeSet, offset: u64) -> bool {
+        offset % WORD as u64 == 0 && self.fits(dest, offset, WORD as u64)
+    }
     /// Whether every node of `dest` has event `ev`.
     pub fn has_event(&self, dest: &NodeSet, ev: EventId) -> bool {
         ev.index() < self.shared.events

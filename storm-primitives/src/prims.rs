@@ -141,7 +141,7 @@ pub(crate) fn check_caw(
 ) -> Result<()> {
     check_nodes(all, dest)?;
     for v in std::iter::once(var).chain(write.map(|w| w.0)) {
-        if v.offset() % 8 != 0 || !layout.fits(dest, v.offset(), 8) {
+        if !layout.var_fits(dest, v.offset()) {
             return Err(PrimError::invalid(format!(
                 "variable at offset {} is outside the global memory of nodes {dest}{}",
                 v.offset(),
