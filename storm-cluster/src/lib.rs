@@ -3,6 +3,7 @@
 //! What the storm daemons and tools share, so that each side of every exchange is defined in
 //! one place:
 //!
+//! * [`clock`]: the time the daemons' logic reads (the system's, or a simulation's).
 //! * [`config`]: the cluster file (nodes, backend, timeslice, queue sizes).
 //! * [`layout`]: the resource manager's global-memory layout, built identically by the MM and
 //!   every NM from the cluster file.
@@ -17,6 +18,7 @@
 //! definitions, not behaviour: no threads, and no network access of its own (the control
 //! socket and the readiness socket are local Unix sockets).
 
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod daemon;
