@@ -111,66 +111,40 @@ pub struct Restored {
     pub nodes: BTreeMap<NodeId, NodeRecord>,
 }
 
-enum Change {
+/// One staged change.
+#[derive(Debug, Clone)]
+pub enum Change {
     Job(Box<JobRecord>),
     Node(NodeId, NodeRecord),
     RemoveJob(JobId),
 }
 
-pub struct Journal {
+/// Where committed records live: [`RedbStore`] on disk for the daemon, [`MemoryStore`] for the
+/// simulator and tests. [`Journal`] stages changes and hands each commit to the store whole.
+pub trait JournalStore: Send {
+    /// What the store holds (creating it on first use).
+    fn read(&mut self) -> Result<Restored, JournalError>;
+    /// Applies `changes` and the next job id, all or nothing.
+    fn write(&mut self, changes: &[Change], next_job: Option<JobId>) -> Result<(), JournalError>;
+}
+
+/// The journal as a redb database: `journal.redb` in the state directory.
+pub struct RedbStore {
     db: Database,
     path: PathBuf,
-    programs: ProgramStore,
-    staged: Vec<Change>,
-    next_job: Option<JobId>,
-    /// Finished jobs in the journal, oldest first (to drop beyond [`KEEP_FINISHED`]).
-    finished: BTreeSet<JobId>,
-    /// Program copies to delete once the commit that ends their job is done.
-    unneeded: Vec<JobId>,
 }
 
-/// Milliseconds since the Unix epoch, as records store time.
-pub fn now_ms() -> u64 {
-    storm_cluster::daemon::unix_ms()
-}
-
-impl Journal {
-    /// Opens (or creates) the journal in `dir` and reads what it holds.
-    pub fn open(dir: &Path) -> Result<(Self, Restored), JournalError> {
-        let path = dir.join("journal.redb");
+impl RedbStore {
+    /// Opens (or creates) `path`, readable by the MM's user only.
+    pub fn open(path: PathBuf) -> Result<Self, JournalError> {
         let store = |message: String| JournalError::Store {
             path: path.clone(),
             message,
         };
-        let programs = dir.join("programs");
-        std::fs::create_dir_all(&programs)
-            .map_err(|e| store(format!("cannot create {}: {e}", programs.display())))?;
-        // Users' programs and jobs' environments (tokens, passwords): for the MM only.
-        for private in [dir, &programs] {
-            std::fs::set_permissions(private, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| store(format!("cannot restrict {}: {e}", private.display())))?;
-        }
         let db = Database::create(&path).map_err(|e| store(e.to_string()))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| store(format!("cannot restrict {}: {e}", path.display())))?;
-        let mut journal = Self {
-            db,
-            path: path.clone(),
-            programs: ProgramStore { dir: programs },
-            staged: Vec::new(),
-            next_job: None,
-            finished: BTreeSet::new(),
-            unneeded: Vec::new(),
-        };
-        let restored = journal.read()?;
-        journal.remove_stray_programs(&restored);
-        journal.finished = restored
-            .jobs
-            .iter()
-            .filter(|j| matches!(j.state, JobState::Finished { .. }))
-            .map(|j| j.id)
-            .collect();
-        Ok((journal, restored))
+        Ok(Self { db, path })
     }
 
     fn store_error(&self, e: impl std::fmt::Display) -> JournalError {
@@ -180,6 +154,12 @@ impl Journal {
         }
     }
 
+    fn decode<T: DeserializeOwned>(&self, record: &str, bytes: &[u8]) -> Result<T, JournalError> {
+        decode_record(&self.path, record, bytes)
+    }
+}
+
+impl JournalStore for RedbStore {
     fn read(&mut self) -> Result<Restored, JournalError> {
         // Create the tables (and stamp the format) on first use.
         let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
@@ -229,14 +209,152 @@ impl Journal {
             let rec: NodeRecord = self.decode(&format!("node {}", k.value()), v.value())?;
             restored.nodes.insert(k.value(), rec);
         }
-        // Ids are never used twice, even if the counter was not committed with a job.
-        let highest = restored.jobs.iter().map(|j| j.id).max().unwrap_or(0);
-        restored.next_job = restored.next_job.max(highest + 1);
         Ok(restored)
     }
 
-    fn decode<T: DeserializeOwned>(&self, record: &str, bytes: &[u8]) -> Result<T, JournalError> {
-        decode_record(&self.path, record, bytes)
+    fn write(&mut self, changes: &[Change], next_job: Option<JobId>) -> Result<(), JournalError> {
+        let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
+        {
+            let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
+            let mut nodes = w.open_table(NODES).map_err(|e| self.store_error(e))?;
+            let mut meta = w.open_table(META).map_err(|e| self.store_error(e))?;
+            for change in changes {
+                match change {
+                    Change::Job(rec) => {
+                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                        jobs.insert(rec.id, bytes.as_slice())
+                            .map_err(|e| self.store_error(e))?;
+                    }
+                    Change::RemoveJob(id) => {
+                        jobs.remove(*id).map_err(|e| self.store_error(e))?;
+                    }
+                    Change::Node(n, rec) => {
+                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                        nodes
+                            .insert(*n, bytes.as_slice())
+                            .map_err(|e| self.store_error(e))?;
+                    }
+                }
+            }
+            if let Some(next) = next_job {
+                meta.insert("next_job", next)
+                    .map_err(|e| self.store_error(e))?;
+            }
+        }
+        w.commit().map_err(|e| self.store_error(e))
+    }
+}
+
+/// The journal in memory, shared by its clones: a simulated MM that restarts reads what the
+/// one before it committed. It keeps no programs.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    held: std::sync::Arc<std::sync::Mutex<Restored>>,
+}
+
+impl MemoryStore {
+    fn held(&self) -> std::sync::MutexGuard<'_, Restored> {
+        // A panic elsewhere while holding it leaves plain data, still whole.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl JournalStore for MemoryStore {
+    fn read(&mut self) -> Result<Restored, JournalError> {
+        let held = self.held();
+        Ok(Restored {
+            next_job: held.next_job.max(1),
+            jobs: held.jobs.clone(),
+            nodes: held.nodes.clone(),
+        })
+    }
+
+    fn write(&mut self, changes: &[Change], next_job: Option<JobId>) -> Result<(), JournalError> {
+        let mut held = self.held();
+        for change in changes {
+            match change {
+                Change::Job(rec) => match held.jobs.binary_search_by_key(&rec.id, |j| j.id) {
+                    Ok(i) => held.jobs[i] = (**rec).clone(),
+                    Err(i) => held.jobs.insert(i, (**rec).clone()),
+                },
+                Change::RemoveJob(id) => held.jobs.retain(|j| j.id != *id),
+                Change::Node(n, rec) => {
+                    held.nodes.insert(*n, rec.clone());
+                }
+            }
+        }
+        if let Some(next) = next_job {
+            held.next_job = next;
+        }
+        Ok(())
+    }
+}
+
+pub struct Journal {
+    store: Box<dyn JournalStore>,
+    /// Program copies; `None` for a journal that keeps none (in memory).
+    programs: Option<ProgramStore>,
+    staged: Vec<Change>,
+    next_job: Option<JobId>,
+    /// Finished jobs in the journal, oldest first (to drop beyond [`KEEP_FINISHED`]).
+    finished: BTreeSet<JobId>,
+    /// Program copies to delete once the commit that ends their job is done.
+    unneeded: Vec<JobId>,
+}
+
+/// Milliseconds since the Unix epoch, as records store time (the daemon's clock; the
+/// manager reads its own clock, see `storm_cluster::clock`).
+pub fn now_ms() -> u64 {
+    storm_cluster::daemon::unix_ms()
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir` and reads what it holds.
+    pub fn open(dir: &Path) -> Result<(Self, Restored), JournalError> {
+        let path = dir.join("journal.redb");
+        let store = |message: String| JournalError::Store {
+            path: path.clone(),
+            message,
+        };
+        let programs = dir.join("programs");
+        std::fs::create_dir_all(&programs)
+            .map_err(|e| store(format!("cannot create {}: {e}", programs.display())))?;
+        // Users' programs and jobs' environments (tokens, passwords): for the MM only.
+        for private in [dir, &programs] {
+            std::fs::set_permissions(private, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| store(format!("cannot restrict {}: {e}", private.display())))?;
+        }
+        let db = RedbStore::open(path.clone())?;
+        let (journal, restored) =
+            Self::with_store(Box::new(db), Some(ProgramStore { dir: programs }))?;
+        journal.remove_stray_programs(&restored);
+        Ok((journal, restored))
+    }
+
+    /// A journal in `store` (for example [`MemoryStore`]), keeping program copies in
+    /// `programs` if given; reads what the store holds.
+    pub fn with_store(
+        mut store: Box<dyn JournalStore>,
+        programs: Option<ProgramStore>,
+    ) -> Result<(Self, Restored), JournalError> {
+        let mut restored = store.read()?;
+        // Ids are never used twice, even if the counter was not committed with a job.
+        let highest = restored.jobs.iter().map(|j| j.id).max().unwrap_or(0);
+        restored.next_job = restored.next_job.max(highest + 1);
+        let journal = Self {
+            store,
+            programs,
+            staged: Vec::new(),
+            next_job: None,
+            finished: restored
+                .jobs
+                .iter()
+                .filter(|j| matches!(j.state, JobState::Finished { .. }))
+                .map(|j| j.id)
+                .collect(),
+            unneeded: Vec::new(),
+        };
+        Ok((journal, restored))
     }
 
     /// Stages a job's current record.
@@ -273,39 +391,13 @@ impl Journal {
         if !self.dirty() {
             return Ok(());
         }
-        let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
-        {
-            let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
-            let mut nodes = w.open_table(NODES).map_err(|e| self.store_error(e))?;
-            let mut meta = w.open_table(META).map_err(|e| self.store_error(e))?;
-            for change in &self.staged {
-                match change {
-                    Change::Job(rec) => {
-                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
-                        jobs.insert(rec.id, bytes.as_slice())
-                            .map_err(|e| self.store_error(e))?;
-                    }
-                    Change::RemoveJob(id) => {
-                        jobs.remove(*id).map_err(|e| self.store_error(e))?;
-                    }
-                    Change::Node(n, rec) => {
-                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
-                        nodes
-                            .insert(*n, bytes.as_slice())
-                            .map_err(|e| self.store_error(e))?;
-                    }
-                }
-            }
-            if let Some(next) = self.next_job {
-                meta.insert("next_job", next)
-                    .map_err(|e| self.store_error(e))?;
-            }
-        }
-        w.commit().map_err(|e| self.store_error(e))?;
+        self.store.write(&self.staged, self.next_job)?;
         self.staged.clear();
         self.next_job = None;
         for job in std::mem::take(&mut self.unneeded) {
-            self.programs.remove(job);
+            if let Some(p) = &self.programs {
+                p.remove(job);
+            }
         }
         Ok(())
     }
@@ -313,13 +405,16 @@ impl Journal {
     /// Removes program copies no unfinished job needs: left by a commit that never happened
     /// (the MM was killed between saving a program and committing its job) or half written.
     fn remove_stray_programs(&self, restored: &Restored) {
+        let Some(programs) = &self.programs else {
+            return;
+        };
         let needed: BTreeSet<PathBuf> = restored
             .jobs
             .iter()
             .filter(|j| !matches!(j.state, JobState::Finished { .. }))
-            .map(|j| self.programs.path(j.id))
+            .map(|j| programs.path(j.id))
             .collect();
-        let Ok(entries) = std::fs::read_dir(&self.programs.dir) else {
+        let Ok(entries) = std::fs::read_dir(&programs.dir) else {
             return;
         };
         for path in entries.flatten().map(|e| e.path()) {
@@ -329,19 +424,24 @@ impl Journal {
         }
     }
 
-    /// Where program copies are kept, for the thread that makes them.
-    pub fn program_store(&self) -> ProgramStore {
+    /// Where program copies are kept, for the thread that makes them; `None` if this journal
+    /// keeps none.
+    pub fn program_store(&self) -> Option<ProgramStore> {
         self.programs.clone()
     }
 
     /// Saves a copy of job `job`'s program (see [`ProgramStore::save`]).
-    pub fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
-        self.programs.save(job, program)
+    #[cfg(test)]
+    fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
+        self.programs
+            .as_ref()
+            .expect("a journal on disk")
+            .save(job, program)
     }
 
     /// The saved program of job `job`, if there is one.
     pub fn program(&self, job: JobId) -> Option<File> {
-        File::open(self.programs.path(job)).ok()
+        File::open(self.programs.as_ref()?.path(job)).ok()
     }
 }
 
@@ -462,6 +562,36 @@ mod tests {
                 ended_ms: 1,
             },
         )
+    }
+
+    /// The simulator restarts its MM on a memory store: what was committed (and only that)
+    /// must be there for the next MM, as with the store on disk.
+    #[test]
+    fn a_memory_store_hands_its_commits_to_the_next_journal_on_it() {
+        let store = MemoryStore::default();
+        {
+            let (mut j, restored) = Journal::with_store(Box::new(store.clone()), None).unwrap();
+            assert_eq!(restored.next_job, 1);
+            j.put_job(job(2, JobState::Queued));
+            j.put_job(job(1, JobState::Queued));
+            j.put_node(
+                3,
+                NodeRecord {
+                    drain: Some("disk".into()),
+                },
+            );
+            j.set_next_job(3);
+            j.commit().unwrap();
+            j.put_job(finished(1));
+            j.commit().unwrap();
+            j.put_job(job(9, JobState::Queued));
+            // Not committed: lost with this MM.
+        }
+        let (j, restored) = Journal::with_store(Box::new(store), None).unwrap();
+        assert_eq!(restored.jobs, vec![finished(1), job(2, JobState::Queued)]);
+        assert_eq!(restored.next_job, 3);
+        assert_eq!(restored.nodes[&3].drain.as_deref(), Some("disk"));
+        assert!(j.program(2).is_none(), "a memory journal keeps no programs");
     }
 
     /// Jobs' environments hold users' secrets: only the MM may read the journal.
@@ -600,8 +730,9 @@ mod tests {
     fn a_damaged_record_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (j, _) = Journal::open(dir.path()).unwrap();
-            let w = j.db.begin_write().unwrap();
+            drop(Journal::open(dir.path()).unwrap());
+            let db = Database::create(dir.path().join("journal.redb")).unwrap();
+            let w = db.begin_write().unwrap();
             {
                 let mut jobs = w.open_table(JOBS).unwrap();
                 jobs.insert(42u64, [0xffu8, 0xff, 0xff].as_slice()).unwrap();
@@ -618,8 +749,9 @@ mod tests {
     fn a_journal_of_another_format_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (j, _) = Journal::open(dir.path()).unwrap();
-            let w = j.db.begin_write().unwrap();
+            drop(Journal::open(dir.path()).unwrap());
+            let db = Database::create(dir.path().join("journal.redb")).unwrap();
+            let w = db.begin_write().unwrap();
             w.open_table(META)
                 .unwrap()
                 .insert("format", FORMAT + 1)

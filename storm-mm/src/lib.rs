@@ -8,7 +8,9 @@
 //! * [`policy`] and [`buddy`]: scheduling policies as pure state machines (FCFS, EASY
 //!   backfilling, gang scheduling over an Ousterhout matrix) and buddy allocation of nodes.
 //! * [`transfer`]: program transfer to a job's nodes (Algorithm 6).
-//! * [`manager`]: the heartbeat loop: membership of the NMs, heartbeats (Algorithm 4), failure
+//! * [`env`]: what the manager's core asks of the world (clock, operator, transfers); the
+//!   daemon's, and the simulator's.
+//! * [`manager`]: the heartbeat loop, as a core without I/O that a host drives: membership of the NMs, heartbeats (Algorithm 4), failure
 //!   detection, launch, cancellation, output forwarding and termination detection
 //!   (Algorithm 8).
 //! * [`nodes`]: the table of node states (unknown, joining, up, down; drained).
@@ -20,6 +22,7 @@
 
 pub mod buddy;
 pub mod control_server;
+pub mod env;
 pub mod journal;
 pub mod log_limit;
 pub mod manager;
@@ -28,4 +31,5 @@ pub mod nodes;
 pub mod policy;
 pub mod transfer;
 
-pub use manager::{MachineManager, MmOptions, run};
+pub use env::{DaemonEnv, MmEnv};
+pub use manager::{MachineManager, MmOptions, MmParts, run};

@@ -170,11 +170,11 @@ impl NodeTable {
         self.nodes[n as usize].last_heard
     }
 
-    /// Marks `n` up with registration `stamp`.
-    pub fn set_up(&mut self, n: NodeId, stamp: u64) {
+    /// Marks `n` up with registration `stamp`, at `now`.
+    pub fn set_up(&mut self, n: NodeId, stamp: u64, now: Instant) {
         let node = &mut self.nodes[n as usize];
         node.life = Life::Up { stamp };
-        node.last_heard = Some(Instant::now());
+        node.last_heard = Some(now);
     }
 
     /// Marks `n` down; false if it already was.
@@ -226,8 +226,8 @@ mod tests {
     fn an_unresponsive_node_is_down_k_periods_after_the_last_heartbeat_it_took() {
         let ms = Duration::from_millis;
         let mut t = NodeTable::new(4, 3);
-        t.set_up(1, 7);
-        t.set_up(2, 9);
+        t.set_up(1, 7, Instant::now());
+        t.set_up(2, 9, Instant::now());
         let t0 = Instant::now();
         t.heard_all(t0);
         assert!(t.set_unresponsive(1, "missed a deadline".into()));
@@ -250,7 +250,7 @@ mod tests {
             t.silent_too_long(t0 + ms(12), ms(1)).is_empty(),
             "a stall of the MM's own is not the node's silence"
         );
-        t.set_up(1, 8);
+        t.set_up(1, 8, Instant::now());
         assert!(t.silent_too_long(t0 + ms(100), ms(1)).is_empty(), "back up");
     }
 
@@ -258,7 +258,7 @@ mod tests {
     fn states_as_storm_nodes_shows_them() {
         let mut t = NodeTable::new(3, 3);
         assert_eq!(t.describe(0, false).0, "unknown");
-        t.set_up(0, 1);
+        t.set_up(0, 1, Instant::now());
         assert_eq!(t.describe(0, false), ("idle", None));
         assert_eq!(t.describe(0, true), ("allocated", None));
         t.get_mut(0).drain = Some("bad fan".into());

@@ -28,7 +28,7 @@ use storm_cluster::control::Reply;
 use storm_cluster::messages::{JobId, Membership};
 use storm_primitives::{NodeId, NodeSet, PrimError, Relation};
 
-use super::{MachineManager, Phase};
+use super::{MachineManager, MmEnv, Phase};
 use crate::policy::JobAsk;
 
 /// Where a job goes back in the queue.
@@ -40,14 +40,14 @@ pub(super) enum Requeue {
     Back,
 }
 
-impl MachineManager {
+impl<E: MmEnv> MachineManager<E> {
     /// The heartbeat in flight failed: the nodes it names leave the heartbeat, and the same
     /// heartbeat goes again, byte for byte, to the others. Nodes that took it all the same (a
     /// node failing during the commit phase leaves some signalled) skip the repeat.
     pub(super) fn heartbeat_failed(&mut self, e: PrimError, sent: Bytes) {
         self.heartbeats.unsend_last();
         self.hb_resend = Some(sent);
-        if let Some(more) = self.hb_errors.allow(Instant::now()) {
+        if let Some(more) = self.hb_errors.allow(self.now()) {
             tracing::warn!(
                 suppressed = more,
                 "a heartbeat did not reach every node: {e}"
@@ -114,7 +114,7 @@ impl MachineManager {
     /// The receipt check: COMPARE-AND-WRITE on every member's heartbeat counter. A member
     /// found behind (alive on the network, but no longer taking heartbeats) is unresponsive.
     pub(super) fn check_receipt(&mut self) {
-        let now = Instant::now();
+        let now = self.now();
         if now < self.next_check {
             return;
         }
@@ -168,7 +168,7 @@ impl MachineManager {
     /// Takes node `n` out of the cluster: out of the heartbeat, out of allocation; its jobs end
     /// (or go back to the queue).
     pub(super) fn mark_down(&mut self, n: NodeId, reason: String) {
-        if !self.nodes.set_down(n, reason.clone(), Instant::now()) {
+        if !self.nodes.set_down(n, reason.clone(), self.now()) {
             return;
         }
         tracing::error!(node = n, name = %self.node_name(n), "node is DOWN: {reason}");
@@ -243,7 +243,7 @@ impl MachineManager {
         };
         let client = j.client;
         self.jobs.insert(id, j);
-        let now = self.epoch.elapsed();
+        let now = self.since_epoch();
         match place {
             // Restored jobs enter the policy when the hold after a restart ends.
             _ if self.held.is_some() => {}

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use storm_cluster::messages::{Command, HeldJob, Inventory, JobId, Membership, decode, encode};
 use storm_primitives::{NodeId, NodeSet, Wait};
 
-use super::{MachineManager, Phase};
+use super::{MachineManager, MmEnv, Phase};
 use crate::journal::NodeRecord;
 use crate::nodes::Life;
 
@@ -33,7 +33,7 @@ const WELCOME_RETRY: Duration = Duration::from_secs(1);
 /// How often down and unknown nodes are told to register.
 const NUDGE_EVERY: Duration = Duration::from_secs(1);
 
-impl MachineManager {
+impl<E: MmEnv> MachineManager<E> {
     /// Answers registrations and acknowledgements; nudges nodes that are not members.
     pub(super) fn membership(&mut self) {
         // Signals and completions only say "look"; the registry and the acknowledgements in
@@ -41,7 +41,7 @@ impl MachineManager {
         for event in [self.rm.registered, self.rm.join_sent] {
             while let Ok(true) = self.prims.test_event(event, Wait::Poll) {}
         }
-        let now = Instant::now();
+        let now = self.now();
         let prims = self.prims.clone();
         let mem = prims.memory();
         for n in 0..self.nodes.len() as NodeId {
@@ -215,7 +215,8 @@ impl MachineManager {
         let seq = self.heartbeats.next_seq();
         self.send_membership(n, &Membership::Start { stamp, seq });
         self.heartbeats.add(n);
-        self.nodes.set_up(n, stamp);
+        let now = self.now();
+        self.nodes.set_up(n, stamp, now);
         if self.nodes.get(n).drain.is_none() {
             self.policy.set_available(n);
         }

@@ -46,12 +46,13 @@ mod restart;
 mod saver;
 
 use crate::control_server::{self, ClientId, Incoming};
-use crate::journal::{self, JobRecord, JobState, Journal};
+use crate::env::{DaemonEnv, MmEnv};
+use crate::journal::{JobRecord, JobState, Journal, Restored};
 use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
-use crate::transfer::{self, Transfer, TransferDone};
+use crate::transfer::{Transfer, TransferDone};
 
 /// How often a submitter hears how far its program transfer is.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
@@ -237,12 +238,28 @@ struct Client {
     closer: std::os::unix::net::UnixStream,
 }
 
-pub struct MachineManager {
+/// What a machine manager is made of, besides its environment: everything the host opened.
+pub struct MmParts {
+    pub config: ClusterConfig,
+    pub rm: RmLayout,
+    /// This node's primitives endpoint (the MM's node id is `config.mm_id()`).
+    pub fabric: Arc<dyn Primitives>,
+    /// The journal, and what it held when opened.
+    pub journal: Journal,
+    pub restored: Restored,
+    /// Which MM process this is (see [`incarnation`]); a simulation numbers its restarts.
+    pub incarnation: u64,
+}
+
+/// The machine manager's core: every rule, and no I/O of its own (see [`crate::env`]). A host
+/// feeds it requests with [`MachineManager::handle`], calls [`MachineManager::tick`] at
+/// [`MachineManager::poll_timeout`], and stops when [`MachineManager::is_done`].
+pub struct MachineManager<E: MmEnv> {
+    env: E,
     cfg: ClusterConfig,
     rm: RmLayout,
     prims: Arc<dyn Primitives>,
     all: NodeSet,
-    incoming: Receiver<Incoming>,
     clients: HashMap<ClientId, Client>,
     jobs: BTreeMap<JobId, Job>,
     next_job: JobId,
@@ -314,15 +331,18 @@ pub struct MachineManager {
     metrics: Metrics,
     /// When the last timeslice began (to tell the MM's own stalls from nodes' silence).
     last_tick: Instant,
-    stop: Arc<AtomicBool>,
+    /// When the next timeslice is due.
+    next_tick: Instant,
 }
 
-impl MachineManager {
-    pub fn start(opts: MmOptions) -> Result<Self> {
+impl MachineManager<DaemonEnv> {
+    /// The daemon: reads the key, lays out global memory, opens the journal, starts the
+    /// endpoint and the control socket, and makes the core over them.
+    pub fn start(opts: MmOptions) -> Result<(Self, Receiver<Incoming>)> {
         let MmOptions {
             config: cfg,
             listen,
-            stop,
+            stop: _,
         } = opts;
         // First: without the key this daemon must not run at all.
         let key = cfg.load_key()?;
@@ -334,12 +354,8 @@ impl MachineManager {
             "global memory laid out (address space; untouched pages take no memory)"
         );
         let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
-        let prims =
+        let fabric =
             endpoint::start(&cfg, &rm, cfg.mm_id(), listen, key).map_err(anyhow::Error::msg)?;
-        let all = NodeSet::first_n(cfg.node_count());
-        let outputs = (0..cfg.node_count() as usize)
-            .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1).map(output::NodeOutput::new))
-            .collect::<Result<Vec<_>, _>>()?;
         let (tx, incoming) = crossbeam_channel::unbounded();
         control_server::start(
             &cfg.cluster.control_socket,
@@ -348,6 +364,35 @@ impl MachineManager {
             cfg.limits.clone(),
             tx,
         )?;
+        let parts = MmParts {
+            config: cfg,
+            rm,
+            fabric,
+            journal,
+            restored,
+            incarnation: incarnation(),
+        };
+        Ok((Self::new(parts, DaemonEnv::default())?, incoming))
+    }
+}
+
+impl<E: MmEnv> MachineManager<E> {
+    /// A machine manager over `parts` in `env`: no sockets, no threads. It takes up what the
+    /// journal held at once (see [`restart`]).
+    pub fn new(parts: MmParts, env: E) -> Result<Self> {
+        let MmParts {
+            config: cfg,
+            rm,
+            fabric: prims,
+            journal,
+            restored,
+            incarnation,
+        } = parts;
+        let now = env.clock().now();
+        let all = NodeSet::first_n(cfg.node_count());
+        let outputs = (0..cfg.node_count() as usize)
+            .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1).map(output::NodeOutput::new))
+            .collect::<Result<Vec<_>, _>>()?;
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
         let mut policy = crate::policy::build(
             cfg.scheduler.policy,
@@ -379,17 +424,16 @@ impl MachineManager {
             hb_resend: None,
             pmi_recheck: false,
             hb_delivered: epoch_base(1),
-            next_check: Instant::now(),
+            next_check: now,
             check_target: epoch_base(1),
             gang: cfg.scheduler.policy == PolicyKind::Gang,
-            epoch: Instant::now(),
+            epoch: now,
             run_set: Vec::new(),
             hb_errors: LogLimit::new(Duration::from_secs(1)),
             transferring: NodeSet::new(),
             unanswered: Vec::new(),
             slots: vec![None; cfg.cluster.max_jobs],
             workers: vec![None; cfg.cluster.max_transfers],
-            incoming,
             clients: HashMap::new(),
             jobs: BTreeMap::new(),
             next_job: 1,
@@ -399,7 +443,7 @@ impl MachineManager {
             worker_tx,
             worker_rx,
             shutting_down: false,
-            saver: saver::Saver::start(journal.program_store()),
+            saver: saver::Saver::new(journal.program_store()),
             saving: BTreeSet::new(),
             journal,
             unrecorded: Default::default(),
@@ -408,51 +452,59 @@ impl MachineManager {
             held: None,
             reattach_until: None,
             finished_output: HashMap::new(),
-            incarnation: incarnation(),
+            incarnation,
             journal_errors: LogLimit::new(Duration::from_secs(10)),
             metrics: Metrics::new(),
-            last_tick: Instant::now(),
+            last_tick: now,
+            next_tick: now,
             outputs,
             all,
             rm,
             prims,
             cfg,
-            stop,
+            env,
         };
         mm.restore(restored);
         Ok(mm)
     }
 
-    /// Runs until a shutdown request or a signal.
-    pub fn run(mut self) -> Result<()> {
-        let slice = self.cfg.timeslice();
-        let mut next = Instant::now();
-        loop {
-            self.tick();
-            if self.stop.load(Ordering::Acquire) {
-                tracing::info!("stopping on a signal");
-                break;
-            }
-            if self.shutting_down && (self.commands.is_empty() || self.heartbeats.dest().is_empty())
-            {
-                self.wait_heartbeats(Duration::from_millis(self.cfg.tcp.op_timeout_ms));
-                tracing::info!("shut down");
-                break;
-            }
-            next += slice;
-            let now = Instant::now();
-            if next > now {
-                std::thread::sleep(next - now);
-            } else {
-                next = now;
-            }
-        }
-        let _ = std::fs::remove_file(&self.cfg.cluster.control_socket);
-        Ok(())
+    /// The time now, on the environment's clock.
+    fn now(&self) -> Instant {
+        self.env.clock().now()
     }
 
-    fn tick(&mut self) {
-        let now = Instant::now();
+    /// The wall-clock time now (milliseconds since the Unix epoch), for records.
+    fn unix_ms(&self) -> u64 {
+        self.env.clock().unix_ms()
+    }
+
+    /// Time since the MM started: the scheduling policy's clock.
+    fn since_epoch(&self) -> Duration {
+        self.now().saturating_duration_since(self.epoch)
+    }
+
+    /// When [`MachineManager::tick`] is due next: one timeslice after the last, or now if
+    /// the MM fell behind.
+    pub fn poll_timeout(&self) -> Instant {
+        self.next_tick
+    }
+
+    /// Whether a shutdown was asked for and its commands have gone out (or no node is left
+    /// to take them). The host then waits for the last heartbeat
+    /// ([`MachineManager::wait_heartbeats`]) and stops.
+    pub fn is_done(&self) -> bool {
+        self.shutting_down && (self.commands.is_empty() || self.heartbeats.dest().is_empty())
+    }
+
+    /// The environment, for a host or a simulator that looks inside it.
+    pub fn env(&self) -> &E {
+        &self.env
+    }
+
+    /// One timeslice (see the module's overview), at the environment clock's time.
+    pub fn tick(&mut self) {
+        let started = Instant::now();
+        let now = self.now();
         // A stall of the MM's own (it was not scheduled, or swapped) is nobody's silence.
         let gap = now.saturating_duration_since(self.last_tick);
         let slice = self.cfg.timeslice();
@@ -460,9 +512,6 @@ impl MachineManager {
             self.nodes.excuse(gap - slice);
         }
         self.last_tick = now;
-        while let Ok(msg) = self.incoming.try_recv() {
-            self.handle(msg);
-        }
         self.membership();
         self.enforce_silence(now);
         while let Ok(done) = self.worker_rx.try_recv() {
@@ -484,7 +533,13 @@ impl MachineManager {
         self.pmi_exchange();
         self.detect_terminations();
         self.publish();
-        self.metrics.ticked(now.elapsed());
+        // The real time the timeslice took, whatever clock decisions use.
+        self.metrics.ticked(started.elapsed());
+        let after = self.now();
+        self.next_tick += slice;
+        if self.next_tick < after {
+            self.next_tick = after;
+        }
     }
 
     /// Commits this timeslice's changes to the journal, then sends the replies that tell of
@@ -504,7 +559,11 @@ impl MachineManager {
                     );
                 }
                 // It ended while its copy was made; nothing will need the copy.
-                (None, _) => self.journal.program_store().remove(id),
+                (None, _) => {
+                    if let Some(store) = self.journal.program_store() {
+                        store.remove(id);
+                    }
+                }
             }
         }
         let mut later = BTreeSet::new();
@@ -522,12 +581,18 @@ impl MachineManager {
                 && (j.phase == Phase::Queued || j.req.requeue)
                 && let Some(program) = &j.program
             {
-                match program.try_clone() {
-                    Ok(copy) => {
-                        self.saver.save(id, copy);
+                match program.try_clone().map(|copy| self.saver.save(id, copy)) {
+                    Ok(true) => {
                         self.saving.insert(id);
                         later.insert(id);
                         continue;
+                    }
+                    Ok(false) => {
+                        j.program_save_failed = true;
+                        tracing::error!(
+                            job = id,
+                            "the job would not survive a restart of the MM: its program cannot be copied beside the journal"
+                        );
                     }
                     Err(e) => {
                         j.program_save_failed = true;
@@ -548,7 +613,7 @@ impl MachineManager {
             self.metrics.journal_committed(t.elapsed());
         }
         if let Err(e) = committed
-            && let Some(more) = self.journal_errors.allow(Instant::now())
+            && let Some(more) = self.journal_errors.allow(self.now())
         {
             tracing::error!(
                 suppressed = more,
@@ -625,7 +690,9 @@ impl MachineManager {
         control::hang_up(&c.closer);
     }
 
-    fn handle(&mut self, msg: Incoming) {
+    /// Takes a message from the control socket: a client came or went, or asked something.
+    /// Replies go out at the end of the next timeslice, once the journal holds what they tell.
+    pub fn handle(&mut self, msg: Incoming) {
         match msg {
             Incoming::Connected {
                 client,
@@ -724,7 +791,7 @@ impl MachineManager {
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
             Request::Shutdown => {
-                let me = nix::unistd::geteuid().as_raw();
+                let me = self.env.operator_uid();
                 if uid != 0 && uid != me {
                     self.reply(
                         client,
@@ -746,7 +813,7 @@ impl MachineManager {
 
     /// Whether `uid` may act on the cluster as an operator: root or the MM's own user.
     fn operator(&self, uid: u32, what: &str) -> Result<(), String> {
-        let me = nix::unistd::geteuid().as_raw();
+        let me = self.env.operator_uid();
         if uid == 0 || uid == me {
             Ok(())
         } else {
@@ -873,8 +940,8 @@ impl MachineManager {
                 plan,
                 program,
                 client: Some(client),
-                submitted: Instant::now(),
-                submitted_ms: journal::now_ms(),
+                submitted: self.now(),
+                submitted_ms: self.unix_ms(),
             }),
         );
         let limit = self.jobs[&id].limit;
@@ -887,7 +954,7 @@ impl MachineManager {
                     nodes: plan.nodes,
                     limit,
                 },
-                self.epoch.elapsed(),
+                self.since_epoch(),
             );
         }
         self.unanswered.push((client, id));
@@ -958,7 +1025,10 @@ impl MachineManager {
             state: state.into(),
             nodes: j.nodes.clone(),
             ntasks: j.plan.ntasks,
-            elapsed_ms: j.submitted.elapsed().as_millis() as u64,
+            elapsed_ms: self
+                .now()
+                .saturating_duration_since(j.submitted)
+                .as_millis() as u64,
             reason: (j.phase == Phase::Queued)
                 .then(|| self.wait_reason(j.id))
                 .flatten(),
@@ -1017,7 +1087,7 @@ impl MachineManager {
     /// made since the last timeslice; starts program transfers that can start.
     fn schedule(&mut self) {
         let free_slots = self.slots.iter().filter(|s| s.is_none()).count();
-        let decisions = self.policy.tick(self.epoch.elapsed(), free_slots);
+        let decisions = self.policy.tick(self.since_epoch(), free_slots);
         let starting: Vec<JobId> = decisions
             .iter()
             .filter_map(|d| match d {
@@ -1067,12 +1137,13 @@ impl MachineManager {
 
     /// Jobs past their time limit are cancelled on every node.
     fn enforce_limits(&mut self) {
+        let now = self.now();
         let late: Vec<(JobId, Duration)> = self
             .jobs
             .values()
             .filter(|j| j.cancel.is_none())
             .filter_map(|j| Some((j.id, j.limit?, j.allocated?)))
-            .filter(|(_, limit, since)| since.elapsed() > *limit)
+            .filter(|(_, limit, since)| now.saturating_duration_since(*since) > *limit)
             .map(|(id, limit, _)| (id, limit))
             .collect();
         for (id, limit) in late {
@@ -1088,11 +1159,12 @@ impl MachineManager {
             .collect();
         let gang = self.gang;
         self.clear_pmi_parts(slot, &nodes);
+        let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
         j.nodes = nodes.clone();
         j.slot = Some(slot);
         j.time_slot = time_slot;
-        j.allocated = Some(Instant::now());
+        j.allocated = Some(now);
         j.phase = Phase::Allocated;
         self.unrecorded.insert(id);
         tracing::info!(job = id, nodes = %nodes, time_slot, "job starts");
@@ -1104,7 +1176,7 @@ impl MachineManager {
         };
         let (client, bcast) = (j.client, j.program.is_some());
         if !bcast {
-            j.ready = Some(Instant::now());
+            j.ready = Some(now);
         }
         if let Some(c) = client {
             self.reply(c, started);
@@ -1137,6 +1209,7 @@ impl MachineManager {
     fn begin_transfer(&mut self, id: JobId, worker: usize) {
         let op_timeout = Duration::from_millis(self.cfg.tcp.op_timeout_ms);
         let transfer = self.next_transfer;
+        let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
         let Some(file) = j.program.as_ref().map(File::try_clone) else {
             return;
@@ -1159,7 +1232,7 @@ impl MachineManager {
         j.worker_cancel = Some(cancel.clone());
         j.phase = Phase::Sending { transfer, worker };
         let delivered = Arc::new(AtomicU64::new(0));
-        j.transfer_progress = Some((delivered.clone(), Instant::now(), 0));
+        j.transfer_progress = Some((delivered.clone(), now, 0));
         let progress = j.client.map(|c| {
             let total = j.size;
             (
@@ -1188,7 +1261,7 @@ impl MachineManager {
         self.workers[worker] = Some((id, nodes.clone()));
         self.transferring = self.transferring.union(&nodes);
         self.commands.push_back(Command::ReceiveFile(info));
-        transfer::spawn(
+        self.env.start_transfer(
             self.prims.clone(),
             &self.rm,
             Transfer {
@@ -1218,7 +1291,7 @@ impl MachineManager {
     /// Tells submitters how far their program transfer is, at most every
     /// [`PROGRESS_INTERVAL`] and only when it moved.
     fn report_transfer_progress(&mut self) {
-        let now = Instant::now();
+        let now = self.now();
         let mut due = Vec::new();
         for j in self.jobs.values_mut() {
             let (Some(client), Some((delivered, last_at, last))) =
@@ -1355,8 +1428,9 @@ impl MachineManager {
                 })
                 .collect();
             if bad.is_empty() {
+                let now = self.now();
                 let j = self.jobs.get_mut(&id).expect("job");
-                j.ready = Some(Instant::now());
+                j.ready = Some(now);
                 self.metrics.program_delivered(j.size, nodes.len() as u64);
                 self.transferring = self.transferring.difference(&nodes);
                 self.queue_launch(id);
@@ -1372,6 +1446,7 @@ impl MachineManager {
     // ---------------------------------------------------------------- cancellation
 
     fn cancel(&mut self, id: JobId, reason: String) {
+        let now = self.now();
         let Some(j) = self.jobs.get_mut(&id) else {
             return;
         };
@@ -1393,7 +1468,7 @@ impl MachineManager {
                 }
                 j.cancel = Some(Cancel {
                     reason: reason.clone(),
-                    since: Instant::now(),
+                    since: now,
                     killed: true,
                 });
                 if matches!(j.phase, Phase::Verifying { .. }) {
@@ -1403,7 +1478,7 @@ impl MachineManager {
             Phase::Launching | Phase::Running | Phase::Recovering => {
                 j.cancel = Some(Cancel {
                     reason,
-                    since: Instant::now(),
+                    since: now,
                     killed: false,
                 });
                 self.commands.push_back(Command::Signal {
@@ -1416,11 +1491,12 @@ impl MachineManager {
 
     fn escalate_cancels(&mut self) {
         let wait = Duration::from_millis(self.cfg.cluster.kill_wait_ms);
+        let now = self.now();
         let mut kill = Vec::new();
         for j in self.jobs.values_mut() {
             if let Some(c) = &mut j.cancel
                 && !c.killed
-                && c.since.elapsed() >= wait
+                && now.saturating_duration_since(c.since) >= wait
             {
                 c.killed = true;
                 kill.push(j.id);
@@ -1458,7 +1534,8 @@ impl MachineManager {
             .enqueue(&*self.prims, &bytes, Some(self.rm.hb_sent))
         {
             Ok(()) => {
-                let now = Instant::now();
+                let now = self.now();
+                let now_ms = self.unix_ms();
                 if let Some(taken) = fresh {
                     self.hb_seq += 1;
                     for cmd in self.commands.drain(..taken) {
@@ -1467,7 +1544,7 @@ impl MachineManager {
                             && j.phase == Phase::Launching
                         {
                             j.launched = Some(now);
-                            j.launched_ms = Some(journal::now_ms());
+                            j.launched_ms = Some(now_ms);
                             j.phase = Phase::Running;
                             // A restarted MM re-adopts it (and knows its tasks may have run).
                             self.unrecorded.insert(spec.job);
@@ -1483,7 +1560,7 @@ impl MachineManager {
                 if fresh.is_none() {
                     self.hb_resend = Some(bytes);
                 }
-                if let Some(more) = self.hb_errors.allow(Instant::now()) {
+                if let Some(more) = self.hb_errors.allow(self.now()) {
                     tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
                 }
                 if !matches!(e, PrimError::Timeout { .. }) {
@@ -1527,6 +1604,7 @@ impl MachineManager {
     /// Takes the outcome of the heartbeat in flight, if it has one; true when none is in
     /// flight any more.
     fn heartbeat_completed(&mut self) -> bool {
+        let now = self.now();
         let Some(flight) = &self.hb_in_flight else {
             return true;
         };
@@ -1534,7 +1612,8 @@ impl MachineManager {
             Ok(false) => false,
             Ok(true) => {
                 let issued = flight.issued;
-                self.metrics.heartbeat_delivered(issued.elapsed());
+                self.metrics
+                    .heartbeat_delivered(now.saturating_duration_since(issued));
                 self.hb_in_flight = None;
                 self.hb_delivered = self.heartbeats.next_seq();
                 self.nodes.heard_all(issued);
@@ -1548,13 +1627,15 @@ impl MachineManager {
         }
     }
 
-    fn wait_heartbeats(&mut self, timeout: Duration) {
+    /// Waits up to `timeout` for the heartbeat in flight to complete. It blocks on the fabric:
+    /// a host calls it once, when the MM [`is_done`](MachineManager::is_done).
+    pub fn wait_heartbeats(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while self.hb_in_flight.is_some() && Instant::now() < deadline {
-            match self
-                .prims
-                .test_event(self.rm.hb_sent, Wait::Timeout(deadline - Instant::now()))
-            {
+            match self.prims.test_event(
+                self.rm.hb_sent,
+                Wait::Timeout(deadline.saturating_duration_since(Instant::now())),
+            ) {
                 Ok(true) | Err(_) => self.hb_in_flight = None,
                 Ok(false) => break,
             }
@@ -1670,7 +1751,7 @@ impl MachineManager {
         }
         // A sending worker's nodes are freed when it reports back (`transfer_done`).
         if !j.nodes.is_empty() {
-            self.policy.ended(j.id, self.epoch.elapsed());
+            self.policy.ended(j.id, self.since_epoch());
             self.run_set.retain(|r| *r != j.id);
             // What has not gone out yet never will: a launch must not start tasks that the
             // Forget behind it would kill at once.
@@ -1698,7 +1779,7 @@ impl MachineManager {
             self.finished_output
                 .insert(id, std::mem::take(&mut j.held_output));
         }
-        let now = Instant::now();
+        let now = self.now();
         let us = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) if b >= a => (b - a).as_micros() as u64,
             _ => 0,
@@ -1734,7 +1815,7 @@ impl MachineManager {
             state: JobState::Finished {
                 nodes: j.nodes,
                 outcome: outcome.clone(),
-                ended_ms: journal::now_ms(),
+                ended_ms: self.unix_ms(),
             },
         });
         if let Some(c) = j.client {
@@ -1829,25 +1910,47 @@ fn launch_spec(
     }
 }
 
-impl std::fmt::Debug for MachineManager {
+impl<E: MmEnv> std::fmt::Debug for MachineManager<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "MachineManager({} jobs)", self.jobs.len())
     }
 }
 
-/// Runs a machine manager until it is told to stop.
-/// Starts a machine manager, tells the service manager it is ready (control socket bound,
-/// endpoint up, journal restored), and runs it.
+/// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
+/// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
+/// request or a signal: requests go to the core as they arrive, and a timeslice runs at each
+/// [`MachineManager::poll_timeout`].
 pub fn run(opts: MmOptions) -> Result<()> {
-    let mm = MachineManager::start(opts).context("starting the machine manager")?;
+    let stop = opts.stop.clone();
+    let (mut mm, incoming) = MachineManager::start(opts).context("starting the machine manager")?;
     storm_cluster::daemon::notify_ready();
-    mm.run()
+    loop {
+        while let Ok(msg) = incoming.try_recv() {
+            mm.handle(msg);
+        }
+        mm.tick();
+        if stop.load(Ordering::Acquire) {
+            tracing::info!("stopping on a signal");
+            break;
+        }
+        if mm.is_done() {
+            mm.wait_heartbeats(Duration::from_millis(mm.cfg.tcp.op_timeout_ms));
+            tracing::info!("shut down");
+            break;
+        }
+        let wait = mm.poll_timeout().saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+    let _ = std::fs::remove_file(&mm.cfg.cluster.control_socket);
+    Ok(())
 }
 
 /// A number that tells this MM process from any other that ran the cluster: the start time
 /// and the pid.
 fn incarnation() -> u64 {
-    journal::now_ms() << 22 | (std::process::id() as u64 & 0x3f_ffff)
+    crate::journal::now_ms() << 22 | (std::process::id() as u64 & 0x3f_ffff)
 }
 
 /// `1m30s`-style text for a duration.

@@ -27,7 +27,7 @@ use storm_cluster::messages::{JobId, OutputChunk, decode};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeId, NodeSet, Wait};
 
-use super::{ClientId, MachineManager};
+use super::{ClientId, MachineManager, MmEnv};
 
 /// What releases an entry taken from an output queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl NodeOutput {
     }
 }
 
-impl MachineManager {
+impl<E: MmEnv> MachineManager<E> {
     /// Passes on what `nodes` wrote into their output queues, and releases what reached its
     /// submitter.
     pub(super) fn forward_output(&mut self, nodes: &NodeSet) {

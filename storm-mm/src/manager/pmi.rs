@@ -22,7 +22,7 @@ use bytes::Bytes;
 use storm_cluster::messages::{JobId, MpiMode, PmiFenced, PmiUp, decode, encode};
 use storm_primitives::{NodeSet, Wait};
 
-use super::{MachineManager, Phase};
+use super::{MachineManager, MmEnv, Phase};
 
 /// What the nodes of one job have written for it.
 enum Parts {
@@ -40,7 +40,7 @@ enum Parts {
     Waiting,
 }
 
-impl MachineManager {
+impl<E: MmEnv> MachineManager<E> {
     /// Carries out every fence whose parts have all arrived, and every abort.
     pub(super) fn pmi_exchange(&mut self) {
         let mut signalled = std::mem::take(&mut self.pmi_recheck);

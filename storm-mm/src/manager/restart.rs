@@ -31,8 +31,8 @@ use storm_cluster::messages::JobId;
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::NodeSet;
 
-use super::{Job, MachineManager, NewJob, Phase};
-use crate::journal::{self, JobRecord, JobState, Restored};
+use super::{Job, MachineManager, MmEnv, NewJob, Phase};
+use crate::journal::{JobRecord, JobState, Restored};
 use crate::policy::{JobAsk, Placement};
 
 /// How long restored jobs wait for their submitters to reattach.
@@ -61,7 +61,7 @@ struct Started<'a> {
     launched_ms: u64,
 }
 
-impl MachineManager {
+impl<E: MmEnv> MachineManager<E> {
     /// Takes up what the journal held.
     pub(super) fn restore(&mut self, restored: Restored) {
         self.next_job = restored.next_job;
@@ -123,10 +123,10 @@ impl MachineManager {
             }
         }
         if queued + requeued > 0 {
-            self.held = Some(Instant::now() + REATTACH_GRACE);
+            self.held = Some(self.now() + REATTACH_GRACE);
         }
         if queued + requeued + recovering > 0 {
-            self.reattach_until = Some(Instant::now() + REATTACH_GRACE);
+            self.reattach_until = Some(self.now() + REATTACH_GRACE);
         }
         if queued + ended + requeued + recovering + self.finished.len() > 0 {
             tracing::info!(
@@ -167,7 +167,7 @@ impl MachineManager {
                 "its job area {slot} is no longer free (max_jobs changed?)"
             )));
         }
-        let ran = Duration::from_millis(journal::now_ms().saturating_sub(at.launched_ms));
+        let ran = Duration::from_millis(self.unix_ms().saturating_sub(at.launched_ms));
         let limit = rec.req.time_limit_ms.map(Duration::from_millis);
         let ask = JobAsk {
             job: rec.id,
@@ -178,7 +178,7 @@ impl MachineManager {
             nodes: at.nodes.clone(),
             time_slot: at.time_slot as usize,
         };
-        if !self.policy.adopt(ask, &placed, ran, self.epoch.elapsed()) {
+        if !self.policy.adopt(ask, &placed, ran, self.since_epoch()) {
             return Err(lost(format!(
                 "its nodes (time slot {}) are no longer free for it",
                 at.time_slot
@@ -188,8 +188,8 @@ impl MachineManager {
         let program = (rec.req.bcast && rec.req.requeue)
             .then(|| self.journal.program(rec.id))
             .flatten();
-        let now = Instant::now();
-        let mut job = restored_job(rec, plan, program);
+        let now = self.now();
+        let mut job = restored_job(rec, plan, program, (now, self.unix_ms()));
         job.phase = Phase::Recovering;
         job.nodes = at.nodes.clone();
         job.slot = Some(slot);
@@ -325,7 +325,9 @@ impl MachineManager {
         } else {
             None
         };
-        self.jobs.insert(rec.id, restored_job(rec, plan, program));
+        let at = (self.now(), self.unix_ms());
+        self.jobs
+            .insert(rec.id, restored_job(rec, plan, program, at));
         self.unrecorded.insert(rec.id);
         Ok(())
     }
@@ -337,7 +339,7 @@ impl MachineManager {
             JobState::Started { nodes, .. } => nodes.clone(),
             _ => Default::default(),
         };
-        let total_us = journal::now_ms().saturating_sub(rec.submitted_ms) * 1000;
+        let total_us = self.unix_ms().saturating_sub(rec.submitted_ms) * 1000;
         let outcome = JobOutcome {
             job: rec.id,
             ranks: Vec::new(),
@@ -352,7 +354,7 @@ impl MachineManager {
             state: JobState::Finished {
                 nodes,
                 outcome,
-                ended_ms: journal::now_ms(),
+                ended_ms: self.unix_ms(),
             },
             ..rec
         });
@@ -368,7 +370,7 @@ impl MachineManager {
             .jobs
             .values()
             .any(|j| j.phase == Phase::Queued && j.client.is_none());
-        if waiting && Instant::now() < until {
+        if waiting && self.now() < until {
             return;
         }
         self.held = None;
@@ -383,7 +385,7 @@ impl MachineManager {
             })
             .collect();
         for ask in queued {
-            self.policy.submit(ask, self.epoch.elapsed());
+            self.policy.submit(ask, self.since_epoch());
         }
     }
 
@@ -444,9 +446,13 @@ impl MachineManager {
 
 /// A job as its journal record describes it, queued, with no submitter attached yet; its
 /// submission time is set back by the age the record gives it.
-fn restored_job(rec: &JobRecord, plan: TaskPlan, program: Option<File>) -> Job {
-    let age = Duration::from_millis(journal::now_ms().saturating_sub(rec.submitted_ms));
-    let now = Instant::now();
+fn restored_job(
+    rec: &JobRecord,
+    plan: TaskPlan,
+    program: Option<File>,
+    (now, unix_ms): (Instant, u64),
+) -> Job {
+    let age = Duration::from_millis(unix_ms.saturating_sub(rec.submitted_ms));
     let mut job = Job::queued(NewJob {
         id: rec.id,
         uid: rec.uid,

@@ -14,15 +14,27 @@ use storm_cluster::messages::JobId;
 
 use crate::journal::{JournalError, ProgramStore};
 
-/// The copying thread, fed one program at a time, in the order asked.
+/// The copying thread, fed one program at a time, in the order asked. It starts with the
+/// first copy asked for, so a manager that never copies (a journal in memory) has no thread.
 pub(super) struct Saver {
+    store: Option<ProgramStore>,
     requests: Option<Sender<(JobId, File)>>,
-    results: Receiver<(JobId, Result<(), JournalError>)>,
+    results: Option<Receiver<(JobId, Result<(), JournalError>)>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Saver {
-    pub(super) fn start(store: ProgramStore) -> Self {
+    /// Copies into `store`; with none, every copy fails, saying so.
+    pub(super) fn new(store: Option<ProgramStore>) -> Self {
+        Self {
+            store,
+            requests: None,
+            results: None,
+            thread: None,
+        }
+    }
+
+    fn start(&mut self, store: ProgramStore) -> std::io::Result<()> {
         let (requests, todo) = unbounded::<(JobId, File)>();
         let (done, results) = unbounded();
         let thread = std::thread::Builder::new()
@@ -34,26 +46,37 @@ impl Saver {
                         return;
                     }
                 }
-            })
-            .expect("spawning the program saver");
-        Self {
-            requests: Some(requests),
-            results,
-            thread: Some(thread),
-        }
+            })?;
+        self.requests = Some(requests);
+        self.results = Some(results);
+        self.thread = Some(thread);
+        Ok(())
     }
 
-    /// Asks for a copy of `program` as job `job`'s.
-    pub(super) fn save(&self, job: JobId, program: File) {
-        if let Some(tx) = &self.requests {
-            // The thread lives as long as `self`.
-            let _ = tx.send((job, program));
+    /// Asks for a copy of `program` as job `job`'s; false if no copy can be made (this journal
+    /// keeps no programs, or the thread cannot start).
+    pub(super) fn save(&mut self, job: JobId, program: File) -> bool {
+        if self.requests.is_none() {
+            let Some(store) = self.store.clone() else {
+                return false;
+            };
+            if let Err(e) = self.start(store) {
+                tracing::error!("cannot start the thread that copies programs: {e}");
+                return false;
+            }
         }
+        // The thread lives as long as `self`.
+        self.requests
+            .as_ref()
+            .is_some_and(|tx| tx.send((job, program)).is_ok())
     }
 
     /// Copies finished since the last call, with their outcome.
     pub(super) fn finished(&self) -> Vec<(JobId, Result<(), JournalError>)> {
-        self.results.try_iter().collect()
+        self.results
+            .as_ref()
+            .map(|r| r.try_iter().collect())
+            .unwrap_or_default()
     }
 }
 
