@@ -11,7 +11,7 @@
 //! * starts one program launcher per local task ([`launch`]) and forwards their output to the
 //!   MM ([`output`]);
 //! * polls the NM-PL shared-memory table at heartbeat intervals and reports finished jobs
-//!   (Algorithm 9, [`manager`]).
+//!   (Algorithm 9, [`manager`]; the reports themselves in [`report`]).
 //!
 //! It reaches other nodes only through `storm-primitives`, and its PLs only through their
 //! pipes and the shared table.
@@ -23,5 +23,6 @@ pub mod output;
 pub mod pmi;
 pub mod procstat;
 pub mod receive;
+pub mod report;
 
 pub use manager::{NmOptions, NodeManager};

@@ -27,20 +27,21 @@ use nix::unistd::Pid;
 use storm_cluster::config::PolicyKind;
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, NodeReport, Program,
-    RankStatus, Stream, decode, encode,
+    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, Program, RankStatus, Stream,
+    decode,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_pl::{PlSpec, PlTable};
-use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
+use storm_primitives::{NodeId, PrimError, Primitives};
 
 use crate::launch::start_pl;
-use crate::membership::{Event, Registration};
+use crate::membership::{Event, Identity, Registration};
 use crate::output::{Drained, Output, Watch};
 use crate::pmi::{JobFacts, PmiService, process_mapping};
 use crate::procstat::TaskStates;
 use crate::receive;
+use crate::report::Reporter;
 
 /// How long after its tasks ended a job's output pipes may stay open (held by a process the
 /// task left behind) before the NM stops reading them and reports the job.
@@ -262,6 +263,7 @@ impl NodeManager {
             self.node,
             self.mm,
             Duration::from_millis(self.cfg.failure.rejoin_after_ms),
+            Identity::this_process(),
         );
         let idle_wait =
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
@@ -499,17 +501,7 @@ impl NodeManager {
             // Launched again for a node that missed the first launch; this one did not.
             return;
         }
-        // A job run again (requeued) may use the slot it used before: its old termination
-        // flag must not announce the new run's end.
-        let flag = self.rm.terminated.at(spec.slot as usize);
-        if self.prims.memory().load(flag) == spec.job {
-            self.prims.memory().store(flag, 0);
-        }
-        // Nor may the MM's PMI fence results for its earlier run release its ranks.
-        let _ = self
-            .prims
-            .memory()
-            .write(self.rm.pmi_down_offset(spec.slot as usize), &[0u8; 32]);
+        self.reporter().prepare_slot(&spec);
         if self.cfg.scheduler.policy == PolicyKind::Gang {
             self.pending.insert(spec.job, spec);
         } else {
@@ -993,32 +985,26 @@ impl NodeManager {
         }
     }
 
+    /// How this node reports to the MM.
+    fn reporter(&self) -> Reporter<'_> {
+        Reporter {
+            prims: &*self.prims,
+            rm: &self.rm,
+            node: self.node,
+            mm: self.mm,
+            wait: Duration::from_millis(self.cfg.tcp.op_timeout_ms * 2),
+        }
+    }
+
     /// Tells the MM how the job's local tasks ended.
     fn report(&mut self, job: JobId) -> Result<()> {
         let j = self.jobs.get(&job).expect("job present");
-        let slot = j.spec.slot as usize;
-        let report = NodeReport {
-            job,
-            statuses: j
-                .ranks
-                .iter()
-                .map(|r| (r.rank, r.status.expect("all ended")))
-                .collect(),
-        };
-        let bytes = encode("report", &report, self.rm.report_bytes)?;
-        let mm = NodeSet::single(self.mm);
-        let offset = self.rm.report_offset(slot, self.node as usize);
-        self.put_and_wait(&mm, offset, Bytes::from(bytes), None)?;
-        self.prims.memory().store(self.rm.terminated.at(slot), job);
-        if j.spec.reporter == self.node {
-            let hint = self.rm.term_hint.at(slot).offset();
-            self.put_and_wait(
-                &mm,
-                hint,
-                Bytes::copy_from_slice(&job.to_ne_bytes()),
-                Some(self.rm.term_event),
-            )?;
-        }
+        let statuses = j
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.status.expect("all ended")))
+            .collect();
+        self.reporter().report(&j.spec, statuses)?;
         let j = self.jobs.get_mut(&job).expect("job present");
         j.reported = true;
         if std::mem::take(&mut j.report_again) {
@@ -1034,24 +1020,5 @@ impl NodeManager {
         }
         tracing::info!(node = self.node, job, "reported termination");
         Ok(())
-    }
-
-    fn put_and_wait(
-        &self,
-        dest: &NodeSet,
-        offset: u64,
-        data: Bytes,
-        remote: Option<storm_primitives::EventId>,
-    ) -> Result<()> {
-        self.prims
-            .xfer_and_signal(dest, offset, data, remote, Some(self.rm.report_sent))?;
-        let wait = Duration::from_millis(self.cfg.tcp.op_timeout_ms * 2);
-        match self
-            .prims
-            .test_event(self.rm.report_sent, Wait::Timeout(wait))?
-        {
-            true => Ok(()),
-            false => bail!("no completion within {wait:?}"),
-        }
     }
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use storm_cluster::RmLayout;
+use storm_cluster::clock::{Clock, SystemClock};
 use storm_cluster::messages::{HeldJob, Inventory, JobId, Membership, decode, encode};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
@@ -54,12 +55,35 @@ pub enum Event {
 static PROCESS_STARTED_MS: std::sync::LazyLock<u64> =
     std::sync::LazyLock::new(storm_cluster::daemon::unix_ms);
 
+/// Who registers, and the clock it reads: the NM process (its pid, its start time, the system
+/// clock), or a simulated one.
+#[derive(Clone)]
+pub struct Identity {
+    pub clock: Arc<dyn Clock>,
+    /// Goes into every stamp: another pid tells the MM the node lost its processes.
+    pub pid: u32,
+    /// When the NM started (Unix time, milliseconds), for the inventory.
+    pub started_ms: u64,
+}
+
+impl Identity {
+    /// This NM process.
+    pub fn this_process() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            pid: std::process::id(),
+            started_ms: *PROCESS_STARTED_MS,
+        }
+    }
+}
+
 pub struct Registration {
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
     node: NodeId,
     mm: NodeId,
     rejoin_after: Duration,
+    identity: Identity,
     generation: u32,
     standing: Standing,
 }
@@ -71,14 +95,15 @@ impl Registration {
         node: NodeId,
         mm: NodeId,
         rejoin_after: Duration,
+        identity: Identity,
     ) -> Self {
-        let _ = *PROCESS_STARTED_MS;
         let mut m = Self {
             prims,
             rm,
             node,
             mm,
             rejoin_after,
+            identity,
             generation: 0,
             standing: Standing::Registering {
                 stamp: 0,
@@ -95,7 +120,7 @@ impl Registration {
     /// A stamp no earlier registration of this node used: the pid and a generation.
     fn next_stamp(&mut self) -> u64 {
         self.generation += 1;
-        (std::process::id() as u64) << 32 | self.generation as u64
+        (self.identity.pid as u64) << 32 | self.generation as u64
     }
 
     /// Waits up to `wait` for the next thing to do. `held` lists the jobs this node holds (sent
@@ -106,14 +131,15 @@ impl Registration {
         held: &dyn Fn() -> Vec<HeldJob>,
     ) -> Result<Event, PrimError> {
         // Completions of registrations and acknowledgements: failures are retried anyway.
+        let now = self.identity.clock.now();
         while let Ok(true) = self.prims.test_event(self.rm.register_sent, Wait::Poll) {}
         if self.prims.test_event(self.rm.joined, Wait::Poll)? {
             return Ok(self.on_message());
         }
         match &mut self.standing {
             Standing::Registering { stamp, sent } => {
-                if sent.is_none_or(|t| t.elapsed() >= REGISTER_RETRY) {
-                    *sent = Some(Instant::now());
+                if sent.is_none_or(|t| now.saturating_duration_since(t) >= REGISTER_RETRY) {
+                    *sent = Some(now);
                     let stamp = *stamp;
                     self.send_inventory(stamp, held());
                     let at = self.rm.registry.at(self.node as usize).offset();
@@ -122,7 +148,7 @@ impl Registration {
                 self.wait_message(wait)
             }
             Standing::Welcomed { since, .. } => {
-                if since.elapsed() > self.rejoin_after {
+                if now.saturating_duration_since(*since) > self.rejoin_after {
                     tracing::warn!(
                         node = self.node,
                         "welcomed but never started; registering again"
@@ -138,14 +164,14 @@ impl Registration {
                 ..
             } => match heartbeats.dequeue(&*self.prims, Wait::Timeout(wait))? {
                 Some(bytes) => {
-                    *last_heard = Instant::now();
+                    *last_heard = now;
                     Ok(Event::Heartbeat(bytes))
                 }
-                None if last_heard.elapsed() > self.rejoin_after => {
+                None if now.saturating_duration_since(*last_heard) > self.rejoin_after => {
                     tracing::warn!(
                         node = self.node,
                         "no heartbeat for {:?}; registering with the MM again",
-                        last_heard.elapsed()
+                        now.saturating_duration_since(*last_heard)
                     );
                     self.register_again();
                     Ok(Event::Idle)
@@ -229,7 +255,7 @@ impl Registration {
                         QueueConsumer::discard_signals(&*self.prims, self.rm.heartbeat);
                         self.standing = Standing::Welcomed {
                             stamp,
-                            since: Instant::now(),
+                            since: self.identity.clock.now(),
                         };
                         self.send_to_mm(ack_at, stamp);
                         tracing::info!(node = self.node, kept = ?keep, "welcomed by the MM");
@@ -253,7 +279,7 @@ impl Registration {
                     self.standing = Standing::Member {
                         stamp,
                         heartbeats,
-                        last_heard: Instant::now(),
+                        last_heard: self.identity.clock.now(),
                     };
                     tracing::info!(node = self.node, seq, "joined the heartbeat");
                 }
@@ -297,7 +323,7 @@ impl Registration {
         let bytes = loop {
             let inventory = Inventory {
                 stamp,
-                since_ms: *PROCESS_STARTED_MS,
+                since_ms: self.identity.started_ms,
                 jobs: jobs.clone(),
             };
             match encode("inventory", &inventory, self.rm.inventory_bytes) {
