@@ -61,7 +61,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(message: String) -> Self {
+    pub fn new(message: String) -> Self {
         Self {
             message,
             blamed: NodeSet::new(),

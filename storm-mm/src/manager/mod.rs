@@ -501,6 +501,21 @@ impl<E: MmEnv> MachineManager<E> {
         &self.env
     }
 
+    /// The nodes as `storm nodes` shows them, without a request (for a simulator's checks).
+    pub fn nodes_view(&self) -> Vec<NodeInfo> {
+        self.node_infos()
+    }
+
+    /// The jobs as `storm queue` shows them, without a request.
+    pub fn queue_view(&self) -> Vec<JobInfo> {
+        self.jobs.values().map(|j| self.job_info(j)).collect()
+    }
+
+    /// The jobs the latest gang strobe runs (empty under the other policies).
+    pub fn run_set(&self) -> &[JobId] {
+        &self.run_set
+    }
+
     /// One timeslice (see the module's overview), at the environment clock's time.
     pub fn tick(&mut self) {
         let started = Instant::now();
