@@ -1,0 +1,465 @@
+//! # storm-sim: the machine manager in virtual time
+//!
+//! One process holds a whole cluster on the local backend (`storm_primitives::local`): the
+//! real machine manager core (`storm_mm::MachineManager`, every rule it has) and one
+//! [`SimNode`] per node, built from the NM's own membership and report code. A
+//! [`VirtualClock`] moves only when [`Sim::step`] moves it, one timeslice at a time, so a
+//! test can state a rule exactly ("DOWN at the K-th missed heartbeat", "SIGKILL
+//! `kill_wait_ms` after SIGTERM") and a run is the same every time.
+//!
+//! * [`Sim::step`], [`Sim::run_until`], [`Sim::run_for`]: time.
+//! * [`Sim::submit`], [`Sim::cancel`]: requests, as storm-submit makes them (uid 1000).
+//! * [`Sim::freeze`], [`Sim::kill`]: failures (a stopped NM; a crashed node).
+//! * [`Sim::restart_mm`]: a new MM process over the journal the old one committed.
+//!
+//! Not simulated yet: the NM's task handling (processes, output, PMI) and a cut link that
+//! leaves the NM running; see `docs/architecture.md`.
+
+pub mod env;
+pub mod node;
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use crossbeam_channel::Receiver;
+use storm_cluster::clock::{Clock, VirtualClock};
+use storm_cluster::config::PolicyKind;
+use storm_cluster::control::{JobOutcome, JobRequest, NodeInfo, Reply, Request};
+use storm_cluster::messages::JobId;
+use storm_cluster::tasks::TaskRequest;
+use storm_cluster::{ClusterConfig, RmLayout};
+use storm_mm::MachineManager;
+use storm_mm::control_server::Incoming;
+use storm_mm::journal::{Journal, MemoryStore};
+use storm_primitives::NodeId;
+use storm_primitives::local::LocalFabric;
+
+pub use env::SimEnv;
+pub use node::{Heard, IGNORE_SIGTERM, SimNode};
+
+/// The uid simulated jobs are submitted as.
+pub const SIM_UID: u32 = 1000;
+
+/// The shape of a simulated cluster.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub nodes: u32,
+    pub policy: PolicyKind,
+    pub mpl: usize,
+    pub timeslice: Duration,
+    pub missed_heartbeats: u32,
+    pub kill_wait: Duration,
+    pub max_jobs: usize,
+    /// Keep every heartbeat each node takes ([`SimNode::heard`]).
+    pub record: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 4,
+            policy: PolicyKind::Fcfs,
+            mpl: 4,
+            timeslice: Duration::from_millis(10),
+            missed_heartbeats: 3,
+            kill_wait: Duration::from_millis(500),
+            max_jobs: 64,
+            record: false,
+        }
+    }
+}
+
+/// A simulated job: `nodes` nodes, one task each, needing `work` of virtual time.
+#[derive(Debug, Clone)]
+pub struct SimJob {
+    pub nodes: u32,
+    pub work: Duration,
+    pub time_limit: Option<Duration>,
+    pub requeue: bool,
+    pub ignore_sigterm: bool,
+}
+
+impl SimJob {
+    pub fn new(nodes: u32, work: Duration) -> Self {
+        Self {
+            nodes,
+            work,
+            time_limit: None,
+            requeue: false,
+            ignore_sigterm: false,
+        }
+    }
+
+    fn request(&self) -> JobRequest {
+        let mut args = vec![self.work.as_millis().to_string()];
+        if self.ignore_sigterm {
+            args.push(IGNORE_SIGTERM.into());
+        }
+        JobRequest {
+            name: "sim".into(),
+            program: "/sim/task".into(),
+            args,
+            env: Vec::new(),
+            cwd: "/".into(),
+            tasks: TaskRequest {
+                nodes: Some(self.nodes),
+                ntasks: Some(self.nodes),
+                ..TaskRequest::default()
+            },
+            bcast: false,
+            time_limit_ms: self.time_limit.map(|d| d.as_millis() as u64),
+            requeue: self.requeue,
+            mpi: Default::default(),
+        }
+    }
+}
+
+/// The control connection the simulation's requests use.
+struct Client {
+    id: u64,
+    replies: Receiver<Reply>,
+    read: Arc<AtomicU64>,
+}
+
+/// A cluster in virtual time (see the crate's overview).
+pub struct Sim {
+    clock: Arc<VirtualClock>,
+    fabric: Arc<LocalFabric>,
+    cfg: ClusterConfig,
+    rm: RmLayout,
+    store: MemoryStore,
+    mm: MachineManager<SimEnv>,
+    incarnation: u64,
+    nodes: Vec<SimNode>,
+    client: Client,
+    next_client: u64,
+    /// Requests made since the last timeslice: the MM takes them at the start of the next,
+    /// as the daemon's host does with what arrived on the control socket.
+    requests: Vec<Request>,
+    /// Jobs the simulation's client submitted.
+    submitted: Vec<JobId>,
+    /// Replies to the simulation's requests, with the time they were sent.
+    pub replies: Vec<(Instant, Reply)>,
+    ticks: u64,
+}
+
+impl Sim {
+    pub fn new(opts: SimOptions) -> Result<Self> {
+        let cfg = config(&opts)?;
+        let rm = RmLayout::new(&cfg)?;
+        let clock = VirtualClock::new();
+        let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
+        let store = MemoryStore::default();
+        let mm = new_mm(&cfg, &rm, &fabric, &store, &clock, 1)?;
+        let nodes = (0..cfg.node_count())
+            .map(|n| {
+                SimNode::new(
+                    &cfg,
+                    &rm,
+                    n,
+                    Arc::new(fabric.node(n)),
+                    clock.clone(),
+                    opts.record,
+                )
+            })
+            .collect();
+        let mut sim = Self {
+            client: Client {
+                id: 0,
+                replies: crossbeam_channel::never(),
+                read: Arc::default(),
+            },
+            next_client: 1,
+            requests: Vec::new(),
+            submitted: Vec::new(),
+            clock,
+            fabric,
+            cfg,
+            rm,
+            store,
+            mm,
+            incarnation: 1,
+            nodes,
+            replies: Vec::new(),
+            ticks: 0,
+        };
+        sim.connect()?;
+        Ok(sim)
+    }
+
+    /// The virtual time now.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Virtual time since the simulation began.
+    pub fn elapsed(&self) -> Duration {
+        self.clock.elapsed()
+    }
+
+    /// Timeslices run so far.
+    pub fn ticks(&self) -> u64 {
+        self.ticks
+    }
+
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    pub fn mm(&self) -> &MachineManager<SimEnv> {
+        &self.mm
+    }
+
+    pub fn node(&self, n: NodeId) -> &SimNode {
+        &self.nodes[n as usize]
+    }
+
+    /// One timeslice: the clock moves to the MM's next tick, the MM takes the requests made
+    /// since the last one and ticks, then every node takes what it was sent and reports what
+    /// ended.
+    pub fn step(&mut self) {
+        self.clock.advance_to(self.mm.poll_timeout());
+        for req in std::mem::take(&mut self.requests) {
+            self.mm.handle(Incoming::Request {
+                client: self.client.id,
+                req,
+                fds: Vec::new(),
+            });
+        }
+        self.mm.tick();
+        self.ticks += 1;
+        for node in &mut self.nodes {
+            node.step();
+        }
+        self.collect_replies();
+    }
+
+    /// Steps until `done` holds (true) or `limit` of virtual time passed (false).
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Sim) -> bool) -> bool {
+        let end = self.now() + limit;
+        while self.now() < end {
+            if done(self) {
+                return true;
+            }
+            self.step();
+        }
+        done(self)
+    }
+
+    /// Steps for `d` of virtual time.
+    pub fn run_for(&mut self, d: Duration) {
+        self.run_until(d, |_| false);
+    }
+
+    /// Steps until every node is up (or `limit` passes).
+    pub fn run_until_up(&mut self, limit: Duration) -> Result<()> {
+        if !self.run_until(limit, |s| {
+            s.mm.nodes_view()
+                .iter()
+                .all(|n| n.state == "idle" || n.state == "allocated")
+        }) {
+            bail!(
+                "not every node came up within {limit:?}: {:?}",
+                self.states()
+            );
+        }
+        Ok(())
+    }
+
+    /// Submits `job`; returns its id once the MM accepted it (the next timeslice).
+    pub fn submit(&mut self, job: &SimJob) -> Result<JobId, String> {
+        let before = self.replies.len();
+        self.request(Request::Submit(job.request()));
+        self.step();
+        for (_, r) in &self.replies[before..] {
+            match r {
+                Reply::Accepted { job, .. } => {
+                    self.submitted.push(*job);
+                    return Ok(*job);
+                }
+                Reply::Error(e) => return Err(e.clone()),
+                _ => {}
+            }
+        }
+        Err("no answer to the submission in a timeslice".into())
+    }
+
+    /// Cancels `job`, as its owner (taken at the next timeslice).
+    pub fn cancel(&mut self, job: JobId) {
+        self.request(Request::Cancel { job });
+    }
+
+    fn request(&mut self, req: Request) {
+        self.requests.push(req);
+    }
+
+    /// Freezes (or thaws) node `n`: its NM stops taking part, as a stopped process.
+    pub fn freeze(&mut self, n: NodeId, frozen: bool) {
+        self.fabric.freeze(n, frozen);
+        self.nodes[n as usize].set_frozen(frozen);
+    }
+
+    /// Crashes node `n` for good.
+    pub fn kill(&mut self, n: NodeId) {
+        self.fabric.kill(n);
+        self.nodes[n as usize].set_frozen(true);
+    }
+
+    /// Ends the MM process and starts another over the journal it committed: a new
+    /// incarnation, whose memory starts empty. The simulation's client connects again and
+    /// reattaches to its jobs.
+    pub fn restart_mm(&mut self) -> Result<()> {
+        self.incarnation += 1;
+        let mm_node = self.cfg.mm_id();
+        // A new process has fresh global memory and no pending events.
+        let size = self.rm.layout.size_at(mm_node);
+        let mem = self.fabric.node(mm_node);
+        storm_primitives::Primitives::memory(&mem)
+            .write(0, &vec![0u8; size])
+            .context("clearing the MM's memory")?;
+        for e in 0..self.rm.layout.event_count_at(mm_node) {
+            let ev = self.rm.layout.event_at(mm_node, e as u32);
+            if let Some(ev) = ev {
+                while let Ok(true) =
+                    storm_primitives::Primitives::test_event(&mem, ev, storm_primitives::Wait::Poll)
+                {
+                }
+            }
+        }
+        self.mm = new_mm(
+            &self.cfg,
+            &self.rm,
+            &self.fabric,
+            &self.store,
+            &self.clock,
+            self.incarnation,
+        )?;
+        self.connect()?;
+        // Like storm-submit, the client reattaches to each job it has not seen end.
+        let open: Vec<JobId> = self
+            .submitted
+            .iter()
+            .copied()
+            .filter(|&job| self.outcome(job).is_none())
+            .collect();
+        for job in open {
+            self.request(Request::Attach { job });
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self) -> Result<()> {
+        let (tx, replies) = crossbeam_channel::unbounded();
+        let read = Arc::new(AtomicU64::new(0));
+        let (closer, _) = UnixStream::pair().context("a socket pair for the simulated client")?;
+        let id = self.next_client;
+        self.next_client += 1;
+        self.mm.handle(Incoming::Connected {
+            client: id,
+            uid: SIM_UID,
+            gid: SIM_UID,
+            tx,
+            written: read.clone(),
+            closer,
+        });
+        self.client = Client { id, replies, read };
+        Ok(())
+    }
+
+    fn collect_replies(&mut self) {
+        let now = self.now();
+        for r in self.client.replies.try_iter() {
+            self.client
+                .read
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+            self.replies.push((now, r));
+        }
+    }
+
+    /// How job `job` ended, if it has.
+    pub fn outcome(&self, job: JobId) -> Option<&JobOutcome> {
+        self.replies.iter().find_map(|(_, r)| match r {
+            Reply::Finished(o) if o.job == job => Some(o),
+            _ => None,
+        })
+    }
+
+    /// When job `job` was (last) told it started, and on which nodes.
+    pub fn started(&self, job: JobId) -> Vec<Instant> {
+        self.replies
+            .iter()
+            .filter_map(|(t, r)| {
+                matches!(r, Reply::Started { job: j, .. } if *j == job).then_some(*t)
+            })
+            .collect()
+    }
+
+    /// The state `storm nodes` shows for node `n`.
+    pub fn state(&self, n: NodeId) -> NodeInfo {
+        self.mm.nodes_view().swap_remove(n as usize)
+    }
+
+    fn states(&self) -> Vec<String> {
+        self.mm
+            .nodes_view()
+            .into_iter()
+            .map(|n| format!("{}={}", n.name, n.state))
+            .collect()
+    }
+}
+
+/// The cluster file of a simulation.
+fn config(opts: &SimOptions) -> Result<ClusterConfig> {
+    if opts.nodes == 0 {
+        bail!("a simulated cluster needs at least one node");
+    }
+    let text = format!(
+        r#"
+        [cluster]
+        name = "sim"
+        [mm]
+        address = "127.0.0.1:7000"
+        [[node]]
+        name = "sim[00000-{:05}]"
+        address = "127.0.0.1:0"
+        spool = "/nonexistent/storm-sim"
+        cpus = 1
+        "#,
+        opts.nodes - 1
+    );
+    let mut cfg = ClusterConfig::parse(&text)?;
+    cfg.cluster.timeslice_ms = opts.timeslice.as_secs_f64() * 1000.0;
+    cfg.cluster.kill_wait_ms = opts.kill_wait.as_millis() as u64;
+    cfg.cluster.max_jobs = opts.max_jobs;
+    cfg.scheduler.policy = opts.policy;
+    cfg.scheduler.mpl = opts.mpl;
+    cfg.failure.missed_heartbeats = opts.missed_heartbeats;
+    Ok(cfg)
+}
+
+fn new_mm(
+    cfg: &ClusterConfig,
+    rm: &RmLayout,
+    fabric: &Arc<LocalFabric>,
+    store: &MemoryStore,
+    clock: &Arc<VirtualClock>,
+    incarnation: u64,
+) -> Result<MachineManager<SimEnv>> {
+    let (journal, restored) = Journal::with_store(Box::new(store.clone()), None)?;
+    MachineManager::new(
+        storm_mm::MmParts {
+            config: cfg.clone(),
+            rm: rm.clone(),
+            fabric: Arc::new(fabric.node(cfg.mm_id())),
+            journal,
+            restored,
+            incarnation,
+        },
+        SimEnv {
+            clock: clock.clone(),
+        },
+    )
+}

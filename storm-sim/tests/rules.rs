@@ -1,0 +1,348 @@
+//! The machine manager's rules, in virtual time: each test states a rule exactly, at the
+//! timeslice it must hold, and runs the same on every machine however loaded.
+
+use std::time::Duration;
+
+use storm_cluster::config::PolicyKind;
+use storm_cluster::control::Reply;
+use storm_cluster::messages::{Command, RankStatus};
+use storm_sim::{Sim, SimJob, SimOptions};
+
+const UP_WITHIN: Duration = Duration::from_secs(5);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn sim(opts: SimOptions) -> Sim {
+    let mut s = Sim::new(opts).expect("simulated cluster");
+    s.run_until_up(UP_WITHIN).expect("nodes up");
+    s
+}
+
+#[test]
+fn a_job_runs_for_its_work_and_ends_with_its_tasks_statuses() {
+    let mut s = sim(SimOptions::default());
+    let job = s.submit(&SimJob::new(4, ms(200))).unwrap();
+    assert!(s.run_until(ms(2_000), |s| s.outcome(job).is_some()));
+    let out = s.outcome(job).unwrap();
+    assert_eq!(out.reason, None);
+    assert_eq!(out.ranks.len(), 4);
+    assert!(
+        out.ranks.iter().all(|r| *r == Some(RankStatus::Exited(0))),
+        "{out:?}"
+    );
+    let started = s.started(job)[0];
+    let ended = s
+        .replies
+        .iter()
+        .find(|(_, r)| matches!(r, Reply::Finished(_)))
+        .unwrap()
+        .0;
+    let took = ended - started;
+    assert!(
+        took >= ms(200) && took <= ms(200) + 4 * s.config().timeslice(),
+        "a 200 ms job took {took:?} from start to outcome"
+    );
+}
+
+/// Paper Sec. 2.4.3: a node that takes no heartbeat for K periods is DOWN, not one
+/// timeslice earlier.
+#[test]
+fn a_frozen_node_is_down_at_exactly_k_missed_heartbeats() {
+    let k = 5;
+    let mut s = sim(SimOptions {
+        missed_heartbeats: k,
+        record: true,
+        ..SimOptions::default()
+    });
+    s.run_for(ms(100));
+    s.freeze(2, true);
+    let last = s.node(2).heard.last().expect("node 2 took heartbeats").at;
+    let slice = s.config().timeslice();
+    let due = last + slice * k;
+    assert!(s.run_until(ms(5_000), |s| s.state(2).state == "down"));
+    assert_eq!(
+        s.now(),
+        due,
+        "DOWN {:?} after its last heartbeat, not K = {k} periods ({:?})",
+        s.now() - last,
+        slice * k
+    );
+    assert!(
+        s.state(2)
+            .reason
+            .unwrap()
+            .contains("took no heartbeat for 5")
+    );
+    for n in [0, 1, 3] {
+        assert_eq!(s.state(n).state, "idle", "node {n} must not be blamed");
+    }
+}
+
+#[test]
+fn a_thawed_node_registers_again_and_takes_jobs() {
+    let mut s = sim(SimOptions::default());
+    s.freeze(1, true);
+    assert!(s.run_until(ms(5_000), |s| s.state(1).state == "down"));
+    s.freeze(1, false);
+    assert!(
+        s.run_until(ms(5_000), |s| s.state(1).state == "idle"),
+        "node 1 did not rejoin: {:?}",
+        s.state(1)
+    );
+    let job = s.submit(&SimJob::new(4, ms(50))).unwrap();
+    assert!(s.run_until(ms(2_000), |s| s.outcome(job).is_some()));
+    assert_eq!(
+        s.outcome(job).unwrap().reason,
+        None,
+        "the rejoined node ran its task"
+    );
+}
+
+/// `--requeue`: a job whose node dies goes back to the queue and runs again, on the nodes
+/// that are left; without it, the job ends naming the node.
+#[test]
+fn a_job_on_a_node_that_dies_is_requeued_only_if_it_asked() {
+    let mut s = sim(SimOptions {
+        nodes: 4,
+        ..SimOptions::default()
+    });
+    let kept = s
+        .submit(&SimJob {
+            requeue: true,
+            ..SimJob::new(2, ms(10_000))
+        })
+        .unwrap();
+    let lost = s.submit(&SimJob::new(2, ms(10_000))).unwrap();
+    s.run_for(ms(100));
+    let nodes_of = |s: &Sim, job| {
+        s.mm()
+            .queue_view()
+            .into_iter()
+            .find(|j| j.job == job)
+            .map(|j| j.nodes)
+    };
+    let victim = nodes_of(&s, kept).unwrap().iter().next().unwrap();
+    s.kill(victim);
+    assert!(s.run_until(ms(5_000), |s| {
+        s.outcome(lost).is_some()
+            || s.replies
+                .iter()
+                .any(|(_, r)| matches!(r, Reply::Requeued { .. }))
+    }));
+    assert!(s.run_until(ms(5_000), |s| {
+        s.replies
+            .iter()
+            .any(|(_, r)| matches!(r, Reply::Requeued { job, .. } if *job == kept))
+    }));
+    assert_eq!(
+        s.started(kept).len(),
+        1,
+        "not restarted until the other job frees nodes"
+    );
+    // The job without --requeue holds the other two nodes; end it so the requeued one fits.
+    if s.outcome(lost).is_none() {
+        s.cancel(lost);
+    }
+    assert!(s.run_until(ms(5_000), |s| s.started(kept).len() == 2));
+    let again = nodes_of(&s, kept).unwrap();
+    assert!(
+        !again.contains(victim),
+        "ran again on the dead node {victim}: {again}"
+    );
+}
+
+/// A cancelled job gets SIGTERM, then SIGKILL exactly `kill_wait_ms` later if it has not
+/// ended (both go out with the heartbeat of the timeslice that decides them).
+#[test]
+fn sigkill_follows_sigterm_after_kill_wait() {
+    let wait = ms(300);
+    let mut s = sim(SimOptions {
+        kill_wait: wait,
+        record: true,
+        ..SimOptions::default()
+    });
+    let job = s
+        .submit(&SimJob {
+            ignore_sigterm: true,
+            ..SimJob::new(2, ms(60_000))
+        })
+        .unwrap();
+    s.run_for(ms(100));
+    s.cancel(job);
+    assert!(s.run_until(ms(5_000), |s| s.outcome(job).is_some()));
+    let nodes = s.outcome(job).unwrap().ranks.len();
+    assert_eq!(nodes, 2);
+    let signals = |sig| {
+        s.node(0)
+            .heard
+            .iter()
+            .find(|h| {
+                h.commands
+                    .iter()
+                    .any(|c| matches!(c, Command::Signal { signal, .. } if *signal == sig))
+            })
+            .map(|h| h.at)
+            .expect("signal sent")
+    };
+    let (term, kill) = (signals(libc::SIGTERM), signals(libc::SIGKILL));
+    assert!(
+        kill - term == wait,
+        "SIGKILL came {:?} after SIGTERM; kill_wait is {wait:?}",
+        kill - term
+    );
+    let out = s.outcome(job).unwrap();
+    assert!(
+        out.ranks
+            .iter()
+            .all(|r| *r == Some(RankStatus::Signaled(libc::SIGKILL))),
+        "{out:?}"
+    );
+}
+
+/// A job that never got SIGTERM-proof is ended by SIGTERM alone: no SIGKILL goes out.
+#[test]
+fn a_job_that_ends_on_sigterm_gets_no_sigkill() {
+    let mut s = sim(SimOptions {
+        record: true,
+        ..SimOptions::default()
+    });
+    let job = s.submit(&SimJob::new(1, ms(60_000))).unwrap();
+    s.run_for(ms(50));
+    s.cancel(job);
+    assert!(s.run_until(ms(5_000), |s| s.outcome(job).is_some()));
+    s.run_for(ms(1_000));
+    let kills = (0..4)
+        .flat_map(|n| s.node(n).heard.clone())
+        .flat_map(|h| h.commands)
+        .filter(|c| matches!(c, Command::Signal { signal, .. } if *signal == libc::SIGKILL))
+        .count();
+    assert_eq!(kills, 0);
+}
+
+/// The time limit is enforced in virtual time: cancelled once it passes, not before.
+#[test]
+fn a_job_is_cancelled_when_its_time_limit_passes() {
+    let mut s = sim(SimOptions::default());
+    let job = s
+        .submit(&SimJob {
+            time_limit: Some(ms(1_000)),
+            ..SimJob::new(1, ms(60_000))
+        })
+        .unwrap();
+    let started = s.started(job)[0];
+    assert!(s.run_until(ms(5_000), |s| s.outcome(job).is_some()));
+    let out = s.outcome(job).unwrap();
+    assert!(
+        out.reason.as_deref().unwrap_or("").contains("time limit"),
+        "{out:?}"
+    );
+    let ended = s
+        .replies
+        .iter()
+        .find(|(_, r)| matches!(r, Reply::Finished(_)))
+        .unwrap()
+        .0;
+    assert!(
+        ended - started >= ms(1_000),
+        "ended {:?} after it started",
+        ended - started
+    );
+}
+
+#[test]
+fn the_same_workload_gives_the_same_history() {
+    fn history() -> Vec<(Duration, String)> {
+        let mut s = sim(SimOptions {
+            policy: PolicyKind::Easy,
+            ..SimOptions::default()
+        });
+        let t0 = s.now();
+        for (i, n) in [3u32, 1, 4, 2, 2, 1, 4].iter().enumerate() {
+            s.submit(&SimJob::new(*n, ms(37 * (i as u64 + 1)))).unwrap();
+        }
+        s.run_for(ms(3_000));
+        s.replies
+            .iter()
+            .map(|(t, r)| (*t - t0, format!("{r:?}")))
+            .collect()
+    }
+    assert_eq!(history(), history());
+}
+
+/// Gang scheduling (paper Sec. 3.3): every heartbeat carries the strobe, every node runs what
+/// the MM's policy decided for that timeslice, and over 10,000 slices jobs that share nodes
+/// take turns, one at a time, in equal shares.
+#[test]
+fn gang_strobes_carry_the_policys_decisions_for_10000_slices() {
+    let mut s = sim(SimOptions {
+        policy: PolicyKind::Gang,
+        mpl: 3,
+        record: true,
+        ..SimOptions::default()
+    });
+    let jobs: Vec<_> = (0..3)
+        .map(|_| s.submit(&SimJob::new(4, ms(3_600_000))).unwrap())
+        .collect();
+    s.run_for(ms(100));
+    let first = s.node(3).heard.len();
+    let mut decided = Vec::new();
+    for _ in 0..10_000 {
+        s.step();
+        decided.push(s.mm().run_set().to_vec());
+    }
+    for n in 0..4 {
+        let heard = &s.node(n).heard[first..];
+        assert_eq!(heard.len(), 10_000, "node {n} missed strobes");
+        for (h, want) in heard.iter().zip(&decided) {
+            let strobes: Vec<_> = h
+                .commands
+                .iter()
+                .filter_map(|c| match c {
+                    Command::Schedule { run } => Some(run),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(strobes, vec![want], "node {n}, heartbeat {}", h.seq);
+        }
+    }
+    for job in &jobs {
+        let share = decided.iter().filter(|run| run.contains(job)).count();
+        assert!(
+            (3_300..=3_367).contains(&share),
+            "job {job} ran {share} of 10,000 slices"
+        );
+    }
+    assert!(
+        decided.iter().all(|run| run.len() == 1),
+        "jobs sharing nodes ran together"
+    );
+    assert!(jobs.iter().all(|j| s.outcome(*j).is_none()));
+}
+
+/// A restarted MM takes up what its journal held: a running job goes on (its nodes
+/// re-register and keep it) and ends normally; a queued job still runs.
+#[test]
+fn running_and_queued_jobs_survive_a_restart_of_the_mm() {
+    let mut s = sim(SimOptions::default());
+    let running = s.submit(&SimJob::new(4, ms(1_000))).unwrap();
+    let queued = s.submit(&SimJob::new(2, ms(100))).unwrap();
+    s.run_for(ms(200));
+    assert!(s.node(0).running(running));
+    s.restart_mm().unwrap();
+    assert!(s.run_until(ms(10_000), |s| s.outcome(running).is_some()));
+    assert_eq!(
+        s.outcome(running).unwrap().reason,
+        None,
+        "{:?}",
+        s.outcome(running)
+    );
+    assert!(s.run_until(ms(10_000), |s| s.outcome(queued).is_some()));
+    assert_eq!(
+        s.outcome(queued).unwrap().reason,
+        None,
+        "{:?}",
+        s.outcome(queued)
+    );
+}
