@@ -100,14 +100,11 @@ fn a_thawed_node_registers_again_and_takes_jobs() {
     );
 }
 
-/// `--requeue`: a job whose node dies goes back to the queue and runs again, on the nodes
-/// that are left; without it, the job ends naming the node.
+/// `--requeue`: a job whose node dies goes back to the queue and runs again on the nodes that
+/// are left; without it, the job ends with a reason naming the node.
 #[test]
 fn a_job_on_a_node_that_dies_is_requeued_only_if_it_asked() {
-    let mut s = sim(SimOptions {
-        nodes: 4,
-        ..SimOptions::default()
-    });
+    let mut s = sim(SimOptions::default());
     let kept = s
         .submit(&SimJob {
             requeue: true,
@@ -123,34 +120,35 @@ fn a_job_on_a_node_that_dies_is_requeued_only_if_it_asked() {
             .find(|j| j.job == job)
             .map(|j| j.nodes)
     };
-    let victim = nodes_of(&s, kept).unwrap().iter().next().unwrap();
-    s.kill(victim);
-    assert!(s.run_until(ms(5_000), |s| {
-        s.outcome(lost).is_some()
-            || s.replies
-                .iter()
-                .any(|(_, r)| matches!(r, Reply::Requeued { .. }))
-    }));
-    assert!(s.run_until(ms(5_000), |s| {
+    let kept_node = nodes_of(&s, kept).unwrap().iter().next().unwrap();
+    let lost_node = nodes_of(&s, lost).unwrap().iter().next().unwrap();
+    s.kill(kept_node);
+    s.kill(lost_node);
+    let requeued = |s: &Sim, job| {
         s.replies
             .iter()
-            .any(|(_, r)| matches!(r, Reply::Requeued { job, .. } if *job == kept))
-    }));
-    assert_eq!(
-        s.started(kept).len(),
-        1,
-        "not restarted until the other job frees nodes"
+            .any(|(_, r)| matches!(r, Reply::Requeued { job: j, .. } if *j == job))
+    };
+    assert!(s.run_until(ms(5_000), |s| s.outcome(lost).is_some()
+        && requeued(s, kept)));
+    let reason = s.outcome(lost).unwrap().reason.clone().unwrap_or_default();
+    let name = &s.config().nodes[lost_node as usize].name;
+    assert!(
+        reason.contains(name.as_str()),
+        "the reason names {name}: {reason}"
     );
-    // The job without --requeue holds the other two nodes; end it so the requeued one fits.
-    if s.outcome(lost).is_none() {
-        s.cancel(lost);
-    }
+    assert!(
+        !requeued(&s, lost),
+        "a job without --requeue went back to the queue"
+    );
     assert!(s.run_until(ms(5_000), |s| s.started(kept).len() == 2));
     let again = nodes_of(&s, kept).unwrap();
-    assert!(
-        !again.contains(victim),
-        "ran again on the dead node {victim}: {again}"
-    );
+    for dead in [kept_node, lost_node] {
+        assert!(
+            !again.contains(dead),
+            "ran again on the dead node {dead}: {again}"
+        );
+    }
 }
 
 /// A cancelled job gets SIGTERM, then SIGKILL exactly `kill_wait_ms` later if it has not
