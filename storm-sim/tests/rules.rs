@@ -344,3 +344,78 @@ fn running_and_queued_jobs_survive_a_restart_of_the_mm() {
         s.outcome(queued)
     );
 }
+
+/// A seeded random workload of `count` jobs (sizes 1..=4 nodes, work 10..400 ms), all
+/// submitted before the first starts.
+fn random_workload(s: &mut Sim, seed: u64, count: usize) -> Vec<u64> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..count)
+        .map(|_| {
+            let nodes = rng.random_range(1..=4);
+            let work = ms(rng.random_range(10..400));
+            let job = SimJob {
+                time_limit: Some(work + ms(200)),
+                ..SimJob::new(nodes, work)
+            };
+            s.submit(&job).unwrap()
+        })
+        .collect()
+}
+
+/// FCFS: no job starts before one submitted earlier; every job ends, none by its time limit.
+#[test]
+fn fcfs_starts_jobs_in_submission_order_under_random_workloads() {
+    for seed in 1..=5 {
+        let mut s = sim(SimOptions::default());
+        let jobs = random_workload(&mut s, seed, 40);
+        assert!(
+            s.run_until(ms(60_000), |s| jobs.iter().all(|j| s.outcome(*j).is_some())),
+            "seed {seed}: not every job ended"
+        );
+        let starts: Vec<_> = jobs.iter().map(|j| s.started(*j)[0]).collect();
+        assert!(
+            starts.windows(2).all(|w| w[0] <= w[1]),
+            "seed {seed}: a job started before an earlier one"
+        );
+        for j in &jobs {
+            assert_eq!(s.outcome(*j).unwrap().reason, None, "seed {seed}, job {j}");
+        }
+    }
+}
+
+/// EASY backfilling and gang scheduling: every job of a random workload ends, none is
+/// starved, and EASY lets some later job start before an earlier one (it backfills).
+#[test]
+fn easy_and_gang_finish_every_job_of_random_workloads() {
+    let mut backfilled = false;
+    for (policy, seed) in [
+        (PolicyKind::Easy, 1),
+        (PolicyKind::Easy, 2),
+        (PolicyKind::Gang, 3),
+    ] {
+        let mut s = sim(SimOptions {
+            policy,
+            mpl: 2,
+            ..SimOptions::default()
+        });
+        let jobs = random_workload(&mut s, seed, 40);
+        assert!(
+            s.run_until(ms(120_000), |s| jobs
+                .iter()
+                .all(|j| s.outcome(*j).is_some())),
+            "{policy:?}, seed {seed}: not every job ended"
+        );
+        if policy == PolicyKind::Easy {
+            let starts: Vec<_> = jobs.iter().map(|j| s.started(*j)[0]).collect();
+            backfilled |= starts.windows(2).any(|w| w[1] < w[0]);
+            for j in &jobs {
+                assert_eq!(s.outcome(*j).unwrap().reason, None, "seed {seed}, job {j}");
+            }
+        }
+    }
+    assert!(
+        backfilled,
+        "EASY never started a later job ahead of an earlier one"
+    );
+}
