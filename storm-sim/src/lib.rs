@@ -379,15 +379,20 @@ impl Sim {
         }
     }
 
-    /// How job `job` ended, if it has.
-    pub fn outcome(&self, job: JobId) -> Option<&JobOutcome> {
-        self.replies.iter().find_map(|(_, r)| match r {
-            Reply::Finished(o) if o.job == job => Some(o),
+    /// When job `job` ended and how, if it has.
+    pub fn finished(&self, job: JobId) -> Option<(Instant, &JobOutcome)> {
+        self.replies.iter().find_map(|(t, r)| match r {
+            Reply::Finished(o) if o.job == job => Some((*t, o)),
             _ => None,
         })
     }
 
-    /// When job `job` was (last) told it started, and on which nodes.
+    /// How job `job` ended, if it has.
+    pub fn outcome(&self, job: JobId) -> Option<&JobOutcome> {
+        self.finished(job).map(|(_, o)| o)
+    }
+
+    /// When job `job` was told it started, each time it did (a requeued job starts again).
     pub fn started(&self, job: JobId) -> Vec<Instant> {
         self.replies
             .iter()

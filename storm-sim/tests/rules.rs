@@ -33,12 +33,7 @@ fn a_job_runs_for_its_work_and_ends_with_its_tasks_statuses() {
         "{out:?}"
     );
     let started = s.started(job)[0];
-    let ended = s
-        .replies
-        .iter()
-        .find(|(_, r)| matches!(r, Reply::Finished(_)))
-        .unwrap()
-        .0;
+    let ended = s.finished(job).unwrap().0;
     let took = ended - started;
     assert!(
         took >= ms(200) && took <= ms(200) + 4 * s.config().timeslice(),
@@ -236,12 +231,7 @@ fn a_job_is_cancelled_when_its_time_limit_passes() {
         out.reason.as_deref().unwrap_or("").contains("time limit"),
         "{out:?}"
     );
-    let ended = s
-        .replies
-        .iter()
-        .find(|(_, r)| matches!(r, Reply::Finished(_)))
-        .unwrap()
-        .0;
+    let ended = s.finished(job).unwrap().0;
     assert!(
         ended - started >= ms(1_000),
         "ended {:?} after it started",
