@@ -32,7 +32,7 @@ use storm_cluster::messages::{
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
-use storm_pl::{PlSpec, PlTable};
+use storm_pl::{Hold, PlSpec, PlTable};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
 use crate::launch::start_pl;
@@ -92,8 +92,51 @@ struct LocalRank {
     pl: Option<Child>,
     status: Option<RankStatus>,
     output: Drained,
-    /// The task's process group has been stopped (gang scheduling).
+    /// Gang scheduling has stopped the task's process group, or holds its launcher before
+    /// the task starts.
     stopped: bool,
+}
+
+impl LocalRank {
+    /// Makes the task not runnable: SIGSTOP to its process group, or a hold on its launcher
+    /// if the task has not begun to start. False while the launcher is starting the task:
+    /// there is no process to stop yet, so ask again shortly.
+    fn halt(&mut self, table: &PlTable) -> bool {
+        if self.stopped || self.status.is_some() {
+            return true;
+        }
+        let Some(slot) = self.slot else {
+            return true;
+        };
+        match table.hold(slot) {
+            Ok(Hold::Held) => self.stopped = true,
+            Ok(Hold::Running(pid)) => {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGSTOP);
+                self.stopped = true;
+            }
+            Ok(Hold::Spawning) => return false,
+            Ok(Hold::Ended) | Err(_) => {}
+        }
+        true
+    }
+
+    /// Lets a halted task run again: SIGCONT, or the launcher's hold released.
+    fn resume(&mut self, table: &PlTable) {
+        if self.status.is_some() {
+            return;
+        }
+        if let Some(slot) = self.slot {
+            match table.pid(slot) {
+                Ok(Some(pid)) => {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGCONT);
+                }
+                _ => {
+                    let _ = table.unhold(slot);
+                }
+            }
+        }
+        self.stopped = false;
+    }
 }
 
 /// A launcher to reap, and the NM-PL table slot to free once it is gone (a launcher killed
@@ -724,6 +767,21 @@ impl NodeManager {
     /// them at most `wait`: continues every job of the slot and starts those launched for
     /// it. Past `SWITCH_GIVE_UP` (a task stuck in the kernel) the new slot runs anyway.
     fn finish_switch(&mut self, wait: Duration) {
+        if self.switch.is_none() {
+            return;
+        }
+        // Launchers that were starting their task when the switch began: stop the task now
+        // that it has a process, before the new slot may run.
+        let mut spawning = false;
+        for j in self
+            .jobs
+            .values_mut()
+            .filter(|j| j.suspended && !j.reported && !j.ending)
+        {
+            for r in j.ranks.iter_mut() {
+                spawning |= !r.halt(&self.table);
+            }
+        }
         let Some(switch) = self.switch.as_mut() else {
             return;
         };
@@ -736,7 +794,7 @@ impl NodeManager {
             .filter_map(|r| r.slot.and_then(|s| self.table.pid(s).ok().flatten()))
             .collect();
         let waited = switch.since.elapsed();
-        if !self.task_states.wait_until_stopped(&halting, wait) {
+        if spawning || !self.task_states.wait_until_stopped(&halting, wait) {
             if waited < SWITCH_GIVE_UP {
                 if waited > SWITCH_WARN && !switch.warned {
                     switch.warned = true;
@@ -813,26 +871,21 @@ impl NodeManager {
         }
     }
 
-    /// SIGSTOP (or SIGCONT) to every running task of a job; returns the tasks signalled. Tasks
-    /// whose process is not known yet are stopped by `poll_tasks` as soon as it is.
-    fn stop_job(&mut self, job: JobId, stop: bool) -> Vec<i32> {
+    /// Halts (or resumes) every task of a job that has not ended; false if some launcher was
+    /// starting its task and must be asked again (see [`LocalRank::halt`]).
+    fn stop_job(&mut self, job: JobId, stop: bool) -> bool {
         let Some(j) = self.jobs.get_mut(&job) else {
-            return Vec::new();
+            return true;
         };
-        let sig = if stop {
-            Signal::SIGSTOP
-        } else {
-            Signal::SIGCONT
-        };
-        let mut pids = Vec::new();
-        for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
-            if let Some(pid) = r.slot.and_then(|s| self.table.pid(s).ok().flatten()) {
-                let _ = killpg(Pid::from_raw(pid), sig);
-                r.stopped = stop;
-                pids.push(pid);
+        let mut all = true;
+        for r in j.ranks.iter_mut() {
+            if stop {
+                all &= r.halt(&self.table);
+            } else {
+                r.resume(&self.table);
             }
         }
-        pids
+        all
     }
 
     fn signal_job(&mut self, job: JobId, signal: i32) {
@@ -926,12 +979,8 @@ impl NodeManager {
                     r.status = Some(s);
                     continue;
                 }
-                if j.suspended
-                    && !r.stopped
-                    && let Some(pid) = r.slot.and_then(|s| self.table.pid(s).ok().flatten())
-                {
-                    let _ = killpg(Pid::from_raw(pid), Signal::SIGSTOP);
-                    r.stopped = true;
+                if j.suspended && !j.ending {
+                    r.halt(&self.table);
                 }
                 let Some(pl) = r.pl.as_mut().filter(|_| check_launchers) else {
                     continue;

@@ -13,7 +13,7 @@ mod spec;
 mod table;
 
 pub use spec::PlSpec;
-pub use table::{PlTable, SlotState, TableError};
+pub use table::{Hold, PlTable, SlotState, TableError};
 
 /// The descriptor on which a PL finds the shared-memory table.
 pub const TABLE_FD: i32 = 3;

@@ -145,6 +145,11 @@ fn launch(spec: &PlSpec, table: &PlTable) -> RankStatus {
     unsafe {
         cmd.pre_exec(move || storm_pl::die_with_parent(me));
     }
+    // A gang switch may have stopped this job before its task exists: wait until the NM
+    // lets it run, so the task never runs beside another time slot's.
+    if let Err(e) = table.begin_spawn(spec.slot as usize) {
+        eprintln!("storm-pl: rank {}: {e}", spec.rank);
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -1,9 +1,16 @@
 //! The NM-PL table: one slot per local task in a shared anonymous memory file (memfd).
 //!
-//! A slot moves FREE -> STARTING (NM assigned it to a new PL) -> RUNNING (PL started the task
-//! and wrote its process id, which is also its process group) -> EXITED (PL wrote the exit
-//! status). Every field is an atomic; the state is written last with release ordering, so a
-//! reader that sees EXITED also sees the status.
+//! A slot moves FREE -> STARTING (NM assigned it to a new PL) -> SPAWNING (the PL is starting
+//! the task) -> RUNNING (the PL wrote the task's process id, which is also its process group)
+//! -> EXITED (PL wrote the exit status). Every field is an atomic; the state is written last
+//! with release ordering, so a reader that sees EXITED also sees the status.
+//!
+//! Gang scheduling may stop a job whose task does not exist yet. The NM then moves the slot
+//! STARTING -> HELD, and the PL waits (on a futex on the state word) before it starts the task
+//! until the NM moves it back. The two compare-and-swaps decide every race: either the NM
+//! holds the slot before the PL begins (the task does not start while held), or the PL began
+//! first (SPAWNING), and the NM waits for the process id to stop the task with a signal. Only
+//! the NM ever stops or continues a task, so no stop can be undone by a late continue.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -17,8 +24,36 @@ use storm_cluster::messages::RankStatus;
 pub enum SlotState {
     Free = 0,
     Starting = 1,
-    Running = 2,
-    Exited = 3,
+    Held = 2,
+    Spawning = 3,
+    Running = 4,
+    Exited = 5,
+}
+
+impl SlotState {
+    fn from_raw(raw: u32) -> Self {
+        match raw {
+            0 => Self::Free,
+            1 => Self::Starting,
+            2 => Self::Held,
+            3 => Self::Spawning,
+            4 => Self::Running,
+            _ => Self::Exited,
+        }
+    }
+}
+
+/// What [`PlTable::hold`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The task has not started and will not until [`PlTable::unhold`].
+    Held,
+    /// The PL is starting the task; its process id comes shortly.
+    Spawning,
+    /// The task runs as this process (and process group): stop it with a signal.
+    Running(i32),
+    /// The task ended (or never could start).
+    Ended,
 }
 
 #[repr(C)]
@@ -31,7 +66,7 @@ struct Slot {
 }
 
 const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
-const MAGIC: u64 = 0x5354_4f52_4d50_4c31; // "STORMPL1"
+const MAGIC: u64 = 0x5354_4f52_4d50_4c32; // "STORMPL2"
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -154,12 +189,9 @@ impl PlTable {
     }
 
     pub fn state(&self, slot: usize) -> Result<SlotState, TableError> {
-        Ok(match self.slot(slot)?.state.load(Ordering::Acquire) {
-            0 => SlotState::Free,
-            1 => SlotState::Starting,
-            2 => SlotState::Running,
-            _ => SlotState::Exited,
-        })
+        Ok(SlotState::from_raw(
+            self.slot(slot)?.state.load(Ordering::Acquire),
+        ))
     }
 
     /// NM: a free slot, marked STARTING.
@@ -186,6 +218,67 @@ impl PlTable {
         Ok(())
     }
 
+    /// NM: keeps the slot's task from starting, if it has not begun to (see the module docs).
+    pub fn hold(&self, slot: usize) -> Result<Hold, TableError> {
+        let s = self.slot(slot)?;
+        let now = match s.state.compare_exchange(
+            SlotState::Starting as u32,
+            SlotState::Held as u32,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Ok(Hold::Held),
+            Err(now) => now,
+        };
+        Ok(match SlotState::from_raw(now) {
+            SlotState::Held => Hold::Held,
+            SlotState::Free | SlotState::Starting | SlotState::Spawning => Hold::Spawning,
+            SlotState::Running => match self.pid(slot)? {
+                Some(pid) => Hold::Running(pid),
+                None => Hold::Spawning,
+            },
+            SlotState::Exited => Hold::Ended,
+        })
+    }
+
+    /// NM: lets a held slot's PL start its task.
+    pub fn unhold(&self, slot: usize) -> Result<(), TableError> {
+        let s = self.slot(slot)?;
+        if s.state
+            .compare_exchange(
+                SlotState::Held as u32,
+                SlotState::Starting as u32,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            futex_wake(&s.state);
+        }
+        Ok(())
+    }
+
+    /// PL: waits while the NM holds the slot, then marks it SPAWNING; start the task next.
+    pub fn begin_spawn(&self, slot: usize) -> Result<(), TableError> {
+        let s = self.slot(slot)?;
+        loop {
+            match s.state.compare_exchange(
+                SlotState::Starting as u32,
+                SlotState::Spawning as u32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(now) if now == SlotState::Held as u32 => {
+                    // Woken by `unhold`; the timeout only bounds a wake that was missed.
+                    futex_wait(&s.state, now, std::time::Duration::from_secs(1));
+                }
+                // Not this PL's to start (a table out of step): start anyway, as before holds.
+                Err(_) => return Ok(()),
+            }
+        }
+    }
+
     /// PL: the task runs as process `pid` (also its process group).
     pub fn set_running(&self, slot: usize, pid: i32) -> Result<(), TableError> {
         let s = self.slot(slot)?;
@@ -205,9 +298,10 @@ impl PlTable {
     /// The task's process id, once running.
     pub fn pid(&self, slot: usize) -> Result<Option<i32>, TableError> {
         let s = self.slot(slot)?;
-        let state = s.state.load(Ordering::Acquire);
+        let state = SlotState::from_raw(s.state.load(Ordering::Acquire));
         let pid = s.pid.load(Ordering::Relaxed);
-        Ok((state >= SlotState::Running as u32 && pid > 0).then_some(pid as i32))
+        let started = matches!(state, SlotState::Running | SlotState::Exited);
+        Ok((started && pid > 0).then_some(pid as i32))
     }
 
     /// The exit status, once exited.
@@ -218,6 +312,33 @@ impl PlTable {
         } else {
             Ok(None)
         }
+    }
+}
+
+/// Sleeps while `word` holds `expected`, at most `limit` (shared, not private: the NM and
+/// the PL are different processes mapping the same file).
+fn futex_wait(word: &AtomicU32, expected: u32, limit: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: limit.as_secs() as libc::time_t,
+        tv_nsec: limit.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 in a shared mapping; the kernel only reads it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Wakes every process waiting on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
 
@@ -252,6 +373,50 @@ mod tests {
         let taken: Vec<_> = std::iter::from_fn(|| nm.claim()).collect();
         assert_eq!(taken, vec![0, 1, 2, 3]);
         assert!(matches!(nm.state(4), Err(TableError::NoSlot { .. })));
+    }
+
+    #[test]
+    fn a_held_slot_keeps_its_launcher_waiting_until_the_nm_lets_it_go() {
+        let nm = PlTable::create(2).unwrap();
+        let pl = PlTable::open(nm.fd().try_clone_to_owned().unwrap()).unwrap();
+        let slot = nm.claim().unwrap();
+        assert_eq!(nm.hold(slot).unwrap(), Hold::Held);
+        assert_eq!(
+            nm.hold(slot).unwrap(),
+            Hold::Held,
+            "holding twice is harmless"
+        );
+        let began = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = {
+            let began = began.clone();
+            std::thread::spawn(move || {
+                pl.begin_spawn(slot).unwrap();
+                began.store(true, Ordering::SeqCst);
+                pl
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !began.load(Ordering::SeqCst),
+            "the launcher started a held task"
+        );
+        assert_eq!(nm.state(slot).unwrap(), SlotState::Held);
+        nm.unhold(slot).unwrap();
+        let pl = waiter.join().unwrap();
+        assert!(began.load(Ordering::SeqCst));
+        assert_eq!(nm.state(slot).unwrap(), SlotState::Spawning);
+        // Too late to hold: the NM is told to wait for the process id, then gets it.
+        assert_eq!(nm.hold(slot).unwrap(), Hold::Spawning);
+        pl.set_running(slot, 777).unwrap();
+        assert_eq!(nm.hold(slot).unwrap(), Hold::Running(777));
+        pl.set_exited(slot, RankStatus::Exited(0)).unwrap();
+        assert_eq!(nm.hold(slot).unwrap(), Hold::Ended);
+        nm.unhold(slot).unwrap();
+        assert_eq!(
+            nm.state(slot).unwrap(),
+            SlotState::Exited,
+            "unhold moves only a held slot"
+        );
     }
 
     #[test]
