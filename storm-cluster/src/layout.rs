@@ -37,7 +37,8 @@ pub struct RmLayout {
     pub terminated: VarArray,
     // --- written to the MM ---
     /// One output queue per compute node, NM to MM.
-    pub output: Vec<QueueLayout>,
+    /// One per node, shared by clones (see [`Layout`]'s event names).
+    pub output: std::sync::Arc<[QueueLayout]>,
     /// Reports: `reports[slot][node]` holds one node's exit statuses for the job in `slot`.
     pub reports: Area,
     pub report_bytes: usize,

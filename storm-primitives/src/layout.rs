@@ -267,7 +267,7 @@ impl LayoutBuilder {
         Ok(Layout {
             shared,
             home,
-            event_names: self.events,
+            event_names: self.events.into(),
             fingerprint: fingerprint.finish(),
         })
     }
@@ -293,7 +293,9 @@ pub struct Layout {
     shared: Extent,
     /// The home node and what it holds (the shared part and its home section).
     home: Option<(NodeId, Extent)>,
-    event_names: Vec<String>,
+    /// Shared by clones: a layout with a home section names an event per node, and every
+    /// node of a simulated cluster holds the layout.
+    event_names: std::sync::Arc<[String]>,
     fingerprint: u64,
 }
 

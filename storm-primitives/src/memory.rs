@@ -6,9 +6,11 @@
 //! a time; partial words at the ends of a copy are merged with compare-and-swap so that
 //! neighbouring bytes written by someone else are never clobbered.
 //!
-//! The region is page-aligned and never moves, so a backend may register it with a NIC.
+//! The region is page-aligned and never moves, so a backend may register it with a NIC. It is
+//! an anonymous mapping: the kernel gives zero pages as they are first touched, so the areas
+//! a node never uses (another role's, or a queue's unused slots) cost address space only. A
+//! process simulating thousands of nodes depends on that.
 
-use std::alloc::{self, Layout as AllocLayout};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,7 +19,6 @@ use crate::layout::VarId;
 use crate::relation::Relation;
 
 const WORD: usize = 8;
-const PAGE: usize = 4096;
 
 /// A zero-initialised, page-aligned region of `len` bytes (rounded up to a word).
 pub struct GlobalMemory {
@@ -32,19 +33,49 @@ unsafe impl Send for GlobalMemory {}
 unsafe impl Sync for GlobalMemory {}
 
 impl GlobalMemory {
+    /// Maps the region; panics (as an allocation failure would) if the system refuses.
     pub fn new(len: usize) -> Self {
         let words = len.div_ceil(WORD).max(1);
-        let layout = Self::alloc_layout(words);
-        // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw.cast::<AtomicU64>()) else {
-            alloc::handle_alloc_error(layout)
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                words * WORD,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
+        if raw == libc::MAP_FAILED {
+            panic!(
+                "cannot map {} bytes of global memory: {}",
+                words * WORD,
+                std::io::Error::last_os_error()
+            );
+        }
+        let ptr = NonNull::new(raw.cast::<AtomicU64>()).expect("mmap never returns null");
         Self { ptr, words, len }
     }
 
-    fn alloc_layout(words: usize) -> AllocLayout {
-        AllocLayout::from_size_align(words * WORD, PAGE).expect("global memory size overflows")
+    /// Zeroes the whole region at once, as a new process's memory would be; the pages go back
+    /// to the kernel until touched again.
+    pub fn clear(&self) {
+        // SAFETY: the mapping is private and anonymous, for which MADV_DONTNEED makes later
+        // reads see zeroes; every access goes through atomics, so a concurrent one sees either
+        // the old word or zero.
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.words * WORD,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            for w in self.words() {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
     }
 
     fn words(&self) -> &[AtomicU64] {
@@ -206,8 +237,10 @@ impl GlobalMemory {
 
 impl Drop for GlobalMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this exact layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr().cast(), Self::alloc_layout(self.words)) }
+        // SAFETY: mapped in `new` with this exact length; no reference outlives self.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.words * WORD);
+        }
     }
 }
 
@@ -222,6 +255,33 @@ mod tests {
     use super::*;
     use crate::layout::Layout;
     use proptest::prelude::*;
+
+    const PAGE: usize = 4096;
+
+    /// Resident pages of this process, from /proc/self/statm.
+    fn resident_pages() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        statm.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_large_region_costs_only_the_pages_touched_and_clear_zeroes_it() {
+        // 1 GiB, of which one word per 16 MiB is written: resident memory must grow by a
+        // handful of pages, not by the gigabyte (a simulator holds thousands of these).
+        let len = 1 << 30;
+        let before = resident_pages();
+        let mem = GlobalMemory::new(len);
+        for off in (0..len).step_by(16 << 20) {
+            mem.write(off as u64, &[0xAB; 8]).unwrap();
+        }
+        let grown = resident_pages().saturating_sub(before);
+        assert!(grown < 4096, "{grown} pages resident for 64 touched");
+        assert_eq!(mem.read_vec(16 << 20, 8).unwrap(), vec![0xAB; 8]);
+        mem.clear();
+        assert_eq!(mem.read_vec(16 << 20, 8).unwrap(), vec![0; 8]);
+        mem.write(8, &[1]).unwrap();
+        assert_eq!(mem.read_vec(0, 16).unwrap()[8], 1, "usable after clear");
+    }
 
     #[test]
     fn variables_and_bytes_share_one_region() {
