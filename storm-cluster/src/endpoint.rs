@@ -141,6 +141,9 @@ impl Primitives for WithBootstrap {
     ) -> storm_primitives::Result<bool> {
         self.ofi.test_event(event, wait)
     }
+    fn ready_events(&self, out: &mut Vec<storm_primitives::EventId>) {
+        self.ofi.ready_events(out)
+    }
     fn compare_and_write_within(
         &self,
         dest: &storm_primitives::NodeSet,

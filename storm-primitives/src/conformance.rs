@@ -398,6 +398,59 @@ pub fn test_event_polls_blocks_and_counts(f: &dyn ClusterFactory) {
     );
 }
 
+/// READY-EVENTS names each event raised since the last call once, however many signals it
+/// got, and nothing that was not raised; the signals stay for TEST-EVENT.
+pub fn ready_events_names_each_raised_event_once(f: &dyn ClusterFactory) {
+    let t = test_layout();
+    let c = f.start(3, &t.layout);
+    let target = c.node(1);
+    let mut ready = Vec::new();
+    target.ready_events(&mut ready);
+    assert_eq!(ready, vec![], "nothing raised yet");
+    let one = NodeSet::single(1);
+    for (ev, times) in [(t.data, 3), (t.home_event, 1)] {
+        for _ in 0..times {
+            c.node(0)
+                .xfer_and_signal(
+                    &one,
+                    t.small.offset,
+                    Bytes::from_static(b"x"),
+                    Some(ev),
+                    Some(t.done),
+                )
+                .unwrap();
+            outcome(&*c.node(0), t.done).unwrap();
+        }
+    }
+    // Transfers are complete at the origin; on some backends the target sees the signal
+    // a moment later.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ready.len() < 2 && std::time::Instant::now() < deadline {
+        target.ready_events(&mut ready);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ready.sort_by_key(|e| e.index());
+    let mut want = vec![t.data, t.home_event];
+    want.sort_by_key(|e| e.index());
+    assert_eq!(ready, want, "each raised event once");
+    let mut again = Vec::new();
+    target.ready_events(&mut again);
+    assert_eq!(
+        again,
+        vec![],
+        "a second call names only what was raised since"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            target.test_event(t.data, Wait::Poll),
+            Ok(true),
+            "signals kept"
+        );
+    }
+    assert_eq!(target.test_event(t.data, Wait::Poll), Ok(false));
+    assert_eq!(target.test_event(t.home_event, Wait::Poll), Ok(true));
+}
+
 /// CPU time consumed by the calling thread.
 fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec {
@@ -1298,6 +1351,7 @@ macro_rules! conformance_suite {
             zero_length_xfer_signals_without_data,
             signals_from_one_origin_arrive_in_issue_order,
             test_event_polls_blocks_and_counts,
+            ready_events_names_each_raised_event_once,
             blocking_test_event_parks_the_thread,
             compare_and_write_evaluates_every_relation_on_every_node,
             compare_and_write_writes_only_when_true_everywhere,

@@ -5,8 +5,13 @@
 //! XFER-AND-SIGNAL raises its local event with a failure that carries the reason; a TEST-EVENT
 //! that consumes it returns that error. A blocking TEST-EVENT parks the thread on a condition
 //! variable; it never spins.
+//!
+//! The table also keeps a *ready list*: every event raised since the last
+//! [`EventTable::take_ready`], each once. A consumer of many events (the MM, with one output
+//! queue per node) asks which were raised instead of testing them all, as with epoll.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -35,12 +40,15 @@ struct Signals {
 struct Cell {
     signals: Mutex<Signals>,
     raised: Condvar,
+    /// On the ready list now.
+    listed: AtomicBool,
 }
 
 /// The events of one node.
 pub struct EventTable {
     cells: Box<[Cell]>,
     closed: Mutex<bool>,
+    ready: Mutex<Vec<EventId>>,
 }
 
 impl EventTable {
@@ -48,6 +56,7 @@ impl EventTable {
         Self {
             cells: (0..count).map(|_| Cell::default()).collect(),
             closed: Mutex::new(false),
+            ready: Mutex::new(Vec::new()),
         }
     }
 
@@ -79,6 +88,7 @@ impl EventTable {
         if let Ok(cell) = self.cell(ev) {
             cell.signals.lock().ok += 1;
             cell.raised.notify_one();
+            self.list(ev, cell);
         }
     }
 
@@ -87,7 +97,29 @@ impl EventTable {
         if let Ok(cell) = self.cell(ev) {
             cell.signals.lock().failed.push_back(why);
             cell.raised.notify_one();
+            self.list(ev, cell);
         }
+    }
+
+    /// Puts `ev` on the ready list unless it is there already (so the list never holds more
+    /// entries than the table has events).
+    fn list(&self, ev: EventId, cell: &Cell) {
+        if !cell.listed.swap(true, Ordering::AcqRel) {
+            self.ready.lock().push(ev);
+        }
+    }
+
+    /// Moves into `out` every event raised since the last call, each once. A hint: its
+    /// signals may have been consumed since by TEST-EVENT, which says what is really there.
+    pub fn take_ready(&self, out: &mut Vec<EventId>) {
+        let taken = std::mem::take(&mut *self.ready.lock());
+        for &ev in &taken {
+            // Cleared before the caller tests it: a signal raised from now on lists it again.
+            self.cells[ev.index()]
+                .listed
+                .store(false, Ordering::Release);
+        }
+        out.extend(taken);
     }
 
     /// Wakes every blocked waiter with [`PrimError::ShutDown`].
@@ -96,6 +128,18 @@ impl EventTable {
         for cell in self.cells.iter() {
             let _guard = cell.signals.lock();
             cell.raised.notify_all();
+        }
+    }
+
+    /// Forgets every signal and opens the table again: the events of a new process.
+    pub fn reset(&self) {
+        *self.closed.lock() = false;
+        let mut ready = Vec::new();
+        self.take_ready(&mut ready);
+        for cell in self.cells.iter() {
+            let mut s = cell.signals.lock();
+            s.ok = 0;
+            s.failed.clear();
         }
     }
 

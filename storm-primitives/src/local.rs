@@ -13,9 +13,11 @@
 //! A frozen node ([`LocalFabric::freeze`], the stand-in for a stopped process) takes part in
 //! nothing: an operation that includes it fails with [`PrimError::Timeout`] naming it, as it
 //! would once its timeout passed (no time passes in this backend), and nobody is signalled.
+//! A cut node ([`LocalFabric::cut`], a pulled cable) fails the same way as a destination, and
+//! every operation it starts toward another node fails too, while its own process runs on.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,6 +36,7 @@ struct NodeState {
     events: EventTable,
     alive: AtomicBool,
     frozen: AtomicBool,
+    cut: AtomicBool,
 }
 
 /// A whole in-process cluster.
@@ -42,6 +45,20 @@ pub struct LocalFabric {
     all: NodeSet,
     layout: Layout,
     sequencer: Mutex<()>,
+    /// Whether transfers add the processor time of their delivery to `delivery_ns`.
+    measure: AtomicBool,
+    delivery_ns: AtomicU64,
+}
+
+/// The calling thread's processor time.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 impl LocalFabric {
@@ -53,6 +70,7 @@ impl LocalFabric {
                 events: EventTable::new(layout.event_count_at(id)),
                 alive: AtomicBool::new(true),
                 frozen: AtomicBool::new(false),
+                cut: AtomicBool::new(false),
             })
             .collect();
         Arc::new(Self {
@@ -60,7 +78,22 @@ impl LocalFabric {
             all: NodeSet::first_n(n),
             layout,
             sequencer: Mutex::new(()),
+            measure: AtomicBool::new(false),
+            delivery_ns: AtomicU64::new(0),
         })
+    }
+
+    /// From now on, add the processor time each XFER-AND-SIGNAL spends delivering (copying
+    /// into every destination and raising its events) to [`delivery_cpu`](Self::delivery_cpu).
+    /// That is the network's work, done by NICs on a real machine; a simulator subtracts it
+    /// from what it charges the sender.
+    pub fn measure_delivery(&self, on: bool) {
+        self.measure.store(on, Ordering::Relaxed);
+    }
+
+    /// Processor time spent delivering transfers while measured.
+    pub fn delivery_cpu(&self) -> Duration {
+        Duration::from_nanos(self.delivery_ns.load(Ordering::Relaxed))
     }
 
     /// Number of nodes.
@@ -95,6 +128,20 @@ impl LocalFabric {
         }
     }
 
+    /// Starts a new process on node `id` (after [`kill`](Self::kill), or in place of a live
+    /// one): its global memory is zero and its events have no signals, as in a process that
+    /// just started, and it takes part in operations again.
+    pub fn restart(&self, id: NodeId) {
+        let _seq = self.sequencer.lock();
+        if let Some(n) = self.nodes.get(id as usize) {
+            n.memory.clear();
+            n.events.reset();
+            n.frozen.store(false, Ordering::SeqCst);
+            n.cut.store(false, Ordering::SeqCst);
+            n.alive.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Freezes (or thaws) node `id`: operations that include it fail as timed out, naming it,
     /// until it is thawed.
     pub fn freeze(&self, id: NodeId, frozen: bool) {
@@ -104,10 +151,25 @@ impl LocalFabric {
         }
     }
 
-    /// The frozen nodes of `dest`.
-    fn frozen_in(&self, dest: &NodeSet) -> NodeSet {
+    /// Cuts (or mends) node `id`'s link: operations between it and any other node fail as
+    /// timed out, until it is mended.
+    pub fn cut(&self, id: NodeId, cut: bool) {
+        let _seq = self.sequencer.lock();
+        if let Some(n) = self.nodes.get(id as usize) {
+            n.cut.store(cut, Ordering::SeqCst);
+        }
+    }
+
+    /// The nodes of `dest` that `from` cannot reach: frozen or cut off, or every other node
+    /// if `from` itself is cut off.
+    fn unreachable_from(&self, from: NodeId, dest: &NodeSet) -> NodeSet {
+        let from_cut = self.nodes[from as usize].cut.load(Ordering::SeqCst);
         dest.iter()
-            .filter(|&id| self.nodes[id as usize].frozen.load(Ordering::SeqCst))
+            .filter(|&id| {
+                let n = &self.nodes[id as usize];
+                n.frozen.load(Ordering::SeqCst)
+                    || (id != from && (from_cut || n.cut.load(Ordering::SeqCst)))
+            })
             .collect()
     }
 
@@ -152,9 +214,38 @@ impl LocalNode {
     fn frozen_error(nodes: NodeSet, timeout: Option<Duration>) -> PrimError {
         PrimError::Timeout {
             timeout_ms: timeout.map_or(0, |t| t.as_millis() as u64),
-            detail: format!("nodes {nodes} are frozen"),
+            detail: format!("nodes {nodes} are frozen or cut off"),
             nodes,
         }
+    }
+
+    /// Copies `data` into every destination, then raises `remote` on each under the
+    /// sequencer lock. The outer error is a bad argument; the inner one the outcome to report
+    /// (a destination that died).
+    fn deliver(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: &[u8],
+        remote: Option<EventId>,
+    ) -> Result<std::result::Result<(), PrimError>> {
+        for id in dest.iter() {
+            let node = &self.fabric.nodes[id as usize];
+            if !node.alive.load(Ordering::SeqCst) {
+                return Ok(Err(Self::dead_node_error(id)));
+            }
+            node.memory.write(offset, data)?;
+        }
+        let _seq = self.fabric.sequencer.lock();
+        if let Some(dead) = self.fabric.first_dead(dest) {
+            return Ok(Err(Self::dead_node_error(dead)));
+        }
+        if let Some(ev) = remote {
+            for id in dest.iter() {
+                self.fabric.nodes[id as usize].events.signal(ev);
+            }
+        }
+        Ok(Ok(()))
     }
 
     fn report(&self, local: Option<EventId>, outcome: std::result::Result<(), PrimError>) {
@@ -207,33 +298,18 @@ impl Primitives for LocalNode {
             local,
         )?;
         self.check_alive()?;
-        let frozen = self.fabric.frozen_in(dest);
+        let frozen = self.fabric.unreachable_from(self.id, dest);
         if !frozen.is_empty() {
             self.report(local, Err(Self::frozen_error(frozen, timeout)));
             return Ok(());
         }
-        for id in dest.iter() {
-            let node = &self.fabric.nodes[id as usize];
-            if !node.alive.load(Ordering::SeqCst) {
-                self.report(local, Err(Self::dead_node_error(id)));
-                return Ok(());
-            }
-            node.memory.write(offset, &data)?;
+        let measured = self.fabric.measure.load(Ordering::Relaxed).then(thread_cpu);
+        let outcome = self.deliver(dest, offset, &data, remote);
+        if let Some(start) = measured {
+            let spent = thread_cpu().saturating_sub(start).as_nanos() as u64;
+            self.fabric.delivery_ns.fetch_add(spent, Ordering::Relaxed);
         }
-        {
-            let _seq = self.fabric.sequencer.lock();
-            if let Some(dead) = self.fabric.first_dead(dest) {
-                drop(_seq);
-                self.report(local, Err(Self::dead_node_error(dead)));
-                return Ok(());
-            }
-            if let Some(ev) = remote {
-                for id in dest.iter() {
-                    self.fabric.nodes[id as usize].events.signal(ev);
-                }
-            }
-        }
-        self.report(local, Ok(()));
+        self.report(local, outcome?);
         Ok(())
     }
 
@@ -241,6 +317,10 @@ impl Primitives for LocalNode {
         check_event(&self.fabric.layout, self.id, event)?;
         self.check_alive()?;
         self.state().events.test(event, wait)
+    }
+
+    fn ready_events(&self, out: &mut Vec<EventId>) {
+        self.state().events.take_ready(out);
     }
 
     fn compare_and_write_within(
@@ -258,7 +338,7 @@ impl Primitives for LocalNode {
         if let Some(dead) = self.fabric.first_dead(dest) {
             return Err(Self::dead_node_error(dead));
         }
-        let frozen = self.fabric.frozen_in(dest);
+        let frozen = self.fabric.unreachable_from(self.id, dest);
         if !frozen.is_empty() {
             return Err(Self::frozen_error(frozen, timeout));
         }
@@ -273,5 +353,91 @@ impl Primitives for LocalNode {
             }
         }
         Ok(holds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Primitives;
+
+    fn fabric() -> (Arc<LocalFabric>, VarId, EventId) {
+        let mut b = Layout::builder();
+        let v = b.var("v");
+        let e = b.event("e");
+        (LocalFabric::new(3, b.build().unwrap()), v, e)
+    }
+
+    #[test]
+    fn a_cut_node_reaches_nobody_and_nobody_reaches_it_until_mended() {
+        let (f, v, e) = fabric();
+        let (n0, n1, n2) = (f.node(0), f.node(1), f.node(2));
+        f.cut(1, true);
+        let to1 = n0.compare_and_write(&NodeSet::single(1), v, Relation::Eq, 0, None);
+        assert!(matches!(to1, Err(PrimError::Timeout { .. })), "{to1:?}");
+        let from1 = n1.compare_and_write(&NodeSet::single(2), v, Relation::Eq, 0, None);
+        assert!(matches!(from1, Err(PrimError::Timeout { .. })), "{from1:?}");
+        n1.xfer_and_signal(
+            &NodeSet::single(2),
+            v.offset(),
+            Bytes::from_static(&[7; 8]),
+            Some(e),
+            None,
+        )
+        .unwrap();
+        assert!(
+            !n2.test_event(e, Wait::Poll).unwrap(),
+            "a cut node's transfer arrived"
+        );
+        assert_eq!(n2.memory().load(v), 0);
+        // Its own memory it still reaches; the others reach each other.
+        assert!(
+            n1.compare_and_write(&NodeSet::single(1), v, Relation::Eq, 0, None)
+                .unwrap()
+        );
+        assert!(
+            n0.compare_and_write(&NodeSet::single(2), v, Relation::Eq, 0, None)
+                .unwrap()
+        );
+        f.cut(1, false);
+        assert!(
+            n0.compare_and_write(&NodeSet::single(1), v, Relation::Eq, 0, None)
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn a_restarted_node_has_zero_memory_no_signals_and_takes_part_again() {
+        let (f, v, e) = fabric();
+        let (n0, n1) = (f.node(0), f.node(1));
+        n0.xfer_and_signal(
+            &NodeSet::single(1),
+            v.offset(),
+            Bytes::from_static(&[9; 8]),
+            Some(e),
+            None,
+        )
+        .unwrap();
+        f.kill(1);
+        assert!(
+            n1.test_event(e, Wait::Poll).is_err(),
+            "a killed node's events are closed"
+        );
+        f.restart(1);
+        assert_eq!(n1.memory().load(v), 0, "memory of the old process survived");
+        assert!(
+            !n1.test_event(e, Wait::Poll).unwrap(),
+            "a signal of the old process survived"
+        );
+        n0.xfer_and_signal(
+            &NodeSet::single(1),
+            v.offset(),
+            Bytes::from_static(&[3; 8]),
+            Some(e),
+            None,
+        )
+        .unwrap();
+        assert!(n1.test_event(e, Wait::Poll).unwrap());
+        assert_eq!(n1.memory().load(v), u64::from_ne_bytes([3; 8]));
     }
 }

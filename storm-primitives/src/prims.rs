@@ -71,6 +71,11 @@ pub trait Primitives: Send + Sync {
     /// TEST-EVENT.
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool>;
 
+    /// Adds to `out` every event of this node raised since the last call, each once (see
+    /// [`EventTable::take_ready`](crate::EventTable::take_ready)): which of many events to
+    /// test, without testing them all. A hint; TEST-EVENT says what really arrived.
+    fn ready_events(&self, out: &mut Vec<EventId>);
+
     /// COMPARE-AND-WRITE, with the backend's configured timeout.
     fn compare_and_write(
         &self,

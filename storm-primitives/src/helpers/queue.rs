@@ -407,6 +407,9 @@ mod tests {
         fn test_event(&self, e: EventId, w: Wait) -> Result<bool> {
             self.0.test_event(e, w)
         }
+        fn ready_events(&self, out: &mut Vec<EventId>) {
+            self.0.ready_events(out)
+        }
         fn compare_and_write_within(
             &self,
             d: &NodeSet,

@@ -749,6 +749,18 @@ impl Primitives for OfiNode {
         inner.events.test(event, wait)
     }
 
+    fn ready_events(&self, out: &mut Vec<EventId>) {
+        let inner = &self.inner;
+        // As in `test_event`: what is in the completion queue counts.
+        {
+            let _open = inner.open.read();
+            if !inner.stop.load(Ordering::Acquire) {
+                progress::drain(&inner.fabric, &inner.events, false);
+            }
+        }
+        inner.events.take_ready(out);
+    }
+
     fn compare_and_write_within(
         &self,
         dest: &NodeSet,

@@ -460,6 +460,10 @@ impl Primitives for TcpNode {
         self.inner.events.test(event, wait)
     }
 
+    fn ready_events(&self, out: &mut Vec<EventId>) {
+        self.inner.events.take_ready(out);
+    }
+
     fn compare_and_write_within(
         &self,
         dest: &NodeSet,
