@@ -15,6 +15,9 @@
 //! its processes: its jobs end (or go back to the queue) before the new membership begins.
 //! Unresponsive, down and unknown nodes are nudged (`Evicted`) once a second, so an NM whose
 //! link came back, or that outlived an MM restart, registers at once.
+//!
+//! The registry is read when some NM raised `registered`, and in the once-a-second sweep
+//! ([`super::attention`]); in other timeslices only the nodes being welcomed are looked at.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -44,13 +47,26 @@ impl<E: MmEnv> MachineManager<E> {
         let now = self.now();
         let prims = self.prims.clone();
         let mem = prims.memory();
-        for n in 0..self.nodes.len() as NodeId {
+        // Every node when one registered (its registry entry says which) or in a sweep;
+        // otherwise only the nodes being welcomed.
+        let look: Vec<NodeId> = if self.attention.sweep || self.attention.registrations {
+            (0..self.nodes.len() as NodeId).collect()
+        } else {
+            self.attention.joining.iter().copied().collect()
+        };
+        for n in look {
             let stamp = mem.load(self.rm.registry.at(n as usize));
-            if stamp != 0 && stamp != self.nodes.get(n).stamp_seen {
-                self.registered(n, stamp, now);
+            if stamp != 0
+                && stamp != self.nodes.get(n).stamp_seen
+                && !self.registered(n, stamp, now)
+            {
+                // Its inventory is still on its way: look again next timeslice.
+                self.attention.joining.insert(n);
+                continue;
             }
             match self.nodes.get(n).life.clone() {
                 Life::Joining { stamp, sent } => {
+                    self.attention.joining.insert(n);
                     if mem.load(self.rm.join_ack.at(n as usize)) == stamp {
                         self.admit(n, stamp);
                     } else if now.duration_since(sent) >= WELCOME_RETRY {
@@ -59,6 +75,7 @@ impl<E: MmEnv> MachineManager<E> {
                     }
                 }
                 Life::Down { .. } | Life::Unknown | Life::Unresponsive { .. } => {
+                    self.attention.joining.remove(&n);
                     let node = self.nodes.get_mut(n);
                     if node
                         .last_nudge
@@ -69,15 +86,18 @@ impl<E: MmEnv> MachineManager<E> {
                         self.send_membership(n, &Membership::Evicted { stamp });
                     }
                 }
-                Life::Up { .. } => {}
+                Life::Up { .. } => {
+                    self.attention.joining.remove(&n);
+                }
             }
         }
     }
 
-    /// An NM registered with a stamp the MM has not acted on.
-    fn registered(&mut self, n: NodeId, stamp: u64, now: Instant) {
+    /// An NM registered with a stamp the MM has not acted on. False if its inventory is not
+    /// all here yet.
+    fn registered(&mut self, n: NodeId, stamp: u64, now: Instant) -> bool {
         let Some(inventory) = self.read_inventory(n, stamp) else {
-            return; // its inventory is not all here yet: look again next timeslice
+            return false;
         };
         let previous = self.nodes.get(n).stamp_seen;
         // The pid is the stamp's upper half. Before any registration (previous == 0) this MM
@@ -100,6 +120,7 @@ impl<E: MmEnv> MachineManager<E> {
         };
         tracing::info!(node = n, name = %self.node_name(n), stamp = format!("{stamp:#x}"), kept = ?keep, "node manager registered");
         self.welcome(n, stamp, keep, now);
+        true
     }
 
     /// The inventory node `n` wrote with registration `stamp`, once it has arrived whole.

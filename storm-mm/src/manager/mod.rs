@@ -38,6 +38,7 @@ use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::helpers::{QueueConsumer, QueueProducer, epoch_base};
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Relation, Wait};
 
+mod attention;
 mod failure;
 mod membership;
 mod output;
@@ -259,7 +260,6 @@ pub struct MachineManager<E: MmEnv> {
     cfg: ClusterConfig,
     rm: RmLayout,
     prims: Arc<dyn Primitives>,
-    all: NodeSet,
     clients: HashMap<ClientId, Client>,
     jobs: BTreeMap<JobId, Job>,
     next_job: JobId,
@@ -296,6 +296,8 @@ pub struct MachineManager<E: MmEnv> {
     commands: VecDeque<Command>,
     /// Each node's output queue, and the entries taken from it not yet released.
     outputs: Vec<output::NodeOutput>,
+    /// Which nodes signalled since the last timeslice.
+    attention: attention::Attention,
     slots: Vec<Option<JobId>>,
     /// Transfer workers at work: the job and the nodes each sends to.
     workers: Vec<Option<(JobId, NodeSet)>>,
@@ -458,7 +460,7 @@ impl<E: MmEnv> MachineManager<E> {
             last_tick: now,
             next_tick: now,
             outputs,
-            all,
+            attention: attention::Attention::new(&rm, now),
             rm,
             prims,
             cfg,
@@ -527,6 +529,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.nodes.excuse(gap - slice);
         }
         self.last_tick = now;
+        self.attention.collect(&*self.prims, now);
         self.membership();
         self.enforce_silence(now);
         while let Ok(done) = self.worker_rx.try_recv() {
@@ -544,7 +547,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.escalate_cancels();
         self.issue_heartbeat();
         self.check_receipt();
-        self.forward_output(&self.all.clone());
+        self.forward_output(self.attention.output_nodes(self.cfg.node_count()));
         self.pmi_exchange();
         self.detect_terminations();
         self.publish();
@@ -1715,7 +1718,7 @@ impl<E: MmEnv> MachineManager<E> {
     fn job_ended(&mut self, id: JobId, slot: usize, nodes: &NodeSet) {
         // Everything the tasks wrote was delivered before their nodes reported; forward it
         // before the outcome.
-        self.forward_output(nodes);
+        self.forward_output(nodes.iter());
         let ntasks = self.jobs[&id].plan.ntasks as usize;
         let mut ranks = vec![None; ntasks];
         for n in nodes.iter() {

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use storm_cluster::control::Reply;
 use storm_cluster::messages::{JobId, OutputChunk, decode};
 use storm_primitives::helpers::QueueConsumer;
-use storm_primitives::{NodeId, NodeSet, Wait};
+use storm_primitives::{NodeId, Wait};
 
 use super::{ClientId, MachineManager, MmEnv};
 
@@ -66,10 +66,15 @@ impl NodeOutput {
 impl<E: MmEnv> MachineManager<E> {
     /// Passes on what `nodes` wrote into their output queues, and releases what reached its
     /// submitter.
-    pub(super) fn forward_output(&mut self, nodes: &NodeSet) {
-        for n in nodes.iter() {
+    pub(super) fn forward_output(&mut self, nodes: impl IntoIterator<Item = NodeId>) {
+        for n in nodes {
             self.take_output(n);
             self.release_output(n);
+            if self.outputs[n as usize].pending.is_empty() {
+                self.attention.output_waiting.remove(&n);
+            } else {
+                self.attention.output_waiting.insert(n);
+            }
         }
     }
 
