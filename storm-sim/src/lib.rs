@@ -9,11 +9,12 @@
 //!
 //! * [`Sim::step`], [`Sim::run_until`], [`Sim::run_for`]: time.
 //! * [`Sim::submit`], [`Sim::cancel`]: requests, as storm-submit makes them (uid 1000).
-//! * [`Sim::freeze`], [`Sim::kill`]: failures (a stopped NM; a crashed node).
+//! * [`Sim::freeze`], [`Sim::cut`], [`Sim::kill`]: failures (a stopped NM; a pulled cable,
+//!   the NM running on; a crashed node).
 //! * [`Sim::restart_mm`]: a new MM process over the journal the old one committed.
 //!
-//! Not simulated yet: the NM's task handling (processes, output, PMI) and a cut link that
-//! leaves the NM running; see `docs/architecture.md`.
+//! Not simulated yet: the NM's task handling (processes, output, PMI); see
+//! `docs/architecture.md`.
 
 pub mod env;
 pub mod node;
@@ -35,7 +36,7 @@ use storm_mm::MachineManager;
 use storm_mm::control_server::Incoming;
 use storm_mm::journal::{Journal, MemoryStore};
 use storm_primitives::NodeId;
-use storm_primitives::local::LocalFabric;
+use storm_primitives::local::{LocalFabric, thread_cpu};
 
 pub use env::SimEnv;
 pub use node::{Heard, IGNORE_SIGTERM, SimNode};
@@ -144,6 +145,27 @@ pub struct Sim {
     /// Replies to the simulation's requests, with the time they were sent.
     pub replies: Vec<(Instant, Reply)>,
     ticks: u64,
+    cpu: SimCpu,
+}
+
+/// Processor time (of the simulating thread) spent in the MM core (its requests and ticks)
+/// and in the node cores: what the MM's logic costs, apart from the nodes simulated with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimCpu {
+    /// In the MM, delivery of its transfers included.
+    pub mm: Duration,
+    /// Of `mm`, delivering the MM's transfers (copying a heartbeat into every node's memory):
+    /// the network's work, which NICs do on a real machine.
+    pub mm_delivery: Duration,
+    /// In the node cores.
+    pub nodes: Duration,
+}
+
+impl SimCpu {
+    /// The MM's own work: `mm` without delivery.
+    pub fn mm_logic(&self) -> Duration {
+        self.mm.saturating_sub(self.mm_delivery)
+    }
 }
 
 impl Sim {
@@ -152,6 +174,7 @@ impl Sim {
         let rm = RmLayout::new(&cfg)?;
         let clock = VirtualClock::new();
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
+        fabric.measure_delivery(true);
         let store = MemoryStore::default();
         let mm = new_mm(&cfg, &rm, &fabric, &store, &clock, 1)?;
         let nodes = (0..cfg.node_count())
@@ -185,6 +208,7 @@ impl Sim {
             nodes,
             replies: Vec::new(),
             ticks: 0,
+            cpu: SimCpu::default(),
         };
         sim.connect()?;
         Ok(sim)
@@ -222,6 +246,8 @@ impl Sim {
     /// ended.
     pub fn step(&mut self) {
         self.clock.advance_to(self.mm.poll_timeout());
+        let mm_start = thread_cpu();
+        let delivery_start = self.fabric.delivery_cpu();
         for req in std::mem::take(&mut self.requests) {
             self.mm.handle(Incoming::Request {
                 client: self.client.id,
@@ -230,11 +256,20 @@ impl Sim {
             });
         }
         self.mm.tick();
+        let nodes_start = thread_cpu();
+        self.cpu.mm += nodes_start.saturating_sub(mm_start);
+        self.cpu.mm_delivery += self.fabric.delivery_cpu().saturating_sub(delivery_start);
         self.ticks += 1;
         for node in &mut self.nodes {
             node.step();
         }
+        self.cpu.nodes += thread_cpu().saturating_sub(nodes_start);
         self.collect_replies();
+    }
+
+    /// The processor time the simulation has spent in the MM and in the nodes so far.
+    pub fn cpu(&self) -> SimCpu {
+        self.cpu
     }
 
     /// Steps until `done` holds (true) or `limit` of virtual time passed (false).
@@ -302,6 +337,12 @@ impl Sim {
         self.nodes[n as usize].set_frozen(frozen);
     }
 
+    /// Cuts (or mends) node `n`'s link: its NM runs on, but nothing passes between it and
+    /// the rest of the machine.
+    pub fn cut(&mut self, n: NodeId, cut: bool) {
+        self.fabric.cut(n, cut);
+    }
+
     /// Crashes node `n` for good.
     pub fn kill(&mut self, n: NodeId) {
         self.fabric.kill(n);
@@ -315,20 +356,7 @@ impl Sim {
         self.incarnation += 1;
         let mm_node = self.cfg.mm_id();
         // A new process has fresh global memory and no pending events.
-        let size = self.rm.layout.size_at(mm_node);
-        let mem = self.fabric.node(mm_node);
-        storm_primitives::Primitives::memory(&mem)
-            .write(0, &vec![0u8; size])
-            .context("clearing the MM's memory")?;
-        for e in 0..self.rm.layout.event_count_at(mm_node) {
-            let ev = self.rm.layout.event_at(mm_node, e as u32);
-            if let Some(ev) = ev {
-                while let Ok(true) =
-                    storm_primitives::Primitives::test_event(&mem, ev, storm_primitives::Wait::Poll)
-                {
-                }
-            }
-        }
+        self.fabric.restart(mm_node);
         self.mm = new_mm(
             &self.cfg,
             &self.rm,

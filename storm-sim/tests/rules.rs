@@ -95,6 +95,46 @@ fn a_thawed_node_registers_again_and_takes_jobs() {
     );
 }
 
+/// A pulled cable, the NM running on behind it: the node is DOWN at K missed heartbeats like
+/// a stopped one, its job ends naming it, and once mended the NM registers again, learns that
+/// its job is gone (and drops it), and the node takes work.
+#[test]
+fn a_cut_node_is_down_at_k_and_its_running_nm_rejoins_without_the_ended_job_once_mended() {
+    let k = 4;
+    let mut s = sim(SimOptions {
+        missed_heartbeats: k,
+        record: true,
+        ..SimOptions::default()
+    });
+    let job = s.submit(&SimJob::new(4, ms(60_000))).unwrap();
+    assert!(s.run_until(ms(1_000), |s| s.node(3).running(job)));
+    s.cut(3, true);
+    let last = s.node(3).heard.last().unwrap().at;
+    assert!(s.run_until(ms(5_000), |s| s.state(3).state == "down"));
+    assert_eq!(s.now(), last + s.config().timeslice() * k);
+    assert!(s.run_until(ms(5_000), |s| s.outcome(job).is_some()));
+    let reason = s.outcome(job).unwrap().reason.clone().unwrap_or_default();
+    assert!(reason.contains(&s.config().nodes[3].name), "{reason}");
+    assert!(
+        s.node(3).running(job),
+        "behind the cut the NM cannot hear the end, so its task runs on"
+    );
+    s.cut(3, false);
+    assert!(
+        s.run_until(ms(5_000), |s| s.state(3).state == "idle"),
+        "node 3 did not rejoin: {:?}",
+        s.state(3)
+    );
+    assert!(
+        s.node(3).jobs().is_empty(),
+        "the rejoined NM kept the ended job: {:?}",
+        s.node(3).jobs()
+    );
+    let next = s.submit(&SimJob::new(4, ms(50))).unwrap();
+    assert!(s.run_until(ms(2_000), |s| s.outcome(next).is_some()));
+    assert_eq!(s.outcome(next).unwrap().reason, None);
+}
+
 /// `--requeue`: a job whose node dies goes back to the queue and runs again on the nodes that
 /// are left; without it, the job ends with a reason naming the node.
 #[test]
