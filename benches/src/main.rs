@@ -13,6 +13,8 @@
 //! * `storm-bench links`: what authenticated and encrypted tcp links cost.
 //! * `storm-bench mpi`: MPI wire-up (`MPI_Init` to the first barrier) against MPICH's Hydra.
 //! * `storm-bench fuzz`: the long fuzz run of every decoder (CI runs a bounded one).
+//! * `storm-bench scale`: the real MM driving simulated clusters up to 16,384 nodes (storm-sim),
+//!   with each figure's growth per 8× nodes.
 
 mod baseline;
 mod faults;
@@ -24,6 +26,7 @@ mod mpi;
 mod plot;
 mod prims;
 mod report;
+mod scale;
 mod startup;
 mod stats;
 
@@ -251,6 +254,23 @@ enum Command {
         #[arg(long, value_name = "FILE.png")]
         plot: Option<PathBuf>,
     },
+    /// The real MM core driving simulated clusters (storm-sim, virtual time): its processor
+    /// time per timeslice, memory per role, launch, failure detection and draining a queue,
+    /// with the growth per 8× nodes.
+    Scale {
+        /// Node counts, smallest first.
+        #[arg(long, value_delimiter = ',', default_value = "32,256,2048,16384")]
+        nodes: Vec<u32>,
+        /// Single-node jobs queued at once and drained.
+        #[arg(long, default_value_t = 10_000)]
+        drain_jobs: usize,
+        /// Idle timeslices the idle processor time is averaged over.
+        #[arg(long, default_value_t = 200)]
+        idle_slices: u64,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
     /// Every decoder of received bytes fed mutated inputs: no panic, no allocation its input
     /// does not explain, no hang.
     Fuzz {
@@ -446,6 +466,26 @@ fn main() -> Result<()> {
             };
             let mut out = report::Csv::new(startup::CSV_HEADER);
             println!("{}", startup::run(&args, &mut out)?.render());
+            out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Scale {
+            nodes,
+            drain_jobs,
+            idle_slices,
+            csv,
+        } => {
+            if nodes.is_empty() || nodes.contains(&0) || drain_jobs == 0 || idle_slices == 0 {
+                anyhow::bail!("--nodes, --drain-jobs and --idle-slices must be at least 1");
+            }
+            let args = scale::ScaleArgs {
+                nodes,
+                drain_jobs,
+                idle_slices,
+            };
+            let mut out = report::Csv::new(scale::CSV_HEADER);
+            for table in scale::run(&args, &mut out)? {
+                println!("{}", table.render());
+            }
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Gang {

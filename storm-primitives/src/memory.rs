@@ -58,6 +58,20 @@ impl GlobalMemory {
         Self { ptr, words, len }
     }
 
+    /// Bytes of the region in memory now (pages touched and not given back), from mincore(2);
+    /// 0 if the kernel will not say.
+    pub fn resident_bytes(&self) -> usize {
+        const PAGE: usize = 4096;
+        let len = self.words * WORD;
+        let mut pages = vec![0u8; len.div_ceil(PAGE)];
+        // SAFETY: the range is our mapping; `pages` has one byte per page of it.
+        let rc = unsafe { libc::mincore(self.ptr.as_ptr().cast(), len, pages.as_mut_ptr()) };
+        if rc != 0 {
+            return 0;
+        }
+        pages.iter().filter(|p| *p & 1 == 1).count() * PAGE
+    }
+
     /// Zeroes the whole region at once, as a new process's memory would be; the pages go back
     /// to the kernel until touched again.
     pub fn clear(&self) {
@@ -276,6 +290,11 @@ mod tests {
         }
         let grown = resident_pages().saturating_sub(before);
         assert!(grown < 4096, "{grown} pages resident for 64 touched");
+        assert_eq!(
+            mem.resident_bytes(),
+            64 * PAGE,
+            "mincore sees the pages touched"
+        );
         assert_eq!(mem.read_vec(16 << 20, 8).unwrap(), vec![0xAB; 8]);
         mem.clear();
         assert_eq!(mem.read_vec(16 << 20, 8).unwrap(), vec![0; 8]);

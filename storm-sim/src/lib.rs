@@ -322,6 +322,45 @@ impl Sim {
         Err("no answer to the submission in a timeslice".into())
     }
 
+    /// Submits every job of `jobs`, a few hundred per timeslice (the client reads its replies
+    /// between timeslices, and the MM disconnects one that leaves too many unread); their ids
+    /// in order, or the first refusal.
+    pub fn submit_all(&mut self, jobs: &[SimJob]) -> Result<Vec<JobId>, String> {
+        let per_slice = (self.cfg.limits.max_unread_replies as usize / 4).max(1);
+        let before = self.replies.len();
+        for batch in jobs.chunks(per_slice) {
+            for job in batch {
+                self.request(Request::Submit(job.request()));
+            }
+            self.step();
+        }
+        let mut ids = Vec::with_capacity(jobs.len());
+        for (_, r) in &self.replies[before..] {
+            match r {
+                Reply::Accepted { job, .. } => ids.push(*job),
+                Reply::Error(e) => return Err(e.clone()),
+                _ => {}
+            }
+        }
+        if ids.len() != jobs.len() {
+            return Err(format!(
+                "{} of {} submissions answered",
+                ids.len(),
+                jobs.len()
+            ));
+        }
+        self.submitted.extend(&ids);
+        Ok(ids)
+    }
+
+    /// Node `n`'s global memory: (bytes its layout reserves, bytes touched). The MM is node
+    /// `config().mm_id()`.
+    pub fn memory(&self, n: NodeId) -> (usize, usize) {
+        let node = self.fabric.node(n);
+        let mem = storm_primitives::Primitives::memory(&node);
+        (mem.len(), mem.resident_bytes())
+    }
+
     /// Cancels `job`, as its owner (taken at the next timeslice).
     pub fn cancel(&mut self, job: JobId) {
         self.request(Request::Cancel { job });

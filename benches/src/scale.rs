@@ -1,0 +1,285 @@
+//! `storm-bench scale`: the real MM core driving simulated clusters of growing size
+//! (storm-sim, virtual time, one process), with the growth of each figure per 8× nodes.
+//!
+//! For each node count it measures:
+//!
+//! * the MM's own processor time per timeslice, idle and during a full-machine job (the
+//!   copying of heartbeats into every node's memory, a NIC's work on a real machine, is left
+//!   out: `SimCpu::mm_logic`); beside it the same run's baseline, one pass that reads a word
+//!   per node, and the ratio (how many such passes the MM's timeslice is worth);
+//! * the global memory of the MM and of one NM: what the layout reserves and what was touched;
+//! * placing and launching a full-machine job, in virtual time (timeslices) from submission to
+//!   the job's start and to its outcome;
+//! * detecting a stopped node (virtual time from its last heartbeat to DOWN);
+//! * draining 10,000 queued single-node jobs: virtual time, and the MM's processor time.
+//!
+//! Virtual times count the protocol's rounds and do not depend on the machine; processor
+//! times do, hence the baseline.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use storm_cluster::control::Reply;
+use storm_sim::{Sim, SimJob, SimOptions};
+
+use crate::report::{Csv, Table};
+
+pub const CSV_HEADER: &[&str] = &[
+    "nodes",
+    "mm_idle_us",
+    "mm_busy_us",
+    "scan_ns",
+    "mm_reserved_bytes",
+    "mm_touched_bytes",
+    "nm_reserved_bytes",
+    "nm_touched_bytes",
+    "launch_virtual_ms",
+    "job_virtual_ms",
+    "detect_virtual_ms",
+    "drain_jobs",
+    "drain_virtual_ms",
+    "drain_mm_cpu_ms",
+    "wall_s",
+];
+
+pub struct ScaleArgs {
+    pub nodes: Vec<u32>,
+    pub drain_jobs: usize,
+    pub idle_slices: u64,
+}
+
+/// One node count's figures.
+struct Point {
+    nodes: u32,
+    mm_idle: Duration,
+    mm_busy: Duration,
+    scan: Duration,
+    mm_mem: (usize, usize),
+    nm_mem: (usize, usize),
+    launch: Duration,
+    job: Duration,
+    detect: Duration,
+    drain: Duration,
+    drain_cpu: Duration,
+    wall: Duration,
+}
+
+/// The baseline: one pass reading a word per node, the floor of any O(N) bookkeeping.
+fn scan(nodes: u32) -> Duration {
+    let words: Vec<u64> = (0..nodes as u64).collect();
+    let mut best = Duration::MAX;
+    for _ in 0..20 {
+        let t = Instant::now();
+        let sum: u64 = words.iter().map(|w| std::hint::black_box(*w)).sum();
+        std::hint::black_box(sum);
+        best = best.min(t.elapsed());
+    }
+    best
+}
+
+fn per_slice(cpu: Duration, slices: u64) -> Duration {
+    cpu / slices.max(1) as u32
+}
+
+fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
+    let wall = Instant::now();
+    let k = 3;
+    let mut s = Sim::new(SimOptions {
+        nodes,
+        missed_heartbeats: k,
+        max_jobs: 256,
+        ..SimOptions::default()
+    })?;
+    s.run_until_up(Duration::from_secs(10))?;
+    let slice = s.config().timeslice();
+    // Idle: nothing but heartbeats.
+    let (c0, t0) = (s.cpu(), s.ticks());
+    s.run_for(slice * args.idle_slices as u32);
+    let mm_idle = per_slice(s.cpu().mm_logic() - c0.mm_logic(), s.ticks() - t0);
+    // A job on every node.
+    let (c0, t0) = (s.cpu(), s.ticks());
+    let submitted = s.now();
+    let job = s
+        .submit(&SimJob::new(nodes, Duration::from_millis(100)))
+        .map_err(anyhow::Error::msg)?;
+    if !s.run_until(Duration::from_secs(30), |s| s.outcome(job).is_some()) {
+        bail!("the full-machine job on {nodes} nodes did not end");
+    }
+    let mm_busy = per_slice(s.cpu().mm_logic() - c0.mm_logic(), s.ticks() - t0);
+    let launch = s.started(job)[0] - submitted;
+    let job_time = s.finished(job).expect("ended").0 - submitted;
+    // Memory, after the job touched what a job touches.
+    let mm_mem = s.memory(s.config().mm_id());
+    let nm_mem = s.memory(0);
+    // A stopped node.
+    let victim = nodes - 1;
+    s.freeze(victim, true);
+    let frozen = s.now();
+    if !s.run_until(Duration::from_secs(30), |s| s.state(victim).state == "down") {
+        bail!("a stopped node of {nodes} was not found DOWN");
+    }
+    let detect = s.now() - frozen;
+    s.freeze(victim, false);
+    s.run_until_up(Duration::from_secs(30))?;
+    // Drain: many single-node jobs, queued at once.
+    let c0 = s.cpu();
+    let start = s.now();
+    let jobs = vec![SimJob::new(1, Duration::from_millis(10)); args.drain_jobs];
+    let from = s.replies.len();
+    let ids: std::collections::HashSet<_> = s
+        .submit_all(&jobs)
+        .map_err(anyhow::Error::msg)?
+        .into_iter()
+        .collect();
+    let drained = |s: &Sim| {
+        s.replies[from..]
+            .iter()
+            .filter(|(_, r)| matches!(r, Reply::Finished(o) if ids.contains(&o.job)))
+            .count()
+            == ids.len()
+    };
+    if !s.run_until(Duration::from_secs(3600), drained) {
+        bail!("{} jobs did not drain on {nodes} nodes", args.drain_jobs);
+    }
+    Ok(Point {
+        nodes,
+        mm_idle,
+        mm_busy,
+        scan: scan(nodes),
+        mm_mem,
+        nm_mem,
+        launch,
+        job: job_time,
+        detect,
+        drain: s.now() - start,
+        drain_cpu: s.cpu().mm_logic() - c0.mm_logic(),
+        wall: wall.elapsed(),
+    })
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e3)
+}
+
+fn mib(b: usize) -> String {
+    format!("{:.2}", b as f64 / (1 << 20) as f64)
+}
+
+/// `now / before`, for the growth columns.
+fn growth(now: f64, before: Option<f64>) -> String {
+    match before {
+        Some(b) if b > 0.0 => format!("{:.1}x", now / b),
+        _ => "-".into(),
+    }
+}
+
+pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
+    let mut cpu = Table::new(
+        "MM processor time per timeslice (its own work; heartbeat delivery left out), beside one \
+         pass over a word per node",
+        &[
+            "nodes",
+            "idle us",
+            "x8",
+            "busy us",
+            "x8",
+            "scan ns",
+            "idle/scan",
+            "busy/scan",
+        ],
+    );
+    let mut mem = Table::new(
+        "Global memory: reserved by the layout / touched (MiB)",
+        &[
+            "nodes",
+            "MM reserved",
+            "MM touched",
+            "x8",
+            "NM reserved",
+            "NM touched",
+            "x8",
+        ],
+    );
+    let mut time = Table::new(
+        "Virtual time (ms) and the MM's processor time for the RM functions",
+        &[
+            "nodes",
+            "launch",
+            "job of 100 ms",
+            "detect",
+            "drain jobs",
+            "drain",
+            "drain MM cpu ms",
+            "x8",
+            "wall s",
+        ],
+    );
+    let mut prev: Option<Point> = None;
+    for &nodes in &args.nodes {
+        eprintln!("scale: {nodes} nodes");
+        let p = measure(nodes, args)?;
+        let before = |f: fn(&Point) -> f64| prev.as_ref().map(f);
+        cpu.push(vec![
+            p.nodes.to_string(),
+            us(p.mm_idle),
+            growth(p.mm_idle.as_secs_f64(), before(|q| q.mm_idle.as_secs_f64())),
+            us(p.mm_busy),
+            growth(p.mm_busy.as_secs_f64(), before(|q| q.mm_busy.as_secs_f64())),
+            format!("{}", p.scan.as_nanos()),
+            format!(
+                "{:.0}",
+                p.mm_idle.as_secs_f64() / p.scan.as_secs_f64().max(1e-9)
+            ),
+            format!(
+                "{:.0}",
+                p.mm_busy.as_secs_f64() / p.scan.as_secs_f64().max(1e-9)
+            ),
+        ]);
+        mem.push(vec![
+            p.nodes.to_string(),
+            mib(p.mm_mem.0),
+            mib(p.mm_mem.1),
+            growth(p.mm_mem.1 as f64, before(|q| q.mm_mem.1 as f64)),
+            mib(p.nm_mem.0),
+            mib(p.nm_mem.1),
+            growth(p.nm_mem.1 as f64, before(|q| q.nm_mem.1 as f64)),
+        ]);
+        time.push(vec![
+            p.nodes.to_string(),
+            ms(p.launch),
+            ms(p.job),
+            ms(p.detect),
+            args.drain_jobs.to_string(),
+            ms(p.drain),
+            ms(p.drain_cpu),
+            growth(
+                p.drain_cpu.as_secs_f64(),
+                before(|q| q.drain_cpu.as_secs_f64()),
+            ),
+            format!("{:.1}", p.wall.as_secs_f64()),
+        ]);
+        csv.push(vec![
+            p.nodes.to_string(),
+            us(p.mm_idle),
+            us(p.mm_busy),
+            p.scan.as_nanos().to_string(),
+            p.mm_mem.0.to_string(),
+            p.mm_mem.1.to_string(),
+            p.nm_mem.0.to_string(),
+            p.nm_mem.1.to_string(),
+            ms(p.launch),
+            ms(p.job),
+            ms(p.detect),
+            args.drain_jobs.to_string(),
+            ms(p.drain),
+            ms(p.drain_cpu),
+            format!("{:.1}", p.wall.as_secs_f64()),
+        ]);
+        prev = Some(p);
+    }
+    Ok(vec![cpu, mem, time])
+}
