@@ -197,10 +197,11 @@ fn send_chunks(
         loop {
             match producer.enqueue(prims, data, Some(t.event)) {
                 Ok(()) => return Ok(()),
-                Err(PrimError::Timeout { .. }) if cancelled() => {
+                Err(PrimError::QueueFull { .. } | PrimError::Timeout { .. }) if cancelled() => {
                     return Err(Failure::new("cancelled".into()));
                 }
-                Err(PrimError::Timeout { .. }) if Instant::now() < deadline => {}
+                Err(PrimError::QueueFull { .. } | PrimError::Timeout { .. })
+                    if Instant::now() < deadline => {}
                 Err(e) => return Err(Failure::from_prim(what, &e)),
             }
         }

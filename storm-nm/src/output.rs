@@ -346,7 +346,7 @@ impl Forwarder {
                     self.sent.push_back((seq, bytes));
                 }
                 // No room yet (the MM has not released enough): the tasks wait.
-                Err(PrimError::Timeout { .. }) => break,
+                Err(PrimError::QueueFull { .. } | PrimError::Timeout { .. }) => break,
                 Err(e) => {
                     stall(&self.shared, &e);
                     break;

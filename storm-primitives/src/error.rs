@@ -20,6 +20,10 @@ pub enum PrimError {
         timeout_ms: u64,
         detail: String,
     },
+    /// AWAIT-SPACE gave up: the queues of `nodes` answered, but had not dequeued `needed`
+    /// entries (consumers that fell behind, or have not joined the queue's epoch yet).
+    #[error("the queues of nodes {nodes} stayed full (waiting for {needed} entries dequeued)")]
+    QueueFull { nodes: NodeSet, needed: u64 },
     #[error("transfer failed: {0}")]
     TransferFailed(String),
     #[error("protocol error from node {node}: {detail}")]
@@ -43,7 +47,7 @@ impl PrimError {
             PrimError::Unreachable { node, .. } | PrimError::Protocol { node, .. } => {
                 NodeSet::single(*node)
             }
-            PrimError::Timeout { nodes, .. } => nodes.clone(),
+            PrimError::Timeout { nodes, .. } | PrimError::QueueFull { nodes, .. } => nodes.clone(),
             _ => NodeSet::new(),
         }
     }

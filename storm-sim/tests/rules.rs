@@ -75,6 +75,36 @@ fn a_frozen_node_is_down_at_exactly_k_missed_heartbeats() {
     }
 }
 
+/// The same rule wherever the MM's heartbeat queue stands: every eighth heartbeat the MM
+/// first asks every member for space (AWAIT-SPACE, a COMPARE-AND-WRITE). A node that does not
+/// answer that question by the deadline misses the heartbeat as surely as one that does not
+/// take the transfer; it is not left for the receipt check, which comes up to 100 ms later
+/// (that made DOWN 6 periods late at some phases).
+#[test]
+fn a_frozen_node_is_down_at_k_whatever_the_heartbeat_queues_phase() {
+    let k = 3;
+    let slots = sim(SimOptions::default()).config().cluster.heartbeat_slots as u32;
+    for phase in 0..slots {
+        let mut s = sim(SimOptions {
+            nodes: 4,
+            missed_heartbeats: k,
+            record: true,
+            ..SimOptions::default()
+        });
+        let slice = s.config().timeslice();
+        s.run_for(slice * (20 + phase));
+        s.freeze(3, true);
+        let last = s.node(3).heard.last().expect("node 3 took heartbeats").at;
+        assert!(s.run_until(ms(5_000), |s| s.state(3).state == "down"));
+        assert_eq!(
+            s.now() - last,
+            slice * k,
+            "at phase {phase}: DOWN {:?} after the last heartbeat node 3 took, not K = {k} periods",
+            s.now() - last
+        );
+    }
+}
+
 #[test]
 fn a_thawed_node_registers_again_and_takes_jobs() {
     let mut s = sim(SimOptions::default());

@@ -1574,14 +1574,15 @@ impl<E: MmEnv> MachineManager<E> {
             Err(e) => {
                 // AWAIT-SPACE found no room in time (a node that just joined, or one that no
                 // longer takes heartbeats, which the receipt check finds), or could not ask a
-                // node (which counts as a miss).
+                // node: one that did not answer by the heartbeat's deadline (or whose
+                // connection failed) misses this heartbeat, as if the transfer had failed.
                 if fresh.is_none() {
                     self.hb_resend = Some(bytes);
                 }
                 if let Some(more) = self.hb_errors.allow(self.now()) {
                     tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
                 }
-                if !matches!(e, PrimError::Timeout { .. }) {
+                if !matches!(e, PrimError::QueueFull { .. }) {
                     self.blame(&e);
                 }
             }

@@ -57,13 +57,9 @@ pub fn await_space<P: Primitives + ?Sized>(
         if let Some(deadline) = deadline
             && Instant::now() + pause > deadline
         {
-            let full = lagging(prims, dest, queue, needed, op_timeout);
-            return Err(PrimError::Timeout {
-                detail: format!(
-                    "the queues of nodes {full} stayed full (waiting for {needed} entries dequeued)"
-                ),
-                nodes: full,
-                timeout_ms: 0,
+            return Err(PrimError::QueueFull {
+                nodes: lagging(prims, dest, queue, needed, op_timeout),
+                needed,
             });
         }
         std::thread::sleep(pause);

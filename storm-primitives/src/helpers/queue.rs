@@ -566,7 +566,7 @@ mod tests {
         assert!(
             matches!(
                 p.enqueue(&fabric.node(0), b"c", None),
-                Err(PrimError::Timeout { .. })
+                Err(PrimError::QueueFull { .. })
             ),
             "both slots are still taken: the producer must wait"
         );
