@@ -3,10 +3,11 @@
 //!
 //! For each node count it measures:
 //!
-//! * the MM's own processor time per timeslice, idle and during a full-machine job (the
-//!   copying of heartbeats into every node's memory, a NIC's work on a real machine, is left
-//!   out: `SimCpu::mm_logic`); beside it the same run's baseline, one pass that reads a word
-//!   per node, and the ratio (how many such passes the MM's timeslice is worth);
+//! * the MM's own processor time per timeslice (per heartbeat), idle and while a
+//!   full-machine job runs, and in all for that job from submission to its outcome (the
+//!   network's part of the primitives, a NIC's work on a real machine, is left out:
+//!   `SimCpu::mm_logic`); beside it the same run's baseline, one pass that reads a word per
+//!   node, and the ratio (how many such passes the MM's timeslice is worth);
 //! * the global memory of the MM and of one NM: what the layout reserves and what was touched;
 //! * placing and launching a full-machine job, in virtual time (timeslices) from submission to
 //!   the job's start and to its outcome;
@@ -27,7 +28,8 @@ use crate::report::{Csv, Table};
 pub const CSV_HEADER: &[&str] = &[
     "nodes",
     "mm_idle_us",
-    "mm_busy_us",
+    "mm_running_us",
+    "mm_job_ms",
     "scan_ns",
     "mm_reserved_bytes",
     "mm_touched_bytes",
@@ -52,7 +54,8 @@ pub struct ScaleArgs {
 struct Point {
     nodes: u32,
     mm_idle: Duration,
-    mm_busy: Duration,
+    mm_running: Duration,
+    mm_job: Duration,
     scan: Duration,
     mm_mem: (usize, usize),
     nm_mem: (usize, usize),
@@ -77,6 +80,10 @@ fn scan(nodes: u32) -> Duration {
     best
 }
 
+/// The full-machine job's work, and the timeslices measured while it runs.
+const JOB_WORK: Duration = Duration::from_millis(300);
+const RUNNING_SLICES: u32 = 20;
+
 fn per_slice(cpu: Duration, slices: u64) -> Duration {
     cpu / slices.max(1) as u32
 }
@@ -96,16 +103,26 @@ fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
     let (c0, t0) = (s.cpu(), s.ticks());
     s.run_for(slice * args.idle_slices as u32);
     let mm_idle = per_slice(s.cpu().mm_logic() - c0.mm_logic(), s.ticks() - t0);
-    // A job on every node.
-    let (c0, t0) = (s.cpu(), s.ticks());
+    // A job on every node: its whole life, and some timeslices while it runs.
+    let c_job = s.cpu();
     let submitted = s.now();
     let job = s
-        .submit(&SimJob::new(nodes, Duration::from_millis(100)))
+        .submit(&SimJob::new(nodes, JOB_WORK))
         .map_err(anyhow::Error::msg)?;
+    if !s.run_until(Duration::from_secs(30), |s| !s.started(job).is_empty()) {
+        bail!("the full-machine job on {nodes} nodes did not start");
+    }
+    s.run_for(slice * 2);
+    let (c0, t0) = (s.cpu(), s.ticks());
+    s.run_for(slice * RUNNING_SLICES);
+    let mm_running = per_slice(s.cpu().mm_logic() - c0.mm_logic(), s.ticks() - t0);
+    if s.outcome(job).is_some() {
+        bail!("the full-machine job ended before its running timeslices were measured");
+    }
     if !s.run_until(Duration::from_secs(30), |s| s.outcome(job).is_some()) {
         bail!("the full-machine job on {nodes} nodes did not end");
     }
-    let mm_busy = per_slice(s.cpu().mm_logic() - c0.mm_logic(), s.ticks() - t0);
+    let mm_job = s.cpu().mm_logic() - c_job.mm_logic();
     let launch = s.started(job)[0] - submitted;
     let job_time = s.finished(job).expect("ended").0 - submitted;
     // Memory, after the job touched what a job touches.
@@ -144,7 +161,8 @@ fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
     Ok(Point {
         nodes,
         mm_idle,
-        mm_busy,
+        mm_running,
+        mm_job,
         scan: scan(nodes),
         mm_mem,
         nm_mem,
@@ -165,6 +183,10 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1e3)
 }
 
+fn ms_frac(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
 fn mib(b: usize) -> String {
     format!("{:.2}", b as f64 / (1 << 20) as f64)
 }
@@ -179,17 +201,20 @@ fn growth(now: f64, before: Option<f64>) -> String {
 
 pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     let mut cpu = Table::new(
-        "MM processor time per timeslice (its own work; heartbeat delivery left out), beside one \
-         pass over a word per node",
+        "MM processor time (its own work; the network's part of the primitives left out): per \
+         timeslice idle and while a full-machine job runs, and for that job's whole life; beside \
+         one pass over a word per node",
         &[
             "nodes",
             "idle us",
             "x8",
-            "busy us",
+            "running us",
+            "x8",
+            "job ms",
             "x8",
             "scan ns",
             "idle/scan",
-            "busy/scan",
+            "running/scan",
         ],
     );
     let mut mem = Table::new(
@@ -209,7 +234,7 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         &[
             "nodes",
             "launch",
-            "job of 100 ms",
+            "job of 300 ms",
             "detect",
             "drain jobs",
             "drain",
@@ -227,8 +252,13 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             p.nodes.to_string(),
             us(p.mm_idle),
             growth(p.mm_idle.as_secs_f64(), before(|q| q.mm_idle.as_secs_f64())),
-            us(p.mm_busy),
-            growth(p.mm_busy.as_secs_f64(), before(|q| q.mm_busy.as_secs_f64())),
+            us(p.mm_running),
+            growth(
+                p.mm_running.as_secs_f64(),
+                before(|q| q.mm_running.as_secs_f64()),
+            ),
+            ms_frac(p.mm_job),
+            growth(p.mm_job.as_secs_f64(), before(|q| q.mm_job.as_secs_f64())),
             format!("{}", p.scan.as_nanos()),
             format!(
                 "{:.0}",
@@ -236,7 +266,7 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             ),
             format!(
                 "{:.0}",
-                p.mm_busy.as_secs_f64() / p.scan.as_secs_f64().max(1e-9)
+                p.mm_running.as_secs_f64() / p.scan.as_secs_f64().max(1e-9)
             ),
         ]);
         mem.push(vec![
@@ -265,7 +295,8 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         csv.push(vec![
             p.nodes.to_string(),
             us(p.mm_idle),
-            us(p.mm_busy),
+            us(p.mm_running),
+            ms_frac(p.mm_job),
             p.scan.as_nanos().to_string(),
             p.mm_mem.0.to_string(),
             p.mm_mem.1.to_string(),

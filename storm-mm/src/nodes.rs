@@ -10,6 +10,7 @@
 //! back before then. Killed, frozen and cut-off nodes all follow this one rule; only how fast
 //! they leave the heartbeat differs (a closed connection at once, silence at the deadline).
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use storm_primitives::{NodeId, NodeSet};
@@ -33,7 +34,7 @@ pub enum Life {
 
 #[derive(Debug, Clone)]
 pub struct Node {
-    pub life: Life,
+    life: Life,
     /// Set by `storm drain`: kept out of allocation until `storm resume`.
     pub drain: Option<String>,
     /// The last registration stamp the MM acted on.
@@ -45,7 +46,14 @@ pub struct Node {
     /// The jobs its current welcome lets it keep (sent again with the welcome).
     pub keep: Vec<storm_cluster::messages::JobId>,
     /// When the last heartbeat this node took was issued (or it joined); `None` once DOWN.
+    /// For a member, the later of this and [`NodeTable::all_heard`].
     last_heard: Option<Instant>,
+}
+
+impl Node {
+    pub fn life(&self) -> &Life {
+        &self.life
+    }
 }
 
 /// Every node of the cluster.
@@ -54,6 +62,12 @@ pub struct NodeTable {
     nodes: Vec<Node>,
     /// K: heartbeat periods of silence that make a node DOWN.
     limit: u32,
+    /// When the last heartbeat that reached every member was issued: one time for all of
+    /// them, so a heartbeat costs the table nothing per node.
+    all_heard: Option<Instant>,
+    /// The nodes whose silence counts towards DOWN: out of the heartbeat (unresponsive, or
+    /// registering again after that) and heard at some time. Only these are looked at.
+    silent: BTreeSet<NodeId>,
 }
 
 impl NodeTable {
@@ -70,6 +84,8 @@ impl NodeTable {
         Self {
             nodes: vec![node; count as usize],
             limit: limit.max(1),
+            all_heard: None,
+            silent: BTreeSet::new(),
         }
     }
 
@@ -118,16 +134,34 @@ impl NodeTable {
 
     /// A heartbeat issued at `sent` reached every member.
     pub fn heard_all(&mut self, sent: Instant) {
-        for node in &mut self.nodes {
-            if matches!(node.life, Life::Up { .. }) {
-                node.last_heard = Some(sent);
-            }
+        self.all_heard = Some(sent);
+    }
+
+    /// When node `n` last took a heartbeat, for a member counting the ones that reached
+    /// every member.
+    fn heard(&self, n: NodeId) -> Option<Instant> {
+        let node = &self.nodes[n as usize];
+        match node.life {
+            Life::Up { .. } => node.last_heard.max(self.all_heard),
+            _ => node.last_heard,
+        }
+    }
+
+    /// `n` leaves the heartbeat: its silence starts at the last heartbeat it took.
+    fn leave_heartbeat(&mut self, n: NodeId) {
+        let heard = self.heard(n);
+        self.nodes[n as usize].last_heard = heard;
+        if heard.is_some() {
+            self.silent.insert(n);
         }
     }
 
     /// The MM itself did not run for `by` (a stall of its own): nobody missed anything
     /// meanwhile, so every node's silence is counted from `by` later.
     pub fn excuse(&mut self, by: Duration) {
+        if let Some(h) = &mut self.all_heard {
+            *h += by;
+        }
         for node in &mut self.nodes {
             if let Some(h) = &mut node.last_heard {
                 *h += by;
@@ -142,32 +176,42 @@ impl NodeTable {
         let Life::Up { stamp } = node.life else {
             return false;
         };
-        node.life = Life::Unresponsive { stamp, reason };
+        self.leave_heartbeat(n);
+        self.nodes[n as usize].life = Life::Unresponsive { stamp, reason };
         true
+    }
+
+    /// `n` registered with `stamp` and was welcomed at `sent`; it is not a member until
+    /// [`NodeTable::set_up`].
+    pub fn set_joining(&mut self, n: NodeId, stamp: u64, sent: Instant) {
+        if self.is_up(n) {
+            self.leave_heartbeat(n);
+        }
+        self.nodes[n as usize].life = Life::Joining { stamp, sent };
     }
 
     /// Nodes out of the heartbeat (unresponsive, or registering again after that) whose
     /// silence has lasted K heartbeat periods (`period`) by `now`, with what made them leave.
     pub fn silent_too_long(&self, now: Instant, period: Duration) -> Vec<(NodeId, String)> {
         let limit = period.saturating_mul(self.limit);
-        self.nodes
+        self.silent
             .iter()
-            .enumerate()
-            .filter_map(|(n, node)| {
+            .filter_map(|&n| {
+                let node = &self.nodes[n as usize];
                 let heard = node.last_heard?;
                 let reason = match &node.life {
                     Life::Unresponsive { reason, .. } => reason.clone(),
                     Life::Joining { .. } => "it registered again but did not finish joining".into(),
                     _ => return None,
                 };
-                (now.saturating_duration_since(heard) >= limit).then_some((n as NodeId, reason))
+                (now.saturating_duration_since(heard) >= limit).then_some((n, reason))
             })
             .collect()
     }
 
     /// When `n` last took a heartbeat (its issue time), if it is not DOWN.
     pub fn last_heard(&self, n: NodeId) -> Option<Instant> {
-        self.nodes[n as usize].last_heard
+        self.heard(n)
     }
 
     /// Marks `n` up with registration `stamp`, at `now`.
@@ -175,6 +219,7 @@ impl NodeTable {
         let node = &mut self.nodes[n as usize];
         node.life = Life::Up { stamp };
         node.last_heard = Some(now);
+        self.silent.remove(&n);
     }
 
     /// Marks `n` down; false if it already was.
@@ -186,6 +231,7 @@ impl NodeTable {
         node.life = Life::Down { reason, since: now };
         node.last_heard = None;
         node.last_nudge = Some(now);
+        self.silent.remove(&n);
         true
     }
 
@@ -252,6 +298,49 @@ mod tests {
         );
         t.set_up(1, 8, Instant::now());
         assert!(t.silent_too_long(t0 + ms(100), ms(1)).is_empty(), "back up");
+    }
+
+    #[test]
+    fn a_member_registering_again_is_silent_from_the_last_heartbeat_every_member_took() {
+        let ms = Duration::from_millis;
+        let mut t = NodeTable::new(3, 3);
+        let t0 = Instant::now();
+        t.set_up(0, 1, t0);
+        t.set_up(1, 1, t0);
+        t.heard_all(t0 + ms(5));
+        assert_eq!(
+            t.last_heard(0),
+            Some(t0 + ms(5)),
+            "a member took the last heartbeat"
+        );
+        t.set_joining(0, 2, t0 + ms(6));
+        t.heard_all(t0 + ms(7));
+        assert_eq!(
+            t.last_heard(0),
+            Some(t0 + ms(5)),
+            "out of the heartbeat since"
+        );
+        assert!(t.silent_too_long(t0 + ms(7), ms(1)).is_empty());
+        assert_eq!(
+            t.silent_too_long(t0 + ms(8), ms(1)),
+            vec![(
+                0,
+                "it registered again but did not finish joining".to_string()
+            )]
+        );
+        t.set_joining(2, 1, t0);
+        assert!(
+            t.silent_too_long(t0 + ms(100), ms(1))
+                .iter()
+                .all(|(n, _)| *n != 2),
+            "a node never heard (unknown or down before) is not silent: it was never there"
+        );
+        t.set_up(0, 2, t0 + ms(9));
+        assert!(
+            t.silent_too_long(t0 + ms(100), ms(1))
+                .iter()
+                .all(|(n, _)| *n != 0)
+        );
     }
 
     #[test]

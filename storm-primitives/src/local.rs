@@ -45,9 +45,29 @@ pub struct LocalFabric {
     all: NodeSet,
     layout: Layout,
     sequencer: Mutex<()>,
-    /// Whether transfers add the processor time of their delivery to `delivery_ns`.
+    /// Whether the primitives add the processor time of the network's part to `network_ns`.
     measure: AtomicBool,
-    delivery_ns: AtomicU64,
+    network_ns: AtomicU64,
+}
+
+/// Times the network's part of one primitive, if the fabric measures it
+/// ([`LocalFabric::measure_network`]); ends when dropped.
+struct NetworkPart<'a> {
+    fabric: &'a LocalFabric,
+    start: Option<Duration>,
+}
+
+impl NetworkPart<'_> {
+    fn end(self) {}
+}
+
+impl Drop for NetworkPart<'_> {
+    fn drop(&mut self) {
+        if let Some(start) = self.start {
+            let spent = thread_cpu().saturating_sub(start).as_nanos() as u64;
+            self.fabric.network_ns.fetch_add(spent, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The calling thread's processor time.
@@ -79,21 +99,23 @@ impl LocalFabric {
             layout,
             sequencer: Mutex::new(()),
             measure: AtomicBool::new(false),
-            delivery_ns: AtomicU64::new(0),
+            network_ns: AtomicU64::new(0),
         })
     }
 
-    /// From now on, add the processor time each XFER-AND-SIGNAL spends delivering (copying
-    /// into every destination and raising its events) to [`delivery_cpu`](Self::delivery_cpu).
-    /// That is the network's work, done by NICs on a real machine; a simulator subtracts it
-    /// from what it charges the sender.
-    pub fn measure_delivery(&self, on: bool) {
+    /// From now on, add the processor time each primitive spends on the network's part of
+    /// its work to [`network_cpu`](Self::network_cpu): for XFER-AND-SIGNAL, finding the
+    /// unreachable destinations and copying into every other one and raising its events; for
+    /// COMPARE-AND-WRITE, the same search, the comparison on every destination and the write.
+    /// NICs and switches do that on a real machine (the paper's COMPARE-AND-WRITE is one
+    /// hardware global query); a simulator subtracts it from what it charges the caller.
+    pub fn measure_network(&self, on: bool) {
         self.measure.store(on, Ordering::Relaxed);
     }
 
-    /// Processor time spent delivering transfers while measured.
-    pub fn delivery_cpu(&self) -> Duration {
-        Duration::from_nanos(self.delivery_ns.load(Ordering::Relaxed))
+    /// Processor time spent on the network's part of the primitives while measured.
+    pub fn network_cpu(&self) -> Duration {
+        Duration::from_nanos(self.network_ns.load(Ordering::Relaxed))
     }
 
     /// Number of nodes.
@@ -194,6 +216,13 @@ pub struct LocalNode {
 impl LocalNode {
     fn state(&self) -> &NodeState {
         &self.fabric.nodes[self.id as usize]
+    }
+
+    fn network_part(&self) -> NetworkPart<'_> {
+        NetworkPart {
+            fabric: &self.fabric,
+            start: self.fabric.measure.load(Ordering::Relaxed).then(thread_cpu),
+        }
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -298,17 +327,15 @@ impl Primitives for LocalNode {
             local,
         )?;
         self.check_alive()?;
+        let measured = self.network_part();
         let frozen = self.fabric.unreachable_from(self.id, dest);
         if !frozen.is_empty() {
+            measured.end();
             self.report(local, Err(Self::frozen_error(frozen, timeout)));
             return Ok(());
         }
-        let measured = self.fabric.measure.load(Ordering::Relaxed).then(thread_cpu);
         let outcome = self.deliver(dest, offset, &data, remote);
-        if let Some(start) = measured {
-            let spent = thread_cpu().saturating_sub(start).as_nanos() as u64;
-            self.fabric.delivery_ns.fetch_add(spent, Ordering::Relaxed);
-        }
+        measured.end();
         self.report(local, outcome?);
         Ok(())
     }
@@ -335,6 +362,7 @@ impl Primitives for LocalNode {
         check_caw(&self.fabric.layout, &self.fabric.all, dest, var, write)?;
         self.check_alive()?;
         let _seq = self.fabric.sequencer.lock();
+        let _measured = self.network_part();
         if let Some(dead) = self.fabric.first_dead(dest) {
             return Err(Self::dead_node_error(dead));
         }

@@ -152,19 +152,19 @@ pub struct Sim {
 /// and in the node cores: what the MM's logic costs, apart from the nodes simulated with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimCpu {
-    /// In the MM, delivery of its transfers included.
+    /// In the MM, the network's part of its primitives included.
     pub mm: Duration,
     /// Of `mm`, delivering the MM's transfers (copying a heartbeat into every node's memory):
     /// the network's work, which NICs do on a real machine.
-    pub mm_delivery: Duration,
+    pub mm_network: Duration,
     /// In the node cores.
     pub nodes: Duration,
 }
 
 impl SimCpu {
-    /// The MM's own work: `mm` without delivery.
+    /// The MM's own work: `mm` without the network's part of its primitives.
     pub fn mm_logic(&self) -> Duration {
-        self.mm.saturating_sub(self.mm_delivery)
+        self.mm.saturating_sub(self.mm_network)
     }
 }
 
@@ -174,7 +174,7 @@ impl Sim {
         let rm = RmLayout::new(&cfg)?;
         let clock = VirtualClock::new();
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
-        fabric.measure_delivery(true);
+        fabric.measure_network(true);
         let store = MemoryStore::default();
         let mm = new_mm(&cfg, &rm, &fabric, &store, &clock, 1)?;
         let nodes = (0..cfg.node_count())
@@ -247,7 +247,7 @@ impl Sim {
     pub fn step(&mut self) {
         self.clock.advance_to(self.mm.poll_timeout());
         let mm_start = thread_cpu();
-        let delivery_start = self.fabric.delivery_cpu();
+        let network_start = self.fabric.network_cpu();
         for req in std::mem::take(&mut self.requests) {
             self.mm.handle(Incoming::Request {
                 client: self.client.id,
@@ -258,7 +258,7 @@ impl Sim {
         self.mm.tick();
         let nodes_start = thread_cpu();
         self.cpu.mm += nodes_start.saturating_sub(mm_start);
-        self.cpu.mm_delivery += self.fabric.delivery_cpu().saturating_sub(delivery_start);
+        self.cpu.mm_network += self.fabric.network_cpu().saturating_sub(network_start);
         self.ticks += 1;
         for node in &mut self.nodes {
             node.step();

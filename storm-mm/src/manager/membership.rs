@@ -64,7 +64,7 @@ impl<E: MmEnv> MachineManager<E> {
                 self.attention.joining.insert(n);
                 continue;
             }
-            match self.nodes.get(n).life.clone() {
+            match self.nodes.get(n).life().clone() {
                 Life::Joining { stamp, sent } => {
                     self.attention.joining.insert(n);
                     if mem.load(self.rm.join_ack.at(n as usize)) == stamp {
@@ -113,7 +113,7 @@ impl<E: MmEnv> MachineManager<E> {
         let keep = if same_process {
             self.readopt(n, &inventory)
         } else {
-            if !matches!(self.nodes.get(n).life, Life::Down { .. }) {
+            if !matches!(self.nodes.get(n).life(), Life::Down { .. }) {
                 self.mark_down(n, "its node manager restarted".into());
             }
             Vec::new()
@@ -213,12 +213,12 @@ impl<E: MmEnv> MachineManager<E> {
     /// jobs it keeps.
     fn welcome(&mut self, n: NodeId, stamp: u64, keep: Vec<JobId>, now: Instant) {
         let node = self.nodes.get_mut(n);
-        if !matches!(node.life, Life::Joining { stamp: s, .. } if s == stamp) {
+        if !matches!(node.life(), Life::Joining { stamp: s, .. } if *s == stamp) {
             node.output_epoch += 1;
         }
         let output_epoch = node.output_epoch;
-        node.life = Life::Joining { stamp, sent: now };
         node.keep = keep.clone();
+        self.nodes.set_joining(n, stamp, now);
         self.restart_output(n, output_epoch);
         self.send_membership(
             n,

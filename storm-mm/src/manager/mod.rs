@@ -30,8 +30,8 @@ use storm_cluster::control::{
 };
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, JobId, LaunchSpec, NodeReport, OutputChunk, Program, decode,
-    encode,
+    Command, FileInfo, Heartbeat, JobId, LaunchSpec, MpiMode, NodeReport, OutputChunk, Program,
+    decode, encode,
 };
 use storm_cluster::tasks::TaskPlan;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -1176,7 +1176,13 @@ impl<E: MmEnv> MachineManager<E> {
             .map(|n| self.cfg.nodes[n as usize].name.clone())
             .collect();
         let gang = self.gang;
-        self.clear_pmi_parts(slot, &nodes);
+        if self
+            .jobs
+            .get(&id)
+            .is_some_and(|j| j.req.mpi != MpiMode::None)
+        {
+            self.clear_pmi_parts(slot, &nodes);
+        }
         let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
         j.nodes = nodes.clone();

@@ -84,9 +84,10 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// Forgets what the nodes wrote into a job slot's PMI areas before, so that a job (or the
-    /// same job, requeued) starting in `slot` on `nodes` cannot take an earlier run's part
-    /// for its own.
+    /// Forgets what the nodes wrote into a job slot's PMI areas before, so that an MPI job
+    /// requeued into `slot` on `nodes` cannot take its earlier run's part for its own (other
+    /// jobs' parts name another job). Only MPI jobs need it: clearing touches a page of the
+    /// MM's memory per node.
     pub(super) fn clear_pmi_parts(&self, slot: usize, nodes: &NodeSet) {
         let mem = self.prims.memory();
         for n in nodes.iter() {
