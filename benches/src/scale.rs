@@ -12,7 +12,10 @@
 //! * placing and launching a full-machine job, in virtual time (timeslices) from submission to
 //!   the job's start and to its outcome;
 //! * detecting a stopped node (virtual time from its last heartbeat to DOWN);
-//! * draining 10,000 queued single-node jobs: virtual time, and the MM's processor time.
+//! * draining 10,000 queued single-node jobs: virtual time, and the MM's processor time;
+//! * the critical path of a 12 MB full-machine launch at the default 1 ms timeslice: the
+//!   program transfer takes the launch model's time (`storm_sim::TransferModel`), the rest is
+//!   the real MM's rounds (acknowledgement check, launch, termination), in virtual time.
 //!
 //! Virtual times count the protocol's rounds and do not depend on the machine; processor
 //! times do, hence the baseline.
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use storm_cluster::control::Reply;
-use storm_sim::{Sim, SimJob, SimOptions};
+use storm_sim::{Sim, SimJob, SimOptions, TransferModel};
 
 use crate::report::{Csv, Table};
 
@@ -41,6 +44,9 @@ pub const CSV_HEADER: &[&str] = &[
     "drain_jobs",
     "drain_virtual_ms",
     "drain_mm_cpu_ms",
+    "launch12_transfer_model_ms",
+    "launch12_send_ms",
+    "launch12_total_ms",
     "wall_s",
 ];
 
@@ -64,7 +70,42 @@ struct Point {
     detect: Duration,
     drain: Duration,
     drain_cpu: Duration,
+    launch12: Launch12,
     wall: Duration,
+}
+
+/// A 12 MB program launched on every node, with 1 ms timeslices (virtual time).
+struct Launch12 {
+    model: Duration,
+    send: Duration,
+    total: Duration,
+}
+
+const PROGRAM_BYTES: u64 = 12_000_000;
+
+fn launch12(nodes: u32) -> Result<Launch12> {
+    let mut s = Sim::new(SimOptions {
+        nodes,
+        timeslice: Duration::from_millis(1),
+        ..SimOptions::default()
+    })?;
+    s.run_until_up(Duration::from_secs(10))?;
+    let model = TransferModel::default().time(nodes, PROGRAM_BYTES);
+    let job = s
+        .submit(&SimJob::new(nodes, Duration::ZERO).with_program(PROGRAM_BYTES))
+        .map_err(anyhow::Error::msg)?;
+    if !s.run_until(Duration::from_secs(30), |s| s.outcome(job).is_some()) {
+        bail!("the 12 MB launch on {nodes} nodes did not end");
+    }
+    let o = s.outcome(job).expect("ended");
+    if o.exit_code() != 0 {
+        bail!("the 12 MB launch on {nodes} nodes failed: {o:?}");
+    }
+    Ok(Launch12 {
+        model,
+        send: Duration::from_micros(o.timing.send_us),
+        total: Duration::from_micros(o.timing.total_us),
+    })
 }
 
 /// The baseline: one pass reading a word per node, the floor of any O(N) bookkeeping.
@@ -171,6 +212,7 @@ fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
         detect,
         drain: s.now() - start,
         drain_cpu: s.cpu().mm_logic() - c0.mm_logic(),
+        launch12: launch12(nodes)?,
         wall: wall.elapsed(),
     })
 }
@@ -243,6 +285,18 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             "wall s",
         ],
     );
+    let mut launch = Table::new(
+        "Critical path of a 12 MB launch on every node, 1 ms timeslices (virtual ms): the \
+         launch model's transfer, and the real MM's rounds around it (tasks that exit at once; \
+         add T_exec)",
+        &[
+            "nodes",
+            "model transfer",
+            "program ready",
+            "submit to exit",
+            "x8",
+        ],
+    );
     let mut prev: Option<Point> = None;
     for &nodes in &args.nodes {
         eprintln!("scale: {nodes} nodes");
@@ -292,6 +346,16 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             ),
             format!("{:.1}", p.wall.as_secs_f64()),
         ]);
+        launch.push(vec![
+            p.nodes.to_string(),
+            ms_frac(p.launch12.model),
+            ms_frac(p.launch12.send),
+            ms_frac(p.launch12.total),
+            growth(
+                p.launch12.total.as_secs_f64(),
+                before(|q| q.launch12.total.as_secs_f64()),
+            ),
+        ]);
         csv.push(vec![
             p.nodes.to_string(),
             us(p.mm_idle),
@@ -308,9 +372,12 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             args.drain_jobs.to_string(),
             ms(p.drain),
             ms(p.drain_cpu),
+            ms_frac(p.launch12.model),
+            ms_frac(p.launch12.send),
+            ms_frac(p.launch12.total),
             format!("{:.1}", p.wall.as_secs_f64()),
         ]);
         prev = Some(p);
     }
-    Ok(vec![cpu, mem, time])
+    Ok(vec![cpu, mem, time, launch])
 }

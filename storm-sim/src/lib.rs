@@ -12,6 +12,8 @@
 //! * [`Sim::freeze`], [`Sim::cut`], [`Sim::kill`]: failures (a stopped NM; a pulled cable,
 //!   the NM running on; a crashed node).
 //! * [`Sim::restart_mm`]: a new MM process over the journal the old one committed.
+//! * [`SimJob::program`]: a job whose program the MM sends; the transfer takes the launch
+//!   model's time ([`TransferModel`]) and moves no bytes.
 //!
 //! Not simulated yet: the NM's task handling (processes, output, PMI); see
 //! `docs/architecture.md`.
@@ -19,9 +21,10 @@
 pub mod env;
 pub mod node;
 
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -35,10 +38,12 @@ use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::MachineManager;
 use storm_mm::control_server::Incoming;
 use storm_mm::journal::{Journal, MemoryStore};
-use storm_primitives::NodeId;
+use storm_mm::transfer::TransferDone;
 use storm_primitives::local::{LocalFabric, thread_cpu};
+use storm_primitives::{NodeId, Primitives};
 
-pub use env::SimEnv;
+use env::Flight;
+pub use env::{SimEnv, TransferModel};
 pub use node::{Heard, IGNORE_SIGTERM, SimNode};
 
 /// The uid simulated jobs are submitted as.
@@ -56,6 +61,8 @@ pub struct SimOptions {
     pub max_jobs: usize,
     /// Keep every heartbeat each node takes ([`SimNode::heard`]).
     pub record: bool,
+    /// How long a program transfer takes.
+    pub transfer: TransferModel,
 }
 
 impl Default for SimOptions {
@@ -69,6 +76,7 @@ impl Default for SimOptions {
             kill_wait: Duration::from_millis(500),
             max_jobs: 64,
             record: false,
+            transfer: TransferModel::default(),
         }
     }
 }
@@ -81,6 +89,9 @@ pub struct SimJob {
     pub time_limit: Option<Duration>,
     pub requeue: bool,
     pub ignore_sigterm: bool,
+    /// Bytes of a program the MM sends to the job's nodes before it launches (storm-submit's
+    /// default); `None` runs a program already on every node (`--no-bcast`).
+    pub program: Option<u64>,
 }
 
 impl SimJob {
@@ -91,7 +102,24 @@ impl SimJob {
             time_limit: None,
             requeue: false,
             ignore_sigterm: false,
+            program: None,
         }
+    }
+
+    /// The same job, sending a program of `bytes` first.
+    pub fn with_program(mut self, bytes: u64) -> Self {
+        self.program = Some(bytes);
+        self
+    }
+
+    /// The request and, for a job that sends its program, the program's descriptor: a file
+    /// of `bytes` that takes no disk (sparse) and is gone once closed.
+    fn submission(&self) -> Result<(Request, Vec<OwnedFd>), String> {
+        let fds = match self.program {
+            None => Vec::new(),
+            Some(bytes) => vec![sparse_program(bytes).map_err(|e| format!("program: {e}"))?],
+        };
+        Ok((Request::Submit(self.request()), fds))
     }
 
     fn request(&self) -> JobRequest {
@@ -110,7 +138,7 @@ impl SimJob {
                 ntasks: Some(self.nodes),
                 ..TaskRequest::default()
             },
-            bcast: false,
+            bcast: self.program.is_some(),
             time_limit_ms: self.time_limit.map(|d| d.as_millis() as u64),
             requeue: self.requeue,
             mpi: Default::default(),
@@ -139,7 +167,9 @@ pub struct Sim {
     next_client: u64,
     /// Requests made since the last timeslice: the MM takes them at the start of the next,
     /// as the daemon's host does with what arrived on the control socket.
-    requests: Vec<Request>,
+    requests: Vec<(Request, Vec<OwnedFd>)>,
+    /// Program transfers the MM started, completed when due.
+    flights: Arc<Mutex<Vec<Flight>>>,
     /// Jobs the simulation's client submitted.
     submitted: Vec<JobId>,
     /// Replies to the simulation's requests, with the time they were sent.
@@ -176,7 +206,13 @@ impl Sim {
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
         fabric.measure_network(true);
         let store = MemoryStore::default();
-        let mm = new_mm(&cfg, &rm, &fabric, &store, &clock, 1)?;
+        let flights = Arc::new(Mutex::new(Vec::new()));
+        let env = SimEnv {
+            clock: clock.clone(),
+            model: opts.transfer,
+            flights: flights.clone(),
+        };
+        let mm = new_mm(&cfg, &rm, &fabric, &store, env, 1)?;
         let nodes = (0..cfg.node_count())
             .map(|n| {
                 SimNode::new(
@@ -197,6 +233,7 @@ impl Sim {
             },
             next_client: 1,
             requests: Vec::new(),
+            flights,
             submitted: Vec::new(),
             clock,
             fabric,
@@ -248,11 +285,12 @@ impl Sim {
         self.clock.advance_to(self.mm.poll_timeout());
         let mm_start = thread_cpu();
         let network_start = self.fabric.network_cpu();
-        for req in std::mem::take(&mut self.requests) {
+        self.land_transfers();
+        for (req, fds) in std::mem::take(&mut self.requests) {
             self.mm.handle(Incoming::Request {
                 client: self.client.id,
                 req,
-                fds: Vec::new(),
+                fds,
             });
         }
         self.mm.tick();
@@ -307,7 +345,7 @@ impl Sim {
     /// Submits `job`; returns its id once the MM accepted it (the next timeslice).
     pub fn submit(&mut self, job: &SimJob) -> Result<JobId, String> {
         let before = self.replies.len();
-        self.request(Request::Submit(job.request()));
+        self.requests.push(job.submission()?);
         self.step();
         for (_, r) in &self.replies[before..] {
             match r {
@@ -330,7 +368,7 @@ impl Sim {
         let before = self.replies.len();
         for batch in jobs.chunks(per_slice) {
             for job in batch {
-                self.request(Request::Submit(job.request()));
+                self.requests.push(job.submission()?);
             }
             self.step();
         }
@@ -367,7 +405,38 @@ impl Sim {
     }
 
     fn request(&mut self, req: Request) {
-        self.requests.push(req);
+        self.requests.push((req, Vec::new()));
+    }
+
+    /// Completes the program transfers due by now: every reachable node of the job
+    /// acknowledges the program, as its NM's receiver does, and the MM's worker reports.
+    fn land_transfers(&mut self) {
+        let now = self.clock.now();
+        let due: Vec<Flight> = {
+            let mut flights = self.flights.lock().expect("flights");
+            let (due, later) = std::mem::take(&mut *flights)
+                .into_iter()
+                .partition(|f| f.due <= now);
+            *flights = later;
+            due
+        };
+        for f in due {
+            let t = f.transfer;
+            let ack = 2 * t.transfer as u64 + 1;
+            for n in t.nodes.iter() {
+                if !self.nodes[n as usize].is_frozen() {
+                    self.fabric.node(n).memory().store(self.rm.file_ack, ack);
+                }
+            }
+            t.delivered
+                .store(t.size, std::sync::atomic::Ordering::Relaxed);
+            let _ = f.done.send(TransferDone {
+                job: t.job,
+                transfer: t.transfer,
+                worker: t.worker,
+                result: Ok(()),
+            });
+        }
     }
 
     /// Freezes (or thaws) node `n`: its NM stops taking part, as a stopped process.
@@ -396,12 +465,20 @@ impl Sim {
         let mm_node = self.cfg.mm_id();
         // A new process has fresh global memory and no pending events.
         self.fabric.restart(mm_node);
+        // Its transfer workers ended with it.
+        let model = self.mm.env().model;
+        self.flights = Arc::new(Mutex::new(Vec::new()));
+        let env = SimEnv {
+            clock: self.clock.clone(),
+            model,
+            flights: self.flights.clone(),
+        };
         self.mm = new_mm(
             &self.cfg,
             &self.rm,
             &self.fabric,
             &self.store,
-            &self.clock,
+            env,
             self.incarnation,
         )?;
         self.connect()?;
@@ -517,7 +594,7 @@ fn new_mm(
     rm: &RmLayout,
     fabric: &Arc<LocalFabric>,
     store: &MemoryStore,
-    clock: &Arc<VirtualClock>,
+    env: SimEnv,
     incarnation: u64,
 ) -> Result<MachineManager<SimEnv>> {
     let (journal, restored) = Journal::with_store(Box::new(store.clone()), None)?;
@@ -530,8 +607,28 @@ fn new_mm(
             restored,
             incarnation,
         },
-        SimEnv {
-            clock: clock.clone(),
-        },
+        env,
     )
+}
+
+/// An unlinked, sparse, executable file of `bytes`.
+fn sparse_program(bytes: u64) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "storm-sim-program-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o700)
+        .open(&path)?;
+    let unlinked = std::fs::remove_file(&path);
+    file.set_len(bytes)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o700))?;
+    unlinked?;
+    Ok(OwnedFd::from(file))
 }

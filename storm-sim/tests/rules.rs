@@ -6,7 +6,7 @@ use std::time::Duration;
 use storm_cluster::config::PolicyKind;
 use storm_cluster::control::Reply;
 use storm_cluster::messages::{Command, RankStatus};
-use storm_sim::{Sim, SimJob, SimOptions};
+use storm_sim::{Sim, SimJob, SimOptions, TransferModel};
 
 const UP_WITHIN: Duration = Duration::from_secs(5);
 
@@ -477,5 +477,41 @@ fn easy_and_gang_finish_every_job_of_random_workloads() {
     assert!(
         backfilled,
         "EASY never started a later job ahead of an earlier one"
+    );
+}
+
+/// A job that sends its program (storm-submit's default) waits for the transfer, which takes
+/// the launch model's time, and for the MM to find every node's acknowledgement at its next
+/// heartbeat; the launch follows in the heartbeat after. Nothing else stands in between.
+#[test]
+fn a_job_launches_a_heartbeat_after_its_program_reached_every_node() {
+    let slice = ms(1);
+    let mut s = sim(SimOptions {
+        nodes: 64,
+        timeslice: slice,
+        ..SimOptions::default()
+    });
+    let bytes = 12_000_000;
+    let transfer = TransferModel::default().time(64, bytes);
+    let job = s
+        .submit(&SimJob::new(64, Duration::ZERO).with_program(bytes))
+        .unwrap();
+    assert!(s.run_until(ms(5_000), |s| s.outcome(job).is_some()));
+    let o = s.outcome(job).unwrap();
+    assert_eq!(o.exit_code(), 0, "{o:?}");
+    let t = &o.timing;
+    let send = Duration::from_micros(t.send_us);
+    assert!(
+        send >= transfer && send <= transfer + slice * 2,
+        "program ready {send:?} after allocation; the transfer takes {transfer:?}"
+    );
+    assert!(
+        Duration::from_micros(t.execute_us) <= slice * 3,
+        "a task of no work: launch, report and detection take a few heartbeats, not {t:?}"
+    );
+    assert_eq!(
+        t.total_us,
+        t.queued_us + t.send_us + t.execute_us,
+        "the launch heartbeat leaves in the timeslice that found the program ready: {t:?}"
     );
 }
