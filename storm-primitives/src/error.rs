@@ -20,10 +20,6 @@ pub enum PrimError {
         timeout_ms: u64,
         detail: String,
     },
-    /// AWAIT-SPACE gave up: the queues of `nodes` answered, but had not dequeued `needed`
-    /// entries (consumers that fell behind, or have not joined the queue's epoch yet).
-    #[error("the queues of nodes {nodes} stayed full (waiting for {needed} entries dequeued)")]
-    QueueFull { nodes: NodeSet, needed: u64 },
     #[error("transfer failed: {0}")]
     TransferFailed(String),
     #[error("protocol error from node {node}: {detail}")]
@@ -33,6 +29,11 @@ pub enum PrimError {
     /// The backend cannot run on this machine (e.g. its library is not installed).
     #[error("{0}")]
     Unavailable(String),
+    /// AWAIT-SPACE gave up: the queues of `nodes` answered, but had not dequeued `needed`
+    /// entries (consumers that fell behind, or have not joined the queue's epoch yet). Last, so
+    /// that the variants before it keep their numbers on the wire (tcp `Nack`).
+    #[error("the queues of nodes {nodes} stayed full (waiting for {needed} entries dequeued)")]
+    QueueFull { nodes: NodeSet, needed: u64 },
 }
 
 impl PrimError {
