@@ -57,10 +57,6 @@ struct NetworkPart<'a> {
     start: Option<Duration>,
 }
 
-impl NetworkPart<'_> {
-    fn end(self) {}
-}
-
 impl Drop for NetworkPart<'_> {
     fn drop(&mut self) {
         if let Some(start) = self.start {
@@ -330,12 +326,12 @@ impl Primitives for LocalNode {
         let measured = self.network_part();
         let frozen = self.fabric.unreachable_from(self.id, dest);
         if !frozen.is_empty() {
-            measured.end();
+            drop(measured);
             self.report(local, Err(Self::frozen_error(frozen, timeout)));
             return Ok(());
         }
         let outcome = self.deliver(dest, offset, &data, remote);
-        measured.end();
+        drop(measured);
         self.report(local, outcome?);
         Ok(())
     }

@@ -61,15 +61,19 @@ impl GlobalMemory {
     /// Bytes of the region in memory now (pages touched and not given back), from mincore(2);
     /// 0 if the kernel will not say.
     pub fn resident_bytes(&self) -> usize {
-        const PAGE: usize = 4096;
+        // SAFETY: sysconf has no preconditions.
+        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            p if p > 0 => p as usize,
+            _ => return 0,
+        };
         let len = self.words * WORD;
-        let mut pages = vec![0u8; len.div_ceil(PAGE)];
+        let mut pages = vec![0u8; len.div_ceil(page)];
         // SAFETY: the range is our mapping; `pages` has one byte per page of it.
         let rc = unsafe { libc::mincore(self.ptr.as_ptr().cast(), len, pages.as_mut_ptr()) };
         if rc != 0 {
             return 0;
         }
-        pages.iter().filter(|p| *p & 1 == 1).count() * PAGE
+        pages.iter().filter(|p| *p & 1 == 1).count() * page
     }
 
     /// Zeroes the whole region at once, as a new process's memory would be; the pages go back

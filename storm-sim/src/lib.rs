@@ -613,7 +613,7 @@ fn new_mm(
 
 /// An unlinked, sparse, executable file of `bytes`.
 fn sparse_program(bytes: u64) -> std::io::Result<OwnedFd> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let path = std::env::temp_dir().join(format!(
         "storm-sim-program-{}-{}",
@@ -624,7 +624,6 @@ fn sparse_program(bytes: u64) -> std::io::Result<OwnedFd> {
         .read(true)
         .write(true)
         .create_new(true)
-        .mode(0o700)
         .open(&path)?;
     let unlinked = std::fs::remove_file(&path);
     file.set_len(bytes)?;
