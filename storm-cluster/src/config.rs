@@ -53,6 +53,9 @@ pub enum BackendKind {
     Tcp,
     /// libfabric: RDMA writes and network atomics (verbs;ofi_rxm on InfiniBand).
     Ofi,
+    /// Every node a thread of one process sharing one fabric (`storm-local`): a cluster for
+    /// one machine without sockets between its daemons.
+    Local,
 }
 
 impl std::str::FromStr for BackendKind {
@@ -61,7 +64,10 @@ impl std::str::FromStr for BackendKind {
         match s {
             "tcp" => Ok(BackendKind::Tcp),
             "ofi" => Ok(BackendKind::Ofi),
-            other => Err(format!("unknown backend {other:?} (expected tcp or ofi)")),
+            "local" => Ok(BackendKind::Local),
+            other => Err(format!(
+                "unknown backend {other:?} (expected tcp, ofi or local)"
+            )),
         }
     }
 }

@@ -17,6 +17,7 @@
 //!   endpoint; pipelined tree broadcast and tree reduction) and [`ofi`] (libfabric: RDMA
 //!   writes and network atomics; libfabric is loaded the first time an ofi node starts, so
 //!   the other backends never load it).
+//! * The factory that starts a node on any of them: [`backend::Backend::start`].
 //! * The [`helpers`] built only on the primitives: AWAIT-SPACE flow control and remote queues.
 //! * The [`conformance`] suite that states the contract as tests and runs on every backend.
 //!
@@ -26,6 +27,7 @@
 //! network only through the [`Primitives`] trait; this crate is the only one in the workspace
 //! that opens sockets between nodes (see docs/primitives.md, "Keeping the layering").
 
+pub mod backend;
 pub mod codec;
 pub mod conformance;
 mod error;
@@ -40,6 +42,7 @@ mod prims;
 mod relation;
 pub mod tcp;
 
+pub use backend::{Backend, BackendError};
 pub use error::{PrimError, Result};
 pub use event::{EventTable, Wait};
 pub use layout::{

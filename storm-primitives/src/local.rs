@@ -77,6 +77,12 @@ pub fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+impl std::fmt::Debug for LocalFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LocalFabric({} nodes)", self.nodes.len())
+    }
+}
+
 impl LocalFabric {
     /// A cluster of `n` nodes (ids `0..n`) sharing `layout`.
     pub fn new(n: u32, layout: Layout) -> Arc<Self> {
@@ -112,6 +118,11 @@ impl LocalFabric {
     /// Processor time spent on the network's part of the primitives while measured.
     pub fn network_cpu(&self) -> Duration {
         Duration::from_nanos(self.network_ns.load(Ordering::Relaxed))
+    }
+
+    /// The layout every node's memory follows.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Number of nodes.
