@@ -15,7 +15,15 @@
 //!
 //! It reaches other nodes only through `storm-primitives`, and its PLs only through their
 //! pipes and the shared table.
+//!
+//! The decisions are a core without I/O of its own, [`NodeManager`] ([`manager`]), over an
+//! environment ([`env::NmEnv`]: the clock, a [`env::TaskRunner`], a [`env::Spool`], the
+//! output forwarder, the PMI server). The `storm-nm` daemon ([`daemon`]) hosts it with the
+//! real ones ([`tasks::PlRunner`] for storm-pl processes); the simulator (`storm-sim`) with
+//! tasks in virtual time.
 
+pub mod daemon;
+pub mod env;
 pub mod launch;
 pub mod manager;
 pub mod membership;
@@ -24,5 +32,8 @@ pub mod pmi;
 pub mod procstat;
 pub mod receive;
 pub mod report;
+pub mod tasks;
 
-pub use manager::{NmOptions, NodeManager};
+pub use daemon::NmOptions;
+pub use env::NmEnv;
+pub use manager::{JobState, NmParts, NodeManager, Stepped};

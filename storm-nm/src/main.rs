@@ -7,7 +7,7 @@ use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
 use storm_cluster::endpoint::Listen;
-use storm_nm::{NmOptions, NodeManager};
+use storm_nm::{NmOptions, daemon as nm_daemon};
 
 #[derive(Parser)]
 #[command(name = "storm-nm", about = "storm node manager: one per compute node")]
@@ -48,7 +48,7 @@ fn main() -> Result<()> {
     };
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
-    let nm = NodeManager::start(NmOptions {
+    let nm = nm_daemon::start(NmOptions {
         config,
         node,
         listen,

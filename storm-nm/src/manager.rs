@@ -1,58 +1,50 @@
-//! The node manager's loop.
+//! The node manager's core: every rule, and no I/O of its own but the fabric (see
+//! [`crate::env`]).
 //!
-//! Join the cluster (see [`crate::membership`]); block on the heartbeat queue (Algorithm 5);
-//! carry out each heartbeat's commands for this node; then, on every heartbeat interval, look
-//! at the NM-PL table for tasks that ended and, when all of a job's local tasks have ended and
-//! their output is delivered, report their exit statuses to the MM and set `terminated[slot]`
-//! (Algorithm 9). The job's last node also announces the termination to the MM.
+//! Join the cluster (see [`crate::membership`]); take heartbeats from the heartbeat queue
+//! (Algorithm 5); carry out each heartbeat's commands for this node; then, on every pass, look
+//! at the tasks that ended and, when all of a job's local tasks have ended and their output is
+//! delivered, report their exit statuses to the MM and set `terminated[slot]` (Algorithm 9).
+//! The job's last node also announces the termination to the MM.
 //!
 //! The tasks outlive the node's membership: when the NM registers again (it was cut off,
 //! frozen, or the MM restarted) it keeps every job the MM still knows, and when the MM is a
 //! new process, it reports again the jobs that ended (their reports were in the old MM's
 //! memory) once their output has been sent again.
+//!
+//! A host calls [`NodeManager::step`] with the wait [`NodeManager::poll_timeout`] asks for,
+//! until [`NodeManager::is_done`]; the daemon's host is [`crate::daemon`], the simulator's
+//! steps with no wait at virtual times.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use bytes::Bytes;
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
 use storm_cluster::config::PolicyKind;
-use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, Program, RankStatus, Stream,
-    decode,
+    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, Program, RankStatus, decode,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
-use storm_pl::{Hold, PlSpec, PlTable};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
-use crate::launch::start_pl;
+use crate::env::{NmEnv, SwitchRecord, TaskId, TaskStart};
 use crate::membership::{Event, Identity, Registration};
-use crate::output::{Drained, Output, Watch};
-use crate::pmi::{JobFacts, PmiService, process_mapping};
-use crate::procstat::TaskStates;
-use crate::receive;
+use crate::output::Drained;
+use crate::pmi::{JobFacts, process_mapping};
 use crate::report::Reporter;
 
 /// How long after its tasks ended a job's output pipes may stay open (held by a process the
 /// task left behind) before the NM stops reading them and reports the job.
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
-/// How often `poll_tasks` waits on the launchers (see there).
-const LAUNCHER_CHECK: Duration = Duration::from_millis(10);
-
 /// How long a gang switch waits, inside the heartbeat, for the old slot's tasks to stop
 /// before it leaves the rest to the NM's loop (which looks again every millisecond).
 const SWITCH_INLINE_WAIT: Duration = Duration::from_millis(5);
+/// How often a switch waiting for tasks to stop is looked at again.
+const SWITCH_RECHECK: Duration = Duration::from_millis(1);
 /// A switch whose old slot still has not stopped after this long is logged.
 const SWITCH_WARN: Duration = Duration::from_millis(50);
 /// A task that has not acted on SIGSTOP after this long is stuck in the kernel (a hung file
@@ -73,77 +65,46 @@ struct Switch {
     warned: bool,
 }
 
-/// How to start a node manager.
-pub struct NmOptions {
-    pub config: ClusterConfig,
+/// What a node manager is made of besides its environment.
+pub struct NmParts {
+    /// The cluster file (shared: a simulation's nodes all read one).
+    pub config: Arc<ClusterConfig>,
+    pub rm: RmLayout,
     pub node: NodeId,
-    pub listen: Listen,
-    /// The storm-pl binary.
-    pub pl_path: PathBuf,
-    /// The PMI-1 client library for `--mpi openmpi` jobs (`libstorm_pmi.so`).
+    /// This node's primitives endpoint.
+    pub fabric: Arc<dyn Primitives>,
+    /// Who registers with the MM; its clock should be the environment's.
+    pub identity: Identity,
+    /// How long a report to the MM may take to complete.
+    pub report_wait: Duration,
+    /// The PMI-1 client library `--mpi openmpi` tasks are told to load.
     pub pmi_library: PathBuf,
-    /// Set to stop the NM (signal handlers set it).
-    pub stop: Arc<AtomicBool>,
 }
 
 struct LocalRank {
     rank: u32,
-    slot: Option<usize>,
-    pl: Option<Child>,
+    /// The runner's task; none for a task that never started.
+    task: Option<TaskId>,
     status: Option<RankStatus>,
     output: Drained,
-    /// Gang scheduling has stopped the task's process group, or holds its launcher before
-    /// the task starts.
+    /// Gang scheduling has stopped the task, or holds its launcher before the task starts.
     stopped: bool,
 }
 
 impl LocalRank {
-    /// Makes the task not runnable: SIGSTOP to its process group, or a hold on its launcher
-    /// if the task has not begun to start. False while the launcher is starting the task:
-    /// there is no process to stop yet, so ask again shortly.
-    fn halt(&mut self, table: &PlTable) -> bool {
-        if self.stopped || self.status.is_some() {
-            return true;
+    fn unstarted(rank: u32, status: RankStatus) -> Self {
+        Self {
+            rank,
+            task: None,
+            status: Some(status),
+            output: Arc::new(AtomicU32::new(0)),
+            stopped: false,
         }
-        let Some(slot) = self.slot else {
-            return true;
-        };
-        match table.hold(slot) {
-            Ok(Hold::Held) => self.stopped = true,
-            Ok(Hold::Running(pid)) => {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGSTOP);
-                self.stopped = true;
-            }
-            Ok(Hold::Spawning) => return false,
-            Ok(Hold::Ended) | Err(_) => {}
-        }
-        true
     }
 
-    /// Lets a halted task run again: SIGCONT, or the launcher's hold released.
-    fn resume(&mut self, table: &PlTable) {
-        if self.status.is_some() {
-            return;
-        }
-        if let Some(slot) = self.slot {
-            match table.pid(slot) {
-                Ok(Some(pid)) => {
-                    let _ = killpg(Pid::from_raw(pid), Signal::SIGCONT);
-                }
-                _ => {
-                    let _ = table.unhold(slot);
-                }
-            }
-        }
-        self.stopped = false;
+    fn live_task(&self) -> Option<TaskId> {
+        self.task.filter(|_| self.status.is_none())
     }
-}
-
-/// A launcher to reap, and the NM-PL table slot to free once it is gone (a launcher killed
-/// with its job may still write the slot until it exits).
-struct Zombie {
-    pl: Child,
-    slot: Option<usize>,
 }
 
 struct LocalJob {
@@ -175,192 +136,197 @@ impl LocalJob {
             report_again: false,
         }
     }
+
+    /// Whether gang scheduling keeps this job's tasks stopped.
+    fn held_out(&self) -> bool {
+        self.suspended && !self.reported && !self.ending
+    }
 }
 
-pub struct NodeManager {
-    cfg: ClusterConfig,
+/// Where a job stands on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Launched under gang scheduling; its time slot has not come yet.
+    Waiting,
+    /// Some of its tasks run.
+    Running,
+    /// Out of its time slot: its tasks are stopped.
+    Suspended,
+    /// Every local task has ended (reported or not yet).
+    Ended,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stepped {
+    /// Took a heartbeat or a membership message.
+    Message,
+    /// Nothing arrived within the wait.
+    Idle,
+}
+
+/// The node manager's core (see the module's overview).
+pub struct NodeManager<E: NmEnv> {
+    env: E,
+    cfg: Arc<ClusterConfig>,
     node: NodeId,
     mm: NodeId,
     rm: RmLayout,
     prims: Arc<dyn Primitives>,
-    spool: PathBuf,
-    pl_path: PathBuf,
+    registration: Registration,
+    report_wait: Duration,
     pmi_library: PathBuf,
-    table: PlTable,
-    output: Output,
-    pmi: PmiService,
     jobs: BTreeMap<JobId, LocalJob>,
-    receivers: BTreeMap<JobId, receive::Receiver>,
-    /// PLs that reported (or were killed) and still have to be reaped.
-    zombies: Vec<Zombie>,
     /// Jobs launched under gang scheduling whose time slot has not come yet.
     pending: BTreeMap<JobId, LaunchSpec>,
     /// The jobs the latest gang schedule runs.
     run: Vec<JobId>,
     /// A gang switch waiting for the old slot to stop.
     switch: Option<Switch>,
-    /// Where applied schedules are recorded, if the cluster asks for it.
-    switch_log: Option<std::io::LineWriter<std::fs::File>>,
-    /// Where heartbeats are recorded as they are taken, if the cluster asks for it.
-    heartbeat_log: Option<std::io::LineWriter<std::fs::File>>,
-    /// Open /proc stat files of the tasks gang scheduling stops.
-    task_states: TaskStates,
-    /// When `poll_tasks` next waits on the launchers.
-    next_launcher_check: Instant,
     /// The MM process (incarnation) and output queue epoch of the current membership.
     incarnation: Option<u64>,
     output_epoch: u32,
-    stop: Arc<AtomicBool>,
+    /// A heartbeat said to shut down.
+    done: bool,
 }
 
-impl NodeManager {
-    pub fn start(opts: NmOptions) -> Result<Self> {
-        let NmOptions {
+impl<E: NmEnv> NodeManager<E> {
+    /// A node manager about to register with the MM; it opens nothing and starts nothing.
+    pub fn new(parts: NmParts, env: E) -> Self {
+        let NmParts {
             config: cfg,
+            rm,
             node,
-            listen,
-            pl_path,
+            fabric: prims,
+            identity,
+            report_wait,
             pmi_library,
-            stop,
-        } = opts;
-        // First: without the key this daemon must not run at all.
-        let key = cfg.load_key()?;
-        let entry = cfg
-            .nodes
-            .get(node as usize)
-            .with_context(|| format!("node {node} is not in the cluster file"))?
-            .clone();
-        if !pl_path.is_file() {
-            bail!(
-                "storm-pl not found at {} (set pl_path in the cluster file)",
-                pl_path.display()
-            );
-        }
-        std::fs::create_dir_all(&entry.spool).with_context(|| {
-            format!(
-                "cannot create the spool directory {}",
-                entry.spool.display()
-            )
-        })?;
-        let rm = RmLayout::new(&cfg)?;
-        let prims = endpoint::start(&cfg, &rm, node, listen, key).map_err(anyhow::Error::msg)?;
-        let table = PlTable::create(cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs)?;
+        } = parts;
         let mm = cfg.mm_id();
-        // Sends from the first welcome on, at that membership's output queue epoch.
-        let output = Output::start(prims.clone(), &rm, node, mm)?;
-        let pmi = PmiService::start(
+        let registration = Registration::new(
             prims.clone(),
-            &rm,
+            rm.clone(),
             node,
             mm,
-            Duration::from_millis(cfg.tcp.op_timeout_ms * 2),
-        )?;
-        let log = |enabled: bool, name: &str| -> Result<_> {
-            if !enabled {
-                return Ok(None);
-            }
-            let path = entry.spool.join(name);
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
-            Ok(Some(std::io::LineWriter::new(f)))
-        };
-        let switch_log = log(cfg.scheduler.switch_log, "switches.log")?;
-        let heartbeat_log = log(cfg.scheduler.heartbeat_log, "heartbeats.log")?;
-        tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
-        Ok(Self {
+            Duration::from_millis(cfg.failure.rejoin_after_ms),
+            identity,
+        );
+        Self {
+            env,
+            cfg,
             node,
             mm,
             rm,
             prims,
-            spool: entry.spool,
-            pl_path,
+            registration,
+            report_wait,
             pmi_library,
-            table,
-            output,
-            pmi,
             jobs: BTreeMap::new(),
-            receivers: BTreeMap::new(),
-            zombies: Vec::new(),
-            switch_log,
-            heartbeat_log,
-            task_states: TaskStates::default(),
-            next_launcher_check: Instant::now(),
-            incarnation: None,
-            output_epoch: 0,
             pending: BTreeMap::new(),
             run: Vec::new(),
             switch: None,
-            stop,
-            cfg,
-        })
+            incarnation: None,
+            output_epoch: 0,
+            done: false,
+        }
     }
 
-    /// Runs until told to shut down (by a heartbeat or a signal).
-    pub fn run(mut self) -> Result<()> {
-        let mut membership = Registration::new(
-            self.prims.clone(),
-            self.rm.clone(),
-            self.node,
-            self.mm,
-            Duration::from_millis(self.cfg.failure.rejoin_after_ms),
-            Identity::this_process(),
-        );
-        let idle_wait =
-            (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50));
-        let mut shutdown = false;
-        while !shutdown && !self.stop.load(Ordering::Acquire) {
-            if membership.registering() {
-                // Before a registration goes out: see `Output::hold`.
-                self.output.hold();
-            }
-            // A switch waiting for tasks to stop is looked at again every millisecond.
-            let wait = if self.switch.is_some() {
-                Duration::from_millis(1)
-            } else {
-                idle_wait
-            };
-            let next = membership.next(wait, &|| self.held_jobs());
-            match next {
-                Ok(Event::Heartbeat(bytes)) => shutdown = self.heartbeat(&bytes),
-                Ok(Event::Welcomed {
-                    output_epoch,
-                    incarnation,
-                    keep,
-                }) => self.new_membership(output_epoch, incarnation, &keep),
-                Ok(Event::Idle) => {}
-                Err(PrimError::ShutDown) => break,
-                Err(e) => bail!("heartbeat queue: {e}"),
-            }
-            if self.output.stalled() {
-                membership.rejoin("output could not be delivered to the MM");
-            }
-            self.finish_switch(Duration::ZERO);
-            self.poll_tasks();
+    pub fn env(&self) -> &E {
+        &self.env
+    }
+
+    pub fn env_mut(&mut self) -> &mut E {
+        &mut self.env
+    }
+
+    /// How long the next step may wait for a message: short while a gang switch waits for
+    /// tasks to stop, else a few timeslices (the tasks are looked at on every step).
+    pub fn poll_timeout(&self) -> Duration {
+        if self.switch.is_some() {
+            SWITCH_RECHECK
+        } else {
+            (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50))
         }
+    }
+
+    /// Whether a heartbeat said to shut down.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// One pass: waits up to `wait` for a heartbeat or membership message and carries it out,
+    /// goes on with a gang switch under way, and reports the jobs whose tasks here all ended.
+    /// An error is the fabric's (`ShutDown` once the endpoint is closed).
+    pub fn step(&mut self, wait: Duration) -> Result<Stepped, PrimError> {
+        if self.registration.registering() {
+            // Before a registration goes out: see `Output::hold`.
+            self.env.output().hold();
+        }
+        // The inventory is made only when a registration goes out.
+        let (jobs, pending) = (&self.jobs, &self.pending);
+        let stepped = match self.registration.next(wait, &|| held_jobs(jobs, pending))? {
+            Event::Heartbeat(bytes) => {
+                self.heartbeat(&bytes);
+                Stepped::Message
+            }
+            Event::Welcomed {
+                output_epoch,
+                incarnation,
+                keep,
+            } => {
+                self.new_membership(output_epoch, incarnation, &keep);
+                Stepped::Message
+            }
+            Event::Idle => Stepped::Idle,
+        };
+        if self.env.output().stalled() {
+            self.registration
+                .rejoin("output could not be delivered to the MM");
+        }
+        self.finish_switch(Duration::ZERO);
+        self.poll_tasks();
+        Ok(stepped)
+    }
+
+    /// Kills every job's tasks (the NM is stopping).
+    pub fn shut_down(&mut self) {
         tracing::info!(node = self.node, "node manager stopping");
         for job in self.jobs.keys().copied().collect::<Vec<_>>() {
             self.signal_job(job, libc::SIGKILL);
         }
-        Ok(())
     }
 
-    /// Carries out one heartbeat; true if it says to shut down.
-    fn heartbeat(&mut self, bytes: &Bytes) -> bool {
-        let received_ns = storm_cluster::daemon::monotonic_ns();
+    /// Where job `job` stands here, if this node holds it.
+    pub fn job_state(&self, job: JobId) -> Option<JobState> {
+        if self.pending.contains_key(&job) {
+            return Some(JobState::Waiting);
+        }
+        let j = self.jobs.get(&job)?;
+        Some(if j.ranks.iter().all(|r| r.status.is_some()) {
+            JobState::Ended
+        } else if j.ranks.iter().any(|r| r.status.is_none() && !r.stopped) {
+            JobState::Running
+        } else {
+            JobState::Suspended
+        })
+    }
+
+    /// The jobs this node holds, as its registration lists them.
+    pub fn held_jobs(&self) -> Vec<HeldJob> {
+        held_jobs(&self.jobs, &self.pending)
+    }
+
+    /// Carries out one heartbeat.
+    fn heartbeat(&mut self, bytes: &[u8]) {
+        let received_ns = self.env.stamp_ns();
         let hb: Heartbeat = match decode("heartbeat", bytes, self.cfg.cluster.heartbeat_bytes) {
             Ok(hb) => hb,
             Err(e) => {
                 tracing::error!(node = self.node, "ignoring a heartbeat: {e}");
-                return false;
+                return;
             }
         };
-        if let Some(log) = self.heartbeat_log.as_mut() {
-            let _ = writeln!(log, "{} {received_ns}", hb.seq);
-        }
-        let mut shutdown = false;
+        self.env.heard(hb.seq, received_ns, &hb.commands);
         for cmd in hb.commands {
             if cmd.nodes().is_some_and(|n| !n.contains(self.node)) {
                 continue;
@@ -371,25 +337,9 @@ impl NodeManager {
                 Command::Signal { job, signal } => self.signal_job(job, signal),
                 Command::Forget { job } => self.forget(job),
                 Command::Schedule { run } => self.apply_schedule(hb.seq, received_ns, &run),
-                Command::Shutdown => shutdown = true,
+                Command::Shutdown => self.done = true,
             }
         }
-        shutdown
-    }
-
-    /// The jobs this node holds, for its registration.
-    fn held_jobs(&self) -> Vec<HeldJob> {
-        let running = self.jobs.iter().map(|(&job, j)| HeldJob {
-            job,
-            slot: j.spec.slot,
-            ended: j.ranks.iter().all(|r| r.status.is_some()),
-        });
-        let waiting = self.pending.iter().map(|(&job, spec)| HeldJob {
-            job,
-            slot: spec.slot,
-            ended: false,
-        });
-        running.chain(waiting).collect()
     }
 
     /// The MM welcomed this node into a new membership that keeps the jobs of `keep`: any
@@ -420,9 +370,7 @@ impl NodeManager {
             }
         }
         self.incarnation = Some(incarnation);
-        for (_, receiver) in std::mem::take(&mut self.receivers) {
-            receiver.stop();
-        }
+        self.env.spool().stop_all();
         // A restarted MM numbers its transfers afresh, so the chunk queue's epochs start
         // over: the queue goes back to its never-used state (a producer then waits for this
         // node's receiver, whatever epoch it starts at), and an acknowledgement left from the
@@ -430,12 +378,8 @@ impl NodeManager {
         self.prims.memory().store(self.rm.chunks.dequeued, 0);
         self.prims.memory().store(self.rm.file_ack, 0);
         self.output_epoch = output_epoch;
-        self.output.new_epoch(output_epoch);
-        self.pmi.resend();
-    }
-
-    fn job_dir(&self, job: JobId) -> PathBuf {
-        self.spool.join(format!("job-{job}"))
+        self.env.output().new_epoch(output_epoch);
+        self.env.pmi().resend();
     }
 
     fn receive_file(&mut self, info: FileInfo) {
@@ -447,27 +391,8 @@ impl NodeManager {
             );
             return;
         }
-        let path = self.job_dir(info.job).join(&info.name);
-        let owner = nix::unistd::geteuid()
-            .is_root()
-            .then_some((info.uid, info.gid));
-        // One receiver at a time takes from the chunk queue: earlier ones have finished, or
-        // were cancelled with their job and stop now.
-        for (_, receiver) in std::mem::take(&mut self.receivers) {
-            receiver.stop();
-        }
-        let stall =
-            Duration::from_millis(self.cfg.tcp.op_timeout_ms * 6).max(Duration::from_secs(30));
-        let job = info.job;
-        let receiver = receive::spawn(
-            self.prims.clone(),
-            self.rm.clone(),
-            info,
-            path,
-            owner,
-            stall,
-        );
-        self.receivers.insert(job, receiver);
+        let path = self.env.spool().job_dir(info.job).join(&info.name);
+        self.env.spool().receive(info, path);
     }
 
     fn task_env(
@@ -558,33 +483,14 @@ impl NodeManager {
         };
         let (first, count) = ranks_on(spec.ntasks, spec.nodes.len() as u32, k as u32);
         let program = match &spec.program {
-            Program::Spooled(name) => self.job_dir(spec.job).join(name),
+            Program::Spooled(name) => self.env.spool().job_dir(spec.job).join(name),
             Program::Path(p) => p.clone(),
         };
-        let mut ranks = Vec::new();
-        let mut pmi_conns = Vec::new();
-        for local in 0..count {
-            let rank = first + local;
-            let task_end = if spec.mpi == MpiMode::None {
-                None
-            } else {
-                match std::os::unix::net::UnixStream::pair() {
-                    Ok((ours, theirs)) => {
-                        pmi_conns.push((rank, ours));
-                        Some(OwnedFd::from(theirs))
-                    }
-                    Err(e) => {
-                        tracing::error!(node = self.node, job = spec.job, "no PMI socket: {e}");
-                        None
-                    }
-                }
-            };
-            // The task's end is closed here once its PL has it: the NM sees end of file when
-            // the task and its PL are gone.
-            let started = self.start_rank(&spec, &program, rank, local, count, task_end.as_ref());
-            ranks.push(started);
-        }
-        if spec.mpi != MpiMode::None {
+        let ranks: Vec<u32> = (first..first + count).collect();
+        // MPI jobs: the PMI server serves them from before they start.
+        let pmi_ends = if spec.mpi == MpiMode::None {
+            Ok(Vec::new())
+        } else {
             let facts = JobFacts {
                 job: spec.job,
                 size: spec.ntasks,
@@ -594,11 +500,26 @@ impl NodeManager {
                 node_bytes: self.rm.pmi_node_bytes,
                 job_bytes: self.rm.pmi_job_bytes,
             };
-            self.pmi.add_job(spec.slot as usize, facts, pmi_conns);
+            self.env
+                .pmi()
+                .start_job(spec.slot as usize, spec.mpi, facts, &ranks)
+        };
+        let mut started = Vec::new();
+        for (local, &rank) in ranks.iter().enumerate() {
+            let r = match &pmi_ends {
+                Ok(ends) => {
+                    // The task's end is closed here once its launcher has it: the PMI server
+                    // sees end of file when the task and its launcher are gone.
+                    let end = ends.get(local).and_then(Option::as_ref);
+                    self.start_rank(&spec, &program, rank, local as u32, count, end)
+                }
+                Err(why) => self.failed_rank(&spec, rank, why),
+            };
+            started.push(r);
         }
         tracing::info!(node = self.node, job = spec.job, ranks = count, "launched");
         self.jobs
-            .insert(spec.job, LocalJob::new(spec, ranks, false));
+            .insert(spec.job, LocalJob::new(spec, started, false));
     }
 
     /// A job whose tasks never started on this node: report them with `status`.
@@ -608,127 +529,87 @@ impl NodeManager {
         };
         let (first, count) = ranks_on(spec.ntasks, spec.nodes.len() as u32, k as u32);
         let ranks = (first..first + count)
-            .map(|rank| LocalRank {
-                rank,
-                slot: None,
-                pl: None,
-                status: Some(status),
-                output: Arc::new(std::sync::atomic::AtomicU32::new(0)),
-                stopped: false,
-            })
+            .map(|rank| LocalRank::unstarted(rank, status))
             .collect();
         self.jobs.insert(spec.job, LocalJob::new(spec, ranks, true));
     }
 
     fn start_rank(
-        &self,
+        &mut self,
         spec: &LaunchSpec,
-        program: &Path,
+        program: &std::path::Path,
         rank: u32,
         local: u32,
         count: u32,
-        pmi: Option<&OwnedFd>,
+        pmi: Option<&std::os::fd::OwnedFd>,
     ) -> LocalRank {
-        let output: Drained = Arc::new(std::sync::atomic::AtomicU32::new(2));
-        let failed = |why: String, output: Drained| {
-            tracing::error!(node = self.node, job = spec.job, rank, "{why}");
-            self.tell_user(
-                spec.job,
-                rank,
-                &format!("storm-nm: rank {rank} on node {}: {why}\n", self.node),
-                &output,
-            );
-            LocalRank {
-                rank,
-                slot: None,
-                pl: None,
-                status: Some(RankStatus::Exited(127)),
-                output,
-                stopped: false,
-            }
-        };
-        if spec.mpi == MpiMode::OpenMpi && !self.pmi_library.is_file() {
-            return failed(
-                format!(
-                    "--mpi openmpi needs storm's PMI library, which is not at {} (cargo build --release builds it beside storm-nm; or set [cluster] pmi_library)",
-                    self.pmi_library.display()
-                ),
-                output,
-            );
-        }
-        let Some(slot) = self.table.claim() else {
-            return failed("too many tasks on this node".into(), output);
-        };
-        let pl_spec = PlSpec {
+        let task = TaskStart {
             job: spec.job,
             rank,
-            node: self.node,
-            slot: slot as u32,
-            program: program.to_path_buf(),
-            args: spec.args.clone(),
+            program,
+            args: &spec.args,
             env: self.task_env(spec, rank, local, count),
-            cwd: spec.cwd.clone(),
+            cwd: &spec.cwd,
             uid: spec.uid,
             gid: spec.gid,
+            pmi,
         };
-        match start_pl(&self.pl_path, &self.table, &pl_spec, pmi) {
+        match self.env.tasks().start(task) {
             Ok(started) => {
-                for (stream, fd) in [
-                    (Stream::Stdout, started.stdout),
-                    (Stream::Stderr, started.stderr),
-                ] {
-                    self.output.watch(Watch {
-                        job: spec.job,
-                        rank,
-                        stream,
-                        fd,
-                        remaining: output.clone(),
-                    });
+                let output: Drained = Arc::new(AtomicU32::new(started.output.len() as u32));
+                for (stream, fd) in started.output {
+                    self.env
+                        .output()
+                        .watch(spec.job, rank, stream, fd, output.clone());
                 }
                 LocalRank {
                     rank,
-                    slot: Some(slot),
-                    pl: Some(started.child),
+                    task: Some(started.id),
                     status: None,
                     output,
                     stopped: false,
                 }
             }
-            Err(e) => {
-                let _ = self.table.release(slot);
-                failed(
-                    format!("cannot start storm-pl ({}): {e}", self.pl_path.display()),
-                    output,
-                )
-            }
+            Err(why) => self.failed_rank(spec, rank, &why),
         }
     }
 
-    /// Delivers a message to the user as the rank's standard error.
-    fn tell_user(&self, job: JobId, rank: u32, text: &str, output: &Drained) {
-        output.store(1, Ordering::Release);
-        match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-            Ok((r, w)) => {
-                let _ = nix::unistd::write(&w, text.as_bytes());
-                drop(w);
-                self.output.watch(Watch {
-                    job,
-                    rank,
-                    stream: Stream::Stderr,
-                    fd: r,
-                    remaining: output.clone(),
-                });
-            }
-            Err(_) => output.store(0, Ordering::Release),
+    /// A task that could not start: it ends with 127, and the user learns why on its
+    /// standard error.
+    fn failed_rank(&mut self, spec: &LaunchSpec, rank: u32, why: &str) -> LocalRank {
+        tracing::error!(node = self.node, job = spec.job, rank, "{why}");
+        let r = LocalRank::unstarted(rank, RankStatus::Exited(127));
+        let text = format!("storm-nm: rank {rank} on node {}: {why}\n", self.node);
+        self.env.output().tell(spec.job, rank, &text, &r.output);
+        r
+    }
+
+    /// Makes a task not runnable; false if its launcher was starting it (ask again).
+    fn halt(env: &mut E, r: &mut LocalRank) -> bool {
+        let Some(task) = r.live_task().filter(|_| !r.stopped) else {
+            return true;
+        };
+        if !env.tasks().halt(task) {
+            return false;
         }
+        r.stopped = true;
+        true
+    }
+
+    /// Lets a halted task run again.
+    fn resume(env: &mut E, r: &mut LocalRank) {
+        if let Some(task) = r.live_task() {
+            env.tasks().resume(task);
+        }
+        r.stopped = false;
     }
 
     /// Gang scheduling: stops every local job that is not in `run`, then, once their tasks
     /// have all acted on SIGSTOP, continues (or starts) every one that is. A node never has
     /// two time slots' tasks runnable: when the old slot takes a while to stop (a busy
-    /// node), the new one waits for it in `finish_switch`, called again on every loop.
-    /// `received_ns` (CLOCK_MONOTONIC) is when the heartbeat was taken from the queue; the
-    /// switch log records it beside the time the switch was complete.
+    /// node), the new one waits for it in `finish_switch`, called again on every step.
+    /// `received_ns` is when the heartbeat was taken from the queue; the switch log records
+    /// it beside the time the switch was complete.
     fn apply_schedule(&mut self, seq: u64, received_ns: u128, run: &[JobId]) {
         self.run.clear();
         self.run.extend_from_slice(run);
@@ -747,13 +628,14 @@ impl NodeManager {
             j.suspended = suspend;
         }
         for job in &stopped {
-            self.stop_job(*job, true);
+            self.halt_job(*job, true);
         }
+        let now = self.env.clock().now();
         let switch = self.switch.get_or_insert_with(|| Switch {
             seq,
             from: seq,
             received_ns,
-            since: Instant::now(),
+            since: now,
             stopped: Vec::new(),
             warned: false,
         });
@@ -767,34 +649,29 @@ impl NodeManager {
     /// them at most `wait`: continues every job of the slot and starts those launched for
     /// it. Past `SWITCH_GIVE_UP` (a task stuck in the kernel) the new slot runs anyway.
     fn finish_switch(&mut self, wait: Duration) {
-        if self.switch.is_none() {
-            return;
-        }
-        // Launchers that were starting their task when the switch began: stop the task now
-        // that it has a process, before the new slot may run.
-        let mut spawning = false;
-        for j in self
-            .jobs
-            .values_mut()
-            .filter(|j| j.suspended && !j.reported && !j.ending)
-        {
-            for r in j.ranks.iter_mut() {
-                spawning |= !r.halt(&self.table);
-            }
-        }
         let Some(switch) = self.switch.as_mut() else {
             return;
         };
-        let halting: Vec<i32> = self
-            .jobs
-            .values()
-            .filter(|j| j.suspended && !j.reported && !j.ending)
-            .flat_map(|j| &j.ranks)
-            .filter(|r| r.status.is_none() && r.stopped)
-            .filter_map(|r| r.slot.and_then(|s| self.table.pid(s).ok().flatten()))
-            .collect();
-        let waited = switch.since.elapsed();
-        if spawning || !self.task_states.wait_until_stopped(&halting, wait) {
+        // Launchers that were starting their task when the switch began: stop the task now
+        // that it has a process, before the new slot may run.
+        let mut spawning = false;
+        let mut halting = Vec::new();
+        for j in self.jobs.values_mut().filter(|j| j.held_out()) {
+            for r in j.ranks.iter_mut() {
+                spawning |= !Self::halt(&mut self.env, r);
+                if r.stopped
+                    && let Some(task) = r.live_task()
+                {
+                    halting.push(task);
+                }
+            }
+        }
+        let waited = self
+            .env
+            .clock()
+            .now()
+            .saturating_duration_since(switch.since);
+        if spawning || !self.env.tasks().wait_stopped(&halting, wait) {
             if waited < SWITCH_GIVE_UP {
                 if waited > SWITCH_WARN && !switch.warned {
                     switch.warned = true;
@@ -843,49 +720,32 @@ impl NodeManager {
             .map(|(job, _)| *job)
             .collect();
         for job in &continued {
-            self.stop_job(*job, false);
+            self.halt_job(*job, false);
         }
-        let live: Vec<i32> = self
-            .jobs
-            .values()
-            .flat_map(|j| &j.ranks)
-            .filter(|r| r.status.is_none())
-            .filter_map(|r| r.slot.and_then(|s| self.table.pid(s).ok().flatten()))
-            .collect();
-        self.task_states.retain(&live);
-        if let Some(log) = self.switch_log.as_mut()
-            && !(switch.stopped.is_empty() && continued.is_empty() && started.is_empty())
-        {
-            let ns = storm_cluster::daemon::monotonic_ns();
-            let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-            let _ = writeln!(
-                log,
-                "{} {ns} stop={} cont={} start={} recv={} from={}",
-                switch.seq,
-                list(&switch.stopped),
-                list(&continued),
-                list(&started),
-                switch.received_ns,
-                switch.from,
-            );
+        if !(switch.stopped.is_empty() && continued.is_empty() && started.is_empty()) {
+            self.env.switched(&SwitchRecord {
+                seq: switch.seq,
+                from: switch.from,
+                received_ns: switch.received_ns,
+                stopped: switch.stopped,
+                continued,
+                started,
+            });
         }
     }
 
-    /// Halts (or resumes) every task of a job that has not ended; false if some launcher was
-    /// starting its task and must be asked again (see [`LocalRank::halt`]).
-    fn stop_job(&mut self, job: JobId, stop: bool) -> bool {
+    /// Halts (or resumes) every task of a job that has not ended.
+    fn halt_job(&mut self, job: JobId, stop: bool) {
         let Some(j) = self.jobs.get_mut(&job) else {
-            return true;
+            return;
         };
-        let mut all = true;
         for r in j.ranks.iter_mut() {
             if stop {
-                all &= r.halt(&self.table);
+                Self::halt(&mut self.env, r);
             } else {
-                r.resume(&self.table);
+                Self::resume(&mut self.env, r);
             }
         }
-        all
     }
 
     fn signal_job(&mut self, job: JobId, signal: i32) {
@@ -894,33 +754,18 @@ impl NodeManager {
             self.record_unstarted(spec, RankStatus::Signaled(signal));
             return;
         }
-        let was_suspended = self.jobs.get(&job).is_some_and(|j| j.suspended);
-        if let Some(j) = self.jobs.get_mut(&job) {
-            // A stopped process cannot act on a signal: let the job run until it ends.
-            j.ending = true;
-            j.suspended = false;
-        }
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        let sig = Signal::try_from(signal).ok();
-        for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
-            let pid = r.slot.and_then(|s| self.table.pid(s).ok().flatten());
-            match (pid, sig) {
-                (Some(pid), Some(sig)) => {
-                    let _ = killpg(Pid::from_raw(pid), sig);
-                }
-                (None, _) => {
-                    // The task has not started yet: stop its launcher, so it never does.
-                    if let Some(pl) = &r.pl {
-                        let _ = kill(Pid::from_raw(pl.id() as i32), Signal::SIGKILL);
-                    }
-                }
-                (Some(_), None) => tracing::warn!(signal, "not a signal"),
-            }
+        let was_suspended = j.suspended;
+        // A stopped process cannot act on a signal: let the job run until it ends.
+        j.ending = true;
+        j.suspended = false;
+        for task in j.ranks.iter().filter_map(LocalRank::live_task) {
+            self.env.tasks().signal(task, signal);
         }
         if was_suspended {
-            self.stop_job(job, false);
+            self.halt_job(job, false);
         }
     }
 
@@ -928,104 +773,66 @@ impl NodeManager {
         tracing::info!(node = self.node, job, "forgetting the job");
         self.pending.remove(&job);
         // Cancelled now; joined before the next transfer starts.
-        if let Some(receiver) = self.receivers.get(&job) {
-            receiver.cancel();
-        }
+        self.env.spool().cancel(job);
         if self.jobs.get(&job).is_some_and(|j| !j.reported) {
             self.signal_job(job, libc::SIGKILL);
         }
-        self.pmi.remove_job(job);
+        self.env.pmi().remove_job(job);
         if let Some(j) = self.jobs.remove(&job) {
-            for r in j.ranks {
-                match r.pl {
-                    Some(pl) => self.zombies.push(Zombie { pl, slot: r.slot }),
-                    None => {
-                        if let Some(slot) = r.slot {
-                            let _ = self.table.release(slot);
-                        }
-                    }
-                }
+            for task in j.ranks.iter().filter_map(|r| r.task) {
+                self.env.tasks().release(task);
             }
         }
-        let dir = self.job_dir(job);
-        if dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&dir)
-        {
-            tracing::warn!("cannot remove {}: {e}", dir.display());
-        }
+        self.env.spool().remove(job);
     }
 
     /// Algorithm 9: collect ended tasks; report jobs whose local tasks all ended.
     fn poll_tasks(&mut self) {
-        // A launcher writes its task's status into the table before it exits; waiting on the
-        // launchers themselves (to reap them, and to notice one that died) can be less eager
-        // than the heartbeat, which saves a syscall per task per heartbeat.
-        let check_launchers = self.next_launcher_check <= Instant::now();
-        if check_launchers {
-            self.next_launcher_check = Instant::now() + LAUNCHER_CHECK;
-            let table = &self.table;
-            self.zombies.retain_mut(|z| {
-                let gone = matches!(z.pl.try_wait(), Ok(Some(_)) | Err(_));
-                if gone && let Some(slot) = z.slot {
-                    let _ = table.release(slot);
-                }
-                !gone
-            });
-        }
+        self.env.tasks().poll();
+        let now = self.env.clock().now();
+        let backlogged = self.env.output().backlogged();
+        let flushed = self.env.output().flushed(self.output_epoch);
         let mut ready = Vec::new();
+        let mut close = Vec::new();
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
-            for r in j.ranks.iter_mut().filter(|r| r.status.is_none()) {
-                if let Some(s) = r.slot.and_then(|s| self.table.status(s).ok().flatten()) {
-                    r.status = Some(s);
-                    continue;
-                }
-                if j.suspended && !j.ending {
-                    r.halt(&self.table);
-                }
-                let Some(pl) = r.pl.as_mut().filter(|_| check_launchers) else {
+            let held_out = j.held_out();
+            for r in j.ranks.iter_mut() {
+                let Some(task) = r.live_task() else {
                     continue;
                 };
-                if let Ok(Some(exit)) = pl.try_wait() {
-                    // The launcher is gone. Take the status it wrote, or make one up from its
-                    // own end, and make sure nothing it started lives on.
-                    r.status = r
-                        .slot
-                        .and_then(|s| self.table.status(s).ok().flatten())
-                        .or_else(|| {
-                            if let Some(pid) = r.slot.and_then(|s| self.table.pid(s).ok().flatten())
-                            {
-                                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-                            }
-                            use std::os::unix::process::ExitStatusExt;
-                            Some(match (exit.code(), exit.signal()) {
-                                (_, Some(sig)) => RankStatus::Signaled(sig),
-                                (Some(c), _) => RankStatus::Exited(c),
-                                _ => RankStatus::Exited(1),
-                            })
-                        });
+                if let Some(s) = self.env.tasks().status(task) {
+                    r.status = Some(s);
+                } else if held_out {
+                    Self::halt(&mut self.env, r);
                 }
             }
             if j.ranks.iter().any(|r| r.status.is_none()) {
                 continue;
             }
-            let ended = *j.exited_at.get_or_insert_with(Instant::now);
+            let ended = *j.exited_at.get_or_insert(now);
             let drained = j
                 .ranks
                 .iter()
                 .all(|r| r.output.load(Ordering::Acquire) == 0);
-            if self.output.backlogged() {
+            if backlogged {
                 // Output waits to be sent (a slow submitter, or no MM): the pipes are not
                 // read meanwhile, so their staying open says nothing.
-                j.exited_at = Some(Instant::now());
-            } else if !drained && !j.output_closed && ended.elapsed() > OUTPUT_GRACE {
+                j.exited_at = Some(now);
+            } else if !drained
+                && !j.output_closed
+                && now.saturating_duration_since(ended) > OUTPUT_GRACE
+            {
                 tracing::warn!(job, "tasks ended but their output stays open; closing it");
-                self.output.close_job(*job);
+                close.push(*job);
                 j.output_closed = true;
             }
             // Output sent again in a new membership reaches the MM before the report does.
-            if drained && self.output.flushed(self.output_epoch) {
+            if drained && flushed {
                 ready.push(*job);
             }
+        }
+        for job in close {
+            self.env.output().close_job(job);
         }
         for job in ready {
             if let Err(e) = self.report(job) {
@@ -1041,33 +848,52 @@ impl NodeManager {
             rm: &self.rm,
             node: self.node,
             mm: self.mm,
-            wait: Duration::from_millis(self.cfg.tcp.op_timeout_ms * 2),
+            wait: self.report_wait,
         }
     }
 
     /// Tells the MM how the job's local tasks ended.
-    fn report(&mut self, job: JobId) -> Result<()> {
-        let j = self.jobs.get(&job).expect("job present");
+    fn report(&mut self, job: JobId) -> Result<(), crate::report::ReportError> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Ok(());
+        };
         let statuses = j
             .ranks
             .iter()
-            .map(|r| (r.rank, r.status.expect("all ended")))
+            .filter_map(|r| Some((r.rank, r.status?)))
             .collect();
         self.reporter().report(&j.spec, statuses)?;
-        let j = self.jobs.get_mut(&job).expect("job present");
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return Ok(());
+        };
         j.reported = true;
         if std::mem::take(&mut j.report_again) {
             tracing::info!(node = self.node, job, "reported again to a restarted MM");
         }
         for r in &mut j.ranks {
-            if let Some(slot) = r.slot.take() {
-                let _ = self.table.release(slot);
-            }
-            if let Some(pl) = r.pl.take() {
-                self.zombies.push(Zombie { pl, slot: None });
+            if let Some(task) = r.task.take() {
+                self.env.tasks().release(task);
             }
         }
         tracing::info!(node = self.node, job, "reported termination");
         Ok(())
     }
+}
+
+/// The jobs a node holds: those launched here, and those waiting for their time slot.
+fn held_jobs(
+    jobs: &BTreeMap<JobId, LocalJob>,
+    pending: &BTreeMap<JobId, LaunchSpec>,
+) -> Vec<HeldJob> {
+    let running = jobs.iter().map(|(&job, j)| HeldJob {
+        job,
+        slot: j.spec.slot,
+        ended: j.ranks.iter().all(|r| r.status.is_some()),
+    });
+    let waiting = pending.iter().map(|(&job, spec)| HeldJob {
+        job,
+        slot: spec.slot,
+        ended: false,
+    });
+    running.chain(waiting).collect()
 }

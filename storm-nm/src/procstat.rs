@@ -42,9 +42,9 @@ impl TaskStates {
         }
     }
 
-    /// Keeps the open files of `live` tasks only.
-    pub fn retain(&mut self, live: &[i32]) {
-        self.files.retain(|pid, _| live.contains(pid));
+    /// Closes the stat file of a task that is done with.
+    pub fn forget(&mut self, pid: i32) {
+        self.files.remove(&pid);
     }
 
     /// Waits until none of `pids` is runnable (R), sleeping (S) or in disk wait (D), that is

@@ -1,8 +1,9 @@
-//! # storm-sim: the machine manager in virtual time
+//! # storm-sim: the machine and node managers in virtual time
 //!
 //! One process holds a whole cluster on the local backend (`storm_primitives::local`): the
 //! real machine manager core (`storm_mm::MachineManager`, every rule it has) and one
-//! [`SimNode`] per node, built from the NM's own membership and report code. A
+//! [`SimNode`] per node: the real node manager core (`storm_nm::NodeManager`) with tasks
+//! that use virtual CPU time instead of processes. A
 //! [`VirtualClock`] moves only when [`Sim::step`] moves it, one timeslice at a time, so a
 //! test can state a rule exactly ("DOWN at the K-th missed heartbeat", "SIGKILL
 //! `kill_wait_ms` after SIGTERM") and a run is the same every time.
@@ -15,8 +16,8 @@
 //! * [`SimJob::program`]: a job whose program the MM sends; the transfer takes the launch
 //!   model's time ([`TransferModel`]) and moves no bytes.
 //!
-//! Not simulated yet: the NM's task handling (processes, output, PMI); see
-//! `docs/architecture.md`.
+//! Not simulated: what the NM does with processes and pipes (storm-pl, output forwarding,
+//! PMI, program reception); see `docs/architecture.md`.
 
 pub mod env;
 pub mod node;
@@ -157,7 +158,7 @@ struct Client {
 pub struct Sim {
     clock: Arc<VirtualClock>,
     fabric: Arc<LocalFabric>,
-    cfg: ClusterConfig,
+    cfg: Arc<ClusterConfig>,
     rm: RmLayout,
     store: MemoryStore,
     mm: MachineManager<SimEnv>,
@@ -200,7 +201,7 @@ impl SimCpu {
 
 impl Sim {
     pub fn new(opts: SimOptions) -> Result<Self> {
-        let cfg = config(&opts)?;
+        let cfg = Arc::new(config(&opts)?);
         let rm = RmLayout::new(&cfg)?;
         let clock = VirtualClock::new();
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
@@ -272,6 +273,16 @@ impl Sim {
 
     pub fn mm(&self) -> &MachineManager<SimEnv> {
         &self.mm
+    }
+
+    /// The fabric every node and the MM share (fabric node `config().mm_id()` is the MM).
+    pub fn fabric(&self) -> &Arc<LocalFabric> {
+        &self.fabric
+    }
+
+    /// The layout of the cluster's global memory.
+    pub fn layout(&self) -> &RmLayout {
+        &self.rm
     }
 
     pub fn node(&self, n: NodeId) -> &SimNode {

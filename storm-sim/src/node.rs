@@ -1,27 +1,37 @@
-//! A simulated node: the NM's own membership and report code (`storm_nm::membership`,
-//! `storm_nm::report`) over the local backend, with simulated tasks in place of processes.
+//! A simulated node: the node manager's own core ([`storm_nm::NodeManager`]) over the local
+//! backend, in an environment whose tasks use virtual time instead of processes.
 //!
 //! A simulated task needs `work` of virtual CPU time (the job's first argument, in
-//! milliseconds) and exits 0 when it has had it. It runs while its job is launched and, under
-//! gang scheduling, while its job is in the node's latest schedule. A signal ends it at once
-//! (`Signaled(n)`), except SIGTERM for a job whose second argument is `ignore-sigterm`.
-//! What the NodeManager does with processes (storm-pl, process groups, /proc) is not
-//! simulated: it is the part `NodeManager<E: NmEnv>` will put behind a `TaskRunner`.
+//! milliseconds) and exits 0 when it has had it. It runs while the NM lets it (launched and,
+//! under gang scheduling, continued at its time slot; a halt stops it, as SIGSTOP would). A
+//! signal ends it at once (`Signaled(n)`), except SIGTERM for a job whose second argument is
+//! `ignore-sigterm`. What the daemon does with processes, files and pipes (storm-pl, the
+//! spool, output forwarding, PMI) is what this environment leaves out: program transfers are
+//! modelled on the MM's side ([`crate::env`]), tasks write no output and speak no PMI.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use storm_cluster::clock::Clock;
-use storm_cluster::messages::{Command, Heartbeat, HeldJob, JobId, LaunchSpec, RankStatus, decode};
-use storm_cluster::tasks::ranks_on;
+use storm_cluster::messages::{Command, FileInfo, HeldJob, JobId, MpiMode, RankStatus, Stream};
 use storm_cluster::{ClusterConfig, RmLayout};
-use storm_nm::membership::{Event, Identity, Registration};
-use storm_nm::report::Reporter;
+use storm_nm::env::{
+    OutputForwarder, PmiServer, Spool, StartedTask, SwitchRecord, TaskId, TaskRunner, TaskStart,
+};
+use storm_nm::membership::Identity;
+use storm_nm::output::Drained;
+use storm_nm::pmi::JobFacts;
+use storm_nm::{JobState, NmEnv, NmParts, NodeManager, Stepped};
 use storm_primitives::{NodeId, Primitives};
 
 /// The argument that makes a simulated task ignore SIGTERM.
 pub const IGNORE_SIGTERM: &str = "ignore-sigterm";
+
+/// How many messages a node takes in one step at most (it takes all that arrived).
+const MESSAGES_PER_STEP: usize = 1024;
 
 /// A heartbeat as a node took it.
 #[derive(Debug, Clone)]
@@ -31,41 +41,14 @@ pub struct Heard {
     pub commands: Vec<Command>,
 }
 
-struct LocalJob {
-    spec: LaunchSpec,
-    /// Virtual CPU time each task still needs.
-    left: Duration,
-    ignore_term: bool,
-    /// Launched under gang scheduling, waiting for its first time slot.
-    pending: bool,
-    /// Out of its time slot (gang scheduling).
-    suspended: bool,
-    /// Signalled to end: it runs until it does, whatever the schedule.
-    ending: bool,
-    status: Option<RankStatus>,
-    reported: bool,
-}
-
 pub struct SimNode {
-    id: NodeId,
-    prims: Arc<dyn Primitives>,
-    rm: RmLayout,
-    mm: NodeId,
-    heartbeat_bytes: usize,
-    gang: bool,
-    clock: Arc<dyn Clock>,
-    registration: Registration,
-    jobs: BTreeMap<JobId, LocalJob>,
-    last_step: Instant,
+    core: NodeManager<SimNodeEnv>,
     frozen: bool,
-    record: bool,
-    /// Every heartbeat this node took, if the simulation records them.
-    pub heard: Vec<Heard>,
 }
 
 impl SimNode {
     pub fn new(
-        cfg: &ClusterConfig,
+        cfg: &Arc<ClusterConfig>,
         rm: &RmLayout,
         id: NodeId,
         prims: Arc<dyn Primitives>,
@@ -77,28 +60,30 @@ impl SimNode {
             pid: 1000 + id,
             started_ms: clock.unix_ms(),
         };
-        let registration = Registration::new(
-            prims.clone(),
-            rm.clone(),
-            id,
-            cfg.mm_id(),
-            Duration::from_millis(cfg.failure.rejoin_after_ms),
-            identity,
-        );
-        Self {
-            id,
-            rm: rm.clone(),
-            mm: cfg.mm_id(),
-            heartbeat_bytes: cfg.cluster.heartbeat_bytes,
-            gang: cfg.scheduler.policy == storm_cluster::config::PolicyKind::Gang,
-            last_step: clock.now(),
+        let env = SimNodeEnv {
+            origin: clock.now(),
+            tasks: SimTasks {
+                tasks: HashMap::new(),
+                next: 1,
+                last: clock.now(),
+            },
             clock,
-            prims,
-            registration,
-            jobs: BTreeMap::new(),
-            frozen: false,
+            none: NoFiles,
             record,
             heard: Vec::new(),
+        };
+        let parts = NmParts {
+            config: Arc::clone(cfg),
+            rm: rm.clone(),
+            node: id,
+            fabric: prims,
+            identity,
+            report_wait: Duration::ZERO,
+            pmi_library: PathBuf::new(),
+        };
+        Self {
+            core: NodeManager::new(parts, env),
+            frozen: false,
         }
     }
 
@@ -114,172 +99,249 @@ impl SimNode {
 
     /// The jobs this node holds, and whether each has ended here.
     pub fn jobs(&self) -> Vec<(JobId, bool)> {
-        self.jobs
-            .iter()
-            .map(|(&job, j)| (job, j.status.is_some()))
+        self.core
+            .held_jobs()
+            .into_iter()
+            .map(|HeldJob { job, ended, .. }| (job, ended))
             .collect()
     }
 
     /// Whether job `job`'s tasks run here now.
     pub fn running(&self, job: JobId) -> bool {
-        self.jobs
-            .get(&job)
-            .is_some_and(|j| j.status.is_none() && !j.pending && !j.suspended)
+        self.job_state(job) == Some(JobState::Running)
     }
 
-    /// One step at the clock's time: the tasks progress, the node takes what the MM sent,
-    /// and reports jobs whose tasks here have all ended.
+    /// Where job `job` stands on this node, as its NM sees it.
+    pub fn job_state(&self, job: JobId) -> Option<JobState> {
+        self.core.job_state(job)
+    }
+
+    /// Every heartbeat this node took, if the simulation records them.
+    pub fn heard(&self) -> &[Heard] {
+        &self.core.env().heard
+    }
+
+    /// One step at the clock's time: the tasks progress, and the NM takes everything that
+    /// arrived, carries it out, and reports jobs whose tasks here have all ended.
     pub fn step(&mut self) {
-        let now = self.clock.now();
-        let ran = now.saturating_duration_since(self.last_step);
-        self.last_step = now;
-        for j in self.jobs.values_mut() {
-            if j.status.is_none() && !j.pending && (!j.suspended || j.ending) {
-                j.left = j.left.saturating_sub(ran);
-                if j.left.is_zero() {
-                    j.status = Some(RankStatus::Exited(0));
-                }
-            }
-        }
+        let env = self.core.env_mut();
+        let now = env.clock.now();
+        env.tasks.advance(now);
         if self.frozen {
             return;
         }
-        // Everything that arrived: a node takes every heartbeat queued for it.
-        for _ in 0..1024 {
-            let held = self.held_jobs();
-            match self.registration.next(Duration::ZERO, &|| held.clone()) {
-                Ok(Event::Heartbeat(bytes)) => self.heartbeat(&bytes, now),
-                Ok(Event::Welcomed { keep, .. }) => self.jobs.retain(|job, _| keep.contains(job)),
-                Ok(Event::Idle) | Err(_) => break,
+        for _ in 0..MESSAGES_PER_STEP {
+            match self.core.step(Duration::ZERO) {
+                Ok(Stepped::Message) => {}
+                Ok(Stepped::Idle) | Err(_) => break,
             }
         }
-        self.report_ended();
+    }
+}
+
+/// The simulated node's environment.
+pub struct SimNodeEnv {
+    clock: Arc<dyn Clock>,
+    origin: Instant,
+    tasks: SimTasks,
+    none: NoFiles,
+    record: bool,
+    heard: Vec<Heard>,
+}
+
+impl NmEnv for SimNodeEnv {
+    fn clock(&self) -> &dyn Clock {
+        &*self.clock
     }
 
-    fn held_jobs(&self) -> Vec<HeldJob> {
-        self.jobs
-            .iter()
-            .map(|(&job, j)| HeldJob {
-                job,
-                slot: j.spec.slot,
-                ended: j.status.is_some(),
-            })
-            .collect()
+    fn tasks(&mut self) -> &mut dyn TaskRunner {
+        &mut self.tasks
     }
 
-    fn heartbeat(&mut self, bytes: &[u8], now: Instant) {
-        let hb: Heartbeat = match decode("heartbeat", bytes, self.heartbeat_bytes) {
-            Ok(hb) => hb,
-            Err(e) => {
-                tracing::error!(node = self.id, "ignoring a heartbeat: {e}");
-                return;
-            }
-        };
-        for cmd in &hb.commands {
-            if cmd.nodes().is_some_and(|n| !n.contains(self.id)) {
-                continue;
-            }
-            match cmd {
-                Command::Launch(spec) => self.launch(spec.clone()),
-                Command::Signal { job, signal } => self.signal(*job, *signal),
-                Command::Forget { job } => {
-                    self.jobs.remove(job);
-                }
-                Command::Schedule { run } => {
-                    for (job, j) in &mut self.jobs {
-                        j.suspended = !run.contains(job);
-                        if !j.suspended {
-                            j.pending = false;
-                        }
-                    }
-                }
-                Command::ReceiveFile(_) | Command::Shutdown => {}
-            }
-        }
+    fn spool(&mut self) -> &mut dyn Spool {
+        &mut self.none
+    }
+
+    fn output(&mut self) -> &mut dyn OutputForwarder {
+        &mut self.none
+    }
+
+    fn pmi(&mut self) -> &mut dyn PmiServer {
+        &mut self.none
+    }
+
+    fn heard(&mut self, seq: u64, _received_ns: u128, commands: &[Command]) {
         if self.record {
             self.heard.push(Heard {
-                seq: hb.seq,
-                at: now,
-                commands: hb.commands,
+                seq,
+                at: self.clock.now(),
+                commands: commands.to_vec(),
             });
         }
     }
 
-    fn launch(&mut self, spec: LaunchSpec) {
-        if spec.nodes.rank(self.id).is_none() || self.jobs.contains_key(&spec.job) {
-            return;
+    fn switched(&mut self, _switch: &SwitchRecord) {}
+
+    fn stamp_ns(&self) -> u128 {
+        self.clock.now().duration_since(self.origin).as_nanos()
+    }
+}
+
+struct SimTask {
+    /// Virtual CPU time the task still needs.
+    left: Duration,
+    ignore_term: bool,
+    halted: bool,
+    status: Option<RankStatus>,
+}
+
+/// Tasks that run in virtual time.
+struct SimTasks {
+    tasks: HashMap<TaskId, SimTask>,
+    next: TaskId,
+    /// When the tasks last progressed.
+    last: Instant,
+}
+
+impl SimTasks {
+    /// Every task that may run has run from the last advance until `now`.
+    fn advance(&mut self, now: Instant) {
+        let ran = now.saturating_duration_since(self.last);
+        self.last = now;
+        for t in self
+            .tasks
+            .values_mut()
+            .filter(|t| t.status.is_none() && !t.halted)
+        {
+            t.left = t.left.saturating_sub(ran);
+            if t.left.is_zero() {
+                t.status = Some(RankStatus::Exited(0));
+            }
         }
-        self.reporter().prepare_slot(&spec);
-        let work = spec
+    }
+}
+
+impl TaskRunner for SimTasks {
+    fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
+        let left = task
             .args
             .first()
             .and_then(|a| a.parse::<u64>().ok())
             .map_or(Duration::ZERO, Duration::from_millis);
-        let ignore_term = spec.args.iter().any(|a| a == IGNORE_SIGTERM);
-        self.jobs.insert(
-            spec.job,
-            LocalJob {
-                spec,
-                left: work,
-                ignore_term,
-                pending: self.gang,
-                suspended: self.gang,
-                ending: false,
+        let id = self.next;
+        self.next += 1;
+        self.tasks.insert(
+            id,
+            SimTask {
+                left,
+                ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
+                halted: false,
                 status: None,
-                reported: false,
             },
         );
+        Ok(StartedTask {
+            id,
+            output: Vec::new(),
+        })
     }
 
-    fn signal(&mut self, job: JobId, signal: i32) {
-        let Some(j) = self.jobs.get_mut(&job) else {
+    fn halt(&mut self, task: TaskId) -> bool {
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.halted = true;
+        }
+        true
+    }
+
+    fn resume(&mut self, task: TaskId) {
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.halted = false;
+        }
+    }
+
+    fn signal(&mut self, task: TaskId, signal: i32) {
+        let Some(t) = self.tasks.get_mut(&task) else {
             return;
         };
-        if j.status.is_some() {
-            return;
-        }
-        if j.pending {
-            // Never started here: its tasks end, unstarted, by this signal.
-            j.status = Some(RankStatus::Signaled(signal));
-            return;
-        }
-        j.ending = true;
-        if !(signal == libc::SIGTERM && j.ignore_term) {
-            j.status = Some(RankStatus::Signaled(signal));
+        if t.status.is_none() && !(signal == libc::SIGTERM && t.ignore_term) {
+            t.status = Some(RankStatus::Signaled(signal));
         }
     }
 
-    fn reporter(&self) -> Reporter<'_> {
-        Reporter {
-            prims: &*self.prims,
-            rm: &self.rm,
-            node: self.id,
-            mm: self.mm,
-            wait: Duration::ZERO,
-        }
+    fn status(&mut self, task: TaskId) -> Option<RankStatus> {
+        self.tasks.get(&task).and_then(|t| t.status)
     }
 
-    fn report_ended(&mut self) {
-        let ended: Vec<JobId> = self
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.status.is_some() && !j.reported)
-            .map(|(&job, _)| job)
-            .collect();
-        for job in ended {
-            let j = &self.jobs[&job];
-            let k = j.spec.nodes.rank(self.id).expect("launched here") as u32;
-            let (first, count) = ranks_on(j.spec.ntasks, j.spec.nodes.len() as u32, k);
-            let status = j.status.expect("ended");
-            let statuses = (first..first + count).map(|r| (r, status)).collect();
-            match self.reporter().report(&j.spec, statuses) {
-                Ok(()) => {
-                    if let Some(j) = self.jobs.get_mut(&job) {
-                        j.reported = true;
-                    }
-                }
-                Err(e) => tracing::debug!(node = self.id, job, "cannot report yet: {e}"),
-            }
-        }
+    fn wait_stopped(&mut self, _tasks: &[TaskId], _wait: Duration) -> bool {
+        // A halted simulated task stops at once.
+        true
     }
+
+    fn release(&mut self, task: TaskId) {
+        self.tasks.remove(&task);
+    }
+
+    fn poll(&mut self) {}
+}
+
+/// What the simulated node has no use for: a spool (transfers are modelled by the MM's
+/// environment), output (tasks write none) and PMI (tasks speak none).
+struct NoFiles;
+
+impl Spool for NoFiles {
+    fn job_dir(&self, job: JobId) -> PathBuf {
+        PathBuf::from(format!("/storm-sim/job-{job}"))
+    }
+
+    fn receive(&mut self, _info: FileInfo, _path: PathBuf) {}
+
+    fn cancel(&mut self, _job: JobId) {}
+
+    fn stop_all(&mut self) {}
+
+    fn remove(&mut self, _job: JobId) {}
+}
+
+impl OutputForwarder for NoFiles {
+    fn watch(&mut self, _: JobId, _: u32, _: Stream, _: OwnedFd, remaining: Drained) {
+        remaining.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    fn tell(&mut self, job: JobId, rank: u32, text: &str, _remaining: &Drained) {
+        tracing::info!(job, rank, "to the user: {}", text.trim_end());
+    }
+
+    fn close_job(&mut self, _job: JobId) {}
+
+    fn hold(&mut self) {}
+
+    fn new_epoch(&mut self, _epoch: u32) {}
+
+    fn flushed(&self, _epoch: u32) -> bool {
+        true
+    }
+
+    fn stalled(&self) -> bool {
+        false
+    }
+
+    fn backlogged(&self) -> bool {
+        false
+    }
+}
+
+impl PmiServer for NoFiles {
+    fn start_job(
+        &mut self,
+        _slot: usize,
+        _mode: MpiMode,
+        _facts: JobFacts,
+        ranks: &[u32],
+    ) -> Result<Vec<Option<OwnedFd>>, String> {
+        // Simulated tasks speak no PMI: they get no socket.
+        Ok(ranks.iter().map(|_| None).collect())
+    }
+
+    fn remove_job(&mut self, _job: JobId) {}
+
+    fn resend(&mut self) {}
 }

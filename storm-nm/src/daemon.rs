@@ -1,0 +1,367 @@
+//! The `storm-nm` daemon: the node manager's core ([`crate::NodeManager`]) in a process, with
+//! its fabric endpoint, storm-pl launchers, a spool directory, output and PMI threads, and
+//! the optional heartbeat and switch logs.
+//!
+//! [`start`] checks what the node needs (the cluster key, this node in the cluster file, the
+//! launcher binary, the spool directory) and opens it all; [`Daemon::run`] steps the core
+//! until a heartbeat says to shut down or a signal sets the stop flag.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use storm_cluster::clock::{Clock, SystemClock};
+use storm_cluster::endpoint::{self, Listen};
+use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, Stream};
+use storm_cluster::{ClusterConfig, RmLayout};
+use storm_primitives::{NodeId, PrimError, Primitives};
+
+use crate::env::{NmEnv, OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
+use crate::manager::{NmParts, NodeManager};
+use crate::membership::Identity;
+use crate::output::{Drained, Output, Watch};
+use crate::pmi::{JobFacts, PmiService};
+use crate::receive;
+use crate::tasks::PlRunner;
+
+/// How to start a node manager.
+pub struct NmOptions {
+    pub config: ClusterConfig,
+    pub node: NodeId,
+    pub listen: Listen,
+    /// The storm-pl binary.
+    pub pl_path: PathBuf,
+    /// The PMI-1 client library for `--mpi openmpi` jobs (`libstorm_pmi.so`).
+    pub pmi_library: PathBuf,
+    /// Set to stop the NM (signal handlers set it).
+    pub stop: Arc<AtomicBool>,
+}
+
+/// A started node manager daemon.
+pub struct Daemon {
+    core: NodeManager<DaemonEnv>,
+    stop: Arc<AtomicBool>,
+    node: NodeId,
+}
+
+/// Checks this node's setup and opens its endpoint; nothing is sent before [`Daemon::run`].
+pub fn start(opts: NmOptions) -> Result<Daemon> {
+    let NmOptions {
+        config: cfg,
+        node,
+        listen,
+        pl_path,
+        pmi_library,
+        stop,
+    } = opts;
+    // First: without the key this daemon must not run at all.
+    let key = cfg.load_key()?;
+    let entry = cfg
+        .nodes
+        .get(node as usize)
+        .with_context(|| format!("node {node} is not in the cluster file"))?
+        .clone();
+    if !pl_path.is_file() {
+        bail!(
+            "storm-pl not found at {} (set pl_path in the cluster file)",
+            pl_path.display()
+        );
+    }
+    std::fs::create_dir_all(&entry.spool).with_context(|| {
+        format!(
+            "cannot create the spool directory {}",
+            entry.spool.display()
+        )
+    })?;
+    let rm = RmLayout::new(&cfg)?;
+    let prims = endpoint::start(&cfg, &rm, node, listen, key).map_err(anyhow::Error::msg)?;
+    let mm = cfg.mm_id();
+    let op_timeout = Duration::from_millis(cfg.tcp.op_timeout_ms);
+    let slots = cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs;
+    // Sends from the first welcome on, at that membership's output queue epoch.
+    let output = Output::start(prims.clone(), &rm, node, mm)?;
+    let pmi = PmiService::start(prims.clone(), &rm, node, mm, op_timeout * 2)?;
+    let log = |enabled: bool, name: &str| -> Result<_> {
+        if !enabled {
+            return Ok(None);
+        }
+        let path = entry.spool.join(name);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Some(std::io::LineWriter::new(f)))
+    };
+    let env = DaemonEnv {
+        clock: SystemClock,
+        tasks: PlRunner::new(node, pl_path, slots)?,
+        spool: DaemonSpool {
+            dir: entry.spool.clone(),
+            prims: prims.clone(),
+            rm: rm.clone(),
+            receivers: BTreeMap::new(),
+            stall: (op_timeout * 6).max(Duration::from_secs(30)),
+        },
+        output,
+        pmi: DaemonPmi {
+            service: pmi,
+            library: pmi_library.clone(),
+        },
+        switch_log: log(cfg.scheduler.switch_log, "switches.log")?,
+        heartbeat_log: log(cfg.scheduler.heartbeat_log, "heartbeats.log")?,
+    };
+    tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
+    let parts = NmParts {
+        config: Arc::new(cfg),
+        rm,
+        node,
+        fabric: prims,
+        identity: Identity::this_process(),
+        report_wait: op_timeout * 2,
+        pmi_library,
+    };
+    Ok(Daemon {
+        core: NodeManager::new(parts, env),
+        stop,
+        node,
+    })
+}
+
+impl Daemon {
+    /// Runs until told to shut down (by a heartbeat or a signal); the jobs' tasks are killed
+    /// on the way out.
+    pub fn run(mut self) -> Result<()> {
+        while !self.core.is_done() && !self.stop.load(Ordering::Acquire) {
+            match self.core.step(self.core.poll_timeout()) {
+                Ok(_) => {}
+                Err(PrimError::ShutDown) => break,
+                Err(e) => bail!("node {}: heartbeat queue: {e}", self.node),
+            }
+        }
+        self.core.shut_down();
+        Ok(())
+    }
+}
+
+/// The daemon's environment (see [`crate::env`]).
+pub struct DaemonEnv {
+    clock: SystemClock,
+    tasks: PlRunner,
+    spool: DaemonSpool,
+    output: Output,
+    pmi: DaemonPmi,
+    /// Where applied schedules are recorded, if the cluster asks for it.
+    switch_log: Option<std::io::LineWriter<std::fs::File>>,
+    /// Where heartbeats are recorded as they are taken, if the cluster asks for it.
+    heartbeat_log: Option<std::io::LineWriter<std::fs::File>>,
+}
+
+impl NmEnv for DaemonEnv {
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
+    }
+
+    fn tasks(&mut self) -> &mut dyn TaskRunner {
+        &mut self.tasks
+    }
+
+    fn spool(&mut self) -> &mut dyn Spool {
+        &mut self.spool
+    }
+
+    fn output(&mut self) -> &mut dyn OutputForwarder {
+        &mut self.output
+    }
+
+    fn pmi(&mut self) -> &mut dyn PmiServer {
+        &mut self.pmi
+    }
+
+    fn heard(&mut self, seq: u64, received_ns: u128, _commands: &[Command]) {
+        if let Some(log) = self.heartbeat_log.as_mut() {
+            let _ = writeln!(log, "{seq} {received_ns}");
+        }
+    }
+
+    fn switched(&mut self, s: &SwitchRecord) {
+        let Some(log) = self.switch_log.as_mut() else {
+            return;
+        };
+        let ns = storm_cluster::daemon::monotonic_ns();
+        let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let _ = writeln!(
+            log,
+            "{} {ns} stop={} cont={} start={} recv={} from={}",
+            s.seq,
+            list(&s.stopped),
+            list(&s.continued),
+            list(&s.started),
+            s.received_ns,
+            s.from,
+        );
+    }
+
+    fn stamp_ns(&self) -> u128 {
+        storm_cluster::daemon::monotonic_ns()
+    }
+}
+
+/// The spool directory, and a receiving thread per program transfer.
+struct DaemonSpool {
+    dir: PathBuf,
+    prims: Arc<dyn Primitives>,
+    rm: RmLayout,
+    receivers: BTreeMap<JobId, receive::Receiver>,
+    /// How long a transfer may make no progress before the receiver gives up.
+    stall: Duration,
+}
+
+impl Spool for DaemonSpool {
+    fn job_dir(&self, job: JobId) -> PathBuf {
+        self.dir.join(format!("job-{job}"))
+    }
+
+    fn receive(&mut self, info: FileInfo, path: PathBuf) {
+        let owner = nix::unistd::geteuid()
+            .is_root()
+            .then_some((info.uid, info.gid));
+        // Earlier receivers have finished, or were cancelled with their job and stop now.
+        self.stop_all();
+        let job = info.job;
+        let receiver = receive::spawn(
+            self.prims.clone(),
+            self.rm.clone(),
+            info,
+            path,
+            owner,
+            self.stall,
+        );
+        self.receivers.insert(job, receiver);
+    }
+
+    fn cancel(&mut self, job: JobId) {
+        if let Some(receiver) = self.receivers.get(&job) {
+            receiver.cancel();
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for (_, receiver) in std::mem::take(&mut self.receivers) {
+            receiver.stop();
+        }
+    }
+
+    fn remove(&mut self, job: JobId) {
+        let dir = self.job_dir(job);
+        if dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&dir)
+        {
+            tracing::warn!("cannot remove {}: {e}", dir.display());
+        }
+    }
+}
+
+impl OutputForwarder for Output {
+    fn watch(&mut self, job: JobId, rank: u32, stream: Stream, fd: OwnedFd, remaining: Drained) {
+        Output::watch(
+            self,
+            Watch {
+                job,
+                rank,
+                stream,
+                fd,
+                remaining,
+            },
+        );
+    }
+
+    fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
+        remaining.store(1, Ordering::Release);
+        match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok((r, w)) => {
+                let _ = nix::unistd::write(&w, text.as_bytes());
+                drop(w);
+                OutputForwarder::watch(self, job, rank, Stream::Stderr, r, remaining.clone());
+            }
+            Err(_) => remaining.store(0, Ordering::Release),
+        }
+    }
+
+    fn close_job(&mut self, job: JobId) {
+        Output::close_job(self, job);
+    }
+
+    fn hold(&mut self) {
+        Output::hold(self);
+    }
+
+    fn new_epoch(&mut self, epoch: u32) {
+        Output::new_epoch(self, epoch);
+    }
+
+    fn flushed(&self, epoch: u32) -> bool {
+        Output::flushed(self, epoch)
+    }
+
+    fn stalled(&self) -> bool {
+        Output::stalled(self)
+    }
+
+    fn backlogged(&self) -> bool {
+        Output::backlogged(self)
+    }
+}
+
+/// The PMI server's thread, and the library `--mpi openmpi` tasks load.
+struct DaemonPmi {
+    service: PmiService,
+    library: PathBuf,
+}
+
+impl PmiServer for DaemonPmi {
+    fn start_job(
+        &mut self,
+        slot: usize,
+        mode: MpiMode,
+        facts: JobFacts,
+        ranks: &[u32],
+    ) -> Result<Vec<Option<OwnedFd>>, String> {
+        if mode == MpiMode::OpenMpi && !self.library.is_file() {
+            return Err(format!(
+                "--mpi openmpi needs storm's PMI library, which is not at {} (cargo build --release builds it beside storm-nm; or set [cluster] pmi_library)",
+                self.library.display()
+            ));
+        }
+        let job = facts.job;
+        let mut conns = Vec::new();
+        let mut ends = Vec::new();
+        for &rank in ranks {
+            match std::os::unix::net::UnixStream::pair() {
+                Ok((ours, theirs)) => {
+                    conns.push((rank, ours));
+                    ends.push(Some(OwnedFd::from(theirs)));
+                }
+                Err(e) => {
+                    tracing::error!(job, rank, "no PMI socket: {e}");
+                    ends.push(None);
+                }
+            }
+        }
+        self.service.add_job(slot, facts, conns);
+        Ok(ends)
+    }
+
+    fn remove_job(&mut self, job: JobId) {
+        self.service.remove_job(job);
+    }
+
+    fn resend(&mut self) {
+        self.service.resend();
+    }
+}

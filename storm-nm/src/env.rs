@@ -1,0 +1,154 @@
+//! What the node manager's core asks of the world it runs in.
+//!
+//! [`crate::NodeManager`] makes every decision itself (which heartbeat commands apply here,
+//! when a gang switch is complete, when a job's tasks have all ended and may be reported) but
+//! does no I/O of its own besides the fabric it is handed: processes, files, the tasks'
+//! output pipes, the PMI sockets and the logs are behind [`NmEnv`].
+//!
+//! The daemon's environment ([`crate::daemon`]) starts a program launcher per task
+//! ([`crate::tasks::PlRunner`], storm-pl and /proc), receives programs into the spool with a
+//! thread per transfer, and forwards output and serves PMI on their own threads. The
+//! simulator (`storm-sim`) brings a virtual clock and tasks that only use virtual time.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use storm_cluster::clock::Clock;
+use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, RankStatus, Stream};
+
+use crate::output::Drained;
+use crate::pmi::JobFacts;
+
+/// The node manager's view of the world around it.
+pub trait NmEnv {
+    /// Where the NM reads the time.
+    fn clock(&self) -> &dyn Clock;
+    /// The tasks' processes.
+    fn tasks(&mut self) -> &mut dyn TaskRunner;
+    /// Programs received from the MM, and the jobs' directories.
+    fn spool(&mut self) -> &mut dyn Spool;
+    /// The tasks' output on its way to the MM.
+    fn output(&mut self) -> &mut dyn OutputForwarder;
+    /// The PMI server of MPI jobs.
+    fn pmi(&mut self) -> &mut dyn PmiServer;
+    /// A heartbeat was taken from the queue (recorded if the cluster asks for it).
+    fn heard(&mut self, seq: u64, received_ns: u128, commands: &[Command]);
+    /// A gang switch was completed (recorded if the cluster asks for it).
+    fn switched(&mut self, switch: &SwitchRecord);
+    /// A timestamp for the records above, in nanoseconds (CLOCK_MONOTONIC in the daemon).
+    fn stamp_ns(&self) -> u128;
+}
+
+/// One task to start: what storm-pl needs to run it.
+pub struct TaskStart<'a> {
+    pub job: JobId,
+    pub rank: u32,
+    pub program: &'a Path,
+    pub args: &'a [String],
+    pub env: Vec<(String, String)>,
+    pub cwd: &'a Path,
+    pub uid: u32,
+    pub gid: u32,
+    /// The task's end of its PMI socket (MPI jobs).
+    pub pmi: Option<&'a OwnedFd>,
+}
+
+/// A task the runner started, and the read ends of its output streams.
+pub struct StartedTask {
+    pub id: TaskId,
+    pub output: Vec<(Stream, OwnedFd)>,
+}
+
+/// A runner's name for one of its tasks.
+pub type TaskId = u64;
+
+/// Starts, signals and watches the tasks on this node.
+pub trait TaskRunner {
+    /// Starts a task (not waiting for it to run); the error says why it cannot start.
+    fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String>;
+    /// Makes the task not runnable (SIGSTOP to its process group, or its launcher held before
+    /// the task starts). False while the launcher is starting the task: there is no process
+    /// to stop yet, so ask again shortly.
+    fn halt(&mut self, task: TaskId) -> bool;
+    /// Lets a halted task run again.
+    fn resume(&mut self, task: TaskId);
+    /// Sends `signal` to the task's process group; a task not started yet never starts.
+    fn signal(&mut self, task: TaskId, signal: i32);
+    /// How the task ended, once it has.
+    fn status(&mut self, task: TaskId) -> Option<RankStatus>;
+    /// Waits at most `wait` until every one of `tasks` has acted on its stop (or is gone);
+    /// false if some still runs.
+    fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool;
+    /// The task is done with (reported or forgotten): free what it holds once it is gone.
+    fn release(&mut self, task: TaskId);
+    /// Housekeeping, called on every pass of the NM's loop (reaping launchers).
+    fn poll(&mut self);
+}
+
+/// Program files sent by the MM, and the per-job directories they go to.
+pub trait Spool {
+    /// The directory of a job's files on this node.
+    fn job_dir(&self, job: JobId) -> PathBuf;
+    /// Starts receiving a program into `path` (Algorithm 7), acknowledging it in `file_ack`
+    /// when verified. Any receiver still running is stopped first: one at a time takes from
+    /// the chunk queue.
+    fn receive(&mut self, info: FileInfo, path: PathBuf);
+    /// Stops the receiver of `job`, if there is one (its job ended).
+    fn cancel(&mut self, job: JobId);
+    /// Stops every receiver and waits for them (a new membership numbers transfers afresh).
+    fn stop_all(&mut self);
+    /// Removes a job's directory.
+    fn remove(&mut self, job: JobId);
+}
+
+/// A pipe of a task's output, or a message for the user.
+pub trait OutputForwarder {
+    /// Forwards what the pipe carries as the rank's `stream`; `remaining` is decremented once
+    /// the stream has closed and all of it was delivered.
+    fn watch(&mut self, job: JobId, rank: u32, stream: Stream, fd: OwnedFd, remaining: Drained);
+    /// Delivers `text` as the rank's standard error (the NM could not start the task).
+    fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained);
+    /// Stops reading a job's pipes.
+    fn close_job(&mut self, job: JobId);
+    /// Stops sending until the next epoch (a registration is about to go out).
+    fn hold(&mut self);
+    /// A new membership starts the output queue at `epoch`.
+    fn new_epoch(&mut self, epoch: u32);
+    /// Whether everything read before `epoch` began has been delivered in it.
+    fn flushed(&self, epoch: u32) -> bool;
+    /// Whether a delivery failed (the NM registers again).
+    fn stalled(&self) -> bool;
+    /// Whether output waits to be sent (so the pipes are not read meanwhile).
+    fn backlogged(&self) -> bool;
+}
+
+/// The PMI server of this node.
+pub trait PmiServer {
+    /// Serves the tasks `ranks` of an MPI job about to start here in `mode`; gives each
+    /// task's end of its PMI socket (or `None` for a task whose socket could not be made), or
+    /// why the job cannot be served at all.
+    fn start_job(
+        &mut self,
+        slot: usize,
+        mode: MpiMode,
+        facts: JobFacts,
+        ranks: &[u32],
+    ) -> Result<Vec<Option<OwnedFd>>, String>;
+    fn remove_job(&mut self, job: JobId);
+    /// A new membership: send again the contributions of fences still waiting.
+    fn resend(&mut self);
+}
+
+/// A completed gang switch, as the switch log records it.
+#[derive(Debug, Clone)]
+pub struct SwitchRecord {
+    /// The heartbeat whose schedule the switch carried out, and the one that began it.
+    pub seq: u64,
+    pub from: u64,
+    /// When that heartbeat was taken from the queue ([`NmEnv::stamp_ns`]).
+    pub received_ns: u128,
+    pub stopped: Vec<JobId>,
+    pub continued: Vec<JobId>,
+    pub started: Vec<JobId>,
+}
