@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use storm_cluster::config::PolicyKind;
 use storm_cluster::control::Reply;
-use storm_cluster::messages::{Command, RankStatus};
+use storm_cluster::messages::{Command, OutputChunk, RankStatus, Stream, encode};
 use storm_nm::JobState;
+use storm_primitives::helpers::QueueProducer;
+use storm_primitives::{NodeSet, Primitives};
 use storm_sim::{Sim, SimJob, SimOptions, TransferModel};
 
 const UP_WITHIN: Duration = Duration::from_secs(5);
@@ -427,7 +429,61 @@ fn a_gang_job_runs_only_in_its_own_time_slots() {
 /// the epoch's start would look for entries the producer has long overwritten and pass on
 /// nothing more from that node, so the end of a job's output was lost (seen under 10% packet
 /// loss in storm-cli's chaos tests).
+#[test]
+fn a_welcome_sent_again_keeps_the_nodes_output_queue() {
+    let mut s = sim(SimOptions {
+        nodes: 1,
+        ..SimOptions::default()
+    });
+    let k = s.config().failure.missed_heartbeats;
+    let slice = s.config().timeslice();
+    // The node leaves the heartbeat and registers again: a new membership, a new epoch.
+    s.freeze(0, true);
+    assert!(s.run_until(slice * (k + 5), |s| s.state(0).state == "down"));
+    s.freeze(0, false);
+    assert!(s.run_until(ms(5_000), |s| s.state(0).state == "joining"));
+    // The NM took the welcome and acknowledged it in this timeslice; the MM reads the
+    // acknowledgement in the next one. Lose it.
+    let mm = s.fabric().node(s.config().mm_id());
+    let rm = s.layout().clone();
+    mm.memory().store(rm.join_ack.at(0), 0);
+    let queue = rm.output[0];
+    let epoch = (mm.memory().load(queue.dequeued) >> 32) as u32;
+    let node = s.fabric().node(0);
+    let mut producer = QueueProducer::new(queue, NodeSet::single(s.config().mm_id()), epoch);
+    let mut send = |s: &mut Sim, i: u64| {
+        let chunk = OutputChunk {
+            job: 999,
+            rank: 0,
+            stream: Stream::Stdout,
+            offset: i,
+            data: vec![b'x'],
+        };
+        let bytes = encode("output", &chunk, queue.slot_payload).unwrap();
+        producer
+            .enqueue(&node, &bytes, Some(rm.output_sent))
+            .expect("room in the output queue");
+        s.step();
+        producer.next_seq()
+    };
+    // More entries than the queue has slots, each passed on (to nobody: job 999 is unknown)
+    // and released by the MM.
+    for i in 0..queue.slot_count as u64 + 2 {
+        let sent = send(&mut s, i);
+        assert_eq!(mm.memory().load(queue.dequeued), sent, "entry {i} released");
+    }
+    // The MM welcomes again, the NM acknowledges again, and it is a member.
+    assert!(s.run_until(ms(3_000), |s| s.state(0).state == "idle"));
+    let sent = send(&mut s, 100);
+    assert_eq!(
+        mm.memory().load(queue.dequeued),
+        sent,
+        "the entry sent after the repeated welcome was taken and released"
+    );
+}
 
+/// A restarted MM takes up what its journal held: a running job goes on (its nodes
+/// re-register and keep it) and ends normally; a queued job still runs.
 #[test]
 fn running_and_queued_jobs_survive_a_restart_of_the_mm() {
     let mut s = sim(SimOptions::default());

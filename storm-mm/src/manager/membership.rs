@@ -210,16 +210,21 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// Starts a new membership for `n`: a fresh output queue epoch, and `Welcome` with the
-    /// jobs it keeps.
+    /// jobs it keeps. A welcome sent again for the same registration (its acknowledgement did
+    /// not come) keeps the epoch and the output queue as they are: the NM may have sent output
+    /// in that epoch since it took the first welcome.
     fn welcome(&mut self, n: NodeId, stamp: u64, keep: Vec<JobId>, now: Instant) {
         let node = self.nodes.get_mut(n);
-        if !matches!(node.life(), Life::Joining { stamp: s, .. } if *s == stamp) {
+        let again = matches!(node.life(), Life::Joining { stamp: s, .. } if *s == stamp);
+        if !again {
             node.output_epoch += 1;
         }
         let output_epoch = node.output_epoch;
         node.keep = keep.clone();
         self.nodes.set_joining(n, stamp, now);
-        self.restart_output(n, output_epoch);
+        if !again {
+            self.restart_output(n, output_epoch);
+        }
         self.send_membership(
             n,
             &Membership::Welcome {
