@@ -1503,26 +1503,61 @@ impl OfiFactory {
     }
 }
 
-struct OfiCluster(Vec<Arc<crate::ofi::OfiNode>>);
+struct OfiCluster {
+    nodes: Vec<Arc<crate::ofi::OfiNode>>,
+    /// Holds the process's one shm cluster (see [`ShmTurn`]).
+    _turn: Option<ShmTurn>,
+}
 
 impl TestCluster for OfiCluster {
     fn size(&self) -> u32 {
-        self.0.len() as u32
+        self.nodes.len() as u32
     }
     fn node(&self, id: NodeId) -> Arc<dyn Primitives> {
-        self.0[id as usize].clone()
+        self.nodes[id as usize].clone()
     }
     fn kill(&self, id: NodeId) {
-        self.0[id as usize].shutdown()
+        self.nodes[id as usize].shutdown()
     }
     fn freeze(&self, id: NodeId, frozen: bool) {
-        self.0[id as usize].freeze(frozen)
+        self.nodes[id as usize].freeze(frozen)
+    }
+}
+
+/// The turn of one shm cluster in this process. shm maps every peer's memory into the
+/// process, and a cluster closed while another runs in the same process unmaps memory under
+/// it: the parallel suite crashed in libfabric 1.17 (SIGSEGV in pthread_spin_lock) or saw a
+/// fetching atomic never complete in about one run in four, and never when run one test at a
+/// time. So clusters on shm run one after another; the turn ends when the cluster is dropped.
+struct ShmTurn;
+
+static SHM_BUSY: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+impl ShmTurn {
+    fn take() -> Self {
+        let (busy, freed) = &SHM_BUSY;
+        let mut b = busy.lock().unwrap_or_else(|e| e.into_inner());
+        while *b {
+            b = freed.wait(b).unwrap_or_else(|e| e.into_inner());
+        }
+        *b = true;
+        ShmTurn
+    }
+}
+
+impl Drop for ShmTurn {
+    fn drop(&mut self) {
+        let (busy, freed) = &SHM_BUSY;
+        *busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        freed.notify_one();
     }
 }
 
 impl ClusterFactory for OfiFactory {
     fn start(&self, nodes: u32, layout: &Layout) -> Box<dyn TestCluster> {
         self.prepare_environment();
+        let turn = (self.provider == "shm").then(ShmTurn::take);
         let bl = crate::ofi::bootstrap_layout(nodes);
         let boot = TcpNode::local_cluster(nodes, &bl.layout, &TcpConfig::default())
             .expect("bootstrap cluster");
@@ -1543,7 +1578,7 @@ impl ClusterFactory for OfiFactory {
             .map(|h| h.join().expect("start thread").map(Arc::new))
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_else(|e| panic!("starting the {} cluster: {e}", self.provider));
-        Box::new(OfiCluster(nodes))
+        Box::new(OfiCluster { nodes, _turn: turn })
     }
     fn max_nodes(&self) -> u32 {
         self.max
