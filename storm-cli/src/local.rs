@@ -3,7 +3,9 @@
 //!
 //! Every daemon's listening socket is bound here first (port 0, so the kernel picks free
 //! ports) and handed to the daemon as descriptor 3 (`--listen-fd 3`): the cluster file lists
-//! the real addresses and no daemon can lose a race for its port.
+//! the real addresses and no daemon can lose a race for its port. With `--backend local` one
+//! `storm-local` process runs the MM and every NM as threads instead (the addresses are then
+//! not used).
 //!
 //! Each daemon tells when it is ready through the systemd notification protocol
 //! (`NOTIFY_SOCKET`, see `storm_cluster::daemon`); the cluster records how long each took from
@@ -194,7 +196,11 @@ fn spawn_daemon(
     })
 }
 
-/// The log file of daemon `name` ("storm-mm", "storm-nm node3") under `root`.
+/// The name of the one daemon of a cluster on the local backend (`storm-local`).
+const LOCAL_DAEMON: &str = "storm-local";
+
+/// The log file of daemon `name` ("storm-mm", "storm-nm node3"; "storm-local" logs as the
+/// MM does) under `root`.
 fn daemon_log(root: &Path, name: &str) -> PathBuf {
     match name.strip_prefix("storm-nm ") {
         Some(node) => root.join(format!("{node}.log")),
@@ -333,32 +339,46 @@ impl LocalCluster {
             config,
             config_path,
         };
-        let mm = spawn_daemon(
-            "storm-mm",
-            &bin.join("storm-mm"),
-            &["--config".into(), cfg_arg.clone()],
-            Some(&listeners[opts.nodes as usize]),
-            &root.join("mm.log"),
-            opts.log_filter.as_deref(),
-            &notify_path,
-        )?;
-        cluster.daemons.push(mm);
-        for (i, listener) in listeners.iter().take(opts.nodes as usize).enumerate() {
-            let nm = spawn_daemon(
-                &format!("storm-nm node{i}"),
-                &bin.join("storm-nm"),
-                &[
-                    "--config".into(),
-                    cfg_arg.clone(),
-                    "--node".into(),
-                    format!("node{i}"),
-                ],
-                Some(listener),
-                &root.join(format!("node{i}.log")),
+        if opts.backend == BackendKind::Local {
+            // One process: the MM and every NM as threads over one in-process fabric.
+            let all = spawn_daemon(
+                LOCAL_DAEMON,
+                &bin.join("storm-local"),
+                &["--config".into(), cfg_arg.clone()],
+                None,
+                &root.join("mm.log"),
                 opts.log_filter.as_deref(),
                 &notify_path,
             )?;
-            cluster.daemons.push(nm);
+            cluster.daemons.push(all);
+        } else {
+            let mm = spawn_daemon(
+                "storm-mm",
+                &bin.join("storm-mm"),
+                &["--config".into(), cfg_arg.clone()],
+                Some(&listeners[opts.nodes as usize]),
+                &root.join("mm.log"),
+                opts.log_filter.as_deref(),
+                &notify_path,
+            )?;
+            cluster.daemons.push(mm);
+            for (i, listener) in listeners.iter().take(opts.nodes as usize).enumerate() {
+                let nm = spawn_daemon(
+                    &format!("storm-nm node{i}"),
+                    &bin.join("storm-nm"),
+                    &[
+                        "--config".into(),
+                        cfg_arg.clone(),
+                        "--node".into(),
+                        format!("node{i}"),
+                    ],
+                    Some(listener),
+                    &root.join(format!("node{i}.log")),
+                    opts.log_filter.as_deref(),
+                    &notify_path,
+                )?;
+                cluster.daemons.push(nm);
+            }
         }
         drop(listeners);
         if opts.keep {

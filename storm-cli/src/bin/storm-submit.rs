@@ -89,7 +89,8 @@ struct Args {
     /// Timeslice of the embedded cluster, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
     local_timeslice_ms: f64,
-    /// Primitives backend of the embedded cluster: tcp, or ofi (libfabric).
+    /// Primitives backend of the embedded cluster: tcp, ofi (libfabric), or local (the MM and
+    /// every NM as threads of one storm-local process).
     #[arg(long, default_value = "tcp")]
     backend: storm_cluster::config::BackendKind,
     /// libfabric provider of the embedded cluster with --backend ofi (e.g. 'tcp;ofi_rxm').
