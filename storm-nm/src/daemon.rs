@@ -17,14 +17,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use storm_cluster::clock::{Clock, SystemClock};
 use storm_cluster::endpoint::{self, Listen};
-use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, Stream};
+use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
 use crate::env::{NmEnv, OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
 use crate::manager::{NmParts, NodeManager};
 use crate::membership::Identity;
-use crate::output::{Drained, Output, Watch};
+use crate::output::Output;
 use crate::pmi::{JobFacts, PmiService};
 use crate::receive;
 use crate::tasks::PlRunner;
@@ -264,57 +264,6 @@ impl Spool for DaemonSpool {
         {
             tracing::warn!("cannot remove {}: {e}", dir.display());
         }
-    }
-}
-
-impl OutputForwarder for Output {
-    fn watch(&mut self, job: JobId, rank: u32, stream: Stream, fd: OwnedFd, remaining: Drained) {
-        Output::watch(
-            self,
-            Watch {
-                job,
-                rank,
-                stream,
-                fd,
-                remaining,
-            },
-        );
-    }
-
-    fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
-        remaining.store(1, Ordering::Release);
-        match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-            Ok((r, w)) => {
-                let _ = nix::unistd::write(&w, text.as_bytes());
-                drop(w);
-                OutputForwarder::watch(self, job, rank, Stream::Stderr, r, remaining.clone());
-            }
-            Err(_) => remaining.store(0, Ordering::Release),
-        }
-    }
-
-    fn close_job(&mut self, job: JobId) {
-        Output::close_job(self, job);
-    }
-
-    fn hold(&mut self) {
-        Output::hold(self);
-    }
-
-    fn new_epoch(&mut self, epoch: u32) {
-        Output::new_epoch(self, epoch);
-    }
-
-    fn flushed(&self, epoch: u32) -> bool {
-        Output::flushed(self, epoch)
-    }
-
-    fn stalled(&self) -> bool {
-        Output::stalled(self)
-    }
-
-    fn backlogged(&self) -> bool {
-        Output::backlogged(self)
     }
 }
 

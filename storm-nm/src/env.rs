@@ -17,7 +17,7 @@ use std::time::Duration;
 use storm_cluster::clock::Clock;
 use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, RankStatus, Stream};
 
-use crate::output::Drained;
+use crate::output::{Drained, OutputSource};
 use crate::pmi::JobFacts;
 
 /// The node manager's view of the world around it.
@@ -54,10 +54,10 @@ pub struct TaskStart<'a> {
     pub pmi: Option<&'a OwnedFd>,
 }
 
-/// A task the runner started, and the read ends of its output streams.
+/// A task the runner started, and its output streams (the read ends of its pipes).
 pub struct StartedTask {
     pub id: TaskId,
-    pub output: Vec<(Stream, OwnedFd)>,
+    pub output: Vec<(Stream, Box<dyn OutputSource>)>,
 }
 
 /// A runner's name for one of its tasks.
@@ -102,11 +102,18 @@ pub trait Spool {
     fn remove(&mut self, job: JobId);
 }
 
-/// A pipe of a task's output, or a message for the user.
+/// The tasks' output streams, and messages for the user (see [`crate::output`]).
 pub trait OutputForwarder {
-    /// Forwards what the pipe carries as the rank's `stream`; `remaining` is decremented once
-    /// the stream has closed and all of it was delivered.
-    fn watch(&mut self, job: JobId, rank: u32, stream: Stream, fd: OwnedFd, remaining: Drained);
+    /// Forwards what `source` carries as the rank's `stream`; `remaining` is decremented once
+    /// the stream has ended and all of it was delivered.
+    fn watch(
+        &mut self,
+        job: JobId,
+        rank: u32,
+        stream: Stream,
+        source: Box<dyn OutputSource>,
+        remaining: Drained,
+    );
     /// Delivers `text` as the rank's standard error (the NM could not start the task).
     fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained);
     /// Stops reading a job's pipes.

@@ -557,10 +557,10 @@ impl<E: NmEnv> NodeManager<E> {
         match self.env.tasks().start(task) {
             Ok(started) => {
                 let output: Drained = Arc::new(AtomicU32::new(started.output.len() as u32));
-                for (stream, fd) in started.output {
+                for (stream, source) in started.output {
                     self.env
                         .output()
-                        .watch(spec.job, rank, stream, fd, output.clone());
+                        .watch(spec.job, rank, stream, source, output.clone());
                 }
                 LocalRank {
                     rank,

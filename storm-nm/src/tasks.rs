@@ -19,6 +19,7 @@ use storm_primitives::NodeId;
 
 use crate::env::{StartedTask, TaskId, TaskRunner, TaskStart};
 use crate::launch::start_pl;
+use crate::output::OutputSource;
 use crate::procstat::TaskStates;
 
 /// How often the launchers are waited on (see the module's overview).
@@ -102,8 +103,11 @@ impl TaskRunner for PlRunner {
                 Ok(StartedTask {
                     id,
                     output: vec![
-                        (Stream::Stdout, started.stdout),
-                        (Stream::Stderr, started.stderr),
+                        (
+                            Stream::Stdout,
+                            Box::new(started.stdout) as Box<dyn OutputSource>,
+                        ),
+                        (Stream::Stderr, Box::new(started.stderr)),
                     ],
                 })
             }

@@ -16,12 +16,17 @@
 //! * [`SimJob::program`]: a job whose program the MM sends; the transfer takes the launch
 //!   model's time ([`TransferModel`]) and moves no bytes.
 //!
-//! Not simulated: what the NM does with processes and pipes (storm-pl, output forwarding,
-//! PMI, program reception); see `docs/architecture.md`.
+//! * [`SimJob::lines`]: tasks that write lines; they cross the NM's own output forwarder and
+//!   the MM's output queue to the client ([`Sim::output`]).
+//!
+//! Not simulated: what the NM does with processes, files and sockets (storm-pl, PMI, program
+//! reception); see `docs/architecture.md`.
 
 pub mod env;
 pub mod node;
+pub mod tasks;
 
+use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicU64;
@@ -33,7 +38,7 @@ use crossbeam_channel::Receiver;
 use storm_cluster::clock::{Clock, VirtualClock};
 use storm_cluster::config::PolicyKind;
 use storm_cluster::control::{JobOutcome, JobRequest, NodeInfo, Reply, Request};
-use storm_cluster::messages::JobId;
+use storm_cluster::messages::{JobId, Stream};
 use storm_cluster::tasks::TaskRequest;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::MachineManager;
@@ -45,7 +50,8 @@ use storm_primitives::{NodeId, Primitives};
 
 use env::Flight;
 pub use env::{SimEnv, TransferModel};
-pub use node::{Heard, IGNORE_SIGTERM, SimNode};
+pub use node::{Heard, SimNode};
+pub use tasks::{IGNORE_SIGTERM, LINES};
 
 /// The uid simulated jobs are submitted as.
 pub const SIM_UID: u32 = 1000;
@@ -93,6 +99,8 @@ pub struct SimJob {
     /// Bytes of a program the MM sends to the job's nodes before it launches (storm-submit's
     /// default); `None` runs a program already on every node (`--no-bcast`).
     pub program: Option<u64>,
+    /// Lines each task writes to its standard output over its work (`rank R line I`).
+    pub lines: u32,
 }
 
 impl SimJob {
@@ -104,7 +112,14 @@ impl SimJob {
             requeue: false,
             ignore_sigterm: false,
             program: None,
+            lines: 0,
         }
+    }
+
+    /// The same job, each task writing `lines` lines.
+    pub fn with_lines(mut self, lines: u32) -> Self {
+        self.lines = lines;
+        self
     }
 
     /// The same job, sending a program of `bytes` first.
@@ -127,6 +142,9 @@ impl SimJob {
         let mut args = vec![self.work.as_millis().to_string()];
         if self.ignore_sigterm {
             args.push(IGNORE_SIGTERM.into());
+        }
+        if self.lines > 0 {
+            args.push(format!("{LINES}{}", self.lines));
         }
         JobRequest {
             name: "sim".into(),
@@ -540,6 +558,41 @@ impl Sim {
             Reply::Finished(o) if o.job == job => Some((*t, o)),
             _ => None,
         })
+    }
+
+    /// What job `job`'s ranks wrote to `stream` as the client received it, by rank: each
+    /// rank's bytes put in order by their offsets (a chunk sent again counts once), up to the
+    /// first gap.
+    pub fn output(&self, job: JobId, stream: Stream) -> BTreeMap<u32, String> {
+        let mut pieces: BTreeMap<u32, BTreeMap<u64, &[u8]>> = BTreeMap::new();
+        for (_, r) in &self.replies {
+            if let Reply::Output(c) = r
+                && c.job == job
+                && c.stream == stream
+            {
+                pieces.entry(c.rank).or_default().insert(c.offset, &c.data);
+            }
+        }
+        pieces
+            .into_iter()
+            .map(|(rank, chunks)| {
+                let mut bytes = Vec::new();
+                for (offset, data) in chunks {
+                    let have = bytes.len() as u64;
+                    if offset > have {
+                        break;
+                    }
+                    let skip = ((have - offset) as usize).min(data.len());
+                    bytes.extend_from_slice(&data[skip..]);
+                }
+                (rank, String::from_utf8_lossy(&bytes).into_owned())
+            })
+            .collect()
+    }
+
+    /// Every reply the client received, in order, with the virtual time it was read.
+    pub fn replies(&self) -> &[(Instant, Reply)] {
+        &self.replies
     }
 
     /// How job `job` ended, if it has.

@@ -1,34 +1,27 @@
 //! A simulated node: the node manager's own core ([`storm_nm::NodeManager`]) over the local
-//! backend, in an environment whose tasks use virtual time instead of processes.
-//!
-//! A simulated task needs `work` of virtual CPU time (the job's first argument, in
-//! milliseconds) and exits 0 when it has had it. It runs while the NM lets it (launched and,
-//! under gang scheduling, continued at its time slot; a halt stops it, as SIGSTOP would). A
-//! signal ends it at once (`Signaled(n)`), except SIGTERM for a job whose second argument is
-//! `ignore-sigterm`. What the daemon does with processes, files and pipes (storm-pl, the
-//! spool, output forwarding, PMI) is what this environment leaves out: program transfers are
-//! modelled on the MM's side ([`crate::env`]), tasks write no output and speak no PMI.
+//! backend, in an environment whose tasks use virtual time instead of processes
+//! ([`crate::tasks`]). Their output crosses the NM's own forwarder
+//! ([`storm_nm::output::SteppedOutput`], pumped once per step) to the MM's output queue. What
+//! the daemon does with files and sockets (the spool, PMI) is what this environment leaves
+//! out: program transfers are modelled on the MM's side ([`crate::env`]), and tasks speak no
+//! PMI.
 
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use storm_cluster::clock::Clock;
-use storm_cluster::messages::{Command, FileInfo, HeldJob, JobId, MpiMode, RankStatus, Stream};
+use storm_cluster::messages::{Command, FileInfo, HeldJob, JobId, MpiMode};
 use storm_cluster::{ClusterConfig, RmLayout};
-use storm_nm::env::{
-    OutputForwarder, PmiServer, Spool, StartedTask, SwitchRecord, TaskId, TaskRunner, TaskStart,
-};
+use storm_nm::env::{OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
 use storm_nm::membership::Identity;
-use storm_nm::output::Drained;
+use storm_nm::output::{Forwarder, SteppedOutput};
 use storm_nm::pmi::JobFacts;
 use storm_nm::{JobState, NmEnv, NmParts, NodeManager, Stepped};
 use storm_primitives::{NodeId, Primitives};
 
-/// The argument that makes a simulated task ignore SIGTERM.
-pub const IGNORE_SIGTERM: &str = "ignore-sigterm";
+use crate::tasks::SimTasks;
 
 /// How many messages a node takes in one step at most (it takes all that arrived).
 const MESSAGES_PER_STEP: usize = 1024;
@@ -60,13 +53,12 @@ impl SimNode {
             pid: 1000 + id,
             started_ms: clock.unix_ms(),
         };
+        // An ENQUEUE that finds no room gives up at once: the next step tries again.
+        let forwarder = Forwarder::new(prims.clone(), rm, id, cfg.mm_id(), Duration::ZERO);
         let env = SimNodeEnv {
             origin: clock.now(),
-            tasks: SimTasks {
-                tasks: HashMap::new(),
-                next: 1,
-                last: clock.now(),
-            },
+            tasks: SimTasks::new(clock.now()),
+            output: SteppedOutput::new(forwarder, clock.now()),
             clock,
             none: NoFiles,
             record,
@@ -121,8 +113,9 @@ impl SimNode {
         &self.core.env().heard
     }
 
-    /// One step at the clock's time: the tasks progress, and the NM takes everything that
-    /// arrived, carries it out, and reports jobs whose tasks here have all ended.
+    /// One step at the clock's time: the tasks progress, their output goes to the MM, and the
+    /// NM takes everything that arrived, carries it out, and reports jobs whose tasks here
+    /// have all ended (and whose output was delivered).
     pub fn step(&mut self) {
         let env = self.core.env_mut();
         let now = env.clock.now();
@@ -130,12 +123,15 @@ impl SimNode {
         if self.frozen {
             return;
         }
+        env.output.pump(now);
         for _ in 0..MESSAGES_PER_STEP {
             match self.core.step(Duration::ZERO) {
                 Ok(Stepped::Message) => {}
                 Ok(Stepped::Idle) | Err(_) => break,
             }
         }
+        // What the NM told the user, and what a new epoch sends again, goes now.
+        self.core.env_mut().output.pump(now);
     }
 }
 
@@ -144,6 +140,7 @@ pub struct SimNodeEnv {
     clock: Arc<dyn Clock>,
     origin: Instant,
     tasks: SimTasks,
+    output: SteppedOutput,
     none: NoFiles,
     record: bool,
     heard: Vec<Heard>,
@@ -163,7 +160,7 @@ impl NmEnv for SimNodeEnv {
     }
 
     fn output(&mut self) -> &mut dyn OutputForwarder {
-        &mut self.none
+        &mut self.output
     }
 
     fn pmi(&mut self) -> &mut dyn PmiServer {
@@ -187,104 +184,8 @@ impl NmEnv for SimNodeEnv {
     }
 }
 
-struct SimTask {
-    /// Virtual CPU time the task still needs.
-    left: Duration,
-    ignore_term: bool,
-    halted: bool,
-    status: Option<RankStatus>,
-}
-
-/// Tasks that run in virtual time.
-struct SimTasks {
-    tasks: HashMap<TaskId, SimTask>,
-    next: TaskId,
-    /// When the tasks last progressed.
-    last: Instant,
-}
-
-impl SimTasks {
-    /// Every task that may run has run from the last advance until `now`.
-    fn advance(&mut self, now: Instant) {
-        let ran = now.saturating_duration_since(self.last);
-        self.last = now;
-        for t in self
-            .tasks
-            .values_mut()
-            .filter(|t| t.status.is_none() && !t.halted)
-        {
-            t.left = t.left.saturating_sub(ran);
-            if t.left.is_zero() {
-                t.status = Some(RankStatus::Exited(0));
-            }
-        }
-    }
-}
-
-impl TaskRunner for SimTasks {
-    fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
-        let left = task
-            .args
-            .first()
-            .and_then(|a| a.parse::<u64>().ok())
-            .map_or(Duration::ZERO, Duration::from_millis);
-        let id = self.next;
-        self.next += 1;
-        self.tasks.insert(
-            id,
-            SimTask {
-                left,
-                ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
-                halted: false,
-                status: None,
-            },
-        );
-        Ok(StartedTask {
-            id,
-            output: Vec::new(),
-        })
-    }
-
-    fn halt(&mut self, task: TaskId) -> bool {
-        if let Some(t) = self.tasks.get_mut(&task) {
-            t.halted = true;
-        }
-        true
-    }
-
-    fn resume(&mut self, task: TaskId) {
-        if let Some(t) = self.tasks.get_mut(&task) {
-            t.halted = false;
-        }
-    }
-
-    fn signal(&mut self, task: TaskId, signal: i32) {
-        let Some(t) = self.tasks.get_mut(&task) else {
-            return;
-        };
-        if t.status.is_none() && !(signal == libc::SIGTERM && t.ignore_term) {
-            t.status = Some(RankStatus::Signaled(signal));
-        }
-    }
-
-    fn status(&mut self, task: TaskId) -> Option<RankStatus> {
-        self.tasks.get(&task).and_then(|t| t.status)
-    }
-
-    fn wait_stopped(&mut self, _tasks: &[TaskId], _wait: Duration) -> bool {
-        // A halted simulated task stops at once.
-        true
-    }
-
-    fn release(&mut self, task: TaskId) {
-        self.tasks.remove(&task);
-    }
-
-    fn poll(&mut self) {}
-}
-
 /// What the simulated node has no use for: a spool (transfers are modelled by the MM's
-/// environment), output (tasks write none) and PMI (tasks speak none).
+/// environment) and PMI (tasks speak none).
 struct NoFiles;
 
 impl Spool for NoFiles {
@@ -299,34 +200,6 @@ impl Spool for NoFiles {
     fn stop_all(&mut self) {}
 
     fn remove(&mut self, _job: JobId) {}
-}
-
-impl OutputForwarder for NoFiles {
-    fn watch(&mut self, _: JobId, _: u32, _: Stream, _: OwnedFd, remaining: Drained) {
-        remaining.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-
-    fn tell(&mut self, job: JobId, rank: u32, text: &str, _remaining: &Drained) {
-        tracing::info!(job, rank, "to the user: {}", text.trim_end());
-    }
-
-    fn close_job(&mut self, _job: JobId) {}
-
-    fn hold(&mut self) {}
-
-    fn new_epoch(&mut self, _epoch: u32) {}
-
-    fn flushed(&self, _epoch: u32) -> bool {
-        true
-    }
-
-    fn stalled(&self) -> bool {
-        false
-    }
-
-    fn backlogged(&self) -> bool {
-        false
-    }
 }
 
 impl PmiServer for NoFiles {

@@ -1,0 +1,210 @@
+//! Tasks in virtual time: the simulated node's [`TaskRunner`].
+//!
+//! A task needs `work` of virtual CPU time (its first argument, in milliseconds) and exits 0
+//! when it has had it. It runs while the NM lets it (launched and, under gang scheduling,
+//! continued at its time slot; a halt stops it, as SIGSTOP would). A signal ends it at once
+//! (`Signaled(n)`), except SIGTERM for a task given `ignore-sigterm`. Given `lines=N`, it
+//! writes N lines to its standard output, `rank R line I`, spread evenly over its work (line
+//! I once it has had I/N of it). Its streams are in memory ([`MemoryStream`]), read by the
+//! NM's forwarder; both end when the task does.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use storm_cluster::messages::{RankStatus, Stream};
+use storm_nm::env::{StartedTask, TaskId, TaskRunner, TaskStart};
+use storm_nm::output::OutputSource;
+
+/// The argument that makes a simulated task ignore SIGTERM.
+pub const IGNORE_SIGTERM: &str = "ignore-sigterm";
+
+/// The argument prefix that makes a simulated task write lines (`lines=N`).
+pub const LINES: &str = "lines=";
+
+/// A stream in memory: what the task wrote and the forwarder has not read yet.
+#[derive(Clone, Default)]
+pub struct MemoryStream(Arc<Mutex<Written>>);
+
+#[derive(Default)]
+struct Written {
+    bytes: VecDeque<u8>,
+    ended: bool,
+}
+
+impl MemoryStream {
+    fn write(&self, text: &str) {
+        self.0.lock().expect("stream").bytes.extend(text.as_bytes());
+    }
+
+    fn end(&self) {
+        self.0.lock().expect("stream").ended = true;
+    }
+}
+
+impl OutputSource for MemoryStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut w = self.0.lock().expect("stream");
+        if w.bytes.is_empty() {
+            return if w.ended {
+                Ok(0)
+            } else {
+                Err(std::io::ErrorKind::WouldBlock.into())
+            };
+        }
+        let n = buf.len().min(w.bytes.len());
+        for (b, byte) in buf.iter_mut().zip(w.bytes.drain(..n)) {
+            *b = byte;
+        }
+        Ok(n)
+    }
+
+    fn pipe(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+}
+
+struct SimTask {
+    rank: u32,
+    work: Duration,
+    /// Virtual CPU time the task still needs.
+    left: Duration,
+    lines: u32,
+    written: u32,
+    ignore_term: bool,
+    halted: bool,
+    status: Option<RankStatus>,
+    stdout: MemoryStream,
+    stderr: MemoryStream,
+}
+
+impl SimTask {
+    /// Writes the lines its progress has reached.
+    fn write_due(&mut self) {
+        let done = self.work.saturating_sub(self.left).as_nanos();
+        let work = self.work.as_nanos().max(1);
+        let due = if self.left.is_zero() {
+            self.lines
+        } else {
+            (done * self.lines as u128 / work) as u32
+        };
+        while self.written < due {
+            self.written += 1;
+            self.stdout
+                .write(&format!("rank {} line {}\n", self.rank, self.written));
+        }
+    }
+
+    fn end(&mut self, status: RankStatus) {
+        self.status = Some(status);
+        self.stdout.end();
+        self.stderr.end();
+    }
+}
+
+/// The tasks of one simulated node.
+pub struct SimTasks {
+    tasks: HashMap<TaskId, SimTask>,
+    next: TaskId,
+    /// When the tasks last progressed.
+    last: Instant,
+}
+
+impl SimTasks {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            tasks: HashMap::new(),
+            next: 1,
+            last: now,
+        }
+    }
+
+    /// Every task that may run has run from the last advance until `now`.
+    pub fn advance(&mut self, now: Instant) {
+        let ran = now.saturating_duration_since(self.last);
+        self.last = now;
+        for t in self
+            .tasks
+            .values_mut()
+            .filter(|t| t.status.is_none() && !t.halted)
+        {
+            t.left = t.left.saturating_sub(ran);
+            t.write_due();
+            if t.left.is_zero() {
+                t.end(RankStatus::Exited(0));
+            }
+        }
+    }
+}
+
+impl TaskRunner for SimTasks {
+    fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
+        let work = task
+            .args
+            .first()
+            .and_then(|a| a.parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
+        let lines = task
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix(LINES)?.parse().ok())
+            .unwrap_or(0);
+        let id = self.next;
+        self.next += 1;
+        let t = SimTask {
+            rank: task.rank,
+            work,
+            left: work,
+            lines,
+            written: 0,
+            ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
+            halted: false,
+            status: None,
+            stdout: MemoryStream::default(),
+            stderr: MemoryStream::default(),
+        };
+        let output: Vec<(Stream, Box<dyn OutputSource>)> = vec![
+            (Stream::Stdout, Box::new(t.stdout.clone())),
+            (Stream::Stderr, Box::new(t.stderr.clone())),
+        ];
+        self.tasks.insert(id, t);
+        Ok(StartedTask { id, output })
+    }
+
+    fn halt(&mut self, task: TaskId) -> bool {
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.halted = true;
+        }
+        true
+    }
+
+    fn resume(&mut self, task: TaskId) {
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.halted = false;
+        }
+    }
+
+    fn signal(&mut self, task: TaskId, signal: i32) {
+        let Some(t) = self.tasks.get_mut(&task) else {
+            return;
+        };
+        if t.status.is_none() && !(signal == libc::SIGTERM && t.ignore_term) {
+            t.end(RankStatus::Signaled(signal));
+        }
+    }
+
+    fn status(&mut self, task: TaskId) -> Option<RankStatus> {
+        self.tasks.get(&task).and_then(|t| t.status)
+    }
+
+    fn wait_stopped(&mut self, _tasks: &[TaskId], _wait: Duration) -> bool {
+        // A halted simulated task stops at once.
+        true
+    }
+
+    fn release(&mut self, task: TaskId) {
+        self.tasks.remove(&task);
+    }
+
+    fn poll(&mut self) {}
+}
