@@ -1,11 +1,16 @@
-//! Receiving a program (Algorithm 7): dequeue chunks from the chunk queue, write them to the
-//! node-local spool, then dequeue the trailer the MM sends after the data and check size and
+//! Receiving a program (Algorithm 7): dequeue chunks from the chunk queue, write them to a
+//! [`ProgramSink`], then dequeue the trailer the MM sends after the data and check size and
 //! checksum against it; only then acknowledge in `file.ack`.
+//!
+//! [`Reception`] is the receiver's core: it takes what has arrived each time it is stepped
+//! and reads the time it is given, so a test drives it without threads or waits. The daemon
+//! runs one on a thread per transfer ([`spawn`]) with a [`FileSink`] in the job's spool
+//! directory.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -14,6 +19,224 @@ use storm_cluster::RmLayout;
 use storm_cluster::messages::{Checksum, FileInfo, FileTrailer};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{Primitives, Wait};
+
+/// How long the receiving thread waits for an entry before it looks at its cancel flag.
+const DEQUEUE_WAIT: Duration = Duration::from_millis(20);
+
+/// Most entries one step takes, so that a host looks at its other duties between them.
+const ENTRIES_PER_STEP: usize = 64;
+
+/// Where a received program goes.
+pub trait ProgramSink: Send {
+    /// The next piece of the program.
+    fn write(&mut self, chunk: &[u8]) -> Result<(), String>;
+    /// The program was received whole and verified.
+    fn finish(&mut self) -> Result<(), String>;
+    /// The transfer failed: remove what was written.
+    fn discard(&mut self);
+}
+
+/// Where a reception stands after a step.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Received {
+    /// More is to come.
+    Pending,
+    /// The program was received and verified, or why not.
+    Done(Result<(), String>),
+}
+
+/// One program transfer being received.
+pub struct Reception {
+    info: FileInfo,
+    consumer: QueueConsumer,
+    sink: Box<dyn ProgramSink>,
+    sum: Checksum,
+    written: u64,
+    /// When the last entry arrived (or the reception began).
+    last: Instant,
+    /// How long the transfer may make no progress before the receiver gives up.
+    stall: Duration,
+    trailer: Option<Option<FileTrailer>>,
+}
+
+impl Reception {
+    /// Starts consuming the chunk queue at the transfer's epoch.
+    pub fn new(
+        prims: &dyn Primitives,
+        rm: &RmLayout,
+        info: FileInfo,
+        sink: Box<dyn ProgramSink>,
+        now: Instant,
+        stall: Duration,
+    ) -> Result<Self, String> {
+        let consumer =
+            QueueConsumer::new(prims, rm.chunks, info.transfer).map_err(|e| e.to_string())?;
+        Ok(Self {
+            info,
+            consumer,
+            sink,
+            sum: Checksum::new(),
+            written: 0,
+            last: now,
+            stall,
+            trailer: None,
+        })
+    }
+
+    pub fn info(&self) -> &FileInfo {
+        &self.info
+    }
+
+    /// Takes the entries that arrived (waiting up to `wait` for the first), and says whether
+    /// the transfer is over. A failed transfer's sink is discarded.
+    pub fn step(&mut self, prims: &dyn Primitives, now: Instant, wait: Wait) -> Received {
+        let done = match self.take(prims, now, wait) {
+            Ok(false) => return Received::Pending,
+            Ok(true) => self.verify().and_then(|()| self.sink.finish()),
+            Err(e) => Err(e),
+        };
+        if done.is_err() {
+            self.sink.discard();
+        }
+        Received::Done(done)
+    }
+
+    /// Takes entries; true once the trailer is in.
+    fn take(
+        &mut self,
+        prims: &dyn Primitives,
+        now: Instant,
+        mut wait: Wait,
+    ) -> Result<bool, String> {
+        for _ in 0..ENTRIES_PER_STEP {
+            let size = self.info.size;
+            let (written, sum, sink, trailer) = (
+                &mut self.written,
+                &mut self.sum,
+                &mut self.sink,
+                &mut self.trailer,
+            );
+            let got = self
+                .consumer
+                .dequeue_with(prims, wait, &mut |entry: &[u8]| {
+                    if *written < size {
+                        sink.write(entry)?;
+                        sum.update(entry);
+                        *written += entry.len() as u64;
+                    } else {
+                        *trailer = Some(FileTrailer::from_bytes(entry));
+                    }
+                    Ok::<(), String>(())
+                })
+                .map_err(|e| e.to_string())?;
+            match got {
+                Some(result) => {
+                    result.map_err(|e| format!("{e} after {} of {size} bytes", self.written))?;
+                    self.last = now;
+                    if self.trailer.is_some() {
+                        return Ok(true);
+                    }
+                }
+                None if now.saturating_duration_since(self.last) > self.stall => {
+                    return Err(format!(
+                        "no data for {:?} after {} of {size} bytes",
+                        self.stall, self.written
+                    ));
+                }
+                None => return Ok(false),
+            }
+            wait = Wait::Poll;
+        }
+        Ok(false)
+    }
+
+    /// Size and checksum against the trailer.
+    fn verify(&mut self) -> Result<(), String> {
+        let trailer = self
+            .trailer
+            .take()
+            .flatten()
+            .ok_or("the transfer did not end with a trailer")?;
+        if self.written != self.info.size || trailer.size != self.written {
+            return Err(format!(
+                "received {} bytes, expected {}",
+                self.written, trailer.size
+            ));
+        }
+        if std::mem::replace(&mut self.sum, Checksum::new()).finish() != trailer.checksum {
+            return Err("checksum mismatch: the received program differs from the one sent".into());
+        }
+        Ok(())
+    }
+
+    /// Tells the MM how the transfer ended: `2*transfer + 1` for a verified file, `2*transfer`
+    /// for a failure (written, so the MM learns of it instead of waiting). A cancelled
+    /// transfer writes none: nobody waits for it, and a later transfer may.
+    pub fn acknowledge(&self, prims: &dyn Primitives, rm: &RmLayout, ok: bool) {
+        let ack = 2 * self.info.transfer as u64 + u64::from(ok);
+        prims.memory().store(rm.file_ack, ack);
+    }
+}
+
+/// A program file in the spool: 0700, in a 0700 directory, both owned by the job's user when
+/// the NM runs as root.
+pub struct FileSink {
+    path: PathBuf,
+    file: std::fs::File,
+    owner: Option<(u32, u32)>,
+}
+
+impl FileSink {
+    pub fn create(path: &Path, owner: Option<(u32, u32)>) -> Result<Self, String> {
+        if let Some(dir) = path.parent() {
+            // The job's directory is its user's alone: 0700, owned by them.
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("chmod {}: {e}", dir.display()))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                    .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+            }
+        }
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o700)
+            .open(path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            owner,
+        })
+    }
+}
+
+impl ProgramSink for FileSink {
+    fn write(&mut self, chunk: &[u8]) -> Result<(), String> {
+        self.file
+            .write_all(chunk)
+            .map_err(|e| format!("writing {}: {e}", self.path.display()))
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        let path = &self.path;
+        self.file
+            .set_permissions(std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|e| format!("chown {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 /// A receiving thread.
 pub struct Receiver {
@@ -37,9 +260,8 @@ impl Receiver {
     }
 }
 
-/// Starts the receiving thread. The acknowledgement is `2*transfer + 1` for a verified file,
-/// `2*transfer` for a failure (written, so the MM learns of it instead of waiting); a
-/// cancelled transfer writes none (nobody waits for it, and a later transfer may).
+/// Starts a thread that receives the program of `info` into `path` and acknowledges it (see
+/// [`Reception::acknowledge`]).
 pub fn spawn(
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
@@ -52,17 +274,37 @@ pub fn spawn(
     let flag = cancel.clone();
     let name = format!("storm-nm-recv-{}", info.job);
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let ok = match receive(&*prims, &rm, &info, &path, owner, &flag, stall) {
-            Ok(()) => true,
+        let job = info.job;
+        let transfer = info.transfer;
+        let reception = FileSink::create(&path, owner).and_then(|sink| {
+            Reception::new(&*prims, &rm, info, Box::new(sink), Instant::now(), stall)
+        });
+        let mut reception = match reception {
+            Ok(r) => r,
             Err(e) => {
-                tracing::error!(job = info.job, "program transfer failed: {e}");
-                let _ = std::fs::remove_file(&path);
-                false
+                tracing::error!(job, "program transfer failed: {e}");
+                if !flag.load(Ordering::Acquire) {
+                    prims.memory().store(rm.file_ack, 2 * transfer as u64);
+                }
+                return;
+            }
+        };
+        let ok = loop {
+            if flag.load(Ordering::Acquire) {
+                reception.sink.discard();
+                return;
+            }
+            match reception.step(&*prims, Instant::now(), Wait::Timeout(DEQUEUE_WAIT)) {
+                Received::Pending => {}
+                Received::Done(Ok(())) => break true,
+                Received::Done(Err(e)) => {
+                    tracing::error!(job, "program transfer failed: {e}");
+                    break false;
+                }
             }
         };
         if !flag.load(Ordering::Acquire) {
-            let ack = 2 * info.transfer as u64 + u64::from(ok);
-            prims.memory().store(rm.file_ack, ack);
+            reception.acknowledge(&*prims, &rm, ok);
         }
     });
     let thread = match spawned {
@@ -73,93 +315,4 @@ pub fn spawn(
         }
     };
     Receiver { cancel, thread }
-}
-
-fn receive(
-    prims: &dyn Primitives,
-    rm: &RmLayout,
-    info: &FileInfo,
-    path: &PathBuf,
-    owner: Option<(u32, u32)>,
-    cancel: &AtomicBool,
-    stall: Duration,
-) -> Result<(), String> {
-    let mut consumer =
-        QueueConsumer::new(prims, rm.chunks, info.transfer).map_err(|e| e.to_string())?;
-    if let Some(dir) = path.parent() {
-        // The job's directory is its user's alone: 0700, owned by them.
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod {}: {e}", dir.display()))?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                .map_err(|e| format!("chown {}: {e}", dir.display()))?;
-        }
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o700)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    let mut sum = Checksum::new();
-    let mut written = 0u64;
-    let mut last = Instant::now();
-    // Waits for the next entry and hands it, in place in the queue slot, to `consume`.
-    let mut next = |consume: &mut dyn FnMut(&[u8]) -> Result<(), String>| -> Result<(), String> {
-        loop {
-            if cancel.load(Ordering::Acquire) {
-                return Err("cancelled".into());
-            }
-            let got = consumer
-                .dequeue_with(
-                    prims,
-                    Wait::Timeout(Duration::from_millis(20)),
-                    &mut *consume,
-                )
-                .map_err(|e| e.to_string())?;
-            match got {
-                Some(result) => {
-                    last = Instant::now();
-                    return result;
-                }
-                None if last.elapsed() > stall => return Err(format!("no data for {stall:?}")),
-                None => {}
-            }
-        }
-    };
-    while written < info.size {
-        next(&mut |chunk: &[u8]| {
-            file.write_all(chunk)
-                .map_err(|e| format!("writing {}: {e}", path.display()))?;
-            sum.update(chunk);
-            written += chunk.len() as u64;
-            Ok(())
-        })
-        .map_err(|e| format!("{e} after {written} of {} bytes", info.size))?;
-    }
-    let mut trailer = None;
-    next(&mut |bytes: &[u8]| {
-        trailer = FileTrailer::from_bytes(bytes);
-        Ok(())
-    })?;
-    let trailer = trailer.ok_or("the transfer did not end with a trailer")?;
-    if written != info.size || trailer.size != written {
-        return Err(format!(
-            "received {written} bytes, expected {}",
-            trailer.size
-        ));
-    }
-    if sum.finish() != trailer.checksum {
-        return Err("checksum mismatch: the received program differs from the one sent".into());
-    }
-    file.set_permissions(std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(path, Some(uid), Some(gid))
-            .map_err(|e| format!("chown {}: {e}", path.display()))?;
-    }
-    Ok(())
 }
