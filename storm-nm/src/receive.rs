@@ -179,10 +179,12 @@ impl Reception {
 }
 
 /// A program file in the spool: 0700, in a 0700 directory, both owned by the job's user when
-/// the NM runs as root.
+/// the NM runs as root. It is closed when finished or discarded: a program still open for
+/// writing cannot be executed (ETXTBSY), and the acknowledgement that lets the MM launch it
+/// follows the finish.
 pub struct FileSink {
     path: PathBuf,
-    file: std::fs::File,
+    file: Option<std::fs::File>,
     owner: Option<(u32, u32)>,
 }
 
@@ -208,7 +210,7 @@ impl FileSink {
             .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         Ok(Self {
             path: path.to_path_buf(),
-            file,
+            file: Some(file),
             owner,
         })
     }
@@ -216,15 +218,20 @@ impl FileSink {
 
 impl ProgramSink for FileSink {
     fn write(&mut self, chunk: &[u8]) -> Result<(), String> {
-        self.file
-            .write_all(chunk)
-            .map_err(|e| format!("writing {}: {e}", self.path.display()))
+        let path = &self.path;
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| format!("writing {}: already closed", path.display()))?;
+        file.write_all(chunk)
+            .map_err(|e| format!("writing {}: {e}", path.display()))
     }
 
     fn finish(&mut self) -> Result<(), String> {
         let path = &self.path;
-        self.file
-            .set_permissions(std::fs::Permissions::from_mode(0o700))
+        // Closed here, before anyone may execute it.
+        drop(self.file.take());
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| format!("chmod {}: {e}", path.display()))?;
         if let Some((uid, gid)) = self.owner {
             std::os::unix::fs::chown(path, Some(uid), Some(gid))
@@ -234,6 +241,7 @@ impl ProgramSink for FileSink {
     }
 
     fn discard(&mut self) {
+        drop(self.file.take());
         let _ = std::fs::remove_file(&self.path);
     }
 }

@@ -238,3 +238,37 @@ fn a_transfer_that_stops_is_given_up_after_the_stall_time() {
     );
     assert_eq!(sink.0.lock().unwrap().1, "discarded");
 }
+
+/// The MM launches a program as soon as its acknowledgement is in, so the spooled file must
+/// be closed by then: a file still open for writing cannot be executed (ETXTBSY, seen in CI
+/// as "Text file busy" when a requeued job started on a node that had just received it).
+#[test]
+fn a_received_program_can_be_executed_as_soon_as_it_is_verified() {
+    let c = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job-7").join("a.out");
+    let program = b"#!/bin/sh\nexit 3\n".to_vec();
+    let sink = storm_nm::receive::FileSink::create(&path, None).unwrap();
+    let now = Instant::now();
+    let mut r = Reception::new(
+        &c.node,
+        &c.rm,
+        info(program.len() as u64),
+        Box::new(sink),
+        now,
+        STALL,
+    )
+    .unwrap();
+    let trailer = FileTrailer {
+        size: program.len() as u64,
+        checksum: checksum(&program),
+    };
+    assert_eq!(
+        run(&c, &mut r, &entries(&c, &program, trailer), now),
+        Received::Done(Ok(()))
+    );
+    // The reception is still alive, as it is until its thread ends.
+    let status = std::process::Command::new(&path).status().unwrap();
+    assert_eq!(status.code(), Some(3));
+    drop(r);
+}
