@@ -672,3 +672,45 @@ fn every_daemon_says_when_it_is_ready_and_the_log_has_no_colour() {
         text(&log)
     );
 }
+
+/// The phases `--timing` names, parsed from its line (milliseconds).
+fn timing_of(stderr: &str) -> BTreeMap<String, f64> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(" timing: "))
+        .unwrap_or_else(|| panic!("no timing line in {stderr:?}"));
+    let rest = line.split(" timing: ").nth(1).unwrap();
+    rest.replace(['(', ')'], ",")
+        .split(',')
+        .filter_map(|part| {
+            let mut words = part.split_whitespace();
+            let name = words.next()?;
+            let value: f64 = words.next()?.parse().ok()?;
+            Some((name.to_string(), value))
+        })
+        .collect()
+}
+
+/// `--timing` splits the execution by when the tasks ran, as the launchers recorded it: a
+/// 300 ms sleep on every node runs for at least 300 ms between the first task's start and
+/// the last one's end, and start, run and report add up to the execution.
+#[test]
+fn timing_splits_the_execution_into_start_run_and_report() {
+    let c = TestCluster::start(2);
+    let out = c.submit(&["-N", "2", "--timing", "--no-bcast", "/bin/sleep", "0.3"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let t = timing_of(&err);
+    for phase in [
+        "queued", "send", "launch", "execute", "start", "run", "report", "total",
+    ] {
+        assert!(t.contains_key(phase), "no {phase} in {err}");
+    }
+    assert!(t["run"] >= 300.0, "{err}");
+    let parts = t["start"] + t["run"] + t["report"];
+    assert!(
+        (parts - t["execute"]).abs() <= 0.2,
+        "start + run + report = {parts} ms, execute {} ms: {err}",
+        t["execute"]
+    );
+}

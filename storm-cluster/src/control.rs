@@ -117,15 +117,26 @@ pub enum Request {
     Shutdown,
 }
 
-/// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown).
+/// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown, and
+/// `storm-submit --timing`). `queued + send + launch + execute = total`, and `execute =
+/// start + run + report` as far as the nodes' clocks tell (they count from their own receipt
+/// of the launch heartbeat).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Timing {
     /// Submission to nodes allocated.
     pub queued_us: u64,
     /// Nodes allocated to program ready on every node (0 with `--no-bcast`).
     pub send_us: u64,
+    /// Program ready (nodes allocated with `--no-bcast`) to the launch heartbeat issued.
+    pub launch_us: u64,
     /// Launch heartbeat to termination detected.
     pub execute_us: u64,
+    /// Launch heartbeat to the first task started (on the node that started one first).
+    pub start_us: u64,
+    /// First task started to last task ended (on any node).
+    pub run_us: u64,
+    /// Last task ended to termination detected by the MM.
+    pub report_us: u64,
     /// Submission to termination detected.
     pub total_us: u64,
 }

@@ -12,9 +12,9 @@ use storm_primitives::{Area, EventId, Layout, LayoutError, QueueLayout, VarArray
 
 use crate::config::ClusterConfig;
 
-/// Bytes of one node's report for one job: job id, count, then one status per task.
+/// Bytes of one node's report for one job: job id, count, one status per task, the timing.
 pub fn report_bytes(max_tasks_per_node: usize) -> usize {
-    16 + 16 * max_tasks_per_node + 64
+    16 + 16 * max_tasks_per_node + 96
 }
 
 /// Offsets of everything the daemons share.

@@ -365,6 +365,19 @@ pub struct NodeReport {
     pub job: JobId,
     /// (rank, status) for each task of the job on this node.
     pub statuses: Vec<(u32, RankStatus)>,
+    pub timing: NodeTiming,
+}
+
+/// When a job's tasks ran on one node, in microseconds after the node took the heartbeat
+/// that launched them (its own clock: nodes' clocks need not agree).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTiming {
+    /// The first local task started (its launcher forked it); none if none started.
+    pub first_started_us: Option<u64>,
+    /// The last local task ended; none if the node does not know when (a lost launcher).
+    pub last_exited_us: Option<u64>,
+    /// The node wrote its report.
+    pub reported_us: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -326,6 +326,11 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
             &NodeReport {
                 job: 42,
                 statuses: vec![(0, RankStatus::Exited(0)), (1, RankStatus::Signaled(9))],
+                timing: messages::NodeTiming {
+                    first_started_us: Some(1_200),
+                    last_exited_us: Some(9_000),
+                    reported_us: 9_400,
+                },
             },
         ),
         tagged(

@@ -63,6 +63,13 @@ pub struct StartedTask {
 /// A runner's name for one of its tasks.
 pub type TaskId = u64;
 
+/// When a task started and ended, in [`NmEnv::stamp_ns`]'s time, as far as it has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskTimes {
+    pub started_ns: Option<u128>,
+    pub exited_ns: Option<u128>,
+}
+
 /// Starts, signals and watches the tasks on this node.
 pub trait TaskRunner {
     /// Starts a task (not waiting for it to run); the error says why it cannot start.
@@ -77,6 +84,8 @@ pub trait TaskRunner {
     fn signal(&mut self, task: TaskId, signal: i32);
     /// How the task ended, once it has.
     fn status(&mut self, task: TaskId) -> Option<RankStatus>;
+    /// When the task started and ended (for `storm-submit --timing`).
+    fn times(&mut self, task: TaskId) -> TaskTimes;
     /// Waits at most `wait` until every one of `tasks` has acted on its stop (or is gone);
     /// false if some still runs.
     fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool;

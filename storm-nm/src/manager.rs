@@ -24,13 +24,14 @@ use std::time::{Duration, Instant};
 
 use storm_cluster::config::PolicyKind;
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, Program, RankStatus, decode,
+    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, NodeTiming, Program,
+    RankStatus, decode,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
-use crate::env::{NmEnv, SwitchRecord, TaskId, TaskStart};
+use crate::env::{NmEnv, SwitchRecord, TaskId, TaskStart, TaskTimes};
 use crate::membership::{Event, Identity, Registration};
 use crate::output::Drained;
 use crate::pmi::{JobFacts, process_mapping};
@@ -115,6 +116,8 @@ struct LocalJob {
     /// Signalled to end: it runs until it does, whatever the schedule.
     ending: bool,
     exited_at: Option<Instant>,
+    /// When this node took the heartbeat that launched it ([`NmEnv::stamp_ns`]).
+    launched_ns: u128,
     output_closed: bool,
     reported: bool,
     /// Reported to another MM process: reported again to this one once the output that
@@ -124,13 +127,14 @@ struct LocalJob {
 
 impl LocalJob {
     /// A job as it starts on this node; `ending` for one whose tasks never start here.
-    fn new(spec: LaunchSpec, ranks: Vec<LocalRank>, ending: bool) -> Self {
+    fn new(spec: LaunchSpec, ranks: Vec<LocalRank>, ending: bool, launched_ns: u128) -> Self {
         Self {
             spec,
             ranks,
             suspended: false,
             ending,
             exited_at: None,
+            launched_ns,
             output_closed: false,
             reported: false,
             report_again: false,
@@ -185,6 +189,9 @@ pub struct NodeManager<E: NmEnv> {
     switch: Option<Switch>,
     /// The MM process (incarnation) and output queue epoch of the current membership.
     incarnation: Option<u64>,
+    /// When the latest heartbeat was taken ([`NmEnv::stamp_ns`]): jobs it launches count
+    /// their timing from it.
+    heard_ns: u128,
     output_epoch: u32,
     /// A heartbeat said to shut down.
     done: bool,
@@ -226,6 +233,7 @@ impl<E: NmEnv> NodeManager<E> {
             run: Vec::new(),
             switch: None,
             incarnation: None,
+            heard_ns: 0,
             output_epoch: 0,
             done: false,
         }
@@ -319,6 +327,7 @@ impl<E: NmEnv> NodeManager<E> {
     /// Carries out one heartbeat.
     fn heartbeat(&mut self, bytes: &[u8]) {
         let received_ns = self.env.stamp_ns();
+        self.heard_ns = received_ns;
         let hb: Heartbeat = match decode("heartbeat", bytes, self.cfg.cluster.heartbeat_bytes) {
             Ok(hb) => hb,
             Err(e) => {
@@ -519,7 +528,7 @@ impl<E: NmEnv> NodeManager<E> {
         }
         tracing::info!(node = self.node, job = spec.job, ranks = count, "launched");
         self.jobs
-            .insert(spec.job, LocalJob::new(spec, started, false));
+            .insert(spec.job, LocalJob::new(spec, started, false, self.heard_ns));
     }
 
     /// A job whose tasks never started on this node: report them with `status`.
@@ -531,7 +540,8 @@ impl<E: NmEnv> NodeManager<E> {
         let ranks = (first..first + count)
             .map(|rank| LocalRank::unstarted(rank, status))
             .collect();
-        self.jobs.insert(spec.job, LocalJob::new(spec, ranks, true));
+        let job = LocalJob::new(spec, ranks, true, self.heard_ns);
+        self.jobs.insert(job.spec.job, job);
     }
 
     fn start_rank(
@@ -862,7 +872,19 @@ impl<E: NmEnv> NodeManager<E> {
             .iter()
             .filter_map(|r| Some((r.rank, r.status?)))
             .collect();
-        self.reporter().report(&j.spec, statuses)?;
+        let times: Vec<TaskTimes> = j
+            .ranks
+            .iter()
+            .filter_map(|r| r.task)
+            .map(|t| self.env.tasks().times(t))
+            .collect();
+        let since = |ns: u128| (ns.saturating_sub(j.launched_ns) / 1_000) as u64;
+        let timing = NodeTiming {
+            first_started_us: times.iter().filter_map(|t| t.started_ns).min().map(since),
+            last_exited_us: times.iter().filter_map(|t| t.exited_ns).max().map(since),
+            reported_us: since(self.env.stamp_ns()),
+        };
+        self.reporter().report(&j.spec, statuses, timing)?;
         let Some(j) = self.jobs.get_mut(&job) else {
             return Ok(());
         };

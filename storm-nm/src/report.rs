@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{LaunchSpec, NodeReport, RankStatus, encode};
+use storm_cluster::messages::{LaunchSpec, NodeReport, NodeTiming, RankStatus, encode};
 use storm_primitives::{EventId, NodeId, NodeSet, Primitives, Wait};
 
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +51,13 @@ impl Reporter<'_> {
         &self,
         spec: &LaunchSpec,
         statuses: Vec<(u32, RankStatus)>,
+        timing: NodeTiming,
     ) -> Result<(), ReportError> {
         let slot = spec.slot as usize;
         let report = NodeReport {
             job: spec.job,
             statuses,
+            timing,
         };
         let bytes = encode("report", &report, self.rm.report_bytes)?;
         let mm = NodeSet::single(self.mm);

@@ -17,7 +17,7 @@ use storm_cluster::messages::{RankStatus, Stream};
 use storm_pl::{Hold, PlSpec, PlTable};
 use storm_primitives::NodeId;
 
-use crate::env::{StartedTask, TaskId, TaskRunner, TaskStart};
+use crate::env::{StartedTask, TaskId, TaskRunner, TaskStart, TaskTimes};
 use crate::launch::start_pl;
 use crate::output::OutputSource;
 use crate::procstat::TaskStates;
@@ -170,6 +170,17 @@ impl TaskRunner for PlRunner {
     fn status(&mut self, task: TaskId) -> Option<RankStatus> {
         let t = self.tasks.get(&task)?;
         self.table.status(t.slot).ok().flatten().or(t.lost)
+    }
+
+    fn times(&mut self, task: TaskId) -> TaskTimes {
+        let Some(t) = self.tasks.get(&task) else {
+            return TaskTimes::default();
+        };
+        let (started_ns, exited_ns) = self.table.times(t.slot).unwrap_or_default();
+        TaskTimes {
+            started_ns,
+            exited_ns,
+        }
     }
 
     fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool {

@@ -3,7 +3,8 @@
 //! A slot moves FREE -> STARTING (NM assigned it to a new PL) -> SPAWNING (the PL is starting
 //! the task) -> RUNNING (the PL wrote the task's process id, which is also its process group)
 //! -> EXITED (PL wrote the exit status). Every field is an atomic; the state is written last
-//! with release ordering, so a reader that sees EXITED also sees the status.
+//! with release ordering, so a reader that sees EXITED also sees the status. The PL also
+//! records when (CLOCK_MONOTONIC) the task started and ended, for `storm-submit --timing`.
 //!
 //! Gang scheduling may stop a job whose task does not exist yet. The NM then moves the slot
 //! STARTING -> HELD, and the PL waits (on a futex on the state word) before it starts the task
@@ -62,11 +63,13 @@ struct Slot {
     _pad: u32,
     pid: AtomicI64,
     status: AtomicI64,
-    _reserved: AtomicI64,
+    /// CLOCK_MONOTONIC nanoseconds when the task was started, and when it ended.
+    started_ns: AtomicI64,
+    exited_ns: AtomicI64,
 }
 
 const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
-const MAGIC: u64 = 0x5354_4f52_4d50_4c32; // "STORMPL2"
+const MAGIC: u64 = 0x5354_4f52_4d50_4c33; // "STORMPL3"
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -283,6 +286,7 @@ impl PlTable {
     pub fn set_running(&self, slot: usize, pid: i32) -> Result<(), TableError> {
         let s = self.slot(slot)?;
         s.pid.store(pid as i64, Ordering::Relaxed);
+        s.started_ns.store(now_ns(), Ordering::Relaxed);
         s.state.store(SlotState::Running as u32, Ordering::Release);
         Ok(())
     }
@@ -291,6 +295,7 @@ impl PlTable {
     pub fn set_exited(&self, slot: usize, status: RankStatus) -> Result<(), TableError> {
         let s = self.slot(slot)?;
         s.status.store(encode(status), Ordering::Relaxed);
+        s.exited_ns.store(now_ns(), Ordering::Relaxed);
         s.state.store(SlotState::Exited as u32, Ordering::Release);
         Ok(())
     }
@@ -313,6 +318,24 @@ impl PlTable {
             Ok(None)
         }
     }
+
+    /// When the task started and ended (CLOCK_MONOTONIC nanoseconds), as far as it has.
+    pub fn times(&self, slot: usize) -> Result<(Option<u128>, Option<u128>), TableError> {
+        let s = self.slot(slot)?;
+        let state = SlotState::from_raw(s.state.load(Ordering::Acquire));
+        let at = |t: &AtomicI64| Some(t.load(Ordering::Relaxed)).filter(|&ns| ns > 0);
+        let started = matches!(state, SlotState::Running | SlotState::Exited)
+            .then(|| at(&s.started_ns))
+            .flatten();
+        let exited = (state == SlotState::Exited)
+            .then(|| at(&s.exited_ns))
+            .flatten();
+        Ok((started.map(|n| n as u128), exited.map(|n| n as u128)))
+    }
+}
+
+fn now_ns() -> i64 {
+    storm_cluster::daemon::monotonic_ns() as i64
 }
 
 /// Sleeps while `word` holds `expected`, at most `limit` (shared, not private: the NM and

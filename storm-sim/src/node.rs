@@ -55,9 +55,10 @@ impl SimNode {
         };
         // An ENQUEUE that finds no room gives up at once: the next step tries again.
         let forwarder = Forwarder::new(prims.clone(), rm, id, cfg.mm_id(), Duration::ZERO);
+        let origin = clock.now();
         let env = SimNodeEnv {
-            origin: clock.now(),
-            tasks: SimTasks::new(clock.now()),
+            origin,
+            tasks: SimTasks::new(origin),
             output: SteppedOutput::new(forwarder, clock.now()),
             clock,
             none: NoFiles,

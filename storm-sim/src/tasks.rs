@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use storm_cluster::messages::{RankStatus, Stream};
-use storm_nm::env::{StartedTask, TaskId, TaskRunner, TaskStart};
+use storm_nm::env::{StartedTask, TaskId, TaskRunner, TaskStart, TaskTimes};
 use storm_nm::output::OutputSource;
 
 /// The argument that makes a simulated task ignore SIGTERM.
@@ -74,6 +74,8 @@ struct SimTask {
     ignore_term: bool,
     halted: bool,
     status: Option<RankStatus>,
+    started: Instant,
+    ended: Option<Instant>,
     stdout: MemoryStream,
     stderr: MemoryStream,
 }
@@ -95,8 +97,9 @@ impl SimTask {
         }
     }
 
-    fn end(&mut self, status: RankStatus) {
+    fn end(&mut self, status: RankStatus, at: Instant) {
         self.status = Some(status);
+        self.ended = Some(at);
         self.stdout.end();
         self.stderr.end();
     }
@@ -108,32 +111,42 @@ pub struct SimTasks {
     next: TaskId,
     /// When the tasks last progressed.
     last: Instant,
+    /// Time zero of the node's stamps ([`TaskTimes`]).
+    origin: Instant,
 }
 
 impl SimTasks {
-    pub fn new(now: Instant) -> Self {
+    /// Tasks whose times are stamped from `origin`.
+    pub fn new(origin: Instant) -> Self {
         Self {
             tasks: HashMap::new(),
             next: 1,
-            last: now,
+            last: origin,
+            origin,
         }
     }
 
     /// Every task that may run has run from the last advance until `now`.
     pub fn advance(&mut self, now: Instant) {
-        let ran = now.saturating_duration_since(self.last);
+        let from = self.last;
+        let ran = now.saturating_duration_since(from);
         self.last = now;
         for t in self
             .tasks
             .values_mut()
             .filter(|t| t.status.is_none() && !t.halted)
         {
+            let needed = t.left;
             t.left = t.left.saturating_sub(ran);
             t.write_due();
             if t.left.is_zero() {
-                t.end(RankStatus::Exited(0));
+                t.end(RankStatus::Exited(0), from + needed);
             }
         }
+    }
+
+    fn stamp(&self, at: Instant) -> u128 {
+        at.saturating_duration_since(self.origin).as_nanos()
     }
 }
 
@@ -160,6 +173,8 @@ impl TaskRunner for SimTasks {
             ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
             halted: false,
             status: None,
+            started: self.last,
+            ended: None,
             stdout: MemoryStream::default(),
             stderr: MemoryStream::default(),
         };
@@ -189,12 +204,22 @@ impl TaskRunner for SimTasks {
             return;
         };
         if t.status.is_none() && !(signal == libc::SIGTERM && t.ignore_term) {
-            t.end(RankStatus::Signaled(signal));
+            t.end(RankStatus::Signaled(signal), self.last);
         }
     }
 
     fn status(&mut self, task: TaskId) -> Option<RankStatus> {
         self.tasks.get(&task).and_then(|t| t.status)
+    }
+
+    fn times(&mut self, task: TaskId) -> TaskTimes {
+        let Some(t) = self.tasks.get(&task) else {
+            return TaskTimes::default();
+        };
+        TaskTimes {
+            started_ns: Some(self.stamp(t.started)),
+            exited_ns: t.ended.map(|at| self.stamp(at)),
+        }
     }
 
     fn wait_stopped(&mut self, _tasks: &[TaskId], _wait: Duration) -> bool {

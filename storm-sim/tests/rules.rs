@@ -618,3 +618,24 @@ fn a_job_launches_a_heartbeat_after_its_program_reached_every_node() {
         "the launch heartbeat leaves in the timeslice that found the program ready: {t:?}"
     );
 }
+
+/// The outcome's timing comes from when the tasks ran on the nodes: a 200 ms job's tasks
+/// start in the step that took the launch heartbeat and run exactly their work; the MM
+/// learns of their end within the timeslices termination detection takes.
+#[test]
+fn the_outcome_times_start_run_and_report_from_the_nodes() {
+    let mut s = sim(SimOptions::default());
+    let slice = s.config().timeslice();
+    let job = s.submit(&SimJob::new(4, ms(200))).unwrap();
+    assert!(s.run_until(ms(2_000), |s| s.outcome(job).is_some()));
+    let t = s.outcome(job).unwrap().timing;
+    assert_eq!(t.start_us, 0, "{t:?}");
+    assert_eq!(t.run_us, 200_000, "{t:?}");
+    assert!(t.report_us <= 3 * slice.as_micros() as u64, "{t:?}");
+    assert_eq!(t.start_us + t.run_us + t.report_us, t.execute_us, "{t:?}");
+    assert_eq!(
+        t.queued_us + t.send_us + t.launch_us + t.execute_us,
+        t.total_us,
+        "{t:?}"
+    );
+}

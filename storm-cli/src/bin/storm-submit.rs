@@ -406,11 +406,15 @@ fn run(args: Args) -> Result<i32, String> {
     if args.timing {
         let t = outcome.timing;
         eprintln!(
-            "storm-submit: job {} timing: queued {}, send {}, execute {}, total {}",
+            "storm-submit: job {} timing: queued {}, send {}, launch {}, execute {} (start {}, run {}, report {}), total {}",
             outcome.job,
             ms(t.queued_us),
             ms(t.send_us),
+            ms(t.launch_us),
             ms(t.execute_us),
+            ms(t.start_us),
+            ms(t.run_us),
+            ms(t.report_us),
             ms(t.total_us)
         );
     }

@@ -124,6 +124,8 @@ struct Job {
     allocated: Option<Instant>,
     ready: Option<Instant>,
     launched: Option<Instant>,
+    /// When its tasks ran, as its nodes reported (for the outcome's timing).
+    ran: RanAt,
     /// `launched` as wall-clock time (milliseconds since the Unix epoch), for the journal.
     launched_ms: Option<u64>,
     cancel: Option<Cancel>,
@@ -146,6 +148,32 @@ struct Job {
     pmi_epoch: u32,
     /// MPI: the exit code a rank asked the job to end with (`MPI_Abort`).
     abort_code: Option<i32>,
+}
+
+/// When a job's tasks ran, over its nodes' reports: microseconds after each node took the
+/// launch heartbeat.
+#[derive(Debug, Default, Clone, Copy)]
+struct RanAt {
+    first_started_us: Option<u64>,
+    last_exited_us: Option<u64>,
+}
+
+impl RanAt {
+    fn add(&mut self, t: &storm_cluster::messages::NodeTiming) {
+        self.first_started_us = match (self.first_started_us, t.first_started_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_exited_us = self.last_exited_us.max(t.last_exited_us);
+    }
+
+    /// First task started to last task ended.
+    fn run_us(&self) -> u64 {
+        match (self.first_started_us, self.last_exited_us) {
+            (Some(first), Some(last)) => last.saturating_sub(first),
+            _ => 0,
+        }
+    }
 }
 
 /// What a new job (or one restored from the journal) starts with.
@@ -187,6 +215,7 @@ impl Job {
             allocated: None,
             ready: None,
             launched: None,
+            ran: RanAt::default(),
             launched_ms: None,
             cancel: None,
             worker_cancel: None,
@@ -1728,6 +1757,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.forward_output(nodes.iter());
         let ntasks = self.jobs[&id].plan.ntasks as usize;
         let mut ranks = vec![None; ntasks];
+        let mut ran = RanAt::default();
         for n in nodes.iter() {
             let offset = self.rm.report_offset(slot, n as usize);
             let bytes = self
@@ -1737,6 +1767,8 @@ impl<E: MmEnv> MachineManager<E> {
                 .unwrap_or_default();
             match decode::<NodeReport>("report", &bytes, self.rm.report_bytes) {
                 Ok(r) if r.job == id => {
+                    ran.add(&r.timing);
+                    tracing::debug!(job = id, node = n, timing = ?r.timing, "report");
                     for (rank, status) in r.statuses {
                         if let Some(slot) = ranks.get_mut(rank as usize) {
                             *slot = Some(status);
@@ -1749,6 +1781,9 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.prims.memory().store(self.rm.term_hint.at(slot), 0);
         let reason = self.jobs[&id].cancel.as_ref().map(|c| c.reason.clone());
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.ran = ran;
+        }
         self.finish(id, reason, ranks);
     }
 
@@ -1809,10 +1844,18 @@ impl<E: MmEnv> MachineManager<E> {
             (Some(a), Some(b)) if b >= a => (b - a).as_micros() as u64,
             _ => 0,
         };
+        let execute_us = us(j.launched, Some(now));
         let timing = Timing {
             queued_us: us(Some(j.submitted), j.allocated),
             send_us: us(j.allocated, j.ready),
-            execute_us: us(j.launched, Some(now)),
+            launch_us: us(j.ready.or(j.allocated), j.launched),
+            execute_us,
+            start_us: j.ran.first_started_us.unwrap_or(0),
+            run_us: j.ran.run_us(),
+            report_us: j
+                .ran
+                .last_exited_us
+                .map_or(0, |last| execute_us.saturating_sub(last)),
             total_us: us(Some(j.submitted), Some(now)),
         };
         tracing::info!(job = id, ?timing, "job ended");
