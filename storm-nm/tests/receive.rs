@@ -103,6 +103,11 @@ fn checksum(data: &[u8]) -> u64 {
     sum.finish()
 }
 
+/// A reception of a `size`-byte program into `sink`, begun at `now`.
+fn reception(c: &Cluster, size: u64, sink: impl ProgramSink + 'static, now: Instant) -> Reception {
+    Reception::new(&c.node, &c.rm, info(size), Box::new(sink), now, STALL).unwrap()
+}
+
 fn producer(c: &Cluster) -> QueueProducer {
     QueueProducer::new(c.rm.chunks, NodeSet::single(0), info(0).transfer)
         .with_space_timeout(Duration::ZERO)
@@ -128,15 +133,7 @@ fn a_program_larger_than_the_queue_is_received_whole_and_verified() {
     let program: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let sink = Memory::default();
     let now = Instant::now();
-    let mut r = Reception::new(
-        &c.node,
-        &c.rm,
-        info(program.len() as u64),
-        Box::new(sink.clone()),
-        now,
-        STALL,
-    )
-    .unwrap();
+    let mut r = reception(&c, program.len() as u64, sink.clone(), now);
     let trailer = FileTrailer {
         size: program.len() as u64,
         checksum: checksum(&program),
@@ -160,15 +157,7 @@ fn a_program_whose_checksum_differs_is_refused_and_discarded() {
     let program = vec![1u8; 10_000];
     let sink = Memory::default();
     let now = Instant::now();
-    let mut r = Reception::new(
-        &c.node,
-        &c.rm,
-        info(10_000),
-        Box::new(sink.clone()),
-        now,
-        STALL,
-    )
-    .unwrap();
+    let mut r = reception(&c, 10_000, sink.clone(), now);
     let trailer = FileTrailer {
         size: 10_000,
         checksum: checksum(&program) ^ 1,
@@ -188,15 +177,7 @@ fn a_trailer_that_names_another_size_is_refused() {
     let c = cluster();
     let program = vec![2u8; 5_000];
     let now = Instant::now();
-    let mut r = Reception::new(
-        &c.node,
-        &c.rm,
-        info(5_000),
-        Box::new(Memory::default()),
-        now,
-        STALL,
-    )
-    .unwrap();
+    let mut r = reception(&c, 5_000, Memory::default(), now);
     let trailer = FileTrailer {
         size: 6_000,
         checksum: checksum(&program),
@@ -216,15 +197,7 @@ fn a_transfer_that_stops_is_given_up_after_the_stall_time() {
     let program = vec![3u8; 20_000];
     let sink = Memory::default();
     let start = Instant::now();
-    let mut r = Reception::new(
-        &c.node,
-        &c.rm,
-        info(20_000),
-        Box::new(sink.clone()),
-        start,
-        STALL,
-    )
-    .unwrap();
+    let mut r = reception(&c, 20_000, sink.clone(), start);
     // One chunk arrives, then nothing.
     let mut p = producer(&c);
     assert_eq!(send(&c, &mut p, &[program[..4096].to_vec()]), 1);
@@ -250,15 +223,7 @@ fn a_received_program_can_be_executed_as_soon_as_it_is_verified() {
     let program = b"#!/bin/sh\nexit 3\n".to_vec();
     let sink = storm_nm::receive::FileSink::create(&path, None).unwrap();
     let now = Instant::now();
-    let mut r = Reception::new(
-        &c.node,
-        &c.rm,
-        info(program.len() as u64),
-        Box::new(sink),
-        now,
-        STALL,
-    )
-    .unwrap();
+    let mut r = reception(&c, program.len() as u64, sink, now);
     let trailer = FileTrailer {
         size: program.len() as u64,
         checksum: checksum(&program),

@@ -32,16 +32,21 @@ fn every_line_a_task_writes_reaches_the_client_before_its_job_ends() {
     let job = s.submit(&SimJob::new(4, ms(300)).with_lines(400)).unwrap();
     assert!(s.run_until(ms(3_000), |s| s.outcome(job).is_some()));
     assert_eq!(s.outcome(job).unwrap().reason, None);
+    assert_every_line(&s, job, 4, 400);
+    assert!(s.output(job, Stream::Stderr).is_empty());
+    assert_output_before_outcome(&s, job);
+}
+
+/// Every rank of `ranks` wrote its `lines` lines, and the client has them all, in order.
+fn assert_every_line(s: &Sim, job: u64, ranks: u32, lines: u32) {
     let out = s.output(job, Stream::Stdout);
-    for rank in 0..4 {
+    for rank in 0..ranks {
         assert_eq!(
             out.get(&rank).map(String::as_str),
-            Some(lines_of(rank, 400).as_str()),
+            Some(lines_of(rank, lines).as_str()),
             "rank {rank}"
         );
     }
-    assert!(s.output(job, Stream::Stderr).is_empty());
-    assert_output_before_outcome(&s, job);
 }
 
 /// The client had the job's last output before its outcome.
@@ -73,14 +78,7 @@ fn output_written_while_the_mm_restarts_reaches_the_client_once_and_in_order() {
     s.restart_mm().unwrap();
     assert!(s.run_until(ms(10_000), |s| s.outcome(job).is_some()));
     assert_eq!(s.outcome(job).unwrap().reason, None, "{:?}", s.outcome(job));
-    let out = s.output(job, Stream::Stdout);
-    for rank in 0..2 {
-        assert_eq!(
-            out.get(&rank).map(String::as_str),
-            Some(lines_of(rank, 2_000).as_str()),
-            "rank {rank}"
-        );
-    }
+    assert_every_line(&s, job, 2, 2_000);
 }
 
 /// A task that writes more at its end than the node's output queue holds (8 slots of 16 KiB
@@ -93,13 +91,6 @@ fn a_burst_larger_than_the_output_queue_arrives_whole_before_the_outcome() {
     let job = s.submit(&SimJob::new(2, ms(0)).with_lines(10_000)).unwrap();
     assert!(s.run_until(ms(3_000), |s| s.outcome(job).is_some()));
     assert_eq!(s.outcome(job).unwrap().reason, None);
-    let out = s.output(job, Stream::Stdout);
-    for rank in 0..2 {
-        assert_eq!(
-            out.get(&rank).map(String::as_str),
-            Some(lines_of(rank, 10_000).as_str()),
-            "rank {rank}"
-        );
-    }
+    assert_every_line(&s, job, 2, 10_000);
     assert_output_before_outcome(&s, job);
 }
