@@ -238,7 +238,11 @@ impl Forwarder {
     /// Whether transfers started have not completed while something waits on them (a
     /// drained stream, the epoch's flush, a new epoch).
     pub fn awaiting_completions(&self) -> bool {
-        self.outstanding > 0
+        let flushed = self
+            .producer
+            .as_ref()
+            .is_none_or(|p| self.state.flushed((p.next_seq() >> 32) as u32));
+        self.outstanding > 0 && (self.switching.is_some() || !self.closing.is_empty() || !flushed)
     }
 
     /// Waits up to `wait` for the completions of the transfers started (for a host with a
