@@ -20,8 +20,9 @@ use crate::messages::{JobId, OutputChunk, RankStatus};
 use crate::tasks::TaskRequest;
 
 /// Version 3: `overcommit` in task requests; metrics. Version 4: output chunks carry their
-/// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`. Version 7:
+/// the launch, start, run and report phases in `Timing`.
+pub const PROTOCOL_VERSION: u32 = 7;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.

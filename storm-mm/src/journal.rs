@@ -32,8 +32,9 @@ pub const KEEP_FINISHED: usize = 1000;
 /// Bumped when a record changes shape; a journal of another format is refused, not misread.
 /// Format 2: a job's task request carries `overcommit`. Format 3: a started job records its
 /// job slot, time slot and launch time (a restarted MM re-adopts running jobs). Format 4: a
-/// request carries its `mpi` mode and an outcome its `abort_code`.
-const FORMAT: u64 = 4;
+/// request carries its `mpi` mode and an outcome its `abort_code`. Format 5: an outcome's
+/// timing has the launch, start, run and report phases.
+const FORMAT: u64 = 5;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
