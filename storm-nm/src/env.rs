@@ -17,7 +17,7 @@ use std::time::Duration;
 use storm_cluster::clock::Clock;
 use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, RankStatus, Stream};
 
-use crate::output::{Drained, OutputSource};
+use crate::output::{Drained, ForwarderState, OutputSource};
 use crate::pmi::JobFacts;
 
 /// The node manager's view of the world around it.
@@ -127,16 +127,11 @@ pub trait OutputForwarder {
     fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained);
     /// Stops reading a job's pipes.
     fn close_job(&mut self, job: JobId);
-    /// Stops sending until the next epoch (a registration is about to go out).
-    fn hold(&mut self);
     /// A new membership starts the output queue at `epoch`.
     fn new_epoch(&mut self, epoch: u32);
-    /// Whether everything read before `epoch` began has been delivered in it.
-    fn flushed(&self, epoch: u32) -> bool;
-    /// Whether a delivery failed (the NM registers again).
-    fn stalled(&self) -> bool;
-    /// Whether output waits to be sent (so the pipes are not read meanwhile).
-    fn backlogged(&self) -> bool;
+    /// The forwarder's state: whether it is flushed, stalled or backlogged, and its hold
+    /// before a registration goes out.
+    fn state(&self) -> &ForwarderState;
 }
 
 /// The PMI server of this node.

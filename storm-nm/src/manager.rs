@@ -267,8 +267,8 @@ impl<E: NmEnv> NodeManager<E> {
     /// An error is the fabric's (`ShutDown` once the endpoint is closed).
     pub fn step(&mut self, wait: Duration) -> Result<Stepped, PrimError> {
         if self.registration.registering() {
-            // Before a registration goes out: see `Output::hold`.
-            self.env.output().hold();
+            // Before a registration goes out: see `ForwarderState::hold`.
+            self.env.output().state().hold();
         }
         // The inventory is made only when a registration goes out.
         let (jobs, pending) = (&self.jobs, &self.pending);
@@ -287,7 +287,7 @@ impl<E: NmEnv> NodeManager<E> {
             }
             Event::Idle => Stepped::Idle,
         };
-        if self.env.output().stalled() {
+        if self.env.output().state().stalled() {
             self.registration
                 .rejoin("output could not be delivered to the MM");
         }
@@ -800,8 +800,8 @@ impl<E: NmEnv> NodeManager<E> {
     fn poll_tasks(&mut self) {
         self.env.tasks().poll();
         let now = self.env.clock().now();
-        let backlogged = self.env.output().backlogged();
-        let flushed = self.env.output().flushed(self.output_epoch);
+        let output = self.env.output().state();
+        let (backlogged, flushed) = (output.backlogged(), output.flushed(self.output_epoch));
         let mut ready = Vec::new();
         let mut close = Vec::new();
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {

@@ -43,7 +43,7 @@ pub struct Output {
 }
 
 impl Output {
-    /// Starts the forwarder's thread; it sends nothing until the first [`Output::new_epoch`].
+    /// Starts the forwarder's thread; it sends nothing until the first new epoch.
     pub fn start(
         prims: Arc<dyn Primitives>,
         rm: &RmLayout,
@@ -68,37 +68,6 @@ impl Output {
     fn send(&self, msg: Msg) {
         let _ = self.tx.send(msg);
         let _ = nix::unistd::write(&self.wake, &[1]);
-    }
-
-    /// Forwards what `source` carries as the rank's `stream`.
-    pub fn watch(&self, s: OutputStream, source: Box<dyn OutputSource>) {
-        self.send(Msg::Watch(s, source));
-    }
-
-    /// Delivers `text` as the rank's standard error.
-    pub fn tell(&self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
-        self.send(Msg::Tell(job, rank, text.to_string(), remaining.clone()));
-    }
-
-    pub fn close_job(&self, job: JobId) {
-        self.send(Msg::Close(job));
-    }
-
-    /// See [`ForwarderState::hold`].
-    pub fn hold(&self) {
-        self.state.hold();
-    }
-
-    /// A new membership starts the output queue at `epoch`. (Sending stays held until the
-    /// thread has switched.)
-    pub fn new_epoch(&self, epoch: u32) {
-        // The NM looks at `stalled` before the thread has the message.
-        self.state.clear_stalled();
-        self.send(Msg::Epoch(epoch));
-    }
-
-    pub fn state(&self) -> &ForwarderState {
-        &self.state
     }
 }
 
@@ -217,40 +186,28 @@ impl crate::env::OutputForwarder for Output {
         source: Box<dyn OutputSource>,
         remaining: Drained,
     ) {
-        Output::watch(
-            self,
-            OutputStream::new(job, rank, stream, remaining),
-            source,
-        );
+        let s = OutputStream::new(job, rank, stream, remaining);
+        self.send(Msg::Watch(s, source));
     }
 
     fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
         // Counted now: the NM must not take the rank as drained before the thread has it.
         remaining.store(1, std::sync::atomic::Ordering::Release);
-        Output::tell(self, job, rank, text, remaining);
+        self.send(Msg::Tell(job, rank, text.to_string(), remaining.clone()));
     }
 
     fn close_job(&mut self, job: JobId) {
-        Output::close_job(self, job);
+        self.send(Msg::Close(job));
     }
 
-    fn hold(&mut self) {
-        Output::hold(self);
-    }
-
+    /// Sending stays held until the thread has switched to the new epoch.
     fn new_epoch(&mut self, epoch: u32) {
-        Output::new_epoch(self, epoch);
+        // The NM looks at `stalled` before the thread has the message.
+        self.state.clear_stalled();
+        self.send(Msg::Epoch(epoch));
     }
 
-    fn flushed(&self, epoch: u32) -> bool {
-        self.state.flushed(epoch)
-    }
-
-    fn stalled(&self) -> bool {
-        self.state.stalled()
-    }
-
-    fn backlogged(&self) -> bool {
-        self.state.backlogged()
+    fn state(&self) -> &ForwarderState {
+        &self.state
     }
 }

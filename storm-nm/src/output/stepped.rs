@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use storm_cluster::messages::{JobId, Stream};
 
-use super::{Drained, Forwarder, OutputSource, OutputStream};
+use super::{Drained, Forwarder, ForwarderState, OutputSource, OutputStream};
 use crate::env::OutputForwarder;
 
 /// The forwarder and the streams it reads, stepped by its owner.
@@ -91,23 +91,11 @@ impl OutputForwarder for SteppedOutput {
         }
     }
 
-    fn hold(&mut self) {
-        self.core.state().hold();
-    }
-
     fn new_epoch(&mut self, epoch: u32) {
         self.core.new_epoch(epoch, self.now);
     }
 
-    fn flushed(&self, epoch: u32) -> bool {
-        self.core.state().flushed(epoch)
-    }
-
-    fn stalled(&self) -> bool {
-        self.core.state().stalled()
-    }
-
-    fn backlogged(&self) -> bool {
-        self.core.state().backlogged()
+    fn state(&self) -> &ForwarderState {
+        self.core.state()
     }
 }
