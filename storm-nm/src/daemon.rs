@@ -42,6 +42,25 @@ pub struct NmOptions {
     pub stop: Arc<AtomicBool>,
 }
 
+/// The storm-pl launcher and the PMI library a node manager uses: those the cluster file
+/// names, else the ones beside the running executable (where `cargo build` puts them).
+pub fn helpers(cfg: &ClusterConfig) -> Result<(PathBuf, PathBuf)> {
+    let beside_me = |name: &str| -> Result<PathBuf> {
+        Ok(std::env::current_exe()
+            .context("locating the running executable")?
+            .with_file_name(name))
+    };
+    let pl_path = match &cfg.cluster.pl_path {
+        Some(p) => p.clone(),
+        None => beside_me("storm-pl")?,
+    };
+    let pmi_library = match &cfg.cluster.pmi_library {
+        Some(p) => p.clone(),
+        None => beside_me("libstorm_pmi.so")?,
+    };
+    Ok((pl_path, pmi_library))
+}
+
 /// A started node manager daemon.
 pub struct Daemon {
     core: NodeManager<DaemonEnv>,

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
@@ -34,18 +34,7 @@ fn main() -> Result<()> {
             _ => bail!("no node {:?} in {}", args.node, args.config.display()),
         },
     };
-    let pl_path = match &config.cluster.pl_path {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()
-            .context("locating storm-nm")?
-            .with_file_name("storm-pl"),
-    };
-    let pmi_library = match &config.cluster.pmi_library {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()
-            .context("locating storm-nm")?
-            .with_file_name("libstorm_pmi.so"),
-    };
+    let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
     let nm = nm_daemon::start(NmOptions {

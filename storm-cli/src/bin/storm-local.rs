@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
 use storm_cluster::config::BackendKind;
 use storm_cluster::daemon;
@@ -29,13 +29,6 @@ struct Args {
     config: PathBuf,
 }
 
-/// A file beside this executable (where `cargo build` puts storm-pl and the PMI library).
-fn beside_me(name: &str) -> Result<PathBuf> {
-    Ok(std::env::current_exe()
-        .context("locating storm-local")?
-        .with_file_name(name))
-}
-
 fn main() -> Result<()> {
     daemon::init_logging();
     let args = Args::parse();
@@ -51,14 +44,7 @@ fn main() -> Result<()> {
     let rm = RmLayout::new(&config)?;
     let fabric = LocalFabric::new(config.node_count() + 1, rm.layout.clone());
     let stop = daemon::stop_flag()?;
-    let pl_path = match &config.cluster.pl_path {
-        Some(p) => p.clone(),
-        None => beside_me("storm-pl")?,
-    };
-    let pmi_library = match &config.cluster.pmi_library {
-        Some(p) => p.clone(),
-        None => beside_me("libstorm_pmi.so")?,
-    };
+    let (pl_path, pmi_library) = storm_nm::daemon::helpers(&config)?;
     // Every NM is started (or has failed to) before the MM starts and says it is ready.
     let mut nms = Vec::new();
     for node in 0..config.node_count() {
