@@ -228,6 +228,13 @@ impl<E: MmEnv> MachineManager<E> {
             if j.nodes.is_subset(&answered) {
                 if r.missing.is_empty() {
                     if !r.unlaunched.is_empty() {
+                        // A launch sent again must reach its nodes: it waits until they take
+                        // heartbeats (a node that has only registered would miss it, and the
+                        // job would never end).
+                        let members = self.heartbeats.dest();
+                        if !r.unlaunched.iter().all(|n| members.contains(n)) {
+                            continue;
+                        }
                         // None of its code ran there: the launch goes out again (a node that
                         // holds the job already ignores it).
                         tracing::info!(
