@@ -6,6 +6,8 @@
 //!
 //! * `storm-bench prims`: the three primitives (latency and bandwidth against nodes and size).
 //! * `storm-bench launch`: job launch of a padded do-nothing program (the paper's Fig. 2a).
+//! * `storm-bench throughput`: single-task jobs per second from many clients, and their
+//!   submit-to-exit latency, beside fork/exec of the same program from as many threads.
 //! * `storm-bench gang`: gang scheduling against quantum and MPL, its CPU cost and strobe skew
 //!   (the paper's Figs. 3 and 5).
 //! * `storm-bench faults`: failure detection latency, rejoin time, tree healing and MM restart.
@@ -29,6 +31,7 @@ mod report;
 mod scale;
 mod startup;
 mod stats;
+mod throughput;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -118,6 +121,38 @@ enum Command {
         /// Also draw the figure (paper Fig. 2a: launch time against nodes, with the floor) into this PNG file.
         #[arg(long, value_name = "FILE.png")]
         plot: Option<PathBuf>,
+    },
+    /// Single-task jobs per second from concurrent clients, with p50/p99 submit-to-exit
+    /// latency, beside fork/exec of /bin/true from as many threads in the same run.
+    Throughput {
+        /// Jobs submitted in all.
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        /// Concurrent clients (each follows one job at a time).
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Nodes of the embedded cluster.
+        #[arg(long, default_value_t = 4)]
+        nodes: u32,
+        /// CPUs of every node.
+        #[arg(long, default_value_t = 2)]
+        cpus: u32,
+        /// Timeslice of the cluster, in milliseconds.
+        #[arg(long, default_value_t = 1.0)]
+        timeslice_ms: f64,
+        /// Send the program with every job (storm-submit's default) instead of running the
+        /// nodes' own /bin/true (--no-bcast).
+        #[arg(long)]
+        bcast: bool,
+        /// Primitives backend of the cluster: tcp, ofi or local.
+        #[arg(long, default_value = "tcp")]
+        backend: storm_cluster::config::BackendKind,
+        /// libfabric provider for --backend ofi.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
     },
     /// Failure detection (kill to DOWN), rejoin (restart to UP), tree healing and MM restart to ready.
     Faults {
@@ -362,6 +397,33 @@ fn main() -> Result<()> {
             println!("{}", table.render());
             out.write_if_asked(csv.as_deref())?;
             plot_if_asked(plot.as_deref(), plot::launch(&out))?;
+        }
+        Command::Throughput {
+            jobs,
+            clients,
+            nodes,
+            cpus,
+            timeslice_ms,
+            bcast,
+            backend,
+            provider,
+            csv,
+        } => {
+            let args = throughput::ThroughputArgs {
+                jobs,
+                clients,
+                nodes,
+                cpus,
+                timeslice_ms,
+                bcast,
+                backend,
+                provider,
+            };
+            let mut out = report::Csv::new(throughput::CSV_HEADER);
+            for t in throughput::run(&args, &mut out)? {
+                println!("{}", t.render());
+            }
+            out.write_if_asked(csv.as_deref())?;
         }
         Command::Faults {
             nodes,

@@ -1,0 +1,252 @@
+//! `storm-bench throughput`: how many single-task jobs a cluster runs per second, and how long
+//! each waits from submission to its result.
+//!
+//! Many clients (threads of this process, each a control connection per job as
+//! `storm-submit` makes) submit single-task `/bin/true` jobs onto an embedded cluster and
+//! follow each to its end. It reports jobs/s and the p50/p99 submit-to-exit latency, and the
+//! median of the MM's own phases (`--timing`), so that the time can be placed.
+//!
+//! The baseline, measured in the same run with no cluster running (half before, half after):
+//! the same number of threads each fork/exec and wait for `/bin/true` in a loop, the same
+//! number of times. That is what running the jobs costs on this host with no resource manager.
+
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cli::submit;
+use storm_cluster::control::{Client, JobRequest, Timing};
+use storm_cluster::tasks::TaskRequest;
+
+use crate::launch::Quiet;
+use crate::report::{Csv, Table};
+use crate::stats::{Samples, fmt_time};
+
+pub struct ThroughputArgs {
+    pub jobs: usize,
+    pub clients: usize,
+    pub nodes: u32,
+    pub cpus: u32,
+    pub timeslice_ms: f64,
+    /// Send the program with each job (storm-submit's default) instead of running the node's.
+    pub bcast: bool,
+    pub backend: storm_cluster::config::BackendKind,
+    pub provider: Option<String>,
+}
+
+pub const CSV_HEADER: &[&str] = &[
+    "what",
+    "jobs",
+    "clients",
+    "seconds",
+    "jobs_per_s",
+    "p50_s",
+    "p99_s",
+];
+
+/// The program every job runs.
+const PROGRAM: &str = "/bin/true";
+
+/// What one pass of `jobs` runs from `clients` threads gave.
+struct Pass {
+    wall: f64,
+    latency: Samples,
+    timings: Vec<Timing>,
+}
+
+/// Runs `jobs` calls of `one` spread over `clients` threads; each returns its own latency.
+fn spread(
+    jobs: usize,
+    clients: usize,
+    one: impl Fn() -> Result<(Duration, Option<Timing>)> + Sync,
+) -> Result<Pass> {
+    let latencies = Mutex::new(Vec::with_capacity(jobs));
+    let timings = Mutex::new(Vec::new());
+    let start = Instant::now();
+    thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..clients)
+            .map(|c| {
+                let share = jobs / clients + usize::from(c < jobs % clients);
+                let (one, latencies, timings) = (&one, &latencies, &timings);
+                s.spawn(move || -> Result<()> {
+                    for _ in 0..share {
+                        let (took, timing) = one()?;
+                        latencies
+                            .lock()
+                            .expect("no panics")
+                            .push(took.as_secs_f64());
+                        if let Some(t) = timing {
+                            timings.lock().expect("no panics").push(t);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("a client thread panicked")?;
+        }
+        Ok(())
+    })?;
+    Ok(Pass {
+        wall: start.elapsed().as_secs_f64(),
+        latency: Samples::from_secs(latencies.into_inner().expect("no panics")),
+        timings: timings.into_inner().expect("no panics"),
+    })
+}
+
+fn fork_exec_once() -> Result<(Duration, Option<Timing>)> {
+    let start = Instant::now();
+    let status = std::process::Command::new(PROGRAM).status()?;
+    if !status.success() {
+        bail!("{PROGRAM} failed: {status}");
+    }
+    Ok((start.elapsed(), None))
+}
+
+fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<Timing>)> {
+    let req = JobRequest {
+        name: "true".into(),
+        program: PROGRAM.into(),
+        args: Vec::new(),
+        env: Vec::new(),
+        cwd: std::env::temp_dir(),
+        tasks: TaskRequest {
+            ntasks: Some(1),
+            ..TaskRequest::default()
+        },
+        bcast,
+        time_limit_ms: None,
+        requeue: false,
+        mpi: Default::default(),
+    };
+    let program = if bcast {
+        Some(std::fs::File::open(PROGRAM)?)
+    } else {
+        None
+    };
+    let start = Instant::now();
+    let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
+    let (outcome, _, _) =
+        submit::run_job(client, req, program.as_ref(), &mut Quiet).map_err(anyhow::Error::msg)?;
+    let took = start.elapsed();
+    if outcome.exit_code() != 0 {
+        bail!("{PROGRAM} failed under storm: {outcome:?}");
+    }
+    Ok((took, Some(outcome.timing)))
+}
+
+fn median_us(timings: &[Timing], part: impl Fn(&Timing) -> u64) -> f64 {
+    let mut v: Vec<u64> = timings.iter().map(part).collect();
+    v.sort_unstable();
+    v.get(v.len() / 2).map_or(f64::NAN, |&us| us as f64 / 1e6)
+}
+
+pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
+    if args.jobs == 0 || args.clients == 0 || args.nodes == 0 || args.cpus == 0 {
+        bail!("--jobs, --clients, --nodes and --cpus must be positive");
+    }
+    let half = args.jobs.div_ceil(2);
+    let mut floor = spread(half, args.clients, fork_exec_once)?;
+    let cluster = LocalCluster::start(&LocalOptions {
+        cpus: Some(args.cpus),
+        timeslice_ms: args.timeslice_ms,
+        backend: args.backend,
+        provider: args.provider.clone(),
+        ..LocalOptions::new(args.nodes)
+    })?;
+    // Warm-up: connections, the page cache, the nodes' first heartbeats.
+    spread(args.clients, args.clients, || {
+        submit_once(&cluster, args.bcast)
+    })?;
+    let storm = spread(args.jobs, args.clients, || {
+        submit_once(&cluster, args.bcast)
+    })?;
+    cluster.shutdown()?;
+    thread::sleep(Duration::from_millis(100));
+    let after = spread(args.jobs - half, args.clients, fork_exec_once)?;
+    floor.wall += after.wall;
+    floor.latency = Samples::from_secs(
+        floor
+            .latency
+            .values()
+            .iter()
+            .chain(after.latency.values())
+            .copied()
+            .collect(),
+    );
+
+    let rate = |p: &Pass| p.latency.len() as f64 / p.wall;
+    let mut table = Table::new(
+        format!(
+            "Throughput: {} single-task {PROGRAM} jobs{} from {} concurrent clients onto {} nodes of {} CPUs \
+             (embedded {:?} cluster, timeslice {} ms); floor: the same clients fork/exec {PROGRAM} \
+             as often, same run",
+            args.jobs,
+            if args.bcast {
+                " (program sent with each)"
+            } else {
+                ""
+            },
+            args.clients,
+            args.nodes,
+            args.cpus,
+            args.backend,
+            args.timeslice_ms,
+        ),
+        &["", "jobs/s", "p50 submit to exit", "p99 submit to exit"],
+    );
+    for (what, p) in [("storm", &storm), ("fork/exec", &floor)] {
+        table.push(vec![
+            what.into(),
+            format!("{:.0}", rate(p)),
+            fmt_time(p.latency.quantile(0.5)),
+            fmt_time(p.latency.quantile(0.99)),
+        ]);
+        csv.push(vec![
+            what.into(),
+            p.latency.len().to_string(),
+            args.clients.to_string(),
+            format!("{:.6}", p.wall),
+            format!("{:.1}", rate(p)),
+            format!("{:.6}", p.latency.quantile(0.5)),
+            format!("{:.6}", p.latency.quantile(0.99)),
+        ]);
+    }
+    table.push(vec![
+        "storm / fork/exec".into(),
+        format!("{:.3}", rate(&storm) / rate(&floor)),
+        format!(
+            "{:.1}",
+            storm.latency.quantile(0.5) / floor.latency.quantile(0.5)
+        ),
+        format!(
+            "{:.1}",
+            storm.latency.quantile(0.99) / floor.latency.quantile(0.99)
+        ),
+    ]);
+    let t = &storm.timings;
+    let mut phases = Table::new(
+        "Where a storm job's time went (the MM's --timing phases, median over the jobs)",
+        &[
+            "queued", "send", "launch", "start", "run", "report", "MM total",
+        ],
+    );
+    phases.push(
+        [
+            median_us(t, |t| t.queued_us),
+            median_us(t, |t| t.send_us),
+            median_us(t, |t| t.launch_us),
+            median_us(t, |t| t.start_us),
+            median_us(t, |t| t.run_us),
+            median_us(t, |t| t.report_us),
+            median_us(t, |t| t.total_us),
+        ]
+        .into_iter()
+        .map(fmt_time)
+        .collect(),
+    );
+    Ok(vec![table, phases])
+}
