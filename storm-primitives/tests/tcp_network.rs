@@ -198,6 +198,41 @@ fn a_request_queued_past_its_time_does_not_keep_the_sweeper_awake() {
     nodes[2].freeze(false);
 }
 
+/// Every operation gives the sweeper a deadline. Nearly all of them are later than the one it
+/// already waits for, and must leave it asleep: a wake-up per operation is a context switch
+/// per message on every node (it was most of a node manager's processor time under gang
+/// scheduling).
+#[test]
+fn operations_with_later_deadlines_leave_the_sweeper_asleep() {
+    let t = test_layout();
+    let nodes = TcpNode::local_cluster(3, &t.layout, &config(5000)).unwrap();
+    let both: NodeSet = "1-2".parse().unwrap();
+    assert_eq!(
+        nodes[0].compare_and_write(&both, t.a, Relation::Eq, 0, None),
+        Ok(true)
+    );
+    let before: Vec<u64> = nodes.iter().map(|n| n.sweeps()).collect();
+    let ops = 500;
+    for _ in 0..ops {
+        nodes[0]
+            .xfer_and_signal(&both, t.bulk.offset, Bytes::from_static(b"x"), None, None)
+            .unwrap();
+        assert_eq!(
+            nodes[0].compare_and_write(&both, t.a, Relation::Eq, 0, None),
+            Ok(true)
+        );
+    }
+    for (n, before) in nodes.iter().zip(before) {
+        let swept = n.sweeps() - before;
+        assert!(
+            swept < ops / 10,
+            "node {} swept {swept} times for {} operations",
+            n.node_id(),
+            2 * ops
+        );
+    }
+}
+
 #[test]
 fn a_node_nobody_listens_for_fails_at_once_naming_it() {
     let t = test_layout();

@@ -220,12 +220,20 @@ impl Inner {
             {
                 let mut next = self.sweep_at.lock();
                 let until = next
-                    .take()
                     .unwrap_or_else(|| Instant::now() + longest)
                     .min(Instant::now() + longest);
+                // What the sweeper waits for stays in `sweep_at`: an operation whose deadline
+                // is later (nearly all of them) then leaves the sweeper asleep, instead of
+                // waking it once per operation (a context switch per message).
+                *next = Some(until);
                 if Instant::now() < until {
                     self.sweep_wake.wait_until(&mut next, until);
                 }
+                // Woken for an earlier deadline that is not due yet: wait for that one.
+                if next.is_some_and(|at| Instant::now() < at) {
+                    continue;
+                }
+                *next = None;
             }
             if self.is_shut_down() {
                 break;
