@@ -213,6 +213,15 @@ impl Connection {
     }
 }
 
+impl Drop for Connection {
+    /// Closes the connection itself, not only this side's descriptor: the reader thread
+    /// holds the other, and would keep the MM's end open (a connection counted against the
+    /// user's limit) until the MM next wrote to it.
+    fn drop(&mut self) {
+        let _ = self.requests.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// Submits `req` (with the open program for a broadcast) and follows it to its end. If the
 /// connection to the MM is lost once the job is accepted, `progress` may reconnect; the job
 /// is then followed on the new connection (`Attach`). Output that arrives twice (sent again

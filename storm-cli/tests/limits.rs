@@ -170,6 +170,37 @@ fn a_large_waiting_program_is_copied_without_stalling_the_main_loop() {
     }
 }
 
+/// A program that follows jobs with the library (`storm_cli::submit::run_job`, as
+/// storm-bench and tools built on storm do) gives each job's connection back when the job
+/// ends; before, its reader thread kept the socket open and a few jobs used up the limit.
+#[test]
+fn jobs_followed_in_process_give_their_connections_back() {
+    struct Quiet;
+    impl storm_cli::submit::Progress for Quiet {}
+    let c = cluster(LimitsSection {
+        max_connections_per_user: 3,
+        ..Default::default()
+    });
+    for n in 0..8 {
+        let req = JobRequest {
+            name: "true".into(),
+            program: "/bin/true".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: "/".into(),
+            tasks: TaskRequest::default(),
+            bcast: false,
+            time_limit_ms: None,
+            requeue: false,
+            mpi: Default::default(),
+        };
+        let client = Client::connect(&c.socket)
+            .unwrap_or_else(|e| panic!("job {n}: the connections of earlier jobs linger: {e}"));
+        let (outcome, _, _) = storm_cli::submit::run_job(client, req, None, &mut Quiet).unwrap();
+        assert_eq!(outcome.exit_code(), 0, "{outcome:?}");
+    }
+}
+
 #[test]
 fn a_user_over_the_connection_limit_is_refused_and_others_are_not() {
     let c = cluster(LimitsSection {
