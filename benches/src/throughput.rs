@@ -161,9 +161,11 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     spread(args.clients, args.clients, || {
         submit_once(&cluster, args.bcast)
     })?;
+    let before = mm_loop(&cluster)?;
     let storm = spread(args.jobs, args.clients, || {
         submit_once(&cluster, args.bcast)
     })?;
+    let during = mm_loop(&cluster)?.since(&before);
     cluster.shutdown()?;
     thread::sleep(Duration::from_millis(100));
     let after = spread(args.jobs - half, args.clients, fork_exec_once)?;
@@ -248,5 +250,65 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         .map(fmt_time)
         .collect(),
     );
-    Ok(vec![table, phases])
+    let mut mm = Table::new(
+        "The MM's loop meanwhile (its metrics: timeslices and journal commits, count and mean)",
+        &["timeslices", "mean timeslice", "commits", "mean commit"],
+    );
+    mm.push(vec![
+        during.ticks.0.to_string(),
+        fmt_time(during.ticks.mean()),
+        during.commits.0.to_string(),
+        fmt_time(during.commits.mean()),
+    ]);
+    Ok(vec![table, phases, mm])
+}
+
+/// A histogram's count and sum (seconds).
+#[derive(Default, Clone, Copy)]
+struct CountSum(u64, f64);
+
+impl CountSum {
+    fn mean(&self) -> f64 {
+        if self.0 == 0 {
+            f64::NAN
+        } else {
+            self.1 / self.0 as f64
+        }
+    }
+}
+
+/// What the MM's metrics say of its loop: its timeslices and its journal commits.
+#[derive(Default)]
+struct MmLoop {
+    ticks: CountSum,
+    commits: CountSum,
+}
+
+impl MmLoop {
+    fn since(&self, earlier: &MmLoop) -> MmLoop {
+        let d = |a: CountSum, b: CountSum| CountSum(a.0 - b.0, a.1 - b.1);
+        MmLoop {
+            ticks: d(self.ticks, earlier.ticks),
+            commits: d(self.commits, earlier.commits),
+        }
+    }
+}
+
+fn mm_loop(cluster: &LocalCluster) -> Result<MmLoop> {
+    let text = storm_cli::metrics_http::fetch(cluster.socket()).map_err(anyhow::Error::msg)?;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let hist = |name: &str| {
+        CountSum(
+            value(&format!("{name}_count")) as u64,
+            value(&format!("{name}_sum")),
+        )
+    };
+    Ok(MmLoop {
+        ticks: hist("storm_main_loop_tick_seconds"),
+        commits: hist("storm_journal_commit_seconds"),
+    })
 }

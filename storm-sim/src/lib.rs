@@ -23,6 +23,7 @@
 //! reception); see `docs/architecture.md`.
 
 pub mod env;
+mod journal;
 pub mod node;
 pub mod tasks;
 
@@ -43,13 +44,14 @@ use storm_cluster::tasks::TaskRequest;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::MachineManager;
 use storm_mm::control_server::Incoming;
-use storm_mm::journal::{Journal, MemoryStore};
+use storm_mm::journal::Restored;
 use storm_mm::transfer::TransferDone;
 use storm_primitives::local::{LocalFabric, thread_cpu};
 use storm_primitives::{NodeId, Primitives};
 
 use env::Flight;
 pub use env::{SimEnv, TransferModel};
+use journal::SimJournal;
 pub use node::{Heard, SimNode};
 pub use tasks::{IGNORE_SIGTERM, LINES};
 
@@ -70,6 +72,9 @@ pub struct SimOptions {
     pub record: bool,
     /// How long a program transfer takes.
     pub transfer: TransferModel,
+    /// Commit the journal on the daemon's committer thread (in real time, so that
+    /// [`Sim::hold_journal`] can hold its writes) instead of in place.
+    pub background_journal: bool,
 }
 
 impl Default for SimOptions {
@@ -84,6 +89,7 @@ impl Default for SimOptions {
             max_jobs: 64,
             record: false,
             transfer: TransferModel::default(),
+            background_journal: false,
         }
     }
 }
@@ -178,7 +184,7 @@ pub struct Sim {
     fabric: Arc<LocalFabric>,
     cfg: Arc<ClusterConfig>,
     rm: RmLayout,
-    store: MemoryStore,
+    journal: SimJournal,
     mm: MachineManager<SimEnv>,
     incarnation: u64,
     nodes: Vec<SimNode>,
@@ -224,14 +230,14 @@ impl Sim {
         let clock = VirtualClock::new();
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
         fabric.measure_network(true);
-        let store = MemoryStore::default();
+        let journal = SimJournal::new(opts.background_journal);
         let flights = Arc::new(Mutex::new(Vec::new()));
         let env = SimEnv {
             clock: clock.clone(),
             model: opts.transfer,
             flights: flights.clone(),
         };
-        let mm = new_mm(&cfg, &rm, &fabric, &store, env, 1)?;
+        let mm = new_mm(&cfg, &rm, &fabric, &journal, env, 1)?;
         let nodes = (0..cfg.node_count())
             .map(|n| {
                 SimNode::new(
@@ -258,7 +264,7 @@ impl Sim {
             fabric,
             cfg,
             rm,
-            store,
+            journal,
             mm,
             incarnation: 1,
             nodes,
@@ -506,7 +512,7 @@ impl Sim {
             &self.cfg,
             &self.rm,
             &self.fabric,
-            &self.store,
+            &self.journal,
             env,
             self.incarnation,
         )?;
@@ -522,6 +528,22 @@ impl Sim {
             self.request(Request::Attach { job });
         }
         Ok(())
+    }
+
+    /// Holds the journal's writes (a disk that stopped answering) until called with false.
+    /// Needs `SimOptions::background_journal`; the MM's commits then settle in real time, so
+    /// a test steps until what it waits for arrives. Let go before the MM restarts or the
+    /// simulation ends: the MM writes what it was handed before it goes.
+    pub fn hold_journal(&self, held: bool) {
+        assert!(
+            self.journal.hold(held),
+            "hold_journal needs SimOptions::background_journal"
+        );
+    }
+
+    /// What the MM's journal holds now: what a restarted MM would know.
+    pub fn journaled(&self) -> Restored {
+        self.journal.committed()
     }
 
     fn connect(&mut self) -> Result<()> {
@@ -657,11 +679,11 @@ fn new_mm(
     cfg: &ClusterConfig,
     rm: &RmLayout,
     fabric: &Arc<LocalFabric>,
-    store: &MemoryStore,
+    journal: &SimJournal,
     env: SimEnv,
     incarnation: u64,
 ) -> Result<MachineManager<SimEnv>> {
-    let (journal, restored) = Journal::with_store(Box::new(store.clone()), None)?;
+    let (journal, restored) = journal.open()?;
     MachineManager::new(
         storm_mm::MmParts {
             config: cfg.clone(),

@@ -9,15 +9,20 @@
 //! with its outcome), the next job id, and the operator's drains. Changes are staged during a
 //! timeslice and committed together, once, before the MM answers anyone (see
 //! `MachineManager::tick`): a client never sees a state the journal has not recorded.
+//! The daemon's journal commits on a thread of its own ([`committer`]), so that the MM's
+//! timeslices do not wait for the disk; the replies wait for their batch instead.
 //!
 //! The last [`KEEP_FINISHED`] finished jobs are kept, for `storm history` and for a
 //! storm-submit that reattaches after the MM restarted.
+
+mod committer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
@@ -291,8 +296,27 @@ impl JournalStore for MemoryStore {
     }
 }
 
+/// Where commits are written: in place (the simulator's memory store: a commit is settled
+/// when it returns) or by the committer thread (the daemon's store on disk).
+enum Writer {
+    InPlace(Box<dyn JournalStore>),
+    Thread(committer::Committer),
+}
+
+/// A commit that has settled: written, or tried and failed (its changes are tried again).
+#[derive(Debug)]
+pub struct Settled {
+    pub outcome: Result<(), JournalError>,
+    /// How long the write took.
+    pub took: Duration,
+}
+
 pub struct Journal {
-    store: Box<dyn JournalStore>,
+    writer: Writer,
+    /// Batches handed to the writer so far.
+    batches: u64,
+    /// Every batch up to this one has settled.
+    settled: u64,
     /// Program copies; `None` for a journal that keeps none (in memory).
     programs: Option<ProgramStore>,
     staged: Vec<Change>,
@@ -343,7 +367,9 @@ impl Journal {
         let highest = restored.jobs.iter().map(|j| j.id).max().unwrap_or(0);
         restored.next_job = restored.next_job.max(highest + 1);
         let journal = Self {
-            store,
+            writer: Writer::InPlace(store),
+            batches: 0,
+            settled: 0,
             programs,
             staged: Vec::new(),
             next_job: None,
@@ -386,21 +412,83 @@ impl Journal {
         !self.staged.is_empty() || self.next_job.is_some()
     }
 
-    /// Commits every staged change in one durable transaction. On error nothing of it is
-    /// committed and the changes stay staged, to be tried again with the next commit.
-    pub fn commit(&mut self) -> Result<(), JournalError> {
+    /// Commits from now on on a thread of their own: [`Journal::commit`] hands the staged
+    /// changes over and returns, and [`Journal::settle`] says when they are written.
+    pub fn commit_in_background(mut self) -> Result<Self, JournalError> {
+        let Writer::InPlace(store) = self.writer else {
+            return Ok(self);
+        };
+        let committer = committer::Committer::start(store, self.programs.clone()).map_err(|e| {
+            JournalError::Store {
+                path: self
+                    .programs
+                    .as_ref()
+                    .map(|p| p.dir.clone())
+                    .unwrap_or_default(),
+                message: format!("cannot start the journal's thread: {e}"),
+            }
+        })?;
+        self.writer = Writer::Thread(committer);
+        Ok(self)
+    }
+
+    /// Commits every staged change in one durable transaction, and returns the commit's
+    /// batch number: whatever was staged is settled once [`Journal::settled`] reaches it. In
+    /// place, the commit is settled when this returns; on error nothing of it is committed and
+    /// the changes stay staged, to be tried again with the next commit. In the background,
+    /// the changes are handed to the thread, and the outcome comes from [`Journal::settle`].
+    pub fn commit(&mut self) -> Result<u64, JournalError> {
         if !self.dirty() {
-            return Ok(());
+            return Ok(self.batches);
         }
-        self.store.write(&self.staged, self.next_job)?;
-        self.staged.clear();
-        self.next_job = None;
-        for job in std::mem::take(&mut self.unneeded) {
-            if let Some(p) = &self.programs {
-                p.remove(job);
+        match &mut self.writer {
+            Writer::InPlace(store) => {
+                store.write(&self.staged, self.next_job)?;
+                self.staged.clear();
+                self.next_job = None;
+                for job in std::mem::take(&mut self.unneeded) {
+                    if let Some(p) = &self.programs {
+                        p.remove(job);
+                    }
+                }
+                self.batches += 1;
+                self.settled = self.batches;
+            }
+            Writer::Thread(committer) => {
+                self.batches += 1;
+                committer.send(committer::Batch {
+                    number: self.batches,
+                    changes: std::mem::take(&mut self.staged),
+                    next_job: self.next_job.take(),
+                    unneeded: std::mem::take(&mut self.unneeded),
+                });
             }
         }
-        Ok(())
+        Ok(self.batches)
+    }
+
+    /// The background writes that settled since the last call (none in place), and advances
+    /// [`Journal::settled`].
+    pub fn settle(&mut self) -> Vec<Settled> {
+        let Writer::Thread(committer) = &self.writer else {
+            return Vec::new();
+        };
+        committer
+            .settled()
+            .into_iter()
+            .map(|s| {
+                self.settled = self.settled.max(s.settled);
+                Settled {
+                    outcome: s.outcome,
+                    took: s.took,
+                }
+            })
+            .collect()
+    }
+
+    /// Every commit up to this batch number has settled.
+    pub fn settled(&self) -> u64 {
+        self.settled
     }
 
     /// Removes program copies no unfinished job needs: left by a commit that never happened
@@ -593,6 +681,118 @@ mod tests {
         assert_eq!(restored.next_job, 3);
         assert_eq!(restored.nodes[&3].drain.as_deref(), Some("disk"));
         assert!(j.program(2).is_none(), "a memory journal keeps no programs");
+    }
+
+    /// A store that refuses its first `failures` writes, as a full or failing disk would.
+    struct FailingStore {
+        inner: MemoryStore,
+        failures: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl JournalStore for FailingStore {
+        fn read(&mut self) -> Result<Restored, JournalError> {
+            self.inner.read()
+        }
+        fn write(&mut self, changes: &[Change], next: Option<JobId>) -> Result<(), JournalError> {
+            use std::sync::atomic::Ordering;
+            if self
+                .failures
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(JournalError::Store {
+                    path: "failing".into(),
+                    message: "no space left on device".into(),
+                });
+            }
+            self.inner.write(changes, next)
+        }
+    }
+
+    /// Waits (without a time limit of its own: the test harness has one) until every commit
+    /// up to `batch` has settled, and returns how those settled.
+    fn settle_until(j: &mut Journal, batch: u64) -> Vec<Settled> {
+        let mut all = Vec::new();
+        while j.settled() < batch {
+            all.extend(j.settle());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        all
+    }
+
+    /// The daemon's commits run on a thread: a commit returns at once with its batch number,
+    /// the batch settles later, and what settled is what the next MM reads.
+    #[test]
+    fn background_commits_settle_in_order_and_are_read_back() {
+        let store = MemoryStore::default();
+        let (j, _) = Journal::with_store(Box::new(store.clone()), None).unwrap();
+        let mut j = j.commit_in_background().unwrap();
+        assert_eq!(
+            j.commit().unwrap(),
+            0,
+            "nothing staged: nothing to wait for"
+        );
+        j.put_job(job(1, JobState::Queued));
+        j.set_next_job(2);
+        assert_eq!(j.commit().unwrap(), 1);
+        j.put_job(finished(1));
+        assert_eq!(j.commit().unwrap(), 2);
+        assert_eq!(
+            j.commit().unwrap(),
+            2,
+            "a clean journal waits for the last batch"
+        );
+        let settled = settle_until(&mut j, 2);
+        assert!(settled.iter().all(|s| s.outcome.is_ok()), "{settled:?}");
+        j.put_job(job(3, JobState::Queued));
+        j.commit().unwrap();
+        // Dropped with a batch maybe still under way: it is written before the thread ends.
+        drop(j);
+        let (_, restored) = Journal::with_store(Box::new(store), None).unwrap();
+        assert_eq!(restored.jobs, vec![finished(1), job(3, JobState::Queued)]);
+        assert_eq!(restored.next_job, 4);
+    }
+
+    /// A failed background write settles (the MM answers and logs the error), and its
+    /// changes are not lost: they go with the next batch, or on their own a little later.
+    #[test]
+    fn a_failed_background_write_is_tried_again() {
+        let store = MemoryStore::default();
+        let failures = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1));
+        let failing = FailingStore {
+            inner: store.clone(),
+            failures: failures.clone(),
+        };
+        let (j, _) = Journal::with_store(Box::new(failing), None).unwrap();
+        let mut j = j.commit_in_background().unwrap();
+        j.put_job(job(1, JobState::Queued));
+        let first = j.commit().unwrap();
+        let settled = settle_until(&mut j, first);
+        assert!(
+            settled.iter().any(|s| s
+                .outcome
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("no space"))),
+            "the failure is reported: {settled:?}"
+        );
+        assert!(store.held().jobs.is_empty(), "the write failed");
+        // With the next batch: both changes.
+        j.put_job(job(2, JobState::Queued));
+        let second = j.commit().unwrap();
+        let settled = settle_until(&mut j, second);
+        assert!(settled.iter().all(|s| s.outcome.is_ok()), "{settled:?}");
+        let ids: Vec<JobId> = store.held().jobs.iter().map(|r| r.id).collect();
+        assert_eq!(ids, vec![1, 2]);
+
+        // On their own, when no batch follows.
+        failures.store(1, std::sync::atomic::Ordering::Release);
+        j.put_job(job(3, JobState::Queued));
+        let third = j.commit().unwrap();
+        settle_until(&mut j, third);
+        while store.held().jobs.len() < 3 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(store.held().jobs[2], job(3, JobState::Queued));
     }
 
     /// Jobs' environments hold users' secrets: only the MM may read the journal.

@@ -339,7 +339,9 @@ pub struct MachineManager<E: MmEnv> {
     /// Jobs whose journal record must be written with the next commit.
     unrecorded: std::collections::BTreeSet<JobId>,
     /// Replies held until the journal has committed what they tell.
-    outbox: Vec<(ClientId, Reply)>,
+    /// Replies to send, each with the journal commit it waits for (`None`: this
+    /// timeslice's, not yet made).
+    outbox: Vec<(ClientId, Reply, Option<u64>)>,
     /// Copies programs of waiting jobs beside the journal, off the main loop.
     saver: saver::Saver,
     /// Jobs whose program copy is under way: not journaled yet, their submitters' replies
@@ -385,6 +387,8 @@ impl MachineManager<DaemonEnv> {
             "global memory laid out (address space; untouched pages take no memory)"
         );
         let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
+        // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
+        let journal = journal.commit_in_background()?;
         let fabric =
             endpoint::start(&cfg, &rm, cfg.mm_id(), listen, key).map_err(anyhow::Error::msg)?;
         let (tx, incoming) = crossbeam_channel::unbounded();
@@ -654,38 +658,58 @@ impl<E: MmEnv> MachineManager<E> {
             self.journal.put_job(rec);
         }
         self.unrecorded = later;
-        let committing = self.journal.dirty().then(Instant::now);
-        let committed = self.journal.commit();
-        if let (Some(t), Ok(())) = (committing, &committed) {
-            self.metrics.journal_committed(t.elapsed());
+        let batch = self.journal.commit().unwrap_or_else(|e| {
+            self.journal_failed(e);
+            // Replies go all the same, as they did before commits were made apart.
+            self.journal.settled()
+        });
+        for settled in self.journal.settle() {
+            match settled.outcome {
+                Ok(()) => self.metrics.journal_committed(settled.took),
+                // A failed write settles too: its replies go, the error is logged, and the
+                // changes are tried again with the next commit.
+                Err(e) => self.journal_failed(e),
+            }
         }
-        if let Err(e) = committed
-            && let Some(more) = self.journal_errors.allow(self.now())
-        {
-            tracing::error!(
-                suppressed = more,
-                "cannot write the journal; what changed now would not survive a restart of the MM: {e}"
-            );
-        }
-        let held: HashSet<ClientId> = self
+        let settled = self.journal.settled();
+        let mut held: HashSet<ClientId> = self
             .saving
             .iter()
             .filter_map(|id| self.jobs.get(id)?.client)
             .collect();
         let mut kept = Vec::new();
-        for (client, mut r) in self.outbox.drain(..) {
+        for (client, mut r, waits_for) in self.outbox.drain(..) {
+            // A reply of this timeslice waits for this timeslice's commit, except output,
+            // which the journal does not hold.
+            let waits_for = waits_for.unwrap_or(match r {
+                Reply::Output(_) => 0,
+                _ => batch,
+            });
             // A listing made this timeslice may name a job whose copy just began: it is not
             // accepted until its record is journaled.
             if let Reply::Queue(list) = &mut r {
                 list.retain(|j| !self.saving.contains(&j.job));
             }
-            if held.contains(&client) {
-                kept.push((client, r));
+            // A client's replies keep their order: once one waits, the later ones wait too.
+            if held.contains(&client) || waits_for > settled {
+                held.insert(client);
+                kept.push((client, r, Some(waits_for)));
             } else if let Some(c) = self.clients.get(&client) {
                 let _ = c.tx.send(r);
             }
         }
         self.outbox = kept;
+    }
+
+    /// A commit failed: what changed would not survive a restart of the MM until a later
+    /// commit succeeds (the changes are tried again with it).
+    fn journal_failed(&mut self, e: crate::journal::JournalError) {
+        if let Some(more) = self.journal_errors.allow(self.now()) {
+            tracing::error!(
+                suppressed = more,
+                "cannot write the journal; what changed now would not survive a restart of the MM: {e}"
+            );
+        }
     }
 
     // ---------------------------------------------------------------- control requests
@@ -709,7 +733,7 @@ impl<E: MmEnv> MachineManager<E> {
                 return None;
             }
         }
-        self.outbox.push((client, r));
+        self.outbox.push((client, r, None));
         Some(n)
     }
 

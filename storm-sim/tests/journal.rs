@@ -1,0 +1,79 @@
+//! The MM's journal commits on a thread of its own, as the daemon's does (the disk's fsync
+//! stays off the MM's loop): its timeslices go on while a commit is under way, and a reply
+//! still waits until the journal holds what it tells.
+
+use std::time::Duration;
+
+use storm_cluster::control::Reply;
+use storm_mm::journal::JobState;
+use storm_sim::{Sim, SimJob, SimOptions};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// With the journal's writes held (a disk that stopped answering), a job is accepted,
+/// launched and run to its end by the MM's timeslices, but its submitter hears nothing: a
+/// restarted MM would not know the job. Once the writes go through, the submitter hears of
+/// every step, in order, and the journal holds the job's end.
+#[test]
+fn replies_wait_for_the_journal_while_timeslices_go_on() {
+    let mut s = Sim::new(SimOptions {
+        background_journal: true,
+        ..SimOptions::default()
+    })
+    .unwrap();
+    s.run_until_up(Duration::from_secs(5)).unwrap();
+    s.hold_journal(true);
+    let heard = s.replies.len();
+    assert!(
+        s.submit(&SimJob::new(2, ms(50))).is_err(),
+        "accepted before the journal held the job"
+    );
+    // The job runs to its end meanwhile.
+    assert!(s.run_until(ms(1_000), |s| {
+        s.mm()
+            .queue_view()
+            .first()
+            .is_some_and(|j| j.state == "running")
+    }));
+    let job = s.mm().queue_view()[0].job;
+    assert!(s.run_until(ms(2_000), |s| s.mm().queue_view().is_empty()));
+    assert!(
+        s.replies[heard..].is_empty(),
+        "replies went before the journal held what they tell: {:?}",
+        &s.replies[heard..]
+    );
+    assert!(s.journaled().jobs.is_empty());
+
+    s.hold_journal(false);
+    // The commits now settle in real time: step until the outcome arrives.
+    for _ in 0..100_000 {
+        if s.outcome(job).is_some() {
+            break;
+        }
+        s.step();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let outcome = s
+        .outcome(job)
+        .expect("the outcome once the journal is written");
+    assert_eq!(outcome.reason, None);
+    let kinds: Vec<&str> = s.replies[heard..]
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Reply::Accepted { .. } => Some("accepted"),
+            Reply::Started { .. } => Some("started"),
+            Reply::Finished(_) => Some("finished"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["accepted", "started", "finished"]);
+    let rec = s
+        .journaled()
+        .jobs
+        .into_iter()
+        .find(|r| r.id == job)
+        .unwrap();
+    assert!(matches!(rec.state, JobState::Finished { .. }), "{rec:?}");
+}
