@@ -129,6 +129,9 @@ impl Primitives for WithBootstrap {
     fn test_event(&self, event: crate::EventId, wait: crate::Wait) -> crate::Result<bool> {
         self.ofi.test_event(event, wait)
     }
+    fn wake_local(&self, event: crate::EventId) -> crate::Result<()> {
+        self.ofi.wake_local(event)
+    }
     fn ready_events(&self, out: &mut Vec<crate::EventId>) {
         self.ofi.ready_events(out)
     }

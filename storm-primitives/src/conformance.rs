@@ -398,6 +398,66 @@ pub fn test_event_polls_blocks_and_counts(f: &dyn ClusterFactory) {
     );
 }
 
+/// A local wake-up ends a wait without a signal: a thread blocked in TEST-EVENT on that node
+/// returns false; a wake-up with nobody waiting ends the next wait at once but is not seen by
+/// a poll; a pending signal still counts first; other nodes are untouched, and an event the
+/// node does not have is refused.
+pub fn a_local_wake_up_ends_a_wait_without_a_signal(f: &dyn ClusterFactory) {
+    let t = test_layout();
+    let c: Arc<dyn TestCluster> = f.start(3, &t.layout).into();
+    let waiter = {
+        let c = c.clone();
+        std::thread::spawn(move || c.node(1).test_event(t.data, Wait::Block))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    c.node(1).wake_local(t.data).unwrap();
+    assert_eq!(
+        waiter.join().unwrap(),
+        Ok(false),
+        "woken, with nothing arrived"
+    );
+    assert_eq!(
+        c.node(1).test_event(t.data, Wait::Poll),
+        Ok(false),
+        "no signal"
+    );
+
+    c.node(1).wake_local(t.data).unwrap();
+    assert_eq!(c.node(1).test_event(t.data, Wait::Poll), Ok(false));
+    let long = Wait::Timeout(Duration::from_secs(600));
+    assert_eq!(
+        c.node(1).test_event(t.data, long),
+        Ok(false),
+        "the next wait ends at once"
+    );
+
+    c.node(1).wake_local(t.data).unwrap();
+    c.node(0)
+        .xfer_and_signal(
+            &NodeSet::single(1),
+            t.small.offset,
+            Bytes::from_static(b"x"),
+            Some(t.data),
+            Some(t.done),
+        )
+        .unwrap();
+    outcome(&*c.node(0), t.done).unwrap();
+    assert_eq!(
+        c.node(1).test_event(t.data, long),
+        Ok(true),
+        "the signal first"
+    );
+    assert_eq!(
+        c.node(1).test_event(t.data, long),
+        Ok(false),
+        "then the wake-up"
+    );
+    for other in [0, 2] {
+        assert_eq!(c.node(other).test_event(t.data, Wait::Poll), Ok(false));
+    }
+    assert!(c.node(1).wake_local(EventId(u32::MAX)).is_err());
+}
+
 /// READY-EVENTS names each event raised since the last call once, however many signals it
 /// got, and nothing that was not raised; the signals stay for TEST-EVENT.
 pub fn ready_events_names_each_raised_event_once(f: &dyn ClusterFactory) {
@@ -1351,6 +1411,7 @@ macro_rules! conformance_suite {
             zero_length_xfer_signals_without_data,
             signals_from_one_origin_arrive_in_issue_order,
             test_event_polls_blocks_and_counts,
+            a_local_wake_up_ends_a_wait_without_a_signal,
             ready_events_names_each_raised_event_once,
             blocking_test_event_parks_the_thread,
             compare_and_write_evaluates_every_relation_on_every_node,

@@ -34,6 +34,8 @@ pub enum Wait {
 struct Signals {
     ok: u64,
     failed: VecDeque<PrimError>,
+    /// A wake-up waits for a TEST-EVENT that waits (see [`EventTable::wake`]).
+    woken: bool,
 }
 
 #[derive(Default)]
@@ -101,6 +103,17 @@ impl EventTable {
         }
     }
 
+    /// Ends a wait for `ev` without a signal: the TEST-EVENT that waits for it now, or else the
+    /// next one that would wait, returns false at once, as if its time had run out. A poll
+    /// neither sees nor takes it. A thread of the node wakes another this way; unlike a
+    /// signal, a wake-up says nothing arrived (a queue's consumer reads no slot for it).
+    pub fn wake(&self, ev: EventId) {
+        if let Ok(cell) = self.cell(ev) {
+            cell.signals.lock().woken = true;
+            cell.raised.notify_all();
+        }
+    }
+
     /// Puts `ev` on the ready list unless it is there already (so the list never holds more
     /// entries than the table has events).
     fn list(&self, ev: EventId, cell: &Cell) {
@@ -140,6 +153,7 @@ impl EventTable {
             let mut s = cell.signals.lock();
             s.ok = 0;
             s.failed.clear();
+            s.woken = false;
         }
     }
 
@@ -167,6 +181,9 @@ impl EventTable {
             }
             if self.is_closed() {
                 return Err(PrimError::ShutDown);
+            }
+            if wait != Wait::Poll && std::mem::take(&mut s.woken) {
+                return Ok(false);
             }
             match (wait, deadline) {
                 (Wait::Poll, _) => return Ok(false),

@@ -353,6 +353,13 @@ impl Primitives for LocalNode {
         self.state().events.test(event, wait)
     }
 
+    fn wake_local(&self, event: EventId) -> Result<()> {
+        check_event(&self.fabric.layout, self.id, event)?;
+        self.check_alive()?;
+        self.state().events.wake(event);
+        Ok(())
+    }
+
     fn ready_events(&self, out: &mut Vec<EventId>) {
         self.state().events.take_ready(out);
     }

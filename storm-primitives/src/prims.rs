@@ -71,6 +71,12 @@ pub trait Primitives: Send + Sync {
     /// TEST-EVENT.
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool>;
 
+    /// Ends a wait for one of this node's own events without a signal: the TEST-EVENT that
+    /// waits for it now (or else the next one that would wait) returns false, as if its time
+    /// had run out (see [`EventTable::wake`](crate::EventTable::wake)). A thread of this
+    /// process wakes another that waits on the fabric; nothing is said to have arrived.
+    fn wake_local(&self, event: EventId) -> Result<()>;
+
     /// Adds to `out` every event of this node raised since the last call, each once (see
     /// [`EventTable::take_ready`](crate::EventTable::take_ready)): which of many events to
     /// test, without testing them all. A hint; TEST-EVENT says what really arrived.

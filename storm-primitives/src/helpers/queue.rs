@@ -407,6 +407,9 @@ mod tests {
         fn test_event(&self, e: EventId, w: Wait) -> Result<bool> {
             self.0.test_event(e, w)
         }
+        fn wake_local(&self, e: EventId) -> Result<()> {
+            self.0.wake_local(e)
+        }
         fn ready_events(&self, out: &mut Vec<EventId>) {
             self.0.ready_events(out)
         }
@@ -461,6 +464,41 @@ mod tests {
             checks >= 1,
             "the first entry must check that the consumers joined the epoch"
         );
+    }
+
+    /// A consumer's wait may be ended by a local wake-up (the NM's output thread does so when
+    /// a task's streams are drained). DEQUEUE then returns nothing, reads no slot (one may
+    /// still hold an entry of an older stream with a higher number: the heartbeat queue after
+    /// the MM restarted), and every entry is still taken once.
+    #[test]
+    fn a_wake_up_ends_dequeue_with_nothing_and_loses_nothing() {
+        let (fabric, q) = setup(4);
+        let node = fabric.node(1);
+        // An older stream left entry 40 in the slot the new stream starts at.
+        let mut old = QueueProducer::new(q, "1".parse().unwrap(), 1);
+        let mut old_consumer = QueueConsumer::new(&node, q, 1).unwrap();
+        for i in 0..41u64 {
+            old.enqueue(&fabric.node(0), &i.to_le_bytes(), None)
+                .unwrap();
+            old_consumer.dequeue(&node, Wait::Poll).unwrap().unwrap();
+        }
+        // A new stream (a restarted producer) from the start of the epoch.
+        let mut consumer = QueueConsumer::join(&node, q, 1, epoch_base(1));
+        let mut producer = QueueProducer::new(q, "1".parse().unwrap(), 1);
+        let mut taken = Vec::new();
+        let long = Wait::Timeout(Duration::from_secs(600));
+        for i in 0..10u64 {
+            node.wake_local(q.arrived).unwrap();
+            assert_eq!(consumer.dequeue(&node, long).unwrap(), None, "woken");
+            producer
+                .enqueue(&fabric.node(0), &i.to_le_bytes(), None)
+                .unwrap();
+            while let Some(b) = consumer.dequeue(&node, Wait::Poll).unwrap() {
+                taken.push(u64::from_le_bytes(b[..].try_into().unwrap()));
+            }
+        }
+        assert_eq!(taken, (0..10).collect::<Vec<u64>>());
+        assert_eq!(consumer.dequeue(&node, Wait::Poll).unwrap(), None);
     }
 
     #[test]

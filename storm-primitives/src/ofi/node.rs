@@ -749,6 +749,12 @@ impl Primitives for OfiNode {
         inner.events.test(event, wait)
     }
 
+    fn wake_local(&self, event: EventId) -> Result<()> {
+        check_event(&self.inner.layout, self.inner.id, event)?;
+        self.inner.events.wake(event);
+        Ok(())
+    }
+
     fn ready_events(&self, out: &mut Vec<EventId>) {
         let inner = &self.inner;
         // As in `test_event`: what is in the completion queue counts.

@@ -468,6 +468,12 @@ impl Primitives for TcpNode {
         self.inner.events.test(event, wait)
     }
 
+    fn wake_local(&self, event: EventId) -> Result<()> {
+        check_event(&self.inner.layout, self.inner.id, event)?;
+        self.inner.events.wake(event);
+        Ok(())
+    }
+
     fn ready_events(&self, out: &mut Vec<EventId>) {
         self.inner.events.take_ready(out);
     }
