@@ -130,6 +130,8 @@ pub struct Forwarder {
     /// A new epoch waiting for the old epoch's transfers to complete, and until when.
     switching: Option<(u32, Instant)>,
     state: Arc<ForwarderState>,
+    /// Called when streams count as drained (see [`Forwarder::wake_on_drained`]).
+    on_drained: Option<Box<dyn Fn() + Send>>,
 }
 
 impl Forwarder {
@@ -157,7 +159,14 @@ impl Forwarder {
             closing: Vec::new(),
             switching: None,
             state: Arc::new(ForwarderState::default()),
+            on_drained: None,
         }
+    }
+
+    /// Calls `wake` each time streams count as drained: a task's end may then be reported,
+    /// and an NM that waits for its next heartbeat need not wait that long.
+    pub fn wake_on_drained(&mut self, wake: Box<dyn Fn() + Send>) {
+        self.on_drained = Some(wake);
     }
 
     /// What the NM reads of this forwarder (shared with another thread by the daemon).
@@ -334,10 +343,14 @@ impl Forwarder {
         if !delivered {
             return;
         }
+        let drained = !self.closing.is_empty();
         for remaining in self.closing.drain(..) {
             remaining.fetch_sub(1, Ordering::AcqRel);
         }
         self.state.flushed.store(epoch, Ordering::Release);
+        if drained && let Some(wake) = &self.on_drained {
+            wake();
+        }
     }
 
     /// A new epoch: what the MM has not released goes again, ahead of what waits. Transfers

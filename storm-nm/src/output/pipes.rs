@@ -53,7 +53,14 @@ impl Output {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (wake_rx, wake_tx) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
-        let core = Forwarder::new(prims, rm, node, mm, SPACE_WAIT);
+        let mut core = Forwarder::new(prims.clone(), rm, node, mm, SPACE_WAIT);
+        // A task's streams drained: end the NM's wait for its next heartbeat, so that it
+        // reports the task's end now. A wake-up is no signal: DEQUEUE returns nothing and
+        // reads no slot.
+        let heartbeat = rm.heartbeat.arrived;
+        core.wake_on_drained(Box::new(move || {
+            let _ = prims.wake_local(heartbeat);
+        }));
         let state = core.state().clone();
         std::thread::Builder::new()
             .name("storm-nm-output".into())
