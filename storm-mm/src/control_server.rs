@@ -51,6 +51,17 @@ struct Shared {
     limits: LimitsSection,
     open: Mutex<HashMap<u32, u32>>,
     to_main: Sender<Incoming>,
+    /// Wakes the MM's loop when a message is sent to it.
+    wake: crate::Waker,
+}
+
+impl Shared {
+    /// Hands `msg` to the MM's loop and wakes it; false once the MM is gone.
+    fn tell_main(&self, msg: Incoming) -> bool {
+        let sent = self.to_main.send(msg).is_ok();
+        self.wake.wake();
+        sent
+    }
 }
 
 /// One of a user's connections, counted while it lives.
@@ -101,6 +112,7 @@ pub fn start(
     nodes: u32,
     limits: LimitsSection,
     to_main: Sender<Incoming>,
+    wake: crate::Waker,
 ) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -124,6 +136,7 @@ pub fn start(
         limits,
         open: Mutex::new(HashMap::new()),
         to_main,
+        wake,
     });
     std::thread::Builder::new()
         .name("storm-mm-accept".into())
@@ -215,17 +228,13 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
         written,
         closer,
     };
-    if shared.to_main.send(connected).is_err() {
+    if !shared.tell_main(connected) {
         return;
     }
     loop {
         match control::recv_within::<Request>(&sock, limit) {
             Ok((req, fds)) => {
-                if shared
-                    .to_main
-                    .send(Incoming::Request { client, req, fds })
-                    .is_err()
-                {
+                if !shared.tell_main(Incoming::Request { client, req, fds }) {
                     break;
                 }
             }
@@ -246,7 +255,7 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
             }
         }
     }
-    let _ = shared.to_main.send(Incoming::Gone { client });
+    shared.tell_main(Incoming::Gone { client });
 }
 
 fn write_replies(sock: UnixStream, rx: Receiver<Reply>, written: &AtomicU64) {

@@ -17,8 +17,12 @@
 //! * [`journal`]: jobs, their results and the drains, in an embedded transactional store, so
 //!   that a restarted MM loses nothing it accepted.
 //! * [`metrics`]: what `storm metrics` shows, in the Prometheus text format.
+//! * [`waker`]: how the MM's threads, and the NMs' termination reports, wake its loop
+//!   between timeslices.
 //!
-//! It reaches the nodes only through `storm-primitives`; it acts only at heartbeat boundaries.
+//! It reaches the nodes only through `storm-primitives`. It schedules and launches only at
+//! heartbeat boundaries; between them it takes termination reports and sends the replies
+//! whose journal commit has settled.
 
 pub mod buddy;
 pub mod control_server;
@@ -30,6 +34,8 @@ pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod transfer;
+pub mod waker;
 
 pub use env::{DaemonEnv, MmEnv};
 pub use manager::{MachineManager, MmOptions, MmParts, run};
+pub use waker::Waker;

@@ -75,7 +75,10 @@ impl SimJournal {
                     gate: gate.clone(),
                 };
                 let (journal, restored) = Journal::with_store(Box::new(store), None)?;
-                Ok((journal.commit_in_background()?, restored))
+                Ok((
+                    journal.commit_in_background(storm_mm::Waker::none())?,
+                    restored,
+                ))
             }
         }
     }

@@ -295,6 +295,10 @@ impl Sim {
         &self.cfg
     }
 
+    pub fn mm_mut(&mut self) -> &mut MachineManager<SimEnv> {
+        &mut self.mm
+    }
+
     pub fn mm(&self) -> &MachineManager<SimEnv> {
         &self.mm
     }

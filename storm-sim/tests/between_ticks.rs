@@ -1,6 +1,7 @@
-//! The MM's journal commits on a thread of its own, as the daemon's does (the disk's fsync
-//! stays off the MM's loop): its timeslices go on while a commit is under way, and a reply
-//! still waits until the journal holds what it tells.
+//! The MM between its timeslices. Its journal commits on a thread of its own, as the
+//! daemon's does (the disk's fsync stays off the MM's loop): its timeslices go on while a
+//! commit is under way, and a reply still waits until the journal holds what it tells. The
+//! daemon's loop waits on the fabric between timeslices, and its threads wake it.
 
 use std::time::Duration;
 
@@ -76,4 +77,23 @@ fn replies_wait_for_the_journal_while_timeslices_go_on() {
         .find(|r| r.id == job)
         .unwrap();
     assert!(matches!(rec.state, JobState::Finished { .. }), "{rec:?}");
+}
+
+/// Between timeslices the daemon's loop waits on the fabric, and a wake-up (a request, a
+/// settled commit) ends the wait long before the next timeslice would.
+#[test]
+fn a_wake_up_ends_the_mms_wait_between_timeslices() {
+    let mut s = Sim::new(SimOptions::default()).unwrap();
+    let waker = s.mm().waker();
+    let ringer = std::thread::spawn(move || {
+        std::thread::sleep(ms(20));
+        waker.wake();
+    });
+    let far = std::time::Instant::now() + Duration::from_secs(600);
+    s.mm_mut().wait(far);
+    assert!(std::time::Instant::now() < far, "the wait ran to its end");
+    ringer.join().unwrap();
+    // Nothing was announced: the MM's look at terminations finds nothing to end.
+    s.mm_mut().between_ticks();
+    assert!(s.mm().queue_view().is_empty());
 }

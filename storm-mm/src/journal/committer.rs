@@ -46,12 +46,13 @@ impl Committer {
     pub fn start(
         store: Box<dyn JournalStore>,
         programs: Option<ProgramStore>,
+        settled: crate::Waker,
     ) -> std::io::Result<Self> {
         let (tx, batches) = mpsc::channel();
         let (done, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("journal".into())
-            .spawn(move || commit_loop(store, programs, batches, done))?;
+            .spawn(move || commit_loop(store, programs, batches, done, settled))?;
         Ok(Self {
             tx: Some(tx),
             rx,
@@ -87,6 +88,7 @@ fn commit_loop(
     programs: Option<ProgramStore>,
     batches: Receiver<Batch>,
     done: Sender<Settled>,
+    wake: crate::Waker,
 ) {
     // Changes of failed writes, to go first in the next one.
     let mut failed: Option<Batch> = None;
@@ -143,5 +145,6 @@ fn commit_loop(
         {
             return;
         }
+        wake.wake();
     }
 }

@@ -414,20 +414,20 @@ impl Journal {
 
     /// Commits from now on on a thread of their own: [`Journal::commit`] hands the staged
     /// changes over and returns, and [`Journal::settle`] says when they are written.
-    pub fn commit_in_background(mut self) -> Result<Self, JournalError> {
+    /// `settled` is woken each time a commit has settled.
+    pub fn commit_in_background(mut self, settled: crate::Waker) -> Result<Self, JournalError> {
         let Writer::InPlace(store) = self.writer else {
             return Ok(self);
         };
-        let committer = committer::Committer::start(store, self.programs.clone()).map_err(|e| {
-            JournalError::Store {
+        let committer = committer::Committer::start(store, self.programs.clone(), settled)
+            .map_err(|e| JournalError::Store {
                 path: self
                     .programs
                     .as_ref()
                     .map(|p| p.dir.clone())
                     .unwrap_or_default(),
                 message: format!("cannot start the journal's thread: {e}"),
-            }
-        })?;
+            })?;
         self.writer = Writer::Thread(committer);
         Ok(self)
     }
@@ -726,7 +726,7 @@ mod tests {
     fn background_commits_settle_in_order_and_are_read_back() {
         let store = MemoryStore::default();
         let (j, _) = Journal::with_store(Box::new(store.clone()), None).unwrap();
-        let mut j = j.commit_in_background().unwrap();
+        let mut j = j.commit_in_background(crate::Waker::none()).unwrap();
         assert_eq!(
             j.commit().unwrap(),
             0,
@@ -764,7 +764,7 @@ mod tests {
             failures: failures.clone(),
         };
         let (j, _) = Journal::with_store(Box::new(failing), None).unwrap();
-        let mut j = j.commit_in_background().unwrap();
+        let mut j = j.commit_in_background(crate::Waker::none()).unwrap();
         j.put_job(job(1, JobState::Queued));
         let first = j.commit().unwrap();
         let settled = settle_until(&mut j, first);

@@ -312,6 +312,9 @@ pub struct MachineManager<E: MmEnv> {
     /// Sequence number of the next new heartbeat.
     hb_seq: u64,
     hb_in_flight: Option<InFlight>,
+    /// [`MachineManager::wait`] took a signal of the termination event: the next look at
+    /// terminations counts it.
+    term_announced: bool,
     /// A heartbeat whose transfer failed, to send again before any new one.
     hb_resend: Option<Bytes>,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
@@ -387,10 +390,11 @@ impl MachineManager<DaemonEnv> {
             "global memory laid out (address space; untouched pages take no memory)"
         );
         let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
-        // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
-        let journal = journal.commit_in_background()?;
         let fabric =
             endpoint::start(&cfg, &rm, cfg.mm_id(), listen, key).map_err(anyhow::Error::msg)?;
+        let waker = crate::Waker::new(fabric.clone(), rm.term_event);
+        // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
+        let journal = journal.commit_in_background(waker.clone())?;
         let (tx, incoming) = crossbeam_channel::unbounded();
         control_server::start(
             &cfg.cluster.control_socket,
@@ -398,6 +402,7 @@ impl MachineManager<DaemonEnv> {
             cfg.node_count(),
             cfg.limits.clone(),
             tx,
+            waker,
         )?;
         let parts = MmParts {
             config: cfg,
@@ -456,6 +461,7 @@ impl<E: MmEnv> MachineManager<E> {
             policy,
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             hb_in_flight: None,
+            term_announced: false,
             hb_resend: None,
             pmi_recheck: false,
             hb_delivered: epoch_base(1),
@@ -522,6 +528,37 @@ impl<E: MmEnv> MachineManager<E> {
     /// the MM fell behind.
     pub fn poll_timeout(&self) -> Instant {
         self.next_tick
+    }
+
+    /// Waits on the fabric until `until` (a timeslice is due), or until something arrives
+    /// for the MM: a node announces a termination, or one of the MM's threads wakes it (see
+    /// [`crate::waker`]). The host then hands it what arrived and calls
+    /// [`MachineManager::between_ticks`] (or [`MachineManager::tick`], if one is due). A host
+    /// that steps the MM (the simulator) does not call it.
+    pub fn wait(&mut self, until: Instant) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        if let Ok(true) = self
+            .prims
+            .test_event(self.rm.term_event, Wait::Timeout(left))
+        {
+            self.term_announced = true;
+        }
+    }
+
+    /// A handle that ends the MM's [`MachineManager::wait`] from another thread.
+    pub fn waker(&self) -> crate::Waker {
+        crate::Waker::new(self.prims.clone(), self.rm.term_event)
+    }
+
+    /// What the MM does between timeslices: takes the terminations announced since the last
+    /// timeslice and sends the replies whose journal commit has settled. It schedules and
+    /// launches nothing (that waits for the timeslice, and its heartbeat).
+    pub fn between_ticks(&mut self) {
+        self.detect_terminations();
+        self.publish();
     }
 
     /// Whether a shutdown was asked for and its commands have gone out (or no node is left
@@ -1724,7 +1761,7 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Algorithm 8.
     fn detect_terminations(&mut self) {
-        let mut announced = false;
+        let mut announced = std::mem::take(&mut self.term_announced);
         while let Ok(true) = self.prims.test_event(self.rm.term_event, Wait::Poll) {
             announced = true;
         }
@@ -2010,8 +2047,9 @@ impl<E: MmEnv> std::fmt::Debug for MachineManager<E> {
 
 /// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
 /// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
-/// request or a signal: requests go to the core as they arrive, and a timeslice runs at each
-/// [`MachineManager::poll_timeout`].
+/// request or a signal: a timeslice runs at each [`MachineManager::poll_timeout`]; between
+/// them the loop waits on the fabric ([`MachineManager::wait`]) and, when woken, hands the core
+/// the requests that arrived and lets it take reports and send settled replies.
 pub fn run(opts: MmOptions) -> Result<()> {
     let stop = opts.stop.clone();
     let (mut mm, incoming) = MachineManager::start(opts).context("starting the machine manager")?;
@@ -2020,7 +2058,11 @@ pub fn run(opts: MmOptions) -> Result<()> {
         while let Ok(msg) = incoming.try_recv() {
             mm.handle(msg);
         }
-        mm.tick();
+        if Instant::now() >= mm.poll_timeout() {
+            mm.tick();
+        } else {
+            mm.between_ticks();
+        }
         if stop.load(Ordering::Acquire) {
             tracing::info!("stopping on a signal");
             break;
@@ -2030,10 +2072,8 @@ pub fn run(opts: MmOptions) -> Result<()> {
             tracing::info!("shut down");
             break;
         }
-        let wait = mm.poll_timeout().saturating_duration_since(Instant::now());
-        if !wait.is_zero() {
-            std::thread::sleep(wait);
-        }
+        let due = mm.poll_timeout();
+        mm.wait(due);
     }
     let _ = std::fs::remove_file(&mm.cfg.cluster.control_socket);
     Ok(())
