@@ -110,6 +110,21 @@ fn check_output(line: &str, stdout: &str, dir: &Path) {
             "every rank of `{line}` answers: {stdout}"
         );
     }
+    if line.contains("storm-bench throughput") {
+        let rate = |what: &str| -> Option<f64> {
+            stdout
+                .lines()
+                .find(|l| l.trim_start().starts_with(what))?
+                .split_whitespace()
+                .nth(what.split_whitespace().count())?
+                .parse()
+                .ok()
+        };
+        assert!(
+            rate("storm").is_some_and(|r| r > 0.0) && rate("fork/exec").is_some_and(|r| r > 0.0),
+            "`{line}` gives storm's jobs/s beside fork/exec's: {stdout}"
+        );
+    }
     if let Some(png) = line
         .split_whitespace()
         .skip_while(|w| *w != "--plot")
