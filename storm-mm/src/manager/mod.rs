@@ -540,11 +540,14 @@ impl<E: MmEnv> MachineManager<E> {
         if left.is_zero() {
             return;
         }
-        if let Ok(true) = self
+        match self
             .prims
             .test_event(self.rm.term_event, Wait::Timeout(left))
         {
-            self.term_announced = true;
+            Ok(true) => self.term_announced = true,
+            Ok(false) => {}
+            // The endpoint is closed (shutting down): sleep, or the loop would spin.
+            Err(_) => std::thread::sleep(left),
         }
     }
 
