@@ -19,6 +19,8 @@ pub struct JobView {
     pub state: String,
     /// Node ids, as ranges (`"0-3,7"`); empty while queued.
     pub nodes: String,
+    /// The CPUs it holds of its one node, when it shares the node with other jobs.
+    pub cpus: Option<String>,
     pub node_names: Vec<String>,
     pub ntasks: u32,
     pub elapsed_s: f64,
@@ -69,6 +71,7 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         uid: job.uid,
         state: job.state.clone(),
         nodes: job.nodes.to_string(),
+        cpus: job.cpus.as_ref().map(ToString::to_string),
         node_names,
         ntasks: job.ntasks,
         elapsed_s: job.elapsed_ms as f64 / 1000.0,
@@ -98,6 +101,14 @@ pub fn nodes_json(nodes: &[NodeView]) -> String {
     serde_json::to_string_pretty(&Nodes { nodes }).unwrap_or_default()
 }
 
+/// "3-4", or "2 CPUs 0-1" for a job that shares its node.
+fn placed_on(j: &JobInfo) -> String {
+    match &j.cpus {
+        Some(cpus) => format!("{} CPUs {cpus}", j.nodes),
+        None => j.nodes.to_string(),
+    }
+}
+
 /// `storm queue`: queued and running jobs.
 pub fn queue_table(jobs: &[JobInfo]) -> String {
     let mut out = format!(
@@ -107,8 +118,8 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
     for j in jobs {
         let place = match (&j.reason, j.time_slot) {
             (Some(why), _) => why.clone(),
-            (None, Some(slot)) => format!("{} (time slot {slot})", j.nodes),
-            (None, None) => j.nodes.to_string(),
+            (None, Some(slot)) => format!("{} (time slot {slot})", placed_on(j)),
+            (None, None) => placed_on(j),
         };
         let _ = writeln!(
             out,
@@ -197,6 +208,7 @@ mod tests {
             uid: 1000,
             state: "running".into(),
             nodes: "0,2".parse::<NodeSet>().unwrap(),
+            cpus: None,
             ntasks: 4,
             elapsed_ms: 1500,
             reason: None,

@@ -21,8 +21,9 @@ use crate::tasks::TaskRequest;
 
 /// Version 3: `overcommit` in task requests; metrics. Version 4: output chunks carry their
 /// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`. Version 7:
-/// the launch, start, run and report phases in `Timing`.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// the launch, start, run and report phases in `Timing`. Version 8: `exclusive` in task
+/// requests, and the CPUs of a job that shares its node.
+pub const PROTOCOL_VERSION: u32 = 8;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -185,6 +186,8 @@ pub struct JobInfo {
     pub uid: u32,
     pub state: String,
     pub nodes: NodeSet,
+    /// The CPUs it holds of its one node, when it shares the node with other jobs.
+    pub cpus: Option<NodeSet>,
     pub ntasks: u32,
     pub elapsed_ms: u64,
     /// Why a queued job waits.

@@ -11,8 +11,10 @@
 //!   whole cluster and shares its CPUs).
 //!
 //! Ranks are placed in blocks, as Slurm's default block distribution does: with 10 tasks on 4
-//! nodes the nodes run ranks 0-2, 3-5, 6-7 and 8-9. Jobs take whole nodes, and a cluster whose
-//! nodes have different CPU counts is planned as if each had the smallest count.
+//! nodes the nodes run ranks 0-2, 3-5, 6-7 and 8-9. A job on one node whose tasks leave some
+//! of its CPUs free takes only as many CPUs as it has tasks (other jobs share the node),
+//! unless `--exclusive`; any other job takes whole nodes. A cluster whose nodes have
+//! different CPU counts is planned as if each had the smallest count.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +26,8 @@ pub struct TaskRequest {
     pub ntasks_per_node: Option<u32>,
     /// Allow more tasks on a node than it has CPUs (`--overcommit`, srun's `-O`).
     pub overcommit: bool,
+    /// Take whole nodes even if the tasks fit in some CPUs of one (`--exclusive`).
+    pub exclusive: bool,
 }
 
 /// The decided shape of a job.
@@ -190,6 +194,7 @@ mod tests {
             ntasks,
             ntasks_per_node: per,
             overcommit: false,
+            exclusive: false,
         }
     }
 

@@ -454,6 +454,7 @@ fn job_request() -> JobRequest {
             ntasks: Some(4),
             ntasks_per_node: None,
             overcommit: false,
+            exclusive: false,
         },
         bcast: true,
         time_limit_ms: Some(60_000),
@@ -514,6 +515,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             uid: 1000,
             state: "RUNNING".into(),
             nodes: nodes("0-1"),
+            cpus: None,
             ntasks: 4,
             elapsed_ms: 10,
             reason: None,
@@ -585,9 +587,20 @@ fn journal_seeds() -> Vec<Vec<u8>> {
             0,
             &record(JobState::Started {
                 nodes: nodes("0-3"),
+                cpus: None,
                 slot: 2,
                 time_slot: 1,
                 launched_ms: Some(1_700_000_000_500),
+            }),
+        ),
+        tagged(
+            0,
+            &record(JobState::Started {
+                nodes: nodes("5"),
+                cpus: Some(nodes("2-3")),
+                slot: 3,
+                time_slot: 0,
+                launched_ms: Some(1_700_000_000_600),
             }),
         ),
         tagged(

@@ -24,6 +24,7 @@
 //! heartbeat boundaries; between them it takes termination reports and sends the replies
 //! whose journal commit has settled.
 
+pub mod alloc;
 pub mod buddy;
 pub mod control_server;
 pub mod env;

@@ -38,6 +38,10 @@ struct Args {
     /// Allow more tasks on a node than it has CPUs.
     #[arg(short = 'O', long)]
     overcommit: bool,
+    /// Take whole nodes: a job whose tasks fit in some CPUs of one node otherwise shares the
+    /// node with other jobs.
+    #[arg(long)]
+    exclusive: bool,
     /// Prefix every output line with its rank.
     #[arg(short = 'l', long)]
     label: bool,
@@ -312,12 +316,14 @@ fn run(args: Args) -> Result<i32, String> {
                 ntasks: Some(n),
                 ntasks_per_node: None,
                 overcommit: args.overcommit,
+                exclusive: args.exclusive,
             },
             _ => TaskRequest {
                 nodes: args.nodes,
                 ntasks: args.ntasks,
                 ntasks_per_node: args.ntasks_per_node,
                 overcommit: args.overcommit,
+                exclusive: args.exclusive,
             },
         },
         bcast: !args.no_bcast,

@@ -38,8 +38,9 @@ pub const KEEP_FINISHED: usize = 1000;
 /// Format 2: a job's task request carries `overcommit`. Format 3: a started job records its
 /// job slot, time slot and launch time (a restarted MM re-adopts running jobs). Format 4: a
 /// request carries its `mpi` mode and an outcome its `abort_code`. Format 5: an outcome's
-/// timing has the launch, start, run and report phases.
-const FORMAT: u64 = 5;
+/// timing has the launch, start, run and report phases. Format 6: a request carries
+/// `exclusive`, and a started job that shares its node the CPUs it holds there.
+const FORMAT: u64 = 6;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -84,6 +85,8 @@ pub enum JobState {
     /// Given nodes: its program is being sent, or it runs.
     Started {
         nodes: NodeSet,
+        /// The CPUs it holds of its one node, when it shares the node with other jobs.
+        cpus: Option<NodeSet>,
         /// Its per-job areas of global memory (termination flags, reports).
         slot: u32,
         /// Its row of the gang scheduler's matrix (0 for the other policies).
@@ -818,12 +821,23 @@ mod tests {
                 2,
                 JobState::Started {
                     nodes: "2-3".parse().unwrap(),
+                    cpus: None,
                     slot: 5,
                     time_slot: 1,
                     launched_ms: Some(1_700_000_000_000),
                 },
             ),
             finished(3),
+            job(
+                4,
+                JobState::Started {
+                    nodes: "1".parse().unwrap(),
+                    cpus: Some("0-1".parse().unwrap()),
+                    slot: 6,
+                    time_slot: 0,
+                    launched_ms: Some(1_700_000_000_001),
+                },
+            ),
         ];
         {
             let (mut j, restored) = Journal::open(dir.path()).unwrap();

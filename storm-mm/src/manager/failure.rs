@@ -29,7 +29,6 @@ use storm_cluster::messages::{JobId, Membership};
 use storm_primitives::{NodeId, NodeSet, PrimError, Relation};
 
 use super::{MachineManager, MmEnv, Phase};
-use crate::policy::JobAsk;
 
 /// Where a job goes back in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,11 +235,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.terminating = false;
         j.pmi_epoch = 0;
         j.time_slot = 0;
-        let ask = JobAsk {
-            job: id,
-            nodes: j.plan.nodes,
-            limit: j.limit,
-        };
+        let ask = self.ask(&j);
         let client = j.client;
         self.jobs.insert(id, j);
         let now = self.since_epoch();

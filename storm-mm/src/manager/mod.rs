@@ -52,7 +52,7 @@ use crate::journal::{JobRecord, JobState, Journal, Restored};
 use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::nodes::NodeTable;
-use crate::policy::{Decision, JobAsk, Policy, PolicyKind};
+use crate::policy::{Decision, JobAsk, Need, Placement, Policy, PolicyKind};
 use crate::transfer::{Transfer, TransferDone};
 
 /// How often a submitter hears how far its program transfer is.
@@ -113,6 +113,8 @@ struct Job {
     client: Option<ClientId>,
     phase: Phase,
     nodes: NodeSet,
+    /// The CPUs it holds of its one node, when it shares the node with other jobs.
+    cpus: Option<NodeSet>,
     slot: Option<usize>,
     submitted: Instant,
     /// `submitted` as wall-clock time (milliseconds since the Unix epoch), for the journal.
@@ -207,6 +209,7 @@ impl Job {
             client: new.client,
             phase: Phase::Queued,
             nodes: NodeSet::new(),
+            cpus: None,
             slot: None,
             submitted: new.submitted,
             submitted_ms: new.submitted_ms,
@@ -437,6 +440,7 @@ impl<E: MmEnv> MachineManager<E> {
         let mut policy = crate::policy::build(
             cfg.scheduler.policy,
             cfg.node_count(),
+            cfg.capacity().cpus_per_node,
             cfg.scheduler.mpl,
             Duration::from_secs(cfg.scheduler.default_time_limit_s),
         );
@@ -1055,18 +1059,11 @@ impl<E: MmEnv> MachineManager<E> {
                 submitted_ms: self.unix_ms(),
             }),
         );
-        let limit = self.jobs[&id].limit;
         // While jobs restored after a restart are held, new ones queue behind them (they
         // enter the policy together, in order, when the hold ends).
         if self.held.is_none() {
-            self.policy.submit(
-                JobAsk {
-                    job: id,
-                    nodes: plan.nodes,
-                    limit,
-                },
-                self.since_epoch(),
-            );
+            let ask = self.ask(&self.jobs[&id]);
+            self.policy.submit(ask, self.since_epoch());
         }
         self.unanswered.push((client, id));
         self.unrecorded.insert(id);
@@ -1079,6 +1076,11 @@ impl<E: MmEnv> MachineManager<E> {
             "job accepted"
         );
         Ok(id)
+    }
+
+    /// What job `j` asks of the scheduling policy.
+    fn ask(&self, j: &Job) -> JobAsk {
+        job_ask(j.id, &j.req, &j.plan, self.cfg.capacity().cpus_per_node)
     }
 
     /// The shape of job `req` on this cluster, or why it does not fit.
@@ -1135,6 +1137,7 @@ impl<E: MmEnv> MachineManager<E> {
             uid: j.uid,
             state: state.into(),
             nodes: j.nodes.clone(),
+            cpus: j.cpus.clone(),
             ntasks: j.plan.ntasks,
             elapsed_ms: self
                 .now()
@@ -1213,18 +1216,14 @@ impl<E: MmEnv> MachineManager<E> {
         }
         for d in decisions {
             match d {
-                Decision::Start {
-                    job,
-                    nodes,
-                    time_slot,
-                } => {
+                Decision::Start { job, placed } => {
                     let slot = self
                         .slots
                         .iter()
                         .position(Option::is_none)
                         .expect("the policy starts at most max_starts jobs");
                     self.slots[slot] = Some(job);
-                    self.start_job(job, nodes, slot, time_slot);
+                    self.start_job(job, placed, slot);
                 }
                 Decision::Run { jobs } => {
                     if jobs != self.run_set {
@@ -1263,7 +1262,9 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// A job got its nodes: tell its submitter, then transfer its program or launch it.
-    fn start_job(&mut self, id: JobId, nodes: NodeSet, slot: usize, time_slot: usize) {
+    fn start_job(&mut self, id: JobId, placed: Placement, slot: usize) {
+        let Placement { share, time_slot } = placed;
+        let nodes = share.nodes;
         let names: Vec<String> = nodes
             .iter()
             .map(|n| self.cfg.nodes[n as usize].name.clone())
@@ -1279,12 +1280,13 @@ impl<E: MmEnv> MachineManager<E> {
         let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
         j.nodes = nodes.clone();
+        j.cpus = share.cpus;
         j.slot = Some(slot);
         j.time_slot = time_slot;
         j.allocated = Some(now);
         j.phase = Phase::Allocated;
         self.unrecorded.insert(id);
-        tracing::info!(job = id, nodes = %nodes, time_slot, "job starts");
+        tracing::info!(job = id, nodes = %nodes, cpus = ?j.cpus, time_slot, "job starts");
         let started = Reply::Started {
             job: id,
             nodes,
@@ -1979,11 +1981,21 @@ fn job_record(j: &Job) -> JobRecord {
             Phase::Queued => JobState::Queued,
             _ => JobState::Started {
                 nodes: j.nodes.clone(),
+                cpus: j.cpus.clone(),
                 slot: j.slot.unwrap_or(0) as u32,
                 time_slot: j.time_slot as u32,
                 launched_ms: j.launched_ms,
             },
         },
+    }
+}
+
+/// What a job asks of the scheduling policy on nodes of `cpus` CPUs.
+fn job_ask(job: JobId, req: &JobRequest, plan: &TaskPlan, cpus: u32) -> JobAsk {
+    JobAsk {
+        job,
+        need: Need::of(plan.nodes, plan.ntasks, cpus, req.tasks.exclusive),
+        limit: req.time_limit_ms.map(Duration::from_millis),
     }
 }
 
@@ -1999,6 +2011,7 @@ fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         uid: rec.uid,
         state: if code == 0 { "completed" } else { "failed" }.into(),
         nodes: nodes.clone(),
+        cpus: None,
         ntasks: outcome.ranks.len() as u32,
         elapsed_ms: outcome.timing.total_us / 1000,
         reason: outcome.reason.clone(),

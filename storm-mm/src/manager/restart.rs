@@ -33,7 +33,7 @@ use storm_primitives::NodeSet;
 
 use super::{Job, MachineManager, MmEnv, NewJob, Phase};
 use crate::journal::{JobRecord, JobState, Restored};
-use crate::policy::{JobAsk, Placement};
+use crate::policy::{JobAsk, Placement, Share};
 
 /// How long restored jobs wait for their submitters to reattach.
 pub(super) const REATTACH_GRACE: Duration = Duration::from_secs(5);
@@ -56,6 +56,7 @@ pub(super) struct Recovery {
 /// Where a job the journal knows as started stood.
 struct Started<'a> {
     nodes: &'a NodeSet,
+    cpus: &'a Option<NodeSet>,
     slot: u32,
     time_slot: u32,
     launched_ms: u64,
@@ -80,6 +81,7 @@ impl<E: MmEnv> MachineManager<E> {
                 JobState::Queued => self.readmit(&rec).map(|()| &mut queued),
                 JobState::Started {
                     nodes,
+                    cpus,
                     slot,
                     time_slot,
                     launched_ms: Some(launched_ms),
@@ -88,6 +90,7 @@ impl<E: MmEnv> MachineManager<E> {
                         &rec,
                         Started {
                             nodes,
+                            cpus,
                             slot: *slot,
                             time_slot: *time_slot,
                             launched_ms: *launched_ms,
@@ -168,14 +171,12 @@ impl<E: MmEnv> MachineManager<E> {
             )));
         }
         let ran = Duration::from_millis(self.unix_ms().saturating_sub(at.launched_ms));
-        let limit = rec.req.time_limit_ms.map(Duration::from_millis);
-        let ask = JobAsk {
-            job: rec.id,
-            nodes: plan.nodes,
-            limit,
-        };
+        let ask = super::job_ask(rec.id, &rec.req, &plan, self.cfg.capacity().cpus_per_node);
         let placed = Placement {
-            nodes: at.nodes.clone(),
+            share: Share {
+                nodes: at.nodes.clone(),
+                cpus: at.cpus.clone(),
+            },
             time_slot: at.time_slot as usize,
         };
         if !self.policy.adopt(ask, &placed, ran, self.since_epoch()) {
@@ -192,6 +193,7 @@ impl<E: MmEnv> MachineManager<E> {
         let mut job = restored_job(rec, plan, program, (now, self.unix_ms()));
         job.phase = Phase::Recovering;
         job.nodes = at.nodes.clone();
+        job.cpus = at.cpus.clone();
         job.slot = Some(slot);
         job.time_slot = at.time_slot as usize;
         job.allocated = Some(now.checked_sub(ran).unwrap_or(now));
@@ -385,11 +387,7 @@ impl<E: MmEnv> MachineManager<E> {
             .jobs
             .values()
             .filter(|j| j.phase == Phase::Queued)
-            .map(|j| JobAsk {
-                job: j.id,
-                nodes: j.plan.nodes,
-                limit: j.limit,
-            })
+            .map(|j| self.ask(j))
             .collect();
         for ask in queued {
             self.policy.submit(ask, self.since_epoch());

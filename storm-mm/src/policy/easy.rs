@@ -1,40 +1,40 @@
 //! EASY backfilling (Lifka's Extensible Argonne Scheduling sYstem).
 //!
 //! Jobs start in queue order while they fit. When the first queued job (the head) does not
-//! fit, it gets a *reservation*: the earliest time at which enough nodes will be free, counting
-//! each running job as ending at its start plus its limit (a job past its limit is killed, so
-//! it cannot end later). A later job may start now (it is *backfilled*) if it fits in the free
-//! nodes and either ends before the reservation, or uses only nodes the head will not need at
-//! the reservation (the *extra* nodes). So backfilling never delays the head.
+//! fit, it gets a *reservation*: the earliest time at which what it needs will be free,
+//! counting each running job as ending at its start plus its limit (a job past its limit is
+//! killed, so it cannot end later), and the nodes it would take then. A later job may start
+//! now (it is *backfilled*) if it fits and either ends before the reservation, or keeps off
+//! the nodes reserved for the head. So backfilling never delays the head.
 //!
-//! Allocation is by count (the lowest free node ids), which keeps the reservation arithmetic
-//! exact. Jobs without `--time` are given the cluster's default limit.
+//! Allocation is the buddy allocator's (whole nodes, or CPUs of a node small jobs share),
+//! which never leaves a job waiting while as many nodes (or a node with as many CPUs) as it
+//! needs are free, so the reservation is exact. Jobs without `--time` are given the
+//! cluster's default limit.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use storm_cluster::JobId;
-use storm_primitives::{NodeId, NodeSet};
+use storm_primitives::NodeId;
 
-use super::{Decision, JobAsk, Placement, Policy, withdraw_from};
+use super::{Decision, JobAsk, Placement, Policy, Share, withdraw_from};
+use crate::alloc::Allocator;
 
 pub struct Easy {
-    free: NodeSet,
-    /// Nodes kept out of allocation.
-    unavailable: NodeSet,
+    alloc: Allocator,
     queue: VecDeque<JobAsk>,
-    /// Running jobs: nodes and estimated end.
-    running: HashMap<JobId, (NodeSet, Duration)>,
+    /// Running jobs: what they hold and their estimated end.
+    running: HashMap<JobId, (Share, Duration)>,
     default_limit: Duration,
     /// The head's reservation after the last tick: (job, time).
     reservation: Option<(JobId, Duration)>,
 }
 
 impl Easy {
-    pub fn new(nodes: u32, default_limit: Duration) -> Self {
+    pub fn new(nodes: u32, cpus: u32, default_limit: Duration) -> Self {
         Self {
-            free: NodeSet::first_n(nodes),
-            unavailable: NodeSet::new(),
+            alloc: Allocator::new(nodes, cpus),
             queue: VecDeque::new(),
             running: HashMap::new(),
             default_limit,
@@ -51,42 +51,41 @@ impl Easy {
         ask.limit.unwrap_or(self.default_limit)
     }
 
-    fn take(&mut self, n: u32) -> NodeSet {
-        let nodes: NodeSet = self.free.iter().take(n as usize).collect();
-        self.free = self.free.difference(&nodes);
-        nodes
-    }
-
-    fn start(&mut self, ask: JobAsk, now: Duration, out: &mut Vec<Decision>) {
-        let nodes = self.take(ask.nodes);
+    fn start(&mut self, ask: JobAsk, share: Share, now: Duration, out: &mut Vec<Decision>) {
         let end = now + self.limit(&ask);
-        self.running.insert(ask.job, (nodes.clone(), end));
+        self.running.insert(ask.job, (share.clone(), end));
         out.push(Decision::Start {
             job: ask.job,
-            nodes,
-            time_slot: 0,
+            placed: Placement {
+                share,
+                time_slot: 0,
+            },
         });
     }
 
-    /// When the head can start, and how many nodes it leaves spare then.
-    fn shadow(&self, head: &JobAsk, now: Duration) -> (Duration, u32) {
-        let mut avail = self.free.len() as u32;
-        if avail >= head.nodes {
-            return (now, avail - head.nodes);
+    /// When the head can start, and what it would take then: running jobs are given back in
+    /// the order of their ends until it fits. `None` if it never fits (larger than the
+    /// available machine).
+    fn shadow(&self, head: &JobAsk, now: Duration) -> Option<(Duration, Share)> {
+        let mut future = self.alloc.clone();
+        if let Some(share) = future.allocate(head.need) {
+            return Some((now, share));
         }
-        let mut ends: Vec<(Duration, u32)> = self
-            .running
-            .values()
-            .map(|(n, end)| (*end, n.difference(&self.unavailable).len() as u32))
-            .collect();
-        ends.sort_unstable();
-        for (end, n) in ends {
-            avail += n;
-            if avail >= head.nodes {
-                return (end.max(now), avail - head.nodes);
+        let mut ends: Vec<(Duration, &Share)> =
+            self.running.values().map(|(s, end)| (*end, s)).collect();
+        ends.sort_unstable_by_key(|(end, _)| *end);
+        // Jobs that end together are given back together, so the head is reserved what
+        // they free rather than nodes free now, which later jobs could use meanwhile.
+        for (i, (end, share)) in ends.iter().enumerate() {
+            future.release(share);
+            if ends.get(i + 1).is_some_and(|(next, _)| next == end) {
+                continue;
+            }
+            if let Some(reserved) = future.allocate(head.need) {
+                return Some(((*end).max(now), reserved));
             }
         }
-        (Duration::MAX, 0) // larger than the cluster: the MM rejects such jobs
+        None
     }
 }
 
@@ -104,18 +103,11 @@ impl Policy for Easy {
     }
 
     fn adopt(&mut self, ask: JobAsk, placed: &Placement, ran: Duration, now: Duration) -> bool {
-        // Free or kept out of allocation, but held by no running job.
-        let taken = self
-            .running
-            .values()
-            .fold(NodeSet::new(), |all, (n, _)| all.union(n));
-        let idle = self.free.union(&self.unavailable).difference(&taken);
-        if placed.nodes.is_empty() || !placed.nodes.is_subset(&idle) {
+        if !self.alloc.take(&placed.share) {
             return false;
         }
         let end = (now + self.limit(&ask)).saturating_sub(ran);
-        self.free = self.free.difference(&placed.nodes);
-        self.running.insert(ask.job, (placed.nodes.clone(), end));
+        self.running.insert(ask.job, (placed.share.clone(), end));
         true
     }
 
@@ -124,50 +116,64 @@ impl Policy for Easy {
     }
 
     fn ended(&mut self, job: JobId, _now: Duration) {
-        if let Some((nodes, _)) = self.running.remove(&job) {
-            self.free = self.free.union(&nodes.difference(&self.unavailable));
+        if let Some((share, _)) = self.running.remove(&job) {
+            self.alloc.release(&share);
         }
     }
 
     fn set_unavailable(&mut self, node: NodeId) {
-        self.unavailable.insert(node);
-        self.free.remove(node);
+        self.alloc.set_unavailable(node);
     }
 
     fn set_available(&mut self, node: NodeId) {
-        if self.unavailable.remove(node) && !self.running.values().any(|(n, _)| n.contains(node)) {
-            self.free.insert(node);
-        }
+        self.alloc.set_available(node);
     }
 
     fn tick(&mut self, now: Duration, max_starts: usize) -> Vec<Decision> {
         let mut out = Vec::new();
         while let Some(head) = self.queue.front().copied() {
-            if head.nodes > self.free.len() as u32 || out.len() >= max_starts {
+            if out.len() >= max_starts {
                 break;
             }
+            let Some(share) = self.alloc.allocate(head.need) else {
+                break;
+            };
             self.queue.pop_front();
-            self.start(head, now, &mut out);
+            self.start(head, share, now, &mut out);
         }
         self.reservation = None;
         let Some(head) = self.queue.front().copied() else {
             return out;
         };
-        let (shadow, mut extra) = self.shadow(&head, now);
+        let Some((shadow, reserved)) = self.shadow(&head, now) else {
+            self.reservation = Some((head.job, Duration::MAX));
+            return out;
+        };
         self.reservation = Some((head.job, shadow));
+        // The machine as a job that outlasts the reservation sees it: the reserved nodes kept
+        // out. Every start below is made in both.
+        let mut outlasting = self.alloc.clone();
+        for n in reserved.nodes.iter() {
+            outlasting.set_unavailable(n);
+        }
         let mut i = 1;
         while i < self.queue.len() && out.len() < max_starts {
             let ask = self.queue[i];
-            let fits = ask.nodes <= self.free.len() as u32;
-            let ends_in_time = now + self.limit(&ask) <= shadow;
-            if fits && (ends_in_time || ask.nodes <= extra) {
-                if !ends_in_time {
-                    extra -= ask.nodes;
-                }
-                self.queue.remove(i);
-                self.start(ask, now, &mut out);
+            let share = if now + self.limit(&ask) <= shadow {
+                self.alloc.allocate(ask.need).inspect(|s| {
+                    outlasting.take(s);
+                })
             } else {
-                i += 1;
+                outlasting.allocate(ask.need).inspect(|s| {
+                    self.alloc.take(s);
+                })
+            };
+            match share {
+                Some(share) => {
+                    self.queue.remove(i);
+                    self.start(ask, share, now, &mut out);
+                }
+                None => i += 1,
             }
         }
         out
@@ -175,15 +181,18 @@ impl Policy for Easy {
 
     fn reason(&self, job: JobId) -> Option<String> {
         let pos = self.queue.iter().position(|a| a.job == job)?;
+        let need = self.queue[0].need.describe();
         Some(match (pos, self.reservation) {
             (0, Some((_, at))) if at != Duration::MAX => {
                 format!(
-                    "waiting for {} free nodes, reserved for t+{:.1}s",
-                    self.queue[0].nodes,
+                    "waiting for {need}, reserved for t+{:.1}s",
                     at.as_secs_f64()
                 )
             }
-            (0, _) => format!("waiting for {} free nodes", self.queue[0].nodes),
+            (0, _) => format!(
+                "waiting for {need} ({})",
+                self.alloc.describe_free(self.queue[0].need)
+            ),
             _ => format!(
                 "waiting behind job {}: not backfillable without delaying it",
                 self.queue[0].job
@@ -199,6 +208,7 @@ impl Policy for Easy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::Need;
     use proptest::prelude::*;
 
     fn s(secs: u64) -> Duration {
@@ -208,7 +218,15 @@ mod tests {
     fn ask(job: JobId, nodes: u32, limit: u64) -> JobAsk {
         JobAsk {
             job,
-            nodes,
+            need: Need::Nodes(nodes),
+            limit: Some(s(limit)),
+        }
+    }
+
+    fn ask_cpus(job: JobId, cpus: u32, limit: u64) -> JobAsk {
+        JobAsk {
+            job,
+            need: Need::Cpus(cpus),
             limit: Some(s(limit)),
         }
     }
@@ -224,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_short_job_is_backfilled_and_a_long_one_is_not() {
-        let mut p = Easy::new(8, s(3600));
+        let mut p = Easy::new(8, 1, s(3600));
         p.submit(ask(1, 6, 100), s(0));
         assert_eq!(started(&p.tick(s(0), usize::MAX)), vec![1]);
         p.submit(ask(2, 8, 50), s(1)); // head: needs all 8, reserved for t=100
@@ -240,7 +258,7 @@ mod tests {
 
     #[test]
     fn extra_nodes_can_be_used_by_long_jobs() {
-        let mut p = Easy::new(10, s(3600));
+        let mut p = Easy::new(10, 1, s(3600));
         p.submit(ask(1, 6, 100), s(0));
         p.tick(s(0), usize::MAX);
         p.submit(ask(2, 7, 50), s(0)); // at t=100 10 free, head needs 7: 3 extra
@@ -250,9 +268,30 @@ mod tests {
         assert_eq!(p.reservation(), Some((2, s(100))));
     }
 
+    #[test]
+    fn a_long_small_job_backfills_onto_a_node_the_head_does_not_need() {
+        let mut p = Easy::new(2, 4, s(3600));
+        p.submit(ask_cpus(1, 2, 100), s(0)); // node 0, CPUs 0-1, until t=100
+        p.tick(s(0), usize::MAX);
+        p.submit(ask(2, 2, 50), s(0)); // head: both nodes whole, reserved for t=100
+        p.submit(ask_cpus(3, 2, 1000), s(0)); // long: would keep a node the head needs
+        p.submit(ask_cpus(4, 1, 10), s(0)); // short: ends before t=100
+        assert_eq!(started(&p.tick(s(0), usize::MAX)), vec![4]);
+        assert_eq!(p.reservation(), Some((2, s(100))));
+        let mut q = Easy::new(3, 4, s(3600));
+        q.submit(ask_cpus(1, 2, 100), s(0)); // node 0 until t=100
+        q.submit(ask(2, 1, 100), s(0)); // node 1 until t=100
+        q.tick(s(0), usize::MAX);
+        q.submit(ask(3, 2, 50), s(0)); // head: 2 whole nodes at t=100 (nodes 0 and 1)
+        q.submit(ask_cpus(4, 3, 1000), s(0)); // long, fits on node 2, which it keeps
+        assert_eq!(started(&q.tick(s(0), usize::MAX)), vec![4]);
+        assert_eq!(q.reservation(), Some((3, s(100))));
+    }
+
     #[derive(Debug, Clone)]
     enum Step {
         Submit { nodes: u32, limit: u64 },
+        SubmitSmall { cpus: u32, limit: u64 },
         Advance { secs: u64 },
         EndEarly { index: usize, early: u64 },
     }
@@ -260,24 +299,27 @@ mod tests {
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
             (1u32..=16, 1u64..200).prop_map(|(nodes, limit)| Step::Submit { nodes, limit }),
+            (1u32..=3, 1u64..200).prop_map(|(cpus, limit)| Step::SubmitSmall { cpus, limit }),
             (1u64..60).prop_map(|secs| Step::Advance { secs }),
             (0usize..8, 0u64..50).prop_map(|(index, early)| Step::EndEarly { index, early }),
         ]
     }
 
     proptest! {
-        /// Nodes are never given twice, and while a job is the head its reservation never
-        /// moves later (jobs end at or before their limit, as the MM enforces).
+        /// No CPU is given twice (jobs take whole nodes or CPUs of one node), and while a job
+        /// is the head its reservation never moves later (jobs end at or before their limit,
+        /// as the MM enforces).
         #[test]
         fn backfilling_never_delays_the_head(steps in proptest::collection::vec(step(), 1..80)) {
-            let mut p = Easy::new(16, s(3600));
+            let mut p = Easy::new(16, 4, s(3600));
             let mut now = s(0);
             let mut next = 1;
-            let mut held: HashMap<JobId, (NodeSet, Duration)> = HashMap::new();
+            let mut held: HashMap<JobId, (Share, Duration)> = HashMap::new();
             let mut last: Option<(JobId, Duration)> = None;
             for st in steps {
                 match st {
                     Step::Submit { nodes, limit } => { p.submit(ask(next, nodes, limit), now); next += 1; }
+                    Step::SubmitSmall { cpus, limit } => { p.submit(ask_cpus(next, cpus, limit), now); next += 1; }
                     Step::Advance { secs } => {
                         now += s(secs);
                         let due: Vec<JobId> = held.iter().filter(|(_, (_, end))| *end <= now).map(|(j, _)| *j).collect();
@@ -294,12 +336,12 @@ mod tests {
                     }
                 }
                 for d in p.tick(now, usize::MAX) {
-                    if let Decision::Start { job, nodes, .. } = d {
+                    if let Decision::Start { job, placed } = d {
                         for (other, (n, _)) in &held {
-                            prop_assert!(n.is_disjoint(&nodes), "job {} overlaps job {}", job, other);
+                            prop_assert!(!n.overlaps(&placed.share), "job {} overlaps job {}", job, other);
                         }
                         let limit = p.running[&job].1;
-                        held.insert(job, (nodes, limit));
+                        held.insert(job, (placed.share, limit));
                     }
                 }
                 let now_res = p.reservation();

@@ -1,25 +1,26 @@
 //! First-come first-served space sharing: the head of the queue starts as soon as the buddy
-//! allocator has room for it, and nothing overtakes it.
+//! allocator has room for it (whole nodes, or CPUs of a shared node), and nothing overtakes
+//! it.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use storm_cluster::JobId;
-use storm_primitives::{NodeId, NodeSet};
+use storm_primitives::NodeId;
 
-use super::{Decision, JobAsk, Placement, Policy, withdraw_from};
-use crate::buddy::Buddy;
+use super::{Decision, JobAsk, Placement, Policy, Share, withdraw_from};
+use crate::alloc::Allocator;
 
 pub struct Fcfs {
-    buddy: Buddy,
+    alloc: Allocator,
     queue: VecDeque<JobAsk>,
-    running: HashMap<JobId, NodeSet>,
+    running: HashMap<JobId, Share>,
 }
 
 impl Fcfs {
-    pub fn new(nodes: u32) -> Self {
+    pub fn new(nodes: u32, cpus: u32) -> Self {
         Self {
-            buddy: Buddy::new(nodes),
+            alloc: Allocator::new(nodes, cpus),
             queue: VecDeque::new(),
             running: HashMap::new(),
         }
@@ -40,10 +41,10 @@ impl Policy for Fcfs {
     }
 
     fn adopt(&mut self, ask: JobAsk, placed: &Placement, _ran: Duration, _now: Duration) -> bool {
-        if !self.buddy.take(&placed.nodes) {
+        if !self.alloc.take(&placed.share) {
             return false;
         }
-        self.running.insert(ask.job, placed.nodes.clone());
+        self.running.insert(ask.job, placed.share.clone());
         true
     }
 
@@ -52,8 +53,8 @@ impl Policy for Fcfs {
     }
 
     fn ended(&mut self, job: JobId, _now: Duration) {
-        if let Some(nodes) = self.running.remove(&job) {
-            self.buddy.release(&nodes);
+        if let Some(share) = self.running.remove(&job) {
+            self.alloc.release(&share);
         }
     }
 
@@ -62,26 +63,28 @@ impl Policy for Fcfs {
         while out.len() < max_starts
             && let Some(head) = self.queue.front().copied()
         {
-            let Some(nodes) = self.buddy.allocate(head.nodes) else {
+            let Some(share) = self.alloc.allocate(head.need) else {
                 break;
             };
             self.queue.pop_front();
-            self.running.insert(head.job, nodes.clone());
+            self.running.insert(head.job, share.clone());
             out.push(Decision::Start {
                 job: head.job,
-                nodes,
-                time_slot: 0,
+                placed: Placement {
+                    share,
+                    time_slot: 0,
+                },
             });
         }
         out
     }
 
     fn set_unavailable(&mut self, node: NodeId) {
-        self.buddy.set_unavailable(node);
+        self.alloc.set_unavailable(node);
     }
 
     fn set_available(&mut self, node: NodeId) {
-        self.buddy.set_available(node);
+        self.alloc.set_available(node);
     }
 
     fn reason(&self, job: JobId) -> Option<String> {
@@ -92,10 +95,11 @@ impl Policy for Fcfs {
                 self.queue[0].job
             )
         } else {
+            let need = self.queue[0].need;
             format!(
-                "waiting for {} free nodes ({} free now)",
-                self.queue[0].nodes,
-                self.buddy.free_count()
+                "waiting for {} ({})",
+                need.describe(),
+                self.alloc.describe_free(need)
             )
         })
     }
@@ -109,15 +113,17 @@ impl Policy for Fcfs {
 mod tests {
     use super::*;
 
+    use crate::alloc::Need;
+
     #[test]
     fn the_head_blocks_later_jobs_that_would_fit() {
-        let mut p = Fcfs::new(4);
+        let mut p = Fcfs::new(4, 2);
         let t = Duration::ZERO;
         for (job, nodes) in [(1, 3), (2, 4), (3, 1)] {
             p.submit(
                 JobAsk {
                     job,
-                    nodes,
+                    need: Need::Nodes(nodes),
                     limit: None,
                 },
                 t,
@@ -126,11 +132,40 @@ mod tests {
         let d = p.tick(t, usize::MAX);
         assert_eq!(d.len(), 1, "only job 1 starts: {d:?}");
         assert!(p.reason(3).unwrap().contains("behind job 2"));
-        assert!(p.reason(2).unwrap().contains("1 free now"));
+        let why = p.reason(2).unwrap();
+        assert!(
+            why.contains("waiting for 4 free nodes (1 free now)"),
+            "{why}"
+        );
         p.ended(1, t);
         let d = p.tick(t, usize::MAX);
         assert!(matches!(&d[..], [Decision::Start { job: 2, .. }]), "{d:?}");
         assert!(p.withdraw(3));
         assert_eq!(p.queued(), 0);
+    }
+
+    #[test]
+    fn single_cpu_jobs_fill_every_cpu_of_the_machine() {
+        let mut p = Fcfs::new(4, 2);
+        let t = Duration::ZERO;
+        for job in 1..=9 {
+            p.submit(
+                JobAsk {
+                    job,
+                    need: Need::Cpus(1),
+                    limit: None,
+                },
+                t,
+            );
+        }
+        let d = p.tick(t, usize::MAX);
+        assert_eq!(d.len(), 8, "one job per CPU: {d:?}");
+        let why = p.reason(9).unwrap();
+        assert!(why.contains("1 free CPU of a node (0 free now)"), "{why}");
+        p.ended(3, t);
+        assert!(matches!(
+            &p.tick(t, usize::MAX)[..],
+            [Decision::Start { job: 9, .. }]
+        ));
     }
 }

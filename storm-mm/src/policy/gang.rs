@@ -1,33 +1,34 @@
-//! Gang scheduling over an Ousterhout matrix: `mpl` time slots by the cluster's nodes.
+//! Gang scheduling over an Ousterhout matrix: `mpl` time slots by the cluster's CPUs.
 //!
-//! A job is placed, first fit in queue order, in the first slot whose buddy allocator has an
-//! aligned block for it. Every timeslice the active slot moves to the next non-empty one, and
-//! exactly the jobs of that slot run, on all their nodes at once. Nodes that the active slot
-//! leaves idle may run another slot's job if *all* of that job's nodes are idle (alternative
-//! scheduling), so the job stays coscheduled. With one non-empty slot nothing switches.
+//! A job is placed, first fit in queue order, in the first slot whose allocator has room for
+//! it (whole nodes, or CPUs of a node that small jobs of the slot share side by side). Every
+//! timeslice the active slot moves to the next non-empty one, and exactly the jobs of that
+//! slot run, on all their CPUs at once. CPUs that the active slot leaves idle may run another
+//! slot's job if *all* of that job's CPUs are idle (alternative scheduling), so the job stays
+//! coscheduled. With one non-empty slot nothing switches.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use storm_cluster::JobId;
-use storm_primitives::{NodeId, NodeSet};
+use storm_primitives::NodeId;
 
-use super::{Decision, JobAsk, Placement, Policy, withdraw_from};
-use crate::buddy::Buddy;
+use super::{Decision, JobAsk, Placement, Policy, Share, withdraw_from};
+use crate::alloc::{Allocator, Occupancy};
 
 pub struct Gang {
-    slots: Vec<Buddy>,
+    slots: Vec<Allocator>,
     /// Jobs by slot, in placement order.
-    matrix: Vec<BTreeMap<JobId, NodeSet>>,
+    matrix: Vec<BTreeMap<JobId, Share>>,
     placed: HashMap<JobId, usize>,
     queue: VecDeque<JobAsk>,
     active: usize,
 }
 
 impl Gang {
-    pub fn new(nodes: u32, mpl: usize) -> Self {
+    pub fn new(nodes: u32, cpus: u32, mpl: usize) -> Self {
         Self {
-            slots: (0..mpl).map(|_| Buddy::new(nodes)).collect(),
+            slots: (0..mpl).map(|_| Allocator::new(nodes, cpus)).collect(),
             matrix: vec![BTreeMap::new(); mpl],
             placed: HashMap::new(),
             queue: VecDeque::new(),
@@ -41,21 +42,22 @@ impl Gang {
     }
 
     /// The jobs of the matrix, by slot.
-    pub fn matrix(&self) -> &[BTreeMap<JobId, NodeSet>] {
+    pub fn matrix(&self) -> &[BTreeMap<JobId, Share>] {
         &self.matrix
     }
 
     fn run_set(&self) -> Vec<JobId> {
         let mpl = self.matrix.len();
         let mut run: Vec<JobId> = self.matrix[self.active].keys().copied().collect();
-        let mut busy: NodeSet = self.matrix[self.active]
-            .values()
-            .fold(NodeSet::new(), |a, n| a.union(n));
+        let mut busy = Occupancy::default();
+        for share in self.matrix[self.active].values() {
+            busy.hold(share);
+        }
         for k in 1..mpl {
             let s = (self.active + k) % mpl;
-            for (job, nodes) in &self.matrix[s] {
-                if busy.is_disjoint(nodes) {
-                    busy = busy.union(nodes);
+            for (job, share) in &self.matrix[s] {
+                if busy.is_idle(share) {
+                    busy.hold(share);
                     run.push(*job);
                 }
             }
@@ -80,10 +82,10 @@ impl Policy for Gang {
 
     fn adopt(&mut self, ask: JobAsk, placed: &Placement, _ran: Duration, _now: Duration) -> bool {
         let slot = placed.time_slot;
-        if slot >= self.slots.len() || !self.slots[slot].take(&placed.nodes) {
+        if slot >= self.slots.len() || !self.slots[slot].take(&placed.share) {
             return false;
         }
-        self.matrix[slot].insert(ask.job, placed.nodes.clone());
+        self.matrix[slot].insert(ask.job, placed.share.clone());
         self.placed.insert(ask.job, slot);
         true
     }
@@ -94,9 +96,9 @@ impl Policy for Gang {
 
     fn ended(&mut self, job: JobId, _now: Duration) {
         if let Some(slot) = self.placed.remove(&job)
-            && let Some(nodes) = self.matrix[slot].remove(&job)
+            && let Some(share) = self.matrix[slot].remove(&job)
         {
-            self.slots[slot].release(&nodes);
+            self.slots[slot].release(&share);
         }
     }
 
@@ -106,16 +108,18 @@ impl Policy for Gang {
         while i < self.queue.len() && out.len() < max_starts {
             let ask = self.queue[i];
             let placed = (0..self.slots.len())
-                .find_map(|s| self.slots[s].allocate(ask.nodes).map(|n| (s, n)));
+                .find_map(|s| self.slots[s].allocate(ask.need).map(|n| (s, n)));
             match placed {
-                Some((slot, nodes)) => {
+                Some((slot, share)) => {
                     self.queue.remove(i);
-                    self.matrix[slot].insert(ask.job, nodes.clone());
+                    self.matrix[slot].insert(ask.job, share.clone());
                     self.placed.insert(ask.job, slot);
                     out.push(Decision::Start {
                         job: ask.job,
-                        nodes,
-                        time_slot: slot,
+                        placed: Placement {
+                            share,
+                            time_slot: slot,
+                        },
                     });
                 }
                 None => i += 1,
@@ -149,10 +153,19 @@ impl Policy for Gang {
     fn reason(&self, job: JobId) -> Option<String> {
         let ask = self.queue.iter().find(|a| a.job == job)?;
         Some(format!(
-            "waiting for {} free nodes in one of the {} time slots (most free in a slot: {})",
-            ask.nodes,
+            "waiting for {} in one of the {} time slots (most free in a slot: {} whole nodes, {} CPUs)",
+            ask.need.describe(),
             self.slots.len(),
-            self.slots.iter().map(Buddy::free_count).max().unwrap_or(0)
+            self.slots
+                .iter()
+                .map(Allocator::free_nodes)
+                .max()
+                .unwrap_or(0),
+            self.slots
+                .iter()
+                .map(Allocator::free_cpus)
+                .max()
+                .unwrap_or(0)
         ))
     }
 
@@ -164,6 +177,7 @@ impl Policy for Gang {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::Need;
     use proptest::prelude::*;
 
     fn run_of(d: &[Decision]) -> Vec<JobId> {
@@ -177,12 +191,12 @@ mod tests {
 
     #[test]
     fn two_full_size_jobs_alternate_and_a_new_one_starts_at_once() {
-        let mut g = Gang::new(8, 2);
+        let mut g = Gang::new(8, 1, 2);
         let t = Duration::ZERO;
         g.submit(
             JobAsk {
                 job: 1,
-                nodes: 8,
+                need: Need::Nodes(8),
                 limit: None,
             },
             t,
@@ -190,7 +204,7 @@ mod tests {
         g.submit(
             JobAsk {
                 job: 2,
-                nodes: 8,
+                need: Need::Nodes(8),
                 limit: None,
             },
             t,
@@ -212,7 +226,7 @@ mod tests {
         g.submit(
             JobAsk {
                 job: 3,
-                nodes: 4,
+                need: Need::Nodes(4),
                 limit: None,
             },
             t,
@@ -233,12 +247,12 @@ mod tests {
 
     #[test]
     fn idle_nodes_run_another_slots_job_that_fits_entirely() {
-        let mut g = Gang::new(8, 2);
+        let mut g = Gang::new(8, 1, 2);
         let t = Duration::ZERO;
         g.submit(
             JobAsk {
                 job: 1,
-                nodes: 4,
+                need: Need::Nodes(4),
                 limit: None,
             },
             t,
@@ -246,7 +260,7 @@ mod tests {
         g.submit(
             JobAsk {
                 job: 2,
-                nodes: 8,
+                need: Need::Nodes(8),
                 limit: None,
             },
             t,
@@ -255,7 +269,7 @@ mod tests {
         g.submit(
             JobAsk {
                 job: 3,
-                nodes: 4,
+                need: Need::Nodes(4),
                 limit: None,
             },
             t,
@@ -272,39 +286,72 @@ mod tests {
         );
     }
 
+    #[test]
+    fn small_jobs_share_a_node_side_by_side_in_one_slot() {
+        let mut g = Gang::new(2, 4, 2);
+        let t = Duration::ZERO;
+        for job in 1..=8 {
+            g.submit(
+                JobAsk {
+                    job,
+                    need: Need::Cpus(2),
+                    limit: None,
+                },
+                t,
+            );
+        }
+        let d = g.tick(t, usize::MAX);
+        let slot_of = |job| {
+            d.iter().find_map(|d| match d {
+                Decision::Start { job: j, placed } if *j == job => Some(placed.time_slot),
+                _ => None,
+            })
+        };
+        // Two jobs per node, both nodes, both slots: 8 jobs of 2 CPUs in 2 x 2 x 4 CPUs.
+        assert_eq!((1..=4).map(slot_of).collect::<Vec<_>>(), vec![Some(0); 4]);
+        assert_eq!((5..=8).map(slot_of).collect::<Vec<_>>(), vec![Some(1); 4]);
+        assert_eq!(run_of(&d), vec![1, 2, 3, 4]);
+        assert_eq!(run_of(&g.tick(t, usize::MAX)), vec![5, 6, 7, 8]);
+    }
+
     proptest! {
-        /// No node holds two jobs in one slot; no node runs two jobs in one timeslice; every
-        /// placed job runs within any `mpl` consecutive timeslices.
+        /// No CPU holds two jobs in one slot; no CPU runs two jobs in one timeslice; every
+        /// placed job runs within any `mpl` consecutive timeslices. Jobs take whole nodes or
+        /// CPUs of one node.
         #[test]
         fn the_matrix_and_the_schedule_stay_consistent(
             mpl in 1usize..4,
-            ops in proptest::collection::vec((1u32..=16, any::<bool>()), 1..60)) {
-            let mut g = Gang::new(16, mpl);
+            ops in proptest::collection::vec((1u32..=16, any::<bool>(), any::<bool>()), 1..60)) {
+            let mut g = Gang::new(16, 4, mpl);
             let t = Duration::ZERO;
             let mut next = 1;
             let mut waiting_since: HashMap<JobId, usize> = HashMap::new();
-            for (tick, (nodes, end_one)) in ops.into_iter().enumerate() {
+            for (tick, (size, small, end_one)) in ops.into_iter().enumerate() {
                 if end_one && let Some(&j) = g.placed.keys().min() {
                     g.ended(j, t);
                     waiting_since.remove(&j);
                 } else {
-                    g.submit(JobAsk { job: next, nodes, limit: None }, t);
+                    let need = if small { Need::Cpus(1 + size % 4) } else { Need::Nodes(size) };
+                    g.submit(JobAsk { job: next, need, limit: None }, t);
                     next += 1;
                 }
                 let d = g.tick(t, usize::MAX);
                 for slot in &g.matrix {
-                    let mut seen = NodeSet::new();
-                    for n in slot.values() {
-                        prop_assert!(seen.is_disjoint(n), "two jobs share a node in one slot");
-                        seen = seen.union(n);
+                    let shares: Vec<&Share> = slot.values().collect();
+                    for (i, a) in shares.iter().enumerate() {
+                        for b in &shares[i + 1..] {
+                            prop_assert!(!a.overlaps(b), "two jobs share a CPU in one slot");
+                        }
                     }
                 }
                 let run = run_of(&d);
-                let mut busy = NodeSet::new();
+                let running: Vec<&Share> = run.iter().map(|j| &g.matrix[g.placed[j]][j]).collect();
+                for (i, a) in running.iter().enumerate() {
+                    for b in &running[i + 1..] {
+                        prop_assert!(!a.overlaps(b), "a CPU runs two jobs in one timeslice");
+                    }
+                }
                 for j in &run {
-                    let n = &g.matrix[g.placed[j]][j];
-                    prop_assert!(busy.is_disjoint(n), "a node runs two jobs in one timeslice");
-                    busy = busy.union(n);
                     waiting_since.insert(*j, tick);
                 }
                 for j in g.placed.keys() {

@@ -4,10 +4,14 @@
 //! so it is tested deterministically, with thousands of simulated nodes and property tests of
 //! its invariants. The MM applies the decisions at heartbeat boundaries:
 //!
-//! * [`Decision::Start`]: give a job these nodes, in this time slot of the Ousterhout matrix
-//!   (always 0 for the space-sharing policies);
+//! * [`Decision::Start`]: give a job these nodes (or these CPUs of one node), in this time
+//!   slot of the Ousterhout matrix (always 0 for the space-sharing policies);
 //! * [`Decision::Run`]: from this timeslice on, exactly these jobs run (gang scheduling); the
 //!   others are stopped on their nodes.
+//!
+//! The matrix's columns are CPUs: a job needs whole nodes or some CPUs of one node
+//! ([`Need`]), which [`crate::alloc::Allocator`] hands out by buddy allocation within and
+//! across nodes.
 //!
 //! Policies: [`Fcfs`] (first come, first served, buddy allocation), [`Easy`] (EASY
 //! backfilling: later jobs may start early if they do not delay the first queued job's
@@ -22,7 +26,9 @@ use std::time::Duration;
 
 use storm_cluster::JobId;
 pub use storm_cluster::config::PolicyKind;
-use storm_primitives::{NodeId, NodeSet};
+use storm_primitives::NodeId;
+
+pub use crate::alloc::{Need, Share};
 
 pub use easy::Easy;
 pub use fcfs::Fcfs;
@@ -32,29 +38,24 @@ pub use gang::Gang;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobAsk {
     pub job: JobId,
-    pub nodes: u32,
+    pub need: Need,
     /// Wall-clock limit (`--time`); the MM kills the job when it passes.
     pub limit: Option<Duration>,
 }
 
-/// Where a running job is: its nodes and its row of the gang scheduler's matrix.
+/// Where a running job is: its nodes (or CPUs of one node) and its row of the gang
+/// scheduler's matrix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    pub nodes: NodeSet,
+    pub share: Share,
     pub time_slot: usize,
 }
 
 /// What the MM must do at this timeslice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Start {
-        job: JobId,
-        nodes: NodeSet,
-        time_slot: usize,
-    },
-    Run {
-        jobs: Vec<JobId>,
-    },
+    Start { job: JobId, placed: Placement },
+    Run { jobs: Vec<JobId> },
 }
 
 /// A scheduling policy.
@@ -71,7 +72,7 @@ pub trait Policy: Send {
     fn adopt(&mut self, ask: JobAsk, placed: &Placement, ran: Duration, now: Duration) -> bool;
     /// A queued job leaves the queue (cancelled); false if it was not queued.
     fn withdraw(&mut self, job: JobId) -> bool;
-    /// A started job ended; its nodes are free again.
+    /// A started job ended; its nodes (or CPUs) are free again.
     fn ended(&mut self, job: JobId, now: Duration);
     /// The decisions for the timeslice that starts at `now`, starting at most `max_starts`
     /// jobs (the MM's own limits: free job areas).
@@ -94,11 +95,17 @@ fn withdraw_from(queue: &mut std::collections::VecDeque<JobAsk>, job: JobId) -> 
     before != queue.len()
 }
 
-/// Builds a policy for `nodes` nodes.
-pub fn build(kind: PolicyKind, nodes: u32, mpl: usize, default_limit: Duration) -> Box<dyn Policy> {
+/// Builds a policy for `nodes` nodes of `cpus` CPUs.
+pub fn build(
+    kind: PolicyKind,
+    nodes: u32,
+    cpus: u32,
+    mpl: usize,
+    default_limit: Duration,
+) -> Box<dyn Policy> {
     match kind {
-        PolicyKind::Fcfs => Box::new(Fcfs::new(nodes)),
-        PolicyKind::Easy => Box::new(Easy::new(nodes, default_limit)),
-        PolicyKind::Gang => Box::new(Gang::new(nodes, mpl.max(1))),
+        PolicyKind::Fcfs => Box::new(Fcfs::new(nodes, cpus)),
+        PolicyKind::Easy => Box::new(Easy::new(nodes, cpus, default_limit)),
+        PolicyKind::Gang => Box::new(Gang::new(nodes, cpus, mpl.max(1))),
     }
 }
