@@ -439,7 +439,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             std::process::Command::new(&submit)
                 .arg("--socket")
                 .arg(&socket)
-                .args(["-N", "1", "-J", "readopted", "sleep", "3600"])
+                .args(["-N", "1", "--exclusive", "-J", "readopted", "sleep", "3600"])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()

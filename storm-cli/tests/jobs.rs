@@ -325,6 +325,78 @@ fn two_jobs_run_at_once_on_disjoint_nodes_and_nodes_are_free_afterwards() {
     );
 }
 
+/// CPUs are the resource: single-task jobs share a node of 4 CPUs, one per CPU, and each
+/// holds a different CPU; a fifth waits for a CPU, and a job asking for the whole node
+/// (`--exclusive`) waits until every CPU is free. Each runs to completion once let go.
+#[test]
+fn single_task_jobs_share_a_node_cpu_by_cpu_and_exclusive_waits_for_it_whole() {
+    let c = TestCluster::start(1);
+    let work = tempfile::tempdir().unwrap();
+    let flag = work.path().join("go");
+    let hold = script(
+        work.path(),
+        "hold.sh",
+        &format!(
+            "echo holding\nwhile [ ! -e {} ]; do sleep 0.01; done\necho done\n",
+            flag.display()
+        ),
+    );
+    let mut sharing: Vec<std::process::Child> = (0..support::TEST_CPUS)
+        .map(|_| c.spawn(&["-n", "1", hold.to_str().unwrap()]))
+        .collect();
+    for job in &mut sharing {
+        wait_for_line(job, "holding", 1);
+    }
+    let queue = text(&c.storm(&["queue"]).stdout);
+    // A running job's line ends with its place: "0 CPUs 2".
+    let places: BTreeSet<String> = queue
+        .lines()
+        .filter(|l| l.contains(" running "))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words[words.len().saturating_sub(3)..].join(" ")
+        })
+        .collect();
+    let want: BTreeSet<String> = (0..support::TEST_CPUS)
+        .map(|k| format!("0 CPUs {k}"))
+        .collect();
+    assert_eq!(places, want, "each job on its own CPU of node 0: {queue}");
+    let wait_queued = |jobs: usize| {
+        let since = Instant::now();
+        while c.queued_jobs().len() < jobs {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "job {jobs} never queued"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let fifth = c.spawn(&["-n", "1", "/bin/echo", "fifth"]);
+    wait_queued(support::TEST_CPUS as usize + 1);
+    let whole = c.spawn(&["-N", "1", "--exclusive", "/bin/echo", "whole"]);
+    wait_queued(support::TEST_CPUS as usize + 2);
+    let queue = text(&c.storm(&["queue"]).stdout);
+    assert!(
+        queue.contains("waiting for 1 free CPU of a node (0 free now)"),
+        "{queue}"
+    );
+    std::fs::write(&flag, "").unwrap();
+    for job in sharing {
+        let out = job.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "done\n",
+            "after the \"holding\" already read"
+        );
+    }
+    for (job, said) in [(fifth, "fifth\n"), (whole, "whole\n")] {
+        let out = job.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), said);
+    }
+}
+
 #[test]
 fn a_job_that_must_wait_for_busy_nodes_is_queued_and_says_so() {
     let c = TestCluster::start(4);

@@ -34,13 +34,14 @@ fn wait_running(c: &TestCluster) {
     }
 }
 
-/// On the one node: `sleep 1` running, and the job `args` waiting behind it (both in
-/// `storm queue`).
+/// On the one node: job 1, `sleep 300` holding the whole node, running, and the job `args`
+/// waiting behind it (both in `storm queue`). Job 1 runs until [`end_running`] (a job that
+/// ended by itself would let the tests' next request in under the limit they test).
 fn running_and_waiting(
     c: &TestCluster,
     args: &[&str],
 ) -> (std::process::Child, std::process::Child) {
-    let running = c.spawn(&["-N", "1", "/bin/sleep", "1"]);
+    let running = c.spawn(&["-N", "1", "--exclusive", "/bin/sleep", "300"]);
     wait_running(c);
     let waiting = c.spawn(&[&["-N", "1"], args].concat());
     let since = Instant::now();
@@ -52,6 +53,13 @@ fn running_and_waiting(
         std::thread::sleep(Duration::from_millis(20));
     }
     (running, waiting)
+}
+
+/// Cancels job 1 of [`running_and_waiting`] and waits for its submitter.
+fn end_running(c: &TestCluster, running: std::process::Child) {
+    let out = c.storm(&["cancel", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    running.wait_with_output().unwrap();
 }
 
 fn refused_naming(out: &std::process::Output, limit: &str) {
@@ -74,11 +82,8 @@ fn a_user_over_the_queued_jobs_limit_is_refused_and_the_queued_jobs_run() {
         &c.submit(&["-N", "1", "/bin/echo", "third"]),
         "max_queued_jobs_per_user = 1",
     );
-    let (running, waiting) = (
-        running.wait_with_output().unwrap(),
-        waiting.wait_with_output().unwrap(),
-    );
-    assert!(running.status.success(), "{}", text(&running.stderr));
+    end_running(&c, running);
+    let waiting = waiting.wait_with_output().unwrap();
     assert!(waiting.status.success(), "{}", text(&waiting.stderr));
     assert_eq!(text(&waiting.stdout), "second\n");
 }
@@ -110,10 +115,9 @@ fn programs_held_for_a_user_past_the_spool_limit_are_refused_until_jobs_finish()
         &c.submit(&["-N", "1", "/bin/sleep", "0"]),
         "max_spooled_bytes_per_user",
     );
-    for job in [first, second] {
-        let out = job.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
-    }
+    end_running(&c, first);
+    let out = second.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let after = c.submit(&["-N", "1", "/bin/sleep", "0"]);
     assert!(after.status.success(), "{}", text(&after.stderr));
 }
@@ -135,7 +139,7 @@ fn a_large_waiting_program_is_copied_without_stalling_the_main_loop() {
         .unwrap()
         .set_len(size)
         .unwrap();
-    let running = c.spawn(&["-N", "1", "/bin/sleep", "300"]);
+    let running = c.spawn(&["-N", "1", "--exclusive", "/bin/sleep", "300"]);
     wait_running(&c);
     let waiting = c.spawn(&["-N", "1", big.to_str().unwrap()]);
     // The copy is renamed into place when complete.

@@ -109,7 +109,8 @@ fn running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_res
     let drained = storm(&tb, &["drain", "1", "--reason", "disk check"]);
     assert!(drained.status.success(), "{}", text(&drained.stderr));
 
-    // A job running on node 0 across the restart, and one waiting behind it.
+    // A job running on node 0 across the restart (on some of its CPUs, if it has several:
+    // the restarted MM takes back exactly those), and one waiting for the whole node.
     let (running_log, waiting_log) = (
         work.path().join("running.err"),
         work.path().join("waiting.err"),
@@ -124,7 +125,14 @@ fn running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_res
     let waiting_prog = script(work.path(), "waiting.sh", "echo hello from the queue\n");
     let waiting = spawn_logged(
         &tb,
-        &["-N", "1", "-J", "waiting", waiting_prog.to_str().unwrap()],
+        &[
+            "-N",
+            "1",
+            "--exclusive",
+            "-J",
+            "waiting",
+            waiting_prog.to_str().unwrap(),
+        ],
         &waiting_log,
     );
     // Killed once the submitters know their jobs (before that, a submitter cannot follow its
@@ -441,11 +449,14 @@ fn jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart() {
     for round in 0..5 {
         let mut submitters: Vec<Child> = (0..4)
             .map(|_| {
-                submit(&tb, &["-N", "1", "-J", "held", "sleep", "600"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap()
+                submit(
+                    &tb,
+                    &["-N", "1", "--exclusive", "-J", "held", "sleep", "600"],
+                )
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(20);
