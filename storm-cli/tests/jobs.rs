@@ -325,6 +325,21 @@ fn two_jobs_run_at_once_on_disjoint_nodes_and_nodes_are_free_afterwards() {
     );
 }
 
+/// A program that prints "holding", waits until the returned flag file exists, then prints
+/// "done".
+fn holder(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let flag = dir.join("go");
+    let prog = script(
+        dir,
+        "hold.sh",
+        &format!(
+            "echo holding\nwhile [ ! -e {} ]; do sleep 0.01; done\necho done\n",
+            flag.display()
+        ),
+    );
+    (prog, flag)
+}
+
 /// CPUs are the resource: single-task jobs share a node of 4 CPUs, one per CPU, and each
 /// holds a different CPU; a fifth waits for a CPU, and a job asking for the whole node
 /// (`--exclusive`) waits until every CPU is free. Each runs to completion once let go.
@@ -332,15 +347,7 @@ fn two_jobs_run_at_once_on_disjoint_nodes_and_nodes_are_free_afterwards() {
 fn single_task_jobs_share_a_node_cpu_by_cpu_and_exclusive_waits_for_it_whole() {
     let c = TestCluster::start(1);
     let work = tempfile::tempdir().unwrap();
-    let flag = work.path().join("go");
-    let hold = script(
-        work.path(),
-        "hold.sh",
-        &format!(
-            "echo holding\nwhile [ ! -e {} ]; do sleep 0.01; done\necho done\n",
-            flag.display()
-        ),
-    );
+    let (hold, flag) = holder(work.path());
     let mut sharing: Vec<std::process::Child> = (0..support::TEST_CPUS)
         .map(|_| c.spawn(&["-n", "1", hold.to_str().unwrap()]))
         .collect();
@@ -401,15 +408,7 @@ fn single_task_jobs_share_a_node_cpu_by_cpu_and_exclusive_waits_for_it_whole() {
 fn a_job_that_must_wait_for_busy_nodes_is_queued_and_says_so() {
     let c = TestCluster::start(4);
     let work = tempfile::tempdir().unwrap();
-    let flag = work.path().join("go");
-    let hold = script(
-        work.path(),
-        "hold.sh",
-        &format!(
-            "echo holding\nwhile [ ! -e {} ]; do sleep 0.01; done\n",
-            flag.display()
-        ),
-    );
+    let (hold, flag) = holder(work.path());
     let mut first = c.spawn(&["-N", "4", hold.to_str().unwrap()]);
     wait_for_line(&mut first, "holding", 4);
     let second = c.spawn(&["-N", "2", "/bin/echo", "second ran"]);
