@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use storm_cluster::messages::JobId;
 
-use super::{Change, JournalError, JournalStore, ProgramStore};
+use super::{Change, JournalStore, ProgramStore, Settled};
 
 /// How long failed changes wait before they are tried again when no new batch comes.
 const RETRY: Duration = Duration::from_millis(500);
@@ -27,13 +27,6 @@ pub(super) struct Batch {
     pub next_job: Option<JobId>,
     /// Program copies to delete once the batch is written (their jobs ended).
     pub unneeded: Vec<JobId>,
-}
-
-/// How a write of batches up to `settled` went, and how long it took.
-pub struct Settled {
-    pub settled: u64,
-    pub outcome: Result<(), JournalError>,
-    pub took: Duration,
 }
 
 pub(super) struct Committer {
@@ -125,7 +118,7 @@ fn commit_loop(
         let started = Instant::now();
         let outcome = store.write(&batch.changes, batch.next_job);
         let took = started.elapsed();
-        let settled = batch.number;
+        let number = batch.number;
         if outcome.is_ok() {
             if let Some(p) = &programs {
                 for job in &batch.unneeded {
@@ -137,7 +130,7 @@ fn commit_loop(
         }
         if done
             .send(Settled {
-                settled,
+                batch: number,
                 outcome,
                 took,
             })

@@ -309,6 +309,8 @@ enum Writer {
 /// A commit that has settled: written, or tried and failed (its changes are tried again).
 #[derive(Debug)]
 pub struct Settled {
+    /// Every batch up to this one is settled by this write.
+    pub batch: u64,
     pub outcome: Result<(), JournalError>,
     /// How long the write took.
     pub took: Duration,
@@ -476,17 +478,11 @@ impl Journal {
         let Writer::Thread(committer) = &self.writer else {
             return Vec::new();
         };
-        committer
-            .settled()
-            .into_iter()
-            .map(|s| {
-                self.settled = self.settled.max(s.settled);
-                Settled {
-                    outcome: s.outcome,
-                    took: s.took,
-                }
-            })
-            .collect()
+        let settled = committer.settled();
+        if let Some(last) = settled.iter().map(|s| s.batch).max() {
+            self.settled = self.settled.max(last);
+        }
+        settled
     }
 
     /// Every commit up to this batch number has settled.
