@@ -162,6 +162,21 @@ fn outcome(node: &dyn Primitives, ev: EventId) -> Result<(), PrimError> {
     }
 }
 
+/// Node 0 writes one byte into node 1's small area and raises `ev` there, and waits until
+/// the transfer is complete.
+fn signal_node_1(c: &dyn TestCluster, t: &TestLayout, ev: EventId) {
+    c.node(0)
+        .xfer_and_signal(
+            &NodeSet::single(1),
+            t.small.offset,
+            Bytes::from_static(b"x"),
+            Some(ev),
+            Some(t.done),
+        )
+        .unwrap();
+    outcome(&*c.node(0), t.done).unwrap();
+}
+
 fn no_signal(node: &dyn Primitives, ev: EventId, wait: Duration) -> bool {
     matches!(node.test_event(ev, Wait::Timeout(wait)), Ok(false))
 }
@@ -371,18 +386,8 @@ pub fn test_event_polls_blocks_and_counts(f: &dyn ClusterFactory) {
         std::thread::spawn(move || c.node(1).test_event(t.data, Wait::Block))
     };
     std::thread::sleep(Duration::from_millis(50));
-    let one = NodeSet::single(1);
     for _ in 0..3 {
-        c.node(0)
-            .xfer_and_signal(
-                &one,
-                t.small.offset,
-                Bytes::from_static(b"x"),
-                Some(t.data),
-                Some(t.done),
-            )
-            .unwrap();
-        outcome(&*c.node(0), t.done).unwrap();
+        signal_node_1(&*c, &t, t.data);
     }
     assert_eq!(waiter.join().unwrap(), Ok(true), "blocked waiter woke");
     assert_eq!(target.test_event(t.data, Wait::Poll), Ok(true));
@@ -432,16 +437,7 @@ pub fn a_local_wake_up_ends_a_wait_without_a_signal(f: &dyn ClusterFactory) {
     );
 
     c.node(1).wake_local(t.data).unwrap();
-    c.node(0)
-        .xfer_and_signal(
-            &NodeSet::single(1),
-            t.small.offset,
-            Bytes::from_static(b"x"),
-            Some(t.data),
-            Some(t.done),
-        )
-        .unwrap();
-    outcome(&*c.node(0), t.done).unwrap();
+    signal_node_1(&*c, &t, t.data);
     assert_eq!(
         c.node(1).test_event(t.data, long),
         Ok(true),
@@ -467,19 +463,9 @@ pub fn ready_events_names_each_raised_event_once(f: &dyn ClusterFactory) {
     let mut ready = Vec::new();
     target.ready_events(&mut ready);
     assert_eq!(ready, vec![], "nothing raised yet");
-    let one = NodeSet::single(1);
     for (ev, times) in [(t.data, 3), (t.home_event, 1)] {
         for _ in 0..times {
-            c.node(0)
-                .xfer_and_signal(
-                    &one,
-                    t.small.offset,
-                    Bytes::from_static(b"x"),
-                    Some(ev),
-                    Some(t.done),
-                )
-                .unwrap();
-            outcome(&*c.node(0), t.done).unwrap();
+            signal_node_1(&*c, &t, ev);
         }
     }
     // Transfers are complete at the origin; on some backends the target sees the signal
