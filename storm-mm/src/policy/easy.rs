@@ -29,6 +29,14 @@ pub struct Easy {
     default_limit: Duration,
     /// The head's reservation after the last tick: (job, time).
     reservation: Option<(JobId, Duration)>,
+    /// Something changed since the last tick (a job came, started, ended or left, a node's
+    /// availability). A tick after which nothing changed, allowed no more starts than the
+    /// last, would start nothing and find the same reservation (time only makes a backfill
+    /// harder), so it skips that work: with a head waiting, a tick would otherwise replay the
+    /// running jobs' ends and try every queued job, every timeslice.
+    changed: bool,
+    /// The last tick's `max_starts`.
+    max_starts: usize,
 }
 
 impl Easy {
@@ -39,6 +47,8 @@ impl Easy {
             running: HashMap::new(),
             default_limit,
             reservation: None,
+            changed: true,
+            max_starts: 0,
         }
     }
 
@@ -53,6 +63,7 @@ impl Easy {
 
     fn start(&mut self, ask: JobAsk, share: Share, now: Duration, out: &mut Vec<Decision>) {
         let end = now + self.limit(&ask);
+        self.changed = true;
         self.running.insert(ask.job, (share.clone(), end));
         out.push(Decision::Start {
             job: ask.job,
@@ -95,10 +106,12 @@ impl Policy for Easy {
     }
 
     fn submit(&mut self, ask: JobAsk, _now: Duration) {
+        self.changed = true;
         self.queue.push_back(ask);
     }
 
     fn submit_front(&mut self, ask: JobAsk, _now: Duration) {
+        self.changed = true;
         self.queue.push_front(ask);
     }
 
@@ -107,30 +120,39 @@ impl Policy for Easy {
             return false;
         }
         let end = (now + self.limit(&ask)).saturating_sub(ran);
+        self.changed = true;
         self.running.insert(ask.job, (placed.share.clone(), end));
         true
     }
 
     fn withdraw(&mut self, job: JobId) -> bool {
+        self.changed = true;
         withdraw_from(&mut self.queue, job)
     }
 
     fn ended(&mut self, job: JobId, _now: Duration) {
+        self.changed = true;
         if let Some((share, _)) = self.running.remove(&job) {
             self.alloc.release(&share);
         }
     }
 
     fn set_unavailable(&mut self, node: NodeId) {
+        self.changed = true;
         self.alloc.set_unavailable(node);
     }
 
     fn set_available(&mut self, node: NodeId) {
+        self.changed = true;
         self.alloc.set_available(node);
     }
 
     fn tick(&mut self, now: Duration, max_starts: usize) -> Vec<Decision> {
         let mut out = Vec::new();
+        let more_starts = max_starts > std::mem::replace(&mut self.max_starts, max_starts);
+        if !std::mem::take(&mut self.changed) && !more_starts {
+            return out;
+        }
         while let Some(head) = self.queue.front().copied() {
             if out.len() >= max_starts {
                 break;
@@ -286,6 +308,28 @@ mod tests {
         q.submit(ask_cpus(4, 3, 1000), s(0)); // long, fits on node 2, which it keeps
         assert_eq!(started(&q.tick(s(0), usize::MAX)), vec![4]);
         assert_eq!(q.reservation(), Some((3, s(100))));
+    }
+
+    /// A tick after which nothing changed starts nothing, but one that allows more starts
+    /// than the last (a job area came free in the MM) is not skipped.
+    #[test]
+    fn a_job_waiting_only_for_a_start_allowance_starts_when_one_comes() {
+        let mut p = Easy::new(2, 1, s(3600));
+        p.submit(ask(1, 1, 100), s(0));
+        assert_eq!(started(&p.tick(s(0), 0)), Vec::<JobId>::new());
+        assert_eq!(started(&p.tick(s(1), 0)), Vec::<JobId>::new());
+        assert_eq!(started(&p.tick(s(2), 1)), vec![1]);
+        p.submit(ask(2, 2, 100), s(3)); // waits for job 1
+        assert_eq!(started(&p.tick(s(3), 1)), Vec::<JobId>::new());
+        assert_eq!(p.reservation(), Some((2, s(102))));
+        assert_eq!(
+            started(&p.tick(s(4), 1)),
+            Vec::<JobId>::new(),
+            "nothing changed"
+        );
+        assert_eq!(p.reservation(), Some((2, s(102))));
+        p.ended(1, s(5));
+        assert_eq!(started(&p.tick(s(5), 1)), vec![2]);
     }
 
     #[derive(Debug, Clone)]
