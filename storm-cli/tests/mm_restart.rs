@@ -219,11 +219,14 @@ fn a_running_job_whose_node_does_not_come_back_after_an_mm_restart_ends_naming_i
     let log = work.path().join("job.err");
     let job = spawn_logged(
         &tb,
-        &["-N", "2", "-J", "stranded", sleeper.to_str().unwrap()],
+        &["-v", "-N", "2", "-J", "stranded", sleeper.to_str().unwrap()],
         &log,
     );
     let survivor = wait_pid(&work.path().join("pid.0"), Duration::from_secs(10));
     wait_pid(&work.path().join("pid.1"), Duration::from_secs(10));
+    // Killed once the submitter knows its job (before that it cannot follow the job across
+    // the restart; its tasks can run before it is told, see issue 17's note).
+    wait_for(&log, "job 1 accepted");
 
     tb.kill("storm-mm").unwrap();
     tb.kill("storm-nm node1").unwrap();
