@@ -463,6 +463,68 @@ pub fn decode<T: DeserializeOwned>(
         })
 }
 
+/// Bytes in front of a sealed message: its length (u32) and its xxh3 checksum (u64).
+pub const SEAL_BYTES: usize = 12;
+
+/// Encodes a message for an area that its writer overwrites in place while the area's owner
+/// may be reading it: the per-node PMI parts, the PMI fence result, an NM's inventory and
+/// membership messages, a node's report. Global memory is copied a word at a time, so a read
+/// that overlaps a write sees the new message's front and the old one's back; with hex
+/// strings in both (MPI business cards), that mixture often decodes, into values no rank
+/// put. The length and checksum in front let [`decode_sealed`] refuse it. Fails if the
+/// sealed message exceeds `limit` bytes.
+pub fn encode_sealed<T: Serialize>(
+    what: &'static str,
+    msg: &T,
+    limit: usize,
+) -> Result<Vec<u8>, MessageError> {
+    let body = encode(what, msg, limit.saturating_sub(SEAL_BYTES))?;
+    Ok(seal(&body))
+}
+
+/// `body` behind its length and checksum (what [`encode_sealed`] writes).
+pub fn seal(body: &[u8]) -> Vec<u8> {
+    let mut sealed = Vec::with_capacity(SEAL_BYTES + body.len());
+    sealed.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    sealed.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(body).to_le_bytes());
+    sealed.extend_from_slice(body);
+    sealed
+}
+
+/// Decodes a message written by [`encode_sealed`] into an area of `limit` bytes (`bytes` may
+/// be the whole area). Bytes whose checksum does not match are refused: the message is still
+/// arriving, was overwritten while it was read, or was never written (zeroes).
+pub fn decode_sealed<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+    limit: usize,
+) -> Result<T, MessageError> {
+    let refuse = |detail: String| MessageError { what, detail };
+    if bytes.len() > limit {
+        return Err(refuse(format!(
+            "{} bytes exceed the limit of {limit}",
+            bytes.len()
+        )));
+    }
+    let (Some(len), Some(sum)) = (bytes.get(..4), bytes.get(4..SEAL_BYTES)) else {
+        return Err(refuse(format!(
+            "{} bytes are no sealed message",
+            bytes.len()
+        )));
+    };
+    let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+    let sum = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
+    let body = bytes
+        .get(SEAL_BYTES..SEAL_BYTES.saturating_add(len))
+        .ok_or_else(|| refuse(format!("a length of {len} bytes past the area's end")))?;
+    if xxhash_rust::xxh3::xxh3_64(body) != sum {
+        return Err(refuse(
+            "checksum mismatch (still arriving, or overwritten while read)".into(),
+        ));
+    }
+    decode(what, body, limit)
+}
+
 /// Incremental checksum of a program file (xxh3, 64 bit).
 #[derive(Clone, Default)]
 pub struct Checksum(xxhash_rust::xxh3::Xxh3);
@@ -482,6 +544,60 @@ impl Checksum {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two fence parts of one node shaped like MPICH's (segmented hex business cards).
+    fn fence_parts() -> (PmiUp, PmiUp) {
+        let part = |epoch: u32, digit: char| PmiUp::Fence {
+            job: 7,
+            epoch,
+            pairs: (0..3)
+                .map(|i| {
+                    (
+                        format!("-allgather-shm-{epoch}-2-seg-{}/3", i + 1),
+                        std::iter::repeat_n(digit, 1022).collect(),
+                    )
+                })
+                .collect(),
+        };
+        (part(2, 'a'), part(3, '3'))
+    }
+
+    /// What an area of `area` bytes holds while `new` is written over `old` a word at a
+    /// time, front to back, after `words` words.
+    fn torn(old: &[u8], new: &[u8], area: usize, words: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; area];
+        bytes[..old.len()].copy_from_slice(old);
+        let done = (words * 8).min(new.len());
+        bytes[..done].copy_from_slice(&new[..done]);
+        bytes
+    }
+
+    #[test]
+    fn a_sealed_message_read_while_it_is_overwritten_is_refused_never_mixed() {
+        let (old, new) = fence_parts();
+        let area = 8192;
+        let old_bytes = encode_sealed("PMI message", &old, area).unwrap();
+        let new_bytes = encode_sealed("PMI message", &new, area).unwrap();
+        let mut refused = 0;
+        for words in 0..=new_bytes.len().div_ceil(8) {
+            let bytes = torn(&old_bytes, &new_bytes, area, words);
+            match decode_sealed::<PmiUp>("PMI message", &bytes, area) {
+                Ok(got) => assert!(
+                    got == old || got == new,
+                    "after {words} words a mixture was taken for a message: {got:?}"
+                ),
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(refused > 0, "every partly written state was refused");
+        assert_eq!(
+            decode_sealed::<PmiUp>("PMI message", &new_bytes, area).unwrap(),
+            new,
+            "the whole message decodes"
+        );
+        // An area never written (zeroes) holds no message.
+        assert!(decode_sealed::<PmiUp>("PMI message", &[0u8; 64], area).is_err());
+    }
 
     #[test]
     fn a_file_name_that_leaves_the_spool_directory_is_refused() {
@@ -602,14 +718,14 @@ mod tests {
                 since_ms: u64::MAX,
                 jobs: jobs.clone(),
             };
-            encode("inventory", &inv, inventory_bytes(max_jobs)).unwrap();
+            encode_sealed("inventory", &inv, inventory_bytes(max_jobs)).unwrap();
             let welcome = Membership::Welcome {
                 stamp: u64::MAX,
                 output_epoch: u32::MAX,
                 incarnation: u64::MAX,
                 keep: jobs.iter().map(|h| h.job).collect(),
             };
-            encode("membership", &welcome, membership_bytes(max_jobs)).unwrap();
+            encode_sealed("membership", &welcome, membership_bytes(max_jobs)).unwrap();
         }
     }
 
@@ -645,6 +761,8 @@ mod tests {
             let _ = decode::<OutputChunk>("output", &bytes, 1 << 20);
             let _ = decode::<Inventory>("inventory", &bytes, 1 << 20);
             let _ = decode::<Membership>("membership", &bytes, 1 << 20);
+            let _ = decode_sealed::<PmiUp>("PMI message", &bytes, 1 << 20);
+            let _ = decode_sealed::<PmiFenced>("PMI fence result", &seal(&bytes), 1 << 20);
         }
     }
 }

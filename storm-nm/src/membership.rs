@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use storm_cluster::RmLayout;
 use storm_cluster::clock::{Clock, SystemClock};
-use storm_cluster::messages::{HeldJob, Inventory, JobId, Membership, decode, encode};
+use storm_cluster::messages::{
+    HeldJob, Inventory, JobId, Membership, decode_sealed, encode_sealed,
+};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
@@ -232,7 +234,7 @@ impl Registration {
                 return Event::Idle;
             }
         };
-        let msg: Membership = match decode("membership", &bytes, self.rm.membership_bytes) {
+        let msg: Membership = match decode_sealed("membership", &bytes, self.rm.membership_bytes) {
             Ok(m) => m,
             Err(e) => {
                 tracing::error!(node = self.node, "ignoring a membership message: {e}");
@@ -326,7 +328,7 @@ impl Registration {
                 since_ms: self.identity.started_ms,
                 jobs: jobs.clone(),
             };
-            match encode("inventory", &inventory, self.rm.inventory_bytes) {
+            match encode_sealed("inventory", &inventory, self.rm.inventory_bytes) {
                 Ok(b) => break b,
                 Err(e) if !jobs.is_empty() => {
                     let dropped = jobs.pop().expect("not empty");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{LaunchSpec, NodeReport, NodeTiming, RankStatus, encode};
+use storm_cluster::messages::{LaunchSpec, NodeReport, NodeTiming, RankStatus, encode_sealed};
 use storm_primitives::{EventId, NodeId, NodeSet, Primitives, Wait};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +59,7 @@ impl Reporter<'_> {
             statuses,
             timing,
         };
-        let bytes = encode("report", &report, self.rm.report_bytes)?;
+        let bytes = encode_sealed("report", &report, self.rm.report_bytes)?;
         let mm = NodeSet::single(self.mm);
         let offset = self.rm.report_offset(slot, self.node as usize);
         self.put_and_wait(&mm, offset, Bytes::from(bytes), None)?;

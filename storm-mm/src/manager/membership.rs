@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use storm_cluster::messages::{Command, HeldJob, Inventory, JobId, Membership, decode, encode};
+use storm_cluster::messages::{
+    Command, HeldJob, Inventory, JobId, Membership, decode_sealed, encode_sealed,
+};
 use storm_primitives::{NodeId, NodeSet, Wait};
 
 use super::{MachineManager, MmEnv, Phase};
@@ -135,7 +137,7 @@ impl<E: MmEnv> MachineManager<E> {
             .ok()?;
         // Another stamp, or bytes that do not decode: the inventory of this registration is
         // still on its way (the NM writes it again with every retry).
-        match decode::<Inventory>("inventory", &bytes, self.rm.inventory_bytes) {
+        match decode_sealed::<Inventory>("inventory", &bytes, self.rm.inventory_bytes) {
             Ok(inv) if inv.stamp == stamp => Some(inv),
             Ok(_) => None,
             Err(e) => {
@@ -252,7 +254,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// Writes a membership message into node `n`'s join area and signals it. Non-blocking:
     /// a message that does not arrive is sent again by whoever waits for its answer.
     pub(super) fn send_membership(&self, n: NodeId, msg: &Membership) {
-        let bytes = match encode("membership", msg, self.rm.membership_bytes) {
+        let bytes = match encode_sealed("membership", msg, self.rm.membership_bytes) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!("cannot encode {msg:?}: {e}");

@@ -31,7 +31,7 @@ use storm_cluster::control::{
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, JobId, LaunchSpec, MpiMode, NodeReport, OutputChunk, Program,
-    decode, encode,
+    decode_sealed, encode,
 };
 use storm_cluster::tasks::TaskPlan;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -1831,7 +1831,7 @@ impl<E: MmEnv> MachineManager<E> {
                 .memory()
                 .read_vec(offset, self.rm.report_bytes)
                 .unwrap_or_default();
-            match decode::<NodeReport>("report", &bytes, self.rm.report_bytes) {
+            match decode_sealed::<NodeReport>("report", &bytes, self.rm.report_bytes) {
                 Ok(r) if r.job == id => {
                     ran.add(&r.timing);
                     tracing::debug!(job = id, node = n, timing = ?r.timing, "report");

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use storm_cluster::messages::{JobId, MpiMode, PmiFenced, PmiUp, decode, encode};
+use storm_cluster::messages::{JobId, MpiMode, PmiFenced, PmiUp, decode_sealed, encode_sealed};
 use storm_primitives::{NodeSet, Wait};
 
 use super::{MachineManager, MmEnv, Phase};
@@ -106,7 +106,7 @@ impl<E: MmEnv> MachineManager<E> {
             let bytes = mem
                 .read_vec(self.rm.pmi_up_offset(slot, n as usize), limit)
                 .unwrap_or_default();
-            match decode::<PmiUp>("PMI message", &bytes, limit) {
+            match decode_sealed::<PmiUp>("PMI message", &bytes, limit) {
                 Ok(PmiUp::Abort {
                     job,
                     rank,
@@ -159,7 +159,7 @@ impl<E: MmEnv> MachineManager<E> {
             epoch,
             pairs,
         };
-        let bytes = match encode("PMI fence result", &msg, self.rm.pmi_job_bytes) {
+        let bytes = match encode_sealed("PMI fence result", &msg, self.rm.pmi_job_bytes) {
             Ok(b) => b,
             Err(e) => {
                 self.cancel(

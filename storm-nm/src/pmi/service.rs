@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{JobId, PmiFenced, PmiUp, decode, encode};
+use storm_cluster::messages::{JobId, PmiFenced, PmiUp, decode_sealed, encode_sealed};
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
 use super::job::{Effect, JobFacts, PmiJob};
@@ -220,7 +220,7 @@ impl Server {
                     .memory()
                     .read_vec(self.rm.pmi_down_offset(s.slot), limit)
                     .ok()?;
-                let msg: PmiFenced = decode("PMI fence result", &bytes, limit).ok()?;
+                let msg: PmiFenced = decode_sealed("PMI fence result", &bytes, limit).ok()?;
                 (msg.job == job).then_some((job, msg))
             })
             .collect();
@@ -308,7 +308,7 @@ impl Server {
             return;
         };
         let limit = self.rm.pmi_node_bytes;
-        let bytes = match encode("PMI message", &msg, limit) {
+        let bytes = match encode_sealed("PMI message", &msg, limit) {
             Ok(b) => b,
             Err(e) => {
                 let abort = PmiUp::Abort {
@@ -320,7 +320,7 @@ impl Server {
                         self.node
                     ),
                 };
-                encode("PMI message", &abort, limit).expect("an abort fits in any area")
+                encode_sealed("PMI message", &abort, limit).expect("an abort fits in any area")
             }
         };
         let mm = NodeSet::single(self.mm);
