@@ -13,12 +13,13 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// With the journal's writes held (a disk that stopped answering), a job is accepted,
-/// launched and run to its end by the MM's timeslices, but its submitter hears nothing: a
-/// restarted MM would not know the job. Once the writes go through, the submitter hears of
-/// every step, in order, and the journal holds the job's end.
+/// With the journal's writes held (a disk that stopped answering), the MM's timeslices go
+/// on and a job is accepted and placed, but its submitter hears nothing and its launch does
+/// not go out: a restarted MM would not know the job, so none of its tasks may run yet
+/// (write-ahead). Once the writes go through, the job runs, and its submitter hears of every
+/// step, in order, and the journal holds the job's end.
 #[test]
-fn replies_wait_for_the_journal_while_timeslices_go_on() {
+fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
     let mut s = Sim::new(SimOptions {
         background_journal: true,
         ..SimOptions::default()
@@ -31,15 +32,28 @@ fn replies_wait_for_the_journal_while_timeslices_go_on() {
         s.submit(&SimJob::new(2, ms(50))).is_err(),
         "accepted before the journal held the job"
     );
-    // The job runs to its end meanwhile.
     assert!(s.run_until(ms(1_000), |s| {
         s.mm()
             .queue_view()
             .first()
-            .is_some_and(|j| j.state == "running")
+            .is_some_and(|j| j.state == "launching")
     }));
+    let ticks = s.ticks();
+    s.run_for(ms(500));
+    assert!(
+        s.ticks() > ticks + 10,
+        "the timeslices went on ({} more)",
+        s.ticks() - ticks
+    );
     let job = s.mm().queue_view()[0].job;
-    assert!(s.run_until(ms(2_000), |s| s.mm().queue_view().is_empty()));
+    assert_eq!(s.mm().queue_view()[0].state, "launching");
+    let reached: Vec<u32> = (0..s.config().node_count())
+        .filter(|&n| s.node(n).job_state(job).is_some())
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "the launch reached nodes {reached:?} before the journal held the job's start"
+    );
     assert!(
         s.replies[heard..].is_empty(),
         "replies went before the journal held what they tell: {:?}",

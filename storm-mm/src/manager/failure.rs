@@ -202,6 +202,7 @@ impl<E: MmEnv> MachineManager<E> {
             Phase::Allocated
             | Phase::Sending { .. }
             | Phase::Verifying { .. }
+            | Phase::Recording { .. }
             | Phase::Launching => self.requeue(
                 id,
                 format!("{why} (none of its tasks had started)"),

@@ -81,6 +81,12 @@ enum Phase {
     Verifying {
         transfer: u32,
     },
+    /// Ready to launch; the launch waits until the journal holds the record saying the job
+    /// started (write-ahead: a restarted MM must know of any job whose tasks may run). `batch`
+    /// is the commit that writes that record, once it is handed to the journal.
+    Recording {
+        batch: Option<u64>,
+    },
     /// The launch command is waiting for the next heartbeat.
     Launching,
     Running,
@@ -622,6 +628,17 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.enforce_limits();
         self.escalate_cancels();
+        if self
+            .jobs
+            .values()
+            .any(|j| j.phase == (Phase::Recording { batch: None }))
+        {
+            // The starts go to the journal now rather than at the end of the timeslice: a
+            // journal that commits in place holds them at once, and this heartbeat can carry
+            // their launches.
+            self.publish();
+        }
+        self.release_launches();
         self.issue_heartbeat();
         self.check_receipt();
         self.forward_output(self.attention.output_nodes(self.cfg.node_count()));
@@ -662,6 +679,7 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         let mut later = BTreeSet::new();
+        let mut recording = Vec::new();
         for id in std::mem::take(&mut self.unrecorded) {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
@@ -700,13 +718,22 @@ impl<E: MmEnv> MachineManager<E> {
             }
             let rec = job_record(j);
             self.journal.put_job(rec);
+            if j.phase == (Phase::Recording { batch: None }) {
+                recording.push(id);
+            }
         }
         self.unrecorded = later;
         let batch = self.journal.commit().unwrap_or_else(|e| {
             self.journal_failed(e);
-            // Replies go all the same, as they did before commits were made apart.
+            // Replies and launches go all the same, as they did before commits were made
+            // apart.
             self.journal.settled()
         });
+        for id in recording {
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.phase = Phase::Recording { batch: Some(batch) };
+            }
+        }
         for settled in self.journal.settle() {
             match settled.outcome {
                 Ok(()) => self.metrics.journal_committed(settled.took),
@@ -1124,7 +1151,7 @@ impl<E: MmEnv> MachineManager<E> {
             (None, Phase::Queued) => "queued",
             (None, Phase::Allocated) => "starting",
             (None, Phase::Sending { .. } | Phase::Verifying { .. }) => "sending",
-            (None, Phase::Launching) => "launching",
+            (None, Phase::Recording { .. } | Phase::Launching) => "launching",
             (None, Phase::Recovering) => "recovering",
             (None, Phase::Running) if j.terminating => "ending",
             // Gang scheduling: placed, but not in this timeslice's slot.
@@ -1399,10 +1426,35 @@ impl<E: MmEnv> MachineManager<E> {
         );
     }
 
+    /// Readies job `id`'s launch: its record, saying it started (and when, for a restarted
+    /// MM to tell a node that never got the launch from one that lost the job), goes to the
+    /// journal first, and the launch follows once that commit settled
+    /// ([`MachineManager::release_launches`]).
     fn queue_launch(&mut self, id: JobId) {
-        let spec = self.jobs[&id].launch_spec();
-        self.commands.push_back(Command::Launch(spec));
-        self.jobs.get_mut(&id).expect("job").phase = Phase::Launching;
+        let now_ms = self.unix_ms();
+        let j = self.jobs.get_mut(&id).expect("job");
+        j.launched_ms = Some(now_ms);
+        j.phase = Phase::Recording { batch: None };
+        self.unrecorded.insert(id);
+    }
+
+    /// Queues the launch of every job whose start the journal now holds.
+    fn release_launches(&mut self) {
+        let settled = self.journal.settled();
+        let mut ready: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| matches!(j.phase, Phase::Recording { batch: Some(b) } if b <= settled))
+            .map(|j| j.id)
+            .collect();
+        // In the order they became ready to launch.
+        ready.sort_by_key(|id| self.jobs[id].ready);
+        for id in ready {
+            let j = self.jobs.get_mut(&id).expect("listed");
+            j.phase = Phase::Launching;
+            let spec = j.launch_spec();
+            self.commands.push_back(Command::Launch(spec));
+        }
     }
 
     // ---------------------------------------------------------------- program transfer
@@ -1578,7 +1630,8 @@ impl<E: MmEnv> MachineManager<E> {
                 self.policy.withdraw(id);
                 self.finish(id, Some(format!("{reason} before it started")), Vec::new());
             }
-            Phase::Allocated => {
+            // Its launch has not gone out: nothing runs anywhere.
+            Phase::Allocated | Phase::Recording { .. } => {
                 self.finish(id, Some(format!("{reason} before it started")), Vec::new());
             }
             Phase::Sending { .. } | Phase::Verifying { .. } => {
@@ -1654,7 +1707,6 @@ impl<E: MmEnv> MachineManager<E> {
         {
             Ok(()) => {
                 let now = self.now();
-                let now_ms = self.unix_ms();
                 if let Some(taken) = fresh {
                     self.hb_seq += 1;
                     for cmd in self.commands.drain(..taken) {
@@ -1662,11 +1714,10 @@ impl<E: MmEnv> MachineManager<E> {
                             && let Some(j) = self.jobs.get_mut(&spec.job)
                             && j.phase == Phase::Launching
                         {
+                            // Its record (with the time its launch was readied) was
+                            // written before this heartbeat: a restarted MM re-adopts it.
                             j.launched = Some(now);
-                            j.launched_ms = Some(now_ms);
                             j.phase = Phase::Running;
-                            // A restarted MM re-adopts it (and knows its tasks may have run).
-                            self.unrecorded.insert(spec.job);
                         }
                     }
                 }
