@@ -93,6 +93,52 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
     assert!(matches!(rec.state, JobState::Finished { .. }), "{rec:?}");
 }
 
+/// A job cancelled while its launch waits for the journal ends as one that never started:
+/// its launch never goes out, not even once the journal's writes go through.
+#[test]
+fn a_job_cancelled_while_its_start_is_recorded_is_never_launched() {
+    let mut s = Sim::new(SimOptions {
+        background_journal: true,
+        ..SimOptions::default()
+    })
+    .unwrap();
+    s.run_until_up(Duration::from_secs(5)).unwrap();
+    s.hold_journal(true);
+    let _ = s.submit(&SimJob::new(2, ms(50)));
+    assert!(s.run_until(ms(1_000), |s| {
+        s.mm()
+            .queue_view()
+            .first()
+            .is_some_and(|j| j.state == "launching")
+    }));
+    let job = s.mm().queue_view()[0].job;
+    s.cancel(job);
+    assert!(s.run_until(ms(1_000), |s| s.mm().queue_view().is_empty()));
+    s.hold_journal(false);
+    for _ in 0..100_000 {
+        if s.outcome(job).is_some() {
+            break;
+        }
+        s.step();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let reason = s.outcome(job).expect("its outcome").reason.clone();
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("before it started")),
+        "{reason:?}"
+    );
+    s.run_for(ms(200));
+    let reached: Vec<u32> = (0..s.config().node_count())
+        .filter(|&n| s.node(n).job_state(job).is_some())
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "launched on {reached:?} after its cancel"
+    );
+}
+
 /// Between timeslices the daemon's loop waits on the fabric, and a wake-up (a request, a
 /// settled commit) ends the wait long before the next timeslice would.
 #[test]
