@@ -568,10 +568,20 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// What the MM does between timeslices: takes the terminations announced since the last
     /// timeslice and sends the replies whose journal commit has settled. It schedules and
-    /// launches nothing (that waits for the timeslice, and its heartbeat).
+    /// launches nothing (that waits for the timeslice, and its heartbeat); but a settled
+    /// commit that lets a launch go brings the next timeslice forward to now, so that the
+    /// launch does not wait out the rest of this one on top of the commit.
     pub fn between_ticks(&mut self) {
         self.detect_terminations();
         self.publish();
+        let settled = self.journal.settled();
+        let launchable = self
+            .jobs
+            .values()
+            .any(|j| matches!(j.phase, Phase::Recording { batch: Some(b) } if b <= settled));
+        if launchable {
+            self.next_tick = self.next_tick.min(self.now());
+        }
     }
 
     /// Whether a shutdown was asked for and its commands have gone out (or no node is left
