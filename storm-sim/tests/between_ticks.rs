@@ -157,3 +157,51 @@ fn a_wake_up_ends_the_mms_wait_between_timeslices() {
     s.mm_mut().between_ticks();
     assert!(s.mm().queue_view().is_empty());
 }
+
+/// A launch waits for the commit that records its job's start, and no longer: once that
+/// commit settles, the MM's look between timeslices brings the next timeslice forward to now,
+/// instead of leaving the launch to wait out the rest of this one (the simulated clock stands
+/// still between steps: without this, the next timeslice stays a whole one ahead).
+#[test]
+fn a_settled_start_brings_the_next_timeslice_forward() {
+    let mut s = Sim::new(SimOptions {
+        background_journal: true,
+        ..SimOptions::default()
+    })
+    .unwrap();
+    s.run_until_up(Duration::from_secs(5)).unwrap();
+    // Held until the job waits for its record, so that the commit cannot settle first.
+    s.hold_journal(true);
+    let _ = s.submit(&SimJob::new(1, ms(50)));
+    assert!(s.run_until(ms(2_000), |s| {
+        s.mm()
+            .queue_view()
+            .first()
+            .is_some_and(|j| j.state == "launching")
+    }));
+    assert!(s.mm().poll_timeout() > s.now(), "a timeslice is ahead");
+    // The commit now settles in real time, on the journal's thread.
+    s.hold_journal(false);
+    let mut brought_forward = false;
+    for _ in 0..2_000 {
+        std::thread::sleep(Duration::from_millis(1));
+        s.mm_mut().between_ticks();
+        if s.mm().poll_timeout() <= s.now() {
+            brought_forward = true;
+            break;
+        }
+    }
+    assert!(
+        brought_forward,
+        "the next timeslice stayed {:?} ahead after the start was recorded",
+        s.mm().poll_timeout() - s.now()
+    );
+    s.step();
+    let job = s.mm().queue_view()[0].job;
+    assert_ne!(
+        s.mm().queue_view()[0].state,
+        "launching",
+        "its launch went out"
+    );
+    assert!(s.run_until(ms(1_000), |s| s.node(0).job_state(job).is_some()));
+}
