@@ -120,11 +120,7 @@ fn commit_loop(
         let took = started.elapsed();
         let number = batch.number;
         if outcome.is_ok() {
-            if let Some(p) = &programs {
-                for job in &batch.unneeded {
-                    p.remove(*job);
-                }
-            }
+            super::remove_programs(programs.as_ref(), batch.unneeded.iter().copied());
         } else {
             failed = Some(batch);
         }

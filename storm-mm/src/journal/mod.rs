@@ -451,11 +451,7 @@ impl Journal {
                 store.write(&self.staged, self.next_job)?;
                 self.staged.clear();
                 self.next_job = None;
-                for job in std::mem::take(&mut self.unneeded) {
-                    if let Some(p) = &self.programs {
-                        p.remove(job);
-                    }
-                }
+                remove_programs(self.programs.as_ref(), std::mem::take(&mut self.unneeded));
                 self.batches += 1;
                 self.settled = self.batches;
             }
@@ -584,6 +580,16 @@ impl ProgramStore {
     /// Deletes job `job`'s copy, if there is one.
     pub fn remove(&self, job: JobId) {
         let _ = std::fs::remove_file(self.path(job));
+    }
+}
+
+/// Deletes the copies of `jobs` from `programs`, if this journal keeps copies: what a commit
+/// does once it has written the ends of those jobs.
+fn remove_programs(programs: Option<&ProgramStore>, jobs: impl IntoIterator<Item = JobId>) {
+    if let Some(p) = programs {
+        for job in jobs {
+            p.remove(job);
+        }
     }
 }
 
