@@ -276,6 +276,43 @@ fn cancel_stops_a_running_job_everywhere_even_one_that_ignores_sigterm() {
     assert!(c.queued_jobs().is_empty());
 }
 
+/// A node manager that crashes (SIGKILL to it alone) takes its launchers and their tasks with
+/// it: nothing of a job outlives the daemon that tracks it on its node. Each launcher arranges
+/// this itself as it starts, from the NM's pid on its command line (it is spawned with
+/// nothing run between fork and exec).
+#[test]
+fn a_crashed_node_manager_takes_its_launchers_and_tasks_with_it() {
+    let mut c = TestCluster::start(2);
+    let work = tempfile::tempdir().unwrap();
+    let pids = work.path().display().to_string();
+    let prog = script(
+        work.path(),
+        "orphan",
+        &format!("echo $$ > {pids}/rank-$STORM_RANK.pid\necho started\nexec sleep 300\n"),
+    );
+    let mut child = c.spawn(&["-N", "2", prog.to_str().unwrap()]);
+    wait_for_line(&mut child, "started", 2);
+    let rank1: i32 = std::fs::read_to_string(work.path().join("rank-1.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: signal 0 only asks whether the process exists.
+    let alive = |pid: i32| unsafe { libc::kill(pid, 0) } == 0;
+    assert!(alive(rank1), "rank 1 runs on node 1");
+    c.cluster.as_mut().unwrap().kill_nm(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(rank1) {
+        assert!(
+            Instant::now() < deadline,
+            "rank 1 (pid {rank1}) outlived node 1's node manager"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn two_jobs_run_at_once_on_disjoint_nodes_and_nodes_are_free_afterwards() {
     let c = TestCluster::start(8);

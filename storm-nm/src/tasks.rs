@@ -6,9 +6,9 @@
 //! notice one that died without writing a status) is less eager than the heartbeat, which
 //! saves a syscall per task per heartbeat.
 
+use crate::launch::PlProcess;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -27,7 +27,7 @@ const LAUNCHER_CHECK: Duration = Duration::from_millis(10);
 
 struct PlTask {
     slot: usize,
-    pl: Option<Child>,
+    pl: Option<PlProcess>,
     /// The status made up for a launcher that exited without writing one.
     lost: Option<RankStatus>,
 }
@@ -35,7 +35,7 @@ struct PlTask {
 /// A launcher to reap, and the table slot to free once it is gone (a launcher killed with its
 /// job may still write the slot until it exits).
 struct Zombie {
-    pl: Child,
+    pl: PlProcess,
     slot: Option<usize>,
 }
 

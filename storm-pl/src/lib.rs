@@ -18,8 +18,8 @@ pub use table::{Hold, PlTable, SlotState, TableError};
 /// The descriptor on which a PL finds the shared-memory table.
 pub const TABLE_FD: i32 = 3;
 
-/// Called in a child between fork and exec: the child gets SIGKILL when the process that
-/// started it (`parent`, its pid) dies, so that a killed NM takes its PLs with it and a killed
+/// Called by a PL as it starts, or in a child between fork and exec: the calling process
+/// gets SIGKILL when the process that started it (`parent`, its pid) dies, so that a killed NM takes its PLs with it and a killed
 /// PL its task, and nothing of a job outlives the daemons that track it. Must run after any
 /// change of credentials, which clears the setting. Async-signal-safe.
 pub fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {

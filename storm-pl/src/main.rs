@@ -26,6 +26,13 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<()> {
+    // Started by posix_spawn, with nothing run between fork and exec: this launcher makes
+    // itself die with the NM, whose pid is its argument.
+    let nm: libc::pid_t = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .context("storm-pl is started by storm-nm, with the NM's pid as its argument")?;
+    storm_pl::die_with_parent(nm).context("dying with the NM (prctl)")?;
     let mut input = Vec::new();
     std::io::stdin()
         .read_to_end(&mut input)

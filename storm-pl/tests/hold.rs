@@ -43,7 +43,9 @@ fn a_held_launcher_starts_its_task_only_once_released() {
     };
     let table_fd = table.fd().as_raw_fd();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_storm-pl"));
-    cmd.stdin(Stdio::piped());
+    // The launcher's argument is the pid of the process it dies with (the NM's).
+    cmd.arg(std::process::id().to_string())
+        .stdin(Stdio::piped());
     // SAFETY: only fcntl and dup2, async-signal-safe, between fork and exec. The table is
     // first copied above 3, as it may be descriptor 3 already (dup2 onto itself would leave
     // it close-on-exec).
