@@ -62,6 +62,8 @@ pub const SIM_UID: u32 = 1000;
 #[derive(Debug, Clone)]
 pub struct SimOptions {
     pub nodes: u32,
+    /// CPUs of every node (a job of fewer tasks than one node's CPUs shares that node).
+    pub cpus: u32,
     pub policy: PolicyKind,
     pub mpl: usize,
     pub timeslice: Duration,
@@ -81,6 +83,7 @@ impl Default for SimOptions {
     fn default() -> Self {
         Self {
             nodes: 4,
+            cpus: 1,
             policy: PolicyKind::Fcfs,
             mpl: 4,
             timeslice: Duration::from_millis(10),
@@ -98,6 +101,9 @@ impl Default for SimOptions {
 #[derive(Debug, Clone)]
 pub struct SimJob {
     pub nodes: u32,
+    /// Tasks in all (one per node if `None`); a job on one node with fewer tasks than the
+    /// node's CPUs takes only that many CPUs.
+    pub ntasks: Option<u32>,
     pub work: Duration,
     pub time_limit: Option<Duration>,
     pub requeue: bool,
@@ -113,6 +119,7 @@ impl SimJob {
     pub fn new(nodes: u32, work: Duration) -> Self {
         Self {
             nodes,
+            ntasks: None,
             work,
             time_limit: None,
             requeue: false,
@@ -120,6 +127,12 @@ impl SimJob {
             program: None,
             lines: 0,
         }
+    }
+
+    /// The same job with `ntasks` tasks in all.
+    pub fn with_tasks(mut self, ntasks: u32) -> Self {
+        self.ntasks = Some(ntasks);
+        self
     }
 
     /// The same job, each task writing `lines` lines.
@@ -160,7 +173,7 @@ impl SimJob {
             cwd: "/".into(),
             tasks: TaskRequest {
                 nodes: Some(self.nodes),
-                ntasks: Some(self.nodes),
+                ntasks: Some(self.ntasks.unwrap_or(self.nodes)),
                 ..TaskRequest::default()
             },
             bcast: self.program.is_some(),
@@ -665,9 +678,10 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
         name = "sim[00000-{:05}]"
         address = "127.0.0.1:0"
         spool = "/nonexistent/storm-sim"
-        cpus = 1
+        cpus = {}
         "#,
-        opts.nodes - 1
+        opts.nodes - 1,
+        opts.cpus.max(1)
     );
     let mut cfg = ClusterConfig::parse(&text)?;
     cfg.cluster.timeslice_ms = opts.timeslice.as_secs_f64() * 1000.0;
