@@ -13,13 +13,9 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// With the journal's writes held (a disk that stopped answering), the MM's timeslices go
-/// on and a job is accepted and placed, but its submitter hears nothing and its launch does
-/// not go out: a restarted MM would not know the job, so none of its tasks may run yet
-/// (write-ahead). Once the writes go through, the job runs, and its submitter hears of every
-/// step, in order, and the journal holds the job's end.
-#[test]
-fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
+/// A simulated cluster, up, whose journal commits on its own thread, with the journal's
+/// writes held (a disk that stopped answering).
+fn up_with_journal_held() -> Sim {
     let mut s = Sim::new(SimOptions {
         background_journal: true,
         ..SimOptions::default()
@@ -27,17 +23,46 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
     .unwrap();
     s.run_until_up(Duration::from_secs(5)).unwrap();
     s.hold_journal(true);
-    let heard = s.replies.len();
-    assert!(
-        s.submit(&SimJob::new(2, ms(50))).is_err(),
-        "accepted before the journal held the job"
-    );
+    s
+}
+
+/// Steps until the first job in the queue is placed and waits for its launch; its id.
+fn until_launching(s: &mut Sim) -> u64 {
     assert!(s.run_until(ms(1_000), |s| {
         s.mm()
             .queue_view()
             .first()
             .is_some_and(|j| j.state == "launching")
     }));
+    s.mm().queue_view()[0].job
+}
+
+/// Steps, in real time (the journal's thread settles commits in real time), until `job`'s
+/// outcome reaches its submitter.
+fn step_until_outcome(s: &mut Sim, job: u64) {
+    for _ in 0..100_000 {
+        if s.outcome(job).is_some() {
+            return;
+        }
+        s.step();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// With the journal's writes held (a disk that stopped answering), the MM's timeslices go
+/// on and a job is accepted and placed, but its submitter hears nothing and its launch does
+/// not go out: a restarted MM would not know the job, so none of its tasks may run yet
+/// (write-ahead). Once the writes go through, the job runs, and its submitter hears of every
+/// step, in order, and the journal holds the job's end.
+#[test]
+fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
+    let mut s = up_with_journal_held();
+    let heard = s.replies.len();
+    assert!(
+        s.submit(&SimJob::new(2, ms(50))).is_err(),
+        "accepted before the journal held the job"
+    );
+    let job = until_launching(&mut s);
     let ticks = s.ticks();
     s.run_for(ms(500));
     assert!(
@@ -45,7 +70,6 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
         "the timeslices went on ({} more)",
         s.ticks() - ticks
     );
-    let job = s.mm().queue_view()[0].job;
     assert_eq!(s.mm().queue_view()[0].state, "launching");
     let reached: Vec<u32> = (0..s.config().node_count())
         .filter(|&n| s.node(n).job_state(job).is_some())
@@ -62,14 +86,7 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
     assert!(s.journaled().jobs.is_empty());
 
     s.hold_journal(false);
-    // The commits now settle in real time: step until the outcome arrives.
-    for _ in 0..100_000 {
-        if s.outcome(job).is_some() {
-            break;
-        }
-        s.step();
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    step_until_outcome(&mut s, job);
     let outcome = s
         .outcome(job)
         .expect("the outcome once the journal is written");
@@ -97,31 +114,13 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
 /// its launch never goes out, not even once the journal's writes go through.
 #[test]
 fn a_job_cancelled_while_its_start_is_recorded_is_never_launched() {
-    let mut s = Sim::new(SimOptions {
-        background_journal: true,
-        ..SimOptions::default()
-    })
-    .unwrap();
-    s.run_until_up(Duration::from_secs(5)).unwrap();
-    s.hold_journal(true);
+    let mut s = up_with_journal_held();
     let _ = s.submit(&SimJob::new(2, ms(50)));
-    assert!(s.run_until(ms(1_000), |s| {
-        s.mm()
-            .queue_view()
-            .first()
-            .is_some_and(|j| j.state == "launching")
-    }));
-    let job = s.mm().queue_view()[0].job;
+    let job = until_launching(&mut s);
     s.cancel(job);
     assert!(s.run_until(ms(1_000), |s| s.mm().queue_view().is_empty()));
     s.hold_journal(false);
-    for _ in 0..100_000 {
-        if s.outcome(job).is_some() {
-            break;
-        }
-        s.step();
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    step_until_outcome(&mut s, job);
     let reason = s.outcome(job).expect("its outcome").reason.clone();
     assert!(
         reason
@@ -164,21 +163,10 @@ fn a_wake_up_ends_the_mms_wait_between_timeslices() {
 /// still between steps: without this, the next timeslice stays a whole one ahead).
 #[test]
 fn a_settled_start_brings_the_next_timeslice_forward() {
-    let mut s = Sim::new(SimOptions {
-        background_journal: true,
-        ..SimOptions::default()
-    })
-    .unwrap();
-    s.run_until_up(Duration::from_secs(5)).unwrap();
     // Held until the job waits for its record, so that the commit cannot settle first.
-    s.hold_journal(true);
+    let mut s = up_with_journal_held();
     let _ = s.submit(&SimJob::new(1, ms(50)));
-    assert!(s.run_until(ms(2_000), |s| {
-        s.mm()
-            .queue_view()
-            .first()
-            .is_some_and(|j| j.state == "launching")
-    }));
+    let job = until_launching(&mut s);
     assert!(s.mm().poll_timeout() > s.now(), "a timeslice is ahead");
     // The commit now settles in real time, on the journal's thread.
     s.hold_journal(false);
@@ -197,7 +185,6 @@ fn a_settled_start_brings_the_next_timeslice_forward() {
         s.mm().poll_timeout() - s.now()
     );
     s.step();
-    let job = s.mm().queue_view()[0].job;
     assert_ne!(
         s.mm().queue_view()[0].state,
         "launching",
