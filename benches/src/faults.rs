@@ -432,14 +432,17 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         ready.push(t.elapsed().as_secs_f64());
     }
     // One running job on every node, each with its storm-submit attached (it reattaches).
+    // Its task sleeps for an hour under a duration no other process has, so that the bench
+    // can see every task running before it kills the MM.
     let submit = storm_cli::local::bin_dir()?.join("storm-submit");
+    let hour = format!("3600.{}", std::process::id());
     let mut submitters = Vec::new();
     for _ in 0..args.nodes {
         submitters.push(
             std::process::Command::new(&submit)
                 .arg("--socket")
                 .arg(&socket)
-                .args(["-N", "1", "--exclusive", "-J", "readopted", "sleep", "3600"])
+                .args(["-N", "1", "--exclusive", "-J", "readopted", "sleep", &hour])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
@@ -453,6 +456,19 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     wait_until(&client, Instant::now(), "the jobs running", |jobs, _| {
         running(jobs)
     })?;
+    // "running" means the launch is on its way; a node that has not taken it when the MM is
+    // killed is one the restarted MM cannot tell from a node that lost the job, if its NM
+    // started within a second of the launch (the rule's margin for clocks). Wait for the tasks.
+    let since = Instant::now();
+    // The task runs a spooled copy of sleep (`.../job-N/sleep 3600.PID`); its submitter's
+    // command line has the words too, but not behind a slash.
+    let task = format!("/sleep {}$", hour.replace('.', "\\."));
+    while tasks_running(&task)? < args.nodes as usize {
+        if since.elapsed() > Duration::from_secs(30) {
+            bail!("the readopted jobs' tasks did not all start within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let (mut answering_busy, mut readopted) = (Vec::new(), Vec::new());
     for _ in 0..args.trials {
         let (client, answered) = restart_mm(&mut cluster, &socket)?;
@@ -514,6 +530,19 @@ fn restart_mm(cluster: &mut LocalCluster, socket: &std::path::Path) -> Result<(C
 }
 
 /// Polls the MM's queue and node table until `done` says so (at most 30 s after `since`).
+/// How many processes have a command line that matches `pattern` (an extended regular
+/// expression, as pgrep takes it).
+fn tasks_running(pattern: &str) -> Result<usize> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-c", "-f", pattern])
+        .output()
+        .context("running pgrep")?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0))
+}
+
 fn wait_until(
     client: &Client,
     since: Instant,
