@@ -114,20 +114,14 @@ mod tests {
     use super::*;
 
     use crate::alloc::Need;
+    use crate::policy::ask;
 
     #[test]
     fn the_head_blocks_later_jobs_that_would_fit() {
         let mut p = Fcfs::new(4, 2);
         let t = Duration::ZERO;
         for (job, nodes) in [(1, 3), (2, 4), (3, 1)] {
-            p.submit(
-                JobAsk {
-                    job,
-                    need: Need::Nodes(nodes),
-                    limit: None,
-                },
-                t,
-            );
+            p.submit(ask(job, Need::Nodes(nodes)), t);
         }
         let d = p.tick(t, usize::MAX);
         assert_eq!(d.len(), 1, "only job 1 starts: {d:?}");
@@ -149,14 +143,7 @@ mod tests {
         let mut p = Fcfs::new(4, 2);
         let t = Duration::ZERO;
         for job in 1..=9 {
-            p.submit(
-                JobAsk {
-                    job,
-                    need: Need::Cpus(1),
-                    limit: None,
-                },
-                t,
-            );
+            p.submit(ask(job, Need::Cpus(1)), t);
         }
         let d = p.tick(t, usize::MAX);
         assert_eq!(d.len(), 8, "one job per CPU: {d:?}");

@@ -178,6 +178,7 @@ impl Policy for Gang {
 mod tests {
     use super::*;
     use crate::alloc::Need;
+    use crate::policy::ask;
     use proptest::prelude::*;
 
     fn run_of(d: &[Decision]) -> Vec<JobId> {
@@ -193,22 +194,8 @@ mod tests {
     fn two_full_size_jobs_alternate_and_a_new_one_starts_at_once() {
         let mut g = Gang::new(8, 1, 2);
         let t = Duration::ZERO;
-        g.submit(
-            JobAsk {
-                job: 1,
-                need: Need::Nodes(8),
-                limit: None,
-            },
-            t,
-        );
-        g.submit(
-            JobAsk {
-                job: 2,
-                need: Need::Nodes(8),
-                limit: None,
-            },
-            t,
-        );
+        g.submit(ask(1, Need::Nodes(8)), t);
+        g.submit(ask(2, Need::Nodes(8)), t);
         let d = g.tick(t, usize::MAX);
         assert_eq!(
             d.iter()
@@ -223,14 +210,7 @@ mod tests {
         assert_ne!(first, second, "the slots alternate");
         assert_eq!(run_of(&g.tick(t, usize::MAX)), first);
         // A third job does not fit (both slots full); when job 1 ends, it takes its place.
-        g.submit(
-            JobAsk {
-                job: 3,
-                need: Need::Nodes(4),
-                limit: None,
-            },
-            t,
-        );
+        g.submit(ask(3, Need::Nodes(4)), t);
         assert!(
             g.tick(t, usize::MAX)
                 .iter()
@@ -249,31 +229,10 @@ mod tests {
     fn idle_nodes_run_another_slots_job_that_fits_entirely() {
         let mut g = Gang::new(8, 1, 2);
         let t = Duration::ZERO;
-        g.submit(
-            JobAsk {
-                job: 1,
-                need: Need::Nodes(4),
-                limit: None,
-            },
-            t,
-        ); // slot 0, nodes 0-3
-        g.submit(
-            JobAsk {
-                job: 2,
-                need: Need::Nodes(8),
-                limit: None,
-            },
-            t,
-        ); // slot 1, all nodes
+        g.submit(ask(1, Need::Nodes(4)), t); // slot 0, nodes 0-3
+        g.submit(ask(2, Need::Nodes(8)), t); // slot 1, all nodes
         g.tick(t, usize::MAX);
-        g.submit(
-            JobAsk {
-                job: 3,
-                need: Need::Nodes(4),
-                limit: None,
-            },
-            t,
-        ); // slot 0, nodes 4-7
+        g.submit(ask(3, Need::Nodes(4)), t); // slot 0, nodes 4-7
         g.tick(t, usize::MAX);
         // Whenever slot 0 is active it runs jobs 1 and 3; slot 1 runs job 2 alone.
         let mut seen = Vec::new();
@@ -291,14 +250,7 @@ mod tests {
         let mut g = Gang::new(2, 4, 2);
         let t = Duration::ZERO;
         for job in 1..=8 {
-            g.submit(
-                JobAsk {
-                    job,
-                    need: Need::Cpus(2),
-                    limit: None,
-                },
-                t,
-            );
+            g.submit(ask(job, Need::Cpus(2)), t);
         }
         let d = g.tick(t, usize::MAX);
         let slot_of = |job| {
@@ -332,7 +284,7 @@ mod tests {
                     waiting_since.remove(&j);
                 } else {
                     let need = if small { Need::Cpus(1 + size % 4) } else { Need::Nodes(size) };
-                    g.submit(JobAsk { job: next, need, limit: None }, t);
+                    g.submit(ask(next, need), t);
                     next += 1;
                 }
                 let d = g.tick(t, usize::MAX);

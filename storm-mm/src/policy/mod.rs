@@ -109,3 +109,13 @@ pub fn build(
         PolicyKind::Gang => Box::new(Gang::new(nodes, cpus, mpl.max(1))),
     }
 }
+
+/// A job of the policies' tests: it needs `need`, without a time limit.
+#[cfg(test)]
+fn ask(job: JobId, need: Need) -> JobAsk {
+    JobAsk {
+        job,
+        need,
+        limit: None,
+    }
+}
