@@ -100,6 +100,12 @@ impl Phase {
     fn started(self) -> bool {
         matches!(self, Phase::Running | Phase::Recovering)
     }
+
+    /// Whether the job's launch may go now: the commit recording its start is among those
+    /// settled (up to batch `settled`).
+    fn may_launch(self, settled: u64) -> bool {
+        matches!(self, Phase::Recording { batch: Some(b) } if b <= settled)
+    }
 }
 
 struct Cancel {
@@ -575,10 +581,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.detect_terminations();
         self.publish();
         let settled = self.journal.settled();
-        let launchable = self
-            .jobs
-            .values()
-            .any(|j| matches!(j.phase, Phase::Recording { batch: Some(b) } if b <= settled));
+        let launchable = self.jobs.values().any(|j| j.phase.may_launch(settled));
         if launchable {
             self.next_tick = self.next_tick.min(self.now());
         }
@@ -1454,7 +1457,7 @@ impl<E: MmEnv> MachineManager<E> {
         let mut ready: Vec<JobId> = self
             .jobs
             .values()
-            .filter(|j| matches!(j.phase, Phase::Recording { batch: Some(b) } if b <= settled))
+            .filter(|j| j.phase.may_launch(settled))
             .map(|j| j.id)
             .collect();
         // In the order they became ready to launch.
