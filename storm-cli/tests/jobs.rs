@@ -276,10 +276,10 @@ fn cancel_stops_a_running_job_everywhere_even_one_that_ignores_sigterm() {
     assert!(c.queued_jobs().is_empty());
 }
 
-/// A node manager that crashes (SIGKILL to it alone) takes its launchers and their tasks with
-/// it: nothing of a job outlives the daemon that tracks it on its node. Each launcher arranges
+/// A node manager that crashes (SIGKILL to it alone) takes its launcher and its tasks with
+/// it: nothing of a job outlives the daemon that tracks it on its node. The launcher arranges
 /// this itself as it starts, from the NM's pid on its command line (it is spawned with
-/// nothing run between fork and exec).
+/// nothing run between fork and exec), and each task dies with the launcher.
 #[test]
 fn a_crashed_node_manager_takes_its_launchers_and_tasks_with_it() {
     let mut c = TestCluster::start(2);
@@ -311,6 +311,47 @@ fn a_crashed_node_manager_takes_its_launchers_and_tasks_with_it() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The node's launcher (storm-pl, the parent of every task there) should never die; if it
+/// does, its tasks die with it, their job ends as killed instead of hanging, and the node
+/// starts a new launcher for the next job.
+#[test]
+fn a_killed_launcher_ends_its_jobs_and_the_node_runs_the_next_one() {
+    let c = TestCluster::start(1);
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().display().to_string();
+    let prog = script(
+        work.path(),
+        "orphan",
+        &format!("echo $PPID > {dir}/launcher.pid\necho started\nexec sleep 300\n"),
+    );
+    let mut child = c.spawn(&["-N", "1", prog.to_str().unwrap()]);
+    wait_for_line(&mut child, "started", 1);
+    let launcher: i32 = std::fs::read_to_string(work.path().join("launcher.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let comm = std::fs::read_to_string(format!("/proc/{launcher}/comm")).unwrap();
+    assert_eq!(comm.trim(), "storm-pl", "the task's parent is the launcher");
+    // SAFETY: kill of a process this test's cluster started.
+    assert_eq!(unsafe { libc::kill(launcher, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job outlived its launcher by 20 s: its end was never reported"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(137), "the job ends as killed");
+    let next = c.submit(&["-N", "1", "/bin/echo", "next ran"]);
+    assert!(next.status.success(), "{}", text(&next.stderr));
+    assert_eq!(text(&next.stdout), "next ran\n");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! The `storm-nm` daemon: the node manager's core ([`crate::NodeManager`]) in a process, with
-//! its fabric endpoint, storm-pl launchers, a spool directory, output and PMI threads, and
+//! its fabric endpoint, its storm-pl launcher, a spool directory, output and PMI threads, and
 //! the optional heartbeat and switch logs.
 //!
 //! [`start`] checks what the node needs (the cluster key, this node in the cluster file, the

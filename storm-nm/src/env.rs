@@ -5,8 +5,8 @@
 //! does no I/O of its own besides the fabric it is handed: processes, files, the tasks'
 //! output pipes, the PMI sockets and the logs are behind [`NmEnv`].
 //!
-//! The daemon's environment ([`crate::daemon`]) starts a program launcher per task
-//! ([`crate::tasks::PlRunner`], storm-pl and /proc), receives programs into the spool with a
+//! The daemon's environment ([`crate::daemon`]) hands every task to the node's program
+//! launcher ([`crate::tasks::PlRunner`], storm-pl and /proc), receives programs into the spool with a
 //! thread per transfer, and forwards output and serves PMI on their own threads. The
 //! simulator (`storm-sim`) brings a virtual clock and tasks that only use virtual time.
 
@@ -74,8 +74,8 @@ pub struct TaskTimes {
 pub trait TaskRunner {
     /// Starts a task (not waiting for it to run); the error says why it cannot start.
     fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String>;
-    /// Makes the task not runnable (SIGSTOP to its process group, or its launcher held before
-    /// the task starts). False while the launcher is starting the task: there is no process
+    /// Makes the task not runnable (SIGSTOP to its process group, or its slot held before the
+    /// launcher starts it). False while the launcher is starting the task: there is no process
     /// to stop yet, so ask again shortly.
     fn halt(&mut self, task: TaskId) -> bool;
     /// Lets a halted task run again.
@@ -91,7 +91,7 @@ pub trait TaskRunner {
     fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool;
     /// The task is done with (reported or forgotten): free what it holds once it is gone.
     fn release(&mut self, task: TaskId);
-    /// Housekeeping, called on every pass of the NM's loop (reaping launchers).
+    /// Housekeeping, called on every pass of the NM's loop (watching the launcher).
     fn poll(&mut self);
 }
 

@@ -1,27 +1,21 @@
-//! Starting one program launcher (PL) per local task (step 3 of the paper's Sec. 2.3).
+//! Starting this node's program launcher (storm-pl), which starts every local task (step 3
+//! of the paper's Sec. 2.3).
 //!
-//! The PL gets its task description on standard input and the NM's table on descriptor 3;
-//! its standard output and error are pipes the NM reads, which the task inherits.
+//! The launcher gets the NM's table on descriptor 3 and its link to the NM on descriptor 4;
+//! its standard output and error are the NM's own (its messages go to the NM's log).
 
 use std::ffi::CString;
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::ExitStatus;
 
-use storm_pl::{PlSpec, PlTable, TABLE_FD};
+use storm_pl::{LINK_FD, PlTable, TABLE_FD};
 
-/// A started PL and the read ends of its task's output pipes.
-pub struct Started {
-    pub child: PlProcess,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
-}
-
-/// A PL process this NM started, to be waited for (it is not waited for when dropped: the
-/// NM reaps its launchers with [`PlProcess::try_wait`]).
+/// The launcher process this NM started, to be waited for (it is not waited for when
+/// dropped: the NM reaps it with [`PlProcess::try_wait`]).
 #[derive(Debug)]
 pub struct PlProcess {
     pid: libc::pid_t,
@@ -52,8 +46,8 @@ impl PlProcess {
     }
 }
 
-/// A pipe whose ends are closed on exec (the child gets its end by a dup2 of the spawn).
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+/// A pipe whose ends are closed on exec (a child gets its end by a placement of its spawn).
+pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two descriptors, which we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -136,38 +130,25 @@ unsafe extern "C" {
     static environ: *const *const libc::c_char;
 }
 
-/// Starts a PL; `pmi`, if given, is the task's end of its PMI socket, which the PL and its
-/// task find on descriptor [`crate::pmi::PMI_FD`].
+/// Starts the node's launcher; gives the process and the NM's end of the link.
 ///
-/// The PL is started with `posix_spawn`, which glibc carries out with a `vfork`-like clone:
-/// the NM's address space is not copied. A `fork` of the NM (what `std::process::Command`
-/// does once a `pre_exec` hook is set) copied its page tables, write-protected its memory on
-/// every CPU (TLB shootdowns) and took copy-on-write faults after: a third of a short job's
-/// processor time on the node in `storm-bench throughput`. The PL arranges to die with the
-/// NM itself (it gets the NM's pid as its argument), since nothing can run in the child
-/// between the spawn and the exec.
-pub fn start_pl(
-    pl: &Path,
-    table: &PlTable,
-    spec: &PlSpec,
-    pmi: Option<&OwnedFd>,
-) -> std::io::Result<Started> {
-    let (stdin_r, stdin_w) = pipe()?;
-    let (stdout_r, stdout_w) = pipe()?;
-    let (stderr_r, stderr_w) = pipe()?;
+/// The launcher is started with `posix_spawn`, which glibc carries out with a `vfork`-like
+/// clone: the NM's address space is not copied (a `fork` of the NM copies its page tables and
+/// write-protects its memory on every CPU). The launcher arranges to die with the NM itself
+/// (it gets the NM's pid as its argument), since nothing can run in the child between the
+/// spawn and the exec.
+pub fn start_launcher(pl: &Path, table: &PlTable) -> std::io::Result<(PlProcess, UnixStream)> {
+    let (nm_end, pl_end) = UnixStream::pair()?;
+    let null = std::fs::File::open("/dev/null")?;
     // Every descriptor the child gets comes from a copy numbered 10 or above, so that no
     // placement overwrites a source still to be placed (a daemon whose own standard
-    // descriptors are closed gets pipe ends numbered 0 to 4).
-    let mut sources = vec![
-        (high_copy(stdin_r.as_raw_fd())?, 0),
-        (high_copy(stdout_w.as_raw_fd())?, 1),
-        (high_copy(stderr_w.as_raw_fd())?, 2),
+    // descriptors are closed gets low numbers for everything it opens).
+    let sources = [
+        (high_copy(null.as_raw_fd())?, 0),
         (high_copy(table.fd().as_raw_fd())?, TABLE_FD),
+        (high_copy(pl_end.as_raw_fd())?, LINK_FD),
     ];
-    if let Some(fd) = pmi {
-        sources.push((high_copy(fd.as_raw_fd())?, crate::pmi::PMI_FD));
-    }
-    drop((stdin_r, stdout_w, stderr_w));
+    drop((null, pl_end));
     let dups: Vec<(RawFd, RawFd)> = sources
         .iter()
         .map(|(fd, to)| (fd.as_raw_fd(), *to))
@@ -198,20 +179,5 @@ pub fn start_pl(
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    let mut child = PlProcess { pid, exited: None };
-    let mut stdin = std::fs::File::from(stdin_w);
-    if let Err(e) = stdin.write_all(&spec.encode()) {
-        // SAFETY: kill of our own child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        while let Ok(None) = child.try_wait() {
-            std::thread::yield_now();
-        }
-        return Err(e);
-    }
-    drop(stdin);
-    Ok(Started {
-        child,
-        stdout: stdout_r,
-        stderr: stderr_r,
-    })
+    Ok((PlProcess { pid, exited: None }, nm_end))
 }

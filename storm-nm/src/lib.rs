@@ -8,8 +8,8 @@
 //!   their commands: receive a program, launch a job, signal a job, forget a job, shut down;
 //! * receives programs chunk by chunk into its node-local spool directory and verifies size
 //!   and checksum before it acknowledges them (Algorithm 7, [`receive`]);
-//! * starts one program launcher per local task ([`launch`]) and forwards their output to the
-//!   MM ([`output`]);
+//! * starts the node's program launcher ([`launch`]), which starts every local task, and
+//!   forwards the tasks' output to the MM ([`output`]);
 //! * polls the NM-PL shared-memory table at heartbeat intervals and reports finished jobs
 //!   (Algorithm 9, [`manager`]; the reports themselves in [`report`]).
 //!

@@ -88,7 +88,7 @@ struct LocalRank {
     task: Option<TaskId>,
     status: Option<RankStatus>,
     output: Drained,
-    /// Gang scheduling has stopped the task, or holds its launcher before the task starts.
+    /// Gang scheduling has stopped the task, or holds its slot before the task starts.
     stopped: bool,
 }
 
@@ -455,7 +455,7 @@ impl<E: NmEnv> NodeManager<E> {
         env
     }
 
-    /// LAUNCH-JOB. Under gang scheduling the job's launchers start at the first strobe that
+    /// LAUNCH-JOB. Under gang scheduling the job's tasks are started at the first strobe that
     /// runs the job, so no task ever runs outside its time slot, not even briefly.
     fn launch(&mut self, spec: LaunchSpec) {
         if spec.nodes.rank(self.node).is_none() {
@@ -517,8 +517,9 @@ impl<E: NmEnv> NodeManager<E> {
         for (local, &rank) in ranks.iter().enumerate() {
             let r = match &pmi_ends {
                 Ok(ends) => {
-                    // The task's end is closed here once its launcher has it: the PMI server
-                    // sees end of file when the task and its launcher are gone.
+                    // The task's end is closed here once the launcher has it: the PMI server
+                    // sees end of file when the task is gone (the launcher closes its copy
+                    // once the task has started).
                     let end = ends.get(local).and_then(Option::as_ref);
                     self.start_rank(&spec, &program, rank, local as u32, count, end)
                 }
@@ -662,7 +663,7 @@ impl<E: NmEnv> NodeManager<E> {
         let Some(switch) = self.switch.as_mut() else {
             return;
         };
-        // Launchers that were starting their task when the switch began: stop the task now
+        // Tasks the launcher was starting when the switch began: stop each now
         // that it has a process, before the new slot may run.
         let mut spawning = false;
         let mut halting = Vec::new();

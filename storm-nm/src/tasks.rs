@@ -1,73 +1,135 @@
-//! The daemon's [`TaskRunner`]: one program launcher (storm-pl) per task, the NM-PL
+//! The daemon's [`TaskRunner`]: the node's program launcher (storm-pl), the NM-PL
 //! shared-memory table, process groups and /proc.
 //!
-//! A launcher writes its task's pid and then its exit status into its table slot; the NM
-//! reads the slot on every pass. Waiting on the launchers themselves (to reap them, and to
-//! notice one that died without writing a status) is less eager than the heartbeat, which
-//! saves a syscall per task per heartbeat.
+//! The launcher writes each task's pid and then its exit status into the task's table slot;
+//! the NM reads the slot on every pass. Whether the launcher itself still lives is checked
+//! less eagerly than the heartbeat, which saves a system call per heartbeat. A launcher that
+//! died (it should not) takes its tasks with it: they are reported killed, and a new launcher
+//! serves the node's next tasks.
 
-use crate::launch::PlProcess;
 use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use storm_cluster::messages::{RankStatus, Stream};
-use storm_pl::{Hold, PlSpec, PlTable};
+use storm_pl::request::{send_look, send_start};
+use storm_pl::{Cancel, Hold, PlSpec, PlTable};
 use storm_primitives::NodeId;
 
 use crate::env::{StartedTask, TaskId, TaskRunner, TaskStart, TaskTimes};
-use crate::launch::start_pl;
+use crate::launch::{PlProcess, pipe, start_launcher};
 use crate::output::OutputSource;
 use crate::procstat::TaskStates;
 
-/// How often the launchers are waited on (see the module's overview).
+/// How often the launcher, and the slots and signals that wait for it, are looked at.
 const LAUNCHER_CHECK: Duration = Duration::from_millis(10);
 
 struct PlTask {
     slot: usize,
-    pl: Option<PlProcess>,
-    /// The status made up for a launcher that exited without writing one.
+    /// The status made up for a task whose launcher died before writing one.
     lost: Option<RankStatus>,
 }
 
-/// A launcher to reap, and the table slot to free once it is gone (a launcher killed with its
-/// job may still write the slot until it exits).
-struct Zombie {
-    pl: PlProcess,
-    slot: Option<usize>,
+/// The running launcher and the NM's end of its link.
+struct Launcher {
+    process: PlProcess,
+    link: UnixStream,
 }
 
 pub struct PlRunner {
     node: NodeId,
     pl_path: PathBuf,
     table: PlTable,
+    /// None once the launcher died, until the next task needs one.
+    launcher: Option<Launcher>,
     tasks: HashMap<TaskId, PlTask>,
     next_id: TaskId,
-    zombies: Vec<Zombie>,
+    /// Slots of released tasks the launcher may still write (their task is being killed).
+    draining: Vec<usize>,
+    /// Signals sent while the launcher was starting the task: delivered once it runs.
+    pending: Vec<(TaskId, Signal)>,
     /// Open /proc stat files of the tasks gang scheduling stops.
     states: TaskStates,
     next_check: Instant,
 }
 
 impl PlRunner {
-    /// A runner with room for `slots` tasks at once.
-    pub fn new(node: NodeId, pl_path: PathBuf, slots: usize) -> Result<Self, storm_pl::TableError> {
-        Ok(Self {
+    /// A runner with room for `slots` tasks at once, and its launcher started.
+    pub fn new(node: NodeId, pl_path: PathBuf, slots: usize) -> anyhow::Result<Self> {
+        let mut runner = Self {
             node,
             pl_path,
             table: PlTable::create(slots)?,
+            launcher: None,
             tasks: HashMap::new(),
             next_id: 1,
-            zombies: Vec::new(),
+            draining: Vec::new(),
+            pending: Vec::new(),
             states: TaskStates::default(),
             next_check: Instant::now(),
-        })
+        };
+        runner.link().map_err(anyhow::Error::msg)?;
+        Ok(runner)
     }
 
     fn pid(&self, slot: usize) -> Option<i32> {
         self.table.pid(slot).ok().flatten()
+    }
+
+    /// The link to the launcher, starting one if there is none.
+    fn link(&mut self) -> Result<&UnixStream, String> {
+        if self.launcher.is_none() {
+            let (process, link) = start_launcher(&self.pl_path, &self.table)
+                .map_err(|e| format!("cannot start storm-pl ({}): {e}", self.pl_path.display()))?;
+            tracing::debug!(node = self.node, pid = process.id(), "launcher started");
+            self.launcher = Some(Launcher { process, link });
+        }
+        Ok(&self.launcher.as_ref().expect("just started").link)
+    }
+
+    /// Tells the launcher to look at the requests it keeps again.
+    fn look(&mut self) {
+        if let Some(l) = &self.launcher
+            && let Err(e) = send_look(&l.link)
+        {
+            tracing::warn!(node = self.node, "telling the launcher to look again: {e}");
+        }
+    }
+
+    /// Whether the launcher died; if so, its tasks are reported killed (they died with it:
+    /// any left in their process groups are killed here), and the slots it held are freed.
+    fn launcher_died(&mut self) -> bool {
+        let Some(l) = self.launcher.as_mut() else {
+            return false;
+        };
+        let exit = match l.process.try_wait() {
+            Ok(None) => return false,
+            Ok(Some(exit)) => format!("{exit}"),
+            Err(e) => format!("cannot be waited for: {e}"),
+        };
+        tracing::error!(
+            node = self.node,
+            "the launcher storm-pl ended ({exit}); its tasks are lost"
+        );
+        self.launcher = None;
+        for t in self.tasks.values_mut() {
+            if self.table.is_settled(t.slot).unwrap_or(true) || t.lost.is_some() {
+                continue;
+            }
+            if let Some(pid) = self.table.pid(t.slot).ok().flatten() {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            t.lost = Some(RankStatus::Signaled(libc::SIGKILL));
+        }
+        for slot in self.draining.drain(..) {
+            let _ = self.table.release(slot);
+        }
+        self.pending.clear();
+        true
     }
 }
 
@@ -88,37 +150,40 @@ impl TaskRunner for PlRunner {
             uid: task.uid,
             gid: task.gid,
         };
-        match start_pl(&self.pl_path, &self.table, &spec, task.pmi) {
-            Ok(started) => {
-                let id = self.next_id;
-                self.next_id += 1;
-                self.tasks.insert(
-                    id,
-                    PlTask {
-                        slot,
-                        pl: Some(started.child),
-                        lost: None,
-                    },
-                );
-                Ok(StartedTask {
-                    id,
-                    output: vec![
-                        (
-                            Stream::Stdout,
-                            Box::new(started.stdout) as Box<dyn OutputSource>,
-                        ),
-                        (Stream::Stderr, Box::new(started.stderr)),
-                    ],
-                })
-            }
+        let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
+        let ((stdout, out_w), (stderr, err_w)) = match pipes {
+            Ok(p) => p,
             Err(e) => {
                 let _ = self.table.release(slot);
-                Err(format!(
-                    "cannot start storm-pl ({}): {e}",
-                    self.pl_path.display()
-                ))
+                return Err(format!("cannot make the task's output pipes: {e}"));
+            }
+        };
+        let pmi = task.pmi.map(|fd| fd.as_fd());
+        // A launcher that died since the last look is replaced, and the task handed again.
+        let mut sent = Err(String::new());
+        for _ in 0..2 {
+            sent = self.link().and_then(|link| {
+                send_start(link, &spec, out_w.as_fd(), err_w.as_fd(), pmi)
+                    .map_err(|e| format!("cannot hand the task to storm-pl: {e}"))
+            });
+            if sent.is_ok() || !self.launcher_died() {
+                break;
             }
         }
+        if let Err(e) = sent {
+            let _ = self.table.release(slot);
+            return Err(e);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.tasks.insert(id, PlTask { slot, lost: None });
+        Ok(StartedTask {
+            id,
+            output: vec![
+                (Stream::Stdout, Box::new(stdout) as Box<dyn OutputSource>),
+                (Stream::Stderr, Box::new(stderr)),
+            ],
+        })
     }
 
     fn halt(&mut self, task: TaskId) -> bool {
@@ -145,6 +210,7 @@ impl TaskRunner for PlRunner {
             }
             None => {
                 let _ = self.table.unhold(t.slot);
+                self.look();
             }
         }
     }
@@ -153,17 +219,22 @@ impl TaskRunner for PlRunner {
         let Some(t) = self.tasks.get(&task) else {
             return;
         };
-        match (self.pid(t.slot), Signal::try_from(signal)) {
-            (Some(pid), Ok(sig)) => {
+        let Ok(sig) = Signal::try_from(signal) else {
+            tracing::warn!(signal, "not a signal");
+            return;
+        };
+        // A task that ran has a process group, which may outlive it: signal the group.
+        if let Some(pid) = self.pid(t.slot) {
+            let _ = killpg(Pid::from_raw(pid), sig);
+            return;
+        }
+        match self.table.cancel(t.slot, signal) {
+            Ok(Cancel::Cancelled) => self.look(),
+            Ok(Cancel::Running(pid)) => {
                 let _ = killpg(Pid::from_raw(pid), sig);
             }
-            (None, _) => {
-                // The task has not started yet: stop its launcher, so it never does.
-                if let Some(pl) = &t.pl {
-                    let _ = kill(Pid::from_raw(pl.id() as i32), Signal::SIGKILL);
-                }
-            }
-            (Some(_), Err(_)) => tracing::warn!(signal, "not a signal"),
+            Ok(Cancel::Spawning) => self.pending.push((task, sig)),
+            Ok(Cancel::Ended) | Err(_) => {}
         }
     }
 
@@ -196,25 +267,15 @@ impl TaskRunner for PlRunner {
         let Some(t) = self.tasks.remove(&task) else {
             return;
         };
+        self.pending.retain(|(id, _)| *id != task);
         if let Some(pid) = self.pid(t.slot) {
             self.states.forget(pid);
         }
-        // A launcher that wrote its task's status no longer writes the slot.
-        let written = self.table.status(t.slot).ok().flatten().is_some();
-        let slot = match written || t.pl.is_none() {
-            true => {
-                let _ = self.table.release(t.slot);
-                None
-            }
-            false => Some(t.slot),
-        };
-        match t.pl {
-            Some(pl) => self.zombies.push(Zombie { pl, slot }),
-            None => {
-                if let Some(slot) = slot {
-                    let _ = self.table.release(slot);
-                }
-            }
+        // The launcher writes a slot until it wrote EXITED; a dead one writes nothing.
+        if t.lost.is_some() || self.table.is_settled(t.slot).unwrap_or(true) {
+            let _ = self.table.release(t.slot);
+        } else {
+            self.draining.push(t.slot);
         }
     }
 
@@ -223,36 +284,29 @@ impl TaskRunner for PlRunner {
             return;
         }
         self.next_check = Instant::now() + LAUNCHER_CHECK;
+        if self.launcher_died() {
+            return;
+        }
         let table = &self.table;
-        self.zombies.retain_mut(|z| {
-            let gone = matches!(z.pl.try_wait(), Ok(Some(_)) | Err(_));
-            if gone && let Some(slot) = z.slot {
+        self.draining.retain(|&slot| {
+            let settled = table.is_settled(slot).unwrap_or(true);
+            if settled {
                 let _ = table.release(slot);
             }
-            !gone
+            !settled
         });
-        for t in self.tasks.values_mut().filter(|t| t.lost.is_none()) {
-            let Some(pl) = t.pl.as_mut() else {
-                continue;
+        let tasks = &self.tasks;
+        self.pending.retain(|(id, sig)| {
+            let Some(t) = tasks.get(id) else {
+                return false;
             };
-            let Ok(Some(exit)) = pl.try_wait() else {
-                continue;
-            };
-            t.pl = None;
-            if table.status(t.slot).ok().flatten().is_some() {
-                continue;
+            match table.pid(t.slot).ok().flatten() {
+                Some(pid) => {
+                    let _ = killpg(Pid::from_raw(pid), *sig);
+                    false
+                }
+                None => !table.is_settled(t.slot).unwrap_or(true),
             }
-            // The launcher is gone without a status: make one up from its own end, and make
-            // sure nothing it started lives on.
-            if let Some(pid) = table.pid(t.slot).ok().flatten() {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            use std::os::unix::process::ExitStatusExt;
-            t.lost = Some(match (exit.code(), exit.signal()) {
-                (_, Some(sig)) => RankStatus::Signaled(sig),
-                (Some(c), _) => RankStatus::Exited(c),
-                _ => RankStatus::Exited(1),
-            });
-        }
+        });
     }
 }

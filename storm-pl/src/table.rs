@@ -1,17 +1,24 @@
 //! The NM-PL table: one slot per local task in a shared anonymous memory file (memfd).
 //!
-//! A slot moves FREE -> STARTING (NM assigned it to a new PL) -> SPAWNING (the PL is starting
-//! the task) -> RUNNING (the PL wrote the task's process id, which is also its process group)
-//! -> EXITED (PL wrote the exit status). Every field is an atomic; the state is written last
-//! with release ordering, so a reader that sees EXITED also sees the status. The PL also
-//! records when (CLOCK_MONOTONIC) the task started and ended, for `storm-submit --timing`.
+//! A slot moves FREE -> STARTING (the NM claimed it and asked the launcher to start its task)
+//! -> SPAWNING (the launcher is starting the task) -> RUNNING (the launcher wrote the task's
+//! process id, which is also its process group) -> EXITED (the launcher wrote the exit
+//! status). Every field is an atomic; the state is written last with release ordering, so a
+//! reader that sees EXITED also sees the status. The launcher also records when
+//! (CLOCK_MONOTONIC) the task started and ended, for `storm-submit --timing`.
 //!
 //! Gang scheduling may stop a job whose task does not exist yet. The NM then moves the slot
-//! STARTING -> HELD, and the PL waits (on a futex on the state word) before it starts the task
-//! until the NM moves it back. The two compare-and-swaps decide every race: either the NM
-//! holds the slot before the PL begins (the task does not start while held), or the PL began
-//! first (SPAWNING), and the NM waits for the process id to stop the task with a signal. Only
-//! the NM ever stops or continues a task, so no stop can be undone by a late continue.
+//! STARTING -> HELD, and the launcher, finding it held, keeps the request until the NM moves
+//! it back and tells it to look again. A job killed before its task started moves STARTING or
+//! HELD -> CANCELLED, with the signal beside it; the launcher then writes EXITED without
+//! starting anything. The compare-and-swaps decide every race: either the NM holds or cancels
+//! the slot before the launcher begins (the task does not start), or the launcher began first
+//! (SPAWNING), and the NM waits for the process id to signal the task. Only the NM ever stops
+//! or continues a task, so no stop can be undone by a late continue.
+//!
+//! Every request the launcher takes ends with it writing EXITED, and the NM frees a slot only
+//! once it reads EXITED (or the launcher is gone): a slot is never claimed again while an old
+//! request for it may still be acted on.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -29,6 +36,7 @@ pub enum SlotState {
     Spawning = 3,
     Running = 4,
     Exited = 5,
+    Cancelled = 6,
 }
 
 impl SlotState {
@@ -39,6 +47,7 @@ impl SlotState {
             2 => Self::Held,
             3 => Self::Spawning,
             4 => Self::Running,
+            6 => Self::Cancelled,
             _ => Self::Exited,
         }
     }
@@ -57,10 +66,37 @@ pub enum Hold {
     Ended,
 }
 
+/// What [`PlTable::try_begin_spawn`] found: whether the launcher may start the task now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// The slot is SPAWNING now: start the task.
+    Go,
+    /// The NM holds the slot: keep the request until told to look again.
+    Held,
+    /// The job was killed before its task started: the status to write as EXITED.
+    Cancelled(RankStatus),
+    /// The slot is in a state no request of this launcher should find.
+    OutOfStep(SlotState),
+}
+
+/// What [`PlTable::cancel`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// The task will never start; the launcher writes EXITED once it sees the request.
+    Cancelled,
+    /// The launcher is starting the task: signal it once its process id is there.
+    Spawning,
+    /// The task runs as this process (and process group): signal it.
+    Running(i32),
+    /// The task already ended (or was already cancelled).
+    Ended,
+}
+
 #[repr(C)]
 struct Slot {
     state: AtomicU32,
-    _pad: u32,
+    /// The signal of a cancel, written by the NM before it moves the slot to CANCELLED.
+    cancel: AtomicU32,
     pid: AtomicI64,
     status: AtomicI64,
     /// CLOCK_MONOTONIC nanoseconds when the task was started, and when it ended.
@@ -69,7 +105,7 @@ struct Slot {
 }
 
 const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
-const MAGIC: u64 = 0x5354_4f52_4d50_4c33; // "STORMPL3"
+const MAGIC: u64 = 0x5354_4f52_4d50_4c34; // "STORMPL4"
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -217,6 +253,9 @@ impl PlTable {
         let s = self.slot(slot)?;
         s.pid.store(0, Ordering::Relaxed);
         s.status.store(0, Ordering::Relaxed);
+        s.cancel.store(0, Ordering::Relaxed);
+        s.started_ns.store(0, Ordering::Relaxed);
+        s.exited_ns.store(0, Ordering::Relaxed);
         s.state.store(SlotState::Free as u32, Ordering::Release);
         Ok(())
     }
@@ -240,49 +279,75 @@ impl PlTable {
                 Some(pid) => Hold::Running(pid),
                 None => Hold::Spawning,
             },
-            SlotState::Exited => Hold::Ended,
+            SlotState::Exited | SlotState::Cancelled => Hold::Ended,
         })
     }
 
-    /// NM: lets a held slot's PL start its task.
+    /// NM: lets a held slot's task start (tell the launcher to look again).
     pub fn unhold(&self, slot: usize) -> Result<(), TableError> {
         let s = self.slot(slot)?;
-        if s.state
-            .compare_exchange(
-                SlotState::Held as u32,
-                SlotState::Starting as u32,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            futex_wake(&s.state);
-        }
+        let _ = s.state.compare_exchange(
+            SlotState::Held as u32,
+            SlotState::Starting as u32,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
-    /// PL: waits while the NM holds the slot, then marks it SPAWNING; start the task next.
-    pub fn begin_spawn(&self, slot: usize) -> Result<(), TableError> {
+    /// NM: makes sure the slot's task never starts, if it has not begun to, and gives it
+    /// `signal` as its end (see the module docs). Tell the launcher to look again.
+    pub fn cancel(&self, slot: usize, signal: i32) -> Result<Cancel, TableError> {
         let s = self.slot(slot)?;
-        loop {
-            match s.state.compare_exchange(
-                SlotState::Starting as u32,
-                SlotState::Spawning as u32,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(now) if now == SlotState::Held as u32 => {
-                    // Woken by `unhold`; the timeout only bounds a wake that was missed.
-                    futex_wait(&s.state, now, std::time::Duration::from_secs(1));
-                }
-                // Not this PL's to start (a table out of step): start anyway, as before holds.
-                Err(_) => return Ok(()),
+        s.cancel.store(signal as u32, Ordering::Relaxed);
+        for from in [SlotState::Starting, SlotState::Held] {
+            if s.state
+                .compare_exchange(
+                    from as u32,
+                    SlotState::Cancelled as u32,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return Ok(Cancel::Cancelled);
             }
         }
+        Ok(match self.state(slot)? {
+            SlotState::Running => match self.pid(slot)? {
+                Some(pid) => Cancel::Running(pid),
+                None => Cancel::Spawning,
+            },
+            SlotState::Exited | SlotState::Cancelled => Cancel::Ended,
+            // Held or Starting again only if the NM raced itself; the launcher is at it.
+            SlotState::Free | SlotState::Starting | SlotState::Held | SlotState::Spawning => {
+                Cancel::Spawning
+            }
+        })
     }
 
-    /// PL: the task runs as process `pid` (also its process group).
+    /// Launcher: whether it may start the slot's task now; if so, the slot is SPAWNING.
+    pub fn try_begin_spawn(&self, slot: usize) -> Result<Begin, TableError> {
+        let s = self.slot(slot)?;
+        let now = match s.state.compare_exchange(
+            SlotState::Starting as u32,
+            SlotState::Spawning as u32,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Ok(Begin::Go),
+            Err(now) => SlotState::from_raw(now),
+        };
+        Ok(match now {
+            SlotState::Held => Begin::Held,
+            SlotState::Cancelled => {
+                Begin::Cancelled(RankStatus::Signaled(s.cancel.load(Ordering::Relaxed) as i32))
+            }
+            other => Begin::OutOfStep(other),
+        })
+    }
+
+    /// Launcher: the task runs as process `pid` (also its process group).
     pub fn set_running(&self, slot: usize, pid: i32) -> Result<(), TableError> {
         let s = self.slot(slot)?;
         s.pid.store(pid as i64, Ordering::Relaxed);
@@ -291,7 +356,7 @@ impl PlTable {
         Ok(())
     }
 
-    /// PL: the task ended.
+    /// Launcher: the task ended (or never started).
     pub fn set_exited(&self, slot: usize, status: RankStatus) -> Result<(), TableError> {
         let s = self.slot(slot)?;
         s.status.store(encode(status), Ordering::Relaxed);
@@ -309,14 +374,22 @@ impl PlTable {
         Ok((started && pid > 0).then_some(pid as i32))
     }
 
-    /// The exit status, once exited.
+    /// The exit status, once exited; for a cancelled slot, the signal of the cancel (its
+    /// task never runs, though the launcher may not have written EXITED yet).
     pub fn status(&self, slot: usize) -> Result<Option<RankStatus>, TableError> {
         let s = self.slot(slot)?;
-        if s.state.load(Ordering::Acquire) == SlotState::Exited as u32 {
-            Ok(Some(decode(s.status.load(Ordering::Relaxed))))
-        } else {
-            Ok(None)
-        }
+        Ok(match SlotState::from_raw(s.state.load(Ordering::Acquire)) {
+            SlotState::Exited => Some(decode(s.status.load(Ordering::Relaxed))),
+            SlotState::Cancelled => {
+                Some(RankStatus::Signaled(s.cancel.load(Ordering::Relaxed) as i32))
+            }
+            _ => None,
+        })
+    }
+
+    /// Whether the launcher is done with the slot (it wrote EXITED): the NM may free it.
+    pub fn is_settled(&self, slot: usize) -> Result<bool, TableError> {
+        Ok(self.state(slot)? == SlotState::Exited)
     }
 
     /// When the task started and ended (CLOCK_MONOTONIC nanoseconds), as far as it has.
@@ -336,33 +409,6 @@ impl PlTable {
 
 fn now_ns() -> i64 {
     storm_cluster::daemon::monotonic_ns() as i64
-}
-
-/// Sleeps while `word` holds `expected`, at most `limit` (shared, not private: the NM and
-/// the PL are different processes mapping the same file).
-fn futex_wait(word: &AtomicU32, expected: u32, limit: std::time::Duration) {
-    let ts = libc::timespec {
-        tv_sec: limit.as_secs() as libc::time_t,
-        tv_nsec: limit.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `word` is a live, aligned u32 in a shared mapping; the kernel only reads it.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        );
-    }
-}
-
-/// Wakes every process waiting on `word`.
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: as in `futex_wait`.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-    }
 }
 
 impl Drop for PlTable {
@@ -399,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn a_held_slot_keeps_its_launcher_waiting_until_the_nm_lets_it_go() {
+    fn a_held_slot_is_not_started_until_the_nm_lets_it_go() {
         let nm = PlTable::create(2).unwrap();
         let pl = PlTable::open(nm.fd().try_clone_to_owned().unwrap()).unwrap();
         let slot = nm.claim().unwrap();
@@ -409,37 +455,59 @@ mod tests {
             Hold::Held,
             "holding twice is harmless"
         );
-        let began = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let waiter = {
-            let began = began.clone();
-            std::thread::spawn(move || {
-                pl.begin_spawn(slot).unwrap();
-                began.store(true, Ordering::SeqCst);
-                pl
-            })
-        };
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(
-            !began.load(Ordering::SeqCst),
-            "the launcher started a held task"
-        );
+        assert_eq!(pl.try_begin_spawn(slot).unwrap(), Begin::Held);
         assert_eq!(nm.state(slot).unwrap(), SlotState::Held);
         nm.unhold(slot).unwrap();
-        let pl = waiter.join().unwrap();
-        assert!(began.load(Ordering::SeqCst));
+        assert_eq!(pl.try_begin_spawn(slot).unwrap(), Begin::Go);
         assert_eq!(nm.state(slot).unwrap(), SlotState::Spawning);
-        // Too late to hold: the NM is told to wait for the process id, then gets it.
+        // Too late to hold or cancel: the NM is told to wait for the process id, then gets it.
         assert_eq!(nm.hold(slot).unwrap(), Hold::Spawning);
+        assert_eq!(nm.cancel(slot, 15).unwrap(), Cancel::Spawning);
+        assert_eq!(nm.status(slot).unwrap(), None, "a spawning task has no end");
         pl.set_running(slot, 777).unwrap();
         assert_eq!(nm.hold(slot).unwrap(), Hold::Running(777));
+        assert_eq!(nm.cancel(slot, 15).unwrap(), Cancel::Running(777));
         pl.set_exited(slot, RankStatus::Exited(0)).unwrap();
         assert_eq!(nm.hold(slot).unwrap(), Hold::Ended);
+        assert_eq!(
+            nm.status(slot).unwrap(),
+            Some(RankStatus::Exited(0)),
+            "a refused cancel leaves the launcher's status alone"
+        );
         nm.unhold(slot).unwrap();
         assert_eq!(
             nm.state(slot).unwrap(),
             SlotState::Exited,
             "unhold moves only a held slot"
         );
+    }
+
+    #[test]
+    fn a_task_cancelled_before_it_began_never_starts_and_ends_with_the_signal() {
+        let nm = PlTable::create(2).unwrap();
+        let pl = PlTable::open(nm.fd().try_clone_to_owned().unwrap()).unwrap();
+        for held in [false, true] {
+            let slot = nm.claim().unwrap();
+            if held {
+                nm.hold(slot).unwrap();
+            }
+            assert_eq!(nm.cancel(slot, 9).unwrap(), Cancel::Cancelled);
+            assert_eq!(nm.status(slot).unwrap(), Some(RankStatus::Signaled(9)));
+            assert!(
+                !nm.is_settled(slot).unwrap(),
+                "the launcher has not seen the request yet: the slot is not free to reuse"
+            );
+            nm.unhold(slot).unwrap();
+            assert_eq!(
+                pl.try_begin_spawn(slot).unwrap(),
+                Begin::Cancelled(RankStatus::Signaled(9)),
+                "held: {held}"
+            );
+            pl.set_exited(slot, RankStatus::Signaled(9)).unwrap();
+            assert!(nm.is_settled(slot).unwrap());
+            assert_eq!(nm.cancel(slot, 15).unwrap(), Cancel::Ended);
+            nm.release(slot).unwrap();
+        }
     }
 
     #[test]

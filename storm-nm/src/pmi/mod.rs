@@ -13,4 +13,4 @@ pub use job::{JobFacts, PmiJob, process_mapping};
 pub use service::PmiService;
 
 /// The descriptor number a task finds its PMI socket on.
-pub const PMI_FD: i32 = 4;
+pub const PMI_FD: i32 = storm_pl::PMI_FD;

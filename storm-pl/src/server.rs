@@ -1,0 +1,296 @@
+//! The launcher's loop: one `storm-pl` per node starts and waits for every task the NM asks
+//! it to.
+//!
+//! It waits on two things: the NM's link ([`crate::request`]) and SIGCHLD (a signalfd). A
+//! START whose slot is free to go is started at once ([`crate::spawn`]); one whose slot the
+//! NM holds is kept until a LOOK finds it released or cancelled. An ended task's status goes
+//! into its slot. When the NM closes the link, the launcher exits, and its tasks with it
+//! (each dies with its launcher).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use storm_cluster::messages::RankStatus;
+
+use crate::request::{self, Request, RequestError, StartTask};
+use crate::spawn::{self, SpawnError, Step, TaskImage, User};
+use crate::table::{Begin, PlTable};
+
+/// The descriptor numbers a task gets: standard input, output, error, and the PMI socket.
+const STDIN: RawFd = 0;
+const STDOUT: RawFd = 1;
+const STDERR: RawFd = 2;
+pub const PMI_FD: RawFd = 4;
+
+/// How long a user's group list is reused before it is looked up again.
+const GROUPS_TTL: Duration = Duration::from_secs(60);
+
+/// Why the launcher stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("the NM's link: {0}")]
+    Link(#[from] RequestError),
+    #[error("{0}")]
+    Sys(#[from] nix::Error),
+}
+
+/// A launcher serving one NM.
+pub struct Launcher {
+    table: PlTable,
+    link: UnixStream,
+    /// Started tasks by pid, with their slots.
+    running: HashMap<libc::pid_t, usize>,
+    /// Requests whose slot the NM holds.
+    kept: Vec<StartTask>,
+    /// Standard input of every task.
+    null: OwnedFd,
+    /// The launcher's own user; it changes users only as root.
+    uid: libc::uid_t,
+    groups: HashMap<(libc::uid_t, libc::gid_t), (Instant, Vec<libc::gid_t>)>,
+}
+
+impl Launcher {
+    pub fn new(table: PlTable, link: UnixStream) -> std::io::Result<Self> {
+        let null = std::fs::File::open("/dev/null")?;
+        Ok(Self {
+            table,
+            link,
+            running: HashMap::new(),
+            kept: Vec::new(),
+            null: above(OwnedFd::from(null))?,
+            uid: nix::unistd::geteuid().as_raw(),
+            groups: HashMap::new(),
+        })
+    }
+
+    /// Serves until the NM closes the link.
+    pub fn serve(mut self) -> Result<(), ServeError> {
+        let mut chld = SigSet::empty();
+        chld.add(Signal::SIGCHLD);
+        chld.thread_block()?;
+        let exits = SignalFd::with_flags(&chld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+        loop {
+            let mut fds = [
+                PollFd::new(self.link.as_fd(), PollFlags::POLLIN),
+                PollFd::new(exits.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let request_ready = fds[0].any().unwrap_or(true);
+            let exited = fds[1].any().unwrap_or(true);
+            if exited {
+                while let Ok(Some(_)) = exits.read_signal() {}
+                self.reap();
+            }
+            if request_ready {
+                match request::recv(&self.link)? {
+                    None => return Ok(()),
+                    Some(Request::Start(task)) => self.take(task),
+                    Some(Request::Look) => {
+                        for task in std::mem::take(&mut self.kept) {
+                            self.take(task);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts the task, keeps it while held, or ends it as cancelled.
+    fn take(&mut self, task: StartTask) {
+        let slot = task.spec.slot as usize;
+        match self.table.try_begin_spawn(slot) {
+            Ok(Begin::Go) => self.start(task),
+            Ok(Begin::Held) => self.kept.push(task),
+            Ok(Begin::Cancelled(status)) => self.end(slot, status),
+            Ok(Begin::OutOfStep(state)) => {
+                eprintln!("storm-pl: slot {slot} is {state:?}; its request is dropped");
+            }
+            Err(e) => eprintln!("storm-pl: {e}; the request is dropped"),
+        }
+    }
+
+    fn end(&self, slot: usize, status: RankStatus) {
+        if let Err(e) = self.table.set_exited(slot, status) {
+            eprintln!("storm-pl: {e}");
+        }
+    }
+
+    fn start(&mut self, task: StartTask) {
+        let (slot, rank) = (task.spec.slot as usize, task.spec.rank);
+        let task = match above_targets(task) {
+            Ok(task) => task,
+            Err(e) => {
+                eprintln!("storm-pl: rank {rank}: placing its descriptors: {e}");
+                self.end(slot, RankStatus::Exited(126));
+                return;
+            }
+        };
+        match self.spawn(&task) {
+            Ok(pid) => {
+                if let Err(e) = self.table.set_running(slot, pid) {
+                    eprintln!("storm-pl: {e}");
+                }
+                self.running.insert(pid, slot);
+            }
+            Err((message, code)) => {
+                // The task's standard error, where the user reads it.
+                let mut err = std::fs::File::from(task.stderr);
+                let _ = writeln!(err, "storm-pl: rank {}: {message}", task.spec.rank);
+                self.end(slot, RankStatus::Exited(code));
+            }
+        }
+        // The launcher's copies of the task's descriptors close here: the NM then sees the
+        // task's output end when the task's own copies close.
+    }
+
+    /// Starts the task's process; why not as (message, exit code), as a shell would report.
+    fn spawn(&mut self, task: &StartTask) -> Result<libc::pid_t, (String, i32)> {
+        let spec = &task.spec;
+        let node = spec.node;
+        let root = self.uid == 0;
+        if !root && spec.uid != self.uid {
+            return Err((
+                format!(
+                    "storm-nm on node {node} runs as uid {} and cannot start a task as uid {}",
+                    self.uid, spec.uid
+                ),
+                126,
+            ));
+        }
+        let user = (root && spec.uid != 0).then(|| User {
+            uid: spec.uid,
+            gid: spec.gid,
+            groups: self.groups_of(spec.uid, spec.gid),
+        });
+        let mut fds = vec![
+            (self.null.as_raw_fd(), STDIN),
+            (task.stdout.as_raw_fd(), STDOUT),
+            (task.stderr.as_raw_fd(), STDERR),
+        ];
+        fds.extend(task.pmi.as_ref().map(|fd| (fd.as_raw_fd(), PMI_FD)));
+        let image = TaskImage::new(&spec.program, &spec.args, &spec.env, &spec.cwd, user, fds)
+            .map_err(|e| {
+                (
+                    format!(
+                        "cannot execute {} on node {node}: {e}",
+                        spec.program.display()
+                    ),
+                    126,
+                )
+            })?;
+        spawn::spawn(&image).map_err(|e| failure(task, e))
+    }
+
+    /// The user's groups, as `initgroups` would set them, looked up at most once a minute.
+    fn groups_of(&mut self, uid: libc::uid_t, gid: libc::gid_t) -> Vec<libc::gid_t> {
+        if let Some((at, groups)) = self.groups.get(&(uid, gid))
+            && at.elapsed() < GROUPS_TTL
+        {
+            return groups.clone();
+        }
+        let groups = supplementary_groups(uid, gid);
+        self.groups
+            .insert((uid, gid), (Instant::now(), groups.clone()));
+        groups
+    }
+
+    /// Writes the status of every task that ended.
+    fn reap(&mut self) {
+        loop {
+            let mut raw = 0;
+            // SAFETY: waitpid for any child, with a valid pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+            if pid <= 0 {
+                return;
+            }
+            let Some(slot) = self.running.remove(&pid) else {
+                continue;
+            };
+            let status = if libc::WIFSIGNALED(raw) {
+                RankStatus::Signaled(libc::WTERMSIG(raw))
+            } else {
+                RankStatus::Exited(libc::WEXITSTATUS(raw))
+            };
+            self.end(slot, status);
+        }
+    }
+}
+
+/// The message and exit code for a task that did not reach its program.
+fn failure(task: &StartTask, e: SpawnError) -> (String, i32) {
+    let spec = &task.spec;
+    let node = spec.node;
+    let io = e.io();
+    match e.step {
+        Step::Directory => (
+            format!(
+                "cannot use working directory {} on node {node}: {io}",
+                spec.cwd.display()
+            ),
+            127,
+        ),
+        Step::Exec => (
+            format!(
+                "cannot execute {} on node {node}: {io}",
+                spec.program.display()
+            ),
+            if e.errno == libc::ENOENT { 127 } else { 126 },
+        ),
+        Step::User => (
+            format!("cannot become uid {} on node {node}: {io}", spec.uid),
+            126,
+        ),
+        step => (
+            format!("cannot start the task on node {node} ({step:?}): {io}"),
+            126,
+        ),
+    }
+}
+
+/// The task with each of its descriptors above every number a task gets.
+fn above_targets(task: StartTask) -> std::io::Result<StartTask> {
+    Ok(StartTask {
+        stdout: above(task.stdout)?,
+        stderr: above(task.stderr)?,
+        pmi: task.pmi.map(above).transpose()?,
+        spec: task.spec,
+    })
+}
+
+/// `fd`, or a copy of it numbered 10 or above, closed on exec: above every descriptor number
+/// a task gets, so that placing one can never overwrite another still to be placed.
+fn above(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    if fd.as_raw_fd() > PMI_FD {
+        return Ok(fd);
+    }
+    // SAFETY: fcntl duplicates a descriptor we hold; the copy is ours.
+    let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if copy < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just created.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+/// The groups of user `uid` (with `gid` as primary), as `initgroups` would set them.
+fn supplementary_groups(uid: libc::uid_t, gid: libc::gid_t) -> Vec<libc::gid_t> {
+    let primary = nix::unistd::Gid::from_raw(gid);
+    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten();
+    let groups = match user.and_then(|u| std::ffi::CString::new(u.name).ok()) {
+        Some(name) => nix::unistd::getgrouplist(&name, primary).unwrap_or_else(|_| vec![primary]),
+        None => vec![primary],
+    };
+    groups.into_iter().map(|g| g.as_raw()).collect()
+}

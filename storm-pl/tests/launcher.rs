@@ -1,0 +1,249 @@
+//! The real `storm-pl` against a table and a link the test holds, as the NM would hold them:
+//! one launcher serves several tasks, keeps a task whose slot is held until released, ends a
+//! cancelled one without starting it, tells the user why a task could not start, and takes
+//! its tasks with it when the NM goes.
+
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use storm_cluster::messages::RankStatus;
+use storm_pl::request::{send_look, send_start};
+use storm_pl::{Cancel, Hold, LINK_FD, PlSpec, PlTable, SlotState, TABLE_FD};
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A launcher serving `table`, and the NM's end of its link.
+fn launcher(table: &PlTable) -> (Child, UnixStream) {
+    let (nm, pl) = UnixStream::pair().unwrap();
+    let places = [
+        (table.fd().as_raw_fd(), TABLE_FD),
+        (pl.as_raw_fd(), LINK_FD),
+    ];
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_storm-pl"));
+    // The launcher's argument is the pid of the process it dies with (the NM's).
+    cmd.arg(std::process::id().to_string());
+    // SAFETY: only fcntl and dup2, async-signal-safe, between fork and exec. Each source is
+    // first copied above 4, as it may sit on a target number already.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut high = [0; 2];
+            for (i, (from, _)) in places.iter().enumerate() {
+                high[i] = libc::fcntl(*from, libc::F_DUPFD_CLOEXEC, 10);
+                if high[i] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (i, (_, to)) in places.iter().enumerate() {
+                if libc::dup2(high[i], *to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    (child, nm)
+}
+
+fn spec(slot: usize, cwd: &Path, program: &str, args: &[&str]) -> PlSpec {
+    PlSpec {
+        job: 1,
+        rank: slot as u32,
+        node: 0,
+        slot: slot as u32,
+        program: program.into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        cwd: cwd.to_path_buf(),
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    }
+}
+
+/// Asks the launcher to start `spec` and gives back what the task writes to its standard
+/// output and error, read to the end (on a thread).
+fn start(link: &UnixStream, spec: &PlSpec) -> std::thread::JoinHandle<(String, String)> {
+    let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (mut out_r, mut err_r) = (std::fs::File::from(out_r), std::fs::File::from(err_r));
+    send_start(link, spec, out_w.as_fd(), err_w.as_fd(), None).unwrap();
+    drop((out_w, err_w));
+    std::thread::spawn(move || {
+        let (mut out, mut err) = (String::new(), String::new());
+        out_r.read_to_string(&mut out).unwrap();
+        err_r.read_to_string(&mut err).unwrap();
+        (out, err)
+    })
+}
+
+#[test]
+fn one_launcher_runs_several_tasks_and_reports_each_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = PlTable::create(4).unwrap();
+    let (mut pl, link) = launcher(&table);
+    let mut outputs = Vec::new();
+    for code in 0..3 {
+        let slot = table.claim().unwrap();
+        let script = format!("echo out {code}; echo err {code} >&2; pwd; exit {code}");
+        outputs.push((
+            slot,
+            code,
+            start(&link, &spec(slot, dir.path(), "/bin/sh", &["-c", &script])),
+        ));
+    }
+    for (slot, code, output) in outputs {
+        wait_for("the task's exit status", || {
+            table.status(slot).unwrap().is_some()
+        });
+        assert_eq!(table.status(slot).unwrap(), Some(RankStatus::Exited(code)));
+        let (started, exited) = table.times(slot).unwrap();
+        assert!(
+            started.is_some() && exited >= started,
+            "{started:?} {exited:?}"
+        );
+        let (out, err) = output.join().unwrap();
+        assert_eq!(
+            out,
+            format!("out {code}\n{}\n", dir.path().display()),
+            "its output, in its working directory"
+        );
+        assert_eq!(err, format!("err {code}\n"));
+    }
+    // A task killed by a signal reports the signal.
+    let slot = table.claim().unwrap();
+    let _ = start(
+        &link,
+        &spec(slot, dir.path(), "/bin/sh", &["-c", "kill -TERM $$"]),
+    );
+    wait_for("the task's exit status", || {
+        table.status(slot).unwrap().is_some()
+    });
+    assert_eq!(table.status(slot).unwrap(), Some(RankStatus::Signaled(15)));
+    drop(link);
+    assert!(
+        pl.wait().unwrap().success(),
+        "the launcher ends with the link"
+    );
+}
+
+#[test]
+fn a_held_task_starts_only_once_released_and_a_cancelled_one_never() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = |name: &str| dir.path().join(name);
+    let table = PlTable::create(2).unwrap();
+    let (mut pl, link) = launcher(&table);
+
+    let held = table.claim().unwrap();
+    assert_eq!(table.hold(held).unwrap(), Hold::Held);
+    let touch = |slot, name: &str| {
+        spec(
+            slot,
+            dir.path(),
+            "/usr/bin/touch",
+            &[marker(name).to_str().unwrap()],
+        )
+    };
+    let _ = start(&link, &touch(held, "held"));
+    let cancelled = table.claim().unwrap();
+    assert_eq!(table.hold(cancelled).unwrap(), Hold::Held);
+    let _ = start(&link, &touch(cancelled, "cancelled"));
+    // Ample time for the launcher to (wrongly) start them.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !marker("held").exists(),
+        "the task ran while its slot was held"
+    );
+    assert_eq!(table.state(held).unwrap(), SlotState::Held);
+
+    assert_eq!(table.cancel(cancelled, 9).unwrap(), Cancel::Cancelled);
+    table.unhold(held).unwrap();
+    send_look(&link).unwrap();
+    wait_for("the released task's exit", || {
+        table.is_settled(held).unwrap()
+    });
+    assert_eq!(table.status(held).unwrap(), Some(RankStatus::Exited(0)));
+    assert!(marker("held").exists(), "the released task ran");
+    wait_for("the cancelled task's end", || {
+        table.is_settled(cancelled).unwrap()
+    });
+    assert_eq!(
+        table.status(cancelled).unwrap(),
+        Some(RankStatus::Signaled(9))
+    );
+    assert!(!marker("cancelled").exists(), "the cancelled task ran");
+    drop(link);
+    assert!(pl.wait().unwrap().success());
+}
+
+#[test]
+fn a_task_that_cannot_start_says_why_on_its_standard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.txt");
+    std::fs::write(&plain, "not a program").unwrap();
+    let table = PlTable::create(4).unwrap();
+    let (_pl, link) = launcher(&table);
+    let cases = [
+        (
+            spec(0, dir.path(), "/no/such/program", &[]),
+            127,
+            "cannot execute /no/such/program on node 0: No such file or directory",
+        ),
+        (
+            spec(1, dir.path(), plain.to_str().unwrap(), &[]),
+            126,
+            "Permission denied",
+        ),
+        (
+            spec(2, Path::new("/no/such/dir"), "/bin/true", &[]),
+            127,
+            "cannot use working directory /no/such/dir on node 0: No such file or directory",
+        ),
+    ];
+    for (spec, code, message) in cases {
+        let slot = table.claim().unwrap();
+        assert_eq!(slot, spec.slot as usize);
+        let (_, err) = start(&link, &spec).join().unwrap();
+        assert!(err.contains(message), "{message:?} not in {err:?}");
+        assert!(
+            err.starts_with(&format!("storm-pl: rank {slot}: ")),
+            "{err}"
+        );
+        wait_for("the status", || table.is_settled(slot).unwrap());
+        assert_eq!(table.status(slot).unwrap(), Some(RankStatus::Exited(code)));
+    }
+}
+
+#[test]
+fn a_killed_launcher_takes_its_tasks_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = PlTable::create(1).unwrap();
+    let (mut pl, link) = launcher(&table);
+    let slot = table.claim().unwrap();
+    let _ = start(&link, &spec(slot, dir.path(), "/bin/sleep", &["300"]));
+    wait_for("the task's pid", || table.pid(slot).unwrap().is_some());
+    let task = table.pid(slot).unwrap().unwrap();
+    pl.kill().unwrap();
+    pl.wait().unwrap();
+    // Gone, or a zombie waiting for whoever inherited it to reap it.
+    wait_for(
+        "the task to die with its launcher",
+        || match std::fs::read_to_string(format!("/proc/{task}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z')),
+        },
+    );
+}
