@@ -7,9 +7,16 @@
 //! heartbeat to termination detected); storm-submit's side gives the end-to-end time from
 //! submission to the job's result.
 //!
-//! The floor, measured in the same run (with no cluster running, so the cluster's heartbeats do
-//! not slow it): copy the program into N directories, then fork/exec the N copies and wait for
-//! all of them. That is the least any launcher on one host must do.
+//! Two floors, measured in the same run (with no cluster running, so the cluster's heartbeats
+//! do not slow them):
+//!
+//! - the floor: copy the program into N directories, then fork/exec the N copies and wait for
+//!   all of them. That is the least any launcher on one host must do.
+//! - the TCP floor: send the program over N loopback TCP connections at once, each receiver
+//!   writing it into its own directory, then fork/exec the N copies. That is the least a
+//!   launcher must do whose nodes receive the program over the network, as storm's do (every
+//!   node takes the whole program in once, whatever the tree), and it tells the cost of the
+//!   link apart from the cost of storm's protocol.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -47,6 +54,8 @@ pub const CSV_HEADER: &[&str] = &[
     "end_to_end_s",
     "floor_s",
     "ratio",
+    "tcp_floor_s",
+    "tcp_ratio",
 ];
 
 /// Builds the padded do-nothing program with the C compiler.
@@ -154,6 +163,72 @@ fn floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
     Ok(took)
 }
 
+/// Sends the program over `n` loopback TCP connections at once into `n` directories, and runs
+/// the copies: the floor of a launch whose nodes receive the program over the network.
+fn tcp_floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let dirs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("tcp{i}"))).collect();
+    for d in &dirs {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d)?;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let start = Instant::now();
+    let receivers: Vec<_> = dirs
+        .iter()
+        .map(|d| {
+            let dest = d.join("prog");
+            let conn = std::net::TcpStream::connect(addr);
+            std::thread::spawn(move || -> std::io::Result<PathBuf> {
+                let mut conn = conn?;
+                let mut file = File::create(&dest)?;
+                let mut buf = vec![0u8; 512 * 1024];
+                loop {
+                    let got = conn.read(&mut buf)?;
+                    if got == 0 {
+                        break;
+                    }
+                    file.write_all(&buf[..got])?;
+                }
+                file.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+                Ok(dest)
+            })
+        })
+        .collect();
+    let senders: Vec<_> = (0..n)
+        .map(|_| {
+            let (conn, _) = listener.accept()?;
+            let program = program.to_path_buf();
+            Ok(std::thread::spawn(move || -> std::io::Result<()> {
+                let mut conn = conn;
+                std::io::copy(&mut File::open(program)?, &mut conn)?;
+                Ok(())
+            }))
+        })
+        .collect::<std::io::Result<_>>()?;
+    for s in senders {
+        s.join().expect("sender thread")?;
+    }
+    let copies = receivers
+        .into_iter()
+        .map(|r| r.join().expect("receiver thread"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let children = copies
+        .iter()
+        .map(|p| Command::new(p).spawn())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    for mut c in children {
+        c.wait()?;
+    }
+    let took = start.elapsed().as_secs_f64();
+    for d in &dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(took)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -171,7 +246,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
     let mut table = Table::new(
         format!(
             "Job launch (paper Fig. 2a): do-nothing program on N nodes of an N-node embedded {:?} cluster{}, \
-             timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies, same run",
+             timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies; \
+             TCP floor: the program over N loopback TCP connections into N dirs + fork/exec; same run",
             args.backend,
             args.provider
                 .as_ref()
@@ -189,16 +265,21 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
             "end to end",
             "floor",
             "ratio",
+            "TCP floor",
+            "ratio",
         ],
     );
     for &n in &args.nodes {
         // The floor is measured with no cluster running (half before, half after), so the
         // cluster's own heartbeats do not slow it down.
-        let mut floors: Vec<Vec<f64>> = vec![Vec::new(); programs.len()];
-        let floor_runs = |floors: &mut Vec<Vec<f64>>, runs: usize| -> Result<()> {
+        let mut floors: Vec<Vec<(f64, f64)>> = vec![Vec::new(); programs.len()];
+        let floor_runs = |floors: &mut Vec<Vec<(f64, f64)>>, runs: usize| -> Result<()> {
             for (i, (_, program)) in programs.iter().enumerate() {
                 for _ in 0..runs {
-                    floors[i].push(floor_once(work.path(), program, n)?);
+                    floors[i].push((
+                        floor_once(work.path(), program, n)?,
+                        tcp_floor_once(work.path(), program, n)?,
+                    ));
                 }
             }
             Ok(())
@@ -230,7 +311,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
             let execute = median(samples.iter().map(|s| s.execute).collect());
             let mm_total = median(samples.iter().map(|s| s.mm_total).collect());
             let e2e = median(samples.iter().map(|s| s.end_to_end).collect());
-            let floor = median(floors);
+            let tcp_floor = median(floors.iter().map(|f| f.1).collect());
+            let floor = median(floors.iter().map(|f| f.0).collect());
             table.push(vec![
                 format!("{mb} MB"),
                 n.to_string(),
@@ -240,6 +322,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
                 fmt_time(e2e),
                 fmt_time(floor),
                 format!("{:.2}", e2e / floor),
+                fmt_time(tcp_floor),
+                format!("{:.2}", e2e / tcp_floor),
             ]);
             csv.push(vec![
                 mb.to_string(),
@@ -251,6 +335,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
                 format!("{e2e:.6}"),
                 format!("{floor:.6}"),
                 format!("{:.4}", e2e / floor),
+                format!("{tcp_floor:.6}"),
+                format!("{:.4}", e2e / tcp_floor),
             ]);
         }
         eprintln!("  measured N = {n}");

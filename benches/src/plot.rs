@@ -607,6 +607,8 @@ mod tests {
                 "0.02".into(),
                 "0.004".into(),
                 "5.0".into(),
+                "0.008".into(),
+                "2.5".into(),
             ]);
         }
         let panels = launch(&csv);
