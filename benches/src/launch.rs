@@ -136,11 +136,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
 
 /// Copies the program into `n` directories and runs the copies, as fast as one host can.
 fn floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
-    let dirs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("floor{i}"))).collect();
-    for d in &dirs {
-        let _ = std::fs::remove_dir_all(d);
-        std::fs::create_dir_all(d)?;
-    }
+    let dirs = fresh_dirs(dir, "floor", n)?;
     let start = Instant::now();
     let copies = dirs
         .iter()
@@ -149,17 +145,9 @@ fn floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
             std::fs::copy(program, &dest).map(|_| dest)
         })
         .collect::<std::io::Result<Vec<_>>>()?;
-    let children = copies
-        .iter()
-        .map(|p| Command::new(p).spawn())
-        .collect::<std::io::Result<Vec<_>>>()?;
-    for mut c in children {
-        c.wait()?;
-    }
+    run_all(&copies)?;
     let took = start.elapsed().as_secs_f64();
-    for d in &dirs {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_dirs(&dirs);
     Ok(took)
 }
 
@@ -168,11 +156,7 @@ fn floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
 fn tcp_floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
     use std::io::{Read, Write};
     use std::os::unix::fs::PermissionsExt;
-    let dirs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("tcp{i}"))).collect();
-    for d in &dirs {
-        let _ = std::fs::remove_dir_all(d);
-        std::fs::create_dir_all(d)?;
-    }
+    let dirs = fresh_dirs(dir, "tcp", n)?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let start = Instant::now();
@@ -215,6 +199,30 @@ fn tcp_floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
         .into_iter()
         .map(|r| r.join().expect("receiver thread"))
         .collect::<std::io::Result<Vec<_>>>()?;
+    run_all(&copies)?;
+    let took = start.elapsed().as_secs_f64();
+    remove_dirs(&dirs);
+    Ok(took)
+}
+
+/// `n` empty directories `{prefix}0`.. under `dir`.
+fn fresh_dirs(dir: &Path, prefix: &str, n: u32) -> Result<Vec<PathBuf>> {
+    let dirs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("{prefix}{i}"))).collect();
+    for d in &dirs {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d)?;
+    }
+    Ok(dirs)
+}
+
+fn remove_dirs(dirs: &[PathBuf]) {
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// Runs every copy at once and waits for all of them.
+fn run_all(copies: &[PathBuf]) -> Result<()> {
     let children = copies
         .iter()
         .map(|p| Command::new(p).spawn())
@@ -222,11 +230,7 @@ fn tcp_floor_once(dir: &Path, program: &Path, n: u32) -> Result<f64> {
     for mut c in children {
         c.wait()?;
     }
-    let took = start.elapsed().as_secs_f64();
-    for d in &dirs {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    Ok(took)
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
