@@ -104,6 +104,17 @@ struct Slot {
     exited_ns: AtomicI64,
 }
 
+impl Slot {
+    /// Moves the state from `from` to `to` if it is `from` (one compare-and-swap: acquire and
+    /// release, so what was written before the move is seen with it); else the state found.
+    fn move_state(&self, from: SlotState, to: SlotState) -> Result<(), SlotState> {
+        self.state
+            .compare_exchange(from as u32, to as u32, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(SlotState::from_raw)
+    }
+}
+
 const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
 const MAGIC: u64 = 0x5354_4f52_4d50_4c34; // "STORMPL4"
 
@@ -237,13 +248,7 @@ impl PlTable {
     pub fn claim(&self) -> Option<usize> {
         (0..self.slots).find(|&i| {
             self.raw_slot(i + 1)
-                .state
-                .compare_exchange(
-                    SlotState::Free as u32,
-                    SlotState::Starting as u32,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
+                .move_state(SlotState::Free, SlotState::Starting)
                 .is_ok()
         })
     }
@@ -263,16 +268,11 @@ impl PlTable {
     /// NM: keeps the slot's task from starting, if it has not begun to (see the module docs).
     pub fn hold(&self, slot: usize) -> Result<Hold, TableError> {
         let s = self.slot(slot)?;
-        let now = match s.state.compare_exchange(
-            SlotState::Starting as u32,
-            SlotState::Held as u32,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => return Ok(Hold::Held),
+        let now = match s.move_state(SlotState::Starting, SlotState::Held) {
+            Ok(()) => return Ok(Hold::Held),
             Err(now) => now,
         };
-        Ok(match SlotState::from_raw(now) {
+        Ok(match now {
             SlotState::Held => Hold::Held,
             SlotState::Free | SlotState::Starting | SlotState::Spawning => Hold::Spawning,
             SlotState::Running => match self.pid(slot)? {
@@ -286,12 +286,7 @@ impl PlTable {
     /// NM: lets a held slot's task start (tell the launcher to look again).
     pub fn unhold(&self, slot: usize) -> Result<(), TableError> {
         let s = self.slot(slot)?;
-        let _ = s.state.compare_exchange(
-            SlotState::Held as u32,
-            SlotState::Starting as u32,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        let _ = s.move_state(SlotState::Held, SlotState::Starting);
         Ok(())
     }
 
@@ -301,15 +296,7 @@ impl PlTable {
         let s = self.slot(slot)?;
         s.cancel.store(signal as u32, Ordering::Relaxed);
         for from in [SlotState::Starting, SlotState::Held] {
-            if s.state
-                .compare_exchange(
-                    from as u32,
-                    SlotState::Cancelled as u32,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
+            if s.move_state(from, SlotState::Cancelled).is_ok() {
                 return Ok(Cancel::Cancelled);
             }
         }
@@ -329,14 +316,9 @@ impl PlTable {
     /// Launcher: whether it may start the slot's task now; if so, the slot is SPAWNING.
     pub fn try_begin_spawn(&self, slot: usize) -> Result<Begin, TableError> {
         let s = self.slot(slot)?;
-        let now = match s.state.compare_exchange(
-            SlotState::Starting as u32,
-            SlotState::Spawning as u32,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => return Ok(Begin::Go),
-            Err(now) => SlotState::from_raw(now),
+        let now = match s.move_state(SlotState::Starting, SlotState::Spawning) {
+            Ok(()) => return Ok(Begin::Go),
+            Err(now) => now,
         };
         Ok(match now {
             SlotState::Held => Begin::Held,
