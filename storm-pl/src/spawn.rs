@@ -150,18 +150,8 @@ const STACK_BYTES: usize = 64 * 1024;
 pub fn spawn(image: &TaskImage) -> Result<libc::pid_t, SpawnError> {
     let mut child = Child {
         image,
-        argv: image
-            .argv
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect(),
-        envp: image
-            .env
-            .iter()
-            .map(|e| e.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect(),
+        argv: null_terminated(&image.argv),
+        envp: null_terminated(&image.env),
         failed_step: AtomicI32::new(0),
         failed_errno: AtomicI32::new(0),
     };
@@ -210,6 +200,15 @@ pub fn spawn(image: &TaskImage) -> Result<libc::pid_t, SpawnError> {
             })
         }
     }
+}
+
+/// The pointers of `strings`, then a null pointer, as `execve` takes them.
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
 
 /// The child: system calls only, no allocation, no locks. Returns only by exiting.
