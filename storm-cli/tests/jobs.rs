@@ -276,6 +276,15 @@ fn cancel_stops_a_running_job_everywhere_even_one_that_ignores_sigterm() {
     assert!(c.queued_jobs().is_empty());
 }
 
+/// The process id a job's script wrote into `path`.
+fn read_pid(path: &std::path::Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// A node manager that crashes (SIGKILL to it alone) takes its launcher and its tasks with
 /// it: nothing of a job outlives the daemon that tracks it on its node. The launcher arranges
 /// this itself as it starts, from the NM's pid on its command line (it is spawned with
@@ -292,11 +301,7 @@ fn a_crashed_node_manager_takes_its_launchers_and_tasks_with_it() {
     );
     let mut child = c.spawn(&["-N", "2", prog.to_str().unwrap()]);
     wait_for_line(&mut child, "started", 2);
-    let rank1: i32 = std::fs::read_to_string(work.path().join("rank-1.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let rank1 = read_pid(&work.path().join("rank-1.pid"));
     // SAFETY: signal 0 only asks whether the process exists.
     let alive = |pid: i32| unsafe { libc::kill(pid, 0) } == 0;
     assert!(alive(rank1), "rank 1 runs on node 1");
@@ -328,11 +333,7 @@ fn a_killed_launcher_ends_its_jobs_and_the_node_runs_the_next_one() {
     );
     let mut child = c.spawn(&["-N", "1", prog.to_str().unwrap()]);
     wait_for_line(&mut child, "started", 1);
-    let launcher: i32 = std::fs::read_to_string(work.path().join("launcher.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let launcher = read_pid(&work.path().join("launcher.pid"));
     let comm = std::fs::read_to_string(format!("/proc/{launcher}/comm")).unwrap();
     assert_eq!(comm.trim(), "storm-pl", "the task's parent is the launcher");
     // SAFETY: kill of a process this test's cluster started.
