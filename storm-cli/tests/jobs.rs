@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use support::{TestCluster, script, text};
+use storm_cli::local::LocalOptions;
+use storm_cluster::config::FailureSection;
+use support::{TEST_CPUS, TestCluster, script, text};
 
 /// Parses `KEY=VALUE` words of each labelled line into one map per rank.
 fn env_by_rank(stdout: &str) -> BTreeMap<u32, BTreeMap<String, String>> {
@@ -353,6 +355,92 @@ fn a_killed_launcher_ends_its_jobs_and_the_node_runs_the_next_one() {
     let next = c.submit(&["-N", "1", "/bin/echo", "next ran"]);
     assert!(next.status.success(), "{}", text(&next.stderr));
     assert_eq!(text(&next.stdout), "next ran\n");
+}
+
+/// A launcher that takes no requests (stopped here, as a starved one would be) never stalls
+/// its node: its NM goes on taking heartbeats, even with more task descriptions queued than
+/// the link's buffer holds (a blocking send would hold the NM until the launcher ran
+/// again); the other node runs its part of the job; the stuck launcher is killed after
+/// `launcher_timeout_ms`, its task reported killed, and a new launcher runs the next job.
+#[test]
+fn a_stopped_launcher_never_stalls_its_node_and_is_replaced() {
+    let c = TestCluster::with(LocalOptions {
+        cpus: Some(TEST_CPUS),
+        failure: FailureSection {
+            launcher_timeout_ms: 1500,
+            ..FailureSection::default()
+        },
+        ..LocalOptions::new(2)
+    });
+    let first = c.submit(&["-N", "2", "/bin/sh", "-c", "echo $STORM_NODEID $PPID"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let launcher: i32 = text(&first.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("1 "))
+        .and_then(|pid| pid.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no launcher pid for node 1 in {:?}", text(&first.stdout)));
+    // SAFETY: a signal to the launcher this test's cluster started.
+    assert_eq!(unsafe { libc::kill(launcher, libc::SIGSTOP) }, 0);
+
+    // Four tasks on each node, each with 60 kB of environment (a heartbeat carries up to
+    // 64 kB of job description): together over the link's buffer.
+    let big = "x".repeat(60_000);
+    let env = [("BIG", big.as_str())];
+    let job = [
+        "-n",
+        "8",
+        "-N",
+        "2",
+        "/bin/sh",
+        "-c",
+        "echo ran on $STORM_NODEID",
+    ];
+    let mut submit = c.spawn_env(&env, &job);
+    let mut downs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while submit.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = submit.kill();
+            panic!("the job never ended: node 1's stuck launcher was not replaced");
+        }
+        let nodes = text(&c.storm(&["nodes"]).stdout);
+        downs.extend(
+            nodes
+                .lines()
+                .filter(|l| l.contains("down"))
+                .map(String::from),
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = submit.wait_with_output().unwrap();
+    assert!(downs.is_empty(), "a node went down: {downs:?}");
+    assert_eq!(
+        text(&out.stdout),
+        "ran on 0\n".repeat(4),
+        "node 0 runs its tasks; node 1's never start ({:?}): {}",
+        out.status.code(),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "the task of the stuck launcher ends as killed: {}",
+        text(&out.stderr)
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{launcher}/comm")).unwrap_or_default();
+    assert_ne!(comm.trim(), "storm-pl", "the stuck launcher was killed");
+
+    let next = c.submit(&["-N", "2", "/bin/sh", "-c", "echo next on $STORM_NODEID"]);
+    assert!(next.status.success(), "{}", text(&next.stderr));
+    let mut lines: Vec<_> = text(&next.stdout).lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(lines, ["next on 0", "next on 1"]);
+    let nodes = text(&c.storm(&["nodes"]).stdout);
+    assert_eq!(
+        nodes.lines().filter(|l| l.contains("idle")).count(),
+        2,
+        "{nodes}"
+    );
 }
 
 #[test]

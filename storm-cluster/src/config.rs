@@ -256,6 +256,10 @@ pub struct FailureSection {
     /// An NM that hears no heartbeat for this long assumes the MM dropped it (or restarted)
     /// and registers again. Longer than any stall of the MM.
     pub rejoin_after_ms: u64,
+    /// A node's launcher (storm-pl) that leaves a task request unanswered this long is
+    /// stuck (stopped, or starved of processor time): the NM kills it, reports the tasks it
+    /// held as killed, and starts a new one for the next task.
+    pub launcher_timeout_ms: u64,
 }
 
 impl Default for FailureSection {
@@ -267,6 +271,7 @@ impl Default for FailureSection {
             check_interval_ms: 100,
             readopt_within_ms: 30_000,
             rejoin_after_ms: 10_000,
+            launcher_timeout_ms: 10_000,
         }
     }
 }
@@ -577,6 +582,13 @@ impl ClusterConfig {
                 f.deadline_min_ms,
                 f.missed_heartbeats
             ));
+        }
+        if f.launcher_timeout_ms == 0 {
+            return bad(
+                "[failure] launcher_timeout_ms must be at least 1: a launcher needs some time \
+                 to take a task"
+                    .into(),
+            );
         }
         if f.rejoin_after_ms <= self.tcp.peer_timeout_ms {
             return bad(format!(

@@ -119,7 +119,12 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     };
     let env = DaemonEnv {
         clock: SystemClock,
-        tasks: PlRunner::new(node, pl_path, slots)?,
+        tasks: PlRunner::new(
+            node,
+            pl_path,
+            slots,
+            Duration::from_millis(cfg.failure.launcher_timeout_ms),
+        )?,
         spool: DaemonSpool {
             dir: entry.spool.clone(),
             prims: prims.clone(),

@@ -27,6 +27,14 @@ impl PlProcess {
         self.pid as u32
     }
 
+    /// Sends it SIGKILL (it is reaped by [`PlProcess::try_wait`]).
+    pub fn kill(&self) {
+        if self.exited.is_none() {
+            // SAFETY: a signal to our own child, not yet reaped (its pid is still ours).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+
     /// Its exit status if it has ended (reaping it), without waiting.
     pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         if let Some(status) = self.exited {

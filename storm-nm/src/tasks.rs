@@ -6,18 +6,21 @@
 //! less eagerly than the heartbeat, which saves a system call per heartbeat. A launcher that
 //! died (it should not) takes its tasks with it: they are reported killed, and a new launcher
 //! serves the node's next tasks.
+//!
+//! Requests to the launcher never block the NM (a [`storm_pl::request::Outbox`]). A launcher
+//! that leaves a request unanswered for `[failure] launcher_timeout_ms` (stopped, or starved)
+//! is killed and handled as one that died: one stuck launcher costs its node's tasks, never
+//! the NM's heartbeats.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use storm_cluster::messages::{RankStatus, Stream};
-use storm_pl::request::{send_look, send_start};
-use storm_pl::{Cancel, Hold, PlSpec, PlTable};
+use storm_pl::request::Outbox;
+use storm_pl::{Cancel, Hold, PlSpec, PlTable, SlotState};
 use storm_primitives::NodeId;
 
 use crate::env::{StartedTask, TaskId, TaskRunner, TaskStart, TaskTimes};
@@ -32,12 +35,17 @@ struct PlTask {
     slot: usize,
     /// The status made up for a task whose launcher died before writing one.
     lost: Option<RankStatus>,
+    /// Since when the launcher owes this task an answer (to start it, or to end it as
+    /// cancelled), if it does.
+    owed: Option<Instant>,
 }
 
 /// The running launcher and the NM's end of its link.
 struct Launcher {
     process: PlProcess,
-    link: UnixStream,
+    outbox: Outbox,
+    /// Killed as stuck; gone once reaped.
+    killed: bool,
 }
 
 pub struct PlRunner {
@@ -55,11 +63,19 @@ pub struct PlRunner {
     /// Open /proc stat files of the tasks gang scheduling stops.
     states: TaskStates,
     next_check: Instant,
+    /// How long the launcher may owe a task an answer before it counts as stuck.
+    stuck_after: Duration,
 }
 
 impl PlRunner {
-    /// A runner with room for `slots` tasks at once, and its launcher started.
-    pub fn new(node: NodeId, pl_path: PathBuf, slots: usize) -> anyhow::Result<Self> {
+    /// A runner with room for `slots` tasks at once, and its launcher started; a launcher
+    /// that owes a task an answer for `stuck_after` is killed as stuck.
+    pub fn new(
+        node: NodeId,
+        pl_path: PathBuf,
+        slots: usize,
+        stuck_after: Duration,
+    ) -> anyhow::Result<Self> {
         let mut runner = Self {
             node,
             pl_path,
@@ -71,8 +87,9 @@ impl PlRunner {
             pending: Vec::new(),
             states: TaskStates::default(),
             next_check: Instant::now(),
+            stuck_after,
         };
-        runner.link().map_err(anyhow::Error::msg)?;
+        runner.launcher().map_err(anyhow::Error::msg)?;
         Ok(runner)
     }
 
@@ -80,24 +97,61 @@ impl PlRunner {
         self.table.pid(slot).ok().flatten()
     }
 
-    /// The link to the launcher, starting one if there is none.
-    fn link(&mut self) -> Result<&UnixStream, String> {
+    /// The launcher, starting one if there is none.
+    fn launcher(&mut self) -> Result<&mut Launcher, String> {
         if self.launcher.is_none() {
-            let (process, link) = start_launcher(&self.pl_path, &self.table)
-                .map_err(|e| format!("cannot start storm-pl ({}): {e}", self.pl_path.display()))?;
+            let cannot = |e: std::io::Error| {
+                format!("cannot start storm-pl ({}): {e}", self.pl_path.display())
+            };
+            let (process, link) = start_launcher(&self.pl_path, &self.table).map_err(cannot)?;
             tracing::debug!(node = self.node, pid = process.id(), "launcher started");
-            self.launcher = Some(Launcher { process, link });
+            let outbox = match Outbox::new(link) {
+                Ok(outbox) => outbox,
+                Err(e) => {
+                    process.kill();
+                    return Err(cannot(e));
+                }
+            };
+            self.launcher = Some(Launcher {
+                process,
+                outbox,
+                killed: false,
+            });
         }
-        Ok(&self.launcher.as_ref().expect("just started").link)
+        Ok(self.launcher.as_mut().expect("just started"))
     }
 
-    /// Tells the launcher to look at the requests it keeps again.
-    fn look(&mut self) {
-        if let Some(l) = &self.launcher
-            && let Err(e) = send_look(&l.link)
+    /// Tells the launcher to look at the requests it keeps again; it then owes `task` an
+    /// answer.
+    fn look(&mut self, task: TaskId) {
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.owed = Some(Instant::now());
+        }
+        if let Some(l) = &mut self.launcher
+            && let Err(e) = l.outbox.look()
         {
             tracing::warn!(node = self.node, "telling the launcher to look again: {e}");
         }
+    }
+
+    /// Whether the launcher has owed some task an answer for longer than `stuck_after`.
+    /// Answers given since are noted here.
+    fn launcher_stuck(&mut self) -> bool {
+        let now = Instant::now();
+        let mut stuck = false;
+        for t in self.tasks.values_mut() {
+            let Some(since) = t.owed else {
+                continue;
+            };
+            match self.table.state(t.slot) {
+                Ok(SlotState::Starting | SlotState::Spawning | SlotState::Cancelled) => {
+                    stuck |= now.duration_since(since) > self.stuck_after;
+                }
+                // Started, ended, or held by the NM: nothing owed.
+                _ => t.owed = None,
+            }
+        }
+        stuck
     }
 
     /// Whether the launcher died; if so, its tasks are reported killed (they died with it:
@@ -117,6 +171,7 @@ impl PlRunner {
         );
         self.launcher = None;
         for t in self.tasks.values_mut() {
+            t.owed = None;
             if self.table.is_settled(t.slot).unwrap_or(true) || t.lost.is_some() {
                 continue;
             }
@@ -158,25 +213,35 @@ impl TaskRunner for PlRunner {
                 return Err(format!("cannot make the task's output pipes: {e}"));
             }
         };
-        let pmi = task.pmi.map(|fd| fd.as_fd());
-        // A launcher that died since the last look is replaced, and the task handed again.
-        let mut sent = Err(String::new());
-        for _ in 0..2 {
-            sent = self.link().and_then(|link| {
-                send_start(link, &spec, out_w.as_fd(), err_w.as_fd(), pmi)
-                    .map_err(|e| format!("cannot hand the task to storm-pl: {e}"))
+        let handed = task
+            .pmi
+            .map(|fd| fd.try_clone())
+            .transpose()
+            .map_err(|e| format!("cannot pass the task's PMI socket: {e}"))
+            .and_then(|pmi| {
+                let launcher = self.launcher()?;
+                // A launcher whose end is gone died: the task is then reported with its
+                // other tasks once it is reaped (see `launcher_died`).
+                if let Err(e) = launcher.outbox.start(&spec, out_w, err_w, pmi) {
+                    tracing::warn!(node = self.node, "handing a task to the launcher: {e}");
+                }
+                Ok(())
             });
-            if sent.is_ok() || !self.launcher_died() {
-                break;
-            }
-        }
-        if let Err(e) = sent {
+        if let Err(e) = handed {
             let _ = self.table.release(slot);
             return Err(e);
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.tasks.insert(id, PlTask { slot, lost: None });
+        let owed = Some(Instant::now());
+        self.tasks.insert(
+            id,
+            PlTask {
+                slot,
+                lost: None,
+                owed,
+            },
+        );
         Ok(StartedTask {
             id,
             output: vec![
@@ -210,7 +275,7 @@ impl TaskRunner for PlRunner {
             }
             None => {
                 let _ = self.table.unhold(t.slot);
-                self.look();
+                self.look(task);
             }
         }
     }
@@ -229,7 +294,7 @@ impl TaskRunner for PlRunner {
             return;
         }
         match self.table.cancel(t.slot, signal) {
-            Ok(Cancel::Cancelled) => self.look(),
+            Ok(Cancel::Cancelled) => self.look(task),
             Ok(Cancel::Running(pid)) => {
                 let _ = killpg(Pid::from_raw(pid), sig);
             }
@@ -280,12 +345,32 @@ impl TaskRunner for PlRunner {
     }
 
     fn poll(&mut self) {
+        if let Some(l) = &mut self.launcher
+            && l.outbox.queued() > 0
+            && let Err(e) = l.outbox.flush()
+        {
+            tracing::debug!(node = self.node, "the launcher's link: {e}");
+        }
         if self.next_check > Instant::now() {
             return;
         }
         self.next_check = Instant::now() + LAUNCHER_CHECK;
         if self.launcher_died() {
             return;
+        }
+        if self.launcher_stuck()
+            && let Some(l) = &mut self.launcher
+            && !l.killed
+        {
+            tracing::error!(
+                node = self.node,
+                pid = l.process.id(),
+                "the launcher storm-pl took no request for {} ms (stopped or starved); it is \
+                 killed and a new one serves the next tasks",
+                self.stuck_after.as_millis()
+            );
+            l.process.kill();
+            l.killed = true;
         }
         let table = &self.table;
         self.draining.retain(|&slot| {

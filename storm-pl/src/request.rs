@@ -1,19 +1,26 @@
 //! The NM's requests to its node's launcher, over a Unix stream socket.
 //!
-//! A request is a 5-byte header, `[kind][body length, u32 little-endian]`, sent by one
-//! `sendmsg` that also carries the task's descriptors (SCM_RIGHTS), then the body. The
-//! descriptors travel with the header alone, so a reader that takes the header with
-//! `recvmsg` gets them, and one that reads the body with `read` never meets any.
+//! A request is a 5-byte header, `[kind][body length, u32 little-endian]`, then the body.
+//! The task's descriptors (SCM_RIGHTS) go with the request's first byte, so the reader that
+//! takes the header with `recvmsg` gets them (the kernel hands a message's descriptors to
+//! the first read of its bytes), and the `read` of the body never meets any.
+//!
+//! The NM sends through an [`Outbox`], which never blocks: a launcher that is stopped or
+//! starved leaves requests queued, and the NM goes on with its heartbeats. The launcher reads
+//! with [`recv`], blocking, as a request it started to read always arrives whole.
 //!
 //! - START: the body is the task's [`PlSpec`]; the descriptors are the task's standard output
 //!   and error (write ends of the NM's pipes) and, for an MPI task, its end of the PMI socket.
 //! - LOOK: no body, no descriptors: a held or cancelled slot changed, look at the kept
 //!   requests again.
 
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::collections::VecDeque;
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
 use crate::PlSpec;
@@ -59,43 +66,126 @@ pub enum RequestError {
     Spec(String),
 }
 
-/// NM: asks the launcher to start `spec`'s task with these descriptors.
-pub fn send_start(
-    link: &UnixStream,
-    spec: &PlSpec,
-    stdout: BorrowedFd<'_>,
-    stderr: BorrowedFd<'_>,
-    pmi: Option<BorrowedFd<'_>>,
-) -> std::io::Result<()> {
-    let body = spec.encode();
-    let mut fds = vec![stdout.as_raw_fd(), stderr.as_raw_fd()];
-    fds.extend(pmi.map(|fd| fd.as_raw_fd()));
-    send(link, START, &body, &fds)
+/// The NM's end of the link. Requests queue here and go out as fast as the launcher takes
+/// them: the link does not block, so a stopped or starved launcher never holds up the NM.
+/// The queue is bounded by the table (a START per claimed slot) and one LOOK.
+#[derive(Debug)]
+pub struct Outbox {
+    link: UnixStream,
+    queue: VecDeque<Outgoing>,
 }
 
-/// NM: asks the launcher to look at its kept requests again.
-pub fn send_look(link: &UnixStream) -> std::io::Result<()> {
-    send(link, LOOK, &[], &[])
+/// One request on its way: its bytes (header then body), how many went out, and the
+/// descriptors that go with the first byte.
+#[derive(Debug)]
+struct Outgoing {
+    bytes: Vec<u8>,
+    sent: usize,
+    fds: Vec<OwnedFd>,
 }
 
-fn send(mut link: &UnixStream, kind: u8, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
-    let mut header = [0u8; HEADER];
-    header[0] = kind;
-    header[1..].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    let rights = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
-    let mut sent = 0;
-    while sent < HEADER {
-        let iov = [IoSlice::new(&header[sent..])];
-        // The descriptors go with the first piece only.
-        let with = if sent == 0 { cmsgs } else { &[] };
-        match sendmsg::<()>(link.as_raw_fd(), &iov, with, MsgFlags::empty(), None) {
-            Ok(n) => sent += n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
+impl Outbox {
+    /// Makes `link` non-blocking and sends on it.
+    pub fn new(link: UnixStream) -> std::io::Result<Self> {
+        link.set_nonblocking(true)?;
+        Ok(Self {
+            link,
+            queue: VecDeque::new(),
+        })
+    }
+
+    /// Asks the launcher to start `spec`'s task with these descriptors: its standard output
+    /// and error (write ends of the NM's pipes) and, for an MPI task, its PMI socket. They
+    /// are closed here once they went out.
+    pub fn start(
+        &mut self,
+        spec: &PlSpec,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+        pmi: Option<OwnedFd>,
+    ) -> std::io::Result<()> {
+        let mut fds = vec![stdout, stderr];
+        fds.extend(pmi);
+        self.queue
+            .push_back(Outgoing::new(START, &spec.encode(), fds));
+        self.flush().map(|_| ())
+    }
+
+    /// Asks the launcher to look at its kept requests again (once: a LOOK not yet sent
+    /// already asks).
+    pub fn look(&mut self) -> std::io::Result<()> {
+        let unsent = |o: &Outgoing| o.sent == 0 && o.bytes[0] == LOOK;
+        if !self.queue.back().is_some_and(unsent) {
+            self.queue.push_back(Outgoing::new(LOOK, &[], Vec::new()));
+        }
+        self.flush().map(|_| ())
+    }
+
+    /// Sends what the launcher takes now; whether everything went out. An error means the
+    /// launcher's end is gone.
+    pub fn flush(&mut self) -> std::io::Result<bool> {
+        while let Some(next) = self.queue.front_mut() {
+            let raw: Vec<RawFd> = next.fds.iter().map(|fd| fd.as_raw_fd()).collect();
+            let rights = [ControlMessage::ScmRights(&raw)];
+            let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &rights };
+            let iov = [IoSlice::new(&next.bytes[next.sent..])];
+            let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+            match sendmsg::<()>(self.link.as_raw_fd(), &iov, cmsgs, flags, None) {
+                // The descriptors went with the first byte sent.
+                Ok(n) => {
+                    next.sent += n;
+                    next.fds.clear();
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+            if next.sent == next.bytes.len() {
+                self.queue.pop_front();
+            }
+        }
+        Ok(true)
+    }
+
+    /// How many requests wait, in part or whole, for the launcher to take them.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Sends everything, waiting up to `within` for the launcher to take it; whether it all
+    /// went out.
+    pub fn flush_within(&mut self, within: Duration) -> std::io::Result<bool> {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.flush()? {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let mut fds = [PollFd::new(self.link.as_fd(), PollFlags::POLLOUT)];
+            let wait = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+            match poll(&mut fds, wait) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
-    link.write_all(body)
+}
+
+impl Outgoing {
+    fn new(kind: u8, body: &[u8], fds: Vec<OwnedFd>) -> Self {
+        let mut bytes = Vec::with_capacity(HEADER + body.len());
+        bytes.push(kind);
+        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(body);
+        Self {
+            bytes,
+            sent: 0,
+            fds,
+        }
+    }
 }
 
 /// Launcher: the next request, or `None` once the NM closed its end.
@@ -170,7 +260,7 @@ pub fn recv(mut link: &UnixStream) -> Result<Option<Request>, RequestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::io::Write;
 
     fn spec() -> PlSpec {
         spec_with(10)
@@ -191,20 +281,35 @@ mod tests {
         }
     }
 
+    /// The NM queues a request larger than the socket's buffer and goes on at once; the
+    /// launcher, reading later, gets it whole with its descriptors, then a single LOOK for the
+    /// two asked while the first was still queued.
     #[test]
-    fn a_start_arrives_with_its_descriptors_and_a_look_after_it_stays_separate() {
+    fn requests_queue_without_blocking_and_arrive_whole_with_their_descriptors() {
         let (nm, pl) = UnixStream::pair().unwrap();
+        let mut outbox = Outbox::new(nm).unwrap();
         let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let (_err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        // A body larger than the socket's buffer: the sender blocks until the reader reads.
-        let sender = std::thread::spawn(move || {
-            let big = spec_with(300_000);
-            send_start(&nm, &big, out_w.as_fd(), err_w.as_fd(), None).unwrap();
-            send_look(&nm).unwrap();
-            nm
+        // Nobody reads yet: a blocking send would never return here.
+        outbox
+            .start(&spec_with(300_000), out_w, err_w, None)
+            .unwrap();
+        assert_eq!(outbox.queued(), 1, "the START cannot all fit in the socket");
+        outbox.look().unwrap();
+        outbox.look().unwrap();
+        assert_eq!(outbox.queued(), 2, "a LOOK not yet sent already asks");
+
+        let reader = std::thread::spawn(move || {
+            let first = recv(&pl).unwrap();
+            let second = recv(&pl).unwrap();
+            (first, second, pl)
         });
-        let Some(Request::Start(task)) = recv(&pl).unwrap() else {
-            panic!("expected a START");
+        assert!(outbox.flush_within(Duration::from_secs(20)).unwrap());
+        assert_eq!(outbox.queued(), 0);
+        drop(outbox);
+        let (first, second, pl) = reader.join().unwrap();
+        let Some(Request::Start(task)) = first else {
+            panic!("expected a START, got {first:?}");
         };
         assert_eq!(task.spec, spec_with(300_000));
         assert!(task.pmi.is_none());
@@ -213,11 +318,20 @@ mod tests {
         out.write_all(b"through").unwrap();
         drop(out);
         let mut read = String::new();
-        let _ = sender.join().unwrap();
         let mut out_r = std::fs::File::from(out_r);
         out_r.read_to_string(&mut read).unwrap();
         assert_eq!(read, "through");
-        assert!(matches!(recv(&pl).unwrap(), Some(Request::Look)));
+        assert!(matches!(second, Some(Request::Look)));
+        assert!(matches!(recv(&pl), Ok(None)), "one LOOK only, then the end");
+    }
+
+    /// Once the launcher's end is gone, sending says so instead of queueing forever.
+    #[test]
+    fn sending_to_a_launcher_that_is_gone_is_an_error() {
+        let (nm, pl) = UnixStream::pair().unwrap();
+        let mut outbox = Outbox::new(nm).unwrap();
+        drop(pl);
+        assert!(outbox.look().is_err());
     }
 
     #[test]
@@ -243,10 +357,14 @@ mod tests {
         assert!(matches!(recv(&pl), Err(RequestError::Descriptors(0))));
 
         // Garbage where the description should be.
-        let (mut nm, pl) = UnixStream::pair().unwrap();
+        let (nm, pl) = UnixStream::pair().unwrap();
         let (_r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        send(&nm, START, &[0xff; 40], &[w.as_raw_fd(), w.as_raw_fd()]).unwrap();
-        nm.flush().unwrap();
+        let mut outbox = Outbox::new(nm).unwrap();
+        let fds = vec![w.try_clone().unwrap(), w];
+        outbox
+            .queue
+            .push_back(Outgoing::new(START, &[0xff; 40], fds));
+        assert!(outbox.flush().unwrap());
         assert!(matches!(recv(&pl), Err(RequestError::Spec(_))));
     }
 }

@@ -4,7 +4,7 @@
 //! its tasks with it when the NM goes.
 
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use storm_cluster::messages::RankStatus;
-use storm_pl::request::{send_look, send_start};
+use storm_pl::request::Outbox;
 use storm_pl::{Cancel, Hold, LINK_FD, PlSpec, PlTable, SlotState, TABLE_FD};
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -27,7 +27,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// A launcher serving `table`, and the NM's end of its link.
-fn launcher(table: &PlTable) -> (Child, UnixStream) {
+fn launcher(table: &PlTable) -> (Child, Outbox) {
     let (nm, pl) = UnixStream::pair().unwrap();
     let places = [
         (table.fd().as_raw_fd(), TABLE_FD),
@@ -56,7 +56,7 @@ fn launcher(table: &PlTable) -> (Child, UnixStream) {
         });
     }
     let child = cmd.spawn().unwrap();
-    (child, nm)
+    (child, Outbox::new(nm).unwrap())
 }
 
 fn spec(slot: usize, cwd: &Path, program: &str, args: &[&str]) -> PlSpec {
@@ -74,14 +74,22 @@ fn spec(slot: usize, cwd: &Path, program: &str, args: &[&str]) -> PlSpec {
     }
 }
 
+/// Waits for the launcher to take every request sent.
+fn sent(link: &mut Outbox) {
+    assert!(
+        link.flush_within(Duration::from_secs(20)).unwrap(),
+        "the launcher took no request for 20 s"
+    );
+}
+
 /// Asks the launcher to start `spec` and gives back what the task writes to its standard
 /// output and error, read to the end (on a thread).
-fn start(link: &UnixStream, spec: &PlSpec) -> std::thread::JoinHandle<(String, String)> {
+fn start(link: &mut Outbox, spec: &PlSpec) -> std::thread::JoinHandle<(String, String)> {
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let (mut out_r, mut err_r) = (std::fs::File::from(out_r), std::fs::File::from(err_r));
-    send_start(link, spec, out_w.as_fd(), err_w.as_fd(), None).unwrap();
-    drop((out_w, err_w));
+    link.start(spec, out_w, err_w, None).unwrap();
+    sent(link);
     std::thread::spawn(move || {
         let (mut out, mut err) = (String::new(), String::new());
         out_r.read_to_string(&mut out).unwrap();
@@ -94,7 +102,7 @@ fn start(link: &UnixStream, spec: &PlSpec) -> std::thread::JoinHandle<(String, S
 fn one_launcher_runs_several_tasks_and_reports_each_exit() {
     let dir = tempfile::tempdir().unwrap();
     let table = PlTable::create(4).unwrap();
-    let (mut pl, link) = launcher(&table);
+    let (mut pl, mut link) = launcher(&table);
     let mut outputs = Vec::new();
     for code in 0..3 {
         let slot = table.claim().unwrap();
@@ -102,7 +110,10 @@ fn one_launcher_runs_several_tasks_and_reports_each_exit() {
         outputs.push((
             slot,
             code,
-            start(&link, &spec(slot, dir.path(), "/bin/sh", &["-c", &script])),
+            start(
+                &mut link,
+                &spec(slot, dir.path(), "/bin/sh", &["-c", &script]),
+            ),
         ));
     }
     for (slot, code, output) in outputs {
@@ -126,7 +137,7 @@ fn one_launcher_runs_several_tasks_and_reports_each_exit() {
     // A task killed by a signal reports the signal.
     let slot = table.claim().unwrap();
     let _ = start(
-        &link,
+        &mut link,
         &spec(slot, dir.path(), "/bin/sh", &["-c", "kill -TERM $$"]),
     );
     wait_for("the task's exit status", || {
@@ -145,7 +156,7 @@ fn a_held_task_starts_only_once_released_and_a_cancelled_one_never() {
     let dir = tempfile::tempdir().unwrap();
     let marker = |name: &str| dir.path().join(name);
     let table = PlTable::create(2).unwrap();
-    let (mut pl, link) = launcher(&table);
+    let (mut pl, mut link) = launcher(&table);
 
     let held = table.claim().unwrap();
     assert_eq!(table.hold(held).unwrap(), Hold::Held);
@@ -157,10 +168,10 @@ fn a_held_task_starts_only_once_released_and_a_cancelled_one_never() {
             &[marker(name).to_str().unwrap()],
         )
     };
-    let _ = start(&link, &touch(held, "held"));
+    let _ = start(&mut link, &touch(held, "held"));
     let cancelled = table.claim().unwrap();
     assert_eq!(table.hold(cancelled).unwrap(), Hold::Held);
-    let _ = start(&link, &touch(cancelled, "cancelled"));
+    let _ = start(&mut link, &touch(cancelled, "cancelled"));
     // Ample time for the launcher to (wrongly) start them.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -171,7 +182,8 @@ fn a_held_task_starts_only_once_released_and_a_cancelled_one_never() {
 
     assert_eq!(table.cancel(cancelled, 9).unwrap(), Cancel::Cancelled);
     table.unhold(held).unwrap();
-    send_look(&link).unwrap();
+    link.look().unwrap();
+    sent(&mut link);
     wait_for("the released task's exit", || {
         table.is_settled(held).unwrap()
     });
@@ -195,7 +207,7 @@ fn a_task_that_cannot_start_says_why_on_its_standard_error() {
     let plain = dir.path().join("plain.txt");
     std::fs::write(&plain, "not a program").unwrap();
     let table = PlTable::create(4).unwrap();
-    let (_pl, link) = launcher(&table);
+    let (_pl, mut link) = launcher(&table);
     let cases = [
         (
             spec(0, dir.path(), "/no/such/program", &[]),
@@ -216,7 +228,7 @@ fn a_task_that_cannot_start_says_why_on_its_standard_error() {
     for (spec, code, message) in cases {
         let slot = table.claim().unwrap();
         assert_eq!(slot, spec.slot as usize);
-        let (_, err) = start(&link, &spec).join().unwrap();
+        let (_, err) = start(&mut link, &spec).join().unwrap();
         assert!(err.contains(message), "{message:?} not in {err:?}");
         assert!(
             err.starts_with(&format!("storm-pl: rank {slot}: ")),
@@ -231,9 +243,9 @@ fn a_task_that_cannot_start_says_why_on_its_standard_error() {
 fn a_killed_launcher_takes_its_tasks_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let table = PlTable::create(1).unwrap();
-    let (mut pl, link) = launcher(&table);
+    let (mut pl, mut link) = launcher(&table);
     let slot = table.claim().unwrap();
-    let _ = start(&link, &spec(slot, dir.path(), "/bin/sleep", &["300"]));
+    let _ = start(&mut link, &spec(slot, dir.path(), "/bin/sleep", &["300"]));
     wait_for("the task's pid", || table.pid(slot).unwrap().is_some());
     let task = table.pid(slot).unwrap().unwrap();
     pl.kill().unwrap();

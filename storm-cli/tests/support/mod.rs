@@ -133,7 +133,13 @@ impl TestCluster {
 
     /// Starts storm-submit without waiting.
     pub fn spawn(&self, args: &[&str]) -> Child {
+        self.spawn_env(&[], args)
+    }
+
+    /// Starts storm-submit without waiting, with these variables added to its environment.
+    pub fn spawn_env(&self, env: &[(&str, &str)], args: &[&str]) -> Child {
         self.submit_cmd(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
