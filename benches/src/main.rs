@@ -276,6 +276,10 @@ enum Command {
         /// CPU time every rank computes between two barriers, in ms.
         #[arg(long, default_value_t = 1.0)]
         sync_ms: f64,
+        /// Run the MM and NMs under SCHED_FIFO at this priority (0: the normal policy), as
+        /// `[scheduler] daemon_rt_priority` does.
+        #[arg(long, default_value_t = 0)]
+        daemon_rt_priority: u8,
         /// Primitives backend of the cluster: tcp or ofi.
         #[arg(long, default_value = "tcp")]
         backend: storm_cluster::config::BackendKind,
@@ -563,6 +567,7 @@ fn main() -> Result<()> {
             fanout,
             alone_s,
             sync_ms,
+            daemon_rt_priority,
             backend,
             provider,
             csv,
@@ -596,6 +601,7 @@ fn main() -> Result<()> {
                 backend,
                 provider,
                 fanout,
+                daemon_rt_priority,
             };
             let mut out = report::Csv::new(gang::CSV_HEADER);
             for table in gang::run(&args, &mut out)? {

@@ -554,3 +554,30 @@ fn under_fcfs_a_job_past_its_time_limit_is_killed_everywhere_and_reported() {
         text(&bad.stderr)
     );
 }
+
+/// With `daemon_rt_priority`, the NM and the launcher run under SCHED_FIFO (a heartbeat
+/// preempts busy tasks at once), but the tasks run under the normal policy: a task that
+/// inherited the real-time policy could starve its node, daemons included.
+#[test]
+fn real_time_daemons_start_their_tasks_under_the_normal_policy() {
+    if !support::root_or_say("real_time_daemons_start_their_tasks_under_the_normal_policy") {
+        return;
+    }
+    let c = TestCluster::with(LocalOptions {
+        scheduler: SchedulerSection {
+            daemon_rt_priority: 10,
+            ..SchedulerSection::default()
+        },
+        ..LocalOptions::new(1)
+    });
+    // Field 41 of /proc/PID/stat is the scheduling policy: 0 normal, 1 SCHED_FIFO. The
+    // task's parent is the launcher, whose parent is the NM.
+    let policies = r#"
+        policy() { cut -d' ' -f41 "/proc/$1/stat"; }
+        nm=$(cut -d' ' -f4 "/proc/$PPID/stat")
+        echo "task $(policy $$) launcher $(policy $PPID) nm $(policy $nm)"
+    "#;
+    let out = c.submit(&["/bin/sh", "-c", policies]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "task 0 launcher 1 nm 1\n");
+}

@@ -217,6 +217,12 @@ pub struct SchedulerSection {
     /// one line each: `SEQ RECV_NS`, the CLOCK_MONOTONIC time it took the heartbeat from its
     /// queue.
     pub heartbeat_log: bool,
+    /// Run the MM and the NMs under the real-time policy SCHED_FIFO at this priority (1-99;
+    /// 0: the normal policy). A heartbeat then preempts the jobs' tasks at once instead of
+    /// waiting out their time slice of the kernel's scheduler, which is what makes a
+    /// millisecond quantum real on busy nodes. The launcher and the tasks run under the
+    /// normal policy. Needs root (or CAP_SYS_NICE); without it a daemon warns and runs on.
+    pub daemon_rt_priority: u8,
 }
 
 impl Default for SchedulerSection {
@@ -227,6 +233,7 @@ impl Default for SchedulerSection {
             default_time_limit_s: 24 * 3600,
             switch_log: false,
             heartbeat_log: false,
+            daemon_rt_priority: 0,
         }
     }
 }
@@ -581,6 +588,13 @@ impl ClusterConfig {
                 f.deadline_heartbeats,
                 f.deadline_min_ms,
                 f.missed_heartbeats
+            ));
+        }
+        if self.scheduler.daemon_rt_priority > 99 {
+            return bad(format!(
+                "[scheduler] daemon_rt_priority = {} is not a SCHED_FIFO priority (1-99, or 0 \
+                 for the normal policy)",
+                self.scheduler.daemon_rt_priority
             ));
         }
         if f.launcher_timeout_ms == 0 {

@@ -32,6 +32,54 @@ pub fn init_logging() {
 }
 
 /// A flag that SIGTERM and SIGINT set.
+/// Puts the calling thread, and every thread it starts from now on, under SCHED_FIFO at
+/// `priority` (nothing for 0), as `[scheduler] daemon_rt_priority` asks; call it before the
+/// daemon starts its threads. Without the privilege it warns and leaves the policy as it is.
+pub fn set_rt_priority(priority: u8) {
+    if priority == 0 {
+        return;
+    }
+    let param = libc::sched_param {
+        sched_priority: priority.into(),
+    };
+    // SAFETY: sched_setscheduler on the calling thread with a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        tracing::warn!(
+            priority,
+            "cannot run under SCHED_FIFO ({}); running under the normal policy, so heartbeats \
+             wait for busy tasks' time slices",
+            std::io::Error::last_os_error()
+        );
+    } else {
+        tracing::info!(priority, "running under SCHED_FIFO");
+    }
+}
+
+/// Keeps the calling thread's policy, but a real-time one is no longer passed on: whatever it
+/// starts from now on runs under the normal policy (SCHED_RESET_ON_FORK). A launcher started
+/// by a real-time NM calls this first, so that it starts tasks promptly on busy nodes while
+/// the tasks themselves never run real-time.
+pub fn children_run_normal() -> std::io::Result<()> {
+    // SAFETY: sched_getscheduler and sched_getparam on the calling thread.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    if policy < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if policy != libc::SCHED_FIFO && policy != libc::SCHED_RR {
+        return Ok(());
+    }
+    let mut param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as above, with a valid pointer; then setting the same policy and priority.
+    unsafe {
+        if libc::sched_getparam(0, &mut param) != 0
+            || libc::sched_setscheduler(0, policy | libc::SCHED_RESET_ON_FORK, &param) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 pub fn stop_flag() -> std::io::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

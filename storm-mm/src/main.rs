@@ -24,6 +24,7 @@ fn main() -> Result<()> {
     daemon::init_logging();
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
+    daemon::set_rt_priority(config.scheduler.daemon_rt_priority);
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
     storm_mm::run(MmOptions {

@@ -35,6 +35,7 @@ fn main() -> Result<()> {
         },
     };
     let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;
+    daemon::set_rt_priority(config.scheduler.daemon_rt_priority);
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
     let nm = nm_daemon::start(NmOptions {

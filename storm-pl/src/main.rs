@@ -29,6 +29,10 @@ fn run() -> Result<()> {
         .and_then(|a| a.parse().ok())
         .context("storm-pl is started by storm-nm, with the NM's pid as its argument")?;
     storm_pl::die_with_parent(nm).context("dying with the NM (prctl)")?;
+    // A real-time NM ([scheduler] daemon_rt_priority) starts a real-time launcher; its tasks
+    // run under the normal policy all the same.
+    storm_cluster::daemon::children_run_normal()
+        .context("keeping the tasks under the normal scheduling policy")?;
     let owned = |fd: i32, what: &str| -> Result<OwnedFd> {
         // SAFETY: the NM put this descriptor here for us, and nothing else owns it.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };

@@ -54,6 +54,8 @@ pub struct GangArgs {
     pub provider: Option<String>,
     /// Tree fanout of the tcp backend (cluster default if `None`).
     pub fanout: Option<usize>,
+    /// `[scheduler] daemon_rt_priority` of the cluster (0: the normal policy).
+    pub daemon_rt_priority: u8,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -87,6 +89,7 @@ fn start_cluster(args: &GangArgs, nodes: u32, mpl: usize, quantum_ms: f64) -> Re
             policy: PolicyKind::Gang,
             mpl,
             switch_log: true,
+            daemon_rt_priority: args.daemon_rt_priority,
             ..SchedulerSection::default()
         },
         ..LocalOptions::new(nodes)
@@ -293,12 +296,25 @@ quantum / quantum; skew = first-to-last node finishing the same switch; receipt 
 first-to-last node taking the heartbeat that orders it; real quantum = time between heartbeats \
 as the NMs took them (the MM sends the next heartbeat only when the nodes keep up)";
 
+/// How the daemons were scheduled, for the tables' titles.
+fn policy_name(rt_priority: u8) -> String {
+    match rt_priority {
+        0 => "under the normal policy".into(),
+        p => format!("under SCHED_FIFO {p}"),
+    }
+}
+
 fn quantum_sweep(args: &GangArgs, program: &Spmd, csv: &mut Csv) -> Result<Table> {
     let mut table = Table::new(
         format!(
             "Gang scheduling, quantum sweep (paper Fig. 3): {} jobs of {} ranks of a CPU-bound SPMD \
-             program (barrier every {} ms of computation), {} nodes, MPL {}\n{NOTES}",
-            args.mpl, args.nodes, args.sync_ms, args.nodes, args.mpl
+             program (barrier every {} ms of computation), {} nodes, MPL {}, daemons {}\n{NOTES}",
+            args.mpl,
+            args.nodes,
+            args.sync_ms,
+            args.nodes,
+            args.mpl,
+            policy_name(args.daemon_rt_priority)
         ),
         &gang_columns("quantum"),
     );
