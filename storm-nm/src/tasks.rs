@@ -136,22 +136,29 @@ impl PlRunner {
 
     /// Whether the launcher has owed some task an answer for longer than `stuck_after`.
     /// Answers given since are noted here.
+    ///
+    /// A launcher in the middle of starting a task is not counted as stuck: it waits for
+    /// the task's process to reach its exec, and the task's own user can stop that process
+    /// in the few system calls after it took the user's identity. Killing the launcher then
+    /// would let a user kill every task on the node, other users' included; as it is, such
+    /// a user only delays the node's next starts (docs/security.md).
     fn launcher_stuck(&mut self) -> bool {
         let now = Instant::now();
-        let mut stuck = false;
+        let (mut overdue, mut spawning) = (false, false);
         for t in self.tasks.values_mut() {
             let Some(since) = t.owed else {
                 continue;
             };
             match self.table.state(t.slot) {
-                Ok(SlotState::Starting | SlotState::Spawning | SlotState::Cancelled) => {
-                    stuck |= now.duration_since(since) > self.stuck_after;
+                Ok(SlotState::Starting | SlotState::Cancelled) => {
+                    overdue |= now.duration_since(since) > self.stuck_after;
                 }
+                Ok(SlotState::Spawning) => spawning = true,
                 // Started, ended, or held by the NM: nothing owed.
                 _ => t.owed = None,
             }
         }
-        stuck
+        overdue && !spawning
     }
 
     /// Whether the launcher died; if so, its tasks are reported killed (they died with it:
