@@ -12,6 +12,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::ExitStatus;
 
+use storm_pl::request::Outbox;
 use storm_pl::{LINK_FD, PlTable, TABLE_FD};
 
 /// The launcher process this NM started, to be waited for (it is not waited for when
@@ -145,8 +146,10 @@ unsafe extern "C" {
 /// write-protects its memory on every CPU). The launcher arranges to die with the NM itself
 /// (it gets the NM's pid as its argument), since nothing can run in the child between the
 /// spawn and the exec.
-pub fn start_launcher(pl: &Path, table: &PlTable) -> std::io::Result<(PlProcess, UnixStream)> {
+pub fn start_launcher(pl: &Path, table: &PlTable) -> std::io::Result<(PlProcess, Outbox)> {
     let (nm_end, pl_end) = UnixStream::pair()?;
+    // Made before the spawn, so that nothing can fail once a launcher runs.
+    let outbox = Outbox::new(nm_end)?;
     let null = std::fs::File::open("/dev/null")?;
     // Every descriptor the child gets comes from a copy numbered 10 or above, so that no
     // placement overwrites a source still to be placed (a daemon whose own standard
@@ -187,5 +190,5 @@ pub fn start_launcher(pl: &Path, table: &PlTable) -> std::io::Result<(PlProcess,
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    Ok((PlProcess { pid, exited: None }, nm_end))
+    Ok((PlProcess { pid, exited: None }, outbox))
 }

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use storm_cluster::messages::{RankStatus, Stream};
-use storm_pl::request::Outbox;
 use storm_pl::{Cancel, Hold, PlSpec, PlTable, SlotState};
 use storm_primitives::NodeId;
 
@@ -43,7 +42,7 @@ struct PlTask {
 /// The running launcher and the NM's end of its link.
 struct Launcher {
     process: PlProcess,
-    outbox: Outbox,
+    outbox: storm_pl::request::Outbox,
     /// Killed as stuck; gone once reaped.
     killed: bool,
 }
@@ -100,18 +99,9 @@ impl PlRunner {
     /// The launcher, starting one if there is none.
     fn launcher(&mut self) -> Result<&mut Launcher, String> {
         if self.launcher.is_none() {
-            let cannot = |e: std::io::Error| {
-                format!("cannot start storm-pl ({}): {e}", self.pl_path.display())
-            };
-            let (process, link) = start_launcher(&self.pl_path, &self.table).map_err(cannot)?;
+            let (process, outbox) = start_launcher(&self.pl_path, &self.table)
+                .map_err(|e| format!("cannot start storm-pl ({}): {e}", self.pl_path.display()))?;
             tracing::debug!(node = self.node, pid = process.id(), "launcher started");
-            let outbox = match Outbox::new(link) {
-                Ok(outbox) => outbox,
-                Err(e) => {
-                    process.kill();
-                    return Err(cannot(e));
-                }
-            };
             self.launcher = Some(Launcher {
                 process,
                 outbox,
@@ -353,7 +343,6 @@ impl TaskRunner for PlRunner {
 
     fn poll(&mut self) {
         if let Some(l) = &mut self.launcher
-            && l.outbox.queued() > 0
             && let Err(e) = l.outbox.flush()
         {
             tracing::debug!(node = self.node, "the launcher's link: {e}");
