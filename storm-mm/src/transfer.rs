@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use storm_cluster::RmLayout;
 use storm_cluster::messages::{Checksum, FileTrailer, JobId};
-use storm_primitives::helpers::QueueProducer;
+use storm_primitives::helpers::{QueueEntry, QueueProducer};
 use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Wait};
 
 /// How often a waiting worker looks whether its transfer was cancelled.
@@ -158,7 +158,6 @@ fn send_chunks(
     let mut producer =
         QueueProducer::new(queue, t.nodes.clone(), t.transfer).with_space_timeout(CANCEL_CHECK);
     let chunk = queue.slot_payload;
-    let mut buf = vec![0u8; chunk];
     let mut sum = Checksum::new();
     let mut offset = 0u64;
     let cancelled = || t.cancel.load(Ordering::Acquire);
@@ -192,11 +191,11 @@ fn send_chunks(
         Ok(())
     };
     // ENQUEUE, waiting for space in short steps (until the timeout, or a cancel).
-    let enqueue = |producer: &mut QueueProducer, data: &[u8], what: String| {
+    let enqueue = |producer: &mut QueueProducer, entry: QueueEntry, what: String| {
         let deadline = Instant::now() + t.timeout;
         loop {
-            match producer.enqueue(prims, data, Some(t.event)) {
-                Ok(()) => return Ok(()),
+            match producer.await_space(prims) {
+                Ok(()) => break,
                 Err(PrimError::QueueFull { .. } | PrimError::Timeout { .. }) if cancelled() => {
                     return Err(Failure::new("cancelled".into()));
                 }
@@ -205,21 +204,28 @@ fn send_chunks(
                 Err(e) => return Err(Failure::from_prim(what, &e)),
             }
         }
+        producer
+            .enqueue_entry(prims, entry, Some(t.event))
+            .map_err(|e| Failure::from_prim(what, &e))
     };
     while offset < t.size {
         if cancelled() {
             return Err(Failure::new("cancelled".into()));
         }
         let n = chunk.min((t.size - offset) as usize);
-        t.file.read_exact_at(&mut buf[..n], offset).map_err(|e| {
-            Failure::new(format!(
-                "reading the program at byte {offset}: {e} (was it changed or truncated?)"
-            ))
-        })?;
-        sum.update(&buf[..n]);
+        // The chunk is read straight into the slot image that goes on the wire.
+        let mut entry = QueueEntry::zeroed(n);
+        t.file
+            .read_exact_at(entry.payload_mut(), offset)
+            .map_err(|e| {
+                Failure::new(format!(
+                    "reading the program at byte {offset}: {e} (was it changed or truncated?)"
+                ))
+            })?;
+        sum.update(entry.payload());
         enqueue(
             &mut producer,
-            &buf[..n],
+            entry,
             format!("sending chunk at byte {offset}"),
         )?;
         outstanding.sent(n as u64);
@@ -232,7 +238,7 @@ fn send_chunks(
     };
     enqueue(
         &mut producer,
-        &trailer.to_bytes(),
+        QueueEntry::copied(&trailer.to_bytes()),
         "sending the trailer".into(),
     )?;
     outstanding.sent(0);

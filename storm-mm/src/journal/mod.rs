@@ -556,20 +556,7 @@ impl ProgramStore {
         };
         let partial = path.with_extension("partial");
         let mut out = File::create(&partial).map_err(err)?;
-        // Positioned reads: the descriptor's offset belongs to whoever else reads it.
-        let copied = (|| {
-            let mut buf = vec![0u8; 1 << 20];
-            let mut at = 0u64;
-            loop {
-                let n = program.read_at(&mut buf, at)?;
-                if n == 0 {
-                    break;
-                }
-                out.write_all(&buf[..n])?;
-                at += n as u64;
-            }
-            out.sync_all()
-        })();
+        let copied = copy_program(program, &mut out).and_then(|()| out.sync_all());
         if let Err(e) = copied {
             let _ = std::fs::remove_file(&partial);
             return Err(err(e));
@@ -580,6 +567,35 @@ impl ProgramStore {
     /// Deletes job `job`'s copy, if there is one.
     pub fn remove(&self, job: JobId) {
         let _ = std::fs::remove_file(self.path(job));
+    }
+}
+
+/// Copies all of `program` into `out` (a new, empty file) without moving `program`'s offset,
+/// which belongs to whoever else reads it. The copy is made in the kernel where the two files
+/// allow it (a reflink on XFS or btrfs, a page-cache copy on ext4), and through a buffer where
+/// they do not (another file system, a pipe).
+fn copy_program(program: &File, out: &mut File) -> std::io::Result<()> {
+    use nix::errno::Errno;
+    let mut at: i64 = 0;
+    loop {
+        // `out` is new, so its own offset follows `at`.
+        match nix::fcntl::copy_file_range(program, Some(&mut at), &*out, None, 1 << 30) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(Errno::EINTR) => {}
+            Err(Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = at as u64;
+    loop {
+        let n = program.read_at(&mut buf, at)?;
+        if n == 0 {
+            return Ok(());
+        }
+        out.write_all(&buf[..n])?;
+        at += n as u64;
     }
 }
 
@@ -922,6 +938,42 @@ mod tests {
             j.program(9).is_none(),
             "the copy of a finished job is removed"
         );
+    }
+
+    #[test]
+    fn saving_a_program_leaves_its_descriptors_offset_alone() {
+        // The MM sends the program through the same descriptor while the copy is made.
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("prog");
+        let bytes: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&src, &bytes).unwrap();
+        let mut program = File::open(&src).unwrap();
+        std::io::Seek::seek(&mut program, std::io::SeekFrom::Start(1234)).unwrap();
+        let (j, _) = Journal::open(&dir.path().join("state")).unwrap();
+        j.save_program(3, &program).unwrap();
+        let at = std::io::Seek::stream_position(&mut program).unwrap();
+        assert_eq!(at, 1234, "the copy moved the descriptor's offset");
+        let mut copy = Vec::new();
+        std::io::Read::read_to_end(&mut j.program(3).unwrap(), &mut copy).unwrap();
+        assert!(copy == bytes, "the copy is not the whole program");
+    }
+
+    #[test]
+    fn a_program_on_another_file_system_is_copied_whole() {
+        // /dev/shm is a tmpfs; the journal's directory is not, where this runs.
+        let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("SKIPPED: no /dev/shm here to hold a program on another file system");
+            return;
+        };
+        let src = shm.path().join("prog");
+        let bytes: Vec<u8> = (0..2_500_000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&src, &bytes).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(&dir.path().join("state")).unwrap();
+        j.save_program(4, &File::open(&src).unwrap()).unwrap();
+        let mut copy = Vec::new();
+        std::io::Read::read_to_end(&mut j.program(4).unwrap(), &mut copy).unwrap();
+        assert!(copy == bytes, "the copy is not the whole program");
     }
 
     #[test]

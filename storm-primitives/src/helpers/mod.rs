@@ -5,4 +5,4 @@ mod flow;
 mod queue;
 
 pub use flow::{Backoff, await_space};
-pub use queue::{QueueConsumer, QueueProducer, epoch_base};
+pub use queue::{QueueConsumer, QueueEntry, QueueProducer, epoch_base};

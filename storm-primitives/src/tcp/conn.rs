@@ -584,8 +584,7 @@ fn read_one(
     )
     .map_err(describe)?;
     if kind != KIND_DATA {
-        let mut body = vec![0u8; len];
-        wire::read_exact(reader, &mut body).map_err(describe)?;
+        let mut body = wire::read_body(reader, len).map_err(describe)?;
         check(inner, from, reader, opener, &head[..HEADER_LEN], &mut body)?;
         let frame = wire::decode_body(kind, Bytes::from(body)).map_err(describe)?;
         return inner
@@ -594,8 +593,7 @@ fn read_one(
     }
     wire::read_exact(reader, &mut head[HEADER_LEN..]).map_err(describe)?;
     let (key, at) = wire::parse_data_prefix(head[HEADER_LEN..].try_into().expect("prefix"));
-    let mut payload = vec![0u8; len - DATA_PREFIX_LEN];
-    wire::read_exact(reader, &mut payload).map_err(describe)?;
+    let mut payload = wire::read_body(reader, len - DATA_PREFIX_LEN).map_err(describe)?;
     check(inner, from, reader, opener, &head, &mut payload)?;
     inner
         .xfer_data(from, key, at, Bytes::from(payload))

@@ -269,17 +269,23 @@ pub fn read_exact(r: &mut impl Read, buf: &mut [u8]) -> Result<(), WireError> {
     }
 }
 
-/// Reads one frame. `limit` bounds the body length.
-pub fn read_frame(r: &mut impl Read, limit: usize) -> Result<Frame, WireError> {
-    let mut head = [0u8; HEADER_LEN];
-    read_exact(r, &mut head)?;
-    let (kind, len) = parse_header(&head, limit)?;
+/// Reads exactly `len` bytes into a new buffer, which is not zeroed first: a 512 KiB chunk
+/// is written once, by the socket read, not twice.
+pub fn read_body(r: &mut impl Read, len: usize) -> Result<Vec<u8>, WireError> {
     let mut body = Vec::with_capacity(len);
     let got = r.take(len as u64).read_to_end(&mut body)?;
     if got != len {
         return Err(WireError::Closed);
     }
-    decode_body(kind, Bytes::from(body))
+    Ok(body)
+}
+
+/// Reads one frame. `limit` bounds the body length.
+pub fn read_frame(r: &mut impl Read, limit: usize) -> Result<Frame, WireError> {
+    let mut head = [0u8; HEADER_LEN];
+    read_exact(r, &mut head)?;
+    let (kind, len) = parse_header(&head, limit)?;
+    decode_body(kind, Bytes::from(read_body(r, len)?))
 }
 
 /// Decodes a frame body of the given kind.
