@@ -1,6 +1,7 @@
-//! What the benchmark observes besides runtimes: the daemons' CPU time (/proc/PID/schedstat),
-//! the switches every NM recorded (`switches.log`, written when `[scheduler] switch_log` is
-//! on), the strobe skew computed from them, and the same-run wake-up baseline for that skew.
+//! What the benchmark observes besides runtimes: the daemons' CPU time (every thread's
+//! schedstat, the NMs' launchers included), the switches every NM recorded (`switches.log`,
+//! written when `[scheduler] switch_log` is on), the strobe skew computed from them, and the
+//! same-run wake-up baseline for that skew.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -11,14 +12,44 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use storm_cli::local::LocalCluster;
 
-/// CPU time a process has run, in nanoseconds (first field of /proc/PID/schedstat).
-fn cpu_ns(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/schedstat");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    text.split_whitespace()
-        .next()
-        .and_then(|f| f.parse().ok())
-        .with_context(|| format!("unexpected contents of {path}: {text:?}"))
+/// CPU time one thread has run, in nanoseconds (first field of its schedstat); 0 for a thread
+/// that ended meanwhile.
+fn thread_cpu_ns(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The thread ids of process `pid`.
+fn threads(pid: u32) -> Result<Vec<PathBuf>> {
+    let dir = format!("/proc/{pid}/task");
+    let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))?;
+    Ok(entries.flatten().map(|e| e.path()).collect())
+}
+
+/// CPU time process `pid` has run, all its threads together, in nanoseconds. (The process's
+/// own /proc/PID/schedstat counts its main thread only.)
+fn process_cpu_ns(pid: u32) -> Result<u64> {
+    Ok(threads(pid)?
+        .iter()
+        .map(|t| thread_cpu_ns(&t.join("schedstat")))
+        .sum())
+}
+
+/// The launchers (`storm-pl`) process `pid` started: its children of that name.
+fn launchers(pid: u32) -> Result<Vec<u32>> {
+    let mut found = Vec::new();
+    for t in threads(pid)? {
+        let children = std::fs::read_to_string(t.join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+            if comm.trim() == "storm-pl" {
+                found.push(child);
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// CPU time of the MM and of all NMs at one instant.
@@ -39,11 +70,16 @@ impl DaemonCpu {
             at: Instant::now(),
         };
         for (name, pid) in cluster.daemon_pids() {
-            let ns = cpu_ns(pid)?;
+            let ns = process_cpu_ns(pid)?;
             if name == "storm-mm" {
                 cpu.mm_ns += ns;
             } else {
-                cpu.nms_ns += ns;
+                // A node's share is its NM's threads and its launcher's.
+                let launched: u64 = launchers(pid)?
+                    .into_iter()
+                    .map(process_cpu_ns)
+                    .sum::<Result<u64>>()?;
+                cpu.nms_ns += ns + launched;
                 cpu.nms += 1;
             }
         }
