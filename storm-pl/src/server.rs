@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use storm_cluster::messages::RankStatus;
 
@@ -71,6 +71,12 @@ impl Launcher {
 
     /// Serves until the NM closes the link.
     pub fn serve(mut self) -> Result<(), ServeError> {
+        // Gang scheduling stops and continues tasks every time slice; with SA_NOCLDSTOP the
+        // kernel raises SIGCHLD only when a task ends, so a switch never wakes the launcher.
+        // (The flag holds for a signal read through a signalfd, too.)
+        let only_exits = SigAction::new(SigHandler::SigDfl, SaFlags::SA_NOCLDSTOP, SigSet::empty());
+        // SAFETY: the default disposition, with a flag; no handler runs.
+        unsafe { sigaction(Signal::SIGCHLD, &only_exits) }?;
         let mut chld = SigSet::empty();
         chld.add(Signal::SIGCHLD);
         chld.thread_block()?;

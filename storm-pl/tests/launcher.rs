@@ -239,6 +239,59 @@ fn a_task_that_cannot_start_says_why_on_its_standard_error() {
     }
 }
 
+/// The voluntary context switches of process `pid` so far: how often it went to sleep.
+fn wake_ups(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc/PID/status")
+}
+
+fn process_state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit(") ")
+        .next()
+        .and_then(|s| s.chars().next())
+        .unwrap()
+}
+
+/// Gang scheduling stops and continues every task each time slice. The launcher, the tasks'
+/// parent, must not be woken by that (a SIGCHLD for each), only by their ends.
+#[test]
+fn stopping_and_continuing_a_task_never_wakes_its_launcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = PlTable::create(1).unwrap();
+    let (mut pl, mut link) = launcher(&table);
+    let slot = table.claim().unwrap();
+    let _ = start(&mut link, &spec(slot, dir.path(), "/bin/sleep", &["300"]));
+    wait_for("the task's pid", || table.pid(slot).unwrap().is_some());
+    let task = table.pid(slot).unwrap().unwrap();
+    let group = nix::unistd::Pid::from_raw(task);
+    let before = wake_ups(pl.id());
+    let switches = 100;
+    for _ in 0..switches {
+        nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        wait_for("the task to stop", || process_state(task) == 'T');
+        nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGCONT).unwrap();
+        wait_for("the task to go on", || process_state(task) != 'T');
+    }
+    let woken = wake_ups(pl.id()) - before;
+    assert!(
+        woken < switches / 4,
+        "the launcher woke {woken} times for {switches} stops and continues of its task"
+    );
+    // Its end still wakes the launcher, which reports it.
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_for("the task's exit status", || {
+        table.status(slot).unwrap().is_some()
+    });
+    assert_eq!(table.status(slot).unwrap(), Some(RankStatus::Signaled(9)));
+    drop(link);
+    assert!(pl.wait().unwrap().success());
+}
+
 #[test]
 fn a_killed_launcher_takes_its_tasks_with_it() {
     let dir = tempfile::tempdir().unwrap();
