@@ -222,7 +222,7 @@ impl TaskRunner for SimTasks {
         }
     }
 
-    fn wait_stopped(&mut self, _tasks: &[TaskId], _wait: Duration) -> bool {
+    fn all_stopped(&mut self, _tasks: &[TaskId]) -> bool {
         // A halted simulated task stops at once.
         true
     }
