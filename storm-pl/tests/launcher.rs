@@ -257,17 +257,24 @@ fn process_state(pid: i32) -> char {
         .unwrap()
 }
 
-/// Gang scheduling stops and continues every task each time slice. The launcher, the tasks'
-/// parent, must not be woken by that (a SIGCHLD for each), only by their ends.
-#[test]
-fn stopping_and_continuing_a_task_never_wakes_its_launcher() {
+/// A launcher serving `table` that has started `sleep 300` in one of its slots: the launcher,
+/// the NM's end of its link, the slot and the task's pid.
+fn launcher_with_a_sleeping_task(table: &PlTable) -> (Child, Outbox, usize, i32) {
     let dir = tempfile::tempdir().unwrap();
-    let table = PlTable::create(1).unwrap();
-    let (mut pl, mut link) = launcher(&table);
+    let (pl, mut link) = launcher(table);
     let slot = table.claim().unwrap();
     let _ = start(&mut link, &spec(slot, dir.path(), "/bin/sleep", &["300"]));
     wait_for("the task's pid", || table.pid(slot).unwrap().is_some());
     let task = table.pid(slot).unwrap().unwrap();
+    (pl, link, slot, task)
+}
+
+/// Gang scheduling stops and continues every task each time slice. The launcher, the tasks'
+/// parent, must not be woken by that (a SIGCHLD for each), only by their ends.
+#[test]
+fn stopping_and_continuing_a_task_never_wakes_its_launcher() {
+    let table = PlTable::create(1).unwrap();
+    let (mut pl, link, slot, task) = launcher_with_a_sleeping_task(&table);
     let group = nix::unistd::Pid::from_raw(task);
     let before = wake_ups(pl.id());
     let switches = 100;
@@ -294,13 +301,8 @@ fn stopping_and_continuing_a_task_never_wakes_its_launcher() {
 
 #[test]
 fn a_killed_launcher_takes_its_tasks_with_it() {
-    let dir = tempfile::tempdir().unwrap();
     let table = PlTable::create(1).unwrap();
-    let (mut pl, mut link) = launcher(&table);
-    let slot = table.claim().unwrap();
-    let _ = start(&mut link, &spec(slot, dir.path(), "/bin/sleep", &["300"]));
-    wait_for("the task's pid", || table.pid(slot).unwrap().is_some());
-    let task = table.pid(slot).unwrap().unwrap();
+    let (mut pl, _link, _, task) = launcher_with_a_sleeping_task(&table);
     pl.kill().unwrap();
     pl.wait().unwrap();
     // Gone, or a zombie waiting for whoever inherited it to reap it.
