@@ -31,7 +31,6 @@ pub fn init_logging() {
         .init();
 }
 
-/// A flag that SIGTERM and SIGINT set.
 /// Puts the calling thread, and every thread it starts from now on, under SCHED_FIFO at
 /// `priority` (nothing for 0), as `[scheduler] daemon_rt_priority` asks; call it before the
 /// daemon starts its threads. Without the privilege it warns and leaves the policy as it is.
@@ -80,6 +79,7 @@ pub fn children_run_normal() -> std::io::Result<()> {
     Ok(())
 }
 
+/// A flag that SIGTERM and SIGINT set.
 pub fn stop_flag() -> std::io::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
