@@ -249,12 +249,10 @@ fn wake_ups(pid: u32) -> u64 {
         .expect("voluntary_ctxt_switches in /proc/PID/status")
 }
 
-fn process_state(pid: i32) -> char {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit(") ")
-        .next()
-        .and_then(|s| s.chars().next())
-        .unwrap()
+/// The state letter of process `pid` (`R`, `S`, `T`, `Z`...), or `None` once it is gone.
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(") ").next()?.chars().next()
 }
 
 /// A launcher serving `table` that has started `sleep 300` in one of its slots: the launcher,
@@ -280,9 +278,11 @@ fn stopping_and_continuing_a_task_never_wakes_its_launcher() {
     let switches = 100;
     for _ in 0..switches {
         nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGSTOP).unwrap();
-        wait_for("the task to stop", || process_state(task) == 'T');
+        wait_for("the task to stop", || process_state(task) == Some('T'));
         nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGCONT).unwrap();
-        wait_for("the task to go on", || process_state(task) != 'T');
+        wait_for("the task to go on", || {
+            process_state(task).is_some_and(|s| s != 'T')
+        });
     }
     let woken = wake_ups(pl.id()) - before;
     assert!(
@@ -306,11 +306,7 @@ fn a_killed_launcher_takes_its_tasks_with_it() {
     pl.kill().unwrap();
     pl.wait().unwrap();
     // Gone, or a zombie waiting for whoever inherited it to reap it.
-    wait_for(
-        "the task to die with its launcher",
-        || match std::fs::read_to_string(format!("/proc/{task}/stat")) {
-            Err(_) => true,
-            Ok(stat) => stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z')),
-        },
-    );
+    wait_for("the task to die with its launcher", || {
+        matches!(process_state(task), None | Some('Z'))
+    });
 }
