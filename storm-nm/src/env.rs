@@ -12,6 +12,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use storm_cluster::clock::Clock;
 use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, RankStatus, Stream};
@@ -85,8 +86,9 @@ pub trait TaskRunner {
     fn status(&mut self, task: TaskId) -> Option<RankStatus>;
     /// When the task started and ended (for `storm-submit --timing`).
     fn times(&mut self, task: TaskId) -> TaskTimes;
-    /// Whether every one of `tasks` has acted on its stop (or is gone). Never waits.
-    fn all_stopped(&mut self, tasks: &[TaskId]) -> bool;
+    /// Waits at most `wait` until every one of `tasks` has acted on its stop (or is gone);
+    /// false if some still runs.
+    fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool;
     /// The task is done with (reported or forgotten): free what it holds once it is gone.
     fn release(&mut self, task: TaskId);
     /// Housekeeping, called on every pass of the NM's loop (watching the launcher).

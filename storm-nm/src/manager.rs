@@ -41,11 +41,11 @@ use crate::report::Reporter;
 /// task left behind) before the NM stops reading them and reports the job.
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
-/// A switch waiting for the old slot's tasks to stop is looked at again by the NM's loop after
-/// half the time it has waited so far, within these bounds. The loop's wait is the only sleep
-/// a switch costs: one wake-up of the NM when the tasks stop promptly, and few when they do not.
-const SWITCH_RECHECK_FIRST: Duration = Duration::from_micros(30);
-const SWITCH_RECHECK_MAX: Duration = Duration::from_millis(1);
+/// How long a gang switch waits, inside the heartbeat, for the old slot's tasks to stop
+/// before it leaves the rest to the NM's loop (which looks again every millisecond).
+const SWITCH_INLINE_WAIT: Duration = Duration::from_millis(5);
+/// How often a switch waiting for tasks to stop is looked at again.
+const SWITCH_RECHECK: Duration = Duration::from_millis(1);
 /// A switch whose old slot still has not stopped after this long is logged.
 const SWITCH_WARN: Duration = Duration::from_millis(50);
 /// A task that has not acted on SIGSTOP after this long is stuck in the kernel (a hung file
@@ -250,13 +250,8 @@ impl<E: NmEnv> NodeManager<E> {
     /// How long the next step may wait for a message: short while a gang switch waits for
     /// tasks to stop, else a few timeslices (the tasks are looked at on every step).
     pub fn poll_timeout(&self) -> Duration {
-        if let Some(switch) = &self.switch {
-            let waited = self
-                .env
-                .clock()
-                .now()
-                .saturating_duration_since(switch.since);
-            (waited / 2).clamp(SWITCH_RECHECK_FIRST, SWITCH_RECHECK_MAX)
+        if self.switch.is_some() {
+            SWITCH_RECHECK
         } else {
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50))
         }
@@ -296,7 +291,7 @@ impl<E: NmEnv> NodeManager<E> {
             self.registration
                 .rejoin("output could not be delivered to the MM");
         }
-        self.finish_switch();
+        self.finish_switch(Duration::ZERO);
         self.poll_tasks();
         Ok(stepped)
     }
@@ -658,15 +653,13 @@ impl<E: NmEnv> NodeManager<E> {
         switch.seq = seq;
         switch.received_ns = received_ns;
         switch.stopped.extend(stopped);
-        self.finish_switch();
+        self.finish_switch(SWITCH_INLINE_WAIT);
     }
 
-    /// Completes the switch in progress if the tasks it stopped have stopped: continues every
-    /// job of the slot and starts those launched for it. It does not wait for them: a task
-    /// acts on SIGSTOP once it gets a CPU, often the one this NM runs on, so the NM's loop
-    /// sleeps and looks again (see `poll_timeout`). Past `SWITCH_GIVE_UP` (a task stuck in the
-    /// kernel) the new slot runs anyway.
-    fn finish_switch(&mut self) {
+    /// Completes the switch in progress if the tasks it stopped have stopped, waiting for
+    /// them at most `wait`: continues every job of the slot and starts those launched for
+    /// it. Past `SWITCH_GIVE_UP` (a task stuck in the kernel) the new slot runs anyway.
+    fn finish_switch(&mut self, wait: Duration) {
         let Some(switch) = self.switch.as_mut() else {
             return;
         };
@@ -689,7 +682,7 @@ impl<E: NmEnv> NodeManager<E> {
             .clock()
             .now()
             .saturating_duration_since(switch.since);
-        if spawning || !self.env.tasks().all_stopped(&halting) {
+        if spawning || !self.env.tasks().wait_stopped(&halting, wait) {
             if waited < SWITCH_GIVE_UP {
                 if waited > SWITCH_WARN && !switch.warned {
                     switch.warned = true;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
 
 #[derive(Default)]
 pub struct TaskStates {
@@ -46,13 +47,24 @@ impl TaskStates {
         self.files.remove(&pid);
     }
 
-    /// Whether none of `pids` is runnable (R), sleeping (S) or in disk wait (D), that is
-    /// whether each has acted on its SIGSTOP or is gone. One read per task, no waiting: a
-    /// task acts on SIGSTOP only once it gets a CPU, which the caller leaves to it by sleeping
-    /// between looks (spinning here measured worse: the task often waits for this very CPU).
-    pub fn all_stopped(&mut self, pids: &[i32]) -> bool {
-        pids.iter()
-            .all(|&pid| !matches!(self.state(pid), Some('R' | 'S' | 'D')))
+    /// Waits until none of `pids` is runnable (R), sleeping (S) or in disk wait (D), that is
+    /// until each has acted on its SIGSTOP or is gone; false if `limit` passed first.
+    pub fn wait_until_stopped(&mut self, pids: &[i32], limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        // A task acts on SIGSTOP only once it gets a CPU, so leave the CPU to it: sleep between
+        // looks, longer and longer, rather than poll at full speed (or yield, which a busy
+        // NM would return from at once).
+        let mut pause = Duration::from_micros(10);
+        for &pid in pids {
+            while matches!(self.state(pid), Some('R' | 'S' | 'D')) {
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_micros(500));
+            }
+        }
+        true
     }
 }
 
@@ -61,7 +73,6 @@ mod tests {
     use super::*;
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    use std::time::{Duration, Instant};
 
     #[test]
     fn the_state_is_read_after_the_last_parenthesis() {
@@ -81,14 +92,7 @@ mod tests {
         // Running, sleeping, or in disk wait while it execs.
         assert!(matches!(states.state(pid), Some('R' | 'S' | 'D')));
         kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
-        let start = Instant::now();
-        while !states.all_stopped(&[pid]) {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "never seen stopped"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        assert!(states.wait_until_stopped(&[pid], Duration::from_secs(5)));
         assert_eq!(states.state(pid), Some('T'));
         child.kill().unwrap();
         child.wait().unwrap();

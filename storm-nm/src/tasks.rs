@@ -316,13 +316,13 @@ impl TaskRunner for PlRunner {
         }
     }
 
-    fn all_stopped(&mut self, tasks: &[TaskId]) -> bool {
+    fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool {
         let pids: Vec<i32> = tasks
             .iter()
             .filter_map(|id| self.tasks.get(id))
             .filter_map(|t| self.pid(t.slot))
             .collect();
-        self.states.all_stopped(&pids)
+        self.states.wait_until_stopped(&pids, wait)
     }
 
     fn release(&mut self, task: TaskId) {

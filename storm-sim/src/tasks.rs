@@ -222,7 +222,7 @@ impl TaskRunner for SimTasks {
         }
     }
 
-    fn all_stopped(&mut self, _tasks: &[TaskId]) -> bool {
+    fn wait_stopped(&mut self, _tasks: &[TaskId], _wait: Duration) -> bool {
         // A halted simulated task stops at once.
         true
     }
