@@ -196,6 +196,7 @@ fn a_compute_node_cannot_write_commands_into_another() {
         len: 64,
         remote_event: Some(rm.heartbeat.arrived.index() as u32),
         timeout_ms: 5000,
+        on_arrival: false,
     })))
     .unwrap();
     // The refusal goes back to the origin over node 0's own connection to node 1 (the real

@@ -214,6 +214,7 @@ fn tcp_frame_seeds() -> Vec<Vec<u8>> {
         len: 12,
         remote_event: Some(3),
         timeout_ms: 5000,
+        on_arrival: false,
     };
     let caw = CawRequest {
         key,

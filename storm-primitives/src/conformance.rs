@@ -228,6 +228,51 @@ pub fn xfer_puts_data_and_signals_every_destination(f: &dyn ClusterFactory) {
     );
 }
 
+/// Transfers applied on arrival: each destination gets the data and one signal per transfer,
+/// and transfers from one origin issued back to back (a megabyte among them, so over many
+/// chunks) apply in issue order, so every node ends with the last one's bytes.
+pub fn xfer_on_arrival_applies_everywhere_in_issue_order(f: &dyn ClusterFactory) {
+    let t = test_layout();
+    let c = f.start(7, &t.layout);
+    let origin = c.node(3);
+    let dest: NodeSet = [0, 1, 2, 4, 5, 6].into_iter().collect();
+    let len = 1 << 20;
+    let sent: Vec<Vec<u8>> = (0..4).map(|i| pattern(len, 10 + i)).collect();
+    for data in &sent {
+        origin
+            .xfer_and_signal_on_arrival_within(
+                &dest,
+                t.bulk.offset,
+                Bytes::from(data.clone()),
+                Some(t.data),
+                Some(t.done),
+                None,
+            )
+            .unwrap();
+    }
+    for i in 0..sent.len() {
+        outcome(&*origin, t.done).unwrap_or_else(|e| panic!("transfer {i} failed: {e}"));
+    }
+    for id in dest.iter() {
+        let n = c.node(id);
+        for i in 0..sent.len() {
+            expect_signal(&*n, t.data, &format!("remote event of transfer {i}"));
+        }
+        assert!(
+            no_signal(&*n, t.data, Duration::ZERO),
+            "node {id} signalled more than once per transfer"
+        );
+        assert!(
+            read(&*n, t.bulk.offset, len) == sent[sent.len() - 1],
+            "node {id} does not hold the last transfer's bytes"
+        );
+    }
+    assert!(
+        read(&*origin, t.bulk.offset, 16) != sent[0][..16],
+        "the origin is not a destination and was written"
+    );
+}
+
 /// Nodes outside the destination set see neither data nor signal; the origin need not be a
 /// destination.
 pub fn xfer_to_a_subset_leaves_other_nodes_untouched(f: &dyn ClusterFactory) {
@@ -1392,6 +1437,7 @@ macro_rules! conformance_suite {
     (@all $factory:expr; [$($case_attr:tt)*]; [$($kill_attr:tt)*]) => {
         $crate::conformance_suite!(@cases $factory; [$($case_attr)*];
             xfer_puts_data_and_signals_every_destination,
+            xfer_on_arrival_applies_everywhere_in_issue_order,
             xfer_to_a_subset_leaves_other_nodes_untouched,
             xfer_of_megabytes_is_byte_exact_everywhere,
             zero_length_xfer_signals_without_data,

@@ -68,6 +68,30 @@ pub trait Primitives: Send + Sync {
         timeout: Option<Duration>,
     ) -> Result<()>;
 
+    /// XFER-AND-SIGNAL applied at each destination as soon as its data has arrived there,
+    /// without the all-or-nothing guarantee: where the backend commits in two phases (tcp),
+    /// this saves a round trip and a wake-up per node.
+    ///
+    /// * When it fails, some destinations may have been written and signalled already.
+    /// * At each node, on-arrival transfers from one origin apply in issue order: one
+    ///   overtaken there by a later one (it went by a slower path, behind a frozen node) is
+    ///   not applied there, and the transfer fails. Its stale bytes never land on newer ones.
+    ///
+    /// For a caller that sends the same bytes again after a failure to receivers that skip
+    /// what they already took, such as the heartbeat queue. The default is the all-or-nothing
+    /// transfer, which keeps every promise made here.
+    fn xfer_and_signal_on_arrival_within(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<EventId>,
+        local: Option<EventId>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.xfer_and_signal_within(dest, offset, data, remote, local, timeout)
+    }
+
     /// TEST-EVENT.
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool>;
 

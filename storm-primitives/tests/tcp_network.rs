@@ -589,6 +589,106 @@ fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
     );
 }
 
+/// A transfer applied on arrival takes one round trip: the node writes the data and raises
+/// the event as soon as the data is in, and answers `Committed` with no `Ack` and no `Commit`
+/// between. An earlier transfer from the same origin that arrives after it (it was overtaken)
+/// is refused, and its bytes never land on the later ones.
+#[test]
+fn a_transfer_applied_on_arrival_takes_one_round_trip_and_an_overtaken_one_is_refused() {
+    let t = test_layout();
+    let hand = HandDriven::start(1, &t.layout, &config(5000));
+    let node = &hand.nodes[0];
+    let mut peer = hand.connect(1);
+    let mut xfer = |seq: u64, data: &'static [u8]| {
+        let key = OpKey { origin: 0, seq };
+        let begin = XferBegin {
+            key,
+            dest: NodeSet::single(1),
+            fanout: 2,
+            offset: t.bulk.offset,
+            len: data.len() as u64,
+            remote_event: Some(t.data.index() as u32),
+            timeout_ms: 5000,
+            on_arrival: true,
+        };
+        peer.send_control(&Control::Xfer(XferMsg::Begin(begin)))
+            .unwrap();
+        peer.send(&OutFrame::data(key, 0, Bytes::from_static(data)))
+            .unwrap();
+        let reply = peer.recv_control().unwrap();
+        (key, reply)
+    };
+    let (newer, reply) = xfer(5, b"newer!!!");
+    assert_eq!(reply, Control::Xfer(XferMsg::Committed(newer)));
+    assert_eq!(node.test_event(t.data, Wait::Poll), Ok(true));
+    assert_eq!(
+        node.memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"newer!!!".to_vec()
+    );
+    let (older, reply) = xfer(3, b"older!!!");
+    match reply {
+        Control::Xfer(XferMsg::Nack(key, PrimError::TransferFailed(why))) => {
+            assert_eq!(key, older);
+            assert!(why.contains("later transfer"), "{why}");
+        }
+        other => panic!("the overtaken transfer was not refused: {other:?}"),
+    }
+    assert_eq!(
+        node.memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"newer!!!".to_vec(),
+        "the overtaken transfer's bytes landed on the later one's"
+    );
+    assert_eq!(
+        node.test_event(t.data, Wait::Poll),
+        Ok(false),
+        "the node was signalled for the overtaken transfer"
+    );
+}
+
+/// The frozen-relay case of `a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one`
+/// for transfers applied on arrival, as the MM's heartbeats are: the stale transfer stuck
+/// behind frozen node 1 fails, a later one goes around it to node 2, and when node 1 thaws and
+/// relays the stale data, node 2 keeps the later bytes.
+#[test]
+fn a_stale_transfer_applied_on_arrival_relayed_late_never_overwrites_a_later_one() {
+    let t = test_layout();
+    let cfg = TcpConfig {
+        fanout: 1,
+        ..config(500)
+    };
+    let nodes = TcpNode::local_cluster(3, &t.layout, &cfg).unwrap();
+    let both: NodeSet = "1-2".parse().unwrap();
+    let send = |dest: &NodeSet, at: u64, data: &'static [u8]| {
+        nodes[0]
+            .xfer_and_signal_on_arrival_within(
+                dest,
+                t.bulk.offset + at,
+                Bytes::from_static(data),
+                Some(t.data),
+                Some(t.done),
+                None,
+            )
+            .unwrap();
+        outcome(&nodes[0], t.done)
+    };
+    assert_eq!(send(&both, 64, b"warm"), Ok(true));
+    nodes[1].freeze(true);
+    assert!(
+        matches!(send(&both, 0, b"stale!!!"), Err(PrimError::Timeout { .. })),
+        "the transfer through the frozen node fails"
+    );
+    assert_eq!(send(&NodeSet::single(2), 0, b"healed!!"), Ok(true));
+    nodes[1].freeze(false);
+    // Frames on each link stay in order: once this transfer over 0 -> 1 -> 2 is done, node 2
+    // has handled everything node 1 relayed before it.
+    assert_eq!(send(&both, 64, b"sync"), Ok(true));
+    assert_eq!(
+        nodes[2].memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"healed!!".to_vec(),
+        "the stale transfer's data landed after the later one"
+    );
+}
+
 /// The commit phase's window: the origin (driven by hand here) gave up on a transfer after
 /// sending its `Commit`, which is stuck behind a frozen node 1, and committed a later transfer
 /// to the same bytes on node 2 directly. When node 1 thaws and relays the old `Commit`, node 2
@@ -611,6 +711,7 @@ fn a_late_commit_of_a_superseded_transfer_is_ignored() {
             len: data.len() as u64,
             remote_event: Some(t.data.index() as u32),
             timeout_ms: 5000,
+            on_arrival: false,
         };
         peer.send_control(&Control::Xfer(XferMsg::Begin(begin)))
             .unwrap();
@@ -681,6 +782,7 @@ fn pending_operations_and_staged_bytes_are_capped() {
             len,
             remote_event: None,
             timeout_ms: 60_000,
+            on_arrival: false,
         }))
     };
     // Four transfers begun and left open; the fifth is refused.
@@ -778,6 +880,7 @@ fn a_members_new_connection_closes_its_previous_one() {
         len: 2,
         remote_event: None,
         timeout_ms: 5000,
+        on_arrival: false,
     };
     second
         .send_control(&Control::Xfer(XferMsg::Begin(begin)))

@@ -42,7 +42,8 @@ pub(super) enum Requeue {
 impl<E: MmEnv> MachineManager<E> {
     /// The heartbeat in flight failed: the nodes it names leave the heartbeat, and the same
     /// heartbeat goes again, byte for byte, to the others. Nodes that took it all the same (a
-    /// node failing during the commit phase leaves some signalled) skip the repeat.
+    /// heartbeat is applied on each node as it arrives, so a failure leaves some signalled)
+    /// skip the repeat.
     pub(super) fn heartbeat_failed(&mut self, e: PrimError, sent: Bytes) {
         self.heartbeats.unsend_last();
         self.hb_resend = Some(sent);

@@ -470,8 +470,10 @@ impl<E: MmEnv> MachineManager<E> {
         let mut mm = Self {
             // No member yet: nodes join as their NMs register. AWAIT-SPACE waits at most a
             // timeslice, so a node that stops taking heartbeats never stalls the others (the
-            // receipt check finds it).
+            // receipt check finds it). A heartbeat applies at each node as it arrives (one
+            // round trip, not two): a failed one goes again, and nodes that took it skip it.
             heartbeats: QueueProducer::new(rm.heartbeat, NodeSet::new(), 1)
+                .applied_on_arrival()
                 .with_space_timeout(cfg.timeslice().max(Duration::from_millis(1)))
                 .with_op_timeout(cfg.heartbeat_deadline()),
             policy,

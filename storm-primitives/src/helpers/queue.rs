@@ -39,6 +39,7 @@ pub struct QueueProducer {
     backoff: Backoff,
     space_timeout: Option<Duration>,
     op_timeout: Option<Duration>,
+    on_arrival: bool,
 }
 
 impl QueueProducer {
@@ -54,6 +55,7 @@ impl QueueProducer {
             backoff: Backoff::default(),
             space_timeout: None,
             op_timeout: None,
+            on_arrival: false,
         }
     }
 
@@ -67,6 +69,16 @@ impl QueueProducer {
     /// Fail an ENQUEUE that waits longer than `timeout` for space.
     pub fn with_space_timeout(mut self, timeout: Duration) -> Self {
         self.space_timeout = Some(timeout);
+        self
+    }
+
+    /// Sends each entry with [`Primitives::xfer_and_signal_on_arrival_within`]: one round
+    /// trip instead of two where the backend commits in two phases, but an entry whose
+    /// transfer fails may have reached some consumers. For a producer that sends such an entry
+    /// again under the same sequence number ([`QueueProducer::unsend_last`]): the consumers
+    /// that took it skip the repeat.
+    pub fn applied_on_arrival(mut self) -> Self {
+        self.on_arrival = true;
         self
     }
 
@@ -98,10 +110,13 @@ impl QueueProducer {
     }
 
     /// The last entry's transfer failed, so no consumer was signalled (XFER-AND-SIGNAL is all
-    /// or nothing): its sequence number and slot are used again by the next entry, which must
-    /// be the same entry sent again. Consumers that were signalled all the same (a node failing
-    /// during the commit) see it again and skip it as one they already took; a different
-    /// entry in its place would be lost to them.
+    /// or nothing), or only some were (an entry [`applied_on_arrival`]): its sequence number
+    /// and slot are used again by the next entry, which must be the same entry sent again.
+    /// Consumers that were signalled all the same (a node failing during the commit, or any
+    /// node for an entry applied on arrival) see it again and skip it as one they already
+    /// took; a different entry in its place would be lost to them.
+    ///
+    /// [`applied_on_arrival`]: QueueProducer::applied_on_arrival
     pub fn unsend_last(&mut self) {
         if self.enqueued > self.base {
             self.enqueued -= 1;
@@ -196,14 +211,30 @@ impl QueueProducer {
         let slot = ((seq - self.base) % self.queue.slot_count as u64) as usize;
         let mut image = entry.0;
         image[8..QUEUE_SLOT_HEADER].copy_from_slice(&seq.to_le_bytes());
-        prims.xfer_and_signal_within(
-            &self.dest,
+        let (offset, data, arrived) = (
             self.queue.slot_offset(slot),
             image.freeze(),
             Some(self.queue.arrived),
-            local,
-            self.op_timeout,
-        )?;
+        );
+        if self.on_arrival {
+            prims.xfer_and_signal_on_arrival_within(
+                &self.dest,
+                offset,
+                data,
+                arrived,
+                local,
+                self.op_timeout,
+            )?;
+        } else {
+            prims.xfer_and_signal_within(
+                &self.dest,
+                offset,
+                data,
+                arrived,
+                local,
+                self.op_timeout,
+            )?;
+        }
         self.enqueued += 1;
         Ok(())
     }

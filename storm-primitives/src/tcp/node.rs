@@ -15,7 +15,7 @@ use super::caw::CawTable;
 use super::config::TcpConfig;
 use super::conn::{self, Conn};
 use super::wire::{Control, Frame, OutFrame};
-use super::xfer::XferTable;
+use super::xfer::{XferRequest, XferTable};
 use crate::error::{PrimError, Result};
 use crate::event::{EventTable, Wait};
 use crate::layout::{EventId, Layout, VarId};
@@ -402,6 +402,41 @@ impl TcpNode {
         }
     }
 
+    /// XFER-AND-SIGNAL in two phases, or applied on arrival.
+    fn start_xfer(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        (remote, local): (Option<EventId>, Option<EventId>),
+        timeout: Option<Duration>,
+        on_arrival: bool,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        check_xfer(
+            &inner.layout,
+            (inner.id, &inner.all),
+            dest,
+            offset,
+            data.len(),
+            remote,
+            local,
+        )?;
+        if inner.is_shut_down() {
+            return Err(PrimError::ShutDown);
+        }
+        inner.start_xfer(XferRequest {
+            dest: dest.clone(),
+            offset,
+            data,
+            remote,
+            local,
+            timeout: timeout.unwrap_or(inner.config.op_timeout).max(MIN_TIMEOUT),
+            on_arrival,
+        });
+        Ok(())
+    }
+
     /// Stops the node abruptly, as a crash would: connections close, operations in flight
     /// fail, blocked waiters return [`PrimError::ShutDown`].
     pub fn shutdown(&self) {
@@ -445,22 +480,19 @@ impl Primitives for TcpNode {
         local: Option<EventId>,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        let inner = &self.inner;
-        check_xfer(
-            &inner.layout,
-            (inner.id, &inner.all),
-            dest,
-            offset,
-            data.len(),
-            remote,
-            local,
-        )?;
-        if inner.is_shut_down() {
-            return Err(PrimError::ShutDown);
-        }
-        let timeout = timeout.unwrap_or(inner.config.op_timeout).max(MIN_TIMEOUT);
-        inner.start_xfer(dest, offset, data, remote, local, timeout);
-        Ok(())
+        self.start_xfer(dest, offset, data, (remote, local), timeout, false)
+    }
+
+    fn xfer_and_signal_on_arrival_within(
+        &self,
+        dest: &NodeSet,
+        offset: u64,
+        data: Bytes,
+        remote: Option<EventId>,
+        local: Option<EventId>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.start_xfer(dest, offset, data, (remote, local), timeout, true)
     }
 
     fn test_event(&self, event: EventId, wait: Wait) -> Result<bool> {

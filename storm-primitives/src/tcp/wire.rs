@@ -23,7 +23,7 @@ use crate::nodeset::{NodeId, NodeSet};
 use crate::relation::Relation;
 
 pub const MAGIC: [u8; 4] = *b"STRM";
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 pub const HEADER_LEN: usize = 12;
 pub const KIND_CONTROL: u8 = 1;
 pub const KIND_DATA: u8 = 2;
@@ -61,9 +61,13 @@ pub struct XferBegin {
     pub len: u64,
     pub remote_event: Option<u32>,
     pub timeout_ms: u64,
+    /// Each node applies the data and raises the event as soon as its data has arrived, and
+    /// answers `Committed` once its subtree has (no `Ack`, no `Commit`): see
+    /// [`crate::Primitives::xfer_and_signal_on_arrival_within`].
+    pub on_arrival: bool,
 }
 
-/// The messages of the two-phase tree transfer.
+/// The messages of the tree transfer: two phases, or one for a transfer applied on arrival.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum XferMsg {
     Begin(XferBegin),
@@ -341,6 +345,7 @@ mod tests {
             len: 1 << 20,
             remote_event: Some(1),
             timeout_ms: 5000,
+            on_arrival: true,
         }));
         assert_eq!(
             roundtrip(&OutFrame::control(&begin)).unwrap(),
@@ -402,6 +407,7 @@ mod tests {
                 len: 0,
                 remote_event: None,
                 timeout_ms: 1,
+                on_arrival: false,
             })),
             bincode_config(),
         )

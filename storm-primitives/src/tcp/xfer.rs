@@ -35,6 +35,15 @@
 //! Failures inside the short commit phase are reported as failures too, but some nodes may
 //! already have been signalled; docs/primitives.md discusses this window.
 //!
+//! **Applied on arrival** ([`XferBegin::on_arrival`], for the MM's heartbeats): one phase.
+//! Each node writes the data and raises the remote event as soon as its data is complete,
+//! and answers `Committed` once its subtree has; there is no `Ack` and no `Commit`, so a
+//! heartbeat costs each node one wake-up of its receiving thread instead of two. It is not
+//! all-or-nothing (a failure may leave some nodes signalled), and the ordering rule above
+//! becomes: a node applies on-arrival transfers from one origin in issue order, refusing
+//! (with `Nack`) one older than the latest it applied, so stale bytes relayed late by a
+//! thawed node never land on newer ones.
+//!
 //! The origin commits its own transfers in the order it issued them wherever their
 //! destinations meet (a later transfer over the same tree may commit right behind an earlier
 //! one, since frames on one connection stay in order), so remote events from one origin are
@@ -119,6 +128,9 @@ pub(crate) struct XferTable {
     own: VecDeque<OpKey>,
     /// Bytes held in `staged` over all transfers (bounded by `max_staged_bytes`).
     staged_bytes: u64,
+    /// Per origin, the latest (highest sequence) on-arrival transfer this node applied: an
+    /// earlier one that arrives after it was overtaken and is not applied.
+    latest_on_arrival: HashMap<NodeId, u64>,
 }
 
 impl XferTable {
@@ -135,22 +147,36 @@ fn staged_len(staged: &[(u64, Bytes)]) -> u64 {
     staged.iter().map(|(_, b)| b.len() as u64).sum()
 }
 
+/// One XFER-AND-SIGNAL as its origin asks for it.
+pub(crate) struct XferRequest {
+    pub dest: NodeSet,
+    pub offset: u64,
+    pub data: Bytes,
+    pub remote: Option<EventId>,
+    pub local: Option<EventId>,
+    /// It fails if it has not completed within this.
+    pub timeout: Duration,
+    /// Applied at each node as its data arrives, in one phase (see [`XferBegin::on_arrival`]).
+    pub on_arrival: bool,
+}
+
 fn xfer(msg: XferMsg) -> Control {
     Control::Xfer(msg)
 }
 
 impl Inner {
-    /// Starts a transfer from this node (the origin) that fails if it has not completed
-    /// within `timeout`.
-    pub(crate) fn start_xfer(
-        self: &Arc<Self>,
-        dest: &NodeSet,
-        offset: u64,
-        data: Bytes,
-        remote: Option<EventId>,
-        local: Option<EventId>,
-        timeout: Duration,
-    ) {
+    /// Starts a transfer from this node (the origin).
+    pub(crate) fn start_xfer(self: &Arc<Self>, request: XferRequest) {
+        let XferRequest {
+            dest,
+            offset,
+            data,
+            remote,
+            local,
+            timeout,
+            on_arrival,
+        } = request;
+        let dest = &dest;
         let key = OpKey {
             origin: self.id,
             seq: self.next_seq(),
@@ -169,6 +195,7 @@ impl Inner {
             len: data.len() as u64,
             remote_event: remote.map(|e| e.index() as u32),
             timeout_ms: (timeout.as_millis() as u64).max(1),
+            on_arrival,
         };
         let begin_frame = OutFrame::control(&xfer(XferMsg::Begin(begin.clone())));
         // The origin is the tree's root: it waits the whole timeout.
@@ -212,7 +239,7 @@ impl Inner {
             XferMsg::Begin(begin) => self.on_begin(&mut table, from, begin)?,
             XferMsg::Ack(key) => {
                 if let Some(op) = table.ops.get_mut(&key) {
-                    if !op.set_child(from, Child::Pending, Child::Acked) {
+                    if op.begin.on_arrival || !op.set_child(from, Child::Pending, Child::Acked) {
                         return Err(format!("unexpected ack for {key:?}"));
                     }
                     self.xfer_progress(&mut table, key);
@@ -220,9 +247,15 @@ impl Inner {
             }
             XferMsg::Committed(key) => {
                 if let Some(op) = table.ops.get_mut(&key) {
-                    if op.phase != Phase::Committing
-                        || !op.set_child(from, Child::Acked, Child::Committed)
-                    {
+                    // On arrival, a child may finish before this node has applied the data
+                    // it forwarded.
+                    let confirmed = if op.begin.on_arrival {
+                        op.set_child(from, Child::Pending, Child::Committed)
+                    } else {
+                        op.phase == Phase::Committing
+                            && op.set_child(from, Child::Acked, Child::Committed)
+                    };
+                    if !confirmed {
                         return Err(format!("unexpected commit confirmation for {key:?}"));
                     }
                     self.xfer_progress(&mut table, key);
@@ -417,7 +450,14 @@ impl Inner {
             return;
         };
         match op.phase {
-            Phase::Gathering if op.received == op.begin.len && op.all_children(Child::Acked) => {
+            Phase::Gathering if op.begin.on_arrival && op.received == op.begin.len => {
+                self.apply_on_arrival(table, key);
+            }
+            Phase::Gathering
+                if !op.begin.on_arrival
+                    && op.received == op.begin.len
+                    && op.all_children(Child::Acked) =>
+            {
                 op.phase = Phase::Prepared;
                 // At the origin, `commit_own` (run by the caller) takes it from here.
                 if let Some(parent) = op.parent {
@@ -490,8 +530,33 @@ impl Inner {
         }
     }
 
-    /// Sends `Commit` down, writes the data into this node's memory and raises its remote
-    /// event.
+    /// An on-arrival transfer's data is all here: applies it, unless a later on-arrival
+    /// transfer from the same origin has been applied here already, in which case this one
+    /// fails (its bytes are older).
+    fn apply_on_arrival(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
+        if table.ops.get(&key).is_some_and(|op| op.parent.is_some()) {
+            // The origin's own writes are in order already.
+            match table.latest_on_arrival.get(&key.origin) {
+                Some(&latest) if latest > key.seq => {
+                    let err = PrimError::TransferFailed(format!(
+                        "node {} had applied a later transfer from node {} when transfer \
+                         {key:?} arrived, so it was not applied there",
+                        self.id, key.origin
+                    ));
+                    tracing::debug!(node = self.id, ?key, "{err}");
+                    self.xfer_fail(table, key, err);
+                    return;
+                }
+                _ => {
+                    table.latest_on_arrival.insert(key.origin, key.seq);
+                }
+            }
+        }
+        self.xfer_commit(table, key);
+    }
+
+    /// Sends `Commit` down (unless the children apply the data on arrival), writes the data
+    /// into this node's memory and raises its remote event.
     fn xfer_commit(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
         let Some(op) = table.ops.get_mut(&key) else {
             return;
@@ -499,9 +564,11 @@ impl Inner {
         op.phase = Phase::Committing;
         op.deadline = Instant::now() + Duration::from_millis(op.begin.timeout_ms);
         self.sweep_by(op.deadline);
-        let frame = OutFrame::control(&xfer(XferMsg::Commit(key)));
-        for (c, _) in &op.children {
-            self.send(*c, frame.clone());
+        if !op.begin.on_arrival {
+            let frame = OutFrame::control(&xfer(XferMsg::Commit(key)));
+            for (c, _) in &op.children {
+                self.send(*c, frame.clone());
+            }
         }
         // The origin wrote its own copy when it issued the transfer.
         let member = op.parent.is_some();
