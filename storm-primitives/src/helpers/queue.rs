@@ -454,8 +454,8 @@ mod tests {
     use crate::memory::GlobalMemory;
     use crate::relation::Relation;
 
-    /// A node that counts its COMPARE-AND-WRITEs.
-    struct Counting(LocalNode, AtomicUsize);
+    /// A node that counts its COMPARE-AND-WRITEs and its transfers applied on arrival.
+    struct Counting(LocalNode, AtomicUsize, AtomicUsize);
 
     impl Primitives for Counting {
         fn node_id(&self) -> crate::NodeId {
@@ -479,6 +479,18 @@ mod tests {
             l: Option<EventId>,
             t: Option<Duration>,
         ) -> Result<()> {
+            self.0.xfer_and_signal_within(d, o, b, r, l, t)
+        }
+        fn xfer_and_signal_on_arrival_within(
+            &self,
+            d: &NodeSet,
+            o: u64,
+            b: Bytes,
+            r: Option<EventId>,
+            l: Option<EventId>,
+            t: Option<Duration>,
+        ) -> Result<()> {
+            self.2.fetch_add(1, Ordering::Relaxed);
             self.0.xfer_and_signal_within(d, o, b, r, l, t)
         }
         fn test_event(&self, e: EventId, w: Wait) -> Result<bool> {
@@ -513,7 +525,7 @@ mod tests {
     #[test]
     fn await_space_costs_one_check_per_half_queue_while_consumers_keep_up() {
         let (fabric, q) = setup(16);
-        let producer_node = Counting(fabric.node(0), AtomicUsize::new(0));
+        let producer_node = Counting(fabric.node(0), AtomicUsize::new(0), AtomicUsize::new(0));
         let mut consumers: Vec<_> = (1..3)
             .map(|i| {
                 (
@@ -541,6 +553,32 @@ mod tests {
             checks >= 1,
             "the first entry must check that the consumers joined the epoch"
         );
+    }
+
+    /// A producer made `applied_on_arrival` sends every entry with the one-phase transfer (the
+    /// MM's heartbeats rely on it for their cost), and its consumers take every entry once.
+    #[test]
+    fn a_producer_applied_on_arrival_sends_each_entry_by_the_one_phase_transfer() {
+        let (fabric, q) = setup(4);
+        let producer_node = Counting(fabric.node(0), AtomicUsize::new(0), AtomicUsize::new(0));
+        let node = fabric.node(1);
+        let mut consumer = QueueConsumer::new(&node, q, 1).unwrap();
+        let mut producer = QueueProducer::new(q, "1".parse().unwrap(), 1).applied_on_arrival();
+        for i in 0..10u64 {
+            producer
+                .enqueue(&producer_node, &i.to_le_bytes(), None)
+                .unwrap();
+            let got = consumer.dequeue(&node, Wait::Poll).unwrap().unwrap();
+            assert_eq!(&got[..], &i.to_le_bytes());
+        }
+        assert_eq!(producer_node.2.load(Ordering::Relaxed), 10);
+        // A plain producer does not.
+        let (fabric, q) = setup(4);
+        let producer_node = Counting(fabric.node(0), AtomicUsize::new(0), AtomicUsize::new(0));
+        let _consumer = QueueConsumer::new(&fabric.node(1), q, 1).unwrap();
+        let mut plain = QueueProducer::new(q, "1".parse().unwrap(), 1);
+        plain.enqueue(&producer_node, b"x", None).unwrap();
+        assert_eq!(producer_node.2.load(Ordering::Relaxed), 0);
     }
 
     /// A consumer's wait may be ended by a local wake-up (the NM's output thread does so when
