@@ -3,6 +3,11 @@
 //! Gang scheduling checks this at every switch for every task it stops, so each task's stat
 //! file is opened once and then read with one pread(2) per look, instead of open, stat, several
 //! reads and close.
+//!
+//! Between looks the NM sleeps: a task acts on SIGSTOP only once it has a CPU, often the one
+//! the NM holds. Every sleep is a wake-up, and wake-ups are most of what a switch costs the
+//! NM, so the first sleep lasts about as long as stops have lately taken (see
+//! [`next_first_pause`]): one look after one sleep usually finds the tasks stopped.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -10,9 +15,39 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-#[derive(Default)]
+/// Shortest and longest sleep before the first look after a SIGSTOP.
+const FIRST_PAUSE_MIN: Duration = Duration::from_micros(10);
+const FIRST_PAUSE_MAX: Duration = Duration::from_micros(500);
+/// Sleep before each later look (doubling up to `LATER_PAUSE_MAX`).
+const LATER_PAUSE: Duration = Duration::from_micros(10);
+const LATER_PAUSE_MAX: Duration = Duration::from_micros(500);
+
 pub struct TaskStates {
     files: HashMap<i32, File>,
+    /// How long to sleep before the first look: tuned by every wait.
+    first_pause: Duration,
+}
+
+impl Default for TaskStates {
+    fn default() -> Self {
+        Self {
+            files: HashMap::new(),
+            first_pause: FIRST_PAUSE_MIN,
+        }
+    }
+}
+
+/// The first pause of the next wait, after one that slept `sleeps` times with `pause` as its
+/// first pause. A wait that needed no more than one sleep shortens it a little, one that needed
+/// more lengthens it by half: it settles where about one wait in ten needs a second look, so
+/// a switch costs the NM one wake-up and ends about as soon as the tasks have stopped.
+pub fn next_first_pause(pause: Duration, sleeps: u32) -> Duration {
+    let next = if sleeps <= 1 {
+        pause.mul_f64(0.95)
+    } else {
+        pause.mul_f64(1.5)
+    };
+    next.clamp(FIRST_PAUSE_MIN, FIRST_PAUSE_MAX)
 }
 
 /// The state letter of a /proc/PID/stat line: the field after the command name, which is in
@@ -52,17 +87,26 @@ impl TaskStates {
     pub fn wait_until_stopped(&mut self, pids: &[i32], limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         // A task acts on SIGSTOP only once it gets a CPU, so leave the CPU to it: sleep between
-        // looks, longer and longer, rather than poll at full speed (or yield, which a busy
-        // NM would return from at once).
-        let mut pause = Duration::from_micros(10);
+        // looks rather than poll at full speed (or yield, which a busy NM would return from at
+        // once). The first sleep is as long as stops lately took; the later ones start short
+        // and double.
+        let mut pause = self.first_pause;
+        let mut sleeps = 0;
         for &pid in pids {
             while matches!(self.state(pid), Some('R' | 'S' | 'D')) {
                 if Instant::now() >= deadline {
                     return false;
                 }
                 std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_micros(500));
+                sleeps += 1;
+                pause = match sleeps {
+                    1 => LATER_PAUSE,
+                    _ => (pause * 2).min(LATER_PAUSE_MAX),
+                };
             }
+        }
+        if !pids.is_empty() {
+            self.first_pause = next_first_pause(self.first_pause, sleeps);
         }
         true
     }
@@ -79,6 +123,35 @@ mod tests {
         assert_eq!(state_of(b"42 (sleep) S 1 42 42 0"), Some('S'));
         assert_eq!(state_of(b"42 (a) b) T 1 42"), Some('T'));
         assert_eq!(state_of(b"garbage"), None);
+    }
+
+    #[test]
+    fn the_first_pause_follows_how_many_looks_stops_needed() {
+        let pause = Duration::from_micros(100);
+        // Stopped at the first look (or before any sleep): try a little shorter next time.
+        assert!(next_first_pause(pause, 0) < pause);
+        assert!(next_first_pause(pause, 1) < pause);
+        // It needed a second look: sleep longer first next time.
+        assert!(next_first_pause(pause, 2) > pause);
+        // A run of stops that each need two looks lengthens it faster than a run of quick ones
+        // shortens it, so it settles where most stops need one look.
+        let (mut up, mut down) = (pause, pause);
+        for _ in 0..3 {
+            up = next_first_pause(up, 2);
+            down = next_first_pause(down, 1);
+        }
+        assert!(up - pause > pause - down);
+        // Bounded both ways, so one stuck task cannot make every switch sleep long, nor a
+        // run of quick stops make the NM spin.
+        let mut p = pause;
+        for _ in 0..100 {
+            p = next_first_pause(p, 5);
+        }
+        assert_eq!(p, FIRST_PAUSE_MAX);
+        for _ in 0..1000 {
+            p = next_first_pause(p, 0);
+        }
+        assert_eq!(p, FIRST_PAUSE_MIN);
     }
 
     #[test]
