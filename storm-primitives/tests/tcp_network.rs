@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use storm_primitives::conformance::test_layout;
+use storm_primitives::conformance::{TestLayout, test_layout};
 use storm_primitives::tcp::auth::{Protection, Transcript};
 use storm_primitives::tcp::peer::{Membership, RawPeer};
 use storm_primitives::tcp::wire::{
@@ -589,6 +589,32 @@ fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
     );
 }
 
+/// Sends node 1 a transfer applied on arrival, from node 0 (driven by hand) as `seq`, of
+/// `data` at the start of the bulk area, and returns its key and node 1's answer.
+fn on_arrival_xfer(
+    peer: &mut RawPeer,
+    t: &TestLayout,
+    seq: u64,
+    data: &'static [u8],
+) -> (OpKey, Control) {
+    let key = OpKey { origin: 0, seq };
+    let begin = XferBegin {
+        key,
+        dest: NodeSet::single(1),
+        fanout: 2,
+        offset: t.bulk.offset,
+        len: data.len() as u64,
+        remote_event: Some(t.data.index() as u32),
+        timeout_ms: 5000,
+        on_arrival: true,
+    };
+    peer.send_control(&Control::Xfer(XferMsg::Begin(begin)))
+        .unwrap();
+    peer.send(&OutFrame::data(key, 0, Bytes::from_static(data)))
+        .unwrap();
+    (key, peer.recv_control().unwrap())
+}
+
 /// A transfer applied on arrival takes one round trip: the node writes the data and raises
 /// the event as soon as the data is in, and answers `Committed` with no `Ack` and no `Commit`
 /// between. An earlier transfer from the same origin that arrives after it (it was overtaken)
@@ -599,25 +625,7 @@ fn a_transfer_applied_on_arrival_takes_one_round_trip_and_an_overtaken_one_is_re
     let hand = HandDriven::start(1, &t.layout, &config(5000));
     let node = &hand.nodes[0];
     let mut peer = hand.connect(1);
-    let mut xfer = |seq: u64, data: &'static [u8]| {
-        let key = OpKey { origin: 0, seq };
-        let begin = XferBegin {
-            key,
-            dest: NodeSet::single(1),
-            fanout: 2,
-            offset: t.bulk.offset,
-            len: data.len() as u64,
-            remote_event: Some(t.data.index() as u32),
-            timeout_ms: 5000,
-            on_arrival: true,
-        };
-        peer.send_control(&Control::Xfer(XferMsg::Begin(begin)))
-            .unwrap();
-        peer.send(&OutFrame::data(key, 0, Bytes::from_static(data)))
-            .unwrap();
-        let reply = peer.recv_control().unwrap();
-        (key, reply)
-    };
+    let mut xfer = |seq, data| on_arrival_xfer(&mut peer, &t, seq, data);
     let (newer, reply) = xfer(5, b"newer!!!");
     assert_eq!(reply, Control::Xfer(XferMsg::Committed(newer)));
     assert_eq!(node.test_event(t.data, Wait::Poll), Ok(true));
@@ -642,6 +650,31 @@ fn a_transfer_applied_on_arrival_takes_one_round_trip_and_an_overtaken_one_is_re
         node.test_event(t.data, Wait::Poll),
         Ok(false),
         "the node was signalled for the overtaken transfer"
+    );
+}
+
+/// An origin that comes back on a new connection may be a new process (a restarted MM) whose
+/// sequence numbers start lower than its old ones (its clock stepped back): its on-arrival
+/// transfers are applied, not refused as overtaken by its former self's.
+#[test]
+fn an_origin_back_on_a_new_connection_starts_a_new_on_arrival_order() {
+    let t = test_layout();
+    let hand = HandDriven::start(1, &t.layout, &config(5000));
+    let node = &hand.nodes[0];
+    let mut before = hand.connect(1);
+    let (key, reply) = on_arrival_xfer(&mut before, &t, 1_000_000, b"former!!");
+    assert_eq!(reply, Control::Xfer(XferMsg::Committed(key)));
+    // The origin connects again (the node closes the connection before).
+    let mut after = hand.connect(1);
+    let (key, reply) = on_arrival_xfer(&mut after, &t, 7, b"reborn!!");
+    assert_eq!(
+        reply,
+        Control::Xfer(XferMsg::Committed(key)),
+        "the restarted origin's transfer was refused"
+    );
+    assert_eq!(
+        node.memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"reborn!!".to_vec()
     );
 }
 

@@ -660,9 +660,12 @@ impl Inner {
         }
     }
 
-    /// A peer is gone: transfers it was part of fail now.
+    /// A peer is gone: transfers it was part of fail now. If it comes back it may be a new
+    /// process (a restarted MM) whose sequence numbers start from its clock, which may be
+    /// behind the old one's: the order of its on-arrival transfers starts afresh.
     pub(crate) fn xfer_peer_lost(self: &Arc<Self>, peer: NodeId, err: &PrimError) {
         let mut table = self.xfers.lock();
+        table.latest_on_arrival.remove(&peer);
         let keys: Vec<OpKey> = table.ops.keys().copied().collect();
         for key in keys {
             let Some(op) = table.ops.get(&key) else {
