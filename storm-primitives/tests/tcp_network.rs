@@ -551,6 +551,17 @@ fn the_tree_heals_when_an_interior_node_dies() {
 /// which must not let it overwrite what was committed.
 #[test]
 fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
+    stale_relay_case(false);
+}
+
+/// The same for transfers applied on arrival, as the MM's heartbeats are: node 2 has applied
+/// the later one, so it refuses the stale one when node 1 relays it.
+#[test]
+fn a_stale_transfer_applied_on_arrival_relayed_late_never_overwrites_a_later_one() {
+    stale_relay_case(true);
+}
+
+fn stale_relay_case(on_arrival: bool) {
     let t = test_layout();
     let cfg = TcpConfig {
         fanout: 1,
@@ -559,15 +570,14 @@ fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
     let nodes = TcpNode::local_cluster(3, &t.layout, &cfg).unwrap();
     let both: NodeSet = "1-2".parse().unwrap();
     let send = |dest: &NodeSet, at: u64, data: &'static [u8]| {
-        nodes[0]
-            .xfer_and_signal(
-                dest,
-                t.bulk.offset + at,
-                Bytes::from_static(data),
-                Some(t.data),
-                Some(t.done),
-            )
-            .unwrap();
+        let (offset, data) = (t.bulk.offset + at, Bytes::from_static(data));
+        let (remote, local) = (Some(t.data), Some(t.done));
+        if on_arrival {
+            nodes[0].xfer_and_signal_on_arrival_within(dest, offset, data, remote, local, None)
+        } else {
+            nodes[0].xfer_and_signal(dest, offset, data, remote, local)
+        }
+        .unwrap();
         outcome(&nodes[0], t.done)
     };
     // Connect 0 -> 1 -> 2 (the chain for fanout 1), then freeze node 1.
@@ -579,13 +589,13 @@ fn a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one() {
     );
     assert_eq!(send(&NodeSet::single(2), 0, b"healed!!"), Ok(true));
     nodes[1].freeze(false);
-    // Frames on each link stay in order: once this transfer over 0 -> 1 -> 2 has committed,
-    // node 2 has handled everything node 1 relayed before it.
+    // Frames on each link stay in order: once this transfer over 0 -> 1 -> 2 is done, node 2
+    // has handled everything node 1 relayed before it.
     assert_eq!(send(&both, 64, b"sync"), Ok(true));
     assert_eq!(
         nodes[2].memory().read_vec(t.bulk.offset, 8).unwrap(),
         b"healed!!".to_vec(),
-        "the stale transfer's data landed after the later commit"
+        "the stale transfer's data landed after the later one"
     );
 }
 
@@ -675,50 +685,6 @@ fn an_origin_back_on_a_new_connection_starts_a_new_on_arrival_order() {
     assert_eq!(
         node.memory().read_vec(t.bulk.offset, 8).unwrap(),
         b"reborn!!".to_vec()
-    );
-}
-
-/// The frozen-relay case of `a_stale_transfer_relayed_late_never_overwrites_a_later_committed_one`
-/// for transfers applied on arrival, as the MM's heartbeats are: the stale transfer stuck
-/// behind frozen node 1 fails, a later one goes around it to node 2, and when node 1 thaws and
-/// relays the stale data, node 2 keeps the later bytes.
-#[test]
-fn a_stale_transfer_applied_on_arrival_relayed_late_never_overwrites_a_later_one() {
-    let t = test_layout();
-    let cfg = TcpConfig {
-        fanout: 1,
-        ..config(500)
-    };
-    let nodes = TcpNode::local_cluster(3, &t.layout, &cfg).unwrap();
-    let both: NodeSet = "1-2".parse().unwrap();
-    let send = |dest: &NodeSet, at: u64, data: &'static [u8]| {
-        nodes[0]
-            .xfer_and_signal_on_arrival_within(
-                dest,
-                t.bulk.offset + at,
-                Bytes::from_static(data),
-                Some(t.data),
-                Some(t.done),
-                None,
-            )
-            .unwrap();
-        outcome(&nodes[0], t.done)
-    };
-    assert_eq!(send(&both, 64, b"warm"), Ok(true));
-    nodes[1].freeze(true);
-    assert!(
-        matches!(send(&both, 0, b"stale!!!"), Err(PrimError::Timeout { .. })),
-        "the transfer through the frozen node fails"
-    );
-    assert_eq!(send(&NodeSet::single(2), 0, b"healed!!"), Ok(true));
-    nodes[1].freeze(false);
-    // Frames on each link stay in order: once this transfer over 0 -> 1 -> 2 is done, node 2
-    // has handled everything node 1 relayed before it.
-    assert_eq!(send(&both, 64, b"sync"), Ok(true));
-    assert_eq!(
-        nodes[2].memory().read_vec(t.bulk.offset, 8).unwrap(),
-        b"healed!!".to_vec(),
-        "the stale transfer's data landed after the later one"
     );
 }
 
