@@ -55,14 +55,31 @@ pub(crate) fn xfer(
     dest: &NodeSet,
     data: &Bytes,
 ) -> Result<Duration> {
+    xfer_as(origin, bl, dest, data, false)
+}
+
+/// One XFER-AND-SIGNAL, all-or-nothing or applied on arrival, timed until the local event.
+pub(crate) fn xfer_as(
+    origin: &dyn Primitives,
+    bl: &BenchLayout,
+    dest: &NodeSet,
+    data: &Bytes,
+    on_arrival: bool,
+) -> Result<Duration> {
     let t = Instant::now();
-    origin.xfer_and_signal(
-        dest,
-        bl.data_offset,
-        data.clone(),
-        Some(bl.arrived),
-        Some(bl.done),
-    )?;
+    let (offset, events) = (bl.data_offset, (Some(bl.arrived), Some(bl.done)));
+    if on_arrival {
+        origin.xfer_and_signal_on_arrival_within(
+            dest,
+            offset,
+            data.clone(),
+            events.0,
+            events.1,
+            None,
+        )?;
+    } else {
+        origin.xfer_and_signal(dest, offset, data.clone(), events.0, events.1)?;
+    }
     match origin.test_event(bl.done, Wait::Block) {
         Ok(true) => Ok(t.elapsed()),
         Ok(false) => Err(anyhow!("no completion")),

@@ -124,7 +124,8 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     let mut xfer = Table::new(
         format!(
             "XFER-AND-SIGNAL, backend {backend_name}: node 0 to nodes 1..N, until the local event \
-             reports success; baseline: one {baseline_name} of the same bytes"
+             reports success, all-or-nothing and applied on arrival (one phase on tcp); \
+             baseline: one {baseline_name} of the same bytes"
         ),
         &[
             "N",
@@ -136,6 +137,8 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             baseline_name,
             "ratio",
             "ratio/N",
+            "applied on arrival",
+            "ratio",
         ],
     );
     let mut caw = Table::new(
@@ -171,6 +174,9 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             let samples = sample(args.budget, || {
                 crate::links::xfer(&*origin, &bl, &dest, &data)
             })?;
+            let eager = sample(args.budget, || {
+                crate::links::xfer_as(&*origin, &bl, &dest, &data, true)
+            })?;
             let med = samples.median();
             let b = base[&size];
             xfer.push(vec![
@@ -183,6 +189,8 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 fmt_time(b),
                 format!("{:.2}", med / b),
                 format!("{:.2}", med / b / n as f64),
+                fmt_time(eager.median()),
+                format!("{:.2}", eager.median() / b),
             ]);
             csv.push(row(
                 args.backend,
@@ -190,6 +198,15 @@ pub fn run(args: &PrimsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 n,
                 size,
                 &samples,
+                baseline_name,
+                b,
+            ));
+            csv.push(row(
+                args.backend,
+                "xfer_and_signal_on_arrival",
+                n,
+                size,
+                &eager,
                 baseline_name,
                 b,
             ));
