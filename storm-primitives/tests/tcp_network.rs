@@ -607,12 +607,23 @@ fn on_arrival_xfer(
     seq: u64,
     data: &'static [u8],
 ) -> (OpKey, Control) {
+    on_arrival_xfer_at(peer, t, seq, 0, data)
+}
+
+/// The same, `at` bytes into the bulk area.
+fn on_arrival_xfer_at(
+    peer: &mut RawPeer,
+    t: &TestLayout,
+    seq: u64,
+    at: u64,
+    data: &'static [u8],
+) -> (OpKey, Control) {
     let key = OpKey { origin: 0, seq };
     let begin = XferBegin {
         key,
         dest: NodeSet::single(1),
         fanout: 2,
-        offset: t.bulk.offset,
+        offset: t.bulk.offset + at,
         len: data.len() as u64,
         remote_event: Some(t.data.index() as u32),
         timeout_ms: 5000,
@@ -660,6 +671,38 @@ fn a_transfer_applied_on_arrival_takes_one_round_trip_and_an_overtaken_one_is_re
         node.test_event(t.data, Wait::Poll),
         Ok(false),
         "the node was signalled for the overtaken transfer"
+    );
+}
+
+/// The order holds per range of bytes: an earlier transfer to other bytes that arrives after
+/// a later one (the MM's program chunk passed by a heartbeat its other thread issued just
+/// after it) is applied, while one overlapping the later transfer's bytes is still refused.
+#[test]
+fn an_earlier_transfer_applied_on_arrival_to_other_bytes_is_not_refused() {
+    let t = test_layout();
+    let hand = HandDriven::start(1, &t.layout, &config(5000));
+    let node = &hand.nodes[0];
+    let mut peer = hand.connect(1);
+    let (later, reply) = on_arrival_xfer_at(&mut peer, &t, 9, 0, b"heartbt!");
+    assert_eq!(reply, Control::Xfer(XferMsg::Committed(later)));
+    let (earlier, reply) = on_arrival_xfer_at(&mut peer, &t, 8, 64, b"chunk!!!");
+    assert_eq!(
+        reply,
+        Control::Xfer(XferMsg::Committed(earlier)),
+        "an earlier transfer to other bytes was refused"
+    );
+    assert_eq!(
+        node.memory().read_vec(t.bulk.offset + 64, 8).unwrap(),
+        b"chunk!!!".to_vec()
+    );
+    let (overlapping, reply) = on_arrival_xfer_at(&mut peer, &t, 7, 4, b"stale!!!");
+    assert!(
+        matches!(reply, Control::Xfer(XferMsg::Nack(key, _)) if key == overlapping),
+        "an overtaken transfer to overlapping bytes was applied: {reply:?}"
+    );
+    assert_eq!(
+        node.memory().read_vec(t.bulk.offset, 8).unwrap(),
+        b"heartbt!".to_vec()
     );
 }
 

@@ -35,14 +35,16 @@
 //! Failures inside the short commit phase are reported as failures too, but some nodes may
 //! already have been signalled; docs/primitives.md discusses this window.
 //!
-//! **Applied on arrival** ([`XferBegin::on_arrival`], for the MM's heartbeats): one phase.
-//! Each node writes the data and raises the remote event as soon as its data is complete,
-//! and answers `Committed` once its subtree has; there is no `Ack` and no `Commit`, so a
-//! heartbeat costs each node one wake-up of its receiving thread instead of two. It is not
-//! all-or-nothing (a failure may leave some nodes signalled), and the ordering rule above
-//! becomes: a node applies on-arrival transfers from one origin in issue order, refusing
-//! (with `Nack`) one older than the latest it applied, so stale bytes relayed late by a
-//! thawed node never land on newer ones.
+//! **Applied on arrival** ([`XferBegin::on_arrival`], for the MM's heartbeats and program
+//! chunks): one phase. Each node writes the data and raises the remote event as soon as its
+//! data is complete, and answers `Committed` once its subtree has; there is no `Ack` and no
+//! `Commit`, so a heartbeat costs each node one wake-up of its receiving thread instead of
+//! two, and a chunk is consumed at the top of the tree while it still travels below. It is
+//! not all-or-nothing (a failure may leave some nodes signalled), and the ordering rule above
+//! becomes: a node applies one origin's on-arrival transfers to the same bytes in issue
+//! order, refusing (with `Nack`) one older than the latest it applied there, so stale bytes
+//! relayed late by a thawed node never land on newer ones. Transfers to other bytes (a
+//! heartbeat and a program chunk) may be applied in either order.
 //!
 //! The origin commits its own transfers in the order it issued them wherever their
 //! destinations meet (a later transfer over the same tree may commit right behind an earlier
@@ -128,9 +130,47 @@ pub(crate) struct XferTable {
     own: VecDeque<OpKey>,
     /// Bytes held in `staged` over all transfers (bounded by `max_staged_bytes`).
     staged_bytes: u64,
-    /// Per origin, the latest (highest sequence) on-arrival transfer this node applied: an
-    /// earlier one that arrives after it was overtaken and is not applied.
-    latest_on_arrival: HashMap<NodeId, u64>,
+    /// Per origin, the latest on-arrival transfer this node applied to each region of its
+    /// memory: an earlier one to overlapping bytes that arrives after it was overtaken and is
+    /// not applied.
+    latest_on_arrival: HashMap<NodeId, AppliedRegions>,
+}
+
+/// Most regions remembered per origin. The resource manager sends on-arrival transfers to a
+/// handful of fixed queue slots; past this many, the region applied longest ago is forgotten.
+const MAX_APPLIED_REGIONS: usize = 4096;
+
+/// The on-arrival transfers one origin applied here, by region of memory: the latest
+/// (highest sequence) to each range of bytes. Regions never overlap one another.
+#[derive(Default)]
+struct AppliedRegions(Vec<Applied>);
+
+struct Applied {
+    start: u64,
+    end: u64,
+    seq: u64,
+}
+
+impl AppliedRegions {
+    /// Records transfer `seq` to `[start, end)` as applied, unless a later transfer from the
+    /// same origin was applied to any of those bytes: then it was overtaken, and the answer
+    /// is false. Transfers to other bytes may come in any order: one origin's threads number
+    /// their transfers from one counter but send them independently, so a heartbeat may pass
+    /// a program chunk issued just before it.
+    fn admit(&mut self, start: u64, end: u64, seq: u64) -> bool {
+        let overlaps = |r: &Applied| r.start < end && start < r.end;
+        if self.0.iter().any(|r| overlaps(r) && r.seq > seq) {
+            return false;
+        }
+        self.0.retain(|r| !overlaps(r));
+        if self.0.len() >= MAX_APPLIED_REGIONS
+            && let Some(oldest) = (0..self.0.len()).min_by_key(|&i| self.0[i].seq)
+        {
+            self.0.swap_remove(oldest);
+        }
+        self.0.push(Applied { start, end, seq });
+        true
+    }
 }
 
 impl XferTable {
@@ -531,25 +571,30 @@ impl Inner {
     }
 
     /// An on-arrival transfer's data is all here: applies it, unless a later on-arrival
-    /// transfer from the same origin has been applied here already, in which case this one
-    /// fails (its bytes are older).
+    /// transfer from the same origin to the same bytes has been applied here already, in
+    /// which case this one fails (its bytes are older).
     fn apply_on_arrival(self: &Arc<Self>, table: &mut XferTable, key: OpKey) {
-        if table.ops.get(&key).is_some_and(|op| op.parent.is_some()) {
-            // The origin's own writes are in order already.
-            match table.latest_on_arrival.get(&key.origin) {
-                Some(&latest) if latest > key.seq => {
-                    let err = PrimError::TransferFailed(format!(
-                        "node {} had applied a later transfer from node {} when transfer \
-                         {key:?} arrived, so it was not applied there",
-                        self.id, key.origin
-                    ));
-                    tracing::debug!(node = self.id, ?key, "{err}");
-                    self.xfer_fail(table, key, err);
-                    return;
-                }
-                _ => {
-                    table.latest_on_arrival.insert(key.origin, key.seq);
-                }
+        // The origin's own writes are in order already.
+        let member = table
+            .ops
+            .get(&key)
+            .filter(|op| op.parent.is_some())
+            .map(|op| (op.begin.offset, op.begin.len));
+        if let Some((start, len)) = member {
+            let admitted = table
+                .latest_on_arrival
+                .entry(key.origin)
+                .or_default()
+                .admit(start, start.saturating_add(len), key.seq);
+            if !admitted {
+                let err = PrimError::TransferFailed(format!(
+                    "node {} had applied a later transfer from node {} to the same bytes when \
+                     transfer {key:?} arrived, so it was not applied there",
+                    self.id, key.origin
+                ));
+                tracing::debug!(node = self.id, ?key, "{err}");
+                self.xfer_fail(table, key, err);
+                return;
             }
         }
         self.xfer_commit(table, key);
