@@ -88,7 +88,10 @@ pub struct ClusterSection {
     /// Heartbeat queue: slots and bytes per slot.
     pub heartbeat_slots: usize,
     pub heartbeat_bytes: usize,
-    /// Program transfer (Algorithm 6): bytes per chunk and slots in the chunk queue.
+    /// Program transfer (Algorithm 6): bytes per chunk and slots in the chunk queue. Eight
+    /// slots, not the paper's two: on tcp an AWAIT-SPACE check travels behind the chunks
+    /// already on their way, so a producer that may run only two chunks ahead waits a whole
+    /// chunk's journey for every chunk (docs/architecture.md, "Job launch").
     pub transfer_chunk_bytes: usize,
     pub transfer_slots: usize,
     /// Program transfers that may run at once (on disjoint nodes).
@@ -127,7 +130,7 @@ impl Default for ClusterSection {
             heartbeat_slots: 16,
             heartbeat_bytes: 64 * 1024,
             transfer_chunk_bytes: 512 * 1024,
-            transfer_slots: 2,
+            transfer_slots: 8,
             max_transfers: 4,
             output_slots: 8,
             output_bytes: 16 * 1024,

@@ -155,8 +155,9 @@ fn send_chunks(
     t: &Transfer,
     outstanding: &mut Outstanding,
 ) -> Result<(), Failure> {
-    let mut producer =
-        QueueProducer::new(queue, t.nodes.clone(), t.transfer).with_space_timeout(CANCEL_CHECK);
+    let mut producer = QueueProducer::new(queue, t.nodes.clone(), t.transfer)
+        .with_space_timeout(CANCEL_CHECK)
+        .applied_on_arrival();
     let chunk = queue.slot_payload;
     let mut sum = Checksum::new();
     let mut offset = 0u64;
