@@ -9,6 +9,11 @@
 //! A worker waits for queue space and completions in short steps, so that a transfer the MM
 //! cancelled (its job ended, or a node of it failed) stops within [`CANCEL_CHECK`], and a
 //! failure says which nodes did not take a chunk.
+//!
+//! Once every chunk is delivered the worker waits, a little, for every node to have checked
+//! the program and answered in `file.ack`, and only then reports and wakes the MM's loop: the
+//! MM verifies the answers and records the launch at once instead of at its next timeslice.
+//! The MM's verification stays the authority; the worker's wait only tells it when to look.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -21,10 +26,16 @@ use crossbeam_channel::Sender;
 use storm_cluster::RmLayout;
 use storm_cluster::messages::{Checksum, FileTrailer, JobId};
 use storm_primitives::helpers::{QueueEntry, QueueProducer};
-use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Wait};
+use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Relation, VarId, Wait};
+
+use crate::Waker;
 
 /// How often a waiting worker looks whether its transfer was cancelled.
 const CANCEL_CHECK: Duration = Duration::from_millis(100);
+
+/// The first and the longest pause between two looks at the nodes' answers.
+const ACK_PAUSE_FIRST: Duration = Duration::from_micros(20);
+const ACK_PAUSE_MAX: Duration = Duration::from_millis(1);
 
 /// A transfer to run.
 pub struct Transfer {
@@ -41,6 +52,13 @@ pub struct Transfer {
     pub delivered: Arc<AtomicU64>,
     /// Longest wait for queue space or a completion.
     pub timeout: Duration,
+    /// Where each node answers once it checked the program (`2 * transfer + 1`: verified).
+    pub file_ack: VarId,
+    /// Longest wait, once the program is delivered, for every node's answer before the
+    /// worker reports (the MM then finds the answers at a timeslice instead).
+    pub ack_wait: Duration,
+    /// Wakes the MM's loop when the worker has reported.
+    pub wake: Waker,
 }
 
 /// What a worker reports when it is done. By then no completion of its transfer is still
@@ -90,12 +108,16 @@ pub fn spawn(prims: Arc<dyn Primitives>, rm: &RmLayout, t: Transfer, done: Sende
         .name(format!("storm-mm-send-{job}"))
         .spawn(move || {
             let result = send(&*prims, queue, &t);
+            if result.is_ok() {
+                await_answers(&*prims, &t);
+            }
             let _ = done.send(TransferDone {
                 job,
                 transfer,
                 worker,
                 result,
             });
+            t.wake.wake();
         });
     if let Err(e) = spawned {
         let _ = report.send(TransferDone {
@@ -125,6 +147,31 @@ fn send(
         }
     }
     result
+}
+
+/// Waits until every node has answered for the program (verified or not), at most
+/// `t.ack_wait`, looking with COMPARE-AND-WRITE at growing intervals. A node answers once it
+/// wrote the last chunk, checked size and checksum, and closed the file, a moment after the
+/// last chunk reached it. Whatever the outcome the MM checks the answers itself.
+fn await_answers(prims: &dyn Primitives, t: &Transfer) {
+    let answered = 2 * t.transfer as u64;
+    let deadline = Instant::now() + t.ack_wait;
+    let mut pause = ACK_PAUSE_FIRST;
+    while !t.cancel.load(Ordering::Acquire) {
+        let all = prims.compare_and_write_within(
+            &t.nodes,
+            t.file_ack,
+            Relation::Ge,
+            answered,
+            None,
+            Some(t.ack_wait),
+        );
+        if !matches!(all, Ok(false)) || Instant::now() + pause > deadline {
+            return;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(ACK_PAUSE_MAX);
+    }
 }
 
 /// The sizes of the chunks sent and not yet completed, oldest first: completions come in the

@@ -46,6 +46,10 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 const SWITCH_INLINE_WAIT: Duration = Duration::from_millis(5);
 /// How often a switch waiting for tasks to stop is looked at again.
 const SWITCH_RECHECK: Duration = Duration::from_millis(1);
+/// The first look again for the exit status of a task whose output has drained: its
+/// launcher writes the status once it has reaped the task, a moment after the task's pipes
+/// closed (which is what woke the NM). Later looks wait as long as the NM has waited so far.
+const EXIT_RECHECK_FIRST: Duration = Duration::from_micros(100);
 /// A switch whose old slot still has not stopped after this long is logged.
 const SWITCH_WARN: Duration = Duration::from_millis(50);
 /// A task that has not acted on SIGSTOP after this long is stuck in the kernel (a hung file
@@ -193,6 +197,9 @@ pub struct NodeManager<E: NmEnv> {
     /// their timing from it.
     heard_ns: u128,
     output_epoch: u32,
+    /// Since when some task's output has drained but its exit status is not known yet: the
+    /// NM looks again soon, rather than at its next heartbeat, to report the end at once.
+    exiting_since: Option<Instant>,
     /// A heartbeat said to shut down.
     done: bool,
 }
@@ -235,6 +242,7 @@ impl<E: NmEnv> NodeManager<E> {
             incarnation: None,
             heard_ns: 0,
             output_epoch: 0,
+            exiting_since: None,
             done: false,
         }
     }
@@ -250,10 +258,17 @@ impl<E: NmEnv> NodeManager<E> {
     /// How long the next step may wait for a message: short while a gang switch waits for
     /// tasks to stop, else a few timeslices (the tasks are looked at on every step).
     pub fn poll_timeout(&self) -> Duration {
-        if self.switch.is_some() {
+        let idle = if self.switch.is_some() {
             SWITCH_RECHECK
         } else {
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50))
+        };
+        match self.exiting_since {
+            Some(since) => {
+                let waited = self.env.clock().now().saturating_duration_since(since);
+                waited.clamp(EXIT_RECHECK_FIRST, idle)
+            }
+            None => idle,
         }
     }
 
@@ -805,6 +820,7 @@ impl<E: NmEnv> NodeManager<E> {
         let (backlogged, flushed) = (output.backlogged(), output.flushed(self.output_epoch));
         let mut ready = Vec::new();
         let mut close = Vec::new();
+        let mut exiting = false;
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
             let held_out = j.held_out();
             for r in j.ranks.iter_mut() {
@@ -815,6 +831,8 @@ impl<E: NmEnv> NodeManager<E> {
                     r.status = Some(s);
                 } else if held_out {
                     Self::halt(&mut self.env, r);
+                } else if r.output.load(Ordering::Acquire) == 0 {
+                    exiting = true;
                 }
             }
             if j.ranks.iter().any(|r| r.status.is_none()) {
@@ -842,6 +860,10 @@ impl<E: NmEnv> NodeManager<E> {
                 ready.push(*job);
             }
         }
+        self.exiting_since = match (exiting, self.exiting_since) {
+            (false, _) => None,
+            (true, since) => since.or(Some(now)),
+        };
         for job in close {
             self.env.output().close_job(job);
         }

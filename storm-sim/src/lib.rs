@@ -53,7 +53,7 @@ use env::Flight;
 pub use env::{SimEnv, TransferModel};
 use journal::SimJournal;
 pub use node::{Heard, SimNode};
-pub use tasks::{IGNORE_SIGTERM, LINES};
+pub use tasks::{IGNORE_SIGTERM, LINES, REAPED_AFTER};
 
 /// The uid simulated jobs are submitted as.
 pub const SIM_UID: u32 = 1000;
@@ -113,6 +113,8 @@ pub struct SimJob {
     pub program: Option<u64>,
     /// Lines each task writes to its standard output over its work (`rank R line I`).
     pub lines: u32,
+    /// How long after a task ended its exit status is known (its launcher reaps it).
+    pub reaped_after: Duration,
 }
 
 impl SimJob {
@@ -126,7 +128,14 @@ impl SimJob {
             ignore_sigterm: false,
             program: None,
             lines: 0,
+            reaped_after: Duration::ZERO,
         }
+    }
+
+    /// The same job, each task's exit status known only `delay` after it ended.
+    pub fn with_reap_delay(mut self, delay: Duration) -> Self {
+        self.reaped_after = delay;
+        self
     }
 
     /// The same job with `ntasks` tasks in all.
@@ -164,6 +173,9 @@ impl SimJob {
         }
         if self.lines > 0 {
             args.push(format!("{LINES}{}", self.lines));
+        }
+        if !self.reaped_after.is_zero() {
+            args.push(format!("{REAPED_AFTER}{}", self.reaped_after.as_millis()));
         }
         JobRequest {
             name: "sim".into(),
@@ -355,6 +367,22 @@ impl Sim {
         }
         self.cpu.nodes += thread_cpu().saturating_sub(nodes_start);
         self.collect_replies();
+    }
+
+    /// Lets virtual time run to `at` (at most the next timeslice) and wakes the MM there, as
+    /// the daemon's loop is woken between timeslices: the simulated program transfers due by
+    /// then land, and the MM takes what arrived ([`MachineManager::between_ticks`]).
+    pub fn wake_at(&mut self, at: Instant) {
+        self.clock.advance_to(at.min(self.mm.poll_timeout()));
+        self.land_transfers();
+        self.mm.between_ticks();
+        self.collect_replies();
+    }
+
+    /// When the next simulated program transfer lands, if one is in flight.
+    pub fn next_landing(&self) -> Option<Instant> {
+        let flights = self.flights.lock().expect("flights");
+        flights.iter().map(|f| f.due).min()
     }
 
     /// The processor time the simulation has spent in the MM and in the nodes so far.

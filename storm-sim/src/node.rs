@@ -109,6 +109,14 @@ impl SimNode {
         self.core.job_state(job)
     }
 
+    /// How long the node's NM would wait before its next look ([`NodeManager::poll_timeout`]):
+    /// the daemon's loop waits that long for a heartbeat.
+    ///
+    /// [`NodeManager::poll_timeout`]: storm_nm::NodeManager::poll_timeout
+    pub fn poll_timeout(&self) -> Duration {
+        self.core.poll_timeout()
+    }
+
     /// Every heartbeat this node took, if the simulation records them.
     pub fn heard(&self) -> &[Heard] {
         &self.core.env().heard

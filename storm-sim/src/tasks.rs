@@ -6,7 +6,9 @@
 //! (`Signaled(n)`), except SIGTERM for a task given `ignore-sigterm`. Given `lines=N`, it
 //! writes N lines to its standard output, `rank R line I`, spread evenly over its work (line
 //! I once it has had I/N of it). Its streams are in memory ([`MemoryStream`]), read by the
-//! NM's forwarder; both end when the task does.
+//! NM's forwarder; both end when the task does. Given `reaped-after=MS`, its exit status is
+//! known only MS after it ended, as a launcher that reaps its child a moment after the
+//! child's pipes closed.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,9 @@ pub const IGNORE_SIGTERM: &str = "ignore-sigterm";
 
 /// The argument prefix that makes a simulated task write lines (`lines=N`).
 pub const LINES: &str = "lines=";
+
+/// The argument prefix that delays a simulated task's exit status (`reaped-after=MS`).
+pub const REAPED_AFTER: &str = "reaped-after=";
 
 /// A stream in memory: what the task wrote and the forwarder has not read yet.
 #[derive(Clone, Default)]
@@ -72,6 +77,8 @@ struct SimTask {
     lines: u32,
     written: u32,
     ignore_term: bool,
+    /// How long after its end its status is known.
+    reaped_after: Duration,
     halted: bool,
     status: Option<RankStatus>,
     started: Instant,
@@ -171,6 +178,11 @@ impl TaskRunner for SimTasks {
             lines,
             written: 0,
             ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
+            reaped_after: task
+                .args
+                .iter()
+                .find_map(|a| a.strip_prefix(REAPED_AFTER)?.parse().ok())
+                .map_or(Duration::ZERO, Duration::from_millis),
             halted: false,
             status: None,
             started: self.last,
@@ -209,7 +221,9 @@ impl TaskRunner for SimTasks {
     }
 
     fn status(&mut self, task: TaskId) -> Option<RankStatus> {
-        self.tasks.get(&task).and_then(|t| t.status)
+        let t = self.tasks.get(&task)?;
+        let reaped = t.ended.is_some_and(|at| self.last >= at + t.reaped_after);
+        t.status.filter(|_| reaped)
     }
 
     fn times(&mut self, task: TaskId) -> TaskTimes {

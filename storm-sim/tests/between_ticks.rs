@@ -192,3 +192,41 @@ fn a_settled_start_brings_the_next_timeslice_forward() {
     );
     assert!(s.run_until(ms(1_000), |s| s.node(0).job_state(job).is_some()));
 }
+
+/// A program transfer that ends between two timeslices is verified there, as soon as the
+/// MM's loop is woken for it (its worker wakes it once every node answered): the launch is
+/// recorded at once and brings the next timeslice forward, instead of waiting for the next
+/// one to find the nodes' acknowledgements.
+#[test]
+fn the_launch_follows_the_acknowledgement_of_the_program_at_once() {
+    let slice = ms(20);
+    let mut s = Sim::new(SimOptions {
+        timeslice: slice,
+        ..SimOptions::default()
+    })
+    .unwrap();
+    s.run_until_up(Duration::from_secs(5)).unwrap();
+    let job = s
+        .submit(&SimJob::new(4, Duration::ZERO).with_program(12_000_000))
+        .unwrap();
+    assert!(s.run_until(ms(1_000), |s| s.next_landing().is_some()));
+    let landing = s.next_landing().unwrap();
+    let next_tick = s.mm().poll_timeout();
+    assert!(
+        landing < next_tick,
+        "the transfer ({:?} left) must end before the next timeslice ({:?} left) for this test",
+        landing - s.now(),
+        next_tick - s.now()
+    );
+    s.wake_at(landing);
+    assert_eq!(s.mm().queue_view()[0].state, "launching");
+    assert_eq!(
+        s.mm().poll_timeout(),
+        landing,
+        "the launch waits for the timeslice due {:?} after the acknowledgement",
+        next_tick - landing
+    );
+    assert!(s.run_until(ms(1_000), |s| s.outcome(job).is_some()));
+    let t = s.outcome(job).unwrap().timing;
+    assert_eq!(t.launch_us, 0, "{t:?}");
+}

@@ -639,3 +639,40 @@ fn the_outcome_times_start_run_and_report_from_the_nodes() {
         "{t:?}"
     );
 }
+
+/// A task's end is reported once the NM knows its exit status, which its launcher writes a
+/// moment after the task's streams closed (it reaps the task first). The NM, woken by the
+/// streams, looks again soon for the status, sooner than its next heartbeat, and less often
+/// the longer it waits; once the job is reported it waits for heartbeats again.
+#[test]
+fn an_nm_looks_again_soon_for_the_status_of_a_task_whose_output_drained() {
+    let slice = ms(20);
+    let mut s = sim(SimOptions {
+        nodes: 1,
+        timeslice: slice,
+        ..SimOptions::default()
+    });
+    let idle = s.node(0).poll_timeout();
+    assert!(idle >= slice, "an idle NM waits {idle:?}");
+    let job = s
+        .submit(&SimJob::new(1, ms(5)).with_reap_delay(ms(200)))
+        .unwrap();
+    assert!(
+        s.run_until(ms(1_000), |s| s.node(0).poll_timeout() < slice),
+        "the NM waited for its next heartbeat to learn the task's status"
+    );
+    let first = s.node(0).poll_timeout();
+    s.step();
+    assert!(
+        s.outcome(job).is_none(),
+        "reported before the status was known"
+    );
+    let later = s.node(0).poll_timeout();
+    assert!(
+        later > first,
+        "the looks do not space out ({first:?}, then {later:?})"
+    );
+    assert!(s.run_until(ms(1_000), |s| s.outcome(job).is_some()));
+    assert_eq!(s.outcome(job).unwrap().exit_code(), 0);
+    assert_eq!(s.node(0).poll_timeout(), idle);
+}

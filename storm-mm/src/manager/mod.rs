@@ -575,12 +575,17 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// What the MM does between timeslices: takes the terminations announced since the last
-    /// timeslice and sends the replies whose journal commit has settled. It schedules and
-    /// launches nothing (that waits for the timeslice, and its heartbeat); but a settled
-    /// commit that lets a launch go brings the next timeslice forward to now, so that the
-    /// launch does not wait out the rest of this one on top of the commit.
+    /// timeslice, takes the program transfers its workers finished (verifying the nodes'
+    /// answers, and recording the launch of a job whose program every node holds), and sends
+    /// the replies whose journal commit has settled. It schedules and launches nothing (that
+    /// waits for the timeslice, and its heartbeat); but a settled commit that lets a launch go
+    /// brings the next timeslice forward to now, so that the launch does not wait out the rest
+    /// of this one on top of the commit.
     pub fn between_ticks(&mut self) {
         self.detect_terminations();
+        if self.take_finished_transfers() {
+            self.verify_transfers();
+        }
         self.publish();
         let settled = self.journal.settled();
         let launchable = self.jobs.values().any(|j| j.phase.may_launch(settled));
@@ -630,9 +635,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.attention.collect(&*self.prims, now);
         self.membership();
         self.enforce_silence(now);
-        while let Ok(done) = self.worker_rx.try_recv() {
-            self.transfer_done(done);
-        }
+        self.take_finished_transfers();
         self.report_transfer_progress();
         self.verify_transfers();
         self.advance_recoveries(now);
@@ -1436,6 +1439,9 @@ impl<E: MmEnv> MachineManager<E> {
                 cancel,
                 delivered,
                 timeout: op_timeout * 6,
+                file_ack: self.rm.file_ack,
+                ack_wait: self.cfg.heartbeat_deadline(),
+                wake: self.waker(),
             },
             self.worker_tx.clone(),
         );
@@ -1501,6 +1507,16 @@ impl<E: MmEnv> MachineManager<E> {
         for (client, r) in due {
             self.reply(client, r);
         }
+    }
+
+    /// Takes what the transfer workers reported; true if any did.
+    fn take_finished_transfers(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(done) = self.worker_rx.try_recv() {
+            self.transfer_done(done);
+            any = true;
+        }
+        any
     }
 
     fn transfer_done(&mut self, done: TransferDone) {
