@@ -9,7 +9,9 @@
 //! it may still show as runnable for the moment it takes to get a CPU and stop, but it runs
 //! no more of its code. A multi-threaded one does: the kernel wakes one of its threads to
 //! take the signal, and the others run on until that thread has, which on a busy node can
-//! take a while. Only those tasks are waited for, until their state is `T`.
+//! take a while. Only those tasks are waited for, until their state is `T`. What is looked
+//! at is the task's own process, the leader of its process group; other processes of the
+//! group (a shell's children) were sent the same SIGSTOP and are not looked at.
 //!
 //! Each task's stat file is opened once and then read with one pread(2) per look, instead of
 //! open, stat, several reads and close. Between looks the NM sleeps: the thread that takes
