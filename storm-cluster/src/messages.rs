@@ -96,6 +96,13 @@ impl FileInfo {
     }
 }
 
+/// What a node writes in its `file.ack` once it is done with program transfer `transfer`:
+/// `2 * transfer + 1` if it received and verified the program, `2 * transfer` if not. Every
+/// value at or above `file_ack(transfer, false)` is an answer for that transfer.
+pub fn file_ack(transfer: u32, verified: bool) -> u64 {
+    2 * transfer as u64 + u64::from(verified)
+}
+
 /// The last entry of a program transfer: what the receiver must have got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileTrailer {

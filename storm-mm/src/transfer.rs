@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{Checksum, FileTrailer, JobId};
+use storm_cluster::messages::{Checksum, FileTrailer, JobId, file_ack};
 use storm_primitives::helpers::{QueueEntry, QueueProducer};
 use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Relation, VarId, Wait};
 
@@ -52,7 +52,7 @@ pub struct Transfer {
     pub delivered: Arc<AtomicU64>,
     /// Longest wait for queue space or a completion.
     pub timeout: Duration,
-    /// Where each node answers once it checked the program (`2 * transfer + 1`: verified).
+    /// Where each node answers once it checked the program ([`file_ack`]).
     pub file_ack: VarId,
     /// Longest wait, once the program is delivered, for every node's answer before the
     /// worker reports (the MM then finds the answers at a timeslice instead).
@@ -154,7 +154,7 @@ fn send(
 /// wrote the last chunk, checked size and checksum, and closed the file, a moment after the
 /// last chunk reached it. Whatever the outcome the MM checks the answers itself.
 fn await_answers(prims: &dyn Primitives, t: &Transfer) {
-    let answered = 2 * t.transfer as u64;
+    let answered = file_ack(t.transfer, false);
     let deadline = Instant::now() + t.ack_wait;
     let mut pause = ACK_PAUSE_FIRST;
     while !t.cancel.load(Ordering::Acquire) {

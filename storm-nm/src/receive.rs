@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{Checksum, FileInfo, FileTrailer};
+use storm_cluster::messages::{Checksum, FileInfo, FileTrailer, file_ack};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{Primitives, Wait};
 
@@ -169,12 +169,13 @@ impl Reception {
         Ok(())
     }
 
-    /// Tells the MM how the transfer ended: `2*transfer + 1` for a verified file, `2*transfer`
-    /// for a failure (written, so the MM learns of it instead of waiting). A cancelled
-    /// transfer writes none: nobody waits for it, and a later transfer may.
+    /// Tells the MM how the transfer ended ([`file_ack`]), a failure too, so that the MM
+    /// learns of it instead of waiting. A cancelled transfer writes none: nobody waits for
+    /// it, and a later transfer may.
     pub fn acknowledge(&self, prims: &dyn Primitives, rm: &RmLayout, ok: bool) {
-        let ack = 2 * self.info.transfer as u64 + u64::from(ok);
-        prims.memory().store(rm.file_ack, ack);
+        prims
+            .memory()
+            .store(rm.file_ack, file_ack(self.info.transfer, ok));
     }
 }
 
@@ -292,7 +293,7 @@ pub fn spawn(
             Err(e) => {
                 tracing::error!(job, "program transfer failed: {e}");
                 if !flag.load(Ordering::Acquire) {
-                    prims.memory().store(rm.file_ack, 2 * transfer as u64);
+                    prims.memory().store(rm.file_ack, file_ack(transfer, false));
                 }
                 return;
             }

@@ -3,7 +3,7 @@
 //!
 //! A transfer moves no bytes. It completes [`TransferModel::time`] after it starts, in
 //! virtual time: then every node of the job that is still reachable acknowledges the program
-//! as the NM's receiver does (`file_ack = 2 * transfer + 1`), and the MM's worker reports the
+//! as the NM's receiver does (`file_ack(transfer, true)`), and the MM's worker reports the
 //! transfer done. What the MM does around it (placing the job, checking the acknowledgements
 //! with COMPARE-AND-WRITE at its heartbeat, launching) is its own code, so a simulated launch
 //! is the model's transfer plus the real protocol's rounds: the critical path

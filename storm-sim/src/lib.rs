@@ -502,7 +502,7 @@ impl Sim {
         };
         for f in due {
             let t = f.transfer;
-            let ack = 2 * t.transfer as u64 + 1;
+            let ack = storm_cluster::messages::file_ack(t.transfer, true);
             for n in t.nodes.iter() {
                 if !self.nodes[n as usize].is_frozen() {
                     self.fabric.node(n).memory().store(self.rm.file_ack, ack);

@@ -31,7 +31,7 @@ use storm_cluster::control::{
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, JobId, LaunchSpec, MpiMode, NodeReport, OutputChunk, Program,
-    decode_sealed, encode,
+    decode_sealed, encode, file_ack,
 };
 use storm_cluster::tasks::TaskPlan;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -1585,7 +1585,7 @@ impl<E: MmEnv> MachineManager<E> {
             })
             .collect();
         for (id, transfer, nodes) in verifying {
-            let good = 2 * transfer as u64 + 1;
+            let good = file_ack(transfer, true);
             let ack = self.rm.file_ack;
             let deadline = Some(self.cfg.heartbeat_deadline());
             let answered = match self.prims.compare_and_write_within(
