@@ -280,26 +280,25 @@ fn a_request_over_the_size_limit_is_refused_naming_it() {
     assert!(fine.status.success(), "{}", text(&fine.stderr));
 }
 
-/// A client that asks and never reads the answers is disconnected once it leaves more than
-/// `max_unread_replies` unread; the job it submitted runs to its end all the same.
-#[test]
-fn a_client_that_does_not_read_is_dropped_and_its_job_is_not_harmed() {
-    let c = cluster(LimitsSection {
-        max_unread_replies: 8,
-        ..Default::default()
-    });
-    let work = tempfile::tempdir().unwrap();
-    let marker = work.path().join("finished");
-    let client = Client::connect(&c.socket).unwrap();
-    let job = JobRequest {
-        name: "unread".into(),
-        program: "/bin/sh".into(),
-        args: vec![
-            "-c".into(),
-            format!("sleep 1; echo whole > {}", marker.display()),
-        ],
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A job of `/bin/true` named `name`, run in place.
+fn named_job(name: String, cwd: &Path) -> JobRequest {
+    JobRequest {
+        name,
+        program: "/bin/true".into(),
+        args: vec![],
         env: vec![],
-        cwd: work.path().to_path_buf(),
+        cwd: cwd.to_path_buf(),
         tasks: TaskRequest {
             nodes: Some(1),
             ..Default::default()
@@ -308,26 +307,82 @@ fn a_client_that_does_not_read_is_dropped_and_its_job_is_not_harmed() {
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
-    };
-    client.request(&Request::Submit(job), None).unwrap();
+    }
+}
+
+/// Finding 8 of issue 31: the unread-reply limit counted replies, so a client sending small
+/// `Queue` requests and never reading grew the MM by the size of a long queue a thousand
+/// times over (20 KB of requests, 2 GB). The limit is in bytes now: the client is dropped
+/// once its unread replies pass `max_unread_reply_bytes`, the MM's memory grows by about that
+/// much (seen from outside, in its resident size), and the waiting jobs (its own too) and
+/// other users are unharmed.
+#[test]
+fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
+    let limit: u64 = 1 << 20;
+    let c = cluster(LimitsSection {
+        max_unread_reply_bytes: limit,
+        max_queued_jobs_per_user: 100_000,
+        ..Default::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    // A long queue: one job holds the node, 300 wait behind it, each with a 500-byte name,
+    // so that one `storm queue` answer is about 200 KB.
+    let (running, _) = running_and_waiting(&c, &["/bin/true"]);
+    let owner = Client::connect(&c.socket).unwrap();
+    for i in 0..300 {
+        let name = format!("{i:04}-{}", "q".repeat(500));
+        owner
+            .call(&Request::Submit(named_job(name, work.path())))
+            .unwrap();
+    }
+    let mm = c
+        .cluster
+        .as_ref()
+        .unwrap()
+        .daemon_pids()
+        .into_iter()
+        .find_map(|(name, pid)| (name == "storm-mm").then_some(pid))
+        .expect("the MM's pid");
+    let before = rss(mm);
+    let reader = Client::connect(&c.socket).unwrap();
+    // The dropped client's own job goes on without it.
+    let marker = work.path().join("finished");
+    let mut own = named_job("unread".into(), work.path());
+    own.program = "/bin/sh".into();
+    own.args = vec!["-c".into(), format!("echo whole > {}", marker.display())];
+    reader.request(&Request::Submit(own), None).unwrap();
     let since = Instant::now();
     let mut sent = 0u64;
-    while client.request(&Request::Queue, None).is_ok() {
+    while reader.request(&Request::Queue, None).is_ok() {
         sent += 1;
         assert!(
             since.elapsed() < Duration::from_secs(60),
             "still connected after {sent} unread requests"
         );
     }
-    wait_for_file(&marker);
-    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "whole\n");
+    let grew = rss(mm).saturating_sub(before);
     let log = std::fs::read_to_string(c.root.join("mm.log")).unwrap_or_default();
     assert!(
-        log.contains("max_unread_replies = 8"),
+        log.contains("max_unread_reply_bytes = 1048576"),
         "the MM says why it dropped the client: {log}"
     );
-    let after = c.submit(&["-N", "1", "/bin/true"]);
-    assert!(after.status.success(), "{}", text(&after.stderr));
+    // A count of 1024 replies let this grow by 1024 answers of 200 KB each.
+    assert!(
+        grew < 48 << 20,
+        "the MM grew by {} MiB for a client that read nothing ({sent} requests)",
+        grew >> 20
+    );
+    // The queue and the other users are unharmed.
+    assert!(
+        c.queued_jobs().len() >= 300,
+        "the waiting jobs are still there"
+    );
+    let other = c.storm(&["queue"]);
+    assert!(other.status.success(), "{}", text(&other.stderr));
+    drop(owner);
+    end_running(&c, running);
+    wait_for_file(&marker);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "whole\n");
 }
 
 fn wait_for_file(path: &Path) {

@@ -6,6 +6,7 @@ mod support;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use support::{TestCluster, script, text};
 
@@ -117,7 +118,7 @@ fn metrics_are_served_for_scraping_and_a_lost_mm_is_a_503() {
     let mut server = Command::new(env!("CARGO_BIN_EXE_storm"))
         .arg("--socket")
         .arg(&c.socket)
-        .args(["metrics", "--listen", "127.0.0.1:0"])
+        .args(["metrics", "--listen", "127.0.0.1:0", "--refresh-ms", "100"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("start storm metrics --listen");
@@ -140,7 +141,16 @@ fn metrics_are_served_for_scraping_and_a_lost_mm_is_a_503() {
     assert!(reply.contains("storm_nodes{state=\"idle\"} 1"), "{reply}");
     assert!(get(&addr, "/elsewhere").starts_with("HTTP/1.1 404"));
     c.cluster.as_mut().unwrap().kill_mm().unwrap();
-    let reply = get(&addr, "/metrics");
+    // Scrapes are served from the snapshot refreshed every 100 ms: the next refresh finds the
+    // MM gone.
+    let since = std::time::Instant::now();
+    let reply = loop {
+        let reply = get(&addr, "/metrics");
+        if !reply.starts_with("HTTP/1.1 200") || since.elapsed() > Duration::from_secs(10) {
+            break reply;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
     assert!(reply.contains("unreachable"), "{reply}");
     server.kill().unwrap();

@@ -220,3 +220,73 @@ fn a_compute_node_cannot_write_commands_into_another() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).matches("still here").count(), 2);
 }
+
+/// Finding 5 of issue 31: a host without the key held all 64 handshake places of the MM, so a
+/// restarted NM could not rejoin (down for 15 s), and each refusal wrote a warning (0.8 MB/s
+/// of log). Now a flood from one host (127.0.0.2: 200 connections held silent, and new ones
+/// sending garbage as fast as it can) takes only that host's few places: a node restarted
+/// meanwhile rejoins, and the MM's log grows by a bounded number of lines.
+#[test]
+fn a_handshake_flood_from_one_host_keeps_no_node_out_and_fills_no_log() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use storm_primitives::tcp::peer::connect_from;
+    let mut c = TestCluster::start(2);
+    let mm_addr = c.cluster.as_ref().unwrap().config.mm.address;
+    let log = c.root.join("mm.log");
+    let log_size = || std::fs::metadata(&log).map_or(0, |m| m.len());
+    let before = log_size();
+    let attacker: std::net::Ipv4Addr = [127, 0, 0, 2].into();
+    let held: Vec<TcpStream> = (0..200)
+        .filter_map(|_| connect_from(attacker, mm_addr).ok())
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tries = Arc::new(AtomicU64::new(0));
+    let flood = {
+        let (stop, tries) = (stop.clone(), tries.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut s) = connect_from(attacker, mm_addr) {
+                    let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n not a storm hello at all");
+                }
+                tries.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // A node restarts during the flood, and must get back in.
+    let cluster = c.cluster.as_mut().unwrap();
+    cluster.kill_nm(1).unwrap();
+    cluster.restart_nm(1).unwrap();
+    let since = std::time::Instant::now();
+    let rejoined = loop {
+        let nodes = text(&c.storm(&["nodes"]).stdout);
+        let node1 = nodes.lines().find(|l| l.contains("node1")).unwrap_or("");
+        if node1.contains("idle") {
+            break true;
+        }
+        if since.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    drop(held);
+    let grew = log_size() - before;
+    let tries = tries.load(Ordering::Relaxed);
+    assert!(
+        rejoined,
+        "a restarted node did not rejoin during the flood: {}",
+        text(&c.storm(&["nodes"]).stdout)
+    );
+    assert!(tries > 500, "the flood made only {tries} connections");
+    // Refusals are logged up to 20 lines per 10 s each, with the counts in between.
+    assert!(
+        grew < 32 << 10,
+        "{tries} refused connections grew the MM's log by {grew} bytes"
+    );
+    let out = c.submit(&["-N", "2", "/bin/echo", "still here"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -353,9 +353,10 @@ pub struct LimitsSection {
     pub max_connections_per_user: u32,
     /// Size of one control request.
     pub max_request_bytes: u32,
-    /// Replies (other than output, which is flow-controlled end to end) a client may leave
-    /// unread; past it the client is disconnected and its jobs go on without it.
-    pub max_unread_replies: u32,
+    /// Bytes of replies (other than output, which is flow-controlled end to end) a client may
+    /// leave unread; past it the client is disconnected and its jobs go on without it. In
+    /// bytes, not replies: one `storm queue` of a long queue is megabytes.
+    pub max_unread_reply_bytes: u64,
 }
 
 impl Default for LimitsSection {
@@ -366,7 +367,7 @@ impl Default for LimitsSection {
             max_spooled_bytes_per_user: 8 << 30,
             max_connections_per_user: 64,
             max_request_bytes: 4 << 20,
-            max_unread_replies: 1024,
+            max_unread_reply_bytes: 16 << 20,
         }
     }
 }
@@ -545,7 +546,7 @@ impl ClusterConfig {
                 "max_connections_per_user",
                 l.max_connections_per_user as u64,
             ),
-            ("max_unread_replies", l.max_unread_replies as u64),
+            ("max_unread_reply_bytes", l.max_unread_reply_bytes),
         ] {
             if v == 0 {
                 return bad(format!("[limits] {name} must be at least 1"));

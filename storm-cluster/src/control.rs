@@ -264,6 +264,21 @@ pub enum ControlError {
     TooLarge { len: usize, limit: usize },
 }
 
+/// The size of `msg`'s frame body, without making it (what the MM counts against
+/// `[limits] max_unread_reply_bytes`).
+pub fn encoded_len<T: Serialize>(msg: &T) -> usize {
+    struct Count(usize);
+    impl bincode::enc::write::Writer for Count {
+        fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+            self.0 += bytes.len();
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = bincode::serde::encode_into_writer(msg, &mut count, bincode::config::standard());
+    count.0
+}
+
 /// Sends one frame, with `fd` attached if given.
 pub fn send<T: Serialize>(
     sock: &UnixStream,

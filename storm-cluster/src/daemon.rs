@@ -9,6 +9,9 @@
 //!   `sd_notify` protocol (`READY=1` to the datagram socket in `NOTIFY_SOCKET`): a unit of
 //!   `Type=notify` starts its dependents only then, and `storm-submit --local` and
 //!   `storm-bench startup` time start-up by it.
+//! * [`raise_open_files_limit`] lifts the soft limit on descriptors to the hard one at start
+//!   (systemd's default soft limit is 1024), and [`descriptors`] says how many are in use, so
+//!   a daemon refuses new work with a clear error before it runs out.
 
 use std::io::IsTerminal;
 use std::os::unix::net::UnixDatagram;
@@ -99,6 +102,31 @@ pub fn monotonic_ns() -> u128 {
 /// CLOCK_MONOTONIC in microseconds.
 pub fn monotonic_usec() -> u64 {
     (monotonic_ns() / 1_000) as u64
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit; returns the limit
+/// now in force.
+pub fn raise_open_files_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
+    }
+}
+
+/// Descriptors this process has open, and the most it may (the soft limit in force now).
+pub fn descriptors() -> (u64, u64) {
+    use nix::sys::resource::{Resource, getrlimit};
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let limit = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
+    (open, limit)
 }
 
 /// Wall-clock time, milliseconds since the Unix epoch (0 if the clock is set before it):

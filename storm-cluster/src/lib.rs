@@ -11,6 +11,8 @@
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM.
 //! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
+//! * [`daemon_dir`]: directories a root daemon writes in for users, reached only by
+//!   descriptor.
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
 //!   notification.
 //!
@@ -22,6 +24,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod daemon_dir;
 pub mod endpoint;
 pub mod hostlist;
 pub mod key;

@@ -3,18 +3,26 @@
 //! (handshake, then requests) and a writer thread (replies, including streamed output). The
 //! writer counts the replies it has written, so the main loop knows when output it passed on
 //! is safely with the client (and may be let go of on the node; see `manager::output`).
+//!
+//! Descriptors are a resource every user shares: each connection holds three, and a program
+//! sent with a job one more until the MM has copied it. A new connection, or a request that
+//! brings a descriptor, is refused with the reason once fewer than [`USER_RESERVE`]
+//! descriptors are left, so the last ones stay for root and the MM's own user (`storm
+//! nodes`, `storm cancel`) and for the MM's own files.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use storm_cluster::config::LimitsSection;
 use storm_cluster::control::{self, ControlError, PROTOCOL_VERSION, Reply, Request};
+use storm_cluster::daemon_dir::DaemonDir;
+use storm_primitives::log_limit::LogLimit;
 
 pub type ClientId = u64;
 
@@ -43,10 +51,35 @@ pub enum Incoming {
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
+/// Descriptors kept free of users' connections and programs: for operators, and for the MM.
+pub const USER_RESERVE: u64 = 64;
+/// Descriptors kept free of operators' connections: for the MM itself (journal, transfers).
+pub const OPERATOR_RESERVE: u64 = 16;
+
+/// Why a new connection or descriptor of user `uid` is refused, if it is: fewer than the
+/// reserve of descriptors would be left.
+fn out_of_descriptors(uid: u32, operator: u32) -> Option<String> {
+    let reserve = if uid == 0 || uid == operator {
+        OPERATOR_RESERVE
+    } else {
+        USER_RESERVE
+    };
+    let (open, limit) = storm_cluster::daemon::descriptors();
+    (open + reserve >= limit).then(|| {
+        format!(
+            "the machine manager has {open} of its {limit} file descriptors in use and keeps \
+             the last {reserve} for the cluster's operators; try again when jobs have ended \
+             (an operator can raise the MM's LimitNOFILE)"
+        )
+    })
+}
+
 /// What every connection thread shares: the cluster's identity, the limits, and how many
 /// connections each user has open.
 struct Shared {
     cluster: String,
+    /// The MM's own user, an operator as root is.
+    operator: u32,
     nodes: u32,
     limits: LimitsSection,
     open: Mutex<HashMap<u32, u32>>,
@@ -105,7 +138,9 @@ impl Shared {
     }
 }
 
-/// Binds the control socket (replacing a stale one) and starts accepting.
+/// Binds the control socket (replacing a stale one) and starts accepting. The socket's
+/// directory must be the MM's alone (see `storm_cluster::daemon_dir`): it is bound and given
+/// its mode through the directory's descriptor.
 pub fn start(
     path: &Path,
     cluster: String,
@@ -114,24 +149,27 @@ pub fn start(
     to_main: Sender<Incoming>,
     wake: crate::Waker,
 ) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        anyhow::bail!(
+            "the control socket {} needs a directory and a file name",
+            path.display()
+        );
+    };
+    let dir = DaemonDir::open_or_create(dir, 0o755)
+        .map_err(|e| anyhow::anyhow!("the control socket's directory: {e}"))?;
+    if dir.contains(name) && UnixStream::connect(dir.via_descriptor(name)).is_ok() {
+        anyhow::bail!(
+            "another machine manager already listens on {}",
+            path.display()
+        );
     }
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            anyhow::bail!(
-                "another machine manager already listens on {}",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)?;
-    }
-    let listener = UnixListener::bind(path)
-        .map_err(|e| anyhow::anyhow!("cannot create the control socket {}: {e}", path.display()))?;
     // Every local user may submit; the MM checks who they are on each request.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    let listener = dir
+        .bind_socket(name, 0o666)
+        .map_err(|e| anyhow::anyhow!("cannot create the control socket {}: {e}", path.display()))?;
     let shared = Arc::new(Shared {
         cluster,
+        operator: nix::unistd::geteuid().as_raw(),
         nodes,
         limits,
         open: Mutex::new(HashMap::new()),
@@ -141,10 +179,20 @@ pub fn start(
     std::thread::Builder::new()
         .name("storm-mm-accept".into())
         .spawn(move || {
+            let mut refused = LogLimit::new(Duration::from_secs(10));
             for conn in listener.incoming() {
                 match conn {
                     Ok(sock) => serve(sock, shared.clone()),
-                    Err(e) => tracing::warn!("control socket accept failed: {e}"),
+                    Err(e) => {
+                        // Out of descriptors (or threads): waiting frees some, and spinning
+                        // on accept would only fill the log.
+                        if let Some(n) = refused.allow(std::time::Instant::now()) {
+                            tracing::warn!(
+                                "control socket accept failed: {e} ({n} more since the last warning)"
+                            );
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                 }
             }
         })?;
@@ -175,6 +223,10 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
             return;
         }
     };
+    if let Some(msg) = out_of_descriptors(uid, shared.operator) {
+        tracing::warn!(uid, "refusing a control connection: {msg}");
+        return refuse(msg);
+    }
     let _counted = match shared.admit(uid) {
         Ok(c) => c,
         Err(msg) => {
@@ -234,6 +286,15 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
     loop {
         match control::recv_within::<Request>(&sock, limit) {
             Ok((req, fds)) => {
+                // A program's descriptor is held until the MM has copied it.
+                if !fds.is_empty()
+                    && let Some(msg) = out_of_descriptors(uid, shared.operator)
+                {
+                    tracing::warn!(client, uid, "refusing a request: {msg}");
+                    drop(fds);
+                    let _ = last_word.send(Reply::Error(msg));
+                    continue;
+                }
                 if !shared.tell_main(Incoming::Request { client, req, fds }) {
                     break;
                 }

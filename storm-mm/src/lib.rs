@@ -29,7 +29,7 @@ pub mod buddy;
 pub mod control_server;
 pub mod env;
 pub mod journal;
-pub mod log_limit;
+pub use storm_primitives::log_limit;
 pub mod manager;
 pub mod metrics;
 pub mod nodes;

@@ -280,6 +280,20 @@ fn send_chunks(
         offset += n as u64;
         collect(outstanding, false)?;
     }
+    // Exactly the size checked at submission went out; a program that grew since is not the
+    // one its user submitted and limited (issue 31, finding 7).
+    match t.file.metadata() {
+        Ok(m) if m.len() != t.size => {
+            return Err(Failure::new(format!(
+                "the program changed after it was submitted: {} bytes were checked against the \
+                 limits, it has {} now; submit it again once it is complete",
+                t.size,
+                m.len()
+            )));
+        }
+        Ok(_) => {}
+        Err(e) => return Err(Failure::new(format!("cannot inspect the program: {e}"))),
+    }
     let trailer = FileTrailer {
         size: t.size,
         checksum: sum.finish(),

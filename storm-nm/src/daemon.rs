@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::clock::{Clock, SystemClock};
+use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::endpoint::{self, Listen};
-use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode};
+use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, file_ack};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
@@ -91,12 +92,9 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             pl_path.display()
         );
     }
-    std::fs::create_dir_all(&entry.spool).with_context(|| {
-        format!(
-            "cannot create the spool directory {}",
-            entry.spool.display()
-        )
-    })?;
+    // The spool is the NM's alone: users reach their programs in it, and change nothing.
+    let spool = DaemonDir::open_or_create(&entry.spool, receive::SPOOL_DIR_MODE)
+        .context("the spool directory")?;
     let rm = RmLayout::new(&cfg)?;
     let prims = endpoint::start(&cfg, &rm, node, listen, key).map_err(anyhow::Error::msg)?;
     let mm = cfg.mm_id();
@@ -109,14 +107,13 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         if !enabled {
             return Ok(None);
         }
-        let path = entry.spool.join(name);
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let f = spool
+            .append_file(name)
+            .with_context(|| format!("opening {}", spool.join(name).display()))?;
         Ok(Some(std::io::LineWriter::new(f)))
     };
+    let switch_log = log(cfg.scheduler.switch_log, "switches.log")?;
+    let heartbeat_log = log(cfg.scheduler.heartbeat_log, "heartbeats.log")?;
     let env = DaemonEnv {
         clock: SystemClock,
         tasks: PlRunner::new(
@@ -126,7 +123,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             Duration::from_millis(cfg.failure.launcher_timeout_ms),
         )?,
         spool: DaemonSpool {
-            dir: entry.spool.clone(),
+            dir: spool,
             prims: prims.clone(),
             rm: rm.clone(),
             receivers: BTreeMap::new(),
@@ -137,8 +134,8 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             service: pmi,
             library: pmi_library.clone(),
         },
-        switch_log: log(cfg.scheduler.switch_log, "switches.log")?,
-        heartbeat_log: log(cfg.scheduler.heartbeat_log, "heartbeats.log")?,
+        switch_log,
+        heartbeat_log,
     };
     tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
     let parts = NmParts {
@@ -238,7 +235,7 @@ impl NmEnv for DaemonEnv {
 
 /// The spool directory, and a receiving thread per program transfer.
 struct DaemonSpool {
-    dir: PathBuf,
+    dir: DaemonDir,
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
     receivers: BTreeMap<JobId, receive::Receiver>,
@@ -248,21 +245,31 @@ struct DaemonSpool {
 
 impl Spool for DaemonSpool {
     fn job_dir(&self, job: JobId) -> PathBuf {
-        self.dir.join(format!("job-{job}"))
+        self.dir.join(&receive::job_dir_name(job))
     }
 
-    fn receive(&mut self, info: FileInfo, path: PathBuf) {
+    fn receive(&mut self, info: FileInfo) {
         let owner = nix::unistd::geteuid()
             .is_root()
             .then_some((info.uid, info.gid));
         // Earlier receivers have finished, or were cancelled with their job and stop now.
         self.stop_all();
         let job = info.job;
+        let spool = match self.dir.try_clone() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(job, "program transfer failed: the spool's descriptor: {e}");
+                self.prims
+                    .memory()
+                    .store(self.rm.file_ack, file_ack(info.transfer, false));
+                return;
+            }
+        };
         let receiver = receive::spawn(
             self.prims.clone(),
             self.rm.clone(),
             info,
-            path,
+            spool,
             owner,
             self.stall,
         );
@@ -282,11 +289,8 @@ impl Spool for DaemonSpool {
     }
 
     fn remove(&mut self, job: JobId) {
-        let dir = self.job_dir(job);
-        if dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&dir)
-        {
-            tracing::warn!("cannot remove {}: {e}", dir.display());
+        if let Err(e) = self.dir.remove_tree(&receive::job_dir_name(job)) {
+            tracing::warn!("cannot remove {}: {e}", self.job_dir(job).display());
         }
     }
 }

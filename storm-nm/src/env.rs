@@ -99,10 +99,10 @@ pub trait TaskRunner {
 pub trait Spool {
     /// The directory of a job's files on this node.
     fn job_dir(&self, job: JobId) -> PathBuf;
-    /// Starts receiving a program into `path` (Algorithm 7), acknowledging it in `file_ack`
-    /// when verified. Any receiver still running is stopped first: one at a time takes from
-    /// the chunk queue.
-    fn receive(&mut self, info: FileInfo, path: PathBuf);
+    /// Starts receiving a program into its job's directory, as `info.name` (Algorithm 7),
+    /// acknowledging it in `file_ack` when verified. Any receiver still running is stopped
+    /// first: one at a time takes from the chunk queue.
+    fn receive(&mut self, info: FileInfo);
     /// Stops the receiver of `job`, if there is one (its job ended).
     fn cancel(&mut self, job: JobId);
     /// Stops every receiver and waits for them (a new membership numbers transfers afresh).

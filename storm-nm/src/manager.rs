@@ -415,8 +415,7 @@ impl<E: NmEnv> NodeManager<E> {
             );
             return;
         }
-        let path = self.env.spool().job_dir(info.job).join(&info.name);
-        self.env.spool().receive(info, path);
+        self.env.spool().receive(info);
     }
 
     fn task_env(

@@ -6,16 +6,20 @@
 //! and reads the time it is given, so a test drives it without threads or waits. The daemon
 //! runs one on a thread per transfer ([`spawn`]) with a [`FileSink`] in the job's spool
 //! directory.
+//!
+//! The spool and every job directory in it are the NM's own (root's, mode 0711): the job's
+//! user can reach their program there but cannot add, remove or rename anything, so no name
+//! the NM uses can be swapped under it. The program file is created afresh (`O_EXCL`,
+//! `O_NOFOLLOW`), written, and handed to its user by `fchown` and `fchmod` on the descriptor.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use storm_cluster::RmLayout;
+use storm_cluster::daemon_dir::{self, DaemonDir};
 use storm_cluster::messages::{Checksum, FileInfo, FileTrailer, file_ack};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{Primitives, Wait};
@@ -179,47 +183,56 @@ impl Reception {
     }
 }
 
-/// A program file in the spool: 0700, in a 0700 directory, both owned by the job's user when
-/// the NM runs as root. It is closed when finished or discarded: a program still open for
-/// writing cannot be executed (ETXTBSY), and the acknowledgement that lets the MM launch it
-/// follows the finish.
+/// The mode of the spool and of each job's directory: the NM's, reachable by the jobs' users
+/// (who need to execute their program in it), listable and changeable by nobody else.
+pub const SPOOL_DIR_MODE: u32 = 0o711;
+
+/// The name of job `job`'s directory in the spool.
+pub fn job_dir_name(job: storm_cluster::JobId) -> String {
+    format!("job-{job}")
+}
+
+/// A program file in the job's spool directory, written by the NM and handed to the job's
+/// user (mode 0700) once complete. It is closed when finished or discarded: a program still
+/// open for writing cannot be executed (ETXTBSY), and the acknowledgement that lets the MM
+/// launch it follows the finish.
 pub struct FileSink {
-    path: PathBuf,
+    dir: DaemonDir,
+    name: String,
     file: Option<std::fs::File>,
     owner: Option<(u32, u32)>,
 }
 
 impl FileSink {
-    pub fn create(path: &Path, owner: Option<(u32, u32)>) -> Result<Self, String> {
-        if let Some(dir) = path.parent() {
-            // The job's directory is its user's alone: 0700, owned by them.
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| format!("chmod {}: {e}", dir.display()))?;
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                    .map_err(|e| format!("chown {}: {e}", dir.display()))?;
-            }
-        }
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o700)
-            .open(path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    /// Creates `name` afresh in job `job`'s directory of `spool` (making the directory).
+    pub fn create(
+        spool: &DaemonDir,
+        job: storm_cluster::JobId,
+        name: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Self, String> {
+        let dir = spool
+            .subdir(&job_dir_name(job), SPOOL_DIR_MODE)
+            .map_err(|e| format!("cannot make the job's directory: {e}"))?;
+        let file = dir
+            .create_file(name)
+            .map_err(|e| format!("cannot create {}: {e}", dir.join(name).display()))?;
         Ok(Self {
-            path: path.to_path_buf(),
+            dir,
+            name: name.to_string(),
             file: Some(file),
             owner,
         })
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join(&self.name)
     }
 }
 
 impl ProgramSink for FileSink {
     fn write(&mut self, chunk: &[u8]) -> Result<(), String> {
-        let path = &self.path;
+        let path = self.path();
         let file = self
             .file
             .as_mut()
@@ -229,21 +242,21 @@ impl ProgramSink for FileSink {
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        let path = &self.path;
+        let file = self
+            .file
+            .take()
+            .ok_or_else(|| format!("{}: already closed", self.path().display()))?;
+        // On the descriptor: the name is never looked up again.
+        daemon_dir::hand_over(&file, self.owner, 0o700)
+            .map_err(|e| format!("handing {} to its user: {e}", self.path().display()))?;
         // Closed here, before anyone may execute it.
-        drop(self.file.take());
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod {}: {e}", path.display()))?;
-        if let Some((uid, gid)) = self.owner {
-            std::os::unix::fs::chown(path, Some(uid), Some(gid))
-                .map_err(|e| format!("chown {}: {e}", path.display()))?;
-        }
+        drop(file);
         Ok(())
     }
 
     fn discard(&mut self) {
         drop(self.file.take());
-        let _ = std::fs::remove_file(&self.path);
+        let _ = self.dir.remove_file(&self.name);
     }
 }
 
@@ -269,13 +282,13 @@ impl Receiver {
     }
 }
 
-/// Starts a thread that receives the program of `info` into `path` and acknowledges it (see
-/// [`Reception::acknowledge`]).
+/// Starts a thread that receives the program of `info` into its job's directory of `spool`
+/// and acknowledges it (see [`Reception::acknowledge`]).
 pub fn spawn(
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
     info: FileInfo,
-    path: PathBuf,
+    spool: DaemonDir,
     owner: Option<(u32, u32)>,
     stall: Duration,
 ) -> Receiver {
@@ -285,7 +298,8 @@ pub fn spawn(
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
         let job = info.job;
         let transfer = info.transfer;
-        let reception = FileSink::create(&path, owner).and_then(|sink| {
+        let name = info.name.clone();
+        let reception = FileSink::create(&spool, job, &name, owner).and_then(|sink| {
             Reception::new(&*prims, &rm, info, Box::new(sink), Instant::now(), stall)
         });
         let mut reception = match reception {

@@ -219,9 +219,14 @@ fn a_transfer_that_stops_is_given_up_after_the_stall_time() {
 fn a_received_program_can_be_executed_as_soon_as_it_is_verified() {
     let c = cluster();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("job-7").join("a.out");
+    let spool = storm_cluster::daemon_dir::DaemonDir::open_or_create(
+        &dir.path().join("spool"),
+        storm_nm::receive::SPOOL_DIR_MODE,
+    )
+    .unwrap();
+    let path = spool.join("job-7").join("a.out");
     let program = b"#!/bin/sh\nexit 3\n".to_vec();
-    let sink = storm_nm::receive::FileSink::create(&path, None).unwrap();
+    let sink = storm_nm::receive::FileSink::create(&spool, 7, "a.out", None).unwrap();
     let now = Instant::now();
     let mut r = reception(&c, program.len() as u64, sink, now);
     let trailer = FileTrailer {

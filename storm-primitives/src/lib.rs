@@ -20,6 +20,8 @@
 //! * The factory that starts a node on any of them: [`backend::Backend::start`].
 //! * The [`helpers`] built only on the primitives: AWAIT-SPACE flow control and remote queues.
 //! * The [`conformance`] suite that states the contract as tests and runs on every backend.
+//! * [`log_limit`]: warnings that may recur (a flood of refused peers or requests) logged at
+//!   most once per interval, with the count in between; every daemon uses it.
 //!
 //! ## What it must never do
 //!
@@ -35,6 +37,7 @@ mod event;
 pub mod helpers;
 mod layout;
 pub mod local;
+pub mod log_limit;
 mod memory;
 mod nodeset;
 pub mod ofi;

@@ -1003,3 +1003,43 @@ fn slow_and_excess_handshakes_are_cut_off() {
         .unwrap();
     assert_eq!(outcome(&nodes[0], t.done), Ok(true));
 }
+
+/// Finding 5 of issue 31: a host without the key that held every handshake place kept the
+/// cluster's own nodes out. Places are now capped per source address too: one host holding
+/// connections open that never handshake gets `max_handshakes_per_source` of them (the rest
+/// are closed at once), and a member from another address still gets in and is served.
+#[test]
+fn one_host_cannot_hold_every_handshake_place() {
+    let t = test_layout();
+    let cfg = TcpConfig {
+        max_handshakes: 16,
+        max_handshakes_per_source: 4,
+        connect_timeout: Duration::from_secs(30),
+        ..config(2000)
+    };
+    let nodes = TcpNode::local_cluster(2, &t.layout, &cfg).unwrap();
+    let addr = nodes[1].local_addr();
+    // A flood of silent connections from 127.0.0.2.
+    let mut flood: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| storm_primitives::tcp::peer::connect_from([127, 0, 0, 2].into(), addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let open = flood
+        .iter_mut()
+        .map(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            !matches!(s.read(&mut b), Ok(0))
+        })
+        .filter(|&still| still)
+        .count();
+    assert_eq!(
+        open, 4,
+        "the flooding host keeps exactly its per-source places"
+    );
+    // The cluster's own node (from 127.0.0.1) is still served at once.
+    nodes[0]
+        .xfer_and_signal(&NodeSet::single(1), 0, Bytes::new(), None, Some(t.done))
+        .unwrap();
+    assert_eq!(outcome(&nodes[0], t.done), Ok(true));
+}

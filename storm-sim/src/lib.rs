@@ -444,7 +444,8 @@ impl Sim {
     /// between timeslices, and the MM disconnects one that leaves too many unread); their ids
     /// in order, or the first refusal.
     pub fn submit_all(&mut self, jobs: &[SimJob]) -> Result<Vec<JobId>, String> {
-        let per_slice = (self.cfg.limits.max_unread_replies as usize / 4).max(1);
+        // An acceptance is a few dozen bytes: a quarter of the unread-reply limit in them.
+        let per_slice = (self.cfg.limits.max_unread_reply_bytes as usize / 4 / 64).clamp(1, 256);
         let before = self.replies.len();
         for batch in jobs.chunks(per_slice) {
             for job in batch {

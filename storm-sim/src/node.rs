@@ -202,7 +202,7 @@ impl Spool for NoFiles {
         PathBuf::from(format!("/storm-sim/job-{job}"))
     }
 
-    fn receive(&mut self, _info: FileInfo, _path: PathBuf) {}
+    fn receive(&mut self, _info: FileInfo) {}
 
     fn cancel(&mut self, _job: JobId) {}
 

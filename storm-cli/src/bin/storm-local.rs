@@ -31,6 +31,9 @@ struct Args {
 
 fn main() -> Result<()> {
     daemon::init_logging();
+    // Connections, programs and tasks' pipes are descriptors: the hard limit, not systemd's
+    // default soft one of 1024.
+    daemon::raise_open_files_limit();
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
     if config.cluster.backend != BackendKind::Local {

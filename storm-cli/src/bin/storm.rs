@@ -47,10 +47,19 @@ enum Cmd {
     },
     /// The machine manager's metrics, in the Prometheus text format.
     Metrics {
-        /// Serve them over HTTP at this address (`GET /metrics`) for Prometheus to scrape,
-        /// instead of printing them once.
-        #[arg(long, value_name = "ADDR")]
+        /// Serve them over HTTP (`GET /metrics`) for Prometheus to scrape, instead of
+        /// printing them once: on loopback (127.0.0.1:9464) unless an address is given; an
+        /// address other than loopback needs --token-file.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = metrics_http::DEFAULT_LISTEN)]
         listen: Option<SocketAddr>,
+        /// A file (mode 0600) whose first line is the bearer token every scrape must send
+        /// (`Authorization: Bearer TOKEN`).
+        #[arg(long, value_name = "FILE", requires = "listen")]
+        token_file: Option<PathBuf>,
+        /// How often the exporter asks the machine manager; scrapes are answered from the
+        /// last answer, so they cost the MM nothing.
+        #[arg(long, value_name = "MS", default_value_t = 1000, requires = "listen")]
+        refresh_ms: u64,
     },
     /// Keep nodes out of allocation until resumed (jobs on them run to their end).
     Drain {
@@ -83,7 +92,11 @@ fn run(args: Args) -> Result<(), String> {
     }
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let (req, json) = match args.command {
-        Cmd::Metrics { listen } => return metrics(&socket, listen),
+        Cmd::Metrics {
+            listen,
+            token_file,
+            refresh_ms,
+        } => return metrics(&socket, listen, token_file, refresh_ms),
         Cmd::Queue { json } => (Request::Queue, json),
         Cmd::History { json } => (Request::History, json),
         Cmd::Cancel { job } => (Request::Cancel { job }, false),
@@ -146,12 +159,25 @@ fn keygen(out: Option<PathBuf>, config: Option<PathBuf>) -> Result<(), String> {
 }
 
 /// `storm metrics`: print them once, or serve them.
-fn metrics(socket: &std::path::Path, listen: Option<SocketAddr>) -> Result<(), String> {
+fn metrics(
+    socket: &std::path::Path,
+    listen: Option<SocketAddr>,
+    token_file: Option<PathBuf>,
+    refresh_ms: u64,
+) -> Result<(), String> {
     let Some(addr) = listen else {
         print!("{}", metrics_http::fetch(socket)?);
         return Ok(());
     };
-    let server = metrics_http::MetricsServer::bind(addr, socket.to_path_buf())?;
+    let token = token_file
+        .map(|p| metrics_http::read_token(&p))
+        .transpose()?;
+    let opts = metrics_http::ExporterOptions {
+        listen: addr,
+        token,
+        refresh: std::time::Duration::from_millis(refresh_ms),
+    };
+    let server = metrics_http::MetricsServer::bind(opts, socket.to_path_buf())?;
     let bound = server.local_addr().unwrap_or(addr);
     eprintln!("storm metrics: serving http://{bound}/metrics");
     server.serve();

@@ -207,3 +207,79 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// Compiles the C program `source` into `dir/name` with `cc` (made executable by everyone);
+/// `None`, having said NOT TESTED for `test`, where there is no C compiler.
+pub fn compile_c(test: &str, source: &str, dir: &Path, name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    match Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .output()
+    {
+        Ok(o) if o.status.success() => {
+            std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+            Some(out)
+        }
+        Ok(o) => panic!("cc failed on {name}.c: {}", text(&o.stderr)),
+        Err(e) => {
+            say_not_tested(test, &format!("needs a C compiler (cc): {e}"));
+            None
+        }
+    }
+}
+
+/// A temporary directory every user may enter and write (mode 01777), for files tests share
+/// with processes of other users.
+pub fn shared_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    dir
+}
+
+/// Waits up to `limit` for `path` to exist; false if it never did.
+pub fn wait_for_path(path: &Path, limit: std::time::Duration) -> bool {
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    path.exists()
+}
+
+/// Runs `cmd` to completion, or kills it after `limit`: `None` if it had to be killed (a
+/// daemon that stopped answering must fail a test, not hang it).
+pub fn output_within(mut cmd: Command, limit: std::time::Duration) -> Option<Output> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if child.try_wait().expect("try_wait").is_some() {
+            return Some(child.wait_with_output().expect("wait"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+impl TestCluster {
+    /// Runs `storm <args>`, or gives up after `limit` (`None`).
+    pub fn storm_within(&self, args: &[&str], limit: std::time::Duration) -> Option<Output> {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_storm"));
+        cmd.arg("--socket").arg(&self.socket).args(args);
+        output_within(cmd, limit)
+    }
+}

@@ -20,14 +20,16 @@ mod committer;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use storm_cluster::control::{JobOutcome, JobRequest};
+use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::messages::JobId;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -64,6 +66,12 @@ pub enum JournalError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The user's program is not the size checked at submission any more.
+    #[error(
+        "the program of job {job} changed after it was submitted: {checked} bytes were checked \
+         against the limits, it has {now} now; submit it again once it is complete"
+    )]
+    ProgramChanged { job: JobId, checked: u64, now: u64 },
 }
 
 /// A job as the journal knows it.
@@ -144,15 +152,19 @@ pub struct RedbStore {
 }
 
 impl RedbStore {
-    /// Opens (or creates) `path`, readable by the MM's user only.
-    pub fn open(path: PathBuf) -> Result<Self, JournalError> {
+    /// Opens (or creates) `name` in `dir`, readable by the MM's user only; `path` names it
+    /// in messages.
+    pub fn open_at(dir: &DaemonDir, name: &str, path: PathBuf) -> Result<Self, JournalError> {
         let store = |message: String| JournalError::Store {
             path: path.clone(),
             message,
         };
-        let db = Database::create(&path).map_err(|e| store(e.to_string()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| store(format!("cannot restrict {}: {e}", path.display())))?;
+        // Created 0600 before redb opens it, so it is never readable by others.
+        if !dir.contains(name) {
+            dir.create_file(name)
+                .map_err(|e| store(format!("cannot create it: {e}")))?;
+        }
+        let db = Database::create(dir.via_descriptor(name)).map_err(|e| store(e.to_string()))?;
         Ok(Self { db, path })
     }
 
@@ -339,24 +351,31 @@ pub fn now_ms() -> u64 {
 }
 
 impl Journal {
-    /// Opens (or creates) the journal in `dir` and reads what it holds.
+    /// Opens (or creates) the journal in `dir` and reads what it holds. The directory and
+    /// `programs/` in it are the MM's alone (mode 0700; users' programs and jobs'
+    /// environments, which hold tokens and passwords), reached through their descriptors.
     pub fn open(dir: &Path) -> Result<(Self, Restored), JournalError> {
         let path = dir.join("journal.redb");
         let store = |message: String| JournalError::Store {
             path: path.clone(),
             message,
         };
-        let programs = dir.join("programs");
-        std::fs::create_dir_all(&programs)
-            .map_err(|e| store(format!("cannot create {}: {e}", programs.display())))?;
-        // Users' programs and jobs' environments (tokens, passwords): for the MM only.
-        for private in [dir, &programs] {
-            std::fs::set_permissions(private, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| store(format!("cannot restrict {}: {e}", private.display())))?;
-        }
-        let db = RedbStore::open(path.clone())?;
-        let (journal, restored) =
-            Self::with_store(Box::new(db), Some(ProgramStore { dir: programs }))?;
+        let state = DaemonDir::open_or_create(dir, 0o700).map_err(|e| store(e.to_string()))?;
+        state
+            .set_mode(0o700)
+            .map_err(|e| store(format!("cannot restrict {}: {e}", dir.display())))?;
+        let programs = state
+            .subdir("programs", 0o700)
+            .map_err(|e| store(e.to_string()))?;
+        // The database is opened through the directory's descriptor, so no path component
+        // swapped since the check can lead it elsewhere.
+        let db = RedbStore::open_at(&state, "journal.redb", path.clone())?;
+        let (journal, restored) = Self::with_store(
+            Box::new(db),
+            Some(ProgramStore {
+                dir: Arc::new(programs),
+            }),
+        )?;
         journal.remove_stray_programs(&restored);
         Ok((journal, restored))
     }
@@ -429,7 +448,7 @@ impl Journal {
                 path: self
                     .programs
                     .as_ref()
-                    .map(|p| p.dir.clone())
+                    .map(|p| p.dir.path().to_path_buf())
                     .unwrap_or_default(),
                 message: format!("cannot start the journal's thread: {e}"),
             })?;
@@ -492,18 +511,18 @@ impl Journal {
         let Some(programs) = &self.programs else {
             return;
         };
-        let needed: BTreeSet<PathBuf> = restored
+        let needed: BTreeSet<String> = restored
             .jobs
             .iter()
             .filter(|j| !matches!(j.state, JobState::Finished { .. }))
-            .map(|j| programs.path(j.id))
+            .map(|j| ProgramStore::name(j.id))
             .collect();
-        let Ok(entries) = std::fs::read_dir(&programs.dir) else {
+        let Ok(names) = programs.dir.names() else {
             return;
         };
-        for path in entries.flatten().map(|e| e.path()) {
-            if !needed.contains(&path) {
-                let _ = std::fs::remove_file(&path);
+        for name in names {
+            if !needed.contains(&name) {
+                let _ = programs.dir.remove_file(&name);
             }
         }
     }
@@ -517,15 +536,17 @@ impl Journal {
     /// Saves a copy of job `job`'s program (see [`ProgramStore::save`]).
     #[cfg(test)]
     fn save_program(&self, job: JobId, program: &File) -> Result<(), JournalError> {
+        let size = program.metadata().unwrap().len();
         self.programs
             .as_ref()
             .expect("a journal on disk")
-            .save(job, program)
+            .save(job, program, size)
     }
 
     /// The saved program of job `job`, if there is one.
     pub fn program(&self, job: JobId) -> Option<File> {
-        File::open(self.programs.as_ref()?.path(job)).ok()
+        let programs = self.programs.as_ref()?;
+        programs.dir.open_file(&ProgramStore::name(job)).ok()
     }
 }
 
@@ -537,50 +558,70 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeErro
 /// that wait for nodes or may be requeued, which a restarted MM sends when they start.
 #[derive(Debug, Clone)]
 pub struct ProgramStore {
-    dir: PathBuf,
+    dir: Arc<DaemonDir>,
 }
 
 impl ProgramStore {
-    fn path(&self, job: JobId) -> PathBuf {
-        self.dir.join(format!("job-{job}"))
+    fn name(job: JobId) -> String {
+        format!("job-{job}")
     }
 
-    /// Saves a copy of job `job`'s program (written aside, synced, then renamed into place,
-    /// so a copy that exists is complete).
-    pub fn save(&self, job: JobId, program: &File) -> Result<(), JournalError> {
-        let path = self.path(job);
+    /// Saves a copy of the first `size` bytes of job `job`'s program, the size that was
+    /// checked against the limits when it was submitted (written aside, synced, then renamed
+    /// into place, so a copy that exists is complete). A program whose size is no longer
+    /// `size` (its user changed it after submitting) is refused with
+    /// [`JournalError::ProgramChanged`], and no copy is kept.
+    pub fn save(&self, job: JobId, program: &File, size: u64) -> Result<(), JournalError> {
+        let name = Self::name(job);
+        let partial = format!("{name}.partial");
         let err = |source| JournalError::Program {
             job,
-            path: path.clone(),
+            path: self.dir.join(&name),
             source,
         };
-        let partial = path.with_extension("partial");
-        let mut out = File::create(&partial).map_err(err)?;
-        let copied = copy_program(program, &mut out).and_then(|()| out.sync_all());
-        if let Err(e) = copied {
-            let _ = std::fs::remove_file(&partial);
-            return Err(err(e));
+        let mut out = self.dir.create_file(&partial).map_err(err)?;
+        let copied = copy_program(program, &mut out, size).and_then(|()| out.sync_all());
+        let now = program.metadata().map(|m| m.len());
+        let result = match (copied, now) {
+            (Err(e), _) | (_, Err(e)) => Err(err(e)),
+            (Ok(()), Ok(now)) if now != size => Err(JournalError::ProgramChanged {
+                job,
+                checked: size,
+                now,
+            }),
+            (Ok(()), Ok(_)) => self.dir.rename(&partial, &name).map_err(err),
+        };
+        if result.is_err() {
+            let _ = self.dir.remove_file(&partial);
         }
-        std::fs::rename(&partial, &path).map_err(err)
+        result
     }
 
     /// Deletes job `job`'s copy, if there is one.
     pub fn remove(&self, job: JobId) {
-        let _ = std::fs::remove_file(self.path(job));
+        let _ = self.dir.remove_file(&Self::name(job));
     }
 }
 
-/// Copies all of `program` into `out` (a new, empty file) without moving `program`'s offset,
-/// which belongs to whoever else reads it. The copy is made in the kernel where the two files
-/// allow it (a reflink on XFS or btrfs, a page-cache copy on ext4), and through a buffer where
-/// they do not (another file system, a pipe).
-fn copy_program(program: &File, out: &mut File) -> std::io::Result<()> {
+/// Copies the first `size` bytes of `program` into `out` (a new, empty file) without moving
+/// `program`'s offset, which belongs to whoever else reads it; a program shorter than `size`
+/// is an error. The copy is made in the kernel where the two files allow it (a reflink on
+/// XFS or btrfs, a page-cache copy on ext4), and through a buffer where they do not (another
+/// file system, a pipe).
+fn copy_program(program: &File, out: &mut File, size: u64) -> std::io::Result<()> {
     use nix::errno::Errno;
+    let short = |at: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the program ended at byte {at} of the {size} checked (was it truncated?)"),
+        )
+    };
     let mut at: i64 = 0;
-    loop {
+    while (at as u64) < size {
+        let left = ((size - at as u64) as usize).min(1 << 30);
         // `out` is new, so its own offset follows `at`.
-        match nix::fcntl::copy_file_range(program, Some(&mut at), &*out, None, 1 << 30) {
-            Ok(0) => return Ok(()),
+        match nix::fcntl::copy_file_range(program, Some(&mut at), &*out, None, left) {
+            Ok(0) => return Err(short(at as u64)),
             Ok(_) => {}
             Err(Errno::EINTR) => {}
             Err(Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => break,
@@ -589,14 +630,16 @@ fn copy_program(program: &File, out: &mut File) -> std::io::Result<()> {
     }
     let mut buf = vec![0u8; 1 << 20];
     let mut at = at as u64;
-    loop {
-        let n = program.read_at(&mut buf, at)?;
+    while at < size {
+        let want = ((size - at) as usize).min(buf.len());
+        let n = program.read_at(&mut buf[..want], at)?;
         if n == 0 {
-            return Ok(());
+            return Err(short(at));
         }
         out.write_all(&buf[..n])?;
         at += n as u64;
     }
+    Ok(())
 }
 
 /// Deletes the copies of `jobs` from `programs`, if this journal keeps copies: what a commit
@@ -628,6 +671,7 @@ pub fn decode_record<T: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use storm_cluster::control::Timing;
     use storm_cluster::tasks::TaskRequest;
 
@@ -956,6 +1000,49 @@ mod tests {
         let mut copy = Vec::new();
         std::io::Read::read_to_end(&mut j.program(3).unwrap(), &mut copy).unwrap();
         assert!(copy == bytes, "the copy is not the whole program");
+    }
+
+    /// Finding 7 of issue 31: a user grew their program after the MM checked its size, and
+    /// the MM copied all of it (3 GiB against a 1 GiB limit). The copy now stops at the size
+    /// checked, and a program whose size changed is refused, naming both sizes; nothing of
+    /// it is kept.
+    #[test]
+    fn a_program_that_grew_after_its_check_is_refused_and_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("prog");
+        std::fs::write(&src, vec![7u8; 1000]).unwrap();
+        let program = File::open(&src).unwrap();
+        let (j, _) = Journal::open(&dir.path().join("state")).unwrap();
+        let store = j.program_store().unwrap();
+        // Checked at 1000 bytes; then the user appends.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&src)
+            .unwrap()
+            .write_all(&vec![8u8; 50_000])
+            .unwrap();
+        let err = store.save(5, &program, 1000).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                JournalError::ProgramChanged {
+                    checked: 1000,
+                    now: 51_000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("submit it again"), "{err}");
+        assert!(j.program(5).is_none(), "no copy is kept");
+        let left = std::fs::read_dir(dir.path().join("state/programs"))
+            .unwrap()
+            .count();
+        assert_eq!(left, 0, "nothing of the copy is left behind");
+        // And one that shrank is refused too.
+        std::fs::write(&src, vec![1u8; 10]).unwrap();
+        let err = store.save(6, &program, 1000).unwrap_err().to_string();
+        assert!(err.contains("ended at byte 10 of the 1000"), "{err}");
     }
 
     #[test]

@@ -120,7 +120,12 @@ struct Job {
     gid: u32,
     req: JobRequest,
     plan: TaskPlan,
+    /// The descriptor of the program storm-submit passed (`--bcast`), held only until its
+    /// copy beside the journal is made (or, for a job that starts at once and is never
+    /// requeued, until it is sent): the MM holds no descriptor per waiting job.
     program: Option<File>,
+    /// The program's size as checked against the limits at submission: exactly this much is
+    /// copied and sent.
     size: u64,
     client: Option<ClientId>,
     phase: Phase,
@@ -198,6 +203,8 @@ struct NewJob {
     req: JobRequest,
     plan: TaskPlan,
     program: Option<File>,
+    /// The program's size, checked against the limits (0 without one).
+    size: u64,
     client: Option<ClientId>,
     submitted: Instant,
     submitted_ms: u64,
@@ -206,11 +213,7 @@ struct NewJob {
 impl Job {
     /// A job waiting in the queue.
     fn queued(new: NewJob) -> Self {
-        let size = new
-            .program
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .map_or(0, |m| m.len());
+        let size = new.size;
         Self {
             id: new.id,
             uid: new.uid,
@@ -275,10 +278,12 @@ struct Client {
     queued: u64,
     /// Replies written to its socket so far (counted by its writer thread).
     written: Arc<AtomicU64>,
-    /// The numbers of its replies other than output that may not be written yet (output is
-    /// flow-controlled end to end, see `output`; these are bounded by
-    /// `[limits] max_unread_replies`).
-    unread: VecDeque<u64>,
+    /// Its replies other than output that may not be written yet, by number, with their size
+    /// (output is flow-controlled end to end, see `output`; these are bounded by
+    /// `[limits] max_unread_reply_bytes`).
+    unread: VecDeque<(u64, u64)>,
+    /// The bytes of the replies in `unread`.
+    unread_bytes: u64,
     /// Its connection, to close when it breaks that limit.
     closer: std::os::unix::net::UnixStream,
 }
@@ -680,7 +685,14 @@ impl<E: MmEnv> MachineManager<E> {
         for (id, saved) in self.saver.finished() {
             self.saving.remove(&id);
             match (self.jobs.get_mut(&id), saved) {
-                (Some(j), Ok(())) => j.program_saved = true,
+                (Some(j), Ok(())) => {
+                    j.program_saved = true;
+                    // From now on the program is read from the copy.
+                    j.program = None;
+                }
+                (Some(_), Err(e @ crate::journal::JournalError::ProgramChanged { .. })) => {
+                    self.fail(id, e.to_string());
+                }
                 (Some(j), Err(e)) => {
                     j.program_save_failed = true;
                     tracing::error!(
@@ -712,7 +724,11 @@ impl<E: MmEnv> MachineManager<E> {
                 && (j.phase == Phase::Queued || j.req.requeue)
                 && let Some(program) = &j.program
             {
-                match program.try_clone().map(|copy| self.saver.save(id, copy)) {
+                let size = j.size;
+                match program
+                    .try_clone()
+                    .map(|copy| self.saver.save(id, copy, size))
+                {
                     Ok(true) => {
                         self.saving.insert(id);
                         later.insert(id);
@@ -813,11 +829,16 @@ impl<E: MmEnv> MachineManager<E> {
         let n = c.queued;
         if !matches!(r, Reply::Output(_)) {
             let written = c.written.load(Ordering::Acquire);
-            while c.unread.front().is_some_and(|&k| k <= written) {
+            while let Some(&(k, bytes)) = c.unread.front()
+                && k <= written
+            {
                 c.unread.pop_front();
+                c.unread_bytes -= bytes;
             }
-            c.unread.push_back(n);
-            if c.unread.len() > self.cfg.limits.max_unread_replies as usize {
+            let bytes = control::encoded_len(&r) as u64;
+            c.unread.push_back((n, bytes));
+            c.unread_bytes += bytes;
+            if c.unread_bytes > self.cfg.limits.max_unread_reply_bytes {
                 self.drop_unreading_client(client);
                 return None;
             }
@@ -826,8 +847,8 @@ impl<E: MmEnv> MachineManager<E> {
         Some(n)
     }
 
-    /// Disconnects a client that leaves more than `[limits] max_unread_replies` replies
-    /// unread (it asks without reading the answers). Its jobs go on without it: their output
+    /// Disconnects a client that leaves more than `[limits] max_unread_reply_bytes` of
+    /// replies unread (it asks without reading the answers). Its jobs go on without it: their output
     /// is dropped, and their state stays in `storm queue`.
     fn drop_unreading_client(&mut self, client: ClientId) {
         let Some(c) = self.clients.remove(&client) else {
@@ -842,10 +863,11 @@ impl<E: MmEnv> MachineManager<E> {
             client,
             uid = c.uid,
             detached,
-            "disconnecting a control client that left {} replies unread ([limits] \
-             max_unread_replies = {}); its jobs go on without it",
+            "disconnecting a control client that left {} replies ({} bytes) unread ([limits] \
+             max_unread_reply_bytes = {}); its jobs go on without it",
             c.unread.len(),
-            self.cfg.limits.max_unread_replies
+            c.unread_bytes,
+            self.cfg.limits.max_unread_reply_bytes
         );
         control::hang_up(&c.closer);
     }
@@ -871,6 +893,7 @@ impl<E: MmEnv> MachineManager<E> {
                         queued: 0,
                         written,
                         unread: VecDeque::new(),
+                        unread_bytes: 0,
                         closer,
                     },
                 );
@@ -997,7 +1020,7 @@ impl<E: MmEnv> MachineManager<E> {
         let held: u64 = self
             .jobs
             .values()
-            .filter(|j| j.uid == uid && j.program.is_some())
+            .filter(|j| j.uid == uid && j.req.bcast)
             .map(|j| j.size)
             .sum();
         if held + size > l.max_spooled_bytes_per_user {
@@ -1068,10 +1091,11 @@ impl<E: MmEnv> MachineManager<E> {
                 return Err(format!("{} is not executable", req.program.display()));
             }
             self.check_program_limits(uid, &req.program, meta.len())?;
-            Some(file)
+            Some((file, meta.len()))
         } else {
             None
         };
+        let (program, size) = program.map_or((None, 0), |(f, n)| (Some(f), n));
         self.check_queue_limit(uid)?;
         let id = self.next_job;
         self.next_job += 1;
@@ -1099,6 +1123,7 @@ impl<E: MmEnv> MachineManager<E> {
                 req,
                 plan,
                 program,
+                size,
                 client: Some(client),
                 submitted: self.now(),
                 submitted_ms: self.unix_ms(),
@@ -1338,7 +1363,7 @@ impl<E: MmEnv> MachineManager<E> {
             node_names: names,
             time_slot: gang.then_some(time_slot as u32),
         };
-        let (client, bcast) = (j.client, j.program.is_some());
+        let (client, bcast) = (j.client, j.req.bcast);
         if !bcast {
             j.ready = Some(now);
         }
@@ -1375,8 +1400,17 @@ impl<E: MmEnv> MachineManager<E> {
         let transfer = self.next_transfer;
         let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
-        let Some(file) = j.program.as_ref().map(File::try_clone) else {
+        if !j.req.bcast {
             return;
+        }
+        // The submitted descriptor while it is held, else the copy beside the journal.
+        let file = match &j.program {
+            Some(f) => f.try_clone().map_err(|e| e.to_string()),
+            None if j.program_saved => self
+                .journal
+                .program(id)
+                .ok_or_else(|| "its copy beside the journal is missing".to_string()),
+            None => Err("it is no longer at hand".to_string()),
         };
         let file = match file {
             Ok(f) => f,

@@ -63,6 +63,13 @@ struct Started<'a> {
 }
 
 impl<E: MmEnv> MachineManager<E> {
+    /// The size of job `id`'s program copy beside the journal, if there is one (the copy is
+    /// opened again when it is sent: no descriptor is held while the job waits).
+    fn saved_program(&self, id: JobId) -> Option<u64> {
+        let copy: File = self.journal.program(id)?;
+        copy.metadata().ok().map(|m| m.len())
+    }
+
     /// Takes up what the journal held.
     pub(super) fn restore(&mut self, restored: Restored) {
         self.next_job = restored.next_job;
@@ -187,7 +194,7 @@ impl<E: MmEnv> MachineManager<E> {
         }
         // With --requeue it may have to run again: it needs its program.
         let program = (rec.req.bcast && rec.req.requeue)
-            .then(|| self.journal.program(rec.id))
+            .then(|| self.saved_program(rec.id))
             .flatten();
         let now = self.now();
         let mut job = restored_job(rec, plan, program, (now, self.unix_ms()));
@@ -328,7 +335,7 @@ impl<E: MmEnv> MachineManager<E> {
             .plan(&rec.req)
             .map_err(|e| format!("it no longer fits this cluster: {e}"))?;
         let program = if rec.req.bcast {
-            Some(self.journal.program(rec.id).ok_or_else(|| {
+            Some(self.saved_program(rec.id).ok_or_else(|| {
                 "the machine manager restarted and the copy of its program is missing".to_string()
             })?)
         } else {
@@ -450,11 +457,12 @@ impl<E: MmEnv> MachineManager<E> {
 }
 
 /// A job as its journal record describes it, queued, with no submitter attached yet; its
-/// submission time is set back by the age the record gives it.
+/// submission time is set back by the age the record gives it. `program` is the size of its
+/// saved program, if it has one (read from the copy when it is sent).
 fn restored_job(
     rec: &JobRecord,
     plan: TaskPlan,
-    program: Option<File>,
+    program: Option<u64>,
     (now, unix_ms): (Instant, u64),
 ) -> Job {
     let age = Duration::from_millis(unix_ms.saturating_sub(rec.submitted_ms));
@@ -464,12 +472,13 @@ fn restored_job(
         gid: rec.gid,
         req: rec.req.clone(),
         plan,
-        program,
+        program: None,
+        size: program.unwrap_or(0),
         client: None,
         submitted: now.checked_sub(age).unwrap_or(now),
         submitted_ms: rec.submitted_ms,
     });
-    job.program_saved = job.program.is_some();
+    job.program_saved = program.is_some();
     job.restored = true;
     job
 }

@@ -18,7 +18,7 @@ use crate::journal::{JournalError, ProgramStore};
 /// first copy asked for, so a manager that never copies (a journal in memory) has no thread.
 pub(super) struct Saver {
     store: Option<ProgramStore>,
-    requests: Option<Sender<(JobId, File)>>,
+    requests: Option<Sender<(JobId, File, u64)>>,
     results: Option<Receiver<(JobId, Result<(), JournalError>)>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -35,13 +35,16 @@ impl Saver {
     }
 
     fn start(&mut self, store: ProgramStore) -> std::io::Result<()> {
-        let (requests, todo) = unbounded::<(JobId, File)>();
+        let (requests, todo) = unbounded::<(JobId, File, u64)>();
         let (done, results) = unbounded();
         let thread = std::thread::Builder::new()
             .name("program-saver".into())
             .spawn(move || {
-                for (job, program) in todo {
-                    let saved = store.save(job, &program);
+                for (job, program, size) in todo {
+                    let saved = store.save(job, &program, size);
+                    // The user's descriptor closes here: the MM keeps none for a job whose
+                    // copy is made.
+                    drop(program);
                     if done.send((job, saved)).is_err() {
                         return;
                     }
@@ -53,9 +56,10 @@ impl Saver {
         Ok(())
     }
 
-    /// Asks for a copy of `program` as job `job`'s; false if no copy can be made (this journal
-    /// keeps no programs, or the thread cannot start).
-    pub(super) fn save(&mut self, job: JobId, program: File) -> bool {
+    /// Asks for a copy of the first `size` bytes of `program` (the size checked at
+    /// submission) as job `job`'s; false if no copy can be made (this journal keeps no
+    /// programs, or the thread cannot start).
+    pub(super) fn save(&mut self, job: JobId, program: File, size: u64) -> bool {
         if self.requests.is_none() {
             let Some(store) = self.store.clone() else {
                 return false;
@@ -68,7 +72,7 @@ impl Saver {
         // The thread lives as long as `self`.
         self.requests
             .as_ref()
-            .is_some_and(|tx| tx.send((job, program)).is_ok())
+            .is_some_and(|tx| tx.send((job, program, size)).is_ok())
     }
 
     /// Copies finished since the last call, with their outcome.

@@ -4,6 +4,12 @@
 //! The thread sleeps in `poll` on the tasks' sockets and a wake-up pipe. A second thread
 //! waits on `pmi_down_event` (the MM wrote a fence result) and writes to that pipe; the main
 //! loop writes to it when it adds or removes a job.
+//!
+//! The thread serves every MPI task of every user on the node, so no task may stall it: the
+//! sockets are non-blocking, and each task's answers wait in a buffer of their own of at
+//! most [`MAX_UNREAD`] bytes, written as the task reads. A task that lets more pile up
+//! (it asks and never reads) ends its own job, with the reason; the other jobs are served as
+//! before.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -23,6 +29,10 @@ use super::wire::Framer;
 
 /// Key-value pairs of the PMI key space.
 type Pairs = Vec<(String, String)>;
+
+/// Bytes of answers one task may leave unread before its job is ended: far more than any
+/// PMI exchange needs (a reply is at most [`super::wire::MAX_MESSAGE`]).
+pub const MAX_UNREAD: usize = 1 << 20;
 
 enum Msg {
     Add {
@@ -108,8 +118,30 @@ fn poke(fd: &OwnedFd) {
 }
 
 struct Conn {
+    /// Non-blocking.
     stream: UnixStream,
     framer: Framer,
+    /// Answers not yet taken by the task, oldest first.
+    unread: std::collections::VecDeque<u8>,
+}
+
+impl Conn {
+    /// Writes what the task will take now; an error if its socket is broken.
+    fn flush(&mut self) -> std::io::Result<()> {
+        while !self.unread.is_empty() {
+            let (front, _) = self.unread.as_slices();
+            match self.stream.write(front) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.unread.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Served {
@@ -138,9 +170,14 @@ impl Server {
             let mut who = Vec::new();
             for (&job, s) in &self.jobs {
                 for (&rank, c) in &s.conns {
+                    let out = if c.unread.is_empty() {
+                        0
+                    } else {
+                        libc::POLLOUT
+                    };
                     fds.push(libc::pollfd {
                         fd: c.stream.as_raw_fd(),
-                        events: libc::POLLIN,
+                        events: libc::POLLIN | out,
                         revents: 0,
                     });
                     who.push((job, rank));
@@ -165,7 +202,10 @@ impl Server {
             }
             self.collect_results();
             for (pfd, (job, rank)) in fds[1..].iter().zip(who) {
-                if pfd.revents != 0 {
+                if pfd.revents & libc::POLLOUT != 0 {
+                    self.flush_to(job, rank);
+                }
+                if pfd.revents & !libc::POLLOUT != 0 {
                     self.read_from(job, rank);
                 }
             }
@@ -179,14 +219,19 @@ impl Server {
                 let state = PmiJob::new(facts, conns.iter().map(|(r, _)| *r));
                 let conns = conns
                     .into_iter()
-                    .map(|(rank, stream)| {
-                        (
+                    .filter_map(|(rank, stream)| match stream.set_nonblocking(true) {
+                        Ok(()) => Some((
                             rank,
                             Conn {
                                 stream,
                                 framer: Framer::default(),
+                                unread: Default::default(),
                             },
-                        )
+                        )),
+                        Err(e) => {
+                            tracing::error!(job, rank, "PMI: cannot serve the task: {e}");
+                            None
+                        }
                     })
                     .collect();
                 self.jobs.insert(job, Served { slot, state, conns });
@@ -242,6 +287,14 @@ impl Server {
         };
         let mut buf = [0u8; 16 * 1024];
         let effects = match c.stream.read(&mut buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                return;
+            }
             Ok(0) | Err(_) => {
                 s.conns.remove(&rank);
                 s.state.closed(rank)
@@ -270,9 +323,9 @@ impl Server {
             match effect {
                 Effect::Reply(rank, bytes) => {
                     if let Some(c) = self.jobs.get_mut(&job).and_then(|s| s.conns.get_mut(&rank)) {
-                        // A task that stopped reading loses its connection, not the server.
-                        let _ = c.stream.write_all(&bytes);
+                        c.unread.extend(&bytes);
                     }
+                    self.flush_to(job, rank);
                 }
                 Effect::Contribute { epoch, pairs } => {
                     self.send_up(job, PmiUp::Fence { job, epoch, pairs })
@@ -300,6 +353,47 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Writes what task `rank` of `job` takes now of its answers. A task whose socket broke
+    /// loses its connection; one that leaves more than [`MAX_UNREAD`] bytes unread ends its
+    /// job (the server serves everyone else meanwhile).
+    fn flush_to(&mut self, job: JobId, rank: u32) {
+        let Some(c) = self.jobs.get_mut(&job).and_then(|s| s.conns.get_mut(&rank)) else {
+            return;
+        };
+        if let Err(e) = c.flush() {
+            // A closed socket: nobody takes these answers, and reading it tells the job.
+            tracing::debug!(node = self.node, job, rank, "PMI: the task's socket: {e}");
+            c.unread.clear();
+            return;
+        }
+        let unread = c.unread.len();
+        if unread <= MAX_UNREAD {
+            return;
+        }
+        let message = format!(
+            "rank {rank} sends PMI requests and does not read the answers ({unread} bytes \
+             unread, more than the {MAX_UNREAD} a task may leave)"
+        );
+        if let Some(s) = self.jobs.get_mut(&job) {
+            s.conns.remove(&rank);
+        }
+        tracing::warn!(
+            node = self.node,
+            job,
+            rank,
+            "PMI: {message}; ending the job"
+        );
+        self.send_up(
+            job,
+            PmiUp::Abort {
+                job,
+                rank,
+                code: None,
+                message,
+            },
+        );
     }
 
     /// Writes this node's message for `job` into its area at the MM.

@@ -29,6 +29,10 @@ pub struct TcpConfig {
     pub protection: Protection,
     /// Handshakes being made at once with peers not yet authenticated; more are refused.
     pub max_handshakes: usize,
+    /// Of those, handshakes from one source address: a flood from one host cannot take every
+    /// place and keep the cluster's nodes out. (Nodes sharing an address, as on loopback,
+    /// share its places too; their handshakes last a round trip, so they rarely overlap.)
+    pub max_handshakes_per_source: usize,
     /// Operations one node keeps in progress for others: transfers passing through or ending
     /// here, COMPARE-AND-WRITEs here, and requests queued here as a root, each counted on its
     /// own. More are refused with an error to their origin, so that no peer can grow a node's
@@ -57,6 +61,7 @@ impl Default for TcpConfig {
             key: ClusterKey::random(),
             protection: Protection::Authenticate,
             max_handshakes: 64,
+            max_handshakes_per_source: 8,
             max_pending_ops: 4096,
             max_staged_bytes: 1 << 30,
             writers: None,

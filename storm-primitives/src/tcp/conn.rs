@@ -33,6 +33,7 @@ use super::wire::{
     self, Control, DATA_PREFIX_LEN, Frame, HEADER_LEN, Hello, KIND_DATA, OutFrame, WireError,
     read_frame,
 };
+use crate::log_limit::LogLimit;
 use crate::nodeset::NodeId;
 
 static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
@@ -282,24 +283,104 @@ fn read_handshake(stream: &TcpStream, at: Instant) -> Result<Control, String> {
     }
 }
 
+/// The handshakes a node is making with accepted connections, capped in total
+/// (`max_handshakes`) and per source address (`max_handshakes_per_source`): a flood from one
+/// host can hold a few places, never all of them, so the cluster's own nodes still get in.
+/// Refusals and failed handshakes are logged at most [`REFUSAL_LOG_BURST`] times every
+/// [`REFUSAL_LOG_INTERVAL`], with the count in between: each is logged while they are rare, and
+/// a peer without the key cannot fill the disk with warnings.
+#[derive(Default)]
+pub(crate) struct Handshakes {
+    state: Mutex<HandshakeCount>,
+}
+
+/// How often refused or failed handshakes are logged at most (the rest are counted).
+pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const REFUSAL_LOG_BURST: u32 = 20;
+
+struct HandshakeCount {
+    total: usize,
+    by_source: std::collections::HashMap<std::net::IpAddr, usize>,
+    refused: LogLimit,
+    failed: LogLimit,
+}
+
+impl Default for HandshakeCount {
+    fn default() -> Self {
+        Self {
+            total: 0,
+            by_source: Default::default(),
+            refused: LogLimit::with_burst(REFUSAL_LOG_INTERVAL, REFUSAL_LOG_BURST),
+            failed: LogLimit::with_burst(REFUSAL_LOG_INTERVAL, REFUSAL_LOG_BURST),
+        }
+    }
+}
+
+impl Handshakes {
+    /// Whether a failed handshake may be logged now, and how many went unlogged before it.
+    fn log_failure(&self) -> Option<u64> {
+        self.state.lock().failed.allow(Instant::now())
+    }
+}
+
 /// One handshake in progress on an accepted connection, counted in its node's
-/// `handshakes` while it lives.
-struct HandshakeSlot(Arc<Inner>);
+/// [`Handshakes`] while it lives.
+struct HandshakeSlot {
+    inner: Arc<Inner>,
+    source: Option<std::net::IpAddr>,
+}
 
 impl HandshakeSlot {
-    fn take(inner: &Arc<Inner>) -> Option<Self> {
-        let now = inner.handshakes.fetch_add(1, Ordering::AcqRel);
-        if now >= inner.config.max_handshakes {
-            inner.handshakes.fetch_sub(1, Ordering::AcqRel);
+    /// A place for a handshake from `source`, or `None` (logged, at most once an interval)
+    /// when its source or the node has none left.
+    fn take(inner: &Arc<Inner>, source: Option<std::net::IpAddr>) -> Option<Self> {
+        let cfg = &inner.config;
+        let mut st = inner.handshakes.state.lock();
+        let from_source = source.map_or(0, |ip| st.by_source.get(&ip).copied().unwrap_or(0));
+        let why = if st.total >= cfg.max_handshakes {
+            Some(format!("{} handshakes already in progress", st.total))
+        } else if from_source >= cfg.max_handshakes_per_source {
+            Some(format!(
+                "{from_source} handshakes already in progress from that address \
+                 (max_handshakes_per_source)"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            if let Some(unlogged) = st.refused.allow(Instant::now()) {
+                tracing::warn!(
+                    node = inner.id,
+                    ?source,
+                    "{why}; closing a new connection ({unlogged} more closed since the last \
+                     warning)"
+                );
+            }
             return None;
         }
-        Some(HandshakeSlot(inner.clone()))
+        st.total += 1;
+        if let Some(ip) = source {
+            *st.by_source.entry(ip).or_insert(0) += 1;
+        }
+        Some(HandshakeSlot {
+            inner: inner.clone(),
+            source,
+        })
     }
 }
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+        let mut st = self.inner.handshakes.state.lock();
+        st.total -= 1;
+        if let Some(ip) = self.source
+            && let Some(n) = st.by_source.get_mut(&ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                st.by_source.remove(&ip);
+            }
+        }
     }
 }
 
@@ -459,13 +540,7 @@ fn accept_handshake(
 /// Handles one accepted socket: handshake, then register and read.
 pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
     let peer_addr = stream.peer_addr().ok();
-    let Some(slot) = HandshakeSlot::take(inner) else {
-        tracing::warn!(
-            node = inner.id,
-            ?peer_addr,
-            "{} handshakes already in progress; closing a new connection",
-            inner.config.max_handshakes
-        );
+    let Some(slot) = HandshakeSlot::take(inner, peer_addr.map(|a| a.ip())) else {
         return;
     };
     let inner = inner.clone();
@@ -478,7 +553,14 @@ pub(crate) fn accept(inner: &Arc<Inner>, mut stream: TcpStream) {
             let (peer, session) = match accept_handshake(&inner, &mut stream) {
                 Ok(done) => done,
                 Err(why) => {
-                    tracing::warn!(node = inner.id, ?peer_addr, "refused a connection: {why}");
+                    if let Some(unlogged) = inner.handshakes.log_failure() {
+                        tracing::warn!(
+                            node = inner.id,
+                            ?peer_addr,
+                            "refused a connection: {why} ({unlogged} more refused since the \
+                             last warning)"
+                        );
+                    }
                     return;
                 }
             };

@@ -50,8 +50,9 @@ pub(crate) struct Inner {
     sweep_wake: Condvar,
     /// Sweeps made: the sweeper wakes at deadlines, not in a loop (a test reads it).
     sweeps: AtomicU64,
-    /// Handshakes being made with accepted connections (capped by `max_handshakes`).
-    pub handshakes: std::sync::atomic::AtomicUsize,
+    /// Handshakes being made with accepted connections (capped by `max_handshakes` and
+    /// `max_handshakes_per_source`).
+    pub handshakes: super::conn::Handshakes,
     /// Test hook: frames and deadlines are not handled, as in a stopped process.
     frozen: Mutex<bool>,
     thawed: Condvar,
@@ -311,7 +312,7 @@ impl TcpNode {
             sweep_at: Mutex::new(None),
             sweeps: AtomicU64::new(0),
             sweep_wake: Condvar::new(),
-            handshakes: std::sync::atomic::AtomicUsize::new(0),
+            handshakes: Default::default(),
             frozen: Mutex::new(false),
             thawed: Condvar::new(),
         });

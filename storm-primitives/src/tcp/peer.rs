@@ -7,7 +7,7 @@
 //! [`super::auth`] and [`super::wire`] code.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -138,5 +138,44 @@ impl RawPeer {
             Frame::Control(c) => Ok(c),
             Frame::Data(d) => Err(format!("expected a control message, got data {:?}", d.key)),
         }
+    }
+}
+
+/// A plain TCP connection to `to` from the local address `from` (another loopback address,
+/// say, which a node counts as another host): what a test's attacker opens, unauthenticated.
+pub fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let SocketAddr::V4(to) = to else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "connect_from: an IPv4 destination",
+        ));
+    };
+    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket, owned at once; bind and connect get valid sockaddr_in values of
+    // the length given.
+    unsafe {
+        let raw = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(raw);
+        let src = sockaddr(from, 0);
+        if libc::bind(raw, &src as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let dst = sockaddr(*to.ip(), to.port());
+        if libc::connect(raw, &dst as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(TcpStream::from(fd))
     }
 }

@@ -1,0 +1,500 @@
+//! The cluster's own users as attackers (issue 31): root daemons on loopback, an unprivileged
+//! user (`nobody`) with jobs of their own, and what that user obtains, seen from outside: the
+//! root files they aimed at, other users' jobs, the daemons' answers.
+
+mod support;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use support::{NOBODY, TestCluster, text};
+
+/// A root-only file an attacker aims at: (path, its content).
+fn victim(dir: &std::path::Path) -> (std::path::PathBuf, &'static [u8]) {
+    let path = dir.join("victim");
+    let content: &'static [u8] = b"root's secret\n";
+    std::fs::write(&path, content).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (path, content)
+}
+
+/// Fails unless the victim is as it was: root's, mode 0600, the same bytes.
+fn assert_untouched(path: &std::path::Path, content: &[u8], report: &str) {
+    let meta = std::fs::symlink_metadata(path).expect("the victim still exists");
+    assert!(
+        meta.file_type().is_file(),
+        "the victim was replaced\n{report}"
+    );
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (0, 0, 0o600),
+        "the attacker changed the owner or mode of a root-only file\n{report}"
+    );
+    assert_eq!(
+        std::fs::read(path).unwrap(),
+        content,
+        "the root-only file was written\n{report}"
+    );
+}
+
+/// A shell script of about `bytes` bytes (padded with a comment) that prints `marker`.
+fn padded_script(path: &std::path::Path, bytes: usize, marker: &str) {
+    let mut body = format!("#!/bin/sh\necho {marker}\nexit 0\n");
+    let line = format!("# {}\n", "x".repeat(1000));
+    while body.len() < bytes {
+        body.push_str(&line);
+    }
+    std::fs::write(path, body).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Finding 1: a job owner's task races the NM while it writes that user's next programs into
+/// the spool, by every path trick there is (a symlink planted before the file exists, the
+/// file swapped for a symlink while it is written, a hard link to a root file, the job
+/// directory renamed and replaced by a symlink). On the code before the fix, the NM created,
+/// chmodded and chowned by path in a directory the user owned, and a root-only file became
+/// the user's. Now every step is refused and the root file is untouched; the programs still
+/// arrive whole and run.
+#[test]
+fn a_job_owner_racing_the_spool_gains_no_root_file() {
+    let test = "a_job_owner_racing_the_spool_gains_no_root_file";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let work = support::shared_tempdir();
+    let Some(attacker) = support::compile_c(
+        test,
+        include_str!("support/spool_attacker.c"),
+        work.path(),
+        "attacker",
+    ) else {
+        return;
+    };
+    let c = TestCluster::start(1);
+    let (victim, content) = victim(&c.root);
+    let spool = c.cluster.as_ref().unwrap().config.nodes[0].spool.clone();
+    let name = "program";
+    let (ready, stop) = (work.path().join("ready"), work.path().join("stop"));
+    let spool_arg = spool.display().to_string();
+    let victim_arg = victim.display().to_string();
+    let ready_arg = ready.display().to_string();
+    let stop_arg = stop.display().to_string();
+    let attacker_arg = attacker.display().to_string();
+    // The attacker is a task of the user's own first job (run in place, not sent), aiming at
+    // the directories of the jobs that follow it.
+    let running = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+            .arg("--socket")
+            .arg(&c.socket)
+            .args([
+                "--no-bcast",
+                &attacker_arg,
+                &spool_arg,
+                "1",
+                "40",
+                name,
+                &victim_arg,
+                &ready_arg,
+                &stop_arg,
+            ])
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    assert!(
+        support::wait_for_path(&ready, Duration::from_secs(30)),
+        "the attacker's job did not start"
+    );
+    // The user's next programs, of several sizes: the larger, the longer the NM writes.
+    let mut runs = Vec::new();
+    for (i, mb) in [1usize, 5, 20].into_iter().enumerate() {
+        let sub = work.path().join(format!("p{i}"));
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let program = sub.join(name);
+        padded_script(&program, mb << 20, "intact");
+        let out = c.submit_as(NOBODY, &[program.to_str().unwrap()]);
+        runs.push((mb, out));
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let out = running.wait_with_output().unwrap();
+    let report = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the attacker's job failed: {report}{}",
+        text(&out.stderr)
+    );
+    assert_untouched(&victim, content, &report);
+    // Not one step of any attack went through: the user cannot add, remove or rename a
+    // name in a job directory.
+    for line in report.lines().filter(|l| !l.starts_with("rounds=")) {
+        let counts: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('=')?.1.parse().ok())
+            .collect();
+        assert!(
+            counts.iter().all(|&n| n == 0),
+            "an attack step succeeded: {line}\n{report}"
+        );
+    }
+    assert!(
+        report.contains("rounds=") && !report.contains("rounds=0\n"),
+        "the attacker never ran: {report}"
+    );
+    // And the user's programs arrived whole and ran, the attack notwithstanding.
+    for (mb, out) in runs {
+        assert!(
+            out.status.success() && text(&out.stdout).contains("intact"),
+            "the user's {mb} MB program did not run: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+}
+
+/// Descriptors the process `pid` has open (read from outside, as root).
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+fn mm_pid(c: &TestCluster) -> u32 {
+    c.cluster
+        .as_ref()
+        .unwrap()
+        .daemon_pids()
+        .into_iter()
+        .find_map(|(name, pid)| (name == "storm-mm").then_some(pid))
+        .expect("the MM's pid")
+}
+
+/// Finding 6: each waiting job held a descriptor (its program) at the MM, and under
+/// systemd's default limit about 1,200 of them used up the MM's descriptors: after that,
+/// root's `storm nodes` and every user's submissions failed. Now, under a limit of 200, a
+/// user's flood of waiting jobs is refused with a message naming the descriptor limit before
+/// the MM runs out; root's `storm nodes` still answers; the waiting jobs hold no descriptor
+/// (counted from outside); and they all run once the node frees.
+#[test]
+fn a_user_cannot_use_up_the_mms_descriptors() {
+    let test = "a_user_cannot_use_up_the_mms_descriptors";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(1),
+        limits: storm_cluster::config::LimitsSection {
+            max_connections_per_user: 10_000,
+            max_queued_jobs_per_user: 10_000,
+            ..Default::default()
+        },
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let work = support::shared_tempdir();
+    let program = support::script(work.path(), "waiter", "exit 0\n");
+    // The node is busy, so every job of the flood waits.
+    let blocker = c.spawn(&["--exclusive", "/bin/sleep", "300"]);
+    let since = std::time::Instant::now();
+    while !text(&c.storm(&["queue"]).stdout).contains("running") {
+        assert!(since.elapsed() < Duration::from_secs(30), "no job started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mm = mm_pid(&c);
+    let limit = 200u64;
+    let rl = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: prlimit on another process with a valid rlimit and no old-limit pointer.
+    let set = unsafe { libc::prlimit(mm as i32, libc::RLIMIT_NOFILE, &rl, std::ptr::null_mut()) };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let base = open_descriptors(mm);
+    let flood: Vec<std::process::Child> = (0..120)
+        .map(|_| {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+                .arg("--socket")
+                .arg(&c.socket)
+                .arg(&program)
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Until every submitter is either waiting with its job queued or gone.
+    let since = std::time::Instant::now();
+    let mut flood = flood;
+    let mut refused = Vec::new();
+    loop {
+        let mut i = 0;
+        while i < flood.len() {
+            if flood[i].try_wait().unwrap().is_some() {
+                let out = flood.swap_remove(i).wait_with_output().unwrap();
+                refused.push(text(&out.stderr));
+            } else {
+                i += 1;
+            }
+        }
+        let queue = c
+            .storm_within(&["queue"], Duration::from_secs(10))
+            .expect("root's `storm queue` did not answer within 10 s during the flood");
+        // Every job but the one running.
+        let queued = text(&queue.stdout)
+            .lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|w| w.parse::<u64>().is_ok())
+            })
+            .count()
+            .saturating_sub(1);
+        if queued + refused.len() >= 120 || since.elapsed() > Duration::from_secs(90) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Root's view still answers.
+    let nodes = c
+        .storm_within(&["nodes"], Duration::from_secs(10))
+        .expect("root's `storm nodes` did not answer within 10 s during the flood");
+    assert!(
+        nodes.status.success(),
+        "root's `storm nodes` failed during the flood: {}",
+        text(&nodes.stderr)
+    );
+    // What was refused said why.
+    assert!(
+        !refused.is_empty(),
+        "120 waiting submitters fit under 200 descriptors: the test does not reach the limit"
+    );
+    for e in &refused {
+        assert!(
+            e.contains("file descriptors in use") && e.contains("LimitNOFILE"),
+            "a refused submission does not say which limit it hit: {e}"
+        );
+    }
+    // The waiting jobs hold no descriptor: each live submitter's connection holds three, and
+    // nothing else grew.
+    std::thread::sleep(Duration::from_millis(500));
+    let live = flood.len();
+    let now = open_descriptors(mm);
+    assert!(
+        now <= base + 3 * live + 8,
+        "the MM holds {now} descriptors for {live} waiting jobs and their connections \
+         ({base} before the flood)"
+    );
+    // Everything accepted runs once the node frees.
+    let cancel = c.storm(&["cancel", "1"]);
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
+    blocker.wait_with_output().unwrap();
+    for child in flood {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "a waiting job did not run: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// CPU time (user + system) of process `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// One HTTP GET with an optional bearer token; the status code.
+fn scrape(addr: &str, token: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the exporter");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Starts `storm metrics` with `args`; the child and the address it serves (or its error).
+fn exporter(c: &TestCluster, args: &[&str]) -> (std::process::Child, Result<String, String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .arg("metrics")
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("storm metrics: serving http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .map(str::to_string)
+        .ok_or(first);
+    (child, addr)
+}
+
+/// Finding 10: `storm metrics --listen` answered anyone, and every scrape asked the MM afresh
+/// (1,737 scrapes a second cost the MM 62 % of a core). Now the exporter listens on loopback
+/// unless told otherwise, refuses a public address without a token, asks for the bearer
+/// token it was given, and serves a snapshot: a flood of scrapes costs the MM no more CPU
+/// than the same time idle (read from /proc, outside the MM).
+#[test]
+fn metrics_scrapes_need_the_token_and_cost_the_mm_nothing() {
+    let c = TestCluster::start(1);
+    // Loopback by default.
+    let (mut default, served) = exporter(&c, &["--listen"]);
+    let _ = default.kill();
+    let _ = default.wait();
+    match served {
+        Ok(addr) => assert_eq!(addr, "127.0.0.1:9464"),
+        Err(e) => assert!(e.contains("cannot listen on 127.0.0.1:9464"), "{e}"),
+    }
+    // A public address needs a token.
+    let out = c.storm(&["metrics", "--listen", "0.0.0.0:0"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--token-file"),
+        "{}",
+        text(&out.stderr)
+    );
+    // With a token, nothing is served without it.
+    let work = tempfile::tempdir().unwrap();
+    let token_file = work.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (mut server, addr) = exporter(
+        &c,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "--refresh-ms",
+            "1000",
+        ],
+    );
+    let addr = addr.expect("the exporter serves");
+    assert_eq!(scrape(&addr, None), 401);
+    assert_eq!(scrape(&addr, Some("s3cret-tokeN")), 401);
+    assert_eq!(scrape(&addr, Some("s3cret-token")), 200);
+    // A flood of scrapes, against the same time idle.
+    let mm = mm_pid(&c);
+    let window = Duration::from_secs(2);
+    let idle_from = cpu_ticks(mm);
+    std::thread::sleep(window);
+    let idle = cpu_ticks(mm) - idle_from;
+    let flood_from = cpu_ticks(mm);
+    let until = std::time::Instant::now() + window;
+    let mut scrapes = 0;
+    while std::time::Instant::now() < until {
+        assert_eq!(scrape(&addr, Some("s3cret-token")), 200);
+        scrapes += 1;
+    }
+    let flood = cpu_ticks(mm) - flood_from;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    // 10 ticks over 2 s is half a core's twentieth: scheduling noise, not work per scrape.
+    assert!(
+        flood <= idle + hz / 10,
+        "{scrapes} scrapes in {window:?} cost the MM {flood} ticks of CPU against {idle} idle \
+         ({hz} ticks a second)"
+    );
+    assert!(scrapes > 100, "only {scrapes} scrapes were made");
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// A second unprivileged user, for attacks whose victim is another user.
+const VICTIM: u32 = 1; // "daemon" on Debian
+
+/// Finding 4: a task that sends PMI requests and never reads the answers blocked the NM's one
+/// PMI thread, and another user's MPI job on the node got no `init` answer. Now the answers
+/// wait in a bounded buffer per task: the flooding job ends, saying why, and the other
+/// user's task is answered.
+#[test]
+fn a_task_that_never_reads_pmi_answers_stalls_no_other_job() {
+    let test = "a_task_that_never_reads_pmi_answers_stalls_no_other_job";
+    if !support::root_or_say(test) {
+        return;
+    }
+    // One node of two CPUs: both jobs run there.
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(2),
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let work = support::shared_tempdir();
+    let flooder = support::script(
+        work.path(),
+        "flooder",
+        "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&4\n\
+         yes 'cmd=get_maxes' | head -n 200000 >&4\n\
+         sleep 60\n",
+    );
+    let asker = support::script(
+        work.path(),
+        "asker",
+        "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&4\n\
+         echo \"got: $(timeout 10 head -n 1 <&4)\"\n",
+    );
+    let attack = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+            .arg("--socket")
+            .arg(&c.socket)
+            .args(["--mpi", "pmi1", "--no-bcast"])
+            .arg(&flooder)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Let the flood fill the task's socket.
+    std::thread::sleep(Duration::from_secs(3));
+    let victim = {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"));
+        cmd.arg("--socket")
+            .arg(&c.socket)
+            .args(["--mpi", "pmi1", "--no-bcast"])
+            .arg(&asker)
+            .uid(VICTIM)
+            .gid(VICTIM);
+        support::output_within(cmd, Duration::from_secs(60)).expect("the victim's job hung")
+    };
+    let attack = attack.wait_with_output().unwrap();
+    assert!(
+        victim.status.success() && text(&victim.stdout).contains("got: cmd=response_to_init"),
+        "another user's MPI task was not answered: {}{}",
+        text(&victim.stdout),
+        text(&victim.stderr)
+    );
+    assert!(
+        !attack.status.success() && text(&attack.stderr).contains("does not read the answers"),
+        "the flooding job did not end with the reason: {}",
+        text(&attack.stderr)
+    );
+}
