@@ -498,3 +498,129 @@ fn a_task_that_never_reads_pmi_answers_stalls_no_other_job() {
         text(&attack.stderr)
     );
 }
+
+/// Finding 3: a user SIGSTOPped their own task's process between its change of user and its
+/// exec; the launcher waited for that exec (a `vfork`), and no task of any user started on
+/// the node until root stepped in. The attacker here is a task of `nobody` that stops the
+/// launcher's new processes the moment they become `nobody`'s (it predicts their process
+/// ids), while `nobody` submits jobs. Once it holds one before its exec, another user submits
+/// a job to the node: it runs at once (on the old code it waited for as long as the attack
+/// lasted), and the held start fails after the task start deadline, with the reason.
+#[test]
+fn a_user_stopping_their_task_before_exec_stalls_no_other_start() {
+    let test = "a_user_stopping_their_task_before_exec_stalls_no_other_start";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let work = support::shared_tempdir();
+    let Some(stopper) = support::compile_c(
+        test,
+        include_str!("support/start_stopper.c"),
+        work.path(),
+        "stopper",
+    ) else {
+        return;
+    };
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(4),
+        failure: storm_cluster::config::FailureSection {
+            task_start_timeout_ms: 1500,
+            ..Default::default()
+        },
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let file = |name: &str| work.path().join(name);
+    let (ready, caught, stop) = (file("ready"), file("caught"), file("stop"));
+    let as_user = |uid: u32, args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"));
+        cmd.arg("--socket")
+            .arg(&c.socket)
+            .args(args)
+            .uid(uid)
+            .gid(uid);
+        cmd
+    };
+    let attacker = as_user(
+        NOBODY,
+        &[
+            "--no-bcast",
+            stopper.to_str().unwrap(),
+            ready.to_str().unwrap(),
+            caught.to_str().unwrap(),
+            stop.to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    assert!(
+        support::wait_for_path(&ready, Duration::from_secs(30)),
+        "the attacker's job did not start"
+    );
+    // The user's own jobs, whose starts the attacker stops, until it holds one before its
+    // exec. Their working directory and program sit 900 directories deep, as the user may
+    // put them: the path walks after the change of user take a while, which widens the
+    // window the attacker aims at.
+    let mut deep = work.path().to_path_buf();
+    for _ in 0..900 {
+        deep.push("d");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    let mut at = deep.clone();
+    while at != work.path() {
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o755)).unwrap();
+        at.pop();
+    }
+    let program = deep.join("true");
+    std::fs::copy("/bin/true", &program).unwrap();
+    let mut held = None;
+    for _ in 0..20 {
+        let mut cmd = as_user(
+            NOBODY,
+            &["-n", "3", "--no-bcast", program.to_str().unwrap()],
+        );
+        cmd.current_dir(&deep)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut job = cmd.spawn().unwrap();
+        let since = std::time::Instant::now();
+        while job.try_wait().unwrap().is_none() && !caught.exists() {
+            assert!(since.elapsed() < Duration::from_secs(60), "a job hung");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if caught.exists() {
+            held = Some(job);
+            break;
+        }
+    }
+    let held = held.expect("the attacker never held a start before its exec");
+    // While it holds it, another user's job on the node starts and ends.
+    let mut cmd = as_user(VICTIM, &["--no-bcast", "/bin/echo", "started"]);
+    cmd.current_dir("/");
+    let victim = support::output_within(cmd, Duration::from_secs(30));
+    std::fs::write(&stop, b"").unwrap();
+    let held = held.wait_with_output().unwrap();
+    let attack = attacker.wait_with_output().unwrap();
+    let victim = victim.unwrap_or_else(|| {
+        panic!(
+            "another user's job did not finish within 30 s while a start was held: the \
+             launcher waited for it ({})",
+            text(&attack.stdout)
+        )
+    });
+    assert!(
+        victim.status.success() && text(&victim.stdout).contains("started"),
+        "{}{}",
+        text(&victim.stdout),
+        text(&victim.stderr)
+    );
+    let why = text(&held.stderr);
+    assert!(
+        !held.status.success()
+            && why.contains("did not reach its program")
+            && why.contains("task_start_timeout_ms"),
+        "the held start does not fail with the reason: {why}"
+    );
+}

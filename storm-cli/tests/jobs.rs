@@ -772,8 +772,12 @@ fn a_cluster_can_refuse_jobs_as_root() {
     assert_eq!(text(&user.stdout), "65534\n");
 }
 
-/// A program sent to the nodes lands in a job directory only its user can enter, and the
-/// copy is theirs alone: no other user of the node can read a user's private program there.
+/// A program sent to the nodes is its user's alone: another user of the node can neither
+/// read it nor list the job's directory, and its own user can run it but cannot change the
+/// directory (the NM's, so that no name in it can be swapped under the NM; see
+/// hostile_user.rs). Seen from outside: the task reports what its user can do, and another
+/// user tries while it runs. (Before issue 31 this test read the directory's mode, 0700 and
+/// its user's; the directory is the NM's now, and the test states what users can do.)
 #[test]
 fn a_spooled_program_is_private_to_its_user() {
     if !support::root_or_say("a_spooled_program_is_private_to_its_user") {
@@ -781,22 +785,75 @@ fn a_spooled_program_is_private_to_its_user() {
     }
     use std::os::unix::fs::PermissionsExt;
     let c = TestCluster::start(1);
-    let work = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work = support::shared_tempdir();
     let prog = script(
         work.path(),
         "where.sh",
-        "stat -c '%a %u' \"$(dirname \"$0\")\" \"$0\"\n",
+        &format!(
+            "echo \"$0\" > {dir}/path\n\
+             if touch \"$(dirname \"$0\")/planted\" 2>/dev/null; then echo changed; else echo unchanged; fi\n\
+             while [ ! -e {dir}/done ]; do sleep 0.05; done\n",
+            dir = work.path().display()
+        ),
     );
-    let out = c.submit_as(
-        support::NOBODY,
-        &["-N", "1", "-D", "/tmp", prog.to_str().unwrap()],
-    );
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+            .arg("--socket")
+            .arg(&c.socket)
+            .args(["-N", "1", "-D", "/tmp", prog.to_str().unwrap()])
+            .uid(support::NOBODY)
+            .gid(support::NOBODY)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let path_file = work.path().join("path");
+    assert!(support::wait_for_path(
+        &path_file,
+        std::time::Duration::from_secs(30)
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let spooled = std::fs::read_to_string(&path_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let other = |cmd: &str| {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new("/bin/sh")
+            .args(["-c", cmd])
+            .uid(1)
+            .gid(1)
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    let read = other(&format!("cat '{spooled}'"));
+    let dir = std::path::Path::new(&spooled)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let list = other(&format!("ls '{dir}'"));
+    std::fs::write(work.path().join("done"), b"").unwrap();
+    let out = job.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        "700 65534\n700 65534\n",
-        "the job directory, then the program"
+        "unchanged\n",
+        "the job's own user cannot change the job's directory"
+    );
+    assert!(
+        !read.status.success(),
+        "another user read the spooled program: {}",
+        text(&read.stdout)
+    );
+    assert!(
+        !list.status.success(),
+        "another user listed the job's directory: {}",
+        text(&list.stdout)
     );
 }
 

@@ -270,6 +270,10 @@ pub struct FailureSection {
     /// stuck (stopped, or starved of processor time): the NM kills it, reports the tasks it
     /// held as killed, and starts a new one for the next task.
     pub launcher_timeout_ms: u64,
+    /// A task's process that has not reached its program this long after the launcher
+    /// started it (its user stopped it before its exec, say) is killed, and the task fails
+    /// with the reason. The launcher never waits for it meanwhile.
+    pub task_start_timeout_ms: u64,
 }
 
 impl Default for FailureSection {
@@ -282,6 +286,7 @@ impl Default for FailureSection {
             readopt_within_ms: 30_000,
             rejoin_after_ms: 10_000,
             launcher_timeout_ms: 10_000,
+            task_start_timeout_ms: 10_000,
         }
     }
 }
@@ -600,6 +605,9 @@ impl ClusterConfig {
                  for the normal policy)",
                 self.scheduler.daemon_rt_priority
             ));
+        }
+        if f.task_start_timeout_ms == 0 {
+            return bad("[failure] task_start_timeout_ms must be at least 1".into());
         }
         if f.launcher_timeout_ms == 0 {
             return bad(

@@ -121,6 +121,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             pl_path,
             slots,
             Duration::from_millis(cfg.failure.launcher_timeout_ms),
+            Duration::from_millis(cfg.failure.task_start_timeout_ms),
         )?,
         spool: DaemonSpool {
             dir: spool,

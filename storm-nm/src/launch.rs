@@ -146,7 +146,11 @@ unsafe extern "C" {
 /// write-protects its memory on every CPU). The launcher arranges to die with the NM itself
 /// (it gets the NM's pid as its argument), since nothing can run in the child between the
 /// spawn and the exec.
-pub fn start_launcher(pl: &Path, table: &PlTable) -> std::io::Result<(PlProcess, Outbox)> {
+pub fn start_launcher(
+    pl: &Path,
+    table: &PlTable,
+    start_timeout: std::time::Duration,
+) -> std::io::Result<(PlProcess, Outbox)> {
     let (nm_end, pl_end) = UnixStream::pair()?;
     // Made before the spawn, so that nothing can fail once a launcher runs.
     let outbox = Outbox::new(nm_end)?;
@@ -170,7 +174,13 @@ pub fn start_launcher(pl: &Path, table: &PlTable) -> std::io::Result<(PlProcess,
     let path =
         CString::new(pl.as_os_str().as_bytes()).map_err(|_| invalid("a NUL in the PL's path"))?;
     let nm_pid = CString::new(std::process::id().to_string()).expect("digits");
-    let argv = [path.as_ptr(), nm_pid.as_ptr(), std::ptr::null()];
+    let timeout = CString::new(start_timeout.as_millis().to_string()).expect("digits");
+    let argv = [
+        path.as_ptr(),
+        nm_pid.as_ptr(),
+        timeout.as_ptr(),
+        std::ptr::null(),
+    ];
     let mut pid: libc::pid_t = 0;
     // SAFETY: every pointer is valid for the call; argv is NULL-terminated; `environ` is the
     // process's environment, which the NM does not change while it runs.

@@ -64,6 +64,8 @@ pub struct PlRunner {
     next_check: Instant,
     /// How long the launcher may owe a task an answer before it counts as stuck.
     stuck_after: Duration,
+    /// How long a task's process may take to reach its exec (the launcher's deadline).
+    start_timeout: Duration,
 }
 
 impl PlRunner {
@@ -74,6 +76,7 @@ impl PlRunner {
         pl_path: PathBuf,
         slots: usize,
         stuck_after: Duration,
+        start_timeout: Duration,
     ) -> anyhow::Result<Self> {
         let mut runner = Self {
             node,
@@ -87,6 +90,7 @@ impl PlRunner {
             states: TaskStates::default(),
             next_check: Instant::now(),
             stuck_after,
+            start_timeout,
         };
         runner.launcher().map_err(anyhow::Error::msg)?;
         Ok(runner)
@@ -99,7 +103,7 @@ impl PlRunner {
     /// The launcher, starting one if there is none.
     fn launcher(&mut self) -> Result<&mut Launcher, String> {
         if self.launcher.is_none() {
-            let (process, outbox) = start_launcher(&self.pl_path, &self.table)
+            let (process, outbox) = start_launcher(&self.pl_path, &self.table, self.start_timeout)
                 .map_err(|e| format!("cannot start storm-pl ({}): {e}", self.pl_path.display()))?;
             tracing::debug!(node = self.node, pid = process.id(), "launcher started");
             self.launcher = Some(Launcher {
@@ -127,28 +131,25 @@ impl PlRunner {
     /// Whether the launcher has owed some task an answer for longer than `stuck_after`.
     /// Answers given since are noted here.
     ///
-    /// A launcher in the middle of starting a task is not counted as stuck: it waits for
-    /// the task's process to reach its exec, and the task's own user can stop that process
-    /// in the few system calls after it took the user's identity. Killing the launcher then
-    /// would let a user kill every task on the node, other users' included; as it is, such
-    /// a user only delays the node's next starts (docs/security.md).
+    /// A launcher in the middle of starting a task counts too: it is there only for the
+    /// clone (the task's process then goes on alone, and no user can hold the launcher by
+    /// stopping it), so one found there for `stuck_after` was stopped or starved itself.
     fn launcher_stuck(&mut self) -> bool {
         let now = Instant::now();
-        let (mut overdue, mut spawning) = (false, false);
+        let mut overdue = false;
         for t in self.tasks.values_mut() {
             let Some(since) = t.owed else {
                 continue;
             };
             match self.table.state(t.slot) {
-                Ok(SlotState::Starting | SlotState::Cancelled) => {
+                Ok(SlotState::Starting | SlotState::Cancelled | SlotState::Spawning) => {
                     overdue |= now.duration_since(since) > self.stuck_after;
                 }
-                Ok(SlotState::Spawning) => spawning = true,
                 // Started, ended, or held by the NM: nothing owed.
                 _ => t.owed = None,
             }
         }
-        overdue && !spawning
+        overdue
     }
 
     /// Whether the launcher died; if so, its tasks are reported killed (they died with it:

@@ -1,7 +1,8 @@
 //! `storm-pl`: the launcher of one node's tasks (see the crate docs).
 //!
-//! Started by storm-nm with the NM's pid as its argument, the NM's table on descriptor 3 and
-//! the link to the NM on descriptor 4. It serves until the NM closes the link (or dies).
+//! Started by storm-nm with the NM's pid as its argument (and the task start deadline in
+//! milliseconds as a second one), the NM's table on descriptor 3 and the link to the NM on
+//! descriptor 4. It serves until the NM closes the link (or dies).
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -46,7 +47,12 @@ fn run() -> Result<()> {
     let table =
         PlTable::open(owned(TABLE_FD, "the NM's table")?).context("opening the NM's table")?;
     let link = UnixStream::from(owned(LINK_FD, "the link to the NM")?);
-    let launcher = Launcher::new(table, link).context("setting up the launcher")?;
+    // The task start deadline, if the NM gives one (its second argument, in milliseconds).
+    let start_timeout = std::env::args().nth(2).and_then(|a| a.parse().ok()).map_or(
+        storm_pl::server::DEFAULT_START_TIMEOUT,
+        std::time::Duration::from_millis,
+    );
+    let launcher = Launcher::new(table, link, start_timeout).context("setting up the launcher")?;
     launcher.serve().context("serving the NM")?;
     Ok(())
 }

@@ -6,6 +6,11 @@
 //! NM holds is kept until a LOOK finds it released or cancelled. An ended task's status goes
 //! into its slot. When the NM closes the link, the launcher exits, and its tasks with it
 //! (each dies with its launcher).
+//!
+//! The launcher never waits for a process a user controls: a task's process is on its own
+//! from its clone on. One still short of its exec after the task start deadline (its user
+//! stopped it after it took their identity, say) is killed, and its task fails with the
+//! reason on its standard error.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -19,7 +24,8 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use storm_cluster::messages::RankStatus;
 
 use crate::request::{self, Request, RequestError, StartTask};
-use crate::spawn::{self, SpawnError, Step, TaskImage, User};
+use crate::spawn::{self, SpawnError, Spawned, Step, TaskImage, User};
+use crate::spec::PlSpec;
 use crate::table::{Begin, PlTable};
 
 /// The descriptor numbers a task gets: standard input, output, error, and the PMI socket.
@@ -40,12 +46,37 @@ pub enum ServeError {
     Sys(#[from] nix::Error),
 }
 
+/// How long a task's process may take from its clone to its exec unless the NM says
+/// otherwise (`[failure] task_start_timeout_ms`).
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A task's process, from its clone until it is reaped.
+struct Running {
+    slot: usize,
+    spawned: Spawned,
+    /// Until the process has executed its program: what is needed to tell its user why it
+    /// did not.
+    starting: Option<Starting>,
+}
+
+/// A task's process not known to have reached its program yet.
+struct Starting {
+    deadline: Instant,
+    /// The task's standard error, to say why it did not start.
+    stderr: OwnedFd,
+    spec: PlSpec,
+    /// Killed for missing the deadline.
+    killed: bool,
+}
+
 /// A launcher serving one NM.
 pub struct Launcher {
     table: PlTable,
     link: UnixStream,
-    /// Started tasks by pid, with their slots.
-    running: HashMap<libc::pid_t, usize>,
+    /// Started tasks by pid.
+    running: HashMap<libc::pid_t, Running>,
+    /// How long a task's process may take to reach its exec.
+    start_timeout: Duration,
     /// Requests whose slot the NM holds.
     kept: Vec<StartTask>,
     /// Standard input of every task.
@@ -56,12 +87,14 @@ pub struct Launcher {
 }
 
 impl Launcher {
-    pub fn new(table: PlTable, link: UnixStream) -> std::io::Result<Self> {
+    /// A launcher whose tasks must reach their exec within `start_timeout`.
+    pub fn new(table: PlTable, link: UnixStream, start_timeout: Duration) -> std::io::Result<Self> {
         let null = std::fs::File::open("/dev/null")?;
         Ok(Self {
             table,
             link,
             running: HashMap::new(),
+            start_timeout,
             kept: Vec::new(),
             null: above(OwnedFd::from(null))?,
             uid: nix::unistd::geteuid().as_raw(),
@@ -82,11 +115,18 @@ impl Launcher {
         chld.thread_block()?;
         let exits = SignalFd::with_flags(&chld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
         loop {
+            let timeout = match self.check_starts(Instant::now()) {
+                None => PollTimeout::NONE,
+                Some(wait) => {
+                    let ms = wait.as_millis().saturating_add(1).min(i32::MAX as u128) as i32;
+                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+                }
+            };
             let mut fds = [
                 PollFd::new(self.link.as_fd(), PollFlags::POLLIN),
                 PollFd::new(exits.as_fd(), PollFlags::POLLIN),
             ];
-            match poll(&mut fds, PollTimeout::NONE) {
+            match poll(&mut fds, timeout) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
@@ -142,11 +182,25 @@ impl Launcher {
             }
         };
         match self.spawn(&task) {
-            Ok(pid) => {
+            Ok(spawned) => {
+                let pid = spawned.pid();
                 if let Err(e) = self.table.set_running(slot, pid) {
                     eprintln!("storm-pl: {e}");
                 }
-                self.running.insert(pid, slot);
+                let StartTask { spec, stderr, .. } = task;
+                self.running.insert(
+                    pid,
+                    Running {
+                        slot,
+                        spawned,
+                        starting: Some(Starting {
+                            deadline: Instant::now() + self.start_timeout,
+                            stderr,
+                            spec,
+                            killed: false,
+                        }),
+                    },
+                );
             }
             Err((message, code)) => {
                 // The task's standard error, where the user reads it.
@@ -155,12 +209,43 @@ impl Launcher {
                 self.end(slot, RankStatus::Exited(code));
             }
         }
-        // The launcher's copies of the task's descriptors close here: the NM then sees the
-        // task's output end when the task's own copies close.
+        // The launcher's copies of the task's other descriptors close here (its standard
+        // error once its process has reached its program): the NM then sees the task's
+        // output end when the task's own copies close.
+    }
+
+    /// Looks at the tasks' processes not known to have reached their program: one that has
+    /// is let go of (its standard error closed here); one past the deadline is killed. The
+    /// time until the next deadline, if one is pending.
+    fn check_starts(&mut self, now: Instant) -> Option<Duration> {
+        let mut next: Option<Instant> = None;
+        for (&pid, r) in self.running.iter_mut() {
+            let Some(s) = &mut r.starting else {
+                continue;
+            };
+            if s.killed {
+                continue;
+            }
+            if !r.spawned.exec_pending() {
+                // Executed (or exited, which the reaping tells).
+                if r.spawned.failure().is_none() {
+                    r.starting = None;
+                }
+                continue;
+            }
+            if now >= s.deadline {
+                // SAFETY: kill on our own child, not reaped yet (its pid is still ours).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                s.killed = true;
+                continue;
+            }
+            next = Some(next.map_or(s.deadline, |n| n.min(s.deadline)));
+        }
+        next.map(|at| at.saturating_duration_since(now))
     }
 
     /// Starts the task's process; why not as (message, exit code), as a shell would report.
-    fn spawn(&mut self, task: &StartTask) -> Result<libc::pid_t, (String, i32)> {
+    fn spawn(&mut self, task: &StartTask) -> Result<Spawned, (String, i32)> {
         let spec = &task.spec;
         let node = spec.node;
         let root = self.uid == 0;
@@ -194,7 +279,7 @@ impl Launcher {
                     126,
                 )
             })?;
-        spawn::spawn(&image).map_err(|e| failure(task, e))
+        spawn::spawn(image).map_err(|e| failure(spec, e))
     }
 
     /// The user's groups, as `initgroups` would set them, looked up at most once a minute.
@@ -219,22 +304,42 @@ impl Launcher {
             if pid <= 0 {
                 return;
             }
-            let Some(slot) = self.running.remove(&pid) else {
+            let Some(r) = self.running.remove(&pid) else {
                 continue;
             };
-            let status = if libc::WIFSIGNALED(raw) {
+            let mut status = if libc::WIFSIGNALED(raw) {
                 RankStatus::Signaled(libc::WTERMSIG(raw))
             } else {
                 RankStatus::Exited(libc::WEXITSTATUS(raw))
             };
-            self.end(slot, status);
+            if let Some(s) = r.starting {
+                // It never reached its program: say why, where its user reads it.
+                let why = match r.spawned.failure() {
+                    Some(e) => Some(failure(&s.spec, e)),
+                    None if s.killed => Some((
+                        format!(
+                            "did not reach its program within {} ms of its start (its process \
+                             was stopped or stuck before exec); killed ([failure] \
+                             task_start_timeout_ms)",
+                            self.start_timeout.as_millis()
+                        ),
+                        126,
+                    )),
+                    None => None,
+                };
+                if let Some((message, code)) = why {
+                    let mut err = std::fs::File::from(s.stderr);
+                    let _ = writeln!(err, "storm-pl: rank {}: {message}", s.spec.rank);
+                    status = RankStatus::Exited(code);
+                }
+            }
+            self.end(r.slot, status);
         }
     }
 }
 
 /// The message and exit code for a task that did not reach its program.
-fn failure(task: &StartTask, e: SpawnError) -> (String, i32) {
-    let spec = &task.spec;
+fn failure(spec: &PlSpec, e: SpawnError) -> (String, i32) {
     let node = spec.node;
     let io = e.io();
     match e.step {

@@ -1,26 +1,33 @@
-//! Starting one task: a `vfork`-like clone of the launcher that runs nothing but system calls
-//! until it executes the task's program.
+//! Starting one task: a clone of the launcher that shares its memory (nothing is copied) and
+//! runs nothing but system calls until it executes the task's program.
 //!
-//! The child shares the launcher's memory (CLONE_VM) and the launcher waits until the child
-//! has executed the program or given up (CLONE_VFORK), so nothing is copied: the start costs
-//! what `posix_spawn` costs. `posix_spawn` itself cannot be used, as it cannot change the
-//! child's user. In the child, in this order:
+//! The launcher does not wait for the child: from the clone on, the task is a process of its
+//! own, and the launcher serves the node's other tasks while it starts. (A `vfork` would make
+//! the launcher wait until the exec, and the task's user can stop the child between its
+//! change of user and its exec: every start on the node, other users' too, would then wait
+//! with it.) Until its exec the child reads what [`Spawned`] keeps for it (the image, its
+//! stack, the word where it records a failure), so the launcher keeps a `Spawned` until the
+//! child is reaped. The kernel clears [`Spawned::exec_pending`]'s word when the child leaves
+//! the shared memory, by exec or by exit (`CLONE_CHILD_CLEARTID`); a child still short of its
+//! exec after the task start deadline is killed by the launcher, and its task fails with the
+//! reason.
+//!
+//! In the child, in this order:
 //!
 //! 1. every signal's action back to the default, and an empty signal mask;
 //! 2. the task's descriptors placed (standard input, output and error, the PMI socket);
-//! 3. a process group of its own, which the NM signals for gang switches and kills;
+//! 3. a process group of its own, which the NM signals for gang switches and kills (the
+//!    launcher sets it too, so it exists as soon as the clone returns);
 //! 4. the user's groups, group and user (when the launcher runs as root), and the memory
 //!    marked not to be traced (it is the launcher's until the exec);
 //! 5. death with the launcher (after the change of user, which would clear it);
 //! 6. the working directory, reached with the user's rights;
 //! 7. the program, executed with the user's rights.
 //!
-//! The change of user comes as late as it can: from then until the exec, the user could stop
-//! the child, and the launcher with it. A step that fails writes which step and the error
-//! number into memory the launcher reads once the child is gone.
-//!
-//! Credentials are changed with the raw system calls: glibc's `setuid` would try to change
-//! them in every thread of the (shared) process, and the child is not a thread glibc knows.
+//! A step that fails records which step and the error number where the launcher reads them
+//! once the child is reaped. The child makes its system calls directly ([`raw`]), never
+//! through libc: it runs beside the launcher's thread on that thread's thread-local storage,
+//! where a libc wrapper would write `errno` under the launcher's feet.
 
 use std::ffi::{CString, c_void};
 use std::os::fd::RawFd;
@@ -133,28 +140,68 @@ impl TaskImage {
     }
 }
 
-/// What the child reads (through the shared memory) and where it writes its failure.
-struct Child<'a> {
-    image: &'a TaskImage,
+/// What the child reads (through the shared memory) and where it writes its failure. Boxed,
+/// so that it stays where the child found it while the launcher moves its owner around.
+struct Child {
+    image: TaskImage,
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
     failed_step: AtomicI32,
     failed_errno: AtomicI32,
+    /// Not zero until the child has executed its program or exited: the kernel clears it
+    /// then (`CLONE_CHILD_CLEARTID`).
+    in_launcher_memory: AtomicI32,
 }
 
-/// The child's stack: it runs only system calls, but glibc's wrappers and a signal arriving
-/// before the mask is cleared need some room.
+/// The child's stack: it runs only system calls, but a signal arriving before the mask is
+/// cleared needs some room.
 const STACK_BYTES: usize = 64 * 1024;
 
-/// Starts the task; its pid (also its process group) once the program is executing.
-pub fn spawn(image: &TaskImage) -> Result<libc::pid_t, SpawnError> {
-    let mut child = Child {
+/// A task's process, started; its memory until its exec is the launcher's, so this must be
+/// kept until the process is reaped.
+pub struct Spawned {
+    pid: libc::pid_t,
+    child: Box<Child>,
+    /// Never read: it is the child's stack until its exec.
+    _stack: Vec<u8>,
+}
+
+// SAFETY: the raw pointers in `Child` point into its own `image`, which moves with it (boxed).
+unsafe impl Send for Spawned {}
+
+impl Spawned {
+    /// The task's process id (also its process group).
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Whether the child is still short of its exec (it has neither executed the program nor
+    /// exited).
+    pub fn exec_pending(&self) -> bool {
+        self.child.in_launcher_memory.load(Ordering::Acquire) != 0
+    }
+
+    /// Why the child did not reach its program, once it has exited (read after reaping it).
+    pub fn failure(&self) -> Option<SpawnError> {
+        Step::from_raw(self.child.failed_step.load(Ordering::Acquire)).map(|step| SpawnError {
+            step,
+            errno: self.child.failed_errno.load(Ordering::Acquire),
+        })
+    }
+}
+
+/// Starts the task and returns at once, its process running towards its exec.
+pub fn spawn(image: TaskImage) -> Result<Spawned, SpawnError> {
+    let argv = null_terminated(&image.argv);
+    let envp = null_terminated(&image.env);
+    let child = Box::new(Child {
         image,
-        argv: null_terminated(&image.argv),
-        envp: null_terminated(&image.env),
+        argv,
+        envp,
         failed_step: AtomicI32::new(0),
         failed_errno: AtomicI32::new(0),
-    };
+        in_launcher_memory: AtomicI32::new(-1),
+    });
     // Uninitialised memory will do for a stack.
     let mut stack = Vec::<u8>::with_capacity(STACK_BYTES);
     // The stack grows down from its end, which must be 16-byte aligned.
@@ -167,39 +214,40 @@ pub fn spawn(image: &TaskImage) -> Result<libc::pid_t, SpawnError> {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
-    // SAFETY: `child` and `stack` outlive the child's use of them: with CLONE_VFORK the
-    // launcher resumes only once the child has executed a program or exited.
+    let arg = &*child as *const Child as *mut c_void;
+    let clear = child.in_launcher_memory.as_ptr();
+    // SAFETY: `child` and `stack` are moved into the returned `Spawned`, which the launcher
+    // keeps until the child is reaped; the heap memory they point to does not move.
     let pid = unsafe {
         libc::clone(
             run_child,
             top as *mut c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            &mut child as *mut Child as *mut c_void,
+            libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
+            arg,
+            std::ptr::null_mut::<libc::pid_t>(),
+            std::ptr::null_mut::<c_void>(),
+            clear,
         )
     };
     let clone_errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    drop(stack);
     if pid < 0 {
         return Err(SpawnError {
             step: Step::Clone,
             errno: clone_errno,
         });
     }
-    match Step::from_raw(child.failed_step.load(Ordering::Acquire)) {
-        None => Ok(pid),
-        Some(step) => {
-            // The child has exited already (the launcher resumed); reap it here.
-            let mut status = 0;
-            // SAFETY: waitpid on our own child with a valid pointer.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            Err(SpawnError {
-                step,
-                errno: child.failed_errno.load(Ordering::Acquire),
-            })
-        }
-    }
+    // The child makes this its process group too; whichever comes first, the group exists
+    // when this returns, so the NM can signal it at once. (Once the child has executed its
+    // program this fails, harmlessly.)
+    // SAFETY: setpgid on our own child.
+    unsafe { libc::setpgid(pid, pid) };
+    Ok(Spawned {
+        pid,
+        child,
+        _stack: stack,
+    })
 }
 
 /// The pointers of `strings`, then a null pointer, as `execve` takes them.
@@ -211,83 +259,146 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
         .collect()
 }
 
-/// The child: system calls only, no allocation, no locks. Returns only by exiting.
+/// System calls made directly, returning `-errno` on failure: the child never goes through
+/// libc, which would write `errno` into the launcher thread's storage.
+mod raw {
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn syscall(n: libc::c_long, a: [usize; 4]) -> isize {
+        let ret: isize;
+        // SAFETY: the caller passes a valid system call and arguments.
+        unsafe {
+            core::arch::asm!(
+                "syscall",
+                inlateout("rax") n as isize => ret,
+                in("rdi") a[0],
+                in("rsi") a[1],
+                in("rdx") a[2],
+                in("r10") a[3],
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    pub unsafe fn syscall(n: libc::c_long, a: [usize; 4]) -> isize {
+        let ret: isize;
+        // SAFETY: the caller passes a valid system call and arguments.
+        unsafe {
+            core::arch::asm!(
+                "svc 0",
+                in("x8") n,
+                inlateout("x0") a[0] as isize => ret,
+                in("x1") a[1],
+                in("x2") a[2],
+                in("x3") a[3],
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    compile_error!("storm-pl starts tasks with direct system calls on x86_64 and aarch64 only");
+}
+
+/// The child: direct system calls only, no allocation, no locks, no libc. Returns only by
+/// exiting.
 extern "C" fn run_child(arg: *mut c_void) -> libc::c_int {
-    // SAFETY: `arg` is the `Child` the launcher keeps alive until this child execs or exits.
+    // SAFETY: `arg` is the `Child` the launcher keeps alive until this child is reaped.
     let child = unsafe { &*(arg as *const Child) };
-    let image = child.image;
-    let fail = |step: Step| -> ! {
-        let errno = unsafe { *libc::__errno_location() };
-        child.failed_errno.store(errno, Ordering::Release);
-        child.failed_step.store(step as i32, Ordering::Release);
-        // SAFETY: _exit ends only this child.
-        unsafe { libc::_exit(127) }
-    };
-    // SAFETY (whole block): plain system calls on this process with valid pointers into
+    let image = &child.image;
+    // SAFETY (every call below): plain system calls on this process with valid pointers into
     // memory prepared before the clone.
-    unsafe {
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..=64 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
+    let sys = |n: libc::c_long, a: [usize; 4]| unsafe { raw::syscall(n, a) };
+    let fail = |step: Step, ret: isize| -> ! {
+        child.failed_errno.store((-ret) as i32, Ordering::Release);
+        child.failed_step.store(step as i32, Ordering::Release);
+        sys(libc::SYS_exit_group, [127, 0, 0, 0]);
+        #[allow(clippy::empty_loop)]
+        loop {}
+    };
+    // Every disposition back to the default (a zeroed kernel sigaction is SIG_DFL, no flags,
+    // empty mask; signals that cannot be changed just fail).
+    let dfl = [0u64; 4];
+    for sig in 1..=64usize {
+        if sig != libc::SIGKILL as usize && sig != libc::SIGSTOP as usize {
+            sys(libc::SYS_rt_sigaction, [sig, dfl.as_ptr() as usize, 0, 8]);
         }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        if libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &none as *const libc::sigset_t,
-            std::ptr::null_mut::<libc::sigset_t>(),
-            8usize,
-        ) != 0
-        {
-            fail(Step::Signals);
+    }
+    let none = 0u64;
+    let r = sys(
+        libc::SYS_rt_sigprocmask,
+        [
+            libc::SIG_SETMASK as usize,
+            &none as *const u64 as usize,
+            0,
+            8,
+        ],
+    );
+    if r != 0 {
+        fail(Step::Signals, r);
+    }
+    for &(from, to) in &image.fds {
+        let r = sys(libc::SYS_dup3, [from as usize, to as usize, 0, 0]);
+        if r < 0 {
+            fail(Step::Descriptors, r);
         }
-        for &(from, to) in &image.fds {
-            if libc::dup2(from, to) < 0 {
-                fail(Step::Descriptors);
-            }
-        }
-        if libc::setpgid(0, 0) != 0 {
-            fail(Step::ProcessGroup);
-        }
-        if let Some(user) = &image.user {
-            let ok = libc::syscall(libc::SYS_setgroups, user.groups.len(), user.groups.as_ptr())
-                == 0
-                && libc::syscall(libc::SYS_setgid, user.gid) == 0
-                && libc::syscall(libc::SYS_setuid, user.uid) == 0;
-            // Until the exec, this child's memory is the (root) launcher's: the user must not
-            // trace it, whatever fs.suid_dumpable says (the change of user just set the
+    }
+    let r = sys(libc::SYS_setpgid, [0, 0, 0, 0]);
+    if r != 0 {
+        fail(Step::ProcessGroup, r);
+    }
+    if let Some(user) = &image.user {
+        for (n, a) in [
+            (
+                libc::SYS_setgroups,
+                [user.groups.len(), user.groups.as_ptr() as usize, 0, 0],
+            ),
+            (libc::SYS_setgid, [user.gid as usize, 0, 0, 0]),
+            (libc::SYS_setuid, [user.uid as usize, 0, 0, 0]),
+            // Until the exec, this child's memory is the (root) launcher's: the user must
+            // not trace it, whatever fs.suid_dumpable says (the change of user just set the
             // memory's dumpable flag from it). The exec gives the task memory of its own,
             // which is the user's to trace.
-            if !ok || libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
-                fail(Step::User);
+            (libc::SYS_prctl, [libc::PR_SET_DUMPABLE as usize, 0, 0, 0]),
+        ] {
+            let r = sys(n, a);
+            if r != 0 {
+                fail(Step::User, r);
             }
         }
-        if libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        ) != 0
-        {
-            fail(Step::DeathSignal);
-        }
-        if libc::getppid() != image.launcher {
-            // The launcher died before the setting took effect.
-            libc::_exit(137);
-        }
-        if libc::chdir(image.cwd.as_ptr()) != 0 {
-            fail(Step::Directory);
-        }
-        libc::execve(
-            image.program.as_ptr(),
-            child.argv.as_ptr(),
-            child.envp.as_ptr(),
-        );
-        fail(Step::Exec)
     }
+    let r = sys(
+        libc::SYS_prctl,
+        [
+            libc::PR_SET_PDEATHSIG as usize,
+            libc::SIGKILL as usize,
+            0,
+            0,
+        ],
+    );
+    if r != 0 {
+        fail(Step::DeathSignal, r);
+    }
+    if sys(libc::SYS_getppid, [0; 4]) != image.launcher as isize {
+        // The launcher died before the setting took effect.
+        sys(libc::SYS_exit_group, [137, 0, 0, 0]);
+    }
+    let r = sys(libc::SYS_chdir, [image.cwd.as_ptr() as usize, 0, 0, 0]);
+    if r != 0 {
+        fail(Step::Directory, r);
+    }
+    let r = sys(
+        libc::SYS_execve,
+        [
+            image.program.as_ptr() as usize,
+            child.argv.as_ptr() as usize,
+            child.envp.as_ptr() as usize,
+            0,
+        ],
+    );
+    fail(Step::Exec, r)
 }

@@ -1,0 +1,94 @@
+/* A user stopping their own task starts before exec (storm-cli/tests/hostile_user.rs).
+ *
+ * Runs as a task of an unprivileged user, so its parent is the node's launcher. Process ids
+ * are given out in order, so the next task the launcher starts gets one just above
+ * /proc/sys/kernel/ns_last_pid. It sends SIGSTOP to those ids as fast as it can: the signal is
+ * refused while the new process is still root's, and lands the moment it takes the user's
+ * identity, before its exec. A stopped process that is not a child of the launcher (a
+ * storm-submit of the same user, say) is continued at once.
+ *
+ * It keeps stopped only the processes it caught before their exec (still named after the
+ * launcher); one caught after is continued at once, as stopping it holds nothing but itself.
+ * Writes READY once running, and CAUGHT once it holds one; stops when STOP exists, continues
+ * every process it stopped, and prints how many it held.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int parent_of(int pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return -1;
+    char state;
+    int ppid;
+    if (sscanf(p + 2, "%c %d", &state, &ppid) != 2) return -1;
+    return ppid;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s READY CAUGHT STOP\n", argv[0]);
+        return 2;
+    }
+    int launcher = getppid(), me = getpid();
+    int stopped[4096], count = 0, others = 0;
+    int fd = open(argv[1], O_CREAT | O_WRONLY, 0644);
+    if (fd >= 0) close(fd);
+    int last_fd = open("/proc/sys/kernel/ns_last_pid", O_RDONLY);
+    time_t until = time(NULL) + 120;
+    long rounds = 0;
+    while (time(NULL) < until) {
+        if ((++rounds & 0xffff) == 0 && access(argv[3], F_OK) == 0) break;
+        char buf[32];
+        int n = pread(last_fd, buf, sizeof buf - 1, 0);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        int last = atoi(buf);
+        for (int pid = last - 1; pid <= last + 3; pid++) {
+            if (pid <= 1 || pid == me) continue;
+            if (kill(pid, SIGSTOP) != 0) continue;
+            if (parent_of(pid) != launcher) {
+                kill(pid, SIGCONT);
+                others++;
+                continue;
+            }
+            /* Still the launcher's image (its name), or already the task's program? A task
+             * caught after its exec is let go: stopping it holds nothing but itself. */
+            char path[64], comm[32] = {0};
+            snprintf(path, sizeof path, "/proc/%d/comm", pid);
+            int cf = open(path, O_RDONLY);
+            int early = 0;
+            if (cf >= 0) {
+                early = read(cf, comm, sizeof comm - 1) > 0 && strncmp(comm, "storm-pl", 8) == 0;
+                close(cf);
+            }
+            if (!early) {
+                kill(pid, SIGCONT);
+                continue;
+            }
+            int seen = 0;
+            for (int i = 0; i < count; i++) seen |= stopped[i] == pid;
+            if (!seen && count < 4096) {
+                stopped[count++] = pid;
+                int caught = open(argv[2], O_CREAT | O_WRONLY, 0644);
+                if (caught >= 0) close(caught);
+            }
+        }
+    }
+    for (int i = 0; i < count; i++) kill(stopped[i], SIGCONT);
+    printf("stopped_before_exec=%d others=%d rounds=%ld\n", count, others, rounds);
+    return 0;
+}
