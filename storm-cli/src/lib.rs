@@ -8,9 +8,13 @@
 //! * `storm-testbed`: a cluster whose nodes are network namespaces on this machine
 //!   ([`testbed`]), for fault tests and by hand.
 //!
+//! Text other users wrote (job names, reasons) goes through [`display::safe`] on its way to
+//! a terminal.
+//!
 //! They talk only to the machine manager, over its Unix control socket.
 
 pub mod diagnostics;
+pub mod display;
 pub mod local;
 pub mod metrics_http;
 pub mod submit;

@@ -4,11 +4,16 @@
 //! The JSON is one object per listing (`{"jobs": [...]}`, `{"nodes": [...]}`), each entry with
 //! fixed keys; node sets are in the id-range form `storm` accepts (`"0-3,7"`), with the
 //! nodes' names beside them. Durations are in seconds.
+//!
+//! Every text field of a table goes through [`safe`]: names and reasons are other users'
+//! words, and must not act on the reader's terminal.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 use storm_cluster::control::{JobInfo, NodeInfo};
+
+use crate::display::safe;
 
 /// A job as the JSON listings show it.
 #[derive(Debug, Serialize)]
@@ -117,7 +122,7 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
     );
     for j in jobs {
         let place = match (&j.reason, j.time_slot) {
-            (Some(why), _) => why.clone(),
+            (Some(why), _) => safe(why).into_owned(),
             (None, Some(slot)) => format!("{} (time slot {slot})", placed_on(j)),
             (None, None) => placed_on(j),
         };
@@ -125,9 +130,9 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
             out,
             "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>9.1}s  {}",
             j.job,
-            j.name,
+            safe(&j.name),
             j.uid,
-            j.state,
+            safe(&j.state),
             j.ntasks,
             j.elapsed_ms as f64 / 1000.0,
             place
@@ -144,17 +149,17 @@ pub fn history_table(jobs: &[JobInfo]) -> String {
     );
     for j in jobs {
         let place = match &j.reason {
-            Some(why) if j.nodes.is_empty() => why.clone(),
-            Some(why) => format!("{}: {why}", j.nodes),
+            Some(why) if j.nodes.is_empty() => safe(why).into_owned(),
+            Some(why) => format!("{}: {}", j.nodes, safe(why)),
             None => j.nodes.to_string(),
         };
         let _ = writeln!(
             out,
             "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>9.1}s  {}",
             j.job,
-            j.name,
+            safe(&j.name),
             j.uid,
-            j.state,
+            safe(&j.state),
             j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
             j.elapsed_ms as f64 / 1000.0,
             place
@@ -175,10 +180,10 @@ pub fn nodes_table(nodes: &[NodeInfo]) -> String {
             out,
             "{:>4}  {:<16} {:<10} {:<12} {}",
             n.id,
-            n.name,
-            n.state,
+            safe(&n.name),
+            safe(&n.state),
             jobs.join(","),
-            n.reason.clone().unwrap_or_default()
+            safe(n.reason.as_deref().unwrap_or_default())
         );
     }
     out

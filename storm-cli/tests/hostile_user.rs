@@ -624,3 +624,70 @@ fn a_user_stopping_their_task_before_exec_stalls_no_other_start() {
         "the held start does not fail with the reason: {why}"
     );
 }
+
+/// Finding 11: job names reached every user's `storm queue` raw, and a user forged a line
+/// `999 root-backup 0 running` (and could send escape sequences) on root's terminal. Now every
+/// character that would act on a terminal is shown escaped: root's listing has one line per
+/// job and no control character but the newlines ending them; JSON carries the name intact.
+/// A name over `max_job_name_bytes` is refused with the limit's name.
+#[test]
+fn a_job_name_cannot_forge_lines_or_escapes_on_another_users_terminal() {
+    let test = "a_job_name_cannot_forge_lines_or_escapes_on_another_users_terminal";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let c = TestCluster::start(1);
+    let forged = "x\n   999  root-backup         0 running         1       0.1s  0\x1b]0;owned\x07\x1b[2J\u{202e}";
+    let mut job = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+            .arg("--socket")
+            .arg(&c.socket)
+            .args(["-J", forged, "--no-bcast", "/bin/sleep", "30"])
+            .stderr(std::process::Stdio::null())
+            .current_dir("/")
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .spawn()
+            .unwrap()
+    };
+    let since = std::time::Instant::now();
+    let listing = loop {
+        let out = c.storm(&["queue"]);
+        let listing = text(&out.stdout);
+        if listing.contains("running") || since.elapsed() > Duration::from_secs(30) {
+            break listing;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let json = text(&c.storm(&["queue", "--json"]).stdout);
+    let _ = c.storm(&["cancel", "1"]);
+    let _ = job.wait();
+    let lines: Vec<&str> = listing.lines().collect();
+    assert_eq!(lines.len(), 2, "a header and one job:\n{listing}");
+    assert!(
+        !lines[1..].iter().any(|l| l.trim_start().starts_with("999")),
+        "a forged line:\n{listing}"
+    );
+    assert!(
+        listing
+            .chars()
+            .all(|c| c == '\n' || (!c.is_control() && c != '\u{202e}')),
+        "a control character reached the terminal: {listing:?}"
+    );
+    assert!(
+        listing.contains("x\\n   999"),
+        "the name is shown escaped: {listing}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["jobs"][0]["name"], forged, "JSON keeps the name as it is");
+    // Too long a name is refused, naming the limit.
+    let long = "n".repeat(300);
+    let out = c.submit_as(NOBODY, &["-J", &long, "--no-bcast", "/bin/true"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("max_job_name_bytes"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -362,6 +362,11 @@ pub struct LimitsSection {
     /// leave unread; past it the client is disconnected and its jobs go on without it. In
     /// bytes, not replies: one `storm queue` of a long queue is megabytes.
     pub max_unread_reply_bytes: u64,
+    /// Size of a job's name (shown to every user by `storm queue`).
+    pub max_job_name_bytes: u32,
+    /// Size of a job's arguments and environment together (the kernel's `ARG_MAX` is 2 MiB
+    /// with the default stack limit).
+    pub max_argument_bytes: u64,
 }
 
 impl Default for LimitsSection {
@@ -373,6 +378,8 @@ impl Default for LimitsSection {
             max_connections_per_user: 64,
             max_request_bytes: 4 << 20,
             max_unread_reply_bytes: 16 << 20,
+            max_job_name_bytes: 256,
+            max_argument_bytes: 2 << 20,
         }
     }
 }
@@ -552,6 +559,8 @@ impl ClusterConfig {
                 l.max_connections_per_user as u64,
             ),
             ("max_unread_reply_bytes", l.max_unread_reply_bytes),
+            ("max_job_name_bytes", l.max_job_name_bytes as u64),
+            ("max_argument_bytes", l.max_argument_bytes),
         ] {
             if v == 0 {
                 return bad(format!("[limits] {name} must be at least 1"));

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use storm_cli::display::safe;
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, OutputSink, Progress};
 use storm_cluster::control::{Client, JobRequest};
@@ -178,7 +179,7 @@ impl Progress for Terminal {
     fn accepted(&mut self, job: JobId, queued: Option<&str>) {
         self.job = Some(job);
         match queued {
-            Some(why) => eprintln!("storm-submit: job {job} queued: {why}"),
+            Some(why) => eprintln!("storm-submit: job {job} queued: {}", safe(why)),
             None if self.verbose => eprintln!("storm-submit: job {job} accepted"),
             None => {}
         }
@@ -190,7 +191,7 @@ impl Progress for Terminal {
                 .unwrap_or_default();
             eprintln!(
                 "storm-submit: job {job} runs on nodes {nodes} ({}){slot}",
-                names.join(",")
+                safe(&names.join(","))
             );
         }
     }
@@ -218,7 +219,10 @@ impl Progress for Terminal {
         } else {
             ""
         };
-        eprintln!("storm-submit: job {job} requeued: {reason}; it will run from the start{note}");
+        eprintln!(
+            "storm-submit: job {job} requeued: {}; it will run from the start{note}",
+            safe(reason)
+        );
     }
     fn reconnect(&mut self, job: JobId, why: &str) -> Option<Client> {
         if self.reconnect.is_zero() {
@@ -404,10 +408,10 @@ fn run(args: Args) -> Result<i32, String> {
     }
     let (outcome, nodes, names) = result?;
     if let Some(reason) = &outcome.reason {
-        eprintln!("storm-submit: job {}: {reason}", outcome.job);
+        eprintln!("storm-submit: job {}: {}", outcome.job, safe(reason));
     }
     for line in submit::failure_lines(&outcome, &nodes, &names) {
-        eprintln!("storm-submit: job {}: {line}", outcome.job);
+        eprintln!("storm-submit: job {}: {}", outcome.job, safe(&line));
     }
     if args.timing {
         let t = outcome.timing;

@@ -1034,6 +1034,33 @@ impl<E: MmEnv> MachineManager<E> {
         Ok(())
     }
 
+    /// `[limits] max_job_name_bytes` and `max_argument_bytes` for a new job's request.
+    fn check_request_sizes(&self, req: &JobRequest) -> Result<(), String> {
+        let l = &self.cfg.limits;
+        if req.name.len() > l.max_job_name_bytes as usize {
+            return Err(format!(
+                "the job's name is {} bytes, over the limit ([limits] max_job_name_bytes = {}); \
+                 give a shorter one with -J",
+                req.name.len(),
+                l.max_job_name_bytes
+            ));
+        }
+        let args: usize = req.args.iter().map(|a| a.len() + 1).sum::<usize>()
+            + req
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>();
+        if args as u64 > l.max_argument_bytes {
+            return Err(format!(
+                "the job's arguments and environment are {args} bytes, over the limit ([limits] \
+                 max_argument_bytes = {})",
+                l.max_argument_bytes
+            ));
+        }
+        Ok(())
+    }
+
     /// `[limits] max_queued_jobs_per_user` for a new job of user `uid`.
     fn check_queue_limit(&self, uid: u32) -> Result<(), String> {
         let limit = self.cfg.limits.max_queued_jobs_per_user;
@@ -1072,6 +1099,7 @@ impl<E: MmEnv> MachineManager<E> {
                     .into(),
             );
         }
+        self.check_request_sizes(&req)?;
         let plan = self.plan(&req)?;
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
