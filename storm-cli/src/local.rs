@@ -43,6 +43,8 @@ pub struct LocalOptions {
     pub transfer_slots: Option<usize>,
     /// Tree fanout of the tcp backend (default if `None`).
     pub fanout: Option<usize>,
+    /// Encrypt the tcp links (`[tcp] encrypt`, on by default).
+    pub encrypt: bool,
     /// The primitives backend, and the libfabric provider for `ofi` (default if `None`).
     pub backend: BackendKind,
     pub provider: Option<String>,
@@ -69,6 +71,7 @@ impl LocalOptions {
             transfer_chunk_bytes: None,
             transfer_slots: None,
             fanout: None,
+            encrypt: TcpSection::default().encrypt,
             backend: BackendKind::Tcp,
             provider: None,
             scheduler: SchedulerSection::default(),
@@ -295,7 +298,10 @@ impl LocalCluster {
                 backend: opts.backend,
                 ..ClusterSection::default()
             },
-            tcp: TcpSection::default(),
+            tcp: TcpSection {
+                encrypt: opts.encrypt,
+                ..TcpSection::default()
+            },
             security: opts.security.clone(),
             limits: opts.limits.clone(),
             ofi: OfiSection {

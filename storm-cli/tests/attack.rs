@@ -17,7 +17,7 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use storm_primitives::tcp::auth::{ClusterKey, Protection};
+use storm_primitives::tcp::auth::ClusterKey;
 use storm_primitives::tcp::wire::{Control, Frame, Hello, read_frame};
 use support::handshake::{client_proof, daemons, handshake};
 use support::testbed::{can_run, finish, logs, nodes, spawn, up, wait_node_state};
@@ -51,10 +51,11 @@ impl Plan {
         let mut out = format!("cluster {} {}\n", self.cluster_size, self.fingerprint);
         for ((id, addr), (hello, proof)) in self.targets.iter().zip(&self.recorded) {
             out += &format!(
-                "target {id} {addr} {} {} {}\n",
+                "target {id} {addr} {} {} {} {}\n",
                 hello.node,
                 hex(&hello.nonce),
-                hex(proof)
+                hex(proof),
+                hello.protection
             );
         }
         out += &format!("captured {}\n", hex(&self.captured));
@@ -83,7 +84,7 @@ impl Plan {
                         node: w[3].parse().unwrap(),
                         cluster_size: plan.cluster_size,
                         layout_fingerprint: plan.fingerprint,
-                        protection: Protection::Authenticate.code(),
+                        protection: w[6].parse().unwrap(),
                         nonce: unhex(w[4]).try_into().unwrap(),
                     };
                     plan.recorded.push((hello, unhex(w[5]).try_into().unwrap()));
@@ -214,7 +215,7 @@ fn an_attacker_on_the_network_without_the_key_achieves_nothing() {
                 node: claim,
                 cluster_size: size,
                 layout_fingerprint: rm.layout.fingerprint(),
-                protection: Protection::Authenticate.code(),
+                protection: cfg.protection().code(),
                 nonce: [target as u8 + 3; 32],
             };
             let key = key.clone();

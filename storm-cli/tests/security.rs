@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use storm_cluster::config::ClusterConfig;
 use storm_primitives::NodeSet;
-use storm_primitives::tcp::auth::{ClusterKey, Protection};
+use storm_primitives::tcp::auth::ClusterKey;
 use storm_primitives::tcp::peer::{Membership, RawPeer};
 use storm_primitives::tcp::wire::{Control, Hello, OpKey, OutFrame, XferBegin, XferMsg};
 use support::handshake::{client_proof, daemons, handshake};
@@ -93,7 +93,7 @@ fn hello(cfg: &ClusterConfig, node: u32, nonce: [u8; 32]) -> Hello {
         node,
         cluster_size: cfg.node_count() + 1,
         layout_fingerprint: rm.layout.fingerprint(),
-        protection: Protection::Authenticate.code(),
+        protection: cfg.protection().code(),
         nonce,
     }
 }
@@ -184,7 +184,7 @@ fn a_compute_node_cannot_write_commands_into_another() {
         cluster_size: cfg.node_count() + 1,
         layout: rm.layout.clone(),
         key,
-        protection: Protection::Authenticate,
+        protection: cfg.protection(),
     };
     let mut peer = RawPeer::connect(cfg.nodes[0].address, 0, &me).unwrap();
     let op = OpKey { origin: 1, seq: 1 };
@@ -289,4 +289,67 @@ fn a_handshake_flood_from_one_host_keeps_no_node_out_and_fills_no_log() {
     );
     let out = c.submit(&["-N", "2", "/bin/echo", "still here"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Finding 9 of issue 31: `encrypt = false` was the default, so every job's environment
+/// (API tokens) crossed the network in clear text. Encryption is the default now: a job
+/// whose environment holds a secret runs on two nodes, and everything on loopback meanwhile
+/// (captured as any host on the network could) never shows the secret, which the job's own
+/// output also carries. With `encrypt = false` (an explicit opt-out) the same capture finds
+/// it, and the daemons warn at start.
+#[test]
+fn a_jobs_secrets_never_cross_the_network_in_clear_by_default() {
+    let test = "a_jobs_secrets_never_cross_the_network_in_clear_by_default";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let secret = format!("tok-{:016x}", rand_u64());
+    let run = |encrypt: bool| -> (bool, String) {
+        let c = TestCluster::with(storm_cli::local::LocalOptions {
+            encrypt,
+            ..storm_cli::local::LocalOptions::new(2)
+        });
+        let capture = std::thread::spawn(|| {
+            storm_cli::testbed::capture::capture_here("lo", Duration::from_secs(4))
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let out = c.submit_env(
+            &[("API_TOKEN", &secret)],
+            &["-N", "2", "/usr/bin/printenv", "API_TOKEN"],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).matches(&secret).count(), 2);
+        let segments = capture.join().unwrap().expect("capture on lo");
+        let seen = segments.iter().any(|s| {
+            s.payload
+                .windows(secret.len())
+                .any(|w| w == secret.as_bytes())
+        });
+        let log = std::fs::read_to_string(c.root.join("mm.log")).unwrap_or_default();
+        (seen, log)
+    };
+    let (seen, log) = run(true);
+    assert!(
+        !seen,
+        "the secret crossed loopback in clear with the default settings"
+    );
+    assert!(!log.contains("encrypt = false"), "{log}");
+    let (seen, log) = run(false);
+    assert!(
+        seen,
+        "with encrypt = false the capture should find the secret: the capture sees nothing"
+    );
+    assert!(
+        log.contains("[tcp] encrypt = false"),
+        "the opt-out is warned about: {log}"
+    );
+}
+
+/// A random number from the kernel, for a secret no earlier run could have left anywhere.
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .unwrap();
+    u64::from_le_bytes(b)
 }

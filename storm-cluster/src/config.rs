@@ -155,8 +155,9 @@ pub struct TcpSection {
     /// Data unacknowledged this long closes the connection (TCP_USER_TIMEOUT): how soon a
     /// node behind a cut link is noticed.
     pub peer_timeout_ms: u64,
-    /// Encrypt frames as well as authenticate them (AES-256-GCM), for a network others
-    /// can read.
+    /// Encrypt frames as well as authenticate them (AES-256-GCM): jobs' environments (tokens,
+    /// passwords) and output cross the network. On by default; `false` is an explicit
+    /// opt-out for a network no one else can read, and the daemons warn about it.
     pub encrypt: bool,
 }
 
@@ -169,7 +170,7 @@ impl Default for TcpSection {
             op_timeout_ms: d.op_timeout.as_millis() as u64,
             connect_timeout_ms: d.connect_timeout.as_millis() as u64,
             peer_timeout_ms: d.peer_timeout.as_millis() as u64,
-            encrypt: false,
+            encrypt: true,
         }
     }
 }
@@ -703,6 +704,15 @@ impl ClusterConfig {
         Duration::from_secs_f64(self.cluster.timeslice_ms / 1000.0)
     }
 
+    /// How the cluster's tcp links protect their frames (`[tcp] encrypt`).
+    pub fn protection(&self) -> Protection {
+        if self.tcp.encrypt {
+            Protection::Encrypt
+        } else {
+            Protection::Authenticate
+        }
+    }
+
     /// The tcp backend's settings, with the cluster's key.
     pub fn tcp_config(&self, key: ClusterKey) -> TcpConfig {
         TcpConfig {
@@ -712,11 +722,7 @@ impl ClusterConfig {
             connect_timeout: Duration::from_millis(self.tcp.connect_timeout_ms),
             peer_timeout: Duration::from_millis(self.tcp.peer_timeout_ms),
             key,
-            protection: if self.tcp.encrypt {
-                Protection::Encrypt
-            } else {
-                Protection::Authenticate
-            },
+            protection: self.protection(),
             ..TcpConfig::default()
         }
     }

@@ -63,6 +63,13 @@ pub fn start(
                 .ok_or_else(|| format!("node id {id} is not in the cluster file"))?;
             let listener = listener(listen, addr)?;
             let mut tcp = cfg.tcp_config(key);
+            if !cfg.tcp.encrypt {
+                tracing::warn!(
+                    "[tcp] encrypt = false: jobs' environments and output cross the network \
+                     in clear text (authenticated, not encrypted); use it only on a network no \
+                     one else can read"
+                );
+            }
             if kind == BackendKind::Ofi {
                 let provider = cfg.ofi.provider.clone().unwrap_or_else(default_provider);
                 let mut ofi = OfiConfig::new(&provider);

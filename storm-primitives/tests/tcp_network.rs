@@ -297,7 +297,7 @@ fn a_silent_node_fails_the_operation_within_the_timeout() {
                     4,
                     5,
                     fingerprint,
-                    Protection::Authenticate,
+                    Protection::from_code(h.protection).unwrap(),
                     &h.nonce,
                     &nonce,
                 );
@@ -972,7 +972,7 @@ fn slow_and_excess_handshakes_are_cut_off() {
         node: 0,
         cluster_size: 2,
         layout_fingerprint: t.layout.fingerprint(),
-        protection: Protection::Authenticate.code(),
+        protection: cfg.protection.code(),
         nonce: [0; 32],
     }))
     .to_vec();

@@ -21,25 +21,31 @@ pub fn capture(switch_ns: &str, port: &str, window: Duration) -> Result<Vec<Segm
     let (ns, port) = (switch_ns.to_string(), port.to_string());
     std::thread::spawn(move || -> Result<Vec<Segment>> {
         super::delay::enter_netns(&ns)?;
-        let fd = super::delay::packet_socket(&port, false)?;
-        let mut buf = vec![0u8; 65_536 + 64];
-        let mut seen = Vec::new();
-        let until = Instant::now() + window;
-        while Instant::now() < until {
-            // SAFETY: the buffer is valid for its length.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                match std::io::Error::last_os_error().kind() {
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
-                    e => return Err(anyhow!("capturing on {port}: {e}")),
-                }
-            }
-            seen.extend(tcp_segment(&buf[..n as usize]));
-        }
-        Ok(seen)
+        capture_here(&port, window)
     })
     .join()
     .map_err(|_| anyhow!("the capture thread panicked"))?
+}
+
+/// The TCP segments with a payload seen on link `link` of this network namespace (`lo`, say)
+/// during `window`, in order (needs root).
+pub fn capture_here(link: &str, window: Duration) -> Result<Vec<Segment>> {
+    let fd = super::delay::packet_socket(link, false)?;
+    let mut buf = vec![0u8; 65_536 + 64];
+    let mut seen = Vec::new();
+    let until = Instant::now() + window;
+    while Instant::now() < until {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
+                e => return Err(anyhow!("capturing on {link}: {e}")),
+            }
+        }
+        seen.extend(tcp_segment(&buf[..n as usize]));
+    }
+    Ok(seen)
 }
 
 /// The TCP segment in an Ethernet frame, if it is one with a payload.

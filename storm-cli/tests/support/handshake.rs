@@ -29,7 +29,7 @@ pub fn client_proof(
         target,
         hello.cluster_size,
         hello.layout_fingerprint,
-        Protection::Authenticate,
+        Protection::from_code(hello.protection).expect("a known protection"),
         &hello.nonce,
         &server_nonce,
     )

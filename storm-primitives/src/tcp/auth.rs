@@ -120,6 +120,17 @@ impl Protection {
             Protection::Unprotected => 3,
         }
     }
+
+    /// The protection a handshake's code names, if any.
+    pub fn from_code(code: u8) -> Option<Self> {
+        [
+            Protection::Authenticate,
+            Protection::Encrypt,
+            Protection::Unprotected,
+        ]
+        .into_iter()
+        .find(|p| p.code() == code)
+    }
 }
 
 /// What a handshake binds, in order: both node ids, the cluster's size and layout, the frame

@@ -59,7 +59,7 @@ impl Default for TcpConfig {
             // Nodes started in one process from one config share it; separate processes
             // must be given the same key.
             key: ClusterKey::random(),
-            protection: Protection::Authenticate,
+            protection: Protection::Encrypt,
             max_handshakes: 64,
             max_handshakes_per_source: 8,
             max_pending_ops: 4096,
