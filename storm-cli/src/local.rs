@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    BackendKind, ClusterConfig, ClusterSection, FailureSection, LimitsSection, MmSection,
-    NodeEntry, OfiSection, SchedulerSection, SecuritySection, TcpSection,
+    BackendKind, CgroupMode, ClusterConfig, ClusterSection, FailureSection, LimitsSection,
+    MmSection, NodeEntry, OfiSection, SchedulerSection, SecuritySection, TcpSection,
 };
 use storm_cluster::control::{Client, Reply, Request};
 
@@ -45,6 +45,8 @@ pub struct LocalOptions {
     pub fanout: Option<usize>,
     /// Encrypt the tcp links (`[tcp] encrypt`, on by default).
     pub encrypt: bool,
+    /// The cgroups jobs run in (`[cluster] cgroups`).
+    pub cgroups: CgroupMode,
     /// The primitives backend, and the libfabric provider for `ofi` (default if `None`).
     pub backend: BackendKind,
     pub provider: Option<String>,
@@ -72,6 +74,7 @@ impl LocalOptions {
             transfer_slots: None,
             fanout: None,
             encrypt: TcpSection::default().encrypt,
+            cgroups: CgroupMode::Auto,
             backend: BackendKind::Tcp,
             provider: None,
             scheduler: SchedulerSection::default(),
@@ -288,7 +291,15 @@ impl LocalCluster {
             .collect::<Result<Vec<_>>>()?;
         let config = ClusterConfig {
             cluster: ClusterSection {
-                name: format!("local-{}", std::process::id()),
+                // Unique on this host (clusters started by one process too): the name keys
+                // the cluster's cgroups.
+                name: format!(
+                    "local-{}",
+                    root.file_name()
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| n.strip_prefix("storm-local-"))
+                        .unwrap_or("0")
+                ),
                 timeslice_ms: opts.timeslice_ms,
                 control_socket: root.join("mm.sock"),
                 state_dir: root.join("mm-state"),
@@ -296,6 +307,7 @@ impl LocalCluster {
                     .kill_wait_ms
                     .unwrap_or(ClusterSection::default().kill_wait_ms),
                 backend: opts.backend,
+                cgroups: opts.cgroups,
                 ..ClusterSection::default()
             },
             tcp: TcpSection {

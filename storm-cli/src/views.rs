@@ -35,6 +35,11 @@ pub struct JobView {
     pub time_slot: Option<u32>,
     /// For an ended job, the exit code its submitter got.
     pub exit_code: Option<i32>,
+    /// For an ended job, the CPU time its processes used on all its nodes, in seconds
+    /// (from their cgroups; null where none was kept).
+    pub cpu_s: Option<f64>,
+    /// For an ended job, the largest memory its processes held at once on one node.
+    pub max_memory_bytes: Option<u64>,
 }
 
 /// A node as the JSON listing shows it.
@@ -83,6 +88,8 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         reason: job.reason.clone(),
         time_slot: job.time_slot,
         exit_code: job.exit_code,
+        cpu_s: job.usage.cpu_us.map(|us| us as f64 / 1e6),
+        max_memory_bytes: job.usage.peak_memory_bytes,
     }
 }
 
@@ -219,6 +226,7 @@ mod tests {
             reason: None,
             time_slot: Some(1),
             exit_code: None,
+            usage: Default::default(),
         };
         let text = jobs_json(&[job_view(&job, &nodes)]);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();

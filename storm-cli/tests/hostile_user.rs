@@ -691,3 +691,90 @@ fn a_job_name_cannot_forge_lines_or_escapes_on_another_users_terminal() {
         text(&out.stderr)
     );
 }
+
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+/// Finding 12: a task that calls `setsid` (leaving its process group, which is all the NM
+/// signalled) outlived its job. Each job now runs in a cgroup of its own, killed whole when
+/// the job ends: the escapee, as seen in /proc, dies with its job, under v1 (this machine's
+/// hierarchies) and v2 (its unified one) alike. The job's record keeps the CPU time its
+/// processes used (and, where the memory controller counts it, their peak memory).
+#[test]
+fn a_task_that_leaves_its_process_group_dies_with_its_job() {
+    let test = "a_task_that_leaves_its_process_group_dies_with_its_job";
+    if !support::root_or_say(test) {
+        return;
+    }
+    for mode in [
+        storm_cluster::config::CgroupMode::V1,
+        storm_cluster::config::CgroupMode::V2,
+    ] {
+        let has = |fs: &str| {
+            std::fs::read_to_string("/proc/self/mounts")
+                .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(2) == Some(fs)))
+        };
+        let fs = if mode == storm_cluster::config::CgroupMode::V1 {
+            "cgroup"
+        } else {
+            "cgroup2"
+        };
+        if !has(fs) {
+            support::say_not_tested(&format!("{test} ({mode:?})"), &format!("no {fs} here"));
+            continue;
+        }
+        let c = TestCluster::with(storm_cli::local::LocalOptions {
+            cgroups: mode,
+            ..storm_cli::local::LocalOptions::new(1)
+        });
+        let work = support::shared_tempdir();
+        let pidfile = work.path().join("escapee");
+        let script = support::script(
+            work.path(),
+            "escape",
+            &format!(
+                "setsid sh -c 'echo $$ > {p}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n\
+                 while [ ! -s {p} ]; do sleep 0.01; done\n\
+                 i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done\n",
+                p = pidfile.display()
+            ),
+        );
+        let out = c.submit_as(NOBODY, &["--no-bcast", script.to_str().unwrap()]);
+        assert!(out.status.success(), "{mode:?}: {}", text(&out.stderr));
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let since = std::time::Instant::now();
+        while alive(pid) && since.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let survived = alive(pid);
+        if survived {
+            // SAFETY: cleaning up after a failed test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(!survived, "{mode:?}: the setsid child outlived its job");
+        let history = text(&c.storm(&["history", "--json"]).stdout);
+        let v: serde_json::Value = serde_json::from_str(&history).unwrap();
+        let cpu = v["jobs"][0]["cpu_s"].as_f64();
+        assert!(
+            cpu.is_some_and(|s| s > 0.01),
+            "{mode:?}: the job's CPU time is recorded: {history}"
+        );
+        if mode == storm_cluster::config::CgroupMode::V1 {
+            assert!(
+                v["jobs"][0]["max_memory_bytes"]
+                    .as_u64()
+                    .is_some_and(|b| b > 0),
+                "{mode:?}: the job's peak memory is recorded: {history}"
+            );
+        }
+    }
+}

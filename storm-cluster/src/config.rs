@@ -116,6 +116,21 @@ pub struct ClusterSection {
     /// The secret every daemon of the cluster shares (`storm keygen`). By default
     /// `storm.key` next to the cluster file; a relative path is taken from there too.
     pub key_file: Option<PathBuf>,
+    /// Which cgroups confine each job's processes on the nodes (`auto`: v2 where the host
+    /// is v2 only, else v1 where it has v1 controllers, else v2; `none`: process groups
+    /// only).
+    pub cgroups: CgroupMode,
+}
+
+/// The cgroup version jobs are confined with (`[cluster] cgroups`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    #[default]
+    Auto,
+    V1,
+    V2,
+    None,
 }
 
 impl Default for ClusterSection {
@@ -141,6 +156,7 @@ impl Default for ClusterSection {
             pmi_library: None,
             state_dir: PathBuf::from("/var/lib/storm"),
             key_file: None,
+            cgroups: CgroupMode::Auto,
         }
     }
 }

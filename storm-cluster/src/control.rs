@@ -154,6 +154,9 @@ pub struct JobOutcome {
     /// The exit code a rank asked the whole job to end with (`MPI_Abort`).
     pub abort_code: Option<i32>,
     pub timing: Timing,
+    /// What its processes used, from their cgroups: CPU time over all its nodes, and the
+    /// largest peak memory of one node.
+    pub usage: crate::messages::JobUsage,
 }
 
 impl JobOutcome {
@@ -196,6 +199,8 @@ pub struct JobInfo {
     pub time_slot: Option<u32>,
     /// For a job that ended: the exit code storm-submit returned for it.
     pub exit_code: Option<i32>,
+    /// For a job that ended: what its processes used (from their cgroups).
+    pub usage: crate::messages::JobUsage,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -542,6 +547,7 @@ mod tests {
             reason: None,
             abort_code: None,
             timing: Timing::default(),
+            usage: Default::default(),
         };
         assert_eq!(outcome(vec![Some(RankStatus::Exited(0)); 3]).exit_code(), 0);
         // An MPI_Abort's code wins over the statuses of the ranks it had killed.

@@ -385,6 +385,17 @@ pub struct NodeTiming {
     pub last_exited_us: Option<u64>,
     /// The node wrote its report.
     pub reported_us: u64,
+    /// What the job's processes used on the node (from its cgroup).
+    pub usage: JobUsage,
+}
+
+/// What a job's processes used on a node, read from its cgroup (unknown without cgroups).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobUsage {
+    /// CPU time (user and system) of every process the job ran there, microseconds.
+    pub cpu_us: Option<u64>,
+    /// The most memory the job's processes held there at once, bytes.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -331,6 +331,10 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                     first_started_us: Some(1_200),
                     last_exited_us: Some(9_000),
                     reported_us: 9_400,
+                    usage: messages::JobUsage {
+                        cpu_us: Some(8_000),
+                        peak_memory_bytes: Some(3 << 20),
+                    },
                 },
             },
         ),
@@ -493,6 +497,10 @@ fn control_seeds() -> Vec<Vec<u8>> {
         reason: Some("node 1 failed".into()),
         abort_code: None,
         timing: Default::default(),
+        usage: messages::JobUsage {
+            cpu_us: Some(1_500_000),
+            peak_memory_bytes: None,
+        },
     };
     let replies = [
         Reply::Hello {
@@ -526,6 +534,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             reason: None,
             time_slot: None,
             exit_code: None,
+            usage: Default::default(),
         }]),
         Reply::Nodes(vec![NodeInfo {
             id: 0,
@@ -618,6 +627,10 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                     reason: Some("time limit".into()),
                     abort_code: None,
                     timing: Default::default(),
+                    usage: messages::JobUsage {
+                        cpu_us: Some(42_000),
+                        peak_memory_bytes: Some(1 << 30),
+                    },
                 },
                 ended_ms: 1_700_000_001_000,
             }),
@@ -753,6 +766,9 @@ fn task_spec_seeds() -> Vec<Vec<u8>> {
             cwd: "/home/user".into(),
             uid: 1000,
             gid: 1000,
+            cgroups: vec![PathBuf::from(
+                "/sys/fs/cgroup/memory/storm/c/node1/job-42/cgroup.procs",
+            )],
         }
         .encode(),
     ]

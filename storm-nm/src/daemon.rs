@@ -22,6 +22,7 @@ use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, file_ack};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
+use crate::cgroup::Cgroups;
 use crate::env::{NmEnv, OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
 use crate::manager::{NmParts, NodeManager};
 use crate::membership::Identity;
@@ -122,6 +123,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             slots,
             Duration::from_millis(cfg.failure.launcher_timeout_ms),
             Duration::from_millis(cfg.failure.task_start_timeout_ms),
+            Cgroups::open(cfg.cluster.cgroups, &cfg.cluster.name, &entry.name),
         )?,
         spool: DaemonSpool {
             dir: spool,

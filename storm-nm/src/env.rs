@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use storm_cluster::clock::Clock;
-use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, RankStatus, Stream};
+use storm_cluster::messages::{Command, FileInfo, JobId, JobUsage, MpiMode, RankStatus, Stream};
 
 use crate::output::{Drained, ForwarderState, OutputSource};
 use crate::pmi::JobFacts;
@@ -91,6 +91,9 @@ pub trait TaskRunner {
     fn wait_stopped(&mut self, tasks: &[TaskId], wait: Duration) -> bool;
     /// The task is done with (reported or forgotten): free what it holds once it is gone.
     fn release(&mut self, task: TaskId);
+    /// Every task of `job` here has ended, or the job is forgotten: kill whatever of it is
+    /// left (processes that left their task's process group), and say what it used.
+    fn end_job(&mut self, job: JobId) -> JobUsage;
     /// Housekeeping, called on every pass of the NM's loop (watching the launcher).
     fn poll(&mut self);
 }

@@ -10,6 +10,8 @@
 //!   and checksum before it acknowledges them (Algorithm 7, [`receive`]);
 //! * starts the node's program launcher ([`launch`]), which starts every local task, and
 //!   forwards the tasks' output to the MM ([`output`]);
+//! * keeps each job's processes in a cgroup of its own, killed whole when the job ends, and
+//!   reads its CPU time and peak memory there ([`cgroup`]);
 //! * polls the NM-PL shared-memory table at heartbeat intervals and reports finished jobs
 //!   (Algorithm 9, [`manager`]; the reports themselves in [`report`]).
 //!
@@ -22,6 +24,7 @@
 //! real ones ([`tasks::PlRunner`] for storm-pl processes); the simulator (`storm-sim`) with
 //! tasks in virtual time.
 
+pub mod cgroup;
 pub mod daemon;
 pub mod env;
 pub mod launch;

@@ -802,6 +802,8 @@ impl<E: NmEnv> NodeManager<E> {
         if self.jobs.get(&job).is_some_and(|j| !j.reported) {
             self.signal_job(job, libc::SIGKILL);
         }
+        // Whatever of it is left, in its process groups or not.
+        self.env.tasks().end_job(job);
         self.env.pmi().remove_job(job);
         if let Some(j) = self.jobs.remove(&job) {
             for task in j.ranks.iter().filter_map(|r| r.task) {
@@ -901,10 +903,20 @@ impl<E: NmEnv> NodeManager<E> {
             .map(|t| self.env.tasks().times(t))
             .collect();
         let since = |ns: u128| (ns.saturating_sub(j.launched_ns) / 1_000) as u64;
+        let first_started_us = times.iter().filter_map(|t| t.started_ns).min().map(since);
+        let last_exited_us = times.iter().filter_map(|t| t.exited_ns).max().map(since);
+        // The job's tasks here have ended: what they left running dies with the job, and
+        // what it all used goes into the report.
+        let usage = self.env.tasks().end_job(job);
+        let Some(j) = self.jobs.get(&job) else {
+            return Ok(());
+        };
+        let since = |ns: u128| (ns.saturating_sub(j.launched_ns) / 1_000) as u64;
         let timing = NodeTiming {
-            first_started_us: times.iter().filter_map(|t| t.started_ns).min().map(since),
-            last_exited_us: times.iter().filter_map(|t| t.exited_ns).max().map(since),
+            first_started_us,
+            last_exited_us,
             reported_us: since(self.env.stamp_ns()),
+            usage,
         };
         self.reporter().report(&j.spec, statuses, timing)?;
         let Some(j) = self.jobs.get_mut(&job) else {

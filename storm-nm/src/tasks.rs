@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use storm_cluster::messages::{RankStatus, Stream};
+use storm_cluster::messages::{JobId, JobUsage, RankStatus, Stream};
 use storm_pl::{Cancel, Hold, PlSpec, PlTable, SlotState};
 use storm_primitives::NodeId;
 
+use crate::cgroup::Cgroups;
 use crate::env::{StartedTask, TaskId, TaskRunner, TaskStart, TaskTimes};
 use crate::launch::{PlProcess, pipe, start_launcher};
 use crate::output::OutputSource;
@@ -66,6 +67,8 @@ pub struct PlRunner {
     stuck_after: Duration,
     /// How long a task's process may take to reach its exec (the launcher's deadline).
     start_timeout: Duration,
+    /// The jobs' cgroups.
+    cgroups: Cgroups,
 }
 
 impl PlRunner {
@@ -77,6 +80,7 @@ impl PlRunner {
         slots: usize,
         stuck_after: Duration,
         start_timeout: Duration,
+        cgroups: Cgroups,
     ) -> anyhow::Result<Self> {
         let mut runner = Self {
             node,
@@ -91,6 +95,7 @@ impl PlRunner {
             next_check: Instant::now(),
             stuck_after,
             start_timeout,
+            cgroups,
         };
         runner.launcher().map_err(anyhow::Error::msg)?;
         Ok(runner)
@@ -188,6 +193,7 @@ impl PlRunner {
 
 impl TaskRunner for PlRunner {
     fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
+        let cgroups = self.cgroups.prepare(task.job)?;
         let Some(slot) = self.table.claim() else {
             return Err("too many tasks on this node".into());
         };
@@ -202,6 +208,7 @@ impl TaskRunner for PlRunner {
             cwd: task.cwd.to_path_buf(),
             uid: task.uid,
             gid: task.gid,
+            cgroups,
         };
         let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
         let ((stdout, out_w), (stderr, err_w)) = match pipes {
@@ -340,6 +347,10 @@ impl TaskRunner for PlRunner {
         } else {
             self.draining.push(t.slot);
         }
+    }
+
+    fn end_job(&mut self, job: JobId) -> JobUsage {
+        self.cgroups.end_job(job)
     }
 
     fn poll(&mut self) {

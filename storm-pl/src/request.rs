@@ -278,6 +278,7 @@ mod tests {
             cwd: "/".into(),
             uid: 1,
             gid: 2,
+            cgroups: Vec::new(),
         }
     }
 

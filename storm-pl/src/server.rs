@@ -269,16 +269,42 @@ impl Launcher {
             (task.stderr.as_raw_fd(), STDERR),
         ];
         fds.extend(task.pmi.as_ref().map(|fd| (fd.as_raw_fd(), PMI_FD)));
-        let image = TaskImage::new(&spec.program, &spec.args, &spec.env, &spec.cwd, user, fds)
-            .map_err(|e| {
-                (
-                    format!(
-                        "cannot execute {} on node {node}: {e}",
-                        spec.program.display()
-                    ),
-                    126,
-                )
-            })?;
+        // Root's files under /sys/fs/cgroup, numbered above every descriptor the child
+        // places (which would overwrite them), closed once the clone has its copies.
+        let cgroups = spec
+            .cgroups
+            .iter()
+            .map(|p| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .and_then(|f| above(OwnedFd::from(f)))
+                    .map_err(|e| {
+                        (
+                            format!("cannot join the job's cgroup {}: {e}", p.display()),
+                            126,
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let image = TaskImage::new(
+            &spec.program,
+            &spec.args,
+            &spec.env,
+            &spec.cwd,
+            user,
+            fds,
+            cgroups.iter().map(AsRawFd::as_raw_fd).collect(),
+        )
+        .map_err(|e| {
+            (
+                format!(
+                    "cannot execute {} on node {node}: {e}",
+                    spec.program.display()
+                ),
+                126,
+            )
+        })?;
         spawn::spawn(image).map_err(|e| failure(spec, e))
     }
 
@@ -359,6 +385,10 @@ fn failure(spec: &PlSpec, e: SpawnError) -> (String, i32) {
         ),
         Step::User => (
             format!("cannot become uid {} on node {node}: {io}", spec.uid),
+            126,
+        ),
+        Step::Cgroup => (
+            format!("cannot join the job's cgroup on node {node}: {io}"),
             126,
         ),
         step => (

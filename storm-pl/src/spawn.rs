@@ -17,7 +17,9 @@
 //! 1. every signal's action back to the default, and an empty signal mask;
 //! 2. the task's descriptors placed (standard input, output and error, the PMI socket);
 //! 3. a process group of its own, which the NM signals for gang switches and kills (the
-//!    launcher sets it too, so it exists as soon as the clone returns);
+//!    launcher sets it too, so it exists as soon as the clone returns), and the job's cgroup
+//!    (it writes itself into each `cgroup.procs` the launcher opened), so that nothing it
+//!    forks can leave the job;
 //! 4. the user's groups, group and user (when the launcher runs as root), and the memory
 //!    marked not to be traced (it is the launcher's until the exec);
 //! 5. death with the launcher (after the change of user, which would clear it);
@@ -45,6 +47,7 @@ pub enum Step {
     DeathSignal = 5,
     Directory = 6,
     Exec = 7,
+    Cgroup = 8,
 }
 
 impl Step {
@@ -57,6 +60,7 @@ impl Step {
             5 => Self::DeathSignal,
             6 => Self::Directory,
             7 => Self::Exec,
+            8 => Self::Cgroup,
             _ => return None,
         })
     }
@@ -91,6 +95,8 @@ pub struct TaskImage {
     user: Option<User>,
     /// (from, to): from is above every `to` and closed on exec.
     fds: Vec<(RawFd, RawFd)>,
+    /// The job's `cgroup.procs` files, open for writing (closed on exec).
+    cgroups: Vec<RawFd>,
     /// The launcher's pid, to die with.
     launcher: libc::pid_t,
 }
@@ -102,6 +108,8 @@ pub struct NulError(pub &'static str);
 
 impl TaskImage {
     /// `fds` are placed in the child as (from, to); every `from` must be above every `to`.
+    /// The child writes itself into each of `cgroups` (open `cgroup.procs` files), which must
+    /// stay open until [`spawn`] returns.
     pub fn new(
         program: &std::path::Path,
         args: &[String],
@@ -109,6 +117,7 @@ impl TaskImage {
         cwd: &std::path::Path,
         user: Option<User>,
         fds: Vec<(RawFd, RawFd)>,
+        cgroups: Vec<RawFd>,
     ) -> Result<Self, NulError> {
         use std::os::unix::ffi::OsStrExt;
         let c = |bytes: &[u8], what| CString::new(bytes).map_err(|_| NulError(what));
@@ -134,6 +143,7 @@ impl TaskImage {
             cwd,
             user,
             fds,
+            cgroups,
             // SAFETY: getpid has no preconditions.
             launcher: unsafe { libc::getpid() },
         })
@@ -350,6 +360,17 @@ extern "C" fn run_child(arg: *mut c_void) -> libc::c_int {
     let r = sys(libc::SYS_setpgid, [0, 0, 0, 0]);
     if r != 0 {
         fail(Step::ProcessGroup, r);
+    }
+    // "0" moves the writing process.
+    let me = b"0\n";
+    for &fd in &image.cgroups {
+        let r = sys(
+            libc::SYS_write,
+            [fd as usize, me.as_ptr() as usize, me.len(), 0],
+        );
+        if r < 0 {
+            fail(Step::Cgroup, r);
+        }
     }
     if let Some(user) = &image.user {
         for (n, a) in [

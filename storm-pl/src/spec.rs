@@ -19,6 +19,9 @@ pub struct PlSpec {
     pub cwd: PathBuf,
     pub uid: u32,
     pub gid: u32,
+    /// The `cgroup.procs` files of the job's cgroup (one per hierarchy; none without
+    /// cgroups): the task's process writes itself into each before it executes the program.
+    pub cgroups: Vec<PathBuf>,
 }
 
 impl PlSpec {

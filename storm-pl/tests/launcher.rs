@@ -71,6 +71,7 @@ fn spec(slot: usize, cwd: &Path, program: &str, args: &[&str]) -> PlSpec {
         cwd: cwd.to_path_buf(),
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        cgroups: Vec::new(),
     }
 }
 

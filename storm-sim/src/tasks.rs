@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use storm_cluster::messages::{RankStatus, Stream};
+use storm_cluster::messages::{JobId, JobUsage, RankStatus, Stream};
 use storm_nm::env::{StartedTask, TaskId, TaskRunner, TaskStart, TaskTimes};
 use storm_nm::output::OutputSource;
 
@@ -243,6 +243,11 @@ impl TaskRunner for SimTasks {
 
     fn release(&mut self, task: TaskId) {
         self.tasks.remove(&task);
+    }
+
+    /// Simulated tasks leave nothing behind and use nothing anyone measures.
+    fn end_job(&mut self, _job: JobId) -> JobUsage {
+        JobUsage::default()
     }
 
     fn poll(&mut self) {}

@@ -41,8 +41,9 @@ pub const KEEP_FINISHED: usize = 1000;
 /// job slot, time slot and launch time (a restarted MM re-adopts running jobs). Format 4: a
 /// request carries its `mpi` mode and an outcome its `abort_code`. Format 5: an outcome's
 /// timing has the launch, start, run and report phases. Format 6: a request carries
-/// `exclusive`, and a started job that shares its node the CPUs it holds there.
-const FORMAT: u64 = 6;
+/// `exclusive`, and a started job that shares its node the CPUs it holds there. Format 7: an
+/// outcome carries what the job's processes used (CPU time, peak memory).
+const FORMAT: u64 = 7;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -712,6 +713,7 @@ mod tests {
                     reason: Some("cancelled".into()),
                     abort_code: None,
                     timing: Timing::default(),
+                    usage: Default::default(),
                 },
                 ended_ms: 1,
             },

@@ -30,8 +30,8 @@ use storm_cluster::control::{
 };
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, JobId, LaunchSpec, MpiMode, NodeReport, OutputChunk, Program,
-    decode_sealed, encode, file_ack,
+    Command, FileInfo, Heartbeat, JobId, JobUsage, LaunchSpec, MpiMode, NodeReport, OutputChunk,
+    Program, decode_sealed, encode, file_ack,
 };
 use storm_cluster::tasks::TaskPlan;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -175,6 +175,9 @@ struct Job {
 struct RanAt {
     first_started_us: Option<u64>,
     last_exited_us: Option<u64>,
+    /// What its processes used: CPU time summed over its nodes, the largest peak memory
+    /// of any node (each known only where some node's cgroup told it).
+    usage: JobUsage,
 }
 
 impl RanAt {
@@ -184,6 +187,12 @@ impl RanAt {
             (a, b) => a.or(b),
         };
         self.last_exited_us = self.last_exited_us.max(t.last_exited_us);
+        let u = &mut self.usage;
+        u.cpu_us = match (u.cpu_us, t.usage.cpu_us) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        u.peak_memory_bytes = u.peak_memory_bytes.max(t.usage.peak_memory_bytes);
     }
 
     /// First task started to last task ended.
@@ -1246,6 +1255,7 @@ impl<E: MmEnv> MachineManager<E> {
                 .flatten(),
             time_slot: (self.gang && j.phase != Phase::Queued).then_some(j.time_slot as u32),
             exit_code: None,
+            usage: JobUsage::default(),
         }
     }
 
@@ -2082,6 +2092,7 @@ impl<E: MmEnv> MachineManager<E> {
             reason,
             abort_code: j.abort_code,
             timing,
+            usage: j.ran.usage,
         };
         self.metrics.job_ended(outcome.exit_code() == 0);
         self.record_finished(JobRecord {
@@ -2161,6 +2172,7 @@ fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         reason: outcome.reason.clone(),
         time_slot: None,
         exit_code: Some(code),
+        usage: outcome.usage,
     })
 }
 

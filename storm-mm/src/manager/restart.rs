@@ -365,6 +365,7 @@ impl<E: MmEnv> MachineManager<E> {
                 total_us,
                 ..Timing::default()
             },
+            usage: Default::default(),
         };
         self.record_finished(JobRecord {
             state: JobState::Finished {

@@ -1,0 +1,384 @@
+//! A control group per job: its processes live and die together, and what they used is
+//! counted.
+//!
+//! Every task of a job joins the job's cgroup before it executes its program (the launcher's
+//! child writes itself into `cgroup.procs`), so whatever the task forks, and whatever calls
+//! `setsid` or double-forks to leave its process group, stays in it. When the job's tasks
+//! here have ended, or the job is cancelled, the NM kills every process left in the cgroup,
+//! reads its CPU time and peak memory for the job's record, and removes it.
+//!
+//! Both cgroup versions are served, as Slurm serves them:
+//!
+//! * **v1** (separate hierarchies per controller, as on this project's CI machine): a
+//!   directory in each of the `freezer`, `cpuacct`, `memory` and `pids` hierarchies that is
+//!   mounted; a kill freezes the group (no fork can slip by), SIGKILLs every process in it and
+//!   thaws it. CPU time from `cpuacct.usage`, peak memory from `memory.max_usage_in_bytes`.
+//! * **v2** (one unified hierarchy): one directory; a kill writes `cgroup.kill` (Linux 5.14)
+//!   or freezes with `cgroup.freeze` and SIGKILLs. CPU time from `cpu.stat`, peak memory from
+//!   `memory.peak` where the memory controller is enabled.
+//!
+//! The groups live at `<hierarchy>/storm/<cluster>/<node>/job-<id>`: nodes of a cluster
+//! sharing one kernel (the namespace testbed) and clusters sharing a host never share a
+//! group. Everything here is root's (only root may write a cgroup directory), so users
+//! cannot interfere with it. An NM that cannot make its groups (not root, no cgroup file
+//! system) says so once and kills jobs by process group, as before.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use storm_cluster::messages::{JobId, JobUsage};
+
+/// Which cgroup version to use (`[cluster] cgroups` in the cluster file).
+pub use storm_cluster::config::CgroupMode;
+
+/// The v1 controllers a job's group is made in (those mounted).
+const V1_CONTROLLERS: [&str; 4] = ["freezer", "cpuacct", "memory", "pids"];
+
+/// Where cgroups are mounted, and how jobs' groups are made there. Dropped (the NM stops),
+/// it kills what is left in this node's groups and removes them.
+#[derive(Debug)]
+pub enum Cgroups {
+    /// One directory per job in each mounted v1 controller: (controller, this node's base).
+    V1(Vec<(&'static str, PathBuf)>),
+    /// One directory per job under this node's base in the unified hierarchy.
+    V2(PathBuf),
+    /// No cgroups: jobs are killed by process group.
+    None,
+}
+
+/// The mount points of cgroup file systems, from /proc/self/mountinfo: (v1 controller or
+/// "" for v2, mount point).
+fn mounts() -> Vec<(String, PathBuf)> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in info.lines() {
+        // ... mount-point ... - fstype source super-options
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let point = left.split(' ').nth(4).unwrap_or("");
+        let mut r = right.split(' ');
+        let (fstype, _source, options) = (r.next(), r.next(), r.next().unwrap_or(""));
+        match fstype {
+            Some("cgroup2") => out.push((String::new(), PathBuf::from(point))),
+            Some("cgroup") => {
+                for opt in options.split(',') {
+                    if V1_CONTROLLERS.contains(&opt) {
+                        out.push((opt.to_string(), PathBuf::from(point)));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl Cgroups {
+    /// Finds the cgroup file systems `mode` allows, and makes this node's base directories
+    /// (`storm/<cluster>/<node>`), removing what an earlier NM of this node left there (its
+    /// processes killed first). `None` (with the reason logged) where groups cannot be made.
+    pub fn open(mode: CgroupMode, cluster: &str, node: &str) -> Self {
+        if mode == CgroupMode::None {
+            return Cgroups::None;
+        }
+        let found = mounts();
+        let v1: Vec<(&'static str, PathBuf)> = V1_CONTROLLERS
+            .iter()
+            .filter_map(|&c| {
+                found
+                    .iter()
+                    .find(|(name, _)| name == c)
+                    .map(|(_, p)| (c, p.clone()))
+            })
+            .collect();
+        let v2 = found
+            .iter()
+            .find(|(name, _)| name.is_empty())
+            .map(|(_, p)| p.clone());
+        // Where /sys/fs/cgroup itself is cgroup2, the host is v2 only.
+        let pure_v2 = v2.as_deref() == Some(Path::new("/sys/fs/cgroup"));
+        let sub = |root: &Path| root.join("storm").join(cluster).join(node);
+        let chosen = match mode {
+            CgroupMode::V1 => (!v1.is_empty()).then_some(true),
+            CgroupMode::V2 => v2.is_some().then_some(false),
+            CgroupMode::Auto if pure_v2 => Some(false),
+            CgroupMode::Auto if !v1.is_empty() => Some(true),
+            CgroupMode::Auto => v2.is_some().then_some(false),
+            CgroupMode::None => None,
+        };
+        let groups = match chosen {
+            Some(true) => Cgroups::V1(v1.iter().map(|(c, p)| (*c, sub(p))).collect()),
+            Some(false) => Cgroups::V2(sub(v2.as_deref().expect("chosen"))),
+            None => {
+                tracing::warn!(
+                    ?mode,
+                    "no cgroup file system for jobs here: a job's processes that leave its \
+                     process group can outlive it, and no CPU time or memory is recorded"
+                );
+                return Cgroups::None;
+            }
+        };
+        for base in groups.bases() {
+            if base.exists() {
+                kill_tree(&base);
+            }
+            if let Err(e) = std::fs::create_dir_all(&base) {
+                tracing::warn!(
+                    "cannot make {} ({e}): jobs run without cgroups (a process that leaves its \
+                     job's process group can outlive it)",
+                    base.display()
+                );
+                return Cgroups::None;
+            }
+        }
+        if let Cgroups::V2(base) = &groups {
+            enable_v2_controllers(base);
+        }
+        tracing::info!(cgroups = ?groups, "jobs run in cgroups");
+        groups
+    }
+
+    fn bases(&self) -> Vec<PathBuf> {
+        match self {
+            Cgroups::V1(list) => list.iter().map(|(_, p)| p.clone()).collect(),
+            Cgroups::V2(p) => vec![p.clone()],
+            Cgroups::None => Vec::new(),
+        }
+    }
+
+    /// The directories of job `job`'s group (none without cgroups).
+    pub fn job_dirs(&self, job: JobId) -> Vec<PathBuf> {
+        let name = format!("job-{job}");
+        self.bases().into_iter().map(|b| b.join(&name)).collect()
+    }
+
+    /// Makes job `job`'s group if it is not there; the `cgroup.procs` files a task of it
+    /// writes itself into.
+    pub fn prepare(&self, job: JobId) -> Result<Vec<PathBuf>, String> {
+        let dirs = self.job_dirs(job);
+        for d in &dirs {
+            match std::fs::create_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("cannot make the job's cgroup {}: {e}", d.display())),
+            }
+        }
+        Ok(dirs.into_iter().map(|d| d.join("cgroup.procs")).collect())
+    }
+
+    /// Kills every process left in job `job`'s group, reads what the group used, and removes
+    /// it. Nothing to do (and nothing known) without cgroups or without a group for the job.
+    pub fn end_job(&self, job: JobId) -> JobUsage {
+        let dirs = self.job_dirs(job);
+        if dirs.iter().all(|d| !d.exists()) {
+            return JobUsage::default();
+        }
+        match self {
+            Cgroups::V1(list) => {
+                let dir = |controller: &str| {
+                    list.iter()
+                        .position(|(c, _)| *c == controller)
+                        .map(|i| dirs[i].clone())
+                };
+                kill_v1(dir("freezer").as_deref(), &dirs);
+                let usage = JobUsage {
+                    cpu_us: dir("cpuacct")
+                        .and_then(|d| read_u64(&d.join("cpuacct.usage")))
+                        .map(|ns| ns / 1000),
+                    peak_memory_bytes: dir("memory")
+                        .and_then(|d| read_u64(&d.join("memory.max_usage_in_bytes"))),
+                };
+                for d in &dirs {
+                    remove_group(d);
+                }
+                usage
+            }
+            Cgroups::V2(_) => {
+                let d = &dirs[0];
+                kill_v2(d);
+                let usage = JobUsage {
+                    cpu_us: std::fs::read_to_string(d.join("cpu.stat"))
+                        .ok()
+                        .and_then(|s| stat_field(&s, "usage_usec")),
+                    peak_memory_bytes: read_u64(&d.join("memory.peak")),
+                };
+                remove_group(d);
+                usage
+            }
+            Cgroups::None => JobUsage::default(),
+        }
+    }
+
+    /// Whether jobs run in cgroups here.
+    pub fn enabled(&self) -> bool {
+        !matches!(self, Cgroups::None)
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for base in self.bases() {
+            kill_tree(&base);
+            // The cluster's directory, and storm's, once no node of theirs is left.
+            if let Some(cluster) = base.parent() {
+                let _ = std::fs::remove_dir(cluster);
+                if let Some(storm) = cluster.parent() {
+                    let _ = std::fs::remove_dir(storm);
+                }
+            }
+        }
+    }
+}
+
+/// Enables the memory, cpu and pids controllers for the groups under `base` (v2), where the
+/// hierarchy has them; those it lacks are simply not counted.
+fn enable_v2_controllers(base: &Path) {
+    let mut chain = Vec::new();
+    let mut at = base.parent();
+    while let Some(p) = at {
+        if !p.join("cgroup.subtree_control").exists() {
+            break;
+        }
+        chain.push(p.to_path_buf());
+        at = p.parent();
+    }
+    chain.reverse();
+    chain.push(base.to_path_buf());
+    for dir in chain {
+        let available = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        for c in ["memory", "cpu", "pids"] {
+            if available.split_whitespace().any(|a| a == c) {
+                let _ = std::fs::write(dir.join("cgroup.subtree_control"), format!("+{c}"));
+            }
+        }
+    }
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The value of `field` in a `key value` per line file (cpu.stat).
+fn stat_field(text: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
+}
+
+/// The processes in the group at `dir`.
+fn procs(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// SIGKILLs every process in `dir`'s group until it is empty (bounded: a group that will not
+/// empty is logged and left).
+fn kill_all(dir: &Path) -> bool {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = procs(dir);
+        if pids.is_empty() {
+            return true;
+        }
+        for pid in pids {
+            // SAFETY: kill with a pid read from the group; a pid that went away is ESRCH.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if Instant::now() > until {
+            tracing::warn!("{} will not empty; left as it is", dir.display());
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// v1: freeze (so no process forks while the others are killed), kill, thaw, wait until empty.
+fn kill_v1(freezer: Option<&Path>, dirs: &[PathBuf]) {
+    let Some(first) = dirs.first() else {
+        return;
+    };
+    if procs(first).is_empty() {
+        return;
+    }
+    if let Some(f) = freezer {
+        let state = f.join("freezer.state");
+        let _ = std::fs::write(&state, "FROZEN");
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until
+            && std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FREEZING")
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for pid in procs(f) {
+            // SAFETY: as in `kill_all`.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::write(&state, "THAWED");
+        kill_all(f);
+    } else {
+        kill_all(first);
+    }
+}
+
+/// v2: `cgroup.kill` where the kernel has it, else freeze and kill.
+fn kill_v2(dir: &Path) {
+    if procs(dir).is_empty() {
+        return;
+    }
+    if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "1");
+        for pid in procs(dir) {
+            // SAFETY: as in `kill_all`.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+    }
+    kill_all(dir);
+}
+
+/// Removes an empty group directory (a cgroup is removed with rmdir, files and all).
+fn remove_group(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("cannot remove {}: {e}", dir.display());
+    }
+}
+
+/// Kills what is in every group under `root` and removes them, deepest first.
+fn kill_tree(root: &Path) {
+    if let Ok(entries) = std::fs::read_dir(root) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                kill_tree(&e.path());
+            }
+        }
+    }
+    kill_all(root);
+    let _ = std::fs::remove_dir(root);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_from_its_line_of_cpu_stat() {
+        let s = "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n";
+        assert_eq!(stat_field(s, "usage_usec"), Some(1234));
+        assert_eq!(stat_field(s, "nr_periods"), None);
+    }
+
+    #[test]
+    fn without_cgroups_nothing_is_made_or_known() {
+        let g = Cgroups::None;
+        assert!(g.job_dirs(3).is_empty());
+        assert_eq!(g.prepare(3).unwrap(), Vec::<PathBuf>::new());
+        assert_eq!(g.end_job(3), JobUsage::default());
+    }
+}
