@@ -336,12 +336,14 @@ impl LocalCluster {
         if let Some(f) = opts.fanout {
             config.tcp.fanout = f;
         }
-        config.cluster.key_file = Some(root.join(storm_cluster::key::DEFAULT_NAME));
+        storm_cluster::identity::use_one_host_keys(&mut config, &root);
         config.validate()?;
         let config_path = root.join("cluster.toml");
         std::fs::write(&config_path, config.to_toml())?;
         // A fresh key for every cluster, next to its file (where the daemons look).
         storm_cluster::key::generate(&root.join(storm_cluster::key::DEFAULT_NAME))?;
+        let names: Vec<&str> = config.nodes.iter().map(|n| n.name.as_str()).collect();
+        storm_cluster::identity::generate_for_one_host(&root, &names)?;
         let bin = bin_dir()?;
         let cfg_arg = config_path.display().to_string();
         let notify_path = root.join("notify.sock");

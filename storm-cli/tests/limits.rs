@@ -322,6 +322,7 @@ fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
     let c = cluster(LimitsSection {
         max_unread_reply_bytes: limit,
         max_queued_jobs_per_user: 100_000,
+        max_job_name_bytes: 1024,
         ..Default::default()
     });
     let work = tempfile::tempdir().unwrap();
@@ -331,9 +332,13 @@ fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
     let owner = Client::connect(&c.socket).unwrap();
     for i in 0..300 {
         let name = format!("{i:04}-{}", "q".repeat(500));
-        owner
+        let reply = owner
             .call(&Request::Submit(named_job(name, work.path())))
             .unwrap();
+        assert!(
+            matches!(reply, storm_cluster::control::Reply::Accepted { .. }),
+            "{reply:?}"
+        );
     }
     let mm = c
         .cluster

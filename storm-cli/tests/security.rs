@@ -345,6 +345,24 @@ fn a_jobs_secrets_never_cross_the_network_in_clear_by_default() {
     );
 }
 
+/// A process stopped (SIGSTOP) until this is dropped, whatever happens in between.
+struct StoppedUntilDropped(i32);
+
+impl StoppedUntilDropped {
+    fn stop(pid: u32) -> Self {
+        // SAFETY: stopping a process of this test's own cluster.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        Self(pid as i32)
+    }
+}
+
+impl Drop for StoppedUntilDropped {
+    fn drop(&mut self) {
+        // SAFETY: continuing the process stopped above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
 /// A random number from the kernel, for a secret no earlier run could have left anywhere.
 fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
@@ -352,4 +370,145 @@ fn rand_u64() -> u64 {
         .and_then(|mut f| f.read_exact(&mut b))
         .unwrap();
     u64::from_le_bytes(b)
+}
+
+/// Finding 2 of issue 31: a holder of the cluster key (root on one compute node has it) sent
+/// on-arrival transfers "from the MM", relayed as node 1, into node 2's heartbeat slot, and
+/// node 2 launched what they said as uid 0. With the MM stopped (so nothing races it), a key
+/// holder posing as node 1 (node 2's parent in a chain of the three nodes, as relays are)
+/// writes the heartbeat node 2 expects next (its sequence number read from node 2's heartbeat
+/// log, as a relay would see it go by) with a launch of a root command: first with no seal,
+/// then sealed with a key of the attacker's own. Node 2 refuses both and says why; the
+/// command never runs; the cluster runs jobs once node 2 has rejoined.
+#[test]
+fn a_key_holder_cannot_make_a_node_launch_anything() {
+    use storm_cluster::messages::{Command, Heartbeat, LaunchSpec, MpiMode, Program, encode};
+    if !support::root_or_say("a_key_holder_cannot_make_a_node_launch_anything") {
+        return;
+    }
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        scheduler: storm_cluster::config::SchedulerSection {
+            heartbeat_log: true,
+            ..Default::default()
+        },
+        ..storm_cli::local::LocalOptions::new(3)
+    });
+    let cluster = c.cluster.as_ref().unwrap();
+    let cfg = cluster.config.clone();
+    let key = cfg.load_key().unwrap();
+    let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
+    let marker = c.root.join("pwned");
+    let mm = cluster
+        .daemon_pids()
+        .into_iter()
+        .find_map(|(n, p)| (n == "storm-mm").then_some(p))
+        .unwrap();
+    let hb_log = cfg.nodes[2].spool.join("heartbeats.log");
+    let taken = || std::fs::read_to_string(&hb_log).unwrap_or_default();
+    let since = std::time::Instant::now();
+    while taken().lines().count() < 3 && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped = StoppedUntilDropped::stop(mm);
+    std::thread::sleep(Duration::from_millis(300));
+    let last: u64 = taken()
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("node 0 has taken heartbeats");
+    let me = Membership {
+        node: 1,
+        cluster_size: cfg.node_count() + 1,
+        layout: rm.layout.clone(),
+        key,
+        protection: cfg.protection(),
+    };
+    let attacker_key = ed25519_dalek::SigningKey::from_bytes(&[0xee; 32]);
+    let forger = storm_cluster::identity::MmSigner::new(attacker_key, &cfg.cluster.name);
+    for (i, sealed) in [false, true].into_iter().enumerate() {
+        // A new connection each time: node 2 takes it as node 1's, and the real node 1's
+        // next connection closes it.
+        let mut peer = RawPeer::connect(cfg.nodes[2].address, 2, &me).unwrap();
+        let seq = last + 1 + i as u64;
+        let launch = Command::Launch(LaunchSpec {
+            job: 999,
+            slot: 0,
+            nodes: NodeSet::single(2),
+            ntasks: 1,
+            program: Program::Path("/bin/sh".into()),
+            program_hash: None,
+            args: vec!["-c".into(), format!("id -u > {}", marker.display())],
+            env: vec![],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            reporter: 2,
+            mpi: MpiMode::None,
+        });
+        let mut hb = Heartbeat {
+            seq,
+            commands: vec![launch],
+            seal: None,
+        };
+        if sealed {
+            // Whatever incarnation the node holds, this key is not the MM's.
+            hb.seal = forger.seal_commands(0, seq, &hb.commands, storm_cluster::daemon::unix_ms());
+        }
+        let payload = encode("heartbeat", &hb, cfg.cluster.heartbeat_bytes).unwrap();
+        let absolute = storm_primitives::helpers::epoch_base(1) + seq;
+        let mut image = (payload.len() as u64).to_le_bytes().to_vec();
+        image.extend(absolute.to_le_bytes());
+        image.extend(&payload);
+        let slot = (seq % rm.heartbeat.slot_count as u64) as usize;
+        let op = OpKey {
+            origin: cfg.mm_id(),
+            seq: u64::MAX / 2 + i as u64,
+        };
+        // From the MM down the chain 0, 1, 2: node 1 relays to node 2.
+        peer.send_control(&Control::Xfer(XferMsg::Begin(XferBegin {
+            key: op,
+            dest: "0-2".parse().unwrap(),
+            fanout: 1,
+            offset: rm.heartbeat.slot_offset(slot),
+            len: image.len() as u64,
+            remote_event: Some(rm.heartbeat.arrived.index() as u32),
+            timeout_ms: 5000,
+            on_arrival: true,
+        })))
+        .unwrap();
+        // Node 2 answers its parent (this connection); nothing is read here.
+        peer.send(&OutFrame::data(op, 0, bytes::Bytes::from(image)))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = || std::fs::read_to_string(c.root.join("node2.log")).unwrap_or_default();
+    let since = std::time::Instant::now();
+    while log().matches("refusing a heartbeat's commands").count() < 2
+        && since.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let ran = marker.exists();
+    drop(stopped);
+    assert!(
+        !ran,
+        "node 2 launched the key holder's command as uid {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    let refusals = log();
+    assert!(
+        refusals.contains("without the MM's seal") && refusals.contains("did not make"),
+        "node 2 says why it refused both:\n{refusals}"
+    );
+    // The forged entries took node 2's places in the heartbeat's order (a node claiming to
+    // relay can always disturb the nodes it relays to; docs/security.md): a restarted node 2
+    // joins again, and the cluster runs jobs on every node.
+    let mut c = c;
+    let cluster = c.cluster.as_mut().unwrap();
+    cluster.kill_nm(2).unwrap();
+    cluster.restart_nm(2).unwrap();
+    let out = c.submit(&["-N", "3", "/bin/echo", "still here"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).matches("still here").count(), 3);
 }

@@ -116,6 +116,18 @@ pub struct ClusterSection {
     /// The secret every daemon of the cluster shares (`storm keygen`). By default
     /// `storm.key` next to the cluster file; a relative path is taken from there too.
     pub key_file: Option<PathBuf>,
+    /// The MM's secret signing key (`storm keygen --mm`), on the MM's host only; by default
+    /// `mm.key` next to the cluster file (see [`crate::identity`]).
+    pub mm_key_file: Option<PathBuf>,
+    /// The MM's public key, on every node: NMs carry out only what it sealed. By default
+    /// `mm.pub` next to the cluster file.
+    pub mm_public_key_file: Option<PathBuf>,
+    /// This node's secret identity key (`storm keygen --node NAME`); `{node}` stands for the
+    /// node's name. By default `node.key` next to the cluster file.
+    pub node_key_file: Option<PathBuf>,
+    /// The nodes' public identity keys, enrolled at the MM (`NAME KEY` per line); by default
+    /// `nodes.pub` next to the cluster file.
+    pub enrolled_file: Option<PathBuf>,
     /// Which cgroups confine each job's processes on the nodes (`auto`: v2 where the host
     /// is v2 only, else v1 where it has v1 controllers, else v2; `none`: process groups
     /// only).
@@ -156,6 +168,10 @@ impl Default for ClusterSection {
             pmi_library: None,
             state_dir: PathBuf::from("/var/lib/storm"),
             key_file: None,
+            mm_key_file: None,
+            mm_public_key_file: None,
+            node_key_file: None,
+            enrolled_file: None,
             cgroups: CgroupMode::Auto,
         }
     }
@@ -492,13 +508,87 @@ impl ClusterConfig {
             other => other,
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        let key = cfg
-            .cluster
-            .key_file
-            .take()
-            .unwrap_or_else(|| PathBuf::from(crate::key::DEFAULT_NAME));
-        cfg.cluster.key_file = Some(dir.join(key));
+        let c = &mut cfg.cluster;
+        for (file, default) in [
+            (&mut c.key_file, crate::key::DEFAULT_NAME),
+            (&mut c.mm_key_file, "mm.key"),
+            (&mut c.mm_public_key_file, "mm.pub"),
+            (&mut c.node_key_file, "node.key"),
+            (&mut c.enrolled_file, "nodes.pub"),
+        ] {
+            let named = file.take().unwrap_or_else(|| PathBuf::from(default));
+            *file = Some(dir.join(named));
+        }
         Ok(cfg)
+    }
+
+    /// A key file the cluster file names (made absolute by [`ClusterConfig::load`]), or its
+    /// default name, with `{node}` replaced by `node`.
+    fn key_file(&self, file: &Option<PathBuf>, default: &str, node: Option<&str>) -> PathBuf {
+        let pattern = file.clone().unwrap_or_else(|| PathBuf::from(default));
+        crate::identity::key_path(Path::new(""), &pattern, node)
+    }
+
+    /// The MM's sealer: its signing key (see [`crate::identity`]).
+    pub fn load_mm_signer(&self) -> Result<crate::identity::MmSigner, crate::key::KeyError> {
+        let path = self.key_file(&self.cluster.mm_key_file, "mm.key", None);
+        let key = crate::identity::load(&path, crate::key::MM_KEY)?;
+        Ok(crate::identity::MmSigner::new(key, &self.cluster.name))
+    }
+
+    /// What nodes check the MM's seals with: its public key.
+    pub fn load_mm_verifier(&self) -> Result<crate::identity::MmVerifier, String> {
+        let path = self.key_file(&self.cluster.mm_public_key_file, "mm.pub", None);
+        let key = crate::identity::load_public(&path)?;
+        Ok(crate::identity::MmVerifier::new(key, &self.cluster.name))
+    }
+
+    /// Node `name`'s identity key.
+    pub fn load_node_key(
+        &self,
+        name: &str,
+    ) -> Result<ed25519_dalek::SigningKey, crate::key::KeyError> {
+        let path = self.key_file(&self.cluster.node_key_file, "node.key", Some(name));
+        crate::identity::load(&path, crate::key::NODE_KEY)
+    }
+
+    /// Where node `name`'s identity key is.
+    pub fn node_key_path(&self, name: &str) -> PathBuf {
+        self.key_file(&self.cluster.node_key_file, "node.key", Some(name))
+    }
+
+    /// Where the MM's keys are: (secret, public).
+    pub fn mm_key_paths(&self) -> (PathBuf, PathBuf) {
+        (
+            self.key_file(&self.cluster.mm_key_file, "mm.key", None),
+            self.key_file(&self.cluster.mm_public_key_file, "mm.pub", None),
+        )
+    }
+
+    /// Where the enrolled nodes' keys are.
+    pub fn enrolled_path(&self) -> PathBuf {
+        self.key_file(&self.cluster.enrolled_file, "nodes.pub", None)
+    }
+
+    /// The nodes enrolled at the MM; every node of the cluster must be.
+    pub fn load_enrolled(&self) -> Result<crate::identity::Enrolled, String> {
+        let enrolled = crate::identity::Enrolled::load(&self.enrolled_path())?;
+        let missing: Vec<&str> = self
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .filter(|n| enrolled.key(n).is_none())
+            .take(5)
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "{}: no identity key enrolled for node {} (run `storm keygen --node NAME` on \
+                 the node and add the line it prints)",
+                self.enrolled_path().display(),
+                missing.join(", ")
+            ));
+        }
+        Ok(enrolled)
     }
 
     /// Reads the cluster key (see [`crate::key`]). A config parsed from text rather than

@@ -15,39 +15,72 @@ use storm_primitives::tcp::auth::ClusterKey;
 /// The key file's name when the cluster file does not name one.
 pub const DEFAULT_NAME: &str = "storm.key";
 
-/// Why a key could not be made or used; each names the file and the fix.
+/// Why a key could not be made or used; each names the file (and what it holds) and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error(
-        "cluster key file {0} not found: make one with `storm keygen --out {0}` and copy it to \
-         every node of the cluster (mode 0600, owned by the daemons' user)"
+        "{what} file {path} not found: make one with `storm keygen{flag} --out {path}`{copy}",
+        flag = keygen_flag(what),
+        copy = if *what == "cluster key" {
+            " and copy it to every node of the cluster (mode 0600, owned by the daemons' user)"
+        } else {
+            ""
+        }
     )]
-    Missing(PathBuf),
+    Missing { what: &'static str, path: PathBuf },
     #[error(
-        "cluster key file {path} can be read by other users (mode {mode:04o}): run `chmod 600 \
+        "{what} file {path} can be read by other users (mode {mode:04o}): run `chmod 600 \
          {path}`, and make a new key if anyone else may have read it"
     )]
-    Exposed { path: PathBuf, mode: u32 },
+    Exposed {
+        what: &'static str,
+        path: PathBuf,
+        mode: u32,
+    },
     #[error(
-        "cluster key file {path} belongs to uid {owner}, not to this daemon's user (uid {me}): \
+        "{what} file {path} belongs to uid {owner}, not to this daemon's user (uid {me}): \
          run `chown {me} {path}`"
     )]
-    NotOwned { path: PathBuf, owner: u32, me: u32 },
-    #[error("cluster key file {path} does not hold a key ({why}): make one with `storm keygen`")]
-    Malformed { path: PathBuf, why: String },
-    #[error("cluster key file {path} already exists: remove it first to replace the key")]
-    Exists { path: PathBuf },
-    #[error("cluster key file {path}: {source}")]
+    NotOwned {
+        what: &'static str,
+        path: PathBuf,
+        owner: u32,
+        me: u32,
+    },
+    #[error("{what} file {path} does not hold a key ({why}): make one with `storm keygen{flag}`", flag = keygen_flag(what))]
+    Malformed {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("{what} file {path} already exists: remove it first to replace the key")]
+    Exists { what: &'static str, path: PathBuf },
+    #[error("{what} file {path}: {source}")]
     Io {
+        what: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
 }
 
-/// Writes a new random key to `path` (which must not exist yet), mode 0600.
-pub fn generate(path: &Path) -> Result<ClusterKey, KeyError> {
-    let key = ClusterKey::random();
+/// The `storm keygen` option that makes a key of this kind.
+fn keygen_flag(what: &str) -> &'static str {
+    match what {
+        MM_KEY => " --mm",
+        NODE_KEY => " --node NAME",
+        _ => "",
+    }
+}
+
+/// What each kind of key file holds, as messages name it.
+pub const CLUSTER_KEY: &str = "cluster key";
+pub const MM_KEY: &str = "MM signing key";
+pub const NODE_KEY: &str = "node identity key";
+
+/// Writes `text` to `path` (which must not exist yet), mode 0600, synced.
+pub fn write_private(path: &Path, text: &str, what: &'static str) -> Result<(), KeyError> {
     let io = |source| KeyError::Io {
+        what,
         path: path.to_path_buf(),
         source,
     };
@@ -58,24 +91,28 @@ pub fn generate(path: &Path) -> Result<ClusterKey, KeyError> {
         .open(path)
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::AlreadyExists => KeyError::Exists {
+                what,
                 path: path.to_path_buf(),
             },
             _ => io(e),
         })?;
-    writeln!(file, "{}", key.to_hex()).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    Ok(key)
+    writeln!(file, "{text}").map_err(io)?;
+    file.sync_all().map_err(io)
 }
 
-/// Reads the key at `path`, after checking that only this process's user can read it.
-pub fn load(path: &Path) -> Result<ClusterKey, KeyError> {
+/// Reads the key file at `path`, after checking that only this process's user can read it.
+pub fn read_private(path: &Path, what: &'static str) -> Result<String, KeyError> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(KeyError::Missing(path.to_path_buf()));
+            return Err(KeyError::Missing {
+                what,
+                path: path.to_path_buf(),
+            });
         }
         Err(source) => {
             return Err(KeyError::Io {
+                what,
                 path: path.to_path_buf(),
                 source,
             });
@@ -84,6 +121,7 @@ pub fn load(path: &Path) -> Result<ClusterKey, KeyError> {
     let mode = meta.mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(KeyError::Exposed {
+            what,
             path: path.to_path_buf(),
             mode,
         });
@@ -91,16 +129,31 @@ pub fn load(path: &Path) -> Result<ClusterKey, KeyError> {
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
         return Err(KeyError::NotOwned {
+            what,
             path: path.to_path_buf(),
             owner: meta.uid(),
             me,
         });
     }
-    let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io {
+    std::fs::read_to_string(path).map_err(|source| KeyError::Io {
+        what,
         path: path.to_path_buf(),
         source,
-    })?;
+    })
+}
+
+/// Writes a new random key to `path` (which must not exist yet), mode 0600.
+pub fn generate(path: &Path) -> Result<ClusterKey, KeyError> {
+    let key = ClusterKey::random();
+    write_private(path, &key.to_hex(), CLUSTER_KEY)?;
+    Ok(key)
+}
+
+/// Reads the key at `path`, after checking that only this process's user can read it.
+pub fn load(path: &Path) -> Result<ClusterKey, KeyError> {
+    let text = read_private(path, CLUSTER_KEY)?;
     ClusterKey::from_hex(&text).map_err(|why| KeyError::Malformed {
+        what: CLUSTER_KEY,
         path: path.to_path_buf(),
         why,
     })

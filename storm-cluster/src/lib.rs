@@ -11,6 +11,8 @@
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM.
 //! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
+//! * [`key`] and [`identity`]: the cluster key, the MM's signing key and the nodes'
+//!   identity keys, and the MM's seals on the commands nodes carry out.
 //! * [`daemon_dir`]: directories a root daemon writes in for users, reached only by
 //!   descriptor.
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
@@ -27,6 +29,7 @@ pub mod daemon;
 pub mod daemon_dir;
 pub mod endpoint;
 pub mod hostlist;
+pub mod identity;
 pub mod key;
 pub mod layout;
 pub mod messages;

@@ -145,6 +145,9 @@ pub struct LaunchSpec {
     pub nodes: NodeSet,
     pub ntasks: u32,
     pub program: Program,
+    /// The BLAKE3 hash of a program the MM sent (`Program::Spooled`): a node runs the file
+    /// it received only if it is this one.
+    pub program_hash: Option<[u8; 32]>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
@@ -327,10 +330,17 @@ pub enum Membership {
     },
 }
 
-/// Bytes of the `join` area that carries one [`Membership`] message, for a cluster running
-/// at most `max_jobs` jobs at once.
+/// A membership message with the MM's seal, as it is written into a node's join area.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedMembership {
+    pub msg: Membership,
+    pub seal: crate::identity::Seal,
+}
+
+/// Bytes of the `join` area that carries one [`SealedMembership`] message, for a cluster
+/// running at most `max_jobs` jobs at once.
 pub fn membership_bytes(max_jobs: usize) -> usize {
-    64 + 10 * max_jobs
+    160 + 10 * max_jobs
 }
 
 /// A job an NM holds when it registers.
@@ -364,6 +374,9 @@ pub fn inventory_bytes(max_jobs: usize) -> usize {
 pub struct Heartbeat {
     pub seq: u64,
     pub commands: Vec<Command>,
+    /// The MM's seal over every command but the schedule (see [`crate::identity`]); none
+    /// when it carries nothing else.
+    pub seal: Option<crate::identity::Seal>,
 }
 
 /// One node's exit statuses for a job, PUT into the MM's report area.
@@ -658,6 +671,7 @@ mod tests {
             nodes: "0-1".parse().unwrap(),
             ntasks: 8,
             program: Program::Path("/bin/true".into()),
+            program_hash: None,
             args: vec![],
             env: vec![],
             cwd: "/".into(),
@@ -692,6 +706,7 @@ mod tests {
                     nodes: "0-3".parse().unwrap(),
                     ntasks: 8,
                     program: Program::Spooled("a.out".into()),
+                    program_hash: Some([7; 32]),
                     args: vec!["-x".into()],
                     env: vec![("A".into(), "1".into())],
                     cwd: "/tmp".into(),
@@ -701,6 +716,10 @@ mod tests {
                     mpi: MpiMode::Pmi1,
                 }),
             ],
+            seal: Some(crate::identity::Seal {
+                issued_ms: 1,
+                signature: vec![3; 64],
+            }),
         };
         let bytes = encode("heartbeat", &hb, 4096).unwrap();
         assert_eq!(decode::<Heartbeat>("heartbeat", &bytes, 4096).unwrap(), hb);

@@ -24,9 +24,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use serde::Serialize;
 use storm_cluster::control::{self, JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request};
+use storm_cluster::identity::{MmSigner, MmVerifier};
 use storm_cluster::messages::{
     self, Command, FileInfo, Heartbeat, HeldJob, Inventory, LaunchSpec, Membership, NodeReport,
-    OutputChunk, PmiFenced, PmiUp, Program, RankStatus, Stream,
+    OutputChunk, PmiFenced, PmiUp, Program, RankStatus, SealedMembership, Stream,
 };
 use storm_cluster::tasks::{Capacity, TaskRequest};
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -287,6 +288,7 @@ fn launch_spec() -> LaunchSpec {
         nodes: nodes("0-3"),
         ntasks: 8,
         program: Program::Spooled("a.out".into()),
+        program_hash: Some([0x42; 32]),
         args: vec!["-n".into(), "5".into()],
         env: vec![("PATH".into(), "/usr/bin".into())],
         cwd: "/home/user".into(),
@@ -297,8 +299,33 @@ fn launch_spec() -> LaunchSpec {
     }
 }
 
+/// The key the seeds' seals are made with, and what the targets check them with.
+fn mm_key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[0x33; 32])
+}
+
+const SEAL_CLUSTER: &str = "fuzz";
+const SEAL_INCARNATION: u64 = 77;
+const SEAL_MS: u64 = 1_700_000_000_000;
+
+fn signer() -> MmSigner {
+    MmSigner::new(mm_key(), SEAL_CLUSTER)
+}
+
+fn verifier() -> MmVerifier {
+    MmVerifier::new(mm_key().verifying_key(), SEAL_CLUSTER)
+}
+
+/// A membership message as the MM writes it: sealed for node 1.
+fn sealed_membership(msg: Membership) -> SealedMembership {
+    SealedMembership {
+        seal: signer().seal_membership(1, &msg, SEAL_MS),
+        msg,
+    }
+}
+
 fn rm_message_seeds() -> Vec<Vec<u8>> {
-    let heartbeat = Heartbeat {
+    let mut heartbeat = Heartbeat {
         seq: 99,
         commands: vec![
             Command::ReceiveFile(FileInfo {
@@ -319,7 +346,9 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
             Command::Schedule { run: vec![42, 43] },
             Command::Shutdown,
         ],
+        seal: None,
     };
+    heartbeat.seal = signer().seal_commands(SEAL_INCARNATION, 99, &heartbeat.commands, SEAL_MS);
     vec![
         tagged(0, &heartbeat),
         tagged(
@@ -362,14 +391,17 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
         ),
         tagged(
             4,
-            &Membership::Welcome {
+            &sealed_membership(Membership::Welcome {
                 stamp: 5,
                 output_epoch: 2,
                 incarnation: 77,
                 keep: vec![42],
-            },
+            }),
         ),
-        tagged(4, &Membership::Start { stamp: 5, seq: 9 }),
+        tagged(
+            4,
+            &sealed_membership(Membership::Start { stamp: 5, seq: 9 }),
+        ),
         tagged(
             5,
             &PmiUp::Fence {
@@ -405,7 +437,14 @@ fn rm_message(input: &[u8]) -> bool {
     match tag % 7 {
         0 => messages::decode::<Heartbeat>("heartbeat", bytes, HEARTBEAT_BYTES)
             .map(|hb| {
-                // What an NM checks before acting on each command.
+                // What an NM checks before acting: the MM's seal, then each command.
+                let _ = verifier().check_commands(
+                    SEAL_INCARNATION,
+                    hb.seq,
+                    &hb.commands,
+                    hb.seal.as_ref(),
+                    SEAL_MS,
+                );
                 for c in &hb.commands {
                     match c {
                         Command::Launch(l) => {
@@ -430,7 +469,16 @@ fn rm_message(input: &[u8]) -> bool {
             })
             .is_ok(),
         3 => sealed::<Inventory>("inventory", bytes, messages::inventory_bytes(MAX_JOBS)),
-        4 => sealed::<Membership>("membership", bytes, messages::membership_bytes(MAX_JOBS)),
+        4 => {
+            let limit = messages::membership_bytes(MAX_JOBS);
+            let _ = messages::decode_sealed::<SealedMembership>("membership", bytes, limit);
+            let area = messages::seal(bytes);
+            messages::decode_sealed::<SealedMembership>("membership", &area, limit)
+                .map(|m| {
+                    let _ = verifier().check_membership(1, &m.msg, &m.seal, SEAL_MS);
+                })
+                .is_ok()
+        }
         5 => sealed::<PmiUp>("PMI message", bytes, PMI_NODE_BYTES),
         _ => sealed::<PmiFenced>("PMI fence result", bytes, PMI_JOB_BYTES),
     }
@@ -605,6 +653,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                 slot: 2,
                 time_slot: 1,
                 launched_ms: Some(1_700_000_000_500),
+                program_hash: Some([7; 32]),
             }),
         ),
         tagged(
@@ -615,6 +664,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                 slot: 3,
                 time_slot: 0,
                 launched_ms: Some(1_700_000_000_600),
+                program_hash: None,
             }),
         ),
         tagged(

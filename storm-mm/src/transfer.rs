@@ -67,7 +67,9 @@ pub struct TransferDone {
     pub job: JobId,
     pub transfer: u32,
     pub worker: usize,
-    pub result: Result<(), Failure>,
+    /// The BLAKE3 hash of the program sent, which its launch will carry under the MM's seal
+    /// (nodes run only the file that hashes to it), or why the transfer failed.
+    pub result: Result<[u8; 32], Failure>,
 }
 
 /// Why a transfer did not complete.
@@ -136,7 +138,7 @@ fn send(
     prims: &dyn Primitives,
     queue: storm_primitives::QueueLayout,
     t: &Transfer,
-) -> Result<(), Failure> {
+) -> Result<[u8; 32], Failure> {
     let mut outstanding = Outstanding::default();
     let result = send_chunks(prims, queue, t, &mut outstanding);
     let deadline = Instant::now() + t.timeout;
@@ -201,12 +203,13 @@ fn send_chunks(
     queue: storm_primitives::QueueLayout,
     t: &Transfer,
     outstanding: &mut Outstanding,
-) -> Result<(), Failure> {
+) -> Result<[u8; 32], Failure> {
     let mut producer = QueueProducer::new(queue, t.nodes.clone(), t.transfer)
         .with_space_timeout(CANCEL_CHECK)
         .applied_on_arrival();
     let chunk = queue.slot_payload;
     let mut sum = Checksum::new();
+    let mut hash = blake3::Hasher::new();
     let mut offset = 0u64;
     let cancelled = || t.cancel.load(Ordering::Acquire);
     // Takes the completions there are; with `patient`, waits (up to the timeout) until no
@@ -271,6 +274,7 @@ fn send_chunks(
                 ))
             })?;
         sum.update(entry.payload());
+        hash.update(entry.payload());
         enqueue(
             &mut producer,
             entry,
@@ -304,5 +308,6 @@ fn send_chunks(
         "sending the trailer".into(),
     )?;
     outstanding.sent(0);
-    collect(outstanding, true)
+    collect(outstanding, true)?;
+    Ok(*hash.finalize().as_bytes())
 }

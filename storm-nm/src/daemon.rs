@@ -82,6 +82,8 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     } = opts;
     // First: without the key this daemon must not run at all.
     let key = cfg.load_key()?;
+    // Every command it carries out is sealed by the MM: without its public key, nothing is.
+    let mm_key = cfg.load_mm_verifier().map_err(anyhow::Error::msg)?;
     let entry = cfg
         .nodes
         .get(node as usize)
@@ -131,6 +133,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             rm: rm.clone(),
             receivers: BTreeMap::new(),
             stall: (op_timeout * 6).max(Duration::from_secs(30)),
+            hashes: Default::default(),
         },
         output,
         pmi: DaemonPmi {
@@ -146,7 +149,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         rm,
         node,
         fabric: prims,
-        identity: Identity::this_process(),
+        identity: Identity::this_process(mm_key),
         report_wait: op_timeout * 2,
         pmi_library,
     };
@@ -244,6 +247,8 @@ struct DaemonSpool {
     receivers: BTreeMap<JobId, receive::Receiver>,
     /// How long a transfer may make no progress before the receiver gives up.
     stall: Duration,
+    /// What each received program hashes to.
+    hashes: receive::ProgramHashes,
 }
 
 impl Spool for DaemonSpool {
@@ -275,6 +280,7 @@ impl Spool for DaemonSpool {
             spool,
             owner,
             self.stall,
+            self.hashes.clone(),
         );
         self.receivers.insert(job, receiver);
     }
@@ -291,7 +297,30 @@ impl Spool for DaemonSpool {
         }
     }
 
+    fn verify(&self, job: JobId, expected: Option<[u8; 32]>) -> Result<(), String> {
+        let received = self
+            .hashes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&job)
+            .copied();
+        match (received, expected) {
+            (Some(got), Some(want)) if got == want => Ok(()),
+            (_, None) => Err("the launch names no hash for the program sent; refused".into()),
+            (None, Some(_)) => Err("no program was received for this job here; refused".into()),
+            (Some(_), Some(_)) => Err(
+                "the program received here is not the one the machine manager sent (its hash \
+                 differs); refused"
+                    .into(),
+            ),
+        }
+    }
+
     fn remove(&mut self, job: JobId) {
+        self.hashes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&job);
         if let Err(e) = self.dir.remove_tree(&receive::job_dir_name(job)) {
             tracing::warn!("cannot remove {}: {e}", self.job_dir(job).display());
         }

@@ -108,6 +108,9 @@ pub trait Spool {
     fn receive(&mut self, info: FileInfo);
     /// Stops the receiver of `job`, if there is one (its job ended).
     fn cancel(&mut self, job: JobId);
+    /// Whether the program received for `job` is the one whose BLAKE3 hash the MM's sealed
+    /// launch names; why not (none arrived, another did, no hash given) if it is not.
+    fn verify(&self, job: JobId, expected: Option<[u8; 32]>) -> Result<(), String>;
     /// Stops every receiver and waits for them (a new membership numbers transfers afresh).
     fn stop_all(&mut self);
     /// Removes a job's directory.

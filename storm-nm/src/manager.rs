@@ -23,12 +23,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use storm_cluster::config::PolicyKind;
+use storm_cluster::identity::{MmVerifier, Seal, SealError};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, NodeTiming, Program,
     RankStatus, decode,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
+use storm_primitives::log_limit::LogLimit;
 use storm_primitives::{NodeId, PrimError, Primitives};
 
 use crate::env::{NmEnv, SwitchRecord, TaskId, TaskStart, TaskTimes};
@@ -193,6 +195,13 @@ pub struct NodeManager<E: NmEnv> {
     switch: Option<Switch>,
     /// The MM process (incarnation) and output queue epoch of the current membership.
     incarnation: Option<u64>,
+    /// Checks the MM's seal on every command this node carries out.
+    mm_key: MmVerifier,
+    /// The latest heartbeat whose sealed commands were carried out (in this incarnation):
+    /// an older or repeated one is refused.
+    last_sealed: Option<u64>,
+    /// Commands refused for their seal, logged at most 20 times every 10 s.
+    refused: LogLimit,
     /// When the latest heartbeat was taken ([`NmEnv::stamp_ns`]): jobs it launches count
     /// their timing from it.
     heard_ns: u128,
@@ -217,6 +226,7 @@ impl<E: NmEnv> NodeManager<E> {
             pmi_library,
         } = parts;
         let mm = cfg.mm_id();
+        let mm_key = identity.mm.clone();
         let registration = Registration::new(
             prims.clone(),
             rm.clone(),
@@ -240,6 +250,9 @@ impl<E: NmEnv> NodeManager<E> {
             run: Vec::new(),
             switch: None,
             incarnation: None,
+            mm_key,
+            last_sealed: None,
+            refused: LogLimit::with_burst(Duration::from_secs(10), 20),
             heard_ns: 0,
             output_epoch: 0,
             exiting_since: None,
@@ -351,7 +364,20 @@ impl<E: NmEnv> NodeManager<E> {
             }
         };
         self.env.heard(hb.seq, received_ns, &hb.commands);
-        for cmd in hb.commands {
+        let mut commands = hb.commands;
+        if let Err(e) = self.check_seal(hb.seq, &commands, hb.seal.as_ref()) {
+            if let Some(more) = self.refused.allow(self.env.clock().now()) {
+                tracing::error!(
+                    node = self.node,
+                    seq = hb.seq,
+                    suppressed = more,
+                    "refusing a heartbeat's commands: {e}"
+                );
+            }
+            // The schedule rides on the links' protection alone (docs/security.md).
+            commands.retain(|c| matches!(c, Command::Schedule { .. }));
+        }
+        for cmd in commands {
             if cmd.nodes().is_some_and(|n| !n.contains(self.node)) {
                 continue;
             }
@@ -364,6 +390,33 @@ impl<E: NmEnv> NodeManager<E> {
                 Command::Shutdown => self.done = true,
             }
         }
+    }
+
+    /// Whether the commands of heartbeat `seq` that concern this node are the current MM's,
+    /// sealed for this heartbeat and not carried out before. A heartbeat with nothing for
+    /// this node but the schedule needs no seal.
+    fn check_seal(
+        &mut self,
+        seq: u64,
+        commands: &[Command],
+        seal: Option<&Seal>,
+    ) -> Result<(), SealError> {
+        let mine = |c: &Command| {
+            !matches!(c, Command::Schedule { .. })
+                && c.nodes().is_none_or(|n| n.contains(self.node))
+        };
+        if !commands.iter().any(mine) {
+            return Ok(());
+        }
+        let incarnation = self.incarnation.ok_or(SealError::NotWelcomed)?;
+        if let Some(last) = self.last_sealed.filter(|&last| seq <= last) {
+            return Err(SealError::Replayed { seq, last });
+        }
+        let now_ms = self.env.clock().unix_ms();
+        self.mm_key
+            .check_commands(incarnation, seq, commands, seal, now_ms)?;
+        self.last_sealed = Some(seq);
+        Ok(())
     }
 
     /// The MM welcomed this node into a new membership that keeps the jobs of `keep`: any
@@ -392,6 +445,10 @@ impl<E: NmEnv> NodeManager<E> {
                 j.reported = false;
                 j.report_again = true;
             }
+        }
+        if self.incarnation != Some(incarnation) {
+            // Another MM process numbers its heartbeats afresh.
+            self.last_sealed = None;
         }
         self.incarnation = Some(incarnation);
         self.env.spool().stop_all();
@@ -506,7 +563,18 @@ impl<E: NmEnv> NodeManager<E> {
         };
         let (first, count) = ranks_on(spec.ntasks, spec.nodes.len() as u32, k as u32);
         let program = match &spec.program {
-            Program::Spooled(name) => self.env.spool().job_dir(spec.job).join(name),
+            Program::Spooled(name) => {
+                // Only the file the MM sent, as its sealed launch names it by hash.
+                if let Err(why) = self.env.spool().verify(spec.job, spec.program_hash) {
+                    let ranks = (first..first + count)
+                        .map(|rank| self.failed_rank(&spec, rank, &why))
+                        .collect();
+                    self.jobs
+                        .insert(spec.job, LocalJob::new(spec, ranks, true, self.heard_ns));
+                    return;
+                }
+                self.env.spool().job_dir(spec.job).join(name)
+            }
             Program::Path(p) => p.clone(),
         };
         let ranks: Vec<u32> = (first..first + count).collect();

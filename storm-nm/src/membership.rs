@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use storm_cluster::RmLayout;
 use storm_cluster::clock::{Clock, SystemClock};
+use storm_cluster::identity::MmVerifier;
 use storm_cluster::messages::{
-    HeldJob, Inventory, JobId, Membership, decode_sealed, encode_sealed,
+    HeldJob, Inventory, JobId, Membership, SealedMembership, decode_sealed, encode_sealed,
 };
 use storm_primitives::helpers::QueueConsumer;
+use storm_primitives::log_limit::LogLimit;
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
 /// How often an unanswered registration is sent again.
@@ -66,15 +68,18 @@ pub struct Identity {
     pub pid: u32,
     /// When the NM started (Unix time, milliseconds), for the inventory.
     pub started_ms: u64,
+    /// The MM's public key: membership messages and commands count only with its seal.
+    pub mm: MmVerifier,
 }
 
 impl Identity {
-    /// This NM process.
-    pub fn this_process() -> Self {
+    /// This NM process, taking orders from the MM whose seals `mm` checks.
+    pub fn this_process(mm: MmVerifier) -> Self {
         Self {
             clock: Arc::new(SystemClock),
             pid: std::process::id(),
             started_ms: *PROCESS_STARTED_MS,
+            mm,
         }
     }
 }
@@ -88,6 +93,8 @@ pub struct Registration {
     identity: Identity,
     generation: u32,
     standing: Standing,
+    /// Membership messages refused for their seal, logged at most 20 times every 10 s.
+    refused: LogLimit,
 }
 
 impl Registration {
@@ -111,6 +118,7 @@ impl Registration {
                 stamp: 0,
                 sent: None,
             },
+            refused: LogLimit::with_burst(Duration::from_secs(10), 20),
         };
         m.standing = Standing::Registering {
             stamp: m.next_stamp(),
@@ -234,13 +242,30 @@ impl Registration {
                 return Event::Idle;
             }
         };
-        let msg: Membership = match decode_sealed("membership", &bytes, self.rm.membership_bytes) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::error!(node = self.node, "ignoring a membership message: {e}");
-                return Event::Idle;
+        let sealed: SealedMembership =
+            match decode_sealed("membership", &bytes, self.rm.membership_bytes) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::error!(node = self.node, "ignoring a membership message: {e}");
+                    return Event::Idle;
+                }
+            };
+        let now_ms = self.identity.clock.unix_ms();
+        if let Err(e) =
+            self.identity
+                .mm
+                .check_membership(self.node, &sealed.msg, &sealed.seal, now_ms)
+        {
+            if let Some(more) = self.refused.allow(self.identity.clock.now()) {
+                tracing::error!(
+                    node = self.node,
+                    suppressed = more,
+                    "refusing a membership message: {e}"
+                );
             }
-        };
+            return Event::Idle;
+        }
+        let msg = sealed.msg;
         let mine = self.stamp();
         match msg {
             Membership::Welcome {

@@ -55,6 +55,8 @@ pub struct Reception {
     consumer: QueueConsumer,
     sink: Box<dyn ProgramSink>,
     sum: Checksum,
+    /// BLAKE3 of what arrived: the MM's sealed launch names the program by this hash.
+    hash: blake3::Hasher,
     written: u64,
     /// When the last entry arrived (or the reception began).
     last: Instant,
@@ -80,6 +82,7 @@ impl Reception {
             consumer,
             sink,
             sum: Checksum::new(),
+            hash: blake3::Hasher::new(),
             written: 0,
             last: now,
             stall,
@@ -89,6 +92,11 @@ impl Reception {
 
     pub fn info(&self) -> &FileInfo {
         &self.info
+    }
+
+    /// The BLAKE3 hash of the bytes received so far (the whole program once it is done).
+    pub fn hash(&self) -> [u8; 32] {
+        *self.hash.finalize().as_bytes()
     }
 
     /// Takes the entries that arrived (waiting up to `wait` for the first), and says whether
@@ -114,9 +122,10 @@ impl Reception {
     ) -> Result<bool, String> {
         for _ in 0..ENTRIES_PER_STEP {
             let size = self.info.size;
-            let (written, sum, sink, trailer) = (
+            let (written, sum, hash, sink, trailer) = (
                 &mut self.written,
                 &mut self.sum,
+                &mut self.hash,
                 &mut self.sink,
                 &mut self.trailer,
             );
@@ -126,6 +135,7 @@ impl Reception {
                     if *written < size {
                         sink.write(entry)?;
                         sum.update(entry);
+                        hash.update(entry);
                         *written += entry.len() as u64;
                     } else {
                         *trailer = Some(FileTrailer::from_bytes(entry));
@@ -282,8 +292,12 @@ impl Receiver {
     }
 }
 
-/// Starts a thread that receives the program of `info` into its job's directory of `spool`
-/// and acknowledges it (see [`Reception::acknowledge`]).
+/// The hashes of the programs received, by job: what a launch is checked against.
+pub type ProgramHashes =
+    Arc<std::sync::Mutex<std::collections::BTreeMap<storm_cluster::JobId, [u8; 32]>>>;
+
+/// Starts a thread that receives the program of `info` into its job's directory of `spool`,
+/// records its hash in `hashes`, and acknowledges it (see [`Reception::acknowledge`]).
 pub fn spawn(
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
@@ -291,6 +305,7 @@ pub fn spawn(
     spool: DaemonDir,
     owner: Option<(u32, u32)>,
     stall: Duration,
+    hashes: ProgramHashes,
 ) -> Receiver {
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = cancel.clone();
@@ -319,7 +334,14 @@ pub fn spawn(
             }
             match reception.step(&*prims, Instant::now(), Wait::Timeout(DEQUEUE_WAIT)) {
                 Received::Pending => {}
-                Received::Done(Ok(())) => break true,
+                Received::Done(Ok(())) => {
+                    // Recorded before the acknowledgement that lets the MM launch it.
+                    hashes
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(job, reception.hash());
+                    break true;
+                }
                 Received::Done(Err(e)) => {
                     tracing::error!(job, "program transfer failed: {e}");
                     break false;

@@ -515,7 +515,8 @@ impl Sim {
                 job: t.job,
                 transfer: t.transfer,
                 worker: t.worker,
-                result: Ok(()),
+                // Modelled: no bytes, so no hash of them.
+                result: Ok([0; 32]),
             });
         }
     }
@@ -739,9 +740,15 @@ fn new_mm(
             journal,
             restored,
             incarnation,
+            signer: storm_cluster::identity::MmSigner::new(mm_signing_key(), &cfg.cluster.name),
         },
         env,
     )
+}
+
+/// The simulated MM's signing key (the same in every simulation: nothing secret is at stake).
+pub fn mm_signing_key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[0x5a; 32])
 }
 
 /// An unlinked, sparse, executable file of `bytes`.

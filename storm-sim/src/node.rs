@@ -52,6 +52,10 @@ impl SimNode {
             clock: clock.clone(),
             pid: 1000 + id,
             started_ms: clock.unix_ms(),
+            mm: storm_cluster::identity::MmVerifier::new(
+                crate::mm_signing_key().verifying_key(),
+                &cfg.cluster.name,
+            ),
         };
         // An ENQUEUE that finds no room gives up at once: the next step tries again.
         let forwarder = Forwarder::new(prims.clone(), rm, id, cfg.mm_id(), Duration::ZERO);
@@ -205,6 +209,11 @@ impl Spool for NoFiles {
     fn receive(&mut self, _info: FileInfo) {}
 
     fn cancel(&mut self, _job: JobId) {}
+
+    /// Modelled transfers carry no bytes: there is nothing to compare.
+    fn verify(&self, _job: JobId, _expected: Option<[u8; 32]>) -> Result<(), String> {
+        Ok(())
+    }
 
     fn stop_all(&mut self) {}
 

@@ -174,11 +174,14 @@ impl Testbed {
             &opts.dir,
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )?;
-        let config = make_config(opts)?;
+        let mut config = make_config(opts)?;
+        storm_cluster::identity::use_one_host_keys(&mut config, &opts.dir);
         let config_path = opts.dir.join("cluster.toml");
         std::fs::write(&config_path, config.to_toml())?;
         // A fresh key for every testbed, next to its file (where the daemons look).
         storm_cluster::key::generate(&opts.dir.join(storm_cluster::key::DEFAULT_NAME))?;
+        let names: Vec<&str> = config.nodes.iter().map(|n| n.name.as_str()).collect();
+        storm_cluster::identity::generate_for_one_host(&opts.dir, &names)?;
         let mut tb = Testbed {
             name: opts.name.clone(),
             dir: opts.dir.clone(),

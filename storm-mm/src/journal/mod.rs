@@ -42,7 +42,8 @@ pub const KEEP_FINISHED: usize = 1000;
 /// request carries its `mpi` mode and an outcome its `abort_code`. Format 5: an outcome's
 /// timing has the launch, start, run and report phases. Format 6: a request carries
 /// `exclusive`, and a started job that shares its node the CPUs it holds there. Format 7: an
-/// outcome carries what the job's processes used (CPU time, peak memory).
+/// outcome carries what the job's processes used (CPU time, peak memory), and a started job
+/// the hash of the program sent to its nodes.
 const FORMAT: u64 = 7;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
@@ -103,6 +104,9 @@ pub enum JobState {
         /// When its launch command went out (milliseconds since the Unix epoch); `None` while
         /// its program is sent or its launch waits for a heartbeat (no task can have started).
         launched_ms: Option<u64>,
+        /// The BLAKE3 hash of the program sent to its nodes (its launch, sent again after a
+        /// restart, carries it).
+        program_hash: Option<[u8; 32]>,
     },
     /// Ended, with what its submitter was told.
     Finished {
@@ -889,6 +893,7 @@ mod tests {
                     slot: 5,
                     time_slot: 1,
                     launched_ms: Some(1_700_000_000_000),
+                    program_hash: None,
                 },
             ),
             finished(3),
@@ -900,6 +905,7 @@ mod tests {
                     slot: 6,
                     time_slot: 0,
                     launched_ms: Some(1_700_000_000_001),
+                    program_hash: None,
                 },
             ),
         ];

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use storm_cluster::messages::{
-    Command, HeldJob, Inventory, JobId, Membership, decode_sealed, encode_sealed,
+    Command, HeldJob, Inventory, JobId, Membership, SealedMembership, decode_sealed, encode_sealed,
 };
 use storm_primitives::{NodeId, NodeSet, Wait};
 
@@ -254,7 +254,11 @@ impl<E: MmEnv> MachineManager<E> {
     /// Writes a membership message into node `n`'s join area and signals it. Non-blocking:
     /// a message that does not arrive is sent again by whoever waits for its answer.
     pub(super) fn send_membership(&self, n: NodeId, msg: &Membership) {
-        let bytes = match encode_sealed("membership", msg, self.rm.membership_bytes) {
+        let sealed = SealedMembership {
+            seal: self.signer.seal_membership(n, msg, self.unix_ms()),
+            msg: msg.clone(),
+        };
+        let bytes = match encode_sealed("membership", &sealed, self.rm.membership_bytes) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!("cannot encode {msg:?}: {e}");

@@ -29,6 +29,7 @@ use storm_cluster::control::{
     self, JobInfo, JobOutcome, JobRequest, NodeInfo, Reply, Request, Timing,
 };
 use storm_cluster::endpoint::{self, Listen};
+use storm_cluster::identity::MmSigner;
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, JobId, JobUsage, LaunchSpec, MpiMode, NodeReport, OutputChunk,
     Program, decode_sealed, encode, file_ack,
@@ -127,6 +128,8 @@ struct Job {
     /// The program's size as checked against the limits at submission: exactly this much is
     /// copied and sent.
     size: u64,
+    /// The BLAKE3 hash of the program as it was sent: its launch carries it, sealed.
+    program_hash: Option<[u8; 32]>,
     client: Option<ClientId>,
     phase: Phase,
     nodes: NodeSet,
@@ -230,6 +233,7 @@ impl Job {
             plan: new.plan,
             program: new.program,
             size,
+            program_hash: None,
             client: new.client,
             phase: Phase::Queued,
             nodes: NodeSet::new(),
@@ -261,16 +265,21 @@ impl Job {
 
     /// The launch command of this started job (it has a job slot).
     fn launch_spec(&self) -> LaunchSpec {
-        launch_spec(
+        let mut spec = launch_spec(
             self.id,
             self.slot.expect("started jobs have a slot"),
             &self.req,
             &self.plan,
             &self.nodes,
             (self.uid, self.gid),
-        )
+        );
+        spec.program_hash = self.program_hash;
+        spec
     }
 }
+
+/// Bytes a heartbeat keeps free for its seal (an ed25519 signature, a time, framing).
+pub const SEAL_ROOM: usize = 128;
 
 /// The heartbeat whose transfer has not completed yet.
 struct InFlight {
@@ -308,6 +317,8 @@ pub struct MmParts {
     pub restored: Restored,
     /// Which MM process this is (see [`incarnation`]); a simulation numbers its restarts.
     pub incarnation: u64,
+    /// The MM's signing key: every command and membership message it sends is sealed.
+    pub signer: MmSigner,
 }
 
 /// The machine manager's core: every rule, and no I/O of its own (see [`crate::env`]). A host
@@ -391,6 +402,8 @@ pub struct MachineManager<E: MmEnv> {
     finished_output: HashMap<JobId, Vec<(NodeId, u64, storm_cluster::messages::OutputChunk)>>,
     /// Which MM process this is (NMs send again what an earlier one held in its memory).
     incarnation: u64,
+    /// Seals commands and membership messages (see `storm_cluster::identity`).
+    signer: MmSigner,
     journal_errors: LogLimit,
     /// What `storm metrics` shows.
     metrics: Metrics,
@@ -411,6 +424,7 @@ impl MachineManager<DaemonEnv> {
         } = opts;
         // First: without the key this daemon must not run at all.
         let key = cfg.load_key()?;
+        let signer = cfg.load_mm_signer()?;
         let rm = RmLayout::new(&cfg)?;
         tracing::info!(
             mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
@@ -440,6 +454,7 @@ impl MachineManager<DaemonEnv> {
             journal,
             restored,
             incarnation: incarnation(),
+            signer,
         };
         Ok((Self::new(parts, DaemonEnv::default())?, incoming))
     }
@@ -456,6 +471,7 @@ impl<E: MmEnv> MachineManager<E> {
             journal,
             restored,
             incarnation,
+            signer,
         } = parts;
         let now = env.clock().now();
         let all = NodeSet::first_n(cfg.node_count());
@@ -526,6 +542,7 @@ impl<E: MmEnv> MachineManager<E> {
             reattach_until: None,
             finished_output: HashMap::new(),
             incarnation,
+            signer,
             journal_errors: LogLimit::new(Duration::from_secs(10)),
             metrics: Metrics::new(),
             last_tick: now,
@@ -1620,7 +1637,8 @@ impl<E: MmEnv> MachineManager<E> {
         }
         let j = self.jobs.get_mut(&done.job).expect("current");
         match done.result {
-            Ok(()) => {
+            Ok(hash) => {
+                j.program_hash = Some(hash);
                 j.phase = Phase::Verifying { transfer };
                 if let Some(c) = j.client {
                     let (job, total) = (j.id, j.size);
@@ -1851,11 +1869,14 @@ impl<E: MmEnv> MachineManager<E> {
         let mut hb = Heartbeat {
             seq: self.hb_seq,
             commands: Vec::new(),
+            seal: None,
         };
+        // Room for the seal, which covers the commands chosen.
+        let room = limit.saturating_sub(SEAL_ROOM);
         let mut taken = 0;
         for cmd in &self.commands {
             hb.commands.push(cmd.clone());
-            if encode("heartbeat", &hb, limit).is_err() {
+            if encode("heartbeat", &hb, room).is_err() {
                 hb.commands.pop();
                 break;
             }
@@ -1866,6 +1887,9 @@ impl<E: MmEnv> MachineManager<E> {
                 run: self.run_set.clone(),
             });
         }
+        hb.seal = self
+            .signer
+            .seal_commands(self.incarnation, hb.seq, &hb.commands, self.unix_ms());
         match encode("heartbeat", &hb, limit) {
             Ok(b) => Some((Bytes::from(b), taken)),
             Err(e) => {
@@ -2140,6 +2164,7 @@ fn job_record(j: &Job) -> JobRecord {
                 slot: j.slot.unwrap_or(0) as u32,
                 time_slot: j.time_slot as u32,
                 launched_ms: j.launched_ms,
+                program_hash: j.program_hash,
             },
         },
     }
@@ -2201,6 +2226,7 @@ fn launch_spec(
         nodes: nodes.clone(),
         ntasks: plan.ntasks,
         program,
+        program_hash: None,
         args: req.args.clone(),
         env: req.env.clone(),
         cwd: req.cwd.clone(),

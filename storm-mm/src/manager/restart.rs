@@ -60,6 +60,7 @@ struct Started<'a> {
     slot: u32,
     time_slot: u32,
     launched_ms: u64,
+    program_hash: Option<[u8; 32]>,
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -92,6 +93,7 @@ impl<E: MmEnv> MachineManager<E> {
                     slot,
                     time_slot,
                     launched_ms: Some(launched_ms),
+                    program_hash,
                 } => self
                     .recover(
                         &rec,
@@ -101,6 +103,7 @@ impl<E: MmEnv> MachineManager<E> {
                             slot: *slot,
                             time_slot: *time_slot,
                             launched_ms: *launched_ms,
+                            program_hash: *program_hash,
                         },
                     )
                     .map(|()| &mut recovering),
@@ -203,6 +206,7 @@ impl<E: MmEnv> MachineManager<E> {
         job.cpus = at.cpus.clone();
         job.slot = Some(slot);
         job.time_slot = at.time_slot as usize;
+        job.program_hash = at.program_hash;
         job.allocated = Some(now.checked_sub(ran).unwrap_or(now));
         job.ready = job.allocated;
         job.launched = job.allocated;
