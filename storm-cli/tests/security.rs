@@ -185,6 +185,7 @@ fn a_compute_node_cannot_write_commands_into_another() {
         layout: rm.layout.clone(),
         key,
         protection: cfg.protection(),
+        identity: None,
     };
     let mut peer = RawPeer::connect(cfg.nodes[0].address, 0, &me).unwrap();
     let op = OpKey { origin: 1, seq: 1 };
@@ -422,6 +423,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
         layout: rm.layout.clone(),
         key,
         protection: cfg.protection(),
+        identity: None,
     };
     let attacker_key = ed25519_dalek::SigningKey::from_bytes(&[0xee; 32]);
     let forger = storm_cluster::identity::MmSigner::new(attacker_key, &cfg.cluster.name);
@@ -511,4 +513,68 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
     let out = c.submit(&["-N", "3", "/bin/echo", "still here"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).matches("still here").count(), 3);
+}
+
+/// Issue 31, a compromised compute node impersonates nobody at the MM. Root on node 0 has the
+/// cluster key and node 0's identity key, not node 1's. Claiming node 1 it is refused (it
+/// cannot sign as node 1); as node 0 it is taken, but its write into node 1's report area (a
+/// forged "node 1's tasks ended") is refused. The MM says why each time, and runs jobs on both
+/// nodes after.
+#[test]
+fn a_compromised_node_impersonates_nobody_at_the_mm() {
+    let c = TestCluster::start(2);
+    let cfg = c.cluster.as_ref().unwrap().config.clone();
+    let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
+    let own = cfg.load_node_key("node0").unwrap();
+    let me = |node| Membership {
+        node,
+        cluster_size: cfg.node_count() + 1,
+        layout: rm.layout.clone(),
+        key: cfg.load_key().unwrap(),
+        protection: cfg.protection(),
+        identity: Some(own.clone()),
+    };
+    let mm = cfg.mm_id();
+    let log = || std::fs::read_to_string(c.root.join("mm.log")).unwrap_or_default();
+    let wait_for = |text: &str| {
+        let since = std::time::Instant::now();
+        while !log().contains(text) && since.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        log().contains(text)
+    };
+    assert!(
+        RawPeer::connect(cfg.mm.address, mm, &me(1)).is_err(),
+        "the MM took node 0's key for node 1"
+    );
+    assert!(
+        wait_for("a peer claiming node 1 did not prove its identity"),
+        "{}",
+        log()
+    );
+    let mut peer = RawPeer::connect(cfg.mm.address, mm, &me(0)).expect("node 0 as itself");
+    let op = OpKey {
+        origin: 0,
+        seq: u64::MAX / 2,
+    };
+    peer.send_control(&Control::Xfer(XferMsg::Begin(XferBegin {
+        key: op,
+        dest: NodeSet::single(mm),
+        fanout: 2,
+        offset: rm.report_offset(0, 1),
+        len: 8,
+        remote_event: Some(rm.term_event.index() as u32),
+        timeout_ms: 5000,
+        on_arrival: false,
+    })))
+    .unwrap();
+    assert!(
+        wait_for("node 0 may not write 8 bytes"),
+        "the MM refuses node 0's write into node 1's report:\n{}",
+        log()
+    );
+    drop(peer);
+    let out = c.submit(&["-N", "2", "/bin/echo", "still here"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).matches("still here").count(), 2);
 }

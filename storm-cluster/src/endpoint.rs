@@ -14,6 +14,7 @@ use std::sync::Arc;
 use storm_primitives::local::LocalFabric;
 use storm_primitives::ofi::{OfiConfig, default_provider};
 use storm_primitives::tcp::auth::ClusterKey;
+use storm_primitives::tcp::{PeerKeys, WriteCheck};
 use storm_primitives::{Backend, NodeId, NodeSet, Primitives};
 
 use crate::config::{BackendKind, ClusterConfig};
@@ -30,6 +31,16 @@ pub enum Listen {
     Local(Arc<LocalFabric>),
 }
 
+/// Who a daemon is on its links, beyond holding the cluster key (see [`crate::identity`]).
+pub enum LinkIdentity {
+    /// A compute node: it signs every handshake it opens with its identity key.
+    Node(ed25519_dalek::SigningKey),
+    /// The MM: every node that connects proves it is the node it claims (with the key
+    /// enrolled for it), acts only for itself, and writes only its own areas of the MM's
+    /// memory.
+    Manager(crate::identity::Enrolled),
+}
+
 /// Starts fabric node `id` (a compute node, or the MM at `cfg.mm_id()`).
 pub fn start(
     cfg: &ClusterConfig,
@@ -37,6 +48,7 @@ pub fn start(
     id: NodeId,
     listen: Listen,
     key: ClusterKey,
+    identity: LinkIdentity,
 ) -> Result<Arc<dyn Primitives>, String> {
     let backend = match (cfg.cluster.backend, listen) {
         (BackendKind::Local, Listen::Local(fabric)) => Backend::Local(fabric),
@@ -63,6 +75,29 @@ pub fn start(
                 .ok_or_else(|| format!("node id {id} is not in the cluster file"))?;
             let listener = listener(listen, addr)?;
             let mut tcp = cfg.tcp_config(key);
+            match identity {
+                LinkIdentity::Node(k) => tcp.identity = Some(Arc::new(k)),
+                LinkIdentity::Manager(enrolled) => {
+                    let keys: Vec<Option<ed25519_dalek::VerifyingKey>> = cfg
+                        .nodes
+                        .iter()
+                        .map(|n| enrolled.key(&n.name).copied())
+                        .collect();
+                    tcp.peer_keys = Some(PeerKeys(Arc::new(move |n: NodeId| {
+                        keys.get(n as usize).copied().flatten()
+                    })));
+                    // On ofi the tcp node only bootstraps the fabric (its own small layout), and
+                    // writes into the RM's memory travel as RDMA, which says nothing of who
+                    // sent them (docs/security.md).
+                    if kind == BackendKind::Tcp {
+                        tcp.bind_origins = true;
+                        let rm = rm.clone();
+                        tcp.write_check = Some(WriteCheck(Arc::new(move |origin, offset, len| {
+                            rm.may_write(origin as usize, offset, len)
+                        })));
+                    }
+                }
+            }
             if !cfg.tcp.encrypt {
                 tracing::warn!(
                     "[tcp] encrypt = false: jobs' environments and output cross the network \

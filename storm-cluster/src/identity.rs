@@ -471,7 +471,10 @@ mod tests {
     fn a_schedule_alone_needs_no_seal_but_rides_with_one() {
         let (mm, node) = pair();
         let schedule = Command::Schedule { run: vec![7] };
-        assert!(mm.seal_commands(1, 1, std::slice::from_ref(&schedule), 0).is_none());
+        assert!(
+            mm.seal_commands(1, 1, std::slice::from_ref(&schedule), 0)
+                .is_none()
+        );
         assert_eq!(
             node.check_commands(1, 1, std::slice::from_ref(&schedule), None, 0),
             Ok(())

@@ -188,6 +188,37 @@ impl RmLayout {
         self.pmi_down.offset + (slot * self.pmi_job_bytes) as u64
     }
 
+    /// Whether node `node` may write `len` bytes at `offset` in the MM's memory: only in its
+    /// own areas there (its output queue's slots, its reports, inventory, PMI messages,
+    /// registration and acknowledgement), or in the termination hints any node of a job
+    /// announces with.
+    pub fn may_write(&self, node: usize, offset: u64, len: u64) -> bool {
+        if node >= self.nodes || len == 0 {
+            return false;
+        }
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        let within = |start: u64, bytes: u64| offset >= start && end <= start + bytes;
+        // One entry of an area of (slot, node) entries: node `node`'s, whole.
+        let entry = |area: &storm_primitives::Area, bytes: usize| {
+            if !within(area.offset, area.len as u64) {
+                return false;
+            }
+            let i = (offset - area.offset) / bytes as u64;
+            let start = area.offset + i * bytes as u64;
+            (i as usize) % self.nodes == node && end <= start + bytes as u64
+        };
+        let queue = &self.output[node].slots;
+        within(queue.offset, queue.len as u64)
+            || entry(&self.reports, self.report_bytes)
+            || entry(&self.pmi_up, self.pmi_node_bytes)
+            || within(self.inventory_offset(node), self.inventory_bytes as u64)
+            || within(self.registry.at(node).offset(), 8)
+            || within(self.join_ack.at(node).offset(), 8)
+            || within(self.term_hint.at(0).offset(), 8 * self.max_jobs as u64)
+    }
+
     /// Offset of node `node`'s report for the job in `slot`.
     pub fn report_offset(&self, slot: usize, node: usize) -> u64 {
         debug_assert!(slot < self.max_jobs && node < self.nodes);
@@ -272,6 +303,23 @@ mod tests {
                 !rm.layout.fits(&nm, offset, len as u64),
                 "{offset}: NMs hold none"
             );
+        }
+        // Node 2 writes those (its own), and none of another node's.
+        for (offset, len) in writes {
+            assert!(rm.may_write(2, offset, len as u64), "{offset}");
+        }
+        let others = [
+            (rm.report_offset(3, 1), rm.report_bytes),
+            (rm.inventory_offset(1), rm.inventory_bytes),
+            (rm.pmi_up_offset(1, 3), rm.pmi_node_bytes),
+            (rm.registry.at(1).offset(), 8),
+            (rm.join_ack.at(3).offset(), 8),
+            (rm.output[1].slots.offset, 16),
+            // Straddling its own report and the next node's.
+            (rm.report_offset(3, 2) + 8, rm.report_bytes),
+        ];
+        for (offset, len) in others {
+            assert!(!rm.may_write(2, offset, len as u64), "{offset}");
         }
         let reads = [
             (rm.pmi_down_offset(2), rm.pmi_job_bytes),

@@ -99,7 +99,17 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     let spool = DaemonDir::open_or_create(&entry.spool, receive::SPOOL_DIR_MODE)
         .context("the spool directory")?;
     let rm = RmLayout::new(&cfg)?;
-    let prims = endpoint::start(&cfg, &rm, node, listen, key).map_err(anyhow::Error::msg)?;
+    // Who this node is, to the MM.
+    let node_key = cfg.load_node_key(&entry.name)?;
+    let prims = endpoint::start(
+        &cfg,
+        &rm,
+        node,
+        listen,
+        key,
+        endpoint::LinkIdentity::Node(node_key),
+    )
+    .map_err(anyhow::Error::msg)?;
     let mm = cfg.mm_id();
     let op_timeout = Duration::from_millis(cfg.tcp.op_timeout_ms);
     let slots = cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs;

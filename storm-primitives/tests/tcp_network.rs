@@ -72,6 +72,7 @@ impl HandDriven {
             layout: layout.clone(),
             key: cfg.key.clone(),
             protection: cfg.protection,
+            identity: None,
         };
         Self { nodes, dir, me }
     }
@@ -1042,4 +1043,82 @@ fn one_host_cannot_hold_every_handshake_place() {
         .xfer_and_signal(&NodeSet::single(1), 0, Bytes::new(), None, Some(t.done))
         .unwrap();
     assert_eq!(outcome(&nodes[0], t.done), Ok(true));
+}
+
+/// Issue 31, a compromised compute node: it holds the cluster key, so it could claim to be
+/// any node. A node that asks its peers for their identity (the MM) takes a connection only
+/// from a peer that signs the handshake with the key enrolled for the node it claims; on that
+/// link it carries out operations only for that node (`bind_origins`), and only writes the
+/// check allows (`write_check`, here: the first half of the bulk area for node 0).
+#[test]
+fn a_node_that_asks_for_identities_takes_each_peer_only_as_itself() {
+    use ed25519_dalek::SigningKey;
+    let t = test_layout();
+    let zero = SigningKey::from_bytes(&[10; 32]);
+    let two = SigningKey::from_bytes(&[12; 32]);
+    let keys = [Some(zero.verifying_key()), None, Some(two.verifying_key())];
+    let half = t.bulk.len as u64 / 2;
+    let bulk = t.bulk.offset;
+    let cfg = TcpConfig {
+        peer_keys: Some(storm_primitives::tcp::PeerKeys(std::sync::Arc::new(
+            move |n| keys.get(n as usize).copied().flatten(),
+        ))),
+        bind_origins: true,
+        write_check: Some(storm_primitives::tcp::WriteCheck(std::sync::Arc::new(
+            move |origin, offset, len| origin == 0 && offset >= bulk && offset + len <= bulk + half,
+        ))),
+        ..config(2000)
+    };
+    let hand = HandDriven::start(1, &t.layout, &cfg);
+    let addr = hand.dir[1].unwrap();
+    // Claiming node 0 without its key, or with another node's: refused.
+    assert!(RawPeer::connect(addr, 1, &hand.me).is_err(), "no identity");
+    let mut wrong = hand.me.clone();
+    wrong.identity = Some(two.clone());
+    assert!(
+        RawPeer::connect(addr, 1, &wrong).is_err(),
+        "node 2's key as node 0"
+    );
+    // As itself: taken.
+    let mut me = hand.me.clone();
+    me.identity = Some(zero.clone());
+    let mut peer = RawPeer::connect(addr, 1, &me).expect("node 0 with its own key");
+    let mut send = |origin: u32, seq: u64, at: u64| {
+        let key = OpKey { origin, seq };
+        // From `origin` down the chain 0, 1 (for origin 2: 2, 0, 1): node 0 is node 1's
+        // parent either way, as the tree rule asks.
+        let begin = XferBegin {
+            key,
+            dest: "0-1".parse().unwrap(),
+            fanout: 1,
+            offset: bulk + at,
+            len: 8,
+            remote_event: Some(t.data.index() as u32),
+            timeout_ms: 5000,
+            on_arrival: true,
+        };
+        peer.send_control(&Control::Xfer(XferMsg::Begin(begin)))
+            .unwrap();
+        peer.send(&OutFrame::data(key, 0, Bytes::from_static(b"written!")))
+            .unwrap();
+        peer.recv_control().unwrap()
+    };
+    // Its own write lands; one for node 2, or outside its area, is refused.
+    assert!(
+        matches!(send(0, 1, 0), Control::Xfer(XferMsg::Committed(_))),
+        "node 0's own write"
+    );
+    let as_two = send(2, 2, 8);
+    assert!(
+        matches!(&as_two, Control::Xfer(XferMsg::Nack(_, e)) if e.to_string().contains("may not act for node 2")),
+        "{as_two:?}"
+    );
+    let outside = send(0, 3, half + 8);
+    assert!(
+        matches!(&outside, Control::Xfer(XferMsg::Nack(_, e)) if e.to_string().contains("not its own area")),
+        "{outside:?}"
+    );
+    let mut seen = [0u8; 8];
+    hand.nodes[0].memory().read(bulk + 8, &mut seen).unwrap();
+    assert_eq!(seen, [0; 8], "the write for node 2 did not land");
 }

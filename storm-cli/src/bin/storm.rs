@@ -76,19 +76,38 @@ enum Cmd {
     },
     /// Stop the machine manager and every node manager.
     Shutdown,
-    /// Make the cluster's secret key: a new file of mode 0600 that every daemon reads (copy it
-    /// to every node, owned by the daemons' user). Users never need it.
+    /// Make a key: by default the cluster's secret key, a new file of mode 0600 that every
+    /// daemon reads (copy it to every node, owned by the daemons' user). Users never need it.
     Keygen {
-        /// Where to write it (default: the cluster file's `key_file`, else `storm.key` next to
-        /// the cluster file).
+        /// Where to write it (default: where the cluster file says the daemons look for it).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Make the MM's signing key instead (`mm.key`, on the MM's host only) and its public
+        /// half (`mm.pub` beside it; copy it next to the cluster file on every node).
+        #[arg(long, conflicts_with = "node")]
+        mm: bool,
+        /// Make node NAME's identity key instead (`node.key`, on that node only); it prints
+        /// the line that enrolls the node at the MM (`storm enroll`).
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+    },
+    /// Enroll a node's identity key at the MM (run on the MM's host): adds `NAME KEY`, as
+    /// `storm keygen --node NAME` printed it, to the enrolled keys the MM reads (at start and
+    /// on SIGHUP).
+    Enroll {
+        name: String,
+        key: String,
+        /// Replace the key a node already has enrolled (key rotation).
+        #[arg(long)]
+        replace: bool,
     },
 }
 
 fn run(args: Args) -> Result<(), String> {
-    if let Cmd::Keygen { out } = args.command {
-        return keygen(out, args.config);
+    match args.command {
+        Cmd::Keygen { out, mm, node } => return keygen(out, args.config, mm, node),
+        Cmd::Enroll { name, key, replace } => return enroll(args.config, &name, &key, replace),
+        _ => {}
     }
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let (req, json) = match args.command {
@@ -115,7 +134,7 @@ fn run(args: Args) -> Result<(), String> {
             false,
         ),
         Cmd::Shutdown => (Request::Shutdown, false),
-        Cmd::Keygen { .. } => unreachable!("handled above"),
+        Cmd::Keygen { .. } | Cmd::Enroll { .. } => unreachable!("handled above"),
     };
     let client = Client::connect(&socket)?;
     match client.call(&req)? {
@@ -139,20 +158,95 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 /// `storm keygen`: writes a new key where the cluster file says the daemons look for it.
-fn keygen(out: Option<PathBuf>, config: Option<PathBuf>) -> Result<(), String> {
+fn keygen(
+    out: Option<PathBuf>,
+    config: Option<PathBuf>,
+    mm: bool,
+    node: Option<String>,
+) -> Result<(), String> {
+    use storm_cluster::identity;
+    let cfg = || {
+        storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(config.clone()))
+            .map_err(|e| format!("{e} (or give the key's path with --out)"))
+    };
+    if mm {
+        let (secret, public_path) = match out {
+            Some(p) => (p.clone(), p.with_extension("pub")),
+            None => cfg()?.mm_key_paths(),
+        };
+        let public =
+            identity::generate(&secret, storm_cluster::key::MM_KEY).map_err(|e| e.to_string())?;
+        identity::write_public(&public_path, &public)
+            .map_err(|e| format!("{}: {e}", public_path.display()))?;
+        eprintln!(
+            "storm keygen: wrote the MM's signing key to {} (mode 0600; keep it on the MM's host \
+             only) and its public key to {}; copy {} next to the cluster file on every node",
+            secret.display(),
+            public_path.display(),
+            public_path.display()
+        );
+        return Ok(());
+    }
+    if let Some(name) = node {
+        let path = match out {
+            Some(p) => p,
+            None => cfg()?.node_key_path(&name),
+        };
+        let public =
+            identity::generate(&path, storm_cluster::key::NODE_KEY).map_err(|e| e.to_string())?;
+        eprintln!(
+            "storm keygen: wrote node {name}'s identity key to {} (mode 0600; keep it on that \
+             node only); enroll it on the MM's host with:",
+            path.display()
+        );
+        println!("storm enroll {name} {}", identity::public_hex(&public));
+        return Ok(());
+    }
     let path = match out {
         Some(p) => p,
-        None => {
-            let cfg = storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(config))
-                .map_err(|e| format!("{e} (or give the key's path with --out)"))?;
-            cfg.cluster
-                .key_file
-                .expect("a loaded cluster file names its key file")
-        }
+        None => cfg()?
+            .cluster
+            .key_file
+            .expect("a loaded cluster file names its key file"),
     };
     storm_cluster::key::generate(&path).map_err(|e| e.to_string())?;
     eprintln!(
         "storm keygen: wrote a new cluster key to {} (mode 0600); copy it to every node",
+        path.display()
+    );
+    Ok(())
+}
+
+/// `storm enroll`: adds (or with `replace`, replaces) a node's public identity key in the
+/// enrolled keys the MM reads.
+fn enroll(config: Option<PathBuf>, name: &str, key: &str, replace: bool) -> Result<(), String> {
+    let cfg = storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(config))
+        .map_err(|e| e.to_string())?;
+    if cfg.node_by_name(name).is_none() {
+        return Err(format!("no node {name:?} in the cluster file"));
+    }
+    let public = storm_cluster::identity::parse_public(key).map_err(|e| format!("{key}: {e}"))?;
+    let path = cfg.enrolled_path();
+    let mut enrolled = match std::fs::read_to_string(&path) {
+        Ok(text) => storm_cluster::identity::Enrolled::parse(&text)
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if enrolled.key(name).is_some() && !replace {
+        return Err(format!(
+            "{name} is already enrolled in {}: give --replace to replace its key",
+            path.display()
+        ));
+    }
+    enrolled.insert(name, public);
+    // Written aside and renamed, so the MM never reads half a file.
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, enrolled.to_text())
+        .and_then(|()| std::fs::rename(&partial, &path))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!(
+        "storm enroll: {name} enrolled in {}; a running MM reads it on SIGHUP",
         path.display()
     );
     Ok(())

@@ -425,6 +425,8 @@ impl MachineManager<DaemonEnv> {
         // First: without the key this daemon must not run at all.
         let key = cfg.load_key()?;
         let signer = cfg.load_mm_signer()?;
+        // Every node must prove which it is: its key is enrolled here.
+        let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
         let rm = RmLayout::new(&cfg)?;
         tracing::info!(
             mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
@@ -433,8 +435,15 @@ impl MachineManager<DaemonEnv> {
             "global memory laid out (address space; untouched pages take no memory)"
         );
         let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
-        let fabric =
-            endpoint::start(&cfg, &rm, cfg.mm_id(), listen, key).map_err(anyhow::Error::msg)?;
+        let fabric = endpoint::start(
+            &cfg,
+            &rm,
+            cfg.mm_id(),
+            listen,
+            key,
+            endpoint::LinkIdentity::Manager(enrolled),
+        )
+        .map_err(anyhow::Error::msg)?;
         let waker = crate::Waker::new(fabric.clone(), rm.term_event);
         // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
         let journal = journal.commit_in_background(waker.clone())?;

@@ -185,6 +185,15 @@ impl Transcript {
         self.mac(key, label) == blake3::Hash::from_bytes(*proof)
     }
 
+    /// What the connecting node signs with its identity key (and the accepting node checks
+    /// with the key enrolled for the node it claims to be): this handshake, under its own
+    /// label, so the signature proves nothing anywhere else.
+    pub fn identity_message(&self) -> Vec<u8> {
+        let mut m = b"storm handshake: client identity".to_vec();
+        m.extend_from_slice(&self.0);
+        m
+    }
+
     /// The sealers and openers of this connection, for the connecting (`client`) or the
     /// accepting side.
     pub fn session(&self, key: &ClusterKey, protection: Protection, client: bool) -> Session {

@@ -197,7 +197,10 @@ impl Inner {
                     self.caw_reply(&mut table, req.key, Err(err));
                     return Ok(());
                 }
-                if let Some(err) = req.write.and_then(|_| self.refused_writer(req.key.origin)) {
+                if let Some(err) = req
+                    .write
+                    .and_then(|(var, _)| self.refused_write(req.key.origin, from, var, 8))
+                {
                     tracing::warn!(node = self.id, key = ?req.key, "refusing a compare-and-write: {err}");
                     self.caw_reply(&mut table, req.key, Err(err));
                     return Ok(());
@@ -385,7 +388,10 @@ impl Inner {
             self.send_control(from, &caw(CawMsg::Nack(req.key, err)));
             return Ok(());
         }
-        if let Some(err) = req.write.and_then(|_| self.refused_writer(req.key.origin)) {
+        if let Some(err) = req
+            .write
+            .and_then(|(var, _)| self.refused_write(req.key.origin, from, var, 8))
+        {
             tracing::warn!(node = self.id, key = ?req.key, from, "refusing a compare-and-write: {err}");
             self.send_control(from, &caw(CawMsg::Nack(req.key, err)));
             return Ok(());

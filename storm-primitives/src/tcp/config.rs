@@ -1,9 +1,31 @@
 //! Tunables of the tcp backend.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::{ClusterKey, Protection};
-use crate::NodeSet;
+use crate::{NodeId, NodeSet};
+
+/// The public identity key of each peer that must prove who it is (see
+/// [`TcpConfig::peer_keys`]); `None` for a node that may not connect at all.
+#[derive(Clone)]
+pub struct PeerKeys(pub Arc<dyn Fn(NodeId) -> Option<ed25519_dalek::VerifyingKey> + Send + Sync>);
+
+impl std::fmt::Debug for PeerKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerKeys(..)")
+    }
+}
+
+/// Which bytes of this node's memory an origin may write: `(origin, offset, len)`.
+#[derive(Clone)]
+pub struct WriteCheck(pub Arc<dyn Fn(NodeId, u64, u64) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for WriteCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriteCheck(..)")
+    }
+}
 
 /// How a tcp node builds trees, splits data and gives up on peers.
 #[derive(Debug, Clone)]
@@ -45,6 +67,20 @@ pub struct TcpConfig {
     /// carries out on its own memory (`None`: every member). A compute node takes them from
     /// the MM alone; others are refused with an error to their origin and logged.
     pub writers: Option<NodeSet>,
+    /// This node's identity key: every handshake it opens carries its signature over the
+    /// handshake, so that a peer that knows the key knows which node it is (a node's
+    /// `node.key`).
+    pub identity: Option<Arc<ed25519_dalek::SigningKey>>,
+    /// Peers that open a connection here must prove their identity with the key this gives
+    /// for the node they claim to be (the MM, with the nodes enrolled there); `None`: the
+    /// cluster key is enough.
+    pub peer_keys: Option<PeerKeys>,
+    /// Operations are carried out only for the node whose own link brought them (the MM:
+    /// no compute node relays another's operations to it, so none may act for another).
+    pub bind_origins: bool,
+    /// Which bytes each origin may write here (the MM: each node its own areas); `None`:
+    /// any.
+    pub write_check: Option<WriteCheck>,
 }
 
 impl Default for TcpConfig {
@@ -65,6 +101,10 @@ impl Default for TcpConfig {
             max_pending_ops: 4096,
             max_staged_bytes: 1 << 30,
             writers: None,
+            identity: None,
+            peer_keys: None,
+            bind_origins: false,
+            write_check: None,
         }
     }
 }

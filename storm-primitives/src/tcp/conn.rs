@@ -465,8 +465,15 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
             "the peer did not prove it holds the cluster key".into(),
         ));
     }
+    let mut answer = Vec::new();
+    if let Some(identity) = &inner.config.identity {
+        use ed25519_dalek::Signer;
+        let sig = identity.sign(&t.identity_message());
+        answer.extend(OutFrame::control(&Control::Identify(sig.to_bytes().to_vec())).to_vec());
+    }
+    answer.extend(OutFrame::control(&Control::Proof(t.client_proof(&inner.config.key))).to_vec());
     stream
-        .write_all(&OutFrame::control(&Control::Proof(t.client_proof(&inner.config.key))).to_vec())
+        .write_all(&answer)
         .map_err(|e| failed(e.to_string()))?;
     match read_handshake(&stream, deadline).map_err(failed)? {
         Control::HelloAck => {}
@@ -518,23 +525,61 @@ fn accept_handshake(
     stream
         .write_all(&OutFrame::control(&challenge).to_vec())
         .map_err(|e| e.to_string())?;
-    match read_handshake(stream, deadline)? {
-        Control::Proof(p) if t.verify(&inner.config.key, &p, false) => {}
-        Control::Proof(_) => {
-            return refuse(
-                stream,
-                format!(
-                    "a peer claiming node {} did not prove it holds the cluster key",
-                    hello.node
-                ),
-            );
-        }
+    let (identity, proof) = match read_handshake(stream, deadline)? {
+        Control::Identify(sig) => match read_handshake(stream, deadline)? {
+            Control::Proof(p) => (Some(sig), p),
+            other => return Err(format!("expected the handshake's proof, got {other:?}")),
+        },
+        Control::Proof(p) => (None, p),
         other => return Err(format!("expected the handshake's proof, got {other:?}")),
+    };
+    if !t.verify(&inner.config.key, &proof, false) {
+        return refuse(
+            stream,
+            format!(
+                "a peer claiming node {} did not prove it holds the cluster key",
+                hello.node
+            ),
+        );
+    }
+    if let Some(keys) = &inner.config.peer_keys
+        && let Err(why) = check_identity(keys, hello.node, identity.as_deref(), &t)
+    {
+        return refuse(stream, why);
     }
     Ok((
         hello.node,
         t.session(&inner.config.key, inner.config.protection, false),
     ))
+}
+
+/// Whether the peer that claims node `node` proved it with the identity key enrolled for it:
+/// `sig` must be its signature over this handshake.
+fn check_identity(
+    keys: &super::config::PeerKeys,
+    node: NodeId,
+    sig: Option<&[u8]>,
+    t: &Transcript,
+) -> Result<(), String> {
+    use ed25519_dalek::Verifier;
+    let Some(key) = (keys.0)(node) else {
+        return Err(format!(
+            "a peer claiming node {node}, which has no identity key enrolled here"
+        ));
+    };
+    let Some(sig) = sig else {
+        return Err(format!(
+            "a peer claiming node {node} did not prove its identity (no node key)"
+        ));
+    };
+    let sig: [u8; 64] = sig
+        .try_into()
+        .map_err(|_| format!("a peer claiming node {node} sent a malformed identity"))?;
+    key.verify(
+        &t.identity_message(),
+        &ed25519_dalek::Signature::from_bytes(&sig),
+    )
+    .map_err(|_| format!("a peer claiming node {node} did not prove its identity"))
 }
 
 /// Handles one accepted socket: handshake, then register and read.

@@ -19,5 +19,5 @@ pub mod tree;
 pub mod wire;
 mod xfer;
 
-pub use config::TcpConfig;
+pub use config::{PeerKeys, TcpConfig, WriteCheck};
 pub use node::TcpNode;

@@ -124,15 +124,43 @@ impl Inner {
         self.send(peer, OutFrame::control(msg));
     }
 
-    /// Why `origin` may not write into this node's memory, if it may not (`TcpConfig::writers`).
-    pub fn refused_writer(&self, origin: NodeId) -> Option<PrimError> {
-        let writers = self.config.writers.as_ref()?;
-        (!writers.contains(origin)).then(|| {
-            PrimError::TransferFailed(format!(
+    /// Why `origin`'s operation, which came over peer `from`'s link, may not write `len`
+    /// bytes at `offset` in this node's memory, if it may not: only `TcpConfig::writers`
+    /// write here; with `bind_origins`, a node acts only for itself; and each origin writes
+    /// only what `write_check` allows it.
+    pub fn refused_write(
+        &self,
+        origin: NodeId,
+        from: NodeId,
+        offset: u64,
+        len: u64,
+    ) -> Option<PrimError> {
+        let refuse = |why: String| Some(PrimError::TransferFailed(why));
+        if let Some(writers) = &self.config.writers
+            && !writers.contains(origin)
+        {
+            return refuse(format!(
                 "node {origin} may not write into node {}'s memory (only {writers} may)",
                 self.id
-            ))
-        })
+            ));
+        }
+        if self.config.bind_origins && origin != from {
+            return refuse(format!(
+                "node {from} may not act for node {origin} at node {}",
+                self.id
+            ));
+        }
+        if let Some(check) = &self.config.write_check
+            && origin != self.id
+            && !(check.0)(origin, offset, len)
+        {
+            return refuse(format!(
+                "node {origin} may not write {len} bytes at {offset} in node {}'s memory \
+                 (not its own area)",
+                self.id
+            ));
+        }
+        None
     }
 
     /// Registers an accepted connection unless a live one to that peer exists, and closes

@@ -35,6 +35,9 @@ pub struct Membership {
     pub layout: Layout,
     pub key: ClusterKey,
     pub protection: Protection,
+    /// The identity key it signs the handshake with, if it has one (see
+    /// `TcpConfig::identity`).
+    pub identity: Option<ed25519_dalek::SigningKey>,
 }
 
 impl RawPeer {
@@ -72,6 +75,13 @@ impl RawPeer {
         );
         if !t.verify(&me.key, &proof, true) {
             return Err(format!("node {them} did not prove it holds the key"));
+        }
+        if let Some(identity) = &me.identity {
+            use ed25519_dalek::Signer;
+            let sig = identity.sign(&t.identity_message()).to_bytes().to_vec();
+            stream
+                .write_all(&OutFrame::control(&Control::Identify(sig)).to_vec())
+                .map_err(|e| e.to_string())?;
         }
         stream
             .write_all(&OutFrame::control(&Control::Proof(t.client_proof(&me.key))).to_vec())

@@ -128,6 +128,9 @@ pub enum Control {
     },
     /// The connecting side's proof.
     Proof([u8; 32]),
+    /// The connecting side's signature, with its identity key, over the handshake (sent just
+    /// before its proof when it has such a key): 64 bytes.
+    Identify(Vec<u8>),
     HelloAck,
     /// Always just "refused": the reason is logged where it was decided, not told.
     HelloReject(String),

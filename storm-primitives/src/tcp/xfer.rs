@@ -388,7 +388,7 @@ impl Inner {
             self.send_control(from, &xfer(XferMsg::Nack(key, err)));
             return Ok(());
         }
-        if let Some(err) = self.refused_writer(key.origin) {
+        if let Some(err) = self.refused_write(key.origin, from, begin.offset, begin.len) {
             tracing::warn!(node = self.id, ?key, from, "refusing a transfer: {err}");
             self.send_control(from, &xfer(XferMsg::Nack(key, err)));
             return Ok(());
