@@ -754,6 +754,7 @@ fn a_cluster_can_refuse_jobs_as_root() {
     let c = TestCluster::with(storm_cli::local::LocalOptions {
         security: storm_cluster::config::SecuritySection {
             allow_root_jobs: false,
+            ..Default::default()
         },
         ..storm_cli::local::LocalOptions::new(1)
     });

@@ -578,3 +578,196 @@ fn a_compromised_node_impersonates_nobody_at_the_mm() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).matches("still here").count(), 2);
 }
+
+fn daemon_pid(c: &TestCluster, name: &str) -> i32 {
+    c.cluster
+        .as_ref()
+        .unwrap()
+        .daemon_pids()
+        .into_iter()
+        .find_map(|(n, p)| (n == name).then_some(p as i32))
+        .unwrap_or_else(|| panic!("no daemon {name}"))
+}
+
+fn sighup(pid: i32) {
+    // SAFETY: signalling a daemon of this test's own cluster.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+}
+
+fn wait_log(path: &Path, text: &str, count: usize) -> bool {
+    let since = std::time::Instant::now();
+    loop {
+        let n = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .matches(text)
+            .count();
+        if n >= count {
+            return true;
+        }
+        if since.elapsed() > Duration::from_secs(15) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Finding 2 of issue 31: running daemons never looked at their key files again, so after a
+/// `chmod 644` a user copied the cluster key. Now each daemon looks again every
+/// `key_check_interval_s` (1 s here) and on SIGHUP: the file is made private again, and the
+/// daemon says the key must be rotated.
+#[test]
+fn a_key_file_exposed_while_the_daemons_run_is_made_private_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        security: storm_cluster::config::SecuritySection {
+            key_check_interval_s: 1,
+            ..Default::default()
+        },
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let key = c.root.join("storm.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(
+        wait_log(&c.root.join("mm.log"), "could be read by others", 1),
+        "the MM does not notice"
+    );
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the key file is private again");
+    let log = std::fs::read_to_string(c.root.join("mm.log")).unwrap();
+    assert!(log.contains("rotate it"), "{log}");
+}
+
+/// Keys are rotated without a restart and without harming a running job: the MM's signing
+/// key (its new public key beside the old on the nodes, SIGHUP to the nodes, the new secret
+/// key on the MM, SIGHUP to the MM, the old public key removed) and node 1's identity key
+/// (`storm enroll --replace`, SIGHUP to the MM, the new key on the node, SIGHUP to the node).
+/// Jobs run at every step; after the MM restarts (every node shakes hands again) node 1
+/// rejoins with its new key, and its old one is refused.
+#[test]
+fn the_mms_key_and_a_nodes_key_are_rotated_without_a_restart() {
+    use storm_cluster::identity;
+    let mut c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        log_filter: Some("info".into()),
+        ..storm_cli::local::LocalOptions::new(2)
+    });
+    let cfg = c.cluster.as_ref().unwrap().config.clone();
+    let (mm, nm0, nm1) = (
+        daemon_pid(&c, "storm-mm"),
+        daemon_pid(&c, "storm-nm node0"),
+        daemon_pid(&c, "storm-nm node1"),
+    );
+    let running = c.spawn(&["-N", "2", "/bin/sh", "-c", "sleep 4; echo survived"]);
+    let job = |c: &TestCluster| {
+        let out = c.submit(&["-N", "2", "-n", "2", "/bin/echo", "ran"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).matches("ran").count(), 2);
+    };
+    // The MM's key.
+    let (secret, public) = cfg.mm_key_paths();
+    let new_secret = secret.with_extension("new");
+    let new_public = identity::generate(&new_secret, storm_cluster::key::MM_KEY).unwrap();
+    let old_public = std::fs::read_to_string(&public).unwrap();
+    std::fs::write(
+        &public,
+        format!("{old_public}{}\n", identity::public_hex(&new_public)),
+    )
+    .unwrap();
+    sighup(nm0);
+    sighup(nm1);
+    for n in ["node0.log", "node1.log"] {
+        assert!(wait_log(
+            &c.root.join(n),
+            "read the MM's public keys again",
+            1
+        ));
+    }
+    std::fs::rename(&new_secret, &secret).unwrap();
+    sighup(mm);
+    assert!(wait_log(
+        &c.root.join("mm.log"),
+        &identity::public_hex(&new_public),
+        1
+    ));
+    job(&c);
+    std::fs::write(&public, format!("{}\n", identity::public_hex(&new_public))).unwrap();
+    sighup(nm0);
+    sighup(nm1);
+    for n in ["node0.log", "node1.log"] {
+        assert!(wait_log(
+            &c.root.join(n),
+            "read the MM's public keys again",
+            2
+        ));
+    }
+    job(&c);
+    // Node 1's key.
+    let node1 = cfg.node_key_path("node1");
+    let old_node1 = cfg.load_node_key("node1").unwrap();
+    let fresh = node1.with_extension("new");
+    let new_node1 = identity::generate(&fresh, storm_cluster::key::NODE_KEY).unwrap();
+    let enroll = std::process::Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--config")
+        .arg(c.root.join("cluster.toml"))
+        .args([
+            "enroll",
+            "--replace",
+            "node1",
+            &identity::public_hex(&new_node1),
+        ])
+        .output()
+        .unwrap();
+    assert!(enroll.status.success(), "{}", text(&enroll.stderr));
+    sighup(mm);
+    assert!(wait_log(
+        &c.root.join("mm.log"),
+        "read the enrolled nodes' keys again",
+        2
+    ));
+    std::fs::rename(&fresh, &node1).unwrap();
+    sighup(nm1);
+    assert!(wait_log(
+        &c.root.join("node1.log"),
+        "read this node's identity key again",
+        2
+    ));
+    job(&c);
+    let out = running.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && text(&out.stdout).matches("survived").count() == 2,
+        "the job that ran through the rotation: {}",
+        text(&out.stderr)
+    );
+    // Every node shakes hands with a restarted MM: node 1 with its new key.
+    let cluster = c.cluster.as_mut().unwrap();
+    cluster.kill_mm().unwrap();
+    cluster.restart_mm().unwrap();
+    let since = std::time::Instant::now();
+    loop {
+        let nodes = c.storm(&["nodes"]);
+        let listing = text(&nodes.stdout);
+        if nodes.status.success() && listing.matches("idle").count() == 2 {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the nodes did not rejoin the restarted MM: {listing}{}",
+            text(&nodes.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    job(&c);
+    let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
+    let old = Membership {
+        node: 1,
+        cluster_size: cfg.node_count() + 1,
+        layout: rm.layout.clone(),
+        key: cfg.load_key().unwrap(),
+        protection: cfg.protection(),
+        identity: Some(old_node1),
+    };
+    assert!(
+        RawPeer::connect(cfg.mm.address, cfg.mm_id(), &old).is_err(),
+        "node 1's old key is still taken"
+    );
+}

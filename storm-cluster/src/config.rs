@@ -365,12 +365,16 @@ pub struct SecuritySection {
     /// Whether root (uid 0) may run jobs, as Slurm allows by default. The MM refuses such
     /// jobs at submission when false, and NMs refuse to start them.
     pub allow_root_jobs: bool,
+    /// How often a running daemon checks its key files again (mode and owner), seconds; it
+    /// also does on SIGHUP, when it reads its keys again (key rotation, docs/security.md).
+    pub key_check_interval_s: u64,
 }
 
 impl Default for SecuritySection {
     fn default() -> Self {
         Self {
             allow_root_jobs: true,
+            key_check_interval_s: 60,
         }
     }
 }
@@ -539,8 +543,11 @@ impl ClusterConfig {
     /// What nodes check the MM's seals with: its public key.
     pub fn load_mm_verifier(&self) -> Result<crate::identity::MmVerifier, String> {
         let path = self.key_file(&self.cluster.mm_public_key_file, "mm.pub", None);
-        let key = crate::identity::load_public(&path)?;
-        Ok(crate::identity::MmVerifier::new(key, &self.cluster.name))
+        let keys = crate::identity::load_public(&path)?;
+        Ok(crate::identity::MmVerifier::with_keys(
+            keys,
+            &self.cluster.name,
+        ))
     }
 
     /// Node `name`'s identity key.
@@ -555,6 +562,11 @@ impl ClusterConfig {
     /// Where node `name`'s identity key is.
     pub fn node_key_path(&self, name: &str) -> PathBuf {
         self.key_file(&self.cluster.node_key_file, "node.key", Some(name))
+    }
+
+    /// Where the cluster key is.
+    pub fn key_path(&self) -> PathBuf {
+        self.key_file(&self.cluster.key_file, crate::key::DEFAULT_NAME, None)
     }
 
     /// Where the MM's keys are: (secret, public).

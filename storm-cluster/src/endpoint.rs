@@ -11,6 +11,8 @@ use std::net::TcpListener;
 use std::os::fd::{FromRawFd, RawFd};
 use std::sync::Arc;
 
+use parking_lot::RwLock;
+
 use storm_primitives::local::LocalFabric;
 use storm_primitives::ofi::{OfiConfig, default_provider};
 use storm_primitives::tcp::auth::ClusterKey;
@@ -32,13 +34,14 @@ pub enum Listen {
 }
 
 /// Who a daemon is on its links, beyond holding the cluster key (see [`crate::identity`]).
+/// The keys are behind locks the daemon keeps a handle on: it reads them again on SIGHUP.
 pub enum LinkIdentity {
     /// A compute node: it signs every handshake it opens with its identity key.
-    Node(ed25519_dalek::SigningKey),
+    Node(Arc<RwLock<ed25519_dalek::SigningKey>>),
     /// The MM: every node that connects proves it is the node it claims (with the key
     /// enrolled for it), acts only for itself, and writes only its own areas of the MM's
     /// memory.
-    Manager(crate::identity::Enrolled),
+    Manager(Arc<RwLock<crate::identity::Enrolled>>),
 }
 
 /// Starts fabric node `id` (a compute node, or the MM at `cfg.mm_id()`).
@@ -76,15 +79,12 @@ pub fn start(
             let listener = listener(listen, addr)?;
             let mut tcp = cfg.tcp_config(key);
             match identity {
-                LinkIdentity::Node(k) => tcp.identity = Some(Arc::new(k)),
+                LinkIdentity::Node(k) => tcp.identity = Some(k),
                 LinkIdentity::Manager(enrolled) => {
-                    let keys: Vec<Option<ed25519_dalek::VerifyingKey>> = cfg
-                        .nodes
-                        .iter()
-                        .map(|n| enrolled.key(&n.name).copied())
-                        .collect();
+                    let names: Vec<String> = cfg.nodes.iter().map(|n| n.name.clone()).collect();
                     tcp.peer_keys = Some(PeerKeys(Arc::new(move |n: NodeId| {
-                        keys.get(n as usize).copied().flatten()
+                        let name = names.get(n as usize)?;
+                        enrolled.read().key(name).copied()
                     })));
                     // On ofi the tcp node only bootstraps the fabric (its own small layout), and
                     // writes into the RM's memory travel as RDMA, which says nothing of who

@@ -66,8 +66,9 @@ pub fn parse_public(text: &str) -> Result<VerifyingKey, String> {
     VerifyingKey::from_bytes(&bytes).map_err(|e| format!("not an ed25519 public key: {e}"))
 }
 
-/// Reads a public key file (one key, 64 hex digits).
-pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
+/// Reads a public key file: one key per line (64 hex digits; `#` comments). More than one
+/// while a key is rotated: a seal of any of them is the MM's.
+pub fn load_public(path: &Path) -> Result<Vec<VerifyingKey>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "the MM's public key {}: {e} (make it with `storm keygen --mm` on the MM's host, \
@@ -75,7 +76,17 @@ pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
             path.display()
         )
     })?;
-    parse_public(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let keys = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(parse_public)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if keys.is_empty() {
+        return Err(format!("{}: no key in it", path.display()));
+    }
+    Ok(keys)
 }
 
 /// Writes a public key file (world-readable).
@@ -274,17 +285,22 @@ impl MmSigner {
     }
 }
 
-/// A node's side: checks the MM's seals.
+/// A node's side: checks the MM's seals (with any of the MM's public keys: two while its key
+/// is rotated).
 #[derive(Clone)]
 pub struct MmVerifier {
-    key: VerifyingKey,
+    keys: Vec<VerifyingKey>,
     cluster: String,
 }
 
 impl MmVerifier {
     pub fn new(key: VerifyingKey, cluster: &str) -> Self {
+        Self::with_keys(vec![key], cluster)
+    }
+
+    pub fn with_keys(keys: Vec<VerifyingKey>, cluster: &str) -> Self {
         Self {
-            key,
+            keys,
             cluster: cluster.to_string(),
         }
     }
@@ -295,9 +311,10 @@ impl MmVerifier {
             .as_slice()
             .try_into()
             .map_err(|_| SealError::Malformed(seal.signature.len()))?;
-        self.key
-            .verify(t, &Signature::from_bytes(&bytes))
-            .map_err(|_| SealError::Forged)?;
+        let signature = Signature::from_bytes(&bytes);
+        if !self.keys.iter().any(|k| k.verify(t, &signature).is_ok()) {
+            return Err(SealError::Forged);
+        }
         let age_ms = now_ms as i64 - seal.issued_ms as i64;
         if age_ms.unsigned_abs() > SEAL_LIFETIME_MS {
             return Err(SealError::Stale { age_ms });

@@ -12,7 +12,8 @@
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM.
 //! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
 //! * [`key`] and [`identity`]: the cluster key, the MM's signing key and the nodes'
-//!   identity keys, and the MM's seals on the commands nodes carry out.
+//!   identity keys, and the MM's seals on the commands nodes carry out; [`keywatch`]: key
+//!   files looked at again while a daemon runs, and read again on SIGHUP.
 //! * [`daemon_dir`]: directories a root daemon writes in for users, reached only by
 //!   descriptor.
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
@@ -31,6 +32,7 @@ pub mod endpoint;
 pub mod hostlist;
 pub mod identity;
 pub mod key;
+pub mod keywatch;
 pub mod layout;
 pub mod messages;
 pub mod tasks;

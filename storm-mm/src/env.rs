@@ -35,9 +35,17 @@ pub trait MmEnv {
 }
 
 /// The environment of the `storm-mm` daemon.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct DaemonEnv {
     clock: SystemClock,
+    /// The nodes' enrolled identity keys the MM's links check (read again on SIGHUP).
+    pub enrolled: Option<Arc<parking_lot::RwLock<storm_cluster::identity::Enrolled>>>,
+}
+
+impl std::fmt::Debug for DaemonEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonEnv").finish_non_exhaustive()
+    }
 }
 
 impl MmEnv for DaemonEnv {

@@ -22,6 +22,8 @@ use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, file_ack};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
+use storm_cluster::keywatch::{Due, KeyWatch};
+
 use crate::cgroup::Cgroups;
 use crate::env::{NmEnv, OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
 use crate::manager::{NmParts, NodeManager};
@@ -68,6 +70,9 @@ pub struct Daemon {
     core: NodeManager<DaemonEnv>,
     stop: Arc<AtomicBool>,
     node: NodeId,
+    /// This node's identity key, which its links sign with (read again on SIGHUP).
+    node_key: Arc<parking_lot::RwLock<ed25519_dalek::SigningKey>>,
+    keys: KeyWatch,
 }
 
 /// Checks this node's setup and opens its endpoint; nothing is sent before [`Daemon::run`].
@@ -100,14 +105,14 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         .context("the spool directory")?;
     let rm = RmLayout::new(&cfg)?;
     // Who this node is, to the MM.
-    let node_key = cfg.load_node_key(&entry.name)?;
+    let node_key = Arc::new(parking_lot::RwLock::new(cfg.load_node_key(&entry.name)?));
     let prims = endpoint::start(
         &cfg,
         &rm,
         node,
         listen,
         key,
-        endpoint::LinkIdentity::Node(node_key),
+        endpoint::LinkIdentity::Node(node_key.clone()),
     )
     .map_err(anyhow::Error::msg)?;
     let mm = cfg.mm_id();
@@ -163,10 +168,22 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         report_wait: op_timeout * 2,
         pmi_library,
     };
+    let keys = KeyWatch::new(
+        vec![
+            (storm_cluster::key::CLUSTER_KEY, parts.config.key_path()),
+            (
+                storm_cluster::key::NODE_KEY,
+                parts.config.node_key_path(&entry.name),
+            ),
+        ],
+        Duration::from_secs(parts.config.security.key_check_interval_s),
+    )?;
     Ok(Daemon {
         core: NodeManager::new(parts, env),
         stop,
         node,
+        node_key,
+        keys,
     })
 }
 
@@ -175,6 +192,9 @@ impl Daemon {
     /// on the way out.
     pub fn run(mut self) -> Result<()> {
         while !self.core.is_done() && !self.stop.load(Ordering::Acquire) {
+            if self.keys.poll(std::time::Instant::now()) == Due::Reload {
+                self.reload_keys();
+            }
             match self.core.step(self.core.poll_timeout()) {
                 Ok(_) => {}
                 Err(PrimError::ShutDown) => break,
@@ -183,6 +203,29 @@ impl Daemon {
         }
         self.core.shut_down();
         Ok(())
+    }
+}
+
+impl Daemon {
+    /// SIGHUP: reads the MM's public keys and this node's identity key again (a key being
+    /// rotated, docs/security.md); a file that does not read keeps the key in use.
+    fn reload_keys(&mut self) {
+        let cfg = self.core.config();
+        match cfg.load_mm_verifier() {
+            Ok(v) => {
+                self.core.set_mm_keys(v);
+                tracing::info!(node = self.node, "read the MM's public keys again");
+            }
+            Err(e) => tracing::error!(node = self.node, "keeping the MM's keys in use: {e}"),
+        }
+        let name = &cfg.nodes[self.node as usize].name;
+        match cfg.load_node_key(name) {
+            Ok(k) => {
+                *self.node_key.write() = k;
+                tracing::info!(node = self.node, "read this node's identity key again");
+            }
+            Err(e) => tracing::error!(node = self.node, "keeping this node's key in use: {e}"),
+        }
     }
 }
 

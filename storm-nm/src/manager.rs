@@ -260,6 +260,17 @@ impl<E: NmEnv> NodeManager<E> {
         }
     }
 
+    /// The cluster file this node runs by.
+    pub fn config(&self) -> Arc<ClusterConfig> {
+        Arc::clone(&self.cfg)
+    }
+
+    /// Checks the MM's seals with `mm` from now on (its keys read again: one rotated).
+    pub fn set_mm_keys(&mut self, mm: MmVerifier) {
+        self.registration.set_mm_keys(mm.clone());
+        self.mm_key = mm;
+    }
+
     pub fn env(&self) -> &E {
         &self.env
     }

@@ -127,6 +127,11 @@ impl Registration {
         m
     }
 
+    /// Checks membership messages with `mm` from now on.
+    pub fn set_mm_keys(&mut self, mm: MmVerifier) {
+        self.identity.mm = mm;
+    }
+
     /// A stamp no earlier registration of this node used: the pid and a generation.
     fn next_stamp(&mut self) -> u64 {
         self.generation += 1;

@@ -30,6 +30,7 @@ use storm_cluster::control::{
 };
 use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::identity::MmSigner;
+use storm_cluster::keywatch::{Due, KeyWatch};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, JobId, JobUsage, LaunchSpec, MpiMode, NodeReport, OutputChunk,
     Program, decode_sealed, encode, file_ack,
@@ -414,6 +415,30 @@ pub struct MachineManager<E: MmEnv> {
 }
 
 impl MachineManager<DaemonEnv> {
+    /// SIGHUP: reads the MM's signing key and the enrolled nodes' keys again (a key being
+    /// rotated, docs/security.md). A file that does not read keeps the keys in use.
+    pub fn reload_keys(&mut self) {
+        match self.cfg.load_mm_signer() {
+            Ok(signer) => {
+                tracing::info!(
+                    public_key = %storm_cluster::identity::public_hex(&signer.public()),
+                    "read the MM's signing key again"
+                );
+                self.signer = signer;
+            }
+            Err(e) => tracing::error!("keeping the MM's signing key in use: {e}"),
+        }
+        if let Some(enrolled) = &self.env.enrolled {
+            match self.cfg.load_enrolled() {
+                Ok(e) => {
+                    *enrolled.write() = e;
+                    tracing::info!("read the enrolled nodes' keys again");
+                }
+                Err(e) => tracing::error!("keeping the enrolled nodes' keys in use: {e}"),
+            }
+        }
+    }
+
     /// The daemon: reads the key, lays out global memory, opens the journal, starts the
     /// endpoint and the control socket, and makes the core over them.
     pub fn start(opts: MmOptions) -> Result<(Self, Receiver<Incoming>)> {
@@ -426,7 +451,9 @@ impl MachineManager<DaemonEnv> {
         let key = cfg.load_key()?;
         let signer = cfg.load_mm_signer()?;
         // Every node must prove which it is: its key is enrolled here.
-        let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
+        let enrolled = Arc::new(parking_lot::RwLock::new(
+            cfg.load_enrolled().map_err(anyhow::Error::msg)?,
+        ));
         let rm = RmLayout::new(&cfg)?;
         tracing::info!(
             mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
@@ -441,7 +468,7 @@ impl MachineManager<DaemonEnv> {
             cfg.mm_id(),
             listen,
             key,
-            endpoint::LinkIdentity::Manager(enrolled),
+            endpoint::LinkIdentity::Manager(enrolled.clone()),
         )
         .map_err(anyhow::Error::msg)?;
         let waker = crate::Waker::new(fabric.clone(), rm.term_event);
@@ -465,7 +492,9 @@ impl MachineManager<DaemonEnv> {
             incarnation: incarnation(),
             signer,
         };
-        Ok((Self::new(parts, DaemonEnv::default())?, incoming))
+        let mut env = DaemonEnv::default();
+        env.enrolled = Some(enrolled);
+        Ok((Self::new(parts, env)?, incoming))
     }
 }
 
@@ -2260,8 +2289,18 @@ impl<E: MmEnv> std::fmt::Debug for MachineManager<E> {
 pub fn run(opts: MmOptions) -> Result<()> {
     let stop = opts.stop.clone();
     let (mut mm, incoming) = MachineManager::start(opts).context("starting the machine manager")?;
+    let mut keys = KeyWatch::new(
+        vec![
+            (storm_cluster::key::CLUSTER_KEY, mm.cfg.key_path()),
+            (storm_cluster::key::MM_KEY, mm.cfg.mm_key_paths().0),
+        ],
+        Duration::from_secs(mm.cfg.security.key_check_interval_s),
+    )?;
     storm_cluster::daemon::notify_ready();
     loop {
+        if keys.poll(Instant::now()) == Due::Reload {
+            mm.reload_keys();
+        }
         while let Ok(msg) = incoming.try_recv() {
             mm.handle(msg);
         }

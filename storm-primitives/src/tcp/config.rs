@@ -70,7 +70,8 @@ pub struct TcpConfig {
     /// This node's identity key: every handshake it opens carries its signature over the
     /// handshake, so that a peer that knows the key knows which node it is (a node's
     /// `node.key`).
-    pub identity: Option<Arc<ed25519_dalek::SigningKey>>,
+    /// (Behind a lock: a daemon reads it again on SIGHUP, to rotate it.)
+    pub identity: Option<Arc<parking_lot::RwLock<ed25519_dalek::SigningKey>>>,
     /// Peers that open a connection here must prove their identity with the key this gives
     /// for the node they claim to be (the MM, with the nodes enrolled there); `None`: the
     /// cluster key is enough.

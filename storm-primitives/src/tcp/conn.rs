@@ -468,7 +468,7 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
     let mut answer = Vec::new();
     if let Some(identity) = &inner.config.identity {
         use ed25519_dalek::Signer;
-        let sig = identity.sign(&t.identity_message());
+        let sig = identity.read().sign(&t.identity_message());
         answer.extend(OutFrame::control(&Control::Identify(sig.to_bytes().to_vec())).to_vec());
     }
     answer.extend(OutFrame::control(&Control::Proof(t.client_proof(&inner.config.key))).to_vec());
