@@ -1,8 +1,11 @@
 //! `storm-bench links`: what protecting the tcp backend's links costs. The same operations run
 //! on clusters whose links are unprotected (the baseline, same run), authenticated (keyed
-//! AES-256-GMAC tags, the default) and encrypted (AES-256-GCM): XFER-AND-SIGNAL of a small and
-//! a large transfer and COMPARE-AND-WRITE, from node 0 to nodes 1..N. The three clusters are
-//! measured in turn, round after round, so that a noisy neighbour hits them alike.
+//! AES-256-GMAC tags), encrypted (AES-256-GCM, the default) and sealed (encrypted, with what the
+//! MM's seal adds on the critical path: an ed25519 signature made before a small transfer and
+//! checked after it, as a command carries; the BLAKE3 hash a node takes of a program it
+//! received): XFER-AND-SIGNAL of a small and a large transfer and COMPARE-AND-WRITE, from node
+//! 0 to nodes 1..N. The clusters are measured in turn, round after round, so that a noisy
+//! neighbour hits them alike.
 
 use std::time::{Duration, Instant};
 
@@ -34,10 +37,12 @@ pub struct LinksArgs {
     pub per_round: usize,
 }
 
-const PROTECTIONS: [Protection; 3] = [
-    Protection::Unprotected,
-    Protection::Authenticate,
-    Protection::Encrypt,
+/// The links measured: the protection of their frames, and whether the MM's seal is added.
+const PROTECTIONS: [(Protection, bool); 4] = [
+    (Protection::Unprotected, false),
+    (Protection::Authenticate, false),
+    (Protection::Encrypt, false),
+    (Protection::Encrypt, true),
 ];
 
 fn name(p: Protection) -> &'static str {
@@ -46,6 +51,27 @@ fn name(p: Protection) -> &'static str {
         Protection::Authenticate => "authenticated",
         Protection::Encrypt => "encrypted",
     }
+}
+
+fn link_name((p, sealed): (Protection, bool)) -> &'static str {
+    if sealed { "encrypted+sealed" } else { name(p) }
+}
+
+/// What the MM's seal adds to one operation: a small one is a command, signed before it goes
+/// and checked where it lands; a large one is a program, which the receiving node hashes
+/// (BLAKE3) to compare with the hash its sealed launch names. Returns the time it took.
+fn seal_cost(key: &ed25519_dalek::SigningKey, data: &[u8]) -> Duration {
+    use ed25519_dalek::{Signer, Verifier};
+    let t = Instant::now();
+    if data.len() <= 4096 {
+        let sig = key.sign(data);
+        key.verifying_key()
+            .verify(data, &sig)
+            .expect("a signature checks with its own key");
+    } else {
+        std::hint::black_box(blake3::hash(data));
+    }
+    t.elapsed()
 }
 
 /// One XFER-AND-SIGNAL of `data` to `dest`, until the origin's event says it is complete.
@@ -116,7 +142,7 @@ pub fn run(args: &LinksArgs, csv: &mut Csv) -> Result<Table> {
     for &n in &args.nodes {
         let clusters: Vec<Vec<TcpNode>> = PROTECTIONS
             .iter()
-            .map(|&protection| {
+            .map(|&(protection, _)| {
                 let cfg = TcpConfig {
                     protection,
                     ..TcpConfig::default()
@@ -133,13 +159,18 @@ pub fn run(args: &LinksArgs, csv: &mut Csv) -> Result<Table> {
         ops.push(("COMPARE-AND-WRITE".into(), 8));
         // samples[op][protection]
         let mut samples = vec![vec![Vec::new(); PROTECTIONS.len()]; ops.len()];
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
         for _ in 0..args.rounds {
             for (o, (label, size)) in ops.iter().enumerate() {
                 let data = Bytes::from(vec![0x5au8; *size]);
                 for (p, cluster) in clusters.iter().enumerate() {
+                    let sealed = PROTECTIONS[p].1;
                     for _ in 0..args.per_round {
                         let d = if label.starts_with("COMPARE") {
+                            // The MM's checks of nodes are not commands: no seal.
                             caw(&cluster[0], &bl, &dest)?
+                        } else if sealed {
+                            xfer(&cluster[0], &bl, &dest, &data)? + seal_cost(&key, &data)
                         } else {
                             xfer(&cluster[0], &bl, &dest, &data)?
                         };
@@ -150,19 +181,19 @@ pub fn run(args: &LinksArgs, csv: &mut Csv) -> Result<Table> {
         }
         for (o, (label, size)) in ops.iter().enumerate() {
             let base = Samples::from_secs(samples[o][0].clone()).median();
-            for (p, &protection) in PROTECTIONS.iter().enumerate() {
+            for (p, &link) in PROTECTIONS.iter().enumerate() {
                 let med = Samples::from_secs(samples[o][p].clone()).median();
                 table.push(vec![
                     n.to_string(),
                     label.clone(),
-                    name(protection).into(),
+                    link_name(link).into(),
                     fmt_time(med),
                     fmt_time(base),
                     format!("{:.3}", med / base),
                     fmt_time(med - base),
                 ]);
                 csv.push(vec![
-                    name(protection).into(),
+                    link_name(link).into(),
                     label.split(' ').next().unwrap_or_default().into(),
                     n.to_string(),
                     size.to_string(),
@@ -243,6 +274,66 @@ pub fn frame_costs(sizes: &[usize]) -> Table {
                 format!("{:.2}", size as f64 / extra.max(1e-12) / 1e9),
             ]);
         }
+    }
+    table
+}
+
+/// What the MM's seal costs in CPU time, in process: signing a heartbeat that launches a job
+/// (at the MM, once per heartbeat) and checking it (at each node it concerns). Baseline: one
+/// memcpy of the heartbeat's bytes, same run.
+pub fn seal_costs() -> Table {
+    use ed25519_dalek::{Signer, Verifier};
+    use storm_cluster::messages::{Command, LaunchSpec, MpiMode, Program};
+    let mut table = Table::new(
+        "The MM's seal on a heartbeat that launches a job, in process; baseline: one memcpy of the \
+         heartbeat's encoded bytes, same run"
+            .to_string(),
+        &["step", "time", "memcpy", "ratio"],
+    );
+    let launch = Command::Launch(LaunchSpec {
+        job: 42,
+        slot: 3,
+        nodes: "0-15".parse().expect("a node set"),
+        ntasks: 64,
+        program: Program::Spooled("a.out".into()),
+        program_hash: Some([7; 32]),
+        args: vec!["-n".into(), "100".into()],
+        env: (0..30)
+            .map(|i| (format!("VAR{i}"), "x".repeat(40)))
+            .collect(),
+        cwd: "/home/user/run".into(),
+        uid: 1000,
+        gid: 1000,
+        reporter: 15,
+        mpi: MpiMode::Both,
+    });
+    let bytes =
+        storm_cluster::messages::encode("heartbeat", &[launch], 1 << 20).expect("a launch encodes");
+    let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let public = key.verifying_key();
+    let sig = key.sign(&bytes);
+    let reps = 2_000;
+    let mut copy = vec![0u8; bytes.len()];
+    let memcpy = per_rep(reps * 10, || {
+        copy.copy_from_slice(&bytes);
+        std::hint::black_box(&copy);
+    });
+    let sign = per_rep(reps, || {
+        std::hint::black_box(key.sign(&bytes));
+    });
+    let check = per_rep(reps, || {
+        public.verify(&bytes, &sig).expect("checks");
+    });
+    for (step, t) in [
+        (format!("MM signs ({} B)", bytes.len()), sign),
+        ("a node checks".to_string(), check),
+    ] {
+        table.push(vec![
+            step,
+            fmt_time(t),
+            fmt_time(memcpy),
+            format!("{:.0}", t / memcpy),
+        ]);
     }
     table
 }

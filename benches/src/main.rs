@@ -492,6 +492,7 @@ fn main() -> Result<()> {
             let mut out = report::Csv::new(links::CSV_HEADER);
             println!("{}", links::run(&args, &mut out)?.render());
             println!("{}", links::frame_costs(&[8, 256 * 1024]).render());
+            println!("{}", links::seal_costs().render());
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Mpi {

@@ -13,6 +13,7 @@
 //! | `task-spec` | a PL's standard input, from its NM | `PlSpec::decode` |
 //! | `ofi-bootstrap` | another node's slot in the ofi bootstrap | `PeerRecord::decode` |
 //! | `pmi` | an MPI task's `PMI_FD` (any program a user runs) | `pmi::wire::Framer`, then `PmiJob::handle` |
+//! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -182,6 +183,13 @@ static TARGETS: &[Target] = &[
         check: pmi,
         checked_allocation: 0,
     },
+    Target {
+        name: "enrollment",
+        seeds: enrollment_seeds,
+        dictionary: &[b" ", b"\n", b"#", b"node1", b"0123456789abcdef"],
+        check: enrollment,
+        checked_allocation: 0,
+    },
 ];
 
 fn bincode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -240,6 +248,7 @@ fn tcp_frame_seeds() -> Vec<Vec<u8>> {
             proof: [2; 32],
         },
         Control::Proof([3; 32]),
+        Control::Identify(vec![4; 64]),
         Control::HelloAck,
         Control::HelloReject("refused".into()),
         Control::Xfer(XferMsg::Begin(begin)),
@@ -266,6 +275,40 @@ fn tcp_frame_seeds() -> Vec<Vec<u8>> {
 
 fn tcp_frame(input: &[u8]) -> bool {
     wire::read_frame(&mut Cursor::new(input), TCP_FRAME_LIMIT).is_ok()
+}
+
+// --- enrolled keys --------------------------------------------------------------------------
+
+fn enrollment_seeds() -> Vec<Vec<u8>> {
+    let a = storm_cluster::identity::public_hex(&mm_key().verifying_key());
+    let b = storm_cluster::identity::public_hex(
+        &ed25519_dalek::SigningKey::from_bytes(&[0x44; 32]).verifying_key(),
+    );
+    vec![
+        format!("# enrolled\nnode0 {a}\nnode1 {b}\n").into_bytes(),
+        format!("{a}\n{b}\n").into_bytes(),
+    ]
+}
+
+/// What the MM reads from `nodes.pub` (and an NM from `mm.pub`, one key per line): the keys,
+/// then what a handshake does with one (verify a signature).
+fn enrollment(input: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(input) else {
+        return false;
+    };
+    let enrolled = storm_cluster::identity::Enrolled::parse(text);
+    let keys: Vec<_> = text
+        .lines()
+        .filter_map(|l| storm_cluster::identity::parse_public(l).ok())
+        .collect();
+    for key in &keys {
+        use ed25519_dalek::Verifier;
+        let _ = key.verify(
+            b"handshake",
+            &ed25519_dalek::Signature::from_bytes(&[7; 64]),
+        );
+    }
+    enrolled.is_ok() || !keys.is_empty()
 }
 
 // --- RM messages through global memory ---------------------------------------------------

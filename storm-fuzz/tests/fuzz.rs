@@ -80,6 +80,11 @@ fn ofi_bootstrap_records() {
 }
 
 #[test]
+fn enrolled_keys() {
+    fuzz("enrollment");
+}
+
+#[test]
 fn every_target_is_fuzzed_here() {
     let here = include_str!("fuzz.rs");
     for t in targets::all() {

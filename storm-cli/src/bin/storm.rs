@@ -171,7 +171,12 @@ fn keygen(
     };
     if mm {
         let (secret, public_path) = match out {
-            Some(p) => (p.clone(), p.with_extension("pub")),
+            // Beside it, with `.pub` added (never over the `mm.pub` in use while rotating).
+            Some(p) => {
+                let mut public = p.clone().into_os_string();
+                public.push(".pub");
+                (p, PathBuf::from(public))
+            }
             None => cfg()?.mm_key_paths(),
         };
         let public =
