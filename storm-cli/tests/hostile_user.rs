@@ -83,11 +83,9 @@ fn a_job_owner_racing_the_spool_gains_no_root_file() {
     // The attacker is a task of the user's own first job (run in place, not sent), aiming at
     // the directories of the jobs that follow it.
     let running = {
-        use std::os::unix::process::CommandExt;
-        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
-            .arg("--socket")
-            .arg(&c.socket)
-            .args([
+        c.submit_cmd_as(
+            NOBODY,
+            &[
                 "--no-bcast",
                 &attacker_arg,
                 &spool_arg,
@@ -97,13 +95,12 @@ fn a_job_owner_racing_the_spool_gains_no_root_file() {
                 &victim_arg,
                 &ready_arg,
                 &stop_arg,
-            ])
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
     };
     assert!(
         support::wait_for_path(&ready, Duration::from_secs(30)),
@@ -459,14 +456,8 @@ fn a_task_that_never_reads_pmi_answers_stalls_no_other_job() {
          echo \"got: $(timeout 10 head -n 1 <&4)\"\n",
     );
     let attack = {
-        use std::os::unix::process::CommandExt;
-        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
-            .arg("--socket")
-            .arg(&c.socket)
-            .args(["--mpi", "pmi1", "--no-bcast"])
+        c.submit_cmd_as(NOBODY, &["--mpi", "pmi1", "--no-bcast"])
             .arg(&flooder)
-            .uid(NOBODY)
-            .gid(NOBODY)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -521,8 +512,10 @@ fn a_user_stopping_their_task_before_exec_stalls_no_other_start() {
     ) else {
         return;
     };
+    // Five CPUs: the attacker's task and the held job's three leave one for the victim, so
+    // the victim waits for nothing but the launcher.
     let c = TestCluster::with(storm_cli::local::LocalOptions {
-        cpus: Some(4),
+        cpus: Some(5),
         failure: storm_cluster::config::FailureSection {
             task_start_timeout_ms: 1500,
             ..Default::default()
@@ -600,6 +593,14 @@ fn a_user_stopping_their_task_before_exec_stalls_no_other_start() {
     let mut cmd = as_user(VICTIM, &["--no-bcast", "/bin/echo", "started"]);
     cmd.current_dir("/");
     let victim = support::output_within(cmd, Duration::from_secs(30));
+    // The held start must fail on its own, while the attacker still holds it: releasing it
+    // first would let it exec and succeed, which says nothing about the deadline.
+    let mut held = held;
+    let since = std::time::Instant::now();
+    while held.try_wait().unwrap().is_none() && since.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let failed_while_held = held.try_wait().unwrap().is_some();
     std::fs::write(&stop, b"").unwrap();
     let held = held.wait_with_output().unwrap();
     let attack = attacker.wait_with_output().unwrap();
@@ -618,10 +619,16 @@ fn a_user_stopping_their_task_before_exec_stalls_no_other_start() {
     );
     let why = text(&held.stderr);
     assert!(
+        failed_while_held,
+        "the held start did not end within 30 s while the attacker held it"
+    );
+    assert!(
         !held.status.success()
             && why.contains("did not reach its program")
             && why.contains("task_start_timeout_ms"),
-        "the held start does not fail with the reason: {why}"
+        "the held start does not fail with the reason ({:?}): {why}{}",
+        held.status,
+        text(&held.stdout)
     );
 }
 
@@ -639,15 +646,9 @@ fn a_job_name_cannot_forge_lines_or_escapes_on_another_users_terminal() {
     let c = TestCluster::start(1);
     let forged = "x\n   999  root-backup         0 running         1       0.1s  0\x1b]0;owned\x07\x1b[2J\u{202e}";
     let mut job = {
-        use std::os::unix::process::CommandExt;
-        std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
-            .arg("--socket")
-            .arg(&c.socket)
-            .args(["-J", forged, "--no-bcast", "/bin/sleep", "30"])
+        c.submit_cmd_as(NOBODY, &["-J", forged, "--no-bcast", "/bin/sleep", "30"])
             .stderr(std::process::Stdio::null())
             .current_dir("/")
-            .uid(NOBODY)
-            .gid(NOBODY)
             .spawn()
             .unwrap()
     };

@@ -123,12 +123,17 @@ impl TestCluster {
 
     /// Runs storm-submit to completion as user (and group) `uid` (needs root).
     pub fn submit_as(&self, uid: u32, args: &[&str]) -> Output {
-        use std::os::unix::process::CommandExt;
-        self.submit_cmd(args)
-            .uid(uid)
-            .gid(uid)
+        self.submit_cmd_as(uid, args)
             .output()
             .expect("run storm-submit")
+    }
+
+    /// storm-submit with `args`, to be run as user (and group) `uid` (needs root).
+    pub fn submit_cmd_as(&self, uid: u32, args: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut c = self.submit_cmd(args);
+        c.uid(uid).gid(uid);
+        c
     }
 
     /// Starts storm-submit without waiting.

@@ -21,7 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static int parent_of(int pid) {
+/* The parent of `pid` (and its state letter in `state`, if not NULL), or -1. */
+static int stat_of(int pid, char *state_out) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     int fd = open(path, O_RDONLY);
@@ -35,7 +36,23 @@ static int parent_of(int pid) {
     char state;
     int ppid;
     if (sscanf(p + 2, "%c %d", &state, &ppid) != 2) return -1;
+    if (state_out) *state_out = state;
     return ppid;
+}
+
+static int parent_of(int pid) { return stat_of(pid, NULL); }
+
+/* Waits (briefly) until the SIGSTOP sent to `pid` has taken effect. A signal lands only on
+ * the way back to user space: a process inside its exec is still named after the launcher
+ * until the exec is done, and then stops as the task's program. Its name is read once it
+ * has stopped, so a process caught inside its exec is not taken for one before it. */
+static int wait_stopped(int pid) {
+    for (int i = 0; i < 100000; i++) {
+        char state = 0;
+        if (stat_of(pid, &state) < 0) return 0;
+        if (state == 'T' || state == 't') return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -71,6 +88,10 @@ int main(int argc, char **argv) {
             snprintf(path, sizeof path, "/proc/%d/comm", pid);
             int cf = open(path, O_RDONLY);
             int early = 0;
+            if (cf >= 0 && !wait_stopped(pid)) {
+                close(cf);
+                cf = -1;
+            }
             if (cf >= 0) {
                 early = read(cf, comm, sizeof comm - 1) > 0 && strncmp(comm, "storm-pl", 8) == 0;
                 close(cf);

@@ -114,6 +114,19 @@ pub fn wait_job_state(socket: &Path, job_name: &str, state: &str, limit: Duratio
     }
 }
 
+/// The id of the job named `job_name` in the MM's queue (panics if there is none).
+pub fn job_id(socket: &Path, job_name: &str) -> u64 {
+    let client = Client::connect(socket).expect("connect to the MM");
+    let jobs = match client.call(&Request::Queue).expect("queue") {
+        Reply::Queue(j) => j,
+        other => panic!("unexpected reply {other:?}"),
+    };
+    jobs.iter()
+        .find(|j| j.name == job_name)
+        .unwrap_or_else(|| panic!("no job named {job_name}: {jobs:#?}"))
+        .job
+}
+
 /// The last lines of every daemon log of a testbed, for assertion messages.
 pub fn logs(tb: &storm_cli::testbed::Testbed) -> String {
     let mut out = String::new();
