@@ -242,7 +242,7 @@ enum Command {
             long,
             value_enum,
             value_delimiter = ',',
-            default_value = "quantum,mpl,skew"
+            default_value = "tasks,quantum,mpl,skew"
         )]
         parts: Vec<gang::Part>,
         /// Quanta (timeslices) of the quantum sweep, in ms.
@@ -277,9 +277,18 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         sync_ms: f64,
         /// Run the MM and NMs under SCHED_FIFO at this priority (0: the normal policy), as
-        /// `[scheduler] daemon_rt_priority` does.
-        #[arg(long, default_value_t = 0)]
+        /// `[scheduler] daemon_rt_priority` does (its default unless given).
+        #[arg(long, default_value_t = storm_cluster::config::DEFAULT_DAEMON_RT_PRIORITY)]
         daemon_rt_priority: u8,
+        /// Nodes of the `tasks` part (one rank of each job per node).
+        #[arg(long, default_value_t = 2)]
+        tasks_nodes: u32,
+        /// Quanta of the `tasks` part, in ms.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,5,16")]
+        tasks_quanta_ms: Vec<f64>,
+        /// CPU time every rank of the `tasks` part runs, in seconds.
+        #[arg(long, default_value_t = 1.5)]
+        tasks_cpu_s: f64,
         /// Primitives backend of the cluster: tcp or ofi.
         #[arg(long, default_value = "tcp")]
         backend: storm_cluster::config::BackendKind,
@@ -569,6 +578,9 @@ fn main() -> Result<()> {
             alone_s,
             sync_ms,
             daemon_rt_priority,
+            tasks_nodes,
+            tasks_quanta_ms,
+            tasks_cpu_s,
             backend,
             provider,
             csv,
@@ -603,6 +615,9 @@ fn main() -> Result<()> {
                 provider,
                 fanout,
                 daemon_rt_priority,
+                tasks_nodes,
+                tasks_quanta_ms,
+                tasks_cpu_s,
             };
             let mut out = report::Csv::new(gang::CSV_HEADER);
             for table in gang::run(&args, &mut out)? {

@@ -17,6 +17,7 @@ pub mod diagnostics;
 pub mod display;
 pub mod local;
 pub mod metrics_http;
+pub mod run_windows;
 pub mod submit;
 pub mod testbed;
 pub mod views;

@@ -125,12 +125,12 @@ fn runnable(pid: i32) -> bool {
     matches!(state(pid), Some('R' | 'S' | 'D'))
 }
 
-/// Whether the task can run its own code: it is runnable, sleeping or in disk wait, and no
-/// SIGSTOP is pending for it. A single-threaded task whose SIGSTOP is pending shows as
-/// runnable until it gets a CPU, but takes the signal before its next instruction, so the NM
-/// does not wait for it to show as stopped (storm-nm's procstat). /proc reads the state and
-/// the pending signals at two moments, and a stop taken in between shows as neither: the
-/// state is read once more.
+/// Whether the task may be on a CPU: it is runnable (`R`, on a run queue, even with a
+/// SIGSTOP pending: it still takes the CPU it is given), or asleep with no SIGSTOP pending
+/// (it runs its own code once woken). This test once counted a runnable task with a pending
+/// SIGSTOP as stopped, and so could not see a node continue the new slot while the old one
+/// still held a CPU. /proc reads the state and the pending signals at two moments, and a stop
+/// taken in between shows as neither: the state is read once more.
 fn can_run(pid: i32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return false;
@@ -142,9 +142,13 @@ fn can_run(pid: i32) -> bool {
             .map(str::trim)
             .unwrap_or_default()
     };
-    let running = matches!(field("State:").chars().next(), Some('R' | 'S' | 'D'));
+    let state = field("State:").chars().next();
     let stop = 1u64 << (libc::SIGSTOP - 1);
     let pending = |name| u64::from_str_radix(field(name), 16).unwrap_or(0) & stop != 0;
+    if state == Some('R') {
+        return true;
+    }
+    let running = matches!(state, Some('S' | 'D'));
     running && !pending("ShdPnd:") && !pending("SigPnd:") && runnable(pid)
 }
 

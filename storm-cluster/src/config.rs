@@ -255,11 +255,18 @@ pub struct SchedulerSection {
     pub heartbeat_log: bool,
     /// Run the MM and the NMs under the real-time policy SCHED_FIFO at this priority (1-99;
     /// 0: the normal policy). A heartbeat then preempts the jobs' tasks at once instead of
-    /// waiting out their time slice of the kernel's scheduler, which is what makes a
-    /// millisecond quantum real on busy nodes. The launcher and the tasks run under the
-    /// normal policy. Needs root (or CAP_SYS_NICE); without it a daemon warns and runs on.
+    /// waiting out their time slice of the kernel's scheduler, which is what keeps the nodes
+    /// of a gang in step, and a millisecond quantum real, on busy nodes. The launcher and the
+    /// tasks run under the normal policy. On by default (`DEFAULT_DAEMON_RT_PRIORITY`);
+    /// it needs root or CAP_SYS_NICE, and without them a daemon warns and runs under the
+    /// normal policy, where busy nodes switch up to a kernel time slice apart
+    /// (docs/scheduling.md).
     pub daemon_rt_priority: u8,
 }
+
+/// The daemons' SCHED_FIFO priority unless the cluster file says otherwise: low among
+/// real-time priorities (the kernel's own threads use 50 and up), above every normal task.
+pub const DEFAULT_DAEMON_RT_PRIORITY: u8 = 10;
 
 impl Default for SchedulerSection {
     fn default() -> Self {
@@ -269,7 +276,7 @@ impl Default for SchedulerSection {
             default_time_limit_s: 24 * 3600,
             switch_log: false,
             heartbeat_log: false,
-            daemon_rt_priority: 0,
+            daemon_rt_priority: DEFAULT_DAEMON_RT_PRIORITY,
         }
     }
 }

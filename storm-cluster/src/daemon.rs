@@ -48,8 +48,10 @@ pub fn set_rt_priority(priority: u8) {
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
         tracing::warn!(
             priority,
-            "cannot run under SCHED_FIFO ({}); running under the normal policy, so heartbeats \
-             wait for busy tasks' time slices",
+            "cannot run under SCHED_FIFO ({}: it needs root or CAP_SYS_NICE); running under \
+             the normal policy, so on busy nodes heartbeats wait for the tasks' kernel time \
+             slices and gang-scheduled jobs can run at once for milliseconds per switch \
+             (set [scheduler] daemon_rt_priority = 0 to choose this and silence this warning)",
             std::io::Error::last_os_error()
         );
     } else {

@@ -1,17 +1,23 @@
-//! Whether a stopped task can still run its own code: its state and thread count in
-//! /proc/PID/stat.
+//! Whether a stopped task is off the CPU: its state and thread count in /proc/PID/stat.
 //!
 //! Gang scheduling stops the old slot's tasks before it continues the new slot's, so that a
-//! node never runs two slots at once. A SIGSTOP is pending in its target as soon as kill(2)
-//! returns, and a single-threaded process acts on a pending signal before it runs another
-//! instruction of its own (the kernel takes signals on every return to user mode, and a
-//! running target is interrupted at once). So a single-threaded task needs no confirmation:
-//! it may still show as runnable for the moment it takes to get a CPU and stop, but it runs
-//! no more of its code. A multi-threaded one does: the kernel wakes one of its threads to
-//! take the signal, and the others run on until that thread has, which on a busy node can
-//! take a while. Only those tasks are waited for, until their state is `T`. What is looked
-//! at is the task's own process, the leader of its process group; other processes of the
-//! group (a shell's children) were sent the same SIGSTOP and are not looked at.
+//! node never runs two slots at once. A switch is complete only when the old slot is off the
+//! CPU, which a task can observe: from the moment the switch completes, its clock shows no
+//! more time on a CPU (storm_cli::run_windows measures exactly that). /proc says so by the
+//! task's state:
+//!
+//! * `R` (running, or waiting for a CPU) is never off the CPU, even with its SIGSTOP pending:
+//!   it is still on a run queue, and it takes the CPU it is given (counting such a task as
+//!   stopped, as this module once did, let the new slot be continued while the old one still
+//!   held the CPU it needed to take its stop);
+//! * `T`/`t` (stopped), `Z`/`X` (ended) are off the CPU;
+//! * `S`/`D` (asleep) is off the CPU for a single-threaded task: waking, it takes its pending
+//!   SIGSTOP before it returns to its own code. A multi-threaded one is waited for until it
+//!   shows `T`: its other threads may be running.
+//!
+//! What is looked at is the task's own process, the leader of its process group; other
+//! processes of the group (a shell's children) were sent the same SIGSTOP and are not looked
+//! at.
 //!
 //! Each task's stat file is opened once and then read with one pread(2) per look, instead of
 //! open, stat, several reads and close. Between looks the NM sleeps: the thread that takes
@@ -74,10 +80,14 @@ pub struct Look {
 }
 
 impl Look {
-    /// The task runs none of its own code before it stops: it has stopped (or ended), or it
-    /// is single-threaded and its SIGSTOP is pending (the caller sent it).
-    pub fn cannot_run(self) -> bool {
-        !matches!(self.state, 'R' | 'S' | 'D') || self.threads <= 1
+    /// The task is off the CPU and runs none of its own code before it is continued: it has
+    /// stopped or ended, or it is single-threaded and asleep (see the module's overview).
+    pub fn off_cpu(self) -> bool {
+        match self.state {
+            'R' => false,
+            'S' | 'D' => self.threads <= 1,
+            _ => true,
+        }
     }
 }
 
@@ -122,9 +132,8 @@ impl TaskStates {
         self.files.remove(&pid);
     }
 
-    /// Waits until none of `pids`, each sent SIGSTOP, can run its own code again: each has
-    /// stopped, is gone, or is single-threaded (see the module's overview); false if `limit`
-    /// passed first. A multi-threaded task is waited for until its state is `T`.
+    /// Waits until every one of `pids`, each sent SIGSTOP, is off the CPU (see the module's
+    /// overview); false if `limit` passed first.
     pub fn wait_until_stopped(&mut self, pids: &[i32], limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         // A task acts on SIGSTOP only once it gets a CPU, so leave the CPU to it: sleep between
@@ -133,13 +142,9 @@ impl TaskStates {
         // and double.
         let mut pause = self.first_pause;
         let mut sleeps = 0;
-        // Whether a multi-threaded task was looked at: only waits for those say how long
-        // stops take, and tune the first pause.
-        let mut confirmed = false;
         for &pid in pids {
             while let Some(look) = self.look(pid) {
-                confirmed |= look.threads > 1;
-                if look.cannot_run() {
+                if look.off_cpu() {
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -154,7 +159,7 @@ impl TaskStates {
             }
         }
         self.sleeps += u64::from(sleeps);
-        if confirmed {
+        if !pids.is_empty() {
             self.first_pause = next_first_pause(self.first_pause, sleeps);
         }
         true
@@ -198,18 +203,20 @@ mod tests {
     }
 
     #[test]
-    fn only_a_multi_threaded_task_not_yet_stopped_can_still_run_its_code() {
-        let can_run = |state, threads| !Look { state, threads }.cannot_run();
-        // Its SIGSTOP is pending, and it takes it before its next instruction.
-        assert!(!can_run('R', 1));
-        assert!(!can_run('S', 1));
+    fn a_task_is_off_the_cpu_only_once_it_no_longer_waits_for_one() {
+        let off = |state, threads| Look { state, threads }.off_cpu();
+        // On a run queue, whatever is pending for it.
+        assert!(!off('R', 1));
+        assert!(!off('R', 2));
+        // Asleep and single-threaded: it takes its pending SIGSTOP on waking.
+        assert!(off('S', 1));
+        assert!(off('D', 1));
         // Stopped, dead, or a zombie.
-        assert!(!can_run('T', 8));
-        assert!(!can_run('Z', 1));
-        // The thread woken for the signal has not taken it: the others still run.
-        assert!(can_run('R', 2));
-        assert!(can_run('S', 4));
-        assert!(can_run('D', 2));
+        assert!(off('T', 8));
+        assert!(off('Z', 1));
+        // The thread woken for the signal has not taken it: the others may still run.
+        assert!(!off('S', 4));
+        assert!(!off('D', 2));
     }
 
     #[test]
@@ -241,7 +248,7 @@ mod tests {
         assert_eq!(p, FIRST_PAUSE_MIN);
     }
 
-    /// Looks until the task's state is `T`, for a test to see a stop the NM need not wait for.
+    /// Looks until the task's state is `T`.
     fn until_stopped(states: &mut TaskStates, pid: i32) -> Look {
         for _ in 0..5000 {
             match states.look(pid) {
@@ -252,26 +259,30 @@ mod tests {
         panic!("process {pid} never stopped");
     }
 
-    /// A single-threaded task is not waited for: its SIGSTOP is pending from the moment
-    /// kill(2) returns. It stops all the same, and once reaped it is gone and its file closed.
+    /// A single-threaded task on a CPU is waited for until it is off it: a SIGSTOP pending in
+    /// a task that is still runnable leaves it on a run queue. Once the wait returns the task
+    /// is stopped (it is never seen runnable again), and once reaped it is gone and its file
+    /// closed.
     #[test]
-    fn a_single_threaded_task_is_not_waited_for_and_a_reaped_one_is_gone() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
+    fn a_running_task_is_waited_for_until_it_is_off_the_cpu_and_a_reaped_one_is_gone() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
         let mut states = TaskStates::default();
-        // Running, sleeping, or in disk wait while it execs.
-        let look = states.look(pid).unwrap();
-        assert!(matches!(look.state, 'R' | 'S' | 'D'), "{look:?}");
+        for _ in 0..5000 {
+            if states.look(pid).is_some_and(|l| l.state == 'R') {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
         assert!(states.wait_until_stopped(&[pid], Duration::from_secs(5)));
-        assert_eq!(
-            states.sleeps(),
-            0,
-            "the NM slept waiting for a single-threaded task"
-        );
+        for _ in 0..100 {
+            let look = states.look(pid).unwrap();
+            assert!(look.off_cpu(), "seen on a CPU after the wait: {look:?}");
+        }
         assert_eq!(until_stopped(&mut states, pid).threads, 1);
         child.kill().unwrap();
         child.wait().unwrap();

@@ -17,6 +17,7 @@
 
 mod observe;
 mod spmd;
+mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,6 +37,8 @@ pub enum Part {
     Quantum,
     Mpl,
     Skew,
+    /// Overlap, co-run, run windows and skew as CPU-bound ranks saw them (`tasks`).
+    Tasks,
 }
 
 pub struct GangArgs {
@@ -56,6 +59,9 @@ pub struct GangArgs {
     pub fanout: Option<usize>,
     /// `[scheduler] daemon_rt_priority` of the cluster (0: the normal policy).
     pub daemon_rt_priority: u8,
+    pub tasks_nodes: u32,
+    pub tasks_quanta_ms: Vec<f64>,
+    pub tasks_cpu_s: f64,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -465,21 +471,32 @@ fn skew_csv_row(n: u32, q: f64, o: &Overhead, wake: &Samples) -> Vec<String> {
 }
 
 pub fn run(args: &GangArgs, csv: &mut Csv) -> Result<Vec<Table>> {
-    let work = tempfile::Builder::new()
-        .prefix("storm-bench-gang-")
-        .tempdir()?;
-    let binary = Spmd::build(work.path())?;
-    let program = Spmd::calibrate(binary, args.nodes, args.sync_ms, args.alone_s)?;
-    eprintln!(
-        "  SPMD program: {} iterations of {} loops (about {} ms of CPU each)",
-        program.iterations, program.loops, args.sync_ms
-    );
     let mut tables = Vec::new();
-    if args.parts.contains(&Part::Quantum) {
-        tables.push(quantum_sweep(args, &program, csv)?);
+    if args.parts.contains(&Part::Tasks) {
+        tables.push(tasks::tasks_table(&tasks::TasksArgs {
+            nodes: args.tasks_nodes,
+            quanta_ms: args.tasks_quanta_ms.clone(),
+            cpu_s: args.tasks_cpu_s,
+            rt_priorities: vec![args.daemon_rt_priority.max(1), 0],
+        })?);
     }
-    if args.parts.contains(&Part::Mpl) {
-        tables.push(mpl_sweep(args, &program, csv)?);
+    let sweeps = args.parts.contains(&Part::Quantum) || args.parts.contains(&Part::Mpl);
+    if sweeps {
+        let work = tempfile::Builder::new()
+            .prefix("storm-bench-gang-")
+            .tempdir()?;
+        let binary = Spmd::build(work.path())?;
+        let program = Spmd::calibrate(binary, args.nodes, args.sync_ms, args.alone_s)?;
+        eprintln!(
+            "  SPMD program: {} iterations of {} loops (about {} ms of CPU each)",
+            program.iterations, program.loops, args.sync_ms
+        );
+        if args.parts.contains(&Part::Quantum) {
+            tables.push(quantum_sweep(args, &program, csv)?);
+        }
+        if args.parts.contains(&Part::Mpl) {
+            tables.push(mpl_sweep(args, &program, csv)?);
+        }
     }
     if args.parts.contains(&Part::Skew) {
         tables.push(skew_sweep(args, csv)?);

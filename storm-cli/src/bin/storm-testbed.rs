@@ -51,6 +51,9 @@ enum Cmd {
         /// Time slots of the gang scheduler.
         #[arg(long, default_value_t = 2)]
         mpl: usize,
+        /// `[scheduler] daemon_rt_priority` of the daemons (cluster default if not given).
+        #[arg(long)]
+        daemon_rt_priority: Option<u8>,
     },
     /// Stop the daemons and delete the namespaces and the testbed's files.
     Down,
@@ -76,6 +79,7 @@ fn main() -> Result<()> {
             timeslice_ms,
             policy,
             mpl,
+            daemon_rt_priority,
         } => {
             if dir.exists() {
                 bail!(
@@ -97,10 +101,15 @@ fn main() -> Result<()> {
                 cpus: cpus.unwrap_or_else(storm_cli::local::host_cpus).max(1),
                 dir: dir.clone(),
                 timeslice_ms,
-                scheduler: SchedulerSection {
-                    policy,
-                    mpl,
-                    ..SchedulerSection::default()
+                scheduler: {
+                    let defaults = SchedulerSection::default();
+                    SchedulerSection {
+                        policy,
+                        mpl,
+                        daemon_rt_priority: daemon_rt_priority
+                            .unwrap_or(defaults.daemon_rt_priority),
+                        ..defaults
+                    }
                 },
                 failure: Default::default(),
             })?;

@@ -1,0 +1,207 @@
+//! `storm-bench gang --parts tasks`: gang scheduling as the tasks see it (issue 32).
+//!
+//! CPU-bound ranks ([`storm_cli::run_windows`]'s probe, one per node) record the wall-time
+//! windows in which they actually ran. For every quantum and both daemon policies (real-time,
+//! the default where the daemons have the privilege, and the normal policy) the bench runs
+//! one job alone, then two jobs together, on a namespace testbed (as root) or else on an
+//! embedded cluster, and reports from the ranks' windows alone:
+//!
+//! * overlap: the time the two jobs ran at once, anywhere, over the shorter one's run time;
+//! * co-run: the time all of a job's ranks ran together over the time any of them ran (the
+//!   lower of the two jobs; beside it, the job alone);
+//! * run windows, median and p99, against the quantum;
+//! * the skew of switches across nodes (how far apart a job's ranks start a window);
+//! * slowdown: the two jobs' makespan over twice the job's alone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cli::run_windows::{GangView, Runs, build_probe, gap_us, read_runs};
+use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
+use storm_cluster::config::{PolicyKind, SchedulerSection};
+
+use crate::report::Table;
+
+/// Where the jobs run: a namespace testbed or an embedded cluster, and how storm-submit
+/// reaches its MM.
+enum Cluster {
+    Testbed(Testbed),
+    Local(LocalCluster),
+}
+
+impl Cluster {
+    fn start(dir: &Path, nodes: u32, quantum_ms: f64, rt: u8) -> Result<Cluster> {
+        let scheduler = SchedulerSection {
+            policy: PolicyKind::Gang,
+            mpl: 2,
+            daemon_rt_priority: rt,
+            ..SchedulerSection::default()
+        };
+        if namespaces_available().is_ok() {
+            let tb = Testbed::up(&TestbedOptions {
+                name: format!("bt{:05}", std::process::id() % 100_000),
+                nodes,
+                // One CPU per node: every job needs whole nodes, so the two take turns.
+                cpus: 1,
+                dir: dir.join(format!("testbed-{quantum_ms}-{rt}")),
+                timeslice_ms: quantum_ms,
+                scheduler,
+                failure: Default::default(),
+            })?;
+            return Ok(Cluster::Testbed(tb));
+        }
+        Ok(Cluster::Local(LocalCluster::start(&LocalOptions {
+            timeslice_ms: quantum_ms,
+            cpus: Some(1),
+            scheduler,
+            ..LocalOptions::new(nodes)
+        })?))
+    }
+
+    fn submit(&self) -> Result<Command> {
+        let mut cmd = Command::new(storm_cli::local::bin_dir()?.join("storm-submit"));
+        match self {
+            Cluster::Testbed(tb) => cmd.arg("--config").arg(&tb.config_path),
+            Cluster::Local(c) => cmd.arg("--socket").arg(c.socket()),
+        };
+        Ok(cmd)
+    }
+}
+
+/// Runs `jobs` probe jobs of `nodes` ranks at once, each rank running `cpu_s` of CPU time;
+/// the windows they wrote.
+fn run_jobs(
+    cluster: &Cluster,
+    probe: &Path,
+    out: &Path,
+    nodes: u32,
+    jobs: usize,
+    cpu_s: f64,
+    quantum_ms: f64,
+) -> Result<Runs> {
+    if out.exists() {
+        std::fs::remove_dir_all(out)?;
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::set_permissions(out, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+    let mut running = Vec::new();
+    for _ in 0..jobs {
+        let mut cmd = cluster.submit()?;
+        cmd.args(["-N", &nodes.to_string(), "--no-bcast"])
+            .arg(probe)
+            .arg(out)
+            .arg(cpu_s.to_string())
+            .arg(gap_us(quantum_ms).to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        running.push(cmd.spawn().context("starting storm-submit")?);
+    }
+    for child in running {
+        let o = child.wait_with_output()?;
+        if !o.status.success() {
+            bail!(
+                "a probe job failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
+    }
+    let runs = read_runs(out).map_err(anyhow::Error::msg)?;
+    if runs.len() != jobs || runs.values().any(|r| r.len() != nodes as usize) {
+        bail!(
+            "the probes wrote windows for {} jobs, not {jobs}",
+            runs.len()
+        );
+    }
+    Ok(runs)
+}
+
+/// From the first window's start to the last window's end, in seconds.
+fn makespan(runs: &Runs) -> f64 {
+    let spans = || runs.values().flat_map(|r| r.values()).flatten();
+    let start = spans().map(|w| w.0).min().unwrap_or(0);
+    let end = spans().map(|w| w.1).max().unwrap_or(0);
+    end.saturating_sub(start) as f64 / 1e9
+}
+
+pub struct TasksArgs {
+    pub nodes: u32,
+    pub quanta_ms: Vec<f64>,
+    pub cpu_s: f64,
+    /// The real-time priorities to compare (0: the normal policy).
+    pub rt_priorities: Vec<u8>,
+}
+
+/// The table of what the tasks saw, one row per quantum and daemon policy.
+pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
+    let work = tempfile::Builder::new()
+        .prefix("storm-bench-gang-tasks-")
+        .tempdir()?;
+    std::fs::set_permissions(
+        work.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let probe: PathBuf = build_probe(work.path()).map_err(anyhow::Error::msg)?;
+    let where_ = if namespaces_available().is_ok() {
+        "namespace testbed"
+    } else {
+        "embedded cluster (no network namespaces here)"
+    };
+    let mut table = Table::new(
+        format!(
+            "Gang scheduling seen from the tasks: {} nodes ({where_}), 1 CPU each, two jobs of \
+             one CPU-bound rank per node, {} s of CPU per rank; the same quantum's job alone \
+             beside it",
+            args.nodes, args.cpu_s
+        ),
+        &[
+            "quantum",
+            "daemons",
+            "overlap",
+            "co-run",
+            "co-run alone",
+            "window p50/q",
+            "window p99/q",
+            "skew p50",
+            "skew p90",
+            "skew p99",
+            "slowdown",
+        ],
+    );
+    for &q in &args.quanta_ms {
+        for &rt in &args.rt_priorities {
+            let cluster = Cluster::start(work.path(), args.nodes, q, rt)?;
+            let out = work.path().join("windows");
+            let alone = run_jobs(&cluster, &probe, &out, args.nodes, 1, args.cpu_s, q)?;
+            let together = run_jobs(&cluster, &probe, &out, args.nodes, 2, args.cpu_s, q)?;
+            drop(cluster);
+            let a = GangView::of(&alone);
+            let t = GangView::of(&together);
+            let ms = |ns: u64| format!("{:.2} ms", ns as f64 / 1e6);
+            let per_q = |ns: u64| format!("{:.2}", ns as f64 / 1e6 / q);
+            table.push(vec![
+                format!("{q} ms"),
+                if rt == 0 {
+                    "normal".into()
+                } else {
+                    format!("SCHED_FIFO {rt}")
+                },
+                format!("{:.3}", t.overlap),
+                format!("{:.3}", t.corun_min),
+                format!("{:.3}", a.corun_min),
+                per_q(t.window_p50_ns),
+                per_q(t.window_p99_ns),
+                ms(t.skew_p50_ns),
+                ms(t.skew_p90_ns),
+                ms(t.skew_p99_ns),
+                format!("{:.3}", makespan(&together) / (2.0 * makespan(&alone))),
+            ]);
+            eprintln!(
+                "  tasks: {q} ms, rt {rt}: overlap {:.3}, co-run {:.3}",
+                t.overlap, t.corun_min
+            );
+        }
+    }
+    Ok(table)
+}

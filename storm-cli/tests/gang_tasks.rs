@@ -1,0 +1,119 @@
+//! Gang scheduling from the tasks' own view, on a namespace testbed in the default
+//! configuration: CPU-bound ranks record the wall-time windows in which they actually ran
+//! (`storm_cli::run_windows`), and the test reads the promise of gang scheduling off those
+//! windows alone:
+//!
+//! * two jobs never run at once, anywhere: their overlap is at most 5 % of the shorter run;
+//! * a job's ranks run together: each job's co-run fraction is at least 80 %.
+//!
+//! Both are fractions of the run, not wall-clock limits; `storm-bench gang --part tasks`
+//! reports the same figures against their targets. The daemons' own logs (switches.log) are
+//! not consulted: they said all was well while the tasks saw a fifth of the run overlap.
+//!
+//! Needs root (network namespaces); where they cannot be made the test fails and says why,
+//! unless STORM_ALLOW_NO_NETNS=1 is set, in which case it prints NOT TESTED.
+
+mod support;
+
+use storm_cli::run_windows::{GangView, build_probe, read_runs};
+use storm_cli::testbed::{Testbed, TestbedOptions};
+use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
+use support::testbed::{can_run, finish, logs, spawn, unique_name};
+
+/// Runs `jobs` jobs of one rank per node on a `nodes`-node gang testbed at `quantum_ms`, each
+/// rank spinning for `cpu_s` of CPU time, and returns what the ranks saw.
+fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView {
+    support::ensure_daemons();
+    let work = support::shared_tempdir();
+    let probe = build_probe(work.path()).expect("the probe");
+    let out = work.path().join("windows");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let tb = Testbed::up(&TestbedOptions {
+        name: unique_name(),
+        nodes,
+        // One CPU per node: every job needs the whole node, so jobs take turns.
+        cpus: 1,
+        dir: work.path().join("testbed"),
+        timeslice_ms: quantum_ms,
+        scheduler: SchedulerSection {
+            policy: PolicyKind::Gang,
+            mpl: jobs,
+            ..SchedulerSection::default()
+        },
+        failure: FailureSection::default(),
+    })
+    .expect("testbed up");
+    let n = nodes.to_string();
+    let cpu = cpu_s.to_string();
+    let gap = storm_cli::run_windows::gap_us(quantum_ms).to_string();
+    let running: Vec<_> = (0..jobs)
+        .map(|_| {
+            spawn(
+                &tb,
+                &[
+                    "-N",
+                    &n,
+                    "--no-bcast",
+                    probe.to_str().unwrap(),
+                    out.to_str().unwrap(),
+                    &cpu,
+                    &gap,
+                ],
+            )
+        })
+        .collect();
+    for job in running {
+        let o = finish(job);
+        assert!(
+            o.status.success(),
+            "a probe job failed: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            logs(&tb)
+        );
+    }
+    let runs = read_runs(&out).expect("the probes' windows");
+    assert_eq!(runs.len(), jobs, "every job wrote its windows: {runs:?}");
+    for ranks in runs.values() {
+        assert_eq!(ranks.len(), nodes as usize, "every rank wrote its windows");
+    }
+    drop(tb);
+    let view = GangView::of(&runs);
+    eprintln!(
+        "{nodes} nodes, {jobs} jobs, {quantum_ms} ms quantum: overlap {:.3}, co-run min {:.3}, \
+         run window p50 {:.2} ms p99 {:.2} ms ({} windows), skew p50 {:.2} ms p90 {:.2} ms p99 \
+         {:.2} ms",
+        view.overlap,
+        view.corun_min,
+        view.window_p50_ns as f64 / 1e6,
+        view.window_p99_ns as f64 / 1e6,
+        view.windows,
+        view.skew_p50_ns as f64 / 1e6,
+        view.skew_p90_ns as f64 / 1e6,
+        view.skew_p99_ns as f64 / 1e6,
+    );
+    view
+}
+
+#[test]
+fn two_gang_jobs_never_run_at_once_and_each_runs_its_ranks_together() {
+    let test = "two_gang_jobs_never_run_at_once_and_each_runs_its_ranks_together";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    let view = tasks_view(2, 2, 5.0, 1.5);
+    assert!(
+        view.windows > 20,
+        "the jobs took turns (run windows between switches): {view:?}"
+    );
+    assert!(
+        view.overlap <= 0.05,
+        "two jobs ran at once for {:.1} % of the shorter one's run: {view:?}",
+        view.overlap * 100.0
+    );
+    assert!(
+        view.corun_min >= 0.80,
+        "a job's ranks ran together for only {:.1} % of its run: {view:?}",
+        view.corun_min * 100.0
+    );
+}
