@@ -449,7 +449,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         security: Default::default(),
         limits: Default::default(),
         ofi: OfiSection::default(),
-        scheduler: opts.scheduler.clone(),
+        scheduler: crate::local::embedded_scheduler(&opts.scheduler, opts.nodes),
         failure: opts.failure.clone(),
         mm: MmSection {
             address: v4(MM_ADDR),
