@@ -182,10 +182,18 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
             let per_q = |ns: u64| format!("{:.2}", ns as f64 / 1e6 / q);
             table.push(vec![
                 format!("{q} ms"),
-                if rt == 0 {
-                    "normal".into()
-                } else {
-                    format!("SCHED_FIFO {rt}")
+                // What the daemons ran under: more nodes than cores keep the default out.
+                match storm_cli::local::embedded_scheduler(
+                    &SchedulerSection {
+                        daemon_rt_priority: rt,
+                        ..SchedulerSection::default()
+                    },
+                    args.nodes,
+                )
+                .daemon_rt_priority
+                {
+                    0 => "normal".into(),
+                    p => format!("SCHED_FIFO {p}"),
                 },
                 format!("{:.3}", t.overlap),
                 format!("{:.3}", t.corun_min),
