@@ -15,10 +15,10 @@
 
 mod support;
 
-use storm_cli::run_windows::{GangView, build_probe, read_runs};
+use storm_cli::run_windows::{GangView, build_probe, run_probes};
 use storm_cli::testbed::{Testbed, TestbedOptions};
 use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
-use support::testbed::{can_run, finish, logs, spawn, unique_name};
+use support::testbed::{can_run, logs, submit, unique_name};
 
 /// Runs `jobs` jobs of one rank per node on a `nodes`-node gang testbed at `quantum_ms`, each
 /// rank spinning for `cpu_s` of CPU time, and returns what the ranks saw.
@@ -26,9 +26,6 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
     support::ensure_daemons();
     let work = support::shared_tempdir();
     let probe = build_probe(work.path()).expect("the probe");
-    let out = work.path().join("windows");
-    std::fs::create_dir(&out).unwrap();
-    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let tb = Testbed::up(&TestbedOptions {
         name: unique_name(),
         nodes,
@@ -44,39 +41,17 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         failure: FailureSection::default(),
     })
     .expect("testbed up");
-    let n = nodes.to_string();
-    let cpu = cpu_s.to_string();
-    let gap = storm_cli::run_windows::gap_us(quantum_ms).to_string();
-    let running: Vec<_> = (0..jobs)
-        .map(|_| {
-            spawn(
-                &tb,
-                &[
-                    "-N",
-                    &n,
-                    "--no-bcast",
-                    probe.to_str().unwrap(),
-                    out.to_str().unwrap(),
-                    &cpu,
-                    &gap,
-                ],
-            )
-        })
-        .collect();
-    for job in running {
-        let o = finish(job);
-        assert!(
-            o.status.success(),
-            "a probe job failed: {}\n{}",
-            String::from_utf8_lossy(&o.stderr),
-            logs(&tb)
-        );
-    }
-    let runs = read_runs(&out).expect("the probes' windows");
-    assert_eq!(runs.len(), jobs, "every job wrote its windows: {runs:?}");
-    for ranks in runs.values() {
-        assert_eq!(ranks.len(), nodes as usize, "every rank wrote its windows");
-    }
+    let out = work.path().join("windows");
+    let runs = run_probes(
+        || submit(&tb, &[]),
+        &probe,
+        &out,
+        nodes,
+        jobs,
+        cpu_s,
+        quantum_ms,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&tb)));
     drop(tb);
     let view = GangView::of(&runs);
     eprintln!(

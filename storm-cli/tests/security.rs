@@ -172,21 +172,30 @@ fn a_process_without_the_key_is_refused_everywhere_and_the_cluster_runs_on() {
     );
 }
 
+/// What a holder of the cluster key presents claiming to be node `node`: the key, the
+/// cluster's layout and link protection, and `identity`, the node key it proves, if any.
+fn posing_as(
+    cfg: &ClusterConfig,
+    node: u32,
+    identity: Option<ed25519_dalek::SigningKey>,
+) -> Membership {
+    Membership {
+        node,
+        cluster_size: cfg.node_count() + 1,
+        layout: storm_cluster::layout::RmLayout::new(cfg).unwrap().layout,
+        key: cfg.load_key().unwrap(),
+        protection: cfg.protection(),
+        identity,
+    }
+}
+
 #[test]
 fn a_compute_node_cannot_write_commands_into_another() {
     let c = TestCluster::start(2);
     let cfg = c.cluster.as_ref().unwrap().config.clone();
-    let key = cfg.load_key().unwrap();
     let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
     // Node 1, as far as node 0 can tell: it holds the key and proves it.
-    let me = Membership {
-        node: 1,
-        cluster_size: cfg.node_count() + 1,
-        layout: rm.layout.clone(),
-        key,
-        protection: cfg.protection(),
-        identity: None,
-    };
+    let me = posing_as(&cfg, 1, None);
     let mut peer = RawPeer::connect(cfg.nodes[0].address, 0, &me).unwrap();
     let op = OpKey { origin: 1, seq: 1 };
     peer.send_control(&Control::Xfer(XferMsg::Begin(XferBegin {
@@ -396,7 +405,6 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
     });
     let cluster = c.cluster.as_ref().unwrap();
     let cfg = cluster.config.clone();
-    let key = cfg.load_key().unwrap();
     let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
     let marker = c.root.join("pwned");
     let mm = cluster
@@ -417,14 +425,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
         .last()
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
         .expect("node 0 has taken heartbeats");
-    let me = Membership {
-        node: 1,
-        cluster_size: cfg.node_count() + 1,
-        layout: rm.layout.clone(),
-        key,
-        protection: cfg.protection(),
-        identity: None,
-    };
+    let me = posing_as(&cfg, 1, None);
     let attacker_key = ed25519_dalek::SigningKey::from_bytes(&[0xee; 32]);
     let forger = storm_cluster::identity::MmSigner::new(attacker_key, &cfg.cluster.name);
     for (i, sealed) in [false, true].into_iter().enumerate() {
@@ -526,14 +527,7 @@ fn a_compromised_node_impersonates_nobody_at_the_mm() {
     let cfg = c.cluster.as_ref().unwrap().config.clone();
     let rm = storm_cluster::layout::RmLayout::new(&cfg).unwrap();
     let own = cfg.load_node_key("node0").unwrap();
-    let me = |node| Membership {
-        node,
-        cluster_size: cfg.node_count() + 1,
-        layout: rm.layout.clone(),
-        key: cfg.load_key().unwrap(),
-        protection: cfg.protection(),
-        identity: Some(own.clone()),
-    };
+    let me = |node| posing_as(&cfg, node, Some(own.clone()));
     let mm = cfg.mm_id();
     let log = || std::fs::read_to_string(c.root.join("mm.log")).unwrap_or_default();
     let wait_for = |text: &str| {

@@ -14,11 +14,11 @@
 //! * slowdown: the two jobs' makespan over twice the job's alone.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use storm_cli::local::{LocalCluster, LocalOptions};
-use storm_cli::run_windows::{GangView, Runs, build_probe, gap_us, read_runs};
+use storm_cli::run_windows::{GangView, Runs, build_probe, run_probes};
 use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
 use storm_cluster::config::{PolicyKind, SchedulerSection};
 
@@ -60,61 +60,15 @@ impl Cluster {
         })?))
     }
 
-    fn submit(&self) -> Result<Command> {
-        let mut cmd = Command::new(storm_cli::local::bin_dir()?.join("storm-submit"));
+    /// storm-submit (from `bin`) pointed at this cluster's MM.
+    fn submit(&self, bin: &Path) -> Command {
+        let mut cmd = Command::new(bin.join("storm-submit"));
         match self {
             Cluster::Testbed(tb) => cmd.arg("--config").arg(&tb.config_path),
             Cluster::Local(c) => cmd.arg("--socket").arg(c.socket()),
         };
-        Ok(cmd)
+        cmd
     }
-}
-
-/// Runs `jobs` probe jobs of `nodes` ranks at once, each rank running `cpu_s` of CPU time;
-/// the windows they wrote.
-fn run_jobs(
-    cluster: &Cluster,
-    probe: &Path,
-    out: &Path,
-    nodes: u32,
-    jobs: usize,
-    cpu_s: f64,
-    quantum_ms: f64,
-) -> Result<Runs> {
-    if out.exists() {
-        std::fs::remove_dir_all(out)?;
-    }
-    std::fs::create_dir_all(out)?;
-    std::fs::set_permissions(out, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
-    let mut running = Vec::new();
-    for _ in 0..jobs {
-        let mut cmd = cluster.submit()?;
-        cmd.args(["-N", &nodes.to_string(), "--no-bcast"])
-            .arg(probe)
-            .arg(out)
-            .arg(cpu_s.to_string())
-            .arg(gap_us(quantum_ms).to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        running.push(cmd.spawn().context("starting storm-submit")?);
-    }
-    for child in running {
-        let o = child.wait_with_output()?;
-        if !o.status.success() {
-            bail!(
-                "a probe job failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-        }
-    }
-    let runs = read_runs(out).map_err(anyhow::Error::msg)?;
-    if runs.len() != jobs || runs.values().any(|r| r.len() != nodes as usize) {
-        bail!(
-            "the probes wrote windows for {} jobs, not {jobs}",
-            runs.len()
-        );
-    }
-    Ok(runs)
 }
 
 /// From the first window's start to the last window's end, in seconds.
@@ -143,6 +97,7 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )?;
     let probe: PathBuf = build_probe(work.path()).map_err(anyhow::Error::msg)?;
+    let bin = storm_cli::local::bin_dir()?;
     let where_ = if namespaces_available().is_ok() {
         "namespace testbed"
     } else {
@@ -173,8 +128,13 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
         for &rt in &args.rt_priorities {
             let cluster = Cluster::start(work.path(), args.nodes, q, rt)?;
             let out = work.path().join("windows");
-            let alone = run_jobs(&cluster, &probe, &out, args.nodes, 1, args.cpu_s, q)?;
-            let together = run_jobs(&cluster, &probe, &out, args.nodes, 2, args.cpu_s, q)?;
+            let probes = |jobs| {
+                let submit = || cluster.submit(&bin);
+                run_probes(submit, &probe, &out, args.nodes, jobs, args.cpu_s, q)
+                    .map_err(anyhow::Error::msg)
+            };
+            let alone = probes(1)?;
+            let together = probes(2)?;
             drop(cluster);
             let a = GangView::of(&alone);
             let t = GangView::of(&together);

@@ -55,6 +55,65 @@ pub fn build_probe(dir: &Path) -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// Runs `jobs` jobs of `nodes` probe ranks at once, each rank running `cpu_s` of CPU time
+/// at quantum `quantum_ms`, through the storm-submit commands `submit` makes (each already
+/// pointed at its cluster), and returns the windows they wrote into `out` (made afresh,
+/// writable by every user). An error names the job that failed and what storm-submit said.
+pub fn run_probes(
+    submit: impl Fn() -> Command,
+    probe: &Path,
+    out: &Path,
+    nodes: u32,
+    jobs: usize,
+    cpu_s: f64,
+    quantum_ms: f64,
+) -> Result<Runs, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", out.display());
+    if out.exists() {
+        std::fs::remove_dir_all(out).map_err(|e| io("clearing", e))?;
+    }
+    std::fs::create_dir_all(out).map_err(|e| io("making", e))?;
+    std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o777))
+        .map_err(|e| io("opening", e))?;
+    let mut running = Vec::new();
+    for _ in 0..jobs {
+        let mut cmd = submit();
+        cmd.args(["-N", &nodes.to_string(), "--no-bcast"])
+            .arg(probe)
+            .arg(out)
+            .arg(cpu_s.to_string())
+            .arg(gap_us(quantum_ms).to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        running.push(
+            cmd.spawn()
+                .map_err(|e| format!("starting storm-submit: {e}"))?,
+        );
+    }
+    for (i, child) in running.into_iter().enumerate() {
+        let o = child
+            .wait_with_output()
+            .map_err(|e| format!("waiting for storm-submit: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "probe job {} of {jobs} failed: {}",
+                i + 1,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+    }
+    let runs = read_runs(out)?;
+    if runs.len() != jobs || runs.values().any(|r| r.len() != nodes as usize) {
+        return Err(format!(
+            "the probes wrote windows for {} jobs of {:?} ranks, not {jobs} of {nodes}",
+            runs.len(),
+            runs.values().map(|r| r.len()).collect::<Vec<_>>()
+        ));
+    }
+    Ok(runs)
+}
+
 /// Reads the windows the probes wrote into `dir`.
 pub fn read_runs(dir: &Path) -> Result<Runs, String> {
     let mut runs = Runs::new();
