@@ -289,6 +289,13 @@ enum Command {
         /// CPU time every rank of the `tasks` part runs, in seconds.
         #[arg(long, default_value_t = 1.5)]
         tasks_cpu_s: f64,
+        /// Percent of packets the last node's link drops in the `tasks` part (namespace
+        /// testbed only).
+        #[arg(long, default_value_t = 0)]
+        tasks_loss: u32,
+        /// `[scheduler] slot_lease` settings the `tasks` part compares (true,false: both).
+        #[arg(long, value_delimiter = ',', default_value = "true")]
+        tasks_lease: Vec<bool>,
         /// Primitives backend of the cluster: tcp or ofi.
         #[arg(long, default_value = "tcp")]
         backend: storm_cluster::config::BackendKind,
@@ -581,6 +588,8 @@ fn main() -> Result<()> {
             tasks_nodes,
             tasks_quanta_ms,
             tasks_cpu_s,
+            tasks_loss,
+            tasks_lease,
             backend,
             provider,
             csv,
@@ -588,6 +597,12 @@ fn main() -> Result<()> {
         } => {
             if nodes == 0 || mpl == 0 || mpls.contains(&0) || skew_nodes.contains(&0) {
                 anyhow::bail!("node counts and multiprogramming levels must be at least 1");
+            }
+            if tasks_loss > 100 {
+                anyhow::bail!("--tasks-loss {tasks_loss} is a percentage: 0-100");
+            }
+            if tasks_loss > 0 && tasks_nodes < 2 {
+                anyhow::bail!("--tasks-loss needs at least 2 --tasks-nodes (one lossy, one not)");
             }
             if quanta_ms
                 .iter()
@@ -618,6 +633,8 @@ fn main() -> Result<()> {
                 tasks_nodes,
                 tasks_quanta_ms,
                 tasks_cpu_s,
+                tasks_loss_percent: tasks_loss,
+                tasks_leases: tasks_lease,
             };
             let mut out = report::Csv::new(gang::CSV_HEADER);
             for table in gang::run(&args, &mut out)? {

@@ -247,7 +247,9 @@ pub struct SchedulerSection {
     /// tests), one line per switch: `SEQ DONE_NS stop=JOBS cont=JOBS start=JOBS recv=NS
     /// from=SEQ`, with CLOCK_MONOTONIC times of the switch's completion and of the heartbeat's
     /// receipt. `from` is the heartbeat that began the switch: earlier than `SEQ` when the old
-    /// slot's tasks took longer than a heartbeat to stop.
+    /// slot's tasks took longer than a heartbeat to stop. A line that ends `lease=expired` is
+    /// no switch: heartbeat `SEQ`'s lease ran out (`slot_lease`) and the NM stopped `stop`
+    /// at `recv`.
     pub switch_log: bool,
     /// Each NM appends every heartbeat it takes to `<spool>/heartbeats.log` (for benchmarks),
     /// one line each: `SEQ RECV_NS`, the CLOCK_MONOTONIC time it took the heartbeat from its
@@ -262,6 +264,14 @@ pub struct SchedulerSection {
     /// normal policy, where busy nodes switch up to a kernel time slice apart
     /// (docs/scheduling.md).
     pub daemon_rt_priority: u8,
+    /// Gang scheduling: each heartbeat that ends with a switch gives its slot a lease of one
+    /// timeslice plus this grace, counted from the node's receipt. A node whose next
+    /// heartbeat has not come by then stops the slot's tasks until it comes, so a late (or
+    /// lost) heartbeat lets a node run the old slot beside the other nodes' new one for at
+    /// most this long. `slot_lease = false` lets the slot run on until the heartbeat comes
+    /// (docs/scheduling.md).
+    pub slot_lease: bool,
+    pub slot_grace_ms: f64,
 }
 
 /// The daemons' SCHED_FIFO priority unless the cluster file says otherwise: low among
@@ -277,6 +287,8 @@ impl Default for SchedulerSection {
             switch_log: false,
             heartbeat_log: false,
             daemon_rt_priority: DEFAULT_DAEMON_RT_PRIORITY,
+            slot_lease: true,
+            slot_grace_ms: 5.0,
         }
     }
 }
@@ -705,6 +717,12 @@ impl ClusterConfig {
                 self.scheduler.mpl
             ));
         }
+        let grace = self.scheduler.slot_grace_ms;
+        if !(0.0..=60_000.0).contains(&grace) {
+            return bad(format!(
+                "[scheduler] slot_grace_ms = {grace} must be in [0, 60000]"
+            ));
+        }
         if self.scheduler.default_time_limit_s == 0 {
             return bad("[scheduler] default_time_limit_s must be at least 1".into());
         }
@@ -827,6 +845,14 @@ impl ClusterConfig {
 
     pub fn timeslice(&self) -> Duration {
         Duration::from_secs_f64(self.cluster.timeslice_ms / 1000.0)
+    }
+
+    /// How long a gang slot may run on a node after the heartbeat that began it, when the
+    /// next timeslice runs other jobs (`None`: `slot_lease` is off).
+    pub fn slot_lease(&self) -> Option<Duration> {
+        self.scheduler.slot_lease.then(|| {
+            self.timeslice() + Duration::from_secs_f64(self.scheduler.slot_grace_ms / 1000.0)
+        })
     }
 
     /// How the cluster's tcp links protect their frames (`[tcp] encrypt`).

@@ -487,7 +487,10 @@ mod tests {
     #[test]
     fn a_schedule_alone_needs_no_seal_but_rides_with_one() {
         let (mm, node) = pair();
-        let schedule = Command::Schedule { run: vec![7] };
+        let schedule = Command::Schedule {
+            run: vec![7],
+            lease_us: 0,
+        };
         assert!(
             mm.seal_commands(1, 1, std::slice::from_ref(&schedule), 0)
                 .is_none()

@@ -282,6 +282,11 @@ pub enum Command {
     /// processes on the node are stopped.
     Schedule {
         run: Vec<JobId>,
+        /// How long after taking this heartbeat the node may run these jobs without the next
+        /// one, in microseconds (0: until the next heartbeat, whenever it comes). Set when the
+        /// next timeslice runs other jobs: a node whose next heartbeat is late then stops its
+        /// slot instead of running it beside the other nodes' next one.
+        lease_us: u32,
     },
     /// Stop the node manager.
     Shutdown,

@@ -386,7 +386,10 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                 signal: 15,
             },
             Command::Forget { job: 41 },
-            Command::Schedule { run: vec![42, 43] },
+            Command::Schedule {
+                run: vec![42, 43],
+                lease_us: 12_000,
+            },
             Command::Shutdown,
         ],
         seal: None,

@@ -277,13 +277,18 @@ impl NmEnv for DaemonEnv {
         let list = |v: &[JobId]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
         let _ = writeln!(
             log,
-            "{} {ns} stop={} cont={} start={} recv={} from={}",
+            "{} {ns} stop={} cont={} start={} recv={} from={}{}",
             s.seq,
             list(&s.stopped),
             list(&s.continued),
             list(&s.started),
             s.received_ns,
             s.from,
+            if s.lease_expired {
+                " lease=expired"
+            } else {
+                ""
+            },
         );
     }
 

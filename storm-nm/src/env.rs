@@ -168,4 +168,7 @@ pub struct SwitchRecord {
     pub stopped: Vec<JobId>,
     pub continued: Vec<JobId>,
     pub started: Vec<JobId>,
+    /// Not a heartbeat's switch: heartbeat `seq`'s lease ran out before the next one came,
+    /// and the NM stopped `stopped` (`received_ns` is then when).
+    pub lease_expired: bool,
 }

@@ -193,6 +193,13 @@ pub struct NodeManager<E: NmEnv> {
     run: Vec<JobId>,
     /// A gang switch waiting for the old slot to stop.
     switch: Option<Switch>,
+    /// Until when the latest schedule's slot may run without the next heartbeat (its
+    /// `lease_us`, counted from its receipt); past it every job here is stopped.
+    lease: Option<Instant>,
+    /// The heartbeat whose schedule was applied last.
+    last_schedule: Option<u64>,
+    /// Leases that ran out, logged at most 5 times a minute.
+    late_heartbeats: LogLimit,
     /// The MM process (incarnation) and output queue epoch of the current membership.
     incarnation: Option<u64>,
     /// Checks the MM's seal on every command this node carries out.
@@ -249,6 +256,9 @@ impl<E: NmEnv> NodeManager<E> {
             pending: BTreeMap::new(),
             run: Vec::new(),
             switch: None,
+            lease: None,
+            last_schedule: None,
+            late_heartbeats: LogLimit::with_burst(Duration::from_secs(60), 5),
             incarnation: None,
             mm_key,
             last_sealed: None,
@@ -282,11 +292,14 @@ impl<E: NmEnv> NodeManager<E> {
     /// How long the next step may wait for a message: short while a gang switch waits for
     /// tasks to stop, else a few timeslices (the tasks are looked at on every step).
     pub fn poll_timeout(&self) -> Duration {
-        let idle = if self.switch.is_some() {
+        let mut idle = if self.switch.is_some() {
             SWITCH_RECHECK
         } else {
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50))
         };
+        if let Some(until) = self.lease {
+            idle = idle.min(until.saturating_duration_since(self.env.clock().now()));
+        }
         match self.exiting_since {
             Some(since) => {
                 let waited = self.env.clock().now().saturating_duration_since(since);
@@ -330,9 +343,23 @@ impl<E: NmEnv> NodeManager<E> {
             self.registration
                 .rejoin("output could not be delivered to the MM");
         }
+        self.tend();
+        Ok(stepped)
+    }
+
+    /// What the NM does between messages, at every step: stops the slot whose lease ran
+    /// out, goes on with a gang switch under way, and reports the jobs whose tasks here all
+    /// ended. (A host that holds messages back, as the simulator's late node does, calls it
+    /// alone.)
+    pub fn tend(&mut self) {
+        self.expire_lease();
         self.finish_switch(Duration::ZERO);
         self.poll_tasks();
-        Ok(stepped)
+    }
+
+    /// When the current slot's lease runs out, if it has one: the NM must look by then.
+    pub fn lease_deadline(&self) -> Option<Instant> {
+        self.lease
     }
 
     /// Kills every job's tasks (the NM is stopping).
@@ -397,7 +424,12 @@ impl<E: NmEnv> NodeManager<E> {
                 Command::Launch(spec) => self.launch(spec),
                 Command::Signal { job, signal } => self.signal_job(job, signal),
                 Command::Forget { job } => self.forget(job),
-                Command::Schedule { run } => self.apply_schedule(hb.seq, received_ns, &run),
+                Command::Schedule { run, lease_us } => {
+                    self.last_schedule = Some(hb.seq);
+                    self.lease = (lease_us > 0)
+                        .then(|| self.env.clock().now() + Duration::from_micros(lease_us.into()));
+                    self.apply_schedule(hb.seq, received_ns, &run);
+                }
                 Command::Shutdown => self.done = true,
             }
         }
@@ -715,6 +747,26 @@ impl<E: NmEnv> NodeManager<E> {
     /// `received_ns` is when the heartbeat was taken from the queue; the switch log records
     /// it beside the time the switch was complete.
     fn apply_schedule(&mut self, seq: u64, received_ns: u128, run: &[JobId]) {
+        let stopped = self.suspend_all_but(run);
+        let now = self.env.clock().now();
+        let switch = self.switch.get_or_insert_with(|| Switch {
+            seq,
+            from: seq,
+            received_ns,
+            since: now,
+            stopped: Vec::new(),
+            warned: false,
+        });
+        switch.seq = seq;
+        switch.received_ns = received_ns;
+        switch.stopped.extend(stopped);
+        self.finish_switch(SWITCH_INLINE_WAIT);
+    }
+
+    /// From now on exactly the jobs of `run` may run here: stops (SIGSTOP) every other job
+    /// that was running, and returns those. Continuing the jobs of `run` is
+    /// `finish_switch`'s, once the stopped ones have stopped.
+    fn suspend_all_but(&mut self, run: &[JobId]) -> Vec<JobId> {
         self.run.clear();
         self.run.extend_from_slice(run);
         let mut stopped = Vec::new();
@@ -734,19 +786,41 @@ impl<E: NmEnv> NodeManager<E> {
         for job in &stopped {
             self.halt_job(*job, true);
         }
+        stopped
+    }
+
+    /// The latest schedule's lease ran out and no heartbeat came since: the other nodes have
+    /// moved on to the next slot, so this one stops every job until a heartbeat says what
+    /// runs (the next heartbeat's switch confirms the stops before anything runs again).
+    fn expire_lease(&mut self) {
         let now = self.env.clock().now();
-        let switch = self.switch.get_or_insert_with(|| Switch {
-            seq,
-            from: seq,
-            received_ns,
-            since: now,
-            stopped: Vec::new(),
-            warned: false,
-        });
-        switch.seq = seq;
-        switch.received_ns = received_ns;
-        switch.stopped.extend(stopped);
-        self.finish_switch(SWITCH_INLINE_WAIT);
+        if self.lease.is_none_or(|until| now < until) {
+            return;
+        }
+        self.lease = None;
+        let stopped = self.suspend_all_but(&[]);
+        if let Some(seq) = self.last_schedule {
+            self.env.switched(&SwitchRecord {
+                seq,
+                from: seq,
+                received_ns: self.env.stamp_ns(),
+                stopped: stopped.clone(),
+                continued: Vec::new(),
+                started: Vec::new(),
+                lease_expired: true,
+            });
+        }
+        if let Some(more) = self.late_heartbeats.allow(now) {
+            tracing::warn!(
+                node = self.node,
+                stopped = ?stopped,
+                suppressed = more,
+                "no heartbeat within {:.1} ms of the timeslice's end: this node's jobs are \
+                 stopped until the next one, so that they do not run beside the other nodes' \
+                 next slot (an overloaded node, or a lossy link?)",
+                self.cfg.scheduler.slot_grace_ms
+            );
+        }
     }
 
     /// Completes the switch in progress if the tasks it stopped have stopped, waiting for
@@ -834,6 +908,7 @@ impl<E: NmEnv> NodeManager<E> {
                 stopped: switch.stopped,
                 continued,
                 started,
+                lease_expired: false,
             });
         }
     }

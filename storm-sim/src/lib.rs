@@ -77,6 +77,10 @@ pub struct SimOptions {
     /// Commit the journal on the daemon's committer thread (in real time, so that
     /// [`Sim::hold_journal`] can hold its writes) instead of in place.
     pub background_journal: bool,
+    /// Gang scheduling: how long past its timeslice a node runs a slot whose next heartbeat
+    /// is late (`[scheduler] slot_grace_ms`); `None` runs it until the heartbeat comes
+    /// (`slot_lease = false`).
+    pub slot_grace: Option<Duration>,
 }
 
 impl Default for SimOptions {
@@ -93,6 +97,7 @@ impl Default for SimOptions {
             record: false,
             transfer: TransferModel::default(),
             background_journal: false,
+            slot_grace: Some(Duration::from_millis(5)),
         }
     }
 }
@@ -346,7 +351,9 @@ impl Sim {
     /// since the last one and ticks, then every node takes what it was sent and reports what
     /// ended.
     pub fn step(&mut self) {
-        self.clock.advance_to(self.mm.poll_timeout());
+        let tick = self.mm.poll_timeout();
+        self.step_nodes_before(tick);
+        self.clock.advance_to(tick);
         let mm_start = thread_cpu();
         let network_start = self.fabric.network_cpu();
         self.land_transfers();
@@ -367,6 +374,34 @@ impl Sim {
         }
         self.cpu.nodes += thread_cpu().saturating_sub(nodes_start);
         self.collect_replies();
+    }
+
+    /// Steps, in time order, the nodes that must wake before `tick` (see [`SimNode::wake_at`]),
+    /// as their daemons' loops would.
+    fn step_nodes_before(&mut self, tick: Instant) {
+        while let Some(at) = self
+            .nodes
+            .iter()
+            .filter_map(SimNode::wake_at)
+            .filter(|&at| at < tick)
+            .min()
+        {
+            self.clock.advance_to(at.max(self.clock.now()));
+            let nodes_start = thread_cpu();
+            for node in &mut self.nodes {
+                if node.wake_at().is_some_and(|w| w <= at) {
+                    node.step();
+                }
+            }
+            self.cpu.nodes += thread_cpu().saturating_sub(nodes_start);
+        }
+    }
+
+    /// Node `n` takes the MM's next heartbeat (and anything else that arrives meanwhile)
+    /// `late` after it arrives; its NM runs on meanwhile.
+    pub fn delay_next_heartbeat(&mut self, n: NodeId, late: Duration) {
+        let arrives = self.mm.poll_timeout();
+        self.nodes[n as usize].hold_intake_until(arrives + late);
     }
 
     /// Lets virtual time run to `at` (at most the next timeslice) and wakes the MM there, as
@@ -720,6 +755,10 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
     cfg.scheduler.policy = opts.policy;
     cfg.scheduler.mpl = opts.mpl;
     cfg.failure.missed_heartbeats = opts.missed_heartbeats;
+    cfg.scheduler.slot_lease = opts.slot_grace.is_some();
+    if let Some(grace) = opts.slot_grace {
+        cfg.scheduler.slot_grace_ms = grace.as_secs_f64() * 1000.0;
+    }
     Ok(cfg)
 }
 

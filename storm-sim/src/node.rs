@@ -37,6 +37,9 @@ pub struct Heard {
 pub struct SimNode {
     core: NodeManager<SimNodeEnv>,
     frozen: bool,
+    /// The NM takes no message before this time (a heartbeat that reaches it late); it runs
+    /// on meanwhile.
+    intake_held_until: Option<Instant>,
 }
 
 impl SimNode {
@@ -81,6 +84,7 @@ impl SimNode {
         Self {
             core: NodeManager::new(parts, env),
             frozen: false,
+            intake_held_until: None,
         }
     }
 
@@ -92,6 +96,30 @@ impl SimNode {
 
     pub fn is_frozen(&self) -> bool {
         self.frozen
+    }
+
+    /// Lets what arrives for this node reach its NM only from `at` on (a late heartbeat: a
+    /// slow link, a retransmission); the NM runs on meanwhile.
+    pub fn hold_intake_until(&mut self, at: Instant) {
+        self.intake_held_until = Some(at);
+    }
+
+    /// When the node must step before the MM's next tick, if it must: its held intake
+    /// ends, or its slot's lease runs out (the daemon's loop wakes then too).
+    pub fn wake_at(&self) -> Option<Instant> {
+        if self.frozen {
+            return None;
+        }
+        [self.intake_held_until, self.core.lease_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The windows of virtual time in which job `job`'s tasks here ran, per task
+    /// ([`SimTasks::run_windows`](crate::tasks::SimTasks::run_windows)).
+    pub fn run_windows(&self, job: JobId) -> Vec<Vec<(Instant, Instant)>> {
+        self.core.env().tasks.run_windows(job)
     }
 
     /// The jobs this node holds, and whether each has ended here.
@@ -137,6 +165,11 @@ impl SimNode {
             return;
         }
         env.output.pump(now);
+        if self.intake_held_until.is_some_and(|until| now < until) {
+            self.core.tend();
+            return;
+        }
+        self.intake_held_until = None;
         for _ in 0..MESSAGES_PER_STEP {
             match self.core.step(Duration::ZERO) {
                 Ok(Stepped::Message) => {}

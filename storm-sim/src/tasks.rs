@@ -9,6 +9,9 @@
 //! NM's forwarder; both end when the task does. Given `reaped-after=MS`, its exit status is
 //! known only MS after it ended, as a launcher that reaps its child a moment after the
 //! child's pipes closed.
+//!
+//! Every task keeps the windows of virtual time in which it ran ([`SimTasks::run_windows`]):
+//! what a real task sees of gang scheduling, from its own side.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -70,6 +73,7 @@ impl OutputSource for MemoryStream {
 }
 
 struct SimTask {
+    job: JobId,
     rank: u32,
     work: Duration,
     /// Virtual CPU time the task still needs.
@@ -81,6 +85,9 @@ struct SimTask {
     reaped_after: Duration,
     halted: bool,
     status: Option<RankStatus>,
+    /// The windows it ran in, and since when it runs if it does.
+    windows: Vec<(Instant, Instant)>,
+    running_since: Option<Instant>,
     started: Instant,
     ended: Option<Instant>,
     stdout: MemoryStream,
@@ -104,7 +111,22 @@ impl SimTask {
         }
     }
 
+    /// Runs from `at` on, unless it ended or runs already.
+    fn run_from(&mut self, at: Instant) {
+        if self.status.is_none() && self.running_since.is_none() {
+            self.running_since = Some(at);
+        }
+    }
+
+    /// Runs no more from `at` on.
+    fn pause_at(&mut self, at: Instant) {
+        if let Some(from) = self.running_since.take() {
+            self.windows.push((from, at));
+        }
+    }
+
     fn end(&mut self, status: RankStatus, at: Instant) {
+        self.pause_at(at);
         self.status = Some(status);
         self.ended = Some(at);
         self.stdout.end();
@@ -155,6 +177,22 @@ impl SimTasks {
     fn stamp(&self, at: Instant) -> u128 {
         at.saturating_duration_since(self.origin).as_nanos()
     }
+
+    /// The windows of virtual time in which job `job`'s tasks here ran, each task's in
+    /// order, up to the last advance (a task running then ends its last window there).
+    /// Released tasks are no longer known.
+    pub fn run_windows(&self, job: JobId) -> Vec<Vec<(Instant, Instant)>> {
+        let mut tasks: Vec<&SimTask> = self.tasks.values().filter(|t| t.job == job).collect();
+        tasks.sort_by_key(|t| t.rank);
+        tasks
+            .into_iter()
+            .map(|t| {
+                let mut w = t.windows.clone();
+                w.extend(t.running_since.map(|from| (from, self.last)));
+                w
+            })
+            .collect()
+    }
 }
 
 impl TaskRunner for SimTasks {
@@ -171,7 +209,8 @@ impl TaskRunner for SimTasks {
             .unwrap_or(0);
         let id = self.next;
         self.next += 1;
-        let t = SimTask {
+        let mut t = SimTask {
+            job: task.job,
             rank: task.rank,
             work,
             left: work,
@@ -185,11 +224,14 @@ impl TaskRunner for SimTasks {
                 .map_or(Duration::ZERO, Duration::from_millis),
             halted: false,
             status: None,
+            windows: Vec::new(),
+            running_since: None,
             started: self.last,
             ended: None,
             stdout: MemoryStream::default(),
             stderr: MemoryStream::default(),
         };
+        t.run_from(self.last);
         let output: Vec<(Stream, Box<dyn OutputSource>)> = vec![
             (Stream::Stdout, Box::new(t.stdout.clone())),
             (Stream::Stderr, Box::new(t.stderr.clone())),
@@ -201,6 +243,7 @@ impl TaskRunner for SimTasks {
     fn halt(&mut self, task: TaskId) -> bool {
         if let Some(t) = self.tasks.get_mut(&task) {
             t.halted = true;
+            t.pause_at(self.last);
         }
         true
     }
@@ -208,6 +251,7 @@ impl TaskRunner for SimTasks {
     fn resume(&mut self, task: TaskId) {
         if let Some(t) = self.tasks.get_mut(&task) {
             t.halted = false;
+            t.run_from(self.last);
         }
     }
 

@@ -361,7 +361,7 @@ fn gang_strobes_carry_the_policys_decisions_for_10000_slices() {
                 .commands
                 .iter()
                 .filter_map(|c| match c {
-                    Command::Schedule { run } => Some(run),
+                    Command::Schedule { run, .. } => Some(run),
                     _ => None,
                 })
                 .collect();

@@ -62,6 +62,8 @@ pub struct GangArgs {
     pub tasks_nodes: u32,
     pub tasks_quanta_ms: Vec<f64>,
     pub tasks_cpu_s: f64,
+    pub tasks_loss_percent: u32,
+    pub tasks_leases: Vec<bool>,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -478,6 +480,8 @@ pub fn run(args: &GangArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             quanta_ms: args.tasks_quanta_ms.clone(),
             cpu_s: args.tasks_cpu_s,
             rt_priorities: vec![args.daemon_rt_priority.max(1), 0],
+            loss_percent: args.tasks_loss_percent,
+            leases: args.tasks_leases.clone(),
         })?);
     }
     let sweeps = args.parts.contains(&Part::Quantum) || args.parts.contains(&Part::Mpl);

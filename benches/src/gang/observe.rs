@@ -119,6 +119,8 @@ fn parse_switch(line: &str) -> Option<Switch> {
         match key {
             "stop" | "cont" => switched |= !value.is_empty(),
             "recv" => recv_ns = Some(value.parse().ok()?),
+            // A lease that ran out: no heartbeat's switch.
+            "lease" => return None,
             _ => {}
         }
     }
@@ -303,6 +305,10 @@ mod tests {
         assert!(!started_only.switched);
         assert!(parse_switch("43 x stop= cont= start= recv=1").is_none());
         assert!(parse_switch("43 2000 stop= cont= start=").is_none());
+        assert!(
+            parse_switch("43 2000 stop=1 cont= start= recv=1990 from=43 lease=expired").is_none(),
+            "a lease that ran out is no switch"
+        );
         assert!(parse_switch("43 2000 nonsense").is_none());
     }
 

@@ -12,6 +12,11 @@
 //! * run windows, median and p99, against the quantum;
 //! * the skew of switches across nodes (how far apart a job's ranks start a window);
 //! * slowdown: the two jobs' makespan over twice the job's alone.
+//!
+//! With `--tasks-loss PCT` the last node's link drops PCT % of its packets (testbed only): a
+//! heartbeat that a lost packet delays by a retransmission is what the slot's lease
+//! (`[scheduler] slot_lease`) is for; `--tasks-lease true,false` measures every row with it
+//! and without it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,11 +37,12 @@ enum Cluster {
 }
 
 impl Cluster {
-    fn start(dir: &Path, nodes: u32, quantum_ms: f64, rt: u8) -> Result<Cluster> {
+    fn start(dir: &Path, nodes: u32, quantum_ms: f64, rt: u8, lease: bool) -> Result<Cluster> {
         let scheduler = SchedulerSection {
             policy: PolicyKind::Gang,
             mpl: 2,
             daemon_rt_priority: rt,
+            slot_lease: lease,
             ..SchedulerSection::default()
         };
         if namespaces_available().is_ok() {
@@ -45,7 +51,7 @@ impl Cluster {
                 nodes,
                 // One CPU per node: every job needs whole nodes, so the two take turns.
                 cpus: 1,
-                dir: dir.join(format!("testbed-{quantum_ms}-{rt}")),
+                dir: dir.join(format!("testbed-{quantum_ms}-{rt}-{lease}")),
                 timeslice_ms: quantum_ms,
                 scheduler,
                 failure: Default::default(),
@@ -85,6 +91,10 @@ pub struct TasksArgs {
     pub cpu_s: f64,
     /// The real-time priorities to compare (0: the normal policy).
     pub rt_priorities: Vec<u8>,
+    /// Percent of packets the last node's link drops (0: none).
+    pub loss_percent: u32,
+    /// `[scheduler] slot_lease` settings to compare.
+    pub leases: Vec<bool>,
 }
 
 /// The table of what the tasks saw, one row per quantum and daemon policy.
@@ -100,19 +110,35 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
     let bin = storm_cli::local::bin_dir()?;
     let where_ = if namespaces_available().is_ok() {
         "namespace testbed"
+    } else if args.loss_percent > 0 {
+        anyhow::bail!(
+            "--tasks-loss needs a namespace testbed (root, ip netns): {}",
+            namespaces_available().unwrap_err()
+        );
     } else {
         "embedded cluster (no network namespaces here)"
     };
+    let lossy = args.nodes - 1;
     let mut table = Table::new(
         format!(
             "Gang scheduling seen from the tasks: {} nodes ({where_}), 1 CPU each, two jobs of \
              one CPU-bound rank per node, {} s of CPU per rank; the same quantum's job alone \
-             beside it",
-            args.nodes, args.cpu_s
+             beside it{}",
+            args.nodes,
+            args.cpu_s,
+            if args.loss_percent > 0 {
+                format!(
+                    "; node {lossy}'s link drops {} % of its packets",
+                    args.loss_percent
+                )
+            } else {
+                String::new()
+            }
         ),
         &[
             "quantum",
             "daemons",
+            "slot lease",
             "overlap",
             "co-run",
             "co-run alone",
@@ -124,9 +150,16 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
             "slowdown",
         ],
     );
-    for &q in &args.quanta_ms {
-        for &rt in &args.rt_priorities {
-            let cluster = Cluster::start(work.path(), args.nodes, q, rt)?;
+    for (&q, &rt, &lease) in args.quanta_ms.iter().flat_map(|q| {
+        args.rt_priorities
+            .iter()
+            .flat_map(move |rt| args.leases.iter().map(move |l| (q, rt, l)))
+    }) {
+        {
+            let cluster = Cluster::start(work.path(), args.nodes, q, rt, lease)?;
+            if let (Cluster::Testbed(tb), true) = (&cluster, args.loss_percent > 0) {
+                tb.set_loss(lossy, args.loss_percent)?;
+            }
             let out = work.path().join("windows");
             let probes = |jobs| {
                 let submit = || cluster.submit(&bin);
@@ -155,6 +188,7 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
                     0 => "normal".into(),
                     p => format!("SCHED_FIFO {p}"),
                 },
+                if lease { "on" } else { "off" }.into(),
                 format!("{:.3}", t.overlap),
                 format!("{:.3}", t.corun_min),
                 format!("{:.3}", a.corun_min),
@@ -166,7 +200,7 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
                 format!("{:.3}", makespan(&together) / (2.0 * makespan(&alone))),
             ]);
             eprintln!(
-                "  tasks: {q} ms, rt {rt}: overlap {:.3}, co-run {:.3}",
+                "  tasks: {q} ms, rt {rt}, lease {lease}: overlap {:.3}, co-run {:.3}",
                 t.overlap, t.corun_min
             );
         }

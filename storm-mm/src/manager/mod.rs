@@ -339,6 +339,9 @@ pub struct MachineManager<E: MmEnv> {
     epoch: Instant,
     /// Jobs that run in this timeslice (gang scheduling).
     run_set: Vec<JobId>,
+    /// Whether the next timeslice runs other jobs: the heartbeat then gives this one a lease
+    /// (`Command::Schedule`).
+    run_rotates: bool,
     /// Heartbeat failures recur every timeslice while a node is unreachable: log them at most
     /// once a second.
     hb_errors: LogLimit,
@@ -556,6 +559,7 @@ impl<E: MmEnv> MachineManager<E> {
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: now,
             run_set: Vec::new(),
+            run_rotates: false,
             hb_errors: LogLimit::new(Duration::from_secs(1)),
             transferring: NodeSet::new(),
             unanswered: Vec::new(),
@@ -1388,11 +1392,12 @@ impl<E: MmEnv> MachineManager<E> {
                     self.slots[slot] = Some(job);
                     self.start_job(job, placed, slot);
                 }
-                Decision::Run { jobs } => {
+                Decision::Run { jobs, rotates } => {
                     if jobs != self.run_set {
                         self.metrics.gang_switched();
                     }
                     self.run_set = jobs;
+                    self.run_rotates = rotates;
                 }
             }
         }
@@ -1921,8 +1926,10 @@ impl<E: MmEnv> MachineManager<E> {
             taken += 1;
         }
         if self.gang {
+            let lease = self.cfg.slot_lease().filter(|_| self.run_rotates);
             hb.commands.push(Command::Schedule {
                 run: self.run_set.clone(),
+                lease_us: lease.map_or(0, |l| l.as_micros().clamp(1, u32::MAX as u128) as u32),
             });
         }
         hb.seal = self

@@ -46,15 +46,25 @@ impl Gang {
         &self.matrix
     }
 
-    fn run_set(&self) -> Vec<JobId> {
+    /// The non-empty slot after `slot`, round-robin (`slot` itself if it is the only one).
+    fn next_slot(&self, slot: usize) -> Option<usize> {
         let mpl = self.matrix.len();
-        let mut run: Vec<JobId> = self.matrix[self.active].keys().copied().collect();
+        (1..=mpl)
+            .map(|k| (slot + k) % mpl)
+            .find(|&s| !self.matrix[s].is_empty())
+    }
+
+    /// The jobs that run while `active` is the active slot: its own, and those of other slots
+    /// whose CPUs it leaves idle (alternative scheduling).
+    fn run_set(&self, active: usize) -> Vec<JobId> {
+        let mpl = self.matrix.len();
+        let mut run: Vec<JobId> = self.matrix[active].keys().copied().collect();
         let mut busy = Occupancy::default();
-        for share in self.matrix[self.active].values() {
+        for share in self.matrix[active].values() {
             busy.hold(share);
         }
         for k in 1..mpl {
-            let s = (self.active + k) % mpl;
+            let s = (active + k) % mpl;
             for (job, share) in &self.matrix[s] {
                 if busy.is_idle(share) {
                     busy.hold(share);
@@ -125,16 +135,15 @@ impl Policy for Gang {
                 None => i += 1,
             }
         }
-        let mpl = self.matrix.len();
-        if let Some(next) = (1..=mpl)
-            .map(|k| (self.active + k) % mpl)
-            .find(|&s| !self.matrix[s].is_empty())
-        {
+        if let Some(next) = self.next_slot(self.active) {
             self.active = next;
         }
-        out.push(Decision::Run {
-            jobs: self.run_set(),
-        });
+        let jobs = self.run_set(self.active);
+        // Unless jobs end or start, the next timeslice runs this.
+        let rotates = self
+            .next_slot(self.active)
+            .is_some_and(|next| self.run_set(next) != jobs);
+        out.push(Decision::Run { jobs, rotates });
         out
     }
 
@@ -184,10 +193,47 @@ mod tests {
     fn run_of(d: &[Decision]) -> Vec<JobId> {
         d.iter()
             .find_map(|d| match d {
-                Decision::Run { jobs } => Some(jobs.clone()),
+                Decision::Run { jobs, .. } => Some(jobs.clone()),
                 _ => None,
             })
             .unwrap()
+    }
+
+    fn rotates(d: &[Decision]) -> bool {
+        d.iter()
+            .find_map(|d| match d {
+                Decision::Run { rotates, .. } => Some(*rotates),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    /// A timeslice is leased (it must not outlast its slice on a late node) exactly when the
+    /// next one runs other jobs.
+    #[test]
+    fn a_run_rotates_only_when_the_next_timeslice_runs_other_jobs() {
+        let t = Duration::ZERO;
+        let mut g = Gang::new(8, 1, 2);
+        g.submit(ask(1, Need::Nodes(8)), t);
+        assert!(
+            !rotates(&g.tick(t, usize::MAX)),
+            "one job alone never switches"
+        );
+        g.submit(ask(2, Need::Nodes(8)), t);
+        assert!(rotates(&g.tick(t, usize::MAX)));
+        assert!(rotates(&g.tick(t, usize::MAX)));
+        // Two half-size jobs side by side in one slot.
+        g.ended(1, t);
+        g.ended(2, t);
+        g.submit(ask(3, Need::Nodes(4)), t);
+        g.submit(ask(4, Need::Nodes(4)), t);
+        assert!(
+            !rotates(&g.tick(t, usize::MAX)),
+            "jobs side by side in one slot never switch"
+        );
+        // A full-size job needs the other slot: now every timeslice switches.
+        g.submit(ask(5, Need::Nodes(8)), t);
+        assert!(rotates(&g.tick(t, usize::MAX)));
     }
 
     #[test]

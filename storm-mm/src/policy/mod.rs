@@ -7,7 +7,9 @@
 //! * [`Decision::Start`]: give a job these nodes (or these CPUs of one node), in this time
 //!   slot of the Ousterhout matrix (always 0 for the space-sharing policies);
 //! * [`Decision::Run`]: from this timeslice on, exactly these jobs run (gang scheduling); the
-//!   others are stopped on their nodes.
+//!   others are stopped on their nodes. `rotates` says whether the next timeslice runs
+//!   other jobs, so that this one must not outlast its slice on a node whose next heartbeat
+//!   is late.
 //!
 //! The matrix's columns are CPUs: a job needs whole nodes or some CPUs of one node
 //! ([`Need`]), which [`crate::alloc::Allocator`] hands out by buddy allocation within and
@@ -55,7 +57,7 @@ pub struct Placement {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Start { job: JobId, placed: Placement },
-    Run { jobs: Vec<JobId> },
+    Run { jobs: Vec<JobId>, rotates: bool },
 }
 
 /// A scheduling policy.
