@@ -453,7 +453,28 @@ impl Client {
     }
 
     pub fn request(&self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Result<(), String> {
-        send(&self.sock, req, fd).map_err(|e| format!("lost the machine manager: {e}"))
+        match send(&self.sock, req, fd) {
+            Ok(()) => Ok(()),
+            // The MM refuses a request it will not read to the end (one over `[limits]
+            // max_request_bytes`): it says why and closes, which can fail the rest of the
+            // write. Its last word is then waiting to be read.
+            Err(ControlError::Io(e)) => match self.last_word() {
+                Some(why) => Err(why),
+                None => Err(format!("lost the machine manager: i/o error: {e}")),
+            },
+            Err(e) => Err(format!("lost the machine manager: {e}")),
+        }
+    }
+
+    /// The error the MM sent before it closed the connection, if it sent one.
+    fn last_word(&self) -> Option<String> {
+        self.sock
+            .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+            .ok()?;
+        match recv::<Reply>(&self.sock) {
+            Ok((Reply::Error(why), _)) => Some(why),
+            _ => None,
+        }
     }
 
     pub fn next(&self) -> Result<Reply, String> {
@@ -473,6 +494,44 @@ impl Client {
 mod tests {
     use super::*;
     use std::io::Seek;
+
+    /// The MM refuses a request over its size limit before reading it all: it says why and
+    /// closes. The rest of the client's write then fails (EPIPE), and the client reports the
+    /// MM's reason, not a lost connection.
+    #[test]
+    fn a_request_refused_before_it_was_read_reports_the_refusal() {
+        let (client, server) = UnixStream::pair().unwrap();
+        send(
+            &server,
+            &Reply::Error("a request of N bytes exceeds the limit".into()),
+            None,
+        )
+        .unwrap();
+        drop(server);
+        let client = Client {
+            sock: client,
+            cluster: "t".into(),
+            nodes: 1,
+        };
+        let big = Request::Drain {
+            nodes: NodeSet::new(),
+            reason: "x".repeat(1 << 20),
+        };
+        assert_eq!(
+            client.request(&big, None),
+            Err("a request of N bytes exceeds the limit".to_string())
+        );
+        // With nothing said, it is a lost connection.
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(server);
+        let client = Client {
+            sock: client,
+            cluster: "t".into(),
+            nodes: 1,
+        };
+        let err = client.request(&big, None).unwrap_err();
+        assert!(err.starts_with("lost the machine manager"), "{err}");
+    }
 
     #[test]
     fn frames_and_descriptors_cross_a_socketpair() {
