@@ -1,0 +1,329 @@
+//! A job as the machine manager holds it: its phase ([`Phase`]), what it asked for and where
+//! it runs ([`Job`]), how its start is planned ([`NewJob`]) and timed ([`RanAt`]), and how it
+//! becomes a journal record, a policy's ask, a `storm queue` line and a launch command.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant};
+
+use storm_cluster::control::{JobInfo, JobRequest};
+use storm_cluster::messages::{JobId, JobUsage, LaunchSpec, OutputChunk, Program};
+use storm_cluster::tasks::TaskPlan;
+use storm_primitives::{NodeId, NodeSet};
+
+use crate::control_server::ClientId;
+use crate::journal::{JobRecord, JobState};
+use crate::policy::{JobAsk, Need};
+
+use super::restart;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Queued,
+    /// Nodes allocated; the program transfer waits for a worker or for its nodes to finish
+    /// another job's transfer (each node has one chunk queue).
+    Allocated,
+    /// A worker is sending the program.
+    Sending {
+        transfer: u32,
+        worker: usize,
+    },
+    /// Sent; waiting for every node's acknowledgement.
+    Verifying {
+        transfer: u32,
+    },
+    /// Ready to launch; the launch waits until the journal holds the record saying the job
+    /// started (write-ahead: a restarted MM must know of any job whose tasks may run). `batch`
+    /// is the commit that writes that record, once it is handed to the journal.
+    Recording {
+        batch: Option<u64>,
+    },
+    /// The launch command is waiting for the next heartbeat.
+    Launching,
+    Running,
+    /// Ran when the MM restarted: waiting for its nodes to register and say they still hold
+    /// it (see [`restart`]).
+    Recovering,
+}
+
+impl Phase {
+    /// Whether the job's launch has gone out, so that some of its tasks may run.
+    pub(super) fn started(self) -> bool {
+        matches!(self, Phase::Running | Phase::Recovering)
+    }
+
+    /// Whether the job's launch may go now: the commit recording its start is among those
+    /// settled (up to batch `settled`).
+    pub(super) fn may_launch(self, settled: u64) -> bool {
+        matches!(self, Phase::Recording { batch: Some(b) } if b <= settled)
+    }
+}
+
+pub(super) struct Cancel {
+    pub(super) reason: String,
+    pub(super) since: Instant,
+    pub(super) killed: bool,
+}
+
+pub(super) struct Job {
+    pub(super) id: JobId,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) req: JobRequest,
+    pub(super) plan: TaskPlan,
+    /// The descriptor of the program storm-submit passed (`--bcast`), held only until its
+    /// copy beside the journal is made (or, for a job that starts at once and is never
+    /// requeued, until it is sent): the MM holds no descriptor per waiting job.
+    pub(super) program: Option<File>,
+    /// The program's size as checked against the limits at submission: exactly this much is
+    /// copied and sent.
+    pub(super) size: u64,
+    /// The BLAKE3 hash of the program as it was sent: its launch carries it, sealed.
+    pub(super) program_hash: Option<[u8; 32]>,
+    pub(super) client: Option<ClientId>,
+    pub(super) phase: Phase,
+    pub(super) nodes: NodeSet,
+    /// The CPUs it holds of its one node, when it shares the node with other jobs.
+    pub(super) cpus: Option<NodeSet>,
+    pub(super) slot: Option<usize>,
+    pub(super) submitted: Instant,
+    /// `submitted` as wall-clock time (milliseconds since the Unix epoch), for the journal.
+    pub(super) submitted_ms: u64,
+    /// A copy of the program is in the journal's state directory.
+    pub(super) program_saved: bool,
+    /// Copying the program there failed (logged); it is not tried again.
+    pub(super) program_save_failed: bool,
+    pub(super) allocated: Option<Instant>,
+    pub(super) ready: Option<Instant>,
+    pub(super) launched: Option<Instant>,
+    /// When its tasks ran, as its nodes reported (for the outcome's timing).
+    pub(super) ran: RanAt,
+    /// `launched` as wall-clock time (milliseconds since the Unix epoch), for the journal.
+    pub(super) launched_ms: Option<u64>,
+    pub(super) cancel: Option<Cancel>,
+    pub(super) worker_cancel: Option<Arc<AtomicBool>>,
+    /// While the program is sent: bytes delivered to every node, and what was last reported
+    /// to the submitter (when, how much).
+    pub(super) transfer_progress: Option<(Arc<AtomicU64>, Instant, u64)>,
+    pub(super) terminating: bool,
+    /// Row of the gang scheduler's matrix.
+    pub(super) time_slot: usize,
+    pub(super) limit: Option<Duration>,
+    /// While `Recovering`: what its nodes said so far.
+    pub(super) recovery: Option<restart::Recovery>,
+    /// Restored from the journal after a restart of the MM: its submitter may reattach.
+    pub(super) restored: bool,
+    /// Output taken from the nodes' queues while the restored job's submitter has not
+    /// reattached yet: (node, queue entry, chunk), sent when it does.
+    pub(super) held_output: Vec<(NodeId, u64, OutputChunk)>,
+    /// MPI: the last PMI fence whose result went to the job's nodes.
+    pub(super) pmi_epoch: u32,
+    /// MPI: the exit code a rank asked the job to end with (`MPI_Abort`).
+    pub(super) abort_code: Option<i32>,
+}
+
+/// When a job's tasks ran, over its nodes' reports: microseconds after each node took the
+/// launch heartbeat.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct RanAt {
+    pub(super) first_started_us: Option<u64>,
+    pub(super) last_exited_us: Option<u64>,
+    /// What its processes used: CPU time summed over its nodes, the largest peak memory
+    /// of any node (each known only where some node's cgroup told it).
+    pub(super) usage: JobUsage,
+}
+
+impl RanAt {
+    pub(super) fn add(&mut self, t: &storm_cluster::messages::NodeTiming) {
+        self.first_started_us = match (self.first_started_us, t.first_started_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_exited_us = self.last_exited_us.max(t.last_exited_us);
+        let u = &mut self.usage;
+        u.cpu_us = match (u.cpu_us, t.usage.cpu_us) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        u.peak_memory_bytes = u.peak_memory_bytes.max(t.usage.peak_memory_bytes);
+    }
+
+    /// First task started to last task ended.
+    pub(super) fn run_us(&self) -> u64 {
+        match (self.first_started_us, self.last_exited_us) {
+            (Some(first), Some(last)) => last.saturating_sub(first),
+            _ => 0,
+        }
+    }
+}
+
+/// What a new job (or one restored from the journal) starts with.
+pub(super) struct NewJob {
+    pub(super) id: JobId,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) req: JobRequest,
+    pub(super) plan: TaskPlan,
+    pub(super) program: Option<File>,
+    /// The program's size, checked against the limits (0 without one).
+    pub(super) size: u64,
+    pub(super) client: Option<ClientId>,
+    pub(super) submitted: Instant,
+    pub(super) submitted_ms: u64,
+}
+
+impl Job {
+    /// A job waiting in the queue.
+    pub(super) fn queued(new: NewJob) -> Self {
+        let size = new.size;
+        Self {
+            id: new.id,
+            uid: new.uid,
+            gid: new.gid,
+            plan: new.plan,
+            program: new.program,
+            size,
+            program_hash: None,
+            client: new.client,
+            phase: Phase::Queued,
+            nodes: NodeSet::new(),
+            cpus: None,
+            slot: None,
+            submitted: new.submitted,
+            submitted_ms: new.submitted_ms,
+            program_saved: false,
+            program_save_failed: false,
+            allocated: None,
+            ready: None,
+            launched: None,
+            ran: RanAt::default(),
+            launched_ms: None,
+            cancel: None,
+            worker_cancel: None,
+            transfer_progress: None,
+            terminating: false,
+            time_slot: 0,
+            limit: new.req.time_limit_ms.map(Duration::from_millis),
+            recovery: None,
+            restored: false,
+            held_output: Vec::new(),
+            pmi_epoch: 0,
+            abort_code: None,
+            req: new.req,
+        }
+    }
+
+    /// The launch command of this started job (it has a job slot).
+    pub(super) fn launch_spec(&self) -> LaunchSpec {
+        let mut spec = launch_spec(
+            self.id,
+            self.slot.expect("started jobs have a slot"),
+            &self.req,
+            &self.plan,
+            &self.nodes,
+            (self.uid, self.gid),
+        );
+        spec.program_hash = self.program_hash;
+        spec
+    }
+}
+
+/// The journal's record of a job that has not ended.
+pub(super) fn job_record(j: &Job) -> JobRecord {
+    JobRecord {
+        id: j.id,
+        uid: j.uid,
+        gid: j.gid,
+        req: j.req.clone(),
+        submitted_ms: j.submitted_ms,
+        state: match j.phase {
+            Phase::Queued => JobState::Queued,
+            _ => JobState::Started {
+                nodes: j.nodes.clone(),
+                cpus: j.cpus.clone(),
+                slot: j.slot.unwrap_or(0) as u32,
+                time_slot: j.time_slot as u32,
+                launched_ms: j.launched_ms,
+                program_hash: j.program_hash,
+            },
+        },
+    }
+}
+
+/// What a job asks of the scheduling policy on nodes of `cpus` CPUs.
+pub(super) fn job_ask(job: JobId, req: &JobRequest, plan: &TaskPlan, cpus: u32) -> JobAsk {
+    JobAsk {
+        job,
+        need: Need::of(plan.nodes, plan.ntasks, cpus, req.tasks.exclusive),
+        limit: req.time_limit_ms.map(Duration::from_millis),
+    }
+}
+
+/// How `storm history` shows a finished job.
+pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
+    let JobState::Finished { nodes, outcome, .. } = &rec.state else {
+        return None;
+    };
+    let code = outcome.exit_code();
+    Some(JobInfo {
+        job: rec.id,
+        name: rec.req.name.clone(),
+        uid: rec.uid,
+        state: if code == 0 { "completed" } else { "failed" }.into(),
+        nodes: nodes.clone(),
+        cpus: None,
+        ntasks: outcome.ranks.len() as u32,
+        elapsed_ms: outcome.timing.total_us / 1000,
+        reason: outcome.reason.clone(),
+        time_slot: None,
+        exit_code: Some(code),
+        usage: outcome.usage,
+    })
+}
+
+/// The launch command of a job placed on `nodes`.
+pub(super) fn launch_spec(
+    id: JobId,
+    slot: usize,
+    req: &JobRequest,
+    plan: &TaskPlan,
+    nodes: &NodeSet,
+    (uid, gid): (u32, u32),
+) -> LaunchSpec {
+    let program = if req.bcast {
+        Program::Spooled(
+            req.program
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "program".into()),
+        )
+    } else {
+        Program::Path(req.program.clone())
+    };
+    LaunchSpec {
+        job: id,
+        slot: slot as u32,
+        nodes: nodes.clone(),
+        ntasks: plan.ntasks,
+        program,
+        program_hash: None,
+        args: req.args.clone(),
+        env: req.env.clone(),
+        cwd: req.cwd.clone(),
+        uid,
+        gid,
+        reporter: nodes.last().unwrap_or(0),
+        mpi: req.mpi,
+    }
+}
+
+/// `1m30s`-style text for a duration.
+pub(super) fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs / 3600, secs % 3600 / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
+    }
+}

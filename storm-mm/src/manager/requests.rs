@@ -1,0 +1,526 @@
+//! Requests from storm-submit and the other clients: who may ask what, the limits a submission
+//! must fit, the answers (`storm queue`, `storm nodes`, metrics), and replies to clients that
+//! read them too slowly.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Result;
+use crossbeam_channel::Sender;
+use storm_cluster::control::{self, JobInfo, JobRequest, NodeInfo, Reply, Request};
+use storm_cluster::messages::{Command, JobId, JobUsage, encode};
+use storm_cluster::tasks::TaskPlan;
+use storm_primitives::{NodeId, NodeSet};
+
+use crate::control_server::{ClientId, Incoming};
+use crate::env::MmEnv;
+use crate::policy::JobAsk;
+
+use super::{Job, MachineManager, NewJob, Phase, finished_info, job_ask, launch_spec, restart};
+
+pub(super) struct Client {
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) tx: Sender<Reply>,
+    /// Replies queued for this client so far (the outbox numbers them in order).
+    pub(super) queued: u64,
+    /// Replies written to its socket so far (counted by its writer thread).
+    pub(super) written: Arc<AtomicU64>,
+    /// Its replies other than output that may not be written yet, by number, with their size
+    /// (output is flow-controlled end to end, see `output`; these are bounded by
+    /// `[limits] max_unread_reply_bytes`).
+    pub(super) unread: VecDeque<(u64, u64)>,
+    /// The bytes of the replies in `unread`.
+    pub(super) unread_bytes: u64,
+    /// Its connection, to close when it breaks that limit.
+    pub(super) closer: std::os::unix::net::UnixStream,
+}
+
+impl<E: MmEnv> MachineManager<E> {
+    /// Queues a reply; it is sent at the end of the timeslice, once the journal holds what
+    /// it tells. Returns its number among the replies to this client (it is written to the
+    /// client's socket once the client's `written` count reaches it), or `None` if the client
+    /// is gone.
+    pub(super) fn reply(&mut self, client: ClientId, r: Reply) -> Option<u64> {
+        let c = self.clients.get_mut(&client)?;
+        c.queued += 1;
+        let n = c.queued;
+        if !matches!(r, Reply::Output(_)) {
+            let written = c.written.load(Ordering::Acquire);
+            while let Some(&(k, bytes)) = c.unread.front()
+                && k <= written
+            {
+                c.unread.pop_front();
+                c.unread_bytes -= bytes;
+            }
+            let bytes = control::encoded_len(&r) as u64;
+            c.unread.push_back((n, bytes));
+            c.unread_bytes += bytes;
+            if c.unread_bytes > self.cfg.limits.max_unread_reply_bytes {
+                self.drop_unreading_client(client);
+                return None;
+            }
+        }
+        self.outbox.push((client, r, None));
+        Some(n)
+    }
+
+    /// Disconnects a client that leaves more than `[limits] max_unread_reply_bytes` of
+    /// replies unread (it asks without reading the answers). Its jobs go on without it: their output
+    /// is dropped, and their state stays in `storm queue`.
+    pub(super) fn drop_unreading_client(&mut self, client: ClientId) {
+        let Some(c) = self.clients.remove(&client) else {
+            return;
+        };
+        let mut detached = 0;
+        for j in self.jobs.values_mut().filter(|j| j.client == Some(client)) {
+            j.client = None;
+            detached += 1;
+        }
+        tracing::warn!(
+            client,
+            uid = c.uid,
+            detached,
+            "disconnecting a control client that left {} replies ({} bytes) unread ([limits] \
+             max_unread_reply_bytes = {}); its jobs go on without it",
+            c.unread.len(),
+            c.unread_bytes,
+            self.cfg.limits.max_unread_reply_bytes
+        );
+        control::hang_up(&c.closer);
+    }
+
+    /// Takes a message from the control socket: a client came or went, or asked something.
+    /// Replies go out at the end of the next timeslice, once the journal holds what they tell.
+    pub fn handle(&mut self, msg: Incoming) {
+        match msg {
+            Incoming::Connected {
+                client,
+                uid,
+                gid,
+                tx,
+                written,
+                closer,
+            } => {
+                self.clients.insert(
+                    client,
+                    Client {
+                        uid,
+                        gid,
+                        tx,
+                        queued: 0,
+                        written,
+                        unread: VecDeque::new(),
+                        unread_bytes: 0,
+                        closer,
+                    },
+                );
+            }
+            Incoming::Gone { client } => {
+                self.clients.remove(&client);
+                let orphans: Vec<JobId> = self
+                    .jobs
+                    .values()
+                    .filter(|j| j.client == Some(client))
+                    .map(|j| j.id)
+                    .collect();
+                for job in orphans {
+                    self.cancel(job, "storm-submit went away".into());
+                }
+            }
+            Incoming::Request { client, req, fds } => self.request(client, req, fds),
+        }
+    }
+
+    pub(super) fn request(&mut self, client: ClientId, req: Request, fds: Vec<OwnedFd>) {
+        let Some(uid) = self.clients.get(&client).map(|c| c.uid) else {
+            return;
+        };
+        match req {
+            Request::Hello { .. } => {
+                self.reply(client, Reply::Error("already connected".into()));
+            }
+            // Accepted is sent after the next scheduling decision, saying why the job waits.
+            Request::Submit(job) => {
+                if let Err(e) = self.submit(client, job, fds) {
+                    self.reply(client, Reply::Error(e));
+                }
+            }
+            Request::Cancel { job } => {
+                let reply = match self.jobs.get(&job) {
+                    None => Reply::Error(format!("no job {job} (it may have finished already)")),
+                    Some(j) if uid != 0 && uid != j.uid => Reply::Error(format!(
+                        "job {job} belongs to uid {}; only its owner or root may cancel it",
+                        j.uid
+                    )),
+                    Some(_) => {
+                        self.cancel(job, format!("cancelled by uid {uid}"));
+                        Reply::Done
+                    }
+                };
+                self.reply(client, reply);
+            }
+            Request::Queue => {
+                let list = self.jobs.values().map(|j| self.job_info(j)).collect();
+                self.reply(client, Reply::Queue(list));
+            }
+            Request::History => {
+                let list = self.finished.values().filter_map(finished_info).collect();
+                self.reply(client, Reply::History(list));
+            }
+            Request::Attach { job } => self.attach(client, uid, job),
+            Request::Metrics => {
+                let text = self.metrics_text();
+                self.reply(client, Reply::Metrics(text));
+            }
+            Request::Nodes => {
+                let list = self.node_infos();
+                self.reply(client, Reply::Nodes(list));
+            }
+            Request::Drain { nodes, reason } => {
+                let reply = self.operator(uid, "drain nodes").and_then(|()| {
+                    self.drain(&nodes, reason)?;
+                    Ok(Reply::Done)
+                });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Resume { nodes } => {
+                let reply = self.operator(uid, "resume nodes").and_then(|()| {
+                    self.resume(&nodes)?;
+                    Ok(Reply::Done)
+                });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Shutdown => {
+                let me = self.env.operator_uid();
+                if uid != 0 && uid != me {
+                    self.reply(
+                        client,
+                        Reply::Error(
+                            "only root or the MM's own user may shut the cluster down".into(),
+                        ),
+                    );
+                    return;
+                }
+                for job in self.jobs.keys().copied().collect::<Vec<_>>() {
+                    self.cancel(job, "the cluster is shutting down".into());
+                }
+                self.commands.push_back(Command::Shutdown);
+                self.shutting_down = true;
+                self.reply(client, Reply::Done);
+            }
+        }
+    }
+
+    /// Whether `uid` may act on the cluster as an operator: root or the MM's own user.
+    pub(super) fn operator(&self, uid: u32, what: &str) -> Result<(), String> {
+        let me = self.env.operator_uid();
+        if uid == 0 || uid == me {
+            Ok(())
+        } else {
+            Err(format!("only root or the MM's own user may {what}"))
+        }
+    }
+
+    /// `[limits] max_program_bytes` and `max_spooled_bytes_per_user` for a program of
+    /// `size` bytes that user `uid` sends with a new job.
+    pub(super) fn check_program_limits(
+        &self,
+        uid: u32,
+        program: &Path,
+        size: u64,
+    ) -> Result<(), String> {
+        let l = &self.cfg.limits;
+        if size > l.max_program_bytes {
+            return Err(format!(
+                "{} is {size} bytes, over the limit for a program sent with its job ([limits] \
+                 max_program_bytes = {}); put it where every node can read it and submit with \
+                 --no-bcast",
+                program.display(),
+                l.max_program_bytes
+            ));
+        }
+        let held: u64 = self
+            .jobs
+            .values()
+            .filter(|j| j.uid == uid && j.req.bcast)
+            .map(|j| j.size)
+            .sum();
+        if held + size > l.max_spooled_bytes_per_user {
+            return Err(format!(
+                "the machine manager already holds {held} bytes of programs for user {uid}'s \
+                 unfinished jobs; {size} more would pass the limit ([limits] \
+                 max_spooled_bytes_per_user = {}); wait for some jobs to finish",
+                l.max_spooled_bytes_per_user
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[limits] max_job_name_bytes` and `max_argument_bytes` for a new job's request.
+    pub(super) fn check_request_sizes(&self, req: &JobRequest) -> Result<(), String> {
+        let l = &self.cfg.limits;
+        if req.name.len() > l.max_job_name_bytes as usize {
+            return Err(format!(
+                "the job's name is {} bytes, over the limit ([limits] max_job_name_bytes = {}); \
+                 give a shorter one with -J",
+                req.name.len(),
+                l.max_job_name_bytes
+            ));
+        }
+        let args: usize = req.args.iter().map(|a| a.len() + 1).sum::<usize>()
+            + req
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>();
+        if args as u64 > l.max_argument_bytes {
+            return Err(format!(
+                "the job's arguments and environment are {args} bytes, over the limit ([limits] \
+                 max_argument_bytes = {})",
+                l.max_argument_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[limits] max_queued_jobs_per_user` for a new job of user `uid`.
+    pub(super) fn check_queue_limit(&self, uid: u32) -> Result<(), String> {
+        let limit = self.cfg.limits.max_queued_jobs_per_user;
+        let waiting = self
+            .jobs
+            .values()
+            .filter(|j| j.uid == uid && j.phase == Phase::Queued)
+            .count();
+        if waiting >= limit as usize {
+            return Err(format!(
+                "user {uid} already has {waiting} jobs waiting to start, the limit ([limits] \
+                 max_queued_jobs_per_user = {limit}); wait for some to start, or cancel some"
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn submit(
+        &mut self,
+        client: ClientId,
+        req: JobRequest,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<JobId, String> {
+        if self.shutting_down {
+            return Err("the cluster is shutting down".into());
+        }
+        let (uid, gid) = self
+            .clients
+            .get(&client)
+            .map(|c| (c.uid, c.gid))
+            .ok_or("unknown client")?;
+        if uid == 0 && !self.cfg.security.allow_root_jobs {
+            return Err(
+                "root may not run jobs on this cluster ([security] allow_root_jobs = false); \
+                 submit as another user"
+                    .into(),
+            );
+        }
+        self.check_request_sizes(&req)?;
+        let plan = self.plan(&req)?;
+        if !req.cwd.is_absolute() || !req.program.is_absolute() {
+            return Err("program and working directory must be absolute paths".into());
+        }
+        let program = if req.bcast {
+            let fd = fds
+                .pop()
+                .ok_or("the program's descriptor did not arrive with the request")?;
+            let file = File::from(fd);
+            let meta = file
+                .metadata()
+                .map_err(|e| format!("cannot inspect the program: {e}"))?;
+            if !meta.is_file() {
+                return Err(format!("{} is not a regular file", req.program.display()));
+            }
+            if meta.permissions().mode() & 0o111 == 0 {
+                return Err(format!("{} is not executable", req.program.display()));
+            }
+            self.check_program_limits(uid, &req.program, meta.len())?;
+            Some((file, meta.len()))
+        } else {
+            None
+        };
+        let (program, size) = program.map_or((None, 0), |(f, n)| (Some(f), n));
+        self.check_queue_limit(uid)?;
+        let id = self.next_job;
+        self.next_job += 1;
+        self.journal.set_next_job(self.next_job);
+        let launch_probe = launch_spec(
+            id,
+            0,
+            &req,
+            &plan,
+            &NodeSet::first_n(plan.nodes),
+            (uid, gid),
+        );
+        let limit = self.cfg.cluster.heartbeat_bytes - 256;
+        if let Err(e) = encode("launch", &Command::Launch(launch_probe), limit) {
+            return Err(format!(
+                "the job description is too large for a heartbeat ({e}); export fewer variables"
+            ));
+        }
+        self.jobs.insert(
+            id,
+            Job::queued(NewJob {
+                id,
+                uid,
+                gid,
+                req,
+                plan,
+                program,
+                size,
+                client: Some(client),
+                submitted: self.now(),
+                submitted_ms: self.unix_ms(),
+            }),
+        );
+        // While jobs restored after a restart are held, new ones queue behind them (they
+        // enter the policy together, in order, when the hold ends).
+        if self.held.is_none() {
+            let ask = self.ask(&self.jobs[&id]);
+            self.policy.submit(ask, self.since_epoch());
+        }
+        self.unanswered.push((client, id));
+        self.unrecorded.insert(id);
+        self.metrics.job_submitted();
+        tracing::info!(
+            job = id,
+            uid,
+            nodes = plan.nodes,
+            tasks = plan.ntasks,
+            "job accepted"
+        );
+        Ok(id)
+    }
+
+    /// What job `j` asks of the scheduling policy.
+    pub(super) fn ask(&self, j: &Job) -> JobAsk {
+        job_ask(j.id, &j.req, &j.plan, self.cfg.capacity().cpus_per_node)
+    }
+
+    /// The shape of job `req` on this cluster, or why it does not fit.
+    pub(super) fn plan(&self, req: &JobRequest) -> Result<TaskPlan, String> {
+        req.tasks
+            .plan(&self.cfg.capacity())
+            .map_err(|e| format!("{e} (cluster {:?})", self.cfg.cluster.name))
+    }
+
+    /// Why a queued job cannot start right now, if it cannot.
+    pub(super) fn wait_reason(&self, job: JobId) -> Option<String> {
+        if self.held.is_some() {
+            return Some(format!(
+                "held after a restart of the machine manager until the submitters of the queued \
+                 jobs reattach (at most {} s)",
+                restart::REATTACH_GRACE.as_secs()
+            ));
+        }
+        let want = self.jobs.get(&job).map_or(0, |j| j.plan.nodes);
+        let available = self.nodes.available_count();
+        if want > available {
+            return Some(format!(
+                "waiting for {want} nodes: {available} of {} are up and not drained ({} up)",
+                self.nodes.len(),
+                self.nodes.up_count()
+            ));
+        }
+        if self.slots.iter().all(Option::is_some) {
+            return Some(format!(
+                "waiting: {} jobs already run (max_jobs)",
+                self.slots.len()
+            ));
+        }
+        self.policy.reason(job)
+    }
+
+    pub(super) fn job_info(&self, j: &Job) -> JobInfo {
+        let state = match (&j.cancel, j.phase) {
+            (Some(_), Phase::Queued) => "cancelling",
+            (Some(_), _) => "cancelling",
+            (None, Phase::Queued) => "queued",
+            (None, Phase::Allocated) => "starting",
+            (None, Phase::Sending { .. } | Phase::Verifying { .. }) => "sending",
+            (None, Phase::Recording { .. } | Phase::Launching) => "launching",
+            (None, Phase::Recovering) => "recovering",
+            (None, Phase::Running) if j.terminating => "ending",
+            // Gang scheduling: placed, but not in this timeslice's slot.
+            (None, Phase::Running) if self.gang && !self.run_set.contains(&j.id) => "suspended",
+            (None, Phase::Running) => "running",
+        };
+        JobInfo {
+            job: j.id,
+            name: j.req.name.clone(),
+            uid: j.uid,
+            state: state.into(),
+            nodes: j.nodes.clone(),
+            cpus: j.cpus.clone(),
+            ntasks: j.plan.ntasks,
+            elapsed_ms: self
+                .now()
+                .saturating_duration_since(j.submitted)
+                .as_millis() as u64,
+            reason: (j.phase == Phase::Queued)
+                .then(|| self.wait_reason(j.id))
+                .flatten(),
+            time_slot: (self.gang && j.phase != Phase::Queued).then_some(j.time_slot as u32),
+            exit_code: None,
+            usage: JobUsage::default(),
+        }
+    }
+
+    pub(super) fn node_infos(&self) -> Vec<NodeInfo> {
+        self.cfg
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let id = i as NodeId;
+                let jobs: Vec<JobId> = self
+                    .jobs
+                    .values()
+                    .filter(|j| j.nodes.contains(id))
+                    .map(|j| j.id)
+                    .collect();
+                let (state, reason) = self.nodes.describe(id, !jobs.is_empty());
+                NodeInfo {
+                    id,
+                    name: n.name.clone(),
+                    state: state.into(),
+                    jobs,
+                    reason,
+                }
+            })
+            .collect()
+    }
+
+    /// The metrics, with the node and job gauges set from the state now.
+    pub(super) fn metrics_text(&self) -> String {
+        let busy = self
+            .jobs
+            .values()
+            .fold(NodeSet::new(), |all, j| all.union(&j.nodes));
+        let node_states: Vec<&str> = (0..self.cfg.node_count())
+            .map(|n| self.nodes.describe(n, busy.contains(n)).0)
+            .collect();
+        let job_states: Vec<String> = self.jobs.values().map(|j| self.job_info(j).state).collect();
+        let queued = self
+            .jobs
+            .values()
+            .filter(|j| j.phase == Phase::Queued)
+            .count();
+        self.metrics
+            .encode(node_states, job_states.iter().map(String::as_str), queued)
+    }
+
+    // ---------------------------------------------------------------- scheduling
+}
