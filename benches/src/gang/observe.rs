@@ -108,6 +108,22 @@ struct Switch {
     switched: bool,
 }
 
+/// A line of switches.log: a switch, or a lease that ran out (`lease=expired`: the NM
+/// stopped its slot because the next heartbeat was late; no heartbeat's switch).
+#[derive(Debug, Clone, Copy)]
+enum Line {
+    Switch(Switch),
+    LeaseExpired,
+}
+
+/// One line of switches.log; `None` if it is malformed.
+fn parse_line(line: &str) -> Option<Line> {
+    if line.split_whitespace().any(|f| f == "lease=expired") {
+        return Some(Line::LeaseExpired);
+    }
+    parse_switch(line).map(Line::Switch)
+}
+
 fn parse_switch(line: &str) -> Option<Switch> {
     let mut f = line.split_whitespace();
     let seq = f.next()?.parse().ok()?;
@@ -119,8 +135,6 @@ fn parse_switch(line: &str) -> Option<Switch> {
         match key {
             "stop" | "cont" => switched |= !value.is_empty(),
             "recv" => recv_ns = Some(value.parse().ok()?),
-            // A lease that ran out: no heartbeat's switch.
-            "lease" => return None,
             _ => {}
         }
     }
@@ -161,12 +175,15 @@ impl SwitchLogs {
                     .with_context(|| format!("opening {}", path.display()))?;
                 std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(from))?;
                 f.read_to_string(&mut text)?;
-                text.lines()
-                    .map(|l| {
-                        parse_switch(l)
-                            .with_context(|| format!("malformed line in {}: {l:?}", path.display()))
-                    })
-                    .collect()
+                let mut switches = Vec::new();
+                for l in text.lines() {
+                    match parse_line(l) {
+                        Some(Line::Switch(s)) => switches.push(s),
+                        Some(Line::LeaseExpired) => {}
+                        None => bail!("malformed line in {}: {l:?}", path.display()),
+                    }
+                }
+                Ok(switches)
             })
             .collect()
     }
@@ -306,9 +323,17 @@ mod tests {
         assert!(parse_switch("43 x stop= cont= start= recv=1").is_none());
         assert!(parse_switch("43 2000 stop= cont= start=").is_none());
         assert!(
-            parse_switch("43 2000 stop=1 cont= start= recv=1990 from=43 lease=expired").is_none(),
-            "a lease that ran out is no switch"
+            matches!(
+                parse_line("43 2000 stop=1 cont= start= recv=1990 from=43 lease=expired"),
+                Some(Line::LeaseExpired)
+            ),
+            "a lease that ran out is no switch, and no malformed line"
         );
+        assert!(matches!(
+            parse_line("42 1000 stop=1 cont=2 start= recv=900"),
+            Some(Line::Switch(_))
+        ));
+        assert!(parse_line("43 2000 nonsense").is_none());
         assert!(parse_switch("43 2000 nonsense").is_none());
     }
 
@@ -317,7 +342,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for (i, text) in [
             "1 100 stop=1 cont=2 start= recv=90\n2 200 stop=2 cont=1 start= recv=190\n",
-            "1 130 stop=1 cont=2 start= recv=95\n3 400 stop=2 cont=1 start= recv=380\n",
+            // Node 1's lease for heartbeat 1 ran out before heartbeat 2 came: that line is
+            // no switch, and not malformed.
+            "1 130 stop=1 cont=2 start= recv=95\n1 170 stop=2 cont= start= recv=170 from=1 \
+             lease=expired\n3 400 stop=2 cont=1 start= recv=380\n",
         ]
         .iter()
         .enumerate()
