@@ -150,11 +150,11 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
             "slowdown",
         ],
     );
-    for (&q, &rt, &lease) in args.quanta_ms.iter().flat_map(|q| {
-        args.rt_priorities
+    for &q in &args.quanta_ms {
+        for (&rt, &lease) in args
+            .rt_priorities
             .iter()
-            .flat_map(move |rt| args.leases.iter().map(move |l| (q, rt, l)))
-    }) {
+            .flat_map(|rt| args.leases.iter().map(move |l| (rt, l)))
         {
             let cluster = Cluster::start(work.path(), args.nodes, q, rt, lease)?;
             if let (Cluster::Testbed(tb), true) = (&cluster, args.loss_percent > 0) {

@@ -190,22 +190,22 @@ mod tests {
     use crate::policy::ask;
     use proptest::prelude::*;
 
-    fn run_of(d: &[Decision]) -> Vec<JobId> {
+    /// The run decision of a tick: its jobs, and whether the next timeslice runs others.
+    fn run_decision(d: &[Decision]) -> (Vec<JobId>, bool) {
         d.iter()
             .find_map(|d| match d {
-                Decision::Run { jobs, .. } => Some(jobs.clone()),
+                Decision::Run { jobs, rotates } => Some((jobs.clone(), *rotates)),
                 _ => None,
             })
             .unwrap()
     }
 
+    fn run_of(d: &[Decision]) -> Vec<JobId> {
+        run_decision(d).0
+    }
+
     fn rotates(d: &[Decision]) -> bool {
-        d.iter()
-            .find_map(|d| match d {
-                Decision::Run { rotates, .. } => Some(*rotates),
-                _ => None,
-            })
-            .unwrap()
+        run_decision(d).1
     }
 
     /// A timeslice is leased (it must not outlast its slice on a late node) exactly when the
