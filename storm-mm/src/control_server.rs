@@ -24,7 +24,7 @@ use storm_cluster::control::{self, ControlError, PROTOCOL_VERSION, Reply, Reques
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_primitives::log_limit::LogLimit;
 
-pub type ClientId = u64;
+pub use crate::env::ClientId;
 
 /// What the control threads tell the main loop.
 pub enum Incoming {

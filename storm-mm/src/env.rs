@@ -1,22 +1,108 @@
-//! What the machine manager's core asks of the world it runs in.
+//! The seam between the machine manager's core and the world it runs in.
 //!
-//! [`crate::MachineManager`] makes every decision itself but does no I/O of its own: it
-//! reads time from its environment's clock, asks it for the operator's uid, and has it start
-//! program transfers. The fabric (a `storm-primitives` endpoint) and the journal's store are
-//! handed to it whole when it is made ([`crate::manager::MmParts`]); requests arrive through
-//! [`crate::MachineManager::handle`], and replies leave on each client's channel.
+//! [`crate::MachineManager`] makes every decision itself and does no I/O of its own besides
+//! the fabric (a `storm-primitives` endpoint) and the journal, both handed to it whole when it
+//! is made ([`crate::manager::MmParts`]). Everything else crosses this seam as values:
 //!
-//! [`DaemonEnv`] is the daemon's: the system clock, the process's effective uid, a thread per
-//! transfer. The simulator (`storm-sim`) brings a virtual clock.
+//! * what reaches the core is an [`Input`] (a client connected, asked or left; a program
+//!   transfer or a program copy finished; a node announced a termination), handed to
+//!   [`crate::MachineManager::handle`];
+//! * what the core wants done it asks of its [`MmEnv`]: send a reply, hang up on a client,
+//!   start or cancel a program transfer, copy a program beside the journal, let go of a
+//!   program. The environment also tells the time and how far clients and transfers are.
+//!
+//! Programs and clients are known to the core by number ([`ProgramId`], [`ClientId`]): the
+//! descriptors, sockets, threads and counters behind them are the host's. The daemon's
+//! environment is `crate::daemon::DaemonEnv`; the simulator (`storm-sim`) brings one with a
+//! virtual clock, clients in memory and modelled transfers.
 
-use std::sync::Arc;
+use std::time::Duration;
 
-use crossbeam_channel::Sender;
-use storm_cluster::RmLayout;
-use storm_cluster::clock::{Clock, SystemClock};
-use storm_primitives::Primitives;
+use storm_cluster::clock::Clock;
+use storm_cluster::control::{Reply, Request};
+use storm_cluster::messages::JobId;
+use storm_primitives::{EventId, NodeSet, QueueLayout, VarId};
 
-use crate::transfer::{self, Transfer, TransferDone};
+/// A connection on the control socket.
+pub type ClientId = u64;
+
+/// A program a submitter sent with its job (`--bcast`), held by the host until the core lets
+/// go of it ([`MmEnv::release_program`]).
+pub type ProgramId = u64;
+
+/// What the host found out about a program descriptor that came with a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmittedProgram {
+    pub id: ProgramId,
+    /// Its size now.
+    pub len: u64,
+    /// Whether it is a regular file.
+    pub regular: bool,
+    /// Its permission bits.
+    pub mode: u32,
+}
+
+/// Everything that reaches the machine manager's core.
+#[derive(Debug)]
+pub enum Input {
+    /// A client connected as `uid`/`gid` (the socket's peer credentials).
+    Connected {
+        client: ClientId,
+        uid: u32,
+        gid: u32,
+    },
+    /// A client asked something. `program` is the descriptor that came with it, as the host
+    /// found it (`Err`: it could not be inspected), if one came.
+    Request {
+        client: ClientId,
+        req: Request,
+        program: Option<Result<SubmittedProgram, String>>,
+    },
+    /// A client's connection closed.
+    Gone { client: ClientId },
+    /// A program transfer ended (its worker is done with its slot and event).
+    TransferDone(TransferDone),
+    /// A program copy beside the journal ([`MmEnv::save_program`]) ended.
+    ProgramSaved {
+        job: JobId,
+        result: Result<(), crate::journal::JournalError>,
+    },
+    /// The MM's termination event was signalled while the host waited on it: a node announced
+    /// that a job's tasks ended (Algorithm 8).
+    TerminationSignalled,
+}
+
+/// Where a program transfer reads the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramSource {
+    /// The descriptor storm-submit passed.
+    Submitted(ProgramId),
+    /// The copy beside the journal.
+    Saved(JobId),
+}
+
+/// A program transfer (Algorithm 6) the core asks its environment to run. Its outcome comes
+/// back as [`Input::TransferDone`].
+#[derive(Debug, Clone)]
+pub struct TransferSpec {
+    pub job: JobId,
+    pub transfer: u32,
+    pub nodes: NodeSet,
+    pub program: ProgramSource,
+    /// Bytes to send: the size checked at submission.
+    pub size: u64,
+    /// The worker slot, and its local completion event.
+    pub worker: usize,
+    pub event: EventId,
+    /// The chunk queue the program travels in.
+    pub chunks: QueueLayout,
+    /// Longest wait for queue space or a completion.
+    pub timeout: Duration,
+    /// Where each node answers once it checked the program.
+    pub file_ack: VarId,
+    /// Longest wait, once the program is delivered, for every node's answer.
+    pub ack_wait: Duration,
+}
 
 /// The machine manager's view of the world around it.
 pub trait MmEnv {
@@ -24,46 +110,76 @@ pub trait MmEnv {
     fn clock(&self) -> &dyn Clock;
     /// The user who may act as operator besides root (the MM's own user).
     fn operator_uid(&self) -> u32;
-    /// Starts sending a program to its nodes (Algorithm 6); the outcome is sent on `done`.
-    fn start_transfer(
-        &mut self,
-        fabric: Arc<dyn Primitives>,
-        rm: &RmLayout,
-        transfer: Transfer,
-        done: Sender<TransferDone>,
-    );
+
+    /// Sends a reply to a client (dropped if it is gone).
+    fn send(&mut self, client: ClientId, reply: Reply);
+    /// How many of the replies sent to `client` it has been written (taken) so far; a client
+    /// that is gone counts as having taken them all (`u64::MAX`).
+    fn replies_written(&self, client: ClientId) -> u64;
+    /// Closes a client's connection (it broke a limit).
+    fn hang_up(&mut self, client: ClientId);
+
+    /// Starts a program transfer; `Err` says why it cannot start (the program cannot be
+    /// read). Its outcome comes back as [`Input::TransferDone`].
+    fn start_transfer(&mut self, transfer: TransferSpec) -> Result<(), String>;
+    /// Asks a transfer to stop; it still reports [`Input::TransferDone`].
+    fn cancel_transfer(&mut self, transfer: u32);
+    /// Program bytes transfer `transfer` has delivered to every node so far; `None` once it
+    /// ended (its [`Input::TransferDone`] is on its way).
+    fn transfer_delivered(&self, transfer: u32) -> Option<u64>;
+
+    /// Starts copying the first `size` bytes of a submitted program beside the journal, as
+    /// job `job`'s; false if this host keeps no copies. The outcome comes back as
+    /// [`Input::ProgramSaved`].
+    fn save_program(&mut self, job: JobId, program: ProgramId, size: u64) -> bool;
+    /// The size of job `job`'s copy beside the journal, if there is one.
+    fn saved_program_len(&self, job: JobId) -> Option<u64>;
+    /// Removes job `job`'s copy beside the journal (nothing will need it).
+    fn remove_saved_program(&mut self, job: JobId);
+    /// The core needs a submitted program no more (its copy is made, its job ended, or its
+    /// submission was refused).
+    fn release_program(&mut self, program: ProgramId);
 }
 
-/// The environment of the `storm-mm` daemon.
-#[derive(Default)]
-pub struct DaemonEnv {
-    clock: SystemClock,
-    /// The nodes' enrolled identity keys the MM's links check (read again on SIGHUP).
-    pub enrolled: Option<Arc<parking_lot::RwLock<storm_cluster::identity::Enrolled>>>,
+/// What a worker reports when it is done. By then no completion of its transfer is still
+/// due, so its slot and event may serve the next transfer.
+#[derive(Debug)]
+pub struct TransferDone {
+    pub job: JobId,
+    pub transfer: u32,
+    pub worker: usize,
+    /// The BLAKE3 hash of the program sent, which its launch will carry under the MM's seal
+    /// (nodes run only the file that hashes to it), or why the transfer failed.
+    pub result: Result<[u8; 32], Failure>,
 }
 
-impl std::fmt::Debug for DaemonEnv {
+/// Why a transfer did not complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub message: String,
+    /// The nodes that did not take a chunk in time (empty if the failure was not theirs).
+    pub blamed: NodeSet,
+}
+
+impl Failure {
+    pub fn new(message: String) -> Self {
+        Self {
+            message,
+            blamed: NodeSet::new(),
+        }
+    }
+
+    /// A failure of a primitive, blaming the nodes it names.
+    pub fn from_prim(what: String, e: &storm_primitives::PrimError) -> Self {
+        Self {
+            message: format!("{what}: {e}"),
+            blamed: e.blamed(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DaemonEnv").finish_non_exhaustive()
-    }
-}
-
-impl MmEnv for DaemonEnv {
-    fn clock(&self) -> &dyn Clock {
-        &self.clock
-    }
-
-    fn operator_uid(&self) -> u32 {
-        nix::unistd::geteuid().as_raw()
-    }
-
-    fn start_transfer(
-        &mut self,
-        fabric: Arc<dyn Primitives>,
-        rm: &RmLayout,
-        transfer: Transfer,
-        done: Sender<TransferDone>,
-    ) {
-        transfer::spawn(fabric, rm, transfer, done);
+        f.write_str(&self.message)
     }
 }

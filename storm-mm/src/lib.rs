@@ -8,8 +8,10 @@
 //! * [`policy`] and [`buddy`]: scheduling policies as pure state machines (FCFS, EASY
 //!   backfilling, gang scheduling over an Ousterhout matrix) and buddy allocation of nodes.
 //! * [`transfer`]: program transfer to a job's nodes (Algorithm 6).
-//! * [`env`]: what the manager's core asks of the world (clock, operator, transfers); the
-//!   daemon's, and the simulator's.
+//! * [`env`]: the seam between the core and the world: the [`Input`]s that reach the core,
+//!   and what it asks of its environment (replies, transfers, program copies, the clock).
+//! * [`daemon`]: the `storm-mm` process: the host that owns every thread, socket, file and
+//!   counter, turns them into inputs, and steps the core.
 //! * [`manager`]: the heartbeat loop, as a core without I/O that a host drives: membership of the NMs, heartbeats (Algorithm 4), failure
 //!   detection, launch, cancellation, output forwarding and termination detection
 //!   (Algorithm 8).
@@ -27,6 +29,7 @@
 pub mod alloc;
 pub mod buddy;
 pub mod control_server;
+pub mod daemon;
 pub mod env;
 pub mod journal;
 pub use storm_primitives::log_limit;
@@ -34,9 +37,11 @@ pub mod manager;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
+mod saver;
 pub mod transfer;
 pub mod waker;
 
-pub use env::{DaemonEnv, MmEnv};
-pub use manager::{MachineManager, MmOptions, MmParts, run};
+pub use daemon::{DaemonEnv, MmOptions, run};
+pub use env::{Input, MmEnv};
+pub use manager::{MachineManager, MmParts};
 pub use waker::Waker;

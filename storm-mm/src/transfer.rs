@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use storm_cluster::RmLayout;
 use storm_cluster::messages::{Checksum, FileTrailer, JobId, file_ack};
 use storm_primitives::helpers::{QueueEntry, QueueProducer};
 use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Relation, VarId, Wait};
 
 use crate::Waker;
+use crate::env::{Failure, TransferDone};
 
 /// How often a waiting worker looks whether its transfer was cancelled.
 const CANCEL_CHECK: Duration = Duration::from_millis(100);
@@ -61,49 +61,14 @@ pub struct Transfer {
     pub wake: Waker,
 }
 
-/// What a worker reports when it is done. By then no completion of its transfer is still
-/// due, so its slot and event may serve the next transfer.
-pub struct TransferDone {
-    pub job: JobId,
-    pub transfer: u32,
-    pub worker: usize,
-    /// The BLAKE3 hash of the program sent, which its launch will carry under the MM's seal
-    /// (nodes run only the file that hashes to it), or why the transfer failed.
-    pub result: Result<[u8; 32], Failure>,
-}
-
-/// Why a transfer did not complete.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub message: String,
-    /// The nodes that did not take a chunk in time (empty if the failure was not theirs).
-    pub blamed: NodeSet,
-}
-
-impl Failure {
-    pub fn new(message: String) -> Self {
-        Self {
-            message,
-            blamed: NodeSet::new(),
-        }
-    }
-
-    fn from_prim(what: String, e: &PrimError) -> Self {
-        Self {
-            message: format!("{what}: {e}"),
-            blamed: e.blamed(),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-pub fn spawn(prims: Arc<dyn Primitives>, rm: &RmLayout, t: Transfer, done: Sender<TransferDone>) {
-    let queue = rm.chunks;
+/// Runs transfer `t` on a thread of its own, sending its chunks through `queue`; reports on
+/// `done` and wakes the MM's loop when it ends.
+pub fn spawn(
+    prims: Arc<dyn Primitives>,
+    queue: storm_primitives::QueueLayout,
+    t: Transfer,
+    done: Sender<TransferDone>,
+) {
     let (job, transfer, worker) = (t.job, t.transfer, t.worker);
     let report = done.clone();
     let spawned = std::thread::Builder::new()

@@ -9,15 +9,15 @@
 //! is the model's transfer plus the real protocol's rounds: the critical path
 //! docs/launch-model.md compares with STORM's Fig. 8.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
-use storm_cluster::RmLayout;
 use storm_cluster::clock::{Clock, VirtualClock};
+use storm_cluster::control::Reply;
+use storm_cluster::messages::JobId;
 use storm_mm::MmEnv;
-use storm_mm::transfer::{Transfer, TransferDone};
-use storm_primitives::Primitives;
+use storm_mm::env::{ClientId, ProgramId, ProgramSource, SubmittedProgram, TransferSpec};
 
 /// The parameters of the launch model's transfer time (docs/launch-model.md, "Parameters"),
 /// by default those measured for tcp on this project's host.
@@ -84,18 +84,104 @@ impl TransferModel {
     }
 }
 
-/// A transfer in flight: when it completes, and whom to tell.
+/// A transfer in flight: when it started and completes, and whether the MM cancelled it.
 pub struct Flight {
+    pub started: Instant,
     pub due: Instant,
-    pub transfer: Transfer,
-    pub done: Sender<TransferDone>,
+    pub transfer: TransferSpec,
+    pub cancelled: bool,
 }
 
+/// The copies of programs "beside the journal": kept by the simulation across MM restarts,
+/// as the state directory is, by job.
+pub type ProgramCopies = Arc<Mutex<BTreeMap<JobId, u64>>>;
+
+/// The simulated MM's environment: the virtual clock; clients whose replies wait in memory
+/// until the simulation reads them; programs that are only sizes; transfers that take the
+/// launch model's time; program copies made at once.
 pub struct SimEnv {
     pub clock: Arc<VirtualClock>,
     pub model: TransferModel,
     /// Transfers in flight, completed by [`crate::Sim::step`] when they are due.
-    pub flights: Arc<Mutex<Vec<Flight>>>,
+    flights: Vec<Flight>,
+    /// Replies sent and not yet read, in order.
+    sent: Vec<(ClientId, Reply)>,
+    /// Replies each client has read.
+    read: HashMap<ClientId, u64>,
+    /// Clients the MM hung up on.
+    pub hung_up: Vec<ClientId>,
+    /// Submitted programs the MM holds, by their size.
+    programs: BTreeMap<ProgramId, u64>,
+    next_program: ProgramId,
+    copies: ProgramCopies,
+    /// Copies made, whose outcome the MM has not been handed yet.
+    saved: Vec<JobId>,
+}
+
+impl SimEnv {
+    /// An environment over `copies`, the program copies earlier MMs of the simulation made.
+    pub fn new(clock: Arc<VirtualClock>, model: TransferModel, copies: ProgramCopies) -> Self {
+        Self {
+            clock,
+            model,
+            flights: Vec::new(),
+            sent: Vec::new(),
+            read: HashMap::new(),
+            hung_up: Vec::new(),
+            programs: BTreeMap::new(),
+            next_program: 1,
+            copies,
+            saved: Vec::new(),
+        }
+    }
+
+    /// Holds a submitted program of `len` bytes, as the daemon holds a descriptor.
+    pub fn hold_program(&mut self, len: u64) -> SubmittedProgram {
+        let id = self.next_program;
+        self.next_program += 1;
+        self.programs.insert(id, len);
+        SubmittedProgram {
+            id,
+            len,
+            regular: true,
+            mode: 0o700,
+        }
+    }
+
+    /// Submitted programs the MM still holds.
+    pub fn programs_held(&self) -> usize {
+        self.programs.len()
+    }
+
+    /// Takes the replies sent to `client` (it reads them), dropping those to other clients.
+    pub fn read_replies(&mut self, client: ClientId) -> Vec<Reply> {
+        let replies: Vec<Reply> = std::mem::take(&mut self.sent)
+            .into_iter()
+            .filter(|(c, _)| *c == client)
+            .map(|(_, r)| r)
+            .collect();
+        *self.read.entry(client).or_default() += replies.len() as u64;
+        replies
+    }
+
+    /// Takes the transfers due by `now`.
+    pub fn landed(&mut self, now: Instant) -> Vec<Flight> {
+        let (due, later) = std::mem::take(&mut self.flights)
+            .into_iter()
+            .partition(|f| f.due <= now);
+        self.flights = later;
+        due
+    }
+
+    /// When the next transfer in flight lands.
+    pub fn next_landing(&self) -> Option<Instant> {
+        self.flights.iter().map(|f| f.due).min()
+    }
+
+    /// The program copies made since the last call (each succeeded).
+    pub fn copies_made(&mut self) -> Vec<JobId> {
+        std::mem::take(&mut self.saved)
+    }
 }
 
 impl MmEnv for SimEnv {
@@ -107,19 +193,86 @@ impl MmEnv for SimEnv {
         0
     }
 
-    fn start_transfer(
-        &mut self,
-        _fabric: Arc<dyn Primitives>,
-        _rm: &RmLayout,
-        t: Transfer,
-        done: Sender<TransferDone>,
-    ) {
-        let due = self.clock.now() + self.model.time(t.nodes.len() as u32, t.size);
-        self.flights.lock().expect("flights").push(Flight {
+    fn send(&mut self, client: ClientId, reply: Reply) {
+        self.sent.push((client, reply));
+    }
+
+    fn replies_written(&self, client: ClientId) -> u64 {
+        self.read.get(&client).copied().unwrap_or(0)
+    }
+
+    fn hang_up(&mut self, client: ClientId) {
+        self.hung_up.push(client);
+    }
+
+    fn start_transfer(&mut self, t: TransferSpec) -> Result<(), String> {
+        match t.program {
+            ProgramSource::Submitted(p) if !self.programs.contains_key(&p) => {
+                return Err("it is no longer at hand".into());
+            }
+            ProgramSource::Saved(job) if self.saved_program_len(job).is_none() => {
+                return Err("its copy beside the journal is missing".into());
+            }
+            _ => {}
+        }
+        let now = self.clock.now();
+        let due = now + self.model.time(t.nodes.len() as u32, t.size);
+        self.flights.push(Flight {
+            started: now,
             due,
             transfer: t,
-            done,
+            cancelled: false,
         });
+        Ok(())
+    }
+
+    fn cancel_transfer(&mut self, transfer: u32) {
+        for f in &mut self.flights {
+            if f.transfer.transfer == transfer {
+                f.cancelled = true;
+            }
+        }
+    }
+
+    fn transfer_delivered(&self, transfer: u32) -> Option<u64> {
+        let f = self
+            .flights
+            .iter()
+            .find(|f| f.transfer.transfer == transfer)?;
+        // The model's stream is steady: bytes arrive in proportion to the time spent.
+        let total = f.due.saturating_duration_since(f.started).as_secs_f64();
+        let spent = self
+            .clock
+            .now()
+            .saturating_duration_since(f.started)
+            .as_secs_f64();
+        let part = if total > 0.0 {
+            (spent / total).min(1.0)
+        } else {
+            1.0
+        };
+        Some((f.transfer.size as f64 * part) as u64)
+    }
+
+    fn save_program(&mut self, job: JobId, program: ProgramId, size: u64) -> bool {
+        if !self.programs.contains_key(&program) {
+            return false;
+        }
+        self.copies.lock().expect("copies").insert(job, size);
+        self.saved.push(job);
+        true
+    }
+
+    fn saved_program_len(&self, job: JobId) -> Option<u64> {
+        self.copies.lock().expect("copies").get(&job).copied()
+    }
+
+    fn remove_saved_program(&mut self, job: JobId) {
+        self.copies.lock().expect("copies").remove(&job);
+    }
+
+    fn release_program(&mut self, program: ProgramId) {
+        self.programs.remove(&program);
     }
 }
 

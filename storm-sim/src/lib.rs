@@ -28,14 +28,10 @@ pub mod node;
 pub mod tasks;
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use crossbeam_channel::Receiver;
+use anyhow::{Result, bail};
 use storm_cluster::clock::{Clock, VirtualClock};
 use storm_cluster::config::PolicyKind;
 use storm_cluster::control::{JobOutcome, JobRequest, NodeInfo, Reply, Request};
@@ -43,13 +39,12 @@ use storm_cluster::messages::{JobId, Stream};
 use storm_cluster::tasks::TaskRequest;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::MachineManager;
-use storm_mm::control_server::Incoming;
+use storm_mm::env::{Input, TransferDone};
 use storm_mm::journal::Restored;
-use storm_mm::transfer::TransferDone;
 use storm_primitives::local::{LocalFabric, thread_cpu};
 use storm_primitives::{NodeId, Primitives};
 
-use env::Flight;
+use env::ProgramCopies;
 pub use env::{SimEnv, TransferModel};
 use journal::SimJournal;
 pub use node::{Heard, SimNode};
@@ -57,6 +52,10 @@ pub use tasks::{IGNORE_SIGTERM, LINES, REAPED_AFTER};
 
 /// The uid simulated jobs are submitted as.
 pub const SIM_UID: u32 = 1000;
+
+/// Timeslices within which the MM answers a submission: the next, or the one after a waiting
+/// job's program copy was made.
+const ANSWER_WITHIN_TICKS: usize = 3;
 
 /// The shape of a simulated cluster.
 #[derive(Debug, Clone)]
@@ -161,14 +160,9 @@ impl SimJob {
         self
     }
 
-    /// The request and, for a job that sends its program, the program's descriptor: a file
-    /// of `bytes` that takes no disk (sparse) and is gone once closed.
-    fn submission(&self) -> Result<(Request, Vec<OwnedFd>), String> {
-        let fds = match self.program {
-            None => Vec::new(),
-            Some(bytes) => vec![sparse_program(bytes).map_err(|e| format!("program: {e}"))?],
-        };
-        Ok((Request::Submit(self.request()), fds))
+    /// The request and, for a job that sends its program, the program's size.
+    fn submission(&self) -> (Request, Option<u64>) {
+        (Request::Submit(self.request()), self.program)
     }
 
     fn request(&self) -> JobRequest {
@@ -201,13 +195,6 @@ impl SimJob {
     }
 }
 
-/// The control connection the simulation's requests use.
-struct Client {
-    id: u64,
-    replies: Receiver<Reply>,
-    read: Arc<AtomicU64>,
-}
-
 /// A cluster in virtual time (see the crate's overview).
 pub struct Sim {
     clock: Arc<VirtualClock>,
@@ -218,13 +205,15 @@ pub struct Sim {
     mm: MachineManager<SimEnv>,
     incarnation: u64,
     nodes: Vec<SimNode>,
-    client: Client,
+    /// The control connection the simulation's requests use.
+    client: u64,
     next_client: u64,
-    /// Requests made since the last timeslice: the MM takes them at the start of the next,
-    /// as the daemon's host does with what arrived on the control socket.
-    requests: Vec<(Request, Vec<OwnedFd>)>,
-    /// Program transfers the MM started, completed when due.
-    flights: Arc<Mutex<Vec<Flight>>>,
+    /// Requests made since the last timeslice (with the size of the program sent with a
+    /// submission): the MM takes them at the start of the next, as the daemon's host does
+    /// with what arrived on the control socket.
+    requests: Vec<(Request, Option<u64>)>,
+    /// The program copies "beside the journal", which outlive an MM.
+    copies: ProgramCopies,
     /// Jobs the simulation's client submitted.
     submitted: Vec<JobId>,
     /// Replies to the simulation's requests, with the time they were sent.
@@ -261,12 +250,8 @@ impl Sim {
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
         fabric.measure_network(true);
         let journal = SimJournal::new(opts.background_journal);
-        let flights = Arc::new(Mutex::new(Vec::new()));
-        let env = SimEnv {
-            clock: clock.clone(),
-            model: opts.transfer,
-            flights: flights.clone(),
-        };
+        let copies = ProgramCopies::default();
+        let env = SimEnv::new(clock.clone(), opts.transfer, copies.clone());
         let mm = new_mm(&cfg, &rm, &fabric, &journal, env, 1)?;
         let nodes = (0..cfg.node_count())
             .map(|n| {
@@ -281,14 +266,10 @@ impl Sim {
             })
             .collect();
         let mut sim = Self {
-            client: Client {
-                id: 0,
-                replies: crossbeam_channel::never(),
-                read: Arc::default(),
-            },
+            client: 0,
             next_client: 1,
             requests: Vec::new(),
-            flights,
+            copies,
             submitted: Vec::new(),
             clock,
             fabric,
@@ -357,11 +338,12 @@ impl Sim {
         let mm_start = thread_cpu();
         let network_start = self.fabric.network_cpu();
         self.land_transfers();
-        for (req, fds) in std::mem::take(&mut self.requests) {
-            self.mm.handle(Incoming::Request {
-                client: self.client.id,
+        for (req, program) in std::mem::take(&mut self.requests) {
+            let program = program.map(|len| Ok(self.mm.env_mut().hold_program(len)));
+            self.mm.handle(Input::Request {
+                client: self.client,
                 req,
-                fds,
+                program,
             });
         }
         self.mm.tick();
@@ -416,8 +398,7 @@ impl Sim {
 
     /// When the next simulated program transfer lands, if one is in flight.
     pub fn next_landing(&self) -> Option<Instant> {
-        let flights = self.flights.lock().expect("flights");
-        flights.iter().map(|f| f.due).min()
+        self.mm.env().next_landing()
     }
 
     /// The processor time the simulation has spent in the MM and in the nodes so far.
@@ -457,22 +438,28 @@ impl Sim {
         Ok(())
     }
 
-    /// Submits `job`; returns its id once the MM accepted it (the next timeslice).
+    /// Submits `job`; returns its id once the MM accepted it: the next timeslice, or, for a
+    /// job that waits with a program, the one after its copy beside the journal was made (a
+    /// submitter never hears of a job a restarted MM would not know).
     pub fn submit(&mut self, job: &SimJob) -> Result<JobId, String> {
         let before = self.replies.len();
-        self.requests.push(job.submission()?);
-        self.step();
-        for (_, r) in &self.replies[before..] {
-            match r {
-                Reply::Accepted { job, .. } => {
-                    self.submitted.push(*job);
-                    return Ok(*job);
+        self.requests.push(job.submission());
+        for _ in 0..ANSWER_WITHIN_TICKS {
+            self.step();
+            for (_, r) in &self.replies[before..] {
+                match r {
+                    Reply::Accepted { job, .. } => {
+                        self.submitted.push(*job);
+                        return Ok(*job);
+                    }
+                    Reply::Error(e) => return Err(e.clone()),
+                    _ => {}
                 }
-                Reply::Error(e) => return Err(e.clone()),
-                _ => {}
             }
         }
-        Err("no answer to the submission in a timeslice".into())
+        Err(format!(
+            "no answer to the submission in {ANSWER_WITHIN_TICKS} timeslices"
+        ))
     }
 
     /// Submits every job of `jobs`, a few hundred per timeslice (the client reads its replies
@@ -484,7 +471,19 @@ impl Sim {
         let before = self.replies.len();
         for batch in jobs.chunks(per_slice) {
             for job in batch {
-                self.requests.push(job.submission()?);
+                self.requests.push(job.submission());
+            }
+            self.step();
+        }
+        let answered = |s: &Sim| {
+            s.replies[before..]
+                .iter()
+                .filter(|(_, r)| matches!(r, Reply::Accepted { .. } | Reply::Error(_)))
+                .count()
+        };
+        for _ in 0..ANSWER_WITHIN_TICKS {
+            if answered(self) >= jobs.len() {
+                break;
             }
             self.step();
         }
@@ -521,37 +520,40 @@ impl Sim {
     }
 
     fn request(&mut self, req: Request) {
-        self.requests.push((req, Vec::new()));
+        self.requests.push((req, None));
     }
 
     /// Completes the program transfers due by now: every reachable node of the job
-    /// acknowledges the program, as its NM's receiver does, and the MM's worker reports.
+    /// acknowledges the program, as its NM's receiver does, and the MM's worker reports (a
+    /// cancelled transfer reports that it was cancelled). Program copies made since the last
+    /// timeslice are reported too, as the daemon's saver thread reports them.
     fn land_transfers(&mut self) {
         let now = self.clock.now();
-        let due: Vec<Flight> = {
-            let mut flights = self.flights.lock().expect("flights");
-            let (due, later) = std::mem::take(&mut *flights)
-                .into_iter()
-                .partition(|f| f.due <= now);
-            *flights = later;
-            due
-        };
-        for f in due {
+        for f in self.mm.env_mut().landed(now) {
             let t = f.transfer;
-            let ack = storm_cluster::messages::file_ack(t.transfer, true);
-            for n in t.nodes.iter() {
-                if !self.nodes[n as usize].is_frozen() {
-                    self.fabric.node(n).memory().store(self.rm.file_ack, ack);
+            let result = if f.cancelled {
+                Err(storm_mm::env::Failure::new("cancelled".into()))
+            } else {
+                let ack = storm_cluster::messages::file_ack(t.transfer, true);
+                for n in t.nodes.iter() {
+                    if !self.nodes[n as usize].is_frozen() {
+                        self.fabric.node(n).memory().store(self.rm.file_ack, ack);
+                    }
                 }
-            }
-            t.delivered
-                .store(t.size, std::sync::atomic::Ordering::Relaxed);
-            let _ = f.done.send(TransferDone {
+                // Modelled: no bytes, so no hash of them.
+                Ok([0; 32])
+            };
+            self.mm.handle(Input::TransferDone(TransferDone {
                 job: t.job,
                 transfer: t.transfer,
                 worker: t.worker,
-                // Modelled: no bytes, so no hash of them.
-                result: Ok([0; 32]),
+                result,
+            }));
+        }
+        for job in self.mm.env_mut().copies_made() {
+            self.mm.handle(Input::ProgramSaved {
+                job,
+                result: Ok(()),
             });
         }
     }
@@ -582,14 +584,9 @@ impl Sim {
         let mm_node = self.cfg.mm_id();
         // A new process has fresh global memory and no pending events.
         self.fabric.restart(mm_node);
-        // Its transfer workers ended with it.
+        // Its transfer workers ended with it; the program copies are on its disk.
         let model = self.mm.env().model;
-        self.flights = Arc::new(Mutex::new(Vec::new()));
-        let env = SimEnv {
-            clock: self.clock.clone(),
-            model,
-            flights: self.flights.clone(),
-        };
+        let env = SimEnv::new(self.clock.clone(), model, self.copies.clone());
         self.mm = new_mm(
             &self.cfg,
             &self.rm,
@@ -629,29 +626,21 @@ impl Sim {
     }
 
     fn connect(&mut self) -> Result<()> {
-        let (tx, replies) = crossbeam_channel::unbounded();
-        let read = Arc::new(AtomicU64::new(0));
-        let (closer, _) = UnixStream::pair().context("a socket pair for the simulated client")?;
         let id = self.next_client;
         self.next_client += 1;
-        self.mm.handle(Incoming::Connected {
+        self.mm.handle(Input::Connected {
             client: id,
             uid: SIM_UID,
             gid: SIM_UID,
-            tx,
-            written: read.clone(),
-            closer,
         });
-        self.client = Client { id, replies, read };
+        self.client = id;
         Ok(())
     }
 
     fn collect_replies(&mut self) {
         let now = self.now();
-        for r in self.client.replies.try_iter() {
-            self.client
-                .read
-                .fetch_add(1, std::sync::atomic::Ordering::Release);
+        let client = self.client;
+        for r in self.mm.env_mut().read_replies(client) {
             self.replies.push((now, r));
         }
     }
@@ -788,25 +777,4 @@ fn new_mm(
 /// The simulated MM's signing key (the same in every simulation: nothing secret is at stake).
 pub fn mm_signing_key() -> ed25519_dalek::SigningKey {
     ed25519_dalek::SigningKey::from_bytes(&[0x5a; 32])
-}
-
-/// An unlinked, sparse, executable file of `bytes`.
-fn sparse_program(bytes: u64) -> std::io::Result<OwnedFd> {
-    use std::os::unix::fs::PermissionsExt;
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "storm-sim-program-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)?;
-    let unlinked = std::fs::remove_file(&path);
-    file.set_len(bytes)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o700))?;
-    unlinked?;
-    Ok(OwnedFd::from(file))
 }

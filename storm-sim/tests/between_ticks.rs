@@ -143,14 +143,21 @@ fn a_job_cancelled_while_its_start_is_recorded_is_never_launched() {
 #[test]
 fn a_wake_up_ends_the_mms_wait_between_timeslices() {
     let mut s = Sim::new(SimOptions::default()).unwrap();
-    let waker = s.mm().waker();
+    let (fabric, rm) = s.mm().fabric();
+    let (fabric, event) = (fabric.clone(), rm.term_event);
+    let waker = storm_mm::Waker::new(fabric.clone(), event);
     let ringer = std::thread::spawn(move || {
         std::thread::sleep(ms(20));
         waker.wake();
     });
     let far = std::time::Instant::now() + Duration::from_secs(600);
-    s.mm_mut().wait(far);
+    let woken = storm_mm::waker::wait_until(&*fabric, event, far);
     assert!(std::time::Instant::now() < far, "the wait ran to its end");
+    assert_eq!(
+        woken,
+        storm_mm::waker::Woken::Woken,
+        "nothing was signalled"
+    );
     ringer.join().unwrap();
     // Nothing was announced: the MM's look at terminations finds nothing to end.
     s.mm_mut().between_ticks();

@@ -550,8 +550,7 @@ impl Journal {
 
     /// The saved program of job `job`, if there is one.
     pub fn program(&self, job: JobId) -> Option<File> {
-        let programs = self.programs.as_ref()?;
-        programs.dir.open_file(&ProgramStore::name(job)).ok()
+        self.programs.as_ref()?.open(job)
     }
 }
 
@@ -600,6 +599,11 @@ impl ProgramStore {
             let _ = self.dir.remove_file(&partial);
         }
         result
+    }
+
+    /// Job `job`'s copy, if there is one.
+    pub fn open(&self, job: JobId) -> Option<File> {
+        self.dir.open_file(&Self::name(job)).ok()
     }
 
     /// Deletes job `job`'s copy, if there is one.

@@ -45,9 +45,9 @@ impl<E: MmEnv> MachineManager<E> {
     /// heartbeat is applied on each node as it arrives, so a failure leaves some signalled)
     /// skip the repeat.
     pub(super) fn heartbeat_failed(&mut self, e: PrimError, sent: Bytes) {
-        self.heartbeats.unsend_last();
-        self.hb_resend = Some(sent);
-        if let Some(more) = self.hb_errors.allow(self.now()) {
+        self.hb.queue.unsend_last();
+        self.hb.resend = Some(sent);
+        if let Some(more) = self.hb.errors.allow(self.now()) {
             tracing::warn!(
                 suppressed = more,
                 "a heartbeat did not reach every node: {e}"
@@ -64,7 +64,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// The members of `nodes` leave the heartbeat, for `reason`.
     pub(super) fn blame_nodes(&mut self, nodes: &NodeSet, reason: &str) {
         for n in nodes.iter() {
-            if self.heartbeats.dest().contains(n) {
+            if self.hb.queue.dest().contains(n) {
                 self.set_unresponsive(n, reason.to_string());
             }
         }
@@ -79,7 +79,7 @@ impl<E: MmEnv> MachineManager<E> {
         }
         tracing::warn!(node = n, name = %self.node_name(n), "node is unresponsive; the heartbeat goes on without it: {reason}");
         self.metrics.heartbeat_missed();
-        self.heartbeats.remove(n);
+        self.hb.queue.remove(n);
         self.policy.set_unavailable(n);
         let stamp = self.nodes.get(n).stamp_seen;
         self.send_membership(n, &Membership::Evicted { stamp });
@@ -115,13 +115,13 @@ impl<E: MmEnv> MachineManager<E> {
     /// found behind (alive on the network, but no longer taking heartbeats) is unresponsive.
     pub(super) fn check_receipt(&mut self) {
         let now = self.now();
-        if now < self.next_check {
+        if now < self.hb.next_check {
             return;
         }
-        self.next_check =
+        self.hb.next_check =
             now + std::time::Duration::from_millis(self.cfg.failure.check_interval_ms);
-        let target = std::mem::replace(&mut self.check_target, self.hb_delivered);
-        let members = self.heartbeats.dest().clone();
+        let target = std::mem::replace(&mut self.hb.check_target, self.hb.delivered);
+        let members = self.hb.queue.dest().clone();
         if members.is_empty() {
             return;
         }
@@ -144,7 +144,7 @@ impl<E: MmEnv> MachineManager<E> {
         }
         // Someone is behind (or the check failed): ask each member alone.
         for n in members.iter() {
-            if !self.heartbeats.dest().contains(n) {
+            if !self.hb.queue.dest().contains(n) {
                 continue;
             }
             match self.prims.compare_and_write_within(
@@ -172,7 +172,7 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         tracing::error!(node = n, name = %self.node_name(n), "node is DOWN: {reason}");
-        self.heartbeats.remove(n);
+        self.hb.queue.remove(n);
         self.policy.set_unavailable(n);
         let hit: Vec<JobId> = self
             .jobs
@@ -232,8 +232,6 @@ impl<E: MmEnv> MachineManager<E> {
         j.launched = None;
         j.launched_ms = None;
         j.recovery = None;
-        j.worker_cancel = None;
-        j.transfer_progress = None;
         j.terminating = false;
         j.pmi_epoch = 0;
         j.time_slot = 0;
@@ -243,11 +241,11 @@ impl<E: MmEnv> MachineManager<E> {
         let now = self.since_epoch();
         match place {
             // Restored jobs enter the policy when the hold after a restart ends.
-            _ if self.held.is_some() => {}
+            _ if self.reattach.held.is_some() => {}
             Requeue::Front => self.policy.submit_front(ask, now),
             Requeue::Back => self.policy.submit(ask, now),
         }
-        self.unrecorded.insert(id);
+        self.outbox.unrecorded.insert(id);
         tracing::warn!(job = id, "requeued: {reason}");
         if let Some(c) = client {
             self.reply(c, Reply::Requeued { job: id, reason });

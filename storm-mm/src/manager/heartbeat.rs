@@ -2,15 +2,64 @@
 //! every member with the commands due and, under gang scheduling, the strobe, and takes its
 //! outcome (a failure is `failure`'s).
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use storm_cluster::messages::{Command, Heartbeat, encode};
-use storm_primitives::{PrimError, Wait};
+use storm_cluster::{ClusterConfig, RmLayout};
+use storm_primitives::helpers::{QueueProducer, epoch_base};
+use storm_primitives::{NodeSet, PrimError, Wait};
 
 use crate::env::MmEnv;
+use crate::log_limit::LogLimit;
 
 use super::{MachineManager, Phase, SEAL_ROOM};
+
+/// What the heartbeat (Algorithm 4) keeps from one timeslice to the next.
+pub(super) struct HeartbeatSender {
+    /// Producer of the heartbeat queue; its node set is the members (the UP nodes).
+    pub(super) queue: QueueProducer,
+    /// Sequence number of the next new heartbeat.
+    pub(super) seq: u64,
+    pub(super) in_flight: Option<InFlight>,
+    /// A heartbeat whose transfer failed, to send again before any new one.
+    pub(super) resend: Option<Bytes>,
+    /// Every heartbeat before this sequence number reached every member.
+    pub(super) delivered: u64,
+    /// When the next receipt check (COMPARE-AND-WRITE on the heartbeat counters) is due, and
+    /// what it checks: that every member took every heartbeat before `check_target`.
+    pub(super) next_check: Instant,
+    pub(super) check_target: u64,
+    /// Commands waiting for a heartbeat, in order.
+    pub(super) commands: VecDeque<Command>,
+    /// Heartbeat failures recur every timeslice while a node is unreachable: log them at most
+    /// once a second.
+    pub(super) errors: LogLimit,
+}
+
+impl HeartbeatSender {
+    pub(super) fn new(cfg: &ClusterConfig, rm: &RmLayout, now: Instant) -> Self {
+        Self {
+            // No member yet: nodes join as their NMs register. AWAIT-SPACE waits at most a
+            // timeslice, so a node that stops taking heartbeats never stalls the others (the
+            // receipt check finds it). A heartbeat applies at each node as it arrives (one
+            // round trip, not two): a failed one goes again, and nodes that took it skip it.
+            queue: QueueProducer::new(rm.heartbeat, NodeSet::new(), 1)
+                .applied_on_arrival()
+                .with_space_timeout(cfg.timeslice().max(Duration::from_millis(1)))
+                .with_op_timeout(cfg.heartbeat_deadline()),
+            seq: 0,
+            in_flight: None,
+            resend: None,
+            delivered: epoch_base(1),
+            next_check: now,
+            check_target: epoch_base(1),
+            commands: VecDeque::new(),
+            errors: LogLimit::new(Duration::from_secs(1)),
+        }
+    }
+}
 
 /// The heartbeat whose transfer has not completed yet.
 pub(super) struct InFlight {
@@ -27,10 +76,10 @@ impl<E: MmEnv> MachineManager<E> {
         if !self.heartbeat_completed() {
             return;
         }
-        if self.heartbeats.dest().is_empty() {
+        if self.hb.queue.dest().is_empty() {
             return;
         }
-        let (bytes, fresh) = match self.hb_resend.take() {
+        let (bytes, fresh) = match self.hb.resend.take() {
             Some(bytes) => (bytes, None),
             None => match self.next_heartbeat() {
                 Some((bytes, taken)) => (bytes, Some(taken)),
@@ -38,14 +87,15 @@ impl<E: MmEnv> MachineManager<E> {
             },
         };
         match self
-            .heartbeats
+            .hb
+            .queue
             .enqueue(&*self.prims, &bytes, Some(self.rm.hb_sent))
         {
             Ok(()) => {
                 let now = self.now();
                 if let Some(taken) = fresh {
-                    self.hb_seq += 1;
-                    for cmd in self.commands.drain(..taken) {
+                    self.hb.seq += 1;
+                    for cmd in self.hb.commands.drain(..taken) {
                         if let Command::Launch(spec) = cmd
                             && let Some(j) = self.jobs.get_mut(&spec.job)
                             && j.phase == Phase::Launching
@@ -54,10 +104,16 @@ impl<E: MmEnv> MachineManager<E> {
                             // written before this heartbeat: a restarted MM re-adopts it.
                             j.launched = Some(now);
                             j.phase = Phase::Running;
+                            // A job that is never placed again needs its program no more.
+                            if !j.req.requeue
+                                && let Some(p) = j.program.take()
+                            {
+                                self.env.release_program(p);
+                            }
                         }
                     }
                 }
-                self.hb_in_flight = Some(InFlight { bytes, issued: now });
+                self.hb.in_flight = Some(InFlight { bytes, issued: now });
             }
             Err(e) => {
                 // AWAIT-SPACE found no room in time (a node that just joined, or one that no
@@ -65,9 +121,9 @@ impl<E: MmEnv> MachineManager<E> {
                 // node: one that did not answer by the heartbeat's deadline (or whose
                 // connection failed) misses this heartbeat, as if the transfer had failed.
                 if fresh.is_none() {
-                    self.hb_resend = Some(bytes);
+                    self.hb.resend = Some(bytes);
                 }
-                if let Some(more) = self.hb_errors.allow(self.now()) {
+                if let Some(more) = self.hb.errors.allow(self.now()) {
                     tracing::warn!(suppressed = more, "cannot issue the heartbeat yet: {e}");
                 }
                 if !matches!(e, PrimError::QueueFull { .. }) {
@@ -82,14 +138,14 @@ impl<E: MmEnv> MachineManager<E> {
     pub(super) fn next_heartbeat(&self) -> Option<(Bytes, usize)> {
         let limit = self.cfg.cluster.heartbeat_bytes;
         let mut hb = Heartbeat {
-            seq: self.hb_seq,
+            seq: self.hb.seq,
             commands: Vec::new(),
             seal: None,
         };
         // Room for the seal, which covers the commands chosen.
         let room = limit.saturating_sub(SEAL_ROOM);
         let mut taken = 0;
-        for cmd in &self.commands {
+        for cmd in &self.hb.commands {
             hb.commands.push(cmd.clone());
             if encode("heartbeat", &hb, room).is_err() {
                 hb.commands.pop();
@@ -104,9 +160,12 @@ impl<E: MmEnv> MachineManager<E> {
                 lease_us: lease.map_or(0, |l| l.as_micros().clamp(1, u32::MAX as u128) as u32),
             });
         }
-        hb.seal = self
-            .signer
-            .seal_commands(self.incarnation, hb.seq, &hb.commands, self.unix_ms());
+        hb.seal = self.signer.seal_commands(
+            self.reattach.incarnation,
+            hb.seq,
+            &hb.commands,
+            self.unix_ms(),
+        );
         match encode("heartbeat", &hb, limit) {
             Ok(b) => Some((Bytes::from(b), taken)),
             Err(e) => {
@@ -120,7 +179,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// flight any more.
     pub(super) fn heartbeat_completed(&mut self) -> bool {
         let now = self.now();
-        let Some(flight) = &self.hb_in_flight else {
+        let Some(flight) = &self.hb.in_flight else {
             return true;
         };
         match self.prims.test_event(self.rm.hb_sent, Wait::Poll) {
@@ -129,13 +188,13 @@ impl<E: MmEnv> MachineManager<E> {
                 let issued = flight.issued;
                 self.metrics
                     .heartbeat_delivered(now.saturating_duration_since(issued));
-                self.hb_in_flight = None;
-                self.hb_delivered = self.heartbeats.next_seq();
+                self.hb.in_flight = None;
+                self.hb.delivered = self.hb.queue.next_seq();
                 self.nodes.heard_all(issued);
                 true
             }
             Err(e) => {
-                let flight = self.hb_in_flight.take().expect("in flight");
+                let flight = self.hb.in_flight.take().expect("in flight");
                 self.heartbeat_failed(e, flight.bytes);
                 true
             }

@@ -2,9 +2,6 @@
 //! it runs ([`Job`]), how its start is planned ([`NewJob`]) and timed ([`RanAt`]), and how it
 //! becomes a journal record, a policy's ask, a `storm queue` line and a launch command.
 
-use std::fs::File;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobInfo, JobRequest};
@@ -12,7 +9,7 @@ use storm_cluster::messages::{JobId, JobUsage, LaunchSpec, OutputChunk, Program}
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
-use crate::control_server::ClientId;
+use crate::env::{ClientId, ProgramId};
 use crate::journal::{JobRecord, JobState};
 use crate::policy::{JobAsk, Need};
 
@@ -24,10 +21,12 @@ pub(super) enum Phase {
     /// Nodes allocated; the program transfer waits for a worker or for its nodes to finish
     /// another job's transfer (each node has one chunk queue).
     Allocated,
-    /// A worker is sending the program.
+    /// A worker is sending the program. `reported`: what its submitter was last told (when,
+    /// how many bytes every node had).
     Sending {
         transfer: u32,
         worker: usize,
+        reported: (Instant, u64),
     },
     /// Sent; waiting for every node's acknowledgement.
     Verifying {
@@ -74,8 +73,9 @@ pub(super) struct Job {
     pub(super) plan: TaskPlan,
     /// The descriptor of the program storm-submit passed (`--bcast`), held only until its
     /// copy beside the journal is made (or, for a job that starts at once and is never
-    /// requeued, until it is sent): the MM holds no descriptor per waiting job.
-    pub(super) program: Option<File>,
+    /// requeued, until its launch goes out): the MM holds no descriptor per waiting job. The host
+    /// holds it; the core lets go of it with `MmEnv::release_program`.
+    pub(super) program: Option<ProgramId>,
     /// The program's size as checked against the limits at submission: exactly this much is
     /// copied and sent.
     pub(super) size: u64,
@@ -102,10 +102,6 @@ pub(super) struct Job {
     /// `launched` as wall-clock time (milliseconds since the Unix epoch), for the journal.
     pub(super) launched_ms: Option<u64>,
     pub(super) cancel: Option<Cancel>,
-    pub(super) worker_cancel: Option<Arc<AtomicBool>>,
-    /// While the program is sent: bytes delivered to every node, and what was last reported
-    /// to the submitter (when, how much).
-    pub(super) transfer_progress: Option<(Arc<AtomicU64>, Instant, u64)>,
     pub(super) terminating: bool,
     /// Row of the gang scheduler's matrix.
     pub(super) time_slot: usize,
@@ -165,7 +161,7 @@ pub(super) struct NewJob {
     pub(super) gid: u32,
     pub(super) req: JobRequest,
     pub(super) plan: TaskPlan,
-    pub(super) program: Option<File>,
+    pub(super) program: Option<ProgramId>,
     /// The program's size, checked against the limits (0 without one).
     pub(super) size: u64,
     pub(super) client: Option<ClientId>,
@@ -200,8 +196,6 @@ impl Job {
             ran: RanAt::default(),
             launched_ms: None,
             cancel: None,
-            worker_cancel: None,
-            transfer_progress: None,
             terminating: false,
             time_slot: 0,
             limit: new.req.time_limit_ms.map(Duration::from_millis),

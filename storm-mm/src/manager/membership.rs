@@ -108,7 +108,7 @@ impl<E: MmEnv> MachineManager<E> {
         if self.nodes.is_up(n) {
             // Registering again while a member: it stopped hearing heartbeats. It rejoins at
             // a new sequence number.
-            self.heartbeats.remove(n);
+            self.hb.queue.remove(n);
             self.policy.set_unavailable(n);
         }
         self.nodes.get_mut(n).stamp_seen = stamp;
@@ -195,7 +195,9 @@ impl<E: MmEnv> MachineManager<E> {
                     } else {
                         libc::SIGTERM
                     };
-                    self.commands.push_back(Command::Signal { job: id, signal });
+                    self.hb
+                        .commands
+                        .push_back(Command::Signal { job: id, signal });
                 }
                 continue;
             }
@@ -205,7 +207,7 @@ impl<E: MmEnv> MachineManager<E> {
                     node = n,
                     "launching again on a node that missed the launch"
                 );
-                self.commands.push_back(Command::Launch(j.launch_spec()));
+                self.hb.commands.push_back(Command::Launch(j.launch_spec()));
             }
         }
         keep
@@ -232,7 +234,7 @@ impl<E: MmEnv> MachineManager<E> {
             &Membership::Welcome {
                 stamp,
                 output_epoch,
-                incarnation: self.incarnation,
+                incarnation: self.reattach.incarnation,
                 keep,
             },
         );
@@ -240,9 +242,9 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// The NM carried out the welcome: it joins the heartbeat at the next sequence number.
     fn admit(&mut self, n: NodeId, stamp: u64) {
-        let seq = self.heartbeats.next_seq();
+        let seq = self.hb.queue.next_seq();
         self.send_membership(n, &Membership::Start { stamp, seq });
-        self.heartbeats.add(n);
+        self.hb.queue.add(n);
         let now = self.now();
         self.nodes.set_up(n, stamp, now);
         if self.nodes.get(n).drain.is_none() {
@@ -309,7 +311,7 @@ impl<E: MmEnv> MachineManager<E> {
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = Some(reason.clone());
             self.policy.set_unavailable(n);
-            self.journal.put_node(
+            self.outbox.journal.put_node(
                 n,
                 NodeRecord {
                     drain: Some(reason.clone()),
@@ -325,7 +327,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.check_nodes(nodes)?;
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = None;
-            self.journal.put_node(n, NodeRecord { drain: None });
+            self.outbox.journal.put_node(n, NodeRecord { drain: None });
             if self.nodes.is_up(n) {
                 self.policy.set_available(n);
             }

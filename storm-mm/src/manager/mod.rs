@@ -17,24 +17,19 @@
 //! scheduling, launches, cancellation and termination): [`job`] (a job and its phases),
 //! [`requests`] (clients, limits, answers), [`publish`] (write-ahead: replies and launches once
 //! the journal holds them), [`transfers`] (program transfers), [`heartbeat`] (Algorithm 4),
-//! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], [`restart`] and [`saver`].
+//! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], and [`restart`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use bytes::Bytes;
-use crossbeam_channel::{Receiver, Sender};
+use anyhow::Result;
 use storm_cluster::control::{JobInfo, JobOutcome, NodeInfo, Reply, Timing};
-use storm_cluster::endpoint::{self, Listen};
 use storm_cluster::identity::MmSigner;
-use storm_cluster::keywatch::{Due, KeyWatch};
 use storm_cluster::messages::{Command, JobId, MpiMode, NodeReport, decode_sealed};
 use storm_cluster::{ClusterConfig, RmLayout};
-use storm_primitives::helpers::{QueueConsumer, QueueProducer, epoch_base};
-use storm_primitives::{NodeId, NodeSet, Primitives, Relation, Wait};
+use storm_primitives::helpers::QueueConsumer;
+use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 
 mod attention;
 mod failure;
@@ -46,30 +41,16 @@ mod pmi;
 mod publish;
 mod requests;
 mod restart;
-mod saver;
 mod transfers;
 
-use crate::control_server::{self, ClientId, Incoming};
-use crate::env::{DaemonEnv, MmEnv};
+use crate::env::{ClientId, MmEnv};
 use crate::journal::{JobRecord, JobState, Journal, Restored};
-use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::nodes::NodeTable;
 use crate::policy::{Decision, Placement, Policy, PolicyKind};
-use crate::transfer::TransferDone;
-use heartbeat::InFlight;
 use job::{
     Cancel, Job, NewJob, Phase, RanAt, finished_info, human, job_ask, job_record, launch_spec,
 };
-use requests::Client;
-
-/// How to start a machine manager.
-pub struct MmOptions {
-    pub config: ClusterConfig,
-    pub listen: Listen,
-    /// Set to stop the MM (signal handlers set it).
-    pub stop: Arc<AtomicBool>,
-}
 
 /// Bytes a heartbeat keeps free for its seal (an ed25519 signature, a time, framing).
 pub const SEAL_ROOM: usize = 128;
@@ -97,7 +78,6 @@ pub struct MachineManager<E: MmEnv> {
     cfg: ClusterConfig,
     rm: RmLayout,
     prims: Arc<dyn Primitives>,
-    clients: HashMap<ClientId, Client>,
     jobs: BTreeMap<JobId, Job>,
     next_job: JobId,
     policy: Box<dyn Policy>,
@@ -109,163 +89,38 @@ pub struct MachineManager<E: MmEnv> {
     /// Whether the next timeslice runs other jobs: the heartbeat then gives this one a lease
     /// (`Command::Schedule`).
     run_rotates: bool,
-    /// Heartbeat failures recur every timeslice while a node is unreachable: log them at most
-    /// once a second.
-    hb_errors: LogLimit,
-    /// Nodes receiving a program now.
-    transferring: NodeSet,
-    /// Submissions not yet answered (answered after the next scheduling decision).
-    unanswered: Vec<(ClientId, JobId)>,
     /// Membership, failures and drains of the nodes.
     nodes: NodeTable,
-    /// Producer of the heartbeat queue; its node set is the members (the UP nodes).
-    heartbeats: QueueProducer,
-    /// Sequence number of the next new heartbeat.
-    hb_seq: u64,
-    hb_in_flight: Option<InFlight>,
-    /// [`MachineManager::wait`] took a signal of the termination event: the next look at
-    /// terminations counts it.
+    /// The heartbeat (Algorithm 4): its queue, the commands it carries, receipt checks.
+    hb: heartbeat::HeartbeatSender,
+    /// Program transfers (Algorithm 6): workers, the nodes they send to.
+    transfers: transfers::Transfers,
+    /// Clients, their replies and the journal: what the MM tells goes out once recorded.
+    outbox: publish::Outbox,
+    /// What an MM restarted over its journal holds back for reattaching submitters.
+    reattach: restart::Reattach,
+    /// A signal of the termination event was handed in ([`Input::TerminationSignalled`]):
+    /// the next look at terminations counts it.
     term_announced: bool,
-    /// A heartbeat whose transfer failed, to send again before any new one.
-    hb_resend: Option<Bytes>,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
     pmi_recheck: bool,
-    /// Every heartbeat before this sequence number reached every member.
-    hb_delivered: u64,
-    /// When the next receipt check (COMPARE-AND-WRITE on the heartbeat counters) is due, and
-    /// what it checks: that every member took every heartbeat before `check_target`.
-    next_check: Instant,
-    check_target: u64,
-    commands: VecDeque<Command>,
     /// Each node's output queue, and the entries taken from it not yet released.
     outputs: Vec<output::NodeOutput>,
     /// Which nodes signalled since the last timeslice.
     attention: attention::Attention,
+    /// The job areas (`max_jobs`): which job holds each.
     slots: Vec<Option<JobId>>,
-    /// Transfer workers at work: the job and the nodes each sends to.
-    workers: Vec<Option<(JobId, NodeSet)>>,
-    next_transfer: u32,
-    worker_tx: Sender<TransferDone>,
-    worker_rx: Receiver<TransferDone>,
     shutting_down: bool,
-    /// Jobs, results and drains, kept so that a restarted MM loses nothing it accepted.
-    journal: Journal,
-    /// Jobs whose journal record must be written with the next commit.
-    unrecorded: std::collections::BTreeSet<JobId>,
-    /// Replies held until the journal has committed what they tell.
-    /// Replies to send, each with the journal commit it waits for (`None`: this
-    /// timeslice's, not yet made).
-    outbox: Vec<(ClientId, Reply, Option<u64>)>,
-    /// Copies programs of waiting jobs beside the journal, off the main loop.
-    saver: saver::Saver,
-    /// Jobs whose program copy is under way: not journaled yet, their submitters' replies
-    /// held.
-    saving: BTreeSet<JobId>,
     /// Jobs that ended, as the journal keeps them (oldest first).
     finished: BTreeMap<JobId, JobRecord>,
-    /// Jobs restored from the journal, held out of the queue until their submitters reattach
-    /// or this instant passes (see [`restart`]).
-    held: Option<Instant>,
-    /// Until when submitters of jobs restored after a restart may reattach (see [`restart`]).
-    reattach_until: Option<Instant>,
-    /// Output held for restored jobs that ended before their submitters reattached: given
-    /// to the submitter that reattaches, before the outcome (see [`output`]).
-    finished_output: HashMap<JobId, Vec<(NodeId, u64, storm_cluster::messages::OutputChunk)>>,
-    /// Which MM process this is (NMs send again what an earlier one held in its memory).
-    incarnation: u64,
     /// Seals commands and membership messages (see `storm_cluster::identity`).
     signer: MmSigner,
-    journal_errors: LogLimit,
     /// What `storm metrics` shows.
     metrics: Metrics,
     /// When the last timeslice began (to tell the MM's own stalls from nodes' silence).
     last_tick: Instant,
     /// When the next timeslice is due.
     next_tick: Instant,
-}
-
-impl MachineManager<DaemonEnv> {
-    /// SIGHUP: reads the MM's signing key and the enrolled nodes' keys again (a key being
-    /// rotated, docs/security.md). A file that does not read keeps the keys in use.
-    pub fn reload_keys(&mut self) {
-        match self.cfg.load_mm_signer() {
-            Ok(signer) => {
-                tracing::info!(
-                    public_key = %storm_cluster::identity::public_hex(&signer.public()),
-                    "read the MM's signing key again"
-                );
-                self.signer = signer;
-            }
-            Err(e) => tracing::error!("keeping the MM's signing key in use: {e}"),
-        }
-        if let Some(enrolled) = &self.env.enrolled {
-            match self.cfg.load_enrolled() {
-                Ok(e) => {
-                    *enrolled.write() = e;
-                    tracing::info!("read the enrolled nodes' keys again");
-                }
-                Err(e) => tracing::error!("keeping the enrolled nodes' keys in use: {e}"),
-            }
-        }
-    }
-
-    /// The daemon: reads the key, lays out global memory, opens the journal, starts the
-    /// endpoint and the control socket, and makes the core over them.
-    pub fn start(opts: MmOptions) -> Result<(Self, Receiver<Incoming>)> {
-        let MmOptions {
-            config: cfg,
-            listen,
-            stop: _,
-        } = opts;
-        // First: without the key this daemon must not run at all.
-        let key = cfg.load_key()?;
-        let signer = cfg.load_mm_signer()?;
-        // Every node must prove which it is: its key is enrolled here.
-        let enrolled = Arc::new(parking_lot::RwLock::new(
-            cfg.load_enrolled().map_err(anyhow::Error::msg)?,
-        ));
-        let rm = RmLayout::new(&cfg)?;
-        tracing::info!(
-            mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
-            nm_mib = rm.layout.size_at(0) >> 20,
-            nodes = cfg.node_count(),
-            "global memory laid out (address space; untouched pages take no memory)"
-        );
-        let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
-        let fabric = endpoint::start(
-            &cfg,
-            &rm,
-            cfg.mm_id(),
-            listen,
-            key,
-            endpoint::LinkIdentity::Manager(enrolled.clone()),
-        )
-        .map_err(anyhow::Error::msg)?;
-        let waker = crate::Waker::new(fabric.clone(), rm.term_event);
-        // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
-        let journal = journal.commit_in_background(waker.clone())?;
-        let (tx, incoming) = crossbeam_channel::unbounded();
-        control_server::start(
-            &cfg.cluster.control_socket,
-            cfg.cluster.name.clone(),
-            cfg.node_count(),
-            cfg.limits.clone(),
-            tx,
-            waker,
-        )?;
-        let parts = MmParts {
-            config: cfg,
-            rm,
-            fabric,
-            journal,
-            restored,
-            incarnation: incarnation(),
-            signer,
-        };
-        let mut env = DaemonEnv::default();
-        env.enrolled = Some(enrolled);
-        Ok((Self::new(parts, env)?, incoming))
-    }
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -286,7 +141,6 @@ impl<E: MmEnv> MachineManager<E> {
         let outputs = (0..cfg.node_count() as usize)
             .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1).map(output::NodeOutput::new))
             .collect::<Result<Vec<_>, _>>()?;
-        let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
         let mut policy = crate::policy::build(
             cfg.scheduler.policy,
             cfg.node_count(),
@@ -306,53 +160,24 @@ impl<E: MmEnv> MachineManager<E> {
             "machine manager started"
         );
         let mut mm = Self {
-            // No member yet: nodes join as their NMs register. AWAIT-SPACE waits at most a
-            // timeslice, so a node that stops taking heartbeats never stalls the others (the
-            // receipt check finds it). A heartbeat applies at each node as it arrives (one
-            // round trip, not two): a failed one goes again, and nodes that took it skip it.
-            heartbeats: QueueProducer::new(rm.heartbeat, NodeSet::new(), 1)
-                .applied_on_arrival()
-                .with_space_timeout(cfg.timeslice().max(Duration::from_millis(1)))
-                .with_op_timeout(cfg.heartbeat_deadline()),
+            hb: heartbeat::HeartbeatSender::new(&cfg, &rm, now),
+            transfers: transfers::Transfers::new(cfg.cluster.max_transfers),
+            outbox: publish::Outbox::new(journal),
+            reattach: restart::Reattach::new(incarnation),
             policy,
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
-            hb_in_flight: None,
             term_announced: false,
-            hb_resend: None,
             pmi_recheck: false,
-            hb_delivered: epoch_base(1),
-            next_check: now,
-            check_target: epoch_base(1),
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: now,
             run_set: Vec::new(),
             run_rotates: false,
-            hb_errors: LogLimit::new(Duration::from_secs(1)),
-            transferring: NodeSet::new(),
-            unanswered: Vec::new(),
             slots: vec![None; cfg.cluster.max_jobs],
-            workers: vec![None; cfg.cluster.max_transfers],
-            clients: HashMap::new(),
             jobs: BTreeMap::new(),
             next_job: 1,
-            hb_seq: 0,
-            commands: VecDeque::new(),
-            next_transfer: 1,
-            worker_tx,
-            worker_rx,
             shutting_down: false,
-            saver: saver::Saver::new(journal.program_store()),
-            saving: BTreeSet::new(),
-            journal,
-            unrecorded: Default::default(),
-            outbox: Vec::new(),
             finished: BTreeMap::new(),
-            held: None,
-            reattach_until: None,
-            finished_output: HashMap::new(),
-            incarnation,
             signer,
-            journal_errors: LogLimit::new(Duration::from_secs(10)),
             metrics: Metrics::new(),
             last_tick: now,
             next_tick: now,
@@ -388,32 +213,6 @@ impl<E: MmEnv> MachineManager<E> {
         self.next_tick
     }
 
-    /// Waits on the fabric until `until` (a timeslice is due), or until something arrives
-    /// for the MM: a node announces a termination, or one of the MM's threads wakes it (see
-    /// [`crate::waker`]). The host then hands it what arrived and calls
-    /// [`MachineManager::between_ticks`] (or [`MachineManager::tick`], if one is due). A host
-    /// that steps the MM (the simulator) does not call it.
-    pub fn wait(&mut self, until: Instant) {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        match self
-            .prims
-            .test_event(self.rm.term_event, Wait::Timeout(left))
-        {
-            Ok(true) => self.term_announced = true,
-            Ok(false) => {}
-            // The endpoint is closed (shutting down): sleep, or the loop would spin.
-            Err(_) => std::thread::sleep(left),
-        }
-    }
-
-    /// A handle that ends the MM's [`MachineManager::wait`] from another thread.
-    pub fn waker(&self) -> crate::Waker {
-        crate::Waker::new(self.prims.clone(), self.rm.term_event)
-    }
-
     /// What the MM does between timeslices: takes the terminations announced since the last
     /// timeslice, takes the program transfers its workers finished (verifying the nodes'
     /// answers, and recording the launch of a job whose program every node holds), and sends
@@ -427,7 +226,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.verify_transfers();
         }
         self.publish();
-        let settled = self.journal.settled();
+        let settled = self.outbox.journal.settled();
         let launchable = self.jobs.values().any(|j| j.phase.may_launch(settled));
         if launchable {
             self.next_tick = self.next_tick.min(self.now());
@@ -438,12 +237,40 @@ impl<E: MmEnv> MachineManager<E> {
     /// to take them). The host then waits for the last heartbeat
     /// ([`MachineManager::wait_heartbeats`]) and stops.
     pub fn is_done(&self) -> bool {
-        self.shutting_down && (self.commands.is_empty() || self.heartbeats.dest().is_empty())
+        self.shutting_down && (self.hb.commands.is_empty() || self.hb.queue.dest().is_empty())
     }
 
     /// The environment, for a host or a simulator that looks inside it.
     pub fn env(&self) -> &E {
         &self.env
+    }
+
+    /// The environment, for a host that turns what arrived into [`Input`]s.
+    pub fn env_mut(&mut self) -> &mut E {
+        &mut self.env
+    }
+
+    /// The configuration the MM runs with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    /// The MM's endpoint, and the layout of global memory: a host waits on the fabric for
+    /// the termination event between timeslices ([`crate::env::Input::TerminationSignalled`]).
+    pub fn fabric(&self) -> (&Arc<dyn Primitives>, &RmLayout) {
+        (&self.prims, &self.rm)
+    }
+
+    /// Records how long a timeslice took in real time (the host measures it: decisions read
+    /// only the environment's clock).
+    pub fn tick_took(&mut self, took: Duration) {
+        self.metrics.ticked(took);
+    }
+
+    /// Seals what the MM sends with a new signing key from now on (the host read it again:
+    /// SIGHUP, or a key being rotated, docs/security.md).
+    pub fn replace_signer(&mut self, signer: MmSigner) {
+        self.signer = signer;
     }
 
     /// The nodes as `storm nodes` shows them, without a request (for a simulator's checks).
@@ -463,7 +290,6 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// One timeslice (see the module's overview), at the environment clock's time.
     pub fn tick(&mut self) {
-        let started = Instant::now();
         let now = self.now();
         // A stall of the MM's own (it was not scheduled, or swapped) is nobody's silence.
         let gap = now.saturating_duration_since(self.last_tick);
@@ -503,8 +329,6 @@ impl<E: MmEnv> MachineManager<E> {
         self.pmi_exchange();
         self.detect_terminations();
         self.publish();
-        // The real time the timeslice took, whatever clock decisions use.
-        self.metrics.ticked(started.elapsed());
         let after = self.now();
         self.next_tick += slice;
         if self.next_tick < after {
@@ -525,7 +349,7 @@ impl<E: MmEnv> MachineManager<E> {
             })
             .collect();
         // Answer submissions: those starting now without a reason, before their Started.
-        let unanswered: Vec<(ClientId, JobId)> = self.unanswered.drain(..).collect();
+        let unanswered: Vec<(ClientId, JobId)> = self.outbox.unanswered.drain(..).collect();
         for &(client, job) in unanswered.iter().filter(|(_, j)| starting.contains(j)) {
             self.reply(client, Reply::Accepted { job, queued: None });
         }
@@ -601,7 +425,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.time_slot = time_slot;
         j.allocated = Some(now);
         j.phase = Phase::Allocated;
-        self.unrecorded.insert(id);
+        self.outbox.unrecorded.insert(id);
         tracing::info!(job = id, nodes = %nodes, cpus = ?j.cpus, time_slot, "job starts");
         let started = Reply::Started {
             job: id,
@@ -630,12 +454,12 @@ impl<E: MmEnv> MachineManager<E> {
         let j = self.jobs.get_mut(&id).expect("job");
         j.launched_ms = Some(now_ms);
         j.phase = Phase::Recording { batch: None };
-        self.unrecorded.insert(id);
+        self.outbox.unrecorded.insert(id);
     }
 
     /// Queues the launch of every job whose start the journal now holds.
     fn release_launches(&mut self) {
-        let settled = self.journal.settled();
+        let settled = self.outbox.journal.settled();
         let mut ready: Vec<JobId> = self
             .jobs
             .values()
@@ -648,7 +472,7 @@ impl<E: MmEnv> MachineManager<E> {
             let j = self.jobs.get_mut(&id).expect("listed");
             j.phase = Phase::Launching;
             let spec = j.launch_spec();
-            self.commands.push_back(Command::Launch(spec));
+            self.hb.commands.push_back(Command::Launch(spec));
         }
     }
 
@@ -673,8 +497,8 @@ impl<E: MmEnv> MachineManager<E> {
                 self.finish(id, Some(format!("{reason} before it started")), Vec::new());
             }
             Phase::Sending { .. } | Phase::Verifying { .. } => {
-                if let Some(c) = &j.worker_cancel {
-                    c.store(true, Ordering::Release);
+                if let Phase::Sending { transfer, .. } = j.phase {
+                    self.env.cancel_transfer(transfer);
                 }
                 j.cancel = Some(Cancel {
                     reason: reason.clone(),
@@ -691,7 +515,7 @@ impl<E: MmEnv> MachineManager<E> {
                     since: now,
                     killed: false,
                 });
-                self.commands.push_back(Command::Signal {
+                self.hb.commands.push_back(Command::Signal {
                     job: id,
                     signal: libc::SIGTERM,
                 });
@@ -713,7 +537,7 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         for job in kill {
-            self.commands.push_back(Command::Signal {
+            self.hb.commands.push_back(Command::Signal {
                 job,
                 signal: libc::SIGKILL,
             });
@@ -725,13 +549,13 @@ impl<E: MmEnv> MachineManager<E> {
     /// Waits up to `timeout` for the heartbeat in flight to complete. It blocks on the fabric:
     /// a host calls it once, when the MM [`is_done`](MachineManager::is_done).
     pub fn wait_heartbeats(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while self.hb_in_flight.is_some() && Instant::now() < deadline {
+        let deadline = self.now() + timeout;
+        while self.hb.in_flight.is_some() && self.now() < deadline {
             match self.prims.test_event(
                 self.rm.hb_sent,
-                Wait::Timeout(deadline.saturating_duration_since(Instant::now())),
+                Wait::Timeout(deadline.saturating_duration_since(self.now())),
             ) {
-                Ok(true) | Err(_) => self.hb_in_flight = None,
+                Ok(true) | Err(_) => self.hb.in_flight = None,
                 Ok(false) => break,
             }
         }
@@ -841,14 +665,12 @@ impl<E: MmEnv> MachineManager<E> {
             self.slots[slot] = None;
             self.prims.memory().store(self.rm.term_hint.at(slot), 0);
         }
-        if let Phase::Sending { .. } = j.phase {
+        if let Phase::Sending { transfer, .. } = j.phase {
             // The worker reports back and is forgotten; its slot frees when it does.
-            if let Some(c) = &j.worker_cancel {
-                c.store(true, Ordering::Release);
-            }
+            self.env.cancel_transfer(transfer);
         }
         if matches!(j.phase, Phase::Verifying { .. }) {
-            self.transferring = self.transferring.difference(&j.nodes);
+            self.transfers.busy_nodes = self.transfers.busy_nodes.difference(&j.nodes);
         }
         // A sending worker's nodes are freed when it reports back (`transfer_done`).
         if !j.nodes.is_empty() {
@@ -856,12 +678,12 @@ impl<E: MmEnv> MachineManager<E> {
             self.run_set.retain(|r| *r != j.id);
             // What has not gone out yet never will: a launch must not start tasks that the
             // Forget behind it would kill at once.
-            self.commands.retain(|c| match c {
+            self.hb.commands.retain(|c| match c {
                 Command::Launch(spec) => spec.job != j.id,
                 Command::ReceiveFile(info) => info.job != j.id,
                 _ => true,
             });
-            self.commands.push_back(Command::Forget { job: j.id });
+            self.hb.commands.push_back(Command::Forget { job: j.id });
         }
     }
 
@@ -876,8 +698,12 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         };
         self.release(&j);
-        if j.client.is_none() && !j.held_output.is_empty() && self.reattach_until.is_some() {
-            self.finished_output
+        if let Some(p) = j.program.take() {
+            self.env.release_program(p);
+        }
+        if j.client.is_none() && !j.held_output.is_empty() && self.reattach.until.is_some() {
+            self.reattach
+                .finished_output
                 .insert(id, std::mem::take(&mut j.held_output));
         }
         let now = self.now();
@@ -938,54 +764,4 @@ impl<E: MmEnv> std::fmt::Debug for MachineManager<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "MachineManager({} jobs)", self.jobs.len())
     }
-}
-
-/// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
-/// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
-/// request or a signal: a timeslice runs at each [`MachineManager::poll_timeout`]; between
-/// them the loop waits on the fabric ([`MachineManager::wait`]) and, when woken, hands the core
-/// the requests that arrived and lets it take reports and send settled replies.
-pub fn run(opts: MmOptions) -> Result<()> {
-    let stop = opts.stop.clone();
-    let (mut mm, incoming) = MachineManager::start(opts).context("starting the machine manager")?;
-    let mut keys = KeyWatch::new(
-        vec![
-            (storm_cluster::key::CLUSTER_KEY, mm.cfg.key_path()),
-            (storm_cluster::key::MM_KEY, mm.cfg.mm_key_paths().0),
-        ],
-        Duration::from_secs(mm.cfg.security.key_check_interval_s),
-    )?;
-    storm_cluster::daemon::notify_ready();
-    loop {
-        if keys.poll(Instant::now()) == Due::Reload {
-            mm.reload_keys();
-        }
-        while let Ok(msg) = incoming.try_recv() {
-            mm.handle(msg);
-        }
-        if Instant::now() >= mm.poll_timeout() {
-            mm.tick();
-        } else {
-            mm.between_ticks();
-        }
-        if stop.load(Ordering::Acquire) {
-            tracing::info!("stopping on a signal");
-            break;
-        }
-        if mm.is_done() {
-            mm.wait_heartbeats(Duration::from_millis(mm.cfg.tcp.op_timeout_ms));
-            tracing::info!("shut down");
-            break;
-        }
-        let due = mm.poll_timeout();
-        mm.wait(due);
-    }
-    let _ = std::fs::remove_file(&mm.cfg.cluster.control_socket);
-    Ok(())
-}
-
-/// A number that tells this MM process from any other that ran the cluster: the start time
-/// and the pid.
-fn incarnation() -> u64 {
-    crate::journal::now_ms() << 22 | (std::process::id() as u64 & 0x3f_ffff)
 }

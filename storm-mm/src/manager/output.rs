@@ -20,7 +20,6 @@
 //! was held for it (`finished_output`) for its submitter, who gets it before the outcome.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use storm_cluster::control::Reply;
 use storm_cluster::messages::{JobId, OutputChunk, decode};
@@ -108,7 +107,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// Sends a chunk to its job's submitter, or holds it for one who may reattach.
     fn pass_on(&mut self, n: NodeId, seq: u64, chunk: OutputChunk) -> Ack {
         let job = chunk.job;
-        let reattaching = self.reattach_until.is_some();
+        let reattaching = self.reattach.until.is_some();
         let Some(j) = self.jobs.get_mut(&job) else {
             return Ack::Done;
         };
@@ -127,16 +126,21 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Releases node `n`'s entries, in order, up to the first still on its way.
     fn release_output(&mut self, n: NodeId) {
-        let (out, clients, jobs) = (&mut self.outputs[n as usize], &self.clients, &self.jobs);
+        let (out, clients, jobs, env) = (
+            &mut self.outputs[n as usize],
+            &self.outbox.clients,
+            &self.jobs,
+            &self.env,
+        );
         let mut upto = None;
         while let Some(&(after, ack)) = out.pending.front() {
             let done = match ack {
                 Ack::Done => true,
                 Ack::Reply { client, n } => clients
                     .get(&client)
-                    .is_none_or(|c| c.written.load(Ordering::Acquire) >= n),
+                    .is_none_or(|_| env.replies_written(client) >= n),
                 Ack::Held(job) => {
-                    !jobs.contains_key(&job) && !self.finished_output.contains_key(&job)
+                    !jobs.contains_key(&job) && !self.reattach.finished_output.contains_key(&job)
                 }
             };
             if !done {
@@ -170,7 +174,12 @@ impl<E: MmEnv> MachineManager<E> {
     /// A restored job that ended before its submitter reattached: the output held for it
     /// goes to `client`, who reattached.
     pub(super) fn send_finished_output(&mut self, client: ClientId, job: JobId) {
-        for (n, seq, chunk) in self.finished_output.remove(&job).unwrap_or_default() {
+        for (n, seq, chunk) in self
+            .reattach
+            .finished_output
+            .remove(&job)
+            .unwrap_or_default()
+        {
             let ack = match self.reply(client, Reply::Output(chunk)) {
                 Some(k) => Ack::Reply { client, n: k },
                 None => Ack::Done,
@@ -183,7 +192,11 @@ impl<E: MmEnv> MachineManager<E> {
     pub(super) fn drop_held_output(&mut self, job: JobId) {
         let held = match self.jobs.get_mut(&job) {
             Some(j) => std::mem::take(&mut j.held_output),
-            None => self.finished_output.remove(&job).unwrap_or_default(),
+            None => self
+                .reattach
+                .finished_output
+                .remove(&job)
+                .unwrap_or_default(),
         };
         for (n, seq, _) in held {
             self.set_ack(n, seq, job, Ack::Done);

@@ -1,15 +1,54 @@
 //! Write-ahead: what the MM tells anyone (replies, launches) goes out only once the journal
 //! holds it; journal commits, their failures, and the records of finished jobs.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use storm_cluster::control::Reply;
+use storm_cluster::messages::JobId;
 
-use crate::control_server::ClientId;
-use crate::env::MmEnv;
-use crate::journal::JobRecord;
+use crate::env::{ClientId, MmEnv};
+use crate::journal::{JobRecord, Journal, JournalError};
+use crate::log_limit::LogLimit;
 
+use super::requests::Client;
 use super::{MachineManager, Phase, job_record};
+
+/// Write-ahead in one place: the clients, the replies waiting for the journal, and the
+/// journal with what must go into its next commit.
+pub(super) struct Outbox {
+    pub(super) clients: HashMap<ClientId, Client>,
+    /// Submissions not yet answered (answered after the next scheduling decision).
+    pub(super) unanswered: Vec<(ClientId, JobId)>,
+    /// Replies to send, each with the journal commit it waits for (`None`: this
+    /// timeslice's, not yet made).
+    pub(super) replies: Vec<(ClientId, Reply, Option<u64>)>,
+    /// Jobs, results and drains, kept so that a restarted MM loses nothing it accepted.
+    pub(super) journal: Journal,
+    /// Jobs whose journal record must be written with the next commit.
+    pub(super) unrecorded: BTreeSet<JobId>,
+    /// Jobs whose program copy is under way: not journaled yet, their submitters' replies
+    /// held.
+    pub(super) saving: BTreeSet<JobId>,
+    /// Program copies beside the journal that ended, as their inputs came, not yet taken up.
+    pub(super) saved_programs: Vec<(JobId, Result<(), JournalError>)>,
+    pub(super) journal_errors: LogLimit,
+}
+
+impl Outbox {
+    pub(super) fn new(journal: Journal) -> Self {
+        Self {
+            clients: HashMap::new(),
+            unanswered: Vec::new(),
+            replies: Vec::new(),
+            journal,
+            unrecorded: BTreeSet::new(),
+            saving: BTreeSet::new(),
+            saved_programs: Vec::new(),
+            journal_errors: LogLimit::new(Duration::from_secs(10)),
+        }
+    }
+}
 
 impl<E: MmEnv> MachineManager<E> {
     /// Commits this timeslice's changes to the journal, then sends the replies that tell of
@@ -17,13 +56,15 @@ impl<E: MmEnv> MachineManager<E> {
     /// program is being copied is journaled once the copy is complete, and its submitter's
     /// replies wait for that.
     pub(super) fn publish(&mut self) {
-        for (id, saved) in self.saver.finished() {
-            self.saving.remove(&id);
+        for (id, saved) in std::mem::take(&mut self.outbox.saved_programs) {
+            self.outbox.saving.remove(&id);
             match (self.jobs.get_mut(&id), saved) {
                 (Some(j), Ok(())) => {
                     j.program_saved = true;
                     // From now on the program is read from the copy.
-                    j.program = None;
+                    if let Some(p) = j.program.take() {
+                        self.env.release_program(p);
+                    }
                 }
                 (Some(_), Err(e @ crate::journal::JournalError::ProgramChanged { .. })) => {
                     self.fail(id, e.to_string());
@@ -36,20 +77,16 @@ impl<E: MmEnv> MachineManager<E> {
                     );
                 }
                 // It ended while its copy was made; nothing will need the copy.
-                (None, _) => {
-                    if let Some(store) = self.journal.program_store() {
-                        store.remove(id);
-                    }
-                }
+                (None, _) => self.env.remove_saved_program(id),
             }
         }
         let mut later = BTreeSet::new();
         let mut recording = Vec::new();
-        for id in std::mem::take(&mut self.unrecorded) {
+        for id in std::mem::take(&mut self.outbox.unrecorded) {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            if self.saving.contains(&id) {
+            if self.outbox.saving.contains(&id) {
                 later.insert(id);
                 continue;
             }
@@ -57,53 +94,38 @@ impl<E: MmEnv> MachineManager<E> {
             if !j.program_saved
                 && !j.program_save_failed
                 && (j.phase == Phase::Queued || j.req.requeue)
-                && let Some(program) = &j.program
+                && let Some(program) = j.program
             {
-                let size = j.size;
-                match program
-                    .try_clone()
-                    .map(|copy| self.saver.save(id, copy, size))
-                {
-                    Ok(true) => {
-                        self.saving.insert(id);
-                        later.insert(id);
-                        continue;
-                    }
-                    Ok(false) => {
-                        j.program_save_failed = true;
-                        tracing::error!(
-                            job = id,
-                            "the job would not survive a restart of the MM: its program cannot be copied beside the journal"
-                        );
-                    }
-                    Err(e) => {
-                        j.program_save_failed = true;
-                        tracing::error!(
-                            job = id,
-                            "the job would not survive a restart of the MM: cannot read its program: {e}"
-                        );
-                    }
+                if self.env.save_program(id, program, j.size) {
+                    self.outbox.saving.insert(id);
+                    later.insert(id);
+                    continue;
                 }
+                j.program_save_failed = true;
+                tracing::error!(
+                    job = id,
+                    "the job would not survive a restart of the MM: its program cannot be copied beside the journal"
+                );
             }
             let rec = job_record(j);
-            self.journal.put_job(rec);
+            self.outbox.journal.put_job(rec);
             if j.phase == (Phase::Recording { batch: None }) {
                 recording.push(id);
             }
         }
-        self.unrecorded = later;
-        let batch = self.journal.commit().unwrap_or_else(|e| {
+        self.outbox.unrecorded = later;
+        let batch = self.outbox.journal.commit().unwrap_or_else(|e| {
             self.journal_failed(e);
             // Replies and launches go all the same, as they did before commits were made
             // apart.
-            self.journal.settled()
+            self.outbox.journal.settled()
         });
         for id in recording {
             if let Some(j) = self.jobs.get_mut(&id) {
                 j.phase = Phase::Recording { batch: Some(batch) };
             }
         }
-        for settled in self.journal.settle() {
+        for settled in self.outbox.journal.settle() {
             match settled.outcome {
                 Ok(()) => self.metrics.journal_committed(settled.took),
                 // A failed write settles too: its replies go, the error is logged, and the
@@ -111,14 +133,15 @@ impl<E: MmEnv> MachineManager<E> {
                 Err(e) => self.journal_failed(e),
             }
         }
-        let settled = self.journal.settled();
+        let settled = self.outbox.journal.settled();
         let mut held: HashSet<ClientId> = self
+            .outbox
             .saving
             .iter()
             .filter_map(|id| self.jobs.get(id)?.client)
             .collect();
         let mut kept = Vec::new();
-        for (client, mut r, waits_for) in self.outbox.drain(..) {
+        for (client, mut r, waits_for) in self.outbox.replies.drain(..) {
             // A reply of this timeslice waits for this timeslice's commit, except output,
             // which the journal does not hold.
             let waits_for = waits_for.unwrap_or(match r {
@@ -128,23 +151,23 @@ impl<E: MmEnv> MachineManager<E> {
             // A listing made this timeslice may name a job whose copy just began: it is not
             // accepted until its record is journaled.
             if let Reply::Queue(list) = &mut r {
-                list.retain(|j| !self.saving.contains(&j.job));
+                list.retain(|j| !self.outbox.saving.contains(&j.job));
             }
             // A client's replies keep their order: once one waits, the later ones wait too.
             if held.contains(&client) || waits_for > settled {
                 held.insert(client);
                 kept.push((client, r, Some(waits_for)));
-            } else if let Some(c) = self.clients.get(&client) {
-                let _ = c.tx.send(r);
+            } else if self.outbox.clients.contains_key(&client) {
+                self.env.send(client, r);
             }
         }
-        self.outbox = kept;
+        self.outbox.replies = kept;
     }
 
     /// A commit failed: what changed would not survive a restart of the MM until a later
     /// commit succeeds (the changes are tried again with it).
     pub(super) fn journal_failed(&mut self, e: crate::journal::JournalError) {
-        if let Some(more) = self.journal_errors.allow(self.now()) {
+        if let Some(more) = self.outbox.journal_errors.allow(self.now()) {
             tracing::error!(
                 suppressed = more,
                 "cannot write the journal; what changed now would not survive a restart of the MM: {e}"
@@ -157,11 +180,11 @@ impl<E: MmEnv> MachineManager<E> {
     /// Keeps a finished job for `storm history` and reattaching submitters, in memory and in
     /// the journal.
     pub(super) fn record_finished(&mut self, rec: JobRecord) {
-        self.unrecorded.remove(&rec.id);
+        self.outbox.unrecorded.remove(&rec.id);
         self.finished.insert(rec.id, rec.clone());
         while self.finished.len() > crate::journal::KEEP_FINISHED {
             self.finished.pop_first();
         }
-        self.journal.put_job(rec);
+        self.outbox.journal.put_job(rec);
     }
 }

@@ -3,22 +3,15 @@
 //! read them too slowly.
 
 use std::collections::VecDeque;
-use std::fs::File;
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
-use crossbeam_channel::Sender;
 use storm_cluster::control::{self, JobInfo, JobRequest, NodeInfo, Reply, Request};
 use storm_cluster::messages::{Command, JobId, JobUsage, encode};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
-use crate::control_server::{ClientId, Incoming};
-use crate::env::MmEnv;
+use crate::env::{ClientId, Input, MmEnv, SubmittedProgram};
 use crate::policy::JobAsk;
 
 use super::{Job, MachineManager, NewJob, Phase, finished_info, job_ask, launch_spec, restart};
@@ -26,19 +19,15 @@ use super::{Job, MachineManager, NewJob, Phase, finished_info, job_ask, launch_s
 pub(super) struct Client {
     pub(super) uid: u32,
     pub(super) gid: u32,
-    pub(super) tx: Sender<Reply>,
-    /// Replies queued for this client so far (the outbox numbers them in order).
+    /// Replies queued for this client so far (the outbox numbers them in order; the
+    /// environment counts those written, `MmEnv::replies_written`).
     pub(super) queued: u64,
-    /// Replies written to its socket so far (counted by its writer thread).
-    pub(super) written: Arc<AtomicU64>,
     /// Its replies other than output that may not be written yet, by number, with their size
     /// (output is flow-controlled end to end, see `output`; these are bounded by
     /// `[limits] max_unread_reply_bytes`).
     pub(super) unread: VecDeque<(u64, u64)>,
     /// The bytes of the replies in `unread`.
     pub(super) unread_bytes: u64,
-    /// Its connection, to close when it breaks that limit.
-    pub(super) closer: std::os::unix::net::UnixStream,
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -47,11 +36,11 @@ impl<E: MmEnv> MachineManager<E> {
     /// client's socket once the client's `written` count reaches it), or `None` if the client
     /// is gone.
     pub(super) fn reply(&mut self, client: ClientId, r: Reply) -> Option<u64> {
-        let c = self.clients.get_mut(&client)?;
+        let written = self.env.replies_written(client);
+        let c = self.outbox.clients.get_mut(&client)?;
         c.queued += 1;
         let n = c.queued;
         if !matches!(r, Reply::Output(_)) {
-            let written = c.written.load(Ordering::Acquire);
             while let Some(&(k, bytes)) = c.unread.front()
                 && k <= written
             {
@@ -66,15 +55,22 @@ impl<E: MmEnv> MachineManager<E> {
                 return None;
             }
         }
-        self.outbox.push((client, r, None));
+        self.outbox.replies.push((client, r, None));
         Some(n)
+    }
+
+    /// Lets go of a program that came with a request the core will not keep it for.
+    fn release_submitted(&mut self, program: Option<Result<SubmittedProgram, String>>) {
+        if let Some(Ok(p)) = program {
+            self.env.release_program(p.id);
+        }
     }
 
     /// Disconnects a client that leaves more than `[limits] max_unread_reply_bytes` of
     /// replies unread (it asks without reading the answers). Its jobs go on without it: their output
     /// is dropped, and their state stays in `storm queue`.
     pub(super) fn drop_unreading_client(&mut self, client: ClientId) {
-        let Some(c) = self.clients.remove(&client) else {
+        let Some(c) = self.outbox.clients.remove(&client) else {
             return;
         };
         let mut detached = 0;
@@ -92,37 +88,29 @@ impl<E: MmEnv> MachineManager<E> {
             c.unread_bytes,
             self.cfg.limits.max_unread_reply_bytes
         );
-        control::hang_up(&c.closer);
+        self.env.hang_up(client);
     }
 
-    /// Takes a message from the control socket: a client came or went, or asked something.
-    /// Replies go out at the end of the next timeslice, once the journal holds what they tell.
-    pub fn handle(&mut self, msg: Incoming) {
-        match msg {
-            Incoming::Connected {
-                client,
-                uid,
-                gid,
-                tx,
-                written,
-                closer,
-            } => {
-                self.clients.insert(
+    /// Takes an input: a client came, asked something or went; a transfer or a program copy
+    /// ended; a node announced a termination. Replies go out at the end of the next
+    /// timeslice, once the journal holds what they tell; the other inputs are taken up where
+    /// the timeslice (or [`MachineManager::between_ticks`]) looks for them.
+    pub fn handle(&mut self, input: Input) {
+        match input {
+            Input::Connected { client, uid, gid } => {
+                self.outbox.clients.insert(
                     client,
                     Client {
                         uid,
                         gid,
-                        tx,
                         queued: 0,
-                        written,
                         unread: VecDeque::new(),
                         unread_bytes: 0,
-                        closer,
                     },
                 );
             }
-            Incoming::Gone { client } => {
-                self.clients.remove(&client);
+            Input::Gone { client } => {
+                self.outbox.clients.remove(&client);
                 let orphans: Vec<JobId> = self
                     .jobs
                     .values()
@@ -133,13 +121,34 @@ impl<E: MmEnv> MachineManager<E> {
                     self.cancel(job, "storm-submit went away".into());
                 }
             }
-            Incoming::Request { client, req, fds } => self.request(client, req, fds),
+            Input::Request {
+                client,
+                req,
+                program,
+            } => self.request(client, req, program),
+            Input::TransferDone(done) => self.transfers.finished.push(done),
+            Input::ProgramSaved { job, result } => self.outbox.saved_programs.push((job, result)),
+            Input::TerminationSignalled => self.term_announced = true,
         }
     }
 
-    pub(super) fn request(&mut self, client: ClientId, req: Request, fds: Vec<OwnedFd>) {
-        let Some(uid) = self.clients.get(&client).map(|c| c.uid) else {
+    pub(super) fn request(
+        &mut self,
+        client: ClientId,
+        req: Request,
+        program: Option<Result<SubmittedProgram, String>>,
+    ) {
+        let Some(uid) = self.outbox.clients.get(&client).map(|c| c.uid) else {
+            self.release_submitted(program);
             return;
+        };
+        // Only a submission takes a program; the core holds it no longer than it needs it.
+        let program = match req {
+            Request::Submit(_) => program,
+            _ => {
+                self.release_submitted(program);
+                None
+            }
         };
         match req {
             Request::Hello { .. } => {
@@ -147,7 +156,20 @@ impl<E: MmEnv> MachineManager<E> {
             }
             // Accepted is sent after the next scheduling decision, saying why the job waits.
             Request::Submit(job) => {
-                if let Err(e) = self.submit(client, job, fds) {
+                let held = program.as_ref().and_then(|p| p.as_ref().ok()).map(|p| p.id);
+                let submitted = self.submit(client, job, program);
+                // A job that holds its program lets go of it later; any other lets go now.
+                let kept = submitted
+                    .as_ref()
+                    .ok()
+                    .and_then(|id| self.jobs.get(id))
+                    .and_then(|j| j.program);
+                if let Some(p) = held
+                    && kept != Some(p)
+                {
+                    self.env.release_program(p);
+                }
+                if let Err(e) = submitted {
                     self.reply(client, Reply::Error(e));
                 }
             }
@@ -210,7 +232,7 @@ impl<E: MmEnv> MachineManager<E> {
                 for job in self.jobs.keys().copied().collect::<Vec<_>>() {
                     self.cancel(job, "the cluster is shutting down".into());
                 }
-                self.commands.push_back(Command::Shutdown);
+                self.hb.commands.push_back(Command::Shutdown);
                 self.shutting_down = true;
                 self.reply(client, Reply::Done);
             }
@@ -310,12 +332,13 @@ impl<E: MmEnv> MachineManager<E> {
         &mut self,
         client: ClientId,
         req: JobRequest,
-        mut fds: Vec<OwnedFd>,
+        program: Option<Result<SubmittedProgram, String>>,
     ) -> Result<JobId, String> {
         if self.shutting_down {
             return Err("the cluster is shutting down".into());
         }
         let (uid, gid) = self
+            .outbox
             .clients
             .get(&client)
             .map(|c| (c.uid, c.gid))
@@ -333,29 +356,25 @@ impl<E: MmEnv> MachineManager<E> {
             return Err("program and working directory must be absolute paths".into());
         }
         let program = if req.bcast {
-            let fd = fds
-                .pop()
-                .ok_or("the program's descriptor did not arrive with the request")?;
-            let file = File::from(fd);
-            let meta = file
-                .metadata()
+            let p = program
+                .ok_or("the program's descriptor did not arrive with the request")?
                 .map_err(|e| format!("cannot inspect the program: {e}"))?;
-            if !meta.is_file() {
+            if !p.regular {
                 return Err(format!("{} is not a regular file", req.program.display()));
             }
-            if meta.permissions().mode() & 0o111 == 0 {
+            if p.mode & 0o111 == 0 {
                 return Err(format!("{} is not executable", req.program.display()));
             }
-            self.check_program_limits(uid, &req.program, meta.len())?;
-            Some((file, meta.len()))
+            self.check_program_limits(uid, &req.program, p.len)?;
+            Some((p.id, p.len))
         } else {
             None
         };
-        let (program, size) = program.map_or((None, 0), |(f, n)| (Some(f), n));
+        let (program, size) = program.map_or((None, 0), |(p, n)| (Some(p), n));
         self.check_queue_limit(uid)?;
         let id = self.next_job;
         self.next_job += 1;
-        self.journal.set_next_job(self.next_job);
+        self.outbox.journal.set_next_job(self.next_job);
         let launch_probe = launch_spec(
             id,
             0,
@@ -387,12 +406,12 @@ impl<E: MmEnv> MachineManager<E> {
         );
         // While jobs restored after a restart are held, new ones queue behind them (they
         // enter the policy together, in order, when the hold ends).
-        if self.held.is_none() {
+        if self.reattach.held.is_none() {
             let ask = self.ask(&self.jobs[&id]);
             self.policy.submit(ask, self.since_epoch());
         }
-        self.unanswered.push((client, id));
-        self.unrecorded.insert(id);
+        self.outbox.unanswered.push((client, id));
+        self.outbox.unrecorded.insert(id);
         self.metrics.job_submitted();
         tracing::info!(
             job = id,
@@ -418,7 +437,7 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Why a queued job cannot start right now, if it cannot.
     pub(super) fn wait_reason(&self, job: JobId) -> Option<String> {
-        if self.held.is_some() {
+        if self.reattach.held.is_some() {
             return Some(format!(
                 "held after a restart of the machine manager until the submitters of the queued \
                  jobs reattach (at most {} s)",

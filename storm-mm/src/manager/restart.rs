@@ -23,13 +23,13 @@
 //! or the same grace has passed; a job nobody reattached to runs to its end (its output is
 //! dropped; its outcome goes to `storm history`).
 
-use std::fs::File;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobOutcome, Reply, Timing};
-use storm_cluster::messages::JobId;
+use storm_cluster::messages::{JobId, OutputChunk};
 use storm_cluster::tasks::TaskPlan;
-use storm_primitives::NodeSet;
+use storm_primitives::{NodeId, NodeSet};
 
 use super::{Job, MachineManager, MmEnv, NewJob, Phase};
 use crate::journal::{JobRecord, JobState, Restored};
@@ -53,6 +53,31 @@ pub(super) struct Recovery {
     pub unlaunched: NodeSet,
 }
 
+/// What an MM restarted over its journal holds back for the submitters that reattach.
+pub(super) struct Reattach {
+    /// Jobs restored from the journal, held out of the queue until their submitters reattach
+    /// or this instant passes.
+    pub(super) held: Option<Instant>,
+    /// Until when submitters of jobs restored after a restart may reattach.
+    pub(super) until: Option<Instant>,
+    /// Output held for restored jobs that ended before their submitters reattached: given
+    /// to the submitter that reattaches, before the outcome (see `output`).
+    pub(super) finished_output: HashMap<JobId, Vec<(NodeId, u64, OutputChunk)>>,
+    /// Which MM process this is (NMs send again what an earlier one held in its memory).
+    pub(super) incarnation: u64,
+}
+
+impl Reattach {
+    pub(super) fn new(incarnation: u64) -> Self {
+        Self {
+            held: None,
+            until: None,
+            finished_output: HashMap::new(),
+            incarnation,
+        }
+    }
+}
+
 /// Where a job the journal knows as started stood.
 struct Started<'a> {
     nodes: &'a NodeSet,
@@ -67,8 +92,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// The size of job `id`'s program copy beside the journal, if there is one (the copy is
     /// opened again when it is sent: no descriptor is held while the job waits).
     fn saved_program(&self, id: JobId) -> Option<u64> {
-        let copy: File = self.journal.program(id)?;
-        copy.metadata().ok().map(|m| m.len())
+        self.env.saved_program_len(id)
     }
 
     /// Takes up what the journal held.
@@ -136,10 +160,10 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         if queued + requeued > 0 {
-            self.held = Some(self.now() + REATTACH_GRACE);
+            self.reattach.held = Some(self.now() + REATTACH_GRACE);
         }
         if queued + requeued + recovering > 0 {
-            self.reattach_until = Some(self.now() + REATTACH_GRACE);
+            self.reattach.until = Some(self.now() + REATTACH_GRACE);
         }
         if queued + ended + requeued + recovering + self.finished.len() > 0 {
             tracing::info!(
@@ -244,7 +268,7 @@ impl<E: MmEnv> MachineManager<E> {
                         // A launch sent again must reach its nodes: it waits until they take
                         // heartbeats (a node that has only registered would miss it, and the
                         // job would never end).
-                        let members = self.heartbeats.dest();
+                        let members = self.hb.queue.dest();
                         if !r.unlaunched.iter().all(|n| members.contains(n)) {
                             continue;
                         }
@@ -255,7 +279,8 @@ impl<E: MmEnv> MachineManager<E> {
                             nodes = %r.unlaunched,
                             "launching again where the launch never arrived before the restart"
                         );
-                        self.commands
+                        self.hb
+                            .commands
                             .push_back(storm_cluster::messages::Command::Launch(j.launch_spec()));
                     }
                     self.recovered(id);
@@ -304,7 +329,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// Once every restored job's submitter is back, or the grace has passed, output held for
     /// those that did not reattach is dropped (the jobs run on).
     pub(super) fn end_reattach_window(&mut self, now: Instant) {
-        let Some(until) = self.reattach_until else {
+        let Some(until) = self.reattach.until else {
             return;
         };
         let unattached: Vec<JobId> = self
@@ -313,11 +338,17 @@ impl<E: MmEnv> MachineManager<E> {
             .filter(|j| j.restored && j.client.is_none())
             .map(|j| j.id)
             .collect();
-        if (!unattached.is_empty() || !self.finished_output.is_empty()) && now < until {
+        if (!unattached.is_empty() || !self.reattach.finished_output.is_empty()) && now < until {
             return;
         }
-        self.reattach_until = None;
-        for id in self.finished_output.keys().copied().collect::<Vec<_>>() {
+        self.reattach.until = None;
+        for id in self
+            .reattach
+            .finished_output
+            .keys()
+            .copied()
+            .collect::<Vec<_>>()
+        {
             self.drop_held_output(id);
         }
         for id in unattached {
@@ -348,7 +379,7 @@ impl<E: MmEnv> MachineManager<E> {
         let at = (self.now(), self.unix_ms());
         self.jobs
             .insert(rec.id, restored_job(rec, plan, program, at));
-        self.unrecorded.insert(rec.id);
+        self.outbox.unrecorded.insert(rec.id);
         Ok(())
     }
 
@@ -384,7 +415,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// Restored jobs (and jobs submitted meanwhile) enter the queue, in their order, once all
     /// the restored jobs' submitters are back or the grace period is over.
     pub(super) fn release_held(&mut self) {
-        let Some(until) = self.held else {
+        let Some(until) = self.reattach.held else {
             return;
         };
         let waiting = self
@@ -394,7 +425,7 @@ impl<E: MmEnv> MachineManager<E> {
         if waiting && self.now() < until {
             return;
         }
-        self.held = None;
+        self.reattach.held = None;
         let queued: Vec<JobAsk> = self
             .jobs
             .values()

@@ -2,18 +2,38 @@
 //! worker once its nodes are free of other transfers, tells the submitter how far it is, and
 //! checks every node's acknowledgement with COMPARE-AND-WRITE before the job may launch.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use storm_cluster::control::Reply;
 use storm_cluster::messages::{Command, FileInfo, JobId, file_ack};
 use storm_primitives::{NodeSet, Relation};
 
-use crate::env::MmEnv;
-use crate::transfer::{Transfer, TransferDone};
+use crate::env::{MmEnv, ProgramSource, TransferDone, TransferSpec};
 
 use super::{MachineManager, Phase};
+
+/// The program transfers' bookkeeping.
+pub(super) struct Transfers {
+    /// Transfer workers at work: the job and the nodes each sends to.
+    pub(super) workers: Vec<Option<(JobId, NodeSet)>>,
+    /// Nodes receiving a program now (each has one chunk queue).
+    pub(super) busy_nodes: NodeSet,
+    /// The number of the next transfer.
+    pub(super) next: u32,
+    /// Transfers that ended, as their inputs came, not yet taken up.
+    pub(super) finished: Vec<TransferDone>,
+}
+
+impl Transfers {
+    pub(super) fn new(workers: usize) -> Self {
+        Self {
+            workers: vec![None; workers],
+            busy_nodes: NodeSet::new(),
+            next: 1,
+            finished: Vec::new(),
+        }
+    }
+}
 
 /// How often a submitter hears how far its program transfer is.
 pub(super) const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
@@ -29,10 +49,10 @@ impl<E: MmEnv> MachineManager<E> {
             .map(|j| j.id)
             .collect();
         for id in waiting {
-            let Some(worker) = self.workers.iter().position(Option::is_none) else {
+            let Some(worker) = self.transfers.workers.iter().position(Option::is_none) else {
                 return;
             };
-            if !self.jobs[&id].nodes.is_disjoint(&self.transferring) {
+            if !self.jobs[&id].nodes.is_disjoint(&self.transfers.busy_nodes) {
                 continue;
             }
             self.begin_transfer(id, worker);
@@ -41,40 +61,36 @@ impl<E: MmEnv> MachineManager<E> {
 
     pub(super) fn begin_transfer(&mut self, id: JobId, worker: usize) {
         let op_timeout = Duration::from_millis(self.cfg.tcp.op_timeout_ms);
-        let transfer = self.next_transfer;
+        let transfer = self.transfers.next;
         let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
         if !j.req.bcast {
             return;
         }
         // The submitted descriptor while it is held, else the copy beside the journal.
-        let file = match &j.program {
-            Some(f) => f.try_clone().map_err(|e| e.to_string()),
-            None if j.program_saved => self
-                .journal
-                .program(id)
-                .ok_or_else(|| "its copy beside the journal is missing".to_string()),
-            None => Err("it is no longer at hand".to_string()),
-        };
-        let file = match file {
-            Ok(f) => f,
-            Err(e) => {
-                self.fail(id, format!("cannot read the program: {e}"));
+        let source = match j.program {
+            Some(p) => ProgramSource::Submitted(p),
+            None if j.program_saved => ProgramSource::Saved(id),
+            None => {
+                self.fail(
+                    id,
+                    "cannot read the program: it is no longer at hand".into(),
+                );
                 return;
             }
         };
-        self.next_transfer += 1;
+        self.transfers.next += 1;
         let name = j
             .req
             .program
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "program".into());
-        let cancel = Arc::new(AtomicBool::new(false));
-        j.worker_cancel = Some(cancel.clone());
-        j.phase = Phase::Sending { transfer, worker };
-        let delivered = Arc::new(AtomicU64::new(0));
-        j.transfer_progress = Some((delivered.clone(), now, 0));
+        j.phase = Phase::Sending {
+            transfer,
+            worker,
+            reported: (now, 0),
+        };
         let progress = j.client.map(|c| {
             let total = j.size;
             (
@@ -97,32 +113,33 @@ impl<E: MmEnv> MachineManager<E> {
             gid: j.gid,
         };
         let size = j.size;
+        let spec = TransferSpec {
+            job: id,
+            transfer,
+            nodes: nodes.clone(),
+            program: source,
+            size,
+            worker,
+            event: self.rm.chunk_sent[worker],
+            chunks: self.rm.chunks,
+            timeout: op_timeout * 6,
+            file_ack: self.rm.file_ack,
+            ack_wait: self.cfg.heartbeat_deadline(),
+        };
+        if let Err(e) = self.env.start_transfer(spec) {
+            // Nothing was sent: the job ends as one that never left its allocation.
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.phase = Phase::Allocated;
+            }
+            self.fail(id, format!("cannot read the program: {e}"));
+            return;
+        }
         if let Some((c, r)) = progress {
             self.reply(c, r);
         }
-        self.workers[worker] = Some((id, nodes.clone()));
-        self.transferring = self.transferring.union(&nodes);
-        self.commands.push_back(Command::ReceiveFile(info));
-        self.env.start_transfer(
-            self.prims.clone(),
-            &self.rm,
-            Transfer {
-                job: id,
-                transfer,
-                nodes,
-                file,
-                size,
-                worker,
-                event: self.rm.chunk_sent[worker],
-                cancel,
-                delivered,
-                timeout: op_timeout * 6,
-                file_ack: self.rm.file_ack,
-                ack_wait: self.cfg.heartbeat_deadline(),
-                wake: self.waker(),
-            },
-            self.worker_tx.clone(),
-        );
+        self.transfers.workers[worker] = Some((id, nodes.clone()));
+        self.transfers.busy_nodes = self.transfers.busy_nodes.union(&nodes);
+        self.hb.commands.push_back(Command::ReceiveFile(info));
     }
 
     /// Tells submitters how far their program transfer is, at most every
@@ -131,12 +148,21 @@ impl<E: MmEnv> MachineManager<E> {
         let now = self.now();
         let mut due = Vec::new();
         for j in self.jobs.values_mut() {
-            let (Some(client), Some((delivered, last_at, last))) =
-                (j.client, j.transfer_progress.as_mut())
+            let (
+                Some(client),
+                Phase::Sending {
+                    transfer,
+                    reported: (last_at, last),
+                    ..
+                },
+            ) = (j.client, &mut j.phase)
             else {
                 continue;
             };
-            let sent = delivered.load(Ordering::Relaxed);
+            let transfer = *transfer;
+            let Some(sent) = self.env.transfer_delivered(transfer) else {
+                continue;
+            };
             if sent != *last && now.duration_since(*last_at) >= PROGRESS_INTERVAL {
                 (*last_at, *last) = (now, sent);
                 due.push((
@@ -156,10 +182,10 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Takes what the transfer workers reported; true if any did.
     pub(super) fn take_finished_transfers(&mut self) -> bool {
-        let mut any = false;
-        while let Ok(done) = self.worker_rx.try_recv() {
+        let finished = std::mem::take(&mut self.transfers.finished);
+        let any = !finished.is_empty();
+        for done in finished {
             self.transfer_done(done);
-            any = true;
         }
         any
     }
@@ -167,29 +193,28 @@ impl<E: MmEnv> MachineManager<E> {
     pub(super) fn transfer_done(&mut self, done: TransferDone) {
         // The worker slot frees only now, even for a job that ended meanwhile: until its
         // worker is done, late completions may still land on the slot's event.
-        let sent_to = match &self.workers[done.worker] {
+        let sent_to = match &self.transfers.workers[done.worker] {
             Some((job, nodes)) if *job == done.job => nodes.clone(),
             _ => NodeSet::new(),
         };
-        self.workers[done.worker] = None;
+        self.transfers.workers[done.worker] = None;
         let current = self.jobs.get(&done.job).is_some_and(
             |j| matches!(j.phase, Phase::Sending { transfer, .. } if transfer == done.transfer),
         );
         if !current {
             // The job ended, or was requeued, while its worker still sent: only now are its
             // nodes free for another transfer (nothing of this one can reach them any more).
-            self.transferring = self.transferring.difference(&sent_to);
+            self.transfers.busy_nodes = self.transfers.busy_nodes.difference(&sent_to);
             return;
         }
         let j = self.jobs.get_mut(&done.job).expect("current");
         let Phase::Sending { transfer, .. } = j.phase else {
             return;
         };
-        j.transfer_progress = None;
         if done.result.is_err() {
             // The worker has stopped: the nodes are free for another transfer, this job's
             // again included. (A successful transfer keeps them until it is verified.)
-            self.transferring = self.transferring.difference(&sent_to);
+            self.transfers.busy_nodes = self.transfers.busy_nodes.difference(&sent_to);
         }
         let j = self.jobs.get_mut(&done.job).expect("current");
         match done.result {
@@ -280,7 +305,7 @@ impl<E: MmEnv> MachineManager<E> {
                 let j = self.jobs.get_mut(&id).expect("job");
                 j.ready = Some(now);
                 self.metrics.program_delivered(j.size, nodes.len() as u64);
-                self.transferring = self.transferring.difference(&nodes);
+                self.transfers.busy_nodes = self.transfers.busy_nodes.difference(&nodes);
                 self.queue_launch(id);
             } else {
                 self.fail(

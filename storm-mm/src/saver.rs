@@ -3,7 +3,7 @@
 //! would stop the heartbeat long enough for every node to leave it.
 //!
 //! A job whose copy is under way is not journaled yet and its submitter's replies are held
-//! (see `Manager::publish`): a submitter never hears of a job that a restarted MM would not
+//! (see `manager::publish`): a submitter never hears of a job that a restarted MM would not
 //! know, nor of one whose program it could not send.
 
 use std::fs::File;
@@ -16,7 +16,7 @@ use crate::journal::{JournalError, ProgramStore};
 
 /// The copying thread, fed one program at a time, in the order asked. It starts with the
 /// first copy asked for, so a manager that never copies (a journal in memory) has no thread.
-pub(super) struct Saver {
+pub(crate) struct Saver {
     store: Option<ProgramStore>,
     requests: Option<Sender<(JobId, File, u64)>>,
     results: Option<Receiver<(JobId, Result<(), JournalError>)>>,
@@ -25,7 +25,7 @@ pub(super) struct Saver {
 
 impl Saver {
     /// Copies into `store`; with none, every copy fails, saying so.
-    pub(super) fn new(store: Option<ProgramStore>) -> Self {
+    pub(crate) fn new(store: Option<ProgramStore>) -> Self {
         Self {
             store,
             requests: None,
@@ -59,7 +59,7 @@ impl Saver {
     /// Asks for a copy of the first `size` bytes of `program` (the size checked at
     /// submission) as job `job`'s; false if no copy can be made (this journal keeps no
     /// programs, or the thread cannot start).
-    pub(super) fn save(&mut self, job: JobId, program: File, size: u64) -> bool {
+    pub(crate) fn save(&mut self, job: JobId, program: File, size: u64) -> bool {
         if self.requests.is_none() {
             let Some(store) = self.store.clone() else {
                 return false;
@@ -76,7 +76,7 @@ impl Saver {
     }
 
     /// Copies finished since the last call, with their outcome.
-    pub(super) fn finished(&self) -> Vec<(JobId, Result<(), JournalError>)> {
+    pub(crate) fn finished(&self) -> Vec<(JobId, Result<(), JournalError>)> {
         self.results
             .as_ref()
             .map(|r| r.try_iter().collect())

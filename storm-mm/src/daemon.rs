@@ -1,0 +1,465 @@
+//! The `storm-mm` daemon: the machine manager's core ([`crate::MachineManager`]) in a
+//! process, with everything that does I/O around it.
+//!
+//! [`start`] reads the keys, lays out global memory, opens the journal (its commits on a
+//! thread of their own), starts the fabric endpoint and the control socket, and makes the
+//! core over them. [`Daemon::run`] hosts the core until a shutdown request or a signal: a
+//! timeslice at each [`crate::MachineManager::poll_timeout`]; between them it waits on the
+//! fabric for the termination event, and hands the core what arrived as
+//! [`Input`]s (requests, finished transfers and program copies, an announced termination).
+//!
+//! [`DaemonEnv`] is the core's environment here: the system clock; each client's reply
+//! channel, written count and socket; each submitted program's descriptor; a thread per
+//! program transfer, and one that copies programs beside the journal.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, Sender};
+use storm_cluster::clock::{Clock, SystemClock};
+use storm_cluster::control::{self, Reply};
+use storm_cluster::endpoint::{self, Listen};
+use storm_cluster::identity::Enrolled;
+use storm_cluster::keywatch::{Due, KeyWatch};
+use storm_cluster::messages::JobId;
+use storm_cluster::{ClusterConfig, RmLayout};
+use storm_primitives::Primitives;
+
+use crate::control_server::{self, Incoming};
+use crate::env::{
+    ClientId, Input, MmEnv, ProgramId, ProgramSource, SubmittedProgram, TransferDone, TransferSpec,
+};
+use crate::journal::{Journal, ProgramStore};
+use crate::manager::{MachineManager, MmParts};
+use crate::saver::Saver;
+use crate::transfer::{self, Transfer};
+use crate::waker::{self, Waker, Woken};
+
+/// How to start a machine manager.
+pub struct MmOptions {
+    pub config: ClusterConfig,
+    pub listen: Listen,
+    /// Set to stop the MM (signal handlers set it).
+    pub stop: Arc<AtomicBool>,
+}
+
+/// A started machine manager daemon.
+pub struct Daemon {
+    core: MachineManager<DaemonEnv>,
+    incoming: Receiver<Incoming>,
+    stop: Arc<AtomicBool>,
+    keys: KeyWatch,
+}
+
+/// Starts a machine manager daemon (see the module's overview); nothing is scheduled before
+/// [`Daemon::run`].
+pub fn start(opts: MmOptions) -> Result<Daemon> {
+    let MmOptions {
+        config: cfg,
+        listen,
+        stop,
+    } = opts;
+    // First: without the key this daemon must not run at all.
+    let key = cfg.load_key()?;
+    let signer = cfg.load_mm_signer()?;
+    // Every node must prove which it is: its key is enrolled here.
+    let enrolled = Arc::new(parking_lot::RwLock::new(
+        cfg.load_enrolled().map_err(anyhow::Error::msg)?,
+    ));
+    let rm = RmLayout::new(&cfg)?;
+    tracing::info!(
+        mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
+        nm_mib = rm.layout.size_at(0) >> 20,
+        nodes = cfg.node_count(),
+        "global memory laid out (address space; untouched pages take no memory)"
+    );
+    let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
+    let fabric = endpoint::start(
+        &cfg,
+        &rm,
+        cfg.mm_id(),
+        listen,
+        key,
+        endpoint::LinkIdentity::Manager(enrolled.clone()),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let waker = Waker::new(fabric.clone(), rm.term_event);
+    // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
+    let journal = journal.commit_in_background(waker.clone())?;
+    let (tx, incoming) = crossbeam_channel::unbounded();
+    control_server::start(
+        &cfg.cluster.control_socket,
+        cfg.cluster.name.clone(),
+        cfg.node_count(),
+        cfg.limits.clone(),
+        tx,
+        waker.clone(),
+    )?;
+    let keys = KeyWatch::new(
+        vec![
+            (storm_cluster::key::CLUSTER_KEY, cfg.key_path()),
+            (storm_cluster::key::MM_KEY, cfg.mm_key_paths().0),
+        ],
+        Duration::from_secs(cfg.security.key_check_interval_s),
+    )?;
+    let env = DaemonEnv::new(fabric.clone(), waker, journal.program_store(), enrolled);
+    let parts = MmParts {
+        config: cfg,
+        rm,
+        fabric,
+        journal,
+        restored,
+        incarnation: incarnation(),
+        signer,
+    };
+    Ok(Daemon {
+        core: MachineManager::new(parts, env)?,
+        incoming,
+        stop,
+        keys,
+    })
+}
+
+/// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
+/// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
+/// request or a signal.
+pub fn run(opts: MmOptions) -> Result<()> {
+    start(opts).context("starting the machine manager")?.run()
+}
+
+impl Daemon {
+    /// Hosts the core until a shutdown request or a signal (see the module's overview).
+    pub fn run(mut self) -> Result<()> {
+        storm_cluster::daemon::notify_ready();
+        loop {
+            if self.keys.poll(Instant::now()) == Due::Reload {
+                self.reload_keys();
+            }
+            self.hand_over_arrivals();
+            if Instant::now() >= self.core.poll_timeout() {
+                let started = Instant::now();
+                self.core.tick();
+                // The real time the timeslice took, whatever clock decisions use.
+                self.core.tick_took(started.elapsed());
+            } else {
+                self.core.between_ticks();
+            }
+            if self.stop.load(Ordering::Acquire) {
+                tracing::info!("stopping on a signal");
+                break;
+            }
+            if self.core.is_done() {
+                let linger = Duration::from_millis(self.core.config().tcp.op_timeout_ms);
+                self.core.wait_heartbeats(linger);
+                tracing::info!("shut down");
+                break;
+            }
+            self.wait(self.core.poll_timeout());
+        }
+        let _ = std::fs::remove_file(&self.core.config().cluster.control_socket);
+        Ok(())
+    }
+
+    /// Hands the core, as inputs, what the control socket's threads, the transfer workers
+    /// and the program saver brought since the last look.
+    fn hand_over_arrivals(&mut self) {
+        while let Ok(msg) = self.incoming.try_recv() {
+            let input = self.core.env_mut().admit(msg);
+            self.core.handle(input);
+        }
+        for input in self.core.env_mut().finished() {
+            self.core.handle(input);
+        }
+    }
+
+    /// Waits on the fabric until `until` (a timeslice is due), or until something arrives
+    /// for the MM: a node announces a termination, or one of the MM's threads wakes it (see
+    /// [`crate::waker`]).
+    fn wait(&mut self, until: Instant) {
+        let (fabric, rm) = self.core.fabric();
+        if waker::wait_until(&**fabric, rm.term_event, until) == Woken::Signalled {
+            self.core.handle(Input::TerminationSignalled);
+        }
+    }
+
+    /// SIGHUP: reads the MM's signing key and the enrolled nodes' keys again (a key being
+    /// rotated, docs/security.md). A file that does not read keeps the keys in use.
+    fn reload_keys(&mut self) {
+        let cfg = self.core.config();
+        let signer = cfg.load_mm_signer();
+        let enrolled = cfg.load_enrolled();
+        match signer {
+            Ok(signer) => {
+                tracing::info!(
+                    public_key = %storm_cluster::identity::public_hex(&signer.public()),
+                    "read the MM's signing key again"
+                );
+                self.core.replace_signer(signer);
+            }
+            Err(e) => tracing::error!("keeping the MM's signing key in use: {e}"),
+        }
+        match enrolled {
+            Ok(e) => {
+                *self.core.env().enrolled.write() = e;
+                tracing::info!("read the enrolled nodes' keys again");
+            }
+            Err(e) => tracing::error!("keeping the enrolled nodes' keys in use: {e}"),
+        }
+    }
+}
+
+/// A number that tells this MM process from any other that ran the cluster: the start time
+/// and the pid.
+fn incarnation() -> u64 {
+    crate::journal::now_ms() << 22 | (std::process::id() as u64 & 0x3f_ffff)
+}
+
+/// A control client's connection, as the daemon holds it.
+struct ClientLink {
+    tx: Sender<Reply>,
+    /// Replies written to its socket so far (counted by its writer thread).
+    written: Arc<AtomicU64>,
+    /// The connection, to close when the client breaks a limit.
+    closer: UnixStream,
+}
+
+/// A transfer worker at work: how to stop it, and how far it got.
+struct Worker {
+    cancel: Arc<AtomicBool>,
+    delivered: Arc<AtomicU64>,
+}
+
+/// The environment of the `storm-mm` daemon (see the module's overview).
+pub struct DaemonEnv {
+    clock: SystemClock,
+    fabric: Arc<dyn Primitives>,
+    waker: Waker,
+    /// The nodes' enrolled identity keys the MM's links check (read again on SIGHUP).
+    enrolled: Arc<parking_lot::RwLock<Enrolled>>,
+    clients: HashMap<ClientId, ClientLink>,
+    programs: HashMap<ProgramId, File>,
+    next_program: ProgramId,
+    workers: HashMap<u32, Worker>,
+    worker_tx: Sender<TransferDone>,
+    worker_rx: Receiver<TransferDone>,
+    /// Program copies beside the journal (`None`: a journal that keeps none).
+    store: Option<ProgramStore>,
+    saver: Saver,
+}
+
+impl std::fmt::Debug for DaemonEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonEnv")
+            .field("clients", &self.clients.len())
+            .field("programs", &self.programs.len())
+            .field("transfers", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DaemonEnv {
+    fn new(
+        fabric: Arc<dyn Primitives>,
+        waker: Waker,
+        store: Option<ProgramStore>,
+        enrolled: Arc<parking_lot::RwLock<Enrolled>>,
+    ) -> Self {
+        let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
+        Self {
+            clock: SystemClock,
+            fabric,
+            waker,
+            enrolled,
+            clients: HashMap::new(),
+            programs: HashMap::new(),
+            next_program: 1,
+            workers: HashMap::new(),
+            worker_tx,
+            worker_rx,
+            saver: Saver::new(store.clone()),
+            store,
+        }
+    }
+
+    /// Turns what a control thread brought into the core's input, keeping the connection's
+    /// handles and the program's descriptor here.
+    fn admit(&mut self, msg: Incoming) -> Input {
+        match msg {
+            Incoming::Connected {
+                client,
+                uid,
+                gid,
+                tx,
+                written,
+                closer,
+            } => {
+                self.clients.insert(
+                    client,
+                    ClientLink {
+                        tx,
+                        written,
+                        closer,
+                    },
+                );
+                Input::Connected { client, uid, gid }
+            }
+            Incoming::Request {
+                client,
+                req,
+                mut fds,
+            } => Input::Request {
+                client,
+                req,
+                program: fds.pop().map(|fd| self.hold_program(fd)),
+            },
+            Incoming::Gone { client } => {
+                self.clients.remove(&client);
+                Input::Gone { client }
+            }
+        }
+    }
+
+    /// Keeps a submitted program's descriptor, saying what it is.
+    fn hold_program(&mut self, fd: OwnedFd) -> Result<SubmittedProgram, String> {
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|e| e.to_string())?;
+        let id = self.next_program;
+        self.next_program += 1;
+        self.programs.insert(id, file);
+        Ok(SubmittedProgram {
+            id,
+            len: meta.len(),
+            regular: meta.is_file(),
+            mode: meta.permissions().mode(),
+        })
+    }
+
+    /// What the transfer workers and the program saver finished since the last look.
+    fn finished(&mut self) -> Vec<Input> {
+        let mut inputs = Vec::new();
+        while let Ok(done) = self.worker_rx.try_recv() {
+            self.workers.remove(&done.transfer);
+            inputs.push(Input::TransferDone(done));
+        }
+        for (job, result) in self.saver.finished() {
+            inputs.push(Input::ProgramSaved { job, result });
+        }
+        inputs
+    }
+
+    fn open_program(&self, source: ProgramSource) -> Result<File, String> {
+        match source {
+            ProgramSource::Submitted(p) => self
+                .programs
+                .get(&p)
+                .ok_or_else(|| "it is no longer at hand".to_string())?
+                .try_clone()
+                .map_err(|e| e.to_string()),
+            ProgramSource::Saved(job) => self
+                .store
+                .as_ref()
+                .and_then(|s| s.open(job))
+                .ok_or_else(|| "its copy beside the journal is missing".to_string()),
+        }
+    }
+}
+
+impl MmEnv for DaemonEnv {
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
+    }
+
+    fn operator_uid(&self) -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    fn send(&mut self, client: ClientId, reply: Reply) {
+        if let Some(c) = self.clients.get(&client) {
+            let _ = c.tx.send(reply);
+        }
+    }
+
+    fn replies_written(&self, client: ClientId) -> u64 {
+        self.clients
+            .get(&client)
+            .map_or(u64::MAX, |c| c.written.load(Ordering::Acquire))
+    }
+
+    fn hang_up(&mut self, client: ClientId) {
+        if let Some(c) = self.clients.remove(&client) {
+            control::hang_up(&c.closer);
+        }
+    }
+
+    fn start_transfer(&mut self, t: TransferSpec) -> Result<(), String> {
+        let file = self.open_program(t.program)?;
+        let worker = Worker {
+            cancel: Arc::new(AtomicBool::new(false)),
+            delivered: Arc::new(AtomicU64::new(0)),
+        };
+        let transfer = Transfer {
+            job: t.job,
+            transfer: t.transfer,
+            nodes: t.nodes,
+            file,
+            size: t.size,
+            worker: t.worker,
+            event: t.event,
+            cancel: worker.cancel.clone(),
+            delivered: worker.delivered.clone(),
+            timeout: t.timeout,
+            file_ack: t.file_ack,
+            ack_wait: t.ack_wait,
+            wake: self.waker.clone(),
+        };
+        self.workers.insert(t.transfer, worker);
+        transfer::spawn(
+            self.fabric.clone(),
+            t.chunks,
+            transfer,
+            self.worker_tx.clone(),
+        );
+        Ok(())
+    }
+
+    fn cancel_transfer(&mut self, transfer: u32) {
+        if let Some(w) = self.workers.get(&transfer) {
+            w.cancel.store(true, Ordering::Release);
+        }
+    }
+
+    fn transfer_delivered(&self, transfer: u32) -> Option<u64> {
+        self.workers
+            .get(&transfer)
+            .map(|w| w.delivered.load(Ordering::Relaxed))
+    }
+
+    fn save_program(&mut self, job: JobId, program: ProgramId, size: u64) -> bool {
+        let Some(copy) = self.programs.get(&program).and_then(|f| f.try_clone().ok()) else {
+            return false;
+        };
+        self.saver.save(job, copy, size)
+    }
+
+    fn saved_program_len(&self, job: JobId) -> Option<u64> {
+        let copy = self.store.as_ref()?.open(job)?;
+        copy.metadata().ok().map(|m| m.len())
+    }
+
+    fn remove_saved_program(&mut self, job: JobId) {
+        if let Some(store) = &self.store {
+            store.remove(job);
+        }
+    }
+
+    fn release_program(&mut self, program: ProgramId) {
+        self.programs.remove(&program);
+    }
+}
