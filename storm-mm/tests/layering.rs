@@ -110,3 +110,126 @@ fn the_check_itself_notices_a_socket() {
     let sample = "let s = std::net::TcpStream::connect(addr)?;";
     assert!(FORBIDDEN_SOURCE.iter().any(|bad| sample.contains(bad)));
 }
+
+/// The managers' cores decide; their hosts do I/O (docs/architecture.md, "Cores and hosts").
+/// A core may not start threads or processes, open files or sockets, share counters with
+/// threads, or read the real clock: what it needs of the world comes as an input or through
+/// its environment's trait (`storm_mm::env`, `storm_nm::env`), so that the simulator runs it
+/// in virtual time and the same inputs give the same outputs.
+const CORE_FILES: &[(&str, &str)] = &[
+    ("storm-mm", "src/manager"),
+    ("storm-nm", "src/manager.rs"),
+    ("storm-nm", "src/membership.rs"),
+    ("storm-nm", "src/report.rs"),
+];
+
+/// Source text that does I/O, or reads real time, on its own.
+const IMPURE_SOURCE: &[&str] = &[
+    "std::thread",
+    "thread::spawn",
+    "thread::sleep",
+    "std::process",
+    "std::fs",
+    "File::",
+    "Instant::now",
+    "SystemTime::now",
+    "crossbeam_channel",
+    "UnixStream",
+    "Atomic",
+];
+
+/// What the NM's core still does that the rule forbids, each named with why it is allowed for
+/// now. A new line that matches a forbidden pattern is not covered by these: the test fails.
+const KNOWN_NM_EXCEPTIONS: &[(&str, &str)] = &[
+    // The `Drained` count of output chunks, shared with the output thread: to become a count
+    // the `OutputForwarder` reports.
+    (
+        "src/manager.rs",
+        "use std::sync::atomic::{AtomicU32, Ordering};",
+    ),
+    ("src/manager.rs", "output: Arc::new(AtomicU32::new(0)),"),
+    (
+        "src/manager.rs",
+        "let output: Drained = Arc::new(AtomicU32::new(started.output.len() as u32));",
+    ),
+    // Its process id, part of its identity: to move into `NmParts`.
+    ("src/membership.rs", "pid: std::process::id(),"),
+];
+
+/// The lines of `text` before its tests (`#[cfg(test)]`): tests may use real time.
+fn non_test_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .take_while(|(_, l)| !l.trim_start().starts_with("#[cfg(test)]"))
+}
+
+fn impurities(krate: &str, rel: &Path, text: &str) -> Vec<String> {
+    let rel_s = rel.to_string_lossy();
+    let mut found = Vec::new();
+    for (no, line) in non_test_lines(text) {
+        let code = line.split("//").next().unwrap_or("");
+        let allowed = krate == "storm-nm"
+            && KNOWN_NM_EXCEPTIONS
+                .iter()
+                .any(|(f, l)| rel_s == *f && code.trim() == *l);
+        if allowed {
+            continue;
+        }
+        for bad in IMPURE_SOURCE {
+            if code.contains(bad) {
+                found.push(format!("{krate}/{rel_s}:{}: uses {bad}", no + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_managers_cores_do_no_io_of_their_own() {
+    let root = workspace_root();
+    let mut offences = Vec::new();
+    let mut scanned = 0;
+    for (krate, part) in CORE_FILES {
+        let base = root.join(krate);
+        let path = base.join(part);
+        let mut files = Vec::new();
+        if path.is_dir() {
+            rust_files(&path, &mut files);
+        } else {
+            files.push(path);
+        }
+        for f in files {
+            let text = std::fs::read_to_string(&f)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", f.display()));
+            scanned += 1;
+            offences.extend(impurities(krate, f.strip_prefix(&base).unwrap(), &text));
+        }
+    }
+    assert!(
+        scanned >= 15,
+        "scanned only {scanned} core files under {}",
+        root.display()
+    );
+    assert!(
+        offences.is_empty(),
+        "I/O in a manager's core (move it to the host, daemon.rs, behind the env trait):\n{}",
+        offences.join("\n")
+    );
+}
+
+#[test]
+fn the_purity_check_itself_notices_io_and_spares_tests() {
+    let core = "fn tick(&mut self) {\n    let t = Instant::now();\n}\n";
+    assert_eq!(
+        impurities("storm-mm", Path::new("src/manager/mod.rs"), core).len(),
+        1
+    );
+    let thread = "let h = std::thread::spawn(|| ());";
+    assert!(!impurities("storm-mm", Path::new("src/manager/x.rs"), thread).is_empty());
+    // The NM's known exceptions do not excuse the same text in the MM's core.
+    let counter = "    output: Arc::new(AtomicU32::new(0)),";
+    assert!(!impurities("storm-mm", Path::new("src/manager.rs"), counter).is_empty());
+    assert!(impurities("storm-nm", Path::new("src/manager.rs"), counter).is_empty());
+    let tests = "fn f() {}\n#[cfg(test)]\nmod tests { fn t() { let _ = Instant::now(); } }\n";
+    assert!(impurities("storm-mm", Path::new("src/manager/mod.rs"), tests).is_empty());
+}
