@@ -508,6 +508,61 @@ fn running_and_queued_jobs_survive_a_restart_of_the_mm() {
     );
 }
 
+/// A queued job whose program storm-submit sent survives a restart of the MM: its program
+/// was copied beside the journal before the job was acknowledged, the MM let go of the
+/// submitted program then (it holds no descriptor per waiting job), and the restarted MM
+/// sends the copy when the job starts. A job that ran at once needed no copy, and every
+/// program the MM held is let go of by the end.
+#[test]
+fn a_queued_job_with_a_program_survives_a_restart_of_the_mm() {
+    let mut s = sim(SimOptions::default());
+    let running = s
+        .submit(&SimJob::new(4, ms(1_000)).with_program(4 << 20))
+        .unwrap();
+    let queued = s
+        .submit(&SimJob::new(2, ms(100)).with_program(1 << 20))
+        .unwrap();
+    s.run_for(ms(200));
+    assert!(
+        s.node(0).running(running),
+        "the first job runs on all nodes"
+    );
+    assert_eq!(
+        s.mm().env().programs_held(),
+        0,
+        "the waiting job's program is read from its copy, not held"
+    );
+    s.restart_mm().unwrap();
+    assert!(s.run_until(ms(10_000), |s| s.outcome(queued).is_some()));
+    assert_eq!(
+        s.outcome(queued).unwrap().reason,
+        None,
+        "{:?}",
+        s.outcome(queued)
+    );
+    assert_eq!(s.outcome(queued).unwrap().exit_code(), 0);
+    let progress: Vec<(u64, u64)> = s
+        .replies()
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Reply::Progress { job, sent, total } if *job == queued => Some((*sent, *total)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        progress.last(),
+        Some(&(1 << 20, 1 << 20)),
+        "the restarted MM sent the whole program: {progress:?}"
+    );
+    assert!(s.run_until(ms(10_000), |s| s.outcome(running).is_some()));
+    assert_eq!(s.outcome(running).unwrap().reason, None);
+    assert_eq!(
+        s.mm().env().programs_held(),
+        0,
+        "a program was never let go of"
+    );
+}
+
 /// A seeded random workload of `count` jobs (sizes 1..=4 nodes, work 10..400 ms), all
 /// submitted before the first starts.
 fn random_workload(s: &mut Sim, seed: u64, count: usize) -> Vec<u64> {
