@@ -41,6 +41,7 @@ use nix::unistd::Pid;
 use crate::launch::Quiet;
 use crate::report::{Csv, Table};
 use crate::stats::{Samples, fmt_time};
+use storm_cluster::control::{JobState, NodeState};
 
 pub struct FaultsArgs {
     pub nodes: u32,
@@ -72,21 +73,26 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
 }
 
 /// The MM's state for `node`.
-fn node_state(client: &Client, node: u32) -> Result<String> {
+fn node_state(client: &Client, node: u32) -> Result<NodeState> {
     match client.call(&Request::Nodes).map_err(anyhow::Error::msg)? {
         Reply::Nodes(n) => n
             .get(node as usize)
-            .map(|n| n.state.clone())
+            .map(|n| n.state)
             .context("node missing from the MM's table"),
         other => bail!("unexpected reply {other:?}"),
     }
 }
 
-fn wait_state(socket: &std::path::Path, node: u32, want: &[&str], limit: Duration) -> Result<()> {
+fn wait_state(
+    socket: &std::path::Path,
+    node: u32,
+    want: &[NodeState],
+    limit: Duration,
+) -> Result<()> {
     let client = Client::connect(socket).map_err(anyhow::Error::msg)?;
     let start = Instant::now();
     loop {
-        if want.contains(&node_state(&client, node)?.as_str()) {
+        if want.contains(&node_state(&client, node)?) {
             return Ok(());
         }
         if start.elapsed() > limit {
@@ -155,7 +161,7 @@ fn heartbeat_period(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         for n in healthy.clone() {
             troubled.extend(heartbeat_gaps(&root, n, from, to)?);
         }
-        wait_state(&socket, frozen, &["idle"], Duration::from_secs(30))?;
+        wait_state(&socket, frozen, &[NodeState::Idle], Duration::from_secs(30))?;
     }
     cluster.shutdown()?;
     if calm.is_empty() || troubled.is_empty() {
@@ -250,24 +256,24 @@ fn detection(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         let pid = nm_pid(&cluster, node)?;
         let t = Instant::now();
         kill(pid, Signal::SIGSTOP)?;
-        let down = wait_state(&socket, node, &["down"], Duration::from_secs(30));
+        let down = wait_state(&socket, node, &[NodeState::Down], Duration::from_secs(30));
         let t_down = t.elapsed().as_secs_f64();
         let t = Instant::now();
         kill(pid, Signal::SIGCONT)?;
         down?;
         frozen_down.push(t_down);
-        wait_state(&socket, node, &["idle"], Duration::from_secs(30))?;
+        wait_state(&socket, node, &[NodeState::Idle], Duration::from_secs(30))?;
         thawed_up.push(t.elapsed().as_secs_f64());
     }
     for trial in 0..args.trials {
         let node = trial as u32 % args.nodes;
         let t = Instant::now();
         cluster.kill_nm(node)?;
-        wait_state(&socket, node, &["down"], Duration::from_secs(30))?;
+        wait_state(&socket, node, &[NodeState::Down], Duration::from_secs(30))?;
         detect.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
         cluster.restart_nm(node)?;
-        wait_state(&socket, node, &["idle"], Duration::from_secs(30))?;
+        wait_state(&socket, node, &[NodeState::Idle], Duration::from_secs(30))?;
         rejoin.push(t.elapsed().as_secs_f64());
     }
     cluster.shutdown()?;
@@ -427,7 +433,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         answering.push(answered);
         let t = Instant::now() - Duration::from_secs_f64(answered);
         wait_until(&client, t, "every node idle", |jobs, nodes| {
-            jobs.is_empty() && nodes.iter().all(|n| n.state == "idle")
+            jobs.is_empty() && nodes.iter().all(|n| n.state == NodeState::Idle)
         })?;
         ready.push(t.elapsed().as_secs_f64());
     }
@@ -450,7 +456,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         );
     }
     let running = |jobs: &[storm_cluster::control::JobInfo]| {
-        jobs.len() == args.nodes as usize && jobs.iter().all(|j| j.state == "running")
+        jobs.len() == args.nodes as usize && jobs.iter().all(|j| j.state == JobState::Running)
     };
     let client = Client::connect(&socket).map_err(anyhow::Error::msg)?;
     wait_until(&client, Instant::now(), "the jobs running", |jobs, _| {
@@ -475,7 +481,10 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         answering_busy.push(answered);
         let t = Instant::now() - Duration::from_secs_f64(answered);
         wait_until(&client, t, "every job re-adopted", |jobs, nodes| {
-            running(jobs) && nodes.iter().all(|n| n.state != "idle" && n.state != "down")
+            running(jobs)
+                && nodes
+                    .iter()
+                    .all(|n| n.state != NodeState::Idle && n.state != NodeState::Down)
         })?;
         readopted.push(t.elapsed().as_secs_f64());
     }

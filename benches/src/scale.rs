@@ -27,6 +27,7 @@ use storm_cluster::control::Reply;
 use storm_sim::{Sim, SimJob, SimOptions, TransferModel};
 
 use crate::report::{Csv, Table};
+use storm_cluster::control::NodeState;
 
 pub const CSV_HEADER: &[&str] = &[
     "nodes",
@@ -173,7 +174,9 @@ fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
     let victim = nodes - 1;
     s.freeze(victim, true);
     let frozen = s.now();
-    if !s.run_until(Duration::from_secs(30), |s| s.state(victim).state == "down") {
+    if !s.run_until(Duration::from_secs(30), |s| {
+        s.state(victim).state == NodeState::Down
+    }) {
         bail!("a stopped node of {nodes} was not found DOWN");
     }
     let detect = s.now() - frozen;

@@ -25,7 +25,7 @@ use storm_cluster::config::{
     BackendKind, CgroupMode, ClusterConfig, ClusterSection, FailureSection, LimitsSection,
     MmSection, NodeEntry, OfiSection, SchedulerSection, SecuritySection, TcpSection,
 };
-use storm_cluster::control::{Client, Reply, Request};
+use storm_cluster::control::{Client, NodeState, Reply, Request};
 
 /// Options of the embedded cluster.
 #[derive(Debug, Clone)]
@@ -262,7 +262,7 @@ pub(crate) fn wait_for_nodes(
             && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
             && nodes
                 .iter()
-                .all(|n| !matches!(n.state.as_str(), "unknown" | "joining"))
+                .all(|n| !matches!(n.state, NodeState::Unknown | NodeState::Joining))
         {
             return Ok(());
         }

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use storm_cluster::control::{JobInfo, NodeInfo};
+use storm_cluster::control::{JobInfo, JobState, NodeInfo, NodeState};
 
 use crate::display::safe;
 
@@ -21,7 +21,7 @@ pub struct JobView {
     pub job: u64,
     pub name: String,
     pub uid: u32,
-    pub state: String,
+    pub state: JobState,
     /// Node ids, as ranges (`"0-3,7"`); empty while queued.
     pub nodes: String,
     /// The CPUs it holds of its one node, when it shares the node with other jobs.
@@ -47,7 +47,7 @@ pub struct JobView {
 pub struct NodeView {
     pub id: u32,
     pub name: String,
-    pub state: String,
+    pub state: NodeState,
     pub jobs: Vec<u64>,
     pub reason: Option<String>,
 }
@@ -79,7 +79,7 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         job: job.job,
         name: job.name.clone(),
         uid: job.uid,
-        state: job.state.clone(),
+        state: job.state,
         nodes: job.nodes.to_string(),
         cpus: job.cpus.as_ref().map(ToString::to_string),
         node_names,
@@ -97,7 +97,7 @@ pub fn node_view(n: &NodeInfo) -> NodeView {
     NodeView {
         id: n.id,
         name: n.name.clone(),
-        state: n.state.clone(),
+        state: n.state,
         jobs: n.jobs.clone(),
         reason: n.reason.clone(),
     }
@@ -139,7 +139,7 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
             j.job,
             safe(&j.name),
             j.uid,
-            safe(&j.state),
+            j.state.as_str(),
             j.ntasks,
             j.elapsed_ms as f64 / 1000.0,
             place
@@ -166,7 +166,7 @@ pub fn history_table(jobs: &[JobInfo]) -> String {
             j.job,
             safe(&j.name),
             j.uid,
-            safe(&j.state),
+            j.state.as_str(),
             j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
             j.elapsed_ms as f64 / 1000.0,
             place
@@ -188,7 +188,7 @@ pub fn nodes_table(nodes: &[NodeInfo]) -> String {
             "{:>4}  {:<16} {:<10} {:<12} {}",
             n.id,
             safe(&n.name),
-            safe(&n.state),
+            n.state.as_str(),
             jobs.join(","),
             safe(n.reason.as_deref().unwrap_or_default())
         );
@@ -205,7 +205,7 @@ mod tests {
         NodeInfo {
             id,
             name: name.into(),
-            state: "allocated".into(),
+            state: NodeState::Allocated,
             jobs: vec![7],
             reason: None,
         }
@@ -218,7 +218,7 @@ mod tests {
             job: 7,
             name: "hello".into(),
             uid: 1000,
-            state: "running".into(),
+            state: JobState::Running,
             nodes: "0,2".parse::<NodeSet>().unwrap(),
             cpus: None,
             ntasks: 4,
@@ -232,6 +232,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let j = &v["jobs"][0];
         assert_eq!(j["job"], 7);
+        // States are enums inside, and the same words in JSON as before they were typed.
+        assert_eq!(j["state"], "running");
         assert_eq!(j["nodes"], "0,2");
         assert_eq!(j["node_names"], serde_json::json!(["a0", "a2"]));
         assert_eq!(j["elapsed_s"], 1.5);
@@ -240,6 +242,7 @@ mod tests {
         let text = nodes_json(&nodes.iter().map(node_view).collect::<Vec<_>>());
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["nodes"][1]["name"], "a1");
+        assert_eq!(v["nodes"][1]["state"], "allocated");
         assert_eq!(v["nodes"][1]["jobs"], serde_json::json!([7]));
     }
 }

@@ -17,6 +17,7 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use storm_cluster::control::NodeState;
 use storm_primitives::tcp::auth::ClusterKey;
 use storm_primitives::tcp::wire::{Control, Frame, Hello, read_frame};
 use support::handshake::{client_proof, daemons, handshake};
@@ -233,7 +234,7 @@ fn an_attacker_on_the_network_without_the_key_achieves_nothing() {
     // daemon does): let the nodes settle before the attack.
     let socket = tb.socket().to_path_buf();
     for n in 0..cfg.node_count() {
-        wait_node_state(&socket, n, "idle", Duration::from_secs(20));
+        wait_node_state(&socket, n, NodeState::Idle, Duration::from_secs(20));
     }
 
     let plan = Plan {
@@ -305,7 +306,7 @@ fn an_attacker_on_the_network_without_the_key_achieves_nothing() {
 
     // Nothing came of it: every node is up, no job ran, and ours runs everywhere.
     for n in nodes(&socket) {
-        assert_eq!(n.state, "idle", "{n:?}");
+        assert_eq!(n.state, NodeState::Idle, "{n:?}");
     }
     let out = finish(spawn(&tb, &["-N", "3", "/bin/echo", "still here"]));
     assert!(out.status.success(), "{}", text(&out.stderr));

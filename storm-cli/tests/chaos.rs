@@ -27,6 +27,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use storm_cli::testbed::Testbed;
 use storm_cluster::config::{FailureSection, SchedulerSection};
+use storm_cluster::control::{JobState, NodeState};
 use storm_cluster::daemon::monotonic_ns;
 use support::testbed::{
     can_run, finish, job_id, logs, nodes, spawn, submit, up_with, wait_job_state, wait_node_state,
@@ -164,7 +165,13 @@ fn assert_whole(out: &Output, code: i32, ranks: u32, lines: u32, context: &str) 
 }
 
 /// Waits until node `node` is `state` and returns how long after `since` that was seen.
-fn state_after(socket: &Path, node: u32, state: &str, since: Instant, limit: Duration) -> Duration {
+fn state_after(
+    socket: &Path,
+    node: u32,
+    state: NodeState,
+    since: Instant,
+    limit: Duration,
+) -> Duration {
     wait_node_state(socket, node, state, limit);
     since.elapsed()
 }
@@ -179,7 +186,12 @@ fn freeze_idle(freeze: Duration) {
     let socket = tb.socket().to_path_buf();
     let prog = counter(work.path(), "healthy.sh", 20, 0.1, 4);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &prog]);
-    wait_job_state(&socket, "healthy", "running", Duration::from_secs(10));
+    wait_job_state(
+        &socket,
+        "healthy",
+        JobState::Running,
+        Duration::from_secs(10),
+    );
 
     let frozen = Frozen::new(&tb, 3);
     // A job submitted meanwhile starts on a healthy node without waiting for the frozen one.
@@ -195,7 +207,7 @@ fn freeze_idle(freeze: Duration) {
     assert_eq!(text(&during.stdout).trim(), "during");
     if freeze >= 2 * K_PERIODS {
         let limit = freeze.min(K_PERIODS + DETECT_SLACK + Duration::from_secs(5));
-        let took = state_after(&socket, 3, "down", frozen.since, limit);
+        let took = state_after(&socket, 3, NodeState::Down, frozen.since, limit);
         assert!(
             took <= K_PERIODS + DETECT_SLACK,
             "the frozen node was DOWN only {took:?} after it froze (rule: {K_PERIODS:?} + \
@@ -219,7 +231,7 @@ fn freeze_idle(freeze: Duration) {
     let out = finish(healthy);
     assert_whole(&out, 4, 2, 20, &logs(&tb));
     // Thawed, the node joins again and takes work.
-    wait_node_state(&socket, 3, "idle", Duration::from_secs(20));
+    wait_node_state(&socket, 3, NodeState::Idle, Duration::from_secs(20));
     let all = submit(&tb, &["-N", "4", "/bin/echo", "all"])
         .output()
         .unwrap();
@@ -266,10 +278,15 @@ fn trouble_under_a_job(trouble: impl FnOnce(&mut Testbed)) -> Output {
     let socket = tb.socket().to_path_buf();
     let healthy_prog = counter(work.path(), "healthy.sh", 30, 0.1, 0);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &healthy_prog]);
-    wait_job_state(&socket, "healthy", "running", Duration::from_secs(10));
+    wait_job_state(
+        &socket,
+        "healthy",
+        JobState::Running,
+        Duration::from_secs(10),
+    );
     let hit_prog = counter(work.path(), "hit.sh", 30, 0.1, 6);
     let hit = spawn(&tb, &["-N", "2", "-J", "hit", &hit_prog]);
-    wait_job_state(&socket, "hit", "running", Duration::from_secs(10));
+    wait_job_state(&socket, "hit", JobState::Running, Duration::from_secs(10));
     let placed = nodes(&socket);
     let hit_id = job_id(&socket, "hit");
     assert!(
@@ -287,7 +304,7 @@ fn trouble_under_a_job(trouble: impl FnOnce(&mut Testbed)) -> Output {
     let out = finish(healthy);
     assert_whole(&out, 0, 2, 30, &logs(&tb));
     let hit = finish(hit);
-    wait_node_state(&socket, 3, "idle", Duration::from_secs(20));
+    wait_node_state(&socket, 3, NodeState::Idle, Duration::from_secs(20));
     hit
 }
 
@@ -325,11 +342,22 @@ fn two_nodes_frozen_at_once_stall_no_one_and_both_rejoin() {
     let socket = tb.socket().to_path_buf();
     let prog = counter(work.path(), "healthy.sh", 30, 0.1, 0);
     let healthy = spawn(&tb, &["-N", "2", "-J", "healthy", &prog]);
-    wait_job_state(&socket, "healthy", "running", Duration::from_secs(10));
+    wait_job_state(
+        &socket,
+        "healthy",
+        JobState::Running,
+        Duration::from_secs(10),
+    );
     let a = Frozen::new(&tb, 2);
     let b = Frozen::new(&tb, 3);
     for n in [2, 3] {
-        let took = state_after(&socket, n, "down", a.since, Duration::from_secs(10));
+        let took = state_after(
+            &socket,
+            n,
+            NodeState::Down,
+            a.since,
+            Duration::from_secs(10),
+        );
         assert!(
             took <= K_PERIODS + DETECT_SLACK,
             "node {n} was DOWN only {took:?} after it froze\n{}",
@@ -345,7 +373,7 @@ fn two_nodes_frozen_at_once_stall_no_one_and_both_rejoin() {
     let out = finish(healthy);
     assert_whole(&out, 0, 2, 30, &logs(&tb));
     for n in [2, 3] {
-        wait_node_state(&socket, n, "idle", Duration::from_secs(20));
+        wait_node_state(&socket, n, NodeState::Idle, Duration::from_secs(20));
     }
 }
 

@@ -12,6 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
+use storm_cluster::control::{JobState, NodeState};
 use support::testbed::{
     can_run, finish, gone_within, logs, nodes, spawn, submit, up, wait_job_state, wait_node_state,
     wait_pid,
@@ -50,7 +51,7 @@ fn an_idle_node_manager_killed_is_marked_down_and_rejoins_when_restarted() {
     let mut tb = up(4, work.path());
     let socket = tb.socket().to_path_buf();
     tb.kill("storm-nm node2").unwrap();
-    wait_node_state(&socket, 2, "down", DETECT);
+    wait_node_state(&socket, 2, NodeState::Down, DETECT);
     let down = &nodes(&socket)[2];
     assert!(
         down.reason
@@ -63,9 +64,9 @@ fn an_idle_node_manager_killed_is_marked_down_and_rejoins_when_restarted() {
     let small = submit(&tb, &["-N", "3", "/bin/true"]).output().unwrap();
     assert!(small.status.success(), "{}", text(&small.stderr));
     let big = spawn(&tb, &["-N", "4", "-J", "big", "/bin/echo", "all four"]);
-    wait_job_state(&socket, "big", "queued", Duration::from_secs(10));
+    wait_job_state(&socket, "big", JobState::Queued, Duration::from_secs(10));
     tb.start_nm(2).unwrap();
-    wait_node_state(&socket, 2, "idle", Duration::from_secs(20));
+    wait_node_state(&socket, 2, NodeState::Idle, Duration::from_secs(20));
     let out = finish(big);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -91,7 +92,12 @@ fn a_job_on_a_node_that_dies_ends_naming_it_and_other_jobs_run_on() {
     let stranded_pid = pid_in(&hit_dir, 1);
     let other = script(work.path(), "other.sh", "sleep 3\necho other done\n");
     let bystander = spawn(&tb, &["-N", "2", other.to_str().unwrap()]);
-    wait_job_state(&socket, "other.sh", "running", Duration::from_secs(10));
+    wait_job_state(
+        &socket,
+        "other.sh",
+        JobState::Running,
+        Duration::from_secs(10),
+    );
     tb.kill("storm-nm node1").unwrap();
     let out = finish(hit);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
@@ -113,8 +119,8 @@ fn a_job_on_a_node_that_dies_ends_naming_it_and_other_jobs_run_on() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).matches("other done").count(), 2);
     // Node 0 is free again.
-    wait_node_state(&socket, 0, "idle", Duration::from_secs(5));
-    assert_eq!(nodes(&socket)[1].state, "down");
+    wait_node_state(&socket, 0, NodeState::Idle, Duration::from_secs(5));
+    assert_eq!(nodes(&socket)[1].state, NodeState::Down);
 }
 
 #[test]
@@ -135,7 +141,12 @@ fn a_requeue_job_runs_again_on_other_nodes_when_its_node_dies() {
         ),
     );
     let job = spawn(&tb, &["-N", "2", "--requeue", prog.to_str().unwrap()]);
-    wait_job_state(tb.socket(), "twice.sh", "running", Duration::from_secs(10));
+    wait_job_state(
+        tb.socket(),
+        "twice.sh",
+        JobState::Running,
+        Duration::from_secs(10),
+    );
     while !(marker.with_extension("0").exists() && marker.with_extension("1").exists()) {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -175,12 +186,17 @@ fn a_job_whose_node_dies_during_the_program_broadcast_is_requeued_by_itself() {
     }
     std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let job = spawn(&tb, &["-N", "4", prog.to_str().unwrap()]);
-    wait_job_state(&socket, "big.sh", "sending", Duration::from_secs(10));
+    wait_job_state(
+        &socket,
+        "big.sh",
+        JobState::Sending,
+        Duration::from_secs(10),
+    );
     tb.kill("storm-nm node3").unwrap();
-    wait_node_state(&socket, 3, "down", DETECT);
+    wait_node_state(&socket, 3, NodeState::Down, DETECT);
     // None of its tasks started, so the job went back to the head of the queue by itself and
     // waits for a fourth node.
-    wait_job_state(&socket, "big.sh", "queued", Duration::from_secs(10));
+    wait_job_state(&socket, "big.sh", JobState::Queued, Duration::from_secs(10));
     // A job submitted meanwhile queues behind it (FCFS), and nothing is lost.
     let next = spawn(&tb, &["-N", "3", "/bin/echo", "next"]);
     tb.start_nm(3).unwrap();
@@ -219,9 +235,9 @@ fn a_cut_link_makes_the_node_down_and_it_rejoins_when_the_link_returns() {
         "{}",
         text(&out.stderr)
     );
-    wait_node_state(&socket, 1, "down", DETECT);
+    wait_node_state(&socket, 1, NodeState::Down, DETECT);
     tb.set_link(1, true).unwrap();
-    wait_node_state(&socket, 1, "idle", Duration::from_secs(30));
+    wait_node_state(&socket, 1, NodeState::Idle, Duration::from_secs(30));
     // Rejoining, the NM ended the job's task it had kept running while cut off.
     assert!(
         gone_within(stranded, Duration::from_secs(5)),
@@ -277,7 +293,7 @@ fn garbage_on_every_port_changes_nothing() {
     }
     std::thread::sleep(Duration::from_millis(500));
     for n in nodes(&socket) {
-        assert_eq!(n.state, "idle", "{n:?}");
+        assert_eq!(n.state, NodeState::Idle, "{n:?}");
     }
     let job = submit(&tb, &["-N", "4", "/bin/echo", "still fine"])
         .output()

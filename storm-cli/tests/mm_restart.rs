@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use storm_cli::testbed::Testbed;
 use storm_cluster::config::{FailureSection, SchedulerSection};
 use storm_cluster::control::{Client, JobInfo, Reply, Request};
+use storm_cluster::control::{JobState, NodeState};
 use support::testbed::{
     can_run, gone_within, logs, nodes, submit, up, up_with, wait_node_state, wait_pid,
 };
@@ -175,14 +176,14 @@ fn running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_res
             .clone()
     };
     assert_eq!(find("done").exit_code, Some(3));
-    assert_eq!(find("done").state, "failed");
+    assert_eq!(find("done").state, JobState::Failed);
     assert_eq!(find("running").exit_code, Some(5), "{past:#?}");
     assert_eq!(find("waiting").exit_code, Some(0));
 
     // The drain held; job ids go on from where they were.
-    wait_node_state(&socket, 0, "idle", Duration::from_secs(10));
+    wait_node_state(&socket, 0, NodeState::Idle, Duration::from_secs(10));
     let node1 = &nodes(&socket)[1];
-    assert_eq!(node1.state, "drained", "{node1:?}");
+    assert_eq!(node1.state, NodeState::Drained, "{node1:?}");
     assert_eq!(node1.reason.as_deref(), Some("disk check"));
     let next = submit(&tb, &["-v", "-N", "1", "/bin/true"])
         .output()
@@ -246,7 +247,7 @@ fn a_running_job_whose_node_does_not_come_back_after_an_mm_restart_ends_naming_i
         "the job's task on node 0 was killed\n{}",
         logs(&tb)
     );
-    wait_node_state(&socket, 0, "idle", Duration::from_secs(10));
+    wait_node_state(&socket, 0, NodeState::Idle, Duration::from_secs(10));
 }
 
 #[test]
@@ -349,7 +350,7 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
     let deadline = Instant::now() + Duration::from_secs(30);
     let before = loop {
         let q = queue(&socket);
-        if q.iter().filter(|j| j.state == "queued").count() == SUBMITTERS {
+        if q.iter().filter(|j| j.state == JobState::Queued).count() == SUBMITTERS {
             break q;
         }
         assert!(
@@ -384,7 +385,7 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
         let placed = |name: &str| {
             q.iter()
                 .find(|j| j.name == name)
-                .is_some_and(|j| matches!(j.state.as_str(), "running" | "suspended"))
+                .is_some_and(|j| matches!(j.state, JobState::Running | JobState::Suspended))
         };
         if placed("gang0") && placed("gang1") {
             assert_eq!(
@@ -448,7 +449,7 @@ fn jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart() {
     // by the NM's start time, with a second's margin for clocks: a launch within a second of
     // an NM's start counts as lost, and its job ends. Start the rounds past that second.
     std::thread::sleep(Duration::from_millis(1500));
-    let running = |q: &[JobInfo]| q.len() == 4 && q.iter().all(|j| j.state == "running");
+    let running = |q: &[JobInfo]| q.len() == 4 && q.iter().all(|j| j.state == JobState::Running);
     for round in 0..5 {
         let mut submitters: Vec<Child> = (0..4)
             .map(|_| {
@@ -493,7 +494,7 @@ fn jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart() {
             let _ = s.wait();
         }
         for n in 0..4 {
-            wait_node_state(&socket, n, "idle", Duration::from_secs(30));
+            wait_node_state(&socket, n, NodeState::Idle, Duration::from_secs(30));
         }
     }
 }

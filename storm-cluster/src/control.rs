@@ -22,8 +22,9 @@ use crate::tasks::TaskRequest;
 /// Version 3: `overcommit` in task requests; metrics. Version 4: output chunks carry their
 /// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`. Version 7:
 /// the launch, start, run and report phases in `Timing`. Version 8: `exclusive` in task
-/// requests, and the CPUs of a job that shares its node.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// requests, and the CPUs of a job that shares its node. Version 9: job and node
+/// states as enums.
+pub const PROTOCOL_VERSION: u32 = 9;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -182,12 +183,105 @@ impl JobOutcome {
     }
 }
 
+/// A job's state, as `storm queue` and `storm history` show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for nodes.
+    Queued,
+    /// Placed; its program transfer waits for a worker or for its nodes.
+    Starting,
+    /// Its program is being sent to its nodes.
+    Sending,
+    /// Its launch is being recorded or waits for the next heartbeat.
+    Launching,
+    /// It ran when the MM restarted; its nodes have not all said they still hold it.
+    Recovering,
+    Running,
+    /// Gang scheduling: placed, but not in this timeslice's slot.
+    Suspended,
+    /// Its nodes announced its end; the MM is collecting their reports.
+    Ending,
+    /// Cancelled; its tasks are being stopped.
+    Cancelling,
+    /// Ended with exit code 0.
+    Completed,
+    /// Ended otherwise.
+    Failed,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Sending => "sending",
+            JobState::Launching => "launching",
+            JobState::Recovering => "recovering",
+            JobState::Running => "running",
+            JobState::Suspended => "suspended",
+            JobState::Ending => "ending",
+            JobState::Cancelling => "cancelling",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// A node's state, as `storm nodes` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    /// Its NM has not registered since the MM started.
+    Unknown,
+    /// Registered; being welcomed into the heartbeat.
+    Joining,
+    /// Up, without jobs.
+    Idle,
+    /// Up, with jobs.
+    Allocated,
+    /// Stopped taking heartbeats; down if it does not come back within the failure window.
+    Unresponsive,
+    Down,
+    /// Drained by an operator, with jobs still on it.
+    Draining,
+    /// Drained by an operator, without jobs.
+    Drained,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Unknown => "unknown",
+            NodeState::Joining => "joining",
+            NodeState::Idle => "idle",
+            NodeState::Allocated => "allocated",
+            NodeState::Unresponsive => "unresponsive",
+            NodeState::Down => "down",
+            NodeState::Draining => "draining",
+            NodeState::Drained => "drained",
+        }
+    }
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobInfo {
     pub job: JobId,
     pub name: String,
     pub uid: u32,
-    pub state: String,
+    pub state: JobState,
     pub nodes: NodeSet,
     /// The CPUs it holds of its one node, when it shares the node with other jobs.
     pub cpus: Option<NodeSet>,
@@ -207,8 +301,7 @@ pub struct JobInfo {
 pub struct NodeInfo {
     pub id: u32,
     pub name: String,
-    /// `unknown`, `joining`, `idle`, `allocated`, `down`, `draining` or `drained`.
-    pub state: String,
+    pub state: NodeState,
     pub jobs: Vec<JobId>,
     /// Why the node is down or drained.
     pub reason: Option<String>,

@@ -620,7 +620,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             job: 3,
             name: "hello".into(),
             uid: 1000,
-            state: "RUNNING".into(),
+            state: storm_cluster::control::JobState::Running,
             nodes: nodes("0-1"),
             cpus: None,
             ntasks: 4,
@@ -633,7 +633,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
         Reply::Nodes(vec![NodeInfo {
             id: 0,
             name: "n0".into(),
-            state: "UP".into(),
+            state: storm_cluster::control::NodeState::Idle,
             jobs: vec![3],
             reason: None,
         }]),

@@ -34,29 +34,31 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+use storm_cluster::control::{JobState, NodeState};
 
 /// Every state `storm nodes` can show, so that each series exists even at zero.
-pub const NODE_STATES: [&str; 8] = [
-    "unknown",
-    "joining",
-    "idle",
-    "allocated",
-    "draining",
-    "drained",
-    "unresponsive",
-    "down",
+pub const NODE_STATES: [NodeState; 8] = [
+    NodeState::Unknown,
+    NodeState::Joining,
+    NodeState::Idle,
+    NodeState::Allocated,
+    NodeState::Draining,
+    NodeState::Drained,
+    NodeState::Unresponsive,
+    NodeState::Down,
 ];
 
-/// Every state `storm queue` can show.
-pub const JOB_STATES: [&str; 8] = [
-    "queued",
-    "starting",
-    "sending",
-    "launching",
-    "running",
-    "suspended",
-    "ending",
-    "cancelling",
+/// Every state `storm queue` can show (a job that ended has left the queue).
+pub const JOB_STATES: [JobState; 9] = [
+    JobState::Queued,
+    JobState::Starting,
+    JobState::Sending,
+    JobState::Launching,
+    JobState::Recovering,
+    JobState::Running,
+    JobState::Suspended,
+    JobState::Ending,
+    JobState::Cancelling,
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -247,16 +249,15 @@ impl Metrics {
         self.jobs_ended.get_or_create(&Outcome { outcome }).inc();
     }
 
-    /// The text a scrape gets, with the gauges set from the states given (each one a state
-    /// name from [`NODE_STATES`] or [`JOB_STATES`]).
-    pub fn encode<'a>(
+    /// The text a scrape gets, with the gauges set from the states given.
+    pub fn encode(
         &self,
-        node_states: impl IntoIterator<Item = &'a str>,
-        job_states: impl IntoIterator<Item = &'a str>,
+        node_states: impl IntoIterator<Item = NodeState>,
+        job_states: impl IntoIterator<Item = JobState>,
         queue_length: usize,
     ) -> String {
-        set_counts(&self.nodes, &NODE_STATES, node_states);
-        set_counts(&self.jobs, &JOB_STATES, job_states);
+        set_counts(&self.nodes, &NODE_STATES, node_states, NodeState::as_str);
+        set_counts(&self.jobs, &JOB_STATES, job_states, JobState::as_str);
         self.queue_length.set(queue_length as i64);
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -295,10 +296,11 @@ pub fn classic_text(openmetrics: &str) -> String {
 }
 
 /// Sets one gauge per known state to how many of `states` are in it.
-fn set_counts<'a>(
+fn set_counts<T: Copy + PartialEq>(
     family: &Family<State, Gauge>,
-    known: &[&'static str],
-    states: impl IntoIterator<Item = &'a str>,
+    known: &[T],
+    states: impl IntoIterator<Item = T>,
+    name: fn(T) -> &'static str,
 ) {
     let mut counts = vec![0i64; known.len()];
     for s in states {
@@ -306,8 +308,8 @@ fn set_counts<'a>(
             counts[i] += 1;
         }
     }
-    for (state, n) in known.iter().zip(counts) {
-        family.get_or_create(&State { state }).set(n);
+    for (&state, n) in known.iter().zip(counts) {
+        family.get_or_create(&State { state: name(state) }).set(n);
     }
 }
 
@@ -345,15 +347,27 @@ mod tests {
     #[test]
     fn gauges_count_states_and_every_state_has_a_series() {
         let m = Metrics::new();
-        let text = m.encode(["idle", "idle", "down", "allocated"], ["running"], 3);
+        let text = m.encode(
+            [
+                NodeState::Idle,
+                NodeState::Idle,
+                NodeState::Down,
+                NodeState::Allocated,
+            ],
+            [JobState::Running, JobState::Recovering],
+            3,
+        );
         assert_eq!(value(&text, "storm_nodes{state=\"idle\"}"), 2.0);
         assert_eq!(value(&text, "storm_nodes{state=\"down\"}"), 1.0);
         assert_eq!(value(&text, "storm_nodes{state=\"drained\"}"), 0.0);
         assert_eq!(value(&text, "storm_jobs{state=\"running\"}"), 1.0);
+        // A job the restarted MM is taking up counts too (it had no series before states
+        // were typed).
+        assert_eq!(value(&text, "storm_jobs{state=\"recovering\"}"), 1.0);
         assert_eq!(value(&text, "storm_jobs{state=\"queued\"}"), 0.0);
         assert_eq!(value(&text, "storm_queue_length"), 3.0);
         // A later scrape reflects the state then, not a sum.
-        let text = m.encode(["idle"], [], 0);
+        let text = m.encode([NodeState::Idle], [], 0);
         assert_eq!(value(&text, "storm_nodes{state=\"idle\"}"), 1.0);
         assert_eq!(value(&text, "storm_nodes{state=\"down\"}"), 0.0);
     }

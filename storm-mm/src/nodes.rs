@@ -13,6 +13,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use storm_cluster::control::NodeState;
 use storm_primitives::{NodeId, NodeSet};
 
 /// Where a node stands with the MM.
@@ -236,30 +237,30 @@ impl NodeTable {
     }
 
     /// The state `storm nodes` shows, and why.
-    pub fn describe(&self, n: NodeId, has_jobs: bool) -> (&'static str, Option<String>) {
+    pub fn describe(&self, n: NodeId, has_jobs: bool) -> (NodeState, Option<String>) {
         let node = &self.nodes[n as usize];
         let drain = node.drain.clone();
         match (&node.life, has_jobs) {
-            (Life::Unknown, _) => ("unknown", drain),
-            (Life::Joining { .. }, _) => ("joining", drain),
+            (Life::Unknown, _) => (NodeState::Unknown, drain),
+            (Life::Joining { .. }, _) => (NodeState::Joining, drain),
             (Life::Unresponsive { reason, .. }, _) => (
-                "unresponsive",
+                NodeState::Unresponsive,
                 Some(match drain {
                     Some(d) => format!("{reason}; drained: {d}"),
                     None => reason.clone(),
                 }),
             ),
             (Life::Down { reason, .. }, _) => (
-                "down",
+                NodeState::Down,
                 Some(match drain {
                     Some(d) => format!("{reason}; drained: {d}"),
                     None => reason.clone(),
                 }),
             ),
-            (Life::Up { .. }, true) if drain.is_some() => ("draining", drain),
-            (Life::Up { .. }, false) if drain.is_some() => ("drained", drain),
-            (Life::Up { .. }, true) => ("allocated", None),
-            (Life::Up { .. }, false) => ("idle", None),
+            (Life::Up { .. }, true) if drain.is_some() => (NodeState::Draining, drain),
+            (Life::Up { .. }, false) if drain.is_some() => (NodeState::Drained, drain),
+            (Life::Up { .. }, true) => (NodeState::Allocated, None),
+            (Life::Up { .. }, false) => (NodeState::Idle, None),
         }
     }
 }
@@ -346,26 +347,35 @@ mod tests {
     #[test]
     fn states_as_storm_nodes_shows_them() {
         let mut t = NodeTable::new(3, 3);
-        assert_eq!(t.describe(0, false).0, "unknown");
+        assert_eq!(t.describe(0, false).0, NodeState::Unknown);
         t.set_up(0, 1, Instant::now());
-        assert_eq!(t.describe(0, false), ("idle", None));
-        assert_eq!(t.describe(0, true), ("allocated", None));
+        assert_eq!(t.describe(0, false), (NodeState::Idle, None));
+        assert_eq!(t.describe(0, true), (NodeState::Allocated, None));
         t.get_mut(0).drain = Some("bad fan".into());
-        assert_eq!(t.describe(0, true), ("draining", Some("bad fan".into())));
-        assert_eq!(t.describe(0, false), ("drained", Some("bad fan".into())));
+        assert_eq!(
+            t.describe(0, true),
+            (NodeState::Draining, Some("bad fan".into()))
+        );
+        assert_eq!(
+            t.describe(0, false),
+            (NodeState::Drained, Some("bad fan".into()))
+        );
         assert!(!t.is_available(0), "drained nodes are not allocated");
         t.get_mut(0).drain = None;
         assert!(t.set_unresponsive(0, "missed a deadline".into()));
         assert_eq!(
             t.describe(0, true),
-            ("unresponsive", Some("missed a deadline".into()))
+            (NodeState::Unresponsive, Some("missed a deadline".into()))
         );
         t.get_mut(0).drain = Some("bad fan".into());
         assert!(t.set_down(0, "missed 3 heartbeats".into(), Instant::now()));
         assert!(!t.set_down(0, "again".into(), Instant::now()));
         assert_eq!(
             t.describe(0, false),
-            ("down", Some("missed 3 heartbeats; drained: bad fan".into()))
+            (
+                NodeState::Down,
+                Some("missed 3 heartbeats; drained: bad fan".into())
+            )
         );
         assert_eq!(t.down_set(), NodeSet::single(0));
         assert_eq!(t.up_count(), 0);

@@ -48,6 +48,7 @@ use env::ProgramCopies;
 pub use env::{SimEnv, TransferModel};
 use journal::SimJournal;
 pub use node::{Heard, SimNode};
+use storm_cluster::control::NodeState;
 pub use tasks::{IGNORE_SIGTERM, LINES, REAPED_AFTER};
 
 /// The uid simulated jobs are submitted as.
@@ -428,7 +429,7 @@ impl Sim {
         if !self.run_until(limit, |s| {
             s.mm.nodes_view()
                 .iter()
-                .all(|n| n.state == "idle" || n.state == "allocated")
+                .all(|n| n.state == NodeState::Idle || n.state == NodeState::Allocated)
         }) {
             bail!(
                 "not every node came up within {limit:?}: {:?}",

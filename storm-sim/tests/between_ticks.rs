@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use storm_cluster::control::Reply;
-use storm_mm::journal::JobState;
+use storm_cluster::control::{JobState, Reply};
+use storm_mm::journal::JobState as RecordState;
 use storm_sim::{Sim, SimJob, SimOptions};
 
 fn ms(n: u64) -> Duration {
@@ -32,7 +32,7 @@ fn until_launching(s: &mut Sim) -> u64 {
         s.mm()
             .queue_view()
             .first()
-            .is_some_and(|j| j.state == "launching")
+            .is_some_and(|j| j.state == JobState::Launching)
     }));
     s.mm().queue_view()[0].job
 }
@@ -70,7 +70,7 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
         "the timeslices went on ({} more)",
         s.ticks() - ticks
     );
-    assert_eq!(s.mm().queue_view()[0].state, "launching");
+    assert_eq!(s.mm().queue_view()[0].state, JobState::Launching);
     let reached: Vec<u32> = (0..s.config().node_count())
         .filter(|&n| s.node(n).job_state(job).is_some())
         .collect();
@@ -107,7 +107,7 @@ fn replies_and_launches_wait_for_the_journal_while_timeslices_go_on() {
         .into_iter()
         .find(|r| r.id == job)
         .unwrap();
-    assert!(matches!(rec.state, JobState::Finished { .. }), "{rec:?}");
+    assert!(matches!(rec.state, RecordState::Finished { .. }), "{rec:?}");
 }
 
 /// A job cancelled while its launch waits for the journal ends as one that never started:
@@ -194,7 +194,7 @@ fn a_settled_start_brings_the_next_timeslice_forward() {
     s.step();
     assert_ne!(
         s.mm().queue_view()[0].state,
-        "launching",
+        JobState::Launching,
         "its launch went out"
     );
     assert!(s.run_until(ms(1_000), |s| s.node(0).job_state(job).is_some()));
@@ -226,7 +226,7 @@ fn the_launch_follows_the_acknowledgement_of_the_program_at_once() {
         next_tick - s.now()
     );
     s.wake_at(landing);
-    assert_eq!(s.mm().queue_view()[0].state, "launching");
+    assert_eq!(s.mm().queue_view()[0].state, JobState::Launching);
     assert_eq!(
         s.mm().poll_timeout(),
         landing,

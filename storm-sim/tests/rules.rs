@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use storm_cluster::config::PolicyKind;
+use storm_cluster::control::NodeState;
 use storm_cluster::control::Reply;
 use storm_cluster::messages::{Command, OutputChunk, RankStatus, Stream, encode};
 use storm_nm::JobState;
@@ -59,7 +60,7 @@ fn a_frozen_node_is_down_at_exactly_k_missed_heartbeats() {
     let last = s.node(2).heard().last().expect("node 2 took heartbeats").at;
     let slice = s.config().timeslice();
     let due = last + slice * k;
-    assert!(s.run_until(ms(5_000), |s| s.state(2).state == "down"));
+    assert!(s.run_until(ms(5_000), |s| s.state(2).state == NodeState::Down));
     assert_eq!(
         s.now(),
         due,
@@ -74,7 +75,11 @@ fn a_frozen_node_is_down_at_exactly_k_missed_heartbeats() {
             .contains("took no heartbeat for 5")
     );
     for n in [0, 1, 3] {
-        assert_eq!(s.state(n).state, "idle", "node {n} must not be blamed");
+        assert_eq!(
+            s.state(n).state,
+            NodeState::Idle,
+            "node {n} must not be blamed"
+        );
     }
 }
 
@@ -98,7 +103,7 @@ fn a_frozen_node_is_down_at_k_whatever_the_heartbeat_queues_phase() {
         s.run_for(slice * (20 + phase));
         s.freeze(3, true);
         let last = s.node(3).heard().last().expect("node 3 took heartbeats").at;
-        assert!(s.run_until(ms(5_000), |s| s.state(3).state == "down"));
+        assert!(s.run_until(ms(5_000), |s| s.state(3).state == NodeState::Down));
         assert_eq!(
             s.now() - last,
             slice * k,
@@ -112,10 +117,10 @@ fn a_frozen_node_is_down_at_k_whatever_the_heartbeat_queues_phase() {
 fn a_thawed_node_registers_again_and_takes_jobs() {
     let mut s = sim(SimOptions::default());
     s.freeze(1, true);
-    assert!(s.run_until(ms(5_000), |s| s.state(1).state == "down"));
+    assert!(s.run_until(ms(5_000), |s| s.state(1).state == NodeState::Down));
     s.freeze(1, false);
     assert!(
-        s.run_until(ms(5_000), |s| s.state(1).state == "idle"),
+        s.run_until(ms(5_000), |s| s.state(1).state == NodeState::Idle),
         "node 1 did not rejoin: {:?}",
         s.state(1)
     );
@@ -143,7 +148,7 @@ fn a_cut_node_is_down_at_k_and_its_running_nm_rejoins_without_the_ended_job_once
     assert!(s.run_until(ms(1_000), |s| s.node(3).running(job)));
     s.cut(3, true);
     let last = s.node(3).heard().last().unwrap().at;
-    assert!(s.run_until(ms(5_000), |s| s.state(3).state == "down"));
+    assert!(s.run_until(ms(5_000), |s| s.state(3).state == NodeState::Down));
     assert_eq!(s.now(), last + s.config().timeslice() * k);
     assert!(s.run_until(ms(5_000), |s| s.outcome(job).is_some()));
     let reason = s.outcome(job).unwrap().reason.clone().unwrap_or_default();
@@ -154,7 +159,7 @@ fn a_cut_node_is_down_at_k_and_its_running_nm_rejoins_without_the_ended_job_once
     );
     s.cut(3, false);
     assert!(
-        s.run_until(ms(5_000), |s| s.state(3).state == "idle"),
+        s.run_until(ms(5_000), |s| s.state(3).state == NodeState::Idle),
         "node 3 did not rejoin: {:?}",
         s.state(3)
     );
@@ -439,9 +444,9 @@ fn a_welcome_sent_again_keeps_the_nodes_output_queue() {
     let slice = s.config().timeslice();
     // The node leaves the heartbeat and registers again: a new membership, a new epoch.
     s.freeze(0, true);
-    assert!(s.run_until(slice * (k + 5), |s| s.state(0).state == "down"));
+    assert!(s.run_until(slice * (k + 5), |s| s.state(0).state == NodeState::Down));
     s.freeze(0, false);
-    assert!(s.run_until(ms(5_000), |s| s.state(0).state == "joining"));
+    assert!(s.run_until(ms(5_000), |s| s.state(0).state == NodeState::Joining));
     // The NM took the welcome and acknowledged it in this timeslice; the MM reads the
     // acknowledgement in the next one. Lose it.
     let mm = s.fabric().node(s.config().mm_id());
@@ -473,7 +478,7 @@ fn a_welcome_sent_again_keeps_the_nodes_output_queue() {
         assert_eq!(mm.memory().load(queue.dequeued), sent, "entry {i} released");
     }
     // The MM welcomes again, the NM acknowledges again, and it is a member.
-    assert!(s.run_until(ms(3_000), |s| s.state(0).state == "idle"));
+    assert!(s.run_until(ms(3_000), |s| s.state(0).state == NodeState::Idle));
     let sent = send(&mut s, 100);
     assert_eq!(
         mm.memory().load(queue.dequeued),

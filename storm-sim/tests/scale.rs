@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use storm_cluster::control::NodeState;
 use storm_cluster::messages::RankStatus;
 use storm_sim::{Sim, SimJob, SimOptions};
 
@@ -37,7 +38,10 @@ fn the_mm_drives_16384_nodes_through_a_full_machine_job_and_a_failure() {
     let victim = NODES - 1;
     s.freeze(victim, true);
     let frozen_at = s.now();
-    assert!(s.run_until(Duration::from_secs(5), |s| s.state(victim).state == "down"));
+    assert!(
+        s.run_until(Duration::from_secs(5), |s| s.state(victim).state
+            == NodeState::Down)
+    );
     let slice = s.config().timeslice();
     // The node took the heartbeat of the timeslice it was frozen in.
     assert_eq!(
@@ -45,5 +49,9 @@ fn the_mm_drives_16384_nodes_through_a_full_machine_job_and_a_failure() {
         slice * k,
         "DOWN K = {k} timeslices after its last heartbeat"
     );
-    assert_eq!(s.state(0).state, "idle", "another node is not blamed");
+    assert_eq!(
+        s.state(0).state,
+        NodeState::Idle,
+        "another node is not blamed"
+    );
 }

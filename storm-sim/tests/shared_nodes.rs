@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use storm_cluster::control::JobInfo;
+use storm_cluster::control::{JobState, NodeState};
 use storm_sim::{Sim, SimJob, SimOptions};
 
 fn ms(n: u64) -> Duration {
@@ -15,7 +16,7 @@ fn info(s: &Sim, job: u64) -> Option<JobInfo> {
 }
 
 fn running(s: &Sim, job: u64) -> bool {
-    info(s, job).is_some_and(|j| j.state == "running")
+    info(s, job).is_some_and(|j| j.state == JobState::Running)
 }
 
 /// Two one-task jobs share a node of two CPUs, each on a CPU of its own. The node freezes
@@ -70,7 +71,7 @@ fn jobs_sharing_a_node_that_fails_run_again_elsewhere_and_its_cpus_come_back() {
 
     s.freeze(shared, false);
     assert!(
-        s.run_until(ms(10_000), |s| s.state(shared).state == "idle"),
+        s.run_until(ms(10_000), |s| s.state(shared).state == NodeState::Idle),
         "node {shared} came back: {:?}",
         s.state(shared)
     );

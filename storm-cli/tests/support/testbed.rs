@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
 use storm_cluster::config::{FailureSection, SchedulerSection};
-use storm_cluster::control::{Client, NodeInfo, Reply, Request};
+use storm_cluster::control::{Client, JobState, NodeInfo, NodeState, Reply, Request};
 
 use super::{bin_dir, ensure_daemons};
 
@@ -80,7 +80,7 @@ pub fn nodes(socket: &Path) -> Vec<NodeInfo> {
 
 /// Waits until node `node` is in `state`; returns how long it took, or panics with what the
 /// MM reported last.
-pub fn wait_node_state(socket: &Path, node: u32, state: &str, limit: Duration) -> Duration {
+pub fn wait_node_state(socket: &Path, node: u32, state: NodeState, limit: Duration) -> Duration {
     let start = Instant::now();
     loop {
         let all = nodes(socket);
@@ -96,7 +96,7 @@ pub fn wait_node_state(socket: &Path, node: u32, state: &str, limit: Duration) -
 }
 
 /// Waits until `storm queue` shows `job` in `state`.
-pub fn wait_job_state(socket: &Path, job_name: &str, state: &str, limit: Duration) {
+pub fn wait_job_state(socket: &Path, job_name: &str, state: JobState, limit: Duration) {
     let start = Instant::now();
     loop {
         let client = Client::connect(socket).expect("connect to the MM");

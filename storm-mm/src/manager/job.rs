@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use storm_cluster::control::{JobInfo, JobRequest};
+use storm_cluster::control::{JobInfo, JobRequest, JobState as ShownState};
 use storm_cluster::messages::{JobId, JobUsage, LaunchSpec, OutputChunk, Program};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
@@ -264,7 +264,11 @@ pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         job: rec.id,
         name: rec.req.name.clone(),
         uid: rec.uid,
-        state: if code == 0 { "completed" } else { "failed" }.into(),
+        state: if code == 0 {
+            ShownState::Completed
+        } else {
+            ShownState::Failed
+        },
         nodes: nodes.clone(),
         cpus: None,
         ntasks: outcome.ranks.len() as u32,

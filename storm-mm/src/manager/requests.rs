@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use anyhow::Result;
-use storm_cluster::control::{self, JobInfo, JobRequest, NodeInfo, Reply, Request};
+use storm_cluster::control::{self, JobInfo, JobRequest, JobState, NodeInfo, Reply, Request};
 use storm_cluster::messages::{Command, JobId, JobUsage, encode};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
@@ -464,23 +464,24 @@ impl<E: MmEnv> MachineManager<E> {
 
     pub(super) fn job_info(&self, j: &Job) -> JobInfo {
         let state = match (&j.cancel, j.phase) {
-            (Some(_), Phase::Queued) => "cancelling",
-            (Some(_), _) => "cancelling",
-            (None, Phase::Queued) => "queued",
-            (None, Phase::Allocated) => "starting",
-            (None, Phase::Sending { .. } | Phase::Verifying { .. }) => "sending",
-            (None, Phase::Recording { .. } | Phase::Launching) => "launching",
-            (None, Phase::Recovering) => "recovering",
-            (None, Phase::Running) if j.terminating => "ending",
+            (Some(_), _) => JobState::Cancelling,
+            (None, Phase::Queued) => JobState::Queued,
+            (None, Phase::Allocated) => JobState::Starting,
+            (None, Phase::Sending { .. } | Phase::Verifying { .. }) => JobState::Sending,
+            (None, Phase::Recording { .. } | Phase::Launching) => JobState::Launching,
+            (None, Phase::Recovering) => JobState::Recovering,
+            (None, Phase::Running) if j.terminating => JobState::Ending,
             // Gang scheduling: placed, but not in this timeslice's slot.
-            (None, Phase::Running) if self.gang && !self.run_set.contains(&j.id) => "suspended",
-            (None, Phase::Running) => "running",
+            (None, Phase::Running) if self.gang && !self.run_set.contains(&j.id) => {
+                JobState::Suspended
+            }
+            (None, Phase::Running) => JobState::Running,
         };
         JobInfo {
             job: j.id,
             name: j.req.name.clone(),
             uid: j.uid,
-            state: state.into(),
+            state,
             nodes: j.nodes.clone(),
             cpus: j.cpus.clone(),
             ntasks: j.plan.ntasks,
@@ -514,7 +515,7 @@ impl<E: MmEnv> MachineManager<E> {
                 NodeInfo {
                     id,
                     name: n.name.clone(),
-                    state: state.into(),
+                    state,
                     jobs,
                     reason,
                 }
@@ -528,17 +529,15 @@ impl<E: MmEnv> MachineManager<E> {
             .jobs
             .values()
             .fold(NodeSet::new(), |all, j| all.union(&j.nodes));
-        let node_states: Vec<&str> = (0..self.cfg.node_count())
-            .map(|n| self.nodes.describe(n, busy.contains(n)).0)
-            .collect();
-        let job_states: Vec<String> = self.jobs.values().map(|j| self.job_info(j).state).collect();
+        let node_states =
+            (0..self.cfg.node_count()).map(|n| self.nodes.describe(n, busy.contains(n)).0);
+        let job_states = self.jobs.values().map(|j| self.job_info(j).state);
         let queued = self
             .jobs
             .values()
             .filter(|j| j.phase == Phase::Queued)
             .count();
-        self.metrics
-            .encode(node_states, job_states.iter().map(String::as_str), queued)
+        self.metrics.encode(node_states, job_states, queued)
     }
 
     // ---------------------------------------------------------------- scheduling
