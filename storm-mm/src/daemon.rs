@@ -1,8 +1,8 @@
 //! The `storm-mm` daemon: the machine manager's core ([`crate::MachineManager`]) in a
 //! process, with everything that does I/O around it.
 //!
-//! [`start`] reads the keys, lays out global memory, opens the journal (its commits on a
-//! thread of their own), starts the fabric endpoint and the control socket, and makes the
+//! [`start`] reads the keys, lays out global memory, opens the journal (its commits written
+//! on a thread of the host's, `crate::committer`), starts the fabric endpoint and the control socket, and makes the
 //! core over them. [`Daemon::run`] hosts the core until a shutdown request or a signal: a
 //! timeslice at each [`crate::MachineManager::poll_timeout`]; between them it waits on the
 //! fabric for the termination event, and hands the core what arrived as
@@ -10,7 +10,8 @@
 //!
 //! [`DaemonEnv`] is the core's environment here: the system clock; each client's reply
 //! channel, written count and socket; each submitted program's descriptor; a thread per
-//! program transfer, and one that copies programs beside the journal.
+//! program transfer, one that copies programs beside the journal, and one that writes the
+//! journal's batches.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -32,11 +33,12 @@ use storm_cluster::messages::JobId;
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::Primitives;
 
+use crate::committer::Committer;
 use crate::control_server::{self, Incoming};
 use crate::env::{
     ClientId, Input, MmEnv, ProgramId, ProgramSource, SubmittedProgram, TransferDone, TransferSpec,
 };
-use crate::journal::{Journal, ProgramStore};
+use crate::journal::{Batch, Journal, ProgramStore};
 use crate::manager::{MachineManager, MmParts};
 use crate::saver::Saver;
 use crate::transfer::{self, Transfer};
@@ -92,7 +94,11 @@ pub fn start(opts: MmOptions) -> Result<Daemon> {
     .map_err(anyhow::Error::msg)?;
     let waker = Waker::new(fabric.clone(), rm.term_event);
     // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
-    let journal = journal.commit_in_background(waker.clone())?;
+    let programs = journal.program_store();
+    let (journal, store) = journal.hand_off();
+    let store = store.context("the journal's store was already handed off")?;
+    let committer = Committer::start(store, programs.clone(), waker.clone())
+        .context("starting the journal's thread")?;
     let (tx, incoming) = crossbeam_channel::unbounded();
     control_server::start(
         &cfg.cluster.control_socket,
@@ -109,7 +115,7 @@ pub fn start(opts: MmOptions) -> Result<Daemon> {
         ],
         Duration::from_secs(cfg.security.key_check_interval_s),
     )?;
-    let env = DaemonEnv::new(fabric.clone(), waker, journal.program_store(), enrolled);
+    let env = DaemonEnv::new(fabric.clone(), waker, programs, committer, enrolled);
     let parts = MmParts {
         config: cfg,
         rm,
@@ -252,6 +258,8 @@ pub struct DaemonEnv {
     /// Program copies beside the journal (`None`: a journal that keeps none).
     store: Option<ProgramStore>,
     saver: Saver,
+    /// Writes the journal's batches on a thread of its own.
+    committer: Committer,
 }
 
 impl std::fmt::Debug for DaemonEnv {
@@ -269,6 +277,7 @@ impl DaemonEnv {
         fabric: Arc<dyn Primitives>,
         waker: Waker,
         store: Option<ProgramStore>,
+        committer: Committer,
         enrolled: Arc<parking_lot::RwLock<Enrolled>>,
     ) -> Self {
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
@@ -285,6 +294,7 @@ impl DaemonEnv {
             worker_rx,
             saver: Saver::new(store.clone()),
             store,
+            committer,
         }
     }
 
@@ -341,9 +351,15 @@ impl DaemonEnv {
         })
     }
 
-    /// What the transfer workers and the program saver finished since the last look.
+    /// What the transfer workers, the program saver and the journal's thread finished since
+    /// the last look.
     fn finished(&mut self) -> Vec<Input> {
-        let mut inputs = Vec::new();
+        let mut inputs: Vec<Input> = self
+            .committer
+            .settled()
+            .into_iter()
+            .map(Input::Persisted)
+            .collect();
         while let Ok(done) = self.worker_rx.try_recv() {
             self.workers.remove(&done.transfer);
             inputs.push(Input::TransferDone(done));
@@ -461,5 +477,9 @@ impl MmEnv for DaemonEnv {
 
     fn release_program(&mut self, program: ProgramId) {
         self.programs.remove(&program);
+    }
+
+    fn persist(&mut self, batch: Batch) {
+        self.committer.send(batch);
     }
 }

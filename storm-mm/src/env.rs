@@ -5,11 +5,12 @@
 //! is made ([`crate::manager::MmParts`]). Everything else crosses this seam as values:
 //!
 //! * what reaches the core is an [`Input`] (a client connected, asked or left; a program
-//!   transfer or a program copy finished; a node announced a termination), handed to
-//!   [`crate::MachineManager::handle`];
+//!   transfer, a program copy or a journal write finished; a node announced a termination),
+//!   handed to [`crate::MachineManager::handle`];
 //! * what the core wants done it asks of its [`MmEnv`]: send a reply, hang up on a client,
-//!   start or cancel a program transfer, copy a program beside the journal, let go of a
-//!   program. The environment also tells the time and how far clients and transfers are.
+//!   start or cancel a program transfer, copy a program beside the journal, write a journal
+//!   batch, let go of a program. The environment also tells the time and how far clients and
+//!   transfers are.
 //!
 //! Programs and clients are known to the core by number ([`ProgramId`], [`ClientId`]): the
 //! descriptors, sockets, threads and counters behind them are the host's. The daemon's
@@ -70,6 +71,9 @@ pub enum Input {
     /// The MM's termination event was signalled while the host waited on it: a node announced
     /// that a job's tasks ended (Algorithm 8).
     TerminationSignalled,
+    /// A journal batch handed over with [`MmEnv::persist`] was written (or the write failed;
+    /// its changes go again with the next batch).
+    Persisted(crate::journal::Settled),
 }
 
 /// Where a program transfer reads the program.
@@ -136,6 +140,10 @@ pub trait MmEnv {
     fn saved_program_len(&self, job: JobId) -> Option<u64>;
     /// Removes job `job`'s copy beside the journal (nothing will need it).
     fn remove_saved_program(&mut self, job: JobId);
+    /// Writes a batch of the journal's changes (a journal the host took the store of, see
+    /// `Journal::hand_off`), in the order handed; each outcome comes back as
+    /// [`Input::Persisted`].
+    fn persist(&mut self, batch: crate::journal::Batch);
     /// The core needs a submitted program no more (its copy is made, its job ended, or its
     /// submission was refused).
     fn release_program(&mut self, program: ProgramId);

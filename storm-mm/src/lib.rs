@@ -28,6 +28,7 @@
 
 pub mod alloc;
 pub mod buddy;
+mod committer;
 pub mod control_server;
 pub mod daemon;
 pub mod env;

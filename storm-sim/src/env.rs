@@ -18,6 +18,9 @@ use storm_cluster::control::Reply;
 use storm_cluster::messages::JobId;
 use storm_mm::MmEnv;
 use storm_mm::env::{ClientId, ProgramId, ProgramSource, SubmittedProgram, TransferSpec};
+use storm_mm::journal::Batch;
+
+use crate::journal::JournalWriter;
 
 /// The parameters of the launch model's transfer time (docs/launch-model.md, "Parameters"),
 /// by default those measured for tcp on this project's host.
@@ -116,11 +119,19 @@ pub struct SimEnv {
     copies: ProgramCopies,
     /// Copies made, whose outcome the MM has not been handed yet.
     saved: Vec<JobId>,
+    /// Writes the journal's batches, for a journal that hands them off.
+    pub(crate) journal: Option<JournalWriter>,
 }
 
 impl SimEnv {
-    /// An environment over `copies`, the program copies earlier MMs of the simulation made.
-    pub fn new(clock: Arc<VirtualClock>, model: TransferModel, copies: ProgramCopies) -> Self {
+    /// An environment over `copies`, the program copies earlier MMs of the simulation made,
+    /// writing a handed-off journal's batches with `journal`.
+    pub(crate) fn new(
+        clock: Arc<VirtualClock>,
+        model: TransferModel,
+        copies: ProgramCopies,
+        journal: Option<JournalWriter>,
+    ) -> Self {
         Self {
             clock,
             model,
@@ -132,6 +143,7 @@ impl SimEnv {
             next_program: 1,
             copies,
             saved: Vec::new(),
+            journal,
         }
     }
 
@@ -273,6 +285,13 @@ impl MmEnv for SimEnv {
 
     fn release_program(&mut self, program: ProgramId) {
         self.programs.remove(&program);
+    }
+
+    fn persist(&mut self, batch: Batch) {
+        match &mut self.journal {
+            Some(w) => w.persist(batch),
+            None => unreachable!("only a handed-off journal hands batches over"),
+        }
     }
 }
 

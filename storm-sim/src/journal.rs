@@ -1,91 +1,42 @@
 //! The simulated MM's journal: a memory store that every MM of one simulation opens in turn
-//! (a restarted MM reads what the last one committed), written in place, or (with
-//! `SimOptions::background_journal`) by the daemon's committer thread, whose writes wait while
-//! the journal is held ([`crate::Sim::hold_journal`]), as on a disk that has stopped answering.
+//! (a restarted MM reads what the last one committed). It commits in place, or (with
+//! `SimOptions::background_journal`) hands its commits to the environment, as the daemon's
+//! does: [`JournalWriter`] writes them at the simulation's next step, or holds them while the
+//! journal is held ([`crate::Sim::hold_journal`]), as a disk that has stopped answering.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-use storm_cluster::messages::JobId;
-use storm_mm::journal::{Change, Journal, JournalError, JournalStore, MemoryStore, Restored};
+use storm_mm::journal::{
+    Batch, Journal, JournalError, JournalStore, MemoryStore, Restored, Settled,
+};
 
 pub(crate) struct SimJournal {
     store: MemoryStore,
-    /// Whether writes wait; `None` for a journal that commits in place.
-    gate: Option<Gate>,
-}
-
-#[derive(Clone, Default)]
-struct Gate(Arc<(Mutex<bool>, Condvar)>);
-
-impl Gate {
-    fn set(&self, held: bool) {
-        let (lock, changed) = &*self.0;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = held;
-        changed.notify_all();
-    }
-
-    fn pass(&self) {
-        let (lock, changed) = &*self.0;
-        let mut held = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while *held {
-            held = changed.wait(held).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
-
-impl Drop for SimJournal {
-    /// Lets held writes go: the MM, dropped after this, writes what it was handed before it
-    /// goes (a failed test's simulation must not hang there).
-    fn drop(&mut self) {
-        self.hold(false);
-    }
-}
-
-struct GatedStore {
-    inner: MemoryStore,
-    gate: Gate,
-}
-
-impl JournalStore for GatedStore {
-    fn read(&mut self) -> Result<Restored, JournalError> {
-        self.inner.read()
-    }
-
-    fn write(&mut self, changes: &[Change], next_job: Option<JobId>) -> Result<(), JournalError> {
-        self.gate.pass();
-        self.inner.write(changes, next_job)
-    }
+    background: bool,
 }
 
 impl SimJournal {
     pub fn new(background: bool) -> Self {
         Self {
             store: MemoryStore::default(),
-            gate: background.then(Gate::default),
+            background,
         }
     }
 
-    /// A journal for a new MM over what the earlier ones committed.
-    pub fn open(&self) -> Result<(Journal, Restored), JournalError> {
-        match &self.gate {
-            None => Journal::with_store(Box::new(self.store.clone()), None),
-            Some(gate) => {
-                let store = GatedStore {
-                    inner: self.store.clone(),
-                    gate: gate.clone(),
-                };
-                let (journal, restored) = Journal::with_store(Box::new(store), None)?;
-                Ok((
-                    journal.commit_in_background(storm_mm::Waker::none())?,
-                    restored,
-                ))
-            }
+    /// A journal for a new MM over what the earlier ones committed, and the writer of its
+    /// handed commits if it hands them off.
+    pub fn open(&self) -> Result<(Journal, Restored, Option<JournalWriter>), JournalError> {
+        let (journal, restored) = Journal::with_store(Box::new(self.store.clone()), None)?;
+        if !self.background {
+            return Ok((journal, restored, None));
         }
-    }
-
-    /// Holds (or lets go) the writes of a background journal; false for one in place.
-    pub fn hold(&self, held: bool) -> bool {
-        self.gate.as_ref().map(|g| g.set(held)).is_some()
+        let (journal, _) = journal.hand_off();
+        let writer = JournalWriter {
+            store: self.store.clone(),
+            queued: Vec::new(),
+            held: false,
+        };
+        Ok((journal, restored, Some(writer)))
     }
 
     /// What the journal holds now.
@@ -94,5 +45,50 @@ impl SimJournal {
             .clone()
             .read()
             .expect("a memory store always reads")
+    }
+}
+
+/// Writes the batches a handed-off journal commits, in virtual time.
+pub struct JournalWriter {
+    store: MemoryStore,
+    queued: Vec<Batch>,
+    held: bool,
+}
+
+impl JournalWriter {
+    pub fn persist(&mut self, batch: Batch) {
+        self.queued.push(batch);
+    }
+
+    pub fn hold(&mut self, held: bool) {
+        self.held = held;
+    }
+
+    /// Writes what was handed over, unless held, as one transaction (the daemon's thread
+    /// writes batches that queued up together); how it settled.
+    pub fn write(&mut self) -> Option<Settled> {
+        if self.held {
+            return None;
+        }
+        self.write_all()
+    }
+
+    /// Writes what was handed over, held or not (the MM goes: the daemon's thread writes
+    /// what it was handed before it ends).
+    pub fn write_all(&mut self) -> Option<Settled> {
+        let batches = std::mem::take(&mut self.queued);
+        let last = batches.last()?.number;
+        let mut changes = Vec::new();
+        let mut next_job = None;
+        for b in batches {
+            changes.extend(b.changes);
+            next_job = b.next_job.or(next_job);
+        }
+        let outcome = self.store.write(&changes, next_job);
+        Some(Settled {
+            batch: last,
+            outcome,
+            took: Duration::ZERO,
+        })
     }
 }

@@ -74,8 +74,9 @@ pub struct SimOptions {
     pub record: bool,
     /// How long a program transfer takes.
     pub transfer: TransferModel,
-    /// Commit the journal on the daemon's committer thread (in real time, so that
-    /// [`Sim::hold_journal`] can hold its writes) instead of in place.
+    /// Hand the journal's commits over to be written at the next step, as the daemon's
+    /// journal hands them to its thread (so that [`Sim::hold_journal`] can hold its writes),
+    /// instead of committing in place.
     pub background_journal: bool,
     /// Gang scheduling: how long past its timeslice a node runs a slot whose next heartbeat
     /// is late (`[scheduler] slot_grace_ms`); `None` runs it until the heartbeat comes
@@ -252,8 +253,9 @@ impl Sim {
         fabric.measure_network(true);
         let journal = SimJournal::new(opts.background_journal);
         let copies = ProgramCopies::default();
-        let env = SimEnv::new(clock.clone(), opts.transfer, copies.clone());
-        let mm = new_mm(&cfg, &rm, &fabric, &journal, env, 1)?;
+        let mm = new_mm(&cfg, &rm, &fabric, &journal, 1, |writer| {
+            SimEnv::new(clock.clone(), opts.transfer, copies.clone(), writer)
+        })?;
         let nodes = (0..cfg.node_count())
             .map(|n| {
                 SimNode::new(
@@ -527,8 +529,12 @@ impl Sim {
     /// Completes the program transfers due by now: every reachable node of the job
     /// acknowledges the program, as its NM's receiver does, and the MM's worker reports (a
     /// cancelled transfer reports that it was cancelled). Program copies made since the last
-    /// timeslice are reported too, as the daemon's saver thread reports them.
+    /// timeslice are reported too, as the daemon's saver thread reports them, and the
+    /// journal's batches handed over since are written, unless the journal is held.
     fn land_transfers(&mut self) {
+        if let Some(settled) = self.mm.env_mut().journal.as_mut().and_then(|w| w.write()) {
+            self.mm.handle(Input::Persisted(settled));
+        }
         let now = self.clock.now();
         for f in self.mm.env_mut().landed(now) {
             let t = f.transfer;
@@ -585,16 +591,20 @@ impl Sim {
         let mm_node = self.cfg.mm_id();
         // A new process has fresh global memory and no pending events.
         self.fabric.restart(mm_node);
-        // Its transfer workers ended with it; the program copies are on its disk.
+        // What it handed its journal's thread is written before it goes; its transfer
+        // workers ended with it; the program copies are on its disk.
+        if let Some(w) = &mut self.mm.env_mut().journal {
+            w.write_all();
+        }
         let model = self.mm.env().model;
-        let env = SimEnv::new(self.clock.clone(), model, self.copies.clone());
+        let (clock, copies) = (self.clock.clone(), self.copies.clone());
         self.mm = new_mm(
             &self.cfg,
             &self.rm,
             &self.fabric,
             &self.journal,
-            env,
             self.incarnation,
+            |writer| SimEnv::new(clock, model, copies, writer),
         )?;
         self.connect()?;
         // Like storm-submit, the client reattaches to each job it has not seen end.
@@ -610,15 +620,16 @@ impl Sim {
         Ok(())
     }
 
-    /// Holds the journal's writes (a disk that stopped answering) until called with false.
-    /// Needs `SimOptions::background_journal`; the MM's commits then settle in real time, so
-    /// a test steps until what it waits for arrives. Let go before the MM restarts or the
-    /// simulation ends: the MM writes what it was handed before it goes.
-    pub fn hold_journal(&self, held: bool) {
-        assert!(
-            self.journal.hold(held),
-            "hold_journal needs SimOptions::background_journal"
-        );
+    /// Holds the journal's writes (a disk that stopped answering) until called with false;
+    /// once let go, what was held is written at the next step. Needs
+    /// `SimOptions::background_journal`.
+    pub fn hold_journal(&mut self, held: bool) {
+        self.mm
+            .env_mut()
+            .journal
+            .as_mut()
+            .expect("hold_journal needs SimOptions::background_journal")
+            .hold(held);
     }
 
     /// What the MM's journal holds now: what a restarted MM would know.
@@ -757,10 +768,11 @@ fn new_mm(
     rm: &RmLayout,
     fabric: &Arc<LocalFabric>,
     journal: &SimJournal,
-    env: SimEnv,
     incarnation: u64,
+    env: impl FnOnce(Option<journal::JournalWriter>) -> SimEnv,
 ) -> Result<MachineManager<SimEnv>> {
-    let (journal, restored) = journal.open()?;
+    let (journal, restored, writer) = journal.open()?;
+    let env = env(writer);
     MachineManager::new(
         storm_mm::MmParts {
             config: cfg.clone(),

@@ -1,7 +1,8 @@
-//! The MM between its timeslices. Its journal commits on a thread of its own, as the
+//! The MM between its timeslices. Its journal hands its commits over to be written, as the
 //! daemon's does (the disk's fsync stays off the MM's loop): its timeslices go on while a
 //! commit is under way, and a reply still waits until the journal holds what it tells. The
-//! daemon's loop waits on the fabric between timeslices, and its threads wake it.
+//! daemon's loop waits on the fabric between timeslices, and its threads wake it. Everything
+//! here runs in virtual time: a held journal is written when the test lets it go.
 
 use std::time::Duration;
 
@@ -13,8 +14,8 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A simulated cluster, up, whose journal commits on its own thread, with the journal's
-/// writes held (a disk that stopped answering).
+/// A simulated cluster, up, whose journal hands its commits over, with the journal's writes
+/// held (a disk that stopped answering).
 fn up_with_journal_held() -> Sim {
     let mut s = Sim::new(SimOptions {
         background_journal: true,
@@ -37,16 +38,9 @@ fn until_launching(s: &mut Sim) -> u64 {
     s.mm().queue_view()[0].job
 }
 
-/// Steps, in real time (the journal's thread settles commits in real time), until `job`'s
-/// outcome reaches its submitter.
+/// Steps until `job`'s outcome reaches its submitter (or 10 s of virtual time passed).
 fn step_until_outcome(s: &mut Sim, job: u64) {
-    for _ in 0..100_000 {
-        if s.outcome(job).is_some() {
-            return;
-        }
-        s.step();
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    s.run_until(ms(10_000), |s| s.outcome(job).is_some());
 }
 
 /// With the journal's writes held (a disk that stopped answering), the MM's timeslices go
@@ -175,19 +169,11 @@ fn a_settled_start_brings_the_next_timeslice_forward() {
     let _ = s.submit(&SimJob::new(1, ms(50)));
     let job = until_launching(&mut s);
     assert!(s.mm().poll_timeout() > s.now(), "a timeslice is ahead");
-    // The commit now settles in real time, on the journal's thread.
+    // The commit is written now; the MM hears of it between timeslices, with no time passing.
     s.hold_journal(false);
-    let mut brought_forward = false;
-    for _ in 0..2_000 {
-        std::thread::sleep(Duration::from_millis(1));
-        s.mm_mut().between_ticks();
-        if s.mm().poll_timeout() <= s.now() {
-            brought_forward = true;
-            break;
-        }
-    }
+    s.wake_at(s.now());
     assert!(
-        brought_forward,
+        s.mm().poll_timeout() <= s.now(),
         "the next timeslice stayed {:?} ahead after the start was recorded",
         s.mm().poll_timeout() - s.now()
     );

@@ -9,13 +9,12 @@
 //! with its outcome), the next job id, and the operator's drains. Changes are staged during a
 //! timeslice and committed together, once, before the MM answers anyone (see
 //! `MachineManager::tick`): a client never sees a state the journal has not recorded.
-//! The daemon's journal commits on a thread of its own ([`committer`]), so that the MM's
-//! timeslices do not wait for the disk; the replies wait for their batch instead.
+//! The daemon's journal hands its commits over ([`Journal::hand_off`]) to a thread of the
+//! host's (`crate::committer`), so that the MM's timeslices do not wait for the disk; the
+//! replies wait for their batch instead.
 //!
 //! The last [`KEEP_FINISHED`] finished jobs are kept, for `storm history` and for a
 //! storm-submit that reattaches after the MM restarted.
-
-mod committer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -279,7 +278,7 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    fn held(&self) -> std::sync::MutexGuard<'_, Restored> {
+    pub(crate) fn held(&self) -> std::sync::MutexGuard<'_, Restored> {
         // A panic elsewhere while holding it leaves plain data, still whole.
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -319,8 +318,25 @@ impl JournalStore for MemoryStore {
 /// Where commits are written: in place (the simulator's memory store: a commit is settled
 /// when it returns) or by the committer thread (the daemon's store on disk).
 enum Writer {
+    /// Writes each commit when it is made.
     InPlace(Box<dyn JournalStore>),
-    Thread(committer::Committer),
+    /// Hands each commit over as a [`Batch`] for the host to write
+    /// ([`Journal::take_handed`]); the outcomes come back through [`Journal::persisted`].
+    HandedOff {
+        handed: Vec<Batch>,
+        arrived: Vec<Settled>,
+    },
+}
+
+/// One commit's changes, handed to the host to write (see [`Journal::hand_off`]).
+#[derive(Debug)]
+pub struct Batch {
+    /// The commit's number: once it settles, every commit up to it has.
+    pub number: u64,
+    pub changes: Vec<Change>,
+    pub next_job: Option<JobId>,
+    /// Program copies to delete once the batch is written (their jobs ended).
+    pub unneeded: Vec<JobId>,
 }
 
 /// A commit that has settled: written, or tried and failed (its changes are tried again).
@@ -441,31 +457,48 @@ impl Journal {
         !self.staged.is_empty() || self.next_job.is_some()
     }
 
-    /// Commits from now on on a thread of their own: [`Journal::commit`] hands the staged
-    /// changes over and returns, and [`Journal::settle`] says when they are written.
-    /// `settled` is woken each time a commit has settled.
-    pub fn commit_in_background(mut self, settled: crate::Waker) -> Result<Self, JournalError> {
-        let Writer::InPlace(store) = self.writer else {
-            return Ok(self);
-        };
-        let committer = committer::Committer::start(store, self.programs.clone(), settled)
-            .map_err(|e| JournalError::Store {
-                path: self
-                    .programs
-                    .as_ref()
-                    .map(|p| p.dir.path().to_path_buf())
-                    .unwrap_or_default(),
-                message: format!("cannot start the journal's thread: {e}"),
-            })?;
-        self.writer = Writer::Thread(committer);
-        Ok(self)
+    /// From now on hands each commit to the host instead of writing it: [`Journal::commit`]
+    /// stages a [`Batch`] that [`Journal::take_handed`] gives out, and [`Journal::persisted`]
+    /// takes each outcome back. Returns the store, for the host's writer (the daemon's is a
+    /// thread, `crate::committer`, so that the disk's fsync stays off the MM's loop).
+    pub fn hand_off(mut self) -> (Self, Option<Box<dyn JournalStore>>) {
+        let writer = std::mem::replace(
+            &mut self.writer,
+            Writer::HandedOff {
+                handed: Vec::new(),
+                arrived: Vec::new(),
+            },
+        );
+        match writer {
+            Writer::InPlace(store) => (self, Some(store)),
+            handed => {
+                self.writer = handed;
+                (self, None)
+            }
+        }
+    }
+
+    /// The batches committed since the last call, for the host to write in order.
+    pub fn take_handed(&mut self) -> Vec<Batch> {
+        match &mut self.writer {
+            Writer::HandedOff { handed, .. } => std::mem::take(handed),
+            Writer::InPlace(_) => Vec::new(),
+        }
+    }
+
+    /// The host wrote a handed batch (or tried and failed; its changes go again with the
+    /// next batch): taken up by the next [`Journal::settle`].
+    pub fn persisted(&mut self, settled: Settled) {
+        if let Writer::HandedOff { arrived, .. } = &mut self.writer {
+            arrived.push(settled);
+        }
     }
 
     /// Commits every staged change in one durable transaction, and returns the commit's
     /// batch number: whatever was staged is settled once [`Journal::settled`] reaches it. In
     /// place, the commit is settled when this returns; on error nothing of it is committed and
-    /// the changes stay staged, to be tried again with the next commit. In the background,
-    /// the changes are handed to the thread, and the outcome comes from [`Journal::settle`].
+    /// the changes stay staged, to be tried again with the next commit. Handed off, the
+    /// changes become a [`Batch`] for the host, and the outcome comes from [`Journal::settle`].
     pub fn commit(&mut self) -> Result<u64, JournalError> {
         if !self.dirty() {
             return Ok(self.batches);
@@ -479,9 +512,9 @@ impl Journal {
                 self.batches += 1;
                 self.settled = self.batches;
             }
-            Writer::Thread(committer) => {
+            Writer::HandedOff { handed, .. } => {
                 self.batches += 1;
-                committer.send(committer::Batch {
+                handed.push(Batch {
                     number: self.batches,
                     changes: std::mem::take(&mut self.staged),
                     next_job: self.next_job.take(),
@@ -492,13 +525,13 @@ impl Journal {
         Ok(self.batches)
     }
 
-    /// The background writes that settled since the last call (none in place), and advances
+    /// The handed batches that settled since the last call (none in place), and advances
     /// [`Journal::settled`].
     pub fn settle(&mut self) -> Vec<Settled> {
-        let Writer::Thread(committer) = &self.writer else {
+        let Writer::HandedOff { arrived, .. } = &mut self.writer else {
             return Vec::new();
         };
-        let settled = committer.settled();
+        let settled = std::mem::take(arrived);
         if let Some(last) = settled.iter().map(|s| s.batch).max() {
             self.settled = self.settled.max(last);
         }
@@ -653,7 +686,10 @@ fn copy_program(program: &File, out: &mut File, size: u64) -> std::io::Result<()
 
 /// Deletes the copies of `jobs` from `programs`, if this journal keeps copies: what a commit
 /// does once it has written the ends of those jobs.
-fn remove_programs(programs: Option<&ProgramStore>, jobs: impl IntoIterator<Item = JobId>) {
+pub(crate) fn remove_programs(
+    programs: Option<&ProgramStore>,
+    jobs: impl IntoIterator<Item = JobId>,
+) {
     if let Some(p) = programs {
         for job in jobs {
             p.remove(job);
@@ -678,7 +714,7 @@ pub fn decode_record<T: DeserializeOwned>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
     use storm_cluster::control::Timing;
@@ -699,7 +735,7 @@ mod tests {
         }
     }
 
-    fn job(id: JobId, state: JobState) -> JobRecord {
+    pub(crate) fn job(id: JobId, state: JobState) -> JobRecord {
         JobRecord {
             id,
             uid: 1000,
@@ -710,7 +746,7 @@ mod tests {
         }
     }
 
-    fn finished(id: JobId) -> JobRecord {
+    pub(crate) fn finished(id: JobId) -> JobRecord {
         job(
             id,
             JobState::Finished {
@@ -756,118 +792,6 @@ mod tests {
         assert_eq!(restored.next_job, 3);
         assert_eq!(restored.nodes[&3].drain.as_deref(), Some("disk"));
         assert!(j.program(2).is_none(), "a memory journal keeps no programs");
-    }
-
-    /// A store that refuses its first `failures` writes, as a full or failing disk would.
-    struct FailingStore {
-        inner: MemoryStore,
-        failures: std::sync::Arc<std::sync::atomic::AtomicU32>,
-    }
-
-    impl JournalStore for FailingStore {
-        fn read(&mut self) -> Result<Restored, JournalError> {
-            self.inner.read()
-        }
-        fn write(&mut self, changes: &[Change], next: Option<JobId>) -> Result<(), JournalError> {
-            use std::sync::atomic::Ordering;
-            if self
-                .failures
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                return Err(JournalError::Store {
-                    path: "failing".into(),
-                    message: "no space left on device".into(),
-                });
-            }
-            self.inner.write(changes, next)
-        }
-    }
-
-    /// Waits (without a time limit of its own: the test harness has one) until every commit
-    /// up to `batch` has settled, and returns how those settled.
-    fn settle_until(j: &mut Journal, batch: u64) -> Vec<Settled> {
-        let mut all = Vec::new();
-        while j.settled() < batch {
-            all.extend(j.settle());
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        all
-    }
-
-    /// The daemon's commits run on a thread: a commit returns at once with its batch number,
-    /// the batch settles later, and what settled is what the next MM reads.
-    #[test]
-    fn background_commits_settle_in_order_and_are_read_back() {
-        let store = MemoryStore::default();
-        let (j, _) = Journal::with_store(Box::new(store.clone()), None).unwrap();
-        let mut j = j.commit_in_background(crate::Waker::none()).unwrap();
-        assert_eq!(
-            j.commit().unwrap(),
-            0,
-            "nothing staged: nothing to wait for"
-        );
-        j.put_job(job(1, JobState::Queued));
-        j.set_next_job(2);
-        assert_eq!(j.commit().unwrap(), 1);
-        j.put_job(finished(1));
-        assert_eq!(j.commit().unwrap(), 2);
-        assert_eq!(
-            j.commit().unwrap(),
-            2,
-            "a clean journal waits for the last batch"
-        );
-        let settled = settle_until(&mut j, 2);
-        assert!(settled.iter().all(|s| s.outcome.is_ok()), "{settled:?}");
-        j.put_job(job(3, JobState::Queued));
-        j.commit().unwrap();
-        // Dropped with a batch maybe still under way: it is written before the thread ends.
-        drop(j);
-        let (_, restored) = Journal::with_store(Box::new(store), None).unwrap();
-        assert_eq!(restored.jobs, vec![finished(1), job(3, JobState::Queued)]);
-        assert_eq!(restored.next_job, 4);
-    }
-
-    /// A failed background write settles (the MM answers and logs the error), and its
-    /// changes are not lost: they go with the next batch, or on their own a little later.
-    #[test]
-    fn a_failed_background_write_is_tried_again() {
-        let store = MemoryStore::default();
-        let failures = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1));
-        let failing = FailingStore {
-            inner: store.clone(),
-            failures: failures.clone(),
-        };
-        let (j, _) = Journal::with_store(Box::new(failing), None).unwrap();
-        let mut j = j.commit_in_background(crate::Waker::none()).unwrap();
-        j.put_job(job(1, JobState::Queued));
-        let first = j.commit().unwrap();
-        let settled = settle_until(&mut j, first);
-        assert!(
-            settled.iter().any(|s| s
-                .outcome
-                .as_ref()
-                .is_err_and(|e| e.to_string().contains("no space"))),
-            "the failure is reported: {settled:?}"
-        );
-        assert!(store.held().jobs.is_empty(), "the write failed");
-        // With the next batch: both changes.
-        j.put_job(job(2, JobState::Queued));
-        let second = j.commit().unwrap();
-        let settled = settle_until(&mut j, second);
-        assert!(settled.iter().all(|s| s.outcome.is_ok()), "{settled:?}");
-        let ids: Vec<JobId> = store.held().jobs.iter().map(|r| r.id).collect();
-        assert_eq!(ids, vec![1, 2]);
-
-        // On their own, when no batch follows.
-        failures.store(1, std::sync::atomic::Ordering::Release);
-        j.put_job(job(3, JobState::Queued));
-        let third = j.commit().unwrap();
-        settle_until(&mut j, third);
-        while store.held().jobs.len() < 3 {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(store.held().jobs[2], job(3, JobState::Queued));
     }
 
     /// Jobs' environments hold users' secrets: only the MM may read the journal.

@@ -120,6 +120,9 @@ impl<E: MmEnv> MachineManager<E> {
             // apart.
             self.outbox.journal.settled()
         });
+        for handed in self.outbox.journal.take_handed() {
+            self.env.persist(handed);
+        }
         for id in recording {
             if let Some(j) = self.jobs.get_mut(&id) {
                 j.phase = Phase::Recording { batch: Some(batch) };

@@ -129,6 +129,7 @@ impl<E: MmEnv> MachineManager<E> {
             Input::TransferDone(done) => self.transfers.finished.push(done),
             Input::ProgramSaved { job, result } => self.outbox.saved_programs.push((job, result)),
             Input::TerminationSignalled => self.term_announced = true,
+            Input::Persisted(settled) => self.outbox.journal.persisted(settled),
         }
     }
 
