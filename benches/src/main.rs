@@ -47,6 +47,7 @@ use storm_primitives::tcp::TcpConfig;
 #[derive(Parser)]
 #[command(
     name = "storm-bench",
+    version,
     about = "Microbenchmarks of storm's primitives and RM functions"
 )]
 struct Cli {

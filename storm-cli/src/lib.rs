@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use storm_cluster::ClusterConfig;
 
 /// The default cluster file, when neither `--config` nor `$STORM_CONFIG` names one.
-pub const DEFAULT_CONFIG: &str = "/etc/storm/cluster.toml";
+pub const DEFAULT_CONFIG: &str = storm_cluster::config::DEFAULT_CLUSTER_FILE;
 
 /// The cluster file: `config` if given, else `$STORM_CONFIG`, else the default path.
 pub fn config_path(config: Option<PathBuf>) -> PathBuf {

@@ -110,6 +110,41 @@ pub struct LocalCluster {
     pub config_path: PathBuf,
 }
 
+/// The name of every embedded cluster's directory (in the temporary directory) starts so.
+const LOCAL_PREFIX: &str = "storm-local-";
+/// In an embedded cluster's directory: the pid of the process that started it.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Removes the directories of embedded clusters whose owner died without removing them (its
+/// daemons ended with it, by their parent-death signal). Only this user's, and only those
+/// with an owner file whose process is gone: a kept cluster (`--keep`) has none.
+pub fn remove_abandoned_clusters(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with(LOCAL_PREFIX) {
+            continue;
+        }
+        let dir = e.path();
+        let mine = std::fs::symlink_metadata(&dir)
+            .is_ok_and(|m| m.is_dir() && std::os::unix::fs::MetadataExt::uid(&m) == me);
+        let owner = std::fs::read_to_string(dir.join(OWNER_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        let Some(pid) = owner.filter(|_| mine) else {
+            continue;
+        };
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
 /// This machine's CPUs: what each node of a cluster on it may use.
 pub fn host_cpus() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
@@ -206,6 +241,22 @@ fn spawn_daemon(
             });
         }
     }
+    // The daemons end with whoever started them, however it ends (a SIGKILL, a panic, a
+    // second Ctrl-C): the kernel sends them SIGTERM when their parent dies.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl, getppid and kill are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the signal was armed.
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
     let started_usec = storm_cluster::daemon::monotonic_usec();
     let child = cmd
         .spawn()
@@ -282,11 +333,18 @@ impl LocalCluster {
         if opts.nodes == 0 {
             bail!("--local needs at least one node");
         }
+        remove_abandoned_clusters(&std::env::temp_dir());
         let dir = tempfile::Builder::new()
-            .prefix("storm-local-")
+            .prefix(LOCAL_PREFIX)
             .tempdir()
             .context("creating a temporary directory")?;
         let root = dir.path().to_path_buf();
+        // Whose cluster this is: a later one removes the directory if its owner died
+        // without removing it (SIGKILL). A kept cluster has no owner file.
+        if !opts.keep {
+            std::fs::write(root.join(OWNER_FILE), std::process::id().to_string())
+                .context("writing the cluster's owner file")?;
+        }
         // Only the user who started it can reach the cluster (its socket, files and key).
         std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let listeners = (0..=opts.nodes)

@@ -84,6 +84,8 @@ pub fn export_env(
 pub struct OutputSink {
     label: bool,
     partial: HashMap<(u32, bool), Vec<u8>>,
+    /// Standard output is closed (`| head` read what it wanted): nothing more goes there.
+    stdout_closed: bool,
 }
 
 impl OutputSink {
@@ -91,22 +93,19 @@ impl OutputSink {
         Self {
             label,
             partial: HashMap::new(),
+            stdout_closed: false,
         }
+    }
+
+    /// Whether standard output was found closed (a write failed with a broken pipe).
+    pub fn stdout_closed(&self) -> bool {
+        self.stdout_closed
     }
 
     pub fn write(&mut self, rank: u32, stream: Stream, data: &[u8]) {
         let is_err = stream == Stream::Stderr;
         if !self.label {
-            let _ = if is_err {
-                std::io::stderr().write_all(data)
-            } else {
-                std::io::stdout().write_all(data)
-            };
-            let _ = if is_err {
-                std::io::stderr().flush()
-            } else {
-                std::io::stdout().flush()
-            };
+            self.emit(is_err, data);
             return;
         }
         let buf = self.partial.entry((rank, is_err)).or_default();
@@ -117,19 +116,23 @@ impl OutputSink {
             out.extend_from_slice(format!("{rank}: ").as_bytes());
             out.extend_from_slice(&line);
         }
-        Self::emit(is_err, &out);
+        self.emit(is_err, &out);
     }
 
-    fn emit(is_err: bool, bytes: &[u8]) {
+    fn emit(&mut self, is_err: bool, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
         }
         if is_err {
-            let _ = std::io::stderr().write_all(bytes);
-        } else {
+            let mut e = std::io::stderr();
+            let _ = e.write_all(bytes).and_then(|()| e.flush());
+        } else if !self.stdout_closed {
             let mut o = std::io::stdout();
-            let _ = o.write_all(bytes);
-            let _ = o.flush();
+            if let Err(e) = o.write_all(bytes).and_then(|()| o.flush())
+                && e.kind() == std::io::ErrorKind::BrokenPipe
+            {
+                self.stdout_closed = true;
+            }
         }
     }
 
@@ -143,7 +146,7 @@ impl OutputSink {
                 let mut out = format!("{}: ", key.0).into_bytes();
                 out.extend_from_slice(&buf);
                 out.push(b'\n');
-                Self::emit(key.1, &out);
+                self.emit(key.1, &out);
             }
         }
     }

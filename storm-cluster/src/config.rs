@@ -516,6 +516,24 @@ fn expand_nodes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeEntry>
     Ok(nodes)
 }
 
+/// A TOML error in one line: where (line and column) and what, without the snippet that
+/// toml's own message draws over several lines.
+fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim().replace('\n', "; ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {what}")
+        }
+        None => what,
+    }
+}
+
+/// Where the daemons and the commands look for the cluster file by default.
+pub const DEFAULT_CLUSTER_FILE: &str = "/etc/storm/cluster.toml";
+
 impl ClusterConfig {
     /// Reads and validates a cluster file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -637,7 +655,7 @@ impl ClusterConfig {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let cfg: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
-            message: e.to_string(),
+            message: toml_error_line(text, &e),
         })?;
         cfg.validate()?;
         Ok(cfg)

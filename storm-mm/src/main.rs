@@ -1,6 +1,7 @@
 //! `storm-mm`: the machine manager daemon.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
@@ -10,17 +11,42 @@ use storm_cluster::endpoint::Listen;
 use storm_mm::MmOptions;
 
 #[derive(Parser)]
-#[command(name = "storm-mm", about = "storm machine manager: one per cluster")]
+#[command(
+    name = "storm-mm",
+    version,
+    about = "storm machine manager: one per cluster"
+)]
 struct Args {
     /// The cluster file.
-    #[arg(long, short)]
+    #[arg(long, short, default_value = storm_cluster::config::DEFAULT_CLUSTER_FILE)]
     config: PathBuf,
     /// Use this inherited, bound listening socket instead of binding the configured address.
     #[arg(long)]
     listen_fd: Option<i32>,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    // Errors in one line, without a backtrace whatever RUST_BACKTRACE says: an operator reads
+    // them in the journal.
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("storm-mm: error: {}", one_line(&format!("{e:#}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `text` with its lines joined by "; ".
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn run() -> Result<()> {
     daemon::init_logging();
     // Connections, programs and tasks' pipes are descriptors: the hard limit, not systemd's
     // default soft one of 1024.

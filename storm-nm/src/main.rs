@@ -1,8 +1,9 @@
 //! `storm-nm`: the node manager daemon.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
@@ -10,31 +11,63 @@ use storm_cluster::endpoint::Listen;
 use storm_nm::{NmOptions, daemon as nm_daemon};
 
 #[derive(Parser)]
-#[command(name = "storm-nm", about = "storm node manager: one per compute node")]
+#[command(
+    name = "storm-nm",
+    version,
+    about = "storm node manager: one per compute node"
+)]
 struct Args {
     /// The cluster file.
-    #[arg(long, short)]
+    #[arg(long, short, default_value = storm_cluster::config::DEFAULT_CLUSTER_FILE)]
     config: PathBuf,
-    /// This node's name (or index) in the cluster file.
+    /// This node's name (or index) in the cluster file (default: this host's name).
     #[arg(long)]
-    node: String,
+    node: Option<String>,
     /// Use this inherited, bound listening socket instead of binding the configured address.
     #[arg(long)]
     listen_fd: Option<i32>,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    // Errors in one line, without a backtrace whatever RUST_BACKTRACE says: an operator reads
+    // them in the journal.
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("storm-nm: error: {}", one_line(&format!("{e:#}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `text` with its lines joined by "; ".
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn run() -> Result<()> {
     daemon::init_logging();
     // Connections, programs and tasks' pipes are descriptors: the hard limit, not systemd's
     // default soft one of 1024.
     daemon::raise_open_files_limit();
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
-    let node = match config.node_by_name(&args.node) {
+    let name = match args.node {
+        Some(n) => n,
+        None => nix::unistd::gethostname()
+            .context("reading this host's name (or give --node)")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let node = match config.node_by_name(&name) {
         Some(id) => id,
-        None => match args.node.parse::<u32>() {
+        None => match name.parse::<u32>() {
             Ok(id) if id < config.node_count() => id,
-            _ => bail!("no node {:?} in {}", args.node, args.config.display()),
+            _ => bail!("no node {name:?} in {}", args.config.display()),
         },
     };
     let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;

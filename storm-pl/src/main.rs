@@ -13,6 +13,10 @@ use storm_pl::server::Launcher;
 use storm_pl::{LINK_FD, PlTable, TABLE_FD};
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--version") {
+        println!("storm-pl {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

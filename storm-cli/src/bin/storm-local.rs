@@ -21,6 +21,7 @@ use storm_primitives::local::LocalFabric;
 #[derive(Parser)]
 #[command(
     name = "storm-local",
+    version,
     about = "storm on one machine: the MM and every node's NM as threads of one process (backend \"local\")"
 )]
 struct Args {

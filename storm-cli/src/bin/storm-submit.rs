@@ -24,7 +24,10 @@ use storm_primitives::NodeSet;
 #[derive(Parser)]
 #[command(
     name = "storm-submit",
-    about = "Run a parallel job on a storm cluster and wait for it"
+    version,
+    about = "Run a parallel job on a storm cluster and wait for it",
+    after_help = "Options come before the program: everything from the program's name on \
+                  (or after `--`) is the program's own."
 )]
 struct Args {
     /// Nodes to run on (alone: one task on each).
@@ -117,7 +120,7 @@ struct Args {
     #[arg(long)]
     socket: Option<PathBuf>,
     /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(required = true, trailing_var_arg = true)]
     command: Vec<String>,
 }
 
@@ -248,12 +251,17 @@ impl Progress for Terminal {
         None
     }
     fn cancel_requested(&mut self) -> bool {
+        // A second interrupt ends storm-submit in its signal handler (see `run`).
         let n = self.interrupts.load(Ordering::Acquire);
-        if n > 1 {
-            eprintln!("storm-submit: interrupted twice; leaving without waiting");
-            std::process::exit(130);
+        if self.sink.stdout_closed() && self.asked == 0 {
+            // As srun, which SIGPIPE ends: the job ends too, and its output goes nowhere.
+            self.asked = 1;
+            if let Some(job) = self.job {
+                eprintln!("storm-submit: standard output was closed; cancelling job {job}");
+            }
+            return true;
         }
-        if n == 1 && self.asked == 0 {
+        if n >= 1 && self.asked == 0 {
             self.asked = 1;
             if let Some(job) = self.job {
                 eprintln!("storm-submit: cancelling job {job} (interrupt again to quit at once)");
@@ -371,12 +379,25 @@ fn run(args: Args) -> Result<i32, String> {
         None => storm_cli::control_socket(args.socket.clone(), args.config.clone())?,
     };
     let interrupts = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    // Ctrl-C, a kill, or the terminal going away (a logout) cancel the job; a second one
+    // quits at once, as the first one's message says.
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         let counter = interrupts.clone();
-        // SAFETY: the handler only touches an atomic.
+        // SAFETY: the handler touches only an atomic, and `_exit` is async-signal-safe.
         unsafe {
             signal_hook::low_level::register(sig, move || {
-                counter.fetch_add(1, Ordering::AcqRel);
+                if counter.fetch_add(1, Ordering::AcqRel) >= 1 {
+                    const QUIT: &[u8] =
+                        b"storm-submit: interrupted twice; leaving without waiting\n";
+                    libc::write(2, QUIT.as_ptr().cast(), QUIT.len());
+                    // The daemons of an embedded cluster end with this process (their
+                    // parent-death signal).
+                    libc::_exit(130);
+                }
             })
         }
         .map_err(|e| e.to_string())?;
@@ -407,6 +428,7 @@ fn run(args: Args) -> Result<i32, String> {
         eprintln!("storm-submit: stopping the local cluster: {e:#}");
     }
     let (outcome, nodes, names) = result?;
+    let stdout_closed = term.sink.stdout_closed();
     if let Some(reason) = &outcome.reason {
         eprintln!("storm-submit: job {}: {}", outcome.job, safe(reason));
     }
@@ -427,6 +449,10 @@ fn run(args: Args) -> Result<i32, String> {
             ms(t.report_us),
             ms(t.total_us)
         );
+    }
+    if stdout_closed {
+        // What a shell sees of srun that SIGPIPE ended.
+        return Ok(128 + libc::SIGPIPE);
     }
     Ok(outcome.exit_code())
 }

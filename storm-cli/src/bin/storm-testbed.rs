@@ -20,6 +20,7 @@ use storm_cluster::config::{PolicyKind, SchedulerSection};
 #[derive(Parser)]
 #[command(
     name = "storm-testbed",
+    version,
     about = "A storm cluster in network namespaces on this machine"
 )]
 struct Cli {

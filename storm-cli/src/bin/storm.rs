@@ -11,7 +11,7 @@ use storm_cluster::control::{Client, NodeInfo, Reply, Request};
 use storm_primitives::NodeSet;
 
 #[derive(Parser)]
-#[command(name = "storm", about = "Look at and manage a storm cluster")]
+#[command(name = "storm", version, about = "Look at and manage a storm cluster")]
 struct Args {
     /// The cluster file (default: $STORM_CONFIG, then /etc/storm/cluster.toml).
     #[arg(long, global = true)]
