@@ -276,8 +276,16 @@ fn a_second_interrupt_quits_at_once() {
         .into_iter()
         .find(|(name, _)| *name == "storm-mm")
         .expect("the MM's pid");
+    /// Lets the stopped MM go on however the test ends, so that the cluster can stop.
+    struct Stopped(nix::unistd::Pid);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
     let mm = nix::unistd::Pid::from_raw(mm as i32);
     nix::sys::signal::kill(mm, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = Stopped(mm);
     let mut child = c.spawn(&["true"]);
     std::thread::sleep(Duration::from_millis(500));
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
@@ -285,7 +293,7 @@ fn a_second_interrupt_quits_at_once() {
     std::thread::sleep(Duration::from_millis(200));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let status = exit_within(&mut child, Duration::from_secs(10), "after a second Ctrl-C");
-    nix::sys::signal::kill(mm, nix::sys::signal::Signal::SIGCONT).unwrap();
+    drop(stopped);
     let err = stderr_of(&mut child);
     assert_eq!(status.code(), Some(130), "{err}");
     assert!(err.contains("interrupted twice"), "{err}");
