@@ -209,6 +209,31 @@ pub fn parse_ready(msg: &[u8]) -> Option<Ready> {
     })
 }
 
+/// How a daemon's `main` ends: success, or its error in one line (`NAME: error: ...`, the
+/// causes of an `anyhow` chain and the lines of a multi-line message joined by "; "), with no
+/// backtrace whatever `RUST_BACKTRACE` says: an operator reads it in the journal.
+pub fn exit_status<E: std::fmt::Display>(
+    name: &str,
+    result: Result<(), E>,
+) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: error: {}", one_line(&format!("{e:#}")));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `text` with its non-empty lines, trimmed, joined by "; ".
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

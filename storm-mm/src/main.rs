@@ -26,24 +26,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    // Errors in one line, without a backtrace whatever RUST_BACKTRACE says: an operator reads
-    // them in the journal.
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("storm-mm: error: {}", one_line(&format!("{e:#}")));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `text` with its lines joined by "; ".
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
+    daemon::exit_status("storm-mm", run())
 }
 
 fn run() -> Result<()> {

@@ -581,8 +581,10 @@ impl Journal {
             .save(job, program, size)
     }
 
-    /// The saved program of job `job`, if there is one.
-    pub fn program(&self, job: JobId) -> Option<File> {
+    /// The saved program of job `job`, if there is one (the host reads copies through the
+    /// `ProgramStore`; the journal's tests look here).
+    #[cfg(test)]
+    fn program(&self, job: JobId) -> Option<File> {
         self.programs.as_ref()?.open(job)
     }
 }
