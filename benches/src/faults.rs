@@ -423,6 +423,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             time_limit_ms: None,
             requeue: false,
             mpi: Default::default(),
+            dependency: None,
         };
         storm_cli::submit::run_job(client, req, None, &mut Quiet).map_err(anyhow::Error::msg)?;
     }

@@ -117,6 +117,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        dependency: None,
     };
     let start = Instant::now();
     let (outcome, _, _) =

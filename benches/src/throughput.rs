@@ -121,6 +121,7 @@ fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        dependency: None,
     };
     let program = if bcast {
         Some(std::fs::File::open(PROGRAM)?)

@@ -278,8 +278,8 @@ fn unheard(c: &TestCluster, nodes: u32) -> BTreeSet<u64> {
     out
 }
 
-/// Parses every NM's switches.log: for each node, heartbeat number -> (ns, stopped, continued,
-/// the heartbeat that began the switch).
+/// Parses every NM's switches.log: for each node, heartbeat number -> (ns, stopped, continued
+/// or started, the heartbeat that began the switch).
 type Switches = BTreeMap<u32, BTreeMap<u64, (u128, Vec<u64>, Vec<u64>, u64)>>;
 
 /// Every NM's switches, and the strobes around a lease that ran out on some node
@@ -306,13 +306,17 @@ fn switches(c: &TestCluster, nodes: u32) -> (Switches, BTreeSet<u64>) {
                 expired.push((n, f[0].parse::<u64>().unwrap()));
                 continue;
             }
-            // f[4] is start=: launchers spawned at this strobe; f[5] is recv=.
+            // A job whose tasks start at this strobe (f[4], start=) runs from it just as a
+            // continued one does: a node that missed the launch's heartbeat is launched again
+            // later and starts the job at a strobe where the others continue it. f[5] is recv=.
+            let mut runs = list(f[3], "cont=");
+            runs.extend(list(f[4], "start="));
             per.insert(
                 f[0].parse().unwrap(),
                 (
                     f[1].parse().unwrap(),
                     list(f[2], "stop="),
-                    list(f[3], "cont="),
+                    runs,
                     f[6].trim_start_matches("from=").parse().unwrap(),
                 ),
             );

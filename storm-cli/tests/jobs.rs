@@ -896,6 +896,7 @@ fn raw_submit_helper() {
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        dependency: None,
     };
     let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
     let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);

@@ -197,6 +197,7 @@ fn jobs_followed_in_process_give_their_connections_back() {
             time_limit_ms: None,
             requeue: false,
             mpi: Default::default(),
+            dependency: None,
         };
         let client = Client::connect(&c.socket)
             .unwrap_or_else(|e| panic!("job {n}: the connections of earlier jobs linger: {e}"));
@@ -307,6 +308,7 @@ fn named_job(name: String, cwd: &Path) -> JobRequest {
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        dependency: None,
     }
 }
 

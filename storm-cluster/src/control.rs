@@ -23,8 +23,8 @@ use crate::tasks::TaskRequest;
 /// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`. Version 7:
 /// the launch, start, run and report phases in `Timing`. Version 8: `exclusive` in task
 /// requests, and the CPUs of a job that shares its node. Version 9: job and node
-/// states as enums.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// states as enums. Version 10: `dependency` in job requests.
+pub const PROTOCOL_VERSION: u32 = 10;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -47,6 +47,8 @@ pub struct JobRequest {
     pub requeue: bool,
     /// Which PMI protocols the tasks are served (`--mpi`).
     pub mpi: crate::messages::MpiMode,
+    /// What must happen to other jobs before this one may start (`--dependency`).
+    pub dependency: Option<crate::dependency::Dependency>,
 }
 
 /// Parses a time limit as Slurm's `--time` does: `M` (minutes), `M:S`, `H:M:S`, `D-H`,

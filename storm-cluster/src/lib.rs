@@ -9,7 +9,8 @@
 //!   every NM from the cluster file.
 //! * [`messages`]: heartbeats and their commands, per-node reports, output chunks.
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
-//! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM.
+//! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM;
+//!   [`dependency`]: `--dependency`, parsed and judged.
 //! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
 //! * [`key`] and [`identity`]: the cluster key, the MM's signing key and the nodes'
 //!   identity keys, and the MM's seals on the commands nodes carry out; [`keywatch`]: key
@@ -28,6 +29,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod daemon_dir;
+pub mod dependency;
 pub mod endpoint;
 pub mod hostlist;
 pub mod identity;

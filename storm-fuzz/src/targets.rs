@@ -563,6 +563,7 @@ fn job_request() -> JobRequest {
         time_limit_ms: Some(60_000),
         requeue: false,
         mpi: Default::default(),
+        dependency: Some("afterok:1:2,singleton".parse().expect("a valid dependency")),
     }
 }
 

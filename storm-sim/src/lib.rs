@@ -35,6 +35,7 @@ use anyhow::{Result, bail};
 use storm_cluster::clock::{Clock, VirtualClock};
 use storm_cluster::config::PolicyKind;
 use storm_cluster::control::{JobOutcome, JobRequest, NodeInfo, Reply, Request};
+use storm_cluster::dependency::Dependency;
 use storm_cluster::messages::{JobId, Stream};
 use storm_cluster::tasks::TaskRequest;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -49,7 +50,7 @@ pub use env::{SimEnv, TransferModel};
 use journal::SimJournal;
 pub use node::{Heard, SimNode};
 use storm_cluster::control::NodeState;
-pub use tasks::{IGNORE_SIGTERM, LINES, REAPED_AFTER};
+pub use tasks::{EXIT_CODE, IGNORE_SIGTERM, LINES, REAPED_AFTER};
 
 /// The uid simulated jobs are submitted as.
 pub const SIM_UID: u32 = 1000;
@@ -121,6 +122,12 @@ pub struct SimJob {
     pub lines: u32,
     /// How long after a task ended its exit status is known (its launcher reaps it).
     pub reaped_after: Duration,
+    /// What each task exits with once it has had its work.
+    pub exit_code: i32,
+    /// The job's name (`-J`; "sim" by default).
+    pub name: String,
+    /// `--dependency`, as storm-submit takes it.
+    pub dependency: Option<Dependency>,
 }
 
 impl SimJob {
@@ -135,7 +142,28 @@ impl SimJob {
             program: None,
             lines: 0,
             reaped_after: Duration::ZERO,
+            exit_code: 0,
+            name: "sim".into(),
+            dependency: None,
         }
+    }
+
+    /// The same job, each task exiting `code`.
+    pub fn with_exit_code(mut self, code: i32) -> Self {
+        self.exit_code = code;
+        self
+    }
+
+    /// The same job, named `name`.
+    pub fn with_name(mut self, name: &str) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The same job with `--dependency text` (which must parse).
+    pub fn with_dependency(mut self, text: &str) -> Self {
+        self.dependency = Some(text.parse().expect("a valid --dependency"));
+        self
     }
 
     /// The same job, each task's exit status known only `delay` after it ended.
@@ -178,8 +206,11 @@ impl SimJob {
         if !self.reaped_after.is_zero() {
             args.push(format!("{REAPED_AFTER}{}", self.reaped_after.as_millis()));
         }
+        if self.exit_code != 0 {
+            args.push(format!("{EXIT_CODE}{}", self.exit_code));
+        }
         JobRequest {
-            name: "sim".into(),
+            name: self.name.clone(),
             program: "/sim/task".into(),
             args,
             env: Vec::new(),
@@ -193,6 +224,7 @@ impl SimJob {
             time_limit_ms: self.time_limit.map(|d| d.as_millis() as u64),
             requeue: self.requeue,
             mpi: Default::default(),
+            dependency: self.dependency.clone(),
         }
     }
 }

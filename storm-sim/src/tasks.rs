@@ -8,7 +8,7 @@
 //! I once it has had I/N of it). Its streams are in memory ([`MemoryStream`]), read by the
 //! NM's forwarder; both end when the task does. Given `reaped-after=MS`, its exit status is
 //! known only MS after it ended, as a launcher that reaps its child a moment after the
-//! child's pipes closed.
+//! child's pipes closed. Given `exit=N`, it exits N instead of 0.
 //!
 //! Every task keeps the windows of virtual time in which it ran ([`SimTasks::run_windows`]):
 //! what a real task sees of gang scheduling, from its own side.
@@ -29,6 +29,9 @@ pub const LINES: &str = "lines=";
 
 /// The argument prefix that delays a simulated task's exit status (`reaped-after=MS`).
 pub const REAPED_AFTER: &str = "reaped-after=";
+
+/// The argument prefix that sets the exit code a simulated task ends with (`exit=N`).
+pub const EXIT_CODE: &str = "exit=";
 
 /// A stream in memory: what the task wrote and the forwarder has not read yet.
 #[derive(Clone, Default)]
@@ -81,6 +84,8 @@ struct SimTask {
     lines: u32,
     written: u32,
     ignore_term: bool,
+    /// What it exits with once it has had its work.
+    exit_code: i32,
     /// How long after its end its status is known.
     reaped_after: Duration,
     halted: bool,
@@ -169,7 +174,7 @@ impl SimTasks {
             t.left = t.left.saturating_sub(ran);
             t.write_due();
             if t.left.is_zero() {
-                t.end(RankStatus::Exited(0), from + needed);
+                t.end(RankStatus::Exited(t.exit_code), from + needed);
             }
         }
     }
@@ -217,6 +222,11 @@ impl TaskRunner for SimTasks {
             lines,
             written: 0,
             ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
+            exit_code: task
+                .args
+                .iter()
+                .find_map(|a| a.strip_prefix(EXIT_CODE)?.parse().ok())
+                .unwrap_or(0),
             reaped_after: task
                 .args
                 .iter()

@@ -208,6 +208,7 @@ pub fn submit(
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        dependency: None,
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

@@ -75,6 +75,13 @@ struct Args {
         default_value = "both"
     )]
     mpi: storm_cluster::messages::MpiMode,
+    /// Start only once other jobs have: started (after:ID), ended (afterany:ID), ended with
+    /// exit code 0 (afterok:ID), ended otherwise (afternotok:ID), or once this user's earlier
+    /// jobs of the same name have ended (singleton). Several jobs: afterok:12:13; all of
+    /// several conditions: `,`; any one of them: `?`. A job whose dependency can never be met
+    /// ends, saying why.
+    #[arg(short = 'd', long, value_name = "COND:ID[:ID...]")]
+    dependency: Option<storm_cluster::dependency::Dependency>,
     /// If the connection to the machine manager is lost (it restarted), wait this many
     /// seconds for it to come back and follow the job on (0: give up at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
@@ -342,6 +349,7 @@ fn run(args: Args) -> Result<i32, String> {
         time_limit_ms: args.time_limit_ms,
         requeue: args.requeue,
         mpi: args.mpi,
+        dependency: args.dependency.clone(),
     };
 
     let local = match args.local {

@@ -42,8 +42,8 @@ pub const KEEP_FINISHED: usize = 1000;
 /// timing has the launch, start, run and report phases. Format 6: a request carries
 /// `exclusive`, and a started job that shares its node the CPUs it holds there. Format 7: an
 /// outcome carries what the job's processes used (CPU time, peak memory), and a started job
-/// the hash of the program sent to its nodes.
-const FORMAT: u64 = 7;
+/// the hash of the program sent to its nodes. Format 8: a request carries its `dependency`.
+const FORMAT: u64 = 8;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -734,6 +734,7 @@ pub(crate) mod tests {
             time_limit_ms: Some(60_000),
             requeue: false,
             mpi: Default::default(),
+            dependency: None,
         }
     }
 

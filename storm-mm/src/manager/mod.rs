@@ -15,7 +15,7 @@
 //!
 //! One file per concern, each an `impl` block of [`MachineManager`] (this file keeps the loop,
 //! scheduling, launches, cancellation and termination): [`job`] (a job and its phases),
-//! [`requests`] (clients, limits, answers), [`publish`] (write-ahead: replies and launches once
+//! [`requests`] (clients, limits, answers), [`dependencies`] (`--dependency`), [`publish`] (write-ahead: replies and launches once
 //! the journal holds them), [`transfers`] (program transfers), [`heartbeat`] (Algorithm 4),
 //! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], and [`restart`].
 
@@ -32,6 +32,7 @@ use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 
 mod attention;
+mod dependencies;
 mod failure;
 mod heartbeat;
 mod job;
@@ -104,6 +105,9 @@ pub struct MachineManager<E: MmEnv> {
     term_announced: bool,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
     pmi_recheck: bool,
+    /// A job ended, started, or came with a dependency: judge the held jobs' dependencies
+    /// at the next timeslice (see [`dependencies`]).
+    dependencies_changed: bool,
     /// Each node's output queue, and the entries taken from it not yet released.
     outputs: Vec<output::NodeOutput>,
     /// Which nodes signalled since the last timeslice.
@@ -168,6 +172,7 @@ impl<E: MmEnv> MachineManager<E> {
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             term_announced: false,
             pmi_recheck: false,
+            dependencies_changed: true,
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: now,
             run_set: Vec::new(),
@@ -308,6 +313,7 @@ impl<E: MmEnv> MachineManager<E> {
         if !self.shutting_down {
             self.release_held();
             self.end_reattach_window(now);
+            self.judge_dependencies();
             self.schedule();
         }
         self.enforce_limits();
@@ -469,6 +475,8 @@ impl<E: MmEnv> MachineManager<E> {
         // In the order they became ready to launch.
         ready.sort_by_key(|id| self.jobs[id].ready);
         for id in ready {
+            // `after:ID` waits for this.
+            self.dependencies_changed = true;
             let j = self.jobs.get_mut(&id).expect("listed");
             j.phase = Phase::Launching;
             let spec = j.launch_spec();
@@ -697,6 +705,7 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(mut j) = self.jobs.remove(&id) else {
             return;
         };
+        self.dependencies_changed = true;
         self.release(&j);
         if let Some(p) = j.program.take() {
             self.env.release_program(p);

@@ -373,9 +373,8 @@ impl<E: MmEnv> MachineManager<E> {
         };
         let (program, size) = program.map_or((None, 0), |(p, n)| (Some(p), n));
         self.check_queue_limit(uid)?;
+        // The id is spent only by a job that is accepted.
         let id = self.next_job;
-        self.next_job += 1;
-        self.outbox.journal.set_next_job(self.next_job);
         let launch_probe = launch_spec(
             id,
             0,
@@ -390,24 +389,28 @@ impl<E: MmEnv> MachineManager<E> {
                 "the job description is too large for a heartbeat ({e}); export fewer variables"
             ));
         }
-        self.jobs.insert(
+        let job = Job::queued(NewJob {
             id,
-            Job::queued(NewJob {
-                id,
-                uid,
-                gid,
-                req,
-                plan,
-                program,
-                size,
-                client: Some(client),
-                submitted: self.now(),
-                submitted_ms: self.unix_ms(),
-            }),
-        );
+            uid,
+            gid,
+            req,
+            plan,
+            program,
+            size,
+            client: Some(client),
+            submitted: self.now(),
+            submitted_ms: self.unix_ms(),
+        });
+        self.check_dependency(&job)?;
+        self.next_job += 1;
+        self.outbox.journal.set_next_job(self.next_job);
+        let held = job.req.dependency.is_some();
+        self.jobs.insert(id, job);
         // While jobs restored after a restart are held, new ones queue behind them (they
-        // enter the policy together, in order, when the hold ends).
-        if self.reattach.held.is_none() {
+        // enter the policy together, in order, when the hold ends). A job with a dependency
+        // enters once it is met.
+        self.dependencies_changed |= held;
+        if self.reattach.held.is_none() && !held {
             let ask = self.ask(&self.jobs[&id]);
             self.policy.submit(ask, self.since_epoch());
         }
@@ -444,6 +447,9 @@ impl<E: MmEnv> MachineManager<E> {
                  jobs reattach (at most {} s)",
                 restart::REATTACH_GRACE.as_secs()
             ));
+        }
+        if let Some(why) = self.jobs.get(&job).and_then(|j| self.dependency_wait(j)) {
+            return Some(why);
         }
         let want = self.jobs.get(&job).map_or(0, |j| j.plan.nodes);
         let available = self.nodes.available_count();

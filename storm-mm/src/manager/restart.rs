@@ -426,10 +426,12 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         self.reattach.held = None;
+        // Jobs with a dependency enter once it is met (judged at once, in this timeslice).
+        self.dependencies_changed = true;
         let queued: Vec<JobAsk> = self
             .jobs
             .values()
-            .filter(|j| j.phase == Phase::Queued)
+            .filter(|j| j.phase == Phase::Queued && j.req.dependency.is_none())
             .map(|j| self.ask(j))
             .collect();
         for ask in queued {
