@@ -424,6 +424,8 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             requeue: false,
             mpi: Default::default(),
             dependency: None,
+            batch: None,
+            step_of: None,
         };
         storm_cli::submit::run_job(client, req, None, &mut Quiet).map_err(anyhow::Error::msg)?;
     }

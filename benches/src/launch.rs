@@ -118,6 +118,8 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         requeue: false,
         mpi: Default::default(),
         dependency: None,
+        batch: None,
+        step_of: None,
     };
     let start = Instant::now();
     let (outcome, _, _) =

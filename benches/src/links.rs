@@ -306,6 +306,7 @@ pub fn seal_costs() -> Table {
         gid: 1000,
         reporter: 15,
         mpi: MpiMode::Both,
+        batch: None,
     });
     let bytes =
         storm_cluster::messages::encode("heartbeat", &[launch], 1 << 20).expect("a launch encodes");

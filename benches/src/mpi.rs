@@ -143,6 +143,8 @@ fn storm_once(cluster: &LocalCluster, program: &Path, nodes: u32, ppn: u32) -> R
         requeue: false,
         mpi: MpiMode::Both,
         dependency: None,
+        batch: None,
+        step_of: None,
     };
     let mut out = Stdout::default();
     let start = Instant::now();

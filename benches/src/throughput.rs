@@ -122,6 +122,8 @@ fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<
         requeue: false,
         mpi: Default::default(),
         dependency: None,
+        batch: None,
+        step_of: None,
     };
     let program = if bcast {
         Some(std::fs::File::open(PROGRAM)?)

@@ -13,8 +13,10 @@
 //!
 //! They talk only to the machine manager, over its Unix control socket.
 
+pub mod batch;
 pub mod diagnostics;
 pub mod display;
+pub mod job_options;
 pub mod local;
 pub mod metrics_http;
 pub mod run_windows;
@@ -36,11 +38,17 @@ pub fn config_path(config: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
 }
 
-/// The MM's control socket: `--socket`, else the `control_socket` of the cluster file named by
-/// `--config`, `$STORM_CONFIG`, or [`DEFAULT_CONFIG`].
+/// The MM's control socket: `--socket`; else the `control_socket` of the cluster file named
+/// by `--config`; else, inside a job, `$STORM_SOCKET` (which every task gets from its node);
+/// else the cluster file named by `$STORM_CONFIG`, or [`DEFAULT_CONFIG`].
 pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(s) = socket {
         return Ok(s);
+    }
+    if config.is_none()
+        && let Some(s) = std::env::var_os("STORM_SOCKET")
+    {
+        return Ok(PathBuf::from(s));
     }
     ClusterConfig::load(&config_path(config))
         .map(|c| c.cluster.control_socket)

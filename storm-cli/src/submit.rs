@@ -235,7 +235,7 @@ pub fn run_job(
     program: Option<&File>,
     progress: &mut dyn Progress,
 ) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
-    client.request(&Request::Submit(req), program.map(|f| f.as_fd()))?;
+    client.request(&Request::Submit(Box::new(req)), program.map(|f| f.as_fd()))?;
     let mut conn = Connection::follow(client)?;
     let mut job = None;
     let mut nodes = NodeSet::new();

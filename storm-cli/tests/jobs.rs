@@ -897,6 +897,8 @@ fn raw_submit_helper() {
         requeue: false,
         mpi: Default::default(),
         dependency: None,
+        batch: None,
+        step_of: None,
     };
     let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
     let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);

@@ -198,6 +198,8 @@ fn jobs_followed_in_process_give_their_connections_back() {
             requeue: false,
             mpi: Default::default(),
             dependency: None,
+            batch: None,
+            step_of: None,
         };
         let client = Client::connect(&c.socket)
             .unwrap_or_else(|e| panic!("job {n}: the connections of earlier jobs linger: {e}"));
@@ -309,6 +311,8 @@ fn named_job(name: String, cwd: &Path) -> JobRequest {
         requeue: false,
         mpi: Default::default(),
         dependency: None,
+        batch: None,
+        step_of: None,
     }
 }
 
@@ -335,7 +339,7 @@ fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
     for i in 0..300 {
         let name = format!("{i:04}-{}", "q".repeat(500));
         let reply = owner
-            .call(&Request::Submit(named_job(name, work.path())))
+            .call(&Request::Submit(Box::new(named_job(name, work.path()))))
             .unwrap();
         assert!(
             matches!(reply, storm_cluster::control::Reply::Accepted { .. }),
@@ -357,7 +361,9 @@ fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
     let mut own = named_job("unread".into(), work.path());
     own.program = "/bin/sh".into();
     own.args = vec!["-c".into(), format!("echo whole > {}", marker.display())];
-    reader.request(&Request::Submit(own), None).unwrap();
+    reader
+        .request(&Request::Submit(Box::new(own)), None)
+        .unwrap();
     let since = Instant::now();
     let mut sent = 0u64;
     while reader.request(&Request::Queue, None).is_ok() {

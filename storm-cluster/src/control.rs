@@ -23,7 +23,7 @@ use crate::tasks::TaskRequest;
 /// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`. Version 7:
 /// the launch, start, run and report phases in `Timing`. Version 8: `exclusive` in task
 /// requests, and the CPUs of a job that shares its node. Version 9: job and node
-/// states as enums. Version 10: `dependency` in job requests.
+/// states as enums. Version 10: `dependency`, `batch` and `step_of` in job requests.
 pub const PROTOCOL_VERSION: u32 = 10;
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -49,6 +49,13 @@ pub struct JobRequest {
     pub mpi: crate::messages::MpiMode,
     /// What must happen to other jobs before this one may start (`--dependency`).
     pub dependency: Option<crate::dependency::Dependency>,
+    /// A batch job (`storm batch`): the program is a script that runs as one task on the
+    /// first node of the allocation, its output goes to files, and the job goes on without
+    /// its submitter.
+    pub batch: Option<crate::messages::BatchOutput>,
+    /// A step of this running job (`storm-submit` inside a batch script or an allocation):
+    /// it runs on that job's nodes, in its time slot, without queueing.
+    pub step_of: Option<JobId>,
 }
 
 /// Parses a time limit as Slurm's `--time` does: `M` (minutes), `M:S`, `H:M:S`, `D-H`,
@@ -94,7 +101,8 @@ pub enum Request {
     Hello {
         version: u32,
     },
-    Submit(JobRequest),
+    /// Boxed: a job request is far larger than any other request.
+    Submit(Box<JobRequest>),
     Cancel {
         job: JobId,
     },

@@ -157,6 +157,64 @@ pub struct LaunchSpec {
     pub reporter: NodeId,
     /// Which PMI protocols the NMs serve the job's tasks (MPI wire-up).
     pub mpi: MpiMode,
+    /// A batch job: `ntasks` is 1 (the script, on the first node), its standard output and
+    /// error go to these files, and `alloc_tasks` is what its allocation holds.
+    pub batch: Option<BatchLaunch>,
+}
+
+/// Where a batch script's output goes (`storm batch -o/-e`): patterns, relative to the
+/// job's working directory unless absolute, in which the node replaces `%j` (job id), `%N`
+/// (node name), `%t` (rank), `%A` and `%a` (array job and index: the job id and 0 outside
+/// arrays) and `%%`; the submitter has replaced `%u` (user) and `%x` (job name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchOutput {
+    pub output: String,
+    /// Standard error's pattern; `None` sends it to the output file.
+    pub error: Option<String>,
+}
+
+/// What a node needs to run a batch script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchLaunch {
+    pub files: BatchOutput,
+    /// Tasks the allocation holds (the script's `STORM_NTASKS`: a step's default).
+    pub alloc_tasks: u32,
+}
+
+impl BatchOutput {
+    /// Slurm's default: standard output and error to `storm-%j.out`.
+    pub fn default_files() -> Self {
+        Self {
+            output: "storm-%j.out".into(),
+            error: None,
+        }
+    }
+}
+
+/// Expands a batch output pattern's node-side fields (see [`BatchOutput`]); an unknown
+/// `%c` is kept as it is.
+pub fn expand_output_pattern(pattern: &str, job: JobId, node: &str, rank: u32) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') | Some('A') => out.push_str(&job.to_string()),
+            Some('a') => out.push('0'),
+            Some('N') => out.push_str(node),
+            Some('t') => out.push_str(&rank.to_string()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// Which PMI protocols a job's tasks are served (`storm-submit --mpi`).
@@ -684,6 +742,7 @@ mod tests {
             gid: 0,
             reporter: 0,
             mpi: MpiMode::Both,
+            batch: None,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
         let bad = |f: &dyn Fn(&mut LaunchSpec)| {
@@ -719,6 +778,7 @@ mod tests {
                     gid: 1000,
                     reporter: 3,
                     mpi: MpiMode::Pmi1,
+                    batch: None,
                 }),
             ],
             seal: Some(crate::identity::Seal {

@@ -339,6 +339,13 @@ fn launch_spec() -> LaunchSpec {
         gid: 1000,
         reporter: 0,
         mpi: Default::default(),
+        batch: Some(storm_cluster::messages::BatchLaunch {
+            files: storm_cluster::messages::BatchOutput {
+                output: "out-%j-%N.txt".into(),
+                error: Some("err-%t".into()),
+            },
+            alloc_tasks: 8,
+        }),
     }
 }
 
@@ -564,6 +571,8 @@ fn job_request() -> JobRequest {
         requeue: false,
         mpi: Default::default(),
         dependency: Some("afterok:1:2,singleton".parse().expect("a valid dependency")),
+        batch: None,
+        step_of: None,
     }
 }
 
@@ -577,7 +586,7 @@ fn framed(tag: u8, body: Vec<u8>) -> Vec<u8> {
 fn control_seeds() -> Vec<Vec<u8>> {
     let requests = [
         Request::Hello { version: 4 },
-        Request::Submit(job_request()),
+        Request::Submit(Box::new(job_request())),
         Request::Cancel { job: 3 },
         Request::Queue,
         Request::Drain {
@@ -866,6 +875,8 @@ fn task_spec_seeds() -> Vec<Vec<u8>> {
             cgroups: vec![PathBuf::from(
                 "/sys/fs/cgroup/memory/storm/c/node1/job-42/cgroup.procs",
             )],
+            output_file: Some("storm-42.out".into()),
+            error_file: None,
         }
         .encode(),
     ]

@@ -52,6 +52,11 @@ pub struct TaskStart<'a> {
     pub gid: u32,
     /// The task's end of its PMI socket (MPI jobs).
     pub pmi: Option<&'a OwnedFd>,
+    /// A batch script's output file, and its error file if it has its own: the task opens
+    /// them as its user, in place of its output streams (which then carry only what the
+    /// runner itself says of a task that could not start).
+    pub output_file: Option<PathBuf>,
+    pub error_file: Option<PathBuf>,
 }
 
 /// A task the runner started, and its output streams (the read ends of its pipes).

@@ -26,7 +26,7 @@ use storm_cluster::config::PolicyKind;
 use storm_cluster::identity::{MmVerifier, Seal, SealError};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, NodeTiming, Program,
-    RankStatus, decode,
+    RankStatus, decode, expand_output_pattern,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -536,6 +536,20 @@ impl<E: NmEnv> NodeManager<E> {
             ("STORM_LOCAL_SIZE", local_size.to_string()),
             ("STORM_NNODES", spec.nodes.len().to_string()),
             ("STORM_NODELIST", spec.nodes.to_string()),
+            // Where storm-submit inside the job finds the MM (for steps).
+            (
+                "STORM_SOCKET",
+                self.cfg.cluster.control_socket.display().to_string(),
+            ),
+            // The tasks of the job's allocation: a step's default (a batch script's own
+            // STORM_SIZE is 1).
+            (
+                "STORM_NTASKS",
+                spec.batch
+                    .as_ref()
+                    .map_or(spec.ntasks, |b| b.alloc_tasks)
+                    .to_string(),
+            ),
         ];
         let mut env: Vec<(String, String)> = spec
             .env
@@ -679,6 +693,14 @@ impl<E: NmEnv> NodeManager<E> {
         count: u32,
         pmi: Option<&std::os::fd::OwnedFd>,
     ) -> LocalRank {
+        let name = &self.cfg.nodes[self.node as usize].name;
+        let file = |pattern: &str| expand_output_pattern(pattern, spec.job, name, rank).into();
+        let files = spec.batch.as_ref().map(|b| &b.files);
+        let output_file = files.map(|f| file(&f.output));
+        let error_file = files
+            .and_then(|f| f.error.as_deref())
+            .map(file)
+            .filter(|e| Some(e) != output_file.as_ref());
         let task = TaskStart {
             job: spec.job,
             rank,
@@ -689,6 +711,8 @@ impl<E: NmEnv> NodeManager<E> {
             uid: spec.uid,
             gid: spec.gid,
             pmi,
+            output_file,
+            error_file,
         };
         match self.env.tasks().start(task) {
             Ok(started) => {

@@ -209,6 +209,8 @@ impl TaskRunner for PlRunner {
             uid: task.uid,
             gid: task.gid,
             cgroups,
+            output_file: task.output_file,
+            error_file: task.error_file,
         };
         let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
         let ((stdout, out_w), (stderr, err_w)) = match pipes {

@@ -45,7 +45,8 @@ pub struct StartTask {
 /// One request, as the launcher receives it.
 #[derive(Debug)]
 pub enum Request {
-    Start(StartTask),
+    /// Boxed: a task description is far larger than a LOOK.
+    Start(Box<StartTask>),
     Look,
 }
 
@@ -243,12 +244,12 @@ pub fn recv(mut link: &UnixStream) -> Result<Option<Request>, RequestError> {
             let mut fds = fds.into_iter();
             match (fds.next(), fds.next(), fds.next()) {
                 (Some(stdout), Some(stderr), pmi) if count <= MAX_FDS => {
-                    Ok(Some(Request::Start(StartTask {
+                    Ok(Some(Request::Start(Box::new(StartTask {
                         spec,
                         stdout,
                         stderr,
                         pmi,
-                    })))
+                    }))))
                 }
                 _ => Err(RequestError::Descriptors(count)),
             }
@@ -279,6 +280,8 @@ mod tests {
             uid: 1,
             gid: 2,
             cgroups: Vec::new(),
+            output_file: Some("out-7".into()),
+            error_file: None,
         }
     }
 

@@ -140,7 +140,7 @@ impl Launcher {
             if request_ready {
                 match request::recv(&self.link)? {
                     None => return Ok(()),
-                    Some(Request::Start(task)) => self.take(task),
+                    Some(Request::Start(task)) => self.take(*task),
                     Some(Request::Look) => {
                         for task in std::mem::take(&mut self.kept) {
                             self.take(task);
@@ -288,10 +288,7 @@ impl Launcher {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let image = TaskImage::new(
-            &spec.program,
-            &spec.args,
-            &spec.env,
-            &spec.cwd,
+            spec,
             user,
             fds,
             cgroups.iter().map(AsRawFd::as_raw_fd).collect(),
@@ -391,6 +388,21 @@ fn failure(spec: &PlSpec, e: SpawnError) -> (String, i32) {
             format!("cannot join the job's cgroup on node {node}: {io}"),
             126,
         ),
+        Step::OutputFile | Step::ErrorFile => {
+            let (what, path) = match e.step {
+                Step::OutputFile => ("output", &spec.output_file),
+                _ => ("error", &spec.error_file),
+            };
+            let path = path.as_deref().unwrap_or(std::path::Path::new("?"));
+            (
+                format!(
+                    "cannot open the {what} file {} on node {node} as uid {}: {io}",
+                    spec.cwd.join(path).display(),
+                    spec.uid
+                ),
+                127,
+            )
+        }
         step => (
             format!("cannot start the task on node {node} ({step:?}): {io}"),
             126,

@@ -24,7 +24,9 @@
 //!    marked not to be traced (it is the launcher's until the exec);
 //! 5. death with the launcher (after the change of user, which would clear it);
 //! 6. the working directory, reached with the user's rights;
-//! 7. the program, executed with the user's rights.
+//! 7. a batch script's output and error files, opened (created, truncated) with the user's
+//!    rights, in place of its standard output and error;
+//! 8. the program, executed with the user's rights.
 //!
 //! A step that fails records which step and the error number where the launcher reads them
 //! once the child is reaped. The child makes its system calls directly ([`raw`]), never
@@ -48,6 +50,8 @@ pub enum Step {
     Directory = 6,
     Exec = 7,
     Cgroup = 8,
+    OutputFile = 9,
+    ErrorFile = 10,
 }
 
 impl Step {
@@ -61,6 +65,8 @@ impl Step {
             6 => Self::Directory,
             7 => Self::Exec,
             8 => Self::Cgroup,
+            9 => Self::OutputFile,
+            10 => Self::ErrorFile,
             _ => return None,
         })
     }
@@ -99,6 +105,17 @@ pub struct TaskImage {
     cgroups: Vec<RawFd>,
     /// The launcher's pid, to die with.
     launcher: libc::pid_t,
+    /// Files for standard output and error (a batch script's), opened in the child.
+    files: OutputFiles,
+}
+
+/// Where a task's standard output and error go instead of the NM's pipes: a batch script's
+/// files, opened by the task's own process with its user's rights after it changed to its
+/// working directory (relative paths are relative to it). Standard error goes to the output
+/// file unless `error` names another.
+struct OutputFiles {
+    output: Option<CString>,
+    error: Option<CString>,
 }
 
 /// A NUL byte in a path, argument or variable (which no exec could pass).
@@ -111,26 +128,33 @@ impl TaskImage {
     /// The child writes itself into each of `cgroups` (open `cgroup.procs` files), which must
     /// stay open until [`spawn`] returns.
     pub fn new(
-        program: &std::path::Path,
-        args: &[String],
-        env: &[(String, String)],
-        cwd: &std::path::Path,
+        spec: &crate::PlSpec,
         user: Option<User>,
         fds: Vec<(RawFd, RawFd)>,
         cgroups: Vec<RawFd>,
     ) -> Result<Self, NulError> {
         use std::os::unix::ffi::OsStrExt;
         let c = |bytes: &[u8], what| CString::new(bytes).map_err(|_| NulError(what));
-        let program = c(program.as_os_str().as_bytes(), "the program's path")?;
+        let program = c(spec.program.as_os_str().as_bytes(), "the program's path")?;
         let mut argv = vec![program.clone()];
-        for a in args {
+        for a in &spec.args {
             argv.push(c(a.as_bytes(), "an argument")?);
         }
-        let env = env
+        let env = spec
+            .env
             .iter()
             .map(|(k, v)| c(format!("{k}={v}").as_bytes(), "an environment variable"))
             .collect::<Result<_, _>>()?;
-        let cwd = c(cwd.as_os_str().as_bytes(), "the working directory")?;
+        let cwd = c(spec.cwd.as_os_str().as_bytes(), "the working directory")?;
+        let path = |p: &Option<std::path::PathBuf>, what| {
+            p.as_ref()
+                .map(|p| c(p.as_os_str().as_bytes(), what))
+                .transpose()
+        };
+        let files = OutputFiles {
+            output: path(&spec.output_file, "the output file's path")?,
+            error: path(&spec.error_file, "the error file's path")?,
+        };
         let top = fds.iter().map(|&(_, to)| to).max().unwrap_or(-1);
         assert!(
             fds.iter().all(|&(from, _)| from > top),
@@ -146,6 +170,7 @@ impl TaskImage {
             cgroups,
             // SAFETY: getpid has no preconditions.
             launcher: unsafe { libc::getpid() },
+            files,
         })
     }
 }
@@ -411,6 +436,39 @@ extern "C" fn run_child(arg: *mut c_void) -> libc::c_int {
     let r = sys(libc::SYS_chdir, [image.cwd.as_ptr() as usize, 0, 0, 0]);
     if r != 0 {
         fail(Step::Directory, r);
+    }
+    // A batch script's files, as its user, from its working directory.
+    let open = |path: &CString, step: Step| -> isize {
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOCTTY;
+        let fd = sys(
+            libc::SYS_openat,
+            [
+                libc::AT_FDCWD as isize as usize,
+                path.as_ptr() as usize,
+                flags as usize,
+                0o644,
+            ],
+        );
+        if fd < 0 {
+            fail(step, fd);
+        }
+        fd
+    };
+    if let Some(out) = &image.files.output {
+        let fd = open(out, Step::OutputFile);
+        let r = sys(libc::SYS_dup3, [fd as usize, 1, 0, 0]);
+        if r < 0 {
+            fail(Step::OutputFile, r);
+        }
+        let err = match &image.files.error {
+            Some(e) => open(e, Step::ErrorFile),
+            None => fd,
+        };
+        let r = sys(libc::SYS_dup3, [err as usize, 2, 0, 0]);
+        if r < 0 {
+            fail(Step::ErrorFile, r);
+        }
     }
     let r = sys(
         libc::SYS_execve,

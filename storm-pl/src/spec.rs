@@ -22,6 +22,11 @@ pub struct PlSpec {
     /// The `cgroup.procs` files of the job's cgroup (one per hierarchy; none without
     /// cgroups): the task's process writes itself into each before it executes the program.
     pub cgroups: Vec<PathBuf>,
+    /// A batch script's output file (relative to `cwd` unless absolute), opened by the task
+    /// as its user in place of the pipe to the NM; standard error goes there too unless
+    /// `error_file` is given.
+    pub output_file: Option<PathBuf>,
+    pub error_file: Option<PathBuf>,
 }
 
 impl PlSpec {

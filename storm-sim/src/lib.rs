@@ -192,7 +192,7 @@ impl SimJob {
 
     /// The request and, for a job that sends its program, the program's size.
     fn submission(&self) -> (Request, Option<u64>) {
-        (Request::Submit(self.request()), self.program)
+        (Request::Submit(Box::new(self.request())), self.program)
     }
 
     fn request(&self) -> JobRequest {
@@ -225,6 +225,8 @@ impl SimJob {
             requeue: self.requeue,
             mpi: Default::default(),
             dependency: self.dependency.clone(),
+            batch: None,
+            step_of: None,
         }
     }
 }

@@ -209,6 +209,8 @@ pub fn submit(
         requeue: false,
         mpi: Default::default(),
         dependency: None,
+        batch: None,
+        step_of: None,
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

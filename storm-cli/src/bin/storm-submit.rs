@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use storm_cli::display::safe;
+use storm_cli::job_options::JobShape;
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, OutputSink, Progress};
 use storm_cluster::control::{Client, JobRequest};
 use storm_cluster::messages::{JobId, Stream};
-use storm_cluster::tasks::TaskRequest;
 use storm_primitives::NodeSet;
 
 #[derive(Parser)]
@@ -30,41 +30,14 @@ use storm_primitives::NodeSet;
                   (or after `--`) is the program's own."
 )]
 struct Args {
-    /// Nodes to run on (alone: one task on each).
-    #[arg(short = 'N', long = "nodes")]
-    nodes: Option<u32>,
-    /// Tasks (ranks) to run (alone: as many nodes as they need at one task per CPU).
-    #[arg(short = 'n', long = "ntasks")]
-    ntasks: Option<u32>,
-    /// Tasks per node.
-    #[arg(long)]
-    ntasks_per_node: Option<u32>,
-    /// Allow more tasks on a node than it has CPUs.
-    #[arg(short = 'O', long)]
-    overcommit: bool,
-    /// Take whole nodes: a job whose tasks fit in some CPUs of one node otherwise shares the
-    /// node with other jobs.
-    #[arg(long)]
-    exclusive: bool,
+    #[command(flatten)]
+    shape: JobShape,
     /// Prefix every output line with its rank.
     #[arg(short = 'l', long)]
     label: bool,
-    /// Working directory of the tasks (default: the current one).
-    #[arg(short = 'D', long)]
-    chdir: Option<PathBuf>,
-    /// Environment to pass: ALL (default), NONE, or VAR[=value],... (add ALL to keep the rest).
-    #[arg(long)]
-    export: Option<String>,
     /// Do not transfer the program: it is already at that path on every node.
     #[arg(long)]
     no_bcast: bool,
-    /// Wall-clock limit: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (as Slurm's --time).
-    #[arg(short = 't', long = "time", value_parser = storm_cluster::control::parse_time_limit)]
-    time_limit_ms: Option<u64>,
-    /// When a node of the job fails, run the job again from the start (on other nodes)
-    /// instead of ending it.
-    #[arg(long)]
-    requeue: bool,
     /// How MPI programs find each other: the PMI protocols each task is served on the socket
     /// `PMI_FD` (none: no PMI, MPI programs start as singletons; default: PMI-1 and PMI-2,
     /// the task's first message decides; openmpi: both, and Open MPI 4 loads storm's PMI
@@ -75,13 +48,10 @@ struct Args {
         default_value = "both"
     )]
     mpi: storm_cluster::messages::MpiMode,
-    /// Start only once other jobs have: started (after:ID), ended (afterany:ID), ended with
-    /// exit code 0 (afterok:ID), ended otherwise (afternotok:ID), or once this user's earlier
-    /// jobs of the same name have ended (singleton). Several jobs: afterok:12:13; all of
-    /// several conditions: `,`; any one of them: `?`. A job whose dependency can never be met
-    /// ends, saying why.
-    #[arg(short = 'd', long, value_name = "COND:ID[:ID...]")]
-    dependency: Option<storm_cluster::dependency::Dependency>,
+    /// Run as a step of this running job, on its nodes (default inside a job: its own,
+    /// $STORM_JOB_ID).
+    #[arg(long, value_name = "JOB")]
+    jobid: Option<JobId>,
     /// If the connection to the machine manager is lost (it restarted), wait this many
     /// seconds for it to come back and follow the job on (0: give up at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
@@ -89,9 +59,6 @@ struct Args {
     /// Print the send / execute / total times of the job, and its time slot.
     #[arg(long)]
     timing: bool,
-    /// Job name (default: the program's name).
-    #[arg(short = 'J', long)]
-    job_name: Option<String>,
     /// Say what happens (queueing, nodes).
     #[arg(short, long)]
     verbose: bool,
@@ -294,7 +261,20 @@ fn ms(us: u64) -> String {
 
 fn run(args: Args) -> Result<i32, String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let cwd = match &args.chdir {
+    // Inside a job (a batch script, `storm alloc`'s shell, a task): a step of it, shaped
+    // like its allocation unless told otherwise. An embedded cluster is a cluster of its own.
+    let step_of = match (args.local, args.jobid) {
+        (Some(_), _) => None,
+        (None, Some(id)) => Some(id),
+        (None, None) => std::env::var("STORM_JOB_ID")
+            .ok()
+            .and_then(|v| v.parse::<JobId>().ok()),
+    };
+    let shape = match step_of {
+        Some(_) => args.shape.clone().or_allocation(|k| std::env::var(k).ok()),
+        None => args.shape.clone(),
+    };
+    let cwd = match &shape.chdir {
         Some(d) => here.join(d),
         None => here.clone(),
     };
@@ -311,14 +291,22 @@ fn run(args: Args) -> Result<i32, String> {
         Err(_) if args.no_bcast && program_name.starts_with('/') => PathBuf::from(program_name),
         Err(e) => return Err(e),
     };
-    let env = submit::export_env(args.export.as_deref(), std::env::vars())?;
+    let env = submit::export_env(shape.export.as_deref(), std::env::vars())?;
     let file = if args.no_bcast {
         None
     } else {
         Some(File::open(&program).map_err(|e| format!("cannot open {}: {e}", program.display()))?)
     };
+    let mut tasks = shape.tasks();
+    if let (Some(n), None, None, None) =
+        (args.local, shape.nodes, shape.ntasks, shape.ntasks_per_node)
+    {
+        // `--local N` alone: one task on each of the N nodes.
+        tasks.nodes = Some(n);
+        tasks.ntasks = Some(n);
+    }
     let req = JobRequest {
-        name: args.job_name.clone().unwrap_or_else(|| {
+        name: shape.job_name.clone().unwrap_or_else(|| {
             program
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -328,28 +316,14 @@ fn run(args: Args) -> Result<i32, String> {
         args: args.command[1..].to_vec(),
         env,
         cwd,
-        tasks: match (args.local, args.nodes, args.ntasks, args.ntasks_per_node) {
-            // `--local N` alone: one task on each of the N nodes.
-            (Some(n), None, None, None) => TaskRequest {
-                nodes: Some(n),
-                ntasks: Some(n),
-                ntasks_per_node: None,
-                overcommit: args.overcommit,
-                exclusive: args.exclusive,
-            },
-            _ => TaskRequest {
-                nodes: args.nodes,
-                ntasks: args.ntasks,
-                ntasks_per_node: args.ntasks_per_node,
-                overcommit: args.overcommit,
-                exclusive: args.exclusive,
-            },
-        },
+        tasks,
         bcast: !args.no_bcast,
-        time_limit_ms: args.time_limit_ms,
-        requeue: args.requeue,
+        time_limit_ms: shape.time_limit_ms,
+        requeue: shape.requeue,
         mpi: args.mpi,
-        dependency: args.dependency.clone(),
+        dependency: shape.dependency.clone(),
+        batch: None,
+        step_of,
     };
 
     let local = match args.local {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use storm_cli::batch::BatchArgs;
 use storm_cli::{metrics_http, views};
 use storm_cluster::control::{Client, NodeInfo, Reply, Request};
 use storm_primitives::NodeSet;
@@ -25,6 +26,10 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Submit a batch script (like sbatch): prints the job id at once; the script runs on
+    /// the first node of its allocation with its output in a file, and `storm-submit` in it
+    /// runs steps on the allocation's nodes.
+    Batch(Box<BatchArgs>),
     /// Jobs queued and running.
     Queue {
         /// Print JSON (`{"jobs": [...]}`) instead of a table.
@@ -111,6 +116,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let (req, json) = match args.command {
+        Cmd::Batch(batch) => return submit_batch(*batch, &socket),
         Cmd::Metrics {
             listen,
             token_file,
@@ -314,6 +320,42 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("storm: error: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// `storm batch`: submits the script with its job and prints the id once the MM accepted it
+/// (it holds the script and the job in its journal by then); the job goes on without us.
+fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String> {
+    let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let parsable = args.parsable;
+    let user = storm_cli::batch::user_name();
+    let (req, script) = storm_cli::batch::request(args, &here, std::env::vars(), &user)?;
+    let file = std::fs::File::open(&script)
+        .map_err(|e| format!("cannot open {}: {e}", script.display()))?;
+    let client = Client::connect(socket)?;
+    client.request(
+        &Request::Submit(Box::new(req)),
+        Some(std::os::fd::AsFd::as_fd(&file)),
+    )?;
+    loop {
+        match client.next()? {
+            Reply::Accepted { job, queued } => {
+                if parsable {
+                    println!("{job}");
+                } else {
+                    println!("Submitted batch job {job}");
+                    if let Some(why) = queued {
+                        eprintln!(
+                            "storm batch: job {job} queued: {}",
+                            storm_cli::display::safe(&why)
+                        );
+                    }
+                }
+                return Ok(());
+            }
+            Reply::Error(e) => return Err(e),
+            _ => {}
         }
     }
 }

@@ -735,6 +735,8 @@ pub(crate) mod tests {
             requeue: false,
             mpi: Default::default(),
             dependency: None,
+            batch: None,
+            step_of: None,
         }
     }
 

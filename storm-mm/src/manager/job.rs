@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobInfo, JobRequest, JobState as ShownState};
-use storm_cluster::messages::{JobId, JobUsage, LaunchSpec, OutputChunk, Program};
+use storm_cluster::messages::{BatchLaunch, JobId, JobUsage, LaunchSpec, OutputChunk, Program};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -117,7 +117,13 @@ pub(super) struct Job {
     pub(super) pmi_epoch: u32,
     /// MPI: the exit code a rank asked the job to end with (`MPI_Abort`).
     pub(super) abort_code: Option<i32>,
+    /// A batch job (no submitter follows it): the start of what came through the output
+    /// queues (a node saying why its script could not start), for the outcome's reason.
+    pub(super) unsent: String,
 }
+
+/// Bytes of a batch job's queued output kept for its outcome.
+const UNSENT_KEPT: usize = 1024;
 
 /// When a job's tasks ran, over its nodes' reports: microseconds after each node took the
 /// launch heartbeat.
@@ -204,7 +210,17 @@ impl Job {
             held_output: Vec::new(),
             pmi_epoch: 0,
             abort_code: None,
+            unsent: String::new(),
             req: new.req,
+        }
+    }
+
+    /// Keeps the start of output no submitter will read (see `unsent`).
+    pub(super) fn keep_unsent(&mut self, data: &[u8]) {
+        let room = UNSENT_KEPT.saturating_sub(self.unsent.len());
+        if room > 0 {
+            let take = &data[..data.len().min(room)];
+            self.unsent.push_str(&String::from_utf8_lossy(take));
         }
     }
 
@@ -303,7 +319,7 @@ pub(super) fn launch_spec(
         job: id,
         slot: slot as u32,
         nodes: nodes.clone(),
-        ntasks: plan.ntasks,
+        ntasks: tasks_launched(req, plan),
         program,
         program_hash: None,
         args: req.args.clone(),
@@ -311,9 +327,25 @@ pub(super) fn launch_spec(
         cwd: req.cwd.clone(),
         uid,
         gid,
-        reporter: nodes.last().unwrap_or(0),
+        // The node whose tasks end last, as a rule: a batch job's only task is on its first.
+        reporter: if req.batch.is_some() {
+            nodes.first()
+        } else {
+            nodes.last()
+        }
+        .unwrap_or(0),
         mpi: req.mpi,
+        batch: req.batch.clone().map(|files| BatchLaunch {
+            files,
+            alloc_tasks: plan.ntasks,
+        }),
     }
+}
+
+/// The tasks a job's launch starts: its plan's, or one for a batch job (its script, on the
+/// first node; the rest of the allocation is for its steps).
+pub(super) fn tasks_launched(req: &JobRequest, plan: &TaskPlan) -> u32 {
+    if req.batch.is_some() { 1 } else { plan.ntasks }
 }
 
 /// `1m30s`-style text for a duration.

@@ -17,7 +17,8 @@
 //! scheduling, launches, cancellation and termination): [`job`] (a job and its phases),
 //! [`requests`] (clients, limits, answers), [`dependencies`] (`--dependency`), [`publish`] (write-ahead: replies and launches once
 //! the journal holds them), [`transfers`] (program transfers), [`heartbeat`] (Algorithm 4),
-//! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], and [`restart`].
+//! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], [`restart`], and
+//! [`steps`] (jobs inside a running job's allocation).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ mod pmi;
 mod publish;
 mod requests;
 mod restart;
+mod steps;
 mod transfers;
 
 use crate::env::{ClientId, MmEnv};
@@ -314,6 +316,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.release_held();
             self.end_reattach_window(now);
             self.judge_dependencies();
+            self.end_orphan_steps();
             self.schedule();
         }
         self.enforce_limits();
@@ -346,20 +349,30 @@ impl<E: MmEnv> MachineManager<E> {
     /// made since the last timeslice; starts program transfers that can start.
     fn schedule(&mut self) {
         let free_slots = self.slots.iter().filter(|s| s.is_none()).count();
-        let decisions = self.policy.tick(self.since_epoch(), free_slots);
+        // Steps first: they hold nothing the policy could give away (their allocation's
+        // nodes), only a job area each.
+        let steps = self.steps_to_place(free_slots);
+        let decisions = self
+            .policy
+            .tick(self.since_epoch(), free_slots - steps.len());
         let starting: Vec<JobId> = decisions
             .iter()
             .filter_map(|d| match d {
                 Decision::Start { job, .. } => Some(*job),
                 Decision::Run { .. } => None,
             })
+            .chain(steps.iter().map(|(job, _)| *job))
             .collect();
         // Answer submissions: those starting now without a reason, before their Started.
         let unanswered: Vec<(ClientId, JobId)> = self.outbox.unanswered.drain(..).collect();
         for &(client, job) in unanswered.iter().filter(|(_, j)| starting.contains(j)) {
             self.reply(client, Reply::Accepted { job, queued: None });
         }
-        for d in decisions {
+        let steps = steps
+            .into_iter()
+            .map(|(job, placed)| Decision::Start { job, placed });
+        // Steps before the run set, which names them once placed.
+        for d in steps.chain(decisions) {
             match d {
                 Decision::Start { job, placed } => {
                     let slot = self
@@ -371,6 +384,7 @@ impl<E: MmEnv> MachineManager<E> {
                     self.start_job(job, placed, slot);
                 }
                 Decision::Run { jobs, rotates } => {
+                    let jobs = self.with_steps(jobs);
                     if jobs != self.run_set {
                         self.metrics.gang_switched();
                     }
@@ -495,6 +509,12 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         tracing::info!(job = id, "{reason}");
+        for step in self.steps_of(id) {
+            self.cancel(step, format!("its job {id} was cancelled"));
+        }
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
         match j.phase {
             Phase::Queued => {
                 self.policy.withdraw(id);
@@ -628,7 +648,10 @@ impl<E: MmEnv> MachineManager<E> {
         // Everything the tasks wrote was delivered before their nodes reported; forward it
         // before the outcome.
         self.forward_output(nodes.iter());
-        let ntasks = self.jobs[&id].plan.ntasks as usize;
+        let ntasks = {
+            let j = &self.jobs[&id];
+            job::tasks_launched(&j.req, &j.plan) as usize
+        };
         let mut ranks = vec![None; ntasks];
         let mut ran = RanAt::default();
         for n in nodes.iter() {
@@ -653,7 +676,12 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         self.prims.memory().store(self.rm.term_hint.at(slot), 0);
-        let reason = self.jobs[&id].cancel.as_ref().map(|c| c.reason.clone());
+        let j = &self.jobs[&id];
+        let reason = j.cancel.as_ref().map(|c| c.reason.clone()).or_else(|| {
+            // What a node said of a batch script that could not start.
+            let said = j.unsent.lines().next()?.trim();
+            (!said.is_empty()).then(|| said.to_string())
+        });
         if let Some(j) = self.jobs.get_mut(&id) {
             j.ran = ran;
         }
@@ -682,7 +710,10 @@ impl<E: MmEnv> MachineManager<E> {
         }
         // A sending worker's nodes are freed when it reports back (`transfer_done`).
         if !j.nodes.is_empty() {
-            self.policy.ended(j.id, self.since_epoch());
+            // A step's nodes are its allocation's.
+            if j.req.step_of.is_none() {
+                self.policy.ended(j.id, self.since_epoch());
+            }
             self.run_set.retain(|r| *r != j.id);
             // What has not gone out yet never will: a launch must not start tasks that the
             // Forget behind it would kill at once.

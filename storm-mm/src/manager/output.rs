@@ -116,6 +116,12 @@ impl<E: MmEnv> MachineManager<E> {
                 Some(k) => Ack::Reply { client, n: k },
                 None => Ack::Done,
             },
+            // A batch job's tasks write to files: what comes here is the node's word that
+            // a task could not start, kept for the job's outcome.
+            None if j.req.batch.is_some() => {
+                j.keep_unsent(&chunk.data);
+                Ack::Done
+            }
             None if j.restored && reattaching => {
                 j.held_output.push((n, seq, chunk));
                 Ack::Held(job)

@@ -111,6 +111,15 @@ impl<E: MmEnv> MachineManager<E> {
             }
             Input::Gone { client } => {
                 self.outbox.clients.remove(&client);
+                // A batch job goes on without its submitter (which leaves once the job is
+                // accepted); any other job ends with it, as srun's does.
+                for j in self
+                    .jobs
+                    .values_mut()
+                    .filter(|j| j.client == Some(client) && j.req.batch.is_some())
+                {
+                    j.client = None;
+                }
                 let orphans: Vec<JobId> = self
                     .jobs
                     .values()
@@ -158,7 +167,7 @@ impl<E: MmEnv> MachineManager<E> {
             // Accepted is sent after the next scheduling decision, saying why the job waits.
             Request::Submit(job) => {
                 let held = program.as_ref().and_then(|p| p.as_ref().ok()).map(|p| p.id);
-                let submitted = self.submit(client, job, program);
+                let submitted = self.submit(client, *job, program);
                 // A job that holds its program lets go of it later; any other lets go now.
                 let kept = submitted
                     .as_ref()
@@ -332,7 +341,7 @@ impl<E: MmEnv> MachineManager<E> {
     pub(super) fn submit(
         &mut self,
         client: ClientId,
-        req: JobRequest,
+        mut req: JobRequest,
         program: Option<Result<SubmittedProgram, String>>,
     ) -> Result<JobId, String> {
         if self.shutting_down {
@@ -353,6 +362,7 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.check_request_sizes(&req)?;
         let plan = self.plan(&req)?;
+        self.check_step(uid, &mut req, &plan)?;
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
         }
@@ -363,7 +373,9 @@ impl<E: MmEnv> MachineManager<E> {
             if !p.regular {
                 return Err(format!("{} is not a regular file", req.program.display()));
             }
-            if p.mode & 0o111 == 0 {
+            // A batch script is run by its interpreter line; its copy on the node is the
+            // user's, mode 0700.
+            if p.mode & 0o111 == 0 && req.batch.is_none() {
                 return Err(format!("{} is not executable", req.program.display()));
             }
             self.check_program_limits(uid, &req.program, p.len)?;
@@ -405,12 +417,13 @@ impl<E: MmEnv> MachineManager<E> {
         self.next_job += 1;
         self.outbox.journal.set_next_job(self.next_job);
         let held = job.req.dependency.is_some();
+        let step = job.req.step_of.is_some();
         self.jobs.insert(id, job);
         // While jobs restored after a restart are held, new ones queue behind them (they
         // enter the policy together, in order, when the hold ends). A job with a dependency
         // enters once it is met.
         self.dependencies_changed |= held;
-        if self.reattach.held.is_none() && !held {
+        if self.reattach.held.is_none() && !held && !step {
             let ask = self.ask(&self.jobs[&id]);
             self.policy.submit(ask, self.since_epoch());
         }

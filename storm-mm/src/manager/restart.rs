@@ -213,7 +213,8 @@ impl<E: MmEnv> MachineManager<E> {
             },
             time_slot: at.time_slot as usize,
         };
-        if !self.policy.adopt(ask, &placed, ran, self.since_epoch()) {
+        // A step's nodes are its allocation's, which took them back before it.
+        if rec.req.step_of.is_none() && !self.policy.adopt(ask, &placed, ran, self.since_epoch()) {
             return Err(lost(format!(
                 "its nodes (time slot {}) are no longer free for it",
                 at.time_slot
@@ -335,7 +336,7 @@ impl<E: MmEnv> MachineManager<E> {
         let unattached: Vec<JobId> = self
             .jobs
             .values()
-            .filter(|j| j.restored && j.client.is_none())
+            .filter(|j| j.restored && j.client.is_none() && j.req.batch.is_none())
             .map(|j| j.id)
             .collect();
         if (!unattached.is_empty() || !self.reattach.finished_output.is_empty()) && now < until {
@@ -418,10 +419,11 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(until) = self.reattach.held else {
             return;
         };
+        // Batch jobs have no submitter to wait for.
         let waiting = self
             .jobs
             .values()
-            .any(|j| j.phase == Phase::Queued && j.client.is_none());
+            .any(|j| j.phase == Phase::Queued && j.client.is_none() && j.req.batch.is_none());
         if waiting && self.now() < until {
             return;
         }
@@ -432,6 +434,7 @@ impl<E: MmEnv> MachineManager<E> {
             .jobs
             .values()
             .filter(|j| j.phase == Phase::Queued && j.req.dependency.is_none())
+            .filter(|j| j.req.step_of.is_none())
             .map(|j| self.ask(j))
             .collect();
         for ask in queued {

@@ -1,0 +1,92 @@
+//! The options that shape a job, shared by `storm-submit` and `storm batch` (and the
+//! `#STORM` / `#SBATCH` lines of a batch script): what it asks for, for how long, after what.
+
+use std::path::PathBuf;
+
+use storm_cluster::dependency::Dependency;
+use storm_cluster::tasks::TaskRequest;
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct JobShape {
+    /// Nodes to run on (alone: one task on each).
+    #[arg(short = 'N', long = "nodes")]
+    pub nodes: Option<u32>,
+    /// Tasks (ranks) to run (alone: as many nodes as they need at one task per CPU).
+    #[arg(short = 'n', long = "ntasks")]
+    pub ntasks: Option<u32>,
+    /// Tasks per node.
+    #[arg(long)]
+    pub ntasks_per_node: Option<u32>,
+    /// Allow more tasks on a node than it has CPUs.
+    #[arg(short = 'O', long)]
+    pub overcommit: bool,
+    /// Take whole nodes: a job whose tasks fit in some CPUs of one node otherwise shares the
+    /// node with other jobs.
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Working directory of the tasks (default: the current one).
+    #[arg(short = 'D', long)]
+    pub chdir: Option<PathBuf>,
+    /// Environment to pass: ALL (default), NONE, or VAR[=value],... (add ALL to keep the rest).
+    #[arg(long)]
+    pub export: Option<String>,
+    /// Wall-clock limit: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (as Slurm's --time).
+    #[arg(short = 't', long = "time", value_parser = storm_cluster::control::parse_time_limit)]
+    pub time_limit_ms: Option<u64>,
+    /// When a node of the job fails, run the job again from the start (on other nodes)
+    /// instead of ending it.
+    #[arg(long)]
+    pub requeue: bool,
+    /// Job name (default: the program's name).
+    #[arg(short = 'J', long)]
+    pub job_name: Option<String>,
+    /// Start only once other jobs have: started (after:ID), ended (afterany:ID), ended with
+    /// exit code 0 (afterok:ID), ended otherwise (afternotok:ID), or once this user's earlier
+    /// jobs of the same name have ended (singleton). Several jobs: afterok:12:13; all of
+    /// several conditions: `,`; any one of them: `?`. A job whose dependency can never be met
+    /// ends, saying why.
+    #[arg(short = 'd', long, value_name = "COND:ID[:ID...]")]
+    pub dependency: Option<Dependency>,
+}
+
+impl JobShape {
+    /// These options, each taken from `other` where this one does not give it (a batch
+    /// script's lines under the command line's options).
+    pub fn or(self, other: JobShape) -> JobShape {
+        JobShape {
+            nodes: self.nodes.or(other.nodes),
+            ntasks: self.ntasks.or(other.ntasks),
+            ntasks_per_node: self.ntasks_per_node.or(other.ntasks_per_node),
+            overcommit: self.overcommit || other.overcommit,
+            exclusive: self.exclusive || other.exclusive,
+            chdir: self.chdir.or(other.chdir),
+            export: self.export.or(other.export),
+            time_limit_ms: self.time_limit_ms.or(other.time_limit_ms),
+            requeue: self.requeue || other.requeue,
+            job_name: self.job_name.or(other.job_name),
+            dependency: self.dependency.or(other.dependency),
+        }
+    }
+
+    /// The task request these options make.
+    pub fn tasks(&self) -> TaskRequest {
+        TaskRequest {
+            nodes: self.nodes,
+            ntasks: self.ntasks,
+            ntasks_per_node: self.ntasks_per_node,
+            overcommit: self.overcommit,
+            exclusive: self.exclusive,
+        }
+    }
+
+    /// Inside a job (a step): what was not given is the job's allocation, from the
+    /// variables its tasks get (`STORM_NNODES`, `STORM_NTASKS`), as srun inside sbatch.
+    pub fn or_allocation(mut self, vars: impl Fn(&str) -> Option<String>) -> JobShape {
+        if self.nodes.is_none() && self.ntasks.is_none() && self.ntasks_per_node.is_none() {
+            let num = |k: &str| vars(k).and_then(|v| v.parse::<u32>().ok());
+            self.nodes = num("STORM_NNODES");
+            self.ntasks = num("STORM_NTASKS");
+        }
+        self
+    }
+}

@@ -1,0 +1,263 @@
+//! `storm batch`, as a user runs it: the command returns the job id at once, the script runs
+//! on the first node of its allocation with its output in a file, `storm-submit` inside it
+//! runs steps on the allocation's nodes, and the job outlives its submitter and a restart of
+//! the machine manager. Everything is checked from the files the script and its steps wrote
+//! and from what `storm` prints.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::{TestCluster, text};
+
+/// Writes `body` as file `name` in `dir`, executable, exactly as given.
+fn script(dir: &Path, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn storm_batch(c: &TestCluster, dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .arg("batch")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run storm batch")
+}
+
+/// The job id `storm batch --parsable` printed.
+fn batch_id(out: &std::process::Output) -> u64 {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).trim().parse().expect("a job id")
+}
+
+/// Waits (at most `limit`) until `storm history` has job `id`; its JSON record.
+fn ended(c: &TestCluster, id: u64, limit: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let h: serde_json::Value =
+            serde_json::from_slice(&c.storm(&["history", "--json"]).stdout).unwrap();
+        if let Some(j) = h["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["job"] == id)
+        {
+            return j.clone();
+        }
+        assert!(Instant::now() < deadline, "job {id} did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_batch_script_runs_on_its_allocation_with_steps_and_its_output_in_a_file() {
+    let c = TestCluster::start(3);
+    let work = tempfile::tempdir().unwrap();
+    let gate = work.path().join("gate");
+    let body = format!(
+        "#!/bin/sh\n\
+         #SBATCH --mem=1G\n\
+         #SBATCH -N 3\n\
+         #STORM -N 2 -n 4 -o out-%x-%j.txt -J batchy\n\
+         echo \"script: job $STORM_JOB_ID on $STORM_NODENAME, $STORM_NNODES nodes, $STORM_NTASKS tasks, args $*\"\n\
+         echo to-stderr >&2\n\
+         while [ ! -e {gate} ]; do sleep 0.05; done\n\
+         {submit} -l sh -c 'echo step rank $STORM_RANK of $STORM_SIZE in job $STORM_JOB_ID on $STORM_NODENAME'\n\
+         echo \"step exit $?\"\n",
+        gate = gate.display(),
+        submit = env!("CARGO_BIN_EXE_storm-submit"),
+    );
+    script(work.path(), "job.sh", &body);
+    let out = storm_batch(&c, work.path(), &["--parsable", "job.sh", "a1", "a2"]);
+    let id = batch_id(&out);
+    assert!(
+        text(&out.stderr).contains("ignoring `#SBATCH --mem=1G`"),
+        "{}",
+        text(&out.stderr)
+    );
+    // storm batch returned while the job waits for the gate: it runs without its submitter.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let q = text(&c.storm(&["queue"]).stdout);
+        if q.contains("running") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the batch job never ran: {q}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&gate, "").unwrap();
+    let rec = ended(&c, id, Duration::from_secs(30));
+    assert_eq!(rec["exit_code"], 0, "{rec}");
+    assert_eq!(rec["name"], "batchy");
+    let file = work.path().join(format!("out-batchy-{id}.txt"));
+    let written = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = written.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("script: job {id} on node0, 2 nodes, 4 tasks, args a1 a2"),
+        "#STORM overrides #SBATCH; the script runs on the allocation's first node"
+    );
+    assert_eq!(lines[1], "to-stderr", "stderr joins stdout without -e");
+    assert_eq!(lines.last(), Some(&"step exit 0"));
+    // The step: the allocation's shape by default, on its nodes, as a job of its own.
+    let mut steps: Vec<String> = lines[2..lines.len() - 1]
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
+    steps.sort();
+    let step_id: u64 = steps[0]
+        .split_whitespace()
+        .nth(8)
+        .and_then(|j| j.parse().ok())
+        .unwrap_or_else(|| panic!("{steps:?}"));
+    assert_ne!(step_id, id);
+    let expected: Vec<String> = (0..4)
+        .map(|r| format!("{r}: step rank {r} of 4 in job {step_id} on node{}", r / 2))
+        .collect();
+    assert_eq!(steps, expected);
+}
+
+#[test]
+fn output_patterns_default_and_unopenable_files() {
+    let c = TestCluster::start(1);
+    let work = tempfile::tempdir().unwrap();
+    script(
+        work.path(),
+        "hello.sh",
+        "#!/bin/sh\necho hello from $STORM_JOB_ID\n",
+    );
+    // The default: storm-%j.out in the submit directory.
+    let id = batch_id(&storm_batch(&c, work.path(), &["--parsable", "hello.sh"]));
+    let rec = ended(&c, id, Duration::from_secs(20));
+    assert_eq!(rec["exit_code"], 0, "{rec}");
+    assert_eq!(
+        std::fs::read_to_string(work.path().join(format!("storm-{id}.out"))).unwrap(),
+        format!("hello from {id}\n")
+    );
+    // Separate error file, with the user's name and the node's.
+    script(
+        work.path(),
+        "both.sh",
+        "#!/bin/sh\necho out; echo err >&2; exit 3\n",
+    );
+    let id = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &[
+            "--parsable",
+            "-o",
+            "o-%u-%N.txt",
+            "-e",
+            "e-%j.txt",
+            "both.sh",
+        ],
+    ));
+    let rec = ended(&c, id, Duration::from_secs(20));
+    assert_eq!(rec["exit_code"], 3);
+    let user = storm_cli::batch::user_name();
+    assert_eq!(
+        std::fs::read_to_string(work.path().join(format!("o-{user}-node0.txt"))).unwrap(),
+        "out\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.path().join(format!("e-{id}.txt"))).unwrap(),
+        "err\n"
+    );
+    // A file that cannot be opened ends the job, saying why, in storm history.
+    let id = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &["--parsable", "-o", "no/such/dir/%j.out", "hello.sh"],
+    ));
+    let rec = ended(&c, id, Duration::from_secs(20));
+    assert_eq!(rec["exit_code"], 127);
+    let reason = rec["reason"].as_str().unwrap_or_default().to_string();
+    assert!(
+        reason.contains(&format!(
+            "cannot open the output file {}/no/such/dir/{id}.out",
+            work.path().display()
+        )),
+        "{rec}"
+    );
+    // Scripts only, and what storm batch refuses, it says.
+    script(work.path(), "plain", "echo no interpreter line\n");
+    let out = storm_batch(&c, work.path(), &["plain"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("does not start with #!"),
+        "{}",
+        text(&out.stderr)
+    );
+    script(
+        work.path(),
+        "bad.sh",
+        "#!/bin/sh\n#STORM --frobnicate\ntrue\n",
+    );
+    let out = storm_batch(&c, work.path(), &["bad.sh"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("bad.sh:2: #STORM --frobnicate: unexpected argument"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_queued_batch_job_survives_a_restart_of_the_mm_and_runs_without_a_submitter() {
+    let mut c = TestCluster::start(1);
+    let work = tempfile::tempdir().unwrap();
+    let gate = work.path().join("gate");
+    script(
+        work.path(),
+        "blocker.sh",
+        &format!(
+            "#!/bin/sh\nwhile [ ! -e {} ]; do sleep 0.05; done\necho blocker done\n",
+            gate.display()
+        ),
+    );
+    script(
+        work.path(),
+        "after.sh",
+        "#!/bin/sh\necho ran after the restart\n",
+    );
+    let blocker = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &["--parsable", "--exclusive", "blocker.sh"],
+    ));
+    let queued = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &["--parsable", "--exclusive", "after.sh"],
+    ));
+    let dependent = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &["--parsable", "-d", &format!("afterok:{queued}"), "after.sh"],
+    ));
+    // The scripts as submitted run, whatever happens to the files later.
+    std::fs::write(work.path().join("after.sh"), "#!/bin/sh\necho edited\n").unwrap();
+    c.cluster.as_mut().unwrap().restart_mm().unwrap();
+    std::fs::write(&gate, "").unwrap();
+    for id in [blocker, queued, dependent] {
+        let rec = ended(&c, id, Duration::from_secs(40));
+        assert_eq!(rec["exit_code"], 0, "job {id}: {rec}");
+    }
+    for (id, says) in [
+        (blocker, "blocker done\n"),
+        (queued, "ran after the restart\n"),
+        (dependent, "ran after the restart\n"),
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(work.path().join(format!("storm-{id}.out"))).unwrap(),
+            says
+        );
+    }
+}
