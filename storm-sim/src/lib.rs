@@ -128,6 +128,11 @@ pub struct SimJob {
     pub name: String,
     /// `--dependency`, as storm-submit takes it.
     pub dependency: Option<Dependency>,
+    /// A batch job (`storm batch`): one task, on the allocation's first node, and the job
+    /// goes on without its submitter.
+    pub batch: bool,
+    /// A step of this running job (`storm-submit` inside it).
+    pub step_of: Option<JobId>,
 }
 
 impl SimJob {
@@ -145,7 +150,21 @@ impl SimJob {
             exit_code: 0,
             name: "sim".into(),
             dependency: None,
+            batch: false,
+            step_of: None,
         }
+    }
+
+    /// The same job, as a batch job.
+    pub fn as_batch(mut self) -> Self {
+        self.batch = true;
+        self
+    }
+
+    /// The same job, as a step of job `job`.
+    pub fn as_step_of(mut self, job: JobId) -> Self {
+        self.step_of = Some(job);
+        self
     }
 
     /// The same job, each task exiting `code`.
@@ -225,8 +244,10 @@ impl SimJob {
             requeue: self.requeue,
             mpi: Default::default(),
             dependency: self.dependency.clone(),
-            batch: None,
-            step_of: None,
+            batch: self
+                .batch
+                .then(storm_cluster::messages::BatchOutput::default_files),
+            step_of: self.step_of,
         }
     }
 }
@@ -549,6 +570,16 @@ impl Sim {
         let node = self.fabric.node(n);
         let mem = storm_primitives::Primitives::memory(&node);
         (mem.len(), mem.resident_bytes())
+    }
+
+    /// The client goes away (a logout) and another connects, following none of the jobs
+    /// the first submitted.
+    pub fn hang_up(&mut self) -> Result<()> {
+        self.mm.handle(Input::Gone {
+            client: self.client,
+        });
+        self.submitted.clear();
+        self.connect()
     }
 
     /// Cancels `job`, as its owner (taken at the next timeslice).
