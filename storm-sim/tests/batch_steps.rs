@@ -113,8 +113,7 @@ fn a_step_runs_in_its_allocations_time_slot_on_its_nodes() {
         s.outcome(step).is_some()
     });
     assert_eq!(s.outcome(step).unwrap().exit_code(), 0);
-    for n in 0..4usize {
-        let step_windows = &seen[0][n];
+    for (n, step_windows) in seen[0].iter().enumerate() {
         if n >= 2 {
             assert!(step_windows.is_empty(), "node {n} is not the allocation's");
             continue;
