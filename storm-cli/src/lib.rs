@@ -2,6 +2,8 @@
 //!
 //! * `storm-submit`: launch a parallel job and follow it (shaped like Slurm's `srun`), on a
 //!   cluster or on an embedded local one (`--local N`, [`local`]).
+//! * `storm batch` ([`batch`], like sbatch) and `storm alloc` ([`alloc`], like salloc);
+//!   [`job_options`]: the options that shape a job, shared with storm-submit.
 //! * `storm`: `queue`, `history`, `nodes` (as tables, or JSON with `--json`: [`views`]),
 //!   `metrics` (Prometheus text, printed or served over HTTP: [`metrics_http`]), `cancel`,
 //!   `drain`, `resume`, `shutdown`.
@@ -13,6 +15,7 @@
 //!
 //! They talk only to the machine manager, over its Unix control socket.
 
+pub mod alloc;
 pub mod batch;
 pub mod diagnostics;
 pub mod display;

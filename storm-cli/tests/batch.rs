@@ -261,3 +261,68 @@ fn a_queued_batch_job_survives_a_restart_of_the_mm_and_runs_without_a_submitter(
         );
     }
 }
+
+fn storm_alloc(c: &TestCluster, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .arg("alloc")
+        .args(args)
+        .output()
+        .expect("run storm alloc")
+}
+
+#[test]
+fn storm_alloc_runs_a_command_with_an_allocation_whose_steps_run_on_its_nodes() {
+    let c = TestCluster::start(3);
+    let inner = format!(
+        "{} -l sh -c 'echo step $STORM_JOB_ID on $STORM_NODENAME'; echo shell in $STORM_JOB_ID; exit 7",
+        env!("CARGO_BIN_EXE_storm-submit")
+    );
+    let out = storm_alloc(&c, &["-N", "2", "sh", "-c", &inner]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "the command's exit code: {stderr}"
+    );
+    let alloc: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("shell in "))
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        stderr.contains(&format!("granted job allocation {alloc} on node0,node1")),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("relinquishing job allocation {alloc}")));
+    let mut steps: Vec<&str> = stdout.lines().filter(|l| l.contains(": step ")).collect();
+    steps.sort();
+    assert_eq!(steps.len(), 2, "{stdout}");
+    for (rank, line) in steps.iter().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_ne!(words[2], alloc.to_string(), "the step is a job of its own");
+        assert_eq!(
+            words[4],
+            format!("node{rank}"),
+            "on the allocation's nodes: {line}"
+        );
+    }
+    // Given back: nothing is left in the queue.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.queued_jobs().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the allocation was not given back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // An allocation that ends first (its time limit) ends the command, saying why.
+    let out = storm_alloc(&c, &["-N", "1", "-t", "0:02", "sleep", "60"]);
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was revoked: time limit of 2s exceeded"),
+        "{}",
+        text(&out.stderr)
+    );
+}

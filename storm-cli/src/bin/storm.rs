@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use storm_cli::alloc::AllocArgs;
 use storm_cli::batch::BatchArgs;
 use storm_cli::{metrics_http, views};
 use storm_cluster::control::{Client, NodeInfo, Reply, Request};
@@ -30,6 +31,10 @@ enum Cmd {
     /// the first node of its allocation with its output in a file, and `storm-submit` in it
     /// runs steps on the allocation's nodes.
     Batch(Box<BatchArgs>),
+    /// Get an allocation and run a command (default: your shell) here with it (like salloc):
+    /// `storm-submit` in the command runs steps on the allocation's nodes; the allocation is
+    /// given back when the command ends.
+    Alloc(Box<AllocArgs>),
     /// Jobs queued and running.
     Queue {
         /// Print JSON (`{"jobs": [...]}`) instead of a table.
@@ -117,6 +122,10 @@ fn run(args: Args) -> Result<(), String> {
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let (req, json) = match args.command {
         Cmd::Batch(batch) => return submit_batch(*batch, &socket),
+        Cmd::Alloc(alloc) => {
+            let code = storm_cli::alloc::run(*alloc, &socket)?;
+            std::process::exit(code);
+        }
         Cmd::Metrics {
             listen,
             token_file,
