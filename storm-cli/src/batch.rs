@@ -42,9 +42,22 @@ pub struct BatchArgs {
     /// Print only the job id.
     #[arg(long)]
     pub parsable: bool,
+    /// Wait for the job to end, and exit with its exit code (as sbatch --wait). Interrupted,
+    /// storm batch leaves and the job goes on.
+    #[arg(short = 'W', long)]
+    pub wait: bool,
+    /// Run this command line as the script (`#!/bin/sh` and the line, as sbatch --wrap).
+    #[arg(long, value_name = "COMMAND", conflicts_with = "command")]
+    pub wrap: Option<String>,
     /// The script and its arguments.
-    #[arg(required = true, trailing_var_arg = true)]
+    #[arg(required_unless_present = "wrap", trailing_var_arg = true)]
     pub command: Vec<String>,
+}
+
+/// The script of a batch job: a file, or a command line wrapped in one (`--wrap`).
+pub enum Script {
+    File(PathBuf),
+    Text(String),
 }
 
 /// What a script's `#STORM` and `#SBATCH` lines say.
@@ -124,16 +137,30 @@ pub fn expand_submitter_fields(pattern: &str, user: &str, job_name: &str) -> Str
 }
 
 /// The job request for `args` run from `here`, with the script's directives applied, and
-/// the script's path. `env` is the submitter's environment; `user` its user name.
+/// the script to send. `env` is the submitter's environment; `user` its user name.
 pub fn request(
     args: BatchArgs,
     here: &Path,
     env: impl Iterator<Item = (String, String)>,
     user: &str,
-) -> Result<(JobRequest, PathBuf), String> {
-    let script = here.join(&args.command[0]);
-    let text = std::fs::read(&script)
-        .map_err(|e| format!("cannot read the script {}: {e}", script.display()))?;
+) -> Result<(JobRequest, Script), String> {
+    // A wrapped command line is named `wrap`, as sbatch names it.
+    let (script, text, source) = match &args.wrap {
+        Some(line) => {
+            let text = format!("#!/bin/sh\n{line}\n");
+            (
+                here.join("wrap"),
+                text.clone().into_bytes(),
+                Script::Text(text),
+            )
+        }
+        None => {
+            let script = here.join(&args.command[0]);
+            let text = std::fs::read(&script)
+                .map_err(|e| format!("cannot read the script {}: {e}", script.display()))?;
+            (script.clone(), text, Script::File(script))
+        }
+    };
     if !text.starts_with(b"#!") {
         return Err(format!(
             "{} does not start with #! and an interpreter (for example #!/bin/sh); storm batch \
@@ -174,8 +201,8 @@ pub fn request(
     };
     let req = JobRequest {
         name: job_name,
-        program: script.clone(),
-        args: args.command[1..].to_vec(),
+        program: script,
+        args: args.command.iter().skip(1).cloned().collect(),
         env: submit::export_env(shape.export.as_deref(), env)?,
         cwd,
         tasks: shape.tasks(),
@@ -188,7 +215,7 @@ pub fn request(
         batch: Some(files),
         step_of: None,
     };
-    Ok((req, script))
+    Ok((req, source))
 }
 
 /// The submitting user's name (its uid if it has none).
@@ -273,11 +300,16 @@ mod tests {
         .unwrap();
         let args = BatchArgs::try_parse_from(["storm batch", "-N", "1", "job.sh", "x"]).unwrap();
         let (req, script) = request(args, dir.path(), std::iter::empty(), "bob").unwrap();
-        assert_eq!(script, dir.path().join("job.sh"));
+        assert!(matches!(script, Script::File(p) if p == dir.path().join("job.sh")));
         assert_eq!(req.tasks.nodes, Some(1));
         assert_eq!(req.tasks.ntasks, Some(4));
         assert_eq!(req.name, "script-name");
         assert_eq!(req.args, ["x"]);
         assert_eq!(req.batch.unwrap().output, "from-script");
+        let args =
+            BatchArgs::try_parse_from(["storm batch", "-N", "2", "--wrap", "hostname -s"]).unwrap();
+        let (req, script) = request(args, dir.path(), std::iter::empty(), "bob").unwrap();
+        assert!(matches!(script, Script::Text(t) if t == "#!/bin/sh\nhostname -s\n"));
+        assert_eq!((req.name.as_str(), req.tasks.nodes), ("wrap", Some(2)));
     }
 }

@@ -186,6 +186,18 @@ fn output_patterns_default_and_unopenable_files() {
         )),
         "{rec}"
     );
+    // --wait follows the job to its end and exits with its exit code; a node's word on a
+    // script that could not start reaches its terminal.
+    let out = storm_batch(&c, work.path(), &["--wait", "both.sh"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("Submitted batch job "));
+    let out = storm_batch(&c, work.path(), &["-W", "-o", "/no/such/dir/x", "both.sh"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        text(&out.stderr).contains("cannot open the output file /no/such/dir/x on node 0"),
+        "{}",
+        text(&out.stderr)
+    );
     // Scripts only, and what storm batch refuses, it says.
     script(work.path(), "plain", "echo no interpreter line\n");
     let out = storm_batch(&c, work.path(), &["plain"]);

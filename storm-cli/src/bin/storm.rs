@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use storm_cli::alloc::AllocArgs;
-use storm_cli::batch::BatchArgs;
+use storm_cli::batch::{BatchArgs, Script};
 use storm_cli::{metrics_http, views};
 use storm_cluster::control::{Client, NodeInfo, Reply, Request};
 use storm_primitives::NodeSet;
@@ -335,13 +335,25 @@ fn main() -> ExitCode {
 
 /// `storm batch`: submits the script with its job and prints the id once the MM accepted it
 /// (it holds the script and the job in its journal by then); the job goes on without us.
+/// With `--wait`, follows the job to its end and exits with its exit code.
 fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let parsable = args.parsable;
+    let (parsable, wait) = (args.parsable, args.wait);
     let user = storm_cli::batch::user_name();
     let (req, script) = storm_cli::batch::request(args, &here, std::env::vars(), &user)?;
-    let file = std::fs::File::open(&script)
-        .map_err(|e| format!("cannot open {}: {e}", script.display()))?;
+    let file = match script {
+        Script::File(path) => std::fs::File::open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?,
+        // A file of no name, sent like any script.
+        Script::Text(text) => {
+            use std::io::{Seek, Write};
+            let mut f = tempfile::tempfile().map_err(|e| format!("a file for --wrap: {e}"))?;
+            f.write_all(text.as_bytes())
+                .and_then(|()| f.rewind())
+                .map_err(|e| format!("a file for --wrap: {e}"))?;
+            f
+        }
+    };
     let client = Client::connect(socket)?;
     client.request(
         &Request::Submit(Box::new(req)),
@@ -361,7 +373,26 @@ fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String>
                         );
                     }
                 }
-                return Ok(());
+                if !wait {
+                    return Ok(());
+                }
+            }
+            // A batch script writes to its files: what comes here is a node saying why the
+            // script could not start.
+            Reply::Output(chunk) => {
+                for line in String::from_utf8_lossy(&chunk.data).lines() {
+                    eprintln!("{}", storm_cli::display::safe(line));
+                }
+            }
+            Reply::Finished(outcome) => {
+                if let Some(why) = &outcome.reason {
+                    eprintln!(
+                        "storm batch: job {}: {}",
+                        outcome.job,
+                        storm_cli::display::safe(why)
+                    );
+                }
+                std::process::exit(outcome.exit_code());
             }
             Reply::Error(e) => return Err(e),
             _ => {}
