@@ -426,6 +426,8 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             dependency: None,
             batch: None,
             step_of: None,
+            array: None,
+            element: None,
         };
         storm_cli::submit::run_job(client, req, None, &mut Quiet).map_err(anyhow::Error::msg)?;
     }

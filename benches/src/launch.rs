@@ -120,6 +120,8 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         dependency: None,
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     };
     let start = Instant::now();
     let (outcome, _, _) =

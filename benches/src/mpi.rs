@@ -145,6 +145,8 @@ fn storm_once(cluster: &LocalCluster, program: &Path, nodes: u32, ppn: u32) -> R
         dependency: None,
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     };
     let mut out = Stdout::default();
     let start = Instant::now();

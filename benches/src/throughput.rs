@@ -124,6 +124,8 @@ fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<
         dependency: None,
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     };
     let program = if bcast {
         Some(std::fs::File::open(PROGRAM)?)

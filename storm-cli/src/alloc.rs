@@ -57,6 +57,8 @@ fn request(shape: &JobShape, here: &Path) -> JobRequest {
         dependency: shape.dependency.clone(),
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     }
 }
 

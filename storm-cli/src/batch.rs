@@ -39,6 +39,10 @@ pub struct BatchArgs {
     /// The script's standard error, if not with its output.
     #[arg(short = 'e', long, value_name = "PATTERN")]
     pub error: Option<String>,
+    /// A job array: one job per index (`0-99`, `1,3,5-9`, `0-15:4`), at most N running at
+    /// once with `%N` (`0-99%10`); each gets STORM_ARRAY_JOB_ID and STORM_ARRAY_TASK_ID.
+    #[arg(short = 'a', long, value_name = "INDICES[%N]")]
+    pub array: Option<storm_cluster::control::ArraySpec>,
     /// Print only the job id.
     #[arg(long)]
     pub parsable: bool,
@@ -66,6 +70,7 @@ pub struct Directives {
     pub shape: JobShape,
     pub output: Option<String>,
     pub error: Option<String>,
+    pub array: Option<storm_cluster::control::ArraySpec>,
     /// `#SBATCH` options storm does not have, as written (reported, then ignored).
     pub ignored: Vec<String>,
 }
@@ -95,6 +100,7 @@ pub fn read_directives(name: &str, script: &str) -> Result<Directives, String> {
                 out.shape = line.shape.or(std::mem::take(&mut out.shape));
                 out.output = line.output.or(out.output.take());
                 out.error = line.error.or(out.error.take());
+                out.array = line.array.or(out.array.take());
             }
             Err(e) if tag == "#SBATCH" && e.kind() == clap::error::ErrorKind::UnknownArgument => {
                 out.ignored.push(format!("{tag} {rest}"));
@@ -195,6 +201,7 @@ pub fn request(
         .or(directives.output)
         .unwrap_or_else(|| BatchOutput::default_files().output);
     let error = args.error.or(directives.error);
+    let array = args.array.or(directives.array);
     let files = BatchOutput {
         output: expand_submitter_fields(&output, user, &job_name),
         error: error.map(|e| expand_submitter_fields(&e, user, &job_name)),
@@ -214,6 +221,8 @@ pub fn request(
         dependency: shape.dependency,
         batch: Some(files),
         step_of: None,
+        array,
+        element: None,
     };
     Ok((req, source))
 }
@@ -239,7 +248,7 @@ mod tests {
             #SBATCH --mem=1G\n\
             #SBATCH -p debug\n\
             \n\
-            #STORM -N 3 -o 'out %j.txt' --job-name nightly\n\
+            #STORM -N 3 -o 'out %j.txt' --job-name nightly --array 1-3%2\n\
             #SBATCH -d afterok:7\n\
             echo hi\n\
             #STORM -N 9\n";
@@ -250,6 +259,8 @@ mod tests {
         assert_eq!(d.output.as_deref(), Some("out %j.txt"));
         assert_eq!(d.shape.dependency.unwrap().to_string(), "afterok:7");
         assert_eq!(d.ignored, ["#SBATCH --mem=1G", "#SBATCH -p debug"]);
+        let array = d.array.unwrap();
+        assert_eq!((array.indices, array.throttle), (vec![1, 2, 3], Some(2)));
     }
 
     #[test]
@@ -283,10 +294,16 @@ mod tests {
             storm_cluster::messages::expand_output_pattern(
                 &expand_submitter_fields("%x-%j_%a.%N.%t.%%", "alice", "sim"),
                 12,
+                None,
                 "node3",
                 0
             ),
             "sim-12_0.node3.0.%"
+        );
+        assert_eq!(
+            storm_cluster::messages::expand_output_pattern("%A_%a-%j", 15, Some((12, 7)), "n", 0),
+            "12_7-15",
+            "an element of array 12"
         );
     }
 

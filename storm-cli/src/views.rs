@@ -40,6 +40,9 @@ pub struct JobView {
     pub cpu_s: Option<f64>,
     /// For an ended job, the largest memory its processes held at once on one node.
     pub max_memory_bytes: Option<u64>,
+    /// For a job of an array: the array's id (`%A`) and this element's index (`%a`).
+    pub array_job_id: Option<u64>,
+    pub array_task_id: Option<u32>,
 }
 
 /// A node as the JSON listing shows it.
@@ -90,6 +93,16 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         exit_code: job.exit_code,
         cpu_s: job.usage.cpu_us.map(|us| us as f64 / 1e6),
         max_memory_bytes: job.usage.peak_memory_bytes,
+        array_job_id: job.element.map(|e| e.array),
+        array_task_id: job.element.map(|e| e.index),
+    }
+}
+
+/// How the tables name a job: its id, or `ARRAY_INDEX` for an element of an array.
+fn label(j: &JobInfo) -> String {
+    match j.element {
+        Some(e) => format!("{}_{}", e.array, e.index),
+        None => j.job.to_string(),
     }
 }
 
@@ -127,7 +140,35 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
         "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>10}  NODES / REASON\n",
         "JOB", "NAME", "UID", "STATE", "TASKS", "ELAPSED"
     );
-    for j in jobs {
+    let mut i = 0;
+    while i < jobs.len() {
+        let j = &jobs[i];
+        // An array's waiting elements on one line, as squeue shows them: `12_[4-99]`.
+        let mut name = label(j);
+        if let (Some(e), JobState::Queued) = (j.element, j.state) {
+            let same = jobs[i..]
+                .iter()
+                .take_while(|o| {
+                    o.state == JobState::Queued
+                        && o.element.is_some_and(|oe| oe.array == e.array)
+                        && o.reason == j.reason
+                })
+                .count();
+            if same > 1 {
+                let indices: Vec<u32> = jobs[i..i + same]
+                    .iter()
+                    .filter_map(|o| o.element.map(|e| e.index))
+                    .collect();
+                name = format!(
+                    "{}_[{}]",
+                    e.array,
+                    storm_cluster::control::index_ranges(&indices)
+                );
+            }
+            i += same.max(1);
+        } else {
+            i += 1;
+        }
         let place = match (&j.reason, j.time_slot) {
             (Some(why), _) => safe(why).into_owned(),
             (None, Some(slot)) => format!("{} (time slot {slot})", placed_on(j)),
@@ -136,7 +177,7 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
         let _ = writeln!(
             out,
             "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>9.1}s  {}",
-            j.job,
+            name,
             safe(&j.name),
             j.uid,
             j.state.as_str(),
@@ -163,7 +204,7 @@ pub fn history_table(jobs: &[JobInfo]) -> String {
         let _ = writeln!(
             out,
             "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>9.1}s  {}",
-            j.job,
+            label(j),
             safe(&j.name),
             j.uid,
             j.state.as_str(),
@@ -227,6 +268,7 @@ mod tests {
             time_slot: Some(1),
             exit_code: None,
             usage: Default::default(),
+            element: None,
         };
         let text = jobs_json(&[job_view(&job, &nodes)]);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -244,5 +286,43 @@ mod tests {
         assert_eq!(v["nodes"][1]["name"], "a1");
         assert_eq!(v["nodes"][1]["state"], "allocated");
         assert_eq!(v["nodes"][1]["jobs"], serde_json::json!([7]));
+    }
+
+    #[test]
+    fn an_arrays_waiting_elements_share_a_line_and_the_others_are_named_by_index() {
+        let element = |job: u64, index: u32, state: JobState| JobInfo {
+            job,
+            name: "arr".into(),
+            uid: 1000,
+            state,
+            nodes: NodeSet::new(),
+            cpus: None,
+            ntasks: 1,
+            elapsed_ms: 0,
+            reason: (state == JobState::Queued).then(|| "waiting".to_string()),
+            time_slot: None,
+            exit_code: None,
+            usage: Default::default(),
+            element: Some(storm_cluster::control::ArrayElement {
+                array: 12,
+                index,
+                count: 6,
+                throttle: None,
+            }),
+        };
+        let jobs = [
+            element(12, 0, JobState::Running),
+            element(13, 1, JobState::Queued),
+            element(14, 2, JobState::Queued),
+            element(15, 3, JobState::Queued),
+            element(16, 5, JobState::Queued),
+        ];
+        let table = queue_table(&jobs);
+        let first: Vec<&str> = table
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(first, ["12_0", "12_[1-3,5]"], "{table}");
     }
 }

@@ -338,3 +338,63 @@ fn storm_alloc_runs_a_command_with_an_allocation_whose_steps_run_on_its_nodes() 
         text(&out.stderr)
     );
 }
+
+#[test]
+fn an_array_writes_one_file_per_element_and_storm_queue_shows_the_waiting_ones_together() {
+    let c = TestCluster::start(2);
+    let work = tempfile::tempdir().unwrap();
+    let gate = work.path().join("gate");
+    let wrap = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo $STORM_ARRAY_TASK_ID of $STORM_ARRAY_TASK_COUNT in $STORM_ARRAY_JOB_ID",
+        gate.display()
+    );
+    let waiter = Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .args([
+            "batch",
+            "--wait",
+            "--array",
+            "0-2,7%1",
+            "-o",
+            "arr-%A_%a.out",
+            "--wrap",
+        ])
+        .arg(&wrap)
+        .current_dir(work.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // One element runs (the throttle is 1); the other three wait on one line, squeue's way.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (array, queue) = loop {
+        let q = text(&c.storm(&["queue"]).stdout);
+        if let Some(line) = q.lines().find(|l| l.contains("_[")) {
+            let array = line.trim().split('_').next().unwrap().to_string();
+            break (array, q);
+        }
+        assert!(Instant::now() < deadline, "no array line in: {q}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(queue.contains(&format!("{array}_[1-2,7]")), "{queue}");
+    assert!(queue.contains(&format!("{array}_0 ")), "{queue}");
+    assert!(
+        queue.contains(&format!(
+            "array job {array} runs at most 1 of its elements at once (%1)"
+        )),
+        "{queue}"
+    );
+    std::fs::write(&gate, "").unwrap();
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("Submitted batch job {array}\n"));
+    for index in [0, 1, 2, 7] {
+        assert_eq!(
+            std::fs::read_to_string(work.path().join(format!("arr-{array}_{index}.out"))).unwrap(),
+            format!("{index} of 4 in {array}\n")
+        );
+    }
+    let history = text(&c.storm(&["history"]).stdout);
+    assert!(history.contains(&format!("{array}_7 ")), "{history}");
+}

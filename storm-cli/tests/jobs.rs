@@ -899,6 +899,8 @@ fn raw_submit_helper() {
         dependency: None,
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     };
     let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
     let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);

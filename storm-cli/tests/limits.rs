@@ -200,6 +200,8 @@ fn jobs_followed_in_process_give_their_connections_back() {
             dependency: None,
             batch: None,
             step_of: None,
+            array: None,
+            element: None,
         };
         let client = Client::connect(&c.socket)
             .unwrap_or_else(|e| panic!("job {n}: the connections of earlier jobs linger: {e}"));
@@ -313,6 +315,8 @@ fn named_job(name: String, cwd: &Path) -> JobRequest {
         dependency: None,
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     }
 }
 

@@ -423,6 +423,8 @@ pub struct LimitsSection {
     /// Size of a job's arguments and environment together (the kernel's `ARG_MAX` is 2 MiB
     /// with the default stack limit).
     pub max_argument_bytes: u64,
+    /// Elements of one job array (`storm batch --array`), as Slurm's MaxArraySize.
+    pub max_array_size: u32,
 }
 
 impl Default for LimitsSection {
@@ -436,6 +438,7 @@ impl Default for LimitsSection {
             max_unread_reply_bytes: 16 << 20,
             max_job_name_bytes: 256,
             max_argument_bytes: 2 << 20,
+            max_array_size: 1001,
         }
     }
 }
@@ -717,6 +720,7 @@ impl ClusterConfig {
             ("max_unread_reply_bytes", l.max_unread_reply_bytes),
             ("max_job_name_bytes", l.max_job_name_bytes as u64),
             ("max_argument_bytes", l.max_argument_bytes),
+            ("max_array_size", l.max_array_size as u64),
         ] {
             if v == 0 {
                 return bad(format!("[limits] {name} must be at least 1"));

@@ -56,6 +56,115 @@ pub struct JobRequest {
     /// A step of this running job (`storm-submit` inside a batch script or an allocation):
     /// it runs on that job's nodes, in its time slot, without queueing.
     pub step_of: Option<JobId>,
+    /// A job array (`storm batch --array`): the MM makes one batch job per index.
+    pub array: Option<ArraySpec>,
+    /// Set by the MM on each job of an array: which array, which element.
+    pub element: Option<ArrayElement>,
+}
+
+/// `--array 0-99%10`: the indices, and how many elements may run at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// Distinct, in increasing order.
+    pub indices: Vec<u32>,
+    pub throttle: Option<u32>,
+}
+
+/// One job of an array: the array's id (its first element's job id), the element's index,
+/// the array's size, and the throttle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayElement {
+    pub array: JobId,
+    pub index: u32,
+    pub count: u32,
+    pub throttle: Option<u32>,
+}
+
+/// The largest index an array may have (Slurm's default MaxArraySize is 1001; indices are
+/// kept below this whatever the cluster's limit on elements).
+pub const MAX_ARRAY_INDEX: u32 = 4_000_000;
+
+impl std::str::FromStr for ArraySpec {
+    type Err = String;
+
+    /// Slurm's `--array`: `0-15`, `0,6,16-32`, `0-15:4` (every 4th), each followed by
+    /// `%N` to run at most N elements at once.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (list, throttle) = match text.split_once('%') {
+            Some((l, t)) => {
+                let t: u32 =
+                    t.parse().ok().filter(|&t| t > 0).ok_or_else(|| {
+                        format!("--array {text:?}: %{t} is not a count of 1 or more")
+                    })?;
+                (l, Some(t))
+            }
+            None => (text, None),
+        };
+        let num = |s: &str| -> Result<u32, String> {
+            s.parse::<u32>()
+                .ok()
+                .filter(|&n| n <= MAX_ARRAY_INDEX)
+                .ok_or_else(|| {
+                    format!("--array {text:?}: {s:?} is not an index from 0 to {MAX_ARRAY_INDEX}")
+                })
+        };
+        let mut indices = std::collections::BTreeSet::new();
+        for part in list.split(',') {
+            let (range, step) = match part.split_once(':') {
+                Some((r, s)) => (r, num(s)?),
+                None => (part, 1),
+            };
+            if step == 0 {
+                return Err(format!("--array {text:?}: a step of 0"));
+            }
+            let (lo, hi) = match range.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => (num(range)?, num(range)?),
+            };
+            if lo > hi {
+                return Err(format!("--array {text:?}: {range} runs backwards"));
+            }
+            let mut i = lo;
+            while i <= hi {
+                indices.insert(i);
+                if indices.len() > MAX_ARRAY_INDEX as usize {
+                    break;
+                }
+                i = match i.checked_add(step) {
+                    Some(n) => n,
+                    None => break,
+                };
+            }
+        }
+        Ok(ArraySpec {
+            indices: indices.into_iter().collect(),
+            throttle,
+        })
+    }
+}
+
+/// Indices as Slurm shows them: `1-5,7,9-10`.
+pub fn index_ranges(indices: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < indices.len() {
+        let lo = indices[i];
+        let mut hi = lo;
+        while i + 1 < indices.len() && indices[i + 1] == hi + 1 {
+            i += 1;
+            hi = indices[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if lo == hi {
+            out.push_str(&lo.to_string());
+        } else {
+            out.push_str(&format!("{lo}-{hi}"));
+        }
+        i += 1;
+    }
+    out
 }
 
 /// Parses a time limit as Slurm's `--time` does: `M` (minutes), `M:S`, `H:M:S`, `D-H`,
@@ -305,6 +414,8 @@ pub struct JobInfo {
     pub exit_code: Option<i32>,
     /// For a job that ended: what its processes used (from their cgroups).
     pub usage: crate::messages::JobUsage,
+    /// For a job of an array: which array and element.
+    pub element: Option<ArrayElement>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -179,6 +179,8 @@ pub struct BatchLaunch {
     pub files: BatchOutput,
     /// Tasks the allocation holds (the script's `STORM_NTASKS`: a step's default).
     pub alloc_tasks: u32,
+    /// An element of a job array: the array's id, this element's index, the array's size.
+    pub array: Option<(JobId, u32, u32)>,
 }
 
 impl BatchOutput {
@@ -191,9 +193,17 @@ impl BatchOutput {
     }
 }
 
-/// Expands a batch output pattern's node-side fields (see [`BatchOutput`]); an unknown
-/// `%c` is kept as it is.
-pub fn expand_output_pattern(pattern: &str, job: JobId, node: &str, rank: u32) -> String {
+/// Expands a batch output pattern's node-side fields (see [`BatchOutput`]); `array` is the
+/// array's id and the element's index, for an element of an array. An unknown `%c` is kept
+/// as it is.
+pub fn expand_output_pattern(
+    pattern: &str,
+    job: JobId,
+    array: Option<(JobId, u32)>,
+    node: &str,
+    rank: u32,
+) -> String {
+    let (array_id, index) = array.unwrap_or((job, 0));
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
@@ -202,8 +212,9 @@ pub fn expand_output_pattern(pattern: &str, job: JobId, node: &str, rank: u32) -
             continue;
         }
         match chars.next() {
-            Some('j') | Some('A') => out.push_str(&job.to_string()),
-            Some('a') => out.push('0'),
+            Some('j') => out.push_str(&job.to_string()),
+            Some('A') => out.push_str(&array_id.to_string()),
+            Some('a') => out.push_str(&index.to_string()),
             Some('N') => out.push_str(node),
             Some('t') => out.push_str(&rank.to_string()),
             Some('%') => out.push('%'),

@@ -345,6 +345,7 @@ fn launch_spec() -> LaunchSpec {
                 error: Some("err-%t".into()),
             },
             alloc_tasks: 8,
+            array: Some((40, 2, 10)),
         }),
     }
 }
@@ -573,6 +574,13 @@ fn job_request() -> JobRequest {
         dependency: Some("afterok:1:2,singleton".parse().expect("a valid dependency")),
         batch: None,
         step_of: None,
+        array: Some("0-9:2,20%3".parse().expect("a valid --array")),
+        element: Some(storm_cluster::control::ArrayElement {
+            array: 7,
+            index: 4,
+            count: 6,
+            throttle: Some(3),
+        }),
     }
 }
 
@@ -639,6 +647,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             time_slot: None,
             exit_code: None,
             usage: Default::default(),
+            element: None,
         }]),
         Reply::Nodes(vec![NodeInfo {
             id: 0,

@@ -558,6 +558,14 @@ impl<E: NmEnv> NodeManager<E> {
             .cloned()
             .collect();
         env.extend(storm.into_iter().map(|(k, v)| (k.to_string(), v)));
+        // An element of a job array, as Slurm's SLURM_ARRAY_* say it.
+        if let Some((array, index, count)) = spec.batch.as_ref().and_then(|b| b.array) {
+            env.extend([
+                ("STORM_ARRAY_JOB_ID".to_string(), array.to_string()),
+                ("STORM_ARRAY_TASK_ID".to_string(), index.to_string()),
+                ("STORM_ARRAY_TASK_COUNT".to_string(), count.to_string()),
+            ]);
+        }
         if spec.mpi != MpiMode::None {
             // The PMI server's socket (see `pmi`), as MPICH's and Slurm's launchers set it.
             env.retain(|(k, _)| !k.starts_with("PMI_"));
@@ -694,7 +702,13 @@ impl<E: NmEnv> NodeManager<E> {
         pmi: Option<&std::os::fd::OwnedFd>,
     ) -> LocalRank {
         let name = &self.cfg.nodes[self.node as usize].name;
-        let file = |pattern: &str| expand_output_pattern(pattern, spec.job, name, rank).into();
+        let array = spec
+            .batch
+            .as_ref()
+            .and_then(|b| b.array)
+            .map(|(a, i, _)| (a, i));
+        let file =
+            |pattern: &str| expand_output_pattern(pattern, spec.job, array, name, rank).into();
         let files = spec.batch.as_ref().map(|b| &b.files);
         let output_file = files.map(|f| file(&f.output));
         let error_file = files

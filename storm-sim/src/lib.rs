@@ -133,6 +133,8 @@ pub struct SimJob {
     pub batch: bool,
     /// A step of this running job (`storm-submit` inside it).
     pub step_of: Option<JobId>,
+    /// `--array`, as storm batch takes it.
+    pub array: Option<storm_cluster::control::ArraySpec>,
 }
 
 impl SimJob {
@@ -152,7 +154,15 @@ impl SimJob {
             dependency: None,
             batch: false,
             step_of: None,
+            array: None,
         }
+    }
+
+    /// The same job as a job array (a batch job) with `--array text` (which must parse).
+    pub fn with_array(mut self, text: &str) -> Self {
+        self.batch = true;
+        self.array = Some(text.parse().expect("a valid --array"));
+        self
     }
 
     /// The same job, as a batch job.
@@ -248,6 +258,8 @@ impl SimJob {
                 .batch
                 .then(storm_cluster::messages::BatchOutput::default_files),
             step_of: self.step_of,
+            array: self.array.clone(),
+            element: None,
         }
     }
 }

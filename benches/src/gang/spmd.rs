@@ -211,6 +211,8 @@ pub fn submit(
         dependency: None,
         batch: None,
         step_of: None,
+        array: None,
+        element: None,
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

@@ -324,6 +324,8 @@ fn run(args: Args) -> Result<i32, String> {
         dependency: shape.dependency.clone(),
         batch: None,
         step_of,
+        array: None,
+        element: None,
     };
 
     let local = match args.local {

@@ -335,12 +335,15 @@ fn main() -> ExitCode {
 
 /// `storm batch`: submits the script with its job and prints the id once the MM accepted it
 /// (it holds the script and the job in its journal by then); the job goes on without us.
-/// With `--wait`, follows the job to its end and exits with its exit code.
+/// With `--wait`, follows the job (every element of an array) to its end and exits with its
+/// exit code (the highest of an array's, as sbatch --wait).
 fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let (parsable, wait) = (args.parsable, args.wait);
     let user = storm_cli::batch::user_name();
     let (req, script) = storm_cli::batch::request(args, &here, std::env::vars(), &user)?;
+    let mut to_end = req.array.as_ref().map_or(1, |a| a.indices.len());
+    let mut worst = 0;
     let file = match script {
         Script::File(path) => std::fs::File::open(&path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?,
@@ -392,7 +395,11 @@ fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String>
                         storm_cli::display::safe(why)
                     );
                 }
-                std::process::exit(outcome.exit_code());
+                worst = worst.max(outcome.exit_code());
+                to_end -= 1;
+                if to_end == 0 {
+                    std::process::exit(worst);
+                }
             }
             Reply::Error(e) => return Err(e),
             _ => {}

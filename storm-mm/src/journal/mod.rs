@@ -737,6 +737,8 @@ pub(crate) mod tests {
             dependency: None,
             batch: None,
             step_of: None,
+            array: None,
+            element: None,
         }
     }
 

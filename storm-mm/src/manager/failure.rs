@@ -245,6 +245,9 @@ impl<E: MmEnv> MachineManager<E> {
             Requeue::Front => self.policy.submit_front(ask, now),
             Requeue::Back => self.policy.submit(ask, now),
         }
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.admitted = self.reattach.held.is_none();
+        }
         self.outbox.unrecorded.insert(id);
         tracing::warn!(job = id, "requeued: {reason}");
         if let Some(c) = client {

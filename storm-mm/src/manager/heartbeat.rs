@@ -95,6 +95,7 @@ impl<E: MmEnv> MachineManager<E> {
                 let now = self.now();
                 if let Some(taken) = fresh {
                     self.hb.seq += 1;
+                    let mut unneeded = Vec::new();
                     for cmd in self.hb.commands.drain(..taken) {
                         if let Command::Launch(spec) = cmd
                             && let Some(j) = self.jobs.get_mut(&spec.job)
@@ -108,9 +109,12 @@ impl<E: MmEnv> MachineManager<E> {
                             if !j.req.requeue
                                 && let Some(p) = j.program.take()
                             {
-                                self.env.release_program(p);
+                                unneeded.push(p);
                             }
                         }
+                    }
+                    for p in unneeded {
+                        self.let_go_of_program(p);
                     }
                 }
                 self.hb.in_flight = Some(InFlight { bytes, issued: now });

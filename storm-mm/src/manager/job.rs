@@ -120,6 +120,9 @@ pub(super) struct Job {
     /// A batch job (no submitter follows it): the start of what came through the output
     /// queues (a node saying why its script could not start), for the outcome's reason.
     pub(super) unsent: String,
+    /// It entered the scheduling policy's queue (see `admission`): a queued job that has not
+    /// waits for its dependency, its array's throttle, or the hold after a restart.
+    pub(super) admitted: bool,
 }
 
 /// Bytes of a batch job's queued output kept for its outcome.
@@ -211,6 +214,7 @@ impl Job {
             pmi_epoch: 0,
             abort_code: None,
             unsent: String::new(),
+            admitted: false,
             req: new.req,
         }
     }
@@ -293,6 +297,7 @@ pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         time_slot: None,
         exit_code: Some(code),
         usage: outcome.usage,
+        element: rec.req.element,
     })
 }
 
@@ -338,6 +343,7 @@ pub(super) fn launch_spec(
         batch: req.batch.clone().map(|files| BatchLaunch {
             files,
             alloc_tasks: plan.ntasks,
+            array: req.element.map(|e| (e.array, e.index, e.count)),
         }),
     }
 }

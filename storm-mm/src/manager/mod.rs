@@ -15,7 +15,7 @@
 //!
 //! One file per concern, each an `impl` block of [`MachineManager`] (this file keeps the loop,
 //! scheduling, launches, cancellation and termination): [`job`] (a job and its phases),
-//! [`requests`] (clients, limits, answers), [`dependencies`] (`--dependency`), [`publish`] (write-ahead: replies and launches once
+//! [`requests`] (clients, limits, answers), [`admission`] (when a queued job enters the policy: dependencies, array throttles), [`publish`] (write-ahead: replies and launches once
 //! the journal holds them), [`transfers`] (program transfers), [`heartbeat`] (Algorithm 4),
 //! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], [`restart`], and
 //! [`steps`] (jobs inside a running job's allocation).
@@ -32,8 +32,8 @@ use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 
+mod admission;
 mod attention;
-mod dependencies;
 mod failure;
 mod heartbeat;
 mod job;
@@ -107,9 +107,11 @@ pub struct MachineManager<E: MmEnv> {
     term_announced: bool,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
     pmi_recheck: bool,
-    /// A job ended, started, or came with a dependency: judge the held jobs' dependencies
-    /// at the next timeslice (see [`dependencies`]).
-    dependencies_changed: bool,
+    /// A job ended, started, or came held: look at the held jobs again at the next
+    /// timeslice (see [`admission`]).
+    queue_changed: bool,
+    /// How many jobs hold each submitted program (an array's elements share one).
+    program_holders: BTreeMap<crate::env::ProgramId, usize>,
     /// Each node's output queue, and the entries taken from it not yet released.
     outputs: Vec<output::NodeOutput>,
     /// Which nodes signalled since the last timeslice.
@@ -174,7 +176,8 @@ impl<E: MmEnv> MachineManager<E> {
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             term_announced: false,
             pmi_recheck: false,
-            dependencies_changed: true,
+            queue_changed: true,
+            program_holders: BTreeMap::new(),
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: now,
             run_set: Vec::new(),
@@ -315,7 +318,7 @@ impl<E: MmEnv> MachineManager<E> {
         if !self.shutting_down {
             self.release_held();
             self.end_reattach_window(now);
-            self.judge_dependencies();
+            self.admit_waiting();
             self.end_orphan_steps();
             self.schedule();
         }
@@ -490,7 +493,7 @@ impl<E: MmEnv> MachineManager<E> {
         ready.sort_by_key(|id| self.jobs[id].ready);
         for id in ready {
             // `after:ID` waits for this.
-            self.dependencies_changed = true;
+            self.queue_changed = true;
             let j = self.jobs.get_mut(&id).expect("listed");
             j.phase = Phase::Launching;
             let spec = j.launch_spec();
@@ -736,10 +739,10 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(mut j) = self.jobs.remove(&id) else {
             return;
         };
-        self.dependencies_changed = true;
+        self.queue_changed = true;
         self.release(&j);
         if let Some(p) = j.program.take() {
-            self.env.release_program(p);
+            self.let_go_of_program(p);
         }
         if j.client.is_none() && !j.held_output.is_empty() && self.reattach.until.is_some() {
             self.reattach

@@ -63,7 +63,7 @@ impl<E: MmEnv> MachineManager<E> {
                     j.program_saved = true;
                     // From now on the program is read from the copy.
                     if let Some(p) = j.program.take() {
-                        self.env.release_program(p);
+                        self.let_go_of_program(p);
                     }
                 }
                 (Some(_), Err(e @ crate::journal::JournalError::ProgramChanged { .. })) => {

@@ -6,7 +6,9 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use anyhow::Result;
-use storm_cluster::control::{self, JobInfo, JobRequest, JobState, NodeInfo, Reply, Request};
+use storm_cluster::control::{
+    self, ArrayElement, JobInfo, JobRequest, JobState, NodeInfo, Reply, Request,
+};
 use storm_cluster::messages::{Command, JobId, JobUsage, encode};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
@@ -321,18 +323,45 @@ impl<E: MmEnv> MachineManager<E> {
         Ok(())
     }
 
-    /// `[limits] max_queued_jobs_per_user` for a new job of user `uid`.
-    pub(super) fn check_queue_limit(&self, uid: u32) -> Result<(), String> {
+    /// A job array's request (`--array`): a batch job within `[limits] max_array_size`; its
+    /// indices, or `None` for a job that is not an array.
+    pub(super) fn check_array(&self, req: &mut JobRequest) -> Result<Option<Vec<u32>>, String> {
+        // Only the MM names elements.
+        req.element = None;
+        let Some(spec) = &req.array else {
+            return Ok(None);
+        };
+        if req.batch.is_none() || req.step_of.is_some() {
+            return Err("a job array is a batch job: use storm batch --array".into());
+        }
+        let limit = self.cfg.limits.max_array_size as usize;
+        match spec.indices.len() {
+            0 => Err("--array names no index".into()),
+            n if n > limit => Err(format!(
+                "--array asks for {n} elements, over the limit ([limits] max_array_size = \
+                 {limit})"
+            )),
+            _ => Ok(Some(spec.indices.clone())),
+        }
+    }
+
+    /// `[limits] max_queued_jobs_per_user` for `count` new jobs of user `uid`.
+    pub(super) fn check_queue_limit(&self, uid: u32, count: usize) -> Result<(), String> {
         let limit = self.cfg.limits.max_queued_jobs_per_user;
         let waiting = self
             .jobs
             .values()
             .filter(|j| j.uid == uid && j.phase == Phase::Queued)
             .count();
-        if waiting >= limit as usize {
+        if waiting + count > limit as usize {
+            let more = if count > 1 {
+                format!("; {count} more would pass it")
+            } else {
+                String::new()
+            };
             return Err(format!(
                 "user {uid} already has {waiting} jobs waiting to start, the limit ([limits] \
-                 max_queued_jobs_per_user = {limit}); wait for some to start, or cancel some"
+                 max_queued_jobs_per_user = {limit}){more}; wait for some to start, or cancel some"
             ));
         }
         Ok(())
@@ -363,6 +392,11 @@ impl<E: MmEnv> MachineManager<E> {
         self.check_request_sizes(&req)?;
         let plan = self.plan(&req)?;
         self.check_step(uid, &mut req, &plan)?;
+        let indices = self.check_array(&mut req)?;
+        let count = indices.as_ref().map_or(1, Vec::len);
+        if let Some(dep) = req.dependency.take() {
+            req.dependency = Some(self.expand_arrays(dep)?);
+        }
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
         }
@@ -378,13 +412,14 @@ impl<E: MmEnv> MachineManager<E> {
             if p.mode & 0o111 == 0 && req.batch.is_none() {
                 return Err(format!("{} is not executable", req.program.display()));
             }
-            self.check_program_limits(uid, &req.program, p.len)?;
+            // Each element of an array holds a copy.
+            self.check_program_limits(uid, &req.program, p.len * count as u64)?;
             Some((p.id, p.len))
         } else {
             None
         };
         let (program, size) = program.map_or((None, 0), |(p, n)| (Some(p), n));
-        self.check_queue_limit(uid)?;
+        self.check_queue_limit(uid, count)?;
         // The id is spent only by a job that is accepted.
         let id = self.next_job;
         let launch_probe = launch_spec(
@@ -401,40 +436,64 @@ impl<E: MmEnv> MachineManager<E> {
                 "the job description is too large for a heartbeat ({e}); export fewer variables"
             ));
         }
-        let job = Job::queued(NewJob {
-            id,
-            uid,
-            gid,
-            req,
-            plan,
-            program,
-            size,
-            client: Some(client),
-            submitted: self.now(),
-            submitted_ms: self.unix_ms(),
-        });
-        self.check_dependency(&job)?;
-        self.next_job += 1;
+        let new = |id: JobId, req: JobRequest| {
+            Job::queued(NewJob {
+                id,
+                uid,
+                gid,
+                req,
+                plan,
+                program,
+                size,
+                client: Some(client),
+                submitted: self.now(),
+                submitted_ms: self.unix_ms(),
+            })
+        };
+        // An array's elements: consecutive ids from the array's, one job each, sharing the
+        // submitted program (each makes its copy beside the journal).
+        let jobs: Vec<Job> = match &indices {
+            None => vec![new(id, req)],
+            Some(indices) => indices
+                .iter()
+                .zip(id..)
+                .map(|(&index, job)| {
+                    let mut r = req.clone();
+                    r.array = None;
+                    r.element = Some(ArrayElement {
+                        array: id,
+                        index,
+                        count: count as u32,
+                        throttle: req.array.as_ref().and_then(|a| a.throttle),
+                    });
+                    new(job, r)
+                })
+                .collect(),
+        };
+        self.check_dependency(&jobs[0])?;
+        self.next_job += jobs.len() as JobId;
         self.outbox.journal.set_next_job(self.next_job);
-        let held = job.req.dependency.is_some();
-        let step = job.req.step_of.is_some();
-        self.jobs.insert(id, job);
-        // While jobs restored after a restart are held, new ones queue behind them (they
-        // enter the policy together, in order, when the hold ends). A job with a dependency
-        // enters once it is met.
-        self.dependencies_changed |= held;
-        if self.reattach.held.is_none() && !held && !step {
-            let ask = self.ask(&self.jobs[&id]);
-            self.policy.submit(ask, self.since_epoch());
+        if let Some(p) = program {
+            self.hold_program(p, jobs.len());
+        }
+        for job in jobs {
+            let jid = job.id;
+            // Held (a dependency, a throttle): looked at again at the next timeslice.
+            self.queue_changed |= job.req.dependency.is_some() || job.req.element.is_some();
+            self.jobs.insert(jid, job);
+            // While jobs restored after a restart are held, new ones queue behind them (they
+            // enter the policy together, in order, when the hold ends).
+            self.admit_job(jid);
+            self.outbox.unrecorded.insert(jid);
+            self.metrics.job_submitted();
         }
         self.outbox.unanswered.push((client, id));
-        self.outbox.unrecorded.insert(id);
-        self.metrics.job_submitted();
         tracing::info!(
             job = id,
             uid,
             nodes = plan.nodes,
             tasks = plan.ntasks,
+            elements = indices.map(|i| i.len()),
             "job accepted"
         );
         Ok(id)
@@ -461,7 +520,11 @@ impl<E: MmEnv> MachineManager<E> {
                 restart::REATTACH_GRACE.as_secs()
             ));
         }
-        if let Some(why) = self.jobs.get(&job).and_then(|j| self.dependency_wait(j)) {
+        if let Some(why) = self
+            .jobs
+            .get(&job)
+            .and_then(|j| self.dependency_wait(j).or_else(|| self.throttle_wait(j)))
+        {
             return Some(why);
         }
         let want = self.jobs.get(&job).map_or(0, |j| j.plan.nodes);
@@ -515,6 +578,7 @@ impl<E: MmEnv> MachineManager<E> {
             time_slot: (self.gang && j.phase != Phase::Queued).then_some(j.time_slot as u32),
             exit_code: None,
             usage: JobUsage::default(),
+            element: j.req.element,
         }
     }
 

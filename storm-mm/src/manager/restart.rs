@@ -33,7 +33,7 @@ use storm_primitives::{NodeId, NodeSet};
 
 use super::{Job, MachineManager, MmEnv, NewJob, Phase};
 use crate::journal::{JobRecord, JobState, Restored};
-use crate::policy::{JobAsk, Placement, Share};
+use crate::policy::{Placement, Share};
 
 /// How long restored jobs wait for their submitters to reattach.
 pub(super) const REATTACH_GRACE: Duration = Duration::from_secs(5);
@@ -428,17 +428,17 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         self.reattach.held = None;
-        // Jobs with a dependency enter once it is met (judged at once, in this timeslice).
-        self.dependencies_changed = true;
-        let queued: Vec<JobAsk> = self
+        // In their order; those with a dependency or throttled enter once they may (looked
+        // at in this timeslice).
+        self.queue_changed = true;
+        let queued: Vec<JobId> = self
             .jobs
             .values()
-            .filter(|j| j.phase == Phase::Queued && j.req.dependency.is_none())
-            .filter(|j| j.req.step_of.is_none())
-            .map(|j| self.ask(j))
+            .filter(|j| j.phase == Phase::Queued)
+            .map(|j| j.id)
             .collect();
-        for ask in queued {
-            self.policy.submit(ask, self.since_epoch());
+        for id in queued {
+            self.admit_job(id);
         }
     }
 
