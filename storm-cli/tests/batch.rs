@@ -370,11 +370,20 @@ fn an_array_writes_one_file_per_element_and_storm_queue_shows_the_waiting_ones_t
     let deadline = Instant::now() + Duration::from_secs(20);
     let (array, queue) = loop {
         let q = text(&c.storm(&["queue"]).stdout);
-        if let Some(line) = q.lines().find(|l| l.contains("_[")) {
-            let array = line.trim().split('_').next().unwrap().to_string();
+        let array = q
+            .lines()
+            .find(|l| l.contains("_["))
+            .map(|l| l.trim().split('_').next().unwrap().to_string());
+        if let Some(array) = array
+            && q.lines()
+                .any(|l| l.trim().starts_with(&format!("{array}_0 ")) && l.contains("running"))
+        {
             break (array, q);
         }
-        assert!(Instant::now() < deadline, "no array line in: {q}");
+        assert!(
+            Instant::now() < deadline,
+            "no running element 0 and waiting line in: {q}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(queue.contains(&format!("{array}_[1-2,7]")), "{queue}");
