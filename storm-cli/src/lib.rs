@@ -19,6 +19,7 @@ pub mod alloc;
 pub mod batch;
 pub mod diagnostics;
 pub mod display;
+pub mod history;
 pub mod job_options;
 pub mod local;
 pub mod metrics_http;

@@ -21,6 +21,8 @@ pub struct JobView {
     pub job: u64,
     pub name: String,
     pub uid: u32,
+    /// The owner's user name on this host (its uid if it has none).
+    pub user: String,
     pub state: JobState,
     /// Node ids, as ranges (`"0-3,7"`); empty while queued.
     pub nodes: String,
@@ -43,6 +45,37 @@ pub struct JobView {
     /// For a job of an array: the array's id (`%A`) and this element's index (`%a`).
     pub array_job_id: Option<u64>,
     pub array_task_id: Option<u32>,
+    /// When it was submitted, started and ended (local time, `2026-11-27T07:01:22`).
+    pub submitted: String,
+    pub started: Option<String>,
+    pub ended: Option<String>,
+}
+
+/// The name of user `uid` on this host, or its number.
+pub fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
+}
+
+/// Milliseconds since the Unix epoch as local time, `2026-11-27T07:01:22`, as sacct shows it.
+pub fn local_time(ms: u64) -> String {
+    let secs = (ms / 1000) as libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`, which it is given.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return ms.to_string();
+    }
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
 }
 
 /// A node as the JSON listing shows it.
@@ -95,6 +128,10 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         max_memory_bytes: job.usage.peak_memory_bytes,
         array_job_id: job.element.map(|e| e.array),
         array_task_id: job.element.map(|e| e.index),
+        user: user_name(job.uid),
+        submitted: local_time(job.submitted_ms),
+        started: job.started_ms.map(local_time),
+        ended: job.ended_ms.map(local_time),
     }
 }
 
@@ -137,8 +174,8 @@ fn placed_on(j: &JobInfo) -> String {
 /// `storm queue`: queued and running jobs.
 pub fn queue_table(jobs: &[JobInfo]) -> String {
     let mut out = format!(
-        "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>10}  NODES / REASON\n",
-        "JOB", "NAME", "UID", "STATE", "TASKS", "ELAPSED"
+        "{:>6}  {:<16} {:<8} {:<10} {:>6} {:>10}  NODES / REASON\n",
+        "JOB", "NAME", "USER", "STATE", "TASKS", "ELAPSED"
     );
     let mut i = 0;
     while i < jobs.len() {
@@ -176,10 +213,10 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>6}  {:<16} {:>6} {:<10} {:>6} {:>9.1}s  {}",
+            "{:>6}  {:<16} {:<8} {:<10} {:>6} {:>9.1}s  {}",
             name,
             safe(&j.name),
-            j.uid,
+            safe(&user_name(j.uid)),
             j.state.as_str(),
             j.ntasks,
             j.elapsed_ms as f64 / 1000.0,
@@ -192,8 +229,8 @@ pub fn queue_table(jobs: &[JobInfo]) -> String {
 /// `storm history`: jobs that ended.
 pub fn history_table(jobs: &[JobInfo]) -> String {
     let mut out = format!(
-        "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>10}  NODES / REASON\n",
-        "JOB", "NAME", "UID", "STATE", "EXIT", "ELAPSED"
+        "{:>6}  {:<16} {:<8} {:<10} {:>4} {:<19} {:>10}  NODES / REASON\n",
+        "JOB", "NAME", "USER", "STATE", "EXIT", "ENDED", "ELAPSED"
     );
     for j in jobs {
         let place = match &j.reason {
@@ -203,12 +240,13 @@ pub fn history_table(jobs: &[JobInfo]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>6}  {:<16} {:>6} {:<10} {:>4} {:>9.1}s  {}",
+            "{:>6}  {:<16} {:<8} {:<10} {:>4} {:<19} {:>9.1}s  {}",
             label(j),
             safe(&j.name),
-            j.uid,
+            safe(&user_name(j.uid)),
             j.state.as_str(),
             j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            j.ended_ms.map(local_time).unwrap_or_default(),
             j.elapsed_ms as f64 / 1000.0,
             place
         );
@@ -269,6 +307,9 @@ mod tests {
             exit_code: None,
             usage: Default::default(),
             element: None,
+            submitted_ms: 0,
+            started_ms: None,
+            ended_ms: None,
         };
         let text = jobs_json(&[job_view(&job, &nodes)]);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -309,6 +350,9 @@ mod tests {
                 count: 6,
                 throttle: None,
             }),
+            submitted_ms: 0,
+            started_ms: None,
+            ended_ms: None,
         };
         let jobs = [
             element(12, 0, JobState::Running),

@@ -203,10 +203,35 @@ fn listings_print_json_for_scripts() {
         .iter()
         .find(|h| h["job"].as_u64() == Some(id))
         .unwrap_or_else(|| panic!("job {id} not in {history}"));
-    assert_eq!(ended["state"], "failed");
+    // A cancelled job is `cancelled` in the history, as in sacct (it said `failed` until
+    // issue 33's accounting, which this test asserted).
+    assert_eq!(ended["state"], "cancelled");
     assert_eq!(ended["exit_code"], 128 + 15);
+    assert_eq!(ended["user"], storm_cli::views::user_name(0));
+    assert!(
+        ended["ended"].as_str().is_some_and(|t| t.len() == 19),
+        "{ended}"
+    );
     assert!(
         ended["reason"].as_str().unwrap().contains("cancelled"),
         "{ended}"
-    );
+    ); // sacct's filters: by state, by user, by time.
+    let only = |args: &[&str]| -> Vec<u64> {
+        let mut a = vec!["history", "--json"];
+        a.extend_from_slice(args);
+        let v: serde_json::Value = serde_json::from_slice(&c.storm(&a).stdout).unwrap();
+        v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|j| j["job"].as_u64())
+            .collect()
+    };
+    assert!(only(&["--state", "cancelled"]).contains(&id));
+    assert!(!only(&["--state", "completed,failed"]).contains(&id));
+    assert!(only(&["--user", "root", "--since", "1h"]).contains(&id));
+    assert!(!only(&["--user", "65534"]).contains(&id));
+    let bad = c.storm(&["history", "--state", "running"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--state \"running\": expected one of"));
 }

@@ -23,7 +23,8 @@ use crate::tasks::TaskRequest;
 /// stream offset. Version 5: `mpi` in job requests. Version 6: `--mpi openmpi`. Version 7:
 /// the launch, start, run and report phases in `Timing`. Version 8: `exclusive` in task
 /// requests, and the CPUs of a job that shares its node. Version 9: job and node
-/// states as enums. Version 10: `dependency`, `batch` and `step_of` in job requests.
+/// states as enums. Version 10: `dependency`, `batch`, `step_of`, `array` and `element` in
+/// job requests; the cancelled, timeout and node_fail states, what ended a job, and times.
 pub const PROTOCOL_VERSION: u32 = 10;
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -277,9 +278,35 @@ pub struct JobOutcome {
     /// What its processes used, from their cgroups: CPU time over all its nodes, and the
     /// largest peak memory of one node.
     pub usage: crate::messages::JobUsage,
+    /// What ended it, when not its tasks' own end: `storm history`'s state.
+    pub cause: Option<EndCause>,
+}
+
+/// What ended a job other than its tasks: the states `storm history` shows beside
+/// `completed` and `failed`, as sacct's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndCause {
+    /// `storm cancel`, its submitter leaving, its allocation ending, the cluster shutting down.
+    Cancelled,
+    /// Its time limit (`--time`).
+    Timeout,
+    /// A node of it failed.
+    NodeFail,
 }
 
 impl JobOutcome {
+    /// The state `storm history` shows: what ended it, or its exit code's verdict.
+    pub fn state(&self) -> JobState {
+        match self.cause {
+            Some(EndCause::Cancelled) => JobState::Cancelled,
+            Some(EndCause::Timeout) => JobState::Timeout,
+            Some(EndCause::NodeFail) => JobState::NodeFail,
+            None if self.exit_code() == 0 => JobState::Completed,
+            None => JobState::Failed,
+        }
+    }
+
     /// The exit code storm-submit returns: the code of an `MPI_Abort` that ended the job;
     /// otherwise 0 when every rank succeeded; otherwise the lowest
     /// failing rank's exit code, or 128 + its signal; 1 for a job that ended without reports.
@@ -304,7 +331,7 @@ impl JobOutcome {
 
 /// A job's state, as `storm queue` and `storm history` show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Waiting for nodes.
     Queued,
@@ -327,6 +354,12 @@ pub enum JobState {
     Completed,
     /// Ended otherwise.
     Failed,
+    /// Ended by `storm cancel`, its submitter leaving, or its allocation ending.
+    Cancelled,
+    /// Ended at its time limit.
+    Timeout,
+    /// Ended because a node of it failed.
+    NodeFail,
 }
 
 impl JobState {
@@ -343,6 +376,9 @@ impl JobState {
             JobState::Cancelling => "cancelling",
             JobState::Completed => "completed",
             JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Timeout => "timeout",
+            JobState::NodeFail => "node_fail",
         }
     }
 }
@@ -416,6 +452,11 @@ pub struct JobInfo {
     pub usage: crate::messages::JobUsage,
     /// For a job of an array: which array and element.
     pub element: Option<ArrayElement>,
+    /// When it was submitted, started (its launch went out) and ended, in milliseconds since
+    /// the Unix epoch, as far as it got.
+    pub submitted_ms: u64,
+    pub started_ms: Option<u64>,
+    pub ended_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -821,6 +862,7 @@ mod tests {
             abort_code: None,
             timing: Timing::default(),
             usage: Default::default(),
+            cause: None,
         };
         assert_eq!(outcome(vec![Some(RankStatus::Exited(0)); 3]).exit_code(), 0);
         // An MPI_Abort's code wins over the statuses of the ranks it had killed.

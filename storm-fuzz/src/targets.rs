@@ -613,6 +613,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             cpu_us: Some(1_500_000),
             peak_memory_bytes: None,
         },
+        cause: Some(storm_cluster::control::EndCause::NodeFail),
     };
     let replies = [
         Reply::Hello {
@@ -648,6 +649,9 @@ fn control_seeds() -> Vec<Vec<u8>> {
             exit_code: None,
             usage: Default::default(),
             element: None,
+            submitted_ms: 1_700_000_000_000,
+            started_ms: Some(1_700_000_000_500),
+            ended_ms: None,
         }]),
         Reply::Nodes(vec![NodeInfo {
             id: 0,
@@ -746,6 +750,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                         cpu_us: Some(42_000),
                         peak_memory_bytes: Some(1 << 30),
                     },
+                    cause: Some(storm_cluster::control::EndCause::Timeout),
                 },
                 ended_ms: 1_700_000_001_000,
             }),

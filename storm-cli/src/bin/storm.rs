@@ -46,6 +46,17 @@ enum Cmd {
         /// Print JSON (`{"jobs": [...]}`) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Only jobs that ended since: a time ago (30m, 2h, 3d) or a local date
+        /// (2026-11-27, 2026-11-27T08:00).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// Only this user's jobs (a name or uid).
+        #[arg(long, short = 'u')]
+        user: Option<String>,
+        /// Only jobs that ended so: completed, failed, cancelled, timeout, node_fail
+        /// (several, separated by commas).
+        #[arg(long, short = 's')]
+        state: Option<String>,
     },
     /// Cancel a job (its owner or root only).
     Cancel { job: u64 },
@@ -120,6 +131,7 @@ fn run(args: Args) -> Result<(), String> {
         _ => {}
     }
     let socket = storm_cli::control_socket(args.socket, args.config)?;
+    let mut filter = storm_cli::history::HistoryFilter::default();
     let (req, json) = match args.command {
         Cmd::Batch(batch) => return submit_batch(*batch, &socket),
         Cmd::Alloc(alloc) => {
@@ -132,7 +144,21 @@ fn run(args: Args) -> Result<(), String> {
             refresh_ms,
         } => return metrics(&socket, listen, token_file, refresh_ms),
         Cmd::Queue { json } => (Request::Queue, json),
-        Cmd::History { json } => (Request::History, json),
+        Cmd::History {
+            json,
+            ref since,
+            ref user,
+            ref state,
+        } => {
+            let now = storm_cluster::daemon::unix_ms();
+            filter = storm_cli::history::HistoryFilter::parse(
+                since.as_deref(),
+                user.as_deref(),
+                state.as_deref(),
+                now,
+            )?;
+            (Request::History, json)
+        }
         Cmd::Cancel { job } => (Request::Cancel { job }, false),
         Cmd::Nodes { json } => (Request::Nodes, json),
         Cmd::Drain { nodes, reason } => (
@@ -152,7 +178,11 @@ fn run(args: Args) -> Result<(), String> {
         Cmd::Keygen { .. } | Cmd::Enroll { .. } => unreachable!("handled above"),
     };
     let client = Client::connect(&socket)?;
-    match client.call(&req)? {
+    let reply = match client.call(&req)? {
+        Reply::History(jobs) => Reply::History(storm_cli::history::filtered(jobs, &filter)),
+        other => other,
+    };
+    match reply {
         Reply::Queue(jobs) | Reply::History(jobs) if json => {
             let nodes = node_list(&client)?;
             let views: Vec<_> = jobs.iter().map(|j| views::job_view(j, &nodes)).collect();

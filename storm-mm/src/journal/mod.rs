@@ -42,8 +42,9 @@ pub const KEEP_FINISHED: usize = 1000;
 /// timing has the launch, start, run and report phases. Format 6: a request carries
 /// `exclusive`, and a started job that shares its node the CPUs it holds there. Format 7: an
 /// outcome carries what the job's processes used (CPU time, peak memory), and a started job
-/// the hash of the program sent to its nodes. Format 8: a request carries its `dependency`.
-const FORMAT: u64 = 8;
+/// the hash of the program sent to its nodes. Format 8: a request carries its `dependency`,
+/// `batch`, `step_of`, `array` and `element`. Format 9: an outcome carries its `cause`.
+const FORMAT: u64 = 9;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -765,6 +766,7 @@ pub(crate) mod tests {
                     abort_code: None,
                     timing: Timing::default(),
                     usage: Default::default(),
+                    cause: Some(storm_cluster::control::EndCause::Cancelled),
                 },
                 ended_ms: 1,
             },

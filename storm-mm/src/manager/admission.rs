@@ -186,6 +186,7 @@ impl<E: MmEnv> MachineManager<E> {
         let ask = self.ask(j);
         self.policy.submit(ask, self.since_epoch());
         self.jobs.get_mut(&id).expect("found").admitted = true;
+        self.held.remove(&id);
     }
 
     /// Admits the held jobs that may go now: those whose dependency is met (ending those
@@ -198,15 +199,9 @@ impl<E: MmEnv> MachineManager<E> {
         }
         loop {
             let mut ended = false;
-            let held: Vec<JobId> = self
-                .jobs
-                .values()
-                .filter(|j| !j.admitted && j.phase == Phase::Queued && j.cancel.is_none())
-                .filter(|j| j.req.step_of.is_none())
-                .map(|j| j.id)
-                .collect();
+            let held: Vec<JobId> = self.held.iter().copied().collect();
             for id in held {
-                let Some(j) = self.jobs.get(&id) else {
+                let Some(j) = self.jobs.get(&id).filter(|j| j.cancel.is_none()) else {
                     continue;
                 };
                 if let Some(dep) = &j.req.dependency {

@@ -212,14 +212,19 @@ impl<E: MmEnv> MachineManager<E> {
             Phase::Running | Phase::Recovering if j.req.requeue => {
                 self.requeue(id, why, Requeue::Back)
             }
-            Phase::Running | Phase::Recovering => self.fail(id, why),
+            Phase::Running | Phase::Recovering => {
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.end_cause = Some(storm_cluster::control::EndCause::NodeFail);
+                }
+                self.fail(id, why)
+            }
         }
     }
 
     /// Puts a started job back in the queue after a node failure: its processes elsewhere are
     /// killed, and it will run again from the start, on nodes the policy picks.
     pub(super) fn requeue(&mut self, id: JobId, reason: String, place: Requeue) {
-        let Some(j) = self.jobs.remove(&id) else {
+        let Some(j) = self.remove_job(id) else {
             return;
         };
         self.release(&j);
@@ -237,16 +242,14 @@ impl<E: MmEnv> MachineManager<E> {
         j.time_slot = 0;
         let ask = self.ask(&j);
         let client = j.client;
-        self.jobs.insert(id, j);
+        // Restored jobs enter the policy when the hold after a restart ends.
+        j.admitted = self.reattach.held.is_none();
+        self.add_job(j);
         let now = self.since_epoch();
         match place {
-            // Restored jobs enter the policy when the hold after a restart ends.
             _ if self.reattach.held.is_some() => {}
             Requeue::Front => self.policy.submit_front(ask, now),
             Requeue::Back => self.policy.submit(ask, now),
-        }
-        if let Some(j) = self.jobs.get_mut(&id) {
-            j.admitted = self.reattach.held.is_none();
         }
         self.outbox.unrecorded.insert(id);
         tracing::warn!(job = id, "requeued: {reason}");

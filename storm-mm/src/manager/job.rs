@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use storm_cluster::control::{JobInfo, JobRequest, JobState as ShownState};
+use storm_cluster::control::{JobInfo, JobRequest};
 use storm_cluster::messages::{BatchLaunch, JobId, JobUsage, LaunchSpec, OutputChunk, Program};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
@@ -123,6 +123,8 @@ pub(super) struct Job {
     /// It entered the scheduling policy's queue (see `admission`): a queued job that has not
     /// waits for its dependency, its array's throttle, or the hold after a restart.
     pub(super) admitted: bool,
+    /// What is ending it, when not its tasks: a cancel, its time limit, a lost node.
+    pub(super) end_cause: Option<storm_cluster::control::EndCause>,
 }
 
 /// Bytes of a batch job's queued output kept for its outcome.
@@ -215,6 +217,7 @@ impl Job {
             abort_code: None,
             unsent: String::new(),
             admitted: false,
+            end_cause: None,
             req: new.req,
         }
     }
@@ -276,19 +279,24 @@ pub(super) fn job_ask(job: JobId, req: &JobRequest, plan: &TaskPlan, cpus: u32) 
 
 /// How `storm history` shows a finished job.
 pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
-    let JobState::Finished { nodes, outcome, .. } = &rec.state else {
+    let JobState::Finished {
+        nodes,
+        outcome,
+        ended_ms,
+    } = &rec.state
+    else {
         return None;
     };
     let code = outcome.exit_code();
+    // It started when its launch went out: after its queueing, program transfer and launch.
+    let t = &outcome.timing;
+    let started_ms = (outcome.timing.execute_us > 0)
+        .then(|| rec.submitted_ms + (t.queued_us + t.send_us + t.launch_us) / 1000);
     Some(JobInfo {
         job: rec.id,
         name: rec.req.name.clone(),
         uid: rec.uid,
-        state: if code == 0 {
-            ShownState::Completed
-        } else {
-            ShownState::Failed
-        },
+        state: outcome.state(),
         nodes: nodes.clone(),
         cpus: None,
         ntasks: outcome.ranks.len() as u32,
@@ -298,6 +306,9 @@ pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         exit_code: Some(code),
         usage: outcome.usage,
         element: rec.req.element,
+        submitted_ms: rec.submitted_ms,
+        started_ms,
+        ended_ms: Some(*ended_ms),
     })
 }
 

@@ -15,17 +15,18 @@
 //!
 //! One file per concern, each an `impl` block of [`MachineManager`] (this file keeps the loop,
 //! scheduling, launches, cancellation and termination): [`job`] (a job and its phases),
-//! [`requests`] (clients, limits, answers), [`admission`] (when a queued job enters the policy: dependencies, array throttles), [`publish`] (write-ahead: replies and launches once
+//! [`requests`] (clients, limits, answers), [`admission`] (when a queued job enters the
+//! policy: dependencies, array throttles), [`publish`] (write-ahead: replies and launches once
 //! the journal holds them), [`transfers`] (program transfers), [`heartbeat`] (Algorithm 4),
 //! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], [`restart`], and
 //! [`steps`] (jobs inside a running job's allocation).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use storm_cluster::control::{JobInfo, JobOutcome, NodeInfo, Reply, Timing};
+use storm_cluster::control::{EndCause, JobInfo, JobOutcome, NodeInfo, Reply, Timing};
 use storm_cluster::identity::MmSigner;
 use storm_cluster::messages::{Command, JobId, MpiMode, NodeReport, decode_sealed};
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -112,6 +113,10 @@ pub struct MachineManager<E: MmEnv> {
     queue_changed: bool,
     /// How many jobs hold each submitted program (an array's elements share one).
     program_holders: BTreeMap<crate::env::ProgramId, usize>,
+    /// Queued jobs not admitted to the policy yet (see [`admission`]), and steps (see
+    /// [`steps`]): what a timeslice looks at without walking every job.
+    held: BTreeSet<JobId>,
+    steps: BTreeSet<JobId>,
     /// Each node's output queue, and the entries taken from it not yet released.
     outputs: Vec<output::NodeOutput>,
     /// Which nodes signalled since the last timeslice.
@@ -178,6 +183,8 @@ impl<E: MmEnv> MachineManager<E> {
             pmi_recheck: false,
             queue_changed: true,
             program_holders: BTreeMap::new(),
+            held: BTreeSet::new(),
+            steps: BTreeSet::new(),
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: now,
             run_set: Vec::new(),
@@ -420,6 +427,9 @@ impl<E: MmEnv> MachineManager<E> {
             .map(|(id, limit, _)| (id, limit))
             .collect();
         for (id, limit) in late {
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.end_cause.get_or_insert(EndCause::Timeout);
+            }
             self.cancel(id, format!("time limit of {} exceeded", human(limit)));
         }
     }
@@ -518,6 +528,7 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(j) = self.jobs.get_mut(&id) else {
             return;
         };
+        j.end_cause.get_or_insert(EndCause::Cancelled);
         match j.phase {
             Phase::Queued => {
                 self.policy.withdraw(id);
@@ -729,6 +740,23 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
+    /// Puts a job in the table, and in the indexes of held jobs and steps.
+    fn add_job(&mut self, job: Job) {
+        if job.req.step_of.is_some() {
+            self.steps.insert(job.id);
+        } else if job.phase == Phase::Queued && !job.admitted {
+            self.held.insert(job.id);
+        }
+        self.jobs.insert(job.id, job);
+    }
+
+    /// Takes a job out of the table and its indexes.
+    fn remove_job(&mut self, id: JobId) -> Option<Job> {
+        self.held.remove(&id);
+        self.steps.remove(&id);
+        self.jobs.remove(&id)
+    }
+
     /// Removes a job, frees what it held, and tells its submitter how it ended.
     fn finish(
         &mut self,
@@ -736,7 +764,7 @@ impl<E: MmEnv> MachineManager<E> {
         reason: Option<String>,
         ranks: Vec<Option<storm_cluster::messages::RankStatus>>,
     ) {
-        let Some(mut j) = self.jobs.remove(&id) else {
+        let Some(mut j) = self.remove_job(id) else {
             return;
         };
         self.queue_changed = true;
@@ -783,6 +811,7 @@ impl<E: MmEnv> MachineManager<E> {
             abort_code: j.abort_code,
             timing,
             usage: j.ran.usage,
+            cause: j.end_cause,
         };
         self.metrics.job_ended(outcome.exit_code() == 0);
         self.record_finished(JobRecord {

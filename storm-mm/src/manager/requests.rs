@@ -480,7 +480,7 @@ impl<E: MmEnv> MachineManager<E> {
             let jid = job.id;
             // Held (a dependency, a throttle): looked at again at the next timeslice.
             self.queue_changed |= job.req.dependency.is_some() || job.req.element.is_some();
-            self.jobs.insert(jid, job);
+            self.add_job(job);
             // While jobs restored after a restart are held, new ones queue behind them (they
             // enter the policy together, in order, when the hold ends).
             self.admit_job(jid);
@@ -579,6 +579,9 @@ impl<E: MmEnv> MachineManager<E> {
             exit_code: None,
             usage: JobUsage::default(),
             element: j.req.element,
+            submitted_ms: j.submitted_ms,
+            started_ms: j.launched_ms,
+            ended_ms: None,
         }
     }
 

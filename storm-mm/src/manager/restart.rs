@@ -243,7 +243,7 @@ impl<E: MmEnv> MachineManager<E> {
             unlaunched: NodeSet::new(),
         });
         self.slots[slot] = Some(rec.id);
-        self.jobs.insert(rec.id, job);
+        self.add_job(job);
         tracing::info!(job = rec.id, nodes = %at.nodes, "waiting for the nodes of a job that ran to register again");
         Ok(())
     }
@@ -378,8 +378,7 @@ impl<E: MmEnv> MachineManager<E> {
             None
         };
         let at = (self.now(), self.unix_ms());
-        self.jobs
-            .insert(rec.id, restored_job(rec, plan, program, at));
+        self.add_job(restored_job(rec, plan, program, at));
         self.outbox.unrecorded.insert(rec.id);
         Ok(())
     }
@@ -402,6 +401,7 @@ impl<E: MmEnv> MachineManager<E> {
                 ..Timing::default()
             },
             usage: Default::default(),
+            cause: None,
         };
         self.record_finished(JobRecord {
             state: JobState::Finished {
@@ -431,12 +431,7 @@ impl<E: MmEnv> MachineManager<E> {
         // In their order; those with a dependency or throttled enter once they may (looked
         // at in this timeslice).
         self.queue_changed = true;
-        let queued: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| j.phase == Phase::Queued)
-            .map(|j| j.id)
-            .collect();
+        let queued: Vec<JobId> = self.held.iter().copied().collect();
         for id in queued {
             self.admit_job(id);
         }
