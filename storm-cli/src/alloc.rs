@@ -132,7 +132,8 @@ pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
             "STORM_NTASKS",
             tasks_of(&args.shape, nodes.len()).to_string(),
         )
-        .env("STORM_NODELIST", names.join(","))
+        // Node ids, as every task's STORM_NODELIST says them.
+        .env("STORM_NODELIST", nodes.to_string())
         .env("STORM_SOCKET", socket)
         .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
