@@ -122,24 +122,11 @@ pub fn read_directives(name: &str, script: &str) -> Result<Directives, String> {
 /// Replaces the submitter's fields of an output pattern: `%u` (user) and `%x` (job name);
 /// `%%` stays for the node to make `%`.
 pub fn expand_submitter_fields(pattern: &str, user: &str, job_name: &str) -> String {
-    let mut out = String::with_capacity(pattern.len());
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('u') => out.push_str(user),
-            Some('x') => out.push_str(job_name),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
+    storm_cluster::messages::expand_pattern_fields(pattern, |field| match field {
+        'u' => Some(user.to_string()),
+        'x' => Some(job_name.to_string()),
+        _ => None,
+    })
 }
 
 /// The job request for `args` run from `here`, with the script's directives applied, and

@@ -204,6 +204,21 @@ pub fn expand_output_pattern(
     rank: u32,
 ) -> String {
     let (array_id, index) = array.unwrap_or((job, 0));
+    expand_pattern_fields(pattern, |field| match field {
+        'j' => Some(job.to_string()),
+        'A' => Some(array_id.to_string()),
+        'a' => Some(index.to_string()),
+        'N' => Some(node.to_string()),
+        't' => Some(rank.to_string()),
+        '%' => Some("%".to_string()),
+        _ => None,
+    })
+}
+
+/// Replaces each `%c` of `pattern` with what `field(c)` gives; a field it gives nothing for,
+/// and a `%` at the end, are kept as they are. The submitter (`%u`, `%x`) and the node (the
+/// rest) each expand their own fields with it.
+pub fn expand_pattern_fields(pattern: &str, field: impl Fn(char) -> Option<String>) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
@@ -212,16 +227,13 @@ pub fn expand_output_pattern(
             continue;
         }
         match chars.next() {
-            Some('j') => out.push_str(&job.to_string()),
-            Some('A') => out.push_str(&array_id.to_string()),
-            Some('a') => out.push_str(&index.to_string()),
-            Some('N') => out.push_str(node),
-            Some('t') => out.push_str(&rank.to_string()),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
+            Some(f) => match field(f) {
+                Some(value) => out.push_str(&value),
+                None => {
+                    out.push('%');
+                    out.push(f);
+                }
+            },
             None => out.push('%'),
         }
     }
