@@ -299,7 +299,7 @@ pub fn seal_costs() -> Table {
         program_hash: Some([7; 32]),
         args: vec!["-n".into(), "100".into()],
         env: (0..30)
-            .map(|i| (format!("VAR{i}"), "x".repeat(40)))
+            .map(|i| (format!("VAR{i}").into(), "x".repeat(40).into()))
             .collect(),
         cwd: "/home/user/run".into(),
         uid: 1000,

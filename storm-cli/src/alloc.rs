@@ -10,6 +10,7 @@
 //! allocation ends first (a time limit, a cancel, a node failure), the command is sent SIGTERM
 //! and `storm alloc` says why.
 
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,7 +33,7 @@ pub struct AllocArgs {
     pub shape: JobShape,
     /// The command to run with the allocation (default: $SHELL, or /bin/sh).
     #[arg(trailing_var_arg = true)]
-    pub command: Vec<String>,
+    pub command: Vec<OsString>,
 }
 
 /// The program that holds an allocation's nodes.
@@ -114,7 +115,7 @@ pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
     let (program, cmd_args) = match args.command.split_first() {
         Some((p, rest)) => (p.clone(), rest.to_vec()),
         None => (
-            std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into()),
+            std::env::var_os("SHELL").unwrap_or_else(|| "/bin/sh".into()),
             Vec::new(),
         ),
     };
@@ -136,7 +137,7 @@ pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
         .env("STORM_NODELIST", nodes.to_string())
         .env("STORM_SOCKET", socket)
         .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(|e| format!("cannot run {}: {e}", Path::new(&program).display()))?;
     // The allocation may end first: watch the connection while the command runs.
     let ended = Arc::new(std::sync::Mutex::new(None::<String>));
     let watcher = {

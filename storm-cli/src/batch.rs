@@ -10,6 +10,7 @@
 //! Output patterns: `%u` (user) and `%x` (job name) are replaced here; the node replaces the
 //! rest (`storm_cluster::messages::BatchOutput`).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -55,7 +56,7 @@ pub struct BatchArgs {
     pub wrap: Option<String>,
     /// The script and its arguments.
     #[arg(required_unless_present = "wrap", trailing_var_arg = true)]
-    pub command: Vec<String>,
+    pub command: Vec<OsString>,
 }
 
 /// The script of a batch job: a file, or a command line wrapped in one (`--wrap`).
@@ -134,7 +135,7 @@ pub fn expand_submitter_fields(pattern: &str, user: &str, job_name: &str) -> Str
 pub fn request(
     args: BatchArgs,
     here: &Path,
-    env: impl Iterator<Item = (String, String)>,
+    env: impl Iterator<Item = (OsString, OsString)>,
     user: &str,
 ) -> Result<(JobRequest, Script), String> {
     // A wrapped command line is named `wrap`, as sbatch names it.

@@ -2,9 +2,11 @@
 //! job (see the binary for the options).
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -16,24 +18,23 @@ use storm_primitives::NodeSet;
 /// Finds the program as a shell would: a path with a slash is taken relative to `cwd`, a bare
 /// name is looked up in `PATH`. The result must be an executable file.
 pub fn resolve_program(
-    program: &str,
+    program: &OsStr,
     cwd: &Path,
-    path_var: Option<&str>,
+    path_var: Option<&OsStr>,
 ) -> Result<PathBuf, String> {
-    let found = if program.contains('/') {
+    let shown = Path::new(program).display();
+    let found = if program.as_bytes().contains(&b'/') {
         let p = cwd.join(program);
         if !p.exists() {
-            return Err(format!("program {program} not found"));
+            return Err(format!("program {shown} not found"));
         }
         p
     } else {
-        path_var
-            .unwrap_or("")
-            .split(':')
-            .filter(|d| !d.is_empty())
-            .map(|d| Path::new(d).join(program))
+        std::env::split_paths(path_var.unwrap_or_default())
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(|d| d.join(program))
             .find(|p| p.is_file())
-            .ok_or_else(|| format!("program {program} not found in PATH"))?
+            .ok_or_else(|| format!("program {shown} not found in PATH"))?
     };
     let meta = std::fs::metadata(&found).map_err(|e| format!("{}: {e}", found.display()))?;
     if !meta.is_file() {
@@ -50,22 +51,23 @@ pub fn resolve_program(
 /// Builds the job's environment from `--export` (Slurm's rules): `ALL` (the default) passes
 /// this environment; `NONE` passes nothing; a list `VAR,VAR=value,...` passes only those,
 /// unless it also names `ALL`.
+/// Names and values are taken as the bytes they are (UTF-8 or not).
 pub fn export_env(
     spec: Option<&str>,
-    current: impl Iterator<Item = (String, String)>,
-) -> Result<Vec<(String, String)>, String> {
-    let current: Vec<(String, String)> = current.collect();
+    current: impl Iterator<Item = (OsString, OsString)>,
+) -> Result<Vec<(OsString, OsString)>, String> {
+    let current: Vec<(OsString, OsString)> = current.collect();
     let Some(spec) = spec else { return Ok(current) };
     let mut all = false;
-    let mut chosen: Vec<(String, String)> = Vec::new();
+    let mut chosen: Vec<(OsString, OsString)> = Vec::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match item {
             "ALL" => all = true,
             "NONE" => {}
             _ => match item.split_once('=') {
-                Some((k, v)) if !k.is_empty() => chosen.push((k.to_string(), v.to_string())),
+                Some((k, v)) if !k.is_empty() => chosen.push((k.into(), v.into())),
                 Some(_) => return Err(format!("--export: {item:?} has no variable name")),
-                None => match current.iter().find(|(k, _)| k == item) {
+                None => match current.iter().find(|(k, _)| k.as_os_str() == item) {
                     Some(kv) => chosen.push(kv.clone()),
                     None => return Err(format!("--export: {item} is not set in this environment")),
                 },
@@ -351,12 +353,8 @@ pub fn failure_lines(outcome: &JobOutcome, nodes: &NodeSet, names: &[String]) ->
 mod tests {
     use super::*;
 
-    fn env() -> impl Iterator<Item = (String, String)> {
-        vec![
-            ("HOME".to_string(), "/h".to_string()),
-            ("A".to_string(), "1".to_string()),
-        ]
-        .into_iter()
+    fn env() -> impl Iterator<Item = (OsString, OsString)> {
+        vec![("HOME".into(), "/h".into()), ("A".into(), "1".into())].into_iter()
     }
 
     #[test]
@@ -390,25 +388,25 @@ mod tests {
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = dir.path().to_str().unwrap();
         assert_eq!(
-            resolve_program("prog", Path::new("/"), Some(path)).unwrap(),
+            resolve_program("prog".as_ref(), Path::new("/"), Some(path.as_ref())).unwrap(),
             exe
         );
         assert_eq!(
-            resolve_program("./prog", dir.path(), None).unwrap(),
+            resolve_program("./prog".as_ref(), dir.path(), None).unwrap(),
             dir.path().join("./prog")
         );
         assert!(
-            resolve_program("nope", Path::new("/"), Some(path))
+            resolve_program("nope".as_ref(), Path::new("/"), Some(path.as_ref()))
                 .unwrap_err()
                 .contains("not found in PATH")
         );
         assert!(
-            resolve_program("./data", dir.path(), None)
+            resolve_program("./data".as_ref(), dir.path(), None)
                 .unwrap_err()
                 .contains("not executable")
         );
         assert!(
-            resolve_program("./missing", dir.path(), None)
+            resolve_program("./missing".as_ref(), dir.path(), None)
                 .unwrap_err()
                 .contains("not found")
         );

@@ -337,3 +337,56 @@ fn daemon_configuration_errors_are_one_line_without_a_backtrace() {
         assert!(!err.to_lowercase().contains("backtrace"), "{bin}: {err}");
     }
 }
+
+/// Unix hands a program bytes, not UTF-8: a working directory, a variable and an argument in
+/// Latin-1 reach the task exactly as they were, and a non-UTF-8 variable that `--export NONE`
+/// leaves behind is no reason to fail. storm-submit used to panic (rc 101) on both.
+#[test]
+fn non_utf8_directory_environment_and_arguments_reach_the_task_byte_for_byte() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let c = TestCluster::start(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir(&dir).unwrap();
+    let value = OsStr::from_bytes(b"\xe9t\xe9");
+    let arg = OsStr::from_bytes(b"\xff-arg");
+    let mut cmd = c.submit_cmd(&[
+        "/bin/sh",
+        "-c",
+        r#"printf '%s|%s|%s' "$(pwd)" "$LATIN1_TEST" "$1""#,
+        "sh",
+    ]);
+    cmd.arg(arg).env("LATIN1_TEST", value).current_dir(&dir);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = [
+        dir.as_os_str().as_bytes(),
+        b"|",
+        value.as_bytes(),
+        b"|",
+        arg.as_bytes(),
+    ]
+    .concat();
+    assert_eq!(
+        out.stdout,
+        want,
+        "{:?} != {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&want)
+    );
+
+    let mut cmd = c.submit_cmd(&["--export", "NONE", "/bin/echo", "ok"]);
+    cmd.env("LATIN1_TEST", value);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"ok\n");
+}

@@ -364,7 +364,10 @@ fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
     let marker = work.path().join("finished");
     let mut own = named_job("unread".into(), work.path());
     own.program = "/bin/sh".into();
-    own.args = vec!["-c".into(), format!("echo whole > {}", marker.display())];
+    own.args = vec![
+        "-c".into(),
+        format!("echo whole > {}", marker.display()).into(),
+    ];
     reader
         .request(&Request::Submit(Box::new(own)), None)
         .unwrap();

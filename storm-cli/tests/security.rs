@@ -440,7 +440,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
             ntasks: 1,
             program: Program::Path("/bin/sh".into()),
             program_hash: None,
-            args: vec!["-c".into(), format!("id -u > {}", marker.display())],
+            args: vec!["-c".into(), format!("id -u > {}", marker.display()).into()],
             env: vec![],
             cwd: "/".into(),
             uid: 0,

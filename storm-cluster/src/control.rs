@@ -7,6 +7,7 @@
 //! path the user could not read can never be broadcast by a privileged MM. The MM identifies
 //! the user from the socket's peer credentials (SO_PEERCRED), never from the request.
 
+use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -25,7 +26,8 @@ use crate::tasks::TaskRequest;
 /// requests, and the CPUs of a job that shares its node. Version 9: job and node
 /// states as enums. Version 10: `dependency`, `batch`, `step_of`, `array` and `element` in
 /// job requests; the cancelled, timeout and node_fail states, what ended a job, and times.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// Version 11: arguments, environment and paths as bytes (UTF-8 or not).
+pub const PROTOCOL_VERSION: u32 = 11;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -34,9 +36,11 @@ pub struct JobRequest {
     pub name: String,
     /// The program's absolute path (as resolved by storm-submit). With `bcast` the file
     /// itself travels as the descriptor attached to the request.
+    #[serde(with = "crate::os_bytes::path")]
     pub program: PathBuf,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    #[serde(with = "crate::os_bytes::path")]
     pub cwd: PathBuf,
     pub tasks: TaskRequest,
     /// Transfer the program to the nodes (false: `--no-bcast`).

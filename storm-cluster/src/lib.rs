@@ -17,6 +17,7 @@
 //!   files looked at again while a daemon runs, and read again on SIGHUP.
 //! * [`daemon_dir`]: directories a root daemon writes in for users, reached only by
 //!   descriptor.
+//! * [`os_bytes`]: users' paths on the wire as their bytes, UTF-8 or not.
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
 //!   notification.
 //!
@@ -37,6 +38,7 @@ pub mod key;
 pub mod keywatch;
 pub mod layout;
 pub mod messages;
+pub mod os_bytes;
 pub mod tasks;
 
 pub use config::{ClusterConfig, ConfigError};

@@ -2,6 +2,7 @@
 //! Algorithms 4 and 5), per-node reports of exit statuses (NM to MM, Algorithm 9) and output
 //! (NM to MM). All are bincode with an explicit size limit; decoding never panics.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
@@ -134,7 +135,7 @@ pub enum Program {
     /// Transferred to each node's spool directory under this name.
     Spooled(String),
     /// Already present on every node at this path (`--no-bcast`).
-    Path(PathBuf),
+    Path(#[serde(with = "crate::os_bytes::path")] PathBuf),
 }
 
 /// Start a job's processes (LAUNCH-JOB of Algorithm 5).
@@ -148,8 +149,9 @@ pub struct LaunchSpec {
     /// The BLAKE3 hash of a program the MM sent (`Program::Spooled`): a node runs the file
     /// it received only if it is this one.
     pub program_hash: Option<[u8; 32]>,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    #[serde(with = "crate::os_bytes::path")]
     pub cwd: PathBuf,
     pub uid: u32,
     pub gid: u32,

@@ -10,6 +10,7 @@
 //! thread per transfer, and forwards output and serves PMI on their own threads. The
 //! simulator (`storm-sim`) brings a virtual clock and tasks that only use virtual time.
 
+use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,8 +46,8 @@ pub struct TaskStart<'a> {
     pub job: JobId,
     pub rank: u32,
     pub program: &'a Path,
-    pub args: &'a [String],
-    pub env: Vec<(String, String)>,
+    pub args: &'a [OsString],
+    pub env: Vec<(OsString, OsString)>,
     pub cwd: &'a Path,
     pub uid: u32,
     pub gid: u32,

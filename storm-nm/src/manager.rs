@@ -17,6 +17,8 @@
 //! steps with no wait at virtual times.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -524,9 +526,9 @@ impl<E: NmEnv> NodeManager<E> {
         rank: u32,
         local_rank: u32,
         local_size: u32,
-    ) -> Vec<(String, String)> {
+    ) -> Vec<(OsString, OsString)> {
         let name = self.cfg.nodes[self.node as usize].name.clone();
-        let storm = [
+        let mut ours: Vec<(&str, String)> = vec![
             ("STORM_JOB_ID", spec.job.to_string()),
             ("STORM_RANK", rank.to_string()),
             ("STORM_SIZE", spec.ntasks.to_string()),
@@ -551,44 +553,49 @@ impl<E: NmEnv> NodeManager<E> {
                     .to_string(),
             ),
         ];
-        let mut env: Vec<(String, String)> = spec
-            .env
-            .iter()
-            .filter(|(k, _)| !k.starts_with("STORM_"))
-            .cloned()
-            .collect();
-        env.extend(storm.into_iter().map(|(k, v)| (k.to_string(), v)));
+        // The user's variables with these prefixes are replaced by ours.
+        let mut ours_prefixes = vec!["STORM_"];
         // An element of a job array, as Slurm's SLURM_ARRAY_* say it.
         if let Some((array, index, count)) = spec.batch.as_ref().and_then(|b| b.array) {
-            env.extend([
-                ("STORM_ARRAY_JOB_ID".to_string(), array.to_string()),
-                ("STORM_ARRAY_TASK_ID".to_string(), index.to_string()),
-                ("STORM_ARRAY_TASK_COUNT".to_string(), count.to_string()),
+            ours.extend([
+                ("STORM_ARRAY_JOB_ID", array.to_string()),
+                ("STORM_ARRAY_TASK_ID", index.to_string()),
+                ("STORM_ARRAY_TASK_COUNT", count.to_string()),
             ]);
         }
         if spec.mpi != MpiMode::None {
             // The PMI server's socket (see `pmi`), as MPICH's and Slurm's launchers set it.
-            env.retain(|(k, _)| !k.starts_with("PMI_"));
-            env.extend([
-                ("PMI_FD".to_string(), crate::pmi::PMI_FD.to_string()),
-                ("PMI_RANK".to_string(), rank.to_string()),
-                ("PMI_SIZE".to_string(), spec.ntasks.to_string()),
-                ("PMI_JOBID".to_string(), format!("storm-{}", spec.job)),
+            ours_prefixes.push("PMI_");
+            ours.extend([
+                ("PMI_FD", crate::pmi::PMI_FD.to_string()),
+                ("PMI_RANK", rank.to_string()),
+                ("PMI_SIZE", spec.ntasks.to_string()),
+                ("PMI_JOBID", format!("storm-{}", spec.job)),
             ]);
         }
         if spec.mpi == MpiMode::OpenMpi {
             // Open MPI 4's `flux` component is chosen when FLUX_JOB_ID is set, and loads the
             // PMI-1 library named here (docs/mpi.md).
-            env.retain(|(k, _)| !k.starts_with("FLUX_"));
-            env.extend([
-                ("FLUX_JOB_ID".to_string(), spec.job.to_string()),
+            ours_prefixes.push("FLUX_");
+            ours.extend([
+                ("FLUX_JOB_ID", spec.job.to_string()),
                 (
-                    "FLUX_PMI_LIBRARY_PATH".to_string(),
+                    "FLUX_PMI_LIBRARY_PATH",
                     self.pmi_library.display().to_string(),
                 ),
             ]);
         }
-        env
+        let theirs = |k: &OsString| {
+            !ours_prefixes
+                .iter()
+                .any(|p| k.as_bytes().starts_with(p.as_bytes()))
+        };
+        spec.env
+            .iter()
+            .filter(|(k, _)| theirs(k))
+            .cloned()
+            .chain(ours.into_iter().map(|(k, v)| (k.into(), v.into())))
+            .collect()
     }
 
     /// LAUNCH-JOB. Under gang scheduling the job's tasks are started at the first strobe that

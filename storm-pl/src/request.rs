@@ -275,7 +275,7 @@ mod tests {
             slot: 3,
             program: "/bin/true".into(),
             args: vec!["a".into()],
-            env: vec![("K".into(), "V".repeat(env_bytes))],
+            env: vec![("K".into(), "V".repeat(env_bytes).into())],
             cwd: "/".into(),
             uid: 1,
             gid: 2,

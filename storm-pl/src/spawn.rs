@@ -143,7 +143,10 @@ impl TaskImage {
         let env = spec
             .env
             .iter()
-            .map(|(k, v)| c(format!("{k}={v}").as_bytes(), "an environment variable"))
+            .map(|(k, v)| {
+                let pair = [k.as_bytes(), b"=", v.as_bytes()].concat();
+                c(&pair, "an environment variable")
+            })
             .collect::<Result<_, _>>()?;
         let cwd = c(spec.cwd.as_os_str().as_bytes(), "the working directory")?;
         let path = |p: &Option<std::path::PathBuf>, what| {

@@ -1,5 +1,6 @@
 //! What a PL is told about its task.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -12,20 +13,25 @@ pub struct PlSpec {
     pub node: u32,
     /// Slot of this task in the NM's table.
     pub slot: u32,
+    #[serde(with = "storm_cluster::os_bytes::path")]
     pub program: PathBuf,
-    pub args: Vec<String>,
+    pub args: Vec<OsString>,
     /// The complete environment of the task (STORM_* included).
-    pub env: Vec<(String, String)>,
+    pub env: Vec<(OsString, OsString)>,
+    #[serde(with = "storm_cluster::os_bytes::path")]
     pub cwd: PathBuf,
     pub uid: u32,
     pub gid: u32,
     /// The `cgroup.procs` files of the job's cgroup (one per hierarchy; none without
     /// cgroups): the task's process writes itself into each before it executes the program.
+    #[serde(with = "storm_cluster::os_bytes::paths")]
     pub cgroups: Vec<PathBuf>,
     /// A batch script's output file (relative to `cwd` unless absolute), opened by the task
     /// as its user in place of the pipe to the NM; standard error goes there too unless
     /// `error_file` is given.
+    #[serde(with = "storm_cluster::os_bytes::opt_path")]
     pub output_file: Option<PathBuf>,
+    #[serde(with = "storm_cluster::os_bytes::opt_path")]
     pub error_file: Option<PathBuf>,
 }
 

@@ -66,7 +66,7 @@ fn spec(slot: usize, cwd: &Path, program: &str, args: &[&str]) -> PlSpec {
         node: 0,
         slot: slot as u32,
         program: program.into(),
-        args: args.iter().map(|a| a.to_string()).collect(),
+        args: args.iter().map(Into::into).collect(),
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         cwd: cwd.to_path_buf(),
         uid: nix::unistd::geteuid().as_raw(),

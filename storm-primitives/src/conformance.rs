@@ -1666,11 +1666,31 @@ impl ClusterFactory for OfiFactory {
                 })
             })
             .collect();
-        let nodes = handles
+        let results: Vec<_> = handles
             .into_iter()
-            .map(|h| h.join().expect("start thread").map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap_or_else(|e| panic!("starting the {} cluster: {e}", self.provider));
+            .map(|h| h.join().expect("start thread"))
+            .collect();
+        // Every node's own error, not only the first: a node that failed on its own (say, in
+        // fi_endpoint) makes every other node time out waiting for it, and the first error
+        // in node order would name only that wait.
+        let failures: Vec<String> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(id, r)| r.as_ref().err().map(|e| format!("node {id}: {e}")))
+            .collect();
+        if !failures.is_empty() {
+            panic!(
+                "starting the {} cluster of {} nodes, {} failed:\n{}",
+                self.provider,
+                results.len(),
+                failures.len(),
+                failures.join("\n")
+            );
+        }
+        let nodes = results
+            .into_iter()
+            .map(|r| Arc::new(r.expect("checked above")))
+            .collect();
         Box::new(OfiCluster { nodes, _turn: turn })
     }
     fn max_nodes(&self) -> u32 {

@@ -241,7 +241,7 @@ impl SimJob {
         JobRequest {
             name: self.name.clone(),
             program: "/sim/task".into(),
-            args,
+            args: args.into_iter().map(Into::into).collect(),
             env: Vec::new(),
             cwd: "/".into(),
             tasks: TaskRequest {

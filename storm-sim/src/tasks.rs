@@ -202,13 +202,13 @@ impl SimTasks {
 
 impl TaskRunner for SimTasks {
     fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
-        let work = task
-            .args
+        // The simulated program's arguments are ours, so UTF-8.
+        let args: Vec<&str> = task.args.iter().filter_map(|a| a.to_str()).collect();
+        let work = args
             .first()
             .and_then(|a| a.parse::<u64>().ok())
             .map_or(Duration::ZERO, Duration::from_millis);
-        let lines = task
-            .args
+        let lines = args
             .iter()
             .find_map(|a| a.strip_prefix(LINES)?.parse().ok())
             .unwrap_or(0);
@@ -221,14 +221,12 @@ impl TaskRunner for SimTasks {
             left: work,
             lines,
             written: 0,
-            ignore_term: task.args.iter().any(|a| a == IGNORE_SIGTERM),
-            exit_code: task
-                .args
+            ignore_term: args.contains(&IGNORE_SIGTERM),
+            exit_code: args
                 .iter()
                 .find_map(|a| a.strip_prefix(EXIT_CODE)?.parse().ok())
                 .unwrap_or(0),
-            reaped_after: task
-                .args
+            reaped_after: args
                 .iter()
                 .find_map(|a| a.strip_prefix(REAPED_AFTER)?.parse().ok())
                 .map_or(Duration::ZERO, Duration::from_millis),

@@ -196,7 +196,7 @@ pub fn submit(
             .file_name()
             .map_or("job".into(), |n| n.to_string_lossy().into_owned()),
         program: program.to_path_buf(),
-        args,
+        args: args.into_iter().map(Into::into).collect(),
         env: Vec::new(),
         cwd: std::env::temp_dir(),
         tasks: TaskRequest {

@@ -4,9 +4,10 @@
 //! rank that failed, or 128 + its signal; 1 when the job could not run at all (rejected,
 //! cancelled before it started, program transfer failed) or storm-submit itself failed.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -95,7 +96,7 @@ struct Args {
     socket: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true)]
-    command: Vec<String>,
+    command: Vec<OsString>,
 }
 
 /// How long a program transfer runs before storm-submit shows its progress.
@@ -284,14 +285,16 @@ fn run(args: Args) -> Result<i32, String> {
             cwd.display()
         ));
     }
-    let path_var = std::env::var("PATH").ok();
+    let path_var = std::env::var_os("PATH");
     let program_name = &args.command[0];
     let program = match submit::resolve_program(program_name, &here, path_var.as_deref()) {
         Ok(p) => p,
-        Err(_) if args.no_bcast && program_name.starts_with('/') => PathBuf::from(program_name),
+        Err(_) if args.no_bcast && Path::new(program_name).is_absolute() => {
+            PathBuf::from(program_name)
+        }
         Err(e) => return Err(e),
     };
-    let env = submit::export_env(shape.export.as_deref(), std::env::vars())?;
+    let env = submit::export_env(shape.export.as_deref(), std::env::vars_os())?;
     let file = if args.no_bcast {
         None
     } else {

@@ -371,7 +371,7 @@ fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String>
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let (parsable, wait) = (args.parsable, args.wait);
     let user = storm_cli::batch::user_name();
-    let (req, script) = storm_cli::batch::request(args, &here, std::env::vars(), &user)?;
+    let (req, script) = storm_cli::batch::request(args, &here, std::env::vars_os(), &user)?;
     let mut to_end = req.array.as_ref().map_or(1, |a| a.indices.len());
     let mut worst = 0;
     let file = match script {

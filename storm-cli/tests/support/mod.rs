@@ -102,7 +102,8 @@ impl TestCluster {
         }
     }
 
-    fn submit_cmd(&self, args: &[&str]) -> Command {
+    /// storm-submit with `args` and this cluster's socket, to run as the caller likes.
+    pub fn submit_cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_storm-submit"));
         c.arg("--socket").arg(&self.socket).args(args);
         c

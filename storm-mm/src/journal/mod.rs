@@ -44,7 +44,8 @@ pub const KEEP_FINISHED: usize = 1000;
 /// outcome carries what the job's processes used (CPU time, peak memory), and a started job
 /// the hash of the program sent to its nodes. Format 8: a request carries its `dependency`,
 /// `batch`, `step_of`, `array` and `element`. Format 9: an outcome carries its `cause`.
-const FORMAT: u64 = 9;
+/// Format 10: a request's arguments, environment and paths are bytes (UTF-8 or not).
+const FORMAT: u64 = 10;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");

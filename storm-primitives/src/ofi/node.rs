@@ -110,6 +110,7 @@ impl OfiNode {
         let all = boot.nodes();
         let tail = tail_offset(&layout, id);
         let memory = GlobalMemory::new((tail + OPERANDS + 8 * (all.len() as u64 + 2)) as usize);
+        let opening = std::time::Instant::now();
         let fabric = Arc::new(Fabric::open(
             &config.provider,
             config.node.as_deref(),
@@ -122,7 +123,26 @@ impl OfiNode {
             key: fabric.key(),
             base: memory.as_ptr() as u64,
         };
-        let records = bootstrap::exchange(boot, bl, &me, config.bootstrap_timeout)?;
+        let opened_in = opening.elapsed();
+        let records =
+            bootstrap::exchange(boot, bl, &me, config.bootstrap_timeout).map_err(|e| match e {
+                // Say how long this node's own provider took to open: a node slow there is
+                // the node every other one waits for.
+                PrimError::Timeout {
+                    nodes,
+                    timeout_ms,
+                    detail,
+                } => PrimError::Timeout {
+                    nodes,
+                    timeout_ms,
+                    detail: format!(
+                        "{detail} (node {id} opened its {} endpoint in {} ms)",
+                        config.provider,
+                        opened_in.as_millis()
+                    ),
+                },
+                other => other,
+            })?;
         let names: Vec<Vec<u8>> = records.iter().map(|r| r.name.clone()).collect();
         let addrs = fabric.insert(&names)?;
         let peers = records
