@@ -423,6 +423,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             time_limit_ms: None,
             requeue: false,
             mpi: Default::default(),
+            input: Default::default(),
             dependency: None,
             batch: None,
             step_of: None,

@@ -117,6 +117,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        input: Default::default(),
         dependency: None,
         batch: None,
         step_of: None,

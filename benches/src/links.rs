@@ -306,6 +306,7 @@ pub fn seal_costs() -> Table {
         gid: 1000,
         reporter: 15,
         mpi: MpiMode::Both,
+        input: Default::default(),
         batch: None,
     });
     let bytes =

@@ -142,6 +142,7 @@ fn storm_once(cluster: &LocalCluster, program: &Path, nodes: u32, ppn: u32) -> R
         time_limit_ms: None,
         requeue: false,
         mpi: MpiMode::Both,
+        input: Default::default(),
         dependency: None,
         batch: None,
         step_of: None,

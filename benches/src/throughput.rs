@@ -121,6 +121,7 @@ fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        input: Default::default(),
         dependency: None,
         batch: None,
         step_of: None,

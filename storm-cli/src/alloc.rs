@@ -55,6 +55,7 @@ fn request(shape: &JobShape, here: &Path) -> JobRequest {
         time_limit_ms: shape.time_limit_ms,
         requeue: false,
         mpi: MpiMode::None,
+        input: Default::default(),
         dependency: shape.dependency.clone(),
         batch: None,
         step_of: None,

@@ -206,6 +206,7 @@ pub fn request(
         time_limit_ms: shape.time_limit_ms,
         requeue: shape.requeue,
         mpi: MpiMode::None,
+        input: Default::default(),
         dependency: shape.dependency,
         batch: Some(files),
         step_of: None,

@@ -2,6 +2,7 @@
 //!
 //! * `storm-submit`: launch a parallel job and follow it (shaped like Slurm's `srun`), on a
 //!   cluster or on an embedded local one (`--local N`, [`local`]).
+//! * [`input`]: storm-submit's standard input, to the ranks `-i` names.
 //! * `storm batch` ([`batch`], like sbatch) and `storm alloc` ([`alloc`], like salloc);
 //!   [`job_options`]: the options that shape a job, shared with storm-submit.
 //! * `storm`: `queue`, `history`, `nodes` (as tables, or JSON with `--json`: [`views`]),
@@ -20,6 +21,7 @@ pub mod batch;
 pub mod diagnostics;
 pub mod display;
 pub mod history;
+pub mod input;
 pub mod job_options;
 pub mod local;
 pub mod metrics_http;

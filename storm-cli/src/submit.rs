@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use storm_cluster::control::{self, Client, JobOutcome, JobRequest, Reply, Request};
 use storm_cluster::messages::{JobId, Stream};
 use storm_cluster::tasks::ranks_on;
+
+use crate::input::InputSender;
 use storm_primitives::NodeSet;
 
 /// Finds the program as a shell would: a path with a slash is taken relative to `cwd`, a bare
@@ -172,6 +174,8 @@ pub trait Progress {
     /// A node of the job failed and the job went back to the queue (by itself if it had not
     /// started, with `--requeue` if it had); `had_output` says whether this run printed any.
     fn requeued(&mut self, _job: JobId, _reason: &str, _had_output: bool) {}
+    /// The job was requeued after its run read standard input: the next run reads none.
+    fn input_lost(&mut self, _job: JobId) {}
     /// The connection to the MM was lost while following `job` (`why`): a client connected
     /// to an MM that came back, to follow the job on, or `None` to give up.
     fn reconnect(&mut self, _job: JobId, _why: &str) -> Option<Client> {
@@ -237,6 +241,18 @@ pub fn run_job(
     program: Option<&File>,
     progress: &mut dyn Progress,
 ) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
+    run_job_with_input(client, req, program, None, progress)
+}
+
+/// [`run_job`], with `input` sent as the job's standard input once it starts (see
+/// [`crate::input`]).
+pub fn run_job_with_input(
+    client: Client,
+    req: JobRequest,
+    program: Option<&File>,
+    mut input: Option<InputSender>,
+    progress: &mut dyn Progress,
+) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
     client.request(&Request::Submit(Box::new(req)), program.map(|f| f.as_fd()))?;
     let mut conn = Connection::follow(client)?;
     let mut job = None;
@@ -255,12 +271,29 @@ pub fn run_job(
                 cancel_sent = true;
             }
         }
-        let ev = match conn.rx.recv_timeout(std::time::Duration::from_millis(50)) {
-            Ok(ev) => ev,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                Event::Lost("the connection closed".into())
-            }
+        if let Some(input) = input.as_mut() {
+            // A failed send shows as a lost connection on the reader's side.
+            input.pump(|r| {
+                let _ = control::send(&conn.requests, r, None);
+            });
+        }
+        let never = crossbeam_channel::never();
+        let pieces = input
+            .as_ref()
+            .and_then(InputSender::waiting_on)
+            .unwrap_or(&never);
+        let ev = crossbeam_channel::select! {
+            recv(conn.rx) -> ev => match ev {
+                Ok(ev) => ev,
+                Err(_) => Event::Lost("the connection closed".into()),
+            },
+            recv(pieces) -> piece => {
+                if let Some(input) = input.as_mut() {
+                    input.arrived(piece.unwrap_or(None));
+                }
+                continue;
+            },
+            default(std::time::Duration::from_millis(50)) => continue,
         };
         match ev {
             Event::Reply(Reply::Accepted { job: id, queued }) => {
@@ -269,13 +302,22 @@ pub fn run_job(
             }
             Event::Reply(Reply::Started {
                 job: id,
+                ntasks,
                 nodes: n,
                 node_names,
                 time_slot,
             }) => {
                 progress.started(id, &n, &node_names, time_slot);
+                if let Some(input) = input.as_mut() {
+                    input.started(id, ntasks);
+                }
                 nodes = n;
                 names = node_names;
+            }
+            Event::Reply(Reply::Output(c)) if c.stream == Stream::InputTaken => {
+                if let Some(input) = input.as_mut() {
+                    input.taken(c.rank, c.offset);
+                }
             }
             Event::Reply(Reply::Output(c)) => {
                 let seen = seen.entry((c.rank, c.stream)).or_default();
@@ -294,6 +336,11 @@ pub fn run_job(
                 let had_output = !seen.is_empty();
                 seen.clear();
                 progress.requeued(id, &reason, had_output);
+                if let Some(input) = input.as_mut()
+                    && input.requeue()
+                {
+                    progress.input_lost(id);
+                }
             }
             Event::Reply(Reply::Finished(outcome)) => return Ok((outcome, nodes, names)),
             Event::Reply(Reply::Done) => {}
@@ -314,6 +361,11 @@ pub fn run_job(
                 };
                 client.request(&Request::Attach { job: id }, None)?;
                 conn = Connection::follow(client)?;
+                if let Some(input) = input.as_mut() {
+                    input.reconnected(|r| {
+                        let _ = control::send(&conn.requests, r, None);
+                    });
+                }
                 // A cancel asked for before the loss is asked again.
                 cancel_sent = false;
             }

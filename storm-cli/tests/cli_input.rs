@@ -390,3 +390,194 @@ fn non_utf8_directory_environment_and_arguments_reach_the_task_byte_for_byte() {
     );
     assert_eq!(out.stdout, b"ok\n");
 }
+
+/// Runs `storm-submit ARGS` on cluster `c` with `input` as its standard input; fails on a
+/// hang.
+fn submit_with_stdin(c: &TestCluster, args: &[&str], input: Vec<u8>) -> std::process::Output {
+    use std::io::Write;
+    let mut child = c
+        .submit_cmd(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // A job that stops reading makes this writer wait (or fail with a broken pipe once
+    // storm-submit is gone); either is the test's business, not a hang of its own.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut out = Vec::new();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let _ = stdout.read_to_end(&mut out);
+        out
+    });
+    let status = exit_within(&mut child, HANG, &format!("storm-submit {args:?}"));
+    let stderr = stderr_of(&mut child);
+    let _ = writer.join();
+    std::process::Output {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr: stderr.into_bytes(),
+    }
+}
+
+/// `echo hi | storm-submit cat` prints hi: standard input goes to rank 0 by default, and
+/// megabytes of it arrive byte for byte, however often the window fills (storm-submit sends
+/// no more than 64 KiB past what the task took).
+#[test]
+fn standard_input_reaches_rank_0_byte_for_byte() {
+    let c = TestCluster::start(2);
+    let out = submit_with_stdin(&c, &["cat"], b"hi\n".to_vec());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"hi\n");
+
+    // 3 MiB of bytes that are not text, through a task on the second node of two.
+    let data: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let out = submit_with_stdin(
+        &c,
+        &[
+            "-N",
+            "2",
+            "-n",
+            "2",
+            "-i",
+            "1",
+            "sh",
+            "-c",
+            "[ $STORM_RANK = 1 ] && cat || true",
+        ],
+        data.clone(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == data,
+        "{} bytes came back of {}",
+        out.stdout.len(),
+        data.len()
+    );
+}
+
+/// `-i all` gives every rank all of the input; `-i none` gives none (the task reads end of
+/// file at once); a rank the job does not have is refused before anything runs.
+#[test]
+fn input_modes_all_none_and_a_rank_out_of_range() {
+    let c = TestCluster::start(2);
+    let out = submit_with_stdin(
+        &c,
+        &["-N", "2", "-n", "3", "-i", "all", "-l", "cat"],
+        b"x\ny\n".to_vec(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["0: x", "0: y", "1: x", "1: y", "2: x", "2: y"],
+        "{lines:?}"
+    );
+
+    let out = submit_with_stdin(&c, &["-i", "none", "cat"], b"unread\n".to_vec());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"");
+
+    let out = submit_with_stdin(&c, &["-n", "2", "-i", "5", "cat"], Vec::new());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("-i 5") && err.contains("2 tasks"), "{err}");
+}
+
+/// A job that never reads its input ends when its tasks do, however much input waits: the
+/// window stops storm-submit from reading more, and nothing waits on the unread rest.
+#[test]
+fn a_job_that_never_reads_its_input_ends_all_the_same() {
+    let c = TestCluster::start(1);
+    let out = submit_with_stdin(&c, &["sleep", "0.5"], vec![b'y'; 8 << 20]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One that reads a little and stops (closes it) also ends, with what it read.
+    let out = submit_with_stdin(&c, &["head", "-c", "5"], vec![b'z'; 8 << 20]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"zzzzz");
+}
+
+/// Pipes the node managers of cluster `c` hold open.
+fn nm_pipes(c: &TestCluster) -> usize {
+    let marker = c.root.to_string_lossy().into_owned();
+    running_with(&marker)
+        .into_iter()
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "storm-nm")
+        })
+        .flat_map(|p| {
+            std::fs::read_dir(format!("/proc/{p}/fd"))
+                .into_iter()
+                .flatten()
+        })
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("pipe:"))
+        })
+        .count()
+}
+
+/// A node lets go of a job's input pipe when the job is gone: jobs that read their input,
+/// or stop reading it, leave no descriptor behind in the long-running NM.
+#[test]
+fn ended_jobs_leave_no_input_pipe_open_in_the_node_manager() {
+    let c = TestCluster::start(1);
+    let run = |args: &[&str], input: &[u8]| {
+        let out = submit_with_stdin(&c, args, input.to_vec());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["cat"], b"warm up\n");
+    // The node forgets a job at the heartbeat after it ended.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = nm_pipes(&c);
+    assert!(before > 0, "the NM was found (it holds its own pipes)");
+    for _ in 0..3 {
+        run(&["cat"], b"read all\n");
+        run(&["head", "-c", "1"], &[b'x'; 200_000]);
+        run(&["true"], b"never read\n");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = nm_pipes(&c);
+    assert!(
+        after <= before,
+        "the NM held {before} pipes, and {after} after nine more jobs"
+    );
+}

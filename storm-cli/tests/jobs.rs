@@ -879,6 +879,7 @@ fn raw_submit_helper() {
             match stream {
                 Stream::Stdout => std::io::stdout().write_all(data).unwrap(),
                 Stream::Stderr => std::io::stderr().write_all(data).unwrap(),
+                Stream::InputTaken => {}
             }
         }
     }
@@ -896,6 +897,7 @@ fn raw_submit_helper() {
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        input: Default::default(),
         dependency: None,
         batch: None,
         step_of: None,

@@ -498,3 +498,75 @@ fn jobs_that_just_started_on_every_node_are_re_adopted_after_an_mm_restart() {
         }
     }
 }
+
+/// A job's standard input goes on across a restart of the MM, every byte once and in order:
+/// storm-submit keeps what its task has not acknowledged and sends it again to the new MM,
+/// and the node keeps each byte once by its offset. Input typed while no MM runs is not lost.
+#[test]
+fn standard_input_goes_on_across_an_mm_restart_every_byte_once() {
+    use std::io::{BufRead, Write};
+    if !can_run("standard_input_goes_on_across_an_mm_restart_every_byte_once") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mut tb = up(1, work.path());
+    let socket = tb.socket().to_path_buf();
+    let log = work.path().join("cat.err");
+    let mut child = submit(&tb, &["-v", "-N", "1", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let next_line = |what: &str| {
+        rx.recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("the task never echoed {what}: {}", logs(&tb)))
+    };
+    stdin.write_all(b"before\n").unwrap();
+    assert_eq!(next_line("before"), "before");
+
+    tb.kill("storm-mm").unwrap();
+    stdin.write_all(b"during\n").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    tb.start_mm().unwrap();
+    wait_mm(&socket);
+    wait_for(&log, "the machine manager is back; following job");
+    stdin.write_all(b"after\n").unwrap();
+    drop(stdin);
+
+    // A byte lost would leave cat waiting for the rest: a hang is the failure.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "storm-submit never ended (input lost?): {}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default(),
+                logs(&tb)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let rest: Vec<String> = rx.iter().collect();
+    assert!(
+        status.success(),
+        "{}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        logs(&tb)
+    );
+    assert_eq!(rest, ["during", "after"], "every line once, in order");
+}

@@ -447,6 +447,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
             gid: 0,
             reporter: 2,
             mpi: MpiMode::None,
+            input: Default::default(),
             batch: None,
         });
         let mut hb = Heartbeat {

@@ -52,6 +52,8 @@ pub struct JobRequest {
     pub requeue: bool,
     /// Which PMI protocols the tasks are served (`--mpi`).
     pub mpi: crate::messages::MpiMode,
+    /// Which tasks read the submitter's standard input (`-i`).
+    pub input: crate::messages::InputTarget,
     /// What must happen to other jobs before this one may start (`--dependency`).
     pub dependency: Option<crate::dependency::Dependency>,
     /// A batch job (`storm batch`): the program is a script that runs as one task on the
@@ -236,6 +238,17 @@ pub enum Request {
     /// `Finished`), or at once with `Finished` for a job that already ended.
     Attach {
         job: JobId,
+    },
+    /// Standard input for a job this connection submitted or follows: the stream's bytes
+    /// from `offset` on (at most [`crate::messages::MAX_INPUT_CHUNK`]), and whether it ends
+    /// after them. The tasks' [`crate::messages::Stream::InputTaken`] chunks say how far
+    /// they took it; the submitter keeps what is not taken and sends it again after an MM
+    /// restart.
+    Input {
+        job: JobId,
+        offset: u64,
+        data: Vec<u8>,
+        eof: bool,
     },
     /// Jobs that ended, most recent last.
     History,
@@ -489,6 +502,8 @@ pub enum Reply {
     /// The job has its nodes; `time_slot` is its row of the gang scheduler's matrix.
     Started {
         job: JobId,
+        /// How many tasks the job runs.
+        ntasks: u32,
         nodes: NodeSet,
         node_names: Vec<String>,
         time_slot: Option<u32>,

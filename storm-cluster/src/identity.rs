@@ -431,6 +431,7 @@ mod tests {
             gid: uid,
             reporter: 1,
             mpi: MpiMode::None,
+            input: Default::default(),
             batch: None,
         })
     }

@@ -159,6 +159,8 @@ pub struct LaunchSpec {
     pub reporter: NodeId,
     /// Which PMI protocols the NMs serve the job's tasks (MPI wire-up).
     pub mpi: MpiMode,
+    /// Which tasks read storm-submit's standard input (the others read `/dev/null`).
+    pub input: InputTarget,
     /// A batch job: `ntasks` is 1 (the script, on the first node), its standard output and
     /// error go to these files, and `alloc_tasks` is what its allocation holds.
     pub batch: Option<BatchLaunch>,
@@ -373,6 +375,17 @@ pub enum Command {
     },
     /// Stop the node manager.
     Shutdown,
+    /// storm-submit's standard input for the tasks of `job` that read it (its launch's
+    /// `input`): `data` is the stream's bytes from `offset` on; `eof` ends the stream after
+    /// them. A node keeps each byte once by its offset (input is sent again after an MM
+    /// restart), and says how far each task took it with an [`Stream::InputTaken`] chunk.
+    Input {
+        job: JobId,
+        nodes: NodeSet,
+        offset: u64,
+        data: Vec<u8>,
+        eof: bool,
+    },
 }
 
 impl Command {
@@ -381,6 +394,7 @@ impl Command {
         match self {
             Command::ReceiveFile(f) => Some(&f.nodes),
             Command::Launch(l) => Some(&l.nodes),
+            Command::Input { nodes, .. } => Some(nodes),
             _ => None,
         }
     }
@@ -503,7 +517,54 @@ pub struct JobUsage {
 pub enum Stream {
     Stdout,
     Stderr,
+    /// Not output: the node's word that the rank took its standard input up to the chunk's
+    /// `offset` (the chunk has no data). storm-submit sends more input only as far as this
+    /// lets it (see [`Command::Input`]).
+    InputTaken,
 }
+
+/// Which tasks get storm-submit's standard input (`-i`): srun's `--input` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum InputTarget {
+    /// Every task's standard input is `/dev/null` (batch jobs, `-i none`).
+    #[default]
+    None,
+    /// This rank's (`-i 0`, the default of storm-submit).
+    Rank(u32),
+    /// Every rank gets all of it (`-i all`).
+    All,
+}
+
+impl InputTarget {
+    /// Whether `rank` reads the job's input.
+    pub fn includes(self, rank: u32) -> bool {
+        match self {
+            InputTarget::None => false,
+            InputTarget::Rank(r) => r == rank,
+            InputTarget::All => true,
+        }
+    }
+}
+
+impl std::str::FromStr for InputTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(InputTarget::None),
+            "all" => Ok(InputTarget::All),
+            _ => s
+                .parse::<u32>()
+                .map(InputTarget::Rank)
+                .map_err(|_| format!("{s:?} is not an input mode: none, all, or a rank number")),
+        }
+    }
+}
+
+/// Most bytes of standard input one [`Command::Input`] carries.
+pub const MAX_INPUT_CHUNK: usize = 16 * 1024;
+
+/// Most bytes of standard input storm-submit sends past what its tasks acknowledged.
+pub const INPUT_WINDOW: u64 = 64 * 1024;
 
 /// A piece of a task's output, NM to MM to storm-submit.
 ///
@@ -767,6 +828,7 @@ mod tests {
             gid: 0,
             reporter: 0,
             mpi: MpiMode::Both,
+            input: Default::default(),
             batch: None,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
@@ -803,6 +865,7 @@ mod tests {
                     gid: 1000,
                     reporter: 3,
                     mpi: MpiMode::Pmi1,
+                    input: Default::default(),
                     batch: None,
                 }),
             ],

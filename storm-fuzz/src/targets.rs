@@ -339,6 +339,7 @@ fn launch_spec() -> LaunchSpec {
         gid: 1000,
         reporter: 0,
         mpi: Default::default(),
+        input: Default::default(),
         batch: Some(storm_cluster::messages::BatchLaunch {
             files: storm_cluster::messages::BatchOutput {
                 output: "out-%j-%N.txt".into(),
@@ -394,6 +395,13 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                 signal: 15,
             },
             Command::Forget { job: 41 },
+            Command::Input {
+                job: 42,
+                nodes: nodes("0"),
+                offset: 4096,
+                data: b"line of input\n".to_vec(),
+                eof: true,
+            },
             Command::Schedule {
                 run: vec![42, 43],
                 lease_us: 12_000,
@@ -571,6 +579,7 @@ fn job_request() -> JobRequest {
         time_limit_ms: Some(60_000),
         requeue: false,
         mpi: Default::default(),
+        input: Default::default(),
         dependency: Some("afterok:1:2,singleton".parse().expect("a valid dependency")),
         batch: None,
         step_of: None,
@@ -596,6 +605,12 @@ fn control_seeds() -> Vec<Vec<u8>> {
         Request::Hello { version: 4 },
         Request::Submit(Box::new(job_request())),
         Request::Cancel { job: 3 },
+        Request::Input {
+            job: 3,
+            offset: 12,
+            data: b"input".to_vec(),
+            eof: false,
+        },
         Request::Queue,
         Request::Drain {
             nodes: nodes("2-5"),
@@ -623,6 +638,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
         },
         Reply::Started {
             job: 3,
+            ntasks: 4,
             nodes: nodes("0-1"),
             node_names: vec!["n0".into(), "n1".into()],
             time_slot: Some(1),
@@ -891,6 +907,7 @@ fn task_spec_seeds() -> Vec<Vec<u8>> {
             )],
             output_file: Some("storm-42.out".into()),
             error_file: None,
+            stdin: true,
         }
         .encode(),
     ]

@@ -58,12 +58,17 @@ pub struct TaskStart<'a> {
     /// runner itself says of a task that could not start).
     pub output_file: Option<PathBuf>,
     pub error_file: Option<PathBuf>,
+    /// The task reads storm-submit's standard input (else `/dev/null`).
+    pub stdin: bool,
 }
 
 /// A task the runner started, and its output streams (the read ends of its pipes).
 pub struct StartedTask {
     pub id: TaskId,
     pub output: Vec<(Stream, Box<dyn OutputSource>)>,
+    /// The write end of the task's standard input, for a task that reads the job's input
+    /// (`TaskStart::stdin`) and has a pipe for it.
+    pub input: Option<OwnedFd>,
 }
 
 /// A runner's name for one of its tasks.
@@ -137,8 +142,16 @@ pub trait OutputForwarder {
     );
     /// Delivers `text` as the rank's standard error (the NM could not start the task).
     fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained);
-    /// Stops reading a job's pipes.
+    /// Writes the rank's standard input into `pipe` from now on.
+    fn feed(&mut self, job: JobId, rank: u32, pipe: OwnedFd);
+    /// The rank's standard input from `offset` on (bytes before what it has are dropped);
+    /// `eof` closes it after them. Kept until the rank's pipe is fed; how far the rank took
+    /// it goes to the MM as [`Stream::InputTaken`].
+    fn input(&mut self, job: JobId, rank: u32, offset: u64, data: Vec<u8>, eof: bool);
+    /// Stops reading a job's pipes, and writing its input.
     fn close_job(&mut self, job: JobId);
+    /// The job is gone from this node: its input pipes close and what waits is dropped.
+    fn end_input(&mut self, job: JobId);
     /// A new membership starts the output queue at `epoch`.
     fn new_epoch(&mut self, epoch: u32);
     /// The forwarder's state: whether it is flushed, stalled or backlogged, and its hold

@@ -433,6 +433,13 @@ impl<E: NmEnv> NodeManager<E> {
                     self.apply_schedule(hb.seq, received_ns, &run);
                 }
                 Command::Shutdown => self.done = true,
+                Command::Input {
+                    job,
+                    offset,
+                    data,
+                    eof,
+                    ..
+                } => self.input(job, offset, data, eof),
             }
         }
     }
@@ -734,6 +741,7 @@ impl<E: NmEnv> NodeManager<E> {
             pmi,
             output_file,
             error_file,
+            stdin: spec.input.includes(rank),
         };
         match self.env.tasks().start(task) {
             Ok(started) => {
@@ -742,6 +750,9 @@ impl<E: NmEnv> NodeManager<E> {
                     self.env
                         .output()
                         .watch(spec.job, rank, stream, source, output.clone());
+                }
+                if let Some(pipe) = started.input {
+                    self.env.output().feed(spec.job, rank, pipe);
                 }
                 LocalRank {
                     rank,
@@ -993,6 +1004,27 @@ impl<E: NmEnv> NodeManager<E> {
         }
     }
 
+    /// storm-submit's standard input for the local tasks of `job` that read it. A job not
+    /// started yet here (gang scheduling starts it at its first slot) gets it all the same:
+    /// the forwarder keeps it until the task's pipe is there.
+    fn input(&mut self, job: JobId, offset: u64, data: Vec<u8>, eof: bool) {
+        let spec = match (self.jobs.get(&job), self.pending.get(&job)) {
+            (Some(j), _) => &j.spec,
+            (None, Some(spec)) => spec,
+            (None, None) => return,
+        };
+        let Some(k) = spec.nodes.rank(self.node) else {
+            return;
+        };
+        let (first, count) = ranks_on(spec.ntasks, spec.nodes.len() as u32, k as u32);
+        let target = spec.input;
+        for rank in (first..first + count).filter(|&r| target.includes(r)) {
+            self.env
+                .output()
+                .input(job, rank, offset, data.clone(), eof);
+        }
+    }
+
     fn forget(&mut self, job: JobId) {
         tracing::info!(node = self.node, job, "forgetting the job");
         self.pending.remove(&job);
@@ -1004,6 +1036,7 @@ impl<E: NmEnv> NodeManager<E> {
         // Whatever of it is left, in its process groups or not.
         self.env.tasks().end_job(job);
         self.env.pmi().remove_job(job);
+        self.env.output().end_input(job);
         if let Some(j) = self.jobs.remove(&job) {
             for task in j.ranks.iter().filter_map(|r| r.task) {
                 self.env.tasks().release(task);

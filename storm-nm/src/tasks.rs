@@ -211,6 +211,7 @@ impl TaskRunner for PlRunner {
             cgroups,
             output_file: task.output_file,
             error_file: task.error_file,
+            stdin: task.stdin,
         };
         let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
         let ((stdout, out_w), (stderr, err_w)) = match pipes {
@@ -218,6 +219,15 @@ impl TaskRunner for PlRunner {
             Err(e) => {
                 let _ = self.table.release(slot);
                 return Err(format!("cannot make the task's output pipes: {e}"));
+            }
+        };
+        // The task's standard input: it reads one end, the output thread writes the other.
+        let (stdin_r, stdin_w) = match task.stdin.then(pipe).transpose() {
+            Ok(Some((r, w))) => (Some(r), Some(w)),
+            Ok(None) => (None, None),
+            Err(e) => {
+                let _ = self.table.release(slot);
+                return Err(format!("cannot make the task's input pipe: {e}"));
             }
         };
         let handed = task
@@ -229,7 +239,7 @@ impl TaskRunner for PlRunner {
                 let launcher = self.launcher()?;
                 // A launcher whose end is gone died: the task is then reported with its
                 // other tasks once it is reaped (see `launcher_died`).
-                if let Err(e) = launcher.outbox.start(&spec, out_w, err_w, pmi) {
+                if let Err(e) = launcher.outbox.start(&spec, out_w, err_w, stdin_r, pmi) {
                     tracing::warn!(node = self.node, "handing a task to the launcher: {e}");
                 }
                 Ok(())
@@ -255,6 +265,7 @@ impl TaskRunner for PlRunner {
                 (Stream::Stdout, Box::new(stdout) as Box<dyn OutputSource>),
                 (Stream::Stderr, Box::new(stderr)),
             ],
+            input: stdin_w,
         })
     }
 

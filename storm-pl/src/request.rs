@@ -29,7 +29,7 @@ const START: u8 = 1;
 const LOOK: u8 = 2;
 const HEADER: usize = 5;
 /// Most descriptors one request carries.
-const MAX_FDS: usize = 3;
+const MAX_FDS: usize = 4;
 /// Longest task description taken (the heartbeat that carried the job bounds it far below).
 const MAX_BODY: usize = 16 << 20;
 
@@ -39,6 +39,8 @@ pub struct StartTask {
     pub spec: PlSpec,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// The task's standard input, when its spec says it has one (else `/dev/null`).
+    pub stdin: Option<OwnedFd>,
     pub pmi: Option<OwnedFd>,
 }
 
@@ -59,7 +61,7 @@ pub enum RequestError {
     Kind(u8),
     #[error("request body of {0} bytes is over the limit")]
     TooLong(usize),
-    #[error("START request with {0} descriptors (2 or 3 expected)")]
+    #[error("START request with {0} descriptors (2 to 4 expected)")]
     Descriptors(usize),
     #[error("LOOK request with a body or descriptors")]
     LookWithPayload,
@@ -98,14 +100,18 @@ impl Outbox {
     /// Asks the launcher to start `spec`'s task with these descriptors: its standard output
     /// and error (write ends of the NM's pipes) and, for an MPI task, its PMI socket. They
     /// are closed here once they went out.
+    /// `stdin` must be given exactly when `spec.stdin` says so.
     pub fn start(
         &mut self,
         spec: &PlSpec,
         stdout: OwnedFd,
         stderr: OwnedFd,
+        stdin: Option<OwnedFd>,
         pmi: Option<OwnedFd>,
     ) -> std::io::Result<()> {
+        debug_assert_eq!(spec.stdin, stdin.is_some());
         let mut fds = vec![stdout, stderr];
+        fds.extend(stdin);
         fds.extend(pmi);
         self.queue
             .push_back(Outgoing::new(START, &spec.encode(), fds));
@@ -240,19 +246,24 @@ pub fn recv(mut link: &UnixStream) -> Result<Option<Request>, RequestError> {
             let mut body = vec![0u8; len];
             link.read_exact(&mut body)?;
             let spec = PlSpec::decode(&body).map_err(RequestError::Spec)?;
+            // stdout, stderr, then stdin if the spec says so, then the PMI socket if any.
             let count = fds.len();
-            let mut fds = fds.into_iter();
-            match (fds.next(), fds.next(), fds.next()) {
-                (Some(stdout), Some(stderr), pmi) if count <= MAX_FDS => {
-                    Ok(Some(Request::Start(Box::new(StartTask {
-                        spec,
-                        stdout,
-                        stderr,
-                        pmi,
-                    }))))
-                }
-                _ => Err(RequestError::Descriptors(count)),
+            let needed = 2 + usize::from(spec.stdin);
+            if count < needed || count > needed + 1 {
+                return Err(RequestError::Descriptors(count));
             }
+            let mut fds = fds.into_iter();
+            let (Some(stdout), Some(stderr)) = (fds.next(), fds.next()) else {
+                return Err(RequestError::Descriptors(count));
+            };
+            let stdin = if spec.stdin { fds.next() } else { None };
+            Ok(Some(Request::Start(Box::new(StartTask {
+                spec,
+                stdout,
+                stderr,
+                stdin,
+                pmi: fds.next(),
+            }))))
         }
         other => Err(RequestError::Kind(other)),
     }
@@ -282,6 +293,7 @@ mod tests {
             cgroups: Vec::new(),
             output_file: Some("out-7".into()),
             error_file: None,
+            stdin: false,
         }
     }
 
@@ -296,7 +308,7 @@ mod tests {
         let (_err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         // Nobody reads yet: a blocking send would never return here.
         outbox
-            .start(&spec_with(300_000), out_w, err_w, None)
+            .start(&spec_with(300_000), out_w, err_w, None, None)
             .unwrap();
         assert_eq!(outbox.queued(), 1, "the START cannot all fit in the socket");
         outbox.look().unwrap();
@@ -327,6 +339,38 @@ mod tests {
         assert_eq!(read, "through");
         assert!(matches!(second, Some(Request::Look)));
         assert!(matches!(recv(&pl), Ok(None)), "one LOOK only, then the end");
+    }
+
+    /// A task that reads the job's input gets its stdin pipe as the third descriptor, and
+    /// the PMI socket stays the last: each lands where it belongs.
+    #[test]
+    fn a_start_with_standard_input_and_pmi_keeps_each_descriptor_in_its_place() {
+        let (nm, pl) = UnixStream::pair().unwrap();
+        let mut outbox = Outbox::new(nm).unwrap();
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let ((_o, out_w), (_e, err_w), (in_r, in_w)) = (pipe(), pipe(), pipe());
+        let (pmi_nm, pmi_task) = UnixStream::pair().unwrap();
+        let spec = PlSpec {
+            stdin: true,
+            ..spec_with(10)
+        };
+        outbox
+            .start(&spec, out_w, err_w, Some(in_r), Some(pmi_task.into()))
+            .unwrap();
+        assert!(outbox.flush_within(Duration::from_secs(5)).unwrap());
+        let Some(Request::Start(task)) = recv(&pl).unwrap() else {
+            panic!("expected a START");
+        };
+        let mut stdin = std::fs::File::from(task.stdin.expect("the stdin pipe"));
+        nix::unistd::write(&in_w, b"typed").unwrap();
+        let mut got = [0u8; 5];
+        stdin.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"typed");
+        let mut pmi = UnixStream::from(task.pmi.expect("the PMI socket"));
+        (&pmi_nm).write_all(b"cmd=init\n").unwrap();
+        let mut line = [0u8; 9];
+        pmi.read_exact(&mut line).unwrap();
+        assert_eq!(&line, b"cmd=init\n");
     }
 
     /// Once the launcher's end is gone, sending says so instead of queueing forever.

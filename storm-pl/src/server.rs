@@ -79,7 +79,7 @@ pub struct Launcher {
     start_timeout: Duration,
     /// Requests whose slot the NM holds.
     kept: Vec<StartTask>,
-    /// Standard input of every task.
+    /// Standard input of every task that does not read the job's input.
     null: OwnedFd,
     /// The launcher's own user; it changes users only as root.
     uid: libc::uid_t,
@@ -264,7 +264,7 @@ impl Launcher {
             groups: self.groups_of(spec.uid, spec.gid),
         });
         let mut fds = vec![
-            (self.null.as_raw_fd(), STDIN),
+            (task.stdin.as_ref().unwrap_or(&self.null).as_raw_fd(), STDIN),
             (task.stdout.as_raw_fd(), STDOUT),
             (task.stderr.as_raw_fd(), STDERR),
         ];
@@ -415,6 +415,7 @@ fn above_targets(task: StartTask) -> std::io::Result<StartTask> {
     Ok(StartTask {
         stdout: above(task.stdout)?,
         stderr: above(task.stderr)?,
+        stdin: task.stdin.map(above).transpose()?,
         pmi: task.pmi.map(above).transpose()?,
         spec: task.spec,
     })

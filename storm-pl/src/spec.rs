@@ -33,6 +33,9 @@ pub struct PlSpec {
     pub output_file: Option<PathBuf>,
     #[serde(with = "storm_cluster::os_bytes::opt_path")]
     pub error_file: Option<PathBuf>,
+    /// The START request carries the task's standard input (the read end of the NM's pipe)
+    /// after its standard error; without it the task reads `/dev/null`.
+    pub stdin: bool,
 }
 
 impl PlSpec {

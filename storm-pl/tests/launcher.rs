@@ -74,6 +74,7 @@ fn spec(slot: usize, cwd: &Path, program: &str, args: &[&str]) -> PlSpec {
         cgroups: Vec::new(),
         output_file: None,
         error_file: None,
+        stdin: false,
     }
 }
 
@@ -91,7 +92,7 @@ fn start(link: &mut Outbox, spec: &PlSpec) -> std::thread::JoinHandle<(String, S
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let (mut out_r, mut err_r) = (std::fs::File::from(out_r), std::fs::File::from(err_r));
-    link.start(spec, out_w, err_w, None).unwrap();
+    link.start(spec, out_w, err_w, None, None).unwrap();
     sent(link);
     std::thread::spawn(move || {
         let (mut out, mut err) = (String::new(), String::new());

@@ -253,6 +253,7 @@ impl SimJob {
             time_limit_ms: self.time_limit.map(|d| d.as_millis() as u64),
             requeue: self.requeue,
             mpi: Default::default(),
+            input: Default::default(),
             dependency: self.dependency.clone(),
             batch: self
                 .batch

@@ -245,7 +245,12 @@ impl TaskRunner for SimTasks {
             (Stream::Stderr, Box::new(t.stderr.clone())),
         ];
         self.tasks.insert(id, t);
-        Ok(StartedTask { id, output })
+        Ok(StartedTask {
+            id,
+            output,
+            // Simulated tasks read no input.
+            input: None,
+        })
     }
 
     fn halt(&mut self, task: TaskId) -> bool {

@@ -208,6 +208,7 @@ pub fn submit(
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
+        input: Default::default(),
         dependency: None,
         batch: None,
         step_of: None,

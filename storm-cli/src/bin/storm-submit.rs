@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use storm_cli::display::safe;
+use storm_cli::input::{InputSender, read_pieces};
 use storm_cli::job_options::JobShape;
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, OutputSink, Progress};
 use storm_cluster::control::{Client, JobRequest};
-use storm_cluster::messages::{JobId, Stream};
+use storm_cluster::messages::{InputTarget, JobId, Stream};
 use storm_primitives::NodeSet;
 
 #[derive(Parser)]
@@ -49,6 +50,10 @@ struct Args {
         default_value = "both"
     )]
     mpi: storm_cluster::messages::MpiMode,
+    /// Which tasks read this standard input: a rank, `all`, or `none` (their standard input
+    /// is then /dev/null). In the background of a terminal, none.
+    #[arg(short = 'i', long, value_name = "RANK|all|none", default_value = "0")]
+    input: InputTarget,
     /// Run as a step of this running job, on its nodes (default inside a job: its own,
     /// $STORM_JOB_ID).
     #[arg(long, value_name = "JOB")]
@@ -202,6 +207,12 @@ impl Progress for Terminal {
             safe(reason)
         );
     }
+    fn input_lost(&mut self, job: JobId) {
+        eprintln!(
+            "storm-submit: job {job}: the interrupted run read standard input; the new run's \
+             standard input is empty"
+        );
+    }
     fn reconnect(&mut self, job: JobId, why: &str) -> Option<Client> {
         if self.reconnect.is_zero() {
             return None;
@@ -254,6 +265,16 @@ impl Terminal {
             t.clear();
         }
     }
+}
+
+/// Whether standard input is a terminal this process is in the background of (`&`): reading
+/// it would stop the process (SIGTTIN), so the job gets no input, where srun would stop.
+fn in_terminal_background() -> bool {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return false;
+    }
+    nix::unistd::tcgetpgrp(stdin).is_ok_and(|fg| fg != nix::unistd::getpgrp())
 }
 
 fn ms(us: u64) -> String {
@@ -324,6 +345,7 @@ fn run(args: Args) -> Result<i32, String> {
         time_limit_ms: shape.time_limit_ms,
         requeue: shape.requeue,
         mpi: args.mpi,
+        input: args.input,
         dependency: shape.dependency.clone(),
         batch: None,
         step_of,
@@ -405,8 +427,14 @@ fn run(args: Args) -> Result<i32, String> {
             None => Duration::from_secs(args.reconnect),
         },
     };
-    let result = Client::connect(&socket)
-        .and_then(|client| submit::run_job(client, req, file.as_ref(), &mut term));
+    let input = match args.input {
+        InputTarget::None => None,
+        _ if in_terminal_background() => None,
+        target => Some(InputSender::new(read_pieces(std::io::stdin()), target)),
+    };
+    let result = Client::connect(&socket).and_then(|client| {
+        submit::run_job_with_input(client, req, file.as_ref(), input, &mut term)
+    });
     term.end_transfer();
     term.sink.flush();
     if let Some(c) = local

@@ -736,6 +736,7 @@ pub(crate) mod tests {
             time_limit_ms: Some(60_000),
             requeue: false,
             mpi: Default::default(),
+            input: Default::default(),
             dependency: None,
             batch: None,
             step_of: None,

@@ -240,6 +240,8 @@ impl<E: MmEnv> MachineManager<E> {
         j.terminating = false;
         j.pmi_epoch = 0;
         j.time_slot = 0;
+        // The run that read it is gone; the next run's input starts afresh.
+        j.held_input.clear();
         let ask = self.ask(&j);
         let client = j.client;
         // Restored jobs enter the policy when the hold after a restart ends.

@@ -120,6 +120,8 @@ pub(super) struct Job {
     /// A batch job (no submitter follows it): the start of what came through the output
     /// queues (a node saying why its script could not start), for the outcome's reason.
     pub(super) unsent: String,
+    /// Standard input that came before the job's launch went out (see `input`).
+    pub(super) held_input: Vec<super::input::HeldInput>,
     /// It entered the scheduling policy's queue (see `admission`): a queued job that has not
     /// waits for its dependency, its array's throttle, or the hold after a restart.
     pub(super) admitted: bool,
@@ -216,6 +218,7 @@ impl Job {
             pmi_epoch: 0,
             abort_code: None,
             unsent: String::new(),
+            held_input: Vec::new(),
             admitted: false,
             end_cause: None,
             req: new.req,
@@ -351,6 +354,7 @@ pub(super) fn launch_spec(
         }
         .unwrap_or(0),
         mpi: req.mpi,
+        input: req.input,
         batch: req.batch.clone().map(|files| BatchLaunch {
             files,
             alloc_tasks: plan.ntasks,

@@ -37,6 +37,7 @@ mod admission;
 mod attention;
 mod failure;
 mod heartbeat;
+mod input;
 mod job;
 mod membership;
 mod output;
@@ -462,6 +463,7 @@ impl<E: MmEnv> MachineManager<E> {
         tracing::info!(job = id, nodes = %nodes, cpus = ?j.cpus, time_slot, "job starts");
         let started = Reply::Started {
             job: id,
+            ntasks: job::tasks_launched(&j.req, &j.plan),
             nodes,
             node_names: names,
             time_slot: gang.then_some(time_slot as u32),
@@ -508,6 +510,7 @@ impl<E: MmEnv> MachineManager<E> {
             j.phase = Phase::Launching;
             let spec = j.launch_spec();
             self.hb.commands.push_back(Command::Launch(spec));
+            self.release_held_input(id);
         }
     }
 
@@ -734,6 +737,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.hb.commands.retain(|c| match c {
                 Command::Launch(spec) => spec.job != j.id,
                 Command::ReceiveFile(info) => info.job != j.id,
+                Command::Input { job, .. } => *job != j.id,
                 _ => true,
             });
             self.hb.commands.push_back(Command::Forget { job: j.id });

@@ -9,7 +9,7 @@ use anyhow::Result;
 use storm_cluster::control::{
     self, ArrayElement, JobInfo, JobRequest, JobState, NodeInfo, Reply, Request,
 };
-use storm_cluster::messages::{Command, JobId, JobUsage, encode};
+use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, encode};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -208,6 +208,16 @@ impl<E: MmEnv> MachineManager<E> {
                 self.reply(client, Reply::History(list));
             }
             Request::Attach { job } => self.attach(client, uid, job),
+            Request::Input {
+                job,
+                offset,
+                data,
+                eof,
+            } => {
+                if let Err(e) = self.input(client, job, offset, data, eof) {
+                    self.reply(client, Reply::Error(e));
+                }
+            }
             Request::Metrics => {
                 let text = self.metrics_text();
                 self.reply(client, Reply::Metrics(text));
@@ -391,6 +401,15 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.check_request_sizes(&req)?;
         let plan = self.plan(&req)?;
+        if let InputTarget::Rank(rank) = req.input {
+            let ntasks = super::job::tasks_launched(&req, &plan);
+            if rank >= ntasks {
+                return Err(format!(
+                    "-i {rank}: the job has {ntasks} tasks (ranks 0 to {})",
+                    ntasks - 1
+                ));
+            }
+        }
         self.check_step(uid, &mut req, &plan)?;
         let indices = self.check_array(&mut req)?;
         let count = indices.as_ref().map_or(1, Vec::len);

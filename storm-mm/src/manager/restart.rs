@@ -474,6 +474,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.client = Some(client);
         let started = (j.phase != Phase::Queued).then(|| Reply::Started {
             job,
+            ntasks: super::job::tasks_launched(&j.req, &j.plan),
             nodes: j.nodes.clone(),
             node_names: j
                 .nodes

@@ -211,6 +211,22 @@ impl Forwarder {
         self.closing.push(s.remaining);
     }
 
+    /// Tells the MM (and through it storm-submit) that the rank took its standard input up
+    /// to `upto` bytes: a chunk of no data, which no stream's drain waits on.
+    pub fn input_taken(&mut self, job: JobId, rank: u32, upto: u64) {
+        let chunk = OutputChunk {
+            job,
+            rank,
+            stream: Stream::InputTaken,
+            offset: upto,
+            data: Vec::new(),
+        };
+        match encode("output", &chunk, self.queue.slot_payload) {
+            Ok(b) => self.unsent.push_back(Bytes::from(b)),
+            Err(e) => tracing::error!(job, rank, "cannot encode an input acknowledgement: {e}"),
+        }
+    }
+
     /// Delivers `text` as the rank's standard error, as a stream that ends with it.
     pub fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
         remaining.store(1, Ordering::Release);

@@ -30,8 +30,12 @@
 //! A task's output counts as *drained* once both its streams reached end-of-file and every
 //! chunk read from them was delivered; the NM reports a job's termination only after that, so
 //! storm-submit always has a task's last words before it learns the task ended.
+//!
+//! The same hosts write the tasks' **standard input** (storm-submit's, for the ranks `-i`
+//! names) with [`InputFeeds`], and acknowledge it through the forwarder's queue.
 
 mod forwarder;
+mod input;
 mod pipes;
 mod stepped;
 
@@ -40,6 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 
 pub use forwarder::{Forwarder, ForwarderState, OutputStream};
+pub use input::InputFeeds;
 pub use pipes::Output;
 pub use stepped::SteppedOutput;
 

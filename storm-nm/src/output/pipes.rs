@@ -12,7 +12,7 @@ use storm_cluster::RmLayout;
 use storm_cluster::messages::{JobId, Stream};
 use storm_primitives::{NodeId, Primitives};
 
-use super::{Drained, Forwarder, ForwarderState, OutputSource, OutputStream};
+use super::{Drained, Forwarder, ForwarderState, InputFeeds, OutputSource, OutputStream};
 
 /// How long a chunk waits for room in the queue before the thread looks at its messages and
 /// pipes again; also how often streams without a pipe are read.
@@ -33,6 +33,18 @@ enum Msg {
     Epoch(u32),
     /// Text for a rank's standard error.
     Tell(JobId, u32, String, Drained),
+    /// The write end of a rank's standard input.
+    Feed(JobId, u32, OwnedFd),
+    /// The job is gone: close its input pipes.
+    EndInput(JobId),
+    /// A piece of a rank's standard input.
+    Input {
+        job: JobId,
+        rank: u32,
+        offset: u64,
+        data: Vec<u8>,
+        eof: bool,
+    },
 }
 
 /// The handle the NM keeps on its output thread.
@@ -86,6 +98,7 @@ struct Watched {
 
 fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
     let mut watches: Vec<Watched> = Vec::new();
+    let mut inputs = InputFeeds::default();
     let mut buf = vec![0u8; core.chunk_bytes()];
     loop {
         loop {
@@ -98,7 +111,17 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
                     for w in closed {
                         core.closed(w.s);
                     }
+                    inputs.close_job(job);
                 }
+                Ok(Msg::Feed(job, rank, pipe)) => inputs.feed(job, rank, pipe),
+                Ok(Msg::EndInput(job)) => inputs.close_job(job),
+                Ok(Msg::Input {
+                    job,
+                    rank,
+                    offset,
+                    data,
+                    eof,
+                }) => inputs.input(job, rank, offset, data, eof),
                 Ok(Msg::Epoch(epoch)) => core.new_epoch(epoch, Instant::now()),
                 Ok(Msg::Tell(job, rank, text, remaining)) => {
                     core.tell(job, rank, &text, &remaining)
@@ -108,6 +131,7 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
                 Err(TryRecvError::Disconnected) => return,
             }
         }
+        inputs.pump(&mut core);
         core.step(Instant::now());
         if core.awaiting_completions() {
             core.await_completions(COMPLETION_WAIT);
@@ -123,6 +147,11 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
         };
         let ready: Vec<bool> = {
             let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+            // Pipes of standard input with bytes waiting for room: pumped after the poll.
+            for (_, fd) in inputs.waiting_pipes() {
+                fds.push(PollFd::new(fd, PollFlags::POLLOUT));
+            }
+            let first_output = fds.len();
             let mut polled = Vec::new();
             if reading {
                 for (i, w) in watches.iter().enumerate() {
@@ -156,7 +185,7 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
                 .iter()
                 .map(|w| reading && w.source.pipe().is_none())
                 .collect();
-            for (f, &i) in fds[1..].iter().zip(&polled) {
+            for (f, &i) in fds[first_output..].iter().zip(&polled) {
                 ready[i] = revents(f)
                     .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR);
             }
@@ -179,6 +208,7 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
         for i in ended.into_iter().rev() {
             core.closed(watches.remove(i).s);
         }
+        inputs.pump(&mut core);
         core.step(Instant::now());
     }
 }
@@ -203,8 +233,26 @@ impl crate::env::OutputForwarder for Output {
         self.send(Msg::Tell(job, rank, text.to_string(), remaining.clone()));
     }
 
+    fn feed(&mut self, job: JobId, rank: u32, pipe: OwnedFd) {
+        self.send(Msg::Feed(job, rank, pipe));
+    }
+
+    fn input(&mut self, job: JobId, rank: u32, offset: u64, data: Vec<u8>, eof: bool) {
+        self.send(Msg::Input {
+            job,
+            rank,
+            offset,
+            data,
+            eof,
+        });
+    }
+
     fn close_job(&mut self, job: JobId) {
         self.send(Msg::Close(job));
+    }
+
+    fn end_input(&mut self, job: JobId) {
+        self.send(Msg::EndInput(job));
     }
 
     /// Sending stays held until the thread has switched to the new epoch.

@@ -7,13 +7,14 @@ use std::time::Instant;
 
 use storm_cluster::messages::{JobId, Stream};
 
-use super::{Drained, Forwarder, ForwarderState, OutputSource, OutputStream};
+use super::{Drained, Forwarder, ForwarderState, InputFeeds, OutputSource, OutputStream};
 use crate::env::OutputForwarder;
 
 /// The forwarder and the streams it reads, stepped by its owner.
 pub struct SteppedOutput {
     core: Forwarder,
     watches: Vec<(OutputStream, Box<dyn OutputSource>)>,
+    inputs: InputFeeds,
     buf: Vec<u8>,
     /// The time of the last pump, for epochs begun between pumps.
     now: Instant,
@@ -25,6 +26,7 @@ impl SteppedOutput {
         Self {
             core,
             watches: Vec::new(),
+            inputs: InputFeeds::default(),
             buf,
             now,
         }
@@ -60,6 +62,7 @@ impl SteppedOutput {
             let (s, _) = self.watches.remove(i);
             self.core.closed(s);
         }
+        self.inputs.pump(&mut self.core);
         self.core.step(now);
     }
 }
@@ -81,7 +84,20 @@ impl OutputForwarder for SteppedOutput {
         self.core.tell(job, rank, text, remaining);
     }
 
+    fn feed(&mut self, job: JobId, rank: u32, pipe: std::os::fd::OwnedFd) {
+        self.inputs.feed(job, rank, pipe);
+    }
+
+    fn input(&mut self, job: JobId, rank: u32, offset: u64, data: Vec<u8>, eof: bool) {
+        self.inputs.input(job, rank, offset, data, eof);
+    }
+
+    fn end_input(&mut self, job: JobId) {
+        self.inputs.close_job(job);
+    }
+
     fn close_job(&mut self, job: JobId) {
+        self.inputs.close_job(job);
         let (closed, kept) = std::mem::take(&mut self.watches)
             .into_iter()
             .partition(|(s, _)| s.job == job);
