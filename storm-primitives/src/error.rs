@@ -32,7 +32,12 @@ pub enum PrimError {
     /// AWAIT-SPACE gave up: the queues of `nodes` answered, but had not dequeued `needed`
     /// entries (consumers that fell behind, or have not joined the queue's epoch yet). Last, so
     /// that the variants before it keep their numbers on the wire (tcp `Nack`).
-    #[error("the queues of nodes {nodes} stayed full (waiting for {needed} entries dequeued)")]
+    #[error(
+        "the queues of nodes {nodes} stayed full (waiting for their consumers to take entry \
+         {} of epoch {})",
+        .needed & 0xffff_ffff,
+        .needed >> 32
+    )]
     QueueFull { nodes: NodeSet, needed: u64 },
 }
 

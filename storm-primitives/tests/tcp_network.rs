@@ -406,8 +406,39 @@ fn a_node_with_another_layout_is_refused_and_told_nothing_more() {
     );
 }
 
+/// Where this test binary's log lines go (the nodes log from threads of their own), so that a
+/// test can read what a node said.
+fn captured_logs() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Shared(sink.clone()))
+            .init();
+        buf
+    })
+    .clone()
+}
+
+/// Two nodes with different cluster keys each name the mismatch: the one that connects (it
+/// finds the other's proof wrong) and the one that accepts (told its proof was refused),
+/// where it used to log only a reset connection.
 #[test]
-fn a_node_without_the_cluster_key_is_refused() {
+fn a_node_without_the_cluster_key_is_refused_and_both_sides_name_the_mismatch() {
+    let logs = captured_logs();
     let t = test_layout();
     // Each config has its own random key.
     let reason = refusal(
@@ -417,9 +448,24 @@ fn a_node_without_the_cluster_key_is_refused() {
         config(2000),
     );
     assert!(
-        reason.contains("did not prove it holds the cluster key"),
+        reason.contains("did not prove it holds the cluster key")
+            && reason.contains("different cluster keys"),
         "{reason}"
     );
+    let accepting_side = "a peer claiming node 0 refused this node's proof: the two nodes hold \
+                          different cluster keys";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        if text.contains(accepting_side) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never said {accepting_side:?}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -112,27 +112,33 @@ const SHOW_TRANSFER_AFTER: Duration = Duration::from_secs(1);
 struct TransferBar {
     started: Instant,
     bar: Option<indicatif::ProgressBar>,
+    /// When the bar appeared, and how much had been sent then: the rate counts from there.
+    shown: Option<(Instant, u64)>,
 }
 
 impl TransferBar {
     fn update(&mut self, job: JobId, sent: u64, total: u64) {
         if self.bar.is_none() && sent < total && self.started.elapsed() >= SHOW_TRANSFER_AFTER {
             let style = indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {prefix}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> ");
             let bar = indicatif::ProgressBar::new(total)
                 .with_style(style)
                 .with_message(format!("storm-submit: job {job}: sending the program"));
-            // The rate and time left count from here, not from the transfer's start.
             bar.set_position(sent);
-            bar.reset_eta();
             bar.enable_steady_tick(Duration::from_millis(200));
             self.bar = Some(bar);
+            self.shown = Some((Instant::now(), sent));
         }
-        if let Some(bar) = &self.bar {
+        if let (Some(bar), Some((since, from))) = (&self.bar, self.shown) {
             bar.set_position(sent);
+            bar.set_prefix(rate_text(
+                sent - from.min(sent),
+                since.elapsed(),
+                total - sent,
+            ));
         }
     }
 
@@ -189,6 +195,7 @@ impl Progress for Terminal {
         let t = self.transfer.get_or_insert_with(|| TransferBar {
             started: Instant::now(),
             bar: None,
+            shown: None,
         });
         t.update(job, sent, total);
         if sent >= total {
@@ -275,6 +282,23 @@ fn in_terminal_background() -> bool {
         return false;
     }
     nix::unistd::tcgetpgrp(stdin).is_ok_and(|fg| fg != nix::unistd::getpgrp())
+}
+
+/// The transfer's rate and time left, from `bytes` sent in `elapsed` since the bar appeared
+/// with `left` to go; nothing before half a second has passed (indicatif's own rate, fed the
+/// bytes sent before the bar appeared as if sent in its first instant, said 14 TiB/s).
+fn rate_text(bytes: u64, elapsed: Duration, left: u64) -> String {
+    let secs = elapsed.as_secs_f64();
+    if secs < 0.5 || bytes == 0 {
+        return String::new();
+    }
+    let rate = bytes as f64 / secs;
+    let eta = Duration::from_secs_f64((left as f64 / rate).min(360_000.0));
+    format!(
+        "{}/s, {} left",
+        indicatif::HumanBytes(rate as u64),
+        indicatif::HumanDuration(eta)
+    )
 }
 
 fn ms(us: u64) -> String {
@@ -480,5 +504,20 @@ fn main() -> ExitCode {
             eprintln!("storm-submit: error: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transfer_rate_counts_from_the_bar_and_waits_for_half_a_second() {
+        // The first frame: 300 MB were sent before the bar appeared, none since.
+        assert_eq!(rate_text(0, Duration::ZERO, 1 << 30), "");
+        assert_eq!(rate_text(5 << 20, Duration::from_millis(100), 1 << 30), "");
+        let text = rate_text(50 << 20, Duration::from_secs(2), 100 << 20);
+        assert!(text.starts_with("25.00 MiB/s, "), "{text}");
+        assert!(text.ends_with("4 seconds left"), "{text}");
     }
 }

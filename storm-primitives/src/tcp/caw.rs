@@ -213,7 +213,7 @@ impl Inner {
                     if op.phase != Phase::Comparing
                         || !op.set_child(from, Child::Pending, Child::Voted)
                     {
-                        return Err(format!("unexpected vote for {key:?}"));
+                        return Err(format!("unexpected vote for {key}"));
                     }
                     op.holds &= holds;
                     self.caw_progress(&mut table, key);
@@ -223,13 +223,13 @@ impl Inner {
                 let Some(op) = table.ops.get_mut(&key) else {
                     tracing::warn!(
                         node = self.id,
-                        ?key,
+                        %key,
                         "write for an operation this node already dropped"
                     );
                     return Ok(());
                 };
                 if op.parent != Some(from) || op.phase != Phase::Voted {
-                    return Err(format!("unexpected write for {key:?}"));
+                    return Err(format!("unexpected write for {key}"));
                 }
                 self.caw_write(&mut table, key);
             }
@@ -238,7 +238,7 @@ impl Inner {
                     if op.phase != Phase::Writing
                         || !op.set_child(from, Child::Voted, Child::Written)
                     {
-                        return Err(format!("unexpected write confirmation for {key:?}"));
+                        return Err(format!("unexpected write confirmation for {key}"));
                     }
                     self.caw_progress(&mut table, key);
                 }
@@ -264,7 +264,7 @@ impl Inner {
             CawMsg::Done(key, result) => {
                 if let Some((root, tx)) = table.waiters.remove(&key) {
                     if root != from {
-                        return Err(format!("result for {key:?} from node {from}, not its root"));
+                        return Err(format!("result for {key} from node {from}, not its root"));
                     }
                     let _ = tx.send(result);
                 }
@@ -381,7 +381,7 @@ impl Inner {
             ));
         }
         if table.ops.contains_key(&req.key) {
-            return Err(format!("compare {:?} received twice", req.key));
+            return Err(format!("compare {} received twice", req.key));
         }
         if table.ops.len() >= self.config.max_pending_ops {
             let err = self.overloaded("operations in progress", table.ops.len());
@@ -577,7 +577,7 @@ impl Inner {
             if op.phase == Phase::Voted {
                 tracing::warn!(
                     node = self.id,
-                    ?key,
+                    %key,
                     "no write or release arrived; dropping"
                 );
                 table.ops.remove(&key);
@@ -595,7 +595,7 @@ impl Inner {
                 nodes: waiting.clone(),
                 timeout_ms: op.req.timeout_ms,
                 detail: format!(
-                    "node {} had no answer from nodes {waiting} for compare-and-write {key:?}",
+                    "node {} had no answer from nodes {waiting} for compare-and-write {key}",
                     self.id
                 ),
             };

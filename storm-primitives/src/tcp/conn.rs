@@ -435,6 +435,14 @@ fn set_user_timeout(stream: &TcpStream, timeout: Duration) {
     }
 }
 
+/// What the connecting side says when the accepting side's proof does not match its key.
+const KEY_MISMATCH_HERE: &str = "the peer did not prove it holds the cluster key: the two \
+     nodes hold different cluster keys (every node needs the same storm.key)";
+
+/// What the accepting side says when the connecting side refused its proof.
+const KEY_MISMATCH_THERE: &str =
+    "the two nodes hold different cluster keys (every node needs the same storm.key)";
+
 /// Connects, shakes hands and starts the reader thread.
 fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStream, String> {
     let timeout = inner.config.connect_timeout;
@@ -455,15 +463,17 @@ fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStr
     };
     let t = transcript(inner, inner.id, conn.peer, &nonce, &their_nonce);
     if !t.verify(&inner.config.key, &proof, true) {
+        // Told, so that the peer names the mismatch too instead of seeing a reset: the
+        // refusal says nothing it did not know (its own proof failed here).
+        let reject = OutFrame::control(&Control::HelloReject("refused".into()));
+        let _ = stream.write_all(&reject.to_vec());
         tracing::warn!(
             node = inner.id,
             peer = conn.peer,
             %addr,
             "the peer did not prove it holds the cluster key; closing"
         );
-        return Err(failed(
-            "the peer did not prove it holds the cluster key".into(),
-        ));
+        return Err(failed(KEY_MISMATCH_HERE.into()));
     }
     let mut answer = Vec::new();
     if let Some(identity) = &inner.config.identity {
@@ -525,12 +535,21 @@ fn accept_handshake(
     stream
         .write_all(&OutFrame::control(&challenge).to_vec())
         .map_err(|e| e.to_string())?;
+    let key_mismatch = || {
+        format!(
+            "a peer claiming node {} refused this node's proof: {KEY_MISMATCH_THERE}",
+            hello.node
+        )
+    };
     let (identity, proof) = match read_handshake(stream, deadline)? {
         Control::Identify(sig) => match read_handshake(stream, deadline)? {
             Control::Proof(p) => (Some(sig), p),
+            Control::HelloReject(_) => return Err(key_mismatch()),
             other => return Err(format!("expected the handshake's proof, got {other:?}")),
         },
         Control::Proof(p) => (None, p),
+        // The peer found that this node's proof does not match its key.
+        Control::HelloReject(_) => return Err(key_mismatch()),
         other => return Err(format!("expected the handshake's proof, got {other:?}")),
     };
     if !t.verify(&inner.config.key, &proof, false) {

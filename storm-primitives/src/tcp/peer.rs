@@ -146,7 +146,7 @@ impl RawPeer {
     pub fn recv_control(&mut self) -> Result<Control, String> {
         match self.recv()? {
             Frame::Control(c) => Ok(c),
-            Frame::Data(d) => Err(format!("expected a control message, got data {:?}", d.key)),
+            Frame::Data(d) => Err(format!("expected a control message, got data of {}", d.key)),
         }
     }
 }

@@ -39,6 +39,13 @@ pub struct OpKey {
     pub seq: u64,
 }
 
+/// How people read an operation's key: `node 4's operation 17`, as in reasons and logs.
+impl std::fmt::Display for OpKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {}'s operation {}", self.origin, self.seq)
+    }
+}
+
 /// First frame on every connection, from the connecting side.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {

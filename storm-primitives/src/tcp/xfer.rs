@@ -280,7 +280,7 @@ impl Inner {
             XferMsg::Ack(key) => {
                 if let Some(op) = table.ops.get_mut(&key) {
                     if op.begin.on_arrival || !op.set_child(from, Child::Pending, Child::Acked) {
-                        return Err(format!("unexpected ack for {key:?}"));
+                        return Err(format!("unexpected ack for {key}"));
                     }
                     self.xfer_progress(&mut table, key);
                 }
@@ -296,7 +296,7 @@ impl Inner {
                             && op.set_child(from, Child::Acked, Child::Committed)
                     };
                     if !confirmed {
-                        return Err(format!("unexpected commit confirmation for {key:?}"));
+                        return Err(format!("unexpected commit confirmation for {key}"));
                     }
                     self.xfer_progress(&mut table, key);
                 }
@@ -314,13 +314,13 @@ impl Inner {
                 let Some(op) = table.ops.get_mut(&key) else {
                     tracing::warn!(
                         node = self.id,
-                        ?key,
+                        %key,
                         "commit for a transfer this node already dropped"
                     );
                     return Ok(());
                 };
                 if op.parent != Some(from) || op.phase != Phase::Prepared {
-                    return Err(format!("unexpected commit for {key:?}"));
+                    return Err(format!("unexpected commit for {key}"));
                 }
                 self.xfer_commit(&mut table, key);
             }
@@ -347,36 +347,36 @@ impl Inner {
         let key = begin.key;
         if begin.fanout == 0 || begin.timeout_ms == 0 || begin.timeout_ms > MAX_TIMEOUT_MS {
             return Err(format!(
-                "transfer {key:?} has fanout {} and timeout {} ms",
+                "transfer {key} has fanout {} and timeout {} ms",
                 begin.fanout, begin.timeout_ms
             ));
         }
         if !begin.dest.is_subset(&self.all) || !begin.dest.contains(self.id) {
             return Err(format!(
-                "transfer {key:?} to {} does not include this node",
+                "transfer {key} to {} does not include this node",
                 begin.dest
             ));
         }
         let tree = Tree::new(key.origin, &begin.dest, begin.fanout as usize);
         if tree.parent(self.id) != Some(from) {
-            return Err(format!("node {from} is not this node's parent for {key:?}"));
+            return Err(format!("node {from} is not this node's parent for {key}"));
         }
         if !self
             .layout
             .contains_range_at(self.id, begin.offset, begin.len)
         {
             return Err(format!(
-                "transfer {key:?} of {} bytes at {} overruns global memory",
+                "transfer {key} of {} bytes at {} overruns global memory",
                 begin.len, begin.offset
             ));
         }
         if let Some(ev) = begin.remote_event
             && self.layout.event_at(self.id, ev).is_none()
         {
-            return Err(format!("transfer {key:?} names unknown event {ev}"));
+            return Err(format!("transfer {key} names unknown event {ev}"));
         }
         if table.ops.contains_key(&key) {
-            return Err(format!("transfer {key:?} begun twice"));
+            return Err(format!("transfer {key} begun twice"));
         }
         if table.ops.len() >= self.config.max_pending_ops {
             let err = PrimError::TransferFailed(format!(
@@ -384,12 +384,12 @@ impl Inner {
                 self.id,
                 table.ops.len()
             ));
-            tracing::warn!(node = self.id, ?key, "refusing a transfer: {err}");
+            tracing::warn!(node = self.id, %key, "refusing a transfer: {err}");
             self.send_control(from, &xfer(XferMsg::Nack(key, err)));
             return Ok(());
         }
         if let Some(err) = self.refused_write(key.origin, from, begin.offset, begin.len) {
-            tracing::warn!(node = self.id, ?key, from, "refusing a transfer: {err}");
+            tracing::warn!(node = self.id, %key, from, "refusing a transfer: {err}");
             self.send_control(from, &xfer(XferMsg::Nack(key, err)));
             return Ok(());
         }
@@ -437,13 +437,13 @@ impl Inner {
             };
             if op.parent != Some(from) {
                 return Err(format!(
-                    "data for {key:?} from node {from}, which is not the parent"
+                    "data for {key} from node {from}, which is not the parent"
                 ));
             }
             let end = at.checked_add(data.len() as u64);
             if at != op.received || end.is_none_or(|e| e > op.begin.len) {
                 return Err(format!(
-                    "data for {key:?} at {at}+{} out of order or past its length {}",
+                    "data for {key} at {at}+{} out of order or past its length {}",
                     data.len(),
                     op.begin.len
                 ));
@@ -454,7 +454,7 @@ impl Inner {
                      (max_staged_bytes)",
                     self.id, table.staged_bytes
                 ));
-                tracing::warn!(node = self.id, ?key, "failing a transfer: {err}");
+                tracing::warn!(node = self.id, %key, "failing a transfer: {err}");
                 drop(table);
                 let mut table = self.xfers.lock();
                 self.xfer_fail(&mut table, key, err);
@@ -589,10 +589,10 @@ impl Inner {
             if !admitted {
                 let err = PrimError::TransferFailed(format!(
                     "node {} had applied a later transfer from node {} to the same bytes when \
-                     transfer {key:?} arrived, so it was not applied there",
+                     transfer {key} arrived, so it was not applied there",
                     self.id, key.origin
                 ));
-                tracing::debug!(node = self.id, ?key, "{err}");
+                tracing::debug!(node = self.id, %key, "{err}");
                 self.xfer_fail(table, key, err);
                 return;
             }
@@ -665,7 +665,7 @@ impl Inner {
             tracing::debug!(
                 node = self.id,
                 ?k,
-                later = ?key,
+                later = %key,
                 "dropping a transfer superseded by a later commit"
             );
             self.xfer_abort(table, k);
@@ -746,7 +746,7 @@ impl Inner {
             if op.phase == Phase::Prepared && op.parent.is_some() {
                 tracing::warn!(
                     node = self.id,
-                    ?key,
+                    %key,
                     "no commit arrived; dropping the transfer unsignalled"
                 );
                 table.remove(&key);
@@ -775,7 +775,7 @@ impl Inner {
                 nodes: waiting.clone(),
                 timeout_ms: op.begin.timeout_ms,
                 detail: format!(
-                    "node {} had no answer from nodes {waiting} for transfer {key:?}",
+                    "node {} had no answer from nodes {waiting} for transfer {key}",
                     self.id
                 ),
             };
