@@ -420,3 +420,47 @@ fn wait_for_file(path: &Path) {
     // Written by `echo >`: give the write a moment to complete.
     std::thread::sleep(Duration::from_millis(50));
 }
+
+/// Issue 33: arguments and environment were limited by one heartbeat (64 KiB) and the
+/// refusal blamed "the job description". A job whose environment and arguments take 1.4 MB
+/// (near the kernel's ARG_MAX of 2 MiB) now runs, its launch going to the nodes in pieces, and
+/// its task gets every byte; one over the cluster's limit is told which limit it hit and what
+/// raises it.
+#[test]
+fn arguments_and_environment_up_to_arg_max_reach_the_task_and_more_is_refused_naming_the_limit() {
+    // The kernel takes at most 128 KiB per string: 20 variables of 64 KiB, and an argument.
+    let vars: Vec<(String, String)> = (0..20)
+        .map(|i| {
+            (
+                format!("BIG_{i}"),
+                char::from(b'a' + i as u8).to_string().repeat(64 << 10),
+            )
+        })
+        .collect();
+    let arg = "z".repeat(100_000);
+    let c = cluster(LimitsSection::default());
+    let script = r#"n=0; for i in $(seq 0 19); do eval "v=\$BIG_$i"; n=$((n + ${#v})); done; printf '%s %s %s' "$n" "${#1}" "$(printenv BIG_7 | cut -c1-3)""#;
+    let out = c
+        .submit_cmd(&["-N", "1", "sh", "-c", script, "sh", &arg])
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{} 100000 hhh", 20 * (64 << 10)));
+
+    let small = cluster(LimitsSection {
+        max_argument_bytes: 300_000,
+        ..Default::default()
+    });
+    let out = small
+        .submit_cmd(&["-N", "1", "/bin/true"])
+        .envs(vars.iter().take(6).map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    refused_naming(&out, "max_argument_bytes");
+    assert!(
+        text(&out.stderr).contains("ARG_MAX"),
+        "{}",
+        text(&out.stderr)
+    );
+}

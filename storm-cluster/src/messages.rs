@@ -375,6 +375,17 @@ pub enum Command {
     },
     /// Stop the node manager.
     Shutdown,
+    /// Piece `index` of `count` of a [`LaunchSpec`] too large for one heartbeat (a job whose
+    /// arguments and environment approach the kernel's `ARG_MAX`): its encoding, cut in
+    /// pieces that go in consecutive heartbeats. A node launches the job once it has every
+    /// piece; piece 0 starts the assembly again.
+    LaunchPiece {
+        job: JobId,
+        nodes: NodeSet,
+        index: u32,
+        count: u32,
+        bytes: Vec<u8>,
+    },
     /// storm-submit's standard input for the tasks of `job` that read it (its launch's
     /// `input`): `data` is the stream's bytes from `offset` on; `eof` ends the stream after
     /// them. A node keeps each byte once by its offset (input is sent again after an MM
@@ -395,6 +406,7 @@ impl Command {
             Command::ReceiveFile(f) => Some(&f.nodes),
             Command::Launch(l) => Some(&l.nodes),
             Command::Input { nodes, .. } => Some(nodes),
+            Command::LaunchPiece { nodes, .. } => Some(nodes),
             _ => None,
         }
     }
@@ -558,6 +570,43 @@ impl std::str::FromStr for InputTarget {
                 .map_err(|_| format!("{s:?} is not an input mode: none, all, or a rank number")),
         }
     }
+}
+
+/// Largest encoded [`LaunchSpec`] a node assembles from [`Command::LaunchPiece`]s.
+pub const MAX_LAUNCH_BYTES: usize = 16 << 20;
+
+/// The commands that launch `spec` when heartbeats carry at most `heartbeat_bytes`: the
+/// launch itself if it fits in half of one (the rest holds the schedule and the seal), else
+/// its pieces.
+pub fn launch_commands(
+    spec: LaunchSpec,
+    heartbeat_bytes: usize,
+) -> Result<Vec<Command>, MessageError> {
+    let room = (heartbeat_bytes / 2).max(1);
+    let whole = Command::Launch(spec);
+    if encode("launch", &whole, room).is_ok() {
+        return Ok(vec![whole]);
+    }
+    let Command::Launch(spec) = whole else {
+        unreachable!("built above")
+    };
+    let bytes = encode("launch", &spec, MAX_LAUNCH_BYTES)?;
+    // Each piece's own fields (job, node set, counters) take room too.
+    let piece = room
+        .saturating_sub(256 + 12 * spec.nodes.ranges().len())
+        .max(64);
+    let count = bytes.len().div_ceil(piece) as u32;
+    Ok(bytes
+        .chunks(piece)
+        .enumerate()
+        .map(|(i, b)| Command::LaunchPiece {
+            job: spec.job,
+            nodes: spec.nodes.clone(),
+            index: i as u32,
+            count,
+            bytes: b.to_vec(),
+        })
+        .collect())
 }
 
 /// Most bytes of standard input one [`Command::Input`] carries.

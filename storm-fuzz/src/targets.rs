@@ -395,6 +395,13 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                 signal: 15,
             },
             Command::Forget { job: 41 },
+            Command::LaunchPiece {
+                job: 42,
+                nodes: nodes("0-3"),
+                index: 1,
+                count: 3,
+                bytes: vec![0x5a; 300],
+            },
             Command::Input {
                 job: 42,
                 nodes: nodes("0"),

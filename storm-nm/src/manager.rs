@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use storm_cluster::config::PolicyKind;
 use storm_cluster::identity::{MmVerifier, Seal, SealError};
 use storm_cluster::messages::{
-    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MpiMode, NodeTiming, Program,
-    RankStatus, decode, expand_output_pattern,
+    Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MAX_LAUNCH_BYTES, MpiMode,
+    NodeTiming, Program, RankStatus, decode, expand_output_pattern,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -191,6 +191,8 @@ pub struct NodeManager<E: NmEnv> {
     jobs: BTreeMap<JobId, LocalJob>,
     /// Jobs launched under gang scheduling whose time slot has not come yet.
     pending: BTreeMap<JobId, LaunchSpec>,
+    /// Launches arriving in pieces (`Command::LaunchPiece`): the pieces so far, by job.
+    assembling: BTreeMap<JobId, Vec<Vec<u8>>>,
     /// The jobs the latest gang schedule runs.
     run: Vec<JobId>,
     /// A gang switch waiting for the old slot to stop.
@@ -256,6 +258,7 @@ impl<E: NmEnv> NodeManager<E> {
             pmi_library,
             jobs: BTreeMap::new(),
             pending: BTreeMap::new(),
+            assembling: BTreeMap::new(),
             run: Vec::new(),
             switch: None,
             lease: None,
@@ -424,6 +427,17 @@ impl<E: NmEnv> NodeManager<E> {
             match cmd {
                 Command::ReceiveFile(info) => self.receive_file(info),
                 Command::Launch(spec) => self.launch(spec),
+                Command::LaunchPiece {
+                    job,
+                    index,
+                    count,
+                    bytes,
+                    ..
+                } => {
+                    if let Some(spec) = self.launch_piece(job, index, count, bytes) {
+                        self.launch(spec);
+                    }
+                }
                 Command::Signal { job, signal } => self.signal_job(job, signal),
                 Command::Forget { job } => self.forget(job),
                 Command::Schedule { run, lease_us } => {
@@ -1025,9 +1039,58 @@ impl<E: NmEnv> NodeManager<E> {
         }
     }
 
+    /// Takes piece `index` of `count` of a job's launch; the launch, once every piece is
+    /// here in order. Piece 0 starts again (the launch is sent again to a node that missed a
+    /// piece); a piece out of order, or past the size a node assembles, drops what came.
+    fn launch_piece(
+        &mut self,
+        job: JobId,
+        index: u32,
+        count: u32,
+        bytes: Vec<u8>,
+    ) -> Option<LaunchSpec> {
+        if index == 0 {
+            self.assembling.insert(job, Vec::new());
+        }
+        let pieces = self.assembling.get_mut(&job)?;
+        let total: usize = pieces.iter().map(Vec::len).sum::<usize>() + bytes.len();
+        if pieces.len() as u32 != index || index >= count || total > MAX_LAUNCH_BYTES {
+            tracing::warn!(
+                node = self.node,
+                job,
+                index,
+                count,
+                "a piece of a launch out of order; waiting for the launch to be sent again"
+            );
+            self.assembling.remove(&job);
+            return None;
+        }
+        pieces.push(bytes);
+        if index + 1 < count {
+            return None;
+        }
+        let whole = self.assembling.remove(&job)?.concat();
+        match decode::<LaunchSpec>("launch", &whole, MAX_LAUNCH_BYTES) {
+            Ok(spec) if spec.job == job => Some(spec),
+            Ok(_) => {
+                tracing::error!(
+                    node = self.node,
+                    job,
+                    "a launch in pieces names another job"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::error!(node = self.node, job, "a launch in pieces: {e}");
+                None
+            }
+        }
+    }
+
     fn forget(&mut self, job: JobId) {
         tracing::info!(node = self.node, job, "forgetting the job");
         self.pending.remove(&job);
+        self.assembling.remove(&job);
         // Cancelled now; joined before the next transfer starts.
         self.env.spool().cancel(job);
         if self.jobs.get(&job).is_some_and(|j| !j.reported) {

@@ -97,8 +97,16 @@ impl<E: MmEnv> MachineManager<E> {
                     self.hb.seq += 1;
                     let mut unneeded = Vec::new();
                     for cmd in self.hb.commands.drain(..taken) {
-                        if let Command::Launch(spec) = cmd
-                            && let Some(j) = self.jobs.get_mut(&spec.job)
+                        // A launch in pieces has gone out with its last piece.
+                        let launched = match cmd {
+                            Command::Launch(spec) => Some(spec.job),
+                            Command::LaunchPiece {
+                                job, index, count, ..
+                            } if index + 1 == count => Some(job),
+                            _ => None,
+                        };
+                        if let Some(job) = launched
+                            && let Some(j) = self.jobs.get_mut(&job)
                             && j.phase == Phase::Launching
                         {
                             // Its record (with the time its launch was readied) was

@@ -207,7 +207,8 @@ impl<E: MmEnv> MachineManager<E> {
                     node = n,
                     "launching again on a node that missed the launch"
                 );
-                self.hb.commands.push_back(Command::Launch(j.launch_spec()));
+                let spec = j.launch_spec();
+                self.launch_in_heartbeats(spec);
             }
         }
         keep

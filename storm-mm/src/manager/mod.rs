@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use storm_cluster::control::{EndCause, JobInfo, JobOutcome, NodeInfo, Reply, Timing};
 use storm_cluster::identity::MmSigner;
-use storm_cluster::messages::{Command, JobId, MpiMode, NodeReport, decode_sealed};
+use storm_cluster::messages::{
+    Command, JobId, LaunchSpec, MpiMode, NodeReport, decode_sealed, launch_commands,
+};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeSet, Primitives, Relation, Wait};
@@ -509,8 +511,19 @@ impl<E: MmEnv> MachineManager<E> {
             let j = self.jobs.get_mut(&id).expect("listed");
             j.phase = Phase::Launching;
             let spec = j.launch_spec();
-            self.hb.commands.push_back(Command::Launch(spec));
+            self.launch_in_heartbeats(spec);
             self.release_held_input(id);
+        }
+    }
+
+    /// Queues a job's launch for the heartbeats: whole, or in pieces when it is too large
+    /// for one (its arguments and environment approach `ARG_MAX`).
+    pub(super) fn launch_in_heartbeats(&mut self, spec: LaunchSpec) {
+        let job = spec.job;
+        match launch_commands(spec, self.cfg.cluster.heartbeat_bytes) {
+            Ok(cmds) => self.hb.commands.extend(cmds),
+            // Submission checked the size: not reached.
+            Err(e) => tracing::error!(job, "cannot encode the launch: {e}"),
         }
     }
 
@@ -736,6 +749,7 @@ impl<E: MmEnv> MachineManager<E> {
             // Forget behind it would kill at once.
             self.hb.commands.retain(|c| match c {
                 Command::Launch(spec) => spec.job != j.id,
+                Command::LaunchPiece { job, .. } => *job != j.id,
                 Command::ReceiveFile(info) => info.job != j.id,
                 Command::Input { job, .. } => *job != j.id,
                 _ => true,

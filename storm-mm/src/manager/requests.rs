@@ -9,7 +9,7 @@ use anyhow::Result;
 use storm_cluster::control::{
     self, ArrayElement, JobInfo, JobRequest, JobState, NodeInfo, Reply, Request,
 };
-use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, encode};
+use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, MAX_LAUNCH_BYTES, encode};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -325,8 +325,10 @@ impl<E: MmEnv> MachineManager<E> {
                 .sum::<usize>();
         if args as u64 > l.max_argument_bytes {
             return Err(format!(
-                "the job's arguments and environment are {args} bytes, over the limit ([limits] \
-                 max_argument_bytes = {})",
+                "the job's arguments and environment are {args} bytes, over the cluster's limit \
+                 of {} ([limits] max_argument_bytes in the cluster file raises it, up to the \
+                 kernel's ARG_MAX on the nodes: `getconf ARG_MAX`); pass fewer variables with \
+                 --export",
                 l.max_argument_bytes
             ));
         }
@@ -449,10 +451,11 @@ impl<E: MmEnv> MachineManager<E> {
             &NodeSet::first_n(plan.nodes),
             (uid, gid),
         );
-        let limit = self.cfg.cluster.heartbeat_bytes - 256;
-        if let Err(e) = encode("launch", &Command::Launch(launch_probe), limit) {
+        // A launch too large for one heartbeat goes in pieces, up to what a node assembles.
+        if let Err(e) = encode("launch", &launch_probe, MAX_LAUNCH_BYTES) {
             return Err(format!(
-                "the job description is too large for a heartbeat ({e}); export fewer variables"
+                "the job's launch is too large ({e}): pass fewer or shorter arguments or \
+                 variables (--export)"
             ));
         }
         let new = |id: JobId, req: JobRequest| {

@@ -280,9 +280,8 @@ impl<E: MmEnv> MachineManager<E> {
                             nodes = %r.unlaunched,
                             "launching again where the launch never arrived before the restart"
                         );
-                        self.hb
-                            .commands
-                            .push_back(storm_cluster::messages::Command::Launch(j.launch_spec()));
+                        let spec = j.launch_spec();
+                        self.launch_in_heartbeats(spec);
                     }
                     self.recovered(id);
                 } else {
