@@ -7,7 +7,10 @@
 //! from reading more, as a pipe would, and nothing in between grows.
 //!
 //! What is sent and not yet acknowledged is kept: after the MM restarted it goes again (the
-//! nodes keep each byte once). A requeued job runs again from its start, but the input it
+//! nodes keep each byte once). It also goes again when no acknowledgement has come for a
+//! while ([`FIRST_RESEND`], doubling up to [`LAST_RESEND`]): a node that missed the heartbeat
+//! carrying a piece would otherwise wait for it, and its task for its input, for ever. A task
+//! that is merely not reading costs a window's worth of repeats at those growing intervals. A requeued job runs again from its start, but the input it
 //! read is gone: its new run reads an empty standard input, and storm-submit says so.
 //!
 //! [`Request::Input`]: storm_cluster::control::Request::Input
@@ -15,10 +18,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use storm_cluster::control::Request;
 use storm_cluster::messages::{INPUT_WINDOW, InputTarget, JobId, MAX_INPUT_CHUNK};
+
+/// How long storm-submit waits for an acknowledgement before it sends the unacknowledged
+/// input again; each repeat without progress doubles the wait, up to [`LAST_RESEND`].
+pub const FIRST_RESEND: Duration = Duration::from_secs(2);
+pub const LAST_RESEND: Duration = Duration::from_secs(60);
 
 /// A piece read from standard input; `None` at its end (or on a read error).
 pub type Piece = Option<Vec<u8>>;
@@ -76,6 +85,10 @@ pub struct InputSender {
     end_sent: bool,
     /// The job was requeued: its next run gets an empty input.
     requeued: bool,
+    /// When the unacknowledged input goes again if nothing is acknowledged meanwhile, and
+    /// the wait after that.
+    resend_at: Option<Instant>,
+    resend_wait: Duration,
 }
 
 impl InputSender {
@@ -93,6 +106,8 @@ impl InputSender {
             at_end: false,
             end_sent: false,
             requeued: false,
+            resend_at: None,
+            resend_wait: FIRST_RESEND,
         }
     }
 
@@ -120,6 +135,9 @@ impl InputSender {
         if least > self.acked {
             self.unacked.drain(..(least - self.acked) as usize);
             self.acked = least;
+            // Progress: the wait before a repeat starts again.
+            self.resend_wait = FIRST_RESEND;
+            self.resend_at = None;
         }
     }
 
@@ -138,10 +156,26 @@ impl InputSender {
     }
 
     /// Sends what the window allows; `send` puts a request on the connection.
-    pub fn pump(&mut self, mut send: impl FnMut(&Request)) {
+    pub fn pump(&mut self, send: impl FnMut(&Request)) {
+        self.pump_at(Instant::now(), send)
+    }
+
+    /// [`InputSender::pump`] at time `now`: also sends the unacknowledged input again when
+    /// its acknowledgement is overdue.
+    pub fn pump_at(&mut self, now: Instant, mut send: impl FnMut(&Request)) {
         let Some(job) = self.job.filter(|_| self.ranks.is_some()) else {
             return;
         };
+        let waiting = self.sent > self.acked;
+        match self.resend_at {
+            Some(at) if waiting && !self.requeued && now >= at => {
+                self.send_unacknowledged(job, &mut send);
+                self.resend_wait = (self.resend_wait * 2).min(LAST_RESEND);
+                self.resend_at = Some(now + self.resend_wait);
+            }
+            None if waiting => self.resend_at = Some(now + self.resend_wait),
+            _ => {}
+        }
         if self.requeued {
             if !self.end_sent {
                 send(&Request::Input {
@@ -175,6 +209,7 @@ impl InputSender {
             });
             self.sent += data.len() as u64;
             self.unacked.extend(data);
+            self.resend_at.get_or_insert(now + self.resend_wait);
         }
         if self.at_end && !self.end_sent {
             send(&Request::Input {
@@ -194,6 +229,12 @@ impl InputSender {
             self.end_sent = false;
             return;
         }
+        self.send_unacknowledged(job, &mut send);
+    }
+
+    /// Sends again, from the acknowledged offset, what was sent and not acknowledged, and
+    /// the end of the stream if it went out.
+    fn send_unacknowledged(&self, job: JobId, send: &mut impl FnMut(&Request)) {
         let bytes: Vec<u8> = self.unacked.iter().copied().collect();
         let mut offset = self.acked;
         for piece in bytes.chunks(MAX_INPUT_CHUNK) {
@@ -299,6 +340,39 @@ mod tests {
             again,
             vec![(4, b"o world".to_vec(), false), (11, Vec::new(), true)]
         );
+    }
+
+    /// A piece a node never got (it missed that heartbeat) would hold the task's input for
+    /// ever: with no acknowledgement for a while, the unacknowledged bytes go again, at
+    /// doubling intervals, and progress starts the wait afresh.
+    #[test]
+    fn unacknowledged_input_goes_again_when_its_acknowledgement_is_overdue() {
+        let mut s = sender(vec![Some(b"abc".to_vec()), Some(b"def".to_vec())]);
+        s.started(1, 1);
+        let t0 = Instant::now();
+        let at = |s: &mut InputSender, after: Duration| {
+            let mut out = Vec::new();
+            s.pump_at(t0 + after, |r| {
+                if let Request::Input { offset, data, .. } = r {
+                    out.push((*offset, data.clone()));
+                }
+            });
+            out
+        };
+        // Standard input ended after them: the two pieces and the end go.
+        assert_eq!(at(&mut s, Duration::ZERO).len(), 3);
+        assert!(
+            at(&mut s, Duration::from_secs(1)).is_empty(),
+            "not overdue yet"
+        );
+        let again = at(&mut s, FIRST_RESEND + Duration::from_millis(1));
+        assert_eq!(again, vec![(0, b"abcdef".to_vec()), (6, Vec::new())]);
+        // The next repeat waits twice as long.
+        assert!(at(&mut s, FIRST_RESEND * 2).is_empty());
+        assert_eq!(at(&mut s, FIRST_RESEND * 4).len(), 2);
+        // Everything taken: nothing goes again.
+        s.taken(0, 6);
+        assert!(at(&mut s, FIRST_RESEND * 20).is_empty());
     }
 
     #[test]

@@ -54,6 +54,15 @@ const SWITCH_RECHECK: Duration = Duration::from_millis(1);
 /// launcher writes the status once it has reaped the task, a moment after the task's pipes
 /// closed (which is what woke the NM). Later looks wait as long as the NM has waited so far.
 const EXIT_RECHECK_FIRST: Duration = Duration::from_micros(100);
+
+/// How long to wait before looking again at tasks that are exiting, `waited` after the first
+/// began to: as long as they have taken so far (at least [`EXIT_RECHECK_FIRST`]), but never
+/// past `idle`, which a slot's lease about to run out shortens below that minimum (CI saw
+/// `clamp` panic there, with min above max, and the NM die).
+fn exit_recheck(waited: Duration, idle: Duration) -> Duration {
+    waited.max(EXIT_RECHECK_FIRST).min(idle)
+}
+
 /// A switch whose old slot still has not stopped after this long is logged.
 const SWITCH_WARN: Duration = Duration::from_millis(50);
 /// A task that has not acted on SIGSTOP after this long is stuck in the kernel (a hung file
@@ -308,7 +317,7 @@ impl<E: NmEnv> NodeManager<E> {
         match self.exiting_since {
             Some(since) => {
                 let waited = self.env.clock().now().saturating_duration_since(since);
-                waited.clamp(EXIT_RECHECK_FIRST, idle)
+                exit_recheck(waited, idle)
             }
             None => idle,
         }
@@ -1247,4 +1256,28 @@ fn held_jobs(
         ended: false,
     });
     running.chain(waiting).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An exiting task's next look waits as long as it has waited, from 100 us, and never
+    /// past the time left: a lease running out leaves less than 100 us, which used to panic.
+    #[test]
+    fn the_recheck_of_exiting_tasks_never_passes_the_time_left() {
+        let idle = Duration::from_millis(10);
+        assert_eq!(exit_recheck(Duration::ZERO, idle), EXIT_RECHECK_FIRST);
+        assert_eq!(
+            exit_recheck(Duration::from_millis(3), idle),
+            Duration::from_millis(3)
+        );
+        assert_eq!(exit_recheck(Duration::from_secs(1), idle), idle);
+        let almost_gone = Duration::from_micros(20);
+        assert_eq!(exit_recheck(Duration::ZERO, almost_gone), almost_gone);
+        assert_eq!(
+            exit_recheck(Duration::from_millis(5), Duration::ZERO),
+            Duration::ZERO
+        );
+    }
 }
