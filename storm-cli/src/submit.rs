@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use storm_cluster::control::{self, Client, JobOutcome, JobRequest, Reply, Request};
 use storm_cluster::messages::{JobId, Stream};
-use storm_cluster::tasks::ranks_on;
+use storm_cluster::tasks::node_of_rank;
 
 use crate::input::InputSender;
 use storm_primitives::NodeSet;
@@ -378,11 +378,7 @@ pub fn failure_lines(outcome: &JobOutcome, nodes: &NodeSet, names: &[String]) ->
     let ntasks = outcome.ranks.len() as u32;
     let nnodes = nodes.len() as u32;
     let node_of = |rank: u32| -> String {
-        (0..nnodes)
-            .find(|&k| {
-                let (first, count) = ranks_on(ntasks, nnodes, k);
-                (first..first + count).contains(&rank)
-            })
+        node_of_rank(ntasks, nnodes, rank)
             .and_then(|k| names.get(k as usize).cloned())
             .unwrap_or_else(|| "?".into())
     };

@@ -184,6 +184,15 @@ pub fn ranks_on(ntasks: u32, nnodes: u32, k: u32) -> (u32, u32) {
     (first, count)
 }
 
+/// Which node (its position `k` in node-set order) holds `rank` of a job of `ntasks` tasks
+/// on `nnodes` nodes; `None` for a rank the job does not have.
+pub fn node_of_rank(ntasks: u32, nnodes: u32, rank: u32) -> Option<u32> {
+    (0..nnodes).find(|&k| {
+        let (first, count) = ranks_on(ntasks, nnodes, k);
+        (first..first + count).contains(&rank)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

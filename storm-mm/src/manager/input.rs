@@ -17,7 +17,7 @@
 //! [`Stream::InputTaken`]: storm_cluster::messages::Stream::InputTaken
 
 use storm_cluster::messages::{Command, INPUT_WINDOW, InputTarget, JobId, MAX_INPUT_CHUNK};
-use storm_cluster::tasks::ranks_on;
+use storm_cluster::tasks::node_of_rank;
 use storm_primitives::NodeSet;
 
 use super::job::tasks_launched;
@@ -99,40 +99,29 @@ impl<E: MmEnv> MachineManager<E> {
         let nodes: NodeSet = match j.req.input {
             InputTarget::None => return,
             InputTarget::All => j.nodes.clone(),
-            InputTarget::Rank(rank) => j
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|&(k, _)| {
-                    let (first, count) = ranks_on(ntasks, nnodes, k as u32);
-                    (first..first + count).contains(&rank)
-                })
-                .map(|(_, n)| n)
+            InputTarget::Rank(rank) => node_of_rank(ntasks, nnodes, rank)
+                .and_then(|k| j.nodes.iter().nth(k as usize))
+                .into_iter()
                 .collect(),
         };
         let piece = MAX_INPUT_CHUNK
             .min(self.cfg.cluster.heartbeat_bytes / 2)
             .max(1);
+        // The end of the stream alone is one empty piece.
+        let pieces: Vec<&[u8]> = if data.is_empty() {
+            vec![&[]]
+        } else {
+            data.chunks(piece).collect()
+        };
+        let last = pieces.len() - 1;
         let mut at = offset;
-        let mut pieces = data.chunks(piece).peekable();
-        if pieces.peek().is_none() {
-            self.hb.commands.push_back(Command::Input {
-                job,
-                nodes,
-                offset,
-                data: Vec::new(),
-                eof,
-            });
-            return;
-        }
-        while let Some(p) = pieces.next() {
-            let last = pieces.peek().is_none();
+        for (i, p) in pieces.into_iter().enumerate() {
             self.hb.commands.push_back(Command::Input {
                 job,
                 nodes: nodes.clone(),
                 offset: at,
                 data: p.to_vec(),
-                eof: eof && last,
+                eof: eof && i == last,
             });
             at += p.len() as u64;
         }
