@@ -419,7 +419,7 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
                 nodes: Some(args.nodes),
                 ..Default::default()
             },
-            bcast: false,
+            delivery: storm_cluster::control::Delivery::InPlace,
             time_limit_ms: None,
             requeue: false,
             mpi: Default::default(),

@@ -113,7 +113,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
             ntasks: Some(n),
             ..TaskRequest::default()
         },
-        bcast: true,
+        delivery: storm_cluster::control::Delivery::Broadcast,
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),

@@ -141,10 +141,14 @@ enum Command {
         /// Timeslice of the cluster, in milliseconds.
         #[arg(long, default_value_t = 1.0)]
         timeslice_ms: f64,
-        /// Send the program with every job (storm-submit's default) instead of running the
-        /// nodes' own /bin/true (--no-bcast).
-        #[arg(long)]
+        /// Copy the program to the nodes with every job (storm-submit's --bcast) instead of
+        /// running the nodes' own /bin/true (--no-bcast).
+        #[arg(long, conflicts_with = "check")]
         bcast: bool,
+        /// Check that /bin/true is in place on the job's nodes before every job (storm-submit's
+        /// default: one COMPARE-AND-WRITE over their digests) instead of --no-bcast.
+        #[arg(long)]
+        check: bool,
         /// Primitives backend of the cluster: tcp, ofi or local.
         #[arg(long, default_value = "tcp")]
         backend: storm_cluster::config::BackendKind,
@@ -347,6 +351,7 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    storm_cluster::cli_docs::exit_if_asked::<Cli>();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -428,17 +433,23 @@ fn main() -> Result<()> {
             cpus,
             timeslice_ms,
             bcast,
+            check,
             backend,
             provider,
             csv,
         } => {
+            use storm_cluster::control::Delivery;
             let args = throughput::ThroughputArgs {
                 jobs,
                 clients,
                 nodes,
                 cpus,
                 timeslice_ms,
-                bcast,
+                delivery: match (bcast, check) {
+                    (true, _) => Delivery::Broadcast,
+                    (_, true) => Delivery::Auto,
+                    _ => Delivery::InPlace,
+                },
                 backend,
                 provider,
             };

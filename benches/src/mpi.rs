@@ -138,7 +138,7 @@ fn storm_once(cluster: &LocalCluster, program: &Path, nodes: u32, ppn: u32) -> R
             ntasks: Some(nodes * ppn),
             ..TaskRequest::default()
         },
-        bcast: false,
+        delivery: storm_cluster::control::Delivery::InPlace,
         time_limit_ms: None,
         requeue: false,
         mpi: MpiMode::Both,

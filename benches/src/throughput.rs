@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit;
-use storm_cluster::control::{Client, JobRequest, Timing};
+use storm_cluster::control::{Client, Delivery, JobRequest, Timing};
 use storm_cluster::tasks::TaskRequest;
 
 use crate::launch::Quiet;
@@ -30,8 +30,9 @@ pub struct ThroughputArgs {
     pub nodes: u32,
     pub cpus: u32,
     pub timeslice_ms: f64,
-    /// Send the program with each job (storm-submit's default) instead of running the node's.
-    pub bcast: bool,
+    /// How the program reaches the nodes: copied with each job, checked in place, or run
+    /// from its path with no check.
+    pub delivery: Delivery,
     pub backend: storm_cluster::config::BackendKind,
     pub provider: Option<String>,
 }
@@ -106,7 +107,7 @@ fn fork_exec_once() -> Result<(Duration, Option<Timing>)> {
     Ok((start.elapsed(), None))
 }
 
-fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<Timing>)> {
+fn submit_once(cluster: &LocalCluster, delivery: Delivery) -> Result<(Duration, Option<Timing>)> {
     let req = JobRequest {
         name: "true".into(),
         program: PROGRAM.into(),
@@ -117,7 +118,7 @@ fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<
             ntasks: Some(1),
             ..TaskRequest::default()
         },
-        bcast,
+        delivery,
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
@@ -128,7 +129,7 @@ fn submit_once(cluster: &LocalCluster, bcast: bool) -> Result<(Duration, Option<
         array: None,
         element: None,
     };
-    let program = if bcast {
+    let program = if delivery.carries_program() {
         Some(std::fs::File::open(PROGRAM)?)
     } else {
         None
@@ -165,11 +166,11 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     })?;
     // Warm-up: connections, the page cache, the nodes' first heartbeats.
     spread(args.clients, args.clients, || {
-        submit_once(&cluster, args.bcast)
+        submit_once(&cluster, args.delivery)
     })?;
     let before = mm_loop(&cluster)?;
     let storm = spread(args.jobs, args.clients, || {
-        submit_once(&cluster, args.bcast)
+        submit_once(&cluster, args.delivery)
     })?;
     let during = mm_loop(&cluster)?.since(&before);
     cluster.shutdown()?;
@@ -193,10 +194,10 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
              (embedded {:?} cluster, timeslice {} ms); floor: the same clients fork/exec {PROGRAM} \
              as often, same run",
             args.jobs,
-            if args.bcast {
-                " (program sent with each)"
-            } else {
-                ""
+            match args.delivery {
+                Delivery::Broadcast => " (program sent with each)",
+                Delivery::Auto => " (checked in place on the nodes before each)",
+                Delivery::InPlace => "",
             },
             args.clients,
             args.nodes,

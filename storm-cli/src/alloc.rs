@@ -51,7 +51,7 @@ fn request(shape: &JobShape, here: &Path) -> JobRequest {
         env: Vec::new(),
         cwd: here.to_path_buf(),
         tasks: shape.tasks(),
-        bcast: false,
+        delivery: storm_cluster::control::Delivery::InPlace,
         time_limit_ms: shape.time_limit_ms,
         requeue: false,
         mpi: MpiMode::None,

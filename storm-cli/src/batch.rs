@@ -202,7 +202,7 @@ pub fn request(
         cwd,
         tasks: shape.tasks(),
         // sbatch copies the script at submission: later edits do not change the job.
-        bcast: true,
+        delivery: storm_cluster::control::Delivery::Broadcast,
         time_limit_ms: shape.time_limit_ms,
         requeue: shape.requeue,
         mpi: MpiMode::None,

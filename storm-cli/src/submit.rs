@@ -397,9 +397,74 @@ pub fn failure_lines(outcome: &JobOutcome, nodes: &NodeSet, names: &[String]) ->
         .collect()
 }
 
+/// What to tell the user of a job whose program ran from a copy and then exited with an
+/// error: the copy has nothing next to it, so a program that loads libraries through
+/// `$ORIGIN` or reads `$(dirname "$0")/data` fails, and `--no-bcast` runs it in place.
+/// `forced`: the copy was asked for (`--bcast`), rather than made because the program is not
+/// the same file at its path on every node.
+pub fn copied_program_hint(outcome: &JobOutcome, program: &Path, forced: bool) -> Option<String> {
+    let exited_badly = outcome
+        .ranks
+        .iter()
+        .any(|s| matches!(s, Some(storm_cluster::messages::RankStatus::Exited(c)) if *c != 0));
+    if !outcome.broadcast || !exited_badly {
+        return None;
+    }
+    let why = if forced {
+        "(--bcast)".to_string()
+    } else {
+        format!(
+            "because {} is not the same file on every node",
+            program.display()
+        )
+    };
+    Some(format!(
+        "the program ran from a copy in each node's spool directory {why}: nothing next to it \
+         was copied. If it failed looking for files beside itself, put them on a path every \
+         node sees, or run it in place with --no-bcast"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use storm_cluster::messages::RankStatus;
+
+    #[test]
+    fn a_copied_program_that_exits_with_an_error_hears_of_no_bcast() {
+        let outcome = |ranks: Vec<Option<RankStatus>>, broadcast: bool| JobOutcome {
+            job: 4,
+            ranks,
+            reason: None,
+            abort_code: None,
+            timing: Default::default(),
+            usage: Default::default(),
+            cause: None,
+            broadcast,
+        };
+        let prog = Path::new("/home/u/app");
+        let failed = vec![Some(RankStatus::Exited(0)), Some(RankStatus::Exited(127))];
+        let hint = copied_program_hint(&outcome(failed.clone(), true), prog, false).unwrap();
+        assert!(hint.contains("--no-bcast"), "{hint}");
+        assert!(hint.contains("/home/u/app is not the same file"), "{hint}");
+        assert!(
+            copied_program_hint(&outcome(failed.clone(), true), prog, true)
+                .unwrap()
+                .contains("(--bcast)")
+        );
+        // Run in place, it is the program's own failure; a success or a kill says nothing.
+        assert_eq!(
+            copied_program_hint(&outcome(failed, false), prog, false),
+            None
+        );
+        let fine = vec![Some(RankStatus::Exited(0))];
+        assert_eq!(copied_program_hint(&outcome(fine, true), prog, false), None);
+        let killed = vec![Some(RankStatus::Signaled(9))];
+        assert_eq!(
+            copied_program_hint(&outcome(killed, true), prog, false),
+            None
+        );
+    }
 
     fn env() -> impl Iterator<Item = (OsString, OsString)> {
         vec![("HOME".into(), "/h".into()), ("A".into(), "1".into())].into_iter()

@@ -185,7 +185,7 @@ fn a_job_whose_node_dies_during_the_program_broadcast_is_requeued_by_itself() {
         }
     }
     std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let job = spawn(&tb, &["-N", "4", prog.to_str().unwrap()]);
+    let job = spawn(&tb, &["-N", "4", "--bcast", prog.to_str().unwrap()]);
     wait_job_state(
         &socket,
         "big.sh",

@@ -114,7 +114,7 @@ fn a_job_owner_racing_the_spool_gains_no_root_file() {
         std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
         let program = sub.join(name);
         padded_script(&program, mb << 20, "intact");
-        let out = c.submit_as(NOBODY, &[program.to_str().unwrap()]);
+        let out = c.submit_as(NOBODY, &["--bcast", program.to_str().unwrap()]);
         runs.push((mb, out));
     }
     std::fs::write(&stop, b"").unwrap();

@@ -117,7 +117,8 @@ fn the_delivered_program_is_byte_identical_on_every_node() {
             .unwrap()
             .to_string()
     };
-    let out = c.submit(&["-N", "5", "-l", prog.to_str().unwrap()]);
+    // Copied, whatever the nodes have at its path: the copy is what is tested.
+    let out = c.submit(&["-N", "5", "-l", "--bcast", prog.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let mut paths = BTreeSet::new();
@@ -255,7 +256,8 @@ fn cancel_stops_a_running_job_everywhere_even_one_that_ignores_sigterm() {
         &marker,
         "[ $STORM_RANK = 2 ] && trap '' TERM\necho started\nsleep 300 & wait\nsleep 300\n",
     );
-    let mut child = c.spawn(&["-N", "4", prog.to_str().unwrap()]);
+    // Copied, so that `pids_with` tells the tasks from storm-submit.
+    let mut child = c.spawn(&["-N", "4", "--bcast", prog.to_str().unwrap()]);
     wait_for_line(&mut child, "started", 4);
     assert_eq!(pids_with(&marker), 4, "four ranks run");
     let jobs = c.queued_jobs();
@@ -803,7 +805,7 @@ fn a_spooled_program_is_private_to_its_user() {
         std::process::Command::new(env!("CARGO_BIN_EXE_storm-submit"))
             .arg("--socket")
             .arg(&c.socket)
-            .args(["-N", "1", "-D", "/tmp", prog.to_str().unwrap()])
+            .args(["-N", "1", "-D", "/tmp", "--bcast", prog.to_str().unwrap()])
             .uid(support::NOBODY)
             .gid(support::NOBODY)
             .stdout(std::process::Stdio::piped())
@@ -893,7 +895,7 @@ fn raw_submit_helper() {
             nodes: Some(1),
             ..Default::default()
         },
-        bcast: false,
+        delivery: storm_cluster::control::Delivery::InPlace,
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),
@@ -915,7 +917,7 @@ fn ctrl_c_in_storm_submit_cancels_the_job_on_every_node() {
     let work = tempfile::tempdir().unwrap();
     let marker = format!("storm-test-ctrlc-{}", std::process::id());
     let prog = script(work.path(), &marker, "echo started\nexec sleep 300\n");
-    let mut child = c.spawn(&["-N", "3", prog.to_str().unwrap()]);
+    let mut child = c.spawn(&["-N", "3", "--bcast", prog.to_str().unwrap()]);
     wait_for_line(&mut child, "started", 3);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),

@@ -193,7 +193,7 @@ fn jobs_followed_in_process_give_their_connections_back() {
             env: Vec::new(),
             cwd: "/".into(),
             tasks: TaskRequest::default(),
-            bcast: false,
+            delivery: storm_cluster::control::Delivery::InPlace,
             time_limit_ms: None,
             requeue: false,
             mpi: Default::default(),
@@ -309,7 +309,7 @@ fn named_job(name: String, cwd: &Path) -> JobRequest {
             nodes: Some(1),
             ..Default::default()
         },
-        bcast: false,
+        delivery: storm_cluster::control::Delivery::InPlace,
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),

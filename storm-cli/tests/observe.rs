@@ -33,12 +33,14 @@ fn metrics_count_what_happened() {
     let work = tempfile::tempdir().unwrap();
     let prog = script(work.path(), "hi.sh", "echo hello from $STORM_RANK\n");
     let size = std::fs::metadata(&prog).unwrap().len() as f64;
-    let out = c.submit(&["-N", "2", prog.to_str().unwrap()]);
+    // Copied (--bcast): the transfer's metrics count them.
+    let out = c.submit(&["-N", "2", "--bcast", prog.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let bad = c.submit(&["-N", "1", "sh", "-c", "exit 3"]);
+    let bad = c.submit(&["-N", "1", "--bcast", "sh", "-c", "exit 3"]);
     assert_eq!(bad.status.code(), Some(3));
     let after = metrics(&c);
     assert_eq!(value(&after, "storm_jobs_submitted_total"), 2.0);
+    assert_eq!(value(&after, "storm_programs_in_place_total"), 0.0);
     assert_eq!(
         value(&after, "storm_jobs_ended_total{outcome=\"completed\"}"),
         1.0
@@ -65,6 +67,16 @@ fn metrics_count_what_happened() {
     assert!(value(&after, "storm_journal_commit_seconds_count") >= 4.0);
     assert_eq!(value(&after, "storm_nodes{state=\"idle\"}"), 2.0);
     assert_eq!(value(&after, "storm_queue_length"), 0.0);
+    // By default a program every node has (they share this file system) runs in place:
+    // counted as such, and no byte of it is sent.
+    let out = c.submit(&["-N", "2", prog.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let last = metrics(&c);
+    assert_eq!(value(&last, "storm_programs_in_place_total"), 1.0);
+    assert_eq!(
+        value(&last, "storm_program_bytes_total"),
+        value(&after, "storm_program_bytes_total")
+    );
 }
 
 #[test]

@@ -72,7 +72,10 @@ fn a_long_transfer_shows_its_progress_on_a_terminal_only() {
     let mut mb = 8;
     let (prog, shown) = loop {
         let prog = padded_program(work.path(), mb);
-        let (shown, status) = on_a_terminal(&c, &["-N", "2", "--timing", prog.to_str().unwrap()]);
+        let (shown, status) = on_a_terminal(
+            &c,
+            &["-N", "2", "--bcast", "--timing", prog.to_str().unwrap()],
+        );
         assert!(status.success(), "{shown}");
         if send_ms(&shown) > 1500.0 {
             break (prog, shown);
@@ -88,7 +91,7 @@ fn a_long_transfer_shows_its_progress_on_a_terminal_only() {
         "a progress bar with its byte counts: {shown:?}"
     );
     // Not a terminal: nothing but the timing line.
-    let out = c.submit(&["-N", "2", "--timing", prog.to_str().unwrap()]);
+    let out = c.submit(&["-N", "2", "--bcast", "--timing", prog.to_str().unwrap()]);
     assert!(out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("timing: queued"), "{err}");
@@ -104,7 +107,7 @@ fn a_short_transfer_shows_no_bar_even_on_a_terminal() {
     let c = TestCluster::start(2);
     let work = tempfile::tempdir().unwrap();
     let prog = padded_program(work.path(), 1);
-    let (shown, status) = on_a_terminal(&c, &["-N", "2", prog.to_str().unwrap()]);
+    let (shown, status) = on_a_terminal(&c, &["-N", "2", "--bcast", prog.to_str().unwrap()]);
     assert!(status.success(), "{shown}");
     assert!(!shown.contains("sending the program"), "{shown:?}");
 }

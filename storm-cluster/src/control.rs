@@ -26,8 +26,9 @@ use crate::tasks::TaskRequest;
 /// requests, and the CPUs of a job that shares its node. Version 9: job and node
 /// states as enums. Version 10: `dependency`, `batch`, `step_of`, `array` and `element` in
 /// job requests; the cancelled, timeout and node_fail states, what ended a job, and times.
-/// Version 11: arguments, environment and paths as bytes (UTF-8 or not).
-pub const PROTOCOL_VERSION: u32 = 11;
+/// Version 11: arguments, environment and paths as bytes (UTF-8 or not). Version 12: how the
+/// program reaches the nodes (`delivery`), and whether it was copied (`broadcast`).
+pub const PROTOCOL_VERSION: u32 = 12;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -43,8 +44,8 @@ pub struct JobRequest {
     #[serde(with = "crate::os_bytes::path")]
     pub cwd: PathBuf,
     pub tasks: TaskRequest,
-    /// Transfer the program to the nodes (false: `--no-bcast`).
-    pub bcast: bool,
+    /// How the program reaches the nodes: in place or copied.
+    pub delivery: Delivery,
     /// Wall-clock limit in milliseconds (`--time`); the job is killed when it passes.
     pub time_limit_ms: Option<u64>,
     /// Put the job back in the queue, rather than end it, when one of its nodes fails
@@ -67,6 +68,29 @@ pub struct JobRequest {
     pub array: Option<ArraySpec>,
     /// Set by the MM on each job of an array: which array, which element.
     pub element: Option<ArrayElement>,
+}
+
+/// How a job's program reaches its nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Run it in place if every node has the file at its path, identical to the one submitted
+    /// (a shared file system: files next to it are found as under srun); otherwise copy it
+    /// to each node's spool. The default.
+    #[default]
+    Auto,
+    /// Always copy it to each node's spool (`--bcast`; batch scripts, which run as they were
+    /// when submitted).
+    Broadcast,
+    /// Never copy it: it is at its path on every node (`--no-bcast`).
+    InPlace,
+}
+
+impl Delivery {
+    /// Whether the program travels with the submission (as a descriptor): it may be copied.
+    pub fn carries_program(self) -> bool {
+        self != Delivery::InPlace
+    }
 }
 
 /// `--array 0-99%10`: the indices, and how many elements may run at once.
@@ -297,6 +321,8 @@ pub struct JobOutcome {
     pub usage: crate::messages::JobUsage,
     /// What ended it, when not its tasks' own end: `storm history`'s state.
     pub cause: Option<EndCause>,
+    /// Its program ran from a copy in each node's spool, not from its own path.
+    pub broadcast: bool,
 }
 
 /// What ended a job other than its tasks: the states `storm history` shows beside
@@ -882,6 +908,7 @@ mod tests {
             timing: Timing::default(),
             usage: Default::default(),
             cause: None,
+            broadcast: false,
         };
         assert_eq!(outcome(vec![Some(RankStatus::Exited(0)); 3]).exit_code(), 0);
         // An MPI_Abort's code wins over the statuses of the ranks it had killed.

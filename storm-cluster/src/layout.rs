@@ -32,6 +32,11 @@ pub struct RmLayout {
     /// Set by an NM to `2*transfer+1` when a received program checks out, `2*transfer` when
     /// it does not.
     pub file_ack: VarId,
+    /// Set by an NM asked whether a program is already in place
+    /// ([`crate::messages::Command::CheckProgram`]): the [`crate::messages::program_digest`]
+    /// of the file it found at that path, 0 if none it could read, written before its
+    /// answer in `file_ack`.
+    pub program_digest: VarId,
     /// `terminated[slot] = job id` once every local process of that job has ended
     /// (Algorithm 9).
     pub terminated: VarArray,
@@ -101,6 +106,7 @@ impl RmLayout {
         let join = b.area("join", membership_bytes);
         let joined = b.event("joined");
         let file_ack = b.var("file.ack");
+        let program_digest = b.var("program.digest");
         let terminated = b.array("terminated", c.max_jobs);
         let pmi_job_bytes = c.pmi_job_bytes;
         let pmi_down = b.area("pmi.down", c.max_jobs * pmi_job_bytes);
@@ -139,6 +145,7 @@ impl RmLayout {
             join,
             joined,
             file_ack,
+            program_digest,
             terminated,
             output,
             reports,

@@ -3,6 +3,7 @@
 //! What the storm daemons and tools share, so that each side of every exchange is defined in
 //! one place:
 //!
+//! * [`cli_docs`]: man pages and shell completions from the tools' clap definitions.
 //! * [`clock`]: the time the daemons' logic reads (the system's, or a simulation's).
 //! * [`config`]: the cluster file (nodes, backend, timeslice, queue sizes).
 //! * [`layout`]: the resource manager's global-memory layout, built identically by the MM and
@@ -18,6 +19,7 @@
 //! * [`daemon_dir`]: directories a root daemon writes in for users, reached only by
 //!   descriptor.
 //! * [`os_bytes`]: users' paths on the wire as their bytes, UTF-8 or not.
+//! * [`program_hash`]: program files' hashes, remembered by what `fstat` says of them.
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
 //!   notification.
 //!
@@ -25,6 +27,7 @@
 //! definitions, not behaviour: no threads, and no network access of its own (the control
 //! socket and the readiness socket are local Unix sockets).
 
+pub mod cli_docs;
 pub mod clock;
 pub mod config;
 pub mod control;
@@ -39,6 +42,7 @@ pub mod keywatch;
 pub mod layout;
 pub mod messages;
 pub mod os_bytes;
+pub mod program_hash;
 pub mod tasks;
 
 pub use config::{ClusterConfig, ConfigError};

@@ -104,6 +104,61 @@ pub fn file_ack(transfer: u32, verified: bool) -> u64 {
     2 * transfer as u64 + u64::from(verified)
 }
 
+/// What tells a program file apart besides its bytes, as `fstat` gives it: a program runs in
+/// place only where the file at its path has the submitted one's size, modification time,
+/// permission bits and bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramStamp {
+    pub size: u64,
+    pub mtime_s: i64,
+    pub mtime_ns: u32,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+}
+
+impl ProgramStamp {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            size: meta.size(),
+            mtime_s: meta.mtime(),
+            mtime_ns: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
+            mode: meta.mode() & 0o7777,
+        }
+    }
+}
+
+/// The 64-bit digest of a program file, its stamp and the BLAKE3 hash of its bytes, that a
+/// node writes in its `program.digest` and the MM compares on every node at once with one
+/// COMPARE-AND-WRITE. Never 0, which a node writes when it has no such file.
+pub fn program_digest(stamp: &ProgramStamp, hash: &[u8; 32]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(b"storm program digest 1");
+    h.update(&stamp.size.to_le_bytes());
+    h.update(&stamp.mtime_s.to_le_bytes());
+    h.update(&stamp.mtime_ns.to_le_bytes());
+    h.update(&stamp.mode.to_le_bytes());
+    h.update(hash);
+    let d = u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().expect("8 bytes"));
+    d.max(1)
+}
+
+/// Asks a job's nodes whether its program is already at `path`, readable by its user: each
+/// node writes the [`program_digest`] of what it finds there in `program.digest`, then
+/// `file_ack(transfer, true)` in `file.ack` (the check takes a transfer's number: a node
+/// answers for one check or transfer at a time).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckProgram {
+    pub transfer: u32,
+    pub job: JobId,
+    pub nodes: NodeSet,
+    #[serde(with = "crate::os_bytes::path")]
+    pub path: PathBuf,
+    /// The user whose rights the node reads the file with.
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// The last entry of a program transfer: what the receiver must have got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileTrailer {
@@ -397,6 +452,8 @@ pub enum Command {
         data: Vec<u8>,
         eof: bool,
     },
+    /// Is the program already in place on these nodes (a shared file system)?
+    CheckProgram(CheckProgram),
 }
 
 impl Command {
@@ -404,6 +461,7 @@ impl Command {
     pub fn nodes(&self) -> Option<&NodeSet> {
         match self {
             Command::ReceiveFile(f) => Some(&f.nodes),
+            Command::CheckProgram(c) => Some(&c.nodes),
             Command::Launch(l) => Some(&l.nodes),
             Command::Input { nodes, .. } => Some(nodes),
             Command::LaunchPiece { nodes, .. } => Some(nodes),

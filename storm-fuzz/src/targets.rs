@@ -582,7 +582,7 @@ fn job_request() -> JobRequest {
             overcommit: false,
             exclusive: false,
         },
-        bcast: true,
+        delivery: storm_cluster::control::Delivery::Broadcast,
         time_limit_ms: Some(60_000),
         requeue: false,
         mpi: Default::default(),
@@ -636,6 +636,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             peak_memory_bytes: None,
         },
         cause: Some(storm_cluster::control::EndCause::NodeFail),
+        broadcast: true,
     };
     let replies = [
         Reply::Hello {
@@ -774,6 +775,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                         peak_memory_bytes: Some(1 << 30),
                     },
                     cause: Some(storm_cluster::control::EndCause::Timeout),
+                    broadcast: false,
                 },
                 ended_ms: 1_700_000_001_000,
             }),

@@ -253,6 +253,8 @@ pub struct DaemonEnv {
     programs: HashMap<ProgramId, File>,
     next_program: ProgramId,
     workers: HashMap<u32, Worker>,
+    /// The hashes of programs checked before (whether they are in place on the nodes).
+    hashes: storm_cluster::program_hash::HashCache,
     worker_tx: Sender<TransferDone>,
     worker_rx: Receiver<TransferDone>,
     /// Program copies beside the journal (`None`: a journal that keeps none).
@@ -290,6 +292,7 @@ impl DaemonEnv {
             programs: HashMap::new(),
             next_program: 1,
             workers: HashMap::new(),
+            hashes: Default::default(),
             worker_tx,
             worker_rx,
             saver: Saver::new(store.clone()),
@@ -348,6 +351,7 @@ impl DaemonEnv {
             len: meta.len(),
             regular: meta.is_file(),
             mode: meta.permissions().mode(),
+            stamp: storm_cluster::messages::ProgramStamp::of(&meta),
         })
     }
 
@@ -434,6 +438,8 @@ impl MmEnv for DaemonEnv {
             file_ack: t.file_ack,
             ack_wait: t.ack_wait,
             wake: self.waker.clone(),
+            check_only: t.check_only,
+            hashes: self.hashes.clone(),
         };
         self.workers.insert(t.transfer, worker);
         transfer::spawn(

@@ -41,6 +41,8 @@ pub struct SubmittedProgram {
     pub regular: bool,
     /// Its permission bits.
     pub mode: u32,
+    /// Its size, modification time and permissions, for the check whether it is in place.
+    pub stamp: storm_cluster::messages::ProgramStamp,
 }
 
 /// Everything that reaches the machine manager's core.
@@ -106,6 +108,9 @@ pub struct TransferSpec {
     pub file_ack: VarId,
     /// Longest wait, once the program is delivered, for every node's answer.
     pub ack_wait: Duration,
+    /// Send nothing: hash the program and wait (up to `ack_wait`) for the nodes' answers to a
+    /// `Command::CheckProgram` (is it in place?). The hash is reported as a transfer's is.
+    pub check_only: bool,
 }
 
 /// The machine manager's view of the world around it.

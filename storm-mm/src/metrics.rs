@@ -13,6 +13,7 @@
 //! | `storm_launch_send_seconds` | histogram | nodes allocated to program ready everywhere |
 //! | `storm_launch_execute_seconds` | histogram | launch heartbeat to termination detected |
 //! | `storm_program_bytes_total` | counter | program bytes delivered (each node counted) |
+//! | `storm_programs_in_place_total` | counter | jobs whose program every node had, identical: run in place, not copied |
 //! | `storm_output_bytes_total` | counter | task output forwarded to submitters |
 //! | `storm_journal_commit_seconds` | histogram | one journal commit |
 //! | `storm_gang_switches_total` | counter | time-slot changes of the gang scheduler |
@@ -86,6 +87,7 @@ pub struct Metrics {
     journal_commit: Histogram,
     tick: Histogram,
     gang_switches: Counter,
+    programs_in_place: Counter,
     jobs_submitted: Counter,
     jobs_ended: Family<Outcome, Counter>,
 }
@@ -178,6 +180,12 @@ impl Metrics {
             "Changes of the jobs that run in a timeslice (gang scheduling)",
             gang_switches.clone(),
         );
+        let programs_in_place = Counter::default();
+        registry.register(
+            "programs_in_place",
+            "Jobs whose program every node had at its path, identical: run in place, not copied",
+            programs_in_place.clone(),
+        );
         let jobs_submitted = Counter::default();
         registry.register("jobs_submitted", "Jobs accepted", jobs_submitted.clone());
         let jobs_ended = Family::<Outcome, Counter>::default();
@@ -199,6 +207,7 @@ impl Metrics {
             journal_commit,
             tick,
             gang_switches,
+            programs_in_place,
             jobs_submitted,
             jobs_ended,
         }
@@ -222,6 +231,10 @@ impl Metrics {
 
     pub fn program_delivered(&self, bytes: u64, nodes: u64) {
         self.program_bytes.inc_by(bytes.saturating_mul(nodes));
+    }
+
+    pub fn program_in_place(&self) {
+        self.programs_in_place.inc();
     }
 
     pub fn output_forwarded(&self, bytes: usize) {

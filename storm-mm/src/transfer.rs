@@ -14,6 +14,9 @@
 //! the program and answered in `file.ack`, and only then reports and wakes the MM's loop: the
 //! MM verifies the answers and records the launch at once instead of at its next timeslice.
 //! The MM's verification stays the authority; the worker's wait only tells it when to look.
+//!
+//! A worker may also only check ([`Transfer::check_only`]): it hashes the program, sends
+//! nothing, and waits the same way for the nodes' answers to whether they have it in place.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -59,6 +62,9 @@ pub struct Transfer {
     pub ack_wait: Duration,
     /// Wakes the MM's loop when the worker has reported.
     pub wake: Waker,
+    /// Send nothing: hash the program (remembered in `hashes`) and wait for the answers.
+    pub check_only: bool,
+    pub hashes: storm_cluster::program_hash::HashCache,
 }
 
 /// Runs transfer `t` on a thread of its own, sending its chunks through `queue`; reports on
@@ -74,7 +80,13 @@ pub fn spawn(
     let spawned = std::thread::Builder::new()
         .name(format!("storm-mm-send-{job}"))
         .spawn(move || {
-            let result = send(&*prims, queue, &t);
+            let result = if t.check_only {
+                t.hashes
+                    .hash(&t.file, &|| t.cancel.load(Ordering::Acquire))
+                    .map_err(|e| Failure::new(format!("cannot read the program: {e}")))
+            } else {
+                send(&*prims, queue, &t)
+            };
             if result.is_ok() {
                 await_answers(&*prims, &t);
             }

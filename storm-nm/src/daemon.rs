@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use storm_cluster::clock::{Clock, SystemClock};
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::endpoint::{self, Listen};
-use storm_cluster::messages::{Command, FileInfo, JobId, MpiMode, file_ack};
+use storm_cluster::messages::{CheckProgram, Command, FileInfo, JobId, MpiMode, file_ack};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::{NodeId, PrimError, Primitives};
 
@@ -30,8 +30,8 @@ use crate::manager::{NmParts, NodeManager};
 use crate::membership::Identity;
 use crate::output::Output;
 use crate::pmi::{JobFacts, PmiService};
-use crate::receive;
 use crate::tasks::PlRunner;
+use crate::{in_place, receive};
 
 /// How to start a node manager.
 pub struct NmOptions {
@@ -47,20 +47,26 @@ pub struct NmOptions {
 }
 
 /// The storm-pl launcher and the PMI library a node manager uses: those the cluster file
-/// names, else the ones beside the running executable (where `cargo build` puts them).
+/// names; else the ones beside the running executable (where `cargo build` puts them); else
+/// where `make install` and the Debian package put them, `PREFIX/libexec/storm/storm-pl` and
+/// `PREFIX/lib/storm/libstorm_pmi.so` for an executable in `PREFIX/bin`.
 pub fn helpers(cfg: &ClusterConfig) -> Result<(PathBuf, PathBuf)> {
-    let beside_me = |name: &str| -> Result<PathBuf> {
-        Ok(std::env::current_exe()
-            .context("locating the running executable")?
-            .with_file_name(name))
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    let find = |name: &str, installed: &str| -> PathBuf {
+        let beside = exe.with_file_name(name);
+        let prefix = exe.parent().and_then(Path::parent);
+        match prefix.map(|p| p.join(installed).join(name)) {
+            Some(p) if !beside.exists() && p.exists() => p,
+            _ => beside,
+        }
     };
     let pl_path = match &cfg.cluster.pl_path {
         Some(p) => p.clone(),
-        None => beside_me("storm-pl")?,
+        None => find("storm-pl", "libexec/storm"),
     };
     let pmi_library = match &cfg.cluster.pmi_library {
         Some(p) => p.clone(),
-        None => beside_me("libstorm_pmi.so")?,
+        None => find("libstorm_pmi.so", "lib/storm"),
     };
     Ok((pl_path, pmi_library))
 }
@@ -149,6 +155,8 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             receivers: BTreeMap::new(),
             stall: (op_timeout * 6).max(Duration::from_secs(30)),
             hashes: Default::default(),
+            checking: Default::default(),
+            checkers: BTreeMap::new(),
         },
         output,
         pmi: DaemonPmi {
@@ -307,6 +315,9 @@ struct DaemonSpool {
     stall: Duration,
     /// What each received program hashes to.
     hashes: receive::ProgramHashes,
+    /// Checks whether programs are in place here, and the one `file.ack` answers for.
+    checking: in_place::Checking,
+    checkers: BTreeMap<JobId, in_place::Checker>,
 }
 
 impl Spool for DaemonSpool {
@@ -321,6 +332,7 @@ impl Spool for DaemonSpool {
         // Earlier receivers have finished, or were cancelled with their job and stop now.
         self.stop_all();
         let job = info.job;
+        self.checking.latest.set(info.transfer);
         let spool = match self.dir.try_clone() {
             Ok(d) => d,
             Err(e) => {
@@ -343,9 +355,23 @@ impl Spool for DaemonSpool {
         self.receivers.insert(job, receiver);
     }
 
+    fn check(&mut self, check: CheckProgram) {
+        // A receiver still running would answer for an older transfer after this check.
+        self.stop_all();
+        self.checking.latest.set(check.transfer);
+        let job = check.job;
+        let checker = self
+            .checking
+            .spawn(self.prims.clone(), self.rm.clone(), check);
+        self.checkers.insert(job, checker);
+    }
+
     fn cancel(&mut self, job: JobId) {
         if let Some(receiver) = self.receivers.get(&job) {
             receiver.cancel();
+        }
+        if let Some(checker) = self.checkers.get(&job) {
+            checker.cancel();
         }
     }
 
@@ -353,6 +379,11 @@ impl Spool for DaemonSpool {
         for (_, receiver) in std::mem::take(&mut self.receivers) {
             receiver.stop();
         }
+        // Checkers are never waited for (a file system may hang): they answer no more.
+        for (_, checker) in std::mem::take(&mut self.checkers) {
+            checker.cancel();
+        }
+        self.checking.latest.set(0);
     }
 
     fn verify(&self, job: JobId, expected: Option<[u8; 32]>) -> Result<(), String> {
@@ -375,6 +406,9 @@ impl Spool for DaemonSpool {
     }
 
     fn remove(&mut self, job: JobId) {
+        if let Some(checker) = self.checkers.remove(&job) {
+            checker.cancel();
+        }
         self.hashes
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use storm_cluster::clock::Clock;
-use storm_cluster::messages::{Command, FileInfo, JobId, JobUsage, MpiMode, RankStatus, Stream};
+use storm_cluster::messages::{
+    CheckProgram, Command, FileInfo, JobId, JobUsage, MpiMode, RankStatus, Stream,
+};
 
 use crate::output::{Drained, ForwarderState, OutputSource};
 use crate::pmi::JobFacts;
@@ -117,6 +119,10 @@ pub trait Spool {
     /// acknowledging it in `file_ack` when verified. Any receiver still running is stopped
     /// first: one at a time takes from the chunk queue.
     fn receive(&mut self, info: FileInfo);
+    /// Starts looking whether the program `check` names is at its path here, readable by its
+    /// user: writes the digest of what is there (0 if nothing) in `program.digest`, then
+    /// answers in `file_ack`. Like a transfer, it stops any receiver still running first.
+    fn check(&mut self, check: CheckProgram);
     /// Stops the receiver of `job`, if there is one (its job ended).
     fn cancel(&mut self, job: JobId);
     /// Whether the program received for `job` is the one whose BLAKE3 hash the MM's sealed

@@ -27,6 +27,7 @@
 pub mod cgroup;
 pub mod daemon;
 pub mod env;
+pub mod in_place;
 pub mod launch;
 pub mod manager;
 pub mod membership;

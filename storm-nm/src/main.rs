@@ -29,6 +29,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    storm_cluster::cli_docs::exit_if_asked::<Args>();
     daemon::exit_status("storm-nm", run())
 }
 

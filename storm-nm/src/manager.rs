@@ -435,6 +435,7 @@ impl<E: NmEnv> NodeManager<E> {
             }
             match cmd {
                 Command::ReceiveFile(info) => self.receive_file(info),
+                Command::CheckProgram(check) => self.env.spool().check(check),
                 Command::Launch(spec) => self.launch(spec),
                 Command::LaunchPiece {
                     job,

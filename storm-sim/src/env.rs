@@ -154,6 +154,12 @@ impl SimEnv {
             len,
             regular: true,
             mode: 0o700,
+            stamp: storm_cluster::messages::ProgramStamp {
+                size: len,
+                mtime_s: 0,
+                mtime_ns: 0,
+                mode: 0o700,
+            },
         }
     }
 

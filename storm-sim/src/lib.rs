@@ -249,7 +249,11 @@ impl SimJob {
                 ntasks: Some(self.ntasks.unwrap_or(self.nodes)),
                 ..TaskRequest::default()
             },
-            bcast: self.program.is_some(),
+            delivery: if self.program.is_some() {
+                storm_cluster::control::Delivery::Broadcast
+            } else {
+                storm_cluster::control::Delivery::InPlace
+            },
             time_limit_ms: self.time_limit.map(|d| d.as_millis() as u64),
             requeue: self.requeue,
             mpi: Default::default(),

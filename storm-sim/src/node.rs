@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use storm_cluster::clock::Clock;
-use storm_cluster::messages::{Command, FileInfo, HeldJob, JobId, MpiMode};
+use storm_cluster::messages::{CheckProgram, Command, FileInfo, HeldJob, JobId, MpiMode};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_nm::env::{OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
 use storm_nm::membership::Identity;
@@ -240,6 +240,9 @@ impl Spool for NoFiles {
     }
 
     fn receive(&mut self, _info: FileInfo) {}
+
+    /// Modelled too: the MM's environment answers for the nodes (no program is in place).
+    fn check(&mut self, _check: CheckProgram) {}
 
     fn cancel(&mut self, _job: JobId) {}
 

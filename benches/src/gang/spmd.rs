@@ -204,7 +204,7 @@ pub fn submit(
             ntasks: Some(nodes),
             ..TaskRequest::default()
         },
-        bcast: true,
+        delivery: storm_cluster::control::Delivery::Broadcast,
         time_limit_ms: None,
         requeue: false,
         mpi: Default::default(),

@@ -31,6 +31,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
+    storm_cluster::cli_docs::exit_if_asked::<Args>();
     daemon::init_logging();
     // Connections, programs and tasks' pipes are descriptors: the hard limit, not systemd's
     // default soft one of 1024.

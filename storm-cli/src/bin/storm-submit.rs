@@ -19,7 +19,7 @@ use storm_cli::input::{InputSender, read_pieces};
 use storm_cli::job_options::JobShape;
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, OutputSink, Progress};
-use storm_cluster::control::{Client, JobRequest};
+use storm_cluster::control::{Client, Delivery, JobRequest};
 use storm_cluster::messages::{InputTarget, JobId, Stream};
 use storm_primitives::NodeSet;
 
@@ -37,7 +37,12 @@ struct Args {
     /// Prefix every output line with its rank.
     #[arg(short = 'l', long)]
     label: bool,
-    /// Do not transfer the program: it is already at that path on every node.
+    /// Always copy the program to each node's spool directory. By default it runs in place
+    /// where every node has it at its path, the same file (a shared file system), and is
+    /// copied only otherwise.
+    #[arg(long, conflicts_with = "no_bcast")]
+    bcast: bool,
+    /// Never copy the program: it is at that path on every node.
     #[arg(long)]
     no_bcast: bool,
     /// How MPI programs find each other: the PMI protocols each task is served on the socket
@@ -365,7 +370,11 @@ fn run(args: Args) -> Result<i32, String> {
         env,
         cwd,
         tasks,
-        bcast: !args.no_bcast,
+        delivery: match (args.bcast, args.no_bcast) {
+            (true, _) => Delivery::Broadcast,
+            (_, true) => Delivery::InPlace,
+            _ => Delivery::Auto,
+        },
         time_limit_ms: shape.time_limit_ms,
         requeue: shape.requeue,
         mpi: args.mpi,
@@ -474,6 +483,9 @@ fn run(args: Args) -> Result<i32, String> {
     for line in submit::failure_lines(&outcome, &nodes, &names) {
         eprintln!("storm-submit: job {}: {}", outcome.job, safe(&line));
     }
+    if let Some(hint) = submit::copied_program_hint(&outcome, &program, args.bcast) {
+        eprintln!("storm-submit: job {}: {}", outcome.job, safe(&hint));
+    }
     if args.timing {
         let t = outcome.timing;
         eprintln!(
@@ -497,6 +509,7 @@ fn run(args: Args) -> Result<i32, String> {
 }
 
 fn main() -> ExitCode {
+    storm_cluster::cli_docs::exit_if_asked::<Args>();
     let args = Args::parse();
     match run(args) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -68,6 +68,7 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
+    storm_cluster::cli_docs::exit_if_asked::<Cli>();
     let cli = Cli::parse();
     let dir = cli
         .dir

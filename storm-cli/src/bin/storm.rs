@@ -354,6 +354,7 @@ fn node_set(socket: &std::path::Path, text: &str) -> Result<NodeSet, String> {
 }
 
 fn main() -> ExitCode {
+    storm_cluster::cli_docs::exit_if_asked::<Args>();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

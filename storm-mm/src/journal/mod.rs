@@ -44,8 +44,10 @@ pub const KEEP_FINISHED: usize = 1000;
 /// outcome carries what the job's processes used (CPU time, peak memory), and a started job
 /// the hash of the program sent to its nodes. Format 8: a request carries its `dependency`,
 /// `batch`, `step_of`, `array` and `element`. Format 9: an outcome carries its `cause`.
-/// Format 10: a request's arguments, environment and paths are bytes (UTF-8 or not).
-const FORMAT: u64 = 10;
+/// Format 10: a request's arguments, environment and paths are bytes (UTF-8 or not). Format
+/// 11: a request carries its program's `delivery`, and an outcome whether it was `broadcast`
+/// (a started job whose program ran in place records no program hash).
+const FORMAT: u64 = 11;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -732,7 +734,7 @@ pub(crate) mod tests {
             env: vec![("K".into(), "V".into())],
             cwd: "/".into(),
             tasks: TaskRequest::default(),
-            bcast: true,
+            delivery: storm_cluster::control::Delivery::Broadcast,
             time_limit_ms: Some(60_000),
             requeue: false,
             mpi: Default::default(),
@@ -769,6 +771,7 @@ pub(crate) mod tests {
                     timing: Timing::default(),
                     usage: Default::default(),
                     cause: Some(storm_cluster::control::EndCause::Cancelled),
+                    broadcast: false,
                 },
                 ended_ms: 1,
             },

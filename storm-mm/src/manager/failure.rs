@@ -201,6 +201,7 @@ impl<E: MmEnv> MachineManager<E> {
         match j.phase {
             Phase::Queued => {}
             Phase::Allocated
+            | Phase::Checking { .. }
             | Phase::Sending { .. }
             | Phase::Verifying { .. }
             | Phase::Recording { .. }
@@ -240,6 +241,9 @@ impl<E: MmEnv> MachineManager<E> {
         j.terminating = false;
         j.pmi_epoch = 0;
         j.time_slot = 0;
+        // Other nodes: the program may be in place there, or not.
+        j.in_place = !j.req.delivery.carries_program();
+        j.checked = false;
         // The run that read it is gone; the next run's input starts afresh.
         j.held_input.clear();
         let ask = self.ask(&j);

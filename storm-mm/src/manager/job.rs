@@ -5,7 +5,9 @@
 use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobInfo, JobRequest};
-use storm_cluster::messages::{BatchLaunch, JobId, JobUsage, LaunchSpec, OutputChunk, Program};
+use storm_cluster::messages::{
+    BatchLaunch, JobId, JobUsage, LaunchSpec, OutputChunk, Program, ProgramStamp,
+};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -21,6 +23,13 @@ pub(super) enum Phase {
     /// Nodes allocated; the program transfer waits for a worker or for its nodes to finish
     /// another job's transfer (each node has one chunk queue).
     Allocated,
+    /// A worker hashes the submitted program while the nodes look whether they have it, the
+    /// same, at its path (`Command::CheckProgram`, numbered as a transfer).
+    Checking {
+        transfer: u32,
+        worker: usize,
+        since: Instant,
+    },
     /// A worker is sending the program. `reported`: what its submitter was last told (when,
     /// how many bytes every node had).
     Sending {
@@ -28,9 +37,11 @@ pub(super) enum Phase {
         worker: usize,
         reported: (Instant, u64),
     },
-    /// Sent; waiting for every node's acknowledgement.
+    /// Sent; waiting for every node's acknowledgement. After a check (`Checking`): waiting
+    /// for every node's answer, to compare their digests with `check`'s.
     Verifying {
         transfer: u32,
+        check: Option<InPlaceCheck>,
     },
     /// Ready to launch; the launch waits until the journal holds the record saying the job
     /// started (write-ahead: a restarted MM must know of any job whose tasks may run). `batch`
@@ -59,6 +70,16 @@ impl Phase {
     }
 }
 
+/// A check whether a program is in place on every node, once the MM has the digest the
+/// nodes' must equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct InPlaceCheck {
+    pub(super) digest: u64,
+    /// When the check went out: a node that has not answered within
+    /// [`super::transfers::CHECK_WAIT`] (a hung file system) gets a copy instead.
+    pub(super) since: Instant,
+}
+
 pub(super) struct Cancel {
     pub(super) reason: String,
     pub(super) since: Instant,
@@ -81,6 +102,16 @@ pub(super) struct Job {
     pub(super) size: u64,
     /// The BLAKE3 hash of the program as it was sent: its launch carries it, sealed.
     pub(super) program_hash: Option<[u8; 32]>,
+    /// The submitted program's size, modification time and permissions, for the check
+    /// whether it is in place on every node; unknown after a restart of the MM (the
+    /// program is then copied).
+    pub(super) stamp: Option<ProgramStamp>,
+    /// Its program runs from its own path on the nodes (`--no-bcast`, or the check found it
+    /// there, identical, on every node), not from a copy in their spools.
+    pub(super) in_place: bool,
+    /// The check whether its program is in place was made on its nodes: it was not, so the
+    /// program is copied.
+    pub(super) checked: bool,
     pub(super) client: Option<ClientId>,
     pub(super) phase: Phase,
     pub(super) nodes: NodeSet,
@@ -177,6 +208,8 @@ pub(super) struct NewJob {
     pub(super) program: Option<ProgramId>,
     /// The program's size, checked against the limits (0 without one).
     pub(super) size: u64,
+    /// The submitted program's stamp (see [`Job::stamp`]).
+    pub(super) stamp: Option<ProgramStamp>,
     pub(super) client: Option<ClientId>,
     pub(super) submitted: Instant,
     pub(super) submitted_ms: u64,
@@ -194,6 +227,9 @@ impl Job {
             program: new.program,
             size,
             program_hash: None,
+            stamp: new.stamp,
+            in_place: !new.req.delivery.carries_program(),
+            checked: false,
             client: new.client,
             phase: Phase::Queued,
             nodes: NodeSet::new(),
@@ -244,6 +280,9 @@ impl Job {
             &self.nodes,
             (self.uid, self.gid),
         );
+        if self.in_place {
+            spec.program = Program::Path(self.req.program.clone());
+        }
         spec.program_hash = self.program_hash;
         spec
     }
@@ -324,7 +363,8 @@ pub(super) fn launch_spec(
     nodes: &NodeSet,
     (uid, gid): (u32, u32),
 ) -> LaunchSpec {
-    let program = if req.bcast {
+    // Copied to the spools unless it runs in place (which `Job::launch_spec` decides).
+    let program = if req.delivery.carries_program() {
         Program::Spooled(
             req.program
                 .file_name()

@@ -470,14 +470,14 @@ impl<E: MmEnv> MachineManager<E> {
             node_names: names,
             time_slot: gang.then_some(time_slot as u32),
         };
-        let (client, bcast) = (j.client, j.req.bcast);
-        if !bcast {
+        let (client, in_place) = (j.client, j.in_place);
+        if in_place {
             j.ready = Some(now);
         }
         if let Some(c) = client {
             self.reply(c, started);
         }
-        if !bcast {
+        if in_place {
             self.queue_launch(id);
         }
     }
@@ -554,8 +554,9 @@ impl<E: MmEnv> MachineManager<E> {
             Phase::Allocated | Phase::Recording { .. } => {
                 self.finish(id, Some(format!("{reason} before it started")), Vec::new());
             }
-            Phase::Sending { .. } | Phase::Verifying { .. } => {
-                if let Phase::Sending { transfer, .. } = j.phase {
+            Phase::Checking { .. } | Phase::Sending { .. } | Phase::Verifying { .. } => {
+                if let Phase::Sending { transfer, .. } | Phase::Checking { transfer, .. } = j.phase
+                {
                     self.env.cancel_transfer(transfer);
                 }
                 j.cancel = Some(Cancel {
@@ -731,7 +732,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.slots[slot] = None;
             self.prims.memory().store(self.rm.term_hint.at(slot), 0);
         }
-        if let Phase::Sending { transfer, .. } = j.phase {
+        if let Phase::Sending { transfer, .. } | Phase::Checking { transfer, .. } = j.phase {
             // The worker reports back and is forgotten; its slot frees when it does.
             self.env.cancel_transfer(transfer);
         }
@@ -816,7 +817,7 @@ impl<E: MmEnv> MachineManager<E> {
         };
         tracing::info!(job = id, ?timing, "job ended");
         if let Some(launched) = j.launched {
-            let send = j.req.bcast.then_some(timing.send_us);
+            let send = (!j.in_place).then_some(timing.send_us);
             self.metrics.launched(
                 send.map(Duration::from_micros),
                 now.saturating_duration_since(launched),
@@ -830,6 +831,7 @@ impl<E: MmEnv> MachineManager<E> {
             timing,
             usage: j.ran.usage,
             cause: j.end_cause,
+            broadcast: !j.in_place && j.program_hash.is_some(),
         };
         self.metrics.job_ended(outcome.exit_code() == 0);
         self.record_finished(JobRecord {

@@ -292,7 +292,7 @@ impl<E: MmEnv> MachineManager<E> {
         let held: u64 = self
             .jobs
             .values()
-            .filter(|j| j.uid == uid && j.req.bcast)
+            .filter(|j| j.uid == uid && j.req.delivery.carries_program())
             .map(|j| j.size)
             .sum();
         if held + size > l.max_spooled_bytes_per_user {
@@ -421,7 +421,7 @@ impl<E: MmEnv> MachineManager<E> {
         if !req.cwd.is_absolute() || !req.program.is_absolute() {
             return Err("program and working directory must be absolute paths".into());
         }
-        let program = if req.bcast {
+        let program = if req.delivery.carries_program() {
             let p = program
                 .ok_or("the program's descriptor did not arrive with the request")?
                 .map_err(|e| format!("cannot inspect the program: {e}"))?;
@@ -435,11 +435,12 @@ impl<E: MmEnv> MachineManager<E> {
             }
             // Each element of an array holds a copy.
             self.check_program_limits(uid, &req.program, p.len * count as u64)?;
-            Some((p.id, p.len))
+            Some((p.id, p.len, p.stamp))
         } else {
             None
         };
-        let (program, size) = program.map_or((None, 0), |(p, n)| (Some(p), n));
+        let (program, size, stamp) =
+            program.map_or((None, 0, None), |(p, n, s)| (Some(p), n, Some(s)));
         self.check_queue_limit(uid, count)?;
         // The id is spent only by a job that is accepted.
         let id = self.next_job;
@@ -467,6 +468,7 @@ impl<E: MmEnv> MachineManager<E> {
                 plan,
                 program,
                 size,
+                stamp,
                 client: Some(client),
                 submitted: self.now(),
                 submitted_ms: self.unix_ms(),
@@ -572,7 +574,9 @@ impl<E: MmEnv> MachineManager<E> {
             (Some(_), _) => JobState::Cancelling,
             (None, Phase::Queued) => JobState::Queued,
             (None, Phase::Allocated) => JobState::Starting,
-            (None, Phase::Sending { .. } | Phase::Verifying { .. }) => JobState::Sending,
+            (None, Phase::Checking { .. } | Phase::Sending { .. } | Phase::Verifying { .. }) => {
+                JobState::Sending
+            }
             (None, Phase::Recording { .. } | Phase::Launching) => JobState::Launching,
             (None, Phase::Recovering) => JobState::Recovering,
             (None, Phase::Running) if j.terminating => JobState::Ending,

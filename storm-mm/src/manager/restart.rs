@@ -221,7 +221,7 @@ impl<E: MmEnv> MachineManager<E> {
             )));
         }
         // With --requeue it may have to run again: it needs its program.
-        let program = (rec.req.bcast && rec.req.requeue)
+        let program = (rec.req.delivery.carries_program() && rec.req.requeue)
             .then(|| self.saved_program(rec.id))
             .flatten();
         let now = self.now();
@@ -232,6 +232,8 @@ impl<E: MmEnv> MachineManager<E> {
         job.slot = Some(slot);
         job.time_slot = at.time_slot as usize;
         job.program_hash = at.program_hash;
+        // Only a copied program has a hash in the record.
+        job.in_place = at.program_hash.is_none();
         job.allocated = Some(now.checked_sub(ran).unwrap_or(now));
         job.ready = job.allocated;
         job.launched = job.allocated;
@@ -369,7 +371,7 @@ impl<E: MmEnv> MachineManager<E> {
         let plan = self
             .plan(&rec.req)
             .map_err(|e| format!("it no longer fits this cluster: {e}"))?;
-        let program = if rec.req.bcast {
+        let program = if rec.req.delivery.carries_program() {
             Some(self.saved_program(rec.id).ok_or_else(|| {
                 "the machine manager restarted and the copy of its program is missing".to_string()
             })?)
@@ -401,6 +403,7 @@ impl<E: MmEnv> MachineManager<E> {
             },
             usage: Default::default(),
             cause: None,
+            broadcast: false,
         };
         self.record_finished(JobRecord {
             state: JobState::Finished {
@@ -510,6 +513,7 @@ fn restored_job(
         plan,
         program: None,
         size: program.unwrap_or(0),
+        stamp: None,
         client: None,
         submitted: now.checked_sub(age).unwrap_or(now),
         submitted_ms: rec.submitted_ms,

@@ -1,15 +1,26 @@
 //! Program transfers (paper Algorithms 6 and 7): the MM hands each job's program to a sending
 //! worker once its nodes are free of other transfers, tells the submitter how far it is, and
 //! checks every node's acknowledgement with COMPARE-AND-WRITE before the job may launch.
+//!
+//! Before a program is copied (`Delivery::Auto`, the default) the MM looks whether it is
+//! already in place: a heartbeat asks the job's nodes for the digest of the file at the
+//! program's path (`Command::CheckProgram`: size, modification time, permissions and BLAKE3
+//! hash, read with the user's rights), a worker hashes the submitted program meanwhile, and
+//! one COMPARE-AND-WRITE over the nodes' `program.digest` says whether all of them have it.
+//! If they do, the job runs the program from its path, and files next to it are found as
+//! under srun; if one does not, or does not answer within [`CHECK_WAIT`], it is copied. The
+//! check takes a transfer's number and holds its nodes as a transfer does: a node answers in
+//! `file.ack` for one check or transfer at a time.
 
 use std::time::Duration;
 
-use storm_cluster::control::Reply;
-use storm_cluster::messages::{Command, FileInfo, JobId, file_ack};
+use storm_cluster::control::{Delivery, Reply};
+use storm_cluster::messages::{CheckProgram, Command, FileInfo, JobId, file_ack, program_digest};
 use storm_primitives::{NodeSet, Relation};
 
 use crate::env::{MmEnv, ProgramSource, TransferDone, TransferSpec};
 
+use super::job::InPlaceCheck;
 use super::{MachineManager, Phase};
 
 /// The program transfers' bookkeeping.
@@ -34,6 +45,10 @@ impl Transfers {
         }
     }
 }
+
+/// How long every node has to answer whether a program is in place before it is copied
+/// instead (a node whose file system hangs must not hold the job).
+pub(super) const CHECK_WAIT: Duration = Duration::from_secs(10);
 
 /// How often a submitter hears how far its program transfer is.
 pub(super) const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
@@ -64,9 +79,12 @@ impl<E: MmEnv> MachineManager<E> {
         let transfer = self.transfers.next;
         let now = self.now();
         let j = self.jobs.get_mut(&id).expect("job");
-        if !j.req.bcast {
+        if j.in_place {
             return;
         }
+        // Auto: first look whether the nodes have it in place (the stamp is unknown after a
+        // restart of the MM: then it is copied).
+        let check = j.req.delivery == Delivery::Auto && !j.checked && j.stamp.is_some();
         // The submitted descriptor while it is held, else the copy beside the journal.
         let source = match j.program {
             Some(p) => ProgramSource::Submitted(p),
@@ -86,12 +104,20 @@ impl<E: MmEnv> MachineManager<E> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "program".into());
-        j.phase = Phase::Sending {
-            transfer,
-            worker,
-            reported: (now, 0),
+        j.phase = if check {
+            Phase::Checking {
+                transfer,
+                worker,
+                since: now,
+            }
+        } else {
+            Phase::Sending {
+                transfer,
+                worker,
+                reported: (now, 0),
+            }
         };
-        let progress = j.client.map(|c| {
+        let progress = (!check).then_some(j.client).flatten().map(|c| {
             let total = j.size;
             (
                 c,
@@ -125,6 +151,7 @@ impl<E: MmEnv> MachineManager<E> {
             timeout: op_timeout * 6,
             file_ack: self.rm.file_ack,
             ack_wait: self.cfg.heartbeat_deadline(),
+            check_only: check,
         };
         if let Err(e) = self.env.start_transfer(spec) {
             // Nothing was sent: the job ends as one that never left its allocation.
@@ -139,7 +166,18 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.transfers.workers[worker] = Some((id, nodes.clone()));
         self.transfers.busy_nodes = self.transfers.busy_nodes.union(&nodes);
-        self.hb.commands.push_back(Command::ReceiveFile(info));
+        self.hb.commands.push_back(if check {
+            Command::CheckProgram(CheckProgram {
+                transfer,
+                job: id,
+                nodes: info.nodes,
+                path: self.jobs[&id].req.program.clone(),
+                uid: info.uid,
+                gid: info.gid,
+            })
+        } else {
+            Command::ReceiveFile(info)
+        });
     }
 
     /// Tells submitters how far their program transfer is, at most every
@@ -198,9 +236,10 @@ impl<E: MmEnv> MachineManager<E> {
             _ => NodeSet::new(),
         };
         self.transfers.workers[done.worker] = None;
-        let current = self.jobs.get(&done.job).is_some_and(
-            |j| matches!(j.phase, Phase::Sending { transfer, .. } if transfer == done.transfer),
-        );
+        let current = self.jobs.get(&done.job).is_some_and(|j| {
+            matches!(j.phase, Phase::Sending { transfer, .. } | Phase::Checking { transfer, .. }
+                if transfer == done.transfer)
+        });
         if !current {
             // The job ended, or was requeued, while its worker still sent: only now are its
             // nodes free for another transfer (nothing of this one can reach them any more).
@@ -208,8 +247,12 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         let j = self.jobs.get_mut(&done.job).expect("current");
-        let Phase::Sending { transfer, .. } = j.phase else {
-            return;
+        let (transfer, checking) = match j.phase {
+            Phase::Sending { transfer, .. } => (transfer, None),
+            Phase::Checking {
+                transfer, since, ..
+            } => (transfer, Some(since)),
+            _ => return,
         };
         if done.result.is_err() {
             // The worker has stopped: the nodes are free for another transfer, this job's
@@ -218,9 +261,21 @@ impl<E: MmEnv> MachineManager<E> {
         }
         let j = self.jobs.get_mut(&done.job).expect("current");
         match done.result {
+            Ok(hash) if let (Some(since), Some(stamp)) = (checking, j.stamp) => {
+                j.phase = Phase::Verifying {
+                    transfer,
+                    check: Some(InPlaceCheck {
+                        digest: program_digest(&stamp, &hash),
+                        since,
+                    }),
+                };
+            }
             Ok(hash) => {
                 j.program_hash = Some(hash);
-                j.phase = Phase::Verifying { transfer };
+                j.phase = Phase::Verifying {
+                    transfer,
+                    check: None,
+                };
                 if let Some(c) = j.client {
                     let (job, total) = (j.id, j.size);
                     self.reply(
@@ -247,15 +302,17 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     pub(super) fn verify_transfers(&mut self) {
-        let verifying: Vec<(JobId, u32, NodeSet)> = self
+        let verifying: Vec<(JobId, u32, Option<InPlaceCheck>, NodeSet)> = self
             .jobs
             .values()
             .filter_map(|j| match j.phase {
-                Phase::Verifying { transfer } => Some((j.id, transfer, j.nodes.clone())),
+                Phase::Verifying { transfer, check } => {
+                    Some((j.id, transfer, check, j.nodes.clone()))
+                }
                 _ => None,
             })
             .collect();
-        for (id, transfer, nodes) in verifying {
+        for (id, transfer, check, nodes) in verifying {
             let good = file_ack(transfer, true);
             let ack = self.rm.file_ack;
             let deadline = Some(self.cfg.heartbeat_deadline());
@@ -279,6 +336,10 @@ impl<E: MmEnv> MachineManager<E> {
                     continue;
                 }
             };
+            if let Some(check) = check {
+                self.checked_in_place(id, &nodes, answered, check);
+                continue;
+            }
             if !answered {
                 continue;
             }
@@ -316,5 +377,52 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    // ---------------------------------------------------------------- cancellation
+    /// Takes up the nodes' answers to whether job `id`'s program is in place: with one
+    /// COMPARE-AND-WRITE over their digests once all answered; it runs in place if every node
+    /// has it, and is copied if one has not, or has not answered in [`CHECK_WAIT`].
+    fn checked_in_place(
+        &mut self,
+        id: JobId,
+        nodes: &NodeSet,
+        answered: bool,
+        check: InPlaceCheck,
+    ) {
+        let now = self.now();
+        let everywhere = answered
+            && match self.prims.compare_and_write_within(
+                nodes,
+                self.rm.program_digest,
+                Relation::Eq,
+                check.digest,
+                None,
+                Some(self.cfg.heartbeat_deadline()),
+            ) {
+                Ok(same) => same,
+                Err(e) => {
+                    self.blame(&e);
+                    self.node_lost_job(id, format!("cannot check the program on the nodes: {e}"));
+                    return;
+                }
+            };
+        if !answered && now.saturating_duration_since(check.since) < CHECK_WAIT {
+            return;
+        }
+        self.transfers.busy_nodes = self.transfers.busy_nodes.difference(nodes);
+        let j = self.jobs.get_mut(&id).expect("job");
+        j.checked = true;
+        if everywhere {
+            tracing::info!(job = id, "the program is in place on every node: no copy");
+            j.in_place = true;
+            j.ready = Some(now);
+            self.metrics.program_in_place();
+            self.queue_launch(id);
+        } else {
+            tracing::info!(
+                job = id,
+                answered,
+                "the program is not the same at its path on every node: copying it"
+            );
+            j.phase = Phase::Allocated;
+        }
+    }
 }

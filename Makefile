@@ -1,0 +1,69 @@
+# Builds storm and installs it: `make install` (PREFIX=/usr/local), or into a staging tree
+# with `make install DESTDIR=/tmp/stage PREFIX=/usr`. The Debian package (cargo-deb, see
+# storm-cli/Cargo.toml) installs the same files under /usr.
+#
+#   PREFIX/bin                       storm-submit, storm, storm-mm, storm-nm, storm-testbed,
+#                                    storm-local, storm-bench
+#   PREFIX/libexec/storm/storm-pl    the node's launcher (storm-nm finds it there)
+#   PREFIX/lib/storm/libstorm_pmi.so the PMI-1 library of --mpi openmpi jobs
+#   PREFIX/share/man/man1            man pages, one per tool and per `storm` subcommand
+#   PREFIX/share/...                 bash, zsh and fish completions
+#   SYSTEMD_UNIT_DIR                 storm-mm.service and storm-nm.service (not enabled)
+#   /etc/storm                       where the cluster file goes (docs/operations.md)
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR := $(PREFIX)/bin
+LIBEXECDIR := $(PREFIX)/libexec/storm
+LIBDIR := $(PREFIX)/lib/storm
+MANDIR := $(PREFIX)/share/man/man1
+BASHDIR := $(PREFIX)/share/bash-completion/completions
+ZSHDIR := $(PREFIX)/share/zsh/vendor-completions
+FISHDIR := $(PREFIX)/share/fish/vendor_completions.d
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+
+CARGO ?= cargo
+TOOLS := storm-submit storm storm-mm storm-nm storm-testbed storm-local storm-bench
+RELEASE := target/release
+DIST := target/dist
+
+.PHONY: all build docs install uninstall deb
+
+all: build docs
+
+build:
+	$(CARGO) build --release --locked -p storm-cli -p storm-mm -p storm-nm -p storm-pl \
+		-p storm-pmi -p storm-benches
+
+docs: build
+	dist/generate-docs $(RELEASE) $(DIST)
+
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(LIBDIR) \
+		$(DESTDIR)$(MANDIR) $(DESTDIR)$(BASHDIR) $(DESTDIR)$(ZSHDIR) $(DESTDIR)$(FISHDIR) \
+		$(DESTDIR)$(SYSTEMD_UNIT_DIR) $(DESTDIR)$(SYSCONFDIR)/storm
+	for t in $(TOOLS); do install -m 755 $(RELEASE)/$$t $(DESTDIR)$(BINDIR)/$$t; done
+	install -m 755 $(RELEASE)/storm-pl $(DESTDIR)$(LIBEXECDIR)/storm-pl
+	install -m 644 $(RELEASE)/libstorm_pmi.so $(DESTDIR)$(LIBDIR)/libstorm_pmi.so
+	install -m 644 $(DIST)/man1/*.1 $(DESTDIR)$(MANDIR)/
+	install -m 644 $(DIST)/bash-completion/* $(DESTDIR)$(BASHDIR)/
+	install -m 644 $(DIST)/zsh/* $(DESTDIR)$(ZSHDIR)/
+	install -m 644 $(DIST)/fish/* $(DESTDIR)$(FISHDIR)/
+	for u in storm-mm storm-nm; do \
+		sed 's|/usr/bin/|$(BINDIR)/|g; s|/etc/storm/|$(SYSCONFDIR)/storm/|g; s|/etc/default/|$(SYSCONFDIR)/default/|g' \
+			dist/systemd/$$u.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
+		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
+	done
+
+uninstall:
+	for t in $(TOOLS); do rm -f $(DESTDIR)$(BINDIR)/$$t; done
+	rm -rf $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(LIBDIR)
+	rm -f $(DESTDIR)$(MANDIR)/storm*.1 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/storm-mm.service \
+		$(DESTDIR)$(SYSTEMD_UNIT_DIR)/storm-nm.service
+	for t in $(TOOLS); do rm -f $(DESTDIR)$(BASHDIR)/$$t $(DESTDIR)$(ZSHDIR)/_$$t \
+		$(DESTDIR)$(FISHDIR)/$$t.fish; done
+
+# The Debian package, from what `make all` built (needs cargo-deb: cargo install cargo-deb).
+deb: all
+	$(CARGO) deb -p storm-cli --no-build
