@@ -66,4 +66,4 @@ uninstall:
 
 # The Debian package, from what `make all` built (needs cargo-deb: cargo install cargo-deb).
 deb: all
-	$(CARGO) deb -p storm-cli --no-build
+	$(CARGO) deb -p storm-cli --no-build --fast
