@@ -15,12 +15,13 @@ pub struct HistoryFilter {
 }
 
 /// The states a job can end in.
-const ENDED: [JobState; 5] = [
+const ENDED: [JobState; 6] = [
     JobState::Completed,
     JobState::Failed,
     JobState::Cancelled,
     JobState::Timeout,
     JobState::NodeFail,
+    JobState::OutOfMemory,
 ];
 
 impl HistoryFilter {

@@ -58,6 +58,8 @@ pub struct LocalOptions {
     pub security: SecuritySection,
     /// What one user may hold at the MM.
     pub limits: LimitsSection,
+    /// How long ended jobs stay in the history.
+    pub history: storm_cluster::config::HistorySection,
     /// The daemons' log filter (`RUST_LOG` syntax); by default `$RUST_LOG`, else `warn`.
     pub log_filter: Option<String>,
 }
@@ -81,6 +83,7 @@ impl LocalOptions {
             failure: FailureSection::default(),
             security: SecuritySection::default(),
             limits: LimitsSection::default(),
+            history: Default::default(),
             log_filter: None,
         }
     }
@@ -395,6 +398,7 @@ impl LocalCluster {
             },
             scheduler: embedded_scheduler(&opts.scheduler, opts.nodes),
             failure: opts.failure.clone(),
+            history: opts.history.clone(),
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },

@@ -394,6 +394,12 @@ pub fn failure_lines(outcome: &JobOutcome, nodes: &NodeSet, names: &[String]) ->
                 node_of(rank as u32)
             )),
         })
+        .chain(outcome.usage.oom_kills.filter(|&n| n > 0).map(|n| {
+            format!(
+                "out of memory: the kernel's OOM killer killed {n} of its process{}",
+                if n == 1 { "" } else { "es" }
+            )
+        }))
         .collect()
 }
 

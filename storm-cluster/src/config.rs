@@ -406,7 +406,8 @@ impl Default for SecuritySection {
 pub struct LimitsSection {
     /// Jobs of one user waiting in the queue (not yet started).
     pub max_queued_jobs_per_user: u32,
-    /// Size of a program sent with the job (`--bcast`, the default).
+    /// Size of a program sent with the job, to be copied to the nodes unless it is in place
+    /// there (`--no-bcast` sends none).
     pub max_program_bytes: u64,
     /// Total size of the programs the MM holds for one user's unfinished jobs.
     pub max_spooled_bytes_per_user: u64,
@@ -443,6 +444,34 @@ impl Default for LimitsSection {
     }
 }
 
+/// How long ended jobs stay in `storm history` (and for `--dependency` on them, and for a
+/// submitter that reattaches after an MM restart), as Slurm's `PurgeJobAfter`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HistorySection {
+    /// Days after its end that a job's record is kept.
+    pub keep_days: u32,
+    /// The most ended jobs kept whatever their age, oldest dropped first: a bound on the
+    /// MM's memory and journal (a record without its environment is about a kilobyte).
+    pub max_jobs: usize,
+}
+
+impl Default for HistorySection {
+    fn default() -> Self {
+        Self {
+            keep_days: 30,
+            max_jobs: 100_000,
+        }
+    }
+}
+
+impl HistorySection {
+    /// How long a record is kept after its job ended.
+    pub fn keep(&self) -> Duration {
+        Duration::from_secs(u64::from(self.keep_days) * 86_400)
+    }
+}
+
 /// A whole cluster file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -461,6 +490,8 @@ pub struct ClusterConfig {
     pub scheduler: SchedulerSection,
     #[serde(default)]
     pub failure: FailureSection,
+    #[serde(default)]
+    pub history: HistorySection,
     pub mm: MmSection,
     /// One entry per node; in the file, a `[[node]]` table may name many (see [`NodeTable`]).
     #[serde(rename = "node", default, deserialize_with = "expand_nodes")]

@@ -336,6 +336,8 @@ pub enum EndCause {
     Timeout,
     /// A node of it failed.
     NodeFail,
+    /// It failed, and the kernel's OOM killer had killed some of its processes.
+    OutOfMemory,
 }
 
 impl JobOutcome {
@@ -345,6 +347,7 @@ impl JobOutcome {
             Some(EndCause::Cancelled) => JobState::Cancelled,
             Some(EndCause::Timeout) => JobState::Timeout,
             Some(EndCause::NodeFail) => JobState::NodeFail,
+            Some(EndCause::OutOfMemory) => JobState::OutOfMemory,
             None if self.exit_code() == 0 => JobState::Completed,
             None => JobState::Failed,
         }
@@ -403,6 +406,8 @@ pub enum JobState {
     Timeout,
     /// Ended because a node of it failed.
     NodeFail,
+    /// Failed, with processes killed by the kernel's OOM killer.
+    OutOfMemory,
 }
 
 impl JobState {
@@ -422,6 +427,7 @@ impl JobState {
             JobState::Cancelled => "cancelled",
             JobState::Timeout => "timeout",
             JobState::NodeFail => "node_fail",
+            JobState::OutOfMemory => "out_of_memory",
         }
     }
 }

@@ -581,6 +581,8 @@ pub struct JobUsage {
     pub cpu_us: Option<u64>,
     /// The most memory the job's processes held there at once, bytes.
     pub peak_memory_bytes: Option<u64>,
+    /// Processes of the job the kernel's OOM killer killed there.
+    pub oom_kills: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -432,6 +432,7 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                     usage: messages::JobUsage {
                         cpu_us: Some(8_000),
                         peak_memory_bytes: Some(3 << 20),
+                        oom_kills: Some(1),
                     },
                 },
             },
@@ -634,6 +635,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
         usage: messages::JobUsage {
             cpu_us: Some(1_500_000),
             peak_memory_bytes: None,
+            oom_kills: Some(1),
         },
         cause: Some(storm_cluster::control::EndCause::NodeFail),
         broadcast: true,
@@ -773,6 +775,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                     usage: messages::JobUsage {
                         cpu_us: Some(42_000),
                         peak_memory_bytes: Some(1 << 30),
+                        oom_kills: Some(1),
                     },
                     cause: Some(storm_cluster::control::EndCause::Timeout),
                     broadcast: false,

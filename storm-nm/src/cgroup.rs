@@ -190,6 +190,10 @@ impl Cgroups {
                         .map(|ns| ns / 1000),
                     peak_memory_bytes: dir("memory")
                         .and_then(|d| read_u64(&d.join("memory.max_usage_in_bytes"))),
+                    oom_kills: dir("memory").and_then(|d| {
+                        let control = std::fs::read_to_string(d.join("memory.oom_control")).ok()?;
+                        stat_field(&control, "oom_kill")
+                    }),
                 };
                 for d in &dirs {
                     remove_group(d);
@@ -204,6 +208,9 @@ impl Cgroups {
                         .ok()
                         .and_then(|s| stat_field(&s, "usage_usec")),
                     peak_memory_bytes: read_u64(&d.join("memory.peak")),
+                    oom_kills: std::fs::read_to_string(d.join("memory.events"))
+                        .ok()
+                        .and_then(|s| stat_field(&s, "oom_kill")),
                 };
                 remove_group(d);
                 usage
@@ -263,8 +270,10 @@ fn read_u64(path: &Path) -> Option<u64> {
 
 /// The value of `field` in a `key value` per line file (cpu.stat).
 fn stat_field(text: &str, field: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        let (key, value) = l.split_once(' ')?;
+        (key == field).then(|| value.trim().parse().ok())?
+    })
 }
 
 /// The processes in the group at `dir`.
@@ -372,6 +381,16 @@ mod tests {
         let s = "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n";
         assert_eq!(stat_field(s, "usage_usec"), Some(1234));
         assert_eq!(stat_field(s, "nr_periods"), None);
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_their_own_line_not_a_longer_key() {
+        // v1's memory.oom_control, where `oom_kill_disable` comes first.
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(stat_field(v1, "oom_kill"), Some(3));
+        // v2's memory.events, where `oom_group_kill` follows.
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(stat_field(v2, "oom_kill"), Some(2));
     }
 
     #[test]

@@ -451,6 +451,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         ofi: OfiSection::default(),
         scheduler: crate::local::embedded_scheduler(&opts.scheduler, opts.nodes),
         failure: opts.failure.clone(),
+        history: Default::default(),
         mm: MmSection {
             address: v4(MM_ADDR),
         },

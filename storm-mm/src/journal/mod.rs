@@ -13,8 +13,9 @@
 //! host's (`crate::committer`), so that the MM's timeslices do not wait for the disk; the
 //! replies wait for their batch instead.
 //!
-//! The last [`KEEP_FINISHED`] finished jobs are kept, for `storm history` and for a
-//! storm-submit that reattaches after the MM restarted.
+//! Finished jobs are kept, for `storm history` and for a storm-submit that reattaches after
+//! the MM restarted, until the MM removes them ([`Journal::remove_job`], by the cluster
+//! file's `[history]`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -31,9 +32,6 @@ use storm_cluster::control::{JobOutcome, JobRequest};
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::messages::JobId;
 use storm_primitives::{NodeId, NodeSet};
-
-/// Finished jobs kept in the journal.
-pub const KEEP_FINISHED: usize = 1000;
 
 /// Bumped when a record changes shape; a journal of another format is refused, not misread.
 /// Format 2: a job's task request carries `overcommit`. Format 3: a started job records its
@@ -363,8 +361,6 @@ pub struct Journal {
     programs: Option<ProgramStore>,
     staged: Vec<Change>,
     next_job: Option<JobId>,
-    /// Finished jobs in the journal, oldest first (to drop beyond [`KEEP_FINISHED`]).
-    finished: BTreeSet<JobId>,
     /// Program copies to delete once the commit that ends their job is done.
     unneeded: Vec<JobId>,
 }
@@ -422,12 +418,6 @@ impl Journal {
             programs,
             staged: Vec::new(),
             next_job: None,
-            finished: restored
-                .jobs
-                .iter()
-                .filter(|j| matches!(j.state, JobState::Finished { .. }))
-                .map(|j| j.id)
-                .collect(),
             unneeded: Vec::new(),
         };
         Ok((journal, restored))
@@ -436,14 +426,14 @@ impl Journal {
     /// Stages a job's current record.
     pub fn put_job(&mut self, rec: JobRecord) {
         if matches!(rec.state, JobState::Finished { .. }) {
-            self.finished.insert(rec.id);
             self.unneeded.push(rec.id);
-            while self.finished.len() > KEEP_FINISHED {
-                let oldest = self.finished.pop_first().expect("non-empty");
-                self.staged.push(Change::RemoveJob(oldest));
-            }
         }
         self.staged.push(Change::Job(Box::new(rec)));
+    }
+
+    /// Stages the removal of a job's record (an ended job past the history's retention).
+    pub fn remove_job(&mut self, id: JobId) {
+        self.staged.push(Change::RemoveJob(id));
     }
 
     /// Stages a node's record.
@@ -893,26 +883,22 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn only_the_latest_finished_jobs_are_kept() {
+    fn a_removed_job_is_gone_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let extra = 5;
         {
             let (mut j, _) = Journal::open(dir.path()).unwrap();
             j.put_job(job(1, JobState::Queued));
-            for id in 2..2 + (KEEP_FINISHED + extra) as u64 {
+            for id in 2..6 {
                 j.put_job(finished(id));
             }
+            j.commit().unwrap();
+            j.remove_job(2);
+            j.remove_job(4);
             j.commit().unwrap();
         }
         let (_, restored) = Journal::open(dir.path()).unwrap();
         let ids: Vec<u64> = restored.jobs.iter().map(|j| j.id).collect();
-        assert_eq!(ids.len(), KEEP_FINISHED + 1);
-        assert_eq!(ids[0], 1, "a queued job is never dropped");
-        assert_eq!(
-            ids[1],
-            2 + extra as u64,
-            "the oldest finished jobs went first"
-        );
+        assert_eq!(ids, [1, 3, 5]);
     }
 
     #[test]

@@ -91,8 +91,8 @@ impl<E: MmEnv> MachineManager<E> {
                 } else {
                     format!(
                         "--dependency names job {id}, which is neither waiting, running nor \
-                         in the history (the last {} ended jobs)",
-                        crate::journal::KEEP_FINISHED
+                         in the history (ended jobs are kept {} days)",
+                        self.cfg.history.keep_days
                     )
                 });
             }

@@ -187,6 +187,10 @@ impl RanAt {
             (a, b) => a.or(b),
         };
         u.peak_memory_bytes = u.peak_memory_bytes.max(t.usage.peak_memory_bytes);
+        u.oom_kills = match (u.oom_kills, t.usage.oom_kills) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
     }
 
     /// First task started to last task ended.

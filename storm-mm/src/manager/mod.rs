@@ -39,6 +39,7 @@ mod admission;
 mod attention;
 mod failure;
 mod heartbeat;
+mod history;
 mod input;
 mod job;
 mod membership;
@@ -127,8 +128,8 @@ pub struct MachineManager<E: MmEnv> {
     /// The job areas (`max_jobs`): which job holds each.
     slots: Vec<Option<JobId>>,
     shutting_down: bool,
-    /// Jobs that ended, as the journal keeps them (oldest first).
-    finished: BTreeMap<JobId, JobRecord>,
+    /// Jobs that ended, as the journal keeps them.
+    finished: history::History,
     /// Seals commands and membership messages (see `storm_cluster::identity`).
     signer: MmSigner,
     /// What `storm metrics` shows.
@@ -196,7 +197,7 @@ impl<E: MmEnv> MachineManager<E> {
             jobs: BTreeMap::new(),
             next_job: 1,
             shutting_down: false,
-            finished: BTreeMap::new(),
+            finished: history::History::new(cfg.history.clone()),
             signer,
             metrics: Metrics::new(),
             last_tick: now,
@@ -325,6 +326,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.report_transfer_progress();
         self.verify_transfers();
         self.advance_recoveries(now);
+        self.expire_history();
         if !self.shutting_down {
             self.release_held();
             self.end_reattach_window(now);
@@ -823,7 +825,7 @@ impl<E: MmEnv> MachineManager<E> {
                 now.saturating_duration_since(launched),
             );
         }
-        let outcome = JobOutcome {
+        let mut outcome = JobOutcome {
             job: id,
             ranks,
             reason,
@@ -833,6 +835,14 @@ impl<E: MmEnv> MachineManager<E> {
             cause: j.end_cause,
             broadcast: !j.in_place && j.program_hash.is_some(),
         };
+        // sacct's OUT_OF_MEMORY: it failed, and the kernel killed some of its processes for
+        // want of memory (counted in its cgroups).
+        if outcome.cause.is_none()
+            && outcome.exit_code() != 0
+            && outcome.usage.oom_kills.is_some_and(|n| n > 0)
+        {
+            outcome.cause = Some(EndCause::OutOfMemory);
+        }
         self.metrics.job_ended(outcome.exit_code() == 0);
         self.record_finished(JobRecord {
             id,

@@ -182,12 +182,23 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Keeps a finished job for `storm history` and reattaching submitters, in memory and in
     /// the journal.
-    pub(super) fn record_finished(&mut self, rec: JobRecord) {
+    pub(super) fn record_finished(&mut self, mut rec: JobRecord) {
         self.outbox.unrecorded.remove(&rec.id);
-        self.finished.insert(rec.id, rec.clone());
-        while self.finished.len() > crate::journal::KEEP_FINISHED {
-            self.finished.pop_first();
-        }
+        // Nothing reads an ended job's environment again, and it would be most of its record.
+        rec.req.env = Vec::new();
+        let gone = self.finished.insert(rec.clone());
+        // Recorded even if it goes at once (max_jobs): its removal, staged after, wins.
         self.outbox.journal.put_job(rec);
+        for id in gone {
+            self.outbox.journal.remove_job(id);
+        }
+    }
+
+    /// Forgets the jobs that ended longer ago than the history keeps them.
+    pub(super) fn expire_history(&mut self) {
+        let (now, now_ms) = (self.now(), self.unix_ms());
+        for gone in self.finished.expire(now, now_ms) {
+            self.outbox.journal.remove_job(gone);
+        }
     }
 }

@@ -204,7 +204,7 @@ impl<E: MmEnv> MachineManager<E> {
                 self.reply(client, Reply::Queue(list));
             }
             Request::History => {
-                let list = self.finished.values().filter_map(finished_info).collect();
+                let list = self.finished.records().filter_map(finished_info).collect();
                 self.reply(client, Reply::History(list));
             }
             Request::Attach { job } => self.attach(client, uid, job),

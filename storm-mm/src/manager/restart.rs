@@ -107,7 +107,10 @@ impl<E: MmEnv> MachineManager<E> {
         for rec in restored.jobs {
             let outcome = match &rec.state {
                 JobState::Finished { .. } => {
-                    self.finished.insert(rec.id, rec);
+                    // Past the history's bounds (a smaller max_jobs since): forgotten.
+                    for gone in self.finished.insert(rec) {
+                        self.outbox.journal.remove_job(gone);
+                    }
                     continue;
                 }
                 JobState::Queued => self.readmit(&rec).map(|()| &mut queued),
