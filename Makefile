@@ -32,9 +32,10 @@ DIST := target/dist
 
 all: build docs
 
+# The whole workspace, as `cargo build --release` builds it: building some packages alone
+# resolves their dependencies' features differently and rebuilds them.
 build:
-	$(CARGO) build --release --locked -p storm-cli -p storm-mm -p storm-nm -p storm-pl \
-		-p storm-pmi -p storm-benches
+	$(CARGO) build --release --locked
 
 docs: build
 	dist/generate-docs $(RELEASE) $(DIST)
