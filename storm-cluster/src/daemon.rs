@@ -131,6 +131,23 @@ pub fn descriptors() -> (u64, u64) {
     (open, limit)
 }
 
+/// The groups of user `uid` (with `gid` as primary), as `initgroups` would set them: what a
+/// root daemon gives a process or thread that acts as the user.
+pub fn user_groups(uid: libc::uid_t, gid: libc::gid_t) -> Vec<libc::gid_t> {
+    let primary = nix::unistd::Gid::from_raw(gid);
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .and_then(|u| std::ffi::CString::new(u.name).ok());
+    match name {
+        Some(name) => nix::unistd::getgrouplist(&name, primary).unwrap_or_else(|_| vec![primary]),
+        None => vec![primary],
+    }
+    .into_iter()
+    .map(|g| g.as_raw())
+    .collect()
+}
+
 /// Wall-clock time, milliseconds since the Unix epoch (0 if the clock is set before it):
 /// what the journal records and what an NM says about its start.
 pub fn unix_ms() -> u64 {

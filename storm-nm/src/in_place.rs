@@ -147,7 +147,7 @@ fn digest_as_user(
 /// of the daemon). A file-system uid other than 0 also drops the capabilities that would let
 /// root read past permissions.
 fn become_user_for_files(uid: u32, gid: u32) -> Result<(), String> {
-    let groups = user_groups(uid, gid);
+    let groups = storm_cluster::daemon::user_groups(uid, gid);
     // SAFETY: raw system calls with a valid pointer and length; they change only this
     // thread's credentials.
     unsafe {
@@ -169,22 +169,6 @@ fn become_user_for_files(uid: u32, gid: u32) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// User `uid`'s groups as `initgroups` sets them, `gid` included.
-fn user_groups(uid: u32, gid: u32) -> Vec<libc::gid_t> {
-    let primary = nix::unistd::Gid::from_raw(gid);
-    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-        .ok()
-        .flatten()
-        .and_then(|u| std::ffi::CString::new(u.name).ok());
-    match name {
-        Some(name) => nix::unistd::getgrouplist(&name, primary).unwrap_or_else(|_| vec![primary]),
-        None => vec![primary],
-    }
-    .into_iter()
-    .map(|g| g.as_raw())
-    .collect()
 }
 
 #[cfg(test)]

@@ -312,7 +312,7 @@ impl Launcher {
         {
             return groups.clone();
         }
-        let groups = supplementary_groups(uid, gid);
+        let groups = storm_cluster::daemon::user_groups(uid, gid);
         self.groups
             .insert((uid, gid), (Instant::now(), groups.clone()));
         groups
@@ -434,17 +434,4 @@ fn above(fd: OwnedFd) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: just created.
     Ok(unsafe { OwnedFd::from_raw_fd(copy) })
-}
-
-/// The groups of user `uid` (with `gid` as primary), as `initgroups` would set them.
-fn supplementary_groups(uid: libc::uid_t, gid: libc::gid_t) -> Vec<libc::gid_t> {
-    let primary = nix::unistd::Gid::from_raw(gid);
-    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-        .ok()
-        .flatten();
-    let groups = match user.and_then(|u| std::ffi::CString::new(u.name).ok()) {
-        Some(name) => nix::unistd::getgrouplist(&name, primary).unwrap_or_else(|_| vec![primary]),
-        None => vec![primary],
-    };
-    groups.into_iter().map(|g| g.as_raw()).collect()
 }
