@@ -242,8 +242,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.pmi_epoch = 0;
         j.time_slot = 0;
         // Other nodes: the program may be in place there, or not.
-        j.in_place = !j.req.delivery.carries_program();
-        j.checked = false;
+        j.forget_program_place();
         // The run that read it is gone; the next run's input starts afresh.
         j.held_input.clear();
         let ask = self.ask(&j);

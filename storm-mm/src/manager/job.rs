@@ -223,7 +223,7 @@ impl Job {
     /// A job waiting in the queue.
     pub(super) fn queued(new: NewJob) -> Self {
         let size = new.size;
-        Self {
+        let mut job = Self {
             id: new.id,
             uid: new.uid,
             gid: new.gid,
@@ -232,7 +232,7 @@ impl Job {
             size,
             program_hash: None,
             stamp: new.stamp,
-            in_place: !new.req.delivery.carries_program(),
+            in_place: false,
             checked: false,
             client: new.client,
             phase: Phase::Queued,
@@ -262,7 +262,16 @@ impl Job {
             admitted: false,
             end_cause: None,
             req: new.req,
-        }
+        };
+        job.forget_program_place();
+        job
+    }
+
+    /// Forgets where its program was found (a new placement looks again): it runs in place
+    /// only with `--no-bcast` until a check finds it there.
+    pub(super) fn forget_program_place(&mut self) {
+        self.in_place = !self.req.delivery.carries_program();
+        self.checked = false;
     }
 
     /// Keeps the start of output no submitter will read (see `unsent`).
