@@ -2,13 +2,14 @@
 # with `make install DESTDIR=/tmp/stage PREFIX=/usr`. The Debian package (cargo-deb, see
 # storm-cli/Cargo.toml) installs the same files under /usr.
 #
-#   PREFIX/bin                       storm-submit, storm, storm-mm, storm-nm, storm-testbed,
-#                                    storm-local, storm-bench
+#   PREFIX/bin                       storm-submit, storm, storm-mm, storm-nm, storm-relay,
+#                                    storm-testbed, storm-local, storm-bench
 #   PREFIX/libexec/storm/storm-pl    the node's launcher (storm-nm finds it there)
 #   PREFIX/lib/storm/libstorm_pmi.so the PMI-1 library of --mpi openmpi jobs
 #   PREFIX/share/man/man1            man pages, one per tool and per `storm` subcommand
 #   PREFIX/share/...                 bash, zsh and fish completions
-#   SYSTEMD_UNIT_DIR                 storm-mm.service and storm-nm.service (not enabled)
+#   SYSTEMD_UNIT_DIR                 storm-mm, storm-nm, storm-relay and storm-relay-manager
+#                                    units (not enabled)
 #   /etc/storm                       where the cluster file goes (docs/operations.md)
 
 PREFIX ?= /usr/local
@@ -24,7 +25,8 @@ SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= /etc
 
 CARGO ?= cargo
-TOOLS := storm-submit storm storm-mm storm-nm storm-testbed storm-local storm-bench
+TOOLS := storm-submit storm storm-mm storm-nm storm-relay storm-testbed storm-local storm-bench
+UNITS := storm-mm storm-nm storm-relay storm-relay-manager
 RELEASE := target/release
 DIST := target/dist
 
@@ -51,7 +53,7 @@ install: all
 	install -m 644 $(DIST)/bash-completion/* $(DESTDIR)$(BASHDIR)/
 	install -m 644 $(DIST)/zsh/* $(DESTDIR)$(ZSHDIR)/
 	install -m 644 $(DIST)/fish/* $(DESTDIR)$(FISHDIR)/
-	for u in storm-mm storm-nm; do \
+	for u in $(UNITS); do \
 		sed 's|/usr/bin/|$(BINDIR)/|g; s|/etc/storm/|$(SYSCONFDIR)/storm/|g; s|/etc/default/|$(SYSCONFDIR)/default/|g' \
 			dist/systemd/$$u.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
@@ -60,8 +62,8 @@ install: all
 uninstall:
 	for t in $(TOOLS); do rm -f $(DESTDIR)$(BINDIR)/$$t; done
 	rm -rf $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(LIBDIR)
-	rm -f $(DESTDIR)$(MANDIR)/storm*.1 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/storm-mm.service \
-		$(DESTDIR)$(SYSTEMD_UNIT_DIR)/storm-nm.service
+	rm -f $(DESTDIR)$(MANDIR)/storm*.1
+	for u in $(UNITS); do rm -f $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; done
 	for t in $(TOOLS); do rm -f $(DESTDIR)$(BASHDIR)/$$t $(DESTDIR)$(ZSHDIR)/_$$t \
 		$(DESTDIR)$(FISHDIR)/$$t.fish; done
 

@@ -10,11 +10,14 @@
 //!   `drain`, `resume`, `shutdown`.
 //! * `storm-testbed`: a cluster whose nodes are network namespaces on this machine
 //!   ([`testbed`]), for fault tests and by hand.
+//! * `storm-relay`: carries users' connections from the compute nodes to the machine
+//!   manager ([`relay`]).
 //!
 //! Text other users wrote (job names, reasons) goes through [`display::safe`] on its way to
 //! a terminal.
 //!
-//! They talk only to the machine manager, over its Unix control socket.
+//! They talk only to the machine manager, over its Unix control socket: on its host
+//! directly, elsewhere through their node's control relay.
 
 pub mod alloc;
 pub mod batch;
@@ -25,6 +28,7 @@ pub mod input;
 pub mod job_options;
 pub mod local;
 pub mod metrics_http;
+pub mod relay;
 pub mod run_windows;
 pub mod submit;
 pub mod testbed;
@@ -46,7 +50,9 @@ pub fn config_path(config: Option<PathBuf>) -> PathBuf {
 
 /// The MM's control socket: `--socket`; else the `control_socket` of the cluster file named
 /// by `--config`; else, inside a job, `$STORM_SOCKET` (which every task gets from its node);
-/// else the cluster file named by `$STORM_CONFIG`, or [`DEFAULT_CONFIG`].
+/// else the cluster file named by `$STORM_CONFIG`, or [`DEFAULT_CONFIG`]. Away from the MM's
+/// host, where its `control_socket` is not, the node's control relay's socket stands in for
+/// it (`[relay] socket`, when the cluster has a relay and the path names no `{node}`).
 pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(s) = socket {
         return Ok(s);
@@ -56,7 +62,16 @@ pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Resul
     {
         return Ok(PathBuf::from(s));
     }
-    ClusterConfig::load(&config_path(config))
-        .map(|c| c.cluster.control_socket)
-        .map_err(|e| format!("{e} (use --local N for an embedded cluster, or --config FILE)"))
+    let cfg = ClusterConfig::load(&config_path(config))
+        .map_err(|e| format!("{e} (use --local N for an embedded cluster, or --config FILE)"))?;
+    let direct = cfg.cluster.control_socket;
+    let relay = &cfg.relay;
+    let relay_here = relay.address.is_some()
+        && !relay.socket.to_string_lossy().contains("{node}")
+        && relay.socket.exists();
+    Ok(if !direct.exists() && relay_here {
+        relay.socket.clone()
+    } else {
+        direct
+    })
 }

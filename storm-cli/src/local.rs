@@ -399,6 +399,7 @@ impl LocalCluster {
             scheduler: embedded_scheduler(&opts.scheduler, opts.nodes),
             failure: opts.failure.clone(),
             history: opts.history.clone(),
+            relay: Default::default(),
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },

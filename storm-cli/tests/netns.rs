@@ -145,6 +145,14 @@ fn storm_testbed_up_and_down_by_hand() {
     assert!(!namespace_exists(&format!("{name}-sw")));
     assert!(!namespace_exists(&format!("{name}-n1")));
     assert!(!dir.exists());
+    // No daemon of it runs on: not the MM, the NMs, nor the relays.
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(dir.to_str().unwrap()) && !c.contains("storm-testbed"))
+        .collect();
+    assert!(left.is_empty(), "still running: {left:?}");
     let missing = testbed(&["down"]);
     assert!(!missing.status.success());
     assert!(text(&missing.stderr).contains("no testbed"));

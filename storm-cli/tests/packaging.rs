@@ -12,9 +12,10 @@ use std::process::Command;
 
 use support::{bin_dir, ensure_all_binaries, text};
 
-const TOOLS: [&str; 7] = [
+const TOOLS: [&str; 8] = [
     "storm-submit",
     "storm",
+    "storm-relay",
     "storm-testbed",
     "storm-local",
     "storm-mm",
@@ -133,7 +134,12 @@ fn every_tool_has_man_pages_and_completions_that_say_what_its_help_says() {
 #[test]
 fn the_systemd_units_start_our_daemons_with_options_they_take() {
     support::ensure_daemons();
-    for unit in ["storm-mm", "storm-nm"] {
+    for (unit, binary) in [
+        ("storm-mm", "storm-mm"),
+        ("storm-nm", "storm-nm"),
+        ("storm-relay", "storm-relay"),
+        ("storm-relay-manager", "storm-relay"),
+    ] {
         let path = repo().join(format!("dist/systemd/{unit}.service"));
         let body = std::fs::read_to_string(&path).unwrap();
         assert!(body.contains("Type=notify"), "{unit}: readiness");
@@ -143,7 +149,7 @@ fn the_systemd_units_start_our_daemons_with_options_they_take() {
             .unwrap_or_else(|| panic!("{unit}: no ExecStart"));
         let mut words = exec.split_whitespace();
         let bin = words.next().unwrap();
-        assert_eq!(bin, format!("/usr/bin/{unit}"));
+        assert_eq!(bin, format!("/usr/bin/{binary}"));
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("cluster.toml");
         let args: Vec<String> = words
@@ -151,7 +157,7 @@ fn the_systemd_units_start_our_daemons_with_options_they_take() {
             .filter(|w| !w.starts_with('$'))
             .map(|w| w.replace("/etc/storm/cluster.toml", missing.to_str().unwrap()))
             .collect();
-        let out = Command::new(bin_dir().join(unit))
+        let out = Command::new(bin_dir().join(binary))
             .args(&args)
             .output()
             .unwrap();

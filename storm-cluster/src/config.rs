@@ -472,6 +472,43 @@ impl HistorySection {
     }
 }
 
+/// The control relay (`storm-relay`): how users on the compute nodes reach the MM, whose
+/// control socket is a Unix socket on its own host. One `storm-relay --manager` beside the MM
+/// listens on `address`; one `storm-relay --node NAME` on each node takes local users'
+/// connections on `socket` and carries them there, proving which node it is with the
+/// cluster key and its identity key (docs/security.md, "The control relay").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySection {
+    /// Where the manager side listens; no relay when absent.
+    pub address: Option<SocketAddr>,
+    /// The node side's Unix socket, which jobs' tasks get as `STORM_SOCKET`; `{node}` stands
+    /// for the node's name (for clusters whose nodes share one file system).
+    pub socket: PathBuf,
+    /// Whether root on a node (and the MM's own user there) acts as an operator of the
+    /// whole cluster through the relay. Off by default: root of one node is then an ordinary
+    /// user of the cluster, and cannot drain nodes, cancel other users' jobs, or run jobs as
+    /// root through the relay.
+    pub root_from_nodes: bool,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        Self {
+            address: None,
+            socket: PathBuf::from("/run/storm/relay.sock"),
+            root_from_nodes: false,
+        }
+    }
+}
+
+impl RelaySection {
+    /// The node side's socket on node `name`.
+    pub fn socket_of(&self, name: &str) -> PathBuf {
+        crate::identity::key_path(Path::new(""), &self.socket, Some(name))
+    }
+}
+
 /// A whole cluster file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -492,6 +529,8 @@ pub struct ClusterConfig {
     pub failure: FailureSection,
     #[serde(default)]
     pub history: HistorySection,
+    #[serde(default)]
+    pub relay: RelaySection,
     pub mm: MmSection,
     /// One entry per node; in the file, a `[[node]]` table may name many (see [`NodeTable`]).
     #[serde(rename = "node", default, deserialize_with = "expand_nodes")]

@@ -279,6 +279,16 @@ pub enum Request {
     /// The MM's metrics, in the Prometheus text format.
     Metrics,
     Shutdown,
+    /// A control relay's first request instead of `Hello` (`storm-relay --manager`, on the
+    /// MM's host): the connection acts for user `uid`/`gid`, who connected to the relay of
+    /// node `node`, which proved that it is that node. The MM takes it only from root or its
+    /// own user.
+    RelayHello {
+        version: u32,
+        uid: u32,
+        gid: u32,
+        node: String,
+    },
 }
 
 /// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown, and
@@ -705,6 +715,62 @@ pub fn peer_credentials(sock: &UnixStream) -> std::io::Result<(u32, u32)> {
 /// not name `std::net`, can close a Unix socket.)
 pub fn hang_up(sock: &UnixStream) {
     let _ = sock.shutdown(std::net::Shutdown::Both);
+}
+
+/// How many control connections each user has open, against `[limits]
+/// max_connections_per_user`: kept by the MM and by each control relay, so that no user can
+/// take all of a daemon's descriptors and threads from the others.
+pub struct ConnectionCounts {
+    limit: u32,
+    open: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
+}
+
+/// One of a user's connections, counted while it lives.
+pub struct Counted<'a> {
+    counts: &'a ConnectionCounts,
+    uid: u32,
+}
+
+impl ConnectionCounts {
+    pub fn new(limit: u32) -> Self {
+        Self {
+            limit,
+            open: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, u32>> {
+        // A count is whole at every unlock, so a panicked holder left nothing half-done.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a new connection of `uid`, or says why it is refused.
+    pub fn admit(&self, uid: u32) -> Result<Counted<'_>, String> {
+        let mut open = self.lock();
+        let n = open.entry(uid).or_insert(0);
+        if *n >= self.limit {
+            return Err(format!(
+                "user {uid} already has {n} connections to the machine manager, the limit \
+                 ([limits] max_connections_per_user = {}); close some (finished storm-submit \
+                 or storm commands) and try again",
+                self.limit
+            ));
+        }
+        *n += 1;
+        Ok(Counted { counts: self, uid })
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut open = self.counts.lock();
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// A connection to the MM, past the version handshake.

@@ -14,6 +14,7 @@
 //! | `ofi-bootstrap` | another node's slot in the ofi bootstrap | `PeerRecord::decode` |
 //! | `pmi` | an MPI task's `PMI_FD` (any program a user runs) | `pmi::wire::Framer`, then `PmiJob::handle` |
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
+//! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -190,6 +191,13 @@ static TARGETS: &[Target] = &[
         check: enrollment,
         checked_allocation: 0,
     },
+    Target {
+        name: "relay",
+        seeds: relay_seeds,
+        dictionary: &[&[1], &[0x20]],
+        check: relay,
+        checked_allocation: 4096,
+    },
 ];
 
 fn bincode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -309,6 +317,51 @@ fn enrollment(input: &[u8]) -> bool {
         );
     }
     enrolled.is_ok() || !keys.is_empty()
+}
+
+// --- the control relay's handshake ------------------------------------------------------------
+
+fn relay_frame<T: Serialize>(value: &T) -> Vec<u8> {
+    let body = bincode(value);
+    let mut f = (body.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(&body);
+    f
+}
+
+fn relay_seeds() -> Vec<Vec<u8>> {
+    use storm_cli::relay::wire::{NodeHello, NodeProof, RELAY_VERSION};
+    let mut both = relay_frame(&NodeHello {
+        version: RELAY_VERSION,
+        node: 1,
+        nonce: [3; 32],
+    });
+    both.extend(relay_frame(&NodeProof {
+        proof: [5; 32],
+        signature: vec![6; 64],
+    }));
+    vec![both]
+}
+
+/// What the manager side of the relay makes of bytes from anyone on the network: a node's
+/// greeting and proof. Accepted: decoded as far as the checks of the cluster key or the
+/// node's identity (a forger without the keys gets no further).
+fn relay(input: &[u8]) -> bool {
+    use storm_cli::relay::wire::{FRAME_LIMIT, WireError, handshake_as_manager};
+    use storm_primitives::tcp::auth::ClusterKey;
+    let key = ClusterKey::from_bytes([9; 32]);
+    let id = ed25519_dalek::SigningKey::from_bytes(&[0x44; 32]).verifying_key();
+    match handshake_as_manager(
+        Cursor::new(input),
+        std::io::sink(),
+        &key,
+        4,
+        |n| (n < 4).then_some(id),
+        FRAME_LIMIT,
+    ) {
+        Ok(_) => true,
+        Err(WireError::Refused(why)) => why.contains("cluster's key") || why.contains("identity"),
+        Err(_) => false,
+    }
 }
 
 // --- RM messages through global memory ---------------------------------------------------

@@ -85,6 +85,11 @@ fn enrolled_keys() {
 }
 
 #[test]
+fn relay_handshakes() {
+    fuzz("relay");
+}
+
+#[test]
 fn every_target_is_fuzzed_here() {
     let here = include_str!("fuzz.rs");
     for t in targets::all() {

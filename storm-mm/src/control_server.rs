@@ -10,17 +10,18 @@
 //! descriptors are left, so the last ones stay for root and the MM's own user (`storm
 //! nodes`, `storm cancel`) and for the MM's own files.
 
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use storm_cluster::config::LimitsSection;
-use storm_cluster::control::{self, ControlError, PROTOCOL_VERSION, Reply, Request};
+use storm_cluster::control::{
+    self, ConnectionCounts, ControlError, PROTOCOL_VERSION, Reply, Request,
+};
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_primitives::log_limit::LogLimit;
 
@@ -32,6 +33,8 @@ pub enum Incoming {
         client: ClientId,
         uid: u32,
         gid: u32,
+        /// The node a control relay says the user is on.
+        relayed_from: Option<String>,
         tx: Sender<Reply>,
         /// Replies written to the client's socket so far.
         written: Arc<AtomicU64>,
@@ -82,7 +85,7 @@ struct Shared {
     operator: u32,
     nodes: u32,
     limits: LimitsSection,
-    open: Mutex<HashMap<u32, u32>>,
+    open: ConnectionCounts,
     to_main: Sender<Incoming>,
     /// Wakes the MM's loop when a message is sent to it.
     wake: crate::Waker,
@@ -97,44 +100,43 @@ impl Shared {
     }
 }
 
-/// One of a user's connections, counted while it lives.
-struct Counted<'a> {
-    shared: &'a Shared,
-    uid: u32,
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        let mut open = self.shared.open_counts();
-        if let Some(n) = open.get_mut(&self.uid) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.uid);
-            }
-        }
-    }
-}
-
 impl Shared {
-    fn open_counts(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
-        // A count is whole at every unlock, so a panicked holder left nothing half-done.
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counts a new connection of `uid`, or says why it is refused.
-    fn admit(&self, uid: u32) -> Result<Counted<'_>, String> {
-        let mut open = self.open_counts();
-        let n = open.entry(uid).or_insert(0);
-        let limit = self.limits.max_connections_per_user;
-        if *n >= limit {
+    /// Who a connection acts for, from its first request: the user on the other end for
+    /// `Hello`; for a relay's `RelayHello`, the user it names and their node, if the relay
+    /// runs as root or the MM's own user. (What root of a node may do through a relay is the
+    /// core's to decide: `[relay] root_from_nodes`.)
+    fn identify(
+        &self,
+        peer_uid: u32,
+        peer_gid: u32,
+        first: Request,
+    ) -> Result<(u32, u32, Option<String>), String> {
+        let (version, who) = match first {
+            Request::Hello { version } => (version, (peer_uid, peer_gid, None)),
+            Request::RelayHello {
+                version,
+                uid,
+                gid,
+                node,
+            } => {
+                if peer_uid != 0 && peer_uid != self.operator {
+                    return Err(format!(
+                        "user {peer_uid} sent a relay's greeting: only a control relay \
+                         running as root or as the machine manager's own user may act for \
+                         other users"
+                    ));
+                }
+                tracing::debug!(uid, gid, node, "a relayed control connection");
+                (version, (uid, gid, Some(node)))
+            }
+            _ => return Err("expected Hello first".into()),
+        };
+        if version != PROTOCOL_VERSION {
             return Err(format!(
-                "user {uid} already has {n} connections to the machine manager, the limit \
-                 ([limits] max_connections_per_user = {limit}); close some (finished \
-                 storm-submit or storm commands) and try again"
+                "control protocol {version} is not supported; this MM speaks {PROTOCOL_VERSION}"
             ));
         }
-        *n += 1;
-        Ok(Counted { shared: self, uid })
+        Ok(who)
     }
 }
 
@@ -167,12 +169,13 @@ pub fn start(
     let listener = dir
         .bind_socket(name, 0o666)
         .map_err(|e| anyhow::anyhow!("cannot create the control socket {}: {e}", path.display()))?;
+    let max_connections = limits.max_connections_per_user;
     let shared = Arc::new(Shared {
         cluster,
         operator: nix::unistd::geteuid().as_raw(),
         nodes,
         limits,
-        open: Mutex::new(HashMap::new()),
+        open: ConnectionCounts::new(max_connections),
         to_main,
         wake,
     });
@@ -216,44 +219,53 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
     let refuse = |msg: String| {
         let _ = control::send(&sock, &Reply::Error(msg), None);
     };
-    let (uid, gid) = match control::peer_credentials(&sock) {
+    let (peer_uid, peer_gid) = match control::peer_credentials(&sock) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("cannot identify a control client: {e}");
             return;
         }
     };
-    if let Some(msg) = out_of_descriptors(uid, shared.operator) {
-        tracing::warn!(uid, "refusing a control connection: {msg}");
+    if let Some(msg) = out_of_descriptors(peer_uid, shared.operator) {
+        tracing::warn!(uid = peer_uid, "refusing a control connection: {msg}");
         return refuse(msg);
     }
-    let _counted = match shared.admit(uid) {
+    let limit = shared.limits.max_request_bytes as usize;
+    let first = match control::recv_within::<Request>(&sock, limit) {
+        Ok((req, _)) => req,
+        Err(e) => {
+            tracing::debug!("control client left during the handshake: {e}");
+            return;
+        }
+    };
+    let (uid, gid, relayed_from) = match shared.identify(peer_uid, peer_gid, first) {
+        Ok(who) => who,
+        Err(msg) => {
+            tracing::warn!(uid = peer_uid, "refusing a control connection: {msg}");
+            return refuse(msg);
+        }
+    };
+    // A relayed user keeps to a user's reserve, not to the relay's.
+    if uid != peer_uid
+        && let Some(msg) = out_of_descriptors(uid, shared.operator)
+    {
+        tracing::warn!(uid, "refusing a relayed control connection: {msg}");
+        return refuse(msg);
+    }
+    let _counted = match shared.open.admit(uid) {
         Ok(c) => c,
         Err(msg) => {
             tracing::warn!(uid, "refusing a control connection: {msg}");
             return refuse(msg);
         }
     };
-    let limit = shared.limits.max_request_bytes as usize;
-    match control::recv_within::<Request>(&sock, limit) {
-        Ok((Request::Hello { version }, _)) if version == PROTOCOL_VERSION => {
-            let hello = Reply::Hello {
-                version: PROTOCOL_VERSION,
-                cluster: shared.cluster.clone(),
-                nodes: shared.nodes,
-            };
-            let _ = control::send(&sock, &hello, None);
-        }
-        Ok((Request::Hello { version }, _)) => {
-            return refuse(format!(
-                "control protocol {version} is not supported; this MM speaks {PROTOCOL_VERSION}"
-            ));
-        }
-        Ok(_) => return refuse("expected Hello first".into()),
-        Err(e) => {
-            tracing::debug!("control client left during the handshake: {e}");
-            return;
-        }
+    let hello = Reply::Hello {
+        version: PROTOCOL_VERSION,
+        cluster: shared.cluster.clone(),
+        nodes: shared.nodes,
+    };
+    if control::send(&sock, &hello, None).is_err() {
+        return;
     }
     let (tx, rx) = crossbeam_channel::unbounded();
     let Ok(writer_sock) = sock.try_clone() else {
@@ -276,6 +288,7 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
         client,
         uid,
         gid,
+        relayed_from,
         tx,
         written,
         closer,

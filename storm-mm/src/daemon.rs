@@ -309,6 +309,7 @@ impl DaemonEnv {
                 client,
                 uid,
                 gid,
+                relayed_from,
                 tx,
                 written,
                 closer,
@@ -321,7 +322,12 @@ impl DaemonEnv {
                         closer,
                     },
                 );
-                Input::Connected { client, uid, gid }
+                Input::Connected {
+                    client,
+                    uid,
+                    gid,
+                    relayed_from,
+                }
             }
             Incoming::Request {
                 client,

@@ -48,11 +48,13 @@ pub struct SubmittedProgram {
 /// Everything that reaches the machine manager's core.
 #[derive(Debug)]
 pub enum Input {
-    /// A client connected as `uid`/`gid` (the socket's peer credentials).
+    /// A client connected as `uid`/`gid` (the socket's peer credentials, or what a control
+    /// relay vouched for: then `relayed_from` names the node the user is on).
     Connected {
         client: ClientId,
         uid: u32,
         gid: u32,
+        relayed_from: Option<String>,
     },
     /// A client asked something. `program` is the descriptor that came with it, as the host
     /// found it (`Err`: it could not be inspected), if one came.

@@ -564,15 +564,19 @@ impl<E: NmEnv> NodeManager<E> {
             ("STORM_RANK", rank.to_string()),
             ("STORM_SIZE", spec.ntasks.to_string()),
             ("STORM_NODEID", self.node.to_string()),
-            ("STORM_NODENAME", name),
+            ("STORM_NODENAME", name.clone()),
             ("STORM_LOCAL_RANK", local_rank.to_string()),
             ("STORM_LOCAL_SIZE", local_size.to_string()),
             ("STORM_NNODES", spec.nodes.len().to_string()),
             ("STORM_NODELIST", spec.nodes.to_string()),
-            // Where storm-submit inside the job finds the MM (for steps).
+            // Where storm-submit inside the job finds the MM (for steps): the node's control
+            // relay, where the cluster has one.
             (
                 "STORM_SOCKET",
-                self.cfg.cluster.control_socket.display().to_string(),
+                match self.cfg.relay.address {
+                    Some(_) => self.cfg.relay.socket_of(&name).display().to_string(),
+                    None => self.cfg.cluster.control_socket.display().to_string(),
+                },
             ),
             // The tasks of the job's allocation: a step's default (a batch script's own
             // STORM_SIZE is 1).

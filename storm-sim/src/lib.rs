@@ -726,6 +726,7 @@ impl Sim {
             client: id,
             uid: SIM_UID,
             gid: SIM_UID,
+            relayed_from: None,
         });
         self.client = id;
         Ok(())

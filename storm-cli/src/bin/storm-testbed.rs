@@ -67,9 +67,12 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     storm_cluster::cli_docs::exit_if_asked::<Cli>();
-    let cli = Cli::parse();
+    storm_cluster::daemon::exit_status("storm-testbed", run(Cli::parse()))
+}
+
+fn run(cli: Cli) -> Result<()> {
     let dir = cli
         .dir
         .clone()

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection,
+    ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection, RelaySection,
     SchedulerSection, TcpSection,
 };
 
@@ -33,6 +33,8 @@ mod delay;
 
 /// The port every daemon listens on, each in its own namespace.
 const PORT: u16 = 7000;
+/// Where the manager side of the control relay listens, on the MM's address.
+const RELAY_PORT: u16 = 7001;
 const STATE_FILE: &str = "testbed.state";
 
 /// What to build.
@@ -207,6 +209,17 @@ impl Testbed {
             }
             Ok(())
         })?;
+        // Every node's relay is listening.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for i in 0..opts.nodes {
+            while !tb.relay_socket(i).exists() {
+                if std::time::Instant::now() > deadline {
+                    let log = tb.dir.join(format!("storm-relay-node{i}.log"));
+                    bail!("node{i}'s control relay did not start:\n{}", tail(&log));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         Ok(tb)
     }
 
@@ -291,10 +304,35 @@ impl Testbed {
 
     fn start_daemons(&mut self) -> Result<()> {
         self.start_mm()?;
+        let cfg = self.config_path.display().to_string();
+        let mm_ns = format!("{}-mm", self.name);
+        self.spawn_in(
+            &mm_ns,
+            "storm-relay manager",
+            "storm-relay",
+            &["--config".into(), cfg.clone(), "--manager".into()],
+        )?;
         for i in 0..self.config.nodes.len() as u32 {
             self.start_nm(i)?;
+            let ns = self.node_ns(i);
+            self.spawn_in(
+                &ns,
+                &format!("storm-relay node{i}"),
+                "storm-relay",
+                &[
+                    "--config".into(),
+                    cfg.clone(),
+                    "--node".into(),
+                    format!("node{i}"),
+                ],
+            )?;
         }
         Ok(())
+    }
+
+    /// Node `i`'s control relay socket, where its users (and its jobs' steps) reach the MM.
+    pub fn relay_socket(&self, i: u32) -> PathBuf {
+        self.config.relay.socket_of(&format!("node{i}"))
     }
 
     /// Starts the MM in its namespace (again, after [`Testbed::kill`]).
@@ -452,6 +490,13 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         scheduler: crate::local::embedded_scheduler(&opts.scheduler, opts.nodes),
         failure: opts.failure.clone(),
         history: Default::default(),
+        // Every node has a control relay, as on a cluster whose nodes cannot see the MM's
+        // Unix socket: jobs' steps reach the MM through it.
+        relay: RelaySection {
+            address: Some(SocketAddr::V4(SocketAddrV4::new(MM_ADDR, RELAY_PORT))),
+            socket: opts.dir.join("relay").join("{node}.sock"),
+            root_from_nodes: false,
+        },
         mm: MmSection {
             address: v4(MM_ADDR),
         },
@@ -523,7 +568,11 @@ pub fn down_by_state(dir: &Path) -> Result<()> {
 fn is_daemon(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
         c.split(|&b| b == 0)
-            .any(|arg| arg.ends_with(b"storm-mm") || arg.ends_with(b"storm-nm"))
+            .any(|arg| {
+                arg.ends_with(b"storm-mm")
+                    || arg.ends_with(b"storm-nm")
+                    || arg.ends_with(b"storm-relay")
+            })
     })
 }
 

@@ -21,6 +21,8 @@ use super::{Job, MachineManager, NewJob, Phase, finished_info, job_ask, launch_s
 pub(super) struct Client {
     pub(super) uid: u32,
     pub(super) gid: u32,
+    /// The node whose control relay vouched for the user, if one did.
+    pub(super) relayed_from: Option<String>,
     /// Replies queued for this client so far (the outbox numbers them in order; the
     /// environment counts those written, `MmEnv::replies_written`).
     pub(super) queued: u64,
@@ -99,12 +101,18 @@ impl<E: MmEnv> MachineManager<E> {
     /// the timeslice (or [`MachineManager::between_ticks`]) looks for them.
     pub fn handle(&mut self, input: Input) {
         match input {
-            Input::Connected { client, uid, gid } => {
+            Input::Connected {
+                client,
+                uid,
+                gid,
+                relayed_from,
+            } => {
                 self.outbox.clients.insert(
                     client,
                     Client {
                         uid,
                         gid,
+                        relayed_from,
                         queued: 0,
                         unread: VecDeque::new(),
                         unread_bytes: 0,
@@ -163,7 +171,7 @@ impl<E: MmEnv> MachineManager<E> {
             }
         };
         match req {
-            Request::Hello { .. } => {
+            Request::Hello { .. } | Request::RelayHello { .. } => {
                 self.reply(client, Reply::Error("already connected".into()));
             }
             // Accepted is sent after the next scheduling decision, saying why the job waits.
@@ -186,11 +194,16 @@ impl<E: MmEnv> MachineManager<E> {
                 }
             }
             Request::Cancel { job } => {
+                let root = uid == 0 && self.root_rights(client).is_ok();
                 let reply = match self.jobs.get(&job) {
                     None => Reply::Error(format!("no job {job} (it may have finished already)")),
-                    Some(j) if uid != 0 && uid != j.uid => Reply::Error(format!(
-                        "job {job} belongs to uid {}; only its owner or root may cancel it",
-                        j.uid
+                    Some(j) if !root && uid != j.uid => Reply::Error(format!(
+                        "job {job} belongs to uid {}; only its owner or root may cancel it{}",
+                        j.uid,
+                        self.root_rights(client)
+                            .err()
+                            .filter(|_| uid == 0)
+                            .map_or(String::new(), |why| format!(" ({why})"))
                     )),
                     Some(_) => {
                         self.cancel(job, format!("cancelled by uid {uid}"));
@@ -227,28 +240,22 @@ impl<E: MmEnv> MachineManager<E> {
                 self.reply(client, Reply::Nodes(list));
             }
             Request::Drain { nodes, reason } => {
-                let reply = self.operator(uid, "drain nodes").and_then(|()| {
+                let reply = self.operator(client, uid, "drain nodes").and_then(|()| {
                     self.drain(&nodes, reason)?;
                     Ok(Reply::Done)
                 });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
             Request::Resume { nodes } => {
-                let reply = self.operator(uid, "resume nodes").and_then(|()| {
+                let reply = self.operator(client, uid, "resume nodes").and_then(|()| {
                     self.resume(&nodes)?;
                     Ok(Reply::Done)
                 });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
             Request::Shutdown => {
-                let me = self.env.operator_uid();
-                if uid != 0 && uid != me {
-                    self.reply(
-                        client,
-                        Reply::Error(
-                            "only root or the MM's own user may shut the cluster down".into(),
-                        ),
-                    );
+                if let Err(e) = self.operator(client, uid, "shut the cluster down") {
+                    self.reply(client, Reply::Error(e));
                     return;
                 }
                 for job in self.jobs.keys().copied().collect::<Vec<_>>() {
@@ -261,13 +268,33 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// Whether `uid` may act on the cluster as an operator: root or the MM's own user.
-    pub(super) fn operator(&self, uid: u32, what: &str) -> Result<(), String> {
+    /// Whether `uid` may act on the cluster as an operator: root or the MM's own user, on
+    /// the MM's host (or through a node's relay, where `[relay] root_from_nodes` allows).
+    pub(super) fn operator(&self, client: ClientId, uid: u32, what: &str) -> Result<(), String> {
         let me = self.env.operator_uid();
-        if uid == 0 || uid == me {
-            Ok(())
-        } else {
-            Err(format!("only root or the MM's own user may {what}"))
+        if uid != 0 && uid != me {
+            return Err(format!("only root or the MM's own user may {what}"));
+        }
+        self.root_rights(client)
+            .map_err(|why| format!("{why}: it may not {what}"))
+    }
+
+    /// Whether a client that is root or the MM's own user has their rights over the whole
+    /// cluster: always on the MM's host; through a node's control relay only with `[relay]
+    /// root_from_nodes`, since root of one node is not root of the cluster.
+    pub(super) fn root_rights(&self, client: ClientId) -> Result<(), String> {
+        match self
+            .outbox
+            .clients
+            .get(&client)
+            .and_then(|c| c.relayed_from.as_ref())
+        {
+            Some(node) if !self.cfg.relay.root_from_nodes => Err(format!(
+                "root of node {node} is not root of the cluster through its control relay \
+                 (run this on the machine manager's host, or set [relay] root_from_nodes = \
+                 true)"
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -401,6 +428,22 @@ impl<E: MmEnv> MachineManager<E> {
                     .into(),
             );
         }
+        // Root (or the MM's user) of a node runs steps in its own allocations there, but no
+        // new job across the cluster.
+        let me = self.env.operator_uid();
+        let root = if uid == 0 || uid == me {
+            let rights = self.root_rights(client);
+            if req.step_of.is_none()
+                && let Err(why) = rights
+            {
+                return Err(format!(
+                    "{why}: it may run steps of its own jobs, not new jobs"
+                ));
+            }
+            rights.is_ok()
+        } else {
+            false
+        };
         self.check_request_sizes(&req)?;
         let plan = self.plan(&req)?;
         if let InputTarget::Rank(rank) = req.input {
@@ -412,7 +455,7 @@ impl<E: MmEnv> MachineManager<E> {
                 ));
             }
         }
-        self.check_step(uid, &mut req, &plan)?;
+        self.check_step(uid, root, &mut req, &plan)?;
         let indices = self.check_array(&mut req)?;
         let count = indices.as_ref().map_or(1, Vec::len);
         if let Some(dep) = req.dependency.take() {

@@ -158,6 +158,24 @@ impl Transcript {
         Self(t)
     }
 
+    /// The handshake of a control relay link (`storm-relay`): node `node` connects to the
+    /// relay beside the MM. Its own label first, so that no proof or signature of a relay
+    /// handshake holds in a primitives link's handshake, or the other way round.
+    pub fn relay(
+        node: u32,
+        cluster_size: u32,
+        client_nonce: &[u8; NONCE_LEN],
+        server_nonce: &[u8; NONCE_LEN],
+    ) -> Self {
+        let mut t = b"storm control relay 1".to_vec();
+        t.extend_from_slice(&node.to_le_bytes());
+        t.extend_from_slice(&cluster_size.to_le_bytes());
+        t.push(Protection::Encrypt.code());
+        t.extend_from_slice(client_nonce);
+        t.extend_from_slice(server_nonce);
+        Self(t)
+    }
+
     fn mac(&self, key: &ClusterKey, label: &[u8]) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&key.0);
         h.update(label);

@@ -1,0 +1,305 @@
+//! The manager side of the control relay, on the MM's host: checks each node relay's link,
+//! then opens a control connection to the MM for the user the link carries (see the module
+//! overview in [`super`]).
+//!
+//! A peer that has not finished its handshake within [`super::HANDSHAKE_TIMEOUT`] is
+//! dropped, and at most [`MAX_HANDSHAKES`] handshakes run at once, so a host that connects
+//! and says nothing cannot use up the relay's threads. A program arrives as its bytes and is
+//! kept in an anonymous memory file with the stamp (size, mode, mtime) of the user's file,
+//! so the MM sees the same program it would have seen on its own host (and its check of a
+//! program in place on the nodes compares the same stamp).
+
+use std::fs::File;
+use std::io::{Seek, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use storm_cluster::ClusterConfig;
+use storm_cluster::control::{self, ConnectionCounts, Reply, Request};
+use storm_cluster::identity::Enrolled;
+use storm_cluster::messages::ProgramStamp;
+use storm_primitives::NodeId;
+use storm_primitives::log_limit::LogLimit;
+use storm_primitives::tcp::auth::ClusterKey;
+
+use super::wire::{self, FRAME_LIMIT, SealedReader, SealedWriter, Up, WireError};
+
+/// Handshakes that may run at once.
+pub const MAX_HANDSHAKES: usize = 64;
+
+/// What every link's threads share.
+struct ManagerRelay {
+    key: ClusterKey,
+    names: Vec<String>,
+    enrolled: parking_lot::RwLock<Enrolled>,
+    control_socket: PathBuf,
+    max_program_bytes: u64,
+    counts: ConnectionCounts,
+    handshakes: AtomicUsize,
+}
+
+/// Listens on `[relay] address` and serves node relays until the process ends. SIGHUP reads
+/// the enrolled nodes' keys again, as it does for the MM.
+pub fn serve(cfg: ClusterConfig) -> Result<()> {
+    let addr = cfg.relay.address.context(
+        "the cluster file has no [relay] address: set where the manager-side relay listens",
+    )?;
+    let key = cfg.load_key()?;
+    let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind(addr)
+        .with_context(|| format!("cannot listen on [relay] address {addr}"))?;
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
+    let relay = Arc::new(ManagerRelay {
+        key,
+        names: cfg.nodes.iter().map(|n| n.name.clone()).collect(),
+        enrolled: parking_lot::RwLock::new(enrolled),
+        control_socket: cfg.cluster.control_socket.clone(),
+        max_program_bytes: cfg.limits.max_program_bytes,
+        counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
+        handshakes: AtomicUsize::new(0),
+    });
+    tracing::info!(%addr, mm = %cfg.cluster.control_socket.display(), "relaying the nodes' users to the machine manager");
+    storm_cluster::daemon::notify_ready();
+    let mut refused = LogLimit::new(Duration::from_secs(10));
+    for conn in listener.incoming() {
+        if reload.swap(false, Ordering::AcqRel) {
+            match cfg.load_enrolled() {
+                Ok(e) => {
+                    *relay.enrolled.write() = e;
+                    tracing::info!("read the enrolled nodes' keys again");
+                }
+                Err(e) => tracing::error!("keeping the enrolled nodes' keys in use: {e}"),
+            }
+        }
+        let tcp = match conn {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(n) = refused.allow(std::time::Instant::now()) {
+                    tracing::warn!("accepting a relay link failed: {e} ({n} more since)");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if relay.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+            relay.handshakes.fetch_sub(1, Ordering::AcqRel);
+            if let Some(n) = refused.allow(std::time::Instant::now()) {
+                tracing::warn!(
+                    "dropping a relay link: {MAX_HANDSHAKES} handshakes are already under way \
+                     ({n} more since)"
+                );
+            }
+            continue;
+        }
+        let relay = relay.clone();
+        let spawned = std::thread::Builder::new()
+            .name("storm-relay-link".into())
+            .spawn(move || relay.serve_link(tcp));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a thread for a relay link: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// The link's writer, used by both of its threads one frame at a time.
+struct Down(Mutex<SealedWriter<TcpStream>>);
+
+impl Down {
+    fn send(&self, reply: &Reply) -> bool {
+        let mut w = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        w.send(reply).is_ok()
+    }
+}
+
+impl ManagerRelay {
+    fn enrolled_key(&self, node: NodeId) -> Option<ed25519_dalek::VerifyingKey> {
+        let name = self.names.get(node as usize)?;
+        self.enrolled.read().key(name).copied()
+    }
+
+    fn serve_link(&self, tcp: TcpStream) {
+        let peer = tcp.peer_addr().ok();
+        super::keep_alive(&tcp);
+        let _ = tcp.set_read_timeout(Some(super::HANDSHAKE_TIMEOUT));
+        let handshake = match (tcp.try_clone(), tcp.try_clone()) {
+            (Ok(r), Ok(w)) => wire::handshake_as_manager(
+                r,
+                w,
+                &self.key,
+                self.names.len() as u32,
+                |n| self.enrolled_key(n),
+                FRAME_LIMIT,
+            ),
+            (Err(e), _) | (_, Err(e)) => Err(WireError::Io(e)),
+        };
+        self.handshakes.fetch_sub(1, Ordering::AcqRel);
+        let (node, link) = match handshake {
+            Ok(l) => l,
+            Err(WireError::Closed) => {
+                tracing::warn!(
+                    ?peer,
+                    "a relay link closed during its handshake (a node relay that does not \
+                     hold this cluster's key leaves there)"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(?peer, "refusing a relay link: {e}");
+                return;
+            }
+        };
+        let _ = tcp.set_read_timeout(None);
+        let name = self.names[node as usize].clone();
+        let down = Arc::new(Down(Mutex::new(link.writer)));
+        let mut up = link.reader;
+        let (uid, gid, version) = match up.recv::<Up>() {
+            Ok(Up::Open { uid, gid, version }) => (uid, gid, version),
+            Ok(_) | Err(_) => {
+                tracing::warn!(node = %name, "a relay link did not open with its user");
+                return;
+            }
+        };
+        let _counted = match self.counts.admit(uid) {
+            Ok(c) => c,
+            Err(msg) => {
+                down.send(&Reply::Error(msg));
+                return;
+            }
+        };
+        let mm = match UnixStream::connect(&self.control_socket) {
+            Ok(s) => s,
+            Err(e) => {
+                down.send(&Reply::Error(format!(
+                    "the machine manager is not running ({}: {e}); try again when it is",
+                    self.control_socket.display()
+                )));
+                return;
+            }
+        };
+        let hello = Request::RelayHello {
+            version,
+            uid,
+            gid,
+            node: name.clone(),
+        };
+        if control::send(&mm, &hello, None).is_err() {
+            return;
+        }
+        let (Ok(mm_in), Ok(mm_closer)) = (mm.try_clone(), mm.try_clone()) else {
+            return;
+        };
+        let Ok(tcp_closer) = tcp.try_clone() else {
+            return;
+        };
+        let to_node = down.clone();
+        let down_thread = std::thread::Builder::new()
+            .name("storm-relay-reply".into())
+            .spawn(move || {
+                while let Ok((reply, _)) = control::recv::<Reply>(&mm_in) {
+                    if !to_node.send(&reply) {
+                        break;
+                    }
+                }
+                let _ = tcp_closer.shutdown(std::net::Shutdown::Both);
+            });
+        if down_thread.is_err() {
+            return;
+        }
+        if let Err(msg) = self.carry_up(&mut up, &mm) {
+            tracing::info!(node = %name, uid, "closing a relayed connection: {msg}");
+            down.send(&Reply::Error(msg));
+        }
+        control::hang_up(&mm_closer);
+        let _ = tcp.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Carries a link's requests to the MM until either side goes; an error is for the user.
+    fn carry_up(&self, up: &mut SealedReader<TcpStream>, mm: &UnixStream) -> Result<(), String> {
+        let mut program: Option<OwnedFd> = None;
+        loop {
+            match up.recv::<Up>() {
+                Ok(Up::Program { stamp, regular }) => {
+                    program = Some(self.receive_program(up, stamp, regular)?);
+                }
+                Ok(Up::Request(req)) => {
+                    let fd = program.take();
+                    if control::send(mm, &req, fd.as_ref().map(|f| f.as_fd())).is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(Up::Open { .. } | Up::Chunk(_)) => {
+                    return Err("the node's relay sent a frame out of order".into());
+                }
+                Err(WireError::Closed) => return Ok(()),
+                Err(e) => return Err(format!("the relay link failed: {e}")),
+            }
+        }
+    }
+
+    /// A program's bytes, into a memory file that carries the user's file's stamp. What is
+    /// not a regular file arrives as an empty pipe, which the MM refuses as it would the
+    /// user's own descriptor.
+    fn receive_program(
+        &self,
+        up: &mut SealedReader<TcpStream>,
+        stamp: ProgramStamp,
+        regular: bool,
+    ) -> Result<OwnedFd, String> {
+        if !regular {
+            let (read, _write) =
+                nix::unistd::pipe().map_err(|e| format!("cannot make a pipe: {e}"))?;
+            return Ok(read);
+        }
+        if stamp.size > self.max_program_bytes {
+            return Err(format!(
+                "the program is {} bytes, over the limit for a program sent with its job \
+                 ([limits] max_program_bytes = {}); put it where every node can read it and \
+                 submit with --no-bcast",
+                stamp.size, self.max_program_bytes
+            ));
+        }
+        let fd = nix::sys::memfd::memfd_create(
+            c"storm-relayed-program",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )
+        .map_err(|e| format!("cannot hold the program: {e}"))?;
+        let mut file = File::from(fd);
+        let mut got = 0u64;
+        while got < stamp.size {
+            let chunk = match up.recv::<Up>() {
+                Ok(Up::Chunk(c)) => c,
+                Ok(_) => return Err("the node's relay sent a frame out of order".into()),
+                Err(e) => return Err(format!("the relay link failed: {e}")),
+            };
+            got += chunk.len() as u64;
+            if got > stamp.size {
+                return Err("the node's relay sent more of the program than its size".into());
+            }
+            file.write_all(&chunk)
+                .map_err(|e| format!("cannot hold the program: {e}"))?;
+        }
+        let fd = OwnedFd::from(file);
+        stamp_as(&fd, &stamp).map_err(|e| format!("cannot stamp the program: {e}"))?;
+        let mut file = File::from(fd);
+        file.rewind()
+            .map_err(|e| format!("cannot hold the program: {e}"))?;
+        Ok(OwnedFd::from(file))
+    }
+}
+
+/// Gives `fd` the mode and modification time of `stamp`.
+fn stamp_as(fd: &OwnedFd, stamp: &ProgramStamp) -> nix::Result<()> {
+    use nix::sys::stat::{Mode, fchmod, futimens};
+    use nix::sys::time::TimeSpec;
+    fchmod(fd, Mode::from_bits_truncate(stamp.mode))?;
+    let mtime = TimeSpec::new(stamp.mtime_s, i64::from(stamp.mtime_ns));
+    futimens(fd, &TimeSpec::UTIME_OMIT, &mtime)
+}

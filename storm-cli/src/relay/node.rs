@@ -1,0 +1,293 @@
+//! The node side of the control relay: local users' connections, carried to the relay
+//! beside the MM (see the module overview in [`super`]).
+//!
+//! Each user connection gets its own relay link and two threads: one carries the user's
+//! requests up (turning a program's descriptor into its stamp and bytes), one carries the
+//! MM's replies down. Nothing one user does holds up another's connection: a user who stops
+//! reading stalls only their own link's thread, and `[limits] max_connections_per_user`
+//! bounds what one user may hold here.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use ed25519_dalek::SigningKey;
+use storm_cluster::ClusterConfig;
+use storm_cluster::control::{self, ConnectionCounts, ControlError, Reply, Request};
+use storm_cluster::daemon_dir::DaemonDir;
+use storm_cluster::messages::ProgramStamp;
+use storm_primitives::NodeId;
+use storm_primitives::tcp::auth::ClusterKey;
+
+use super::wire::{self, CHUNK_BYTES, FRAME_LIMIT, SealedWriter, Up};
+
+/// What every connection's threads share.
+struct NodeRelay {
+    manager: SocketAddr,
+    connect_timeout: Duration,
+    key: ClusterKey,
+    node: NodeId,
+    cluster_size: u32,
+    identity: SigningKey,
+    max_request_bytes: usize,
+    max_program_bytes: u64,
+    counts: ConnectionCounts,
+}
+
+/// Binds node `node`'s relay socket and serves it until the process ends.
+pub fn serve(cfg: ClusterConfig, node: NodeId) -> Result<()> {
+    let Some(manager) = cfg.relay.address else {
+        bail!(
+            "the cluster file has no [relay] address: there is no manager-side relay to carry \
+             users' connections to"
+        );
+    };
+    let name = cfg.nodes[node as usize].name.clone();
+    let key = cfg.load_key()?;
+    let identity = cfg.load_node_key(&name)?;
+    let path = cfg.relay.socket_of(&name);
+    let (Some(dir), Some(file)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        bail!(
+            "[relay] socket {} needs a directory and a file name",
+            path.display()
+        );
+    };
+    let dir = DaemonDir::open_or_create(dir, 0o755)
+        .map_err(|e| anyhow::anyhow!("the relay socket's directory: {e}"))?;
+    if dir.contains(file) && UnixStream::connect(dir.via_descriptor(file)).is_ok() {
+        bail!("another relay already listens on {}", path.display());
+    }
+    // Every local user may connect; each is told apart by the kernel.
+    let listener = dir
+        .bind_socket(file, 0o666)
+        .with_context(|| format!("cannot create the relay socket {}", path.display()))?;
+    let relay = Arc::new(NodeRelay {
+        manager,
+        connect_timeout: Duration::from_millis(cfg.tcp.connect_timeout_ms),
+        key,
+        node,
+        cluster_size: cfg.node_count(),
+        identity,
+        max_request_bytes: cfg.limits.max_request_bytes as usize,
+        max_program_bytes: cfg.limits.max_program_bytes,
+        counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
+    });
+    tracing::info!(node = %name, socket = %path.display(), %manager, "relaying users' control connections");
+    storm_cluster::daemon::notify_ready();
+    for conn in listener.incoming() {
+        match conn {
+            Ok(user) => {
+                let relay = relay.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("storm-relay-user".into())
+                    .spawn(move || relay.serve_user(user));
+                if let Err(e) = spawned {
+                    tracing::warn!("cannot start a thread for a user's connection: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!("accepting a user's connection failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The user's socket, written by both of a connection's threads one frame at a time.
+struct ToUser(Mutex<UnixStream>);
+
+impl ToUser {
+    fn send(&self, reply: &Reply) -> bool {
+        let sock = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        control::send(&sock, reply, None).is_ok()
+    }
+}
+
+impl NodeRelay {
+    fn serve_user(&self, user: UnixStream) {
+        let Ok(out) = user.try_clone() else {
+            return;
+        };
+        let out = Arc::new(ToUser(Mutex::new(out)));
+        let (uid, gid) = match control::peer_credentials(&user) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("cannot identify a user's connection: {e}");
+                return;
+            }
+        };
+        if let Some(msg) = super::out_of_descriptors() {
+            tracing::warn!(uid, "refusing a connection: {msg}");
+            out.send(&Reply::Error(msg));
+            return;
+        }
+        let _counted = match self.counts.admit(uid) {
+            Ok(c) => c,
+            Err(msg) => {
+                tracing::warn!(uid, "refusing a connection: {msg}");
+                out.send(&Reply::Error(msg));
+                return;
+            }
+        };
+        let version = match control::recv_within::<Request>(&user, self.max_request_bytes) {
+            Ok((Request::Hello { version }, _)) => version,
+            Ok(_) => {
+                out.send(&Reply::Error("expected Hello first".into()));
+                return;
+            }
+            Err(_) => return,
+        };
+        let tcp = match self.open_link() {
+            Ok(t) => t,
+            Err(msg) => {
+                tracing::warn!(uid, "{msg}");
+                out.send(&Reply::Error(msg));
+                return;
+            }
+        };
+        let (Ok(r), Ok(w), Ok(closer)) = (tcp.try_clone(), tcp.try_clone(), tcp.try_clone()) else {
+            return;
+        };
+        let link = match wire::handshake_as_node(
+            r,
+            w,
+            &self.key,
+            self.node,
+            self.cluster_size,
+            &self.identity,
+            FRAME_LIMIT,
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = format!("the control relay could not reach the machine manager: {e}");
+                tracing::warn!(uid, "{msg}");
+                out.send(&Reply::Error(msg));
+                return;
+            }
+        };
+        let _ = closer.set_read_timeout(None);
+        let mut up = link.writer;
+        if up.send(&Up::Open { uid, gid, version }).is_err() {
+            return;
+        }
+        let mut down = link.reader;
+        let down_out = out.clone();
+        let user_closer = user.try_clone();
+        let down_thread = std::thread::Builder::new()
+            .name("storm-relay-down".into())
+            .spawn(move || {
+                while let Ok(reply) = down.recv::<Reply>() {
+                    if !down_out.send(&reply) {
+                        break;
+                    }
+                }
+                // The MM (or the link) went: so does the user's connection.
+                if let Ok(u) = user_closer {
+                    control::hang_up(&u);
+                }
+            });
+        if down_thread.is_err() {
+            return;
+        }
+        self.carry_up(&user, &out, &mut up, uid);
+        let _ = closer.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Connects to the manager side.
+    fn open_link(&self) -> Result<TcpStream, String> {
+        let tcp = TcpStream::connect_timeout(&self.manager, self.connect_timeout).map_err(|e| {
+            format!(
+                "cannot reach the machine manager's relay at {}: {e} (is storm-relay \
+                 --manager running there?)",
+                self.manager
+            )
+        })?;
+        super::keep_alive(&tcp);
+        // A manager side that answers nothing does not hold the user forever.
+        let _ = tcp.set_read_timeout(Some(super::HANDSHAKE_TIMEOUT));
+        Ok(tcp)
+    }
+
+    /// Carries the user's requests up until either side goes.
+    fn carry_up(
+        &self,
+        user: &UnixStream,
+        out: &ToUser,
+        up: &mut SealedWriter<TcpStream>,
+        uid: u32,
+    ) {
+        loop {
+            let (req, mut fds) = match control::recv_within::<Request>(user, self.max_request_bytes)
+            {
+                Ok(r) => r,
+                Err(ControlError::TooLarge { len, limit }) => {
+                    out.send(&Reply::Error(format!(
+                        "a request of {len} bytes exceeds the limit of {limit} bytes ([limits] \
+                         max_request_bytes); submit fewer environment variables or arguments"
+                    )));
+                    return;
+                }
+                Err(_) => return,
+            };
+            if let Some(fd) = fds.pop() {
+                if let Err(msg) = self.send_program(fd, up) {
+                    tracing::info!(uid, "refusing a program: {msg}");
+                    out.send(&Reply::Error(msg));
+                    return;
+                }
+            }
+            if up.send(&Up::Request(req)).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Sends the program behind the user's descriptor: its stamp, then its bytes. The
+    /// descriptor is the user's own (their command opened it), so reading it reads only
+    /// what they could read.
+    fn send_program(&self, fd: OwnedFd, up: &mut SealedWriter<TcpStream>) -> Result<(), String> {
+        let file = File::from(fd);
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("cannot read the program sent with the job: {e}"))?;
+        let stamp = ProgramStamp::of(&meta);
+        let regular = meta.is_file();
+        if regular && stamp.size > self.max_program_bytes {
+            return Err(format!(
+                "the program is {} bytes, over the limit for a program sent with its job \
+                 ([limits] max_program_bytes = {}); put it where every node can read it and \
+                 submit with --no-bcast",
+                stamp.size, self.max_program_bytes
+            ));
+        }
+        let size = stamp.size;
+        let sent = |e: wire::WireError| format!("the link to the machine manager failed: {e}");
+        up.send(&Up::Program { stamp, regular }).map_err(sent)?;
+        if !regular {
+            return Ok(());
+        }
+        let mut offset = 0u64;
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        while offset < size {
+            let want = (size - offset).min(CHUNK_BYTES as u64) as usize;
+            let n = file
+                .read_at(&mut buf[..want], offset)
+                .map_err(|e| format!("cannot read the program sent with the job: {e}"))?;
+            if n == 0 {
+                return Err(format!(
+                    "the program changed while it was read: it has {offset} bytes, not the \
+                     {size} it had a moment before; submit again once it is written"
+                ));
+            }
+            up.send(&Up::Chunk(buf[..n].to_vec())).map_err(sent)?;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
