@@ -407,3 +407,115 @@ fn an_array_writes_one_file_per_element_and_storm_queue_shows_the_waiting_ones_t
     let history = text(&c.storm(&["history"]).stdout);
     assert!(history.contains(&format!("{array}_7 ")), "{history}");
 }
+
+/// The history's record of element `index` of array `array`.
+fn element(c: &TestCluster, array: u64, index: u64) -> Option<serde_json::Value> {
+    let h: serde_json::Value =
+        serde_json::from_slice(&c.storm(&["history", "--json"]).stdout).unwrap();
+    h["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["array_job_id"] == array && j["array_task_id"] == index)
+        .cloned()
+}
+
+#[test]
+fn an_array_is_cancelled_whole_by_its_id_or_one_element_by_index_and_a_dependency_names_one() {
+    let c = TestCluster::start(2);
+    let work = tempfile::tempdir().unwrap();
+    let gate = work.path().join("gate");
+    let wrap = format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display());
+    let array = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &[
+            "--parsable",
+            "--array",
+            "0-3%1",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            &wrap,
+        ],
+    ));
+
+    // Element 9 does not exist: neither a dependency nor a cancel can name it.
+    let no_such = storm_batch(
+        &c,
+        work.path(),
+        &["-d", &format!("afterok:{array}_9"), "--wrap", "true"],
+    );
+    assert!(!no_such.status.success());
+    assert!(
+        text(&no_such.stderr).contains("has no element 9"),
+        "{}",
+        text(&no_such.stderr)
+    );
+    let out = c.storm(&["cancel", &format!("{array}_9")]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no element 9"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A job that waits for element 1 only, whatever its end.
+    let after_one = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &[
+            "--parsable",
+            "-d",
+            &format!("afterany:{array}_1"),
+            "-o",
+            "after-one.out",
+            "--wrap",
+            "echo after element 1",
+        ],
+    ));
+
+    // Cancelling element 1 ends it alone; the job that waited for it runs.
+    let out = c.storm(&["cancel", &format!("{array}_1")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let one = ended_element(&c, array, 1);
+    assert_eq!(one["state"], "cancelled", "{one}");
+    assert_eq!(
+        ended(&c, after_one, Duration::from_secs(20))["state"],
+        "completed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("after-one.out")).unwrap(),
+        "after element 1\n"
+    );
+    for index in [0, 2, 3] {
+        assert!(
+            element(&c, array, index).is_none(),
+            "element {index} still runs or waits"
+        );
+    }
+
+    // The array's id cancels every element that has not ended: the running one and the
+    // waiting ones.
+    let out = c.storm(&["cancel", &array.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for index in [0, 2, 3] {
+        let e = ended_element(&c, array, index);
+        assert_eq!(e["state"], "cancelled", "element {index}: {e}");
+    }
+}
+
+/// Waits (at most 20 s) for element `index` of `array` to be in the history.
+fn ended_element(c: &TestCluster, array: u64, index: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(e) = element(c, array, index) {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "element {index} of {array} did not end"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

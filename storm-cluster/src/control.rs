@@ -27,8 +27,9 @@ use crate::tasks::TaskRequest;
 /// states as enums. Version 10: `dependency`, `batch`, `step_of`, `array` and `element` in
 /// job requests; the cancelled, timeout and node_fail states, what ended a job, and times.
 /// Version 11: arguments, environment and paths as bytes (UTF-8 or not). Version 12: how the
-/// program reaches the nodes (`delivery`), and whether it was copied (`broadcast`).
-pub const PROTOCOL_VERSION: u32 = 12;
+/// program reaches the nodes (`delivery`), and whether it was copied (`broadcast`). Version
+/// 13: a dependency names array elements (`12_3`).
+pub const PROTOCOL_VERSION: u32 = 13;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -236,6 +237,39 @@ pub fn parse_time_limit(text: &str) -> Result<u64, String> {
     Ok(total * 1000)
 }
 
+/// A job as users name it, as Slurm writes it: an id (`12`; an array's id stands for the
+/// whole array), or one element of an array by its index (`12_3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobRef {
+    Id(JobId),
+    Element { array: JobId, index: u32 },
+}
+
+impl std::str::FromStr for JobRef {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad =
+            || format!("{text:?} is not a job id (12, or 12_3 for element 3 of array job 12)");
+        let id = |s: &str| s.parse::<JobId>().ok().filter(|&id| id > 0);
+        match text.split_once('_') {
+            None => id(text).map(JobRef::Id).ok_or_else(bad),
+            Some((array, index)) => match (id(array), index.parse::<u32>()) {
+                (Some(array), Ok(index)) => Ok(JobRef::Element { array, index }),
+                _ => Err(bad()),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for JobRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobRef::Id(id) => write!(f, "{id}"),
+            JobRef::Element { array, index } => write!(f, "{array}_{index}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     Hello {
@@ -243,6 +277,7 @@ pub enum Request {
     },
     /// Boxed: a job request is far larger than any other request.
     Submit(Box<JobRequest>),
+    /// Cancel a job; an array's id cancels every element that has not ended.
     Cancel {
         job: JobId,
     },
@@ -288,6 +323,11 @@ pub enum Request {
         uid: u32,
         gid: u32,
         node: String,
+    },
+    /// Cancel one element of an array (`storm cancel 12_3`).
+    CancelElement {
+        array: JobId,
+        index: u32,
     },
 }
 

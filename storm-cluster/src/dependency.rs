@@ -10,6 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::JobRef;
 use crate::messages::JobId;
 
 /// Job ids one dependency may name, all terms together: each is looked up every time the
@@ -43,11 +44,13 @@ impl Condition {
     }
 }
 
-/// One `condition:id:id…` term (`singleton` names no job).
+/// One `condition:id:id…` term (`singleton` names no job). A job is an id (an array's id:
+/// all its elements) or one element of an array (`12_3`); the MM turns each into the ids of
+/// the jobs it stands for when it accepts the dependent job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Term {
     pub condition: Condition,
-    pub jobs: Vec<JobId>,
+    pub jobs: Vec<JobRef>,
 }
 
 /// A job's dependency: its terms, all of which must hold (`,`), or any one of them (`?`).
@@ -84,8 +87,8 @@ pub enum Verdict {
 }
 
 impl Dependency {
-    /// Every job id the dependency names.
-    pub fn jobs(&self) -> impl Iterator<Item = JobId> + '_ {
+    /// Every job the dependency names.
+    pub fn jobs(&self) -> impl Iterator<Item = JobRef> + '_ {
         self.terms.iter().flat_map(|t| t.jobs.iter().copied())
     }
 
@@ -98,7 +101,8 @@ impl Dependency {
 
     /// Judges the dependency: `known` tells what each named job is doing; `earlier_namesake`
     /// is an earlier unfinished job of the same user and name, if there is one (for
-    /// `singleton`).
+    /// `singleton`). An element named by index (`12_3`) that was never turned into its job's
+    /// id is not known.
     pub fn evaluate(
         &self,
         known: impl Fn(JobId) -> Known,
@@ -156,8 +160,11 @@ impl Term {
             };
         }
         let mut waiting = None;
-        for &job in &self.jobs {
-            let state = known(job);
+        for &named in &self.jobs {
+            let (job, state) = match named {
+                JobRef::Id(id) => (named, known(id)),
+                JobRef::Element { .. } => (named, Known::Unknown),
+            };
             let outcome = match (self.condition, &state) {
                 (Condition::After, Known::Started | Known::Ended { .. }) => Verdict::Met,
                 (Condition::After, Known::Waiting) => {
@@ -269,13 +276,11 @@ fn parse_term(part: &str) -> Result<Term, String> {
                 "--dependency {part:?}: a delay after a job (+minutes) is not supported"
             ));
         }
-        // An array job's element (`12_3`) is a job of its own here: its id.
-        let id: JobId = f
+        // A job's id (an array's: all its elements), or an array's element (`12_3`).
+        let job: JobRef = f
             .parse()
-            .ok()
-            .filter(|&id| id > 0)
-            .ok_or_else(|| format!("--dependency {part:?}: {f:?} is not a job id"))?;
-        jobs.push(id);
+            .map_err(|e| format!("--dependency {part:?}: {e}"))?;
+        jobs.push(job);
     }
     match (condition, jobs.is_empty()) {
         (Condition::Singleton, false) => Err(format!(
@@ -320,7 +325,20 @@ mod tests {
         ] {
             assert_eq!(dep(text).to_string(), text);
         }
-        assert_eq!(dep("afterok:12:13").jobs().collect::<Vec<_>>(), [12, 13]);
+        assert_eq!(
+            dep("afterok:12:13_4").jobs().collect::<Vec<_>>(),
+            [
+                JobRef::Id(12),
+                JobRef::Element {
+                    array: 13,
+                    index: 4
+                }
+            ]
+        );
+        assert_eq!(
+            dep("afterany:7_0?after:8").to_string(),
+            "afterany:7_0?after:8"
+        );
         assert!(dep("afterany:1,singleton").has_singleton());
     }
 

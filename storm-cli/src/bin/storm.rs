@@ -58,8 +58,12 @@ enum Cmd {
         #[arg(long, short = 's')]
         state: Option<String>,
     },
-    /// Cancel a job (its owner or root only).
-    Cancel { job: u64 },
+    /// Cancel a job (its owner or root only): `12`; an array job's id cancels every element
+    /// not yet ended, `12_3` only element 3.
+    Cancel {
+        #[arg(value_parser = clap::value_parser!(storm_cluster::control::JobRef))]
+        job: storm_cluster::control::JobRef,
+    },
     /// Nodes and their state.
     Nodes {
         /// Print JSON (`{"nodes": [...]}`) instead of a table.
@@ -159,7 +163,15 @@ fn run(args: Args) -> Result<(), String> {
             )?;
             (Request::History, json)
         }
-        Cmd::Cancel { job } => (Request::Cancel { job }, false),
+        Cmd::Cancel { job } => (
+            match job {
+                storm_cluster::control::JobRef::Id(job) => Request::Cancel { job },
+                storm_cluster::control::JobRef::Element { array, index } => {
+                    Request::CancelElement { array, index }
+                }
+            },
+            false,
+        ),
         Cmd::Nodes { json } => (Request::Nodes, json),
         Cmd::Drain { nodes, reason } => (
             Request::Drain {

@@ -567,12 +567,11 @@ pub fn down_by_state(dir: &Path) -> Result<()> {
 
 fn is_daemon(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        c.split(|&b| b == 0)
-            .any(|arg| {
-                arg.ends_with(b"storm-mm")
-                    || arg.ends_with(b"storm-nm")
-                    || arg.ends_with(b"storm-relay")
-            })
+        c.split(|&b| b == 0).any(|arg| {
+            arg.ends_with(b"storm-mm")
+                || arg.ends_with(b"storm-nm")
+                || arg.ends_with(b"storm-relay")
+        })
     })
 }
 

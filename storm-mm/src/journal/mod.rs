@@ -44,8 +44,9 @@ use storm_primitives::{NodeId, NodeSet};
 /// `batch`, `step_of`, `array` and `element`. Format 9: an outcome carries its `cause`.
 /// Format 10: a request's arguments, environment and paths are bytes (UTF-8 or not). Format
 /// 11: a request carries its program's `delivery`, and an outcome whether it was `broadcast`
-/// (a started job whose program ran in place records no program hash).
-const FORMAT: u64 = 11;
+/// (a started job whose program ran in place records no program hash). Format 12: a
+/// dependency's jobs are ids or array elements (`JobRef`).
+const FORMAT: u64 = 12;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");

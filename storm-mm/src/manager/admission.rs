@@ -17,6 +17,7 @@
 //! Arrays: of an array with a throttle of N, at most N elements are admitted or running at
 //! once; the next (lowest index first) is admitted when one ends.
 
+use storm_cluster::control::JobRef;
 use storm_cluster::dependency::{Dependency, Known, MAX_DEPENDENCY_JOBS, Term, Verdict};
 use storm_cluster::messages::JobId;
 
@@ -84,7 +85,11 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(dep) = &j.req.dependency else {
             return Ok(());
         };
-        for id in dep.jobs() {
+        for named in dep.jobs() {
+            // Every element was turned into its job's id on the way in (`expand_arrays`).
+            let JobRef::Id(id) = named else {
+                return Err(format!("--dependency names {named}, which is no job"));
+            };
             if self.known(id) == Known::Unknown {
                 return Err(if id >= self.next_job {
                     format!("--dependency names job {id}, which does not exist yet")
@@ -104,7 +109,8 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// The dependency `dep` with every array id it names replaced by the ids of all the
-    /// array's elements (an array's elements have consecutive ids from the array's).
+    /// array's elements (an array's elements have consecutive ids from the array's), and
+    /// every element named by index (`12_3`) by that element's id.
     pub(super) fn expand_arrays(&self, dep: Dependency) -> Result<Dependency, String> {
         let element = |id: JobId| {
             self.jobs
@@ -113,21 +119,27 @@ impl<E: MmEnv> MachineManager<E> {
                 .or_else(|| self.finished.get(&id).map(|r| &r.req))
                 .and_then(|r| r.element)
         };
-        let terms = dep
-            .terms
-            .into_iter()
-            .map(|t| Term {
-                jobs: t
-                    .jobs
-                    .iter()
-                    .flat_map(|&id| match element(id) {
-                        Some(e) if e.array == id => (id..id + e.count as JobId).collect(),
-                        _ => vec![id],
-                    })
-                    .collect(),
+        let mut terms = Vec::with_capacity(dep.terms.len());
+        for t in dep.terms {
+            let mut jobs = Vec::new();
+            for named in t.jobs {
+                match named {
+                    JobRef::Id(id) => match element(id) {
+                        Some(e) if e.array == id => {
+                            jobs.extend((id..id + e.count as JobId).map(JobRef::Id));
+                        }
+                        _ => jobs.push(named),
+                    },
+                    JobRef::Element { array, index } => {
+                        jobs.push(JobRef::Id(self.array_element(array, index)?));
+                    }
+                }
+            }
+            terms.push(Term {
+                jobs,
                 condition: t.condition,
-            })
-            .collect();
+            });
+        }
         let dep = Dependency {
             terms,
             any: dep.any,
@@ -140,6 +152,32 @@ impl<E: MmEnv> MachineManager<E> {
             ));
         }
         Ok(dep)
+    }
+
+    /// The id of element `index` of array job `array` (waiting, running, or in the
+    /// history), or why there is none.
+    pub(super) fn array_element(&self, array: JobId, index: u32) -> Result<JobId, String> {
+        let element = |id: JobId| {
+            self.jobs
+                .get(&id)
+                .map(|j| &j.req)
+                .or_else(|| self.finished.get(&id).map(|r| &r.req))
+                .and_then(|r| r.element)
+                .filter(|e| e.array == array)
+        };
+        let Some(first) = element(array) else {
+            return Err(format!(
+                "job {array} is no array job that is waiting, running or in the history"
+            ));
+        };
+        (array..array + JobId::from(first.count))
+            .find(|&id| element(id).is_some_and(|e| e.index == index))
+            .ok_or_else(|| {
+                format!(
+                    "array job {array} has no element {index} (it has {} elements)",
+                    first.count
+                )
+            })
     }
 
     /// Why queued job `j` waits for its array's throttle, if it does.

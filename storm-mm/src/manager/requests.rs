@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use storm_cluster::control::{
-    self, ArrayElement, JobInfo, JobRequest, JobState, NodeInfo, Reply, Request,
+    self, ArrayElement, JobInfo, JobRef, JobRequest, JobState, NodeInfo, Reply, Request,
 };
 use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, MAX_LAUNCH_BYTES, encode};
 use storm_cluster::tasks::TaskPlan;
@@ -194,23 +194,12 @@ impl<E: MmEnv> MachineManager<E> {
                 }
             }
             Request::Cancel { job } => {
-                let root = uid == 0 && self.root_rights(client).is_ok();
-                let reply = match self.jobs.get(&job) {
-                    None => Reply::Error(format!("no job {job} (it may have finished already)")),
-                    Some(j) if !root && uid != j.uid => Reply::Error(format!(
-                        "job {job} belongs to uid {}; only its owner or root may cancel it{}",
-                        j.uid,
-                        self.root_rights(client)
-                            .err()
-                            .filter(|_| uid == 0)
-                            .map_or(String::new(), |why| format!(" ({why})"))
-                    )),
-                    Some(_) => {
-                        self.cancel(job, format!("cancelled by uid {uid}"));
-                        Reply::Done
-                    }
-                };
-                self.reply(client, reply);
+                let reply = self.cancel_request(client, uid, JobRef::Id(job));
+                self.reply(client, reply.map_or_else(Reply::Error, |()| Reply::Done));
+            }
+            Request::CancelElement { array, index } => {
+                let reply = self.cancel_request(client, uid, JobRef::Element { array, index });
+                self.reply(client, reply.map_or_else(Reply::Error, |()| Reply::Done));
             }
             Request::Queue => {
                 let list = self.jobs.values().map(|j| self.job_info(j)).collect();
@@ -266,6 +255,57 @@ impl<E: MmEnv> MachineManager<E> {
                 self.reply(client, Reply::Done);
             }
         }
+    }
+
+    /// `storm cancel`: a job, every element of an array that has not ended (by the array's
+    /// id), or one element (`12_3`); by its owner, or root.
+    fn cancel_request(&mut self, client: ClientId, uid: u32, named: JobRef) -> Result<(), String> {
+        let targets: Vec<JobId> = match named {
+            JobRef::Element { array, index } => {
+                let id = self
+                    .jobs
+                    .values()
+                    .find(|j| j.req.element.is_some_and(|e| e.array == array && e.index == index))
+                    .map(|j| j.id)
+                    .ok_or_else(|| {
+                        format!("no element {index} of array job {array} is waiting or running (it may have finished already)")
+                    })?;
+                vec![id]
+            }
+            JobRef::Id(id) => {
+                let elements: Vec<JobId> = self
+                    .jobs
+                    .values()
+                    .filter(|j| j.req.element.is_some_and(|e| e.array == id))
+                    .map(|j| j.id)
+                    .collect();
+                if elements.is_empty() {
+                    if !self.jobs.contains_key(&id) {
+                        return Err(format!("no job {id} (it may have finished already)"));
+                    }
+                    vec![id]
+                } else {
+                    elements
+                }
+            }
+        };
+        // One owner for them all: an array's elements are one user's.
+        let owner = self.jobs[&targets[0]].uid;
+        let root = uid == 0 && self.root_rights(client).is_ok();
+        if !root && uid != owner {
+            let why = self
+                .root_rights(client)
+                .err()
+                .filter(|_| uid == 0)
+                .map_or(String::new(), |why| format!(" ({why})"));
+            return Err(format!(
+                "job {named} belongs to uid {owner}; only its owner or root may cancel it{why}"
+            ));
+        }
+        for job in targets {
+            self.cancel(job, format!("cancelled by uid {uid}"));
+        }
+        Ok(())
     }
 
     /// Whether `uid` may act on the cluster as an operator: root or the MM's own user, on
