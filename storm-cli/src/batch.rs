@@ -51,6 +51,10 @@ pub struct BatchArgs {
     /// storm batch leaves and the job goes on.
     #[arg(short = 'W', long)]
     pub wait: bool,
+    /// With --wait: if the connection to the machine manager is lost (it restarted), wait
+    /// this many seconds for it to come back and follow the job on (0: give up at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "wait")]
+    pub reconnect: u64,
     /// Run this command line as the script (`#!/bin/sh` and the line, as sbatch --wrap).
     #[arg(long, value_name = "COMMAND", conflicts_with = "command")]
     pub wrap: Option<String>,

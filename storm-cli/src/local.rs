@@ -524,6 +524,10 @@ impl LocalCluster {
         let Some(pos) = self.daemons.iter().position(|d| d.name == name) else {
             bail!("this cluster has no {name}");
         };
+        // A second one would find the first's socket or address taken, and leave.
+        if self.daemons[pos].child.try_wait()?.is_none() {
+            bail!("{name} is still running: kill it first");
+        }
         let mut args = vec!["--config".into(), self.config_path.display().to_string()];
         let (bin, log) = match name.strip_prefix("storm-nm ") {
             Some(node) => {

@@ -256,7 +256,9 @@ fn a_queued_batch_job_survives_a_restart_of_the_mm_and_runs_without_a_submitter(
     ));
     // The scripts as submitted run, whatever happens to the files later.
     std::fs::write(work.path().join("after.sh"), "#!/bin/sh\necho edited\n").unwrap();
-    c.cluster.as_mut().unwrap().restart_mm().unwrap();
+    let cluster = c.cluster.as_mut().unwrap();
+    cluster.kill_mm().unwrap();
+    cluster.restart_mm().unwrap();
     std::fs::write(&gate, "").unwrap();
     for id in [blocker, queued, dependent] {
         let rec = ended(&c, id, Duration::from_secs(40));
@@ -518,4 +520,49 @@ fn ended_element(c: &TestCluster, array: u64, index: u64) -> serde_json::Value {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn storm_batch_wait_follows_an_array_across_a_restart_of_the_mm() {
+    let mut c = TestCluster::start(2);
+    let work = tempfile::tempdir().unwrap();
+    let gate = work.path().join("gate");
+    let wrap = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; exit $STORM_ARRAY_TASK_ID",
+        gate.display()
+    );
+    let waiter = Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .args([
+            "batch",
+            "--wait",
+            "--array",
+            "0,3",
+            "-o",
+            "/dev/null",
+            "--wrap",
+        ])
+        .arg(&wrap)
+        .current_dir(work.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Both elements run; then the MM restarts under them.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while text(&c.storm(&["queue"]).stdout).matches("running").count() < 2 {
+        assert!(Instant::now() < deadline, "the elements did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cluster = c.cluster.as_mut().unwrap();
+    cluster.kill_mm().unwrap();
+    cluster.restart_mm().unwrap();
+    std::fs::write(&gate, "").unwrap();
+    let out = waiter.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    // The highest exit code of the elements, as sbatch --wait: it followed both to their
+    // ends on the new connection.
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("the machine manager is back"), "{err}");
 }

@@ -376,13 +376,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// A new connection to the MM at `socket`, tried for up to `within`, after the one that
+/// followed job `job` was lost (`why`).
+fn reconnect_to(
+    socket: &std::path::Path,
+    within: std::time::Duration,
+    job: u64,
+    why: &str,
+) -> Result<Client, String> {
+    let gave_up = || {
+        format!(
+            "lost the machine manager ({why}); job {job} goes on without us (see storm queue \
+             and storm history)"
+        )
+    };
+    if within.is_zero() {
+        return Err(gave_up());
+    }
+    eprintln!(
+        "storm batch: {why}; waiting up to {} s for the machine manager to come back to follow \
+         job {job}",
+        within.as_secs()
+    );
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if let Ok(client) = Client::connect(socket) {
+            eprintln!("storm batch: the machine manager is back; following job {job}");
+            return Ok(client);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(gave_up())
+}
+
 /// `storm batch`: submits the script with its job and prints the id once the MM accepted it
 /// (it holds the script and the job in its journal by then); the job goes on without us.
 /// With `--wait`, follows the job (every element of an array) to its end and exits with its
-/// exit code (the highest of an array's, as sbatch --wait).
+/// exit code (the highest of an array's, as sbatch --wait); if the MM restarts meanwhile, it
+/// reconnects and follows the elements that have not ended (`--reconnect`).
 fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let (parsable, wait) = (args.parsable, args.wait);
+    let reconnect = std::time::Duration::from_secs(args.reconnect);
     let user = storm_cli::batch::user_name();
     let (req, script) = storm_cli::batch::request(args, &here, std::env::vars_os(), &user)?;
     let mut to_end = req.array.as_ref().map_or(1, |a| a.indices.len());
@@ -400,14 +435,34 @@ fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String>
             f
         }
     };
-    let client = Client::connect(socket)?;
+    let elements = to_end as u64;
+    let mut client = Client::connect(socket)?;
     client.request(
         &Request::Submit(Box::new(req)),
         Some(std::os::fd::AsFd::as_fd(&file)),
     )?;
+    // The array's (or job's) id, once accepted; the elements that have ended.
+    let mut accepted: Option<u64> = None;
+    let mut ended = std::collections::BTreeSet::new();
     loop {
-        match client.next()? {
+        let reply = match (client.next(), accepted) {
+            (Ok(r), _) => r,
+            (Err(e), None) => return Err(e),
+            (Err(e), Some(job)) => {
+                // Follow the elements that have not ended on a new connection, as storm-submit
+                // follows its job.
+                client = reconnect_to(socket, reconnect, job, &e)?;
+                for id in (job..job + elements).filter(|id| !ended.contains(id)) {
+                    client.request(&Request::Attach { job: id }, None)?;
+                }
+                continue;
+            }
+        };
+        match reply {
+            // Sent again for each element followed after a reconnection.
+            Reply::Accepted { .. } if accepted.is_some() => {}
             Reply::Accepted { job, queued } => {
+                accepted = Some(job);
                 if parsable {
                     println!("{job}");
                 } else {
@@ -437,6 +492,9 @@ fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String>
                         outcome.job,
                         storm_cli::display::safe(why)
                     );
+                }
+                if !ended.insert(outcome.job) {
+                    continue;
                 }
                 worst = worst.max(outcome.exit_code());
                 to_end -= 1;
