@@ -9,7 +9,9 @@
 //! What is sent and not yet acknowledged is kept: after the MM restarted it goes again (the
 //! nodes keep each byte once). It also goes again when no acknowledgement has come for a
 //! while ([`FIRST_RESEND`], doubling up to [`LAST_RESEND`]): a node that missed the heartbeat
-//! carrying a piece would otherwise wait for it, and its task for its input, for ever. A task
+//! carrying a piece would otherwise wait for it, and its task for its input, for ever. The
+//! end of the stream is kept the same way until every rank acknowledged taking it
+//! ([`INPUT_END`]): an end that was lost would leave a task waiting for end of file. A task
 //! that is merely not reading costs a window's worth of repeats at those growing intervals. A requeued job runs again from its start, but the input it
 //! read is gone: its new run reads an empty standard input, and storm-submit says so.
 //!
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use storm_cluster::control::Request;
-use storm_cluster::messages::{INPUT_WINDOW, InputTarget, JobId, MAX_INPUT_CHUNK};
+use storm_cluster::messages::{INPUT_END, INPUT_WINDOW, InputTarget, JobId, MAX_INPUT_CHUNK};
 
 /// How long storm-submit waits for an acknowledgement before it sends the unacknowledged
 /// input again; each repeat without progress doubles the wait, up to [`LAST_RESEND`].
@@ -141,6 +143,13 @@ impl InputSender {
         }
     }
 
+    /// Whether every rank that gets the input took its end ([`INPUT_END`]).
+    fn end_taken(&self) -> bool {
+        self.ranks
+            .as_ref()
+            .is_some_and(|ranks| ranks.iter().all(|r| self.taken.get(r) == Some(&INPUT_END)))
+    }
+
     /// The pieces to wait on: only while there is room to send one.
     pub fn waiting_on(&self) -> Option<&Receiver<Piece>> {
         (self.ranks.is_some() && !self.at_end && self.next.is_none() && !self.requeued)
@@ -166,7 +175,8 @@ impl InputSender {
         let Some(job) = self.job.filter(|_| self.ranks.is_some()) else {
             return;
         };
-        let waiting = self.sent > self.acked;
+        // Bytes not acknowledged, or an end the ranks have not acknowledged taking.
+        let waiting = self.sent > self.acked || (self.end_sent && !self.end_taken());
         match self.resend_at {
             Some(at) if waiting && !self.requeued && now >= at => {
                 self.send_unacknowledged(job, &mut send);
@@ -370,9 +380,52 @@ mod tests {
         // The next repeat waits twice as long.
         assert!(at(&mut s, FIRST_RESEND * 2).is_empty());
         assert_eq!(at(&mut s, FIRST_RESEND * 4).len(), 2);
-        // Everything taken: nothing goes again.
+        // Every byte taken, but not the end yet: the end alone goes again, a wait after.
         s.taken(0, 6);
         assert!(at(&mut s, FIRST_RESEND * 20).is_empty());
+        assert_eq!(
+            at(&mut s, FIRST_RESEND * 21 + Duration::from_millis(1)),
+            vec![(6, Vec::new())]
+        );
+        // The end taken too: nothing goes again.
+        s.taken(0, INPUT_END);
+        assert!(at(&mut s, FIRST_RESEND * 100).is_empty());
+    }
+
+    /// The end of the input, on its own, lost on its way (the node missed that heartbeat):
+    /// the task would wait for end of file for ever. It goes again until the rank says it
+    /// took it.
+    #[test]
+    fn an_end_of_input_that_was_not_acknowledged_goes_again() {
+        let mut s = sender(vec![Some(b"abc".to_vec()), None]);
+        s.started(1, 1);
+        let t0 = Instant::now();
+        let at = |s: &mut InputSender, after: Duration| {
+            let mut out = Vec::new();
+            s.pump_at(t0 + after, |r| {
+                if let Request::Input {
+                    offset, data, eof, ..
+                } = r
+                {
+                    out.push((*offset, data.len(), *eof));
+                }
+            });
+            out
+        };
+        assert_eq!(
+            at(&mut s, Duration::ZERO),
+            vec![(0, 3, false), (3, 0, true)]
+        );
+        // The bytes arrived and were taken; the end did not arrive.
+        s.taken(0, 3);
+        assert!(at(&mut s, Duration::from_secs(1)).is_empty());
+        let again = at(
+            &mut s,
+            Duration::from_secs(1) + FIRST_RESEND + Duration::from_millis(1),
+        );
+        assert_eq!(again, vec![(3, 0, true)]);
+        s.taken(0, INPUT_END);
+        assert!(at(&mut s, FIRST_RESEND * 100).is_empty());
     }
 
     #[test]

@@ -590,8 +590,9 @@ pub enum Stream {
     Stdout,
     Stderr,
     /// Not output: the node's word that the rank took its standard input up to the chunk's
-    /// `offset` (the chunk has no data). storm-submit sends more input only as far as this
-    /// lets it (see [`Command::Input`]).
+    /// `offset` (the chunk has no data), or, at [`INPUT_END`], all of it and its end.
+    /// storm-submit sends more input only as far as this lets it (see [`Command::Input`]),
+    /// and sends the end again until it is taken.
     InputTaken,
 }
 
@@ -671,6 +672,10 @@ pub fn launch_commands(
 
 /// Most bytes of standard input one [`Command::Input`] carries.
 pub const MAX_INPUT_CHUNK: usize = 16 * 1024;
+
+/// The offset of an [`Stream::InputTaken`] chunk that says the rank took its whole standard
+/// input, the end included (its task read end of file, or no longer reads).
+pub const INPUT_END: u64 = u64::MAX;
 
 /// Most bytes of standard input storm-submit sends past what its tasks acknowledged.
 pub const INPUT_WINDOW: u64 = 64 * 1024;

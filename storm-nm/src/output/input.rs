@@ -11,7 +11,10 @@
 //! A piece sent again (after an MM restart) is kept once, by its offset. Input that arrives
 //! before the task's pipe (a gang-scheduled job starts at its first time slot) waits for it.
 //! A task that closed its standard input, or ended, takes everything from then on: the bytes
-//! are dropped and acknowledged, so storm-submit never waits on it.
+//! are dropped and acknowledged, so storm-submit never waits on it. The end of the stream is
+//! acknowledged too ([`INPUT_END`]), once the task's pipe is closed after the last byte, so
+//! an end lost on its way (a missed heartbeat) is sent again rather than leaving the task
+//! waiting for end of file.
 //!
 //! [`Command::Input`]: storm_cluster::messages::Command::Input
 //! [`Stream::InputTaken`]: storm_cluster::messages::Stream::InputTaken
@@ -19,7 +22,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use storm_cluster::messages::JobId;
+use storm_cluster::messages::{INPUT_END, JobId};
 
 use super::Forwarder;
 
@@ -43,6 +46,21 @@ struct Feed {
 impl Feed {
     fn received(&self) -> u64 {
         self.written + self.waiting.len() as u64
+    }
+
+    /// What to acknowledge to the MM now, if anything new: how far the task took its input,
+    /// or, once the end is delivered (or the task takes nothing more), [`INPUT_END`]:
+    /// storm-submit sends the end again until it hears that.
+    fn acknowledgement(&mut self) -> Option<u64> {
+        let upto = if self.done && self.eof && self.waiting.is_empty() {
+            INPUT_END
+        } else {
+            self.written
+        };
+        (upto > self.acknowledged).then(|| {
+            self.acknowledged = upto;
+            upto
+        })
     }
 }
 
@@ -134,9 +152,8 @@ impl InputFeeds {
                 f.pipe = None;
                 f.done = true;
             }
-            if f.written > f.acknowledged {
-                fwd.input_taken(job, rank, f.written);
-                f.acknowledged = f.written;
+            if let Some(upto) = f.acknowledgement() {
+                fwd.input_taken(job, rank, upto);
             }
         }
     }
@@ -149,6 +166,24 @@ mod tests {
     fn taken(feeds: &InputFeeds, job: JobId, rank: u32) -> (u64, usize) {
         let f = &feeds.feeds[&(job, rank)];
         (f.written, f.waiting.len())
+    }
+
+    #[test]
+    fn the_end_is_acknowledged_once_the_task_has_it() {
+        let mut f = Feed {
+            waiting: b"abc".to_vec(),
+            eof: true,
+            ..Default::default()
+        };
+        // Nothing written yet: nothing to say.
+        assert_eq!(f.acknowledgement(), None);
+        f.waiting.clear();
+        f.written = 3;
+        assert_eq!(f.acknowledgement(), Some(3), "the bytes, not yet the end");
+        // The pipe closed after the last byte: the task reads end of file.
+        f.done = true;
+        assert_eq!(f.acknowledgement(), Some(INPUT_END));
+        assert_eq!(f.acknowledgement(), None, "said once");
     }
 
     #[test]
