@@ -98,11 +98,13 @@ pub fn serve(cfg: ClusterConfig) -> Result<()> {
             }
             continue;
         }
-        let relay = relay.clone();
+        let for_link = relay.clone();
         let spawned = std::thread::Builder::new()
             .name("storm-relay-link".into())
-            .spawn(move || relay.serve_link(tcp));
+            .spawn(move || for_link.serve_link(tcp));
         if let Err(e) = spawned {
+            // Its handshake never began: its place is free again.
+            relay.handshakes.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!("cannot start a thread for a relay link: {e}");
         }
     }
