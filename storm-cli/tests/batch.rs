@@ -41,17 +41,24 @@ fn batch_id(out: &std::process::Output) -> u64 {
 fn ended(c: &TestCluster, id: u64, limit: Duration) -> serde_json::Value {
     let deadline = Instant::now() + limit;
     loop {
+        // Nothing to parse while a restarted MM does not answer yet: ask again.
         let h: serde_json::Value =
-            serde_json::from_slice(&c.storm(&["history", "--json"]).stdout).unwrap();
+            serde_json::from_slice(&c.storm(&["history", "--json"]).stdout).unwrap_or_default();
         if let Some(j) = h["jobs"]
             .as_array()
-            .unwrap()
-            .iter()
+            .into_iter()
+            .flatten()
             .find(|j| j["job"] == id)
         {
             return j.clone();
         }
-        assert!(Instant::now() < deadline, "job {id} did not end");
+        assert!(
+            Instant::now() < deadline,
+            "job {id} did not end; the queue:\n{}\nthe history:\n{}\nthe MM's log:\n{}",
+            text(&c.storm(&["queue"]).stdout),
+            text(&c.storm(&["history"]).stdout),
+            std::fs::read_to_string(c.root.join("mm.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -413,11 +420,11 @@ fn an_array_writes_one_file_per_element_and_storm_queue_shows_the_waiting_ones_t
 /// The history's record of element `index` of array `array`.
 fn element(c: &TestCluster, array: u64, index: u64) -> Option<serde_json::Value> {
     let h: serde_json::Value =
-        serde_json::from_slice(&c.storm(&["history", "--json"]).stdout).unwrap();
+        serde_json::from_slice(&c.storm(&["history", "--json"]).stdout).unwrap_or_default();
     h["jobs"]
         .as_array()
-        .unwrap()
-        .iter()
+        .into_iter()
+        .flatten()
         .find(|j| j["array_job_id"] == array && j["array_task_id"] == index)
         .cloned()
 }

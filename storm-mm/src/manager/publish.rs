@@ -137,12 +137,15 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         let settled = self.outbox.journal.settled();
-        let mut held: HashSet<ClientId> = self
+        // Clients with a job whose program is still being copied: the job is not journaled
+        // yet, so nothing may go to them.
+        let copying: HashSet<ClientId> = self
             .outbox
             .saving
             .iter()
             .filter_map(|id| self.jobs.get(id)?.client)
             .collect();
+        let mut held = copying.clone();
         let mut kept = Vec::new();
         for (client, mut r, waits_for) in self.outbox.replies.drain(..) {
             // A reply of this timeslice waits for this timeslice's commit, except output,
@@ -159,7 +162,10 @@ impl<E: MmEnv> MachineManager<E> {
             // A client's replies keep their order: once one waits, the later ones wait too.
             if held.contains(&client) || waits_for > settled {
                 held.insert(client);
-                kept.push((client, r, Some(waits_for)));
+                // Held for a copy, a reply waits, once the copy is done, for the commit of
+                // the timeslice that ends it, which records the job: not for this one's.
+                let waits_for = (!copying.contains(&client)).then_some(waits_for);
+                kept.push((client, r, waits_for));
             } else if self.outbox.clients.contains_key(&client) {
                 self.env.send(client, r);
             }
