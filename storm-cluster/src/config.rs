@@ -919,6 +919,25 @@ impl ClusterConfig {
             .map(|i| i as NodeId)
     }
 
+    /// The node a node daemon runs as: `given` (a name, or an index in the file), else the
+    /// node named as this host. The error names what was looked for.
+    pub fn this_node(&self, given: Option<&str>) -> Result<NodeId, String> {
+        let name = match given {
+            Some(n) => n.to_string(),
+            None => nix::unistd::gethostname()
+                .map_err(|e| format!("reading this host's name (or give --node): {e}"))?
+                .to_string_lossy()
+                .into_owned(),
+        };
+        self.node_by_name(&name)
+            .or_else(|| {
+                name.parse::<NodeId>()
+                    .ok()
+                    .filter(|&id| id < self.node_count())
+            })
+            .ok_or_else(|| format!("no node {name:?} in the cluster file"))
+    }
+
     /// Every fabric endpoint's address: compute nodes first, then the MM.
     pub fn directory(&self) -> Vec<Option<SocketAddr>> {
         self.nodes

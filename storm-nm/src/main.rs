@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
@@ -40,20 +40,9 @@ fn run() -> Result<()> {
     daemon::raise_open_files_limit();
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
-    let name = match args.node {
-        Some(n) => n,
-        None => nix::unistd::gethostname()
-            .context("reading this host's name (or give --node)")?
-            .to_string_lossy()
-            .into_owned(),
-    };
-    let node = match config.node_by_name(&name) {
-        Some(id) => id,
-        None => match name.parse::<u32>() {
-            Ok(id) if id < config.node_count() => id,
-            _ => bail!("no node {name:?} in {}", args.config.display()),
-        },
-    };
+    let node = config
+        .this_node(args.node.as_deref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;
     daemon::set_rt_priority(config.scheduler.daemon_rt_priority);
     let stop = daemon::stop_flag()?;

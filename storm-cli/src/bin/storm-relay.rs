@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
@@ -46,19 +46,8 @@ fn run() -> Result<()> {
     if args.manager {
         return storm_cli::relay::manager::serve(config);
     }
-    let name = match args.node {
-        Some(n) => n,
-        None => nix::unistd::gethostname()
-            .context("reading this host's name (or give --node)")?
-            .to_string_lossy()
-            .into_owned(),
-    };
-    let node = match config.node_by_name(&name) {
-        Some(id) => id,
-        None => match name.parse::<u32>() {
-            Ok(id) if id < config.node_count() => id,
-            _ => bail!("no node {name:?} in {}", args.config.display()),
-        },
-    };
+    let node = config
+        .this_node(args.node.as_deref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     storm_cli::relay::node::serve(config, node)
 }

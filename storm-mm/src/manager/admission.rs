@@ -17,7 +17,7 @@
 //! Arrays: of an array with a throttle of N, at most N elements are admitted or running at
 //! once; the next (lowest index first) is admitted when one ends.
 
-use storm_cluster::control::JobRef;
+use storm_cluster::control::{ArrayElement, JobRef};
 use storm_cluster::dependency::{Dependency, Known, MAX_DEPENDENCY_JOBS, Term, Verdict};
 use storm_cluster::messages::JobId;
 
@@ -112,13 +112,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// array's elements (an array's elements have consecutive ids from the array's), and
     /// every element named by index (`12_3`) by that element's id.
     pub(super) fn expand_arrays(&self, dep: Dependency) -> Result<Dependency, String> {
-        let element = |id: JobId| {
-            self.jobs
-                .get(&id)
-                .map(|j| &j.req)
-                .or_else(|| self.finished.get(&id).map(|r| &r.req))
-                .and_then(|r| r.element)
-        };
+        let element = |id: JobId| self.array_element_of(id);
         let mut terms = Vec::with_capacity(dep.terms.len());
         for t in dep.terms {
             let mut jobs = Vec::new();
@@ -154,17 +148,20 @@ impl<E: MmEnv> MachineManager<E> {
         Ok(dep)
     }
 
+    /// Which array job `id` is an element of, if it is one (waiting, running, or in the
+    /// history).
+    fn array_element_of(&self, id: JobId) -> Option<ArrayElement> {
+        self.jobs
+            .get(&id)
+            .map(|j| &j.req)
+            .or_else(|| self.finished.get(&id).map(|r| &r.req))
+            .and_then(|r| r.element)
+    }
+
     /// The id of element `index` of array job `array` (waiting, running, or in the
     /// history), or why there is none.
     pub(super) fn array_element(&self, array: JobId, index: u32) -> Result<JobId, String> {
-        let element = |id: JobId| {
-            self.jobs
-                .get(&id)
-                .map(|j| &j.req)
-                .or_else(|| self.finished.get(&id).map(|r| &r.req))
-                .and_then(|r| r.element)
-                .filter(|e| e.array == array)
-        };
+        let element = |id: JobId| self.array_element_of(id).filter(|e| e.array == array);
         let Some(first) = element(array) else {
             return Err(format!(
                 "job {array} is no array job that is waiting, running or in the history"
