@@ -34,9 +34,10 @@ pub mod submit;
 pub mod testbed;
 pub mod views;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use storm_cluster::ClusterConfig;
+use storm_cluster::control::Client;
 
 /// The default cluster file, when neither `--config` nor `$STORM_CONFIG` names one.
 pub const DEFAULT_CONFIG: &str = storm_cluster::config::DEFAULT_CLUSTER_FILE;
@@ -52,26 +53,80 @@ pub fn config_path(config: Option<PathBuf>) -> PathBuf {
 /// by `--config`; else, inside a job, `$STORM_SOCKET` (which every task gets from its node);
 /// else the cluster file named by `$STORM_CONFIG`, or [`DEFAULT_CONFIG`]. Away from the MM's
 /// host, where its `control_socket` is not, the node's control relay's socket stands in for
-/// it (`[relay] socket`, when the cluster has a relay and the path names no `{node}`).
+/// it (`[relay] socket`, when the cluster has a relay and the path names no `{node}`). With a
+/// replicated MM, the socket of the replica that leads (the one that takes a connection:
+/// followers do not listen), else the first replica's.
 pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<PathBuf, String> {
+    let sockets = control_sockets(socket, config)?;
+    if sockets.len() == 1 {
+        return Ok(sockets[0].clone());
+    }
+    Ok(sockets
+        .iter()
+        .find(|s| Client::connect_within(s, Some(REPLICA_ANSWER)).is_ok())
+        .unwrap_or(&sockets[0])
+        .clone())
+}
+
+/// How long a replica of a replicated MM may take to answer a connection before the next is
+/// tried (a frozen one takes the connection and never answers).
+pub const REPLICA_ANSWER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Every control socket the MM may answer on, in the order to try them (see
+/// [`control_socket`]): several for a replicated MM, whose leader may change.
+pub fn control_sockets(
+    socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<Vec<PathBuf>, String> {
     if let Some(s) = socket {
-        return Ok(s);
+        return Ok(vec![s]);
     }
     if config.is_none()
         && let Some(s) = std::env::var_os("STORM_SOCKET")
     {
-        return Ok(PathBuf::from(s));
+        return Ok(vec![PathBuf::from(s)]);
     }
     let cfg = ClusterConfig::load(&config_path(config))
         .map_err(|e| format!("{e} (use --local N for an embedded cluster, or --config FILE)"))?;
-    let direct = cfg.cluster.control_socket;
+    let sockets = cfg.control_sockets();
     let relay = &cfg.relay;
     let relay_here = relay.address.is_some()
         && !relay.socket.to_string_lossy().contains("{node}")
         && relay.socket.exists();
-    Ok(if !direct.exists() && relay_here {
-        relay.socket.clone()
+    Ok(if !sockets.iter().any(|s| s.exists()) && relay_here {
+        vec![relay.socket.clone()]
     } else {
-        direct
+        sockets
     })
+}
+
+/// Connects to the first of `sockets` that answers, and says which it was. With several
+/// (the replicas of a replicated MM), each has [`REPLICA_ANSWER`] to answer.
+pub fn connect_any(sockets: &[PathBuf]) -> Result<(Client, PathBuf), String> {
+    let limit = (sockets.len() > 1).then_some(REPLICA_ANSWER);
+    let mut failures = Vec::new();
+    for s in sockets {
+        match Client::connect_within(s, limit) {
+            Ok(c) => return Ok((c, s.clone())),
+            Err(e) => failures.push(e),
+        }
+    }
+    Err(match failures.len() {
+        0 => "no control socket to try".to_string(),
+        1 => failures.remove(0),
+        n => format!(
+            "no replica of the machine manager answers ({n} tried: {}); a replicated MM \
+             needs a majority of its replicas up to elect a leader",
+            failures.join("; ")
+        ),
+    })
+}
+
+/// Whether the replica at `current` no longer answers while another of `sockets` does:
+/// another replica leads now, and the one at `current` is frozen (or deposed, and about to
+/// stop). A replica that answers is never left: its connection may hold output not yet read.
+pub fn superseded(sockets: &[PathBuf], current: &Path) -> bool {
+    let answers =
+        |s: &Path| Client::connect_within(s, Some(std::time::Duration::from_millis(300))).is_ok();
+    sockets.iter().any(|s| s.as_path() != current && answers(s)) && !answers(current)
 }

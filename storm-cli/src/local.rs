@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
     BackendKind, CgroupMode, ClusterConfig, ClusterSection, FailureSection, LimitsSection,
-    MmSection, NodeEntry, OfiSection, SchedulerSection, SecuritySection, TcpSection,
+    ManagerEntry, MmSection, NodeEntry, OfiSection, SchedulerSection, SecuritySection, TcpSection,
 };
 use storm_cluster::control::{Client, NodeState, Reply, Request};
 
@@ -62,6 +62,9 @@ pub struct LocalOptions {
     pub history: storm_cluster::config::HistorySection,
     /// The daemons' log filter (`RUST_LOG` syntax); by default `$RUST_LOG`, else `warn`.
     pub log_filter: Option<String>,
+    /// MM replicas: 1 for a single MM, else a replicated group of this many (`m0`, `m1`, …,
+    /// each with its own state directory, socket and log).
+    pub managers: u32,
 }
 
 impl LocalOptions {
@@ -85,6 +88,7 @@ impl LocalOptions {
             limits: LimitsSection::default(),
             history: Default::default(),
             log_filter: None,
+            managers: 1,
         }
     }
 }
@@ -275,13 +279,28 @@ fn spawn_daemon(
 /// The name of the one daemon of a cluster on the local backend (`storm-local`).
 const LOCAL_DAEMON: &str = "storm-local";
 
-/// The log file of daemon `name` ("storm-mm", "storm-nm node3"; "storm-local" logs as the
-/// MM does) under `root`.
+/// The log file of daemon `name` ("storm-mm", "storm-mm m1", "storm-nm node3";
+/// "storm-local" logs as the MM does) under `root`.
 fn daemon_log(root: &Path, name: &str) -> PathBuf {
-    match name.strip_prefix("storm-nm ") {
+    match name
+        .strip_prefix("storm-nm ")
+        .or_else(|| name.strip_prefix("storm-mm "))
+    {
         Some(node) => root.join(format!("{node}.log")),
         None => root.join("mm.log"),
     }
+}
+
+/// `n` loopback addresses no one listens on now (for daemons that bind their own later).
+fn free_addresses(n: usize) -> Result<Vec<SocketAddr>> {
+    let held = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("binding loopback ports")?;
+    Ok(held
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<_>>()?)
 }
 
 /// The last lines of a daemon's log worth showing: its error and causes, without the
@@ -307,23 +326,38 @@ pub(crate) fn tail(path: &Path) -> String {
 pub(crate) fn wait_for_nodes(
     socket: &Path,
     limit: Duration,
+    check: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    wait_for_nodes_on(&[socket.to_path_buf()], limit, check)
+}
+
+/// [`wait_for_nodes`] where the MM answers on any of `sockets` (a replicated MM's leader).
+pub(crate) fn wait_for_nodes_on(
+    sockets: &[PathBuf],
+    limit: Duration,
     mut check: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         check()?;
-        if let Ok(client) = Client::connect(socket)
-            && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
-            && nodes
-                .iter()
-                .all(|n| !matches!(n.state, NodeState::Unknown | NodeState::Joining))
-        {
-            return Ok(());
+        for socket in sockets {
+            if let Ok(client) = Client::connect(socket)
+                && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
+                && nodes
+                    .iter()
+                    .all(|n| !matches!(n.state, NodeState::Unknown | NodeState::Joining))
+            {
+                return Ok(());
+            }
         }
         if Instant::now() > deadline {
             bail!(
                 "the machine manager did not report every node up on {} within {} s",
-                socket.display(),
+                sockets
+                    .iter()
+                    .map(|s| s.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or "),
                 limit.as_secs()
             );
         }
@@ -403,6 +437,8 @@ impl LocalCluster {
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },
+            replication: Default::default(),
+            managers: Vec::new(),
             nodes,
         };
         let mut config = config;
@@ -414,6 +450,22 @@ impl LocalCluster {
         }
         if let Some(f) = opts.fanout {
             config.tcp.fanout = f;
+        }
+        if opts.managers > 1 {
+            if opts.backend != BackendKind::Tcp {
+                bail!("a replicated MM (--managers) needs the tcp backend");
+            }
+            let addrs = free_addresses(2 * opts.managers as usize)?;
+            config.managers = (0..opts.managers as usize)
+                .map(|i| ManagerEntry {
+                    name: format!("m{i}"),
+                    address: addrs[2 * i],
+                    peer_address: addrs[2 * i + 1],
+                    state_dir: Some(root.join(format!("m{i}-state"))),
+                    control_socket: Some(root.join(format!("m{i}.sock"))),
+                })
+                .collect();
+            config.mm.address = config.managers[0].address;
         }
         storm_cluster::identity::use_one_host_keys(&mut config, &root);
         config.validate()?;
@@ -451,16 +503,38 @@ impl LocalCluster {
             )?;
             cluster.daemons.push(all);
         } else {
-            let mm = spawn_daemon(
-                "storm-mm",
-                &bin.join("storm-mm"),
-                &["--config".into(), cfg_arg.clone()],
-                Some(&listeners[opts.nodes as usize]),
-                &root.join("mm.log"),
-                opts.log_filter.as_deref(),
-                &notify_path,
-            )?;
-            cluster.daemons.push(mm);
+            if opts.managers > 1 {
+                // Each replica binds the MM's endpoint only once it leads.
+                for i in 0..opts.managers {
+                    let name = format!("m{i}");
+                    let mm = spawn_daemon(
+                        &format!("storm-mm {name}"),
+                        &bin.join("storm-mm"),
+                        &[
+                            "--config".into(),
+                            cfg_arg.clone(),
+                            "--manager".into(),
+                            name.clone(),
+                        ],
+                        None,
+                        &root.join(format!("{name}.log")),
+                        opts.log_filter.as_deref(),
+                        &notify_path,
+                    )?;
+                    cluster.daemons.push(mm);
+                }
+            } else {
+                let mm = spawn_daemon(
+                    "storm-mm",
+                    &bin.join("storm-mm"),
+                    &["--config".into(), cfg_arg.clone()],
+                    Some(&listeners[opts.nodes as usize]),
+                    &root.join("mm.log"),
+                    opts.log_filter.as_deref(),
+                    &notify_path,
+                )?;
+                cluster.daemons.push(mm);
+            }
             for (i, listener) in listeners.iter().take(opts.nodes as usize).enumerate() {
                 let nm = spawn_daemon(
                     &format!("storm-nm node{i}"),
@@ -496,6 +570,37 @@ impl LocalCluster {
         &self.config.cluster.control_socket
     }
 
+    /// Which replica of a replicated MM leads now ("m1"), by which one takes a control
+    /// connection (followers do not listen).
+    pub fn leader(&self) -> Option<String> {
+        self.config
+            .managers
+            .iter()
+            .zip(self.config.control_sockets())
+            .find(|(_, s)| Client::connect_within(s, Some(Duration::from_millis(300))).is_ok())
+            .map(|(m, _)| m.name.clone())
+    }
+
+    /// Kills replica `name` of a replicated MM ("m1") with SIGKILL, and reaps it.
+    pub fn kill_manager(&mut self, name: &str) -> Result<()> {
+        self.kill_daemon(&format!("storm-mm {name}"))
+    }
+
+    /// Starts replica `name` again after [`LocalCluster::kill_manager`] (it rejoins the
+    /// group as a follower).
+    pub fn restart_manager(&mut self, name: &str) -> Result<()> {
+        self.restart_daemon(&format!("storm-mm {name}"))
+    }
+
+    /// Whether daemon `name` ("storm-mm m1") still runs; false once it exited (and it is
+    /// reaped).
+    pub fn is_running(&mut self, name: &str) -> bool {
+        self.daemons
+            .iter_mut()
+            .find(|d| d.name == name)
+            .is_some_and(|d| matches!(d.child.try_wait(), Ok(None)))
+    }
+
     /// Kills node `i`'s NM with SIGKILL, as a crash would (fault injection for tests and
     /// benchmarks), and reaps it.
     pub fn kill_nm(&mut self, i: u32) -> Result<()> {
@@ -529,13 +634,21 @@ impl LocalCluster {
             bail!("{name} is still running: kill it first");
         }
         let mut args = vec!["--config".into(), self.config_path.display().to_string()];
-        let (bin, log) = match name.strip_prefix("storm-nm ") {
-            Some(node) => {
+        let bin = match (
+            name.strip_prefix("storm-nm "),
+            name.strip_prefix("storm-mm "),
+        ) {
+            (Some(node), _) => {
                 args.extend(["--node".into(), node.to_string()]);
-                ("storm-nm", self.root.join(format!("{node}.log")))
+                "storm-nm"
             }
-            None => ("storm-mm", self.root.join("mm.log")),
+            (_, Some(replica)) => {
+                args.extend(["--manager".into(), replica.to_string()]);
+                "storm-mm"
+            }
+            _ => "storm-mm",
         };
+        let log = daemon_log(&self.root, name);
         let daemon = spawn_daemon(
             name,
             &bin_dir()?.join(bin),
@@ -600,9 +713,9 @@ impl LocalCluster {
 
     fn wait_for_mm(&mut self) -> Result<()> {
         let root = self.root.clone();
-        let socket = self.socket().to_path_buf();
+        let sockets = self.config.control_sockets();
         let mut exited = false;
-        wait_for_nodes(&socket, Duration::from_secs(20), || {
+        wait_for_nodes_on(&sockets, Duration::from_secs(20), || {
             // Read readiness as it comes: the socket's queue is short.
             self.collect_ready();
             for d in self.daemons.iter_mut() {
@@ -628,11 +741,23 @@ impl LocalCluster {
 
     /// Asks the MM to shut the cluster down, and waits for every daemon.
     pub fn shutdown(mut self) -> Result<()> {
-        if let Ok(client) = Client::connect(self.socket()) {
+        if let Ok((client, _)) = crate::connect_any(&self.config.control_sockets()) {
             match client.call(&Request::Shutdown) {
                 Ok(Reply::Done) => {}
                 Ok(other) => eprintln!("storm-submit: unexpected shutdown reply {other:?}"),
                 Err(e) => eprintln!("storm-submit: shutdown: {e}"),
+            }
+        }
+        // The other replicas of a group stop on a signal.
+        for d in &mut self.daemons {
+            if d.name.starts_with("storm-mm ")
+                && d.child.try_wait()?.is_none()
+                && let Ok(pid) = i32::try_from(d.child.id())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -185,6 +185,11 @@ pub trait Progress {
     fn cancel_requested(&mut self) -> bool {
         false
     }
+    /// Asked while the MM is quiet: whether the MM this connection reaches no longer leads
+    /// a replicated group (another replica answers), so that the job is followed there.
+    fn superseded(&mut self) -> bool {
+        false
+    }
 }
 
 enum Event {
@@ -293,7 +298,13 @@ pub fn run_job_with_input(
                 }
                 continue;
             },
-            default(std::time::Duration::from_millis(50)) => continue,
+            default(std::time::Duration::from_millis(50)) => {
+                if job.is_some() && progress.superseded() {
+                    Event::Lost("another replica of the machine manager leads now".into())
+                } else {
+                    continue;
+                }
+            },
         };
         match ev {
             Event::Reply(Reply::Accepted { job: id, queued }) => {

@@ -355,8 +355,59 @@ pub struct OfiSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MmSection {
-    /// Where the MM's primitives endpoint listens.
+    /// Where the MM's primitives endpoint listens. With a replicated group (`[[manager]]`)
+    /// the section may be left out: each replica listens at its own entry's address.
     pub address: SocketAddr,
+}
+
+/// No `[mm]` section: only valid with `[[manager]]` entries, which then give the address.
+impl Default for MmSection {
+    fn default() -> Self {
+        Self {
+            address: SocketAddr::from(([0, 0, 0, 0], 0)),
+        }
+    }
+}
+
+/// How a replicated MM's replicas keep in touch (`[replication]`; only with `[[manager]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationSection {
+    /// The Raft tick: the leader's heartbeat to the other replicas.
+    pub heartbeat_ms: u64,
+    /// A follower that hears nothing from the leader for this long (up to twice as long,
+    /// drawn at random) stands for election. The leader stops acting as the cluster's MM once
+    /// it has not heard from a majority for half of it, before anyone can replace it.
+    pub election_timeout_ms: u64,
+}
+
+impl Default for ReplicationSection {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 10,
+            election_timeout_ms: 100,
+        }
+    }
+}
+
+/// One replica of a replicated machine manager (`[[manager]]`): three (2f+1) MMs that keep
+/// one journal through Raft; the leader of the moment is the cluster's MM (docs/operations.md,
+/// "A replicated manager group").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerEntry {
+    pub name: String,
+    /// Where this replica's MM endpoint listens while it leads; the NMs try each replica's
+    /// in turn until they find the leader.
+    pub address: SocketAddr,
+    /// Where this replica takes the other replicas' messages (the managers' own fabric).
+    pub peer_address: SocketAddr,
+    /// This replica's `[cluster] state_dir`, where it differs (replicas sharing a host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// This replica's `[cluster] control_socket`, where it differs (replicas sharing a host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -531,7 +582,14 @@ pub struct ClusterConfig {
     pub history: HistorySection,
     #[serde(default)]
     pub relay: RelaySection,
+    #[serde(default)]
     pub mm: MmSection,
+    #[serde(default)]
+    pub replication: ReplicationSection,
+    /// The replicas of a replicated MM, if the cluster runs one (none: a single MM at
+    /// `[mm] address`).
+    #[serde(rename = "manager", default, skip_serializing_if = "Vec::is_empty")]
+    pub managers: Vec<ManagerEntry>,
     /// One entry per node; in the file, a `[[node]]` table may name many (see [`NodeTable`]).
     #[serde(rename = "node", default, deserialize_with = "expand_nodes")]
     pub nodes: Vec<NodeEntry>,
@@ -604,6 +662,9 @@ fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
+/// The most replicas a replicated MM may have (each commit waits for a majority of them).
+pub const MAX_MANAGERS: usize = 7;
+
 /// Where the daemons and the commands look for the cluster file by default.
 pub const DEFAULT_CLUSTER_FILE: &str = "/etc/storm/cluster.toml";
 
@@ -648,6 +709,18 @@ impl ClusterConfig {
         let path = self.key_file(&self.cluster.mm_key_file, "mm.key", None);
         let key = crate::identity::load(&path, crate::key::MM_KEY)?;
         Ok(crate::identity::MmSigner::new(key, &self.cluster.name))
+    }
+
+    /// The key of the managers' own links (a replicated MM): derived from the MM's signing
+    /// key, which every replica holds and no compute node does, so that a node holding only
+    /// the cluster key cannot pass for a replica.
+    pub fn load_group_key(&self) -> Result<ClusterKey, crate::key::KeyError> {
+        let path = self.key_file(&self.cluster.mm_key_file, "mm.key", None);
+        let key = crate::identity::load(&path, crate::key::MM_KEY)?;
+        Ok(ClusterKey::from_bytes(blake3::derive_key(
+            "storm manager group links 2026",
+            &key.to_bytes(),
+        )))
     }
 
     /// What nodes check the MM's seals with: its public key.
@@ -726,10 +799,16 @@ impl ClusterConfig {
 
     /// Parses and validates cluster-file text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut cfg: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
             message: toml_error_line(text, &e),
         })?;
+        if cfg.mm == MmSection::default()
+            && let Some(first) = cfg.managers.first()
+        {
+            // A group's NMs dial the first replica until they find the leader.
+            cfg.mm.address = first.address;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -871,6 +950,10 @@ impl ClusterConfig {
         self.tcp_config(ClusterKey::from_bytes([0; 32]))
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("[tcp] {e}")))?;
+        if self.mm == MmSection::default() && self.managers.is_empty() {
+            return bad("no [mm] address: the cluster file must say where the MM listens".into());
+        }
+        self.validate_managers()?;
         let mut names = HashSet::new();
         let mut addrs = HashSet::from([self.mm.address]);
         for n in &self.nodes {
@@ -888,6 +971,129 @@ impl ClusterConfig {
             }
         }
         Ok(())
+    }
+
+    /// The `[[manager]]` entries: distinct names and addresses, an odd count of at most
+    /// [`MAX_MANAGERS`], on the tcp backend.
+    fn validate_managers(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let m = &self.managers;
+        if m.is_empty() {
+            return Ok(());
+        }
+        if m.len() > MAX_MANAGERS {
+            return bad(format!(
+                "{} [[manager]] entries: a group has at most {MAX_MANAGERS} replicas",
+                m.len()
+            ));
+        }
+        if m.len() % 2 == 0 {
+            return bad(format!(
+                "{} [[manager]] entries: a group needs an odd count (2f+1 replicas survive f \
+                 failures; an even count survives no more than one fewer)",
+                m.len()
+            ));
+        }
+        let r = &self.replication;
+        if r.heartbeat_ms == 0 || r.election_timeout_ms < 4 * r.heartbeat_ms {
+            return bad(format!(
+                "[replication] election_timeout_ms = {} must be at least 4 heartbeats \
+                 (heartbeat_ms = {}, at least 1)",
+                r.election_timeout_ms, r.heartbeat_ms
+            ));
+        }
+        if self.cluster.backend != BackendKind::Tcp {
+            return bad(format!(
+                "[[manager]] entries need backend \"tcp\": a replicated MM on {:?} is not \
+                 supported yet (docs/operations.md)",
+                self.cluster.backend
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut addrs = HashSet::new();
+        for e in m {
+            if e.name.is_empty() {
+                return bad("a [[manager]] entry has an empty name".into());
+            }
+            if !names.insert(&e.name) {
+                return bad(format!("manager name {:?} appears twice", e.name));
+            }
+            for a in [e.address, e.peer_address] {
+                if !addrs.insert(a) || self.nodes.iter().any(|n| n.address == a) {
+                    return bad(format!("address {a} is used twice"));
+                }
+            }
+        }
+        if !m.iter().any(|e| e.address == self.mm.address) {
+            return bad(format!(
+                "[mm] address {} is none of the [[manager]] entries' addresses (leave [mm] out \
+                 with a replicated group)",
+                self.mm.address
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the MM is a replicated group.
+    pub fn replicated(&self) -> bool {
+        !self.managers.is_empty()
+    }
+
+    /// Replica `name`'s index among the `[[manager]]` entries (a name, or an index).
+    pub fn manager_by_name(&self, name: &str) -> Result<usize, String> {
+        self.managers
+            .iter()
+            .position(|m| m.name == name)
+            .or_else(|| {
+                name.parse::<usize>()
+                    .ok()
+                    .filter(|&i| i < self.managers.len())
+            })
+            .ok_or_else(|| {
+                format!(
+                    "no manager {name:?} in the cluster file (its [[manager]] entries: {})",
+                    self.managers
+                        .iter()
+                        .map(|m| m.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
+    }
+
+    /// The cluster as replica `index` sees it: its own endpoint address, state directory and
+    /// control socket in `[mm]` and `[cluster]`.
+    pub fn as_manager(&self, index: usize) -> ClusterConfig {
+        let mut cfg = self.clone();
+        if let Some(m) = self.managers.get(index) {
+            cfg.mm.address = m.address;
+            if let Some(d) = &m.state_dir {
+                cfg.cluster.state_dir = d.clone();
+            }
+            if let Some(s) = &m.control_socket {
+                cfg.cluster.control_socket = s.clone();
+            }
+        }
+        cfg
+    }
+
+    /// Every control socket a client may find the MM on: the replicas' in order, or the one
+    /// MM's.
+    pub fn control_sockets(&self) -> Vec<PathBuf> {
+        if self.managers.is_empty() {
+            return vec![self.cluster.control_socket.clone()];
+        }
+        (0..self.managers.len())
+            .map(|i| self.as_manager(i).cluster.control_socket)
+            .collect()
+    }
+
+    /// Every address the MM's endpoint may be at: the replicas' in order, or the one MM's.
+    pub fn mm_addresses(&self) -> Vec<SocketAddr> {
+        if self.managers.is_empty() {
+            return vec![self.mm.address];
+        }
+        self.managers.iter().map(|m| m.address).collect()
     }
 
     /// Compute nodes in the cluster.
@@ -1026,6 +1232,60 @@ pub(crate) mod tests {
             "#,
             n - 1
         )
+    }
+
+    /// [`SMALL`] with a replicated MM of `n` replicas instead of `[mm]`.
+    fn group_file(n: usize) -> String {
+        let mut text = SMALL.replace("[mm]\n        address = \"127.0.0.1:7000\"", "");
+        for i in 0..n {
+            text.push_str(&format!(
+                "[[manager]]\nname = \"m{i}\"\naddress = \"127.0.0.1:{}\"\npeer_address = \
+                 \"127.0.0.1:{}\"\ncontrol_socket = \"/run/m{i}.sock\"\n",
+                7100 + i,
+                7200 + i
+            ));
+        }
+        text
+    }
+
+    #[test]
+    fn a_replicated_mm_needs_no_mm_section_and_each_replica_sees_its_own_address() {
+        let c = ClusterConfig::parse(&group_file(3)).unwrap();
+        assert!(c.replicated());
+        // The nodes dial the first replica until they find the leader.
+        assert_eq!(c.mm.address.port(), 7100);
+        assert_eq!(c.mm_addresses().len(), 3);
+        let m1 = c.as_manager(c.manager_by_name("m1").unwrap());
+        assert_eq!(m1.mm.address.port(), 7101);
+        assert_eq!(m1.cluster.control_socket, PathBuf::from("/run/m1.sock"));
+        assert_eq!(c.control_sockets().len(), 3);
+        let e = c.manager_by_name("m9").unwrap_err();
+        assert!(e.contains("m0, m1, m2"), "{e}");
+        // The file written back reads the same.
+        assert_eq!(ClusterConfig::parse(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn a_group_must_be_odd_distinct_on_tcp_and_a_single_mm_needs_its_address() {
+        let e = ClusterConfig::parse(&group_file(2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("odd count"), "{e}");
+        let twice = group_file(3).replace("127.0.0.1:7201", "127.0.0.1:7100");
+        let e = ClusterConfig::parse(&twice).unwrap_err().to_string();
+        assert!(e.contains("127.0.0.1:7100 is used twice"), "{e}");
+        let ofi = group_file(3).replace("name = \"t\"", "name = \"t\"\nbackend = \"ofi\"");
+        let e = ClusterConfig::parse(&ofi).unwrap_err().to_string();
+        assert!(e.contains("need backend \"tcp\""), "{e}");
+        let fast = format!(
+            "{}[replication]\nheartbeat_ms = 10\nelection_timeout_ms = 20\n",
+            group_file(3)
+        );
+        let e = ClusterConfig::parse(&fast).unwrap_err().to_string();
+        assert!(e.contains("at least 4 heartbeats"), "{e}");
+        let none = SMALL.replace("[mm]\n        address = \"127.0.0.1:7000\"", "");
+        let e = ClusterConfig::parse(&none).unwrap_err().to_string();
+        assert!(e.contains("no [mm] address"), "{e}");
     }
 
     #[test]

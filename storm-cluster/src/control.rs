@@ -822,6 +822,16 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: &Path) -> Result<Client, String> {
+        Self::connect_within(path, None)
+    }
+
+    /// [`Client::connect`], failing if the MM has not answered the handshake within `limit`
+    /// (`None`: no limit). A process that holds the socket but does not run (a stopped or
+    /// frozen MM) takes the connection and never answers.
+    pub fn connect_within(
+        path: &Path,
+        limit: Option<std::time::Duration>,
+    ) -> Result<Client, String> {
         let sock = UnixStream::connect(path).map_err(|e| {
             format!(
                 "cannot reach the machine manager at {}: {e} (is storm-mm running, and is this the control_socket of its cluster file?)",
@@ -837,6 +847,10 @@ impl Client {
             },
             None,
         );
+        if limit.is_some() {
+            sock.set_read_timeout(limit)
+                .map_err(|e| format!("setting a read timeout: {e}"))?;
+        }
         let reply = match recv::<Reply>(&sock) {
             Ok((reply, _)) => reply,
             Err(e) => {
@@ -851,11 +865,17 @@ impl Client {
                 version,
                 cluster,
                 nodes,
-            } if version == PROTOCOL_VERSION => Ok(Client {
-                sock,
-                cluster,
-                nodes,
-            }),
+            } if version == PROTOCOL_VERSION => {
+                if limit.is_some() {
+                    sock.set_read_timeout(None)
+                        .map_err(|e| format!("clearing a read timeout: {e}"))?;
+                }
+                Ok(Client {
+                    sock,
+                    cluster,
+                    nodes,
+                })
+            }
             Reply::Hello { version, .. } => Err(format!(
                 "the machine manager speaks control protocol {version}, this tool speaks {PROTOCOL_VERSION}"
             )),

@@ -122,6 +122,10 @@ pub fn start(
                 if id != cfg.mm_id() {
                     // A compute node's memory holds commands: only the MM writes it.
                     tcp.writers = Some(NodeSet::single(cfg.mm_id()));
+                    // A replicated MM is wherever its leader is.
+                    if cfg.replicated() {
+                        tcp.alternates = vec![(cfg.mm_id(), cfg.mm_addresses())];
+                    }
                 }
                 Backend::Tcp {
                     listener,
@@ -134,6 +138,35 @@ pub fn start(
     backend
         .start(id, rm.layout.clone())
         .map_err(|e| e.to_string())
+}
+
+/// Starts replica `index`'s endpoint in the managers' own fabric: node `index` of the
+/// `[[manager]]` entries, listening on its `peer_address`, with the group's own key
+/// ([`ClusterConfig::load_group_key`]) on every link.
+pub fn start_group(
+    cfg: &ClusterConfig,
+    index: usize,
+    layout: storm_primitives::Layout,
+    key: ClusterKey,
+) -> Result<Arc<dyn Primitives>, String> {
+    let directory: Vec<Option<std::net::SocketAddr>> =
+        cfg.managers.iter().map(|m| Some(m.peer_address)).collect();
+    let addr = directory
+        .get(index)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("manager {index} is not in the cluster file"))?;
+    let listener = listener(Listen::Configured, addr)?;
+    let mut config = cfg.tcp_config(key);
+    // The group's messages are Raft's: one that does not arrive soon is sent again anyway.
+    config.op_timeout = std::time::Duration::from_millis(cfg.replication.election_timeout_ms);
+    Backend::Tcp {
+        listener,
+        directory,
+        config,
+    }
+    .start(index as NodeId, layout)
+    .map_err(|e| e.to_string())
 }
 
 /// The tcp listener of a node at `addr`: bound here, or inherited.

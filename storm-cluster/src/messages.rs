@@ -480,6 +480,21 @@ impl Command {
 /// set. `Evicted` tells an NM the MM no longer counts it as a member (it missed a deadline,
 /// was marked DOWN, or the MM restarted), so it registers again at once. Each names the stamp
 /// it answers, so a message meant for an earlier registration is ignored.
+/// Bits of an MM incarnation below its term.
+const INCARNATION_TERM_SHIFT: u32 = 42;
+
+/// An MM process's incarnation: its Raft term (0 for a single MM) in the high bits, then its
+/// start time and pid, so that a later term's MM has the larger value and no two processes
+/// share one.
+pub fn incarnation(term: u64, now_ms: u64, pid: u32) -> u64 {
+    (term << INCARNATION_TERM_SHIFT) | ((now_ms & 0xffff_ffff) << 10) | (pid as u64 & 0x3ff)
+}
+
+/// The Raft term an incarnation was made in (0: a single MM).
+pub fn incarnation_term(incarnation: u64) -> u64 {
+    incarnation >> INCARNATION_TERM_SHIFT
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Membership {
     Welcome {

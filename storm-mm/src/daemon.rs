@@ -40,6 +40,7 @@ use crate::env::{
 };
 use crate::journal::{Batch, Journal, ProgramStore};
 use crate::manager::{MachineManager, MmParts};
+use crate::replica::Replica;
 use crate::saver::Saver;
 use crate::transfer::{self, Transfer};
 use crate::waker::{self, Waker, Woken};
@@ -47,6 +48,9 @@ use crate::waker::{self, Waker, Woken};
 /// How to start a machine manager.
 pub struct MmOptions {
     pub config: ClusterConfig,
+    /// Which `[[manager]]` replica this is, in a replicated group (a name, or an index; by
+    /// default the entry named as this host).
+    pub manager: Option<String>,
     pub listen: Listen,
     /// Set to stop the MM (signal handlers set it).
     pub stop: Arc<AtomicBool>,
@@ -58,16 +62,67 @@ pub struct Daemon {
     incoming: Receiver<Incoming>,
     stop: Arc<AtomicBool>,
     keys: KeyWatch,
+    /// The replica this MM leads the group as, in a replicated group.
+    replica: Option<Arc<Replica>>,
+}
+
+/// Where the journal's commits go: a thread of this daemon's that writes them to disk, or
+/// the manager group, which writes them on a majority of the replicas.
+enum Commits {
+    Disk(Committer),
+    Group(Arc<Replica>),
+}
+
+impl Commits {
+    fn send(&self, batch: Batch) {
+        match self {
+            Commits::Disk(c) => c.send(batch),
+            Commits::Group(r) => r.send(batch),
+        }
+    }
+
+    fn settled(&self) -> Vec<crate::journal::Settled> {
+        match self {
+            Commits::Disk(c) => c.settled(),
+            Commits::Group(r) => r.settled(),
+        }
+    }
+}
+
+/// Which replica of `cfg`'s group this daemon is: `given`, else the entry named as this host.
+fn this_manager(cfg: &ClusterConfig, given: Option<&str>) -> Result<usize> {
+    let name = match given {
+        Some(n) => n.to_string(),
+        None => nix::unistd::gethostname()
+            .context("reading this host's name (or give --manager)")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    cfg.manager_by_name(&name).map_err(anyhow::Error::msg)
 }
 
 /// Starts a machine manager daemon (see the module's overview); nothing is scheduled before
-/// [`Daemon::run`].
-pub fn start(opts: MmOptions) -> Result<Daemon> {
+/// [`Daemon::run`]. A replica of a replicated MM returns once it leads the group, or `None`
+/// if it was stopped while it followed.
+pub fn start(opts: MmOptions) -> Result<Option<Daemon>> {
     let MmOptions {
         config: cfg,
+        manager,
         listen,
         stop,
     } = opts;
+    // A replica of a group sees the cluster with its own address, state and socket.
+    let replica_index = match cfg.replicated() {
+        true => Some(this_manager(&cfg, manager.as_deref())?),
+        false if manager.is_some() => {
+            anyhow::bail!("--manager: the cluster file has no [[manager]] entries (a single MM)")
+        }
+        false => None,
+    };
+    let cfg = match replica_index {
+        Some(i) => cfg.as_manager(i),
+        None => cfg,
+    };
     // First: without the key this daemon must not run at all.
     let key = cfg.load_key()?;
     let signer = cfg.load_mm_signer()?;
@@ -83,6 +138,26 @@ pub fn start(opts: MmOptions) -> Result<Daemon> {
         "global memory laid out (address space; untouched pages take no memory)"
     );
     let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
+    let programs = journal.program_store();
+    let (journal, store) = journal.hand_off();
+    let store = store.context("the journal's store was already handed off")?;
+    // A replica waits, as a follower, until it leads the group; its journal then holds
+    // every commit the group made, and it takes the cluster up from there as a restarted MM.
+    let (replica, restored, store, incarnation) = match replica_index {
+        Some(index) => {
+            let replica = Arc::new(
+                Replica::start(&cfg, index, store, programs.clone())
+                    .context("starting this manager's replica")?,
+            );
+            storm_cluster::daemon::notify_ready();
+            let Some((term, restored)) = replica.wait_to_lead(&stop)? else {
+                tracing::info!("stopping on a signal (a follower)");
+                return Ok(None);
+            };
+            (Some(replica), restored, None, incarnation(term))
+        }
+        None => (None, restored, Some(store), incarnation(0)),
+    };
     let fabric = endpoint::start(
         &cfg,
         &rm,
@@ -94,11 +169,17 @@ pub fn start(opts: MmOptions) -> Result<Daemon> {
     .map_err(anyhow::Error::msg)?;
     let waker = Waker::new(fabric.clone(), rm.term_event);
     // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
-    let programs = journal.program_store();
-    let (journal, store) = journal.hand_off();
-    let store = store.context("the journal's store was already handed off")?;
-    let committer = Committer::start(store, programs.clone(), waker.clone())
-        .context("starting the journal's thread")?;
+    let commits = match (&replica, store) {
+        (Some(r), _) => {
+            r.set_waker(waker.clone());
+            Commits::Group(r.clone())
+        }
+        (None, Some(store)) => Commits::Disk(
+            Committer::start(store, programs.clone(), waker.clone())
+                .context("starting the journal's thread")?,
+        ),
+        (None, None) => unreachable!("a single MM keeps its journal's store"),
+    };
     let (tx, incoming) = crossbeam_channel::unbounded();
     control_server::start(
         &cfg.cluster.control_socket,
@@ -115,38 +196,48 @@ pub fn start(opts: MmOptions) -> Result<Daemon> {
         ],
         Duration::from_secs(cfg.security.key_check_interval_s),
     )?;
-    let env = DaemonEnv::new(fabric.clone(), waker, programs, committer, enrolled);
+    let env = DaemonEnv::new(fabric.clone(), waker, programs, commits, enrolled);
     let parts = MmParts {
         config: cfg,
         rm,
         fabric,
         journal,
         restored,
-        incarnation: incarnation(),
+        incarnation,
         signer,
     };
-    Ok(Daemon {
+    Ok(Some(Daemon {
         core: MachineManager::new(parts, env)?,
         incoming,
         stop,
         keys,
-    })
+        replica,
+    }))
 }
 
 /// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
 /// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
 /// request or a signal.
 pub fn run(opts: MmOptions) -> Result<()> {
-    start(opts).context("starting the machine manager")?.run()
+    match start(opts).context("starting the machine manager")? {
+        Some(daemon) => daemon.run(),
+        None => Ok(()),
+    }
 }
 
 impl Daemon {
     /// Hosts the core until a shutdown request or a signal (see the module's overview).
     pub fn run(mut self) -> Result<()> {
         storm_cluster::daemon::notify_ready();
+        let mut fenced = None;
         loop {
             if self.keys.poll(Instant::now()) == Due::Reload {
                 self.reload_keys();
+            }
+            // A replica that may no longer lead sends nothing more to anyone.
+            if let Some(why) = self.replica.as_ref().and_then(|r| r.fenced()) {
+                fenced = Some(why);
+                break;
             }
             self.hand_over_arrivals();
             if Instant::now() >= self.core.poll_timeout() {
@@ -170,7 +261,13 @@ impl Daemon {
             self.wait(self.core.poll_timeout());
         }
         let _ = std::fs::remove_file(&self.core.config().cluster.control_socket);
-        Ok(())
+        match fenced {
+            Some(why) => anyhow::bail!(
+                "this replica no longer leads the manager group ({why}); it stops acting as \
+                 the cluster's MM, and rejoins the group as a follower when started again"
+            ),
+            None => Ok(()),
+        }
     }
 
     /// Hands the core, as inputs, what the control socket's threads, the transfer workers
@@ -221,10 +318,11 @@ impl Daemon {
     }
 }
 
-/// A number that tells this MM process from any other that ran the cluster: the start time
-/// and the pid.
-fn incarnation() -> u64 {
-    crate::journal::now_ms() << 22 | (std::process::id() as u64 & 0x3f_ffff)
+/// A number that tells this MM process from any other that ran the cluster: the Raft term
+/// it leads (0 for a single MM), its start time and pid (see
+/// [`storm_cluster::messages::incarnation`]).
+fn incarnation(term: u64) -> u64 {
+    storm_cluster::messages::incarnation(term, crate::journal::now_ms(), std::process::id())
 }
 
 /// A control client's connection, as the daemon holds it.
@@ -260,8 +358,8 @@ pub struct DaemonEnv {
     /// Program copies beside the journal (`None`: a journal that keeps none).
     store: Option<ProgramStore>,
     saver: Saver,
-    /// Writes the journal's batches on a thread of its own.
-    committer: Committer,
+    /// Writes the journal's batches (on a thread of its own, or through the manager group).
+    commits: Commits,
 }
 
 impl std::fmt::Debug for DaemonEnv {
@@ -279,7 +377,7 @@ impl DaemonEnv {
         fabric: Arc<dyn Primitives>,
         waker: Waker,
         store: Option<ProgramStore>,
-        committer: Committer,
+        commits: Commits,
         enrolled: Arc<parking_lot::RwLock<Enrolled>>,
     ) -> Self {
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
@@ -297,7 +395,7 @@ impl DaemonEnv {
             worker_rx,
             saver: Saver::new(store.clone()),
             store,
-            committer,
+            commits,
         }
     }
 
@@ -365,7 +463,7 @@ impl DaemonEnv {
     /// the last look.
     fn finished(&mut self) -> Vec<Input> {
         let mut inputs: Vec<Input> = self
-            .committer
+            .commits
             .settled()
             .into_iter()
             .map(Input::Persisted)
@@ -492,6 +590,6 @@ impl MmEnv for DaemonEnv {
     }
 
     fn persist(&mut self, batch: Batch) {
-        self.committer.send(batch);
+        self.commits.send(batch);
     }
 }

@@ -38,6 +38,7 @@ pub mod manager;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
+pub mod replica;
 mod saver;
 pub mod transfer;
 pub mod waker;

@@ -23,6 +23,10 @@ struct Args {
     /// Use this inherited, bound listening socket instead of binding the configured address.
     #[arg(long)]
     listen_fd: Option<i32>,
+    /// Which replica of a replicated MM this is (a `[[manager]]` name or index; by default
+    /// the entry named as this host).
+    #[arg(long)]
+    manager: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +46,7 @@ fn run() -> Result<()> {
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
     storm_mm::run(MmOptions {
         config,
+        manager: args.manager,
         listen,
         stop,
     })

@@ -95,6 +95,9 @@ pub struct Registration {
     standing: Standing,
     /// Membership messages refused for their seal, logged at most 20 times every 10 s.
     refused: LogLimit,
+    /// The latest Raft term of an MM that welcomed this node (0: a single MM). A replicated
+    /// MM deposed since (its term is older) is fenced: its welcome is refused.
+    term: u64,
 }
 
 impl Registration {
@@ -119,6 +122,7 @@ impl Registration {
                 sent: None,
             },
             refused: LogLimit::with_burst(Duration::from_secs(10), 20),
+            term: 0,
         };
         m.standing = Standing::Registering {
             stamp: m.next_stamp(),
@@ -273,12 +277,27 @@ impl Registration {
         let msg = sealed.msg;
         let mine = self.stamp();
         match msg {
+            Membership::Welcome { incarnation, .. }
+                if storm_cluster::messages::incarnation_term(incarnation) < self.term =>
+            {
+                if let Some(more) = self.refused.allow(self.identity.clock.now()) {
+                    tracing::error!(
+                        node = self.node,
+                        term = storm_cluster::messages::incarnation_term(incarnation),
+                        current = self.term,
+                        suppressed = more,
+                        "refusing the welcome of a deposed MM (an older term's leader)"
+                    );
+                }
+                Event::Idle
+            }
             Membership::Welcome {
                 stamp,
                 output_epoch,
                 incarnation,
                 keep,
             } if stamp == mine => {
+                self.term = storm_cluster::messages::incarnation_term(incarnation);
                 let ack_at = self.rm.join_ack.at(self.node as usize).offset();
                 match self.standing {
                     Standing::Registering { .. } => {

@@ -85,6 +85,7 @@ fn main() -> Result<()> {
     }
     let mm = storm_mm::run(MmOptions {
         config,
+        manager: None,
         listen: Listen::Local(fabric),
         stop: stop.clone(),
     });

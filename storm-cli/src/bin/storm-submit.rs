@@ -112,6 +112,10 @@ struct Args {
 /// How long a program transfer runs before storm-submit shows its progress.
 const SHOW_TRANSFER_AFTER: Duration = Duration::from_secs(1);
 
+/// How often storm-submit, following a job through a quiet replica of a replicated MM, checks
+/// whether another replica leads now (a frozen leader holds the connection and says nothing).
+const SUPERSEDED_CHECK: Duration = Duration::from_secs(1);
+
 /// The progress bar of a program transfer: shown on a terminal once the transfer has taken
 /// [`SHOW_TRANSFER_AFTER`], cleared when it ends.
 struct TransferBar {
@@ -164,9 +168,14 @@ struct Terminal {
     interrupts: Arc<AtomicUsize>,
     asked: usize,
     job: Option<JobId>,
-    /// Where to reconnect to the MM, and for how long to try.
-    socket: PathBuf,
+    /// Where to reconnect to the MM (every replica of a replicated MM), and for how long to
+    /// try.
+    sockets: Vec<PathBuf>,
     reconnect: Duration,
+    /// The socket of the connection in use, and when a quiet MM was last checked for having
+    /// been replaced by another replica.
+    current: Option<PathBuf>,
+    checked: Instant,
 }
 
 impl Progress for Terminal {
@@ -240,13 +249,23 @@ impl Progress for Terminal {
                 eprintln!("storm-submit: interrupted; job {job} was not cancelled");
                 return None;
             }
-            if let Ok(client) = Client::connect(&self.socket) {
+            if let Ok((client, socket)) = storm_cli::connect_any(&self.sockets) {
+                self.current = Some(socket);
                 eprintln!("storm-submit: the machine manager is back; following job {job}");
                 return Some(client);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         None
+    }
+    fn superseded(&mut self) -> bool {
+        if self.sockets.len() < 2 || self.checked.elapsed() < SUPERSEDED_CHECK {
+            return false;
+        }
+        self.checked = Instant::now();
+        self.current
+            .as_deref()
+            .is_some_and(|c| storm_cli::superseded(&self.sockets, c))
     }
     fn cancel_requested(&mut self) -> bool {
         // A second interrupt ends storm-submit in its signal handler (see `run`).
@@ -416,9 +435,9 @@ fn run(args: Args) -> Result<i32, String> {
         }
         None => None,
     };
-    let socket = match &local {
-        Some(c) => c.socket().to_path_buf(),
-        None => storm_cli::control_socket(args.socket.clone(), args.config.clone())?,
+    let sockets = match &local {
+        Some(c) => vec![c.socket().to_path_buf()],
+        None => storm_cli::control_sockets(args.socket.clone(), args.config.clone())?,
     };
     let interrupts = Arc::new(AtomicUsize::new(0));
     // Ctrl-C, a kill, or the terminal going away (a logout) cancel the job; a second one
@@ -453,7 +472,9 @@ fn run(args: Args) -> Result<i32, String> {
         interrupts,
         asked: 0,
         job: None,
-        socket: socket.clone(),
+        sockets: sockets.clone(),
+        current: None,
+        checked: Instant::now(),
         // Nothing restarts the MM of an embedded cluster.
         reconnect: match local {
             Some(_) => Duration::ZERO,
@@ -465,7 +486,8 @@ fn run(args: Args) -> Result<i32, String> {
         _ if in_terminal_background() => None,
         target => Some(InputSender::new(read_pieces(std::io::stdin()), target)),
     };
-    let result = Client::connect(&socket).and_then(|client| {
+    let result = storm_cli::connect_any(&sockets).and_then(|(client, socket)| {
+        term.current = Some(socket);
         submit::run_job_with_input(client, req, file.as_ref(), input, &mut term)
     });
     term.end_transfer();

@@ -500,6 +500,8 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         mm: MmSection {
             address: v4(MM_ADDR),
         },
+        replication: Default::default(),
+        managers: Vec::new(),
         nodes: (0..opts.nodes)
             .map(|i| NodeEntry {
                 name: format!("node{i}"),

@@ -135,8 +135,8 @@ pub struct Restored {
     pub nodes: BTreeMap<NodeId, NodeRecord>,
 }
 
-/// One staged change.
-#[derive(Debug, Clone)]
+/// One staged change (whole records: applying the same change twice changes nothing more).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Change {
     Job(Box<JobRecord>),
     Node(NodeId, NodeRecord),

@@ -82,6 +82,10 @@ pub struct TcpConfig {
     /// Which bytes each origin may write here (the MM: each node its own areas); `None`:
     /// any.
     pub write_check: Option<WriteCheck>,
+    /// Peers that may be at any of several addresses (a replicated MM: whichever replica
+    /// leads): a connection tries the directory's address first, then these in order, and the
+    /// directory keeps the one that answered.
+    pub alternates: Vec<(crate::NodeId, Vec<std::net::SocketAddr>)>,
 }
 
 impl Default for TcpConfig {
@@ -106,6 +110,7 @@ impl Default for TcpConfig {
             peer_keys: None,
             bind_origins: false,
             write_check: None,
+            alternates: Vec::new(),
         }
     }
 }

@@ -394,7 +394,7 @@ pub(crate) fn connect(inner: &Arc<Inner>, peer: NodeId, addr: Option<SocketAddr>
         .spawn(move || {
             let stream = match addr {
                 None => Err(format!("no address known for node {peer}")),
-                Some(addr) => open(&inner, &c, addr),
+                Some(addr) => open_any(&inner, &c, addr),
             };
             match stream {
                 Ok(stream) => {
@@ -442,6 +442,33 @@ const KEY_MISMATCH_HERE: &str = "the peer did not prove it holds the cluster key
 /// What the accepting side says when the connecting side refused its proof.
 const KEY_MISMATCH_THERE: &str =
     "the two nodes hold different cluster keys (every node needs the same storm.key)";
+
+/// Connects to the peer at `addr`, or where it has no answer, at its alternate addresses in
+/// turn ([`super::TcpConfig::alternates`]); the directory keeps the address that answered.
+fn open_any(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStream, String> {
+    let others: Vec<SocketAddr> = inner
+        .config
+        .alternates
+        .iter()
+        .filter(|(n, _)| *n == conn.peer)
+        .flat_map(|(_, a)| a.iter().copied())
+        .filter(|a| *a != addr)
+        .collect();
+    let mut failures = Vec::new();
+    for a in std::iter::once(addr).chain(others) {
+        match open(inner, conn, a) {
+            Ok(stream) => {
+                if a != addr {
+                    tracing::info!(peer = conn.peer, %a, "reached the peer at another of its addresses");
+                    inner.set_address(conn.peer, a);
+                }
+                return Ok(stream);
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    Err(failures.join("; "))
+}
 
 /// Connects, shakes hands and starts the reader thread.
 fn open(inner: &Arc<Inner>, conn: &Arc<Conn>, addr: SocketAddr) -> Result<TcpStream, String> {

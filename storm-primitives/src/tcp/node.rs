@@ -120,6 +120,13 @@ impl Inner {
         }
     }
 
+    /// Where `peer` is reached from now on.
+    pub(crate) fn set_address(&self, peer: NodeId, addr: SocketAddr) {
+        if let Some(slot) = self.directory.write().get_mut(peer as usize) {
+            *slot = Some(addr);
+        }
+    }
+
     pub fn send_control(self: &Arc<Self>, peer: NodeId, msg: &Control) {
         self.send(peer, OutFrame::control(msg));
     }

@@ -1,0 +1,231 @@
+//! A replicated MM (three `storm-mm --manager` replicas keeping one journal through Raft),
+//! checked as users see it: the leader killed or frozen under a running job, the job's output
+//! arrives whole and once, new jobs run under the new leader, and a frozen leader that thaws
+//! acts no more.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use storm_cli::local::{LocalCluster, LocalOptions};
+use support::{ensure_daemons, script, text};
+
+fn group(nodes: u32) -> LocalCluster {
+    ensure_daemons();
+    LocalCluster::start(&LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        managers: 3,
+        keep: std::env::var_os("KEEP").is_some(),
+        log_filter: std::env::var("DAEMON_LOG").ok(),
+        ..LocalOptions::new(nodes)
+    })
+    .expect("start a cluster with three MM replicas")
+}
+
+/// storm-submit on `c`'s cluster file (which names every replica's socket).
+fn submit_cmd(c: &LocalCluster, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_storm-submit"));
+    cmd.arg("--config").arg(&c.config_path).args(args);
+    cmd
+}
+
+fn submit(c: &LocalCluster, args: &[&str]) -> Output {
+    submit_cmd(c, args).output().expect("run storm-submit")
+}
+
+fn storm(c: &LocalCluster, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--config")
+        .arg(&c.config_path)
+        .args(args)
+        .output()
+        .expect("run storm")
+}
+
+/// A job that prints `lines` numbered lines, one every 50 ms, marks each on standard error,
+/// and exits 5.
+fn counter(dir: &Path, lines: u32) -> String {
+    script(
+        dir,
+        "counter.sh",
+        &format!(
+            "i=1\nwhile [ $i -le {lines} ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
+             sleep 0.05; done\nexit 5\n"
+        ),
+    )
+    .display()
+    .to_string()
+}
+
+/// Waits until `log` contains `what`.
+fn wait_for(log: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
+        assert!(
+            Instant::now() < deadline,
+            "{} never said {what:?}: {:?}",
+            log.display(),
+            std::fs::read_to_string(log)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for a leader other than `old`, and says which and how long it took.
+fn new_leader(c: &LocalCluster, old: &str) -> (String, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(l) = c.leader()
+            && l != old
+        {
+            return (l, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no replica took over from {old}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn spawn_logged(c: &LocalCluster, args: &[&str], log: &Path) -> Child {
+    submit_cmd(c, args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Each of the job's `ranks` wrote lines 1..=n, each once and in order (output labelled
+/// with `-l`).
+fn assert_lines(out: &Output, ranks: u32, n: u32, log: &Path) {
+    let all = text(&out.stdout);
+    for rank in 0..ranks {
+        let prefix = format!("{rank}: ");
+        let got: Vec<&str> = all
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .collect();
+        let want: Vec<String> = (1..=n).map(|i| format!("line {i}")).collect();
+        assert_eq!(
+            got,
+            want,
+            "rank {rank}: every line once, in order; storm-submit said:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+}
+
+#[test]
+fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
+    let mut c = group(2);
+    let dir = tempfile::tempdir().unwrap();
+    let job = counter(dir.path(), 40);
+    let leader = c.leader().expect("a leader");
+    let log = dir.path().join("submit.log");
+    let running = spawn_logged(&c, &["-N", "2", "-l", "--reconnect", "60", &job], &log);
+    wait_for(&log, "tick 5");
+    c.kill_manager(&leader).unwrap();
+    let (next, took) = new_leader(&c, &leader);
+    eprintln!("{leader} killed; {next} leads after {took:?}");
+    // A new job runs under the new leader.
+    let out = submit(&c, &["-N", "1", "echo", "after the failover"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "after the failover\n");
+    // The running job ran on undisturbed, and its submitter got all of its output.
+    let out = running.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_lines(&out, 2, 40, &log);
+    // The new leader's journal knows both jobs (the first from the old leader's commits).
+    let history = text(&storm(&c, &["history"]).stdout);
+    assert!(history.contains("counter.sh"), "{history}");
+    assert!(history.contains("echo"), "{history}");
+    // The killed replica comes back as a follower: the leader stays.
+    c.restart_manager(&leader).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(c.is_running(&format!("storm-mm {leader}")));
+    assert_eq!(c.leader().as_deref(), Some(next.as_str()));
+    let out = submit(&c, &["-N", "2", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.shutdown().unwrap();
+}
+
+#[test]
+fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
+    let mut c = group(2);
+    let dir = tempfile::tempdir().unwrap();
+    let job = counter(dir.path(), 40);
+    let leader = c.leader().expect("a leader");
+    let pid = c
+        .daemon_pids()
+        .into_iter()
+        .find(|(n, _)| *n == format!("storm-mm {leader}"))
+        .map(|(_, p)| nix::unistd::Pid::from_raw(p as i32))
+        .unwrap();
+    let log = dir.path().join("submit.log");
+    let running = spawn_logged(&c, &["-N", "2", "-l", "--reconnect", "60", &job], &log);
+    wait_for(&log, "tick 5");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // A frozen process still holds its socket: it takes connections it never answers, so
+    // the leader is told by who answers `storm nodes`.
+    let started = Instant::now();
+    let next = loop {
+        let others: Vec<String> = (0..3)
+            .map(|i| format!("m{i}"))
+            .filter(|m| *m != leader)
+            .collect();
+        if let Some(l) = others.iter().find(|m| {
+            let sock = c.root().join(format!("{m}.sock"));
+            storm_cluster::control::Client::connect(&sock).is_ok()
+        }) {
+            break l.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no replica took over"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    eprintln!(
+        "{leader} frozen; {next} leads after {:?}",
+        started.elapsed()
+    );
+    let sock = c.root().join(format!("{next}.sock"));
+    let out = Command::new(env!("CARGO_BIN_EXE_storm-submit"))
+        .arg("--socket")
+        .arg(&sock)
+        .args(["-N", "1", "echo", "while it is frozen"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    eprintln!("thawing {leader} at {:?}", started.elapsed());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // It thaws, finds its lease gone, and stops acting as the MM.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.is_running(&format!("storm-mm {leader}")) {
+        assert!(Instant::now() < deadline, "the thawed leader went on");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("{leader} stopped at {:?}", started.elapsed());
+    let mm_log = std::fs::read_to_string(c.root().join(format!("{leader}.log"))).unwrap();
+    assert!(
+        mm_log.contains("no longer leads the manager group"),
+        "{mm_log}"
+    );
+    let out = running.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_lines(&out, 2, 40, &log);
+    c.shutdown().unwrap();
+}

@@ -1,0 +1,535 @@
+//! A replica of a replicated machine manager: the journal kept by a Raft group of MMs, and
+//! the leader of the moment acting as the cluster's MM.
+//!
+//! Raft is raft-rs's ([`raft::RawNode`]); nothing here is a consensus protocol of our own. A
+//! thread of the daemon's drives it ([`Replica::start`]):
+//!
+//! * its messages travel in mailboxes in the managers' own fabric ([`mailbox`]), over
+//!   XFER-AND-SIGNAL like everything else the RM sends, on links that hold a key no compute
+//!   node has;
+//! * its log is on disk beside the journal ([`log`]);
+//! * the log's entries are the journal's commits ([`entry`]): the leader's MM core commits
+//!   once per timeslice as always, and the commit settles (its replies and launches go out)
+//!   once a majority holds it and the leader has applied it. Every replica applies every
+//!   committed entry to its own journal store, so a follower's journal is the leader's.
+//!
+//! A replica waits as a follower ([`Replica::wait_to_lead`]) until Raft makes it leader and
+//! its journal holds everything committed; the daemon then starts the MM core over that
+//! journal, as an MM restarted after a crash does, and the nodes follow it (they try every
+//! replica's address). It leads until it is deposed or loses its lease ([`Replica::fenced`]):
+//! a leader that has not heard from a majority for half the election timeout stops acting
+//! before any other replica can have been elected; the daemon then exits, and comes back as a
+//! follower.
+
+pub mod entry;
+pub mod log;
+pub mod mailbox;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use protobuf::Message as _;
+use raft::eraftpb::{Entry, EntryType, Message};
+use raft::{RawNode, StateRole};
+use storm_cluster::ClusterConfig;
+use storm_cluster::daemon_dir::DaemonDir;
+use storm_primitives::{NodeId, Primitives, Wait};
+
+use crate::journal::{Batch, JournalStore, ProgramStore, Restored, Settled, remove_programs};
+use crate::waker::Waker;
+use log::DurableLog;
+use mailbox::{GroupLayout, Inbox, Outbox};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("the replicated log {path}: {message}")]
+    Log {
+        path: std::path::PathBuf,
+        message: String,
+    },
+    #[error("the managers' fabric: {0}")]
+    Fabric(String),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// What the replica thread tells the daemon.
+enum RoleEvent {
+    /// This replica leads `term`, and its journal holds every committed entry.
+    Leads { term: u64, restored: Restored },
+    /// It stopped leading, or cannot go on as a replica.
+    Stopped(String),
+}
+
+/// What a replica shows of itself (`storm managers`).
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaStatus {
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<usize>,
+    pub applied: u64,
+    pub committed: u64,
+}
+
+/// State the replica thread and the daemon share.
+struct Shared {
+    /// Set to stop the thread.
+    stop: AtomicBool,
+    /// The leader's lease, in microseconds since `epoch`: it heard from a majority recently
+    /// enough to act until then (0: not leading).
+    lease_until_us: AtomicU64,
+    epoch: Instant,
+    /// Wakes the MM's loop when a batch settles (set once the MM runs).
+    waker: Mutex<Option<Waker>>,
+    status: Mutex<ReplicaStatus>,
+}
+
+/// The daemon's handle on its replica thread.
+pub struct Replica {
+    proposals: Sender<Batch>,
+    settled: Receiver<Settled>,
+    events: Receiver<RoleEvent>,
+    shared: Arc<Shared>,
+    fabric: Arc<dyn Primitives>,
+    group: GroupLayout,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Largest journal part proposed as one entry; a larger record goes alone.
+const PART_BYTES: usize = 256 * 1024;
+
+impl Replica {
+    /// Starts replica `index` of `cfg`'s group (the daemon's config seen as that replica):
+    /// opens its log in the state directory and its endpoint in the managers' fabric, and
+    /// starts its thread as a follower. `store` is the journal's store, which the thread
+    /// writes from now on; `programs`, where program copies are.
+    pub fn start(
+        cfg: &ClusterConfig,
+        index: usize,
+        store: Box<dyn JournalStore>,
+        programs: Option<ProgramStore>,
+    ) -> anyhow::Result<Self> {
+        let replicas = cfg.managers.len();
+        // A mailbox slot takes the largest request a client may send, and then some.
+        let max_message = (cfg.limits.max_request_bytes as usize * 2).max(4 * PART_BYTES);
+        let group = GroupLayout::new(replicas, max_message);
+        let key = cfg.load_group_key()?;
+        let fabric = storm_cluster::endpoint::start_group(cfg, index, group.layout.clone(), key)
+            .map_err(ReplicaError::Fabric)?;
+        let dir = DaemonDir::open_or_create(&cfg.cluster.state_dir, 0o700)?;
+        let voters: Vec<u64> = (1..=replicas as u64).collect();
+        let log = DurableLog::open(&dir, voters)?;
+        let r = &cfg.replication;
+        let election_ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
+        let raft_cfg = raft::Config {
+            id: index as u64 + 1,
+            election_tick: election_ticks,
+            heartbeat_tick: 1,
+            applied: log.applied(),
+            max_size_per_msg: PART_BYTES as u64,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            ..Default::default()
+        };
+        raft_cfg
+            .validate()
+            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        let logger = slog::Logger::root(TracingDrain, slog::o!());
+        let node = RawNode::new(&raft_cfg, log.storage(), &logger)
+            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            lease_until_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+            waker: Mutex::new(None),
+            status: Mutex::new(ReplicaStatus::default()),
+        });
+        let (proposals, proposed) = crossbeam_channel::unbounded();
+        let (settle, settled) = crossbeam_channel::unbounded();
+        let (tell, events) = crossbeam_channel::unbounded();
+        let host = Host {
+            node,
+            log,
+            store,
+            programs,
+            fabric: fabric.clone(),
+            group: group.clone(),
+            inbox: Inbox::new(index as NodeId, replicas),
+            outbox: Outbox::new(
+                index as NodeId,
+                replicas,
+                Duration::from_millis(r.election_timeout_ms),
+            ),
+            me: index,
+            replicas,
+            tick: Duration::from_millis(r.heartbeat_ms),
+            lease: Duration::from_millis(r.election_timeout_ms / 2),
+            heard: vec![None; replicas],
+            proposed,
+            settle,
+            tell,
+            shared: shared.clone(),
+            leading: None,
+            unneeded: BTreeMap::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("replica".into())
+            .spawn(move || host.run())?;
+        tracing::info!(
+            replica = index,
+            replicas,
+            "started as a follower of the manager group"
+        );
+        Ok(Self {
+            proposals,
+            settled,
+            events,
+            shared,
+            fabric,
+            group,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until this replica leads with every committed entry in its journal, and returns
+    /// its term and what the journal holds; `None` if `stop` was set first, `Err` if the
+    /// replica failed.
+    pub fn wait_to_lead(&self, stop: &AtomicBool) -> anyhow::Result<Option<(u64, Restored)>> {
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            match self.events.recv_timeout(Duration::from_millis(50)) {
+                Ok(RoleEvent::Leads { term, restored }) => return Ok(Some((term, restored))),
+                Ok(RoleEvent::Stopped(why)) => anyhow::bail!("{why}"),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    anyhow::bail!("the replica's thread ended")
+                }
+            }
+        }
+    }
+
+    /// Wakes `waker` whenever a batch settles.
+    pub fn set_waker(&self, waker: Waker) {
+        *self.shared.waker.lock() = Some(waker);
+    }
+
+    /// Why this replica must stop acting as the cluster's MM, if it must: it was deposed, or
+    /// its lease ran out (it has not heard from a majority for half an election timeout).
+    pub fn fenced(&self) -> Option<String> {
+        if let Ok(RoleEvent::Stopped(why)) = self.events.try_recv() {
+            return Some(why);
+        }
+        let until = self.shared.lease_until_us.load(Ordering::Acquire);
+        let now = self.shared.epoch.elapsed().as_micros() as u64;
+        (now > until).then(|| {
+            format!(
+                "lost its lease: no word from a majority of the managers for {} ms",
+                (now - until.min(now)) / 1000
+            )
+        })
+    }
+
+    /// Hands a journal commit to the group.
+    pub fn send(&self, batch: Batch) {
+        let _ = self.proposals.send(batch);
+        let _ = self.fabric.wake_local(self.group.arrived);
+    }
+
+    /// The commits settled since the last call, oldest first.
+    pub fn settled(&self) -> Vec<Settled> {
+        self.settled.try_iter().collect()
+    }
+
+    pub fn status(&self) -> ReplicaStatus {
+        self.shared.status.lock().clone()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.fabric.wake_local(self.group.arrived);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The replica's thread: raft-rs's node and everything it needs done.
+struct Host {
+    node: RawNode<raft::storage::MemStorage>,
+    log: DurableLog,
+    store: Box<dyn JournalStore>,
+    programs: Option<ProgramStore>,
+    fabric: Arc<dyn Primitives>,
+    group: GroupLayout,
+    inbox: Inbox,
+    outbox: Outbox,
+    me: usize,
+    replicas: usize,
+    tick: Duration,
+    lease: Duration,
+    /// When each other replica was last heard from.
+    heard: Vec<Option<Instant>>,
+    proposed: Receiver<Batch>,
+    settle: Sender<Settled>,
+    tell: Sender<RoleEvent>,
+    shared: Arc<Shared>,
+    /// The term this replica leads, once it said so.
+    leading: Option<u64>,
+    /// Program copies to delete once their batch settles.
+    unneeded: BTreeMap<u64, Vec<storm_cluster::messages::JobId>>,
+}
+
+impl Host {
+    fn run(mut self) {
+        let mut next_tick = Instant::now() + self.tick;
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now < next_tick {
+                let _ = self
+                    .fabric
+                    .test_event(self.group.arrived, Wait::Timeout(next_tick - now));
+            }
+            if let Err(e) = self.step(&mut next_tick) {
+                tracing::error!("the replica stops: {e}");
+                let _ = self.tell.send(RoleEvent::Stopped(e.to_string()));
+                self.shared.lease_until_us.store(0, Ordering::Release);
+                return;
+            }
+        }
+    }
+
+    fn step(&mut self, next_tick: &mut Instant) -> Result<(), ReplicaError> {
+        for batch in self.proposed.try_iter().collect::<Vec<_>>() {
+            self.propose(batch)?;
+        }
+        for (from, bytes) in self.inbox.take(&*self.fabric, &self.group) {
+            let Ok(msg) = Message::parse_from_bytes(&bytes) else {
+                tracing::warn!(from, "dropping a replica message that does not decode");
+                continue;
+            };
+            // Each replica speaks only for itself (its link proves which it is).
+            if msg.from != from as u64 + 1 || msg.to != self.me as u64 + 1 {
+                tracing::warn!(from, "dropping a replica message with the wrong ends");
+                continue;
+            }
+            self.heard[from as usize] = Some(Instant::now());
+            let _ = self.node.step(msg);
+        }
+        let now = Instant::now();
+        if now >= *next_tick {
+            self.node.tick();
+            *next_tick = (*next_tick + self.tick).max(now);
+        }
+        self.handle_ready()?;
+        self.roles()?;
+        self.publish_status();
+        Ok(())
+    }
+
+    fn propose(&mut self, batch: Batch) -> Result<(), ReplicaError> {
+        if self.leading.is_none() {
+            return Err(ReplicaError::Raft(
+                "a journal commit came while not leading".into(),
+            ));
+        }
+        for part in entry::split(&batch, PART_BYTES) {
+            self.node
+                .propose(vec![], part)
+                .map_err(|e| ReplicaError::Raft(format!("proposing a journal commit: {e}")))?;
+        }
+        if !batch.unneeded.is_empty() {
+            self.unneeded.insert(batch.number, batch.unneeded);
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            let to = m.to.wrapping_sub(1) as NodeId;
+            match m.write_to_bytes() {
+                Ok(bytes) => {
+                    if !self.outbox.send(&*self.fabric, &self.group, to, &bytes) {
+                        tracing::error!(
+                            to,
+                            len = bytes.len(),
+                            "a replica message is too large to send"
+                        );
+                    }
+                }
+                Err(e) => tracing::error!("cannot encode a replica message: {e}"),
+            }
+        }
+    }
+
+    /// raft-rs's Ready: send, persist, apply (see raft-rs's own examples for the order).
+    fn handle_ready(&mut self) -> Result<(), ReplicaError> {
+        if !self.node.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.node.ready();
+        self.send(rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            return Err(ReplicaError::Raft(
+                "a snapshot arrived, and this replica's log is never compacted".into(),
+            ));
+        }
+        self.apply(rd.take_committed_entries())?;
+        self.log.append(rd.entries(), rd.hs())?;
+        self.send(rd.take_persisted_messages());
+        let mut light = self.node.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.log.set_commit(commit);
+        }
+        self.send(light.take_messages());
+        self.apply(light.take_committed_entries())?;
+        self.node.advance_apply();
+        Ok(())
+    }
+
+    /// Writes committed entries into this replica's journal; on the leader, settles the
+    /// batches whose last part it proposed in its term.
+    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
+        let Some(last) = entries.last().map(|e| e.index) else {
+            return Ok(());
+        };
+        for e in entries {
+            if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+                continue;
+            }
+            let part = entry::decode(&e.data).map_err(|why| {
+                ReplicaError::Raft(format!("log entry {} does not decode: {why}", e.index))
+            })?;
+            let started = Instant::now();
+            self.store
+                .write(&part.changes, part.next_job)
+                .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
+            if part.last && Some(e.term) == self.leading {
+                remove_programs(
+                    self.programs.as_ref(),
+                    self.unneeded.remove(&part.batch).unwrap_or_default(),
+                );
+                let _ = self.settle.send(Settled {
+                    batch: part.batch,
+                    outcome: Ok(()),
+                    took: started.elapsed(),
+                });
+                if let Some(w) = &*self.shared.waker.lock() {
+                    w.wake();
+                }
+            }
+        }
+        self.log.set_applied(last)
+    }
+
+    /// Says when this replica begins to lead (its journal caught up), and when it stops; keeps
+    /// the leader's lease.
+    fn roles(&mut self) -> Result<(), ReplicaError> {
+        let raft = &self.node.raft;
+        let is_leader = raft.state == StateRole::Leader;
+        match self.leading {
+            None if is_leader
+                && raft.commit_to_current_term()
+                && raft.raft_log.applied == raft.raft_log.committed =>
+            {
+                let term = raft.term;
+                let restored = self
+                    .store
+                    .read()
+                    .map_err(|e| ReplicaError::Raft(format!("reading the journal: {e}")))?;
+                // Everyone was heard from as of now: the lease starts with the election won.
+                let now = Instant::now();
+                for h in self.heard.iter_mut() {
+                    *h = h.or(Some(now));
+                }
+                self.leading = Some(term);
+                self.renew_lease();
+                tracing::warn!(replica = self.me, term, "leading the manager group");
+                let _ = self.tell.send(RoleEvent::Leads { term, restored });
+            }
+            Some(term) if !is_leader || raft.term != term => {
+                self.shared.lease_until_us.store(0, Ordering::Release);
+                return Err(ReplicaError::Raft(format!(
+                    "deposed: replica {} leads term {}",
+                    raft.leader_id.saturating_sub(1),
+                    raft.term
+                )));
+            }
+            Some(_) => self.renew_lease(),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// The lease runs `lease` past the time by which a majority (this replica counting) was
+    /// last heard from.
+    fn renew_lease(&self) {
+        let mut heard: Vec<Instant> = self
+            .heard
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.me)
+            .filter_map(|(_, h)| *h)
+            .collect();
+        heard.sort_unstable_by(|a, b| b.cmp(a));
+        // Besides this replica, a majority needs (R / 2) others.
+        let needed = self.replicas / 2;
+        let since = if needed == 0 {
+            Some(Instant::now())
+        } else {
+            heard.get(needed - 1).copied()
+        };
+        let until = since.map_or(0, |t| {
+            (t + self.lease)
+                .saturating_duration_since(self.shared.epoch)
+                .as_micros() as u64
+        });
+        self.shared.lease_until_us.store(until, Ordering::Release);
+    }
+
+    fn publish_status(&self) {
+        let raft = &self.node.raft;
+        let mut s = self.shared.status.lock();
+        s.role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        }
+        .into();
+        s.term = raft.term;
+        s.leader = (raft.leader_id > 0).then(|| raft.leader_id as usize - 1);
+        s.applied = raft.raft_log.applied;
+        s.committed = raft.raft_log.committed;
+    }
+}
+
+/// raft-rs logs through slog: its records go to `tracing`, at debug level and below (its
+/// elections and term changes are logged here, by the replica, where they matter).
+struct TracingDrain;
+
+impl slog::Drain for TracingDrain {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &slog::Record, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        match record.level() {
+            slog::Level::Critical | slog::Level::Error => {
+                tracing::error!(target: "raft", "{}", record.msg())
+            }
+            slog::Level::Warning => tracing::warn!(target: "raft", "{}", record.msg()),
+            slog::Level::Info => tracing::debug!(target: "raft", "{}", record.msg()),
+            _ => tracing::trace!(target: "raft", "{}", record.msg()),
+        }
+        Ok(())
+    }
+}
