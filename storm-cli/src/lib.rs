@@ -61,11 +61,7 @@ pub fn control_socket(socket: Option<PathBuf>, config: Option<PathBuf>) -> Resul
     if sockets.len() == 1 {
         return Ok(sockets[0].clone());
     }
-    Ok(sockets
-        .iter()
-        .find(|s| Client::connect_within(s, Some(REPLICA_ANSWER)).is_ok())
-        .unwrap_or(&sockets[0])
-        .clone())
+    Ok(connect_any(&sockets).map_or_else(|_| sockets[0].clone(), |(_, s)| s))
 }
 
 /// How long a replica of a replicated MM may take to answer a connection before the next is
@@ -100,9 +96,28 @@ pub fn control_sockets(
     })
 }
 
+/// How long a tool waits for a replicated MM to have a leader (an election after the leader
+/// was lost takes one to two election timeouts) before it says that none answers.
+pub const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Connects to the first of `sockets` that answers, and says which it was. With several
-/// (the replicas of a replicated MM), each has [`REPLICA_ANSWER`] to answer.
+/// (the replicas of a replicated MM), each has [`REPLICA_ANSWER`] to answer, and while none
+/// does (an election) they are tried again for up to [`LEADER_WAIT`].
 pub fn connect_any(sockets: &[PathBuf]) -> Result<(Client, PathBuf), String> {
+    let deadline = std::time::Instant::now() + LEADER_WAIT;
+    loop {
+        match connect_first(sockets) {
+            Ok(found) => return Ok(found),
+            Err(e) if sockets.len() < 2 || std::time::Instant::now() >= deadline => {
+                return Err(e);
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
+/// One try of each of `sockets`, in order.
+fn connect_first(sockets: &[PathBuf]) -> Result<(Client, PathBuf), String> {
     let limit = (sockets.len() > 1).then_some(REPLICA_ANSWER);
     let mut failures = Vec::new();
     for s in sockets {

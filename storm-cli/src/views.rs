@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use storm_cluster::control::{JobInfo, JobState, NodeInfo, NodeState};
+use storm_cluster::control::{JobInfo, JobState, ManagerInfo, NodeInfo, NodeState};
 
 use crate::display::safe;
 
@@ -273,6 +273,34 @@ pub fn nodes_table(nodes: &[NodeInfo]) -> String {
         );
     }
     out
+}
+
+/// `storm managers`.
+pub fn managers_table(managers: &[ManagerInfo]) -> String {
+    let mut out = format!(
+        "{:<16} {:<12} {:>6} {:>10} {:>6} HEARD\n",
+        "NAME", "ROLE", "TERM", "MATCHED", "LAG"
+    );
+    for m in managers {
+        let heard = m
+            .heard_ms_ago
+            .map_or_else(|| "-".to_string(), |ms| format!("{ms} ms ago"));
+        let _ = writeln!(
+            out,
+            "{:<16} {:<12} {:>6} {:>10} {:>6} {heard}",
+            safe(&m.name),
+            safe(&m.role),
+            m.term,
+            m.matched,
+            m.lag
+        );
+    }
+    out
+}
+
+/// `{"managers": [...]}`.
+pub fn managers_json(managers: &[ManagerInfo]) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({ "managers": managers })).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -229,3 +229,133 @@ fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
     assert_lines(&out, 2, 40, &log);
     c.shutdown().unwrap();
 }
+
+/// `storm managers --json`, as (name, role, lag).
+fn managers(c: &LocalCluster) -> Vec<(String, String, u64)> {
+    let out = storm(c, &["managers", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["managers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().to_string(),
+                m["role"].as_str().unwrap().to_string(),
+                m["lag"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `storm managers` shows `want` as (name, role) for every replica.
+fn wait_roles(c: &LocalCluster, want: impl Fn(&str) -> &'static str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = managers(c);
+        if got.iter().all(|(n, r, _)| r == want(n)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "storm managers shows {got:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn storm_managers_shows_the_group_and_a_lost_follower_and_a_lost_majority_stops_scheduling() {
+    let mut c = group(1);
+    let leader = c.leader().expect("a leader");
+    let l = leader.clone();
+    wait_roles(&c, move |n| if n == l { "leader" } else { "follower" });
+    let out = submit(&c, &["-N", "1", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Every follower holds the whole log.
+    let lags: Vec<u64> = managers(&c).iter().map(|m| m.2).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while managers(&c).iter().any(|m| m.2 > 0) {
+        assert!(Instant::now() < deadline, "followers lag: {lags:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let followers: Vec<String> = (0..3)
+        .map(|i| format!("m{i}"))
+        .filter(|m| *m != leader)
+        .collect();
+    // A follower lost: the cluster schedules on, and shows it unreachable.
+    c.kill_manager(&followers[0]).unwrap();
+    let (l, gone) = (leader.clone(), followers[0].clone());
+    wait_roles(&c, move |n| {
+        if n == l {
+            "leader"
+        } else if n == gone {
+            "unreachable"
+        } else {
+            "follower"
+        }
+    });
+    let out = submit(&c, &["-N", "1", "echo", "one follower down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A second replica lost: no majority. The leader stops, nobody leads, and the tools say
+    // why instead of waiting.
+    c.kill_manager(&followers[1]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.is_running(&format!("storm-mm {leader}")) {
+        assert!(
+            Instant::now() < deadline,
+            "the leader of a minority went on"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let log = std::fs::read_to_string(c.root().join(format!("{leader}.log"))).unwrap();
+    assert!(log.contains("lost its lease"), "{log}");
+    c.restart_manager(&leader).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(c.leader(), None, "a lone replica must never lead");
+    let out = submit(&c, &["-N", "1", "true"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("needs a majority of its replicas"), "{err}");
+    // A follower back: a majority again, and a leader.
+    c.restart_manager(&followers[0]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.leader().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no leader after the majority came back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = submit(&c, &["-N", "1", "echo", "back"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.shutdown().unwrap();
+}
+
+#[test]
+fn a_rolling_restart_of_every_replica_keeps_the_cluster_scheduling() {
+    let mut c = group(1);
+    for round in 0..3 {
+        let name = format!("m{round}");
+        c.kill_manager(&name).unwrap();
+        // Whichever leads now (the same or another) runs the next job.
+        let out = submit(&c, &["-N", "1", "echo", &format!("round {round}")]);
+        assert!(out.status.success(), "round {round}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), format!("round {round}\n"));
+        c.restart_manager(&name).unwrap();
+        // Wait until it follows again before the next goes.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while managers(&c)
+            .iter()
+            .any(|(_, role, lag)| role == "unreachable" || *lag > 0)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not rejoin: {:?}",
+                managers(&c)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let history = text(&storm(&c, &["history"]).stdout);
+    assert_eq!(history.matches("echo").count(), 3, "{history}");
+    c.shutdown().unwrap();
+}

@@ -28,8 +28,9 @@ use crate::tasks::TaskRequest;
 /// job requests; the cancelled, timeout and node_fail states, what ended a job, and times.
 /// Version 11: arguments, environment and paths as bytes (UTF-8 or not). Version 12: how the
 /// program reaches the nodes (`delivery`), and whether it was copied (`broadcast`). Version
-/// 13: a dependency names array elements (`12_3`).
-pub const PROTOCOL_VERSION: u32 = 13;
+/// 13: a dependency names array elements (`12_3`). Version 14: `Managers`, the replicas of a
+/// replicated MM.
+pub const PROTOCOL_VERSION: u32 = 14;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -283,6 +284,8 @@ pub enum Request {
     },
     Queue,
     Nodes,
+    /// The replicas of a replicated MM, as the leader sees them (`storm managers`).
+    Managers,
     /// Keep these nodes out of allocation until resumed; jobs on them run to their end.
     Drain {
         nodes: NodeSet,
@@ -568,6 +571,37 @@ pub struct NodeInfo {
     pub reason: Option<String>,
 }
 
+/// One replica of the MM, as the leader sees it (a single MM shows itself alone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagerInfo {
+    pub name: String,
+    /// `leader`; `follower`, heard from within an election timeout; `unreachable`, not; or
+    /// `single` (no group).
+    pub role: String,
+    /// The Raft term it was last known in (0: a single MM).
+    pub term: u64,
+    /// The last log entry it is known to hold.
+    pub matched: u64,
+    /// Entries it lacks of the leader's log.
+    pub lag: u64,
+    /// How long ago the leader last heard from it (milliseconds; `None`: never, or itself).
+    pub heard_ms_ago: Option<u64>,
+}
+
+impl ManagerInfo {
+    /// A single MM (no group).
+    pub fn single() -> Self {
+        Self {
+            name: "mm".into(),
+            role: "single".into(),
+            term: 0,
+            matched: 0,
+            lag: 0,
+            heard_ms_ago: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Hello {
@@ -610,6 +644,7 @@ pub enum Reply {
     Queue(Vec<JobInfo>),
     History(Vec<JobInfo>),
     Nodes(Vec<NodeInfo>),
+    Managers(Vec<ManagerInfo>),
     Done,
 }
 

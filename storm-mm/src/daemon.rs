@@ -504,6 +504,13 @@ impl MmEnv for DaemonEnv {
         nix::unistd::geteuid().as_raw()
     }
 
+    fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {
+        match &self.commits {
+            Commits::Group(r) => r.managers(),
+            Commits::Disk(_) => vec![storm_cluster::control::ManagerInfo::single()],
+        }
+    }
+
     fn send(&mut self, client: ClientId, reply: Reply) {
         if let Some(c) = self.clients.get(&client) {
             let _ = c.tx.send(reply);

@@ -121,6 +121,11 @@ pub trait MmEnv {
     fn clock(&self) -> &dyn Clock;
     /// The user who may act as operator besides root (the MM's own user).
     fn operator_uid(&self) -> u32;
+    /// The replicas of the manager group this MM leads, as it sees them (`storm managers`);
+    /// a single MM, itself alone.
+    fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {
+        vec![storm_cluster::control::ManagerInfo::single()]
+    }
 
     /// Sends a reply to a client (dropped if it is gone).
     fn send(&mut self, client: ClientId, reply: Reply);

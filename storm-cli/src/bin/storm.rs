@@ -2,7 +2,7 @@
 //! resume, shutdown), and make its key (keygen).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -70,6 +70,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The replicas of a replicated machine manager, as the leader sees them: role, term,
+    /// the last log entry each holds, how far each lags, when each was last heard from.
+    Managers {
+        /// Print JSON (`{"managers": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The machine manager's metrics, in the Prometheus text format.
     Metrics {
         /// Serve them over HTTP (`GET /metrics`) for Prometheus to scrape, instead of
@@ -134,6 +141,7 @@ fn run(args: Args) -> Result<(), String> {
         Cmd::Enroll { name, key, replace } => return enroll(args.config, &name, &key, replace),
         _ => {}
     }
+    let sockets = storm_cli::control_sockets(args.socket.clone(), args.config.clone())?;
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let mut filter = storm_cli::history::HistoryFilter::default();
     let (req, json) = match args.command {
@@ -173,6 +181,7 @@ fn run(args: Args) -> Result<(), String> {
             false,
         ),
         Cmd::Nodes { json } => (Request::Nodes, json),
+        Cmd::Managers { json } => (Request::Managers, json),
         Cmd::Drain { nodes, reason } => (
             Request::Drain {
                 nodes: node_set(&socket, &nodes)?,
@@ -189,7 +198,7 @@ fn run(args: Args) -> Result<(), String> {
         Cmd::Shutdown => (Request::Shutdown, false),
         Cmd::Keygen { .. } | Cmd::Enroll { .. } => unreachable!("handled above"),
     };
-    let client = Client::connect(&socket)?;
+    let client = connect(&socket, &sockets)?;
     let reply = match client.call(&req)? {
         Reply::History(jobs) => Reply::History(storm_cli::history::filtered(jobs, &filter)),
         other => other,
@@ -207,11 +216,22 @@ fn run(args: Args) -> Result<(), String> {
             println!("{}", views::nodes_json(&views));
         }
         Reply::Nodes(nodes) => print!("{}", views::nodes_table(&nodes)),
+        Reply::Managers(managers) if json => println!("{}", views::managers_json(&managers)),
+        Reply::Managers(managers) => print!("{}", views::managers_table(&managers)),
         Reply::Done => {}
         Reply::Error(e) => return Err(e),
         other => return Err(format!("unexpected reply {other:?}")),
     }
     Ok(())
+}
+
+/// A connection to the MM at `socket`, or where it answers none, the error that says why of
+/// every socket the MM may be on (a replicated MM without a leader).
+fn connect(socket: &Path, sockets: &[PathBuf]) -> Result<Client, String> {
+    if sockets.len() > 1 {
+        return storm_cli::connect_any(sockets).map(|(c, _)| c);
+    }
+    Client::connect(socket)
 }
 
 /// `storm keygen`: writes a new key where the cluster file says the daemons look for it.

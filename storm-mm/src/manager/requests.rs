@@ -228,6 +228,10 @@ impl<E: MmEnv> MachineManager<E> {
                 let list = self.node_infos();
                 self.reply(client, Reply::Nodes(list));
             }
+            Request::Managers => {
+                let list = self.env.managers();
+                self.reply(client, Reply::Managers(list));
+            }
             Request::Drain { nodes, reason } => {
                 let reply = self.operator(client, uid, "drain nodes").and_then(|()| {
                     self.drain(&nodes, reason)?;

@@ -66,7 +66,7 @@ enum RoleEvent {
     Stopped(String),
 }
 
-/// What a replica shows of itself (`storm managers`).
+/// What a replica shows of itself and, leading, of the others (`storm managers`).
 #[derive(Debug, Clone, Default)]
 pub struct ReplicaStatus {
     pub role: String,
@@ -74,6 +74,8 @@ pub struct ReplicaStatus {
     pub leader: Option<usize>,
     pub applied: u64,
     pub committed: u64,
+    /// Every replica as the leader sees it (empty unless leading).
+    pub group: Vec<storm_cluster::control::ManagerInfo>,
 }
 
 /// State the replica thread and the daemon share.
@@ -167,6 +169,8 @@ impl Replica {
                 Duration::from_millis(r.election_timeout_ms),
             ),
             me: index,
+            names: cfg.managers.iter().map(|m| m.name.clone()).collect(),
+            election_timeout: Duration::from_millis(r.election_timeout_ms),
             replicas,
             tick: Duration::from_millis(r.heartbeat_ms),
             lease: Duration::from_millis(r.election_timeout_ms / 2),
@@ -251,6 +255,11 @@ impl Replica {
     pub fn status(&self) -> ReplicaStatus {
         self.shared.status.lock().clone()
     }
+
+    /// Every replica of the group, as this one (leading) sees it.
+    pub fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {
+        self.shared.status.lock().group.clone()
+    }
 }
 
 impl Drop for Replica {
@@ -274,6 +283,8 @@ struct Host {
     inbox: Inbox,
     outbox: Outbox,
     me: usize,
+    names: Vec<String>,
+    election_timeout: Duration,
     replicas: usize,
     tick: Duration,
     lease: Duration,
@@ -510,6 +521,35 @@ impl Host {
         s.leader = (raft.leader_id > 0).then(|| raft.leader_id as usize - 1);
         s.applied = raft.raft_log.applied;
         s.committed = raft.raft_log.committed;
+        s.group.clear();
+        if raft.state != StateRole::Leader {
+            return;
+        }
+        let last = raft.raft_log.last_index();
+        for (i, name) in self.names.iter().enumerate() {
+            let id = i as u64 + 1;
+            let matched = if i == self.me {
+                last
+            } else {
+                raft.prs().get(id).map_or(0, |p| p.matched)
+            };
+            let heard = self.heard[i].map(|t| t.elapsed());
+            let role = if i == self.me {
+                "leader"
+            } else if heard.is_some_and(|h| h < self.election_timeout) {
+                "follower"
+            } else {
+                "unreachable"
+            };
+            s.group.push(storm_cluster::control::ManagerInfo {
+                name: name.clone(),
+                role: role.into(),
+                term: raft.term,
+                matched,
+                lag: last.saturating_sub(matched),
+                heard_ms_ago: heard.filter(|_| i != self.me).map(|h| h.as_millis() as u64),
+            });
+        }
     }
 }
 
