@@ -48,6 +48,11 @@ pub struct FaultsArgs {
     pub trials: usize,
     pub timeslice_ms: f64,
     pub heal_nodes: Vec<u32>,
+    /// MM replicas: with more than one, the leader's failover is measured (and the single
+    /// MM's restart beside it, same run) instead of the node faults.
+    pub managers: u32,
+    /// The replicas' Raft heartbeat and election timeout (milliseconds).
+    pub replication: storm_cluster::config::ReplicationSection,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -64,6 +69,12 @@ pub const CSV_HEADER: &[&str] = &[
 ];
 
 pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
+    if args.managers > 1 {
+        return Ok(vec![
+            crate::failover::run(args, csv)?,
+            mm_restart(args, csv)?,
+        ]);
+    }
     Ok(vec![
         detection(args, csv)?,
         heartbeat_period(args, csv)?,
@@ -386,7 +397,7 @@ fn heal(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
 }
 
 /// Median time to fork and exec `/bin/true` and wait for it.
-fn fork_exec() -> Result<f64> {
+pub(crate) fn fork_exec() -> Result<f64> {
     let mut v = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();
@@ -589,7 +600,7 @@ fn wait_until(
 
 /// One measurement: a row of `table` (median, p90, max, heartbeats if given, baseline,
 /// ratio) and of the CSV.
-fn push_measure(
+pub(crate) fn push_measure(
     table: &mut Table,
     csv: &mut Csv,
     name: &str,

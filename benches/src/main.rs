@@ -19,6 +19,7 @@
 //!   with each figure's growth per 8× nodes.
 
 mod baseline;
+mod failover;
 mod faults;
 mod fuzz;
 mod gang;
@@ -155,6 +156,10 @@ enum Command {
         /// libfabric provider for --backend ofi.
         #[arg(long)]
         provider: Option<String>,
+        /// MM replicas: 3 (or 5) also runs the jobs under a replicated MM and reports what
+        /// replication costs per job beside a single MM, same run.
+        #[arg(long, default_value_t = 1)]
+        managers: u32,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -173,6 +178,16 @@ enum Command {
         /// Node counts of the tree-healing measurement.
         #[arg(long, default_value = "8,16,32", value_parser = report::parse_counts)]
         heal_nodes: std::vec::Vec<u32>,
+        /// MM replicas: 3 (or 5) measures a replicated MM's failover (leader killed to the
+        /// next job launched), beside a single MM's restart in the same run.
+        #[arg(long, default_value_t = 1)]
+        managers: u32,
+        /// The replicas' Raft heartbeat ([replication] heartbeat_ms).
+        #[arg(long, default_value_t = storm_cluster::config::ReplicationSection::default().heartbeat_ms)]
+        replica_heartbeat_ms: u64,
+        /// The replicas' election timeout ([replication] election_timeout_ms).
+        #[arg(long, default_value_t = storm_cluster::config::ReplicationSection::default().election_timeout_ms)]
+        election_timeout_ms: u64,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -436,6 +451,7 @@ fn main() -> Result<()> {
             check,
             backend,
             provider,
+            managers,
             csv,
         } => {
             use storm_cluster::control::Delivery;
@@ -452,6 +468,7 @@ fn main() -> Result<()> {
                 },
                 backend,
                 provider,
+                managers,
             };
             let mut out = report::Csv::new(throughput::CSV_HEADER);
             for t in throughput::run(&args, &mut out)? {
@@ -464,6 +481,9 @@ fn main() -> Result<()> {
             trials,
             timeslice_ms,
             heal_nodes,
+            managers,
+            replica_heartbeat_ms,
+            election_timeout_ms,
             csv,
             plot,
         } => {
@@ -475,6 +495,11 @@ fn main() -> Result<()> {
                 trials,
                 timeslice_ms,
                 heal_nodes,
+                managers,
+                replication: storm_cluster::config::ReplicationSection {
+                    heartbeat_ms: replica_heartbeat_ms,
+                    election_timeout_ms,
+                },
             };
             let mut out = report::Csv::new(faults::CSV_HEADER);
             for table in faults::run(&args, &mut out)? {

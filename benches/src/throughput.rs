@@ -35,6 +35,9 @@ pub struct ThroughputArgs {
     pub delivery: Delivery,
     pub backend: storm_cluster::config::BackendKind,
     pub provider: Option<String>,
+    /// MM replicas: with more than one, the same jobs also run under a single MM in the same
+    /// run, and what replication costs per job is reported beside it.
+    pub managers: u32,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -107,7 +110,7 @@ fn fork_exec_once() -> Result<(Duration, Option<Timing>)> {
     Ok((start.elapsed(), None))
 }
 
-fn submit_once(cluster: &LocalCluster, delivery: Delivery) -> Result<(Duration, Option<Timing>)> {
+fn submit_once(socket: &std::path::Path, delivery: Delivery) -> Result<(Duration, Option<Timing>)> {
     let req = JobRequest {
         name: "true".into(),
         program: PROGRAM.into(),
@@ -135,7 +138,7 @@ fn submit_once(cluster: &LocalCluster, delivery: Delivery) -> Result<(Duration, 
         None
     };
     let start = Instant::now();
-    let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
+    let client = Client::connect(socket).map_err(anyhow::Error::msg)?;
     let (outcome, _, _) =
         submit::run_job(client, req, program.as_ref(), &mut Quiet).map_err(anyhow::Error::msg)?;
     let took = start.elapsed();
@@ -157,23 +160,12 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     }
     let half = args.jobs.div_ceil(2);
     let mut floor = spread(half, args.clients, fork_exec_once)?;
-    let cluster = LocalCluster::start(&LocalOptions {
-        cpus: Some(args.cpus),
-        timeslice_ms: args.timeslice_ms,
-        backend: args.backend,
-        provider: args.provider.clone(),
-        ..LocalOptions::new(args.nodes)
-    })?;
-    // Warm-up: connections, the page cache, the nodes' first heartbeats.
-    spread(args.clients, args.clients, || {
-        submit_once(&cluster, args.delivery)
-    })?;
-    let before = mm_loop(&cluster)?;
-    let storm = spread(args.jobs, args.clients, || {
-        submit_once(&cluster, args.delivery)
-    })?;
-    let during = mm_loop(&cluster)?.since(&before);
-    cluster.shutdown()?;
+    let (storm, during, mm_cpu) = storm_pass(args, 1)?;
+    let group = if args.managers > 1 {
+        Some(storm_pass(args, args.managers)?)
+    } else {
+        None
+    };
     thread::sleep(Duration::from_millis(100));
     let after = spread(args.jobs - half, args.clients, fork_exec_once)?;
     floor.wall += after.wall;
@@ -267,7 +259,116 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         during.commits.0.to_string(),
         fmt_time(during.commits.mean()),
     ]);
-    Ok(vec![table, phases, mm])
+    let mut tables = vec![table, phases, mm];
+    if let Some((g, g_loop, g_cpu)) = group {
+        let mut cost = Table::new(
+            format!(
+                "What replication costs: the same jobs under a group of {} MM replicas (Raft, \
+                 a commit waits for a majority) beside a single MM, same run; MM CPU is every \
+                 MM process's user and system time over the jobs",
+                args.managers
+            ),
+            &[
+                "MM",
+                "jobs/s",
+                "p50 submit to exit",
+                "p99 submit to exit",
+                "MM CPU per job",
+                "mean commit",
+            ],
+        );
+        let per_job = |cpu: f64, p: &Pass| cpu / p.latency.len().max(1) as f64;
+        for (what, p, cpu, l) in [
+            ("single".to_string(), &storm, mm_cpu, &during),
+            (format!("{} replicas", args.managers), &g, g_cpu, &g_loop),
+        ] {
+            cost.push(vec![
+                what.clone(),
+                format!("{:.0}", rate(p)),
+                fmt_time(p.latency.quantile(0.5)),
+                fmt_time(p.latency.quantile(0.99)),
+                fmt_time(per_job(cpu, p)),
+                fmt_time(l.commits.mean()),
+            ]);
+            csv.push(vec![
+                format!("mm {what}"),
+                p.latency.len().to_string(),
+                args.clients.to_string(),
+                format!("{:.6}", p.wall),
+                format!("{:.1}", rate(p)),
+                format!("{:.6}", p.latency.quantile(0.5)),
+                format!("{:.6}", p.latency.quantile(0.99)),
+            ]);
+        }
+        cost.push(vec![
+            "replicas / single".into(),
+            format!("{:.3}", rate(&g) / rate(&storm)),
+            format!(
+                "{:.2}",
+                g.latency.quantile(0.5) / storm.latency.quantile(0.5)
+            ),
+            format!(
+                "{:.2}",
+                g.latency.quantile(0.99) / storm.latency.quantile(0.99)
+            ),
+            format!("{:.2}", per_job(g_cpu, &g) / per_job(mm_cpu, &storm)),
+            format!("{:.2}", g_loop.commits.mean() / during.commits.mean()),
+        ]);
+        tables.push(cost);
+    }
+    Ok(tables)
+}
+
+/// One pass of the jobs on a fresh embedded cluster with `managers` MM replicas: the pass,
+/// the MM's loop meanwhile (the leader's), and the CPU time of every MM process (seconds).
+fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, f64)> {
+    let cluster = LocalCluster::start(&LocalOptions {
+        cpus: Some(args.cpus),
+        timeslice_ms: args.timeslice_ms,
+        backend: args.backend,
+        provider: args.provider.clone(),
+        managers,
+        ..LocalOptions::new(args.nodes)
+    })?;
+    let socket = cluster.leader_socket();
+    // Warm-up: connections, the page cache, the nodes' first heartbeats.
+    spread(args.clients, args.clients, || {
+        submit_once(&socket, args.delivery)
+    })?;
+    let mms: Vec<u32> = cluster
+        .daemon_pids()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("storm-mm"))
+        .map(|(_, p)| p)
+        .collect();
+    let before = mm_loop(&socket)?;
+    let cpu_before = cpu_seconds(&mms);
+    let pass = spread(args.jobs, args.clients, || {
+        submit_once(&socket, args.delivery)
+    })?;
+    let cpu = cpu_seconds(&mms) - cpu_before;
+    let during = mm_loop(&socket)?.since(&before);
+    cluster.shutdown()?;
+    Ok((pass, during, cpu))
+}
+
+/// CPU time (user and system) the processes `pids` used so far, in seconds.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100)
+        .max(1) as f64;
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .map(|stat| {
+            // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            (ticks(11) + ticks(12)) / hz
+        })
+        .sum()
 }
 
 /// A histogram's count and sum (seconds).
@@ -301,8 +402,8 @@ impl MmLoop {
     }
 }
 
-fn mm_loop(cluster: &LocalCluster) -> Result<MmLoop> {
-    let text = storm_cli::metrics_http::fetch(cluster.socket()).map_err(anyhow::Error::msg)?;
+fn mm_loop(socket: &std::path::Path) -> Result<MmLoop> {
+    let text = storm_cli::metrics_http::fetch(socket).map_err(anyhow::Error::msg)?;
     let value = |name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())

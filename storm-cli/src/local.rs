@@ -65,6 +65,8 @@ pub struct LocalOptions {
     /// MM replicas: 1 for a single MM, else a replicated group of this many (`m0`, `m1`, …,
     /// each with its own state directory, socket and log).
     pub managers: u32,
+    /// How the replicas keep in touch (with `managers` above 1).
+    pub replication: storm_cluster::config::ReplicationSection,
 }
 
 impl LocalOptions {
@@ -89,6 +91,7 @@ impl LocalOptions {
             history: Default::default(),
             log_filter: None,
             managers: 1,
+            replication: Default::default(),
         }
     }
 }
@@ -466,6 +469,7 @@ impl LocalCluster {
                 })
                 .collect();
             config.mm.address = config.managers[0].address;
+            config.replication = opts.replication.clone();
         }
         storm_cluster::identity::use_one_host_keys(&mut config, &root);
         config.validate()?;
@@ -579,6 +583,20 @@ impl LocalCluster {
             .zip(self.config.control_sockets())
             .find(|(_, s)| Client::connect_within(s, Some(Duration::from_millis(300))).is_ok())
             .map(|(m, _)| m.name.clone())
+    }
+
+    /// The control socket of the MM: the leader's, in a replicated group (the first replica's
+    /// if none leads now).
+    pub fn leader_socket(&self) -> PathBuf {
+        let sockets = self.config.control_sockets();
+        if sockets.len() == 1 {
+            return self.socket().to_path_buf();
+        }
+        sockets
+            .iter()
+            .find(|s| Client::connect_within(s, Some(Duration::from_millis(300))).is_ok())
+            .unwrap_or(&sockets[0])
+            .clone()
     }
 
     /// Kills replica `name` of a replicated MM ("m1") with SIGKILL, and reaps it.

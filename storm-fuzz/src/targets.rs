@@ -15,6 +15,7 @@
 //! | `pmi` | an MPI task's `PMI_FD` (any program a user runs) | `pmi::wire::Framer`, then `PmiJob::handle` |
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
+//! | `replica` | a replica's mailboxes in the managers' fabric (a holder of the group's key) | `replica::mailbox::Inbox::take`, then `replica::decode_peer_message` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -198,6 +199,16 @@ static TARGETS: &[Target] = &[
         check: relay,
         checked_allocation: 4096,
     },
+    Target {
+        name: "replica",
+        seeds: replica_seeds,
+        dictionary: &[&[1, 0, 0, 0, 0, 0, 0, 0], &[0x08], &[0x22]],
+        check: replica,
+        // protobuf reserves room for a bytes field's claimed length up to 10,000,000 bytes
+        // before reading it (its own bound; the rest it grows as bytes arrive). Only a
+        // holder of the group's key writes a mailbox.
+        checked_allocation: 10_000_000,
+    },
 ];
 
 fn bincode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -362,6 +373,70 @@ fn relay(input: &[u8]) -> bool {
         Err(WireError::Refused(why)) => why.contains("cluster's key") || why.contains("identity"),
         Err(_) => false,
     }
+}
+
+// --- a replica's mailboxes ---------------------------------------------------------------
+
+/// A mailbox slot as a replica writes it: incarnation, sequence, length, message, sequence.
+fn replica_slot(seq: u64, message: &[u8]) -> Vec<u8> {
+    let mut v = 7u64.to_le_bytes().to_vec();
+    v.extend(seq.to_le_bytes());
+    v.extend((message.len() as u64).to_le_bytes());
+    v.extend_from_slice(message);
+    v.extend(seq.to_le_bytes());
+    v
+}
+
+fn replica_seeds() -> Vec<Vec<u8>> {
+    use storm_mm::journal::{Batch, Change};
+    use storm_mm::replica::entry;
+    let part = entry::split(
+        &Batch {
+            number: 3,
+            changes: vec![Change::RemoveJob(9)],
+            next_job: Some(10),
+            unneeded: vec![],
+        },
+        1024,
+    )
+    .remove(0);
+    // A protobuf raft Message: msg_type 3 (append), to 2, from 1, one entry with the part.
+    let mut entry_bytes = vec![0x10, 0x01, 0x18, 0x05, 0x22, part.len() as u8];
+    entry_bytes.extend(&part);
+    let mut msg = vec![
+        0x08,
+        0x03,
+        0x10,
+        0x02,
+        0x18,
+        0x01,
+        0x3a,
+        entry_bytes.len() as u8,
+    ];
+    msg.extend(entry_bytes);
+    vec![replica_slot(1, &msg), replica_slot(1, b"")]
+}
+
+/// What a replica makes of its mailbox from another: the slot's framing, then the Raft
+/// message and the journal parts it carries. Accepted: a message with its parts decoded.
+fn replica(input: &[u8]) -> bool {
+    use storm_mm::replica::decode_peer_message;
+    use storm_mm::replica::mailbox::{GroupLayout, Inbox};
+    let group = GroupLayout::new(2, 4096);
+    let fabric = storm_primitives::local::LocalFabric::new(2, group.layout.clone());
+    let me = fabric.node(1);
+    use storm_primitives::Primitives as _;
+    let at = group.mailbox(0).offset;
+    let len = input.len().min(group.max_message() + 64);
+    if me.memory().write(at, &input[..len]).is_err() {
+        return false;
+    }
+    let mut accepted = false;
+    for (_, bytes) in Inbox::new(1, 2).take(&me, &group) {
+        accepted |= decode_peer_message(&bytes).is_ok();
+    }
+    accepted |= decode_peer_message(input).is_ok();
+    accepted
 }
 
 // --- RM messages through global memory ---------------------------------------------------

@@ -150,6 +150,23 @@ pub trait JournalStore: Send {
     fn read(&mut self) -> Result<Restored, JournalError>;
     /// Applies `changes` and the next job id, all or nothing.
     fn write(&mut self, changes: &[Change], next_job: Option<JobId>) -> Result<(), JournalError>;
+    /// Applies `changes` as [`JournalStore::write`] does and records, with them, that the
+    /// store holds a replicated log up to entry `applied` (a replica of a manager group). Not
+    /// durable unless `durable`: the log holds the changes, and a replica that restarts
+    /// applies again what the store lost, from [`JournalStore::applied`] on.
+    fn write_applied(
+        &mut self,
+        changes: &[Change],
+        next_job: Option<JobId>,
+        _applied: u64,
+        _durable: bool,
+    ) -> Result<(), JournalError> {
+        self.write(changes, next_job)
+    }
+    /// The replicated log's last entry the store holds durably (0: none).
+    fn applied(&mut self) -> Result<u64, JournalError> {
+        Ok(0)
+    }
 }
 
 /// The journal as a redb database: `journal.redb` in the state directory.
@@ -241,7 +258,49 @@ impl JournalStore for RedbStore {
     }
 
     fn write(&mut self, changes: &[Change], next_job: Option<JobId>) -> Result<(), JournalError> {
-        let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
+        self.write_with(changes, next_job, None, true)
+    }
+
+    fn write_applied(
+        &mut self,
+        changes: &[Change],
+        next_job: Option<JobId>,
+        applied: u64,
+        durable: bool,
+    ) -> Result<(), JournalError> {
+        self.write_with(changes, next_job, Some(applied), durable)
+    }
+
+    fn applied(&mut self) -> Result<u64, JournalError> {
+        let r = self.db.begin_read().map_err(|e| self.store_error(e))?;
+        let meta = match r.open_table(META) {
+            Ok(m) => m,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(self.store_error(e)),
+        };
+        Ok(meta
+            .get(APPLIED)
+            .map_err(|e| self.store_error(e))?
+            .map_or(0, |v| v.value()))
+    }
+}
+
+/// Where a replica's journal records the replicated log's entry it holds up to.
+const APPLIED: &str = "raft_applied";
+
+impl RedbStore {
+    fn write_with(
+        &mut self,
+        changes: &[Change],
+        next_job: Option<JobId>,
+        applied: Option<u64>,
+        durable: bool,
+    ) -> Result<(), JournalError> {
+        let mut w = self.db.begin_write().map_err(|e| self.store_error(e))?;
+        if !durable {
+            w.set_durability(redb::Durability::None)
+                .map_err(|e| self.store_error(e))?;
+        }
         {
             let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
             let mut nodes = w.open_table(NODES).map_err(|e| self.store_error(e))?;
@@ -266,6 +325,10 @@ impl JournalStore for RedbStore {
             }
             if let Some(next) = next_job {
                 meta.insert("next_job", next)
+                    .map_err(|e| self.store_error(e))?;
+            }
+            if let Some(applied) = applied {
+                meta.insert(APPLIED, applied)
                     .map_err(|e| self.store_error(e))?;
             }
         }
@@ -811,6 +874,34 @@ pub(crate) mod tests {
         assert_eq!(mode(&state), 0o700);
         assert_eq!(mode(&state.join("journal.redb")), 0o600);
         assert_eq!(mode(&state.join("programs")), 0o700);
+    }
+
+    #[test]
+    fn a_replicas_journal_says_which_log_entry_it_holds_up_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = DaemonDir::open_or_create(dir.path(), 0o700).unwrap();
+        {
+            let mut store =
+                RedbStore::open_at(&state, "journal.redb", dir.path().join("journal.redb"))
+                    .unwrap();
+            store.read().unwrap();
+            assert_eq!(store.applied().unwrap(), 0, "a new journal holds no entry");
+            store
+                .write_applied(
+                    &[Change::Job(Box::new(job(1, JobState::Queued)))],
+                    Some(2),
+                    7,
+                    false,
+                )
+                .unwrap();
+            store.write_applied(&[], None, 9, true).unwrap();
+        }
+        let mut store =
+            RedbStore::open_at(&state, "journal.redb", dir.path().join("journal.redb")).unwrap();
+        assert_eq!(store.applied().unwrap(), 9);
+        let r = store.read().unwrap();
+        assert_eq!(r.jobs.len(), 1);
+        assert_eq!(r.next_job, 2);
     }
 
     #[test]

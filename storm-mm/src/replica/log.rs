@@ -115,6 +115,11 @@ impl DurableLog {
         self.applied
     }
 
+    /// The commit index, as last recorded.
+    pub fn committed(&self) -> u64 {
+        self.mem.rl().hard_state().commit
+    }
+
     /// Writes `entries` (replacing any from the first one's index on) and the hard state, in
     /// one durable transaction, then into memory.
     pub fn append(
@@ -162,7 +167,8 @@ impl DurableLog {
         self.mem.wl().mut_hard_state().commit = commit;
     }
 
-    /// Records that every entry up to `index` is in the journal (with the commit index).
+    /// Records that every entry up to `index` is in the journal durably, and the commit index
+    /// with it.
     pub fn set_applied(&mut self, index: u64) -> Result<(), ReplicaError> {
         if index <= self.applied {
             return Ok(());

@@ -52,6 +52,11 @@ impl GroupLayout {
         }
     }
 
+    /// The mailbox sender `sender` writes.
+    pub fn mailbox(&self, sender: usize) -> Area {
+        self.mailboxes[sender]
+    }
+
     /// The largest message a slot holds.
     pub fn max_message(&self) -> usize {
         self.slot_bytes - HEADER - TRAILER

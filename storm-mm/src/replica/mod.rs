@@ -58,6 +58,19 @@ pub enum ReplicaError {
     Raft(String),
 }
 
+/// A message from another replica's mailbox, decoded; with a log entry's journal part for
+/// each entry it carries. The error says what does not decode.
+pub fn decode_peer_message(bytes: &[u8]) -> Result<(Message, Vec<entry::Part>), String> {
+    let msg = Message::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
+    let parts = msg
+        .entries
+        .iter()
+        .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty())
+        .map(|e| entry::decode(&e.data))
+        .collect::<Result<_, _>>()?;
+    Ok((msg, parts))
+}
+
 /// What the replica thread tells the daemon.
 enum RoleEvent {
     /// This replica leads `term`, and its journal holds every committed entry.
@@ -126,13 +139,17 @@ impl Replica {
         let dir = DaemonDir::open_or_create(&cfg.cluster.state_dir, 0o700)?;
         let voters: Vec<u64> = (1..=replicas as u64).collect();
         let log = DurableLog::open(&dir, voters)?;
+        // Raft gives again every committed entry after the last one the journal holds
+        // durably (it may have lost later ones in a crash: they are written without a sync).
+        let mut store = store;
+        let applied = store.applied()?.min(log.committed());
         let r = &cfg.replication;
         let election_ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
         let raft_cfg = raft::Config {
             id: index as u64 + 1,
             election_tick: election_ticks,
             heartbeat_tick: 1,
-            applied: log.applied(),
+            applied,
             max_size_per_msg: PART_BYTES as u64,
             max_inflight_msgs: 256,
             check_quorum: true,
@@ -181,6 +198,8 @@ impl Replica {
             shared: shared.clone(),
             leading: None,
             unneeded: BTreeMap::new(),
+            applied,
+            checkpointed: (applied, Instant::now()),
         };
         let thread = std::thread::Builder::new()
             .name("replica".into())
@@ -298,7 +317,15 @@ struct Host {
     leading: Option<u64>,
     /// Program copies to delete once their batch settles.
     unneeded: BTreeMap<u64, Vec<storm_cluster::messages::JobId>>,
+    /// The last log entry written to the journal, and the last one written durably, when.
+    applied: u64,
+    checkpointed: (u64, Instant),
 }
+
+/// How often a replica makes what it applied to its journal durable (applying does not sync:
+/// the log on a majority of disks holds every committed entry; a replica that crashes applies
+/// again what its journal lost since).
+const CHECKPOINT: Duration = Duration::from_secs(1);
 
 impl Host {
     fn run(mut self) {
@@ -317,6 +344,21 @@ impl Host {
                 return;
             }
         }
+        if let Err(e) = self.checkpoint() {
+            tracing::error!("cannot make the journal durable on stopping: {e}");
+        }
+    }
+
+    /// Makes the journal durable up to the last entry applied, and records it in the log.
+    fn checkpoint(&mut self) -> Result<(), ReplicaError> {
+        if self.applied > self.checkpointed.0 {
+            self.store
+                .write_applied(&[], None, self.applied, true)
+                .map_err(|e| ReplicaError::Raft(format!("syncing the journal: {e}")))?;
+            self.log.set_applied(self.applied)?;
+        }
+        self.checkpointed = (self.applied, Instant::now());
+        Ok(())
     }
 
     fn step(&mut self, next_tick: &mut Instant) -> Result<(), ReplicaError> {
@@ -324,7 +366,7 @@ impl Host {
             self.propose(batch)?;
         }
         for (from, bytes) in self.inbox.take(&*self.fabric, &self.group) {
-            let Ok(msg) = Message::parse_from_bytes(&bytes) else {
+            let Ok((msg, _)) = decode_peer_message(&bytes) else {
                 tracing::warn!(from, "dropping a replica message that does not decode");
                 continue;
             };
@@ -344,6 +386,9 @@ impl Host {
         self.handle_ready()?;
         self.roles()?;
         self.publish_status();
+        if self.checkpointed.1.elapsed() >= CHECKPOINT {
+            self.checkpoint()?;
+        }
         Ok(())
     }
 
@@ -410,9 +455,6 @@ impl Host {
     /// Writes committed entries into this replica's journal; on the leader, settles the
     /// batches whose last part it proposed in its term.
     fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
-        let Some(last) = entries.last().map(|e| e.index) else {
-            return Ok(());
-        };
         for e in entries {
             if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
                 continue;
@@ -422,8 +464,9 @@ impl Host {
             })?;
             let started = Instant::now();
             self.store
-                .write(&part.changes, part.next_job)
+                .write_applied(&part.changes, part.next_job, e.index, false)
                 .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
+            self.applied = e.index;
             if part.last && Some(e.term) == self.leading {
                 remove_programs(
                     self.programs.as_ref(),
@@ -439,7 +482,7 @@ impl Host {
                 }
             }
         }
-        self.log.set_applied(last)
+        Ok(())
     }
 
     /// Says when this replica begins to lead (its journal caught up), and when it stops; keeps
