@@ -669,7 +669,19 @@ impl Sim {
     /// incarnation, whose memory starts empty. The simulation's client connects again and
     /// reattaches to its jobs.
     pub fn restart_mm(&mut self) -> Result<()> {
-        self.incarnation += 1;
+        self.restart_mm_as(self.incarnation + 1)
+    }
+
+    /// [`Sim::restart_mm`] as the leader of Raft term `term` of a replicated MM: its
+    /// incarnation carries the term (see `storm_cluster::messages::incarnation`), which the
+    /// nodes use to refuse the MM of an older term once a newer one welcomed them.
+    pub fn restart_mm_in_term(&mut self, term: u64) -> Result<()> {
+        let uniq = self.incarnation + 1;
+        self.restart_mm_as(storm_cluster::messages::incarnation(term, uniq, 0))
+    }
+
+    fn restart_mm_as(&mut self, incarnation: u64) -> Result<()> {
+        self.incarnation = incarnation;
         let mm_node = self.cfg.mm_id();
         // A new process has fresh global memory and no pending events.
         self.fabric.restart(mm_node);
