@@ -324,18 +324,10 @@ pub(crate) fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(8)..].join("\n")
 }
 
-/// Waits until the MM answers on `socket` and every NM has joined (none "unknown" or
-/// "joining"); `check` runs between tries and fails early when a daemon died.
+/// Waits until the MM answers on one of `sockets` (a replicated MM's leader, on any of its
+/// replicas') and every NM has joined (none "unknown" or "joining"); `check` runs between
+/// tries and fails early when a daemon died.
 pub(crate) fn wait_for_nodes(
-    socket: &Path,
-    limit: Duration,
-    check: impl FnMut() -> Result<()>,
-) -> Result<()> {
-    wait_for_nodes_on(&[socket.to_path_buf()], limit, check)
-}
-
-/// [`wait_for_nodes`] where the MM answers on any of `sockets` (a replicated MM's leader).
-pub(crate) fn wait_for_nodes_on(
     sockets: &[PathBuf],
     limit: Duration,
     mut check: impl FnMut() -> Result<()>,
@@ -733,7 +725,7 @@ impl LocalCluster {
         let root = self.root.clone();
         let sockets = self.config.control_sockets();
         let mut exited = false;
-        wait_for_nodes_on(&sockets, Duration::from_secs(20), || {
+        wait_for_nodes(&sockets, Duration::from_secs(20), || {
             // Read readiness as it comes: the socket's queue is short.
             self.collect_ready();
             for d in self.daemons.iter_mut() {

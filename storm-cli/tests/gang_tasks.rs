@@ -39,6 +39,7 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
             ..SchedulerSection::default()
         },
         failure: FailureSection::default(),
+        managers: 1,
     })
     .expect("testbed up");
     let out = work.path().join("windows");

@@ -400,21 +400,26 @@ fn replica_seeds() -> Vec<Vec<u8>> {
         1024,
     )
     .remove(0);
-    // A protobuf raft Message: msg_type 3 (append), to 2, from 1, one entry with the part.
-    let mut entry_bytes = vec![0x10, 0x01, 0x18, 0x05, 0x22, part.len() as u8];
-    entry_bytes.extend(&part);
-    let mut msg = vec![
-        0x08,
-        0x03,
-        0x10,
-        0x02,
-        0x18,
-        0x01,
-        0x3a,
-        entry_bytes.len() as u8,
-    ];
-    msg.extend(entry_bytes);
-    vec![replica_slot(1, &msg), replica_slot(1, b"")]
+    // A Raft append from replica 1 to replica 2 carrying the part.
+    let msg = raft::eraftpb::Message {
+        msg_type: raft::eraftpb::MessageType::MsgAppend,
+        to: 2,
+        from: 1,
+        term: 5,
+        index: 1,
+        entries: vec![raft::eraftpb::Entry {
+            term: 5,
+            index: 2,
+            data: part.into(),
+            ..Default::default()
+        }]
+        .into(),
+        ..Default::default()
+    };
+    let msg = protobuf::Message::write_to_bytes(&msg).expect("a raft message encodes");
+    // A slot at the mailbox's start holds a sequence number that is a multiple of the slots.
+    let seq = storm_mm::replica::mailbox::SLOTS as u64;
+    vec![replica_slot(seq, &msg), replica_slot(seq, b"")]
 }
 
 /// What a replica makes of its mailbox from another: the slot's framing, then the Raft

@@ -90,6 +90,11 @@ fn relay_handshakes() {
 }
 
 #[test]
+fn replica_mailboxes() {
+    fuzz("replica");
+}
+
+#[test]
 fn every_target_is_fuzzed_here() {
     let here = include_str!("fuzz.rs");
     for t in targets::all() {

@@ -55,6 +55,7 @@ impl Cluster {
                 timeslice_ms: quantum_ms,
                 scheduler,
                 failure: Default::default(),
+                managers: 1,
             })?;
             return Ok(Cluster::Testbed(tb));
         }

@@ -55,6 +55,10 @@ enum Cmd {
         /// `[scheduler] daemon_rt_priority` of the daemons (cluster default if not given).
         #[arg(long)]
         daemon_rt_priority: Option<u8>,
+        /// MM replicas: 3 (or 5, 7) runs a replicated MM, each replica in a namespace of its
+        /// own (`NAME-m0`..).
+        #[arg(long, default_value_t = 1)]
+        managers: u32,
     },
     /// Stop the daemons and delete the namespaces and the testbed's files.
     Down,
@@ -85,6 +89,7 @@ fn run(cli: Cli) -> Result<()> {
             policy,
             mpl,
             daemon_rt_priority,
+            managers,
         } => {
             if dir.exists() {
                 bail!(
@@ -117,7 +122,18 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 },
                 failure: Default::default(),
+                managers,
             })?;
+            if managers > 1 {
+                println!(
+                    "a replicated MM: {managers} replicas in namespaces {}-m0..{}-m{}; \
+                     storm managers --config {} shows them",
+                    cli.name,
+                    cli.name,
+                    managers - 1,
+                    tb.config_path.display()
+                );
+            }
             println!(
                 "testbed {} up: {nodes} nodes in namespaces {}-n0..{}-n{}, MM in {}-mm\n\
                  cluster file: {}\n\

@@ -38,7 +38,9 @@ struct ManagerRelay {
     key: ClusterKey,
     names: Vec<String>,
     enrolled: parking_lot::RwLock<Enrolled>,
-    control_socket: PathBuf,
+    /// The MM's control socket; every replica's, in order, for a replicated MM (followers do
+    /// not listen: the leader's takes the connection).
+    control_sockets: Vec<PathBuf>,
     max_program_bytes: u64,
     counts: ConnectionCounts,
     handshakes: AtomicUsize,
@@ -60,12 +62,12 @@ pub fn serve(cfg: ClusterConfig) -> Result<()> {
         key,
         names: cfg.nodes.iter().map(|n| n.name.clone()).collect(),
         enrolled: parking_lot::RwLock::new(enrolled),
-        control_socket: cfg.cluster.control_socket.clone(),
+        control_sockets: cfg.control_sockets(),
         max_program_bytes: cfg.limits.max_program_bytes,
         counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
         handshakes: AtomicUsize::new(0),
     });
-    tracing::info!(%addr, mm = %cfg.cluster.control_socket.display(), "relaying the nodes' users to the machine manager");
+    tracing::info!(%addr, mm = ?cfg.control_sockets(), "relaying the nodes' users to the machine manager");
     storm_cluster::daemon::notify_ready();
     let mut refused = LogLimit::new(Duration::from_secs(10));
     for conn in listener.incoming() {
@@ -176,15 +178,23 @@ impl ManagerRelay {
                 return;
             }
         };
-        let mm = match UnixStream::connect(&self.control_socket) {
-            Ok(s) => s,
-            Err(e) => {
-                down.send(&Reply::Error(format!(
-                    "the machine manager is not running ({}: {e}); try again when it is",
-                    self.control_socket.display()
-                )));
-                return;
-            }
+        let mut failures = Vec::new();
+        let mm = self
+            .control_sockets
+            .iter()
+            .find_map(|s| match UnixStream::connect(s) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    failures.push(format!("{}: {e}", s.display()));
+                    None
+                }
+            });
+        let Some(mm) = mm else {
+            down.send(&Reply::Error(format!(
+                "the machine manager is not running ({}); try again when it is",
+                failures.join("; ")
+            )));
+            return;
         };
         let hello = Request::RelayHello {
             version,

@@ -6,8 +6,12 @@
 //! Layout for a testbed named `T` with N nodes (addresses in 10.200.0.0/16):
 //!
 //! * `T-sw`: bridge `br0`; one veth end per node (`n0`..) and one for the MM (`mm`);
-//! * `T-mm`: `eth0` = 10.200.0.1, storm-mm listening on port 7000;
-//! * `T-n<i>`: `eth0` = 10.200.0.2 + i, storm-nm for node `node<i>` on port 7000.
+//! * `T-mm`: `eth0` = 10.200.0.1, storm-mm listening on port 7000 (and the manager side of
+//!   the control relay on 7001);
+//! * `T-n<i>`: `eth0` = 10.200.0.2 + i, storm-nm for node `node<i>` on port 7000;
+//! * with `managers` above 1, a replicated MM: `T-m<j>` with `eth0` = 10.200.255.10 + j (veth
+//!   end `m<j>` on the bridge), storm-mm `--manager m<j>` with its endpoint on port 7000 and
+//!   the replicas' fabric on 7010; `T-mm` then runs only the relay.
 //!
 //! The cluster file, logs, spools, the MM's control socket and a state file (namespaces and
 //! daemon pids) live in one directory. [`Testbed::down`] (also run on drop) kills the daemons
@@ -22,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cluster::config::{
-    ClusterConfig, ClusterSection, FailureSection, MmSection, NodeEntry, OfiSection, RelaySection,
-    SchedulerSection, TcpSection,
+    ClusterConfig, ClusterSection, FailureSection, ManagerEntry, MmSection, NodeEntry, OfiSection,
+    RelaySection, SchedulerSection, TcpSection,
 };
 
 use crate::local::{bin_dir, tail, wait_for_nodes};
@@ -50,7 +54,23 @@ pub struct TestbedOptions {
     pub timeslice_ms: f64,
     pub scheduler: SchedulerSection,
     pub failure: FailureSection,
+    /// MM replicas: 1 for a single MM, else a replicated group of this many.
+    pub managers: u32,
 }
+
+/// The address of replica `j` of a testbed's replicated MM.
+pub fn manager_addr(j: u32) -> Ipv4Addr {
+    Ipv4Addr::new(10, 200, 255, 10 + j as u8)
+}
+
+/// Where a replica listens for the others (the replicas' own fabric).
+const PEER_PORT: u16 = 7010;
+
+/// The replicas' nodes on the bridge: everything outside this is a node (or the relay).
+const MANAGERS_NET: &str = "10.200.255.0/24";
+
+/// A testbed's replicated MM has at most this many replicas.
+const MAX_MANAGERS: u32 = 7;
 
 /// A running testbed. Dropping it tears it down.
 #[derive(Debug)]
@@ -163,6 +183,12 @@ impl Testbed {
         if opts.nodes == 0 || opts.nodes > 60_000 {
             bail!("a testbed has 1 to 60000 nodes, not {}", opts.nodes);
         }
+        if opts.managers == 0 || opts.managers > MAX_MANAGERS {
+            bail!(
+                "a testbed has 1 to {MAX_MANAGERS} MM replicas, not {}",
+                opts.managers
+            );
+        }
         if opts.name.is_empty()
             || opts.name.len() > 8
             || !opts.name.chars().all(|c| c.is_ascii_alphanumeric())
@@ -200,7 +226,8 @@ impl Testbed {
         tb.start_daemons()?;
         let daemons = tb.daemons.clone();
         let dir = tb.dir.clone();
-        wait_for_nodes(tb.socket(), Duration::from_secs(30), || {
+        let sockets = tb.config.control_sockets();
+        wait_for_nodes(&sockets, Duration::from_secs(30), || {
             for (name, pid) in &daemons {
                 if !alive(*pid) {
                     let log = dir.join(format!("{}.log", name.replace(' ', "-")));
@@ -258,6 +285,11 @@ impl Testbed {
         let mm = format!("{}-mm", self.name);
         self.add_ns(mm.clone())?;
         self.plug(&mm, "mm", MM_ADDR)?;
+        for j in 0..self.config.managers.len() as u32 {
+            let ns = self.manager_ns(j);
+            self.add_ns(ns.clone())?;
+            self.plug(&ns, &format!("m{j}"), manager_addr(j))?;
+        }
         for i in 0..nodes {
             let ns = self.node_ns(i);
             self.add_ns(ns.clone())?;
@@ -303,7 +335,13 @@ impl Testbed {
     }
 
     fn start_daemons(&mut self) -> Result<()> {
-        self.start_mm()?;
+        if self.config.replicated() {
+            for j in 0..self.config.managers.len() as u32 {
+                self.start_manager(j)?;
+            }
+        } else {
+            self.start_mm()?;
+        }
         let cfg = self.config_path.display().to_string();
         let mm_ns = format!("{}-mm", self.name);
         self.spawn_in(
@@ -340,6 +378,59 @@ impl Testbed {
         let cfg = self.config_path.display().to_string();
         let mm_ns = format!("{}-mm", self.name);
         self.spawn_in(&mm_ns, "storm-mm", "storm-mm", &["--config".into(), cfg])
+    }
+
+    /// The namespace of replica `j` of a replicated MM.
+    pub fn manager_ns(&self, j: u32) -> String {
+        format!("{}-m{j}", self.name)
+    }
+
+    /// Starts replica `j` of a replicated MM ("storm-mm m<j>") in its namespace (again,
+    /// after [`Testbed::kill`]).
+    pub fn start_manager(&mut self, j: u32) -> Result<()> {
+        let cfg = self.config_path.display().to_string();
+        let ns = self.manager_ns(j);
+        self.spawn_in(
+            &ns,
+            &format!("storm-mm m{j}"),
+            "storm-mm",
+            &["--config".into(), cfg, "--manager".into(), format!("m{j}")],
+        )
+    }
+
+    /// Which replica of a replicated MM leads ("m1"), by which control socket answers.
+    pub fn leader(&self) -> Option<String> {
+        self.config
+            .managers
+            .iter()
+            .zip(self.config.control_sockets())
+            .find(|(_, s)| {
+                storm_cluster::control::Client::connect_within(s, Some(Duration::from_millis(300)))
+                    .is_ok()
+            })
+            .map(|(m, _)| m.name.clone())
+    }
+
+    /// Cuts (or restores) replica `j` from the other replicas only (`from_replicas`), or from
+    /// everything but them: an nftables rule in its namespace drops what it exchanges with
+    /// that side. `None` restores it.
+    pub fn partition_manager(&self, j: u32, from_replicas: Option<bool>) -> Result<()> {
+        let ns = self.manager_ns(j);
+        let _ = nft(&ns, "delete table inet storm_partition");
+        let Some(from_replicas) = from_replicas else {
+            return Ok(());
+        };
+        let op = if from_replicas { "==" } else { "!=" };
+        nft(
+            &ns,
+            &format!(
+                "table inet storm_partition {{ \
+                   chain input {{ type filter hook input priority 0; \
+                     iifname \"eth0\" ip saddr {op} {MANAGERS_NET} drop; }}; \
+                   chain output {{ type filter hook output priority 0; \
+                     oifname \"eth0\" ip daddr {op} {MANAGERS_NET} drop; }}; }}"
+            ),
+        )
     }
 
     /// Starts node `i`'s NM in its namespace (again, after [`Testbed::kill`]).
@@ -498,10 +589,24 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             root_from_nodes: false,
         },
         mm: MmSection {
-            address: v4(MM_ADDR),
+            address: match opts.managers {
+                1 => v4(MM_ADDR),
+                _ => v4(manager_addr(0)),
+            },
         },
         replication: Default::default(),
-        managers: Vec::new(),
+        managers: match opts.managers {
+            1 => Vec::new(),
+            n => (0..n)
+                .map(|j| ManagerEntry {
+                    name: format!("m{j}"),
+                    address: v4(manager_addr(j)),
+                    peer_address: SocketAddr::V4(SocketAddrV4::new(manager_addr(j), PEER_PORT)),
+                    state_dir: Some(opts.dir.join(format!("m{j}-state"))),
+                    control_socket: Some(opts.dir.join(format!("m{j}.sock"))),
+                })
+                .collect(),
+        },
         nodes: (0..opts.nodes)
             .map(|i| NodeEntry {
                 name: format!("node{i}"),

@@ -65,6 +65,7 @@ pub fn up_with(
         timeslice_ms: 1.0,
         scheduler,
         failure,
+        managers: 1,
     })
     .expect("testbed up")
 }

@@ -1,0 +1,164 @@
+//! A replicated MM on the namespace testbed, each replica in a namespace of its own: the
+//! leader cut off from the other replicas (but not from the nodes) stops acting, a replica
+//! that reaches the majority takes the cluster over, and a job running throughout delivers
+//! all of its output once.
+//!
+//! These tests need root (network namespaces). Where namespaces cannot be made they fail and
+//! say why, unless STORM_ALLOW_NO_NETNS=1 is set, in which case they print NOT TESTED.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use storm_cli::testbed::{Testbed, TestbedOptions};
+use support::testbed::{can_run, gone_within, submit, unique_name};
+use support::{bin_dir, ensure_daemons, script, text};
+
+fn group(nodes: u32, work: &Path) -> Testbed {
+    ensure_daemons();
+    Testbed::up(&TestbedOptions {
+        name: unique_name(),
+        nodes,
+        cpus: storm_cli::local::host_cpus(),
+        dir: work.join("testbed"),
+        timeslice_ms: 1.0,
+        scheduler: Default::default(),
+        failure: Default::default(),
+        managers: 3,
+    })
+    .expect("testbed with three MM replicas up")
+}
+
+/// Waits until `log` contains `what`.
+fn wait_for(log: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
+        assert!(
+            Instant::now() < deadline,
+            "{} never said {what:?}: {:?}",
+            log.display(),
+            std::fs::read_to_string(log)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn storm(tb: &Testbed, args: &[&str]) -> std::process::Output {
+    Command::new(bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&tb.config_path)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_leader_cut_off_from_the_other_replicas_stops_and_the_majority_takes_the_cluster_over() {
+    let test =
+        "a_leader_cut_off_from_the_other_replicas_stops_and_the_majority_takes_the_cluster_over";
+    if !can_run(test) {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mut tb = group(2, work.path());
+    let leader = tb.leader().expect("a leader");
+    let j: u32 = leader.trim_start_matches('m').parse().unwrap();
+    let leader_pid = tb.pid(&format!("storm-mm {leader}")).unwrap();
+    let counter = script(
+        work.path(),
+        "counter.sh",
+        "i=1\nwhile [ $i -le 40 ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
+         sleep 0.05; done\nexit 5\n",
+    );
+    let log = work.path().join("submit.log");
+    let running = submit(
+        &tb,
+        &[
+            "-N",
+            "2",
+            "-l",
+            "--reconnect",
+            "60",
+            counter.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    wait_for(&log, "tick 5");
+    tb.partition_manager(j, Some(true)).unwrap();
+    // The old leader hears no majority: it stops within half an election timeout. One of the
+    // two others is elected and takes the nodes over.
+    assert!(
+        gone_within(leader_pid, Duration::from_secs(10)),
+        "the cut-off leader went on"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let next = loop {
+        if let Some(l) = tb.leader()
+            && l != leader
+        {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no replica took over");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = submit(&tb, &["-N", "2", "echo", "after the partition"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "after the partition\nafter the partition\n"
+    );
+    // The running job ran on: every line of both ranks, once and in order.
+    let out = running.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let all = text(&out.stdout);
+    for rank in 0..2 {
+        let prefix = format!("{rank}: ");
+        let got: Vec<&str> = all
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .collect();
+        let want: Vec<String> = (1..=40).map(|i| format!("line {i}")).collect();
+        assert_eq!(
+            got,
+            want,
+            "rank {rank}, storm-submit said:\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+    }
+    // The cut is healed and the old leader started again: it follows the new one.
+    tb.partition_manager(j, None).unwrap();
+    tb.start_manager(j).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = storm(&tb, &["managers"]);
+        let table = text(&out.stdout);
+        let rejoined = table
+            .lines()
+            .any(|l| l.starts_with(&leader) && l.contains("follower"));
+        if rejoined
+            && table
+                .lines()
+                .any(|l| l.starts_with(&next) && l.contains("leader"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{leader} did not rejoin:\n{table}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tb.down().unwrap();
+}
