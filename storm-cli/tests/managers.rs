@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cli::local::{LocalCluster, LocalOptions};
-use support::{ensure_daemons, script, text};
+use support::{counter_script, ensure_daemons, text, wait_for_text};
 
 fn group(nodes: u32) -> LocalCluster {
     ensure_daemons();
@@ -42,35 +42,6 @@ fn storm(c: &LocalCluster, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run storm")
-}
-
-/// A job that prints `lines` numbered lines, one every 50 ms, marks each on standard error,
-/// and exits 5.
-fn counter(dir: &Path, lines: u32) -> String {
-    script(
-        dir,
-        "counter.sh",
-        &format!(
-            "i=1\nwhile [ $i -le {lines} ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
-             sleep 0.05; done\nexit 5\n"
-        ),
-    )
-    .display()
-    .to_string()
-}
-
-/// Waits until `log` contains `what`.
-fn wait_for(log: &Path, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
-        assert!(
-            Instant::now() < deadline,
-            "{} never said {what:?}: {:?}",
-            log.display(),
-            std::fs::read_to_string(log)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Waits for a leader other than `old`, and says which and how long it took.
@@ -122,11 +93,11 @@ fn assert_lines(out: &Output, ranks: u32, n: u32, log: &Path) {
 fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
     let mut c = group(2);
     let dir = tempfile::tempdir().unwrap();
-    let job = counter(dir.path(), 40);
+    let job = counter_script(dir.path(), 40);
     let leader = c.leader().expect("a leader");
     let log = dir.path().join("submit.log");
     let running = spawn_logged(&c, &["-N", "2", "-l", "--reconnect", "60", &job], &log);
-    wait_for(&log, "tick 5");
+    wait_for_text(&log, "tick 5", Duration::from_secs(20));
     c.kill_manager(&leader).unwrap();
     let (next, took) = new_leader(&c, &leader);
     eprintln!("{leader} killed; {next} leads after {took:?}");
@@ -161,7 +132,7 @@ fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
 fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
     let mut c = group(2);
     let dir = tempfile::tempdir().unwrap();
-    let job = counter(dir.path(), 40);
+    let job = counter_script(dir.path(), 40);
     let leader = c.leader().expect("a leader");
     let pid = c
         .daemon_pids()
@@ -171,7 +142,7 @@ fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
         .unwrap();
     let log = dir.path().join("submit.log");
     let running = spawn_logged(&c, &["-N", "2", "-l", "--reconnect", "60", &job], &log);
-    wait_for(&log, "tick 5");
+    wait_for_text(&log, "tick 5", Duration::from_secs(20));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // A frozen process still holds its socket: it takes connections it never answers, so
     // the leader is told by who answers `storm nodes`.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use storm_cli::testbed::{Testbed, TestbedOptions};
 use support::testbed::{can_run, gone_within, submit, unique_name};
-use support::{bin_dir, ensure_daemons, script, text};
+use support::{bin_dir, counter_script, ensure_daemons, text, wait_for_text};
 
 fn group(nodes: u32, work: &Path) -> Testbed {
     ensure_daemons();
@@ -29,20 +29,6 @@ fn group(nodes: u32, work: &Path) -> Testbed {
         managers: 3,
     })
     .expect("testbed with three MM replicas up")
-}
-
-/// Waits until `log` contains `what`.
-fn wait_for(log: &Path, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
-        assert!(
-            Instant::now() < deadline,
-            "{} never said {what:?}: {:?}",
-            log.display(),
-            std::fs::read_to_string(log)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn storm(tb: &Testbed, args: &[&str]) -> std::process::Output {
@@ -66,29 +52,14 @@ fn a_leader_cut_off_from_the_other_replicas_stops_and_the_majority_takes_the_clu
     let leader = tb.leader().expect("a leader");
     let j: u32 = leader.trim_start_matches('m').parse().unwrap();
     let leader_pid = tb.pid(&format!("storm-mm {leader}")).unwrap();
-    let counter = script(
-        work.path(),
-        "counter.sh",
-        "i=1\nwhile [ $i -le 40 ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
-         sleep 0.05; done\nexit 5\n",
-    );
+    let counter = counter_script(work.path(), 40);
     let log = work.path().join("submit.log");
-    let running = submit(
-        &tb,
-        &[
-            "-N",
-            "2",
-            "-l",
-            "--reconnect",
-            "60",
-            counter.to_str().unwrap(),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(std::fs::File::create(&log).unwrap())
-    .spawn()
-    .unwrap();
-    wait_for(&log, "tick 5");
+    let running = submit(&tb, &["-N", "2", "-l", "--reconnect", "60", &counter])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_text(&log, "tick 5", Duration::from_secs(20));
     tb.partition_manager(j, Some(true)).unwrap();
     // The old leader hears no majority: it stops within half an election timeout. One of the
     // two others is elected and takes the nodes over.

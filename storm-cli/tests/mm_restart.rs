@@ -17,7 +17,7 @@ use storm_cluster::control::{JobState, NodeState};
 use support::testbed::{
     can_run, gone_within, logs, nodes, submit, up, up_with, wait_node_state, wait_pid,
 };
-use support::{bin_dir, script, text};
+use support::{bin_dir, counter_script, script, text, wait_for_text};
 
 /// Starts storm-submit with standard error going to `log` (read with [`wait_for`] while it runs).
 fn spawn_logged(tb: &Testbed, args: &[&str], log: &Path) -> Child {
@@ -26,20 +26,6 @@ fn spawn_logged(tb: &Testbed, args: &[&str], log: &Path) -> Child {
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap()
-}
-
-/// Waits until `log` contains `text`.
-fn wait_for(log: &Path, text: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(text)) {
-        assert!(
-            Instant::now() < deadline,
-            "{} never said {text:?}: {:?}",
-            log.display(),
-            std::fs::read_to_string(log)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn storm(tb: &Testbed, args: &[&str]) -> Output {
@@ -66,21 +52,6 @@ fn history(socket: &Path) -> Vec<JobInfo> {
         Reply::History(h) => h,
         other => panic!("unexpected reply {other:?}"),
     }
-}
-
-/// A job that prints `lines` numbered lines, one every 50 ms, marks each on standard error,
-/// and exits 5.
-fn counter(dir: &Path, lines: u32) -> String {
-    script(
-        dir,
-        "counter.sh",
-        &format!(
-            "i=1\nwhile [ $i -le {lines} ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
-             sleep 0.05; done\nexit 5\n"
-        ),
-    )
-    .display()
-    .to_string()
 }
 
 /// The lines a counter job printed, in order, each once.
@@ -118,11 +89,18 @@ fn running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_res
     );
     let running = spawn_logged(
         &tb,
-        &["-v", "-N", "1", "-J", "running", &counter(work.path(), 60)],
+        &[
+            "-v",
+            "-N",
+            "1",
+            "-J",
+            "running",
+            &counter_script(work.path(), 60),
+        ],
         &running_log,
     );
     // The waiting job is submitted only once the running one holds node 0, so that it waits.
-    wait_for(&running_log, "tick 1");
+    wait_for_text(&running_log, "tick 1", Duration::from_secs(10));
     let waiting_prog = script(work.path(), "waiting.sh", "echo hello from the queue\n");
     let waiting = spawn_logged(
         &tb,
@@ -138,8 +116,12 @@ fn running_jobs_survive_a_restarted_mm_with_all_their_output_and_queued_jobs_res
     );
     // Killed once the submitters know their jobs (before that, a submitter cannot follow its
     // job across the restart: it does not know its id).
-    wait_for(&waiting_log, "queued: waiting for 1 free nodes");
-    wait_for(&running_log, "tick 5");
+    wait_for_text(
+        &waiting_log,
+        "queued: waiting for 1 free nodes",
+        Duration::from_secs(10),
+    );
+    wait_for_text(&running_log, "tick 5", Duration::from_secs(10));
 
     tb.kill("storm-mm").unwrap();
     // The job prints on while no MM is there: its NM holds the output.
@@ -227,7 +209,7 @@ fn a_running_job_whose_node_does_not_come_back_after_an_mm_restart_ends_naming_i
     wait_pid(&work.path().join("pid.1"), Duration::from_secs(10));
     // Killed once the submitter knows its job (before that it cannot follow the job across
     // the restart; its tasks can run before it is told, see issue 17's note).
-    wait_for(&log, "job 1 accepted");
+    wait_for_text(&log, "job 1 accepted", Duration::from_secs(10));
 
     tb.kill("storm-mm").unwrap();
     tb.kill("storm-nm node1").unwrap();
@@ -320,14 +302,14 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
                     "4",
                     "-J",
                     &format!("gang{i}"),
-                    &counter(work.path(), 60),
+                    &counter_script(work.path(), 60),
                 ],
                 &gang_log(i),
             )
         })
         .collect();
     for i in 0..2 {
-        wait_for(&gang_log(i), "tick 3");
+        wait_for_text(&gang_log(i), "tick 3", Duration::from_secs(10));
     }
     // Fifty submitters whose jobs wait behind them.
     let submitter_log = |i: usize| work.path().join(format!("q{i}.err"));
@@ -370,7 +352,7 @@ fn gang_jobs_keep_their_time_slots_and_fifty_queued_submitters_get_their_jobs_ac
     // Each submitter has heard that its job was accepted (and queued): only then is the job
     // its to follow across the restart.
     for i in 0..SUBMITTERS {
-        wait_for(&submitter_log(i), "queued");
+        wait_for_text(&submitter_log(i), "queued", Duration::from_secs(10));
     }
 
     tb.kill("storm-mm").unwrap();
@@ -541,7 +523,11 @@ fn standard_input_goes_on_across_an_mm_restart_every_byte_once() {
     std::thread::sleep(Duration::from_millis(500));
     tb.start_mm().unwrap();
     wait_mm(&socket);
-    wait_for(&log, "the machine manager is back; following job");
+    wait_for_text(
+        &log,
+        "the machine manager is back; following job",
+        Duration::from_secs(10),
+    );
     stdin.write_all(b"after\n").unwrap();
     drop(stdin);
 

@@ -289,3 +289,33 @@ impl TestCluster {
         output_within(cmd, limit)
     }
 }
+
+/// Waits up to `limit` until the file at `log` contains `what` (a storm-submit's standard
+/// error, a job's marks).
+pub fn wait_for_text(log: &Path, what: &str, limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never said {what:?}: {:?}",
+            log.display(),
+            std::fs::read_to_string(log)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A job script in `dir` that prints `lines` numbered lines (`line N`), one every 50 ms,
+/// marks each on standard error (`tick N`), and exits 5; its path.
+pub fn counter_script(dir: &Path, lines: u32) -> String {
+    script(
+        dir,
+        "counter.sh",
+        &format!(
+            "i=1\nwhile [ $i -le {lines} ]; do echo line $i; echo tick $i >&2; i=$((i+1)); \
+             sleep 0.05; done\nexit 5\n"
+        ),
+    )
+    .display()
+    .to_string()
+}
