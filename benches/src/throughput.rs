@@ -148,6 +148,19 @@ fn submit_once(socket: &std::path::Path, delivery: Delivery) -> Result<(Duration
     Ok((took, Some(outcome.timing)))
 }
 
+/// A pass as a CSV row (see [`CSV_HEADER`]).
+fn csv_row(what: &str, p: &Pass, clients: usize) -> Vec<String> {
+    vec![
+        what.into(),
+        p.latency.len().to_string(),
+        clients.to_string(),
+        format!("{:.6}", p.wall),
+        format!("{:.1}", p.latency.len() as f64 / p.wall),
+        format!("{:.6}", p.latency.quantile(0.5)),
+        format!("{:.6}", p.latency.quantile(0.99)),
+    ]
+}
+
 fn median_us(timings: &[Timing], part: impl Fn(&Timing) -> u64) -> f64 {
     let mut v: Vec<u64> = timings.iter().map(part).collect();
     v.sort_unstable();
@@ -206,15 +219,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             fmt_time(p.latency.quantile(0.5)),
             fmt_time(p.latency.quantile(0.99)),
         ]);
-        csv.push(vec![
-            what.into(),
-            p.latency.len().to_string(),
-            args.clients.to_string(),
-            format!("{:.6}", p.wall),
-            format!("{:.1}", rate(p)),
-            format!("{:.6}", p.latency.quantile(0.5)),
-            format!("{:.6}", p.latency.quantile(0.99)),
-        ]);
+        csv.push(csv_row(what, p, args.clients));
     }
     table.push(vec![
         "storm / fork/exec".into(),
@@ -290,15 +295,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 fmt_time(per_job(cpu, p)),
                 fmt_time(l.commits.mean()),
             ]);
-            csv.push(vec![
-                format!("mm {what}"),
-                p.latency.len().to_string(),
-                args.clients.to_string(),
-                format!("{:.6}", p.wall),
-                format!("{:.1}", rate(p)),
-                format!("{:.6}", p.latency.quantile(0.5)),
-                format!("{:.6}", p.latency.quantile(0.99)),
-            ]);
+            csv.push(csv_row(&format!("mm {what}"), p, args.clients));
         }
         cost.push(vec![
             "replicas / single".into(),
