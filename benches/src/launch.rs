@@ -123,6 +123,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
         step_of: None,
         array: None,
         element: None,
+        token: None,
     };
     let start = Instant::now();
     let (outcome, _, _) =

@@ -148,6 +148,7 @@ fn storm_once(cluster: &LocalCluster, program: &Path, nodes: u32, ppn: u32) -> R
         step_of: None,
         array: None,
         element: None,
+        token: None,
     };
     let mut out = Stdout::default();
     let start = Instant::now();

@@ -131,6 +131,7 @@ fn submit_once(socket: &std::path::Path, delivery: Delivery) -> Result<(Duration
         step_of: None,
         array: None,
         element: None,
+        token: None,
     };
     let program = if delivery.carries_program() {
         Some(std::fs::File::open(PROGRAM)?)

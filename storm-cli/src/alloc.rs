@@ -61,6 +61,7 @@ fn request(shape: &JobShape, here: &Path) -> JobRequest {
         step_of: None,
         array: None,
         element: None,
+        token: None,
     }
 }
 

@@ -216,6 +216,7 @@ pub fn request(
         step_of: None,
         array,
         element: None,
+        token: None,
     };
     Ok((req, source))
 }

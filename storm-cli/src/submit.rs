@@ -181,6 +181,13 @@ pub trait Progress {
     fn reconnect(&mut self, _job: JobId, _why: &str) -> Option<Client> {
         None
     }
+    /// The connection to the MM was lost (`why`) before it answered the submission: a client
+    /// connected to an MM that came back (or to the next leader of a replicated group), to
+    /// send the submission again on, or `None` to give up. Asked only for a submission with a
+    /// token, which the MM recognises if it already took it.
+    fn resubmit(&mut self, _why: &str) -> Option<Client> {
+        None
+    }
     /// Asked between events: whether the user wants the job cancelled now.
     fn cancel_requested(&mut self) -> bool {
         false
@@ -258,6 +265,8 @@ pub fn run_job_with_input(
     mut input: Option<InputSender>,
     progress: &mut dyn Progress,
 ) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
+    // Kept to send again, if the MM is lost before it answers (see `JobRequest::token`).
+    let again = req.token.is_some().then(|| req.clone());
     client.request(&Request::Submit(Box::new(req)), program.map(|f| f.as_fd()))?;
     let mut conn = Connection::follow(client)?;
     let mut job = None;
@@ -359,10 +368,18 @@ pub fn run_job_with_input(
             Event::Reply(other) => return Err(format!("unexpected reply {other:?}")),
             Event::Lost(e) => {
                 let Some(id) = job else {
-                    return Err(format!(
-                        "lost the machine manager ({e}) before it confirmed the job; it may \
-                         have been accepted all the same (see storm queue)"
-                    ));
+                    let client = again.as_ref().and_then(|_| progress.resubmit(&e));
+                    let (Some(client), Some(req)) = (client, again.clone()) else {
+                        return Err(format!(
+                            "lost the machine manager ({e}) before it confirmed the job; it \
+                             may have been accepted all the same (see storm queue)"
+                        ));
+                    };
+                    // The MM that answers now follows the job if it holds it already, and
+                    // takes the submission if not: it never makes two jobs of one.
+                    client.request(&Request::Submit(Box::new(req)), program.map(|f| f.as_fd()))?;
+                    conn = Connection::follow(client)?;
+                    continue;
                 };
                 let Some(client) = progress.reconnect(id, &e) else {
                     return Err(format!(

@@ -905,6 +905,7 @@ fn raw_submit_helper() {
         step_of: None,
         array: None,
         element: None,
+        token: None,
     };
     let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
     let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);

@@ -205,6 +205,7 @@ fn jobs_followed_in_process_give_their_connections_back() {
             step_of: None,
             array: None,
             element: None,
+            token: None,
         };
         let client = Client::connect(&c.socket)
             .unwrap_or_else(|e| panic!("job {n}: the connections of earlier jobs linger: {e}"));
@@ -321,6 +322,7 @@ fn named_job(name: String, cwd: &Path) -> JobRequest {
         step_of: None,
         array: None,
         element: None,
+        token: None,
     }
 }
 

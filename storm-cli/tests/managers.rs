@@ -13,10 +13,15 @@ use storm_cli::local::{LocalCluster, LocalOptions};
 use support::{counter_script, ensure_daemons, text, wait_for_text};
 
 fn group(nodes: u32) -> LocalCluster {
+    group_with(nodes, Default::default())
+}
+
+fn group_with(nodes: u32, scheduler: storm_cluster::config::SchedulerSection) -> LocalCluster {
     ensure_daemons();
     LocalCluster::start(&LocalOptions {
         cpus: Some(support::TEST_CPUS),
         managers: 3,
+        scheduler,
         keep: std::env::var_os("KEEP").is_some(),
         log_filter: std::env::var("DAEMON_LOG").ok(),
         ..LocalOptions::new(nodes)
@@ -125,6 +130,106 @@ fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
     assert_eq!(c.leader().as_deref(), Some(next.as_str()));
     let out = submit(&c, &["-N", "2", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    c.shutdown().unwrap();
+}
+
+/// The leader killed while 50 submitters wait on short jobs and two gang jobs timeshare both
+/// nodes. Seen from outside: every submitter ends with its job's one line and exit 0, also
+/// those whose submission the killed leader took but never answered (they send it again,
+/// and the new leader follows the job it holds rather than making another); each short job
+/// ran exactly once (each appends its number to a file); and the gang jobs deliver every
+/// line of both ranks once, in order, and end as they would have.
+#[test]
+fn a_leader_killed_under_fifty_submitters_and_running_gang_jobs_loses_and_repeats_nothing() {
+    let mut c = group_with(
+        2,
+        storm_cluster::config::SchedulerSection {
+            policy: storm_cluster::config::PolicyKind::Gang,
+            mpl: 4,
+            ..Default::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let counter = counter_script(dir.path(), 100);
+    let ran = dir.path().join("ran");
+    let short = support::script(
+        dir.path(),
+        "short.sh",
+        &format!("echo \"$1\" >> {}\necho \"done $1\"\n", ran.display()),
+    );
+    let short = short.to_str().unwrap();
+    let leader = c.leader().expect("a leader");
+    let gang: Vec<(Child, std::path::PathBuf)> = (0..2)
+        .map(|g| {
+            let log = dir.path().join(format!("gang{g}.log"));
+            let child = spawn_logged(&c, &["-N", "2", "-l", "--reconnect", "60", &counter], &log);
+            (child, log)
+        })
+        .collect();
+    for (_, log) in &gang {
+        wait_for_text(log, "tick 3", Duration::from_secs(30));
+    }
+    let submitters: Vec<Child> = (0..50)
+        .map(|i| {
+            submit_cmd(&c, &["-N", "1", "--reconnect", "60", short, &i.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Killed while they are under way: a few ran, most did not.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&ran).map_or(0, |t| t.lines().count()) < 5 {
+        assert!(Instant::now() < deadline, "no short job ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.kill_manager(&leader).unwrap();
+    let (next, took) = new_leader(&c, &leader);
+    eprintln!("{leader} killed under load; {next} leads after {took:?}");
+    let (mut followed, mut sent_again) = (0, 0);
+    for (i, child) in submitters.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let said = text(&out.stderr);
+        followed += usize::from(said.contains("is back; following job"));
+        sent_again += usize::from(said.contains("is back; sending the job again"));
+        assert!(
+            out.status.success(),
+            "submitter {i} failed: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            text(&out.stdout),
+            format!("done {i}\n"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    eprintln!(
+        "of 50 submitters, {followed} followed their job to {next} and {sent_again} sent their \
+         submission again"
+    );
+    let mut once: Vec<u32> = std::fs::read_to_string(&ran)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    once.sort_unstable();
+    assert_eq!(
+        once,
+        (0..50).collect::<Vec<u32>>(),
+        "each short job runs exactly once"
+    );
+    for (child, log) in gang {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(5),
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        assert_lines(&out, 2, 100, &log);
+    }
     c.shutdown().unwrap();
 }
 

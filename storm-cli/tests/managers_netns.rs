@@ -1,7 +1,8 @@
 //! A replicated MM on the namespace testbed, each replica in a namespace of its own: the
-//! leader cut off from the other replicas (but not from the nodes) stops acting, a replica
-//! that reaches the majority takes the cluster over, and a job running throughout delivers
-//! all of its output once.
+//! leader cut off from the other replicas (but not from the nodes) stops acting, and so does
+//! a leader cut off from the nodes (but not from the replicas); either way a replica that
+//! reaches both takes the cluster over, and a job running throughout delivers all of its
+//! output once.
 //!
 //! These tests need root (network namespaces). Where namespaces cannot be made they fail and
 //! say why, unless STORM_ALLOW_NO_NETNS=1 is set, in which case they print NOT TESTED.
@@ -47,6 +48,34 @@ fn a_leader_cut_off_from_the_other_replicas_stops_and_the_majority_takes_the_clu
     if !can_run(test) {
         return;
     }
+    leader_partitioned(Cut::FromReplicas, "lost its lease");
+}
+
+/// The reverse cut: the leader still hears the other replicas, so Raft alone would keep it
+/// leading, but it hears none of its nodes. Left alone it would mark them all DOWN after K
+/// heartbeat periods and end every job on them. It hands the group to a replica that the
+/// nodes reach instead, and stops; the nodes join the new leader, which adopts their jobs.
+#[test]
+fn a_leader_cut_off_from_its_nodes_hands_the_group_over_and_no_job_ends() {
+    let test = "a_leader_cut_off_from_its_nodes_hands_the_group_over_and_no_job_ends";
+    if !can_run(test) {
+        return;
+    }
+    leader_partitioned(Cut::FromNodes, "cut off from its nodes");
+}
+
+/// Which side the leader is cut from.
+#[derive(Clone, Copy, PartialEq)]
+enum Cut {
+    FromReplicas,
+    FromNodes,
+}
+
+/// Cuts the leader of a three-replica group off from one side while a two-node job runs:
+/// the old leader stops (its log saying `why`), another replica leads, a new job runs, the
+/// running job delivers every line of both ranks once and in order and ends as it would
+/// have, and the old leader, healed and started again, follows.
+fn leader_partitioned(cut: Cut, why: &str) {
     let work = tempfile::tempdir().unwrap();
     let mut tb = group(2, work.path());
     let leader = tb.leader().expect("a leader");
@@ -60,12 +89,20 @@ fn a_leader_cut_off_from_the_other_replicas_stops_and_the_majority_takes_the_clu
         .spawn()
         .unwrap();
     wait_for_text(&log, "tick 5", Duration::from_secs(20));
-    tb.partition_manager(j, Some(true)).unwrap();
-    // The old leader hears no majority: it stops within half an election timeout. One of the
-    // two others is elected and takes the nodes over.
+    tb.partition_manager(j, Some(cut == Cut::FromReplicas))
+        .unwrap();
+    // Cut from the replicas, the old leader hears no majority: it stops within half an
+    // election timeout. Cut from the nodes, it hands the group over and stops. Either way
+    // one of the two others is elected and takes the nodes over.
     assert!(
         gone_within(leader_pid, Duration::from_secs(10)),
         "the cut-off leader went on"
+    );
+    let leader_log =
+        std::fs::read_to_string(tb.dir.join(format!("storm-mm-{leader}.log"))).unwrap_or_default();
+    assert!(
+        leader_log.contains(why),
+        "the old leader's log does not say {why:?}:\n{leader_log}"
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     let next = loop {

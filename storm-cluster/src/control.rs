@@ -29,8 +29,8 @@ use crate::tasks::TaskRequest;
 /// Version 11: arguments, environment and paths as bytes (UTF-8 or not). Version 12: how the
 /// program reaches the nodes (`delivery`), and whether it was copied (`broadcast`). Version
 /// 13: a dependency names array elements (`12_3`). Version 14: `Managers`, the replicas of a
-/// replicated MM.
-pub const PROTOCOL_VERSION: u32 = 14;
+/// replicated MM. Version 15: a job request's submission `token`.
+pub const PROTOCOL_VERSION: u32 = 15;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -70,6 +70,12 @@ pub struct JobRequest {
     pub array: Option<ArraySpec>,
     /// Set by the MM on each job of an array: which array, which element.
     pub element: Option<ArrayElement>,
+    /// Drawn at random by the submitter for this submission. A submission that lost its MM
+    /// before the answer came is sent again with the same token (to the MM back after a
+    /// restart, or to the next leader of a replicated group): an MM that already holds a job
+    /// of this user with this token answers by following that job instead of making another,
+    /// so a job is neither lost nor run twice.
+    pub token: Option<u64>,
 }
 
 /// How a job's program reaches its nodes.

@@ -731,6 +731,7 @@ fn job_request() -> JobRequest {
             count: 6,
             throttle: Some(3),
         }),
+        token: Some(0x5eed_0fa5_ab1e),
     }
 }
 

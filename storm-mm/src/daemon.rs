@@ -239,6 +239,14 @@ impl Daemon {
                 fenced = Some(why);
                 break;
             }
+            // A leader that hears the replicas but not its nodes lets one that may reach them
+            // lead, before it marks any node DOWN.
+            if let Some(replica) = &self.replica
+                && let Some(cut) = self.core.cut_off_from_nodes()
+            {
+                fenced = Some(replica.hand_over(&cut));
+                break;
+            }
             self.hand_over_arrivals();
             if Instant::now() >= self.core.poll_timeout() {
                 let started = Instant::now();

@@ -182,6 +182,15 @@ impl NodeTable {
         true
     }
 
+    /// How many nodes are unresponsive: out of the heartbeat after missing it, not DOWN yet,
+    /// not registering again.
+    pub fn unresponsive_count(&self) -> usize {
+        self.silent
+            .iter()
+            .filter(|&&n| matches!(self.nodes[n as usize].life, Life::Unresponsive { .. }))
+            .count()
+    }
+
     /// `n` registered with `stamp` and was welcomed at `sent`; it is not a member until
     /// [`NodeTable::set_up`].
     pub fn set_joining(&mut self, n: NodeId, stamp: u64, sent: Instant) {

@@ -23,6 +23,15 @@ impl SimJournal {
         }
     }
 
+    /// The journal of a replica of a replicated MM, over its own store: it hands its commits
+    /// over (to the group, see [`crate::group`]).
+    pub fn over(store: MemoryStore) -> Self {
+        Self {
+            store,
+            background: true,
+        }
+    }
+
     /// A journal for a new MM over what the earlier ones committed, and the writer of its
     /// handed commits if it hands them off.
     pub fn open(&self) -> Result<(Journal, Restored, Option<JournalWriter>), JournalError> {
@@ -58,6 +67,12 @@ pub struct JournalWriter {
 impl JournalWriter {
     pub fn persist(&mut self, batch: Batch) {
         self.queued.push(batch);
+    }
+
+    /// The batches handed over since the last call, to be written elsewhere (a replicated
+    /// MM's group).
+    pub fn take(&mut self) -> Vec<Batch> {
+        std::mem::take(&mut self.queued)
     }
 
     pub fn hold(&mut self, held: bool) {

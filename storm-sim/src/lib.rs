@@ -13,6 +13,9 @@
 //! * [`Sim::freeze`], [`Sim::cut`], [`Sim::kill`]: failures (a stopped NM; a pulled cable,
 //!   the NM running on; a crashed node).
 //! * [`Sim::restart_mm`]: a new MM process over the journal the old one committed.
+//! * [`SimOptions::managers`], [`Sim::kill_leader`]: a replicated MM, its journal kept by a
+//!   Raft group of replicas (raft-rs, in virtual time: [`group`]); the leader killed, the
+//!   next elected, and its MM core started over its own copy of the journal.
 //! * [`SimJob::program`]: a job whose program the MM sends; the transfer takes the launch
 //!   model's time ([`TransferModel`]) and moves no bytes.
 //!
@@ -23,6 +26,7 @@
 //! reception); see `docs/architecture.md`.
 
 pub mod env;
+pub mod group;
 mod journal;
 pub mod node;
 pub mod tasks;
@@ -31,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use storm_cluster::clock::{Clock, VirtualClock};
 use storm_cluster::config::PolicyKind;
 use storm_cluster::control::{JobOutcome, JobRequest, NodeInfo, Reply, Request};
@@ -83,6 +87,10 @@ pub struct SimOptions {
     /// is late (`[scheduler] slot_grace_ms`); `None` runs it until the heartbeat comes
     /// (`slot_lease = false`).
     pub slot_grace: Option<Duration>,
+    /// Replicas of a replicated MM (3, 5, ...; 0 or 1: a single MM). With a group the journal
+    /// hands its commits over, as `background_journal`, and they settle once a majority of
+    /// the replicas holds them.
+    pub managers: usize,
 }
 
 impl Default for SimOptions {
@@ -100,6 +108,7 @@ impl Default for SimOptions {
             transfer: TransferModel::default(),
             background_journal: false,
             slot_grace: Some(Duration::from_millis(5)),
+            managers: 0,
         }
     }
 }
@@ -135,6 +144,8 @@ pub struct SimJob {
     pub step_of: Option<JobId>,
     /// `--array`, as storm batch takes it.
     pub array: Option<storm_cluster::control::ArraySpec>,
+    /// The submission's token.
+    pub token: Option<u64>,
 }
 
 impl SimJob {
@@ -155,6 +166,7 @@ impl SimJob {
             batch: false,
             step_of: None,
             array: None,
+            token: None,
         }
     }
 
@@ -178,6 +190,12 @@ impl SimJob {
     }
 
     /// The same job, each task exiting `code`.
+    /// The submission's token (`JobRequest::token`), as storm-submit draws one.
+    pub fn with_token(mut self, token: u64) -> Self {
+        self.token = Some(token);
+        self
+    }
+
     pub fn with_exit_code(mut self, code: i32) -> Self {
         self.exit_code = code;
         self
@@ -265,6 +283,7 @@ impl SimJob {
             step_of: self.step_of,
             array: self.array.clone(),
             element: None,
+            token: self.token,
         }
     }
 }
@@ -276,6 +295,8 @@ pub struct Sim {
     cfg: Arc<ClusterConfig>,
     rm: RmLayout,
     journal: SimJournal,
+    /// The replicas of a replicated MM (`SimOptions::managers`).
+    group: Option<group::Group>,
     mm: MachineManager<SimEnv>,
     incarnation: u64,
     nodes: Vec<SimNode>,
@@ -323,9 +344,16 @@ impl Sim {
         let clock = VirtualClock::new();
         let fabric = LocalFabric::new(cfg.node_count() + 1, rm.layout.clone());
         fabric.measure_network(true);
-        let journal = SimJournal::new(opts.background_journal);
+        let (group, journal, incarnation) = if opts.managers > 1 {
+            let (group, leader, term) = elect_first(&opts, &cfg, &clock)?;
+            let journal = SimJournal::over(group.store(leader));
+            let incarnation = storm_cluster::messages::incarnation(term, 1, 0);
+            (Some(group), journal, incarnation)
+        } else {
+            (None, SimJournal::new(opts.background_journal), 1)
+        };
         let copies = ProgramCopies::default();
-        let mm = new_mm(&cfg, &rm, &fabric, &journal, 1, |writer| {
+        let mm = new_mm(&cfg, &rm, &fabric, &journal, incarnation, |writer| {
             SimEnv::new(clock.clone(), opts.transfer, copies.clone(), writer)
         })?;
         let nodes = (0..cfg.node_count())
@@ -351,8 +379,9 @@ impl Sim {
             cfg,
             rm,
             journal,
+            group,
             mm,
-            incarnation: 1,
+            incarnation,
             nodes,
             replies: Vec::new(),
             ticks: 0,
@@ -614,7 +643,24 @@ impl Sim {
     /// timeslice are reported too, as the daemon's saver thread reports them, and the
     /// journal's batches handed over since are written, unless the journal is held.
     fn land_transfers(&mut self) {
-        if let Some(settled) = self.mm.env_mut().journal.as_mut().and_then(|w| w.write()) {
+        if let Some(group) = &mut self.group {
+            let batches = self
+                .mm
+                .env_mut()
+                .journal
+                .as_mut()
+                .map(journal::JournalWriter::take)
+                .unwrap_or_default();
+            for b in &batches {
+                group
+                    .propose(b)
+                    .expect("the leading replica takes its core's commits");
+            }
+            group.run_to(self.clock.now());
+            for settled in group.take_settled() {
+                self.mm.handle(Input::Persisted(settled));
+            }
+        } else if let Some(settled) = self.mm.env_mut().journal.as_mut().and_then(|w| w.write()) {
             self.mm.handle(Input::Persisted(settled));
         }
         let now = self.clock.now();
@@ -681,15 +727,70 @@ impl Sim {
     }
 
     fn restart_mm_as(&mut self, incarnation: u64) -> Result<()> {
-        self.incarnation = incarnation;
-        let mm_node = self.cfg.mm_id();
-        // A new process has fresh global memory and no pending events.
-        self.fabric.restart(mm_node);
-        // What it handed its journal's thread is written before it goes; its transfer
-        // workers ended with it; the program copies are on its disk.
+        if self.group.is_some() {
+            bail!("the MM of a replicated group changes through kill_leader");
+        }
+        // What it handed its journal's thread is written before it goes.
         if let Some(w) = &mut self.mm.env_mut().journal {
             w.write_all();
         }
+        self.replace_mm(incarnation)
+    }
+
+    /// Kills the leader of a replicated MM (`SimOptions::managers`): its MM process ends at
+    /// once, with the commits it had not handed to the group, and its replica with it; the
+    /// nodes run on. The other replicas elect a leader, whose MM core starts over its own
+    /// copy of the journal in its term (the nodes join it, the client reattaches). The
+    /// virtual time from the kill until the new core runs.
+    pub fn kill_leader(&mut self) -> Result<Duration> {
+        let mut group = self
+            .group
+            .take()
+            .context("kill_leader needs a replicated MM (SimOptions::managers)")?;
+        let killed = self.clock.now();
+        let old = group.leader().context("no MM core leads the group")?;
+        group.kill(old);
+        let limit = killed + Duration::from_secs(10);
+        let found = loop {
+            if let Some(found) = group.ready_leader() {
+                break Some(found);
+            }
+            if self.clock.now() >= limit {
+                break None;
+            }
+            // No MM runs: the nodes go on, and the replicas' clocks.
+            let next = self.clock.now() + self.cfg.timeslice();
+            self.step_nodes_before(next);
+            self.clock.advance_to(next);
+            for node in &mut self.nodes {
+                node.step();
+            }
+            group.run_to(next);
+        };
+        let Some((leader, term)) = found else {
+            self.group = Some(group);
+            bail!("no replica was elected within 10 s of virtual time");
+        };
+        group.lead(leader, term);
+        self.journal = SimJournal::over(group.store(leader));
+        self.group = Some(group);
+        let uniq = self.incarnation + 1;
+        self.replace_mm(storm_cluster::messages::incarnation(term, uniq, 0))?;
+        Ok(self.clock.now() - killed)
+    }
+
+    /// The replica whose MM core runs, in a replicated MM.
+    pub fn leader_replica(&self) -> Option<usize> {
+        self.group.as_ref().and_then(group::Group::leader)
+    }
+
+    /// A new MM process, `incarnation`, over the journal: it starts with fresh global memory
+    /// and no pending events; the old one's transfer workers ended with it, and the program
+    /// copies are on its disk.
+    fn replace_mm(&mut self, incarnation: u64) -> Result<()> {
+        self.incarnation = incarnation;
+        let mm_node = self.cfg.mm_id();
+        self.fabric.restart(mm_node);
         let model = self.mm.env().model;
         let (clock, copies) = (self.clock.clone(), self.copies.clone());
         self.mm = new_mm(
@@ -856,6 +957,27 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
         cfg.scheduler.slot_grace_ms = grace.as_secs_f64() * 1000.0;
     }
     Ok(cfg)
+}
+
+/// The replicas of a new replicated MM, and the first leader elected with its term.
+fn elect_first(
+    opts: &SimOptions,
+    cfg: &ClusterConfig,
+    clock: &Arc<VirtualClock>,
+) -> Result<(group::Group, usize, u64)> {
+    let r = &cfg.replication;
+    let heartbeat = Duration::from_millis(r.heartbeat_ms);
+    let ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
+    let mut group = group::Group::new(opts.managers, heartbeat, ticks, clock.now())?;
+    for _ in 0..1000 {
+        if let Some((leader, term)) = group.ready_leader() {
+            group.lead(leader, term);
+            return Ok((group, leader, term));
+        }
+        clock.advance_to(clock.now() + heartbeat);
+        group.run_to(clock.now());
+    }
+    bail!("the simulated manager group elected no leader")
 }
 
 fn new_mm(

@@ -45,3 +45,94 @@ fn the_mm_of_an_older_term_gets_no_node_and_a_newer_term_gets_them_all() {
     s.run_until_up(Duration::from_secs(10)).unwrap();
     assert_eq!(up(&s), 4);
 }
+
+fn down(s: &Sim) -> usize {
+    (0..s.config().node_count())
+        .filter(|&n| s.state(n).state == NodeState::Down)
+        .count()
+}
+
+/// The core says it is cut off from its nodes (the leader of a group then hands the group
+/// over) when most of them stop answering at once, and says so before it marks any of them
+/// DOWN; a later term's leader that reaches the nodes adopts the job that ran through the
+/// cut. One node lost of four is that node's failure, not the MM's cut: never said.
+#[test]
+fn a_core_cut_off_from_most_nodes_says_so_before_any_is_down_and_one_lost_node_is_not_a_cut() {
+    let cluster = || {
+        let mut s = Sim::new(SimOptions {
+            nodes: 4,
+            ..SimOptions::default()
+        })
+        .expect("simulated cluster");
+        s.run_until_up(Duration::from_secs(10)).unwrap();
+        s.restart_mm_in_term(2).unwrap();
+        s.run_until_up(Duration::from_secs(10)).unwrap();
+        s
+    };
+    let mut s = cluster();
+    let job = s.submit(&SimJob::new(4, Duration::from_secs(2))).unwrap();
+    assert!(s.run_until(Duration::from_secs(10), |s| !s.started(job).is_empty()));
+    // Three of four stop answering: the core says so, with no node DOWN.
+    for n in 0..3 {
+        s.cut(n, true);
+    }
+    assert!(
+        s.run_until(Duration::from_secs(2), |s| s
+            .mm()
+            .cut_off_from_nodes()
+            .is_some()),
+        "the core did not say it was cut off"
+    );
+    assert_eq!(
+        down(&s),
+        0,
+        "a node was DOWN before the core said it was cut off"
+    );
+    let what = s.mm().cut_off_from_nodes().unwrap();
+    assert!(what.contains("3 of the 4 nodes it heartbeats"), "{what}");
+    // The next term's leader reaches them all: the job that ran through ends as it would.
+    for n in 0..3 {
+        s.cut(n, false);
+    }
+    s.restart_mm_in_term(3).unwrap();
+    assert!(s.run_until(Duration::from_secs(20), |s| s.outcome(job).is_some()));
+    let outcome = s.outcome(job).unwrap();
+    assert_eq!(outcome.reason, None, "{outcome:?}");
+    assert_eq!(outcome.ranks.len(), 4);
+    assert!(outcome.ranks.iter().all(|r| r.is_some()), "{outcome:?}");
+    // One node lost: its failure, not a cut, before and after it is DOWN.
+    let mut s = cluster();
+    s.cut(3, true);
+    assert!(!s.run_until(Duration::from_millis(500), |s| {
+        s.mm().cut_off_from_nodes().is_some()
+    }));
+    assert_eq!(down(&s), 1);
+}
+
+/// A submission sent again with its token, to the MM that took over (here: restarted over
+/// the journal) after the first never answered its submitter: the MM follows the job it
+/// made, and makes no second one. Another token makes a new job.
+#[test]
+fn a_submission_sent_again_with_its_token_follows_the_job_it_made() {
+    let mut s = Sim::new(SimOptions {
+        nodes: 2,
+        ..SimOptions::default()
+    })
+    .expect("simulated cluster");
+    s.run_until_up(Duration::from_secs(10)).unwrap();
+    let job = SimJob::new(2, Duration::from_millis(300)).with_token(0x5eed);
+    let first = s.submit(&job).unwrap();
+    s.restart_mm_in_term(2).unwrap();
+    s.run_until_up(Duration::from_secs(10)).unwrap();
+    let again = s.submit(&job).unwrap();
+    assert_eq!(again, first, "the submission sent again made another job");
+    assert_eq!(s.journaled().jobs.len(), 1);
+    assert!(s.run_until(Duration::from_secs(10), |s| s.outcome(first).is_some()));
+    assert_eq!(s.outcome(first).unwrap().reason, None);
+    // Still recognised once the job ended (it is in the history).
+    assert_eq!(s.submit(&job).unwrap(), first);
+    let other = s
+        .submit(&SimJob::new(1, Duration::from_millis(10)).with_token(0x5eee))
+        .unwrap();
+    assert_ne!(other, first);
+}

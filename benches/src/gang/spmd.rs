@@ -214,6 +214,7 @@ pub fn submit(
         step_of: None,
         array: None,
         element: None,
+        token: None,
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

@@ -235,28 +235,18 @@ impl Progress for Terminal {
         );
     }
     fn reconnect(&mut self, job: JobId, why: &str) -> Option<Client> {
-        if self.reconnect.is_zero() {
-            return None;
-        }
-        eprintln!(
-            "storm-submit: {why}; waiting up to {} s for the machine manager to come back to \
-             follow job {job}",
-            self.reconnect.as_secs()
-        );
-        let deadline = Instant::now() + self.reconnect;
-        while Instant::now() < deadline {
-            if self.interrupts.load(Ordering::Acquire) > 0 {
-                eprintln!("storm-submit: interrupted; job {job} was not cancelled");
-                return None;
-            }
-            if let Ok((client, socket)) = storm_cli::connect_any(&self.sockets) {
-                self.current = Some(socket);
-                eprintln!("storm-submit: the machine manager is back; following job {job}");
-                return Some(client);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        None
+        self.wait_for_mm(
+            why,
+            &format!("to follow job {job}"),
+            &format!("following job {job}"),
+        )
+    }
+    fn resubmit(&mut self, why: &str) -> Option<Client> {
+        self.wait_for_mm(
+            why,
+            "to send the job again (an MM that took it already follows it instead)",
+            "sending the job again",
+        )
     }
     fn superseded(&mut self) -> bool {
         if self.sockets.len() < 2 || self.checked.elapsed() < SUPERSEDED_CHECK {
@@ -290,6 +280,36 @@ impl Progress for Terminal {
 }
 
 impl Terminal {
+    /// Waits up to `--reconnect` for the machine manager to answer again, on any replica's
+    /// socket, after the connection was lost (`why`); `what` says what for, and `then` what
+    /// follows once it answers.
+    fn wait_for_mm(&mut self, why: &str, what: &str, then: &str) -> Option<Client> {
+        if self.reconnect.is_zero() {
+            return None;
+        }
+        eprintln!(
+            "storm-submit: {why}; waiting up to {} s for the machine manager to come back {what}",
+            self.reconnect.as_secs()
+        );
+        let deadline = Instant::now() + self.reconnect;
+        while Instant::now() < deadline {
+            if self.interrupts.load(Ordering::Acquire) > 0 {
+                eprintln!(
+                    "storm-submit: interrupted while waiting for the machine manager {what}; \
+                     nothing was cancelled"
+                );
+                return None;
+            }
+            if let Ok((client, socket)) = storm_cli::connect_any(&self.sockets) {
+                self.current = Some(socket);
+                eprintln!("storm-submit: the machine manager is back; {then}");
+                return Some(client);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+
     /// Clears the transfer's progress bar, if one shows.
     fn end_transfer(&mut self) {
         if let Some(mut t) = self.transfer.take() {
@@ -403,6 +423,7 @@ fn run(args: Args) -> Result<i32, String> {
         step_of,
         array: None,
         element: None,
+        token: Some(rand::random()),
     };
 
     let local = match args.local {

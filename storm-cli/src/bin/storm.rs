@@ -145,7 +145,7 @@ fn run(args: Args) -> Result<(), String> {
     let socket = storm_cli::control_socket(args.socket, args.config)?;
     let mut filter = storm_cli::history::HistoryFilter::default();
     let (req, json) = match args.command {
-        Cmd::Batch(batch) => return submit_batch(*batch, &socket),
+        Cmd::Batch(batch) => return submit_batch(*batch, &socket, &sockets),
         Cmd::Alloc(alloc) => {
             let code = storm_cli::alloc::run(*alloc, &socket)?;
             std::process::exit(code);
@@ -396,32 +396,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// A new connection to the MM at `socket`, tried for up to `within`, after the one that
-/// followed job `job` was lost (`why`).
+/// A new connection to the MM (any replica's socket of `sockets`), tried for up to `within`,
+/// after the one that was lost (`why`): `what` says what for, `then` what follows, and
+/// `gave_up` the error if it does not come back.
 fn reconnect_to(
-    socket: &std::path::Path,
+    sockets: &[PathBuf],
     within: std::time::Duration,
-    job: u64,
     why: &str,
+    (what, then): (&str, &str),
+    gave_up: impl Fn() -> String,
 ) -> Result<Client, String> {
-    let gave_up = || {
-        format!(
-            "lost the machine manager ({why}); job {job} goes on without us (see storm queue \
-             and storm history)"
-        )
-    };
     if within.is_zero() {
         return Err(gave_up());
     }
     eprintln!(
-        "storm batch: {why}; waiting up to {} s for the machine manager to come back to follow \
-         job {job}",
+        "storm batch: {why}; waiting up to {} s for the machine manager to come back {what}",
         within.as_secs()
     );
     let deadline = std::time::Instant::now() + within;
     while std::time::Instant::now() < deadline {
-        if let Ok(client) = Client::connect(socket) {
-            eprintln!("storm batch: the machine manager is back; following job {job}");
+        if let Ok((client, _)) = storm_cli::connect_any(sockets) {
+            eprintln!("storm batch: the machine manager is back; {then}");
             return Ok(client);
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -433,13 +428,20 @@ fn reconnect_to(
 /// (it holds the script and the job in its journal by then); the job goes on without us.
 /// With `--wait`, follows the job (every element of an array) to its end and exits with its
 /// exit code (the highest of an array's, as sbatch --wait); if the MM restarts meanwhile, it
-/// reconnects and follows the elements that have not ended (`--reconnect`).
-fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String> {
+/// reconnects and follows the elements that have not ended (`--reconnect`). A submission
+/// whose answer the MM's restart (or a failover) cut off is sent again with its token: an MM
+/// that holds it already answers with the job it made.
+fn submit_batch(
+    args: BatchArgs,
+    socket: &std::path::Path,
+    sockets: &[PathBuf],
+) -> Result<(), String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let (parsable, wait) = (args.parsable, args.wait);
     let reconnect = std::time::Duration::from_secs(args.reconnect);
     let user = storm_cli::batch::user_name();
-    let (req, script) = storm_cli::batch::request(args, &here, std::env::vars_os(), &user)?;
+    let (mut req, script) = storm_cli::batch::request(args, &here, std::env::vars_os(), &user)?;
+    req.token = Some(rand::random());
     let mut to_end = req.array.as_ref().map_or(1, |a| a.indices.len());
     let mut worst = 0;
     let file = match script {
@@ -457,21 +459,46 @@ fn submit_batch(args: BatchArgs, socket: &std::path::Path) -> Result<(), String>
     };
     let elements = to_end as u64;
     let mut client = Client::connect(socket)?;
-    client.request(
-        &Request::Submit(Box::new(req)),
-        Some(std::os::fd::AsFd::as_fd(&file)),
-    )?;
+    let submit = |client: &Client| {
+        client.request(
+            &Request::Submit(Box::new(req.clone())),
+            Some(std::os::fd::AsFd::as_fd(&file)),
+        )
+    };
+    submit(&client)?;
     // The array's (or job's) id, once accepted; the elements that have ended.
     let mut accepted: Option<u64> = None;
     let mut ended = std::collections::BTreeSet::new();
     loop {
         let reply = match (client.next(), accepted) {
             (Ok(r), _) => r,
-            (Err(e), None) => return Err(e),
+            (Err(e), None) => {
+                let what = (
+                    "to send the job again (an MM that took it already answers with its id)",
+                    "sending the job again",
+                );
+                client = reconnect_to(sockets, reconnect, &e, what, || {
+                    format!(
+                        "lost the machine manager ({e}) before it confirmed the job; it may \
+                         have been accepted all the same (see storm queue)"
+                    )
+                })?;
+                submit(&client)?;
+                continue;
+            }
             (Err(e), Some(job)) => {
                 // Follow the elements that have not ended on a new connection, as storm-submit
                 // follows its job.
-                client = reconnect_to(socket, reconnect, job, &e)?;
+                let (what, then) = (
+                    format!("to follow job {job}"),
+                    format!("following job {job}"),
+                );
+                client = reconnect_to(sockets, reconnect, &e, (&what, &then), || {
+                    format!(
+                        "lost the machine manager ({e}); job {job} goes on without us (see \
+                         storm queue and storm history)"
+                    )
+                })?;
                 for id in (job..job + elements).filter(|id| !ended.contains(id)) {
                     client.request(&Request::Attach { job: id }, None)?;
                 }

@@ -45,8 +45,9 @@ use storm_primitives::{NodeId, NodeSet};
 /// Format 10: a request's arguments, environment and paths are bytes (UTF-8 or not). Format
 /// 11: a request carries its program's `delivery`, and an outcome whether it was `broadcast`
 /// (a started job whose program ran in place records no program hash). Format 12: a
-/// dependency's jobs are ids or array elements (`JobRef`).
-const FORMAT: u64 = 12;
+/// dependency's jobs are ids or array elements (`JobRef`). Format 13: a request carries its
+/// submission `token`.
+const FORMAT: u64 = 13;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -694,6 +695,20 @@ impl ProgramStore {
         result
     }
 
+    /// A new, empty file aside for job `job`'s copy, which arrives in pieces (a replica of a
+    /// manager group receiving the leader's copy); [`ProgramStore::complete_partial`] puts it
+    /// in place once it is whole and synced.
+    pub fn create_partial(&self, job: JobId) -> std::io::Result<File> {
+        self.dir
+            .create_file(&format!("{}.partial", Self::name(job)))
+    }
+
+    /// Puts the file made by [`ProgramStore::create_partial`] in place as job `job`'s copy.
+    pub fn complete_partial(&self, job: JobId) -> std::io::Result<()> {
+        let name = Self::name(job);
+        self.dir.rename(&format!("{name}.partial"), &name)
+    }
+
     /// Job `job`'s copy, if there is one.
     pub fn open(&self, job: JobId) -> Option<File> {
         self.dir.open_file(&Self::name(job)).ok()
@@ -798,6 +813,7 @@ pub(crate) mod tests {
             step_of: None,
             array: None,
             element: None,
+            token: None,
         }
     }
 

@@ -100,6 +100,27 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
+    /// Whether this MM looks cut off from its nodes rather than they failed: at least two of
+    /// the nodes it heartbeats, and more than still answer, are unresponsive (they stopped
+    /// answering within the last K heartbeat periods, or they would be DOWN). What it saw, if
+    /// so. A single MM cannot act on it (nobody else can reach the nodes for it); the leader
+    /// of a replicated group hands the group to another replica before any of them is DOWN
+    /// (see the daemon).
+    pub fn cut_off_from_nodes(&self) -> Option<String> {
+        let unresponsive = self.nodes.unresponsive_count();
+        if unresponsive < 2 {
+            return None;
+        }
+        let answering = self.hb.queue.dest().len();
+        (unresponsive > answering).then(|| {
+            format!(
+                "{unresponsive} of the {} nodes it heartbeats stopped answering ({answering} \
+                 still answer)",
+                unresponsive + answering
+            )
+        })
+    }
+
     /// Nodes silent for K heartbeat periods are DOWN.
     pub(super) fn enforce_silence(&mut self, now: Instant) {
         let k = self.cfg.failure.missed_heartbeats;

@@ -5,7 +5,7 @@
 //! The history decides what goes; its caller stages the same removals in the journal, so a
 //! restarted MM restores exactly what was kept.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use storm_cluster::config::HistorySection;
@@ -18,6 +18,8 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) struct History {
     records: BTreeMap<JobId, JobRecord>,
+    /// The records of jobs that submissions made, by submitter's uid and token.
+    submissions: HashMap<(u32, u64), JobId>,
     keep: HistorySection,
     /// When records past their age were last looked for.
     expired_at: Option<Instant>,
@@ -27,6 +29,7 @@ impl History {
     pub(super) fn new(keep: HistorySection) -> Self {
         Self {
             records: BTreeMap::new(),
+            submissions: HashMap::new(),
             keep,
             expired_at: None,
         }
@@ -34,6 +37,11 @@ impl History {
 
     pub(super) fn get(&self, id: &JobId) -> Option<&JobRecord> {
         self.records.get(id)
+    }
+
+    /// The ended job that the submission of user `uid` with `token` made, if it is kept.
+    pub(super) fn submission(&self, uid: u32, token: u64) -> Option<JobId> {
+        self.submissions.get(&(uid, token)).copied()
     }
 
     /// Oldest first.
@@ -48,13 +56,25 @@ impl History {
     /// Keeps an ended job's record; says which records went to make room (`max_jobs`), the
     /// oldest (by id) first.
     pub(super) fn insert(&mut self, rec: JobRecord) -> Vec<JobId> {
+        if let Some(key) = super::job::submission_key(rec.id, rec.uid, &rec.req) {
+            self.submissions.insert(key, rec.id);
+        }
         self.records.insert(rec.id, rec);
         let mut gone = Vec::new();
         while self.records.len() > self.keep.max_jobs.max(1) {
-            let (id, _) = self.records.pop_first().expect("more than one");
+            let (id, rec) = self.records.pop_first().expect("more than one");
+            self.forget_submission(&rec);
             gone.push(id);
         }
         gone
+    }
+
+    fn forget_submission(&mut self, rec: &JobRecord) {
+        if let Some(key) = super::job::submission_key(rec.id, rec.uid, &rec.req)
+            && self.submissions.get(&key) == Some(&rec.id)
+        {
+            self.submissions.remove(&key);
+        }
     }
 
     /// Drops the records of jobs that ended more than `keep_days` before `now_ms`, looking at
@@ -75,7 +95,9 @@ impl History {
             .map(|r| r.id)
             .collect();
         for id in &old {
-            self.records.remove(id);
+            if let Some(rec) = self.records.remove(id) {
+                self.forget_submission(&rec);
+            }
         }
         old
     }

@@ -431,3 +431,13 @@ pub(super) fn human(d: Duration) -> String {
         (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
     }
 }
+
+/// The key a submission sent again is recognised by: its submitter's uid and token, for the
+/// job the submission made (an array's first element, whose id is the array's); `None` for
+/// a job without a token, and for an array's other elements.
+pub(super) fn submission_key(id: JobId, uid: u32, req: &JobRequest) -> Option<(u32, u64)> {
+    let token = req.token?;
+    req.element
+        .is_none_or(|e| e.array == id)
+        .then_some((uid, token))
+}

@@ -121,6 +121,9 @@ pub struct MachineManager<E: MmEnv> {
     /// [`steps`]): what a timeslice looks at without walking every job.
     held: BTreeSet<JobId>,
     steps: BTreeSet<JobId>,
+    /// The live jobs that submissions made, by their submitter's uid and token (an array's
+    /// by its first element): a submission sent again finds its job (see `requests`).
+    submissions: std::collections::HashMap<(u32, u64), JobId>,
     /// Each node's output queue, and the entries taken from it not yet released.
     outputs: Vec<output::NodeOutput>,
     /// Which nodes signalled since the last timeslice.
@@ -189,6 +192,7 @@ impl<E: MmEnv> MachineManager<E> {
             program_holders: BTreeMap::new(),
             held: BTreeSet::new(),
             steps: BTreeSet::new(),
+            submissions: Default::default(),
             gang: cfg.scheduler.policy == PolicyKind::Gang,
             epoch: now,
             run_set: Vec::new(),
@@ -757,7 +761,8 @@ impl<E: MmEnv> MachineManager<E> {
                 Command::Input { job, .. } => *job != j.id,
                 _ => true,
             });
-            self.hb.commands.push_back(Command::Forget { job: j.id });
+            // Once the journal holds the job's end (see `Outbox::forgets`).
+            self.outbox.forgets.push((j.id, None));
         }
     }
 
@@ -768,6 +773,9 @@ impl<E: MmEnv> MachineManager<E> {
         } else if job.phase == Phase::Queued && !job.admitted {
             self.held.insert(job.id);
         }
+        if let Some(key) = job::submission_key(job.id, job.uid, &job.req) {
+            self.submissions.insert(key, job.id);
+        }
         self.jobs.insert(job.id, job);
     }
 
@@ -775,7 +783,11 @@ impl<E: MmEnv> MachineManager<E> {
     fn remove_job(&mut self, id: JobId) -> Option<Job> {
         self.held.remove(&id);
         self.steps.remove(&id);
-        self.jobs.remove(&id)
+        let job = self.jobs.remove(&id)?;
+        if let Some(key) = job::submission_key(job.id, job.uid, &job.req) {
+            self.submissions.remove(&key);
+        }
+        Some(job)
     }
 
     /// Removes a job, frees what it held, and tells its submitter how it ended.

@@ -32,6 +32,11 @@ pub(super) struct Outbox {
     pub(super) saving: BTreeSet<JobId>,
     /// Program copies beside the journal that ended, as their inputs came, not yet taken up.
     pub(super) saved_programs: Vec<(JobId, Result<(), JournalError>)>,
+    /// Jobs whose nodes are to forget them, each with the journal commit that records its end
+    /// (`None`: this timeslice's, not yet made). A node forgets a job only once the journal
+    /// holds its end: an MM that took over (restarted, or the next leader of a group) from a
+    /// journal that still says "running" finds the job's tasks' statuses at its nodes.
+    pub(super) forgets: Vec<(JobId, Option<u64>)>,
     pub(super) journal_errors: LogLimit,
 }
 
@@ -45,6 +50,7 @@ impl Outbox {
             unrecorded: BTreeSet::new(),
             saving: BTreeSet::new(),
             saved_programs: Vec::new(),
+            forgets: Vec::new(),
             journal_errors: LogLimit::new(Duration::from_secs(10)),
         }
     }
@@ -128,6 +134,9 @@ impl<E: MmEnv> MachineManager<E> {
                 j.phase = Phase::Recording { batch: Some(batch) };
             }
         }
+        for (_, waits_for) in &mut self.outbox.forgets {
+            waits_for.get_or_insert(batch);
+        }
         for settled in self.outbox.journal.settle() {
             match settled.outcome {
                 Ok(()) => self.metrics.journal_committed(settled.took),
@@ -137,6 +146,14 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         let settled = self.outbox.journal.settled();
+        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.outbox.forgets)
+            .into_iter()
+            .partition(|(_, b)| b.is_some_and(|b| b <= settled));
+        self.outbox.forgets = kept;
+        self.hb.commands.extend(
+            due.into_iter()
+                .map(|(job, _)| storm_cluster::messages::Command::Forget { job }),
+        );
         // Clients with a job whose program is still being copied: the job is not journaled
         // yet, so nothing may go to them.
         let copying: HashSet<ClientId> = self

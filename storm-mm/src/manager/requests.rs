@@ -170,6 +170,31 @@ impl<E: MmEnv> MachineManager<E> {
                 None
             }
         };
+        // The same submission sent again, after its submitter lost the MM before the answer
+        // (this MM restarted, or leads the group now): it follows the job it made.
+        if let Request::Submit(job) = &req
+            && let Some(id) = job.token.and_then(|t| self.submission(uid, t))
+        {
+            self.release_submitted(program);
+            tracing::info!(
+                job = id,
+                uid,
+                "a submission sent again: its submitter follows the job it made"
+            );
+            // Answered as the first sending would have been (`attach` says so of a job that
+            // has not ended), then followed.
+            if self.finished.get(&id).is_some() {
+                self.reply(
+                    client,
+                    Reply::Accepted {
+                        job: id,
+                        queued: None,
+                    },
+                );
+            }
+            self.attach(client, uid, id);
+            return;
+        }
         match req {
             Request::Hello { .. } | Request::RelayHello { .. } => {
                 self.reply(client, Reply::Error("already connected".into()));
@@ -448,6 +473,14 @@ impl<E: MmEnv> MachineManager<E> {
             ));
         }
         Ok(())
+    }
+
+    /// The job (live or kept in the history) that user `uid`'s submission with `token` made.
+    fn submission(&self, uid: u32, token: u64) -> Option<JobId> {
+        self.submissions
+            .get(&(uid, token))
+            .copied()
+            .or_else(|| self.finished.submission(uid, token))
     }
 
     pub(super) fn submit(

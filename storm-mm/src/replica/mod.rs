@@ -19,11 +19,14 @@
 //! replica's address). It leads until it is deposed or loses its lease ([`Replica::fenced`]):
 //! a leader that has not heard from a majority for half the election timeout stops acting
 //! before any other replica can have been elected; the daemon then exits, and comes back as a
-//! follower.
+//! follower. A leader that still hears the replicas but not its nodes hands the group to the
+//! most up-to-date replica it hears ([`Replica::hand_over`], Raft's leadership transfer) and
+//! exits the same way: Raft alone would keep it leading, and it would mark every node DOWN.
 
 pub mod entry;
 pub mod log;
 pub mod mailbox;
+pub mod program;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,15 +64,37 @@ pub enum ReplicaError {
 /// Everything a replica decodes of a message from another's mailbox: the Raft message when
 /// it arrives, and the journal part of each entry it carries when the entry is applied (the
 /// `replica` fuzz target runs both). The error says what does not decode.
-pub fn decode_peer_message(bytes: &[u8]) -> Result<(Message, Vec<entry::Part>), String> {
+pub fn decode_peer_message(bytes: &[u8]) -> Result<(Message, Vec<Applied>), String> {
     let msg = Message::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
     let parts = msg
         .entries
         .iter()
-        .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty())
-        .map(|e| entry::decode(&e.data))
+        .filter_map(Applied::of)
         .collect::<Result<_, _>>()?;
     Ok((msg, parts))
+}
+
+/// What a committed log entry brings a replica.
+#[derive(Debug)]
+pub enum Applied {
+    /// A part of a journal commit.
+    Part(entry::Part),
+    /// A chunk of a waiting job's program copy.
+    Program(program::Chunk),
+}
+
+impl Applied {
+    /// What entry `e` holds, if anything (Raft's own entries hold nothing for the journal).
+    fn of(e: &Entry) -> Option<Result<Self, String>> {
+        if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+            return None;
+        }
+        Some(if e.context.as_ref() == program::CONTEXT {
+            program::Chunk::decode(&e.data).map(Applied::Program)
+        } else {
+            entry::decode(&e.data).map(Applied::Part)
+        })
+    }
 }
 
 /// What the replica thread tells the daemon.
@@ -108,6 +133,9 @@ struct Shared {
 /// The daemon's handle on its replica thread.
 pub struct Replica {
     proposals: Sender<Batch>,
+    /// Asks the thread to hand leadership to another replica.
+    handovers: Sender<()>,
+    election_timeout: Duration,
     settled: Receiver<Settled>,
     events: Receiver<RoleEvent>,
     shared: Arc<Shared>,
@@ -173,6 +201,7 @@ impl Replica {
         let (proposals, proposed) = crossbeam_channel::unbounded();
         let (settle, settled) = crossbeam_channel::unbounded();
         let (tell, events) = crossbeam_channel::unbounded();
+        let (handovers, handover) = crossbeam_channel::unbounded();
         let host = Host {
             node,
             log,
@@ -194,11 +223,14 @@ impl Replica {
             lease: Duration::from_millis(r.election_timeout_ms / 2),
             heard: vec![None; replicas],
             proposed,
+            handover,
             settle,
             tell,
             shared: shared.clone(),
             leading: None,
             unneeded: BTreeMap::new(),
+            shipped: Default::default(),
+            receiving: Default::default(),
             applied,
             checkpointed: (applied, Instant::now()),
         };
@@ -212,6 +244,8 @@ impl Replica {
         );
         Ok(Self {
             proposals,
+            handovers,
+            election_timeout: Duration::from_millis(r.election_timeout_ms),
             settled,
             events,
             shared,
@@ -259,6 +293,35 @@ impl Replica {
                 (now - until.min(now)) / 1000
             )
         })
+    }
+
+    /// Asks the group to elect another replica in this one's place, because this leader is cut
+    /// off from its nodes (`why`), and waits, at most two election timeouts, until another
+    /// leads. Raft's leadership transfer goes to the most up-to-date replica this one hears;
+    /// journal commits not yet settled are dropped, as in a crash (their clients had no
+    /// answer). What happened, to say as the daemon stops; if no replica took over in time,
+    /// this one stops all the same, and the group elects another once its election timeout
+    /// passes.
+    pub fn hand_over(&self, why: &str) -> String {
+        tracing::warn!("cut off from its nodes ({why}): handing the manager group over");
+        let _ = self.handovers.send(());
+        let _ = self.fabric.wake_local(self.group.arrived);
+        let deadline = Instant::now() + self.election_timeout * 2;
+        loop {
+            match self.events.recv_deadline(deadline) {
+                Ok(RoleEvent::Stopped(how)) => {
+                    return format!("cut off from its nodes: {why}; {how}");
+                }
+                Ok(RoleEvent::Leads { .. }) => {}
+                Err(_) => {
+                    return format!(
+                        "cut off from its nodes: {why}; no replica took over within {} ms, so \
+                         the group elects one once this replica stops",
+                        (self.election_timeout * 2).as_millis()
+                    );
+                }
+            }
+        }
     }
 
     /// Hands a journal commit to the group.
@@ -311,6 +374,8 @@ struct Host {
     /// When each other replica was last heard from.
     heard: Vec<Option<Instant>>,
     proposed: Receiver<Batch>,
+    /// Requests to hand leadership over ([`Replica::hand_over`]).
+    handover: Receiver<()>,
     settle: Sender<Settled>,
     tell: Sender<RoleEvent>,
     shared: Arc<Shared>,
@@ -318,6 +383,10 @@ struct Host {
     leading: Option<u64>,
     /// Program copies to delete once their batch settles.
     unneeded: BTreeMap<u64, Vec<storm_cluster::messages::JobId>>,
+    /// The jobs whose program copies this leader proposed (or found too large to).
+    shipped: std::collections::HashSet<storm_cluster::messages::JobId>,
+    /// Program copies arriving through the log.
+    receiving: program::Receiving,
     /// The last log entry written to the journal, and the last one written durably, when.
     applied: u64,
     checkpointed: (u64, Instant),
@@ -363,6 +432,9 @@ impl Host {
     }
 
     fn step(&mut self, next_tick: &mut Instant) -> Result<(), ReplicaError> {
+        if self.handover.try_iter().count() > 0 {
+            self.transfer_leadership();
+        }
         for batch in self.proposed.try_iter().collect::<Vec<_>>() {
             self.propose(batch)?;
         }
@@ -400,6 +472,15 @@ impl Host {
                 "a journal commit came while not leading".into(),
             ));
         }
+        if self.node.raft.lead_transferee.is_some() {
+            // Raft takes no proposal while it hands leadership over; the core stopped.
+            tracing::warn!(
+                batch = batch.number,
+                "a journal commit came while handing the group over: dropped, as in a crash"
+            );
+            return Ok(());
+        }
+        self.propose_programs(&batch)?;
         for part in entry::split(&batch, PART_BYTES) {
             self.node
                 .propose(vec![], part)
@@ -409,6 +490,80 @@ impl Host {
             self.unneeded.insert(batch.number, batch.unneeded);
         }
         Ok(())
+    }
+
+    /// Proposes, ahead of `batch`, the program copies of the jobs it records as waiting for
+    /// the first time (see [`program`]).
+    fn propose_programs(&mut self, batch: &Batch) -> Result<(), ReplicaError> {
+        let Some(store) = self.programs.clone() else {
+            return Ok(());
+        };
+        for change in &batch.changes {
+            let crate::journal::Change::Job(rec) = change else {
+                continue;
+            };
+            if rec.state != crate::journal::JobState::Queued || !self.shipped.insert(rec.id) {
+                continue;
+            }
+            let Some(mut copy) = store.open(rec.id) else {
+                continue;
+            };
+            let len = copy.metadata().map(|m| m.len()).unwrap_or(0);
+            if len > program::MAX_REPLICATED {
+                tracing::warn!(
+                    job = rec.id,
+                    bytes = len,
+                    "a program copy larger than {} MiB is not replicated: if another replica \
+                     leads before the job starts, the job fails saying its copy is missing",
+                    program::MAX_REPLICATED >> 20
+                );
+                continue;
+            }
+            let mut bytes = Vec::with_capacity(len as usize);
+            std::io::Read::read_to_end(&mut copy, &mut bytes).map_err(|e| {
+                ReplicaError::Raft(format!("reading job {}'s program copy: {e}", rec.id))
+            })?;
+            for chunk in program::chunks(rec.id, &bytes, PART_BYTES) {
+                self.node
+                    .propose(program::CONTEXT.to_vec(), chunk.encode())
+                    .map_err(|e| ReplicaError::Raft(format!("proposing a program copy: {e}")))?;
+            }
+        }
+        // Jobs that ended need no memory of having been shipped.
+        for change in &batch.changes {
+            match change {
+                crate::journal::Change::RemoveJob(id) => {
+                    self.shipped.remove(id);
+                }
+                crate::journal::Change::Job(rec)
+                    if matches!(rec.state, crate::journal::JobState::Finished { .. }) =>
+                {
+                    self.shipped.remove(&rec.id);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts Raft's leadership transfer to the most up-to-date replica heard from within an
+    /// election timeout (Raft brings it up to date first, then tells it to campaign at once).
+    fn transfer_leadership(&mut self) {
+        let raft = &self.node.raft;
+        if raft.state != StateRole::Leader {
+            return;
+        }
+        let best = (0..self.replicas)
+            .filter(|&i| i != self.me)
+            .filter(|&i| self.heard[i].is_some_and(|h| h.elapsed() < self.election_timeout))
+            .max_by_key(|&i| raft.prs().get(i as u64 + 1).map_or(0, |p| p.matched));
+        match best {
+            Some(i) => {
+                tracing::warn!(to = %self.names[i], "handing the manager group over");
+                self.node.transfer_leader(i as u64 + 1);
+            }
+            None => tracing::error!("no other replica answers: nobody to hand the group over to"),
+        }
     }
 
     fn send(&mut self, msgs: Vec<Message>) {
@@ -458,12 +613,42 @@ impl Host {
     /// batches whose last part it proposed in its term.
     fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
         for e in entries {
-            if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+            let Some(applied) = Applied::of(&e) else {
                 continue;
-            }
-            let part = entry::decode(&e.data).map_err(|why| {
+            };
+            let applied = applied.map_err(|why| {
                 ReplicaError::Raft(format!("log entry {} does not decode: {why}", e.index))
             })?;
+            let part = match applied {
+                Applied::Part(part) => part,
+                Applied::Program(chunk) => {
+                    let job = chunk.job;
+                    if let Some(store) = &self.programs
+                        && let Err(err) = self.receiving.take(store, chunk)
+                    {
+                        tracing::error!(job, "cannot keep the program copy here: {err}");
+                    }
+                    self.applied = e.index;
+                    continue;
+                }
+            };
+            // A follower deletes the copies of jobs that ended (the leader deletes its own
+            // once their batch settles).
+            if self.leading.is_none()
+                && let Some(store) = &self.programs
+            {
+                for change in &part.changes {
+                    match change {
+                        crate::journal::Change::RemoveJob(id) => store.remove(*id),
+                        crate::journal::Change::Job(rec)
+                            if matches!(rec.state, crate::journal::JobState::Finished { .. }) =>
+                        {
+                            store.remove(rec.id)
+                        }
+                        _ => {}
+                    }
+                }
+            }
             let started = Instant::now();
             self.store
                 .write_applied(&part.changes, part.next_job, e.index, false)

@@ -1,0 +1,241 @@
+//! A replicated MM's group in virtual time ([`crate::SimOptions::managers`]): 2f+1 replicas,
+//! each a raft-rs [`RawNode`] over memory storage with a journal store of its own, as
+//! `storm_mm::replica` runs them, with the same entries (`storm_mm::replica::entry`).
+//!
+//! What is modelled and what is not:
+//! * Raft is raft-rs's, driven by the simulation: its ticks come every `heartbeat_ms` of
+//!   virtual time, and its messages reach a replica that is up within the same step (the
+//!   managers' network is ideal; a replica that is down neither sends nor receives).
+//! * The leader's MM core hands its journal commits to the group ([`Group::propose`]); a
+//!   commit settles once a majority holds it and the leader applied it to its journal, in its
+//!   own term, as in the daemon. Every replica applies every committed entry to its journal.
+//! * A killed leader ([`Group::kill`]) stops at once, with what it had not proposed. The
+//!   others elect one after their election timeout; each replica's timeout is its own fixed
+//!   number of ticks (raft-rs would draw them at random: fixed, the simulation stays
+//!   deterministic, and distinct, no election is split).
+//! * Not modelled: the replicas' disks (the log is durable as soon as it is appended), the
+//!   lease, and the leader's threads.
+
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::{ConfState, Entry, EntryType, Message};
+use raft::storage::MemStorage;
+use raft::{RawNode, StateRole};
+use storm_mm::journal::{Batch, JournalStore, MemoryStore, Settled};
+use storm_mm::replica::entry;
+
+/// The largest journal part proposed as one entry (the daemon's size).
+const PART_BYTES: usize = 256 * 1024;
+
+struct Replica {
+    node: RawNode<MemStorage>,
+    store: MemoryStore,
+    up: bool,
+}
+
+/// The replicas of a simulated MM group (see the module's overview).
+pub struct Group {
+    replicas: Vec<Replica>,
+    tick: Duration,
+    next_tick: Instant,
+    /// Raft's messages sent and not yet delivered.
+    in_flight: Vec<Message>,
+    /// Commits settled since the last look.
+    settled: Vec<Settled>,
+    /// The replica whose MM core runs, and the term it leads.
+    leading: Option<(usize, u64)>,
+}
+
+impl Group {
+    /// A group of `replicas` whose Raft ticks every `heartbeat` and whose election timeout is
+    /// `election_ticks` of them (replica `i` waits `election_ticks + 2i`); replica 0 campaigns
+    /// at once. `now` is the simulation's time.
+    pub fn new(
+        replicas: usize,
+        heartbeat: Duration,
+        election_ticks: usize,
+        now: Instant,
+    ) -> anyhow::Result<Self> {
+        let voters: Vec<u64> = (1..=replicas as u64).collect();
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let replicas = (0..replicas)
+            .map(|i| {
+                let timeout = election_ticks + 2 * i;
+                let cfg = raft::Config {
+                    id: i as u64 + 1,
+                    election_tick: election_ticks,
+                    min_election_tick: timeout,
+                    max_election_tick: timeout + 1,
+                    heartbeat_tick: 1,
+                    max_size_per_msg: PART_BYTES as u64,
+                    max_inflight_msgs: 256,
+                    check_quorum: true,
+                    pre_vote: true,
+                    ..Default::default()
+                };
+                cfg.validate()?;
+                let storage =
+                    MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
+                Ok(Replica {
+                    node: RawNode::new(&cfg, storage, &logger)?,
+                    store: MemoryStore::default(),
+                    up: true,
+                })
+            })
+            .collect::<Result<Vec<_>, raft::Error>>()?;
+        let mut group = Self {
+            replicas,
+            tick: heartbeat,
+            next_tick: now + heartbeat,
+            in_flight: Vec::new(),
+            settled: Vec::new(),
+            leading: None,
+        };
+        group.replicas[0].node.campaign()?;
+        group.exchange();
+        Ok(group)
+    }
+
+    /// The replica that leads with every committed entry applied to its journal, and its
+    /// term: one whose MM core may start.
+    pub fn ready_leader(&self) -> Option<(usize, u64)> {
+        self.replicas.iter().enumerate().find_map(|(i, r)| {
+            let raft = &r.node.raft;
+            (r.up
+                && raft.state == StateRole::Leader
+                && raft.commit_to_current_term()
+                && raft.raft_log.applied == raft.raft_log.committed)
+                .then_some((i, raft.term))
+        })
+    }
+
+    /// Replica `i`'s journal store.
+    pub fn store(&self, i: usize) -> MemoryStore {
+        self.replicas[i].store.clone()
+    }
+
+    /// The MM core of replica `i` runs now, leading `term`: its commits settle.
+    pub fn lead(&mut self, i: usize, term: u64) {
+        self.leading = Some((i, term));
+    }
+
+    /// The replica whose MM core runs.
+    pub fn leader(&self) -> Option<usize> {
+        self.leading.map(|(i, _)| i)
+    }
+
+    /// Replica `i` stops (a `kill -9` of its host's storm-mm): it neither sends nor receives.
+    pub fn kill(&mut self, i: usize) {
+        self.replicas[i].up = false;
+        if self.leading.is_some_and(|(l, _)| l == i) {
+            self.leading = None;
+        }
+    }
+
+    /// Hands a journal commit of the leading MM core to the group.
+    pub fn propose(&mut self, batch: &Batch) -> anyhow::Result<()> {
+        let (i, _) = self
+            .leading
+            .ok_or_else(|| anyhow::anyhow!("a journal commit with no MM core leading"))?;
+        for part in entry::split(batch, PART_BYTES) {
+            self.replicas[i].node.propose(vec![], part)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the group up to `now`: Raft's ticks due by then, and every message and Ready
+    /// they lead to.
+    pub fn run_to(&mut self, now: Instant) {
+        while self.next_tick <= now {
+            for r in self.replicas.iter_mut().filter(|r| r.up) {
+                r.node.tick();
+            }
+            self.next_tick += self.tick;
+            self.exchange();
+        }
+        self.exchange();
+    }
+
+    /// The commits settled since the last call.
+    pub fn take_settled(&mut self) -> Vec<Settled> {
+        std::mem::take(&mut self.settled)
+    }
+
+    /// Delivers messages and handles Readys until nothing more happens.
+    fn exchange(&mut self) {
+        loop {
+            for m in std::mem::take(&mut self.in_flight) {
+                let (from, to) = (m.from as usize - 1, m.to as usize - 1);
+                if self.replicas[from].up && self.replicas.get(to).is_some_and(|r| r.up) {
+                    let _ = self.replicas[to].node.step(m);
+                }
+            }
+            let mut any = false;
+            for i in 0..self.replicas.len() {
+                if self.replicas[i].up && self.replicas[i].node.has_ready() {
+                    self.handle_ready(i);
+                    any = true;
+                }
+            }
+            if !any && self.in_flight.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// raft-rs's Ready for replica `i`: send, persist, apply (as `storm_mm::replica` does).
+    fn handle_ready(&mut self, i: usize) {
+        let mut rd = self.replicas[i].node.ready();
+        self.in_flight.extend(rd.take_messages());
+        let committed = rd.take_committed_entries();
+        self.apply(i, committed);
+        {
+            let store = self.replicas[i].node.mut_store();
+            if !rd.entries().is_empty() {
+                store
+                    .wl()
+                    .append(rd.entries())
+                    .expect("appending to a memory log");
+            }
+            if let Some(hs) = rd.hs() {
+                store.wl().set_hardstate(hs.clone());
+            }
+        }
+        self.in_flight.extend(rd.take_persisted_messages());
+        let mut light = self.replicas[i].node.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.replicas[i]
+                .node
+                .mut_store()
+                .wl()
+                .mut_hard_state()
+                .set_commit(commit);
+        }
+        self.in_flight.extend(light.take_messages());
+        let committed = light.take_committed_entries();
+        self.apply(i, committed);
+        self.replicas[i].node.advance_apply();
+    }
+
+    /// Writes committed entries into replica `i`'s journal; for the leading core, settles the
+    /// commits whose last part it proposed in its term.
+    fn apply(&mut self, i: usize, entries: Vec<Entry>) {
+        for e in entries {
+            if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+                continue;
+            }
+            let part = entry::decode(&e.data).expect("the simulation's entries decode");
+            let outcome =
+                self.replicas[i]
+                    .store
+                    .write_applied(&part.changes, part.next_job, e.index, false);
+            if part.last && self.leading == Some((i, e.term)) {
+                self.settled.push(Settled {
+                    batch: part.batch,
+                    outcome,
+                    took: Duration::ZERO,
+                });
+            }
+        }
+    }
+}
