@@ -2,13 +2,16 @@
 //! cluster schedules again.
 //!
 //! An embedded cluster with a group of MM replicas, one long job running (its storm-submit
-//! attached) that must not be disturbed. Each trial kills the leader with SIGKILL and at once
+//! attached) that must not be disturbed: it prints a numbered line every 50 ms and writes the
+//! same line to a file of its own. Each trial kills the leader with SIGKILL and at once
 //! submits a one-task `/bin/true` job through the replicas' sockets, as storm-submit does
 //! (waiting for an election); the time is taken from the kill until that job's launch (its
 //! `Started` reply) and until its result. The killed replica is then started again and the
 //! trial waits until it follows with the whole log. At the end every probe job must be in
-//! the history once, completed, and the long job still running under the same id: no job
-//! lost, none run twice, none disturbed. Baseline, same run: a fork/exec of `/bin/true`.
+//! the history once, completed, and the long job still running under the same id; told to
+//! stop, it ends with exit 0, and what its storm-submit printed across every failover is
+//! exactly the file it wrote: no job lost, none run twice, none disturbed, no output line
+//! lost or duplicated. Baseline, same run: a fork/exec of `/bin/true`.
 
 use std::time::{Duration, Instant};
 
@@ -23,16 +26,76 @@ use storm_primitives::NodeSet;
 use crate::faults::FaultsArgs;
 use crate::report::{Csv, Table};
 
-/// Records when the job was launched.
-struct Launched(Option<Instant>);
+/// Records when the job was launched; follows the group, as storm-submit does, when the
+/// replica it reached stops before answering (it may have been the one being killed).
+struct Launched<'a> {
+    at: Option<Instant>,
+    sockets: &'a [std::path::PathBuf],
+    supervisor: Supervisor<'a>,
+}
 
-impl Progress for Launched {
-    fn started(&mut self, _: JobId, _: &NodeSet, _: &[String], _: Option<u32>) {
-        self.0.get_or_insert_with(Instant::now);
+/// What systemd's `Restart=on-failure` does for a replica that stops by itself (a leader
+/// that lost its lease, on this busy 2-core host, exits): starts it again, as a follower.
+/// The replica a trial kills is started again by the trial, once its probe ran.
+struct Supervisor<'a> {
+    cluster: &'a mut LocalCluster,
+    killed: &'a str,
+    /// Replicas started again so far.
+    restarted: &'a mut usize,
+}
+
+impl Supervisor<'_> {
+    fn restart_stopped(&mut self) -> Result<()> {
+        let names: Vec<String> = self
+            .cluster
+            .config
+            .managers
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        for name in names {
+            if name != self.killed && !self.cluster.is_running(&format!("storm-mm {name}")) {
+                self.cluster.restart_manager(&name)?;
+                *self.restarted += 1;
+            }
+        }
+        Ok(())
     }
 }
 
-fn probe_request() -> JobRequest {
+impl Progress for Launched<'_> {
+    fn started(&mut self, _: JobId, _: &NodeSet, _: &[String], _: Option<u32>) {
+        self.at.get_or_insert_with(Instant::now);
+    }
+    fn resubmit(&mut self, why: &str) -> Option<storm_cluster::control::Client> {
+        self.again(why)
+    }
+    fn reconnect(&mut self, _job: JobId, why: &str) -> Option<storm_cluster::control::Client> {
+        self.again(why)
+    }
+}
+
+impl Launched<'_> {
+    /// A connection to whichever replica leads now, after the one in use was lost (`why`).
+    /// A replica that stopped may not have exited yet when its connection closes: a round
+    /// that finds no leader starts whatever stopped since, and tries again.
+    fn again(&mut self, why: &str) -> Option<storm_cluster::control::Client> {
+        for _ in 0..3 {
+            if let Err(e) = self.supervisor.restart_stopped() {
+                eprintln!("storm-bench: cannot start a stopped replica again: {e:#}");
+            }
+            match storm_cli::connect_any(self.sockets) {
+                Ok((c, _)) => return Some(c),
+                Err(e) => eprintln!("storm-bench: the probe lost its replica ({why}), and {e}"),
+            }
+        }
+        None
+    }
+}
+
+/// The probe job of trial `trial`, with a token of its own (so that a submission sent again
+/// after a lost answer is recognised).
+fn probe_request(trial: usize) -> JobRequest {
     JobRequest {
         name: "failover-probe".into(),
         program: "/bin/true".into(),
@@ -53,6 +116,7 @@ fn probe_request() -> JobRequest {
         step_of: None,
         array: None,
         element: None,
+        token: Some(u64::from(std::process::id()) << 32 | trial as u64),
     }
 }
 
@@ -74,37 +138,78 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         managers: args.managers,
         replication: args.replication.clone(),
         cpus: Some(4),
+        // KEEP=1 keeps the cluster's directory (the daemons' logs) for a look afterwards.
+        keep: std::env::var_os("KEEP").is_some(),
         ..LocalOptions::new(args.nodes)
     })?;
     let sockets = cluster.config.control_sockets();
     let election_ms = cluster.config.replication.election_timeout_ms;
-    // The long job that must run on undisturbed.
+    // The long job that must run on undisturbed, and the lines it printed, as it saw them.
+    let work = tempfile::tempdir()?;
+    let (stop, truth) = (work.path().join("stop"), work.path().join("printed"));
+    let counter = work.path().join("counter.sh");
+    std::fs::write(
+        &counter,
+        format!(
+            "#!/bin/sh\ni=1\nwhile [ ! -e '{}' ]; do echo \"line $i\"; echo \"line $i\" >> '{}'; \
+             i=$((i+1)); sleep 0.05; done\n",
+            stop.display(),
+            truth.display()
+        ),
+    )?;
+    std::fs::set_permissions(
+        &counter,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
     let submit_bin = storm_cli::local::bin_dir()?.join("storm-submit");
     let mut long = std::process::Command::new(&submit_bin)
         .arg("--config")
         .arg(&cluster.config_path)
-        .args(["-N", "1", "-J", "undisturbed", "sleep", "3600"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .args(["-N", "1", "-J", "undisturbed", "--reconnect", "60"])
+        .arg(&counter)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(work.path().join("submit.log"))?)
         .spawn()
         .with_context(|| format!("starting {}", submit_bin.display()))?;
+    // Read as it comes: a full pipe would hold storm-submit up, and the MM up with it.
+    let long_out = long.stdout.take().context("the long job's output")?;
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut { long_out }, &mut all);
+        all
+    });
     let long_id = wait_running(&sockets, "undisturbed")?;
     let baseline = crate::faults::fork_exec()?;
     let (mut to_launch, mut to_result) = (Vec::new(), Vec::new());
+    let mut restarted = 0;
     for trial in 0..args.trials {
+        Supervisor {
+            cluster: &mut cluster,
+            killed: "",
+            restarted: &mut restarted,
+        }
+        .restart_stopped()?;
         let leader = cluster.leader().context("no leader")?;
         cluster.kill_manager(&leader)?;
         let killed = Instant::now();
         let (client, _) = storm_cli::connect_any(&sockets).map_err(anyhow::Error::msg)?;
-        let mut launched = Launched(None);
-        let (outcome, _, _) = submit::run_job(client, probe_request(), None, &mut launched)
+        let mut launched = Launched {
+            at: None,
+            sockets: &sockets,
+            supervisor: Supervisor {
+                cluster: &mut cluster,
+                killed: &leader,
+                restarted: &mut restarted,
+            },
+        };
+        let (outcome, _, _) = submit::run_job(client, probe_request(trial), None, &mut launched)
             .map_err(|e| anyhow::anyhow!("trial {trial}: the probe job: {e}"))?;
         to_result.push(killed.elapsed().as_secs_f64());
         if outcome.exit_code() != 0 {
             bail!("trial {trial}: the probe job failed: {outcome:?}");
         }
         let at = launched
-            .0
+            .at
             .context("the probe job was never reported started")?;
         to_launch.push((at - killed).as_secs_f64());
         cluster.restart_manager(&leader)?;
@@ -116,6 +221,12 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             if since.elapsed() > Duration::from_secs(30) {
                 bail!("trial {trial}: {leader} did not rejoin the group within 30 s");
             }
+            Supervisor {
+                cluster: &mut cluster,
+                killed: "",
+                restarted: &mut restarted,
+            }
+            .restart_stopped()?;
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -143,8 +254,31 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     if wait_running(&sockets, "undisturbed")? != long_id {
         bail!("the long job is not the one that ran before the failovers");
     }
-    let _ = long.kill();
-    let _ = long.wait();
+    std::fs::write(&stop, "")?;
+    let out = long.wait_with_output()?;
+    let stdout = reader.join().unwrap_or_default();
+    if !out.status.success() {
+        bail!(
+            "the long job's storm-submit: {}, {}",
+            out.status,
+            std::fs::read_to_string(work.path().join("submit.log")).unwrap_or_default()
+        );
+    }
+    let printed = std::fs::read_to_string(&truth)?;
+    let received = String::from_utf8_lossy(&stdout);
+    if received != printed {
+        let (got, want) = (received.lines().count(), printed.lines().count());
+        bail!(
+            "the long job's output across the failovers is not what it printed: {got} lines \
+             received, {want} printed (first difference at line {})",
+            received
+                .lines()
+                .zip(printed.lines())
+                .position(|(a, b)| a != b)
+                .map_or(got.min(want) + 1, |i| i + 1)
+        );
+    }
+    let lines = printed.lines().count();
     cluster.shutdown()?;
     let mut table = Table::new(
         format!(
@@ -152,8 +286,10 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
              loopback, timeslice {} ms, replica heartbeat {} ms, election timeout {election_ms} \
              ms), until the first \
              job submitted after it is launched and until its result; {} trials, {} probe jobs \
-             each completed once, the running job undisturbed; baseline: fork/exec of \
-             /bin/true, same run",
+             each completed once, the running job undisturbed, its {lines} output lines each \
+             received once and in order; {restarted} replicas that stopped by themselves (a \
+             leader's lease lost under load) started again, as systemd's Restart= does; \
+             baseline: fork/exec of /bin/true, same run",
             args.managers,
             args.nodes,
             args.timeslice_ms,

@@ -230,6 +230,11 @@ impl Daemon {
     pub fn run(mut self) -> Result<()> {
         storm_cluster::daemon::notify_ready();
         let mut fenced = None;
+        // Since when this leader has looked cut off from its nodes, and for how long it must
+        // before it hands the group over.
+        let mut cut_since: Option<Instant> = None;
+        let cfg = self.core.config();
+        let hold = cfg.timeslice() * (cfg.failure.missed_heartbeats / 2).max(1);
         loop {
             if self.keys.poll(Instant::now()) == Due::Reload {
                 self.reload_keys();
@@ -240,12 +245,20 @@ impl Daemon {
                 break;
             }
             // A leader that hears the replicas but not its nodes lets one that may reach them
-            // lead, before it marks any node DOWN.
-            if let Some(replica) = &self.replica
-                && let Some(cut) = self.core.cut_off_from_nodes()
-            {
-                fenced = Some(replica.hand_over(&cut));
-                break;
+            // lead, before it marks any node DOWN: once it has looked cut off for half the
+            // time that makes a node DOWN (a stall that every node comes back from, as they
+            // register again at once when told they were evicted, is no cut).
+            if let Some(replica) = &self.replica {
+                match self.core.cut_off_from_nodes() {
+                    None => cut_since = None,
+                    Some(cut) => {
+                        let since = *cut_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= hold {
+                            fenced = Some(replica.hand_over(&cut));
+                            break;
+                        }
+                    }
+                }
             }
             self.hand_over_arrivals();
             if Instant::now() >= self.core.poll_timeout() {
