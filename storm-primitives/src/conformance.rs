@@ -483,6 +483,22 @@ pub fn a_local_wake_up_ends_a_wait_without_a_signal(f: &dyn ClusterFactory) {
 
     c.node(1).wake_local(t.data).unwrap();
     signal_node_1(&*c, &t, t.data);
+    // A target may raise the event on a thread of its own after the data landed (ofi: its
+    // progress thread reads the remote CQ data), so the initiator's completion can come
+    // first (seen in CI on the sockets provider). A second transfer, raising another event
+    // that node 1 waits for, is raised after the first (one initiator, one target, in
+    // order): then the signal and the wake-up are both pending.
+    c.node(0)
+        .xfer_and_signal(
+            &NodeSet::single(1),
+            t.home_area.offset,
+            Bytes::from_static(b"y"),
+            Some(t.home_event),
+            Some(t.done),
+        )
+        .unwrap();
+    outcome(&*c.node(0), t.done).unwrap();
+    assert_eq!(c.node(1).test_event(t.home_event, long), Ok(true));
     assert_eq!(
         c.node(1).test_event(t.data, long),
         Ok(true),
