@@ -395,7 +395,13 @@ fn an_array_writes_one_file_per_element_and_storm_queue_shows_the_waiting_ones_t
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(queue.contains(&format!("{array}_[1-2,7]")), "{queue}");
+    // What ended already, if anything did, says why it is not waiting.
+    let ended = || text(&c.storm(&["history"]).stdout);
+    assert!(
+        queue.contains(&format!("{array}_[1-2,7]")),
+        "{queue}\nhistory:\n{}",
+        ended()
+    );
     assert!(queue.contains(&format!("{array}_0 ")), "{queue}");
     assert!(
         queue.contains(&format!(

@@ -117,6 +117,9 @@ pub struct SimEnv {
     copies: ProgramCopies,
     /// Copies made, whose outcome the MM has not been handed yet.
     saved: Vec<JobId>,
+    /// How many more copies may complete (a slow disk); `None`: every copy completes at the
+    /// next timeslice.
+    copies_allowed: Option<usize>,
     /// Writes the journal's batches, for a journal that hands them off.
     pub(crate) journal: Option<JournalWriter>,
 }
@@ -140,6 +143,7 @@ impl SimEnv {
             next_program: 1,
             copies,
             saved: Vec::new(),
+            copies_allowed: None,
             journal,
         }
     }
@@ -168,13 +172,14 @@ impl SimEnv {
         self.programs.len()
     }
 
-    /// Takes the replies sent to `client` (it reads them), dropping those to other clients.
+    /// Takes the replies sent to `client` (it reads them); other clients' stay for them.
     pub fn read_replies(&mut self, client: ClientId) -> Vec<Reply> {
-        let replies: Vec<Reply> = std::mem::take(&mut self.sent)
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sent)
             .into_iter()
-            .filter(|(c, _)| *c == client)
-            .map(|(_, r)| r)
-            .collect();
+            .partition(|(c, _)| *c == client);
+        // Another client's replies wait for it (a client that has gone reads none).
+        self.sent = others;
+        let replies: Vec<Reply> = mine.into_iter().map(|(_, r)| r).collect();
         *self.read.entry(client).or_default() += replies.len() as u64;
         replies
     }
@@ -193,9 +198,21 @@ impl SimEnv {
         self.flights.iter().map(|f| f.due).min()
     }
 
-    /// The program copies made since the last call (each succeeded).
+    /// The program copies made since the last call (each succeeded), oldest first, no more
+    /// than [`SimEnv::allow_copies`] lets complete.
     pub fn copies_made(&mut self) -> Vec<JobId> {
-        std::mem::take(&mut self.saved)
+        let n = self
+            .copies_allowed
+            .map_or(self.saved.len(), |n| n.min(self.saved.len()));
+        if let Some(allowed) = &mut self.copies_allowed {
+            *allowed -= n;
+        }
+        self.saved.drain(..n).collect()
+    }
+
+    /// Lets only `n` more program copies complete (`None`: all of them, as they are made).
+    pub fn allow_copies(&mut self, n: Option<usize>) {
+        self.copies_allowed = n;
     }
 }
 

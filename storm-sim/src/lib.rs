@@ -637,6 +637,56 @@ impl Sim {
         self.requests.push((req, None));
     }
 
+    /// Sends `job`'s submission, taken at the next timeslice, without waiting for its answer
+    /// (see [`Sim::replies`]).
+    pub fn send_submission(&mut self, job: &SimJob) {
+        self.requests.push(job.submission());
+    }
+
+    /// Lets only `n` more program copies beside the journal complete (a slow disk); `None`
+    /// lets every copy complete at the timeslice after it began, as by default.
+    pub fn allow_copies(&mut self, n: Option<usize>) {
+        self.mm.env_mut().allow_copies(n);
+    }
+
+    /// What `storm queue` shows now, asked on a connection of its own (as the command
+    /// opens one): the answer, which waits for the journal as every reply does.
+    pub fn queue_listing(&mut self) -> Result<Vec<storm_cluster::control::JobInfo>, String> {
+        let observer = self.next_client;
+        self.next_client += 1;
+        self.mm.handle(Input::Connected {
+            client: observer,
+            uid: SIM_UID,
+            gid: SIM_UID,
+            relayed_from: None,
+        });
+        self.mm.handle(Input::Request {
+            client: observer,
+            req: Request::Queue,
+            program: None,
+        });
+        let mut answer = None;
+        for _ in 0..ANSWER_WITHIN_TICKS {
+            self.step();
+            answer = self
+                .mm
+                .env_mut()
+                .read_replies(observer)
+                .into_iter()
+                .find_map(|r| match r {
+                    Reply::Queue(list) => Some(list),
+                    _ => None,
+                });
+            if answer.is_some() {
+                break;
+            }
+        }
+        self.mm.handle(Input::Gone { client: observer });
+        let _ = self.mm.env_mut().read_replies(observer);
+        answer
+            .ok_or_else(|| format!("no answer to storm queue in {ANSWER_WITHIN_TICKS} timeslices"))
+    }
+
     /// Completes the program transfers due by now: every reachable node of the job
     /// acknowledges the program, as its NM's receiver does, and the MM's worker reports (a
     /// cancelled transfer reports that it was cancelled). Program copies made since the last

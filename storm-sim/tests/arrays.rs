@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use storm_cluster::control::JobState;
+use storm_cluster::control::{JobState, Reply};
 use storm_cluster::messages::JobId;
 use storm_sim::{Sim, SimJob, SimOptions};
 
@@ -169,5 +169,68 @@ fn an_array_survives_a_restart_of_the_mm_with_its_throttle() {
             "job {j}"
         );
         assert_eq!(out.ranks.len(), 1, "job {j} ran once");
+    }
+}
+
+/// CI saw `storm queue` list elements 0 to 2 of an array, and element 0 running, while the
+/// copy of element 7's program was still being made: the array had not been accepted (its
+/// submitter had no answer yet), and an MM restarted then would have known a part of it. An
+/// array is accepted as one: while any element's copy is under way, no listing names any of
+/// its elements, no node runs one, and its submitter hears nothing; once the last copy is
+/// made, every element is listed and they run, each once.
+#[test]
+fn an_array_is_accepted_whole_once_every_elements_copy_is_made() {
+    let mut s = sim(4);
+    s.allow_copies(Some(0));
+    s.send_submission(
+        &SimJob::new(1, ms(30))
+            .with_program(4096)
+            .with_array("0-2,7%1"),
+    );
+    s.run_for(ms(20));
+    // A slow disk. Element 0 can start at once and needs no copy; two of the other three
+    // copies are made, element 7's is not.
+    s.allow_copies(Some(2));
+    s.run_for(ms(50));
+    let listed = s.queue_listing().unwrap();
+    assert!(
+        listed.is_empty(),
+        "a listing names elements of an array whose last copy is still being made: {listed:?}"
+    );
+    let ran: Vec<_> = (0..4).flat_map(|n| s.node(n).jobs()).collect();
+    assert!(
+        ran.is_empty(),
+        "nodes run elements of an array not yet accepted: {ran:?}"
+    );
+    assert!(
+        !s.replies()
+            .iter()
+            .any(|(_, r)| matches!(r, Reply::Accepted { .. })),
+        "the submitter was told of the array before it was whole"
+    );
+    // The last copy is made: the array is accepted, whole.
+    s.allow_copies(None);
+    s.run_for(ms(5));
+    let array = s
+        .replies()
+        .iter()
+        .find_map(|(_, r)| match r {
+            Reply::Accepted { job, .. } => Some(*job),
+            _ => None,
+        })
+        .expect("the array is accepted once its copies are made");
+    let indices: Vec<u32> = s
+        .queue_listing()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j.element.filter(|e| e.array == array).map(|e| e.index))
+        .collect();
+    assert_eq!(indices, [0, 1, 2, 7], "every element is listed at once");
+    let elements: Vec<JobId> = (array..array + 4).collect();
+    assert!(s.run_until(Duration::from_secs(5), |s| {
+        elements.iter().all(|&j| s.finished(j).is_some())
+    }));
+    for &j in &elements {
+        assert_eq!(s.started(j).len(), 1, "element {j} ran once");
     }
 }

@@ -86,35 +86,51 @@ impl<E: MmEnv> MachineManager<E> {
                 (None, _) => self.env.remove_saved_program(id),
             }
         }
-        let mut later = BTreeSet::new();
-        let mut recording = Vec::new();
-        for id in std::mem::take(&mut self.outbox.unrecorded) {
+        let unrecorded = std::mem::take(&mut self.outbox.unrecorded);
+        // A waiting job (or one that may be requeued) needs its program after a restart:
+        // its copy is made first, and the job is recorded once it is complete.
+        for &id in &unrecorded {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            if self.outbox.saving.contains(&id) {
-                later.insert(id);
+            if self.outbox.saving.contains(&id)
+                || j.program_saved
+                || j.program_save_failed
+                || !(j.phase == Phase::Queued || j.req.requeue)
+            {
                 continue;
             }
-            // A waiting job (or one that may be requeued) needs its program after a restart.
-            if !j.program_saved
-                && !j.program_save_failed
-                && (j.phase == Phase::Queued || j.req.requeue)
-                && let Some(program) = j.program
-            {
-                if self.env.save_program(id, program, j.size) {
-                    self.outbox.saving.insert(id);
-                    later.insert(id);
-                    continue;
-                }
+            let Some(program) = j.program else {
+                continue;
+            };
+            if self.env.save_program(id, program, j.size) {
+                self.outbox.saving.insert(id);
+            } else {
                 j.program_save_failed = true;
                 tracing::error!(
                     job = id,
                     "the job would not survive a restart of the MM: its program cannot be copied beside the journal"
                 );
             }
-            let rec = job_record(j);
-            self.outbox.journal.put_job(rec);
+        }
+        // An array is accepted as one: none of its elements is recorded (so none launches,
+        // and no listing names it) while the copy of any is under way.
+        let arrays_copied = self.copying_arrays();
+        let mut later = BTreeSet::new();
+        let mut recording = Vec::new();
+        for id in unrecorded {
+            let Some(j) = self.jobs.get(&id) else {
+                continue;
+            };
+            if self.outbox.saving.contains(&id)
+                || j.req
+                    .element
+                    .is_some_and(|e| arrays_copied.contains(&e.array))
+            {
+                later.insert(id);
+                continue;
+            }
+            self.outbox.journal.put_job(job_record(j));
             if j.phase == (Phase::Recording { batch: None }) {
                 recording.push(id);
             }
@@ -174,7 +190,10 @@ impl<E: MmEnv> MachineManager<E> {
             // A listing made this timeslice may name a job whose copy just began: it is not
             // accepted until its record is journaled.
             if let Reply::Queue(list) = &mut r {
-                list.retain(|j| !self.outbox.saving.contains(&j.job));
+                list.retain(|j| {
+                    !self.outbox.saving.contains(&j.job)
+                        && !j.element.is_some_and(|e| arrays_copied.contains(&e.array))
+                });
             }
             // A client's replies keep their order: once one waits, the later ones wait too.
             if held.contains(&client) || waits_for > settled {
@@ -188,6 +207,15 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         self.outbox.replies = kept;
+    }
+
+    /// The arrays (by id) one of whose elements' program copy is under way.
+    fn copying_arrays(&self) -> HashSet<JobId> {
+        self.outbox
+            .saving
+            .iter()
+            .filter_map(|id| Some(self.jobs.get(id)?.req.element?.array))
+            .collect()
     }
 
     /// A commit failed: what changed would not survive a restart of the MM until a later
