@@ -579,3 +579,53 @@ fn storm_batch_wait_follows_an_array_across_a_restart_of_the_mm() {
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("the machine manager is back"), "{err}");
 }
+
+/// `storm shutdown` ends the jobs that wait, and answers. Its answer waits for the journal
+/// to hold those ends; the MM used to exit before that answer went out, and the command
+/// said "lost the machine manager: connection closed" (seen at the end of CI's log of a
+/// test that left an array waiting).
+#[test]
+fn storm_shutdown_ends_the_waiting_jobs_and_answers() {
+    let c = TestCluster::start(1);
+    let work = tempfile::tempdir().unwrap();
+    let gate = work.path().join("gate");
+    let wrap = format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display());
+    let first = batch_id(&storm_batch(
+        &c,
+        work.path(),
+        &["--parsable", "-o", "/dev/null", "--wrap", &wrap],
+    ));
+    // Waiting for the first, whatever room the node has.
+    let waiting: Vec<u64> = (0..3)
+        .map(|_| {
+            batch_id(&storm_batch(
+                &c,
+                work.path(),
+                &[
+                    "--parsable",
+                    "-d",
+                    &format!("afterok:{first}"),
+                    "-o",
+                    "/dev/null",
+                    "--wrap",
+                    "true",
+                ],
+            ))
+        })
+        .collect();
+    let queue = text(&c.storm(&["queue"]).stdout);
+    for id in &waiting {
+        assert!(
+            queue
+                .lines()
+                .any(|l| l.trim().starts_with(&format!("{id} ")) && l.contains("queued")),
+            "{queue}"
+        );
+    }
+    let out = c.storm(&["shutdown"]);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "storm shutdown: {}",
+        text(&out.stderr)
+    );
+}

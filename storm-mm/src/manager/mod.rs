@@ -258,11 +258,14 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// Whether a shutdown was asked for and its commands have gone out (or no node is left
-    /// to take them). The host then waits for the last heartbeat
-    /// ([`MachineManager::wait_heartbeats`]) and stops.
+    /// Whether a shutdown was asked for, its commands have gone out (or no node is left to
+    /// take them), and the replies waiting for the journal (the shutdown's own "done" among
+    /// them, behind the records of the jobs it ended) have gone. The host then waits for the
+    /// last heartbeat ([`MachineManager::wait_heartbeats`]) and stops.
     pub fn is_done(&self) -> bool {
-        self.shutting_down && (self.hb.commands.is_empty() || self.hb.queue.dest().is_empty())
+        self.shutting_down
+            && (self.hb.commands.is_empty() || self.hb.queue.dest().is_empty())
+            && self.outbox.replies.is_empty()
     }
 
     /// The environment, for a host or a simulator that looks inside it.
