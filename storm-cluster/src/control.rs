@@ -798,6 +798,12 @@ pub fn hang_up(sock: &UnixStream) {
     let _ = sock.shutdown(std::net::Shutdown::Both);
 }
 
+/// Ends a connection's reading side only: its reader sees the end, while replies already
+/// queued for its writer still go out (the connection closes once both are done).
+pub fn stop_reading(sock: &UnixStream) {
+    let _ = sock.shutdown(std::net::Shutdown::Read);
+}
+
 /// How many control connections each user has open, against `[limits]
 /// max_connections_per_user`: kept by the MM and by each control relay, so that no user can
 /// take all of a daemon's descriptors and threads from the others.

@@ -33,6 +33,29 @@ pub enum Listen {
     Local(Arc<LocalFabric>),
 }
 
+impl Listen {
+    /// The same listening socket for another endpoint (a manager replica that leads again
+    /// starts its endpoint anew): an inherited descriptor is duplicated, so that each
+    /// endpoint owns a copy and the socket outlives each.
+    pub fn again(&self) -> Result<Listen, String> {
+        match self {
+            Listen::Configured => Ok(Listen::Configured),
+            Listen::Fd(fd) => {
+                // SAFETY: dup of a descriptor number; a closed one fails with EBADF.
+                let copy = unsafe { libc::dup(*fd) };
+                if copy < 0 {
+                    return Err(format!(
+                        "--listen-fd {fd}: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
+                Ok(Listen::Fd(copy))
+            }
+            Listen::Local(fabric) => Ok(Listen::Local(fabric.clone())),
+        }
+    }
+}
+
 /// Who a daemon is on its links, beyond holding the cluster key (see [`crate::identity`]).
 /// The keys are behind locks the daemon keeps a handle on: it reads them again on SIGHUP.
 pub enum LinkIdentity {

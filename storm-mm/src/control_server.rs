@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -140,6 +140,29 @@ impl Shared {
     }
 }
 
+/// The control socket's accepting thread; dropping it stops accepting, and removes the socket
+/// (an MM core that stops, such as a replica that no longer leads, takes no more clients).
+/// Connections already made end as the core's environment hangs them up.
+pub struct ControlServer {
+    stop: Arc<AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+    dir: DaemonDir,
+    name: String,
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = self.dir.remove_file(&self.name);
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How long the accepting thread waits for a connection before it looks whether to stop.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
 /// Binds the control socket (replacing a stale one) and starts accepting. The socket's
 /// directory must be the MM's alone (see `storm_cluster::daemon_dir`): it is bound and given
 /// its mode through the directory's descriptor.
@@ -150,7 +173,7 @@ pub fn start(
     limits: LimitsSection,
     to_main: Sender<Incoming>,
     wake: crate::Waker,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<ControlServer> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         anyhow::bail!(
             "the control socket {} needs a directory and a file name",
@@ -179,13 +202,29 @@ pub fn start(
         to_main,
         wake,
     });
-    std::thread::Builder::new()
+    // Polled, so that the thread can stop (a blocked accept would never return).
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| anyhow::anyhow!("the control socket {}: {e}", path.display()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let accept = std::thread::Builder::new()
         .name("storm-mm-accept".into())
         .spawn(move || {
             let mut refused = LogLimit::new(Duration::from_secs(10));
-            for conn in listener.incoming() {
-                match conn {
-                    Ok(sock) => serve(sock, shared.clone()),
+            while !stopped.load(Ordering::Acquire) {
+                match listener.accept() {
+                    // Accepted sockets do not inherit the listener's non-blocking mode.
+                    Ok((sock, _)) => serve(sock, shared.clone()),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        let fd = std::os::fd::AsFd::as_fd(&listener);
+                        let mut polled = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+                        let _ = nix::poll::poll(
+                            &mut polled,
+                            nix::poll::PollTimeout::from(ACCEPT_POLL.as_millis() as u16),
+                        );
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
                         // Out of descriptors (or threads): waiting frees some, and spinning
                         // on accept would only fill the log.
@@ -199,7 +238,12 @@ pub fn start(
                 }
             }
         })?;
-    Ok(())
+    Ok(ControlServer {
+        stop,
+        accept: Some(accept),
+        dir,
+        name: name.to_string(),
+    })
 }
 
 fn serve(sock: UnixStream, shared: Arc<Shared>) {

@@ -64,27 +64,32 @@ pub struct Daemon {
     keys: KeyWatch,
     /// The replica this MM leads the group as, in a replicated group.
     replica: Option<Arc<Replica>>,
+    /// The group's term this core leads (0: a single MM).
+    term: u64,
+    /// The control socket, taking clients while this core runs.
+    control: Option<control_server::ControlServer>,
 }
 
 /// Where the journal's commits go: a thread of this daemon's that writes them to disk, or
 /// the manager group, which writes them on a majority of the replicas.
 enum Commits {
     Disk(Committer),
-    Group(Arc<Replica>),
+    /// The group, as its leader of this term.
+    Group(Arc<Replica>, u64),
 }
 
 impl Commits {
     fn send(&self, batch: Batch) {
         match self {
             Commits::Disk(c) => c.send(batch),
-            Commits::Group(r) => r.send(batch),
+            Commits::Group(r, term) => r.send(*term, batch),
         }
     }
 
     fn settled(&self) -> Vec<crate::journal::Settled> {
         match self {
             Commits::Disk(c) => c.settled(),
-            Commits::Group(r) => r.settled(),
+            Commits::Group(r, _) => r.settled(),
         }
     }
 }
@@ -101,10 +106,32 @@ fn this_manager(cfg: &ClusterConfig, given: Option<&str>) -> Result<usize> {
     cfg.manager_by_name(&name).map_err(anyhow::Error::msg)
 }
 
-/// Starts a machine manager daemon (see the module's overview); nothing is scheduled before
-/// [`Daemon::run`]. A replica of a replicated MM returns once it leads the group, or `None`
-/// if it was stopped while it followed.
-pub fn start(opts: MmOptions) -> Result<Option<Daemon>> {
+/// Where a core's journal commits go (see [`Commits`]), before the waker they need exists.
+enum Writes {
+    /// A single MM's own disk, through the journal's store.
+    Disk(Box<dyn crate::journal::JournalStore>),
+    /// The manager group, as leader of this term.
+    Group(Arc<Replica>, u64),
+}
+
+/// How a daemon's run as the cluster's MM ended.
+enum Ended {
+    /// A shutdown request, or a signal.
+    Stopped,
+    /// This replica may no longer act as the MM (deposed, its lease lost, or it handed the
+    /// group over); it has stepped down.
+    Fenced,
+}
+
+/// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
+/// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
+/// request or a signal.
+///
+/// A replica of a manager group follows the group until it leads, then hosts an MM core
+/// over its journal as an MM restarted after a crash does. When it may no longer lead, it
+/// drops that core (its endpoint, control socket, clients, transfers) and follows the group
+/// again, as a follower: its replica, and with it the group's majority, stays up.
+pub fn run(opts: MmOptions) -> Result<()> {
     let MmOptions {
         config: cfg,
         manager,
@@ -123,43 +150,101 @@ pub fn start(opts: MmOptions) -> Result<Option<Daemon>> {
         Some(i) => cfg.as_manager(i),
         None => cfg,
     };
-    // First: without the key this daemon must not run at all.
+    // First: without its keys this daemon must not run at all.
+    cfg.load_key().context("starting the machine manager")?;
+    cfg.load_mm_signer()
+        .context("starting the machine manager")?;
+    let (journal, restored) =
+        Journal::open(&cfg.cluster.state_dir).context("starting the machine manager")?;
+    let programs = journal.program_store();
+    let (journal, store) = journal.hand_off();
+    let store = store.context("the journal's store was already handed off")?;
+    let Some(index) = replica_index else {
+        let daemon = assemble(
+            &cfg,
+            listen,
+            &stop,
+            (journal, restored),
+            0,
+            Writes::Disk(store),
+        )
+        .context("starting the machine manager")?;
+        return daemon.run().map(|_| ());
+    };
+    // A replica waits, as a follower, until it leads the group; its journal then holds
+    // every commit the group made, and it takes the cluster up from there as a restarted MM.
+    let replica = Arc::new(
+        Replica::start(&cfg, index, store, programs.clone())
+            .context("starting this manager's replica")?,
+    );
+    storm_cluster::daemon::notify_ready();
+    let mut first = Some(journal);
+    loop {
+        let Some((term, restored)) = replica.wait_to_lead(&stop)? else {
+            tracing::info!("stopping on a signal (a follower)");
+            return Ok(());
+        };
+        // Each term's core starts from a journal front of its own; the store is the
+        // replica's throughout.
+        let journal = first
+            .take()
+            .unwrap_or_else(|| Journal::handed_off(programs.clone()));
+        let daemon = assemble(
+            &cfg,
+            listen.again().map_err(anyhow::Error::msg)?,
+            &stop,
+            (journal, restored),
+            term,
+            Writes::Group(replica.clone(), term),
+        )
+        .context("starting the machine manager")?;
+        let fabric = Arc::downgrade(daemon.core.fabric().0);
+        match daemon.run()? {
+            Ended::Stopped => return Ok(()),
+            Ended::Fenced => wait_released(&fabric),
+        }
+    }
+}
+
+/// Waits (a few seconds at most) until the last of a stopped core's threads has let go of its
+/// endpoint, whose address the next term's endpoint binds again.
+fn wait_released(fabric: &std::sync::Weak<dyn Primitives>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fabric.strong_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if fabric.strong_count() > 0 {
+        tracing::warn!("the stopped MM's endpoint is still held; the next term may not bind it");
+    }
+}
+
+/// Makes the MM core, not yet running, and everything it does I/O through: its endpoint
+/// among the nodes (from `listen`), its control socket, and where its journal commits go.
+/// `term` is the group's term it leads (0: a single MM).
+fn assemble(
+    cfg: &ClusterConfig,
+    listen: Listen,
+    stop: &Arc<AtomicBool>,
+    (journal, restored): (Journal, crate::journal::Restored),
+    term: u64,
+    writes: Writes,
+) -> Result<Daemon> {
     let key = cfg.load_key()?;
     let signer = cfg.load_mm_signer()?;
     // Every node must prove which it is: its key is enrolled here.
     let enrolled = Arc::new(parking_lot::RwLock::new(
         cfg.load_enrolled().map_err(anyhow::Error::msg)?,
     ));
-    let rm = RmLayout::new(&cfg)?;
+    let rm = RmLayout::new(cfg)?;
     tracing::info!(
         mm_mib = rm.layout.size_at(cfg.mm_id()) >> 20,
         nm_mib = rm.layout.size_at(0) >> 20,
         nodes = cfg.node_count(),
         "global memory laid out (address space; untouched pages take no memory)"
     );
-    let (journal, restored) = Journal::open(&cfg.cluster.state_dir)?;
     let programs = journal.program_store();
-    let (journal, store) = journal.hand_off();
-    let store = store.context("the journal's store was already handed off")?;
-    // A replica waits, as a follower, until it leads the group; its journal then holds
-    // every commit the group made, and it takes the cluster up from there as a restarted MM.
-    let (replica, restored, store, incarnation) = match replica_index {
-        Some(index) => {
-            let replica = Arc::new(
-                Replica::start(&cfg, index, store, programs.clone())
-                    .context("starting this manager's replica")?,
-            );
-            storm_cluster::daemon::notify_ready();
-            let Some((term, restored)) = replica.wait_to_lead(&stop)? else {
-                tracing::info!("stopping on a signal (a follower)");
-                return Ok(None);
-            };
-            (Some(replica), restored, None, incarnation(term))
-        }
-        None => (None, restored, Some(store), incarnation(0)),
-    };
     let fabric = endpoint::start(
-        &cfg,
+        cfg,
         &rm,
         cfg.mm_id(),
         listen,
@@ -169,19 +254,18 @@ pub fn start(opts: MmOptions) -> Result<Option<Daemon>> {
     .map_err(anyhow::Error::msg)?;
     let waker = Waker::new(fabric.clone(), rm.term_event);
     // The disk's fsync stays off the MM's loop; replies wait for their commit instead.
-    let commits = match (&replica, store) {
-        (Some(r), _) => {
+    let commits = match writes {
+        Writes::Group(r, term) => {
             r.set_waker(waker.clone());
-            Commits::Group(r.clone())
+            Commits::Group(r, term)
         }
-        (None, Some(store)) => Commits::Disk(
+        Writes::Disk(store) => Commits::Disk(
             Committer::start(store, programs.clone(), waker.clone())
                 .context("starting the journal's thread")?,
         ),
-        (None, None) => unreachable!("a single MM keeps its journal's store"),
     };
     let (tx, incoming) = crossbeam_channel::unbounded();
-    control_server::start(
+    let control = control_server::start(
         &cfg.cluster.control_socket,
         cfg.cluster.name.clone(),
         cfg.node_count(),
@@ -196,38 +280,35 @@ pub fn start(opts: MmOptions) -> Result<Option<Daemon>> {
         ],
         Duration::from_secs(cfg.security.key_check_interval_s),
     )?;
+    let replica = match &commits {
+        Commits::Group(r, _) => Some(r.clone()),
+        Commits::Disk(_) => None,
+    };
     let env = DaemonEnv::new(fabric.clone(), waker, programs, commits, enrolled);
     let parts = MmParts {
-        config: cfg,
+        config: cfg.clone(),
         rm,
         fabric,
         journal,
         restored,
-        incarnation,
+        incarnation: incarnation(term),
         signer,
     };
-    Ok(Some(Daemon {
+    Ok(Daemon {
         core: MachineManager::new(parts, env)?,
         incoming,
-        stop,
+        stop: stop.clone(),
         keys,
         replica,
-    }))
-}
-
-/// The `storm-mm` daemon: starts a machine manager, tells the service manager it is ready
-/// (control socket bound, endpoint up, journal restored), and hosts it until a shutdown
-/// request or a signal.
-pub fn run(opts: MmOptions) -> Result<()> {
-    match start(opts).context("starting the machine manager")? {
-        Some(daemon) => daemon.run(),
-        None => Ok(()),
-    }
+        term,
+        control: Some(control),
+    })
 }
 
 impl Daemon {
-    /// Hosts the core until a shutdown request or a signal (see the module's overview).
-    pub fn run(mut self) -> Result<()> {
+    /// Hosts the core until a shutdown request or a signal (see the module's overview), or,
+    /// for a replica, until it may no longer lead.
+    fn run(mut self) -> Result<Ended> {
         storm_cluster::daemon::notify_ready();
         let mut fenced = None;
         // Since when this leader has looked cut off from its nodes, and for how long it must
@@ -254,7 +335,7 @@ impl Daemon {
                     Some(cut) => {
                         let since = *cut_since.get_or_insert_with(Instant::now);
                         if since.elapsed() >= hold {
-                            fenced = Some(replica.hand_over(&cut));
+                            fenced = Some(replica.hand_over(self.term, &cut));
                             break;
                         }
                     }
@@ -281,14 +362,20 @@ impl Daemon {
             }
             self.wait(self.core.poll_timeout());
         }
-        let _ = std::fs::remove_file(&self.core.config().cluster.control_socket);
-        match fenced {
-            Some(why) => anyhow::bail!(
-                "this replica no longer leads the manager group ({why}); it stops acting as \
-                 the cluster's MM, and rejoins the group as a follower when started again"
-            ),
-            None => Ok(()),
-        }
+        // No more clients; those connected hear the connection close, and reconnect to
+        // whichever MM leads.
+        self.control.take();
+        let (Some(why), Some(replica)) = (fenced, &self.replica) else {
+            return Ok(Ended::Stopped);
+        };
+        tracing::warn!(
+            "this replica no longer leads the manager group ({why}): it stops acting as the \
+             cluster's MM and follows the group again"
+        );
+        // At once, before the core's threads are let go of: a Raft leader whose core
+        // stopped must not hold the group up.
+        replica.step_down(self.term);
+        Ok(Ended::Fenced)
     }
 
     /// Hands the core, as inputs, what the control socket's threads, the transfer workers
@@ -381,6 +468,22 @@ pub struct DaemonEnv {
     saver: Saver,
     /// Writes the journal's batches (on a thread of its own, or through the manager group).
     commits: Commits,
+}
+
+/// A core that stops (a shutdown, or a replica that no longer leads) leaves nothing running:
+/// its clients' connections close once the replies already given to their writers are
+/// written (and the clients follow whichever MM leads), and its transfers stop.
+impl Drop for DaemonEnv {
+    fn drop(&mut self) {
+        for (_, c) in self.clients.drain() {
+            // The reader sees the end; the writer ends with its channel, after what it has.
+            control::stop_reading(&c.closer);
+            drop(c.tx);
+        }
+        for w in self.workers.values() {
+            w.cancel.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl std::fmt::Debug for DaemonEnv {
@@ -527,7 +630,7 @@ impl MmEnv for DaemonEnv {
 
     fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {
         match &self.commits {
-            Commits::Group(r) => r.managers(),
+            Commits::Group(r, _) => r.managers(),
             Commits::Disk(_) => vec![storm_cluster::control::ManagerInfo::single()],
         }
     }

@@ -537,6 +537,24 @@ impl Journal {
         }
     }
 
+    /// A journal front whose commits go to the host from the start (as after
+    /// [`Journal::hand_off`]), over a store someone else keeps: the one a manager replica's
+    /// MM core uses each time it leads again (the replica's thread writes the store).
+    pub fn handed_off(programs: Option<ProgramStore>) -> Self {
+        Self {
+            writer: Writer::HandedOff {
+                handed: Vec::new(),
+                arrived: Vec::new(),
+            },
+            batches: 0,
+            settled: 0,
+            programs,
+            staged: Vec::new(),
+            next_job: None,
+            unneeded: Vec::new(),
+        }
+    }
+
     /// The batches committed since the last call, for the host to write in order.
     pub fn take_handed(&mut self) -> Vec<Batch> {
         match &mut self.writer {

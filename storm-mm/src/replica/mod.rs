@@ -18,10 +18,12 @@
 //! journal, as an MM restarted after a crash does, and the nodes follow it (they try every
 //! replica's address). It leads until it is deposed or loses its lease ([`Replica::fenced`]):
 //! a leader that has not heard from a majority for half the election timeout stops acting
-//! before any other replica can have been elected; the daemon then exits, and comes back as a
-//! follower. A leader that still hears the replicas but not its nodes hands the group to the
-//! most up-to-date replica it hears ([`Replica::hand_over`], Raft's leadership transfer) and
-//! exits the same way: Raft alone would keep it leading, and it would mark every node DOWN.
+//! before any other replica can have been elected. The daemon then drops that core and the
+//! replica steps down ([`Replica::step_down`]): it stays in the group as a follower, and may
+//! lead again, with a new core, in a later term. A leader that still hears the replicas but
+//! not its nodes hands the group to the most up-to-date replica it hears
+//! ([`Replica::hand_over`], Raft's leadership transfer) and stops its core the same way:
+//! Raft alone would keep it leading, and it would mark every node DOWN.
 
 pub mod entry;
 pub mod log;
@@ -101,7 +103,9 @@ impl Applied {
 enum RoleEvent {
     /// This replica leads `term`, and its journal holds every committed entry.
     Leads { term: u64, restored: Restored },
-    /// It stopped leading, or cannot go on as a replica.
+    /// It no longer leads `term` (another replica won a later term); it follows the group.
+    Deposed { term: u64, why: String },
+    /// It cannot go on as a replica.
     Stopped(String),
 }
 
@@ -132,9 +136,12 @@ struct Shared {
 
 /// The daemon's handle on its replica thread.
 pub struct Replica {
-    proposals: Sender<Batch>,
-    /// Asks the thread to hand leadership to another replica.
-    handovers: Sender<()>,
+    /// Journal commits, each with the term of the core that made it.
+    proposals: Sender<(u64, Batch)>,
+    /// Asks the thread to hand leadership of a term to another replica.
+    handovers: Sender<u64>,
+    /// Tells the thread that the core leading a term stopped.
+    step_downs: Sender<u64>,
     election_timeout: Duration,
     settled: Receiver<Settled>,
     events: Receiver<RoleEvent>,
@@ -202,6 +209,7 @@ impl Replica {
         let (settle, settled) = crossbeam_channel::unbounded();
         let (tell, events) = crossbeam_channel::unbounded();
         let (handovers, handover) = crossbeam_channel::unbounded();
+        let (step_downs, step_down) = crossbeam_channel::unbounded();
         let host = Host {
             node,
             log,
@@ -224,6 +232,7 @@ impl Replica {
             heard: vec![None; replicas],
             proposed,
             handover,
+            step_down,
             settle,
             tell,
             shared: shared.clone(),
@@ -245,6 +254,7 @@ impl Replica {
         Ok(Self {
             proposals,
             handovers,
+            step_downs,
             election_timeout: Duration::from_millis(r.election_timeout_ms),
             settled,
             events,
@@ -264,7 +274,15 @@ impl Replica {
                 return Ok(None);
             }
             match self.events.recv_timeout(Duration::from_millis(50)) {
-                Ok(RoleEvent::Leads { term, restored }) => return Ok(Some((term, restored))),
+                Ok(RoleEvent::Leads { term, restored }) => {
+                    // What settled for an earlier term's core is no news to this one's.
+                    let _ = self.settled.try_iter().count();
+                    return Ok(Some((term, restored)));
+                }
+                // A core that stopped already (it learned of it another way).
+                Ok(RoleEvent::Deposed { term, why }) => {
+                    tracing::debug!(term, "{why} (its core had stopped already)");
+                }
                 Ok(RoleEvent::Stopped(why)) => anyhow::bail!("{why}"),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
@@ -282,8 +300,9 @@ impl Replica {
     /// Why this replica must stop acting as the cluster's MM, if it must: it was deposed, or
     /// its lease ran out (it has not heard from a majority for half an election timeout).
     pub fn fenced(&self) -> Option<String> {
-        if let Ok(RoleEvent::Stopped(why)) = self.events.try_recv() {
-            return Some(why);
+        match self.events.try_recv() {
+            Ok(RoleEvent::Deposed { why, .. } | RoleEvent::Stopped(why)) => return Some(why),
+            Ok(RoleEvent::Leads { .. }) | Err(_) => {}
         }
         let until = self.shared.lease_until_us.load(Ordering::Acquire);
         let now = self.shared.epoch.elapsed().as_micros() as u64;
@@ -302,14 +321,14 @@ impl Replica {
     /// answer). What happened, to say as the daemon stops; if no replica took over in time,
     /// this one stops all the same, and the group elects another once its election timeout
     /// passes.
-    pub fn hand_over(&self, why: &str) -> String {
+    pub fn hand_over(&self, term: u64, why: &str) -> String {
         tracing::warn!("cut off from its nodes ({why}): handing the manager group over");
-        let _ = self.handovers.send(());
+        let _ = self.handovers.send(term);
         let _ = self.fabric.wake_local(self.group.arrived);
         let deadline = Instant::now() + self.election_timeout * 2;
         loop {
             match self.events.recv_deadline(deadline) {
-                Ok(RoleEvent::Stopped(how)) => {
+                Ok(RoleEvent::Deposed { why: how, .. } | RoleEvent::Stopped(how)) => {
                     return format!("cut off from its nodes: {why}; {how}");
                 }
                 Ok(RoleEvent::Leads { .. }) => {}
@@ -324,9 +343,20 @@ impl Replica {
         }
     }
 
-    /// Hands a journal commit to the group.
-    pub fn send(&self, batch: Batch) {
-        let _ = self.proposals.send(batch);
+    /// Hands a journal commit of the core leading `term` to the group (one of a core that no
+    /// longer leads is dropped, as in a crash: its clients had no answer).
+    pub fn send(&self, term: u64, batch: Batch) {
+        let _ = self.proposals.send((term, batch));
+        let _ = self.fabric.wake_local(self.group.arrived);
+    }
+
+    /// The core that led `term` stopped (deposed, its lease lost, or it handed the group
+    /// over): this replica stops leading, if it still does, and follows the group until it
+    /// is elected again ([`Replica::wait_to_lead`]).
+    pub fn step_down(&self, term: u64) {
+        // The stopped core's waker holds its endpoint, which the next core binds again.
+        self.shared.waker.lock().take();
+        let _ = self.step_downs.send(term);
         let _ = self.fabric.wake_local(self.group.arrived);
     }
 
@@ -373,9 +403,11 @@ struct Host {
     lease: Duration,
     /// When each other replica was last heard from.
     heard: Vec<Option<Instant>>,
-    proposed: Receiver<Batch>,
-    /// Requests to hand leadership over ([`Replica::hand_over`]).
-    handover: Receiver<()>,
+    proposed: Receiver<(u64, Batch)>,
+    /// Requests to hand leadership of a term over ([`Replica::hand_over`]).
+    handover: Receiver<u64>,
+    /// Cores that stopped leading a term ([`Replica::step_down`]).
+    step_down: Receiver<u64>,
     settle: Sender<Settled>,
     tell: Sender<RoleEvent>,
     shared: Arc<Shared>,
@@ -432,11 +464,18 @@ impl Host {
     }
 
     fn step(&mut self, next_tick: &mut Instant) -> Result<(), ReplicaError> {
-        if self.handover.try_iter().count() > 0 {
+        for term in self.step_down.try_iter().collect::<Vec<_>>() {
+            self.step_down(term);
+        }
+        if self
+            .handover
+            .try_iter()
+            .any(|term| Some(term) == self.leading)
+        {
             self.transfer_leadership();
         }
-        for batch in self.proposed.try_iter().collect::<Vec<_>>() {
-            self.propose(batch)?;
+        for (term, batch) in self.proposed.try_iter().collect::<Vec<_>>() {
+            self.propose(term, batch)?;
         }
         for (from, bytes) in self.inbox.take(&*self.fabric, &self.group) {
             // Entries' journal parts are decoded when applied, not here.
@@ -466,11 +505,15 @@ impl Host {
         Ok(())
     }
 
-    fn propose(&mut self, batch: Batch) -> Result<(), ReplicaError> {
-        if self.leading.is_none() {
-            return Err(ReplicaError::Raft(
-                "a journal commit came while not leading".into(),
-            ));
+    fn propose(&mut self, term: u64, batch: Batch) -> Result<(), ReplicaError> {
+        if self.leading != Some(term) {
+            // Sent by a core that stopped leading before it learned of it.
+            tracing::debug!(
+                batch = batch.number,
+                term,
+                "a journal commit of a term this replica does not lead: dropped"
+            );
+            return Ok(());
         }
         if self.node.raft.lead_transferee.is_some() {
             // Raft takes no proposal while it hands leadership over; the core stopped.
@@ -698,17 +741,41 @@ impl Host {
                 let _ = self.tell.send(RoleEvent::Leads { term, restored });
             }
             Some(term) if !is_leader || raft.term != term => {
-                self.shared.lease_until_us.store(0, Ordering::Release);
-                return Err(ReplicaError::Raft(format!(
-                    "deposed: replica {} leads term {}",
-                    raft.leader_id.saturating_sub(1),
-                    raft.term
-                )));
+                let why = match raft.leader_id {
+                    0 => format!("deposed: term {} has begun", raft.term),
+                    l => format!("deposed: replica {} leads term {}", l - 1, raft.term),
+                };
+                tracing::warn!(term, "{why}; following the group");
+                self.stop_leading();
+                let _ = self.tell.send(RoleEvent::Deposed { term, why });
             }
             Some(_) => self.renew_lease(),
             None => {}
         }
         Ok(())
+    }
+
+    /// The core leading `term` stopped: if this replica still leads that term, it steps down
+    /// to a follower (always safe in Raft; the group elects a leader once its election
+    /// timeout passes, which may be this replica again, with a new core).
+    fn step_down(&mut self, term: u64) {
+        if self.leading != Some(term) {
+            return;
+        }
+        let raft = &mut self.node.raft;
+        if raft.state == StateRole::Leader && raft.term == term {
+            raft.become_follower(term, raft::INVALID_ID);
+        }
+        tracing::warn!(term, "stepped down: following the group");
+        self.stop_leading();
+    }
+
+    /// Forgets what only the leader of a term keeps.
+    fn stop_leading(&mut self) {
+        self.leading = None;
+        self.shared.lease_until_us.store(0, Ordering::Release);
+        self.unneeded.clear();
+        self.shipped.clear();
     }
 
     /// The lease runs `lease` past the time by which a majority (this replica counting) was
