@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cli::local::{LocalCluster, LocalOptions};
-use support::{counter_script, ensure_daemons, text, wait_for_text};
+use support::{assert_counted_lines, counter_script, ensure_daemons, text, wait_for_text};
 
 fn group(nodes: u32) -> LocalCluster {
     group_with(nodes, Default::default())
@@ -74,26 +74,6 @@ fn spawn_logged(c: &LocalCluster, args: &[&str], log: &Path) -> Child {
         .unwrap()
 }
 
-/// Each of the job's `ranks` wrote lines 1..=n, each once and in order (output labelled
-/// with `-l`).
-fn assert_lines(out: &Output, ranks: u32, n: u32, log: &Path) {
-    let all = text(&out.stdout);
-    for rank in 0..ranks {
-        let prefix = format!("{rank}: ");
-        let got: Vec<&str> = all
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .collect();
-        let want: Vec<String> = (1..=n).map(|i| format!("line {i}")).collect();
-        assert_eq!(
-            got,
-            want,
-            "rank {rank}: every line once, in order; storm-submit said:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-    }
-}
-
 #[test]
 fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
     let mut c = group(2);
@@ -118,7 +98,7 @@ fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
         "{}",
         std::fs::read_to_string(&log).unwrap()
     );
-    assert_lines(&out, 2, 40, &log);
+    assert_counted_lines(&out, 2, 40, &log);
     // The new leader's journal knows both jobs (the first from the old leader's commits).
     let history = text(&storm(&c, &["history"]).stdout);
     assert!(history.contains("counter.sh"), "{history}");
@@ -228,13 +208,13 @@ fn a_leader_killed_under_fifty_submitters_and_running_gang_jobs_loses_and_repeat
             "{}",
             std::fs::read_to_string(&log).unwrap()
         );
-        assert_lines(&out, 2, 100, &log);
+        assert_counted_lines(&out, 2, 100, &log);
     }
     c.shutdown().unwrap();
 }
 
 #[test]
-fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
+fn a_frozen_leader_is_replaced_and_follows_when_it_thaws() {
     let mut c = group(2);
     let dir = tempfile::tempdir().unwrap();
     let job = counter_script(dir.path(), 40);
@@ -283,18 +263,26 @@ fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     eprintln!("thawing {leader} at {:?}", started.elapsed());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    // It thaws, finds its lease gone, and stops acting as the MM.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.is_running(&format!("storm-mm {leader}")) {
-        assert!(Instant::now() < deadline, "the thawed leader went on");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    eprintln!("{leader} stopped at {:?}", started.elapsed());
-    let mm_log = std::fs::read_to_string(c.root().join(format!("{leader}.log"))).unwrap();
-    assert!(
-        mm_log.contains("no longer leads the manager group"),
-        "{mm_log}"
+    // It thaws, finds its lease gone (or a later term), and stops acting as the MM: its
+    // control socket goes, and it follows the group, caught up, as a replica that counts.
+    let mm_log = c.root().join(format!("{leader}.log"));
+    wait_for_text(
+        &mm_log,
+        "no longer leads the manager group",
+        Duration::from_secs(10),
     );
+    eprintln!("{leader} stopped leading at {:?}", started.elapsed());
+    let old_sock = c.root().join(format!("{leader}.sock"));
+    assert!(
+        storm_cluster::control::Client::connect(&old_sock).is_err(),
+        "the thawed leader still answers clients"
+    );
+    assert!(
+        c.is_running(&format!("storm-mm {leader}")),
+        "the thawed leader exited instead of following the group"
+    );
+    let now = next.clone();
+    wait_roles(&c, move |n| if n == now { "leader" } else { "follower" });
     let out = running.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -302,7 +290,13 @@ fn a_frozen_leader_is_replaced_and_stops_when_it_thaws() {
         "{}",
         std::fs::read_to_string(&log).unwrap()
     );
-    assert_lines(&out, 2, 40, &log);
+    assert_counted_lines(&out, 2, 40, &log);
+    // The thawed replica is one of the majority: with the new leader killed too, it and
+    // the third elect a leader that runs the next job.
+    c.kill_manager(&next).unwrap();
+    let out = submit(&c, &["-N", "1", "echo", "after two failovers"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "after two failovers\n");
     c.shutdown().unwrap();
 }
 
@@ -371,20 +365,21 @@ fn storm_managers_shows_the_group_and_a_lost_follower_and_a_lost_majority_stops_
     });
     let out = submit(&c, &["-N", "1", "echo", "one follower down"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // A second replica lost: no majority. The leader stops, nobody leads, and the tools say
-    // why instead of waiting.
+    // A second replica lost: no majority. The leader stops acting (its control socket
+    // goes) and follows, nobody leads, and the tools say why instead of waiting.
     c.kill_manager(&followers[1]).unwrap();
+    let leader_log = c.root().join(format!("{leader}.log"));
+    wait_for_text(&leader_log, "lost its lease", Duration::from_secs(10));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while c.is_running(&format!("storm-mm {leader}")) {
+    while storm_cluster::control::Client::connect(&c.root().join(format!("{leader}.sock"))).is_ok()
+    {
         assert!(
             Instant::now() < deadline,
-            "the leader of a minority went on"
+            "the leader of a minority went on answering clients"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let log = std::fs::read_to_string(c.root().join(format!("{leader}.log"))).unwrap();
-    assert!(log.contains("lost its lease"), "{log}");
-    c.restart_manager(&leader).unwrap();
+    assert!(c.is_running(&format!("storm-mm {leader}")));
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(c.leader(), None, "a lone replica must never lead");
     let out = submit(&c, &["-N", "1", "true"]);

@@ -319,3 +319,24 @@ pub fn counter_script(dir: &Path, lines: u32) -> String {
     .display()
     .to_string()
 }
+
+/// What a job of [`counter_script`] printed (`out`, labelled by rank with `-l`): each of its
+/// `ranks` wrote lines 1..=n, each once and in order. `log` is its storm-submit's standard
+/// error, shown when not.
+pub fn assert_counted_lines(out: &Output, ranks: u32, n: u32, log: &Path) {
+    let all = text(&out.stdout);
+    for rank in 0..ranks {
+        let prefix = format!("{rank}: ");
+        let got: Vec<&str> = all
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .collect();
+        let want: Vec<String> = (1..=n).map(|i| format!("line {i}")).collect();
+        assert_eq!(
+            got,
+            want,
+            "rank {rank}: every line once, in order; storm-submit said:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+}
