@@ -96,6 +96,24 @@ pub fn control_sockets(
     })
 }
 
+/// A connection to the MM again (any replica of `sockets`, and which), after the one in use
+/// was lost: tried for up to `within` (an MM restarting, a group electing), or until
+/// `give_up` says so (the user interrupted); `None` if it did not answer.
+pub fn reconnect_within(
+    sockets: &[PathBuf],
+    within: std::time::Duration,
+    give_up: impl Fn() -> bool,
+) -> Option<(Client, PathBuf)> {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline && !give_up() {
+        if let Ok(found) = connect_any(sockets) {
+            return Some(found);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    None
+}
+
 /// How long a tool waits for a replicated MM to have a leader (an election after the leader
 /// was lost takes one to two election timeouts) before it says that none answers.
 pub const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -291,23 +291,23 @@ impl Terminal {
             "storm-submit: {why}; waiting up to {} s for the machine manager to come back {what}",
             self.reconnect.as_secs()
         );
-        let deadline = Instant::now() + self.reconnect;
-        while Instant::now() < deadline {
-            if self.interrupts.load(Ordering::Acquire) > 0 {
+        let interrupts = &self.interrupts;
+        let interrupted = || interrupts.load(Ordering::Acquire) > 0;
+        match storm_cli::reconnect_within(&self.sockets, self.reconnect, interrupted) {
+            Some((client, socket)) => {
+                self.current = Some(socket);
+                eprintln!("storm-submit: the machine manager is back; {then}");
+                Some(client)
+            }
+            None if interrupted() => {
                 eprintln!(
                     "storm-submit: interrupted while waiting for the machine manager {what}; \
                      nothing was cancelled"
                 );
-                return None;
+                None
             }
-            if let Ok((client, socket)) = storm_cli::connect_any(&self.sockets) {
-                self.current = Some(socket);
-                eprintln!("storm-submit: the machine manager is back; {then}");
-                return Some(client);
-            }
-            std::thread::sleep(Duration::from_millis(100));
+            None => None,
         }
-        None
     }
 
     /// Clears the transfer's progress bar, if one shows.

@@ -413,15 +413,13 @@ fn reconnect_to(
         "storm batch: {why}; waiting up to {} s for the machine manager to come back {what}",
         within.as_secs()
     );
-    let deadline = std::time::Instant::now() + within;
-    while std::time::Instant::now() < deadline {
-        if let Ok((client, _)) = storm_cli::connect_any(sockets) {
+    match storm_cli::reconnect_within(sockets, within, || false) {
+        Some((client, _)) => {
             eprintln!("storm batch: the machine manager is back; {then}");
-            return Ok(client);
+            Ok(client)
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        None => Err(gave_up()),
     }
-    Err(gave_up())
 }
 
 /// `storm batch`: submits the script with its job and prints the id once the MM accepted it
