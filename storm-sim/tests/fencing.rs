@@ -7,6 +7,22 @@ use std::time::Duration;
 use storm_cluster::control::NodeState;
 use storm_sim::{Sim, SimJob, SimOptions};
 
+/// A simulated cluster of `nodes` nodes, up; its MM then restarted as the leader of `term`,
+/// which takes the nodes up again (`None`: the first MM, term 0, keeps them).
+fn cluster(nodes: u32, term: Option<u64>) -> Sim {
+    let mut s = Sim::new(SimOptions {
+        nodes,
+        ..SimOptions::default()
+    })
+    .expect("simulated cluster");
+    s.run_until_up(Duration::from_secs(10)).unwrap();
+    if let Some(term) = term {
+        s.restart_mm_in_term(term).unwrap();
+        s.run_until_up(Duration::from_secs(10)).unwrap();
+    }
+    s
+}
+
 fn up(s: &Sim) -> usize {
     (0..s.config().node_count())
         .filter(|&n| matches!(s.state(n).state, NodeState::Idle | NodeState::Allocated))
@@ -15,15 +31,8 @@ fn up(s: &Sim) -> usize {
 
 #[test]
 fn the_mm_of_an_older_term_gets_no_node_and_a_newer_term_gets_them_all() {
-    let mut s = Sim::new(SimOptions {
-        nodes: 4,
-        ..SimOptions::default()
-    })
-    .expect("simulated cluster");
-    s.run_until_up(Duration::from_secs(10)).unwrap();
     // The leader of term 5 takes the cluster up; a job runs under it.
-    s.restart_mm_in_term(5).unwrap();
-    s.run_until_up(Duration::from_secs(10)).unwrap();
+    let mut s = cluster(4, Some(5));
     let job = s
         .submit(&SimJob::new(4, Duration::from_millis(50)))
         .unwrap();
@@ -58,18 +67,7 @@ fn down(s: &Sim) -> usize {
 /// cut. One node lost of four is that node's failure, not the MM's cut: never said.
 #[test]
 fn a_core_cut_off_from_most_nodes_says_so_before_any_is_down_and_one_lost_node_is_not_a_cut() {
-    let cluster = || {
-        let mut s = Sim::new(SimOptions {
-            nodes: 4,
-            ..SimOptions::default()
-        })
-        .expect("simulated cluster");
-        s.run_until_up(Duration::from_secs(10)).unwrap();
-        s.restart_mm_in_term(2).unwrap();
-        s.run_until_up(Duration::from_secs(10)).unwrap();
-        s
-    };
-    let mut s = cluster();
+    let mut s = cluster(4, Some(2));
     let job = s.submit(&SimJob::new(4, Duration::from_secs(2))).unwrap();
     assert!(s.run_until(Duration::from_secs(10), |s| !s.started(job).is_empty()));
     // Three of four stop answering: the core says so, with no node DOWN.
@@ -101,7 +99,7 @@ fn a_core_cut_off_from_most_nodes_says_so_before_any_is_down_and_one_lost_node_i
     assert_eq!(outcome.ranks.len(), 4);
     assert!(outcome.ranks.iter().all(|r| r.is_some()), "{outcome:?}");
     // One node lost: its failure, not a cut, before and after it is DOWN.
-    let mut s = cluster();
+    let mut s = cluster(4, Some(2));
     s.cut(3, true);
     assert!(!s.run_until(Duration::from_millis(500), |s| {
         s.mm().cut_off_from_nodes().is_some()
@@ -114,12 +112,7 @@ fn a_core_cut_off_from_most_nodes_says_so_before_any_is_down_and_one_lost_node_i
 /// made, and makes no second one. Another token makes a new job.
 #[test]
 fn a_submission_sent_again_with_its_token_follows_the_job_it_made() {
-    let mut s = Sim::new(SimOptions {
-        nodes: 2,
-        ..SimOptions::default()
-    })
-    .expect("simulated cluster");
-    s.run_until_up(Duration::from_secs(10)).unwrap();
+    let mut s = cluster(2, None);
     let job = SimJob::new(2, Duration::from_millis(300)).with_token(0x5eed);
     let first = s.submit(&job).unwrap();
     s.restart_mm_in_term(2).unwrap();
