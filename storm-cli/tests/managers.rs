@@ -300,6 +300,94 @@ fn a_frozen_leader_is_replaced_and_follows_when_it_thaws() {
     c.shutdown().unwrap();
 }
 
+/// How many times `what` is in replica `name`'s log.
+fn said(c: &LocalCluster, name: &str, what: &str) -> usize {
+    std::fs::read_to_string(c.root().join(format!("{name}.log")))
+        .unwrap_or_default()
+        .matches(what)
+        .count()
+}
+
+/// Freezes replica `name` (the leader) until another leads, then thaws it and waits until it
+/// has stopped acting (its log says so once more); returns the new leader.
+fn freeze_until_replaced(c: &LocalCluster, name: &str) -> String {
+    let pid = c
+        .daemon_pids()
+        .into_iter()
+        .find(|(n, _)| *n == format!("storm-mm {name}"))
+        .map(|(_, p)| nix::unistd::Pid::from_raw(p as i32))
+        .unwrap();
+    let stops = said(c, name, "no longer leads the manager group");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let next = loop {
+        let others: Vec<String> = (0..3)
+            .map(|i| format!("m{i}"))
+            .filter(|m| m != name)
+            .collect();
+        if let Some(l) = others.iter().find(|m| {
+            storm_cluster::control::Client::connect(&c.root().join(format!("{m}.sock"))).is_ok()
+        }) {
+            break l.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replica took over from {name}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while said(c, name, "no longer leads the manager group") == stops {
+        assert!(
+            Instant::now() < deadline,
+            "{name} thawed and did not stop acting"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    next
+}
+
+/// A replica that stopped leading stays in the group and can lead again, in the same
+/// process, with a new core: its endpoint, control socket and journal front made anew. Leaders
+/// are frozen and thawed in turn until the first one to stop is elected again; it then runs
+/// jobs, and its log shows it led twice.
+#[test]
+fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
+    let c = group(1);
+    let first = c.leader().expect("a leader");
+    let pid = c
+        .daemon_pids()
+        .into_iter()
+        .find(|(n, _)| *n == format!("storm-mm {first}"))
+        .map(|(_, p)| p)
+        .unwrap();
+    let mut leader = freeze_until_replaced(&c, &first);
+    for _ in 0..12 {
+        if leader == first {
+            break;
+        }
+        leader = freeze_until_replaced(&c, &leader);
+    }
+    assert_eq!(leader, first, "{first} was never elected again");
+    assert_eq!(
+        c.daemon_pids()
+            .into_iter()
+            .find(|(n, _)| *n == format!("storm-mm {first}"))
+            .map(|(_, p)| p),
+        Some(pid),
+        "the same process leads again"
+    );
+    assert!(said(&c, &first, "leading the manager group") >= 2);
+    for round in 0..3 {
+        let out = submit(&c, &["-N", "1", "echo", &format!("again {round}")]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), format!("again {round}\n"));
+    }
+    assert_eq!(c.leader().as_deref(), Some(first.as_str()));
+    c.shutdown().unwrap();
+}
+
 /// `storm managers --json`, as (name, role, lag).
 fn managers(c: &LocalCluster) -> Vec<(String, String, u64)> {
     let out = storm(c, &["managers", "--json"]);
