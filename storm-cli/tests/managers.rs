@@ -219,12 +219,7 @@ fn a_frozen_leader_is_replaced_and_follows_when_it_thaws() {
     let dir = tempfile::tempdir().unwrap();
     let job = counter_script(dir.path(), 40);
     let leader = c.leader().expect("a leader");
-    let pid = c
-        .daemon_pids()
-        .into_iter()
-        .find(|(n, _)| *n == format!("storm-mm {leader}"))
-        .map(|(_, p)| nix::unistd::Pid::from_raw(p as i32))
-        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(replica_pid(&c, &leader) as i32);
     let log = dir.path().join("submit.log");
     let running = spawn_logged(&c, &["-N", "2", "-l", "--reconnect", "60", &job], &log);
     wait_for_text(&log, "tick 5", Duration::from_secs(20));
@@ -300,6 +295,15 @@ fn a_frozen_leader_is_replaced_and_follows_when_it_thaws() {
     c.shutdown().unwrap();
 }
 
+/// The process id of replica `name`'s storm-mm.
+fn replica_pid(c: &LocalCluster, name: &str) -> u32 {
+    c.daemon_pids()
+        .into_iter()
+        .find(|(n, _)| *n == format!("storm-mm {name}"))
+        .map(|(_, p)| p)
+        .expect("a replica of that name")
+}
+
 /// How many times `what` is in replica `name`'s log.
 fn said(c: &LocalCluster, name: &str, what: &str) -> usize {
     std::fs::read_to_string(c.root().join(format!("{name}.log")))
@@ -311,12 +315,7 @@ fn said(c: &LocalCluster, name: &str, what: &str) -> usize {
 /// Freezes replica `name` (the leader) until another leads, then thaws it and waits until it
 /// has stopped acting (its log says so once more); returns the new leader.
 fn freeze_until_replaced(c: &LocalCluster, name: &str) -> String {
-    let pid = c
-        .daemon_pids()
-        .into_iter()
-        .find(|(n, _)| *n == format!("storm-mm {name}"))
-        .map(|(_, p)| nix::unistd::Pid::from_raw(p as i32))
-        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(replica_pid(c, name) as i32);
     let stops = said(c, name, "no longer leads the manager group");
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -356,12 +355,7 @@ fn freeze_until_replaced(c: &LocalCluster, name: &str) -> String {
 fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
     let c = group(1);
     let first = c.leader().expect("a leader");
-    let pid = c
-        .daemon_pids()
-        .into_iter()
-        .find(|(n, _)| *n == format!("storm-mm {first}"))
-        .map(|(_, p)| p)
-        .unwrap();
+    let pid = replica_pid(&c, &first);
     let mut leader = freeze_until_replaced(&c, &first);
     for _ in 0..12 {
         if leader == first {
@@ -370,14 +364,7 @@ fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
         leader = freeze_until_replaced(&c, &leader);
     }
     assert_eq!(leader, first, "{first} was never elected again");
-    assert_eq!(
-        c.daemon_pids()
-            .into_iter()
-            .find(|(n, _)| *n == format!("storm-mm {first}"))
-            .map(|(_, p)| p),
-        Some(pid),
-        "the same process leads again"
-    );
+    assert_eq!(replica_pid(&c, &first), pid, "the same process leads again");
     assert!(said(&c, &first, "leading the manager group") >= 2);
     for round in 0..3 {
         let out = submit(&c, &["-N", "1", "echo", &format!("again {round}")]);

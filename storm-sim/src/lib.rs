@@ -652,14 +652,7 @@ impl Sim {
     /// What `storm queue` shows now, asked on a connection of its own (as the command
     /// opens one): the answer, which waits for the journal as every reply does.
     pub fn queue_listing(&mut self) -> Result<Vec<storm_cluster::control::JobInfo>, String> {
-        let observer = self.next_client;
-        self.next_client += 1;
-        self.mm.handle(Input::Connected {
-            client: observer,
-            uid: SIM_UID,
-            gid: SIM_UID,
-            relayed_from: None,
-        });
+        let observer = self.open_connection();
         self.mm.handle(Input::Request {
             client: observer,
             req: Request::Queue,
@@ -883,6 +876,12 @@ impl Sim {
     }
 
     fn connect(&mut self) -> Result<()> {
+        self.client = self.open_connection();
+        Ok(())
+    }
+
+    /// A new control connection of the simulation's user to the MM.
+    fn open_connection(&mut self) -> storm_mm::env::ClientId {
         let id = self.next_client;
         self.next_client += 1;
         self.mm.handle(Input::Connected {
@@ -891,8 +890,7 @@ impl Sim {
             gid: SIM_UID,
             relayed_from: None,
         });
-        self.client = id;
-        Ok(())
+        id
     }
 
     fn collect_replies(&mut self) {

@@ -478,12 +478,7 @@ impl Journal {
         restored.next_job = restored.next_job.max(highest + 1);
         let journal = Self {
             writer: Writer::InPlace(store),
-            batches: 0,
-            settled: 0,
-            programs,
-            staged: Vec::new(),
-            next_job: None,
-            unneeded: Vec::new(),
+            ..Self::handed_off(programs)
         };
         Ok((journal, restored))
     }
