@@ -499,6 +499,7 @@ fn main() -> Result<()> {
                 replication: storm_cluster::config::ReplicationSection {
                     heartbeat_ms: replica_heartbeat_ms,
                     election_timeout_ms,
+                    ..Default::default()
                 },
             };
             let mut out = report::Csv::new(faults::CSV_HEADER);

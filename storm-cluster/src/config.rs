@@ -379,6 +379,9 @@ pub struct ReplicationSection {
     /// drawn at random) stands for election. The leader stops acting as the cluster's MM once
     /// it has not heard from a majority for half of it, before anyone can replace it.
     pub election_timeout_ms: u64,
+    /// Every this many log entries, the replicas compare a hash of their journals; one that
+    /// differs from the majority takes the leader's state (0: never compare).
+    pub checksum_every: u64,
 }
 
 impl Default for ReplicationSection {
@@ -386,6 +389,7 @@ impl Default for ReplicationSection {
         Self {
             heartbeat_ms: 10,
             election_timeout_ms: 100,
+            checksum_every: 256,
         }
     }
 }

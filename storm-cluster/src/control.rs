@@ -581,7 +581,8 @@ pub struct NodeInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManagerInfo {
     pub name: String,
-    /// `leader`; `follower`, heard from within an election timeout; `unreachable`, not; or
+    /// `leader`; `follower`, heard from within an election timeout; `unreachable`, not;
+    /// `diverged`, its journal differs from the majority's until it took the leader's; or
     /// `single` (no group).
     pub role: String,
     /// The Raft term it was last known in (0: a single MM).

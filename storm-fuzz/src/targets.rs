@@ -389,7 +389,7 @@ fn replica_slot(seq: u64, message: &[u8]) -> Vec<u8> {
 
 fn replica_seeds() -> Vec<Vec<u8>> {
     use storm_mm::journal::{Batch, Change};
-    use storm_mm::replica::entry;
+    use storm_mm::replica::{checksum, entry, resync};
     let part = entry::split(
         &Batch {
             number: 3,
@@ -407,23 +407,53 @@ fn replica_seeds() -> Vec<Vec<u8>> {
         from: 1,
         term: 5,
         index: 1,
-        entries: vec![raft::eraftpb::Entry {
-            term: 5,
-            index: 2,
-            data: part.into(),
-            ..Default::default()
-        }]
+        entries: vec![
+            raft::eraftpb::Entry {
+                term: 5,
+                index: 2,
+                data: part.into(),
+                ..Default::default()
+            },
+            raft::eraftpb::Entry {
+                term: 5,
+                index: 3,
+                context: checksum::CONTEXT.to_vec().into(),
+                data: checksum::Report {
+                    replica: 0,
+                    window: 3,
+                    digest: [7; 32],
+                }
+                .encode()
+                .into(),
+                ..Default::default()
+            },
+        ]
         .into(),
         ..Default::default()
     };
-    let msg = protobuf::Message::write_to_bytes(&msg).expect("a raft message encodes");
+    let msg = resync::Wire::raft(&msg).expect("a raft message encodes");
+    let want = resync::Want { id: 4, offset: 0 }.encode();
+    let part = resync::Part {
+        id: 4,
+        total: 3,
+        offset: 0,
+        bytes: vec![1, 2],
+    }
+    .encode();
     // A slot at the mailbox's start holds a sequence number that is a multiple of the slots.
     let seq = storm_mm::replica::mailbox::SLOTS as u64;
-    vec![replica_slot(seq, &msg), replica_slot(seq, b"")]
+    vec![
+        replica_slot(seq, &msg),
+        replica_slot(seq, &want),
+        replica_slot(seq, &part),
+        // An empty Raft message.
+        replica_slot(seq, &[0]),
+    ]
 }
 
-/// What a replica makes of its mailbox from another: the slot's framing, then the Raft
-/// message and the journal parts it carries. Accepted: a message with its parts decoded.
+/// What a replica makes of its mailbox from another: the slot's framing, then the message
+/// (Raft's, or a part of a state sent to a replica that diverged, or a request for one) and
+/// what the Raft message's entries carry. Accepted: a message with its entries decoded.
 fn replica(input: &[u8]) -> bool {
     use storm_mm::replica::decode_peer_message;
     use storm_mm::replica::mailbox::{GroupLayout, Inbox};

@@ -182,6 +182,9 @@ mod tests {
             }
             self.inner.write(changes, next)
         }
+        fn replace(&mut self, state: &Restored, applied: u64) -> Result<(), JournalError> {
+            self.inner.replace(state, applied)
+        }
     }
 
     /// Waits (without a time limit of its own: the test harness has one) until every commit

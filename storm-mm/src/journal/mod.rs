@@ -127,8 +127,9 @@ pub struct NodeRecord {
     pub drain: Option<String>,
 }
 
-/// What the journal held when opened.
-#[derive(Debug, Default)]
+/// What the journal held when opened (and a replica's whole state, as another replica sends it
+/// to one that diverged: `crate::replica::resync`).
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Restored {
     pub next_job: JobId,
     /// By id: submission order.
@@ -168,6 +169,9 @@ pub trait JournalStore: Send {
     fn applied(&mut self) -> Result<u64, JournalError> {
         Ok(0)
     }
+    /// Replaces everything the store holds with `state`, durably, as of the replicated log's
+    /// entry `applied` (a replica whose state diverged takes another's).
+    fn replace(&mut self, state: &Restored, applied: u64) -> Result<(), JournalError>;
 }
 
 /// The journal as a redb database: `journal.redb` in the state directory.
@@ -272,6 +276,10 @@ impl JournalStore for RedbStore {
         self.write_with(changes, next_job, Some(applied), durable)
     }
 
+    fn replace(&mut self, state: &Restored, applied: u64) -> Result<(), JournalError> {
+        self.replace_with(state, applied)
+    }
+
     fn applied(&mut self) -> Result<u64, JournalError> {
         let r = self.db.begin_read().map_err(|e| self.store_error(e))?;
         let meta = match r.open_table(META) {
@@ -288,6 +296,37 @@ impl JournalStore for RedbStore {
 
 /// Where a replica's journal records the replicated log's entry it holds up to.
 const APPLIED: &str = "raft_applied";
+
+impl RedbStore {
+    /// [`JournalStore::replace`]: one durable transaction that empties the tables and fills
+    /// them with `state`.
+    fn replace_with(&mut self, state: &Restored, applied: u64) -> Result<(), JournalError> {
+        let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
+        w.delete_table(JOBS).map_err(|e| self.store_error(e))?;
+        w.delete_table(NODES).map_err(|e| self.store_error(e))?;
+        {
+            let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
+            for rec in &state.jobs {
+                let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                jobs.insert(rec.id, bytes.as_slice())
+                    .map_err(|e| self.store_error(e))?;
+            }
+            let mut nodes = w.open_table(NODES).map_err(|e| self.store_error(e))?;
+            for (n, rec) in &state.nodes {
+                let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                nodes
+                    .insert(*n, bytes.as_slice())
+                    .map_err(|e| self.store_error(e))?;
+            }
+            let mut meta = w.open_table(META).map_err(|e| self.store_error(e))?;
+            meta.insert("next_job", state.next_job)
+                .map_err(|e| self.store_error(e))?;
+            meta.insert(APPLIED, applied)
+                .map_err(|e| self.store_error(e))?;
+        }
+        w.commit().map_err(|e| self.store_error(e))
+    }
+}
 
 impl RedbStore {
     fn write_with(
@@ -378,6 +417,11 @@ impl JournalStore for MemoryStore {
         if let Some(next) = next_job {
             held.next_job = next;
         }
+        Ok(())
+    }
+
+    fn replace(&mut self, state: &Restored, _applied: u64) -> Result<(), JournalError> {
+        *self.held() = state.clone();
         Ok(())
     }
 }

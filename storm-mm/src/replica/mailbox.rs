@@ -87,6 +87,11 @@ impl Outbox {
         }
     }
 
+    /// This start of the replica (larger for every later one).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// Writes `message` into `to`'s mailbox for this replica; false if it is too large to
     /// send. The transfer's outcome is not awaited: a lost message is Raft's to send again.
     pub fn send(

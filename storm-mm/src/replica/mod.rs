@@ -24,13 +24,19 @@
 //! not its nodes hands the group to the most up-to-date replica it hears
 //! ([`Replica::hand_over`], Raft's leadership transfer) and stops its core the same way:
 //! Raft alone would keep it leading, and it would mark every node DOWN.
+//!
+//! Beyond Raft's crash model, the replicas compare a hash of their journals every window of
+//! log entries ([`checksum`]); one whose journal differs from the majority's stops standing
+//! for election and takes the leader's state ([`resync`]).
 
+pub mod checksum;
 pub mod entry;
 pub mod log;
 pub mod mailbox;
 pub mod program;
+pub mod resync;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -38,17 +44,18 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
-use protobuf::Message as _;
-use raft::eraftpb::{Entry, EntryType, Message};
-use raft::{RawNode, StateRole};
+use raft::eraftpb::{Entry, EntryType, MessageType};
+use raft::{GetEntriesContext, RawNode, StateRole, Storage};
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_primitives::{NodeId, Primitives, Wait};
 
 use crate::journal::{Batch, JournalStore, ProgramStore, Restored, Settled, remove_programs};
 use crate::waker::Waker;
+use checksum::{Report, Verdict, Windows};
 use log::DurableLog;
 use mailbox::{GroupLayout, Inbox, Outbox};
+use resync::{Fetch, Image, Offer, Want, Wire};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -63,17 +70,20 @@ pub enum ReplicaError {
     Raft(String),
 }
 
-/// Everything a replica decodes of a message from another's mailbox: the Raft message when
-/// it arrives, and the journal part of each entry it carries when the entry is applied (the
+/// Everything a replica decodes of a message from another's mailbox: the message when it
+/// arrives, and what each entry of a Raft message brings when the entry is applied (the
 /// `replica` fuzz target runs both). The error says what does not decode.
-pub fn decode_peer_message(bytes: &[u8]) -> Result<(Message, Vec<Applied>), String> {
-    let msg = Message::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
-    let parts = msg
-        .entries
-        .iter()
-        .filter_map(Applied::of)
-        .collect::<Result<_, _>>()?;
-    Ok((msg, parts))
+pub fn decode_peer_message(bytes: &[u8]) -> Result<(Wire, Vec<Applied>), String> {
+    let wire = Wire::decode(bytes)?;
+    let parts = match &wire {
+        Wire::Raft(msg) => msg
+            .entries
+            .iter()
+            .filter_map(Applied::of)
+            .collect::<Result<_, _>>()?,
+        Wire::Want(_) | Wire::Part(_) => Vec::new(),
+    };
+    Ok((wire, parts))
 }
 
 /// What a committed log entry brings a replica.
@@ -83,6 +93,8 @@ pub enum Applied {
     Part(entry::Part),
     /// A chunk of a waiting job's program copy.
     Program(program::Chunk),
+    /// A replica's hash of its state ([`checksum`]).
+    Checksum(Report),
 }
 
 impl Applied {
@@ -93,6 +105,8 @@ impl Applied {
         }
         Some(if e.context.as_ref() == program::CONTEXT {
             program::Chunk::decode(&e.data).map(Applied::Program)
+        } else if e.context.as_ref() == checksum::CONTEXT {
+            Report::decode(&e.data).map(Applied::Checksum)
         } else {
             entry::decode(&e.data).map(Applied::Part)
         })
@@ -242,6 +256,16 @@ impl Replica {
             receiving: Default::default(),
             applied,
             checkpointed: (applied, Instant::now()),
+            checksum_every: r.checksum_every,
+            windows: Windows::new(replicas),
+            reports: Vec::new(),
+            diverged: None,
+            resynced_at: 0,
+            peers_diverged: BTreeSet::new(),
+            fetch: None,
+            image: None,
+            offer: None,
+            offers_made: 0,
         };
         let thread = std::thread::Builder::new()
             .name("replica".into())
@@ -422,6 +446,27 @@ struct Host {
     /// The last log entry written to the journal, and the last one written durably, when.
     applied: u64,
     checkpointed: (u64, Instant),
+    /// Entries in a window of [`checksum`] (0: the replicas do not compare their states).
+    checksum_every: u64,
+    /// The reports of the replicas' hashes applied so far.
+    windows: Windows,
+    /// This replica's reports, to propose.
+    reports: Vec<Vec<u8>>,
+    /// Whether this replica's state diverged from the majority's: since when, and after which
+    /// entry it was found. It is then not elected until it took a good replica's state.
+    diverged: Option<(Instant, u64)>,
+    /// The entry as of which this replica last took another's state (verdicts on earlier
+    /// windows are no news).
+    resynced_at: u64,
+    /// The other replicas the reports found diverged, until they agree again.
+    peers_diverged: BTreeSet<u32>,
+    /// The state this replica, diverged, is taking from another: the transfer under way, then
+    /// the whole image until this replica applied the log as far.
+    fetch: Option<Fetch>,
+    image: Option<Image>,
+    /// The state this replica sends a diverged one.
+    offer: Option<Offer>,
+    offers_made: u64,
 }
 
 /// How often a replica makes what it applied to its journal durable (applying does not sync:
@@ -479,9 +524,22 @@ impl Host {
         }
         for (from, bytes) in self.inbox.take(&*self.fabric, &self.group) {
             // Entries' journal parts are decoded when applied, not here.
-            let Ok(msg) = Message::parse_from_bytes(&bytes) else {
-                tracing::warn!(from, "dropping a replica message that does not decode");
-                continue;
+            let msg = match Wire::decode(&bytes) {
+                Ok(Wire::Raft(msg)) => msg,
+                Ok(Wire::Want(want)) => {
+                    self.heard[from as usize] = Some(Instant::now());
+                    self.offer_state(from as usize, want)?;
+                    continue;
+                }
+                Ok(Wire::Part(part)) => {
+                    self.heard[from as usize] = Some(Instant::now());
+                    self.take_state(from as usize, part);
+                    continue;
+                }
+                Err(why) => {
+                    tracing::warn!(from, "dropping a replica message: {why}");
+                    continue;
+                }
             };
             // Each replica speaks only for itself (its link proves which it is).
             if msg.from != from as u64 + 1 || msg.to != self.me as u64 + 1 {
@@ -489,14 +547,20 @@ impl Host {
                 continue;
             }
             self.heard[from as usize] = Some(Instant::now());
+            if self.diverged.is_some() && msg.get_msg_type() == MessageType::MsgTimeoutNow {
+                tracing::warn!("asked to lead, but this replica's state diverged: it does not");
+                continue;
+            }
             let _ = self.node.step(msg);
         }
         let now = Instant::now();
         if now >= *next_tick {
-            self.node.tick();
+            self.tick();
             *next_tick = (*next_tick + self.tick).max(now);
         }
         self.handle_ready()?;
+        self.propose_reports();
+        self.resync()?;
         self.roles()?;
         self.publish_status();
         if self.checkpointed.1.elapsed() >= CHECKPOINT {
@@ -597,7 +661,7 @@ impl Host {
             return;
         }
         let best = (0..self.replicas)
-            .filter(|&i| i != self.me)
+            .filter(|&i| i != self.me && !self.peers_diverged.contains(&(i as u32)))
             .filter(|&i| self.heard[i].is_some_and(|h| h.elapsed() < self.election_timeout))
             .max_by_key(|&i| raft.prs().get(i as u64 + 1).map_or(0, |p| p.matched));
         match best {
@@ -609,10 +673,10 @@ impl Host {
         }
     }
 
-    fn send(&mut self, msgs: Vec<Message>) {
+    fn send(&mut self, msgs: Vec<raft::eraftpb::Message>) {
         for m in msgs {
             let to = m.to.wrapping_sub(1) as NodeId;
-            match m.write_to_bytes() {
+            match Wire::raft(&m) {
                 Ok(bytes) => {
                     if !self.outbox.send(&*self.fabric, &self.group, to, &bytes) {
                         tracing::error!(
@@ -653,65 +717,329 @@ impl Host {
     }
 
     /// Writes committed entries into this replica's journal; on the leader, settles the
-    /// batches whose last part it proposed in its term.
+    /// batches whose last part it proposed in its term. Counts the replicas' reports of their
+    /// state, and makes this replica's own at the end of each window.
     fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
         for e in entries {
-            let Some(applied) = Applied::of(&e) else {
-                continue;
-            };
-            let applied = applied.map_err(|why| {
-                ReplicaError::Raft(format!("log entry {} does not decode: {why}", e.index))
-            })?;
-            let part = match applied {
-                Applied::Part(part) => part,
-                Applied::Program(chunk) => {
-                    let job = chunk.job;
-                    if let Some(store) = &self.programs
-                        && let Err(err) = self.receiving.take(store, chunk)
-                    {
-                        tracing::error!(job, "cannot keep the program copy here: {err}");
-                    }
-                    self.applied = e.index;
-                    continue;
-                }
-            };
-            // A follower deletes the copies of jobs that ended (the leader deletes its own
-            // once their batch settles).
-            if self.leading.is_none()
-                && let Some(store) = &self.programs
-            {
-                for change in &part.changes {
-                    match change {
-                        crate::journal::Change::RemoveJob(id) => store.remove(*id),
-                        crate::journal::Change::Job(rec)
-                            if matches!(rec.state, crate::journal::JobState::Finished { .. }) =>
+            if let Some(applied) = Applied::of(&e) {
+                let applied = applied.map_err(|why| {
+                    ReplicaError::Raft(format!("log entry {} does not decode: {why}", e.index))
+                })?;
+                match applied {
+                    Applied::Part(part) => self.apply_part(&e, part)?,
+                    Applied::Program(chunk) => {
+                        let job = chunk.job;
+                        if let Some(store) = &self.programs
+                            && let Err(err) = self.receiving.take(store, chunk)
                         {
-                            store.remove(rec.id)
+                            tracing::error!(job, "cannot keep the program copy here: {err}");
                         }
-                        _ => {}
                     }
+                    Applied::Checksum(report) => self.judge(&report),
                 }
             }
-            let started = Instant::now();
-            self.store
-                .write_applied(&part.changes, part.next_job, e.index, false)
-                .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
             self.applied = e.index;
-            if part.last && Some(e.term) == self.leading {
-                remove_programs(
-                    self.programs.as_ref(),
-                    self.unneeded.remove(&part.batch).unwrap_or_default(),
+            if self.checksum_every > 0
+                && e.index % self.checksum_every == 0
+                && self.diverged.is_none()
+            {
+                let state = self
+                    .store
+                    .read()
+                    .map_err(|err| ReplicaError::Raft(format!("reading the journal: {err}")))?;
+                self.reports.push(
+                    Report {
+                        replica: self.me as u32,
+                        window: e.index,
+                        digest: checksum::digest(&state),
+                    }
+                    .encode(),
                 );
-                let _ = self.settle.send(Settled {
-                    batch: part.batch,
-                    outcome: Ok(()),
-                    took: started.elapsed(),
-                });
-                if let Some(w) = &*self.shared.waker.lock() {
-                    w.wake();
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a part of a journal commit (entry `e`).
+    fn apply_part(&mut self, e: &Entry, part: entry::Part) -> Result<(), ReplicaError> {
+        // A follower deletes the copies of jobs that ended (the leader deletes its own once
+        // their batch settles).
+        if self.leading.is_none()
+            && let Some(store) = &self.programs
+        {
+            for change in &part.changes {
+                match change {
+                    crate::journal::Change::RemoveJob(id) => store.remove(*id),
+                    crate::journal::Change::Job(rec)
+                        if matches!(rec.state, crate::journal::JobState::Finished { .. }) =>
+                    {
+                        store.remove(rec.id)
+                    }
+                    _ => {}
                 }
             }
         }
+        let started = Instant::now();
+        self.store
+            .write_applied(&part.changes, part.next_job, e.index, false)
+            .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
+        if part.last && Some(e.term) == self.leading {
+            remove_programs(
+                self.programs.as_ref(),
+                self.unneeded.remove(&part.batch).unwrap_or_default(),
+            );
+            let _ = self.settle.send(Settled {
+                batch: part.batch,
+                outcome: Ok(()),
+                took: started.elapsed(),
+            });
+            if let Some(w) = &*self.shared.waker.lock() {
+                w.wake();
+            }
+        }
+        Ok(())
+    }
+
+    /// Raft's tick, except that a follower whose state diverged never stands for election
+    /// (its election clock still runs, so that it votes as any follower does).
+    fn tick(&mut self) {
+        let raft = &mut self.node.raft;
+        if self.diverged.is_some() && raft.state != StateRole::Leader {
+            raft.election_elapsed += 1;
+        } else {
+            self.node.tick();
+        }
+    }
+
+    /// Counts a replica's report of its state, and acts on what it settles.
+    fn judge(&mut self, report: &Report) {
+        for verdict in self.windows.record(report) {
+            match verdict {
+                Verdict::Diverged {
+                    replica,
+                    window,
+                    theirs,
+                    majority,
+                } if replica as usize == self.me => {
+                    if self.diverged.is_some() || window <= self.resynced_at {
+                        continue;
+                    }
+                    tracing::error!(
+                        window,
+                        "THIS REPLICA'S STATE DIVERGED from the manager group's: after log entry \
+                         {window} its journal hashes to {}, a majority's to {}. It stops \
+                         standing for election and takes the leader's state",
+                        checksum::short(&theirs),
+                        checksum::short(&majority),
+                    );
+                    self.diverged = Some((Instant::now(), window));
+                    self.fetch = None;
+                    self.image = None;
+                    if self.leading.is_some() {
+                        self.transfer_leadership();
+                    }
+                }
+                Verdict::Diverged {
+                    replica,
+                    window,
+                    theirs,
+                    majority,
+                } => {
+                    if self.peers_diverged.insert(replica) {
+                        tracing::error!(
+                            window,
+                            replica = %self.names[replica as usize],
+                            "a replica's state diverged from the manager group's: after log \
+                             entry {window} its journal hashes to {}, a majority's to {}; it \
+                             takes the leader's state",
+                            checksum::short(&theirs),
+                            checksum::short(&majority),
+                        );
+                    }
+                }
+                Verdict::Agrees { replica, window } if replica as usize == self.me => {
+                    if self.resynced_at > 0 && window > self.resynced_at {
+                        tracing::warn!(
+                            window,
+                            "this replica's state agrees with the manager group's again"
+                        );
+                        self.resynced_at = 0;
+                    }
+                }
+                Verdict::Agrees { replica, window } => {
+                    if self.peers_diverged.remove(&replica) {
+                        tracing::warn!(
+                            window,
+                            replica = %self.names[replica as usize],
+                            "a replica's state agrees with the manager group's again"
+                        );
+                    }
+                }
+                Verdict::NoMajority { window } => tracing::error!(
+                    window,
+                    "NO MAJORITY of the manager group holds the same state after log entry \
+                     {window}: every replica hashes its journal differently"
+                ),
+            }
+        }
+    }
+
+    /// Proposes this replica's reports (a follower's go through the leader; without a leader
+    /// they are dropped, and the window is judged on the others').
+    fn propose_reports(&mut self) {
+        for report in std::mem::take(&mut self.reports) {
+            if let Err(e) = self.node.propose(checksum::CONTEXT.to_vec(), report) {
+                tracing::debug!("a report of this replica's state was not proposed: {e}");
+            }
+        }
+    }
+
+    /// A diverged replica's way back: a leader hands the group over first (and steps down if
+    /// no one took it within an election timeout); a follower takes the leader's state.
+    fn resync(&mut self) -> Result<(), ReplicaError> {
+        let Some((since, _)) = self.diverged else {
+            return Ok(());
+        };
+        let raft = &mut self.node.raft;
+        if raft.state == StateRole::Leader {
+            if since.elapsed() > self.election_timeout {
+                let term = raft.term;
+                raft.become_follower(term, raft::INVALID_ID);
+            }
+            return Ok(());
+        }
+        if self.image.as_ref().is_some_and(|i| self.applied >= i.index) {
+            let image = self.image.take().expect("checked");
+            return self.install(image);
+        }
+        if self.image.is_some() || raft.leader_id == raft::INVALID_ID {
+            return Ok(());
+        }
+        let leader = raft.leader_id as usize - 1;
+        if leader == self.me {
+            return Ok(());
+        }
+        let want = match &mut self.fetch {
+            Some(f) if f.from == leader && f.asked.elapsed() < self.election_timeout => None,
+            Some(f) if f.from == leader => Some(f.want()),
+            _ => {
+                tracing::warn!(from = %self.names[leader], "asking the leader for its state");
+                let f = self.fetch.insert(Fetch::new(leader));
+                Some(f.want())
+            }
+        };
+        if let Some(want) = want {
+            if let Some(f) = &mut self.fetch {
+                f.asked = Instant::now();
+            }
+            self.outbox
+                .send(&*self.fabric, &self.group, leader as NodeId, &want.encode());
+        }
+        Ok(())
+    }
+
+    /// The largest part of a state that a mailbox slot holds.
+    fn part_bytes(&self) -> usize {
+        self.group.max_message() - 32
+    }
+
+    /// Replica `to` (diverged) asks for this one's state: sends the part it wants of the image
+    /// being sent, or of a new one of the journal as it stands now.
+    fn offer_state(&mut self, to: usize, want: Want) -> Result<(), ReplicaError> {
+        if self.diverged.is_some() {
+            return Ok(());
+        }
+        let current = self.offer.as_ref().is_some_and(|o| {
+            o.id == want.id || (want.id == 0 && o.made.elapsed() < self.election_timeout)
+        });
+        if !current {
+            let state = self
+                .store
+                .read()
+                .map_err(|e| ReplicaError::Raft(format!("reading the journal: {e}")))?;
+            self.offers_made += 1;
+            let bytes = Image::new(self.applied, state).encode();
+            tracing::warn!(
+                to = %self.names[to],
+                entry = self.applied,
+                bytes = bytes.len(),
+                "sending this replica's state to a replica that diverged"
+            );
+            self.offer = Some(Offer {
+                id: self.outbox.incarnation() ^ self.offers_made,
+                bytes,
+                made: Instant::now(),
+            });
+        }
+        let limit = self.part_bytes();
+        let offer = self.offer.as_ref().expect("made above");
+        let offset = if want.id == offer.id { want.offset } else { 0 };
+        let part = offer.part(offset, limit);
+        self.outbox
+            .send(&*self.fabric, &self.group, to as NodeId, &part.encode());
+        Ok(())
+    }
+
+    /// A part of the state this replica asked for.
+    fn take_state(&mut self, from: usize, part: resync::Part) {
+        let Some(fetch) = self.fetch.as_mut().filter(|f| f.from == from) else {
+            return;
+        };
+        match fetch.take(part) {
+            None => {
+                let want = fetch.want();
+                fetch.asked = Instant::now();
+                self.outbox
+                    .send(&*self.fabric, &self.group, from as NodeId, &want.encode());
+            }
+            Some(Ok(image)) => {
+                self.fetch = None;
+                self.image = Some(image);
+            }
+            Some(Err(why)) => {
+                tracing::error!(from = %self.names[from], "refused the state sent: {why}");
+                self.fetch = None;
+            }
+        }
+    }
+
+    /// Replaces this replica's journal with `image` (taken once this replica applied the log
+    /// as far), then applies again, from its own log, what it applied beyond the image.
+    fn install(&mut self, image: Image) -> Result<(), ReplicaError> {
+        let err = |e: &dyn std::fmt::Display| ReplicaError::Raft(format!("taking a state: {e}"));
+        self.store
+            .replace(&image.state, image.index)
+            .map_err(|e| err(&e))?;
+        if self.applied > image.index {
+            let again = self
+                .node
+                .store()
+                .entries(
+                    image.index + 1,
+                    self.applied + 1,
+                    None,
+                    GetEntriesContext::empty(false),
+                )
+                .map_err(|e| err(&e))?;
+            for e in again {
+                if let Some(Ok(Applied::Part(part))) = Applied::of(&e) {
+                    self.store
+                        .write_applied(&part.changes, part.next_job, e.index, false)
+                        .map_err(|e| err(&e))?;
+                }
+            }
+        }
+        self.checkpointed.0 = 0;
+        self.checkpoint()?;
+        tracing::warn!(
+            taken = image.index,
+            applied = self.applied,
+            "took the leader's state (after log entry {}) in place of this replica's, and \
+             applied this replica's log after it: standing for election again",
+            image.index
+        );
+        self.diverged = None;
+        self.resynced_at = self.applied;
         Ok(())
     }
 
@@ -808,6 +1136,7 @@ impl Host {
         let raft = &self.node.raft;
         let mut s = self.shared.status.lock();
         s.role = match raft.state {
+            _ if self.diverged.is_some() => "diverged",
             StateRole::Leader => "leader",
             StateRole::Follower => "follower",
             StateRole::Candidate => "candidate",
@@ -833,6 +1162,8 @@ impl Host {
             let heard = self.heard[i].map(|t| t.elapsed());
             let role = if i == self.me {
                 "leader"
+            } else if self.peers_diverged.contains(&(i as u32)) {
+                "diverged"
             } else if heard.is_some_and(|h| h < self.election_timeout) {
                 "follower"
             } else {
