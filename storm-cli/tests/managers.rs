@@ -23,9 +23,11 @@ fn group_with(nodes: u32, scheduler: storm_cluster::config::SchedulerSection) ->
         managers: 3,
         scheduler,
         // The replicas compare their states often, so that every test here would see a
-        // replica wrongly found diverged (`assert_no_divergence`).
+        // replica wrongly found diverged (`assert_no_divergence`), and drop old log entries
+        // often, so that every failover here also runs over a compacted log.
         replication: storm_cluster::config::ReplicationSection {
             checksum_every: 16,
+            log_entries_kept: 64,
             ..Default::default()
         },
         keep: std::env::var_os("KEEP").is_some(),
@@ -609,5 +611,93 @@ fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads
     let out = submit(&c, &["-N", "1", "echo", "after"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
+    c.shutdown().unwrap();
+}
+
+/// A replica away while the log dropped its oldest entries (`log_entries_kept`), so the log
+/// alone cannot bring it up to date. Seen from outside: the leader says it lacks dropped
+/// entries, it takes the leader's state, and once it leads, `storm history` shows every job,
+/// also those run while it was away. Then a replica whose state directory is lost cannot
+/// rejoin under its name: it stops, saying why, and the cluster schedules on.
+#[test]
+fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
+    ensure_daemons();
+    let mut c = LocalCluster::start(&LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        managers: 3,
+        replication: storm_cluster::config::ReplicationSection {
+            checksum_every: 8,
+            log_entries_kept: 8,
+            ..Default::default()
+        },
+        keep: std::env::var_os("KEEP").is_some(),
+        log_filter: std::env::var("DAEMON_LOG").ok(),
+        ..LocalOptions::new(1)
+    })
+    .expect("start a cluster with three MM replicas");
+    let leader = c.leader().expect("a leader");
+    let away = (0..3)
+        .map(|i| format!("m{i}"))
+        .find(|m| *m != leader)
+        .unwrap();
+    c.kill_manager(&away).unwrap();
+    // Enough jobs that the log drops entries (it checks once a second).
+    for round in 0..8 {
+        let name = format!("before-{round}");
+        let out = submit(&c, &["-N", "1", "-J", &name, "true"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = submit(&c, &["-N", "1", "-J", "before-8", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.restart_manager(&away).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while said(&c, &away, "took the leader's state") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{away} never took the leader's state; its log:\n{}",
+            std::fs::read_to_string(c.root().join(format!("{away}.log"))).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(said(&c, &leader, "lacks log entries this one dropped") >= 1);
+    let out = submit(&c, &["-N", "1", "-J", "after", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut now = c.leader().expect("a leader");
+    for _ in 0..12 {
+        if now == away {
+            break;
+        }
+        now = freeze_until_replaced(&c, &now);
+    }
+    assert_eq!(now, away, "{away} was never elected");
+    let history = text(&storm(&c, &["history"]).stdout);
+    for round in 0..9 {
+        assert!(history.contains(&format!("before-{round}")), "{history}");
+    }
+    assert!(history.contains("after"), "{history}");
+    assert_no_divergence(&c);
+
+    // A follower's state directory lost: it stops rather than rejoin with a log that lacks
+    // what it acknowledged.
+    let lost = (0..3)
+        .map(|i| format!("m{i}"))
+        .find(|m| *m != away)
+        .unwrap();
+    c.kill_manager(&lost).unwrap();
+    std::fs::remove_dir_all(c.root().join(format!("{lost}-state"))).unwrap();
+    c.restart_manager(&lost).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.is_running(&format!("storm-mm {lost}")) {
+        assert!(
+            Instant::now() < deadline,
+            "{lost} rejoined with a lost disk"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(said(&c, &lost, "its state directory was lost or replaced") >= 1);
+    let out = submit(&c, &["-N", "1", "echo", "still scheduling"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "still scheduling\n");
     c.shutdown().unwrap();
 }

@@ -382,6 +382,10 @@ pub struct ReplicationSection {
     /// Every this many log entries, the replicas compare a hash of their journals; one that
     /// differs from the majority takes the leader's state (0: never compare).
     pub checksum_every: u64,
+    /// Each replica drops the log entries its journal holds durably once the log holds twice
+    /// this many, keeping the newest this many (a replica that was away briefly catches up
+    /// from them). One that lacks entries the leader dropped takes the leader's state instead.
+    pub log_entries_kept: u64,
 }
 
 impl Default for ReplicationSection {
@@ -390,6 +394,7 @@ impl Default for ReplicationSection {
             heartbeat_ms: 10,
             election_timeout_ms: 100,
             checksum_every: 256,
+            log_entries_kept: 4096,
         }
     }
 }

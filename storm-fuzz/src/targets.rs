@@ -432,7 +432,12 @@ fn replica_seeds() -> Vec<Vec<u8>> {
         ..Default::default()
     };
     let msg = resync::Wire::raft(&msg).expect("a raft message encodes");
-    let want = resync::Want { id: 4, offset: 0 }.encode();
+    let want = resync::Want {
+        id: 4,
+        offset: 0,
+        at_least: 2,
+    }
+    .encode();
     let part = resync::Part {
         id: 4,
         total: 3,

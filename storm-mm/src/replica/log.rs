@@ -5,13 +5,17 @@
 //! peers (its vote, its term, the entries it acknowledged) survives a crash, as Raft requires.
 //! On start the database is read back into memory.
 //!
-//! The log is never compacted yet: a replica that was away, or a new one that replaces a lost
-//! disk, catches up by taking every entry from the leader (docs/operations.md).
+//! The log is compacted once it holds twice `[replication] log_entries_kept` entries that the
+//! journal holds durably: the oldest are dropped, and the log records the last one dropped
+//! (its index and term, as a Raft snapshot's metadata). A replica that lacks entries the
+//! leader dropped (it was away, or replaces a lost disk) gets a Raft snapshot of that
+//! metadata only ([`DurableLog::apply_snapshot`]); the log then records that its journal
+//! wants a state ([`DurableLog::wants_state`]) until it took the leader's (`super::resync`).
 
 use std::path::PathBuf;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfState, Entry, HardState};
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::storage::MemStorage;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use storm_cluster::daemon_dir::DaemonDir;
@@ -22,6 +26,10 @@ const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const HARD_STATE: &str = "hard_state";
 const APPLIED: &str = "applied";
+/// The last entry dropped: index and term.
+const COMPACTED: &str = "compacted";
+/// The entry as of which the journal wants another replica's state.
+const WANTS_STATE: &str = "wants_state";
 
 /// The log's file in the state directory.
 pub const LOG_FILE: &str = "raft.redb";
@@ -32,6 +40,8 @@ pub struct DurableLog {
     path: PathBuf,
     mem: MemStorage,
     applied: u64,
+    voters: Vec<u64>,
+    wants_state: Option<u64>,
 }
 
 impl DurableLog {
@@ -47,12 +57,14 @@ impl DurableLog {
                 .map_err(|e| err(format!("cannot create it: {e}")))?;
         }
         let db = Database::create(dir.via_descriptor(LOG_FILE)).map_err(|e| err(e.to_string()))?;
-        let mem = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
+        let mem = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
         let mut log = Self {
             db,
             path,
             mem,
             applied: 0,
+            voters,
+            wants_state: None,
         };
         log.load()?;
         Ok(log)
@@ -95,13 +107,149 @@ impl DurableLog {
                 .map_err(|_| self.error("applied index: not 8 bytes"))?;
             self.applied = u64::from_le_bytes(bytes);
         }
+        let word = |v: &[u8], i: usize| -> Result<u64, ReplicaError> {
+            v.get(i * 8..i * 8 + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| self.error("a log position is cut short"))
+        };
+        let compacted = match meta.get(COMPACTED).map_err(|e| self.error(e))? {
+            Some(v) => Some((word(v.value(), 0)?, word(v.value(), 1)?)),
+            None => None,
+        };
+        if let Some(v) = meta.get(WANTS_STATE).map_err(|e| self.error(e))? {
+            self.wants_state = Some(word(v.value(), 0)?);
+        }
         let mut core = self.mem.wl();
+        if let Some((index, term)) = compacted {
+            core.apply_snapshot(self.snapshot_of(index, term))
+                .map_err(|e| self.error(e))?;
+        }
         core.append(&loaded).map_err(|e| self.error(e))?;
         if let Some(hs) = hard {
             core.set_hardstate(hs);
         }
         // What was applied was committed.
         self.applied = self.applied.min(core.hard_state().commit);
+        Ok(())
+    }
+
+    /// A snapshot that holds only the position of entry `index` of `term`.
+    fn snapshot_of(&self, index: u64, term: u64) -> Snapshot {
+        let mut meta = SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
+        meta.set_conf_state(ConfState::from((self.voters.clone(), vec![])));
+        let mut snap = Snapshot::default();
+        snap.set_metadata(meta);
+        snap
+    }
+
+    /// The last entry dropped from the log (0: none).
+    pub fn compacted(&self) -> u64 {
+        use raft::Storage;
+        self.mem.first_index().unwrap_or(1) - 1
+    }
+
+    /// Entries the log holds.
+    pub fn held(&self) -> u64 {
+        use raft::Storage;
+        let last = self.mem.last_index().unwrap_or(0);
+        last.saturating_sub(self.compacted())
+    }
+
+    /// Drops the entries up to `upto` (which the journal holds durably), on disk and in memory.
+    pub fn compact(&mut self, upto: u64) -> Result<(), ReplicaError> {
+        use raft::Storage;
+        if upto <= self.compacted() {
+            return Ok(());
+        }
+        let term = self.mem.term(upto).map_err(|e| self.error(e))?;
+        let last = self.mem.last_index().map_err(|e| self.error(e))?;
+        let kept = self
+            .mem
+            .entries(
+                upto + 1,
+                last + 1,
+                None,
+                raft::GetEntriesContext::empty(false),
+            )
+            .map_err(|e| self.error(e))?;
+        let w = self.db.begin_write().map_err(|e| self.error(e))?;
+        {
+            let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
+            table
+                .retain_in(..=upto, |_, _| false)
+                .map_err(|e| self.error(e))?;
+            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
+            let mut pos = upto.to_le_bytes().to_vec();
+            pos.extend_from_slice(&term.to_le_bytes());
+            meta.insert(COMPACTED, pos.as_slice())
+                .map_err(|e| self.error(e))?;
+        }
+        w.commit().map_err(|e| self.error(e))?;
+        // raft-rs's memory log drops a prefix only with a snapshot's position, which also
+        // clears it and its commit index: the rest goes back in, and the hard state with it.
+        let mut core = self.mem.wl();
+        let hard = core.hard_state().clone();
+        core.apply_snapshot(self.snapshot_of(upto, term))
+            .map_err(|e| self.error(e))?;
+        core.append(&kept).map_err(|e| self.error(e))?;
+        core.set_hardstate(hard);
+        Ok(())
+    }
+
+    /// Takes the leader's snapshot (a position only: every entry up to it is committed, and
+    /// this replica lacks some the leader dropped): drops the whole log, and records that the
+    /// journal wants a state as of that position.
+    pub fn apply_snapshot(&mut self, snap: &Snapshot) -> Result<(), ReplicaError> {
+        let (index, term) = (snap.get_metadata().index, snap.get_metadata().term);
+        let mut hard = self.mem.rl().hard_state().clone();
+        hard.commit = hard.commit.max(index);
+        hard.term = hard.term.max(term);
+        let w = self.db.begin_write().map_err(|e| self.error(e))?;
+        {
+            let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
+            table.retain(|_, _| false).map_err(|e| self.error(e))?;
+            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
+            let mut pos = index.to_le_bytes().to_vec();
+            pos.extend_from_slice(&term.to_le_bytes());
+            meta.insert(COMPACTED, pos.as_slice())
+                .map_err(|e| self.error(e))?;
+            meta.insert(WANTS_STATE, index.to_le_bytes().as_slice())
+                .map_err(|e| self.error(e))?;
+            let bytes = hard.write_to_bytes().map_err(|e| self.error(e))?;
+            meta.insert(HARD_STATE, bytes.as_slice())
+                .map_err(|e| self.error(e))?;
+        }
+        w.commit().map_err(|e| self.error(e))?;
+        self.mem
+            .wl()
+            .apply_snapshot(snap.clone())
+            .map_err(|e| self.error(e))?;
+        self.wants_state = Some(index);
+        Ok(())
+    }
+
+    /// The position as of which the journal wants another replica's state, if it does.
+    pub fn wants_state(&self) -> Option<u64> {
+        self.wants_state
+    }
+
+    /// The journal took another replica's state.
+    pub fn state_taken(&mut self) -> Result<(), ReplicaError> {
+        if self.wants_state.is_none() {
+            return Ok(());
+        }
+        let w = self.db.begin_write().map_err(|e| self.error(e))?;
+        {
+            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
+            meta.remove(WANTS_STATE).map_err(|e| self.error(e))?;
+        }
+        w.commit().map_err(|e| self.error(e))?;
+        self.wants_state = None;
         Ok(())
     }
 
@@ -230,6 +378,64 @@ mod tests {
             .unwrap();
         assert_eq!(got[1].data.as_ref(), b"b");
         assert_eq!(log.applied(), 2);
+    }
+
+    #[test]
+    fn a_compacted_log_keeps_its_tail_and_position_across_a_reopen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let hs = HardState {
+            term: 2,
+            vote: 1,
+            commit: 4,
+            ..Default::default()
+        };
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let entries: Vec<Entry> = (1..=5).map(|i| entry(i, 1 + i / 4, b"x")).collect();
+            log.append(&entries, Some(&hs)).unwrap();
+            log.compact(3).unwrap();
+            assert_eq!((log.compacted(), log.held()), (3, 2));
+            let s = log.storage();
+            assert_eq!(s.first_index().unwrap(), 4);
+            assert_eq!(
+                s.term(3).unwrap(),
+                1,
+                "the last dropped entry's term is kept"
+            );
+            assert_eq!(s.initial_state().unwrap().hard_state, hs);
+        }
+        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let s = log.storage();
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (4, 5));
+        assert_eq!(s.term(3).unwrap(), 1);
+        assert_eq!(s.term(5).unwrap(), 2);
+        assert_eq!(s.initial_state().unwrap().hard_state.commit, 4);
+        assert_eq!(log.wants_state(), None);
+    }
+
+    #[test]
+    fn a_snapshot_empties_the_log_and_the_journal_wants_a_state_until_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            log.append(&[entry(1, 1, b"a")], None).unwrap();
+            let snap = log.snapshot_of(9, 3);
+            log.apply_snapshot(&snap).unwrap();
+            assert_eq!(log.wants_state(), Some(9));
+        }
+        let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        assert_eq!(log.wants_state(), Some(9), "it survives a restart");
+        let s = log.storage();
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (10, 9));
+        assert_eq!(log.committed(), 9);
+        log.state_taken().unwrap();
+        drop(log);
+        assert_eq!(
+            DurableLog::open(&dir, vec![1, 2, 3]).unwrap().wants_state(),
+            None
+        );
     }
 
     #[test]

@@ -27,7 +27,8 @@
 //!
 //! Beyond Raft's crash model, the replicas compare a hash of their journals every window of
 //! log entries ([`checksum`]); one whose journal differs from the majority's stops standing
-//! for election and takes the leader's state ([`resync`]).
+//! for election and takes the leader's state ([`resync`]). The log drops what this replica's
+//! journal holds durably ([`log`]); a replica that lacks dropped entries takes the leader's state the same way.
 
 pub mod checksum;
 pub mod entry;
@@ -192,7 +193,20 @@ impl Replica {
         // Raft gives again every committed entry after the last one the journal holds
         // durably (it may have lost later ones in a crash: they are written without a sync).
         let mut store = store;
-        let applied = store.applied()?.min(log.committed());
+        let mut applied = store.applied()?.min(log.committed());
+        // A journal that wants another's state (it lacked entries the leader dropped, or
+        // holds less than the log dropped: it was lost) starts where the log does, and takes
+        // the leader's state before it stands for election.
+        let behind = (log.wants_state().is_some() || applied < log.compacted()).then(|| {
+            applied = applied.max(log.compacted());
+            log.compacted()
+        });
+        if let Some(from) = behind {
+            tracing::warn!(
+                from,
+                "this replica's journal wants the leader's state (as of log entry {from})"
+            );
+        }
         let r = &cfg.replication;
         let election_ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
         let raft_cfg = raft::Config {
@@ -259,7 +273,11 @@ impl Replica {
             checksum_every: r.checksum_every,
             windows: Windows::new(replicas),
             reports: Vec::new(),
-            diverged: None,
+            diverged: behind.map(|from| (Instant::now(), from)),
+            behind: behind.is_some(),
+            state_from: behind.unwrap_or(0),
+            snapshots_sent: Vec::new(),
+            entries_kept: r.log_entries_kept,
             resynced_at: 0,
             peers_diverged: BTreeSet::new(),
             fetch: None,
@@ -455,6 +473,15 @@ struct Host {
     /// Whether this replica's state diverged from the majority's: since when, and after which
     /// entry it was found. It is then not elected until it took a good replica's state.
     diverged: Option<(Instant, u64)>,
+    /// Why: not a divergence found, but a journal behind the log (it lacked entries the leader
+    /// dropped).
+    behind: bool,
+    /// The state it takes must be as of this entry or later.
+    state_from: u64,
+    /// The replicas this leader sent a Raft snapshot (a position only) since the last Ready.
+    snapshots_sent: Vec<u64>,
+    /// See `[replication] log_entries_kept`.
+    entries_kept: u64,
     /// The entry as of which this replica last took another's state (verdicts on earlier
     /// windows are no news).
     resynced_at: u64,
@@ -505,6 +532,18 @@ impl Host {
             self.log.set_applied(self.applied)?;
         }
         self.checkpointed = (self.applied, Instant::now());
+        // What the journal holds durably may leave the log, but for the newest entries (a
+        // journal that wants a state holds nothing the log may drop).
+        if self.entries_kept > 0
+            && self.diverged.is_none()
+            && self.log.held() > 2 * self.entries_kept
+        {
+            let upto = self.applied.saturating_sub(self.entries_kept);
+            if upto > self.log.compacted() {
+                self.log.compact(upto)?;
+                tracing::debug!(upto, "dropped the log entries the journal holds");
+            }
+        }
         Ok(())
     }
 
@@ -547,6 +586,17 @@ impl Host {
                 continue;
             }
             self.heard[from as usize] = Some(Instant::now());
+            let last = self.node.raft.raft_log.last_index();
+            if msg.get_msg_type() == MessageType::MsgHeartbeat && msg.commit > last {
+                // The leader commits only what this replica acknowledged having on disk.
+                return Err(ReplicaError::Raft(format!(
+                    "this replica's Raft log ends at entry {last}, but it acknowledged entries \
+                     up to {} to the leader: its state directory was lost or replaced. A \
+                     replica with a new disk cannot rejoin under the same name yet (Raft needs \
+                     it removed from the group and added anew: docs/operations.md)",
+                    msg.commit
+                )));
+            }
             if self.diverged.is_some() && msg.get_msg_type() == MessageType::MsgTimeoutNow {
                 tracing::warn!("asked to lead, but this replica's state diverged: it does not");
                 continue;
@@ -559,6 +609,11 @@ impl Host {
             *next_tick = (*next_tick + self.tick).max(now);
         }
         self.handle_ready()?;
+        for to in std::mem::take(&mut self.snapshots_sent) {
+            // The snapshot is a position only: the state goes by `resync`, asked for by the
+            // receiver. If the message was lost, the next probe finds the replica behind still.
+            self.node.report_snapshot(to, raft::SnapshotStatus::Finish);
+        }
         self.propose_reports();
         self.resync()?;
         self.roles()?;
@@ -676,6 +731,14 @@ impl Host {
     fn send(&mut self, msgs: Vec<raft::eraftpb::Message>) {
         for m in msgs {
             let to = m.to.wrapping_sub(1) as NodeId;
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                tracing::warn!(
+                    to = %self.names.get(to as usize).map_or("?", |n| n.as_str()),
+                    entry = m.get_snapshot().get_metadata().index,
+                    "a replica lacks log entries this one dropped: it takes this one's state"
+                );
+                self.snapshots_sent.push(m.to);
+            }
             match Wire::raft(&m) {
                 Ok(bytes) => {
                     if !self.outbox.send(&*self.fabric, &self.group, to, &bytes) {
@@ -699,9 +762,20 @@ impl Host {
         let mut rd = self.node.ready();
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
-            return Err(ReplicaError::Raft(
-                "a snapshot arrived, and this replica's log is never compacted".into(),
-            ));
+            let snap = rd.snapshot().clone();
+            let index = snap.get_metadata().index;
+            self.log.apply_snapshot(&snap)?;
+            tracing::warn!(
+                index,
+                "this replica lacks log entries the leader dropped: it takes the leader's state \
+                 (as of log entry {index} or later) before it stands for election"
+            );
+            self.applied = index;
+            self.diverged = Some((Instant::now(), index));
+            self.behind = true;
+            self.state_from = index;
+            self.fetch = None;
+            self.image = None;
         }
         self.apply(rd.take_committed_entries())?;
         self.log.append(rd.entries(), rd.hs())?;
@@ -924,7 +998,8 @@ impl Host {
             Some(f) if f.from == leader => Some(f.want()),
             _ => {
                 tracing::warn!(from = %self.names[leader], "asking the leader for its state");
-                let f = self.fetch.insert(Fetch::new(leader));
+                let at_least = self.state_from.max(self.log.compacted());
+                let f = self.fetch.insert(Fetch::new(leader, at_least));
                 Some(f.want())
             }
         };
@@ -946,11 +1021,15 @@ impl Host {
     /// Replica `to` (diverged) asks for this one's state: sends the part it wants of the image
     /// being sent, or of a new one of the journal as it stands now.
     fn offer_state(&mut self, to: usize, want: Want) -> Result<(), ReplicaError> {
-        if self.diverged.is_some() {
+        if self.diverged.is_some() || self.applied < want.at_least {
+            // Asked again once this replica applied as far (or another leads).
             return Ok(());
         }
         let current = self.offer.as_ref().is_some_and(|o| {
-            o.id == want.id || (want.id == 0 && o.made.elapsed() < self.election_timeout)
+            o.id == want.id
+                || (want.id == 0
+                    && o.index >= want.at_least
+                    && o.made.elapsed() < self.election_timeout)
         });
         if !current {
             let state = self
@@ -967,6 +1046,7 @@ impl Host {
             );
             self.offer = Some(Offer {
                 id: self.outbox.incarnation() ^ self.offers_made,
+                index: self.applied,
                 bytes,
                 made: Instant::now(),
             });
@@ -1007,6 +1087,14 @@ impl Host {
     /// as far), then applies again, from its own log, what it applied beyond the image.
     fn install(&mut self, image: Image) -> Result<(), ReplicaError> {
         let err = |e: &dyn std::fmt::Display| ReplicaError::Raft(format!("taking a state: {e}"));
+        if image.index < self.state_from.max(self.log.compacted()) {
+            // Older than this replica's log reaches back: it cannot be brought up to date.
+            tracing::warn!(
+                taken = image.index,
+                "the state sent is older than this replica's log: asking again"
+            );
+            return Ok(());
+        }
         self.store
             .replace(&image.state, image.index)
             .map_err(|e| err(&e))?;
@@ -1038,7 +1126,10 @@ impl Host {
              applied this replica's log after it: standing for election again",
             image.index
         );
+        self.log.state_taken()?;
         self.diverged = None;
+        self.behind = false;
+        self.state_from = 0;
         self.resynced_at = self.applied;
         Ok(())
     }
@@ -1136,6 +1227,7 @@ impl Host {
         let raft = &self.node.raft;
         let mut s = self.shared.status.lock();
         s.role = match raft.state {
+            _ if self.behind => "catching up",
             _ if self.diverged.is_some() => "diverged",
             StateRole::Leader => "leader",
             StateRole::Follower => "follower",

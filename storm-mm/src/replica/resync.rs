@@ -66,11 +66,13 @@ fn words<const N: usize>(body: &[u8], what: &str) -> Result<[u64; N], String> {
 }
 
 /// "Send me your state from `offset` on": `id` names the image being sent (0: any, the
-/// first request of a transfer).
+/// first request of a transfer); the image must be as of entry `at_least` or later (the
+/// receiver's log may start there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Want {
     pub id: u64,
     pub offset: u64,
+    pub at_least: u64,
 }
 
 impl Want {
@@ -78,15 +80,20 @@ impl Want {
         let mut out = vec![WANT];
         out.extend_from_slice(&self.id.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.at_least.to_le_bytes());
         out
     }
 
     fn decode(body: &[u8]) -> Result<Self, String> {
-        if body.len() != 16 {
-            return Err(format!("a state request has {} bytes, not 16", body.len()));
+        if body.len() != 24 {
+            return Err(format!("a state request has {} bytes, not 24", body.len()));
         }
-        let [id, offset] = words::<2>(body, "a state request")?;
-        Ok(Self { id, offset })
+        let [id, offset, at_least] = words::<3>(body, "a state request")?;
+        Ok(Self {
+            id,
+            offset,
+            at_least,
+        })
     }
 }
 
@@ -172,6 +179,8 @@ impl Image {
 /// An image a replica sends, kept while a receiver asks for its parts.
 pub struct Offer {
     pub id: u64,
+    /// The log entry the image is as of.
+    pub index: u64,
     pub bytes: Vec<u8>,
     pub made: Instant,
 }
@@ -193,15 +202,18 @@ impl Offer {
 /// A transfer under way to this replica, from replica `from`.
 pub struct Fetch {
     pub from: usize,
+    /// The image must be as of this entry or later.
+    at_least: u64,
     id: u64,
     bytes: Vec<u8>,
     pub asked: Instant,
 }
 
 impl Fetch {
-    pub fn new(from: usize) -> Self {
+    pub fn new(from: usize, at_least: u64) -> Self {
         Self {
             from,
+            at_least,
             id: 0,
             bytes: Vec::new(),
             asked: Instant::now(),
@@ -213,6 +225,7 @@ impl Fetch {
         Want {
             id: self.id,
             offset: self.bytes.len() as u64,
+            at_least: self.at_least,
         }
     }
 
@@ -256,10 +269,11 @@ mod tests {
         let image = Image::new(17, state());
         let offer = Offer {
             id: 9,
+            index: 17,
             bytes: image.encode(),
             made: Instant::now(),
         };
-        let mut fetch = Fetch::new(0);
+        let mut fetch = Fetch::new(0, 0);
         let mut got = None;
         for _ in 0..offer.bytes.len() {
             let want = fetch.want();
@@ -280,18 +294,27 @@ mod tests {
     fn a_part_out_of_order_is_dropped_and_a_new_image_starts_over() {
         let a = Offer {
             id: 1,
+            index: 1,
             bytes: Image::new(1, state()).encode(),
             made: Instant::now(),
         };
         let b = Offer {
             id: 2,
+            index: 2,
             bytes: Image::new(2, Restored::default()).encode(),
             made: Instant::now(),
         };
-        let mut fetch = Fetch::new(0);
+        let mut fetch = Fetch::new(0, 0);
         assert!(fetch.take(a.part(0, 4)).is_none());
         assert!(fetch.take(a.part(8, 4)).is_none(), "a gap");
-        assert_eq!(fetch.want(), Want { id: 1, offset: 4 });
+        assert_eq!(
+            fetch.want(),
+            Want {
+                id: 1,
+                offset: 4,
+                at_least: 0
+            }
+        );
         // The sender made another image meanwhile: its first part starts over.
         let done = fetch.take(b.part(0, 1 << 20)).expect("whole in one part");
         assert_eq!(done.unwrap().index, 2);
@@ -309,7 +332,7 @@ mod tests {
     fn malformed_messages_name_what_is_wrong() {
         assert!(Wire::decode(&[]).unwrap_err().contains("empty"));
         assert!(Wire::decode(&[7]).unwrap_err().contains("unknown kind 7"));
-        assert!(Wire::decode(&[WANT, 1, 2]).unwrap_err().contains("not 16"));
+        assert!(Wire::decode(&[WANT, 1, 2]).unwrap_err().contains("not 24"));
         let mut part = Part {
             id: 1,
             total: 2,
