@@ -496,6 +496,9 @@ struct Host {
     offers_made: u64,
 }
 
+/// How long a replica keeps the state it sends a diverged one once no part of it is asked for.
+const OFFER_KEPT: Duration = Duration::from_secs(60);
+
 /// How often a replica makes what it applied to its journal durable (applying does not sync:
 /// the log on a majority of disks holds every committed entry; a replica that crashes applies
 /// again what its journal lost since).
@@ -616,6 +619,13 @@ impl Host {
         }
         self.propose_reports();
         self.resync()?;
+        if self
+            .offer
+            .as_ref()
+            .is_some_and(|o| o.asked.elapsed() > OFFER_KEPT)
+        {
+            self.offer = None;
+        }
         self.roles()?;
         self.publish_status();
         if self.checkpointed.1.elapsed() >= CHECKPOINT {
@@ -1037,7 +1047,9 @@ impl Host {
                 .read()
                 .map_err(|e| ReplicaError::Raft(format!("reading the journal: {e}")))?;
             self.offers_made += 1;
-            let bytes = Image::new(self.applied, state).encode();
+            let mut image = Image::new(self.applied, state);
+            image.programs = self.waiting_programs(&image.state)?;
+            let bytes = image.encode();
             tracing::warn!(
                 to = %self.names[to],
                 entry = self.applied,
@@ -1049,15 +1061,42 @@ impl Host {
                 index: self.applied,
                 bytes,
                 made: Instant::now(),
+                asked: Instant::now(),
             });
         }
         let limit = self.part_bytes();
-        let offer = self.offer.as_ref().expect("made above");
+        let offer = self.offer.as_mut().expect("made above");
+        offer.asked = Instant::now();
         let offset = if want.id == offer.id { want.offset } else { 0 };
         let part = offer.part(offset, limit);
         self.outbox
             .send(&*self.fabric, &self.group, to as NodeId, &part.encode());
         Ok(())
+    }
+
+    /// The program copies this replica holds of the jobs that wait in `state`.
+    fn waiting_programs(
+        &self,
+        state: &Restored,
+    ) -> Result<Vec<(storm_cluster::messages::JobId, Vec<u8>)>, ReplicaError> {
+        let Some(store) = &self.programs else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for rec in &state.jobs {
+            if rec.state != crate::journal::JobState::Queued {
+                continue;
+            }
+            let Some(mut copy) = store.open(rec.id) else {
+                continue;
+            };
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut copy, &mut bytes).map_err(|e| {
+                ReplicaError::Raft(format!("reading job {}'s program copy: {e}", rec.id))
+            })?;
+            out.push((rec.id, bytes));
+        }
+        Ok(out)
     }
 
     /// A part of the state this replica asked for.
@@ -1114,6 +1153,19 @@ impl Host {
                     self.store
                         .write_applied(&part.changes, part.next_job, e.index, false)
                         .map_err(|e| err(&e))?;
+                }
+            }
+        }
+        if let Some(store) = &self.programs {
+            for (job, bytes) in image.programs {
+                let chunk = program::Chunk {
+                    job,
+                    offset: 0,
+                    total: bytes.len() as u64,
+                    bytes,
+                };
+                if let Err(e) = self.receiving.take(store, chunk) {
+                    tracing::error!(job, "cannot keep the program copy here: {e}");
                 }
             }
         }

@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 
 use super::checksum::{Digest, digest};
 use crate::journal::Restored;
+use storm_cluster::messages::JobId;
+
+/// The largest state a replica takes from another.
+pub const MAX_IMAGE: u64 = 16 << 30;
 
 const RAFT: u8 = 0;
 const WANT: u8 = 1;
@@ -138,12 +142,14 @@ impl Part {
     }
 }
 
-/// A replica's whole state after applying log entry `index`, with its hash.
+/// A replica's whole state after applying log entry `index`, with its hash, and the program
+/// copies of the jobs that wait (which the replica would need to start them if it led).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Image {
     pub index: u64,
     pub digest: Digest,
     pub state: Restored,
+    pub programs: Vec<(JobId, Vec<u8>)>,
 }
 
 impl Image {
@@ -152,6 +158,7 @@ impl Image {
             index,
             digest: digest(&state),
             state,
+            programs: Vec::new(),
         }
     }
 
@@ -183,6 +190,8 @@ pub struct Offer {
     pub index: u64,
     pub bytes: Vec<u8>,
     pub made: Instant,
+    /// When a receiver last asked for a part of it.
+    pub asked: Instant,
 }
 
 impl Offer {
@@ -233,6 +242,13 @@ impl Fetch {
     /// part of another image starts the transfer over with it; any other part out of order is
     /// dropped (the request goes again).
     pub fn take(&mut self, part: Part) -> Option<Result<Image, String>> {
+        if part.total > MAX_IMAGE {
+            return Some(Err(format!(
+                "a state of {} bytes is larger than the {} GiB a replica takes",
+                part.total,
+                MAX_IMAGE >> 30
+            )));
+        }
         if part.offset == 0 && part.id != self.id {
             self.id = part.id;
             self.bytes.clear();
@@ -272,6 +288,7 @@ mod tests {
             index: 17,
             bytes: image.encode(),
             made: Instant::now(),
+            asked: Instant::now(),
         };
         let mut fetch = Fetch::new(0, 0);
         let mut got = None;
@@ -297,12 +314,14 @@ mod tests {
             index: 1,
             bytes: Image::new(1, state()).encode(),
             made: Instant::now(),
+            asked: Instant::now(),
         };
         let b = Offer {
             id: 2,
             index: 2,
             bytes: Image::new(2, Restored::default()).encode(),
             made: Instant::now(),
+            asked: Instant::now(),
         };
         let mut fetch = Fetch::new(0, 0);
         assert!(fetch.take(a.part(0, 4)).is_none());
