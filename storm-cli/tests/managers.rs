@@ -616,9 +616,11 @@ fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads
 
 /// A replica away while the log dropped its oldest entries (`log_entries_kept`), so the log
 /// alone cannot bring it up to date. Seen from outside: the leader says it lacks dropped
-/// entries, it takes the leader's state, and once it leads, `storm history` shows every job,
-/// also those run while it was away. Then a replica whose state directory is lost cannot
-/// rejoin under its name: it stops, saying why, and the cluster schedules on.
+/// entries, it takes the leader's state, and once it leads, `storm history` shows every job
+/// run while it was away, and a job that was submitted then and still waits runs from the
+/// program copy it took with the state (the script itself is gone). Then a replica whose
+/// state directory is lost cannot rejoin under its name: it stops, saying why, and the
+/// cluster schedules on.
 #[test]
 fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
     ensure_daemons();
@@ -641,15 +643,45 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
         .find(|m| *m != leader)
         .unwrap();
     c.kill_manager(&away).unwrap();
-    // Enough jobs that the log drops entries (it checks once a second).
+    // Enough jobs that the log drops entries (it checks once a second): jobs 1 to 8.
     for round in 0..8 {
         let name = format!("before-{round}");
         let out = submit(&c, &["-N", "1", "-J", &name, "true"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    let out = submit(&c, &["-N", "1", "-J", "before-8", "true"]);
+    // Job 9 holds the node; job 10 waits behind it, its script then removed.
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = submit_cmd(&c, &["-N", "1", "--exclusive", "sleep", "120"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let script = dir.path().join("waited.sh");
+    std::fs::write(&script, "#!/bin/sh\necho waited\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A batch job: its submitter leaves at once, so only the MM's copy of the script is left.
+    let output = dir.path().join("waited.out");
+    let out = storm(
+        &c,
+        &[
+            "batch",
+            "-N",
+            "1",
+            "--exclusive",
+            "-o",
+            output.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&storm(&c, &["queue"]).stdout).contains("waited") {
+        assert!(Instant::now() < deadline, "job 10 never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_file(&script).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
     c.restart_manager(&away).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while said(&c, &away, "took the leader's state") == 0 {
@@ -661,8 +693,6 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(said(&c, &leader, "lacks log entries this one dropped") >= 1);
-    let out = submit(&c, &["-N", "1", "-J", "after", "true"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
     let mut now = c.leader().expect("a leader");
     for _ in 0..12 {
         if now == away {
@@ -672,10 +702,23 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
     }
     assert_eq!(now, away, "{away} was never elected");
     let history = text(&storm(&c, &["history"]).stdout);
-    for round in 0..9 {
+    for round in 0..8 {
         assert!(history.contains(&format!("before-{round}")), "{history}");
     }
-    assert!(history.contains("after"), "{history}");
+    // The waiting job runs once the blocker is cancelled, from the copy the new leader holds.
+    let out = storm(&c, &["cancel", "9"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut blocker = blocker;
+    let _ = blocker.wait();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&output).unwrap_or_default() != "waited\n" {
+        assert!(
+            Instant::now() < deadline,
+            "the waiting job did not run; storm history:\n{}",
+            text(&storm(&c, &["history"]).stdout)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_no_divergence(&c);
 
     // A follower's state directory lost: it stops rather than rejoin with a log that lacks

@@ -340,6 +340,14 @@ mod tests {
     }
 
     #[test]
+    fn an_image_carries_the_program_copies_of_waiting_jobs() {
+        let mut image = Image::new(3, state());
+        image.programs = vec![(7, b"#!/bin/sh\necho waited\n".to_vec())];
+        let back = Image::decode(&image.encode()).unwrap();
+        assert_eq!(back.programs, image.programs);
+    }
+
+    #[test]
     fn an_image_whose_state_is_not_what_was_hashed_is_refused() {
         let mut image = Image::new(5, state());
         image.state.next_job = 43;
