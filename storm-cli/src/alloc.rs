@@ -8,14 +8,16 @@
 //! time-limited and journaled like any job. It is followed on this connection: if `storm
 //! alloc` goes away, the MM ends the allocation, as it ends storm-submit's jobs; if the
 //! allocation ends first (a time limit, a cancel, a node failure), the command is sent SIGTERM
-//! and `storm alloc` says why.
+//! and `storm alloc` says why. If the MM restarts or a replicated MM fails over, `storm alloc`
+//! follows the allocation on a connection to the MM that comes back (its submission sent again
+//! with its token if the answer was lost), and the command's steps find it too.
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
@@ -75,19 +77,38 @@ fn tasks_of(shape: &JobShape, nodes: usize) -> usize {
         .unwrap_or(nodes)
 }
 
-/// Runs `storm alloc`; its exit code is the command's.
-pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
+/// Runs `storm alloc` on the MM at `sockets` (several: the replicas of a replicated MM, whose
+/// leader may change while the allocation is held); its exit code is the command's. `config`,
+/// the cluster file named on the command line, is passed on to the command's steps.
+pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Result<i32, String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let client = Client::connect(socket)?;
-    client.request(
-        &Request::Submit(Box::new(request(&args.shape, &here))),
-        None,
-    )?;
+    let (mut client, _) = crate::connect_any(sockets)?;
+    let mut req = request(&args.shape, &here);
+    // A submission whose answer a failover cut off is sent again with it: the MM that holds
+    // the job already answers by following it.
+    req.token = Some(rand::random());
+    let submit = Request::Submit(Box::new(req));
+    client.request(&submit, None)?;
     let mut job = None;
     let (nodes, names) = loop {
-        match client.next()? {
+        let reply = match client.next() {
+            Ok(reply) => reply,
+            Err(e) => {
+                client = reconnect(sockets, &e, || false).ok_or_else(|| {
+                    format!(
+                        "lost the machine manager ({e}) before the allocation was granted; \
+                         it may have been accepted all the same (see storm queue)"
+                    )
+                })?;
+                client.request(&submit, None)?;
+                continue;
+            }
+        };
+        match reply {
             Reply::Accepted { job: id, queued } => {
-                job = Some(id);
+                if job.replace(id).is_some() {
+                    continue;
+                }
                 match queued {
                     Some(why) => {
                         eprintln!("storm alloc: pending job allocation {id}: {}", safe(&why))
@@ -127,7 +148,8 @@ pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
     let interrupted = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, interrupted)
         .map_err(|e| e.to_string())?;
-    let mut child = Command::new(&program)
+    let mut command = Command::new(&program);
+    command
         .args(&cmd_args)
         .env("STORM_JOB_ID", job.to_string())
         .env("STORM_NNODES", nodes.len().to_string())
@@ -136,35 +158,66 @@ pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
             tasks_of(&args.shape, nodes.len()).to_string(),
         )
         // Node ids, as every task's STORM_NODELIST says them.
-        .env("STORM_NODELIST", nodes.to_string())
-        .env("STORM_SOCKET", socket)
+        .env("STORM_NODELIST", nodes.to_string());
+    // Steps reach the MM as this does: one socket, or every replica's from the cluster file.
+    match (sockets, config) {
+        ([one], _) => {
+            command.env("STORM_SOCKET", one);
+        }
+        (_, Some(config)) => {
+            command
+                .env_remove("STORM_SOCKET")
+                .env("STORM_CONFIG", config);
+        }
+        (_, None) => {
+            command.env_remove("STORM_SOCKET");
+        }
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", Path::new(&program).display()))?;
-    // The allocation may end first: watch the connection while the command runs.
+    // The allocation may end first: watch it while the command runs, on this connection and,
+    // after a failover, on one to the next leader.
     let ended = Arc::new(std::sync::Mutex::new(None::<String>));
-    let watcher = {
-        let sock = client.sock.try_clone().map_err(|e| e.to_string())?;
+    let releasing = Arc::new(AtomicBool::new(false));
+    let (done, watched) = std::sync::mpsc::channel::<()>();
+    {
         let ended = ended.clone();
+        let releasing = releasing.clone();
+        let sockets = sockets.to_vec();
         let pid = child.id() as libc::pid_t;
         std::thread::spawn(move || {
-            let watch = Client {
-                sock,
-                cluster: String::new(),
-                nodes: 0,
-            };
-            while let Ok(reply) = watch.next() {
-                if let Reply::Finished(outcome) = reply {
-                    let why = outcome
-                        .reason
-                        .unwrap_or_else(|| "its placeholder tasks ended".into());
-                    *ended.lock().expect("ended") = Some(why);
-                    // SAFETY: a signal to our own child, which we have not reaped yet.
-                    unsafe { libc::kill(pid, libc::SIGTERM) };
-                    break;
+            let mut watch = client;
+            loop {
+                match watch.next() {
+                    Ok(Reply::Finished(outcome)) if outcome.job == job => {
+                        let why = outcome
+                            .reason
+                            .unwrap_or_else(|| "its placeholder tasks ended".into());
+                        *ended.lock().expect("ended") = Some(why);
+                        if !releasing.load(Ordering::Acquire) {
+                            // SAFETY: a signal to our own child, which we have not reaped yet.
+                            unsafe { libc::kill(pid, libc::SIGTERM) };
+                        }
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let gone = || releasing.load(Ordering::Acquire);
+                        let Some(next) = reconnect(&sockets, &e, gone) else {
+                            break;
+                        };
+                        if next.request(&Request::Attach { job }, None).is_err() {
+                            break;
+                        }
+                        eprintln!("storm alloc: following job allocation {job} again");
+                        watch = next;
+                    }
                 }
             }
-        })
-    };
+            let _ = done.send(());
+        });
+    }
     let status = child.wait().map_err(|e| e.to_string())?;
     let code = status
         .code()
@@ -177,12 +230,27 @@ pub fn run(args: AllocArgs, socket: &Path) -> Result<i32, String> {
         return Ok(code);
     }
     eprintln!("storm alloc: relinquishing job allocation {job}");
-    client.request(&Request::Cancel { job }, None)?;
-    // The watcher sees the allocation's end (or the connection close).
-    let _ = client
-        .sock
-        .set_read_timeout(Some(RELEASE_WAIT))
-        .map_err(|e| e.to_string());
-    let _ = watcher.join();
+    releasing.store(true, Ordering::Release);
+    // On a connection of its own: the watcher's may be between two leaders.
+    let (canceller, _) = crate::connect_any(sockets).or_else(|e| {
+        crate::reconnect_within(sockets, RECONNECT, || false)
+            .ok_or_else(|| format!("cannot give job allocation {job} back: {e}"))
+    })?;
+    canceller.request(&Request::Cancel { job }, None)?;
+    // The watcher sees the allocation's end (or gives up on the connection).
+    let _ = watched.recv_timeout(RELEASE_WAIT);
     Ok(code)
+}
+
+/// How long `storm alloc` waits for the MM to come back (an MM restarting, a group electing).
+const RECONNECT: Duration = Duration::from_secs(60);
+
+/// A connection to the MM again after the one in use was lost (`why`), or `None` if none
+/// answered within [`RECONNECT`] or `give_up` says to stop.
+fn reconnect(sockets: &[PathBuf], why: &str, give_up: impl Fn() -> bool) -> Option<Client> {
+    eprintln!(
+        "storm alloc: lost the machine manager ({why}); waiting up to {} s for it",
+        RECONNECT.as_secs()
+    );
+    crate::reconnect_within(sockets, RECONNECT, give_up).map(|(c, _)| c)
 }

@@ -744,3 +744,55 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
     assert_eq!(text(&out.stdout), "still scheduling\n");
     c.shutdown().unwrap();
 }
+
+/// `storm alloc` holding an allocation while the leader is killed, seen from the terminal:
+/// the command runs on, a step it starts after the failover runs on the allocation's node,
+/// the command's exit code is storm alloc's, and the allocation is given back to the new
+/// leader (nothing is left in its queue).
+#[test]
+fn storm_alloc_follows_its_allocation_through_a_failover() {
+    let mut c = group(1);
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let inner = format!(
+        "echo holding $STORM_JOB_ID; while [ ! -e {gate} ]; do sleep 0.05; done; \
+         {submit} sh -c 'echo step on $STORM_NODENAME' || exit 9; exit 7",
+        gate = gate.display(),
+        submit = env!("CARGO_BIN_EXE_storm-submit"),
+    );
+    let log = dir.path().join("alloc.log");
+    let alloc = Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--config")
+        .arg(&c.config_path)
+        .args(["alloc", "-N", "1", "sh", "-c", &inner])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_text(&log, "granted job allocation", Duration::from_secs(20));
+    let leader = c.leader().expect("a leader");
+    c.kill_manager(&leader).unwrap();
+    let (next, _) = new_leader(&c, &leader);
+    std::fs::write(&gate, "").unwrap();
+    let out = alloc.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("step on node0"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("relinquishing job allocation"), "{stderr}");
+    // Given back to the new leader: nothing is left in its queue.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queue = text(&storm(&c, &["queue"]).stdout);
+        if !queue.contains("alloc") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{next} still holds the allocation:\n{queue}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_no_divergence(&c);
+    c.shutdown().unwrap();
+}

@@ -142,12 +142,16 @@ fn run(args: Args) -> Result<(), String> {
         _ => {}
     }
     let sockets = storm_cli::control_sockets(args.socket.clone(), args.config.clone())?;
-    let socket = storm_cli::control_socket(args.socket, args.config)?;
+    let socket = storm_cli::control_socket(args.socket, args.config.clone())?;
     let mut filter = storm_cli::history::HistoryFilter::default();
     let (req, json) = match args.command {
         Cmd::Batch(batch) => return submit_batch(*batch, &socket, &sockets),
         Cmd::Alloc(alloc) => {
-            let code = storm_cli::alloc::run(*alloc, &socket)?;
+            let config = args
+                .config
+                .as_deref()
+                .map(|c| std::path::absolute(c).unwrap_or_else(|_| c.to_path_buf()));
+            let code = storm_cli::alloc::run(*alloc, &sockets, config.as_deref())?;
             std::process::exit(code);
         }
         Cmd::Metrics {
