@@ -160,6 +160,10 @@ enum Command {
         /// replication costs per job beside a single MM, same run.
         #[arg(long, default_value_t = 1)]
         managers: u32,
+        /// Log entries between the replicas' comparisons of their journals (`[replication]
+        /// checksum_every`; 0: none). By default the cluster's.
+        #[arg(long)]
+        checksum_every: Option<u64>,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -452,6 +456,7 @@ fn main() -> Result<()> {
             backend,
             provider,
             managers,
+            checksum_every,
             csv,
         } => {
             use storm_cluster::control::Delivery;
@@ -469,6 +474,7 @@ fn main() -> Result<()> {
                 backend,
                 provider,
                 managers,
+                checksum_every,
             };
             let mut out = report::Csv::new(throughput::CSV_HEADER);
             for t in throughput::run(&args, &mut out)? {

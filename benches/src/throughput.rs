@@ -38,6 +38,8 @@ pub struct ThroughputArgs {
     /// MM replicas: with more than one, the same jobs also run under a single MM in the same
     /// run, and what replication costs per job is reported beside it.
     pub managers: u32,
+    /// `[replication] checksum_every` of the group (its default if `None`).
+    pub checksum_every: Option<u64>,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -174,7 +176,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     }
     let half = args.jobs.div_ceil(2);
     let mut floor = spread(half, args.clients, fork_exec_once)?;
-    let (storm, during, mm_cpu) = storm_pass(args, 1)?;
+    let (storm, during, MmCpu { all: mm_cpu, .. }) = storm_pass(args, 1)?;
     let group = if args.managers > 1 {
         Some(storm_pass(args, args.managers)?)
     } else {
@@ -266,12 +268,13 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         fmt_time(during.commits.mean()),
     ]);
     let mut tables = vec![table, phases, mm];
-    if let Some((g, g_loop, g_cpu)) = group {
+    if let Some((g, g_loop, MmCpu { all: g_cpu, leader })) = group {
         let mut cost = Table::new(
             format!(
                 "What replication costs: the same jobs under a group of {} MM replicas (Raft, \
                  a commit waits for a majority) beside a single MM, same run; MM CPU is every \
-                 MM process's user and system time over the jobs",
+                 MM process's user and system time over the jobs, leader CPU the leader's \
+                 alone (what bounds the rate where each replica has a host of its own)",
                 args.managers
             ),
             &[
@@ -280,13 +283,20 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 "p50 submit to exit",
                 "p99 submit to exit",
                 "MM CPU per job",
+                "leader CPU per job",
                 "mean commit",
             ],
         );
         let per_job = |cpu: f64, p: &Pass| cpu / p.latency.len().max(1) as f64;
-        for (what, p, cpu, l) in [
-            ("single".to_string(), &storm, mm_cpu, &during),
-            (format!("{} replicas", args.managers), &g, g_cpu, &g_loop),
+        for (what, p, cpu, lead, l) in [
+            ("single".to_string(), &storm, mm_cpu, mm_cpu, &during),
+            (
+                format!("{} replicas", args.managers),
+                &g,
+                g_cpu,
+                leader,
+                &g_loop,
+            ),
         ] {
             cost.push(vec![
                 what.clone(),
@@ -294,6 +304,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 fmt_time(p.latency.quantile(0.5)),
                 fmt_time(p.latency.quantile(0.99)),
                 fmt_time(per_job(cpu, p)),
+                fmt_time(per_job(lead, p)),
                 fmt_time(l.commits.mean()),
             ]);
             csv.push(csv_row(&format!("mm {what}"), p, args.clients));
@@ -310,6 +321,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 g.latency.quantile(0.99) / storm.latency.quantile(0.99)
             ),
             format!("{:.2}", per_job(g_cpu, &g) / per_job(mm_cpu, &storm)),
+            format!("{:.2}", per_job(leader, &g) / per_job(mm_cpu, &storm)),
             format!("{:.2}", g_loop.commits.mean() / during.commits.mean()),
         ]);
         tables.push(cost);
@@ -317,15 +329,27 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     Ok(tables)
 }
 
+/// The CPU time (seconds) the MM processes used over a pass: all of them, and the leader.
+struct MmCpu {
+    all: f64,
+    leader: f64,
+}
+
 /// One pass of the jobs on a fresh embedded cluster with `managers` MM replicas: the pass,
-/// the MM's loop meanwhile (the leader's), and the CPU time of every MM process (seconds).
-fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, f64)> {
+/// the MM's loop meanwhile (the leader's), and the CPU time of the MM processes.
+fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmCpu)> {
     let cluster = LocalCluster::start(&LocalOptions {
         cpus: Some(args.cpus),
         timeslice_ms: args.timeslice_ms,
         backend: args.backend,
         provider: args.provider.clone(),
         managers,
+        replication: storm_cluster::config::ReplicationSection {
+            checksum_every: args
+                .checksum_every
+                .unwrap_or(storm_cluster::config::ReplicationSection::default().checksum_every),
+            ..Default::default()
+        },
         ..LocalOptions::new(args.nodes)
     })?;
     let socket = cluster.leader_socket();
@@ -339,12 +363,26 @@ fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, f64
         .filter(|(n, _)| n.starts_with("storm-mm"))
         .map(|(_, p)| p)
         .collect();
+    // A single MM is named `storm-mm`; a replica `storm-mm NAME`.
+    let leader_name = cluster
+        .leader()
+        .map_or_else(|| "storm-mm".to_string(), |l| format!("storm-mm {l}"));
+    let leader: Vec<u32> = cluster
+        .daemon_pids()
+        .into_iter()
+        .filter(|(n, _)| *n == leader_name || (managers == 1 && n.starts_with("storm-mm")))
+        .map(|(_, p)| p)
+        .collect();
+    let leader_before = cpu_seconds(&leader);
     let before = mm_loop(&socket)?;
     let cpu_before = cpu_seconds(&mms);
     let pass = spread(args.jobs, args.clients, || {
         submit_once(&socket, args.delivery)
     })?;
-    let cpu = cpu_seconds(&mms) - cpu_before;
+    let cpu = MmCpu {
+        all: cpu_seconds(&mms) - cpu_before,
+        leader: cpu_seconds(&leader) - leader_before,
+    };
     let during = mm_loop(&socket)?.since(&before);
     cluster.shutdown()?;
     Ok((pass, during, cpu))
