@@ -104,6 +104,11 @@ impl Inner {
         for _ in 0..2 {
             let conn = {
                 let mut conns = self.conns.lock();
+                // Checked under the lock that shutting down drains: a connection started now
+                // would outlive the node.
+                if self.is_shut_down() {
+                    return;
+                }
                 match conns.get(&peer) {
                     Some(c) if !c.is_closed() => c.clone(),
                     _ => {
@@ -173,7 +178,17 @@ impl Inner {
     /// Registers an accepted connection unless a live one to that peer exists, and closes
     /// the connection the peer opened before this one, if it is still open.
     pub fn adopt(self: &Arc<Self>, conn: Arc<Conn>) {
-        let before = self.accepted.lock().insert(conn.peer, conn.clone());
+        let before = {
+            let mut accepted = self.accepted.lock();
+            // Checked under the lock that shutting down drains: a connection adopted by a
+            // node that stopped would live on, taking the peer's frames to nobody.
+            if self.is_shut_down() {
+                drop(accepted);
+                conn.close();
+                return;
+            }
+            accepted.insert(conn.peer, conn.clone())
+        };
         if let Some(old) = before
             && !old.is_closed()
         {
@@ -286,7 +301,8 @@ impl Inner {
             return;
         }
         let conns: Vec<_> = self.conns.lock().drain().map(|(_, c)| c).collect();
-        for c in conns {
+        let accepted: Vec<_> = self.accepted.lock().drain().map(|(_, c)| c).collect();
+        for c in conns.into_iter().chain(accepted) {
             c.close();
         }
         self.events.close();
