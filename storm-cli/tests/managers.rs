@@ -10,6 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cluster::config::ReplicationSection;
 use support::{assert_counted_lines, counter_script, ensure_daemons, text, wait_for_text};
 
 fn group(nodes: u32) -> LocalCluster {
@@ -17,19 +18,28 @@ fn group(nodes: u32) -> LocalCluster {
 }
 
 fn group_with(nodes: u32, scheduler: storm_cluster::config::SchedulerSection) -> LocalCluster {
+    // The replicas compare their states often, so that every test here would see a replica
+    // wrongly found diverged (`assert_no_divergence`), and drop old log entries often, so
+    // that every failover here also runs over a compacted log.
+    let replication = ReplicationSection {
+        checksum_every: 16,
+        log_entries_kept: 64,
+        ..Default::default()
+    };
+    group_replicated(nodes, scheduler, replication)
+}
+
+fn group_replicated(
+    nodes: u32,
+    scheduler: storm_cluster::config::SchedulerSection,
+    replication: ReplicationSection,
+) -> LocalCluster {
     ensure_daemons();
     LocalCluster::start(&LocalOptions {
         cpus: Some(support::TEST_CPUS),
         managers: 3,
         scheduler,
-        // The replicas compare their states often, so that every test here would see a
-        // replica wrongly found diverged (`assert_no_divergence`), and drop old log entries
-        // often, so that every failover here also runs over a compacted log.
-        replication: storm_cluster::config::ReplicationSection {
-            checksum_every: 16,
-            log_entries_kept: 64,
-            ..Default::default()
-        },
+        replication,
         keep: std::env::var_os("KEEP").is_some(),
         log_filter: std::env::var("DAEMON_LOG").ok(),
         ..LocalOptions::new(nodes)
@@ -369,6 +379,26 @@ fn freeze_until_replaced(c: &LocalCluster, name: &str) -> String {
     next
 }
 
+/// Freezes leaders in turn ([`freeze_until_replaced`]), from `leading` on, until `want` leads
+/// (twelve at most); fails if it never does.
+fn freeze_leaders_until(c: &LocalCluster, want: &str, mut leading: String) {
+    for _ in 0..12 {
+        if leading == want {
+            break;
+        }
+        leading = freeze_until_replaced(c, &leading);
+    }
+    assert_eq!(leading, want, "{want} was never elected");
+}
+
+/// A replica of the group other than `not`.
+fn another_replica(not: &str) -> String {
+    (0..3)
+        .map(|i| format!("m{i}"))
+        .find(|m| m != not)
+        .expect("three replicas")
+}
+
 /// A replica that stopped leading stays in the group and can lead again, in the same
 /// process, with a new core: its endpoint, control socket and journal front made anew. Leaders
 /// are frozen and thawed in turn until the first one to stop is elected again; it then runs
@@ -378,14 +408,8 @@ fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
     let c = group(1);
     let first = c.leader().expect("a leader");
     let pid = replica_pid(&c, &first);
-    let mut leader = freeze_until_replaced(&c, &first);
-    for _ in 0..12 {
-        if leader == first {
-            break;
-        }
-        leader = freeze_until_replaced(&c, &leader);
-    }
-    assert_eq!(leader, first, "{first} was never elected again");
+    let leader = freeze_until_replaced(&c, &first);
+    freeze_leaders_until(&c, &first, leader);
     assert_eq!(replica_pid(&c, &first), pid, "the same process leads again");
     assert!(said(&c, &first, "leading the manager group") >= 2);
     for round in 0..3 {
@@ -537,26 +561,15 @@ fn a_rolling_restart_of_every_replica_keeps_the_cluster_scheduling() {
 /// whose record it had lost. Without the comparison it would lead without that job.
 #[test]
 fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads() {
-    ensure_daemons();
-    let mut c = LocalCluster::start(&LocalOptions {
-        cpus: Some(support::TEST_CPUS),
-        managers: 3,
-        replication: storm_cluster::config::ReplicationSection {
-            checksum_every: 8,
-            ..Default::default()
-        },
-        keep: std::env::var_os("KEEP").is_some(),
-        log_filter: std::env::var("DAEMON_LOG").ok(),
-        ..LocalOptions::new(1)
-    })
-    .expect("start a cluster with three MM replicas");
+    let replication = ReplicationSection {
+        checksum_every: 8,
+        ..Default::default()
+    };
+    let mut c = group_replicated(1, Default::default(), replication);
     let out = submit(&c, &["-N", "1", "-J", "the-first-job", "echo", "one"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let leader = c.leader().expect("a leader");
-    let lossy = (0..3)
-        .map(|i| format!("m{i}"))
-        .find(|m| *m != leader)
-        .unwrap();
+    let lossy = another_replica(&leader);
     // Stopped cleanly, so its journal holds all it applied; then its disk loses job 1.
     let pid = nix::unistd::Pid::from_raw(replica_pid(&c, &lossy) as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
@@ -597,14 +610,7 @@ fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
     assert!(said(&c, &leader, "a replica's state diverged") >= 1);
     // Once it leads, it knows the job whose record its disk lost.
-    let mut now = c.leader().expect("a leader");
-    for _ in 0..12 {
-        if now == lossy {
-            break;
-        }
-        now = freeze_until_replaced(&c, &now);
-    }
-    assert_eq!(now, lossy, "{lossy} was never elected");
+    freeze_leaders_until(&c, &lossy, c.leader().expect("a leader"));
     let history = text(&storm(&c, &["history"]).stdout);
     assert!(history.contains("the-first-job"), "{history}");
     // And its state agrees with the others' from then on.
@@ -623,25 +629,14 @@ fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads
 /// cluster schedules on.
 #[test]
 fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
-    ensure_daemons();
-    let mut c = LocalCluster::start(&LocalOptions {
-        cpus: Some(support::TEST_CPUS),
-        managers: 3,
-        replication: storm_cluster::config::ReplicationSection {
-            checksum_every: 8,
-            log_entries_kept: 8,
-            ..Default::default()
-        },
-        keep: std::env::var_os("KEEP").is_some(),
-        log_filter: std::env::var("DAEMON_LOG").ok(),
-        ..LocalOptions::new(1)
-    })
-    .expect("start a cluster with three MM replicas");
+    let replication = ReplicationSection {
+        checksum_every: 8,
+        log_entries_kept: 8,
+        ..Default::default()
+    };
+    let mut c = group_replicated(1, Default::default(), replication);
     let leader = c.leader().expect("a leader");
-    let away = (0..3)
-        .map(|i| format!("m{i}"))
-        .find(|m| *m != leader)
-        .unwrap();
+    let away = another_replica(&leader);
     c.kill_manager(&away).unwrap();
     // Enough jobs that the log drops entries (it checks once a second): jobs 1 to 8.
     for round in 0..8 {
@@ -693,14 +688,7 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(said(&c, &leader, "lacks log entries this one dropped") >= 1);
-    let mut now = c.leader().expect("a leader");
-    for _ in 0..12 {
-        if now == away {
-            break;
-        }
-        now = freeze_until_replaced(&c, &now);
-    }
-    assert_eq!(now, away, "{away} was never elected");
+    freeze_leaders_until(&c, &away, c.leader().expect("a leader"));
     let history = text(&storm(&c, &["history"]).stdout);
     for round in 0..8 {
         assert!(history.contains(&format!("before-{round}")), "{history}");
@@ -723,10 +711,7 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
 
     // A follower's state directory lost: it stops rather than rejoin with a log that lacks
     // what it acknowledged.
-    let lost = (0..3)
-        .map(|i| format!("m{i}"))
-        .find(|m| *m != away)
-        .unwrap();
+    let lost = another_replica(&away);
     c.kill_manager(&lost).unwrap();
     std::fs::remove_dir_all(c.root().join(format!("{lost}-state"))).unwrap();
     c.restart_manager(&lost).unwrap();

@@ -276,31 +276,8 @@ impl JournalStore for RedbStore {
         self.write_with(changes, next_job, Some(applied), durable)
     }
 
+    /// One durable transaction that empties the tables and fills them with `state`.
     fn replace(&mut self, state: &Restored, applied: u64) -> Result<(), JournalError> {
-        self.replace_with(state, applied)
-    }
-
-    fn applied(&mut self) -> Result<u64, JournalError> {
-        let r = self.db.begin_read().map_err(|e| self.store_error(e))?;
-        let meta = match r.open_table(META) {
-            Ok(m) => m,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-            Err(e) => return Err(self.store_error(e)),
-        };
-        Ok(meta
-            .get(APPLIED)
-            .map_err(|e| self.store_error(e))?
-            .map_or(0, |v| v.value()))
-    }
-}
-
-/// Where a replica's journal records the replicated log's entry it holds up to.
-const APPLIED: &str = "raft_applied";
-
-impl RedbStore {
-    /// [`JournalStore::replace`]: one durable transaction that empties the tables and fills
-    /// them with `state`.
-    fn replace_with(&mut self, state: &Restored, applied: u64) -> Result<(), JournalError> {
         let w = self.db.begin_write().map_err(|e| self.store_error(e))?;
         w.delete_table(JOBS).map_err(|e| self.store_error(e))?;
         w.delete_table(NODES).map_err(|e| self.store_error(e))?;
@@ -326,7 +303,23 @@ impl RedbStore {
         }
         w.commit().map_err(|e| self.store_error(e))
     }
+
+    fn applied(&mut self) -> Result<u64, JournalError> {
+        let r = self.db.begin_read().map_err(|e| self.store_error(e))?;
+        let meta = match r.open_table(META) {
+            Ok(m) => m,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(self.store_error(e)),
+        };
+        Ok(meta
+            .get(APPLIED)
+            .map_err(|e| self.store_error(e))?
+            .map_or(0, |v| v.value()))
+    }
 }
+
+/// Where a replica's journal records the replicated log's entry it holds up to.
+const APPLIED: &str = "raft_applied";
 
 impl RedbStore {
     fn write_with(

@@ -34,6 +34,14 @@ const WANTS_STATE: &str = "wants_state";
 /// The log's file in the state directory.
 pub const LOG_FILE: &str = "raft.redb";
 
+/// How [`COMPACTED`] holds the last entry dropped: its index, then its term.
+fn position(index: u64, term: u64) -> [u8; 16] {
+    let mut pos = [0; 16];
+    pos[..8].copy_from_slice(&index.to_le_bytes());
+    pos[8..].copy_from_slice(&term.to_le_bytes());
+    pos
+}
+
 /// The durable log, and its copy in memory that raft-rs reads.
 pub struct DurableLog {
     db: Database,
@@ -184,9 +192,7 @@ impl DurableLog {
                 .retain_in(..=upto, |_, _| false)
                 .map_err(|e| self.error(e))?;
             let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-            let mut pos = upto.to_le_bytes().to_vec();
-            pos.extend_from_slice(&term.to_le_bytes());
-            meta.insert(COMPACTED, pos.as_slice())
+            meta.insert(COMPACTED, position(upto, term).as_slice())
                 .map_err(|e| self.error(e))?;
         }
         w.commit().map_err(|e| self.error(e))?;
@@ -214,9 +220,7 @@ impl DurableLog {
             let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
             table.retain(|_, _| false).map_err(|e| self.error(e))?;
             let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-            let mut pos = index.to_le_bytes().to_vec();
-            pos.extend_from_slice(&term.to_le_bytes());
-            meta.insert(COMPACTED, pos.as_slice())
+            meta.insert(COMPACTED, position(index, term).as_slice())
                 .map_err(|e| self.error(e))?;
             meta.insert(WANTS_STATE, index.to_le_bytes().as_slice())
                 .map_err(|e| self.error(e))?;
