@@ -349,6 +349,7 @@ impl<E: NmEnv> NodeManager<E> {
                 keep,
             } => {
                 self.new_membership(output_epoch, incarnation, &keep);
+                self.registration.acknowledge();
                 Stepped::Message
             }
             Event::Idle => Stepped::Idle,
@@ -515,11 +516,20 @@ impl<E: NmEnv> NodeManager<E> {
             );
             self.forget(job);
         }
-        // A new MM process lost the reports in the old one's memory.
+        // A new MM process lost the reports in the old one's memory, and the output the old
+        // one took but never released: that goes again in the new epoch. Until it has been
+        // delivered and the job reported again, this node's termination flag must not tell
+        // the new MM that the job ended here (it would end the job, and drop the output that
+        // came after).
         if self.incarnation.is_some_and(|i| i != incarnation) {
+            let mem = self.prims.memory();
             for j in self.jobs.values_mut().filter(|j| j.reported) {
                 j.reported = false;
                 j.report_again = true;
+                let flag = self.rm.terminated.at(j.spec.slot as usize);
+                if mem.load(flag) == j.spec.job {
+                    mem.store(flag, 0);
+                }
             }
         }
         if self.incarnation != Some(incarnation) {

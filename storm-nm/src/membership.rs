@@ -45,7 +45,8 @@ pub enum Event {
     /// A heartbeat to carry out.
     Heartbeat(Bytes),
     /// A new membership begins: keep only the jobs of `keep`, and send output at this epoch
-    /// of the output queue. `incarnation` names the MM process.
+    /// of the output queue. `incarnation` names the MM process. The welcome is acknowledged
+    /// through [`Registration::acknowledge`] once that is done.
     Welcomed {
         output_epoch: u32,
         incarnation: u64,
@@ -308,7 +309,9 @@ impl Registration {
                             stamp,
                             since: self.identity.clock.now(),
                         };
-                        self.send_to_mm(ack_at, stamp);
+                        // The acknowledgement goes once the manager has taken up the new
+                        // membership ([`Registration::acknowledge`]): the MM counts on what
+                        // that changes (the termination flags) from then on.
                         tracing::info!(node = self.node, kept = ?keep, "welcomed by the MM");
                         Event::Welcomed {
                             output_epoch,
@@ -406,6 +409,14 @@ impl Registration {
     }
 
     /// Writes `value` into the MM's memory at `offset` and raises `registered` there.
+    /// Acknowledges the welcome that [`Event::Welcomed`] gave, once the manager has taken up
+    /// the new membership it begins.
+    pub fn acknowledge(&self) {
+        if let Standing::Welcomed { stamp, .. } = self.standing {
+            self.send_to_mm(self.rm.join_ack.at(self.node as usize).offset(), stamp);
+        }
+    }
+
     fn send_to_mm(&self, offset: u64, value: u64) {
         if let Err(e) = self.prims.xfer_and_signal(
             &NodeSet::single(self.mm),

@@ -270,14 +270,16 @@ impl<E: MmEnv> MachineManager<E> {
             let answered = r.held.union(&r.missing).union(&r.unlaunched);
             if j.nodes.is_subset(&answered) {
                 if r.missing.is_empty() {
+                    // It goes on once its nodes take heartbeats: they acknowledged their
+                    // welcome, so a node's termination flag no longer says the job ended
+                    // there before the output the old MM lost has come again (the node
+                    // cleared it), and a launch sent again reaches them (a node that has
+                    // only registered would miss it, and the job would never end).
+                    let members = self.hb.queue.dest();
+                    if !j.nodes.iter().all(|n| members.contains(n)) {
+                        continue;
+                    }
                     if !r.unlaunched.is_empty() {
-                        // A launch sent again must reach its nodes: it waits until they take
-                        // heartbeats (a node that has only registered would miss it, and the
-                        // job would never end).
-                        let members = self.hb.queue.dest();
-                        if !r.unlaunched.iter().all(|n| members.contains(n)) {
-                            continue;
-                        }
                         // None of its code ran there: the launch goes out again (a node that
                         // holds the job already ignores it).
                         tracing::info!(
