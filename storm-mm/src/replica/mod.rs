@@ -56,7 +56,7 @@ use crate::waker::Waker;
 use checksum::{Report, Verdict, Windows};
 use log::DurableLog;
 use mailbox::{GroupLayout, Inbox, Outbox};
-use resync::{Fetch, Image, Offer, Want, Wire};
+use resync::{Fetch, Image, Offer, Stage, Standing, Want, Why, Wire};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -273,15 +273,13 @@ impl Replica {
             checksum_every: r.checksum_every,
             windows: Windows::new(replicas),
             reports: Vec::new(),
-            diverged: behind.map(|from| (Instant::now(), from)),
-            behind: behind.is_some(),
-            state_from: behind.unwrap_or(0),
+            standing: match behind {
+                Some(from) => Standing::taking(Why::Behind, from),
+                None => Standing::InStep { resynced_at: 0 },
+            },
             snapshots_sent: Vec::new(),
             entries_kept: r.log_entries_kept,
-            resynced_at: 0,
             peers_diverged: BTreeSet::new(),
-            fetch: None,
-            image: None,
             offer: None,
             offers_made: 0,
         };
@@ -470,27 +468,14 @@ struct Host {
     windows: Windows,
     /// This replica's reports, to propose.
     reports: Vec<Vec<u8>>,
-    /// Whether this replica's state diverged from the majority's: since when, and after which
-    /// entry it was found. It is then not elected until it took a good replica's state.
-    diverged: Option<(Instant, u64)>,
-    /// Why: not a divergence found, but a journal behind the log (it lacked entries the leader
-    /// dropped).
-    behind: bool,
-    /// The state it takes must be as of this entry or later.
-    state_from: u64,
+    /// Whether this replica's state agrees with the group's, or it is taking another's.
+    standing: Standing,
     /// The replicas this leader sent a Raft snapshot (a position only) since the last Ready.
     snapshots_sent: Vec<u64>,
     /// See `[replication] log_entries_kept`.
     entries_kept: u64,
-    /// The entry as of which this replica last took another's state (verdicts on earlier
-    /// windows are no news).
-    resynced_at: u64,
     /// The other replicas the reports found diverged, until they agree again.
     peers_diverged: BTreeSet<u32>,
-    /// The state this replica, diverged, is taking from another: the transfer under way, then
-    /// the whole image until this replica applied the log as far.
-    fetch: Option<Fetch>,
-    image: Option<Image>,
     /// The state this replica sends a diverged one.
     offer: Option<Offer>,
     offers_made: u64,
@@ -538,7 +523,7 @@ impl Host {
         // What the journal holds durably may leave the log, but for the newest entries (a
         // journal that wants a state holds nothing the log may drop).
         if self.entries_kept > 0
-            && self.diverged.is_none()
+            && !self.standing.is_taking()
             && self.log.held() > 2 * self.entries_kept
         {
             let upto = self.applied.saturating_sub(self.entries_kept);
@@ -600,7 +585,7 @@ impl Host {
                     msg.commit
                 )));
             }
-            if self.diverged.is_some() && msg.get_msg_type() == MessageType::MsgTimeoutNow {
+            if self.standing.is_taking() && msg.get_msg_type() == MessageType::MsgTimeoutNow {
                 tracing::warn!("asked to lead, but this replica's state diverged: it does not");
                 continue;
             }
@@ -781,11 +766,7 @@ impl Host {
                  (as of log entry {index} or later) before it stands for election"
             );
             self.applied = index;
-            self.diverged = Some((Instant::now(), index));
-            self.behind = true;
-            self.state_from = index;
-            self.fetch = None;
-            self.image = None;
+            self.standing = Standing::taking(Why::Behind, index);
         }
         self.apply(rd.take_committed_entries())?;
         self.log.append(rd.entries(), rd.hs())?;
@@ -825,7 +806,7 @@ impl Host {
             self.applied = e.index;
             if self.checksum_every > 0
                 && e.index % self.checksum_every == 0
-                && self.diverged.is_none()
+                && !self.standing.is_taking()
             {
                 let state = self
                     .store
@@ -888,7 +869,7 @@ impl Host {
     /// (its election clock still runs, so that it votes as any follower does).
     fn tick(&mut self) {
         let raft = &mut self.node.raft;
-        if self.diverged.is_some() && raft.state != StateRole::Leader {
+        if self.standing.is_taking() && raft.state != StateRole::Leader {
             raft.election_elapsed += 1;
         } else {
             self.node.tick();
@@ -905,8 +886,10 @@ impl Host {
                     theirs,
                     majority,
                 } if replica as usize == self.me => {
-                    if self.diverged.is_some() || window <= self.resynced_at {
-                        continue;
+                    match self.standing {
+                        Standing::Taking(_) => continue,
+                        Standing::InStep { resynced_at } if window <= resynced_at => continue,
+                        Standing::InStep { .. } => {}
                     }
                     tracing::error!(
                         window,
@@ -916,9 +899,7 @@ impl Host {
                         checksum::short(&theirs),
                         checksum::short(&majority),
                     );
-                    self.diverged = Some((Instant::now(), window));
-                    self.fetch = None;
-                    self.image = None;
+                    self.standing = Standing::taking(Why::Diverged, 0);
                     if self.leading.is_some() {
                         self.transfer_leadership();
                     }
@@ -942,12 +923,15 @@ impl Host {
                     }
                 }
                 Verdict::Agrees { replica, window } if replica as usize == self.me => {
-                    if self.resynced_at > 0 && window > self.resynced_at {
+                    if let Standing::InStep { resynced_at } = &mut self.standing
+                        && *resynced_at > 0
+                        && window > *resynced_at
+                    {
                         tracing::warn!(
                             window,
                             "this replica's state agrees with the manager group's again"
                         );
-                        self.resynced_at = 0;
+                        *resynced_at = 0;
                     }
                 }
                 Verdict::Agrees { replica, window } => {
@@ -981,45 +965,53 @@ impl Host {
     /// A diverged replica's way back: a leader hands the group over first (and steps down if
     /// no one took it within an election timeout); a follower takes the leader's state.
     fn resync(&mut self) -> Result<(), ReplicaError> {
-        let Some((since, _)) = self.diverged else {
+        let Standing::Taking(taking) = &mut self.standing else {
             return Ok(());
         };
         let raft = &mut self.node.raft;
         if raft.state == StateRole::Leader {
-            if since.elapsed() > self.election_timeout {
+            if taking.since.elapsed() > self.election_timeout {
                 let term = raft.term;
                 raft.become_follower(term, raft::INVALID_ID);
             }
             return Ok(());
         }
-        if self.image.as_ref().is_some_and(|i| self.applied >= i.index) {
-            let image = self.image.take().expect("checked");
-            return self.install(image);
+        if let Stage::Holding(image) = &taking.stage {
+            if self.applied >= image.index {
+                let Stage::Holding(image) = std::mem::replace(&mut taking.stage, Stage::Idle)
+                else {
+                    unreachable!("matched above")
+                };
+                return self.install(image);
+            }
+            return Ok(());
         }
-        if self.image.is_some() || raft.leader_id == raft::INVALID_ID {
+        if raft.leader_id == raft::INVALID_ID {
             return Ok(());
         }
         let leader = raft.leader_id as usize - 1;
         if leader == self.me {
             return Ok(());
         }
-        let want = match &mut self.fetch {
-            Some(f) if f.from == leader && f.asked.elapsed() < self.election_timeout => None,
-            Some(f) if f.from == leader => Some(f.want()),
-            _ => {
+        let want = match &mut taking.stage {
+            Stage::Fetching(f) if f.from == leader && f.asked.elapsed() < self.election_timeout => {
+                return Ok(());
+            }
+            Stage::Fetching(f) if f.from == leader => f,
+            stage => {
                 tracing::warn!(from = %self.names[leader], "asking the leader for its state");
-                let at_least = self.state_from.max(self.log.compacted());
-                let f = self.fetch.insert(Fetch::new(leader, at_least));
-                Some(f.want())
+                let at_least = taking.at_least.max(self.log.compacted());
+                *stage = Stage::Fetching(Fetch::new(leader, at_least));
+                let Stage::Fetching(f) = stage else {
+                    unreachable!("set above")
+                };
+                f
             }
         };
-        if let Some(want) = want {
-            if let Some(f) = &mut self.fetch {
-                f.asked = Instant::now();
-            }
-            self.outbox
-                .send(&*self.fabric, &self.group, leader as NodeId, &want.encode());
-        }
+        want.asked = Instant::now();
+        let want = want.want();
+        self.outbox
+            .send(&*self.fabric, &self.group, leader as NodeId, &want.encode());
         Ok(())
     }
 
@@ -1031,7 +1023,7 @@ impl Host {
     /// Replica `to` (diverged) asks for this one's state: sends the part it wants of the image
     /// being sent, or of a new one of the journal as it stands now.
     fn offer_state(&mut self, to: usize, want: Want) -> Result<(), ReplicaError> {
-        if self.diverged.is_some() || self.applied < want.at_least {
+        if self.standing.is_taking() || self.applied < want.at_least {
             // Asked again once this replica applied as far (or another leads).
             return Ok(());
         }
@@ -1101,24 +1093,25 @@ impl Host {
 
     /// A part of the state this replica asked for.
     fn take_state(&mut self, from: usize, part: resync::Part) {
-        let Some(fetch) = self.fetch.as_mut().filter(|f| f.from == from) else {
+        let Some(fetch) = self.standing.fetch_from(from) else {
             return;
         };
-        match fetch.take(part) {
+        let stage = match fetch.take(part) {
             None => {
                 let want = fetch.want();
                 fetch.asked = Instant::now();
                 self.outbox
                     .send(&*self.fabric, &self.group, from as NodeId, &want.encode());
+                return;
             }
-            Some(Ok(image)) => {
-                self.fetch = None;
-                self.image = Some(image);
-            }
+            Some(Ok(image)) => Stage::Holding(image),
             Some(Err(why)) => {
                 tracing::error!(from = %self.names[from], "refused the state sent: {why}");
-                self.fetch = None;
+                Stage::Idle
             }
+        };
+        if let Standing::Taking(taking) = &mut self.standing {
+            taking.stage = stage;
         }
     }
 
@@ -1126,7 +1119,11 @@ impl Host {
     /// as far), then applies again, from its own log, what it applied beyond the image.
     fn install(&mut self, image: Image) -> Result<(), ReplicaError> {
         let err = |e: &dyn std::fmt::Display| ReplicaError::Raft(format!("taking a state: {e}"));
-        if image.index < self.state_from.max(self.log.compacted()) {
+        let at_least = match &self.standing {
+            Standing::Taking(t) => t.at_least,
+            Standing::InStep { .. } => 0,
+        };
+        if image.index < at_least.max(self.log.compacted()) {
             // Older than this replica's log reaches back: it cannot be brought up to date.
             tracing::warn!(
                 taken = image.index,
@@ -1179,10 +1176,9 @@ impl Host {
             image.index
         );
         self.log.state_taken()?;
-        self.diverged = None;
-        self.behind = false;
-        self.state_from = 0;
-        self.resynced_at = self.applied;
+        self.standing = Standing::InStep {
+            resynced_at: self.applied,
+        };
         Ok(())
     }
 
@@ -1279,8 +1275,7 @@ impl Host {
         let raft = &self.node.raft;
         let mut s = self.shared.status.lock();
         s.role = match raft.state {
-            _ if self.behind => "catching up",
-            _ if self.diverged.is_some() => "diverged",
+            _ if self.standing.role().is_some() => self.standing.role().expect("checked"),
             StateRole::Leader => "leader",
             StateRole::Follower => "follower",
             StateRole::Candidate => "candidate",

@@ -209,6 +209,7 @@ impl Offer {
 }
 
 /// A transfer under way to this replica, from replica `from`.
+#[derive(Debug)]
 pub struct Fetch {
     pub from: usize,
     /// The image must be as of this entry or later.
@@ -258,6 +259,89 @@ impl Fetch {
         }
         self.bytes.extend_from_slice(&part.bytes);
         (self.bytes.len() as u64 == part.total).then(|| Image::decode(&self.bytes))
+    }
+}
+
+/// Where a replica stands with its own state.
+#[derive(Debug)]
+pub enum Standing {
+    /// Its state is taken to agree with the group's. `resynced_at`: the entry as of which it
+    /// last took another's state (verdicts on earlier windows are no news; 0: none since
+    /// the last window that found it agreeing).
+    InStep { resynced_at: u64 },
+    /// It must take a good replica's state before it stands for election again.
+    Taking(Taking),
+}
+
+/// Why a replica takes another's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The comparison found its state diverged from the majority's.
+    Diverged,
+    /// Its journal is behind the log: it lacks entries the leader dropped.
+    Behind,
+}
+
+/// A replica taking another's state: why, since when, from which entry on the state must be,
+/// and how far the transfer is.
+#[derive(Debug)]
+pub struct Taking {
+    pub why: Why,
+    pub since: Instant,
+    /// The state it takes must be as of this entry or later.
+    pub at_least: u64,
+    pub stage: Stage,
+}
+
+/// How far a replica is in taking a state.
+#[derive(Debug)]
+pub enum Stage {
+    /// Nothing asked for yet (or the last transfer was refused).
+    Idle,
+    /// A transfer under way.
+    Fetching(Fetch),
+    /// The whole image, until this replica has applied the log as far.
+    Holding(Image),
+}
+
+impl Standing {
+    /// A replica that begins to take another's state.
+    pub fn taking(why: Why, at_least: u64) -> Self {
+        Standing::Taking(Taking {
+            why,
+            since: Instant::now(),
+            at_least,
+            stage: Stage::Idle,
+        })
+    }
+
+    /// Whether this replica is taking another's state (and so is not elected meanwhile).
+    pub fn is_taking(&self) -> bool {
+        matches!(self, Standing::Taking(_))
+    }
+
+    /// The transfer under way, if it comes from replica `from`.
+    pub fn fetch_from(&mut self, from: usize) -> Option<&mut Fetch> {
+        match self {
+            Standing::Taking(Taking {
+                stage: Stage::Fetching(f),
+                ..
+            }) if f.from == from => Some(f),
+            _ => None,
+        }
+    }
+
+    /// How `storm managers` names it, if not by its Raft role.
+    pub fn role(&self) -> Option<&'static str> {
+        match self {
+            Standing::InStep { .. } => None,
+            Standing::Taking(Taking {
+                why: Why::Behind, ..
+            }) => Some("catching up"),
+            Standing::Taking(Taking {
+                why: Why::Diverged, ..
+            }) => Some("diverged"),
+        }
     }
 }
 
