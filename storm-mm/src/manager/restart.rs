@@ -10,8 +10,10 @@
 //! * jobs whose launch went out are *recovering*: they take back their nodes, job slot and
 //!   time slot, and wait for their NMs, which kept their tasks running, to register again
 //!   (the MM nudges every node at once). Each NM lists the jobs it holds. A job that all its
-//!   nodes list runs on as if nothing had happened: its NMs send again the output and the
-//!   reports the old MM may not have passed on. A node that comes back without it (its NM
+//!   nodes list runs on as if nothing had happened once they all take heartbeats: its NMs
+//!   send again the output and the reports the old MM may not have passed on (an NM clears
+//!   its termination flags before it acknowledges the welcome, so a job that ended meanwhile
+//!   ends here only after its output came again). A node that comes back without it (its NM
 //!   restarted too) ends it, or requeues it with `--requeue`, or, when none of its nodes had
 //!   started it, requeues it at the head of the queue. Nodes that do not come back within
 //!   `[failure] readopt_within_ms` end it with a reason that names them.
