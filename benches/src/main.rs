@@ -164,6 +164,10 @@ enum Command {
         /// checksum_every`; 0: none). By default the cluster's.
         #[arg(long)]
         checksum_every: Option<u64>,
+        /// Replicas do not sync their Raft logs (`[replication] unsafe_no_log_sync`; a killed
+        /// replica then loses its last second of log and votes): measures what the sync costs.
+        #[arg(long)]
+        no_log_sync: bool,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -457,6 +461,7 @@ fn main() -> Result<()> {
             provider,
             managers,
             checksum_every,
+            no_log_sync,
             csv,
         } => {
             use storm_cluster::control::Delivery;
@@ -475,6 +480,7 @@ fn main() -> Result<()> {
                 provider,
                 managers,
                 checksum_every,
+                no_log_sync,
             };
             let mut out = report::Csv::new(throughput::CSV_HEADER);
             for t in throughput::run(&args, &mut out)? {

@@ -40,6 +40,8 @@ pub struct ThroughputArgs {
     pub managers: u32,
     /// `[replication] checksum_every` of the group (its default if `None`).
     pub checksum_every: Option<u64>,
+    /// `[replication] unsafe_no_log_sync` of the group.
+    pub no_log_sync: bool,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -274,8 +276,14 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 "What replication costs: the same jobs under a group of {} MM replicas (Raft, \
                  a commit waits for a majority) beside a single MM, same run; MM CPU is every \
                  MM process's user and system time over the jobs, leader CPU the leader's \
-                 alone (what bounds the rate where each replica has a host of its own)",
-                args.managers
+                 alone (what bounds the rate where each replica has a host of its own){}",
+                args.managers,
+                if args.no_log_sync {
+                    "; the replicas do NOT sync their Raft logs (--no-log-sync: unsafe, for \
+                     measuring what the sync costs)"
+                } else {
+                    ""
+                }
             ),
             &[
                 "MM",
@@ -348,6 +356,7 @@ fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmC
             checksum_every: args
                 .checksum_every
                 .unwrap_or(storm_cluster::config::ReplicationSection::default().checksum_every),
+            unsafe_no_log_sync: args.no_log_sync,
             ..Default::default()
         },
         ..LocalOptions::new(args.nodes)

@@ -386,6 +386,11 @@ pub struct ReplicationSection {
     /// this many, keeping the newest this many (a replica that was away briefly catches up
     /// from them). One that lacks entries the leader dropped takes the leader's state instead.
     pub log_entries_kept: u64,
+    /// For measuring only: replicas do not sync their Raft logs before they acknowledge
+    /// entries (so a killed replica loses the entries and votes it wrote since its last
+    /// checkpoint, up to a second: jobs can be lost or run twice, and two leaders can be
+    /// elected in one term). It shows what the sync costs (docs/operations.md).
+    pub unsafe_no_log_sync: bool,
 }
 
 impl Default for ReplicationSection {
@@ -395,6 +400,7 @@ impl Default for ReplicationSection {
             election_timeout_ms: 100,
             checksum_every: 256,
             log_entries_kept: 4096,
+            unsafe_no_log_sync: false,
         }
     }
 }

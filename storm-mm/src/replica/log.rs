@@ -50,6 +50,8 @@ pub struct DurableLog {
     applied: u64,
     voters: Vec<u64>,
     wants_state: Option<u64>,
+    /// Whether appends are synced to disk (off only with `[replication] unsafe_no_log_sync`).
+    sync: bool,
 }
 
 impl DurableLog {
@@ -73,6 +75,7 @@ impl DurableLog {
             applied: 0,
             voters,
             wants_state: None,
+            sync: true,
         };
         log.load()?;
         Ok(log)
@@ -282,7 +285,11 @@ impl DurableLog {
         if entries.is_empty() && hard.is_none() {
             return Ok(());
         }
-        let w = self.db.begin_write().map_err(|e| self.error(e))?;
+        let mut w = self.db.begin_write().map_err(|e| self.error(e))?;
+        if !self.sync {
+            w.set_durability(redb::Durability::None)
+                .map_err(|e| self.error(e))?;
+        }
         {
             let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
             if let Some(first) = entries.first() {
@@ -311,6 +318,12 @@ impl DurableLog {
             core.set_hardstate(hs.clone());
         }
         Ok(())
+    }
+
+    /// Whether appends are synced to disk before they return (on unless `[replication]
+    /// unsafe_no_log_sync`).
+    pub fn set_sync(&mut self, sync: bool) {
+        self.sync = sync;
     }
 
     /// Records a new commit index (in memory at once; on disk with the next hard state or

@@ -189,7 +189,15 @@ impl Replica {
             .map_err(ReplicaError::Fabric)?;
         let dir = DaemonDir::open_or_create(&cfg.cluster.state_dir, 0o700)?;
         let voters: Vec<u64> = (1..=replicas as u64).collect();
-        let log = DurableLog::open(&dir, voters)?;
+        let mut log = DurableLog::open(&dir, voters)?;
+        log.set_sync(!cfg.replication.unsafe_no_log_sync);
+        if cfg.replication.unsafe_no_log_sync {
+            tracing::error!(
+                "[replication] unsafe_no_log_sync = true: this replica does not sync its Raft \
+                 log; killed, it loses the entries and votes of up to its last second. For \
+                 measuring only"
+            );
+        }
         // Raft gives again every committed entry after the last one the journal holds
         // durably (it may have lost later ones in a crash: they are written without a sync).
         let mut store = store;
