@@ -408,7 +408,6 @@ impl Registration {
         }
     }
 
-    /// Writes `value` into the MM's memory at `offset` and raises `registered` there.
     /// Acknowledges the welcome that [`Event::Welcomed`] gave, once the manager has taken up
     /// the new membership it begins.
     pub fn acknowledge(&self) {
@@ -417,6 +416,7 @@ impl Registration {
         }
     }
 
+    /// Writes `value` into the MM's memory at `offset` and raises `registered` there.
     fn send_to_mm(&self, offset: u64, value: u64) {
         if let Err(e) = self.prims.xfer_and_signal(
             &NodeSet::single(self.mm),
