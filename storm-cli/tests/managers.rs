@@ -561,30 +561,14 @@ fn a_rolling_restart_of_every_replica_keeps_the_cluster_scheduling() {
 /// whose record it had lost. Without the comparison it would lead without that job.
 #[test]
 fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads() {
-    let replication = ReplicationSection {
-        checksum_every: 8,
-        ..Default::default()
-    };
-    let mut c = group_replicated(1, Default::default(), replication);
-    let out = submit(&c, &["-N", "1", "-J", "the-first-job", "echo", "one"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let leader = c.leader().expect("a leader");
-    let lossy = another_replica(&leader);
-    lose_a_record(&mut c, &lossy, 1);
-    c.restart_manager(&lossy).unwrap();
+    let (c, leader, lossy) = group_with_a_lossy_follower(8);
     // Jobs go on; within a few windows the comparison finds the lost record.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut round = 0;
-    while said(&c, &lossy, "took the leader's state") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{lossy} never took the leader's state; its log:\n{}",
-            std::fs::read_to_string(c.root().join(format!("{lossy}.log"))).unwrap_or_default()
-        );
-        let out = submit(&c, &["-N", "1", "echo", &format!("round {round}")]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        round += 1;
-    }
+    submit_until_said(
+        &c,
+        &lossy,
+        "took the leader's state",
+        Duration::from_secs(60),
+    );
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
     assert!(said(&c, &leader, "a replica's state diverged") >= 1);
     // Once it leads, it knows the job whose record its disk lost.
@@ -596,6 +580,43 @@ fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
     c.shutdown().unwrap();
+}
+
+/// A group of three replicas on one node, comparing states every `checksum_every` entries,
+/// that ran job 1 (`the-first-job`); then a follower's disk loses job 1's record while it is
+/// stopped ([`lose_a_record`]), and it is started again. Returns the group, its leader and the
+/// lossy replica.
+fn group_with_a_lossy_follower(checksum_every: u64) -> (LocalCluster, String, String) {
+    let replication = ReplicationSection {
+        checksum_every,
+        ..Default::default()
+    };
+    let mut c = group_replicated(1, Default::default(), replication);
+    let out = submit(&c, &["-N", "1", "-J", "the-first-job", "echo", "one"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let leader = c.leader().expect("a leader");
+    let lossy = another_replica(&leader);
+    lose_a_record(&mut c, &lossy, 1);
+    c.restart_manager(&lossy).unwrap();
+    (c, leader, lossy)
+}
+
+/// Runs jobs, one at a time (each must print its line and succeed), until replica `name`'s
+/// log says `what`; fails with that log if it does not within `within`.
+fn submit_until_said(c: &LocalCluster, name: &str, what: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    let mut round = 0;
+    while said(c, name, what) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{name} never said {what:?}; its log:\n{}",
+            std::fs::read_to_string(c.root().join(format!("{name}.log"))).unwrap_or_default()
+        );
+        let out = submit(c, &["-N", "1", "echo", &format!("round {round}")]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), format!("round {round}\n"));
+        round += 1;
+    }
 }
 
 /// Stops replica `name` cleanly (so its journal holds all it applied), then removes job
@@ -631,18 +652,8 @@ fn lose_a_record(c: &mut LocalCluster, name: &str, job: u64) {
 #[test]
 fn a_leader_whose_journal_lost_a_record_hands_the_group_over_and_takes_the_majoritys_state() {
     // Windows long enough that the lossy replica is elected before one ends.
-    let replication = ReplicationSection {
-        checksum_every: 128,
-        ..Default::default()
-    };
-    let mut c = group_replicated(1, Default::default(), replication);
-    let out = submit(&c, &["-N", "1", "-J", "the-first-job", "echo", "one"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let leader = c.leader().expect("a leader");
-    let lossy = another_replica(&leader);
-    lose_a_record(&mut c, &lossy, 1);
-    c.restart_manager(&lossy).unwrap();
-    freeze_leaders_until(&c, &lossy, c.leader().expect("a leader"));
+    let (c, leader, lossy) = group_with_a_lossy_follower(128);
+    freeze_leaders_until(&c, &lossy, leader);
     assert_eq!(
         said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"),
         0,
@@ -654,19 +665,12 @@ fn a_leader_whose_journal_lost_a_record_hands_the_group_over_and_takes_the_major
         "{lossy} leads without the job its disk lost: {history}"
     );
     // Jobs go on; within a window the comparison finds the leader diverged.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut round = 0;
-    while said(&c, &lossy, "took the leader's state") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{lossy} never took the majority's state; its log:\n{}",
-            std::fs::read_to_string(c.root().join(format!("{lossy}.log"))).unwrap_or_default()
-        );
-        let out = submit(&c, &["-N", "1", "echo", &format!("round {round}")]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        assert_eq!(text(&out.stdout), format!("round {round}\n"));
-        round += 1;
-    }
+    submit_until_said(
+        &c,
+        &lossy,
+        "took the leader's state",
+        Duration::from_secs(90),
+    );
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
     assert!(said(&c, &lossy, "handing the manager group over") >= 1);
     let next = c.leader().expect("a leader");
@@ -675,12 +679,12 @@ fn a_leader_whose_journal_lost_a_record_hands_the_group_over_and_takes_the_major
     let history = text(&storm(&c, &["history"]).stdout);
     assert!(history.contains("the-first-job"), "{history}");
     // The next windows find it agreeing again.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while said(&c, &lossy, "agrees with the manager group's again") == 0 {
-        assert!(Instant::now() < deadline, "{lossy} never agreed again");
-        let out = submit(&c, &["-N", "1", "true"]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-    }
+    submit_until_said(
+        &c,
+        &lossy,
+        "agrees with the manager group's again",
+        Duration::from_secs(90),
+    );
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
     c.shutdown().unwrap();
 }
