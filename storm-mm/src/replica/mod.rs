@@ -1282,14 +1282,16 @@ impl Host {
     fn publish_status(&self) {
         let raft = &self.node.raft;
         let mut s = self.shared.status.lock();
-        s.role = match raft.state {
-            _ if self.standing.role().is_some() => self.standing.role().expect("checked"),
-            StateRole::Leader => "leader",
-            StateRole::Follower => "follower",
-            StateRole::Candidate => "candidate",
-            StateRole::PreCandidate => "pre-candidate",
-        }
-        .into();
+        s.role = self
+            .standing
+            .role()
+            .unwrap_or(match raft.state {
+                StateRole::Leader => "leader",
+                StateRole::Follower => "follower",
+                StateRole::Candidate => "candidate",
+                StateRole::PreCandidate => "pre-candidate",
+            })
+            .into();
         s.term = raft.term;
         s.leader = (raft.leader_id > 0).then(|| raft.leader_id as usize - 1);
         s.applied = raft.raft_log.applied;
