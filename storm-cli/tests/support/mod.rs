@@ -22,12 +22,35 @@ pub fn bin_dir() -> PathBuf {
 
 static BUILD: Once = Once::new();
 
+/// `LD_LIBRARY_PATH` without what `cargo test` added to it (the target directory's and the
+/// toolchain's library directories). storm-primitives' build script reads the variable (the
+/// libfabric loader does), so building the daemons under the test's value would rebuild them,
+/// and the next `cargo` run outside a test would rebuild them again.
+fn library_path_outside_cargo() -> Option<std::ffi::OsString> {
+    let target = bin_dir()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let kept: Vec<_> =
+        std::env::split_paths(&std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default())
+            .filter(|p| !p.starts_with(&target) && !p.to_string_lossy().contains("/lib/rustlib/"))
+            .collect();
+    (!kept.is_empty())
+        .then(|| std::env::join_paths(kept).ok())
+        .flatten()
+}
+
 /// Makes sure the daemons are built and current (a plain `cargo test -p storm-cli` builds only
 /// this package's binaries, and a stale daemon would test old code).
 pub fn ensure_daemons() {
     BUILD.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let mut build = Command::new(cargo);
+        match library_path_outside_cargo() {
+            Some(path) => build.env("LD_LIBRARY_PATH", path),
+            None => build.env_remove("LD_LIBRARY_PATH"),
+        };
+        let status = build
             .args([
                 "build",
                 "--quiet",

@@ -156,9 +156,11 @@ impl<E: MmEnv> MachineManager<E> {
     /// * A job launched on `n` that the inventory lacks never reached it (its heartbeat was
     ///   missed while `n` was out of the heartbeat): it is launched again there.
     fn readopt(&mut self, n: NodeId, inventory: &Inventory) -> Vec<JobId> {
-        /// How far apart the MM's and a node's clocks may be when comparing an NM's start
-        /// with a job's launch.
-        const CLOCK_MARGIN_MS: u64 = 1000;
+        // How far apart the MM's and a node's clocks may be when comparing an NM's start
+        // with a job's launch (1000 ms until 28 November: a node whose NM started less than
+        // a second before a launch the old MM never sent it was judged to have lost the job,
+        // which then failed; the managers test with 50 submitters hit it in CI).
+        let skew = self.cfg.failure.clock_skew_ms;
         let held: HashMap<JobId, HeldJob> = inventory.jobs.iter().map(|h| (h.job, *h)).collect();
         let mine: Vec<JobId> = self
             .jobs
@@ -178,7 +180,7 @@ impl<E: MmEnv> MachineManager<E> {
                 // its tasks were lost with an earlier NM.
                 let before_launch = j
                     .launched_ms
-                    .is_some_and(|l| inventory.since_ms.saturating_add(CLOCK_MARGIN_MS) < l);
+                    .is_some_and(|l| inventory.since_ms.saturating_add(skew) < l);
                 if holds {
                     r.held.insert(n);
                 } else if before_launch {

@@ -285,6 +285,18 @@ impl DurableLog {
         if entries.is_empty() && hard.is_none() {
             return Ok(());
         }
+        if let Some(hs) = hard
+            && entries.is_empty()
+            && self.only_commit_differs(hs)
+        {
+            // A follower learns each new commit index in a message of its own (the leader
+            // tells it as soon as a majority has an entry): writing it down would cost a
+            // synced transaction per batch for nothing Raft needs, as a lost commit index is
+            // learnt again from the leader. It goes to disk with the next vote, entries or
+            // applied index.
+            self.set_commit(hs.commit);
+            return Ok(());
+        }
         let mut w = self.db.begin_write().map_err(|e| self.error(e))?;
         if !self.sync {
             w.set_durability(redb::Durability::None)
@@ -318,6 +330,13 @@ impl DurableLog {
             core.set_hardstate(hs.clone());
         }
         Ok(())
+    }
+
+    /// Whether `hs` differs from the hard state held only in its commit index.
+    fn only_commit_differs(&self, hs: &HardState) -> bool {
+        let held = self.mem.rl();
+        let held = held.hard_state();
+        held.term == hs.term && held.vote == hs.vote
     }
 
     /// Whether appends are synced to disk before they return (on unless `[replication]
@@ -395,6 +414,67 @@ mod tests {
             .unwrap();
         assert_eq!(got[1].data.as_ref(), b"b");
         assert_eq!(log.applied(), 2);
+    }
+
+    #[test]
+    fn a_vote_is_durable_at_once_and_a_commit_index_alone_is_learnt_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let hs = |term, vote, commit| HardState {
+            term,
+            vote,
+            commit,
+            ..Default::default()
+        };
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            log.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")], Some(&hs(1, 2, 1)))
+                .unwrap();
+            // A new commit index alone: raft-rs reads it at once.
+            log.append(&[], Some(&hs(1, 2, 2))).unwrap();
+            assert_eq!(log.storage().initial_state().unwrap().hard_state.commit, 2);
+            // A vote in a new term, without entries: on disk before it is sent.
+            log.append(&[], Some(&hs(2, 3, 2))).unwrap();
+        }
+        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let state = log.storage().initial_state().unwrap().hard_state;
+        assert_eq!((state.term, state.vote), (2, 3), "the vote survives");
+        assert_eq!(state.commit, 2, "written with the vote");
+        assert!(log.applied() <= state.commit);
+    }
+
+    #[test]
+    fn an_applied_index_is_never_above_the_commit_index_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let hs = |commit| HardState {
+            term: 1,
+            vote: 1,
+            commit,
+            ..Default::default()
+        };
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            log.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")], Some(&hs(1)))
+                .unwrap();
+            log.append(&[], Some(&hs(2))).unwrap();
+            // The checkpoint records the applied index with the commit index in memory.
+            log.set_applied(2).unwrap();
+            log.append(&[entry(3, 1, b"c")], None).unwrap();
+            log.append(&[], Some(&hs(3))).unwrap();
+        }
+        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let state = log.storage().initial_state().unwrap().hard_state;
+        assert_eq!(
+            state.commit, 2,
+            "the last commit index alone was not written"
+        );
+        assert_eq!(log.applied(), 2, "but the applied index is never above it");
+        assert_eq!(
+            log.storage().last_index().unwrap(),
+            3,
+            "and entry 3 is kept"
+        );
     }
 
     #[test]
