@@ -241,6 +241,25 @@ impl DaemonDir {
         Ok(File::from(fd))
     }
 
+    /// Opens the existing file `name` for writing at any offset, neither truncating nor
+    /// creating it (never through a symlink).
+    pub fn open_for_writing(&self, name: &str) -> std::io::Result<File> {
+        plain(name)?;
+        let fd = nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Makes the directory's entries durable (after a create or a rename in it).
+    pub fn sync(&self) -> std::io::Result<()> {
+        nix::unistd::fsync(&self.fd)?;
+        Ok(())
+    }
+
     /// Opens `name` for appending, creating it with mode 0600 (never through a symlink).
     pub fn append_file(&self, name: &str) -> std::io::Result<File> {
         plain(name)?;

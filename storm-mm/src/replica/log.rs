@@ -1,16 +1,22 @@
-//! A replica's Raft log on disk: `raft.redb` beside the journal, in the state directory.
+//! A replica's Raft log on disk: `raft.wal` beside the journal, in the state directory
+//! ([`super::wal`] has its format).
 //!
 //! raft-rs asks for a [`raft::Storage`]; this serves it from raft-rs's own [`MemStorage`]
-//! and writes every change there first to a redb database, so that what a replica told its
-//! peers (its vote, its term, the entries it acknowledged) survives a crash, as Raft requires.
-//! On start the database is read back into memory.
+//! and appends every change to the file first, so that what a replica told its peers (its
+//! vote, its term, the entries it acknowledged) survives a crash, as Raft requires. On start
+//! the file's records are replayed into memory.
 //!
 //! The log is compacted once it holds twice `[replication] log_entries_kept` entries that the
-//! journal holds durably: the oldest are dropped, and the log records the last one dropped
-//! (its index and term, as a Raft snapshot's metadata). A replica that lacks entries the
-//! leader dropped (it was away, or replaces a lost disk) gets a Raft snapshot of that
-//! metadata only ([`DurableLog::apply_snapshot`]); the log then records that its journal
-//! wants a state ([`DurableLog::wants_state`]) until it took the leader's (`super::resync`).
+//! journal holds durably: the oldest are dropped (the file is written anew without them), and
+//! the log records the last one dropped (its index and term, as a Raft snapshot's metadata). A
+//! replica that lacks entries the leader dropped (it was away, or replaces a lost disk) gets a
+//! Raft snapshot of that metadata only ([`DurableLog::apply_snapshot`]); the log then records
+//! that its journal wants a state ([`DurableLog::wants_state`]) until it took the leader's
+//! (`super::resync`).
+//!
+//! Until 28 November 2026 the log was a redb database, `raft.redb`; a replica that finds one
+//! and no `raft.wal` moves its contents into a new `raft.wal` and removes it
+//! ([`legacy_records`]).
 
 use std::path::PathBuf;
 
@@ -21,30 +27,142 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use storm_cluster::daemon_dir::DaemonDir;
 
 use super::ReplicaError;
-
-const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-const HARD_STATE: &str = "hard_state";
-const APPLIED: &str = "applied";
-/// The last entry dropped: index and term.
-const COMPACTED: &str = "compacted";
-/// The entry as of which the journal wants another replica's state.
-const WANTS_STATE: &str = "wants_state";
+use super::wal::{Record, Wal};
 
 /// The log's file in the state directory.
-pub const LOG_FILE: &str = "raft.redb";
+pub const LOG_FILE: &str = "raft.wal";
+/// The log's file until 28 November 2026 (a redb database), moved into [`LOG_FILE`].
+pub const LEGACY_LOG_FILE: &str = "raft.redb";
 
-/// How [`COMPACTED`] holds the last entry dropped: its index, then its term.
-fn position(index: u64, term: u64) -> [u8; 16] {
-    let mut pos = [0; 16];
-    pos[..8].copy_from_slice(&index.to_le_bytes());
-    pos[8..].copy_from_slice(&term.to_le_bytes());
-    pos
+/// What a log's records add up to.
+#[derive(Debug, Default)]
+struct Replayed {
+    entries: Vec<Entry>,
+    hard: Option<HardState>,
+    applied: u64,
+    /// The last entry dropped: index and term.
+    compacted: Option<(u64, u64)>,
+    wants_state: Option<u64>,
+}
+
+impl Replayed {
+    /// Replays `records` in order; the error says which one does not follow.
+    fn of(records: Vec<Record>) -> Result<Self, String> {
+        let mut r = Replayed::default();
+        for (i, record) in records.into_iter().enumerate() {
+            match record {
+                Record::Entries { entries, hard } => {
+                    if let Some(first) = entries.first() {
+                        let base = r.compacted.map_or(0, |c| c.0);
+                        let next = r.entries.last().map_or(base, |e| e.index) + 1;
+                        if first.index <= base || first.index > next {
+                            return Err(format!(
+                                "record {i} writes entries from {} where the log holds {} to {}",
+                                first.index,
+                                base + 1,
+                                next - 1
+                            ));
+                        }
+                        // A new leader's entries replace a tail this replica had from an old
+                        // one.
+                        r.entries.truncate((first.index - base - 1) as usize);
+                        for (k, e) in entries.iter().enumerate() {
+                            if e.index != first.index + k as u64 {
+                                return Err(format!("record {i} holds entries out of order"));
+                            }
+                        }
+                        r.entries.extend(entries);
+                    }
+                    if let Some(hs) = hard {
+                        r.hard = Some(hs);
+                    }
+                }
+                Record::Hard(hs) => r.hard = Some(hs),
+                Record::Applied(index) => r.applied = index,
+                Record::Compacted { index, term } => {
+                    r.entries.retain(|e| e.index > index);
+                    if r.entries.first().is_some_and(|e| e.index != index + 1) {
+                        return Err(format!("record {i} drops entries the log did not hold"));
+                    }
+                    r.compacted = Some((index, term));
+                }
+                Record::Snapshot { index, term, hard } => {
+                    r.entries.clear();
+                    r.compacted = Some((index, term));
+                    r.wants_state = Some(index);
+                    r.hard = Some(hard);
+                }
+                Record::WantsState(index) => r.wants_state = Some(index),
+                Record::StateTaken => r.wants_state = None,
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// The records that hold what a log of the old format (a redb database) holds.
+pub fn legacy_records(dir: &DaemonDir) -> Result<Vec<Record>, String> {
+    const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+    let word = |v: &[u8], i: usize| -> Result<u64, String> {
+        v.get(i * 8..i * 8 + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| "a log position is cut short".to_string())
+    };
+    let db = Database::open(dir.via_descriptor(LEGACY_LOG_FILE)).map_err(|e| e.to_string())?;
+    let r = db.begin_read().map_err(|e| e.to_string())?;
+    let mut records = Vec::new();
+    let meta = match r.open_table(META) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.to_string()),
+    };
+    if let Some(meta) = &meta
+        && let Some(v) = meta.get("compacted").map_err(|e| e.to_string())?
+    {
+        records.push(Record::Compacted {
+            index: word(v.value(), 0)?,
+            term: word(v.value(), 1)?,
+        });
+    }
+    let mut entries = Vec::new();
+    match r.open_table(ENTRIES) {
+        Ok(table) => {
+            for row in table.iter().map_err(|e| e.to_string())? {
+                let (k, v) = row.map_err(|e| e.to_string())?;
+                entries.push(
+                    Entry::parse_from_bytes(v.value())
+                        .map_err(|e| format!("entry {}: {e}", k.value()))?,
+                );
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    records.push(Record::Entries {
+        entries,
+        hard: None,
+    });
+    if let Some(meta) = &meta {
+        if let Some(v) = meta.get("hard_state").map_err(|e| e.to_string())? {
+            let hs =
+                HardState::parse_from_bytes(v.value()).map_err(|e| format!("hard state: {e}"))?;
+            records.push(Record::Hard(hs));
+        }
+        if let Some(v) = meta.get("applied").map_err(|e| e.to_string())? {
+            records.push(Record::Applied(word(v.value(), 0)?));
+        }
+        if let Some(v) = meta.get("wants_state").map_err(|e| e.to_string())? {
+            records.push(Record::WantsState(word(v.value(), 0)?));
+        }
+    }
+    Ok(records)
 }
 
 /// The durable log, and its copy in memory that raft-rs reads.
 pub struct DurableLog {
-    db: Database,
+    wal: Wal,
     path: PathBuf,
     mem: MemStorage,
     applied: u64,
@@ -62,22 +180,50 @@ impl DurableLog {
             path: path.clone(),
             message: m,
         };
-        if !dir.contains(LOG_FILE) {
-            dir.create_file(LOG_FILE)
-                .map_err(|e| err(format!("cannot create it: {e}")))?;
-        }
-        let db = Database::create(dir.via_descriptor(LOG_FILE)).map_err(|e| err(e.to_string()))?;
+        let (wal, records) = if dir.contains(LOG_FILE) {
+            Wal::open(dir, LOG_FILE).map_err(|e| err(e.to_string()))?
+        } else if dir.contains(LEGACY_LOG_FILE) {
+            let records = legacy_records(dir).map_err(|e| ReplicaError::Log {
+                path: dir.join(LEGACY_LOG_FILE),
+                message: format!("cannot read the log of the old format: {e}"),
+            })?;
+            let wal = Wal::create(dir, LOG_FILE, &records).map_err(|e| err(e.to_string()))?;
+            dir.remove_file(LEGACY_LOG_FILE)
+                .and_then(|()| dir.sync())
+                .map_err(|e| err(format!("cannot remove {LEGACY_LOG_FILE}: {e}")))?;
+            tracing::info!(
+                "the Raft log moved from {LEGACY_LOG_FILE} (the old format) to {LOG_FILE}"
+            );
+            (wal, records)
+        } else {
+            let wal = Wal::create(dir, LOG_FILE, &[]).map_err(|e| err(e.to_string()))?;
+            (wal, Vec::new())
+        };
+        let replayed = Replayed::of(records).map_err(&err)?;
         let mem = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
         let mut log = Self {
-            db,
-            path,
+            wal,
+            path: path.clone(),
             mem,
-            applied: 0,
+            applied: replayed.applied,
             voters,
-            wants_state: None,
+            wants_state: replayed.wants_state,
             sync: true,
         };
-        log.load()?;
+        {
+            let mut core = log.mem.wl();
+            if let Some((index, term)) = replayed.compacted {
+                core.apply_snapshot(log.snapshot_of(index, term))
+                    .map_err(|e| err(e.to_string()))?;
+            }
+            core.append(&replayed.entries)
+                .map_err(|e| err(e.to_string()))?;
+            if let Some(hs) = replayed.hard {
+                core.set_hardstate(hs);
+            }
+            // What was applied was committed.
+            log.applied = log.applied.min(core.hard_state().commit);
+        }
         Ok(log)
     }
 
@@ -86,63 +232,6 @@ impl DurableLog {
             path: self.path.clone(),
             message: e.to_string(),
         }
-    }
-
-    /// Reads what the database holds into memory.
-    fn load(&mut self) -> Result<(), ReplicaError> {
-        let w = self.db.begin_write().map_err(|e| self.error(e))?;
-        w.open_table(ENTRIES).map_err(|e| self.error(e))?;
-        w.open_table(META).map_err(|e| self.error(e))?;
-        w.commit().map_err(|e| self.error(e))?;
-        let r = self.db.begin_read().map_err(|e| self.error(e))?;
-        let entries = r.open_table(ENTRIES).map_err(|e| self.error(e))?;
-        let mut loaded = Vec::new();
-        for row in entries.iter().map_err(|e| self.error(e))? {
-            let (k, v) = row.map_err(|e| self.error(e))?;
-            let entry = Entry::parse_from_bytes(v.value())
-                .map_err(|e| self.error(format!("entry {}: {e}", k.value())))?;
-            loaded.push(entry);
-        }
-        let meta = r.open_table(META).map_err(|e| self.error(e))?;
-        let hard = match meta.get(HARD_STATE).map_err(|e| self.error(e))? {
-            Some(v) => Some(
-                HardState::parse_from_bytes(v.value())
-                    .map_err(|e| self.error(format!("hard state: {e}")))?,
-            ),
-            None => None,
-        };
-        if let Some(v) = meta.get(APPLIED).map_err(|e| self.error(e))? {
-            let bytes: [u8; 8] = v
-                .value()
-                .try_into()
-                .map_err(|_| self.error("applied index: not 8 bytes"))?;
-            self.applied = u64::from_le_bytes(bytes);
-        }
-        let word = |v: &[u8], i: usize| -> Result<u64, ReplicaError> {
-            v.get(i * 8..i * 8 + 8)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_le_bytes)
-                .ok_or_else(|| self.error("a log position is cut short"))
-        };
-        let compacted = match meta.get(COMPACTED).map_err(|e| self.error(e))? {
-            Some(v) => Some((word(v.value(), 0)?, word(v.value(), 1)?)),
-            None => None,
-        };
-        if let Some(v) = meta.get(WANTS_STATE).map_err(|e| self.error(e))? {
-            self.wants_state = Some(word(v.value(), 0)?);
-        }
-        let mut core = self.mem.wl();
-        if let Some((index, term)) = compacted {
-            core.apply_snapshot(self.snapshot_of(index, term))
-                .map_err(|e| self.error(e))?;
-        }
-        core.append(&loaded).map_err(|e| self.error(e))?;
-        if let Some(hs) = hard {
-            core.set_hardstate(hs);
-        }
-        // What was applied was committed.
-        self.applied = self.applied.min(core.hard_state().commit);
-        Ok(())
     }
 
     /// A snapshot that holds only the position of entry `index` of `term`.
@@ -188,21 +277,23 @@ impl DurableLog {
                 raft::GetEntriesContext::empty(false),
             )
             .map_err(|e| self.error(e))?;
-        let w = self.db.begin_write().map_err(|e| self.error(e))?;
-        {
-            let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
-            table
-                .retain_in(..=upto, |_, _| false)
-                .map_err(|e| self.error(e))?;
-            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-            meta.insert(COMPACTED, position(upto, term).as_slice())
-                .map_err(|e| self.error(e))?;
+        let hard = self.mem.rl().hard_state().clone();
+        let mut records = vec![
+            Record::Compacted { index: upto, term },
+            Record::Hard(hard.clone()),
+            Record::Applied(self.applied),
+        ];
+        if let Some(index) = self.wants_state {
+            records.push(Record::WantsState(index));
         }
-        w.commit().map_err(|e| self.error(e))?;
+        records.push(Record::Entries {
+            entries: kept.clone(),
+            hard: None,
+        });
+        self.wal.rewrite(&records).map_err(|e| self.error(e))?;
         // raft-rs's memory log drops a prefix only with a snapshot's position, which also
         // clears it and its commit index: the rest goes back in, and the hard state with it.
         let mut core = self.mem.wl();
-        let hard = core.hard_state().clone();
         core.apply_snapshot(self.snapshot_of(upto, term))
             .map_err(|e| self.error(e))?;
         core.append(&kept).map_err(|e| self.error(e))?;
@@ -218,20 +309,9 @@ impl DurableLog {
         let mut hard = self.mem.rl().hard_state().clone();
         hard.commit = hard.commit.max(index);
         hard.term = hard.term.max(term);
-        let w = self.db.begin_write().map_err(|e| self.error(e))?;
-        {
-            let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
-            table.retain(|_, _| false).map_err(|e| self.error(e))?;
-            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-            meta.insert(COMPACTED, position(index, term).as_slice())
-                .map_err(|e| self.error(e))?;
-            meta.insert(WANTS_STATE, index.to_le_bytes().as_slice())
-                .map_err(|e| self.error(e))?;
-            let bytes = hard.write_to_bytes().map_err(|e| self.error(e))?;
-            meta.insert(HARD_STATE, bytes.as_slice())
-                .map_err(|e| self.error(e))?;
-        }
-        w.commit().map_err(|e| self.error(e))?;
+        self.wal
+            .append(&[Record::Snapshot { index, term, hard }], true)
+            .map_err(|e| self.error(e))?;
         self.mem
             .wl()
             .apply_snapshot(snap.clone())
@@ -250,12 +330,9 @@ impl DurableLog {
         if self.wants_state.is_none() {
             return Ok(());
         }
-        let w = self.db.begin_write().map_err(|e| self.error(e))?;
-        {
-            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-            meta.remove(WANTS_STATE).map_err(|e| self.error(e))?;
-        }
-        w.commit().map_err(|e| self.error(e))?;
+        self.wal
+            .append(&[Record::StateTaken], true)
+            .map_err(|e| self.error(e))?;
         self.wants_state = None;
         Ok(())
     }
@@ -276,7 +353,7 @@ impl DurableLog {
     }
 
     /// Writes `entries` (replacing any from the first one's index on) and the hard state, in
-    /// one durable transaction, then into memory.
+    /// one synced append, then into memory.
     pub fn append(
         &mut self,
         entries: &[Entry],
@@ -291,39 +368,30 @@ impl DurableLog {
         {
             // A follower learns each new commit index in a message of its own (the leader
             // tells it as soon as a majority has an entry): writing it down would cost a
-            // synced transaction per batch for nothing Raft needs, as a lost commit index is
+            // synced write per batch for nothing Raft needs, as a lost commit index is
             // learnt again from the leader. It goes to disk with the next vote, entries or
             // applied index.
             self.set_commit(hs.commit);
             return Ok(());
         }
-        let mut w = self.db.begin_write().map_err(|e| self.error(e))?;
-        if !self.sync {
-            w.set_durability(redb::Durability::None)
-                .map_err(|e| self.error(e))?;
-        }
-        {
-            let mut table = w.open_table(ENTRIES).map_err(|e| self.error(e))?;
-            if let Some(first) = entries.first() {
-                // A new leader's entries replace a tail this replica had from an old one.
-                table
-                    .retain_in(first.index.., |_, _| false)
-                    .map_err(|e| self.error(e))?;
-            }
-            for e in entries {
-                let bytes = e.write_to_bytes().map_err(|e| self.error(e))?;
-                table
-                    .insert(e.index, bytes.as_slice())
-                    .map_err(|e| self.error(e))?;
-            }
-            if let Some(hs) = hard {
-                let bytes = hs.write_to_bytes().map_err(|e| self.error(e))?;
-                let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-                meta.insert(HARD_STATE, bytes.as_slice())
-                    .map_err(|e| self.error(e))?;
+        if let Some(first) = entries.first() {
+            // Checked here, as raft-rs's memory log panics on it.
+            let (base, last) = (self.compacted(), self.compacted() + self.held());
+            if first.index <= base || first.index > last + 1 {
+                return Err(self.error(format!(
+                    "entries from {} cannot follow a log that holds {} to {last}",
+                    first.index,
+                    base + 1
+                )));
             }
         }
-        w.commit().map_err(|e| self.error(e))?;
+        let record = Record::Entries {
+            entries: entries.to_vec(),
+            hard: hard.cloned(),
+        };
+        self.wal
+            .append(&[record], self.sync)
+            .map_err(|e| self.error(e))?;
         let mut core = self.mem.wl();
         core.append(entries).map_err(|e| self.error(e))?;
         if let Some(hs) = hard {
@@ -358,16 +426,9 @@ impl DurableLog {
             return Ok(());
         }
         let hard = self.mem.rl().hard_state().clone();
-        let w = self.db.begin_write().map_err(|e| self.error(e))?;
-        {
-            let mut meta = w.open_table(META).map_err(|e| self.error(e))?;
-            meta.insert(APPLIED, index.to_le_bytes().as_slice())
-                .map_err(|e| self.error(e))?;
-            let bytes = hard.write_to_bytes().map_err(|e| self.error(e))?;
-            meta.insert(HARD_STATE, bytes.as_slice())
-                .map_err(|e| self.error(e))?;
-        }
-        w.commit().map_err(|e| self.error(e))?;
+        self.wal
+            .append(&[Record::Hard(hard), Record::Applied(index)], true)
+            .map_err(|e| self.error(e))?;
         self.applied = index;
         Ok(())
     }
@@ -552,5 +613,81 @@ mod tests {
         let s = log.storage();
         assert_eq!(s.last_index().unwrap(), 2);
         assert_eq!(s.term(2).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_log_of_the_old_format_moves_into_the_new_file_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        // What the redb log held: entries 4 and 5 (3 dropped, of term 1), a vote and an
+        // applied index.
+        {
+            const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
+            const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+            let db = Database::create(tmp.path().join(LEGACY_LOG_FILE)).unwrap();
+            let w = db.begin_write().unwrap();
+            {
+                let mut t = w.open_table(ENTRIES).unwrap();
+                for e in [entry(4, 1, b"four"), entry(5, 2, b"five")] {
+                    t.insert(e.index, e.write_to_bytes().unwrap().as_slice())
+                        .unwrap();
+                }
+                let mut m = w.open_table(META).unwrap();
+                let mut pos = [0u8; 16];
+                pos[..8].copy_from_slice(&3u64.to_le_bytes());
+                pos[8..].copy_from_slice(&1u64.to_le_bytes());
+                m.insert("compacted", pos.as_slice()).unwrap();
+                let hs = HardState {
+                    term: 2,
+                    vote: 3,
+                    commit: 5,
+                    ..Default::default()
+                };
+                m.insert("hard_state", hs.write_to_bytes().unwrap().as_slice())
+                    .unwrap();
+                m.insert("applied", 4u64.to_le_bytes().as_slice()).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        for reopen in [false, true] {
+            let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            assert!(!dir.contains(LEGACY_LOG_FILE), "the old file is gone");
+            let s = log.storage();
+            let state = s.initial_state().unwrap().hard_state;
+            assert_eq!(
+                (state.term, state.vote, state.commit),
+                (2, 3, 5),
+                "{reopen}"
+            );
+            assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (4, 5));
+            assert_eq!(s.term(3).unwrap(), 1);
+            let got = s
+                .entries(4, 6, None, raft::GetEntriesContext::empty(false))
+                .unwrap();
+            assert_eq!(got[1].data.as_ref(), b"five");
+            assert_eq!(log.applied(), 4);
+        }
+    }
+
+    #[test]
+    fn entries_that_would_leave_a_gap_are_refused_not_a_panic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        log.append(&[entry(1, 1, b"a")], None).unwrap();
+        let err = log.append(&[entry(3, 1, b"c")], None).unwrap_err();
+        assert!(err.to_string().contains("entries from 3"), "{err}");
+        // Nor does a file that says so panic when it is read back.
+        let records = vec![
+            Record::Entries {
+                entries: vec![entry(1, 1, b"a")],
+                hard: None,
+            },
+            Record::Entries {
+                entries: vec![entry(3, 1, b"c")],
+                hard: None,
+            },
+        ];
+        assert!(Replayed::of(records).unwrap_err().contains("from 3"));
     }
 }

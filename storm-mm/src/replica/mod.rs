@@ -7,7 +7,7 @@
 //! * its messages travel in mailboxes in the managers' own fabric ([`mailbox`]), over
 //!   XFER-AND-SIGNAL like everything else the RM sends, on links that hold a key no compute
 //!   node has;
-//! * its log is on disk beside the journal ([`log`]);
+//! * its log is on disk beside the journal ([`log`], in a file of its own format: [`wal`]);
 //! * the log's entries are the journal's commits ([`entry`]): the leader's MM core commits
 //!   once per timeslice as always, and the commit settles (its replies and launches go out)
 //!   once a majority holds it and the leader has applied it. Every replica applies every
@@ -36,6 +36,7 @@ pub mod log;
 pub mod mailbox;
 pub mod program;
 pub mod resync;
+pub mod wal;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
