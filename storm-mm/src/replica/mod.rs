@@ -144,6 +144,8 @@ struct Shared {
     /// The leader's lease, in microseconds since `epoch`: it heard from a majority recently
     /// enough to act until then (0: not leading).
     lease_until_us: AtomicU64,
+    /// How long a lease runs past the last word from a majority.
+    lease: Duration,
     epoch: Instant,
     /// Wakes the MM's loop when a batch settles (set once the MM runs).
     waker: Mutex<Option<Waker>>,
@@ -238,6 +240,7 @@ impl Replica {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             lease_until_us: AtomicU64::new(0),
+            lease: Duration::from_millis(r.election_timeout_ms / 2),
             epoch: Instant::now(),
             waker: Mutex::new(None),
             status: Mutex::new(ReplicaStatus::default()),
@@ -291,6 +294,7 @@ impl Replica {
             peers_diverged: BTreeSet::new(),
             offer: None,
             offers_made: 0,
+            slowest: ("", Duration::ZERO),
         };
         let thread = std::thread::Builder::new()
             .name("replica".into())
@@ -356,9 +360,15 @@ impl Replica {
         let until = self.shared.lease_until_us.load(Ordering::Acquire);
         let now = self.shared.epoch.elapsed().as_micros() as u64;
         (now > until).then(|| {
+            if until == 0 {
+                return "lost its lease".to_string();
+            }
+            let silence = Duration::from_micros(now - until) + self.shared.lease;
             format!(
-                "lost its lease: no word from a majority of the managers for {} ms",
-                (now - until.min(now)) / 1000
+                "lost its lease: no word from a majority of the managers for {} ms (the \
+                 lease is {} ms, half the election timeout)",
+                silence.as_millis(),
+                self.shared.lease.as_millis()
             )
         })
     }
@@ -488,6 +498,8 @@ struct Host {
     /// The state this replica sends a diverged one.
     offer: Option<Offer>,
     offers_made: u64,
+    /// The slowest part of the current step, and how long it took (see [`Host::timed`]).
+    slowest: (&'static str, Duration),
 }
 
 /// How long a replica keeps the state it sends a diverged one once no part of it is asked for.
@@ -508,7 +520,11 @@ impl Host {
                     .fabric
                     .test_event(self.group.arrived, Wait::Timeout(next_tick - now));
             }
-            if let Err(e) = self.step(&mut next_tick) {
+            let started = Instant::now();
+            self.slowest = ("", Duration::ZERO);
+            let stepped = self.step(&mut next_tick);
+            self.warn_if_slow(started.elapsed());
+            if let Err(e) = stepped {
                 tracing::error!("the replica stops: {e}");
                 let _ = self.tell.send(RoleEvent::Stopped(e.to_string()));
                 self.shared.lease_until_us.store(0, Ordering::Release);
@@ -520,13 +536,45 @@ impl Host {
         }
     }
 
+    /// Notes how long a part of the step took, since `started`.
+    fn timed(&mut self, what: &'static str, started: Instant) {
+        let took = started.elapsed();
+        if took > self.slowest.1 {
+            self.slowest = (what, took);
+        }
+    }
+
+    /// A step that held the thread for half a lease or more is worth an operator's look: a
+    /// leader's thread that is held a whole lease loses it (its core sees no word from the
+    /// group meanwhile), and a follower's delays its acknowledgements.
+    fn warn_if_slow(&self, took: Duration) {
+        if took >= self.lease / 2 {
+            let (what, part) = self.slowest;
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                lease_ms = self.lease.as_millis() as u64,
+                slowest = what,
+                slowest_ms = part.as_millis() as u64,
+                "the replica's thread was held for {} ms in one step (the longest part: {what}, \
+                 {} ms); a leader loses its lease after {} ms without word from the group",
+                took.as_millis(),
+                part.as_millis(),
+                self.lease.as_millis()
+            );
+        }
+    }
+
     /// Makes the journal durable up to the last entry applied, and records it in the log.
     fn checkpoint(&mut self) -> Result<(), ReplicaError> {
         if self.applied > self.checkpointed.0 {
+            let started = Instant::now();
             self.store
                 .write_applied(&[], None, self.applied, true)
                 .map_err(|e| ReplicaError::Raft(format!("syncing the journal: {e}")))?;
+            self.timed("syncing the journal", started);
+            let started = Instant::now();
             self.log.set_applied(self.applied)?;
+            self.timed("recording the applied index", started);
         }
         self.checkpointed = (self.applied, Instant::now());
         // What the journal holds durably may leave the log, but for the newest entries (a
@@ -537,7 +585,9 @@ impl Host {
         {
             let upto = self.applied.saturating_sub(self.entries_kept);
             if upto > self.log.compacted() {
+                let started = Instant::now();
                 self.log.compact(upto)?;
+                self.timed("compacting the Raft log", started);
                 tracing::debug!(upto, "dropped the log entries the journal holds");
             }
         }
@@ -777,8 +827,12 @@ impl Host {
             self.applied = index;
             self.standing = Standing::taking(Why::Behind, index);
         }
+        let started = Instant::now();
         self.apply(rd.take_committed_entries())?;
+        self.timed("applying entries to the journal", started);
+        let started = Instant::now();
         self.log.append(rd.entries(), rd.hs())?;
+        self.timed("appending to the Raft log", started);
         self.send(rd.take_persisted_messages());
         let mut light = self.node.advance(rd);
         if let Some(commit) = light.commit_index() {
