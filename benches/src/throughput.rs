@@ -6,11 +6,18 @@
 //! follow each to its end. It reports jobs/s and the p50/p99 submit-to-exit latency, and the
 //! median of the MM's own phases (`--timing`), so that the time can be placed.
 //!
+//! Under a replicated MM (`--managers 3`) the clients follow the group as `storm-submit` does:
+//! a client that loses its leader (a failover: on a loaded host a leader can lose its lease)
+//! finds the next one and sends its submission again with its token, or follows its job there.
+//! The leader changes are counted and reported beside the rate, which includes their cost.
+//!
 //! The baseline, measured in the same run with no cluster running (half before, half after):
 //! the same number of threads each fork/exec and wait for `/bin/true` in a loop, the same
 //! number of times. That is what running the jobs costs on this host with no resource manager.
 
+use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,7 +27,6 @@ use storm_cli::submit;
 use storm_cluster::control::{Client, Delivery, JobRequest, Timing};
 use storm_cluster::tasks::TaskRequest;
 
-use crate::launch::Quiet;
 use crate::report::{Csv, Table};
 use crate::stats::{Samples, fmt_time};
 
@@ -62,6 +68,8 @@ struct Pass {
     wall: f64,
     latency: Samples,
     timings: Vec<Timing>,
+    /// Clients that had to find the leader again (a failover during the pass).
+    failovers: u64,
 }
 
 /// Runs `jobs` calls of `one` spread over `clients` threads; each returns its own latency.
@@ -102,6 +110,7 @@ fn spread(
         wall: start.elapsed().as_secs_f64(),
         latency: Samples::from_secs(latencies.into_inner().expect("no panics")),
         timings: timings.into_inner().expect("no panics"),
+        failovers: 0,
     })
 }
 
@@ -114,7 +123,46 @@ fn fork_exec_once() -> Result<(Duration, Option<Timing>)> {
     Ok((start.elapsed(), None))
 }
 
-fn submit_once(socket: &std::path::Path, delivery: Delivery) -> Result<(Duration, Option<Timing>)> {
+/// A client's view of the MM: every replica's socket, and how often it had to find the
+/// leader again.
+struct Group<'a> {
+    sockets: &'a [PathBuf],
+    failovers: &'a AtomicU64,
+}
+
+/// Follows a job across leader changes, as storm-submit does.
+struct Follow<'a>(&'a Group<'a>);
+
+impl Follow<'_> {
+    fn again(&mut self, why: &str) -> Option<Client> {
+        self.0.failovers.fetch_add(1, Ordering::Relaxed);
+        match storm_cli::connect_any(self.0.sockets) {
+            Ok((c, _)) => Some(c),
+            Err(e) => {
+                eprintln!("storm-bench: a client lost the MM ({why}), and {e}");
+                None
+            }
+        }
+    }
+}
+
+impl submit::Progress for Follow<'_> {
+    fn resubmit(&mut self, why: &str) -> Option<Client> {
+        self.again(why)
+    }
+    fn reconnect(&mut self, _job: storm_cluster::messages::JobId, why: &str) -> Option<Client> {
+        self.again(why)
+    }
+}
+
+/// A token no other submission of this run has, so that one sent again after a lost answer is
+/// recognised.
+fn token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    u64::from(std::process::id()) << 32 | NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn submit_once(group: &Group, delivery: Delivery) -> Result<(Duration, Option<Timing>)> {
     let req = JobRequest {
         name: "true".into(),
         program: PROGRAM.into(),
@@ -135,7 +183,7 @@ fn submit_once(socket: &std::path::Path, delivery: Delivery) -> Result<(Duration
         step_of: None,
         array: None,
         element: None,
-        token: None,
+        token: Some(token()),
     };
     let program = if delivery.carries_program() {
         Some(std::fs::File::open(PROGRAM)?)
@@ -143,9 +191,9 @@ fn submit_once(socket: &std::path::Path, delivery: Delivery) -> Result<(Duration
         None
     };
     let start = Instant::now();
-    let client = Client::connect(socket).map_err(anyhow::Error::msg)?;
-    let (outcome, _, _) =
-        submit::run_job(client, req, program.as_ref(), &mut Quiet).map_err(anyhow::Error::msg)?;
+    let (client, _) = storm_cli::connect_any(group.sockets).map_err(anyhow::Error::msg)?;
+    let (outcome, _, _) = submit::run_job(client, req, program.as_ref(), &mut Follow(group))
+        .map_err(anyhow::Error::msg)?;
     let took = start.elapsed();
     if outcome.exit_code() != 0 {
         bail!("{PROGRAM} failed under storm: {outcome:?}");
@@ -238,27 +286,34 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             storm.latency.quantile(0.99) / floor.latency.quantile(0.99)
         ),
     ]);
-    let t = &storm.timings;
     let mut phases = Table::new(
         "Where a storm job's time went (the MM's --timing phases, median over the jobs)",
         &[
-            "queued", "send", "launch", "start", "run", "report", "MM total",
+            "MM", "queued", "send", "launch", "start", "run", "report", "MM total",
         ],
     );
-    phases.push(
-        [
-            median_us(t, |t| t.queued_us),
-            median_us(t, |t| t.send_us),
-            median_us(t, |t| t.launch_us),
-            median_us(t, |t| t.start_us),
-            median_us(t, |t| t.run_us),
-            median_us(t, |t| t.report_us),
-            median_us(t, |t| t.total_us),
-        ]
-        .into_iter()
-        .map(fmt_time)
-        .collect(),
-    );
+    let mut passes = vec![("single".to_string(), &storm)];
+    if let Some((g, ..)) = &group {
+        passes.push((format!("{} replicas", args.managers), g));
+    }
+    for (what, p) in passes {
+        let t = &p.timings;
+        let mut row = vec![what];
+        row.extend(
+            [
+                median_us(t, |t| t.queued_us),
+                median_us(t, |t| t.send_us),
+                median_us(t, |t| t.launch_us),
+                median_us(t, |t| t.start_us),
+                median_us(t, |t| t.run_us),
+                median_us(t, |t| t.report_us),
+                median_us(t, |t| t.total_us),
+            ]
+            .into_iter()
+            .map(fmt_time),
+        );
+        phases.push(row);
+    }
     let mut mm = Table::new(
         "The MM's loop meanwhile (its metrics: timeslices and journal commits, count and mean)",
         &["timeslices", "mean timeslice", "commits", "mean commit"],
@@ -293,6 +348,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 "MM CPU per job",
                 "leader CPU per job",
                 "mean commit",
+                "clients that lost the leader",
             ],
         );
         let per_job = |cpu: f64, p: &Pass| cpu / p.latency.len().max(1) as f64;
@@ -314,6 +370,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 fmt_time(per_job(cpu, p)),
                 fmt_time(per_job(lead, p)),
                 fmt_time(l.commits.mean()),
+                p.failovers.to_string(),
             ]);
             csv.push(csv_row(&format!("mm {what}"), p, args.clients));
         }
@@ -331,6 +388,7 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             format!("{:.2}", per_job(g_cpu, &g) / per_job(mm_cpu, &storm)),
             format!("{:.2}", per_job(leader, &g) / per_job(mm_cpu, &storm)),
             format!("{:.2}", g_loop.commits.mean() / during.commits.mean()),
+            String::new(),
         ]);
         tables.push(cost);
     }
@@ -359,12 +417,20 @@ fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmC
             unsafe_no_log_sync: args.no_log_sync,
             ..Default::default()
         },
+        keep: std::env::var_os("KEEP").is_some(),
+        log_filter: std::env::var("DAEMON_LOG").ok(),
         ..LocalOptions::new(args.nodes)
     })?;
     let socket = cluster.leader_socket();
+    let sockets = cluster.config.control_sockets();
+    let warm_up = AtomicU64::new(0);
+    let group = Group {
+        sockets: &sockets,
+        failovers: &warm_up,
+    };
     // Warm-up: connections, the page cache, the nodes' first heartbeats.
     spread(args.clients, args.clients, || {
-        submit_once(&socket, args.delivery)
+        submit_once(&group, args.delivery)
     })?;
     let mms: Vec<u32> = cluster
         .daemon_pids()
@@ -385,14 +451,26 @@ fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmC
     let leader_before = cpu_seconds(&leader);
     let before = mm_loop(&socket)?;
     let cpu_before = cpu_seconds(&mms);
-    let pass = spread(args.jobs, args.clients, || {
-        submit_once(&socket, args.delivery)
+    let failovers = AtomicU64::new(0);
+    let group = Group {
+        sockets: &sockets,
+        failovers: &failovers,
+    };
+    let mut pass = spread(args.jobs, args.clients, || {
+        submit_once(&group, args.delivery)
     })?;
+    pass.failovers = failovers.into_inner();
     let cpu = MmCpu {
         all: cpu_seconds(&mms) - cpu_before,
         leader: cpu_seconds(&leader) - leader_before,
     };
-    let during = mm_loop(&socket)?.since(&before);
+    // After a leader change the loop's figures are the new leader's since it took over.
+    let now = cluster.leader_socket();
+    let during = if now == socket {
+        mm_loop(&socket)?.since(&before)
+    } else {
+        mm_loop(&now)?
+    };
     cluster.shutdown()?;
     Ok((pass, during, cpu))
 }
