@@ -263,7 +263,8 @@ pub fn scan(bytes: &[u8]) -> Result<Scan, String> {
     let mut pos = HEADER;
     let torn = loop {
         let Some(frame) = bytes.get(pos..pos + FRAME) else {
-            break pos < bytes.len();
+            // Fewer bytes left than a frame takes: zeros are the file's unused end.
+            break bytes[pos.min(bytes.len())..].iter().any(|&b| b != 0);
         };
         let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
         if len == 0 {
@@ -544,6 +545,24 @@ mod tests {
         let _ = Wal::open(&dir, "raft.wal").unwrap();
         let bytes = std::fs::read(tmp.path().join("raft.wal")).unwrap();
         assert!(bytes[end as usize..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn records_that_end_a_few_bytes_before_the_files_end_are_not_taken_for_a_torn_one() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&VERSION.to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+        bytes.extend_from_slice(&frames(&[Record::Applied(3)]).unwrap());
+        let end = bytes.len();
+        bytes.extend_from_slice(&[0; FRAME - 1]);
+        let clean = scan(&bytes).unwrap();
+        assert_eq!((clean.end, clean.torn), (end, false));
+        bytes[end + 2] = 7;
+        assert!(
+            scan(&bytes).unwrap().torn,
+            "a few bytes that are not zeros are"
+        );
     }
 
     #[test]
