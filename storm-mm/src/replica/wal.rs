@@ -393,6 +393,15 @@ impl Wal {
     }
 }
 
+/// A log file's first bytes: the magic, the format's version, four zeros.
+fn header() -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(HEADER);
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&[0; 4]);
+    bytes
+}
+
 /// Writes a log holding `records` to `NAME.new`, syncs it and renames it to `name`; returns the
 /// file, where its records end and its length.
 fn write_new(
@@ -402,10 +411,7 @@ fn write_new(
 ) -> Result<(File, u64, u64), WalError> {
     let fresh = format!("{name}.new");
     let file = dir.create_file(&fresh)?;
-    let mut bytes = Vec::with_capacity(HEADER);
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
-    bytes.extend_from_slice(&[0; 4]);
+    let mut bytes = header();
     bytes.extend_from_slice(&frames(records)?);
     let end = bytes.len() as u64;
     let allocated = (end + 1).div_ceil(CHUNK) * CHUNK;
@@ -549,10 +555,7 @@ mod tests {
 
     #[test]
     fn records_that_end_a_few_bytes_before_the_files_end_are_not_taken_for_a_torn_one() {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&VERSION.to_le_bytes());
-        bytes.extend_from_slice(&[0; 4]);
+        let mut bytes = header();
         bytes.extend_from_slice(&frames(&[Record::Applied(3)]).unwrap());
         let end = bytes.len();
         bytes.extend_from_slice(&[0; FRAME - 1]);
@@ -581,10 +584,7 @@ mod tests {
 
     #[test]
     fn a_record_whose_checksum_holds_but_does_not_decode_is_an_error_naming_its_offset() {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&VERSION.to_le_bytes());
-        bytes.extend_from_slice(&[0; 4]);
+        let mut bytes = header();
         let body = [APPLIED, 1, 2];
         bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&xxh3_64(&body).to_le_bytes());
@@ -600,10 +600,7 @@ mod tests {
         /// a panic (the file is this replica's own, but a disk can hand back anything).
         #[test]
         fn any_bytes_scan_without_panicking(tail in proptest::collection::vec(0u8..=255, 0..512)) {
-            let mut bytes = Vec::new();
-            bytes.extend_from_slice(MAGIC);
-            bytes.extend_from_slice(&VERSION.to_le_bytes());
-            bytes.extend_from_slice(&[0; 4]);
+            let mut bytes = header();
             bytes.extend_from_slice(&tail);
             let _ = scan(&bytes);
             let _ = Record::decode(&tail);
