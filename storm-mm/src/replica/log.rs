@@ -181,6 +181,11 @@ impl DurableLog {
             message: m,
         };
         let (wal, records) = if dir.contains(LOG_FILE) {
+            if dir.contains(LEGACY_LOG_FILE) {
+                // A move into `raft.wal` that a crash cut short after the rename.
+                dir.remove_file(LEGACY_LOG_FILE)
+                    .map_err(|e| err(format!("cannot remove {LEGACY_LOG_FILE}: {e}")))?;
+            }
             Wal::open(dir, LOG_FILE).map_err(|e| err(e.to_string()))?
         } else if dir.contains(LEGACY_LOG_FILE) {
             let records = legacy_records(dir).map_err(|e| ReplicaError::Log {
@@ -650,6 +655,10 @@ mod tests {
             w.commit().unwrap();
         }
         for reopen in [false, true] {
+            if reopen {
+                // A crash between the rename and the removal leaves both files.
+                std::fs::write(tmp.path().join(LEGACY_LOG_FILE), b"stale").unwrap();
+            }
             let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
             assert!(!dir.contains(LEGACY_LOG_FILE), "the old file is gone");
             let s = log.storage();
