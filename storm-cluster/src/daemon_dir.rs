@@ -231,24 +231,22 @@ impl DaemonDir {
 
     /// Opens `name` for reading (never through a symlink).
     pub fn open_file(&self, name: &str) -> std::io::Result<File> {
-        plain(name)?;
-        let fd = nix::fcntl::openat(
-            &self.fd,
-            name,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        Ok(File::from(fd))
+        self.open_existing(name, OFlag::O_RDONLY)
     }
 
     /// Opens the existing file `name` for writing at any offset, neither truncating nor
     /// creating it (never through a symlink).
     pub fn open_for_writing(&self, name: &str) -> std::io::Result<File> {
+        self.open_existing(name, OFlag::O_WRONLY)
+    }
+
+    /// Opens the existing file `name` with `access`, never through a symlink.
+    fn open_existing(&self, name: &str, access: OFlag) -> std::io::Result<File> {
         plain(name)?;
         let fd = nix::fcntl::openat(
             &self.fd,
             name,
-            OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            access | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
         )?;
         Ok(File::from(fd))

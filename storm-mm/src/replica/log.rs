@@ -441,17 +441,9 @@ impl DurableLog {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wal::tests::entry;
     use super::*;
     use raft::Storage;
-
-    fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
-        Entry {
-            index,
-            term,
-            data: data.to_vec().into(),
-            ..Default::default()
-        }
-    }
 
     #[test]
     fn entries_hard_state_and_applied_index_survive_a_reopen() {

@@ -424,10 +424,11 @@ fn write_new(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
+    /// An entry of `term` at `index` holding `data` (the log's tests use it too).
+    pub(in crate::replica) fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
         Entry {
             index,
             term,
