@@ -586,7 +586,21 @@ fn a_user_stopping_their_task_before_exec_stalls_no_other_start() {
         let mut job = cmd.spawn().unwrap();
         let since = std::time::Instant::now();
         while job.try_wait().unwrap().is_none() && !caught.exists() {
-            assert!(since.elapsed() < Duration::from_secs(60), "a job hung");
+            if since.elapsed() > Duration::from_secs(60) {
+                let ps = std::process::Command::new("ps")
+                    .args(["-eo", "pid,ppid,user,stat,wchan:20,comm,args"])
+                    .output()
+                    .map(|o| text(&o.stdout))
+                    .unwrap_or_default();
+                let queue = text(&c.storm(&["queue"]).stdout);
+                let _ = job.kill();
+                let out = job.wait_with_output().unwrap();
+                panic!(
+                    "a job hung: {}{}\nqueue: {queue}\n{ps}",
+                    text(&out.stdout),
+                    text(&out.stderr)
+                );
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         if caught.exists() {

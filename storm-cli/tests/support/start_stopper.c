@@ -9,6 +9,12 @@
  *
  * It keeps stopped only the processes it caught before their exec (still named after the
  * launcher); one caught after is continued at once, as stopping it holds nothing but itself.
+ *
+ * Signals go through a pidfd of each candidate. A process id read near ns_last_pid is as
+ * often a new thread's id: kill() on a thread's id stops its whole process, and if that
+ * thread has exited by the time of the SIGCONT, the kill() meant to continue the process
+ * fails and it stays stopped (another test's storm-submit, in CI). pidfd_open refuses a
+ * thread's id, and a pidfd names the same process for the stop and the continue.
  * Writes READY once running, and CAUGHT once it holds one; stops when STOP exists, continues
  * every process it stopped, and prints how many it held.
  */
@@ -18,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +48,14 @@ static int stat_of(int pid, char *state_out) {
 }
 
 static int parent_of(int pid) { return stat_of(pid, NULL); }
+
+/* A pidfd for the process `pid`, or -1 (gone, or the id of a thread, not a process). */
+static int pidfd_of(int pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+/* Sends `sig` to the process behind `pidfd`: 0, or -1 as kill() would. */
+static int signal_fd(int pidfd, int sig) {
+    return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+}
 
 /* Waits (briefly) until the SIGSTOP sent to `pid` has taken effect. A signal lands only on
  * the way back to user space: a process inside its exec is still named after the launcher
@@ -76,9 +91,15 @@ int main(int argc, char **argv) {
         int last = atoi(buf);
         for (int pid = last - 1; pid <= last + 3; pid++) {
             if (pid <= 1 || pid == me) continue;
-            if (kill(pid, SIGSTOP) != 0) continue;
+            int pidfd = pidfd_of(pid);
+            if (pidfd < 0) continue;
+            if (signal_fd(pidfd, SIGSTOP) != 0) {
+                close(pidfd);
+                continue;
+            }
             if (parent_of(pid) != launcher) {
-                kill(pid, SIGCONT);
+                signal_fd(pidfd, SIGCONT);
+                close(pidfd);
                 others++;
                 continue;
             }
@@ -97,9 +118,11 @@ int main(int argc, char **argv) {
                 close(cf);
             }
             if (!early) {
-                kill(pid, SIGCONT);
+                signal_fd(pidfd, SIGCONT);
+                close(pidfd);
                 continue;
             }
+            close(pidfd);
             int seen = 0;
             for (int i = 0; i < count; i++) seen |= stopped[i] == pid;
             if (!seen && count < 4096) {
