@@ -270,6 +270,7 @@ impl Replica {
             tick: Duration::from_millis(r.heartbeat_ms),
             lease: Duration::from_millis(r.election_timeout_ms / 2),
             heard: vec![None; replicas],
+            arrived_after: Instant::now(),
             proposed,
             handover,
             step_down,
@@ -460,8 +461,15 @@ struct Host {
     replicas: usize,
     tick: Duration,
     lease: Duration,
-    /// When each other replica was last heard from.
+    /// When each other replica was last heard from: no later than its message arrived (see
+    /// `arrived_after`), which is what the lease may count on.
     heard: Vec<Option<Instant>>,
+    /// When the previous step began to take the inbox: every message the current step takes
+    /// arrived after it. A message is credited as heard at this instant, not at the time it
+    /// is read, since a step that held the thread (a slow disk sync) may read a message long
+    /// after it came, and a lease counted from the reading would outlast the follower's
+    /// promise not to vote (which runs from when it sent the message).
+    arrived_after: Instant,
     proposed: Receiver<(u64, Batch)>,
     /// Requests to hand leadership of a term over ([`Replica::hand_over`]).
     handover: Receiver<u64>,
@@ -608,17 +616,18 @@ impl Host {
         for (term, batch) in self.proposed.try_iter().collect::<Vec<_>>() {
             self.propose(term, batch)?;
         }
+        let arrived_after = std::mem::replace(&mut self.arrived_after, Instant::now());
         for (from, bytes) in self.inbox.take(&*self.fabric, &self.group) {
             // Entries' journal parts are decoded when applied, not here.
             let msg = match Wire::decode(&bytes) {
                 Ok(Wire::Raft(msg)) => msg,
                 Ok(Wire::Want(want)) => {
-                    self.heard[from as usize] = Some(Instant::now());
+                    self.heard[from as usize] = Some(arrived_after);
                     self.offer_state(from as usize, want)?;
                     continue;
                 }
                 Ok(Wire::Part(part)) => {
-                    self.heard[from as usize] = Some(Instant::now());
+                    self.heard[from as usize] = Some(arrived_after);
                     self.take_state(from as usize, part);
                     continue;
                 }
@@ -632,7 +641,7 @@ impl Host {
                 tracing::warn!(from, "dropping a replica message with the wrong ends");
                 continue;
             }
-            self.heard[from as usize] = Some(Instant::now());
+            self.heard[from as usize] = Some(arrived_after);
             let last = self.node.raft.raft_log.last_index();
             if msg.get_msg_type() == MessageType::MsgHeartbeat && msg.commit > last {
                 // The leader commits only what this replica acknowledged having on disk.
@@ -1260,11 +1269,8 @@ impl Host {
                     .store
                     .read()
                     .map_err(|e| ReplicaError::Raft(format!("reading the journal: {e}")))?;
-                // Everyone was heard from as of now: the lease starts with the election won.
-                let now = Instant::now();
-                for h in self.heard.iter_mut() {
-                    *h = h.or(Some(now));
-                }
+                // The lease runs from the majority's acknowledgements of this term's first
+                // entry, as heard (a replica never heard from counts for nothing).
                 self.leading = Some(term);
                 self.renew_lease();
                 tracing::warn!(replica = self.me, term, "leading the manager group");
