@@ -28,6 +28,7 @@ use storm_cluster::daemon_dir::DaemonDir;
 
 use super::ReplicaError;
 use super::wal::{Record, Wal};
+use super::writer::{Wake, Writer};
 
 /// The log's file in the state directory.
 pub const LOG_FILE: &str = "raft.wal";
@@ -162,7 +163,8 @@ pub fn legacy_records(dir: &DaemonDir) -> Result<Vec<Record>, String> {
 
 /// The durable log, and its copy in memory that raft-rs reads.
 pub struct DurableLog {
-    wal: Wal,
+    /// The thread that writes `raft.wal`, in the order it is given records.
+    writer: Writer,
     path: PathBuf,
     mem: MemStorage,
     applied: u64,
@@ -206,8 +208,10 @@ impl DurableLog {
         };
         let replayed = Replayed::of(records).map_err(&err)?;
         let mem = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
+        let writer = Writer::start(wal)
+            .map_err(|e| err(format!("cannot start the log's writer thread: {e}")))?;
         let mut log = Self {
-            wal,
+            writer,
             path: path.clone(),
             mem,
             applied: replayed.applied,
@@ -295,7 +299,8 @@ impl DurableLog {
             entries: kept.clone(),
             hard: None,
         });
-        self.wal.rewrite(&records).map_err(|e| self.error(e))?;
+        let ticket = self.writer.rewrite(records).map_err(|e| self.error(e))?;
+        self.writer.wait(ticket).map_err(|e| self.error(e))?;
         // raft-rs's memory log drops a prefix only with a snapshot's position, which also
         // clears it and its commit index: the rest goes back in, and the hard state with it.
         let mut core = self.mem.wl();
@@ -314,9 +319,7 @@ impl DurableLog {
         let mut hard = self.mem.rl().hard_state().clone();
         hard.commit = hard.commit.max(index);
         hard.term = hard.term.max(term);
-        self.wal
-            .append(&[Record::Snapshot { index, term, hard }], true)
-            .map_err(|e| self.error(e))?;
+        self.write_now(vec![Record::Snapshot { index, term, hard }])?;
         self.mem
             .wl()
             .apply_snapshot(snap.clone())
@@ -335,9 +338,7 @@ impl DurableLog {
         if self.wants_state.is_none() {
             return Ok(());
         }
-        self.wal
-            .append(&[Record::StateTaken], true)
-            .map_err(|e| self.error(e))?;
+        self.write_now(vec![Record::StateTaken])?;
         self.wants_state = None;
         Ok(())
     }
@@ -357,15 +358,63 @@ impl DurableLog {
         self.mem.rl().hard_state().commit
     }
 
+    /// Writes `records` in one synced append, after everything given before, and waits for
+    /// it.
+    fn write_now(&mut self, records: Vec<Record>) -> Result<(), ReplicaError> {
+        let ticket = self
+            .writer
+            .append(records, true)
+            .map_err(|e| self.error(e))?;
+        self.writer.wait(ticket).map_err(|e| self.error(e))
+    }
+
+    /// Sets what wakes the replica's thread once a write given by
+    /// [`DurableLog::append_queued`] is done.
+    pub fn set_wake(&self, wake: Wake) {
+        self.writer.set_wake(wake);
+    }
+
     /// Writes `entries` (replacing any from the first one's index on) and the hard state, in
-    /// one synced append, then into memory.
+    /// one synced append, and waits for it.
     pub fn append(
         &mut self,
         entries: &[Entry],
         hard: Option<&HardState>,
     ) -> Result<(), ReplicaError> {
+        let ticket = self.append_queued(entries, hard)?;
+        self.writer.wait(ticket).map_err(|e| self.error(e))
+    }
+
+    /// The last write given out: once [`DurableLog::written`] reaches it, everything given so
+    /// far is on disk.
+    pub fn given(&self) -> u64 {
+        self.writer.given()
+    }
+
+    /// Waits until every write given so far is done.
+    pub fn flush(&mut self) -> Result<(), ReplicaError> {
+        let given = self.writer.given();
+        self.writer.wait(given).map_err(|e| self.error(e))
+    }
+
+    /// The last write done (every one before it too), without waiting; or the error of a
+    /// write that failed.
+    pub fn written(&mut self) -> Result<u64, ReplicaError> {
+        self.writer.written().map_err(|e| self.error(e))
+    }
+
+    /// Puts `entries` (replacing any from the first one's index on) and the hard state in
+    /// memory at once, where raft-rs reads them, and gives them to the writer thread for one
+    /// synced append after everything given before: the ticket that says when they are on
+    /// disk (compare with [`DurableLog::written`]). What needs nothing written gets the last
+    /// ticket given: it is durable once everything before it is.
+    pub fn append_queued(
+        &mut self,
+        entries: &[Entry],
+        hard: Option<&HardState>,
+    ) -> Result<u64, ReplicaError> {
         if entries.is_empty() && hard.is_none() {
-            return Ok(());
+            return Ok(self.writer.given());
         }
         if let Some(hs) = hard
             && entries.is_empty()
@@ -377,7 +426,7 @@ impl DurableLog {
             // learnt again from the leader. It goes to disk with the next vote, entries or
             // applied index.
             self.set_commit(hs.commit);
-            return Ok(());
+            return Ok(self.writer.given());
         }
         if let Some(first) = entries.first() {
             // Checked here, as raft-rs's memory log panics on it.
@@ -394,15 +443,17 @@ impl DurableLog {
             entries: entries.to_vec(),
             hard: hard.cloned(),
         };
-        self.wal
-            .append(&[record], self.sync)
-            .map_err(|e| self.error(e))?;
-        let mut core = self.mem.wl();
-        core.append(entries).map_err(|e| self.error(e))?;
-        if let Some(hs) = hard {
-            core.set_hardstate(hs.clone());
+        {
+            let mut core = self.mem.wl();
+            core.append(entries).map_err(|e| self.error(e))?;
+            if let Some(hs) = hard {
+                core.set_hardstate(hs.clone());
+            }
         }
-        Ok(())
+        let sync = self.sync;
+        self.writer
+            .append(vec![record], sync)
+            .map_err(|e| self.error(e))
     }
 
     /// Whether `hs` differs from the hard state held only in its commit index.
@@ -431,9 +482,7 @@ impl DurableLog {
             return Ok(());
         }
         let hard = self.mem.rl().hard_state().clone();
-        self.wal
-            .append(&[Record::Hard(hard), Record::Applied(index)], true)
-            .map_err(|e| self.error(e))?;
+        self.write_now(vec![Record::Hard(hard), Record::Applied(index)])?;
         self.applied = index;
         Ok(())
     }
@@ -472,6 +521,59 @@ mod tests {
             .unwrap();
         assert_eq!(got[1].data.as_ref(), b"b");
         assert_eq!(log.applied(), 2);
+    }
+
+    /// raft-rs reads queued entries at once (`advance_append_async` needs that); the
+    /// tickets tell when each write is on disk, in the order given, and a checkpoint given
+    /// after queued entries lands after them, so that the hard state read back is the newest.
+    #[test]
+    fn queued_entries_are_read_at_once_and_written_in_the_order_given() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let hs = |term, vote, commit| HardState {
+            term,
+            vote,
+            commit,
+            ..Default::default()
+        };
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let first = log
+                .append_queued(&[entry(1, 1, b"a")], Some(&hs(1, 1, 0)))
+                .unwrap();
+            let second = log
+                .append_queued(&[entry(2, 2, b"b"), entry(3, 2, b"c")], Some(&hs(2, 2, 1)))
+                .unwrap();
+            assert!(first < second, "tickets go up: {first} {second}");
+            // In memory before it is known on disk.
+            assert_eq!(log.storage().last_index().unwrap(), 3);
+            // Nothing to write: durable once what came before is.
+            assert_eq!(log.append_queued(&[], None).unwrap(), second);
+            assert!(log.written().unwrap() <= second);
+            // Given after the entries: written after them.
+            log.set_applied(1).unwrap();
+            assert_eq!(log.written().unwrap(), log.given());
+        }
+        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let state = log.storage().initial_state().unwrap().hard_state;
+        assert_eq!((state.term, state.vote), (2, 2), "the newest hard state");
+        assert_eq!(log.storage().last_index().unwrap(), 3);
+        assert_eq!(log.applied(), 1);
+    }
+
+    /// A log dropped with writes still queued writes them before its thread ends.
+    #[test]
+    fn queued_writes_reach_the_disk_when_the_log_is_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            for i in 1..=50u64 {
+                log.append_queued(&[entry(i, 1, b"x")], None).unwrap();
+            }
+        }
+        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        assert_eq!(log.storage().last_index().unwrap(), 50);
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod mailbox;
 pub mod program;
 pub mod resync;
 pub mod wal;
+pub mod writer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -250,9 +251,17 @@ impl Replica {
         let (tell, events) = crossbeam_channel::unbounded();
         let (handovers, handover) = crossbeam_channel::unbounded();
         let (step_downs, step_down) = crossbeam_channel::unbounded();
+        {
+            // The log's writer thread wakes this replica's thread once a write is done.
+            let (fabric, arrived) = (fabric.clone(), group.arrived);
+            log.set_wake(Box::new(move || {
+                let _ = fabric.wake_local(arrived);
+            }));
+        }
         let host = Host {
             node,
             log,
+            unpersisted: std::collections::VecDeque::new(),
             store,
             programs,
             fabric: fabric.clone(),
@@ -478,6 +487,10 @@ struct Host {
     settle: Sender<Settled>,
     tell: Sender<RoleEvent>,
     shared: Arc<Shared>,
+    /// Readies whose records the log's writer thread has not written yet, in order: each
+    /// with its number, the write that makes it durable ([`DurableLog::append_queued`]), and
+    /// the messages that may go only once it is.
+    unpersisted: std::collections::VecDeque<(u64, u64, Vec<raft::eraftpb::Message>)>,
     /// The term this replica leads, once it said so.
     leading: Option<u64>,
     /// Program copies to delete once their batch settles.
@@ -664,7 +677,16 @@ impl Host {
             self.tick();
             *next_tick = (*next_tick + self.tick).max(now);
         }
-        self.handle_ready()?;
+        // A Ready whose writes are done at once (it had nothing to write) makes raft-rs ready
+        // again; a few rounds here spare it the wait for the next tick.
+        for _ in 0..4 {
+            self.persisted()?;
+            if !self.node.has_ready() {
+                break;
+            }
+            self.handle_ready()?;
+        }
+        self.persisted()?;
         for to in std::mem::take(&mut self.snapshots_sent) {
             // The snapshot is a position only: the state goes by `resync`, asked for by the
             // receiver. If the message was lost, the next probe finds the replica behind still.
@@ -817,7 +839,10 @@ impl Host {
         }
     }
 
-    /// raft-rs's Ready: send, persist, apply (see raft-rs's own examples for the order).
+    /// raft-rs's Ready: send, apply, and give the log's writer thread what to persist; what
+    /// may go only once that is durable waits for [`Host::persisted`]. A Ready with a
+    /// snapshot is handled whole, once everything before it is written (see raft-rs's own
+    /// examples for the order).
     fn handle_ready(&mut self) -> Result<(), ReplicaError> {
         if !self.node.has_ready() {
             return Ok(());
@@ -825,6 +850,54 @@ impl Host {
         let mut rd = self.node.ready();
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
+            return self.handle_snapshot_ready(rd);
+        }
+        let started = Instant::now();
+        self.apply(rd.take_committed_entries())?;
+        self.timed("applying entries to the journal", started);
+        let started = Instant::now();
+        let ticket = self.log.append_queued(rd.entries(), rd.hs())?;
+        self.timed("giving entries to the Raft log", started);
+        // A heartbeat's answer acknowledges no entry and no vote: it goes at once, so that a
+        // slow sync of this replica's log does not cost the leader its lease. Everything
+        // else waits for the write.
+        let (now, later): (Vec<_>, Vec<_>) = rd
+            .take_persisted_messages()
+            .into_iter()
+            .partition(|m| m.get_msg_type() == MessageType::MsgHeartbeatResponse);
+        self.send(now);
+        self.unpersisted.push_back((rd.number(), ticket, later));
+        self.node.advance_append_async(rd);
+        self.node.advance_apply();
+        Ok(())
+    }
+
+    /// Tells raft-rs which Readies the log's writer thread has made durable, and sends the
+    /// messages that waited for them.
+    fn persisted(&mut self) -> Result<(), ReplicaError> {
+        let written = self.log.written()?;
+        let mut last = None;
+        while self
+            .unpersisted
+            .front()
+            .is_some_and(|&(_, ticket, _)| ticket <= written)
+        {
+            let (number, _, msgs) = self.unpersisted.pop_front().expect("checked");
+            self.send(msgs);
+            last = Some(number);
+        }
+        if let Some(number) = last {
+            self.node.on_persist_ready(number);
+        }
+        Ok(())
+    }
+
+    /// A Ready with a snapshot: handled whole, in order, once every write given before is
+    /// done (a snapshot is rare: a replica that lacks entries the leader dropped).
+    fn handle_snapshot_ready(&mut self, mut rd: raft::Ready) -> Result<(), ReplicaError> {
+        self.log.flush()?;
+        self.persisted()?;
+        {
             let snap = rd.snapshot().clone();
             let index = snap.get_metadata().index;
             self.log.apply_snapshot(&snap)?;
