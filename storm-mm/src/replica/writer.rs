@@ -155,3 +155,86 @@ impl Drop for Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::wal::tests::entry;
+    use super::*;
+    use storm_cluster::daemon_dir::DaemonDir;
+
+    fn records(first: u64, bytes: usize) -> Vec<Record> {
+        vec![Record::Entries {
+            entries: vec![entry(first, 1, &vec![7u8; bytes])],
+            hard: None,
+        }]
+    }
+
+    /// A write that fails (here a full disk) is reported for its ticket, and every later
+    /// call says so: nothing given after it may land, or the log would have a gap.
+    /// Needs root (it mounts a small tmpfs); says NOT TESTED otherwise.
+    #[test]
+    fn a_failed_write_is_reported_and_nothing_after_it_is_written() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!(
+                "NOT TESTED: a_failed_write_is_reported_and_nothing_after_it_is_written needs \
+                 root (it mounts a tmpfs to fill)"
+            );
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=600k,mode=0700", "tmpfs"])
+            .arg(tmp.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mounting a tmpfs");
+        let outcome = std::panic::catch_unwind(|| {
+            let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+            let wal = Wal::create(&dir, "raft.wal", &[]).unwrap();
+            let mut writer = Writer::start(wal).unwrap();
+            // Records of 100 KiB until the disk is full: the log grows by 256 KiB chunks.
+            let mut last = 0;
+            let failed = (1..=20u64).find_map(|i| {
+                last = writer.append(records(i, 100 << 10), true).unwrap();
+                writer.wait(last).err()
+            });
+            let why = failed.expect("a 600 KiB disk took 2 MB of records");
+            assert!(why.contains("No space"), "the error names the cause: {why}");
+            assert_eq!(writer.written(), Err(why.clone()));
+            assert_eq!(writer.append(records(99, 10), true), Err(why.clone()));
+            assert!(writer.written().is_err());
+            assert!(last > 1, "some writes succeeded before the disk filled");
+        });
+        let _ = std::process::Command::new("umount")
+            .arg(tmp.path())
+            .status();
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// Tickets are done in the order given.
+    #[test]
+    fn tickets_are_written_in_the_order_given() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let wal = Wal::create(&dir, "raft.wal", &[]).unwrap();
+        let mut writer = Writer::start(wal).unwrap();
+        let tickets: Vec<u64> = (1..=30u64)
+            .map(|i| writer.append(records(i, 100), i % 2 == 0).unwrap())
+            .collect();
+        assert_eq!(tickets, (1..=30).collect::<Vec<_>>());
+        writer.wait(30).unwrap();
+        assert_eq!(writer.written(), Ok(30));
+        drop(writer);
+        let (_, read) = Wal::open(&dir, "raft.wal").unwrap();
+        let firsts: Vec<u64> = read
+            .iter()
+            .map(|r| match r {
+                Record::Entries { entries, .. } => entries[0].index,
+                other => panic!("not an entries record: {other:?}"),
+            })
+            .collect();
+        assert_eq!(firsts, (1..=30).collect::<Vec<_>>());
+    }
+}
