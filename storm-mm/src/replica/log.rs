@@ -494,18 +494,23 @@ mod tests {
     use super::*;
     use raft::Storage;
 
+    /// A hard state of `term`, `vote` and `commit`.
+    fn hs(term: u64, vote: u64, commit: u64) -> HardState {
+        HardState {
+            term,
+            vote,
+            commit,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn entries_hard_state_and_applied_index_survive_a_reopen() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
             let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
-            let hs = HardState {
-                term: 2,
-                vote: 3,
-                commit: 2,
-                ..Default::default()
-            };
+            let hs = hs(2, 3, 2);
             log.append(&[entry(1, 1, b"a"), entry(2, 2, b"b")], Some(&hs))
                 .unwrap();
             log.set_applied(2).unwrap();
@@ -530,12 +535,6 @@ mod tests {
     fn queued_entries_are_read_at_once_and_written_in_the_order_given() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
-        let hs = |term, vote, commit| HardState {
-            term,
-            vote,
-            commit,
-            ..Default::default()
-        };
         {
             let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
             let first = log
@@ -580,12 +579,6 @@ mod tests {
     fn a_vote_is_durable_at_once_and_a_commit_index_alone_is_learnt_again() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
-        let hs = |term, vote, commit| HardState {
-            term,
-            vote,
-            commit,
-            ..Default::default()
-        };
         {
             let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
             log.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")], Some(&hs(1, 2, 1)))
@@ -607,12 +600,7 @@ mod tests {
     fn an_applied_index_is_never_above_the_commit_index_read_back() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
-        let hs = |commit| HardState {
-            term: 1,
-            vote: 1,
-            commit,
-            ..Default::default()
-        };
+        let hs = |commit| hs(1, 1, commit);
         {
             let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
             log.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")], Some(&hs(1)))
@@ -641,12 +629,7 @@ mod tests {
     fn a_compacted_log_keeps_its_tail_and_position_across_a_reopen() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
-        let hs = HardState {
-            term: 2,
-            vote: 1,
-            commit: 4,
-            ..Default::default()
-        };
+        let hs = hs(2, 1, 4);
         {
             let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
             let entries: Vec<Entry> = (1..=5).map(|i| entry(i, 1 + i / 4, b"x")).collect();
@@ -736,12 +719,7 @@ mod tests {
                 pos[..8].copy_from_slice(&3u64.to_le_bytes());
                 pos[8..].copy_from_slice(&1u64.to_le_bytes());
                 m.insert("compacted", pos.as_slice()).unwrap();
-                let hs = HardState {
-                    term: 2,
-                    vote: 3,
-                    commit: 5,
-                    ..Default::default()
-                };
+                let hs = hs(2, 3, 5);
                 m.insert("hard_state", hs.write_to_bytes().unwrap().as_slice())
                     .unwrap();
                 m.insert("applied", 4u64.to_le_bytes().as_slice()).unwrap();
