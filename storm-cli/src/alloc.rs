@@ -88,19 +88,32 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
     // the job already answers by following it.
     req.token = Some(rand::random());
     let submit = Request::Submit(Box::new(req));
-    client.request(&submit, None)?;
+    crate::sent_or_lost(client.try_request(&submit, None))?;
     let mut job = None;
+    // Connections lost since the last reply (see `LOSSES_IN_A_ROW`).
+    let mut lost_in_a_row = 0;
     let (nodes, names) = loop {
         let reply = match client.next() {
-            Ok(reply) => reply,
+            Ok(reply) => {
+                lost_in_a_row = 0;
+                reply
+            }
+            Err(e) if lost_in_a_row >= crate::LOSSES_IN_A_ROW => {
+                return Err(format!(
+                    "lost the machine manager {} times in a row without a word from it ({e}) \
+                     before the allocation was granted; see storm queue",
+                    crate::LOSSES_IN_A_ROW
+                ));
+            }
             Err(e) => {
+                lost_in_a_row += 1;
                 client = reconnect(sockets, &e, || false).ok_or_else(|| {
                     format!(
                         "lost the machine manager ({e}) before the allocation was granted; \
                          it may have been accepted all the same (see storm queue)"
                     )
                 })?;
-                client.request(&submit, None)?;
+                crate::sent_or_lost(client.try_request(&submit, None))?;
                 continue;
             }
         };
@@ -188,8 +201,12 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
         let pid = child.id() as libc::pid_t;
         std::thread::spawn(move || {
             let mut watch = client;
+            // Connections lost since the last reply (see `LOSSES_IN_A_ROW`).
+            let mut lost_in_a_row = 0;
             loop {
-                match watch.next() {
+                let next = watch.next();
+                lost_in_a_row = if next.is_ok() { 0 } else { lost_in_a_row + 1 };
+                match next {
                     Ok(Reply::Finished(outcome)) if outcome.job == job => {
                         let why = outcome
                             .reason
@@ -202,12 +219,15 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
                         break;
                     }
                     Ok(_) => {}
+                    Err(_) if lost_in_a_row > crate::LOSSES_IN_A_ROW => break,
                     Err(e) => {
                         let gone = || releasing.load(Ordering::Acquire);
                         let Some(next) = reconnect(&sockets, &e, gone) else {
                             break;
                         };
-                        if next.request(&Request::Attach { job }, None).is_err() {
+                        if crate::sent_or_lost(next.try_request(&Request::Attach { job }, None))
+                            .is_err()
+                        {
                             break;
                         }
                         eprintln!("storm alloc: following job allocation {job} again");

@@ -114,6 +114,23 @@ pub fn reconnect_within(
     None
 }
 
+/// How many times in a row, with no reply between, a tool following a job may lose its
+/// connection to the MM before it stops reconnecting: a failover loses it once, a leader that
+/// steps down just after it answered a second time.
+pub const LOSSES_IN_A_ROW: u32 = 10;
+
+/// What a tool that follows a job through failovers makes of a request's fate: a connection
+/// lost before the request went out whole (the replica that answered stopped leading at once)
+/// shows again when the reply is read, and is reconnected there like any other loss; only the
+/// MM's refusal is an error here.
+pub fn sent_or_lost(sent: Result<(), storm_cluster::control::RequestFailed>) -> Result<(), String> {
+    use storm_cluster::control::RequestFailed;
+    match sent {
+        Ok(()) | Err(RequestFailed::Lost(_)) => Ok(()),
+        Err(RequestFailed::Refused(why)) => Err(why),
+    }
+}
+
 /// How long a tool waits for a replicated MM to have a leader (an election after the leader
 /// was lost takes one to two election timeouts) before it says that none answers.
 pub const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use storm_cluster::control::{self, Client, JobOutcome, JobRequest, Reply, Reques
 use storm_cluster::messages::{JobId, Stream};
 use storm_cluster::tasks::node_of_rank;
 
+use crate::LOSSES_IN_A_ROW;
 use crate::input::InputSender;
 use storm_primitives::NodeSet;
 
@@ -243,6 +244,14 @@ impl Drop for Connection {
     }
 }
 
+/// Sends `req` on `client` and follows the connection. A connection lost before the request
+/// went out whole (the replica that answered stopped leading at once) shows as a loss on the
+/// reader's side, where it is reconnected like any other; only the MM's refusal ends here.
+fn resume(client: Client, req: &Request, fd: Option<BorrowedFd<'_>>) -> Result<Connection, String> {
+    crate::sent_or_lost(client.try_request(req, fd))?;
+    Connection::follow(client)
+}
+
 /// Submits `req` (with the open program for a broadcast) and follows it to its end. If the
 /// connection to the MM is lost once the job is accepted, `progress` may reconnect; the job
 /// is then followed on the new connection (`Attach`). Output that arrives twice (sent again
@@ -267,8 +276,14 @@ pub fn run_job_with_input(
 ) -> Result<(JobOutcome, NodeSet, Vec<String>), String> {
     // Kept to send again, if the MM is lost before it answers (see `JobRequest::token`).
     let again = req.token.is_some().then(|| req.clone());
-    client.request(&Request::Submit(Box::new(req)), program.map(|f| f.as_fd()))?;
-    let mut conn = Connection::follow(client)?;
+    let mut conn = resume(
+        client,
+        &Request::Submit(Box::new(req)),
+        program.map(|f| f.as_fd()),
+    )?;
+    // Connections lost since the last reply: an MM that answers and then closes every
+    // connection at once is given up on rather than tried forever.
+    let mut lost_in_a_row = 0;
     let mut job = None;
     let mut nodes = NodeSet::new();
     let mut names = Vec::new();
@@ -315,6 +330,9 @@ pub fn run_job_with_input(
                 }
             },
         };
+        if matches!(ev, Event::Reply(_)) {
+            lost_in_a_row = 0;
+        }
         match ev {
             Event::Reply(Reply::Accepted { job: id, queued }) => {
                 job = Some(id);
@@ -367,6 +385,22 @@ pub fn run_job_with_input(
             Event::Reply(Reply::Error(e)) => return Err(e),
             Event::Reply(other) => return Err(format!("unexpected reply {other:?}")),
             Event::Lost(e) => {
+                lost_in_a_row += 1;
+                if lost_in_a_row > LOSSES_IN_A_ROW {
+                    return Err(format!(
+                        "lost the machine manager {LOSSES_IN_A_ROW} times in a row without a \
+                         word from it ({e}); {}",
+                        match job {
+                            Some(id) => format!(
+                                "job {id}'s outcome is unknown (see storm queue and storm \
+                                 history)"
+                            ),
+                            None => "the job may have been accepted all the same (see storm \
+                                     queue)"
+                                .to_string(),
+                        }
+                    ));
+                }
                 let Some(id) = job else {
                     let client = again.as_ref().and_then(|_| progress.resubmit(&e));
                     let (Some(client), Some(req)) = (client, again.clone()) else {
@@ -377,8 +411,11 @@ pub fn run_job_with_input(
                     };
                     // The MM that answers now follows the job if it holds it already, and
                     // takes the submission if not: it never makes two jobs of one.
-                    client.request(&Request::Submit(Box::new(req)), program.map(|f| f.as_fd()))?;
-                    conn = Connection::follow(client)?;
+                    conn = resume(
+                        client,
+                        &Request::Submit(Box::new(req)),
+                        program.map(|f| f.as_fd()),
+                    )?;
                     continue;
                 };
                 let Some(client) = progress.reconnect(id, &e) else {
@@ -387,8 +424,7 @@ pub fn run_job_with_input(
                          {id}'s outcome is unknown (see storm queue and storm history)"
                     ));
                 };
-                client.request(&Request::Attach { job: id }, None)?;
-                conn = Connection::follow(client)?;
+                conn = resume(client, &Request::Attach { job: id }, None)?;
                 if let Some(input) = input.as_mut() {
                     input.reconnected(|r| {
                         let _ = control::send(&conn.requests, r, None);
@@ -462,7 +498,148 @@ pub fn copied_program_hint(outcome: &JobOutcome, program: &Path, forced: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use storm_cluster::messages::RankStatus;
+    use std::collections::VecDeque;
+    use std::os::unix::net::UnixStream;
+    use storm_cluster::control::Delivery;
+    use storm_cluster::messages::{OutputChunk, RankStatus};
+    use storm_cluster::tasks::TaskRequest;
+
+    /// A client, and the fake MM's end of its connection.
+    fn connection() -> (Client, UnixStream) {
+        let (client, mm) = UnixStream::pair().unwrap();
+        let client = Client {
+            sock: client,
+            cluster: "t".into(),
+            nodes: 1,
+        };
+        (client, mm)
+    }
+
+    fn job_request() -> JobRequest {
+        JobRequest {
+            name: "j".into(),
+            program: "/bin/true".into(),
+            args: vec![],
+            env: vec![],
+            cwd: "/".into(),
+            tasks: TaskRequest {
+                ntasks: Some(1),
+                ..Default::default()
+            },
+            delivery: Delivery::InPlace,
+            time_limit_ms: None,
+            requeue: false,
+            mpi: Default::default(),
+            input: Default::default(),
+            dependency: None,
+            batch: None,
+            step_of: None,
+            array: None,
+            element: None,
+            token: Some(1),
+        }
+    }
+
+    /// A fake MM that takes the submission, says it accepted it as job 7, and is lost.
+    fn accepts_and_is_lost() -> (Client, std::thread::JoinHandle<()>) {
+        let (client, mm) = connection();
+        let mm = std::thread::spawn(move || {
+            let (req, _) = control::recv::<Request>(&mm).unwrap();
+            assert!(matches!(req, Request::Submit(_)), "{req:?}");
+            let accepted = Reply::Accepted {
+                job: 7,
+                queued: None,
+            };
+            control::send(&mm, &accepted, None).unwrap();
+        });
+        (client, mm)
+    }
+
+    /// Hands out `next` in turn when the connection is lost, and keeps what the job printed.
+    struct Reconnects {
+        next: VecDeque<Client>,
+        losses: Vec<String>,
+        printed: Vec<u8>,
+    }
+
+    impl Progress for Reconnects {
+        fn reconnect(&mut self, _job: JobId, why: &str) -> Option<Client> {
+            self.losses.push(why.to_string());
+            self.next.pop_front()
+        }
+        fn output(&mut self, _rank: u32, _stream: Stream, data: &[u8]) {
+            self.printed.extend_from_slice(data);
+        }
+    }
+
+    /// The replica that answers after a failover may stop leading at once (deposed, or its
+    /// lease lost under load), closing the connection before the request to follow the job
+    /// went out: the write fails (EPIPE). That is one more lost connection, reconnected like
+    /// the first, and the job is followed to its end on the next replica; storm-submit used
+    /// to give up there, with "lost the machine manager: i/o error: Broken pipe".
+    #[test]
+    fn a_connection_lost_again_before_the_job_is_followed_is_reconnected_once_more() {
+        let (first, lost) = accepts_and_is_lost();
+        let (second, closed) = connection();
+        drop(closed);
+        let (third, mm) = connection();
+        let follows = std::thread::spawn(move || {
+            let (req, _) = control::recv::<Request>(&mm).unwrap();
+            assert!(matches!(req, Request::Attach { job: 7 }), "{req:?}");
+            let line = Reply::Output(OutputChunk {
+                job: 7,
+                rank: 0,
+                stream: Stream::Stdout,
+                offset: 0,
+                data: b"done\n".to_vec(),
+            });
+            control::send(&mm, &line, None).unwrap();
+            let outcome = JobOutcome {
+                job: 7,
+                ranks: vec![Some(RankStatus::Exited(0))],
+                reason: None,
+                abort_code: None,
+                timing: Default::default(),
+                usage: Default::default(),
+                cause: None,
+                broadcast: false,
+            };
+            control::send(&mm, &Reply::Finished(outcome), None).unwrap();
+        });
+        let mut progress = Reconnects {
+            next: VecDeque::from([second, third]),
+            losses: vec![],
+            printed: vec![],
+        };
+        let (outcome, _, _) = run_job(first, job_request(), None, &mut progress)
+            .expect("the job is followed to its end on the third connection");
+        lost.join().unwrap();
+        follows.join().unwrap();
+        assert_eq!(outcome.job, 7);
+        assert_eq!(outcome.ranks, vec![Some(RankStatus::Exited(0))]);
+        assert_eq!(progress.printed, b"done\n");
+        assert_eq!(progress.losses.len(), 2, "{:?}", progress.losses);
+    }
+
+    /// An MM that answers and closes every connection at once is given up on after
+    /// `LOSSES_IN_A_ROW` tries, with an error that says so, rather than tried forever.
+    #[test]
+    fn connections_lost_again_and_again_are_given_up_on() {
+        let (first, lost) = accepts_and_is_lost();
+        let next = (0..LOSSES_IN_A_ROW + 5)
+            .map(|_| connection().0)
+            .collect::<VecDeque<_>>();
+        let mut progress = Reconnects {
+            next,
+            losses: vec![],
+            printed: vec![],
+        };
+        let err = run_job(first, job_request(), None, &mut progress).unwrap_err();
+        lost.join().unwrap();
+        assert!(err.contains("times in a row"), "{err}");
+        assert!(err.contains("job 7"), "{err}");
+        assert_eq!(progress.losses.len(), LOSSES_IN_A_ROW as usize);
+    }
 
     #[test]
     fn a_copied_program_that_exits_with_an_error_hears_of_no_bcast() {

@@ -194,14 +194,16 @@ fn a_leader_killed_under_fifty_submitters_and_running_gang_jobs_loses_and_repeat
         sent_again += usize::from(said.contains("is back; sending the job again"));
         assert!(
             out.status.success(),
-            "submitter {i} failed: {}",
-            text(&out.stderr)
+            "submitter {i} failed: {}\n{}",
+            text(&out.stderr),
+            replica_warnings(&c)
         );
         assert_eq!(
             text(&out.stdout),
             format!("done {i}\n"),
-            "{}",
-            text(&out.stderr)
+            "{}\n{}",
+            text(&out.stderr),
+            replica_warnings(&c)
         );
     }
     eprintln!(
@@ -337,6 +339,22 @@ fn assert_no_divergence(c: &LocalCluster) {
 }
 
 /// How many times `what` is in replica `name`'s log.
+/// What each replica's log warned of (its WARN and ERROR lines), to print beside a failure:
+/// which replica led when, and why each stopped.
+fn replica_warnings(c: &LocalCluster) -> String {
+    (0..3)
+        .map(|i| {
+            let log =
+                std::fs::read_to_string(c.root().join(format!("m{i}.log"))).unwrap_or_default();
+            let warned: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect();
+            format!("m{i} warned:\n{}\n", warned.join("\n"))
+        })
+        .collect()
+}
+
 fn said(c: &LocalCluster, name: &str, what: &str) -> usize {
     std::fs::read_to_string(c.root().join(format!("{name}.log")))
         .unwrap_or_default()

@@ -861,6 +861,16 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// Why a request did not reach the MM ([`Client::try_request`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestFailed {
+    /// The MM said why it will not read the request, and closed.
+    Refused(String),
+    /// The connection closed (the MM stopped, or the replica no longer leads) before the
+    /// request was written whole.
+    Lost(String),
+}
+
 /// A connection to the MM, past the version handshake.
 pub struct Client {
     pub sock: UnixStream,
@@ -933,16 +943,33 @@ impl Client {
     }
 
     pub fn request(&self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Result<(), String> {
+        self.try_request(req, fd).map_err(|e| match e {
+            RequestFailed::Refused(why) | RequestFailed::Lost(why) => why,
+        })
+    }
+
+    /// [`Client::request`], saying whether the MM refused the request or the connection was
+    /// lost: a client that follows a job through a failover sends its request again on the
+    /// next connection after a loss, never after a refusal.
+    pub fn try_request(
+        &self,
+        req: &Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), RequestFailed> {
         match send(&self.sock, req, fd) {
             Ok(()) => Ok(()),
             // The MM refuses a request it will not read to the end (one over `[limits]
             // max_request_bytes`): it says why and closes, which can fail the rest of the
             // write. Its last word is then waiting to be read.
             Err(ControlError::Io(e)) => match self.last_word() {
-                Some(why) => Err(why),
-                None => Err(format!("lost the machine manager: i/o error: {e}")),
+                Some(why) => Err(RequestFailed::Refused(why)),
+                None => Err(RequestFailed::Lost(format!(
+                    "lost the machine manager: i/o error: {e}"
+                ))),
             },
-            Err(e) => Err(format!("lost the machine manager: {e}")),
+            Err(e) => Err(RequestFailed::Lost(format!(
+                "lost the machine manager: {e}"
+            ))),
         }
     }
 
@@ -998,8 +1025,10 @@ mod tests {
             reason: "x".repeat(1 << 20),
         };
         assert_eq!(
-            client.request(&big, None),
-            Err("a request of N bytes exceeds the limit".to_string())
+            client.try_request(&big, None),
+            Err(RequestFailed::Refused(
+                "a request of N bytes exceeds the limit".to_string()
+            ))
         );
         // With nothing said, it is a lost connection.
         let (client, server) = UnixStream::pair().unwrap();
@@ -1009,8 +1038,12 @@ mod tests {
             cluster: "t".into(),
             nodes: 1,
         };
-        let err = client.request(&big, None).unwrap_err();
-        assert!(err.starts_with("lost the machine manager"), "{err}");
+        match client.try_request(&big, None) {
+            Err(RequestFailed::Lost(err)) => {
+                assert!(err.starts_with("lost the machine manager"), "{err}")
+            }
+            other => panic!("a closed connection is a lost one, not {other:?}"),
+        }
     }
 
     #[test]

@@ -462,18 +462,34 @@ fn submit_batch(
     let elements = to_end as u64;
     let mut client = Client::connect(socket)?;
     let submit = |client: &Client| {
-        client.request(
+        storm_cli::sent_or_lost(client.try_request(
             &Request::Submit(Box::new(req.clone())),
             Some(std::os::fd::AsFd::as_fd(&file)),
-        )
+        ))
     };
     submit(&client)?;
     // The array's (or job's) id, once accepted; the elements that have ended.
     let mut accepted: Option<u64> = None;
     let mut ended = std::collections::BTreeSet::new();
+    // Connections lost since the last reply: an MM that answers and then closes every
+    // connection at once is given up on rather than tried forever.
+    let mut lost_in_a_row = 0;
     loop {
-        let reply = match (client.next(), accepted) {
+        let next = client.next();
+        if next.is_ok() {
+            lost_in_a_row = 0;
+        } else {
+            lost_in_a_row += 1;
+        }
+        let reply = match (next, accepted) {
             (Ok(r), _) => r,
+            (Err(e), _) if lost_in_a_row > storm_cli::LOSSES_IN_A_ROW => {
+                return Err(format!(
+                    "lost the machine manager {} times in a row without a word \
+                     from it ({e}); see storm queue for the job",
+                    storm_cli::LOSSES_IN_A_ROW
+                ));
+            }
             (Err(e), None) => {
                 let what = (
                     "to send the job again (an MM that took it already answers with its id)",
@@ -502,7 +518,9 @@ fn submit_batch(
                     )
                 })?;
                 for id in (job..job + elements).filter(|id| !ended.contains(id)) {
-                    client.request(&Request::Attach { job: id }, None)?;
+                    storm_cli::sent_or_lost(
+                        client.try_request(&Request::Attach { job: id }, None),
+                    )?;
                 }
                 continue;
             }
