@@ -315,12 +315,6 @@ pub struct FailureSection {
     /// again and say they still hold them; a job some of whose nodes did not come back by then
     /// ends, naming them.
     pub readopt_within_ms: u64,
-    /// How far apart the clocks of the MM's hosts and the nodes may be. After an MM restart,
-    /// a node that does not hold a job whose launch went out is judged by when its NM
-    /// started: more than this before the launch, it never got the launch, which goes again;
-    /// otherwise its NM may have restarted after running some of the job, which then ends (or
-    /// is requeued). Clocks further apart than this could run a job's code twice on a node.
-    pub clock_skew_ms: u64,
     /// An NM that hears no heartbeat for this long assumes the MM dropped it (or restarted)
     /// and registers again. Longer than any stall of the MM.
     pub rejoin_after_ms: u64,
@@ -342,7 +336,6 @@ impl Default for FailureSection {
             deadline_min_ms: 200,
             check_interval_ms: 100,
             readopt_within_ms: 30_000,
-            clock_skew_ms: 100,
             rejoin_after_ms: 10_000,
             launcher_timeout_ms: 10_000,
             task_start_timeout_ms: 10_000,

@@ -545,8 +545,10 @@ pub struct HeldJob {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Inventory {
     pub stamp: u64,
-    /// When this NM process started (Unix time, milliseconds): a job launched well after that
-    /// which it does not hold never reached it, rather than being lost with an earlier NM.
+    /// When this NM process started (Unix time, milliseconds, by the node's clock): with the
+    /// stamp's pid, it names the process, so that an MM tells a registration of the NM its
+    /// launch went to from one of a later NM (only ever compared with itself, never with the
+    /// MM's clock).
     pub since_ms: u64,
     pub jobs: Vec<HeldJob>,
 }

@@ -35,6 +35,7 @@ use storm_cluster::messages::{
 use storm_cluster::tasks::{Capacity, TaskRequest};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::journal::{self, JobRecord, JobState, NodeRecord};
+use storm_mm::nodes::NmProcess;
 use storm_nm::pmi::job::{Effect, JobFacts, PmiJob, process_mapping};
 use storm_nm::pmi::wire::Framer;
 use storm_pl::PlSpec;
@@ -411,6 +412,7 @@ fn replica_seeds() -> Vec<Vec<u8>> {
             raft::eraftpb::Entry {
                 term: 5,
                 index: 2,
+                context: entry::CONTEXT.to_vec().into(),
                 data: part.into(),
                 ..Default::default()
             },
@@ -918,6 +920,13 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                 time_slot: 1,
                 launched_ms: Some(1_700_000_000_500),
                 program_hash: Some([7; 32]),
+                launched_to: vec![(
+                    2,
+                    NmProcess {
+                        pid: 41,
+                        started_ms: 1_700_000_000_000,
+                    },
+                )],
             }),
         ),
         tagged(
@@ -929,6 +938,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                 time_slot: 0,
                 launched_ms: Some(1_700_000_000_600),
                 program_hash: None,
+                launched_to: Vec::new(),
             }),
         ),
         tagged(

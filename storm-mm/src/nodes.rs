@@ -13,8 +13,31 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use storm_cluster::control::NodeState;
+use storm_cluster::messages::Inventory;
 use storm_primitives::{NodeId, NodeSet};
+
+/// One NM process, as its registrations name it: its pid (a stamp's upper half) and when it
+/// started by its node's own clock (the inventory's `since_ms`). Two registrations come from
+/// the same process exactly when these are equal; the start time is only ever compared with
+/// itself, so the node's clock need not agree with the MM's, and a pid that a later NM takes
+/// again (an NM in a container is often pid 1) comes with another start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NmProcess {
+    pub pid: u32,
+    pub started_ms: u64,
+}
+
+impl NmProcess {
+    /// The process that registered with `stamp` and `inventory`.
+    pub fn of(stamp: u64, inventory: &Inventory) -> Self {
+        Self {
+            pid: (stamp >> 32) as u32,
+            started_ms: inventory.since_ms,
+        }
+    }
+}
 
 /// Where a node stands with the MM.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +63,8 @@ pub struct Node {
     pub drain: Option<String>,
     /// The last registration stamp the MM acted on.
     pub stamp_seen: u64,
+    /// The NM process of that registration; `None` before this MM heard from the node.
+    pub nm: Option<NmProcess>,
     /// Epoch of the node's output queue in its current membership.
     pub output_epoch: u32,
     /// When the MM last told this node (down or unknown) to register.
@@ -77,6 +102,7 @@ impl NodeTable {
             life: Life::Unknown,
             drain: None,
             stamp_seen: 0,
+            nm: None,
             output_epoch: 1,
             last_nudge: None,
             keep: Vec::new(),

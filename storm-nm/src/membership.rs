@@ -65,9 +65,11 @@ static PROCESS_STARTED_MS: std::sync::LazyLock<u64> =
 #[derive(Clone)]
 pub struct Identity {
     pub clock: Arc<dyn Clock>,
-    /// Goes into every stamp: another pid tells the MM the node lost its processes.
+    /// Goes into every stamp; with `started_ms` it names this NM process to the MM, and
+    /// another process means the node lost its processes.
     pub pid: u32,
-    /// When the NM started (Unix time, milliseconds), for the inventory.
+    /// When the NM started (Unix time, milliseconds, by this node's clock), for the
+    /// inventory: the MM only ever compares it with itself.
     pub started_ms: u64,
     /// The MM's public key: membership messages and commands count only with its seal.
     pub mm: MmVerifier,
@@ -110,6 +112,10 @@ impl Registration {
         rejoin_after: Duration,
         identity: Identity,
     ) -> Self {
+        // Counted on from the start time's low bits, so that an NM restarted with the pid it
+        // had (in a container, say) does not repeat its predecessor's first stamp, which the
+        // MM would take for a registration it already acted on.
+        let generation = identity.started_ms as u32;
         let mut m = Self {
             prims,
             rm,
@@ -117,7 +123,7 @@ impl Registration {
             mm,
             rejoin_after,
             identity,
-            generation: 0,
+            generation,
             standing: Standing::Registering {
                 stamp: 0,
                 sent: None,
@@ -139,7 +145,7 @@ impl Registration {
 
     /// A stamp no earlier registration of this node used: the pid and a generation.
     fn next_stamp(&mut self) -> u64 {
-        self.generation += 1;
+        self.generation = self.generation.wrapping_add(1);
         (self.identity.pid as u64) << 32 | self.generation as u64
     }
 

@@ -138,7 +138,9 @@ impl Group {
             .leading
             .ok_or_else(|| anyhow::anyhow!("a journal commit with no MM core leading"))?;
         for part in entry::split(batch, PART_BYTES) {
-            self.replicas[i].node.propose(vec![], part)?;
+            self.replicas[i]
+                .node
+                .propose(entry::CONTEXT.to_vec(), part)?;
         }
         Ok(())
     }

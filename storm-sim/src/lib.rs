@@ -52,7 +52,7 @@ use storm_primitives::{NodeId, Primitives};
 use env::ProgramCopies;
 pub use env::{SimEnv, TransferModel};
 use journal::SimJournal;
-pub use node::{Heard, SimNode};
+pub use node::{Heard, NodeOptions, SimNode};
 use storm_cluster::control::NodeState;
 pub use tasks::{EXIT_CODE, IGNORE_SIGTERM, LINES, REAPED_AFTER};
 
@@ -91,6 +91,9 @@ pub struct SimOptions {
     /// hands its commits over, as `background_journal`, and they settle once a majority of
     /// the replicas holds them.
     pub managers: usize,
+    /// How far the nodes' wall clocks read ahead of the MM's (behind, when negative), in
+    /// milliseconds. It shows in the start time that an NM's registrations carry.
+    pub node_clock_ahead_ms: i64,
 }
 
 impl Default for SimOptions {
@@ -109,6 +112,7 @@ impl Default for SimOptions {
             background_journal: false,
             slot_grace: Some(Duration::from_millis(5)),
             managers: 0,
+            node_clock_ahead_ms: 0,
         }
     }
 }
@@ -364,7 +368,10 @@ impl Sim {
                     n,
                     Arc::new(fabric.node(n)),
                     clock.clone(),
-                    opts.record,
+                    NodeOptions {
+                        record: opts.record,
+                        clock_ahead_ms: opts.node_clock_ahead_ms,
+                    },
                 )
             })
             .collect();
@@ -752,6 +759,26 @@ impl Sim {
     pub fn kill(&mut self, n: NodeId) {
         self.fabric.kill(n);
         self.nodes[n as usize].set_frozen(true);
+    }
+
+    /// Node `n`'s NM process ends, and its tasks with it (their cgroup is killed), and
+    /// another starts in its place with fresh memory. The new one has the same pid (an NM in
+    /// a container is often pid 1), and its node's wall clock now reads `clock_ahead_ms`
+    /// ahead of the MM's (behind, when negative).
+    pub fn restart_nm(&mut self, n: NodeId, clock_ahead_ms: i64) {
+        self.fabric.restart(n);
+        let record = self.nodes[n as usize].records();
+        self.nodes[n as usize] = SimNode::new(
+            &self.cfg,
+            &self.rm,
+            n,
+            Arc::new(self.fabric.node(n)),
+            self.clock.clone(),
+            NodeOptions {
+                record,
+                clock_ahead_ms,
+            },
+        );
     }
 
     /// Ends the MM process and starts another over the journal it committed: a new

@@ -34,6 +34,16 @@ pub struct Heard {
     pub commands: Vec<Command>,
 }
 
+/// How a simulated node's NM is set up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeOptions {
+    /// Keep every heartbeat it takes ([`SimNode::heard`]).
+    pub record: bool,
+    /// How far its wall clock reads ahead of the MM's (behind, when negative), in
+    /// milliseconds: it shows in the NM's start time, which its registrations carry.
+    pub clock_ahead_ms: i64,
+}
+
 pub struct SimNode {
     core: NodeManager<SimNodeEnv>,
     frozen: bool,
@@ -49,12 +59,16 @@ impl SimNode {
         id: NodeId,
         prims: Arc<dyn Primitives>,
         clock: Arc<dyn Clock>,
-        record: bool,
+        opts: NodeOptions,
     ) -> Self {
+        let NodeOptions {
+            record,
+            clock_ahead_ms,
+        } = opts;
         let identity = Identity {
             clock: clock.clone(),
             pid: 1000 + id,
-            started_ms: clock.unix_ms(),
+            started_ms: clock.unix_ms().saturating_add_signed(clock_ahead_ms),
             mm: storm_cluster::identity::MmVerifier::new(
                 crate::mm_signing_key().verifying_key(),
                 &cfg.cluster.name,
@@ -122,6 +136,12 @@ impl SimNode {
         self.core.env().tasks.run_windows(job)
     }
 
+    /// How many tasks of job `job` this node's NM ever started, ended and released ones
+    /// included (a task launched again counts twice).
+    pub fn tasks_started(&self, job: JobId) -> u32 {
+        self.core.env().tasks.started(job)
+    }
+
     /// The jobs this node holds, and whether each has ended here.
     pub fn jobs(&self) -> Vec<(JobId, bool)> {
         self.core
@@ -147,6 +167,11 @@ impl SimNode {
     /// [`NodeManager::poll_timeout`]: storm_nm::NodeManager::poll_timeout
     pub fn poll_timeout(&self) -> Duration {
         self.core.poll_timeout()
+    }
+
+    /// Whether this node keeps the heartbeats it takes.
+    pub fn records(&self) -> bool {
+        self.core.env().record
     }
 
     /// Every heartbeat this node took, if the simulation records them.

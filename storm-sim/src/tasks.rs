@@ -147,6 +147,8 @@ pub struct SimTasks {
     last: Instant,
     /// Time zero of the node's stamps ([`TaskTimes`]).
     origin: Instant,
+    /// How many tasks of each job this node ever started (kept after their release).
+    started: HashMap<JobId, u32>,
 }
 
 impl SimTasks {
@@ -157,7 +159,13 @@ impl SimTasks {
             next: 1,
             last: origin,
             origin,
+            started: HashMap::new(),
         }
+    }
+
+    /// How many tasks of job `job` this node ever started, released ones included.
+    pub fn started(&self, job: JobId) -> u32 {
+        self.started.get(&job).copied().unwrap_or(0)
     }
 
     /// Every task that may run has run from the last advance until `now`.
@@ -214,6 +222,7 @@ impl TaskRunner for SimTasks {
             .unwrap_or(0);
         let id = self.next;
         self.next += 1;
+        *self.started.entry(task.job).or_default() += 1;
         let mut t = SimTask {
             job: task.job,
             rank: task.rank,

@@ -33,6 +33,10 @@ use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::messages::JobId;
 use storm_primitives::{NodeId, NodeSet};
 
+use crate::nodes::NmProcess;
+
+mod migrate;
+
 /// Bumped when a record changes shape; a journal of another format is refused, not misread.
 /// Format 2: a job's task request carries `overcommit`. Format 3: a started job records its
 /// job slot, time slot and launch time (a restarted MM re-adopts running jobs). Format 4: a
@@ -46,8 +50,10 @@ use storm_primitives::{NodeId, NodeSet};
 /// 11: a request carries its program's `delivery`, and an outcome whether it was `broadcast`
 /// (a started job whose program ran in place records no program hash). Format 12: a
 /// dependency's jobs are ids or array elements (`JobRef`). Format 13: a request carries its
-/// submission `token`.
-const FORMAT: u64 = 13;
+/// submission `token`. Format 14: a started job carries `launched_to`, the NM process its
+/// launch went to on each node (a journal of format 13 is rewritten in format 14 when opened,
+/// see [`migrate`]).
+pub(crate) const FORMAT: u64 = 14;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -107,6 +113,9 @@ pub enum JobState {
         /// When its launch command went out (milliseconds since the Unix epoch); `None` while
         /// its program is sent or its launch waits for a heartbeat (no task can have started).
         launched_ms: Option<u64>,
+        /// The NM process its launch went to on each node: after a restart of the MM, that
+        /// process alone, registering without the job, never got the launch.
+        launched_to: Vec<(NodeId, NmProcess)>,
         /// The BLAKE3 hash of the program sent to its nodes (its launch, sent again after a
         /// restart, carries it).
         program_hash: Option<[u8; 32]>,
@@ -225,6 +234,34 @@ impl JournalStore for RedbStore {
                         .map_err(|e| self.store_error(e))?;
                 }
                 Some(FORMAT) => {}
+                Some(migrate::FROM) => {
+                    let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
+                    let mut old = Vec::new();
+                    for entry in jobs.iter().map_err(|e| self.store_error(e))? {
+                        let (k, v) = entry.map_err(|e| self.store_error(e))?;
+                        let id = k.value();
+                        let rec = migrate::job_from_13(v.value()).map_err(|message| {
+                            JournalError::Corrupt {
+                                path: self.path.clone(),
+                                record: format!("job {id} (format {})", migrate::FROM),
+                                message,
+                            }
+                        })?;
+                        old.push(rec);
+                    }
+                    for rec in &old {
+                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                        jobs.insert(rec.id, bytes.as_slice())
+                            .map_err(|e| self.store_error(e))?;
+                    }
+                    meta.insert("format", FORMAT)
+                        .map_err(|e| self.store_error(e))?;
+                    tracing::info!(
+                        jobs = old.len(),
+                        "journal rewritten from format {} in format {FORMAT}",
+                        migrate::FROM
+                    );
+                }
                 Some(other) => {
                     return Err(self.store_error(format!(
                         "written in format {other} by another version of storm-mm; this one \
@@ -983,6 +1020,13 @@ pub(crate) mod tests {
                     slot: 5,
                     time_slot: 1,
                     launched_ms: Some(1_700_000_000_000),
+                    launched_to: vec![(
+                        2,
+                        NmProcess {
+                            pid: 41,
+                            started_ms: 1_699_999_000_000,
+                        },
+                    )],
                     program_hash: None,
                 },
             ),
@@ -995,6 +1039,7 @@ pub(crate) mod tests {
                     slot: 6,
                     time_slot: 0,
                     launched_ms: Some(1_700_000_000_001),
+                    launched_to: vec![],
                     program_hash: None,
                 },
             ),

@@ -258,6 +258,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.ready = None;
         j.launched = None;
         j.launched_ms = None;
+        j.launched_to.clear();
         j.recovery = None;
         j.terminating = false;
         j.pmi_epoch = 0;

@@ -13,6 +13,7 @@ use storm_primitives::{NodeId, NodeSet};
 
 use crate::env::{ClientId, ProgramId};
 use crate::journal::{JobRecord, JobState};
+use crate::nodes::NmProcess;
 use crate::policy::{JobAsk, Need};
 
 use super::restart;
@@ -132,6 +133,10 @@ pub(super) struct Job {
     pub(super) ran: RanAt,
     /// `launched` as wall-clock time (milliseconds since the Unix epoch), for the journal.
     pub(super) launched_ms: Option<u64>,
+    /// The NM process of each of its nodes when its launch was readied, for the journal: after
+    /// a restart of the MM, only that process's word that it lacks the job means the launch
+    /// never reached it.
+    pub(super) launched_to: Vec<(NodeId, NmProcess)>,
     pub(super) cancel: Option<Cancel>,
     pub(super) terminating: bool,
     /// Row of the gang scheduler's matrix.
@@ -248,6 +253,7 @@ impl Job {
             launched: None,
             ran: RanAt::default(),
             launched_ms: None,
+            launched_to: Vec::new(),
             cancel: None,
             terminating: false,
             time_slot: 0,
@@ -317,6 +323,7 @@ pub(super) fn job_record(j: &Job) -> JobRecord {
                 slot: j.slot.unwrap_or(0) as u32,
                 time_slot: j.time_slot as u32,
                 launched_ms: j.launched_ms,
+                launched_to: j.launched_to.clone(),
                 program_hash: j.program_hash,
             },
         },

@@ -6,13 +6,16 @@
 //! stamp into `join_ack[node]`; the MM then sends `Start` with the heartbeat sequence number
 //! the node joins at and adds it to the heartbeat's node set.
 //!
-//! **Silence is not a restart.** A registration from the same NM process (same pid in the
-//! stamp) after a gap, or from any NM after the MM restarted, is *re-adoption*: the node keeps
-//! every job the MM knows as running there and the inventory lists. A job the MM launched
-//! there but the inventory lacks never reached the node (its Launch was in a heartbeat the
-//! node missed) and is launched again; a cancel it missed is sent again; jobs it holds that
-//! the MM no longer knows are dropped. Only a new NM process (another pid) means the node lost
-//! its processes: its jobs end (or go back to the queue) before the new membership begins.
+//! **Silence is not a restart.** A registration from the same NM process (the same pid in
+//! the stamp and the same start time in the inventory, [`NmProcess`]) after a gap, or from any
+//! NM after the MM restarted, is *re-adoption*: the node keeps every job the MM knows as
+//! running there and the inventory lists. A job the MM launched there but the inventory lacks
+//! never reached the node (its Launch was in a heartbeat the node missed) and is launched
+//! again; a cancel it missed is sent again; jobs it holds that the MM no longer knows are
+//! dropped. Only a new NM process means the node lost its processes: its jobs end (or go back
+//! to the queue) before the new membership begins. After a restart of the MM the journal says
+//! which NM process each launch went to, and only that process's word that it lacks the job
+//! sends the launch again (any other NM may have run some of it before it was lost).
 //! Unresponsive, down and unknown nodes are nudged (`Evicted`) once a second, so an NM whose
 //! link came back, or that outlived an MM restart, registers at once.
 //!
@@ -30,7 +33,7 @@ use storm_primitives::{NodeId, NodeSet, Wait};
 
 use super::{MachineManager, MmEnv, Phase};
 use crate::journal::NodeRecord;
-use crate::nodes::Life;
+use crate::nodes::{Life, NmProcess};
 
 /// How long the MM waits for a welcome's acknowledgement before welcoming again.
 const WELCOME_RETRY: Duration = Duration::from_secs(1);
@@ -101,19 +104,21 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(inventory) = self.read_inventory(n, stamp) else {
             return false;
         };
-        let previous = self.nodes.get(n).stamp_seen;
-        // The pid is the stamp's upper half. Before any registration (previous == 0) this MM
-        // has just started: whatever the NM holds may be ours to re-adopt.
-        let same_process = previous == 0 || previous >> 32 == stamp >> 32;
+        let process = NmProcess::of(stamp, &inventory);
+        // Before any registration (`None`) this MM has just started: whatever the NM holds
+        // may be ours to re-adopt.
+        let same_process = self.nodes.get(n).nm.is_none_or(|p| p == process);
         if self.nodes.is_up(n) {
             // Registering again while a member: it stopped hearing heartbeats. It rejoins at
             // a new sequence number.
             self.hb.queue.remove(n);
             self.policy.set_unavailable(n);
         }
-        self.nodes.get_mut(n).stamp_seen = stamp;
+        let node = self.nodes.get_mut(n);
+        node.stamp_seen = stamp;
+        node.nm = Some(process);
         let keep = if same_process {
-            self.readopt(n, &inventory)
+            self.readopt(n, process, &inventory)
         } else {
             if !matches!(self.nodes.get(n).life(), Life::Down { .. }) {
                 self.mark_down(n, "its node manager restarted".into());
@@ -147,7 +152,8 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// The same NM (or any NM, just after this MM started) is back: the jobs it keeps.
+    /// The same NM `process` (or any NM, just after this MM started) is back: the jobs it
+    /// keeps.
     ///
     /// * A job the MM knows on `n` that the inventory lists stays (a cancel it may have
     ///   missed is sent again).
@@ -155,12 +161,7 @@ impl<E: MmEnv> MachineManager<E> {
     ///   [`MachineManager::advance_recoveries`] decides once all its nodes have answered.
     /// * A job launched on `n` that the inventory lacks never reached it (its heartbeat was
     ///   missed while `n` was out of the heartbeat): it is launched again there.
-    fn readopt(&mut self, n: NodeId, inventory: &Inventory) -> Vec<JobId> {
-        // How far apart the MM's and a node's clocks may be when comparing an NM's start
-        // with a job's launch (1000 ms until 28 November: a node whose NM started less than
-        // a second before a launch the old MM never sent it was judged to have lost the job,
-        // which then failed; the managers test with 50 submitters hit it in CI).
-        let skew = self.cfg.failure.clock_skew_ms;
+    fn readopt(&mut self, n: NodeId, process: NmProcess, inventory: &Inventory) -> Vec<JobId> {
         let held: HashMap<JobId, HeldJob> = inventory.jobs.iter().map(|h| (h.job, *h)).collect();
         let mine: Vec<JobId> = self
             .jobs
@@ -175,15 +176,16 @@ impl<E: MmEnv> MachineManager<E> {
                 .get(&id)
                 .is_some_and(|h| Some(h.slot as usize) == j.slot);
             if let Some(r) = &mut j.recovery {
-                // An NM that ran well before the launch went out and does not hold the job
-                // never got the launch (the MM died before its heartbeat arrived); otherwise
-                // its tasks were lost with an earlier NM.
-                let before_launch = j
-                    .launched_ms
-                    .is_some_and(|l| inventory.since_ms.saturating_add(skew) < l);
+                // The NM process the launch went to, without the job, never got the launch
+                // (the MM died before its heartbeat arrived); any other NM may have run some
+                // of it before its tasks were lost with the process that held them. (Until
+                // 29 November this was judged by the NM's start time against the launch's, on
+                // two hosts' clocks: a node's clock behind the MM's by more than 100 ms could
+                // run a job's code twice, one ahead failed a job that never ran.)
+                let never_reached = j.launched_to.contains(&(n, process));
                 if holds {
                     r.held.insert(n);
-                } else if before_launch {
+                } else if never_reached {
                     r.unlaunched.insert(n);
                 } else {
                     r.missing.insert(n);

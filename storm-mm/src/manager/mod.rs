@@ -491,14 +491,21 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// Readies job `id`'s launch: its record, saying it started (and when, for a restarted
-    /// MM to tell a node that never got the launch from one that lost the job), goes to the
-    /// journal first, and the launch follows once that commit settled
+    /// Readies job `id`'s launch: its record, saying it started (and to which NM processes,
+    /// for a restarted MM to tell a node that never got the launch from one that lost the
+    /// job), goes to the journal first, and the launch follows once that commit settled
     /// ([`MachineManager::release_launches`]).
     fn queue_launch(&mut self, id: JobId) {
         let now_ms = self.unix_ms();
+        // Every node given to a job is a member, so its NM process is known.
+        let launched_to = self.jobs[&id]
+            .nodes
+            .iter()
+            .filter_map(|n| self.nodes.get(n).nm.map(|p| (n, p)))
+            .collect();
         let j = self.jobs.get_mut(&id).expect("job");
         j.launched_ms = Some(now_ms);
+        j.launched_to = launched_to;
         j.phase = Phase::Recording { batch: None };
         self.outbox.unrecorded.insert(id);
     }

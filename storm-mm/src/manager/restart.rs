@@ -35,6 +35,7 @@ use storm_primitives::{NodeId, NodeSet};
 
 use super::{Job, MachineManager, MmEnv, NewJob, Phase};
 use crate::journal::{JobRecord, JobState, Restored};
+use crate::nodes::NmProcess;
 use crate::policy::{Placement, Share};
 
 /// How long restored jobs wait for their submitters to reattach.
@@ -47,11 +48,11 @@ pub(super) struct Recovery {
     pub until: Instant,
     /// Nodes that registered holding the job.
     pub held: NodeSet,
-    /// Nodes that registered without it, their NM having started after its launch (or too
-    /// near it to tell): its tasks there were lost.
+    /// Nodes that registered without it from another NM process than the one its launch
+    /// went to: its tasks there may have run, and were lost.
     pub missing: NodeSet,
-    /// Nodes that registered without it whose NM ran since well before its launch: the launch
-    /// never reached them.
+    /// Nodes that registered without it from the very NM process its launch went to: the
+    /// launch never reached them.
     pub unlaunched: NodeSet,
 }
 
@@ -87,6 +88,7 @@ struct Started<'a> {
     slot: u32,
     time_slot: u32,
     launched_ms: u64,
+    launched_to: &'a [(NodeId, NmProcess)],
     program_hash: Option<[u8; 32]>,
 }
 
@@ -122,6 +124,7 @@ impl<E: MmEnv> MachineManager<E> {
                     slot,
                     time_slot,
                     launched_ms: Some(launched_ms),
+                    launched_to,
                     program_hash,
                 } => self
                     .recover(
@@ -132,6 +135,7 @@ impl<E: MmEnv> MachineManager<E> {
                             slot: *slot,
                             time_slot: *time_slot,
                             launched_ms: *launched_ms,
+                            launched_to,
                             program_hash: *program_hash,
                         },
                     )
@@ -243,6 +247,7 @@ impl<E: MmEnv> MachineManager<E> {
         job.ready = job.allocated;
         job.launched = job.allocated;
         job.launched_ms = Some(at.launched_ms);
+        job.launched_to = at.launched_to.to_vec();
         job.recovery = Some(Recovery {
             until: now + Duration::from_millis(self.cfg.failure.readopt_within_ms),
             held: NodeSet::new(),

@@ -13,6 +13,17 @@ use storm_cluster::messages::JobId;
 
 use crate::journal::{Batch, Change};
 
+/// What marks a journal commit's part in the log (Raft's entry context): the journal's format,
+/// so that a replica never reads a part written in another (bincode's records carry no
+/// version of their own, and one format's bytes can decode as another's, wrongly).
+pub const CONTEXT: &[u8] = b"journal-14";
+
+/// Why a journal commit's part of no mark does not decode: storm-mm wrote those until the
+/// journal's format 14.
+pub const OLDER_FORMAT: &str = "a journal commit written by a storm-mm of journal format 13 \
+     or older; upgrade a group's replicas together, once every entry is applied (see \
+     docs/operations.md)";
+
 /// One part of a journal commit, as the log holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Part {
@@ -97,6 +108,14 @@ mod tests {
         let (last, rest) = parts.split_last().unwrap();
         assert!(last.last && last.next_job == Some(42));
         assert!(rest.iter().all(|p| !p.last && p.next_job.is_none()));
+    }
+
+    #[test]
+    fn the_mark_of_a_part_names_the_journals_format() {
+        assert_eq!(
+            CONTEXT,
+            format!("journal-{}", crate::journal::FORMAT).as_bytes()
+        );
     }
 
     #[test]

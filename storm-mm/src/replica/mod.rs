@@ -106,12 +106,15 @@ impl Applied {
         if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
             return None;
         }
-        Some(if e.context.as_ref() == program::CONTEXT {
-            program::Chunk::decode(&e.data).map(Applied::Program)
-        } else if e.context.as_ref() == checksum::CONTEXT {
-            Report::decode(&e.data).map(Applied::Checksum)
-        } else {
-            entry::decode(&e.data).map(Applied::Part)
+        Some(match e.context.as_ref() {
+            program::CONTEXT => program::Chunk::decode(&e.data).map(Applied::Program),
+            checksum::CONTEXT => Report::decode(&e.data).map(Applied::Checksum),
+            entry::CONTEXT => entry::decode(&e.data).map(Applied::Part),
+            [] => Err(entry::OLDER_FORMAT.to_string()),
+            other => Err(format!(
+                "an entry marked {:?}, which this storm-mm does not know",
+                String::from_utf8_lossy(other)
+            )),
         })
     }
 }
@@ -730,7 +733,7 @@ impl Host {
         self.propose_programs(&batch)?;
         for part in entry::split(&batch, PART_BYTES) {
             self.node
-                .propose(vec![], part)
+                .propose(entry::CONTEXT.to_vec(), part)
                 .map_err(|e| ReplicaError::Raft(format!("proposing a journal commit: {e}")))?;
         }
         if !batch.unneeded.is_empty() {
