@@ -90,15 +90,13 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
     let submit = Request::Submit(Box::new(req));
     crate::sent_or_lost(client.try_request(&submit, None))?;
     let mut job = None;
-    // Connections lost since the last reply (see `LOSSES_IN_A_ROW`).
-    let mut lost_in_a_row = 0;
+    let mut losses = crate::Losses::default();
     let (nodes, names) = loop {
-        let reply = match client.next() {
-            Ok(reply) => {
-                lost_in_a_row = 0;
-                reply
-            }
-            Err(e) if lost_in_a_row >= crate::LOSSES_IN_A_ROW => {
+        let next = client.next();
+        let go_on = losses.after(&next);
+        let reply = match next {
+            Ok(reply) => reply,
+            Err(e) if !go_on => {
                 return Err(format!(
                     "lost the machine manager {} times in a row without a word from it ({e}) \
                      before the allocation was granted; see storm queue",
@@ -106,7 +104,6 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
                 ));
             }
             Err(e) => {
-                lost_in_a_row += 1;
                 client = reconnect(sockets, &e, || false).ok_or_else(|| {
                     format!(
                         "lost the machine manager ({e}) before the allocation was granted; \
@@ -201,11 +198,10 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
         let pid = child.id() as libc::pid_t;
         std::thread::spawn(move || {
             let mut watch = client;
-            // Connections lost since the last reply (see `LOSSES_IN_A_ROW`).
-            let mut lost_in_a_row = 0;
+            let mut losses = crate::Losses::default();
             loop {
                 let next = watch.next();
-                lost_in_a_row = if next.is_ok() { 0 } else { lost_in_a_row + 1 };
+                let go_on = losses.after(&next);
                 match next {
                     Ok(Reply::Finished(outcome)) if outcome.job == job => {
                         let why = outcome
@@ -219,7 +215,7 @@ pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Resul
                         break;
                     }
                     Ok(_) => {}
-                    Err(_) if lost_in_a_row > crate::LOSSES_IN_A_ROW => break,
+                    Err(_) if !go_on => break,
                     Err(e) => {
                         let gone = || releasing.load(Ordering::Acquire);
                         let Some(next) = reconnect(&sockets, &e, gone) else {

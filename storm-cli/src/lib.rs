@@ -119,6 +119,38 @@ pub fn reconnect_within(
 /// steps down just after it answered a second time.
 pub const LOSSES_IN_A_ROW: u32 = 10;
 
+/// Connections to the MM lost since its last reply, for a tool that follows a job through
+/// failovers: an MM that answers and then closes every connection at once is given up on
+/// after [`LOSSES_IN_A_ROW`] losses rather than tried forever.
+#[derive(Debug, Default)]
+pub struct Losses(u32);
+
+impl Losses {
+    /// A reply arrived: the count starts over.
+    pub fn replied(&mut self) {
+        self.0 = 0;
+    }
+
+    /// The connection was lost once more: whether to reconnect (false once it was lost more
+    /// than [`LOSSES_IN_A_ROW`] times in a row).
+    pub fn lost(&mut self) -> bool {
+        self.0 += 1;
+        self.0 <= LOSSES_IN_A_ROW
+    }
+
+    /// [`Losses::replied`] or [`Losses::lost`], by what reading the next reply gave: whether
+    /// to go on.
+    pub fn after<T, E>(&mut self, next: &Result<T, E>) -> bool {
+        match next {
+            Ok(_) => {
+                self.replied();
+                true
+            }
+            Err(_) => self.lost(),
+        }
+    }
+}
+
 /// What a tool that follows a job through failovers makes of a request's fate: a connection
 /// lost before the request went out whole (the replica that answered stopped leading at once)
 /// shows again when the reply is read, and is reconnected there like any other loss; only the
@@ -179,4 +211,28 @@ pub fn superseded(sockets: &[PathBuf], current: &Path) -> bool {
     let answers =
         |s: &Path| Client::connect_within(s, Some(std::time::Duration::from_millis(300))).is_ok();
     sockets.iter().any(|s| s.as_path() != current && answers(s)) && !answers(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tool reconnects after each of `LOSSES_IN_A_ROW` losses in a row and gives up at the
+    /// next; a reply between losses starts the count over.
+    #[test]
+    fn losses_in_a_row_end_the_following_and_a_reply_starts_them_over() {
+        let mut losses = Losses::default();
+        let lost: Result<(), ()> = Err(());
+        for _ in 0..LOSSES_IN_A_ROW {
+            assert!(losses.after(&lost), "reconnects");
+        }
+        assert!(losses.after(&Ok::<(), ()>(())));
+        for _ in 0..LOSSES_IN_A_ROW {
+            assert!(losses.lost(), "a reply started the count over");
+        }
+        assert!(
+            !losses.after(&lost),
+            "gives up once lost more than {LOSSES_IN_A_ROW} times"
+        );
+    }
 }

@@ -14,8 +14,8 @@ use storm_cluster::control::{self, Client, JobOutcome, JobRequest, Reply, Reques
 use storm_cluster::messages::{JobId, Stream};
 use storm_cluster::tasks::node_of_rank;
 
-use crate::LOSSES_IN_A_ROW;
 use crate::input::InputSender;
+use crate::{LOSSES_IN_A_ROW, Losses};
 use storm_primitives::NodeSet;
 
 /// Finds the program as a shell would: a path with a slash is taken relative to `cwd`, a bare
@@ -281,9 +281,7 @@ pub fn run_job_with_input(
         &Request::Submit(Box::new(req)),
         program.map(|f| f.as_fd()),
     )?;
-    // Connections lost since the last reply: an MM that answers and then closes every
-    // connection at once is given up on rather than tried forever.
-    let mut lost_in_a_row = 0;
+    let mut losses = Losses::default();
     let mut job = None;
     let mut nodes = NodeSet::new();
     let mut names = Vec::new();
@@ -331,7 +329,7 @@ pub fn run_job_with_input(
             },
         };
         if matches!(ev, Event::Reply(_)) {
-            lost_in_a_row = 0;
+            losses.replied();
         }
         match ev {
             Event::Reply(Reply::Accepted { job: id, queued }) => {
@@ -385,8 +383,7 @@ pub fn run_job_with_input(
             Event::Reply(Reply::Error(e)) => return Err(e),
             Event::Reply(other) => return Err(format!("unexpected reply {other:?}")),
             Event::Lost(e) => {
-                lost_in_a_row += 1;
-                if lost_in_a_row > LOSSES_IN_A_ROW {
+                if !losses.lost() {
                     return Err(format!(
                         "lost the machine manager {LOSSES_IN_A_ROW} times in a row without a \
                          word from it ({e}); {}",

@@ -471,19 +471,13 @@ fn submit_batch(
     // The array's (or job's) id, once accepted; the elements that have ended.
     let mut accepted: Option<u64> = None;
     let mut ended = std::collections::BTreeSet::new();
-    // Connections lost since the last reply: an MM that answers and then closes every
-    // connection at once is given up on rather than tried forever.
-    let mut lost_in_a_row = 0;
+    let mut losses = storm_cli::Losses::default();
     loop {
         let next = client.next();
-        if next.is_ok() {
-            lost_in_a_row = 0;
-        } else {
-            lost_in_a_row += 1;
-        }
+        let go_on = losses.after(&next);
         let reply = match (next, accepted) {
             (Ok(r), _) => r,
-            (Err(e), _) if lost_in_a_row > storm_cli::LOSSES_IN_A_ROW => {
+            (Err(e), _) if !go_on => {
                 return Err(format!(
                     "lost the machine manager {} times in a row without a word \
                      from it ({e}); see storm queue for the job",
