@@ -534,6 +534,14 @@ impl Sim {
         self.run_until(d, |_| false);
     }
 
+    /// A simulated cluster with every node up, as most tests start: [`Sim::new`], then
+    /// [`Sim::run_until_up`] within 5 s of virtual time.
+    pub fn up(opts: SimOptions) -> Result<Self> {
+        let mut s = Self::new(opts)?;
+        s.run_until_up(Duration::from_secs(5))?;
+        Ok(s)
+    }
+
     /// Steps until every node is up (or `limit` passes).
     pub fn run_until_up(&mut self, limit: Duration) -> Result<()> {
         if !self.run_until(limit, |s| {

@@ -14,12 +14,6 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn sim(opts: SimOptions) -> Sim {
-    let mut s = Sim::new(opts).expect("simulated cluster");
-    s.run_until_up(Duration::from_secs(5)).expect("nodes up");
-    s
-}
-
 type Windows = Vec<(Instant, Instant)>;
 
 /// Runs until `done`, keeping the last run windows each node's tasks of `jobs` showed
@@ -62,7 +56,7 @@ fn history(s: &Sim, job: JobId) -> Option<JobOutcome> {
 
 #[test]
 fn a_batch_job_outlives_its_submitter_and_runs_one_task_on_its_first_node() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let batch = s.submit(&SimJob::new(3, ms(300)).as_batch()).unwrap();
     let interactive = s.submit(&SimJob::new(1, ms(300))).unwrap();
     s.run_for(ms(50));
@@ -94,12 +88,13 @@ fn a_batch_job_outlives_its_submitter_and_runs_one_task_on_its_first_node() {
 /// view, never beside the other time slot's job, always on the allocation's nodes.
 #[test]
 fn a_step_runs_in_its_allocations_time_slot_on_its_nodes() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 4,
         policy: PolicyKind::Gang,
         mpl: 2,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let alloc = s.submit(&SimJob::new(2, ms(2_000)).as_batch()).unwrap();
     let other = s.submit(&SimJob::new(4, ms(2_000))).unwrap();
     s.run_for(ms(100));
@@ -139,7 +134,7 @@ fn a_step_runs_in_its_allocations_time_slot_on_its_nodes() {
 
 #[test]
 fn a_step_ends_with_its_allocation() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let alloc = s.submit(&SimJob::new(2, ms(200)).as_batch()).unwrap();
     s.run_for(ms(50));
     let step = s
@@ -157,7 +152,7 @@ fn a_step_ends_with_its_allocation() {
 
 #[test]
 fn steps_must_fit_a_running_allocation_of_their_own_user() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let e = s
         .submit(&SimJob::new(1, ms(10)).as_step_of(77))
         .unwrap_err();
@@ -188,7 +183,7 @@ fn steps_must_fit_a_running_allocation_of_their_own_user() {
 /// does not wait for one.
 #[test]
 fn after_a_restart_a_queued_batch_job_starts_without_waiting_for_a_submitter() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let blocker = s.submit(&SimJob::new(4, ms(300)).as_batch()).unwrap();
     let queued = s.submit(&SimJob::new(4, ms(100)).as_batch()).unwrap();
     s.hang_up().unwrap();

@@ -11,12 +11,6 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn sim(opts: SimOptions) -> Sim {
-    let mut s = Sim::new(opts).expect("simulated cluster");
-    s.run_until_up(Duration::from_secs(5)).expect("nodes up");
-    s
-}
-
 /// What a simulated task of rank `rank` writing `lines` lines prints.
 fn lines_of(rank: u32, lines: u32) -> String {
     (1..=lines)
@@ -28,7 +22,7 @@ fn lines_of(rank: u32, lines: u32) -> String {
 /// task's end only once its output was delivered.
 #[test]
 fn every_line_a_task_writes_reaches_the_client_before_its_job_ends() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let job = s.submit(&SimJob::new(4, ms(300)).with_lines(400)).unwrap();
     assert!(s.run_until(ms(3_000), |s| s.outcome(job).is_some()));
     assert_eq!(s.outcome(job).unwrap().reason, None);
@@ -65,7 +59,7 @@ fn assert_output_before_outcome(s: &Sim, job: u64) {
 /// begins: nothing is lost.
 #[test]
 fn output_written_while_the_mm_restarts_reaches_the_client_once_and_in_order() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let job = s
         .submit(&SimJob::new(2, ms(1_000)).with_lines(2_000))
         .unwrap();
@@ -86,7 +80,7 @@ fn output_written_while_the_mm_restarts_reaches_the_client_once_and_in_order() {
 /// reports the task's end.
 #[test]
 fn a_burst_larger_than_the_output_queue_arrives_whole_before_the_outcome() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     // About 22 bytes a line: 10,000 lines are 220 KB.
     let job = s.submit(&SimJob::new(2, ms(0)).with_lines(10_000)).unwrap();
     assert!(s.run_until(ms(3_000), |s| s.outcome(job).is_some()));

@@ -10,16 +10,8 @@ use storm_cluster::control::JobState as ControlState;
 use storm_mm::journal::JobState;
 use storm_sim::{Sim, SimJob, SimOptions};
 
-const UP_WITHIN: Duration = Duration::from_secs(5);
-
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn sim(opts: SimOptions) -> Sim {
-    let mut s = Sim::new(opts).expect("simulated cluster");
-    s.run_until_up(UP_WITHIN).expect("nodes up");
-    s
 }
 
 /// The MM restarts after its journal recorded a job's launch but before the launch went out
@@ -30,12 +22,13 @@ fn sim(opts: SimOptions) -> Sim {
 /// failed, "its processes ... were gone", though none of its code had run.)
 #[test]
 fn a_launch_lost_with_the_mm_goes_again_to_the_same_nms_whatever_their_clocks_read() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 2,
         background_journal: true,
         node_clock_ahead_ms: 10_000,
         ..Default::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let blocker = s.submit(&SimJob::new(2, ms(300))).unwrap();
     let job = s.submit(&SimJob::new(2, ms(200))).unwrap();
     // The disk stops answering: the job's start is recorded but never settles, so its launch
@@ -94,10 +87,11 @@ fn a_launch_lost_with_the_mm_goes_again_to_the_same_nms_whatever_their_clocks_re
 /// code ran a second time there.)
 #[test]
 fn a_job_whose_nm_restarted_with_the_mm_is_not_run_again_whatever_the_nodes_clock_reads() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 2,
         ..Default::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let job = s.submit(&SimJob::new(2, ms(2_000))).unwrap();
     assert!(s.run_until(ms(2_000), |s| (0..2).all(|n| s.node(n).running(job))));
     s.restart_nm(0, -10_000);
@@ -125,10 +119,11 @@ fn a_job_whose_nm_restarted_with_the_mm_is_not_run_again_whatever_the_nodes_cloc
 /// with the pid it had was taken for the same process, and the job launched again there.)
 #[test]
 fn an_nm_restarted_with_the_same_pid_is_a_new_process() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 2,
         ..Default::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let job = s.submit(&SimJob::new(2, ms(2_000))).unwrap();
     assert!(s.run_until(ms(2_000), |s| (0..2).all(|n| s.node(n).running(job))));
     s.restart_nm(0, 0);

@@ -12,21 +12,13 @@ use storm_primitives::helpers::QueueProducer;
 use storm_primitives::{NodeSet, Primitives};
 use storm_sim::{Sim, SimJob, SimOptions, TransferModel};
 
-const UP_WITHIN: Duration = Duration::from_secs(5);
-
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn sim(opts: SimOptions) -> Sim {
-    let mut s = Sim::new(opts).expect("simulated cluster");
-    s.run_until_up(UP_WITHIN).expect("nodes up");
-    s
-}
-
 #[test]
 fn a_job_runs_for_its_work_and_ends_with_its_tasks_statuses() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let job = s.submit(&SimJob::new(4, ms(200))).unwrap();
     assert!(s.run_until(ms(2_000), |s| s.outcome(job).is_some()));
     let out = s.outcome(job).unwrap();
@@ -50,11 +42,12 @@ fn a_job_runs_for_its_work_and_ends_with_its_tasks_statuses() {
 #[test]
 fn a_frozen_node_is_down_at_exactly_k_missed_heartbeats() {
     let k = 5;
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         missed_heartbeats: k,
         record: true,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     s.run_for(ms(100));
     s.freeze(2, true);
     let last = s.node(2).heard().last().expect("node 2 took heartbeats").at;
@@ -91,14 +84,19 @@ fn a_frozen_node_is_down_at_exactly_k_missed_heartbeats() {
 #[test]
 fn a_frozen_node_is_down_at_k_whatever_the_heartbeat_queues_phase() {
     let k = 3;
-    let slots = sim(SimOptions::default()).config().cluster.heartbeat_slots as u32;
+    let slots = Sim::up(SimOptions::default())
+        .expect("a simulated cluster, every node up")
+        .config()
+        .cluster
+        .heartbeat_slots as u32;
     for phase in 0..slots {
-        let mut s = sim(SimOptions {
+        let mut s = Sim::up(SimOptions {
             nodes: 4,
             missed_heartbeats: k,
             record: true,
             ..SimOptions::default()
-        });
+        })
+        .expect("a simulated cluster, every node up");
         let slice = s.config().timeslice();
         s.run_for(slice * (20 + phase));
         s.freeze(3, true);
@@ -115,7 +113,7 @@ fn a_frozen_node_is_down_at_k_whatever_the_heartbeat_queues_phase() {
 
 #[test]
 fn a_thawed_node_registers_again_and_takes_jobs() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     s.freeze(1, true);
     assert!(s.run_until(ms(5_000), |s| s.state(1).state == NodeState::Down));
     s.freeze(1, false);
@@ -139,11 +137,12 @@ fn a_thawed_node_registers_again_and_takes_jobs() {
 #[test]
 fn a_cut_node_is_down_at_k_and_its_running_nm_rejoins_without_the_ended_job_once_mended() {
     let k = 4;
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         missed_heartbeats: k,
         record: true,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let job = s.submit(&SimJob::new(4, ms(60_000))).unwrap();
     assert!(s.run_until(ms(1_000), |s| s.node(3).running(job)));
     s.cut(3, true);
@@ -177,7 +176,7 @@ fn a_cut_node_is_down_at_k_and_its_running_nm_rejoins_without_the_ended_job_once
 /// are left; without it, the job ends with a reason naming the node.
 #[test]
 fn a_job_on_a_node_that_dies_is_requeued_only_if_it_asked() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let kept = s
         .submit(&SimJob {
             requeue: true,
@@ -229,11 +228,12 @@ fn a_job_on_a_node_that_dies_is_requeued_only_if_it_asked() {
 #[test]
 fn sigkill_follows_sigterm_after_kill_wait() {
     let wait = ms(300);
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         kill_wait: wait,
         record: true,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let job = s
         .submit(&SimJob {
             ignore_sigterm: true,
@@ -275,10 +275,11 @@ fn sigkill_follows_sigterm_after_kill_wait() {
 /// A job that never got SIGTERM-proof is ended by SIGTERM alone: no SIGKILL goes out.
 #[test]
 fn a_job_that_ends_on_sigterm_gets_no_sigkill() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         record: true,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let job = s.submit(&SimJob::new(1, ms(60_000))).unwrap();
     s.run_for(ms(50));
     s.cancel(job);
@@ -295,7 +296,7 @@ fn a_job_that_ends_on_sigterm_gets_no_sigkill() {
 /// The time limit is enforced in virtual time: cancelled once it passes, not before.
 #[test]
 fn a_job_is_cancelled_when_its_time_limit_passes() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let job = s
         .submit(&SimJob {
             time_limit: Some(ms(1_000)),
@@ -320,10 +321,11 @@ fn a_job_is_cancelled_when_its_time_limit_passes() {
 #[test]
 fn the_same_workload_gives_the_same_history() {
     fn history() -> Vec<(Duration, String)> {
-        let mut s = sim(SimOptions {
+        let mut s = Sim::up(SimOptions {
             policy: PolicyKind::Easy,
             ..SimOptions::default()
-        });
+        })
+        .expect("a simulated cluster, every node up");
         let t0 = s.now();
         for (i, n) in [3u32, 1, 4, 2, 2, 1, 4].iter().enumerate() {
             s.submit(&SimJob::new(*n, ms(37 * (i as u64 + 1)))).unwrap();
@@ -342,12 +344,13 @@ fn the_same_workload_gives_the_same_history() {
 /// take turns, one at a time, in equal shares.
 #[test]
 fn gang_strobes_carry_the_policys_decisions_for_10000_slices() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         policy: PolicyKind::Gang,
         mpl: 3,
         record: true,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let jobs: Vec<_> = (0..3)
         .map(|_| s.submit(&SimJob::new(4, ms(3_600_000))).unwrap())
         .collect();
@@ -392,11 +395,12 @@ fn gang_strobes_carry_the_policys_decisions_for_10000_slices() {
 /// about 400 ms, not 200).
 #[test]
 fn a_gang_job_runs_only_in_its_own_time_slots() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         policy: PolicyKind::Gang,
         mpl: 2,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let a = s.submit(&SimJob::new(4, ms(200))).unwrap();
     let b = s.submit(&SimJob::new(4, ms(200))).unwrap();
     let mut suspended = 0;
@@ -436,10 +440,11 @@ fn a_gang_job_runs_only_in_its_own_time_slots() {
 /// loss in storm-cli's chaos tests).
 #[test]
 fn a_welcome_sent_again_keeps_the_nodes_output_queue() {
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 1,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let k = s.config().failure.missed_heartbeats;
     let slice = s.config().timeslice();
     // The node leaves the heartbeat and registers again: a new membership, a new epoch.
@@ -491,7 +496,7 @@ fn a_welcome_sent_again_keeps_the_nodes_output_queue() {
 /// re-register and keep it) and ends normally; a queued job still runs.
 #[test]
 fn running_and_queued_jobs_survive_a_restart_of_the_mm() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let running = s.submit(&SimJob::new(4, ms(1_000))).unwrap();
     let queued = s.submit(&SimJob::new(2, ms(100))).unwrap();
     s.run_for(ms(200));
@@ -520,7 +525,7 @@ fn running_and_queued_jobs_survive_a_restart_of_the_mm() {
 /// program the MM held is let go of by the end.
 #[test]
 fn a_queued_job_with_a_program_survives_a_restart_of_the_mm() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let running = s
         .submit(&SimJob::new(4, ms(1_000)).with_program(4 << 20))
         .unwrap();
@@ -590,7 +595,7 @@ fn random_workload(s: &mut Sim, seed: u64, count: usize) -> Vec<u64> {
 #[test]
 fn fcfs_starts_jobs_in_submission_order_under_random_workloads() {
     for seed in 1..=5 {
-        let mut s = sim(SimOptions::default());
+        let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
         let jobs = random_workload(&mut s, seed, 40);
         assert!(
             s.run_until(ms(60_000), |s| jobs.iter().all(|j| s.outcome(*j).is_some())),
@@ -617,11 +622,12 @@ fn easy_and_gang_finish_every_job_of_random_workloads() {
         (PolicyKind::Easy, 2),
         (PolicyKind::Gang, 3),
     ] {
-        let mut s = sim(SimOptions {
+        let mut s = Sim::up(SimOptions {
             policy,
             mpl: 2,
             ..SimOptions::default()
-        });
+        })
+        .expect("a simulated cluster, every node up");
         let jobs = random_workload(&mut s, seed, 40);
         assert!(
             s.run_until(ms(120_000), |s| jobs
@@ -649,11 +655,12 @@ fn easy_and_gang_finish_every_job_of_random_workloads() {
 #[test]
 fn a_job_launches_a_heartbeat_after_its_program_reached_every_node() {
     let slice = ms(1);
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 64,
         timeslice: slice,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let bytes = 12_000_000;
     let transfer = TransferModel::default().time(64, bytes);
     let job = s
@@ -684,7 +691,7 @@ fn a_job_launches_a_heartbeat_after_its_program_reached_every_node() {
 /// learns of their end within the timeslices termination detection takes.
 #[test]
 fn the_outcome_times_start_run_and_report_from_the_nodes() {
-    let mut s = sim(SimOptions::default());
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
     let slice = s.config().timeslice();
     let job = s.submit(&SimJob::new(4, ms(200))).unwrap();
     assert!(s.run_until(ms(2_000), |s| s.outcome(job).is_some()));
@@ -707,11 +714,12 @@ fn the_outcome_times_start_run_and_report_from_the_nodes() {
 #[test]
 fn an_nm_looks_again_soon_for_the_status_of_a_task_whose_output_drained() {
     let slice = ms(20);
-    let mut s = sim(SimOptions {
+    let mut s = Sim::up(SimOptions {
         nodes: 1,
         timeslice: slice,
         ..SimOptions::default()
-    });
+    })
+    .expect("a simulated cluster, every node up");
     let idle = s.node(0).poll_timeout();
     assert!(idle >= slice, "an idle NM waits {idle:?}");
     let job = s
