@@ -99,26 +99,13 @@ impl Launched<'_> {
 /// after a lost answer is recognised).
 fn probe_request(trial: usize) -> JobRequest {
     JobRequest {
-        name: "failover-probe".into(),
-        program: "/bin/true".into(),
-        args: vec![],
-        env: vec![],
-        cwd: "/".into(),
         tasks: TaskRequest {
             ntasks: Some(1),
             ..Default::default()
         },
         delivery: Delivery::InPlace,
-        time_limit_ms: None,
-        requeue: false,
-        mpi: Default::default(),
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
         token: Some(u64::from(std::process::id()) << 32 | trial as u64),
+        ..JobRequest::new("failover-probe", "/bin/true", "/")
     }
 }
 

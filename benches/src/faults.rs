@@ -421,26 +421,12 @@ fn mm_restart(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     for _ in 0..JOURNALED_JOBS {
         let client = Client::connect(&socket).map_err(anyhow::Error::msg)?;
         let req = storm_cluster::control::JobRequest {
-            name: "journaled".into(),
-            program: "/bin/true".into(),
-            args: vec![],
-            env: vec![],
-            cwd: "/".into(),
             tasks: storm_cluster::tasks::TaskRequest {
                 nodes: Some(args.nodes),
                 ..Default::default()
             },
             delivery: storm_cluster::control::Delivery::InPlace,
-            time_limit_ms: None,
-            requeue: false,
-            mpi: Default::default(),
-            input: Default::default(),
-            dependency: None,
-            batch: None,
-            step_of: None,
-            array: None,
-            element: None,
-            token: None,
+            ..storm_cluster::control::JobRequest::new("journaled", "/bin/true", "/")
         };
         storm_cli::submit::run_job(client, req, None, &mut Quiet).map_err(anyhow::Error::msg)?;
     }

@@ -103,27 +103,13 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
     let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
     let file = File::open(program)?;
     let req = JobRequest {
-        name: "donothing".into(),
-        program: program.to_path_buf(),
-        args: Vec::new(),
-        env: Vec::new(),
-        cwd: std::env::temp_dir(),
         tasks: TaskRequest {
             nodes: Some(n),
             ntasks: Some(n),
             ..TaskRequest::default()
         },
         delivery: storm_cluster::control::Delivery::Broadcast,
-        time_limit_ms: None,
-        requeue: false,
-        mpi: Default::default(),
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
-        token: None,
+        ..JobRequest::new("donothing", program.to_path_buf(), std::env::temp_dir())
     };
     let start = Instant::now();
     let (outcome, _, _) =

@@ -128,27 +128,14 @@ impl Progress for Stdout {
 fn storm_once(cluster: &LocalCluster, program: &Path, nodes: u32, ppn: u32) -> Result<Sample> {
     let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
     let req = JobRequest {
-        name: "wireup".into(),
-        program: program.to_path_buf(),
-        args: Vec::new(),
-        env: Vec::new(),
-        cwd: std::env::temp_dir(),
         tasks: TaskRequest {
             nodes: Some(nodes),
             ntasks: Some(nodes * ppn),
             ..TaskRequest::default()
         },
         delivery: storm_cluster::control::Delivery::InPlace,
-        time_limit_ms: None,
-        requeue: false,
         mpi: MpiMode::Both,
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
-        token: None,
+        ..JobRequest::new("wireup", program.to_path_buf(), std::env::temp_dir())
     };
     let mut out = Stdout::default();
     let start = Instant::now();

@@ -164,26 +164,13 @@ fn token() -> u64 {
 
 fn submit_once(group: &Group, delivery: Delivery) -> Result<(Duration, Option<Timing>)> {
     let req = JobRequest {
-        name: "true".into(),
-        program: PROGRAM.into(),
-        args: Vec::new(),
-        env: Vec::new(),
-        cwd: std::env::temp_dir(),
         tasks: TaskRequest {
             ntasks: Some(1),
             ..TaskRequest::default()
         },
         delivery,
-        time_limit_ms: None,
-        requeue: false,
-        mpi: Default::default(),
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
         token: Some(token()),
+        ..JobRequest::new("true", PROGRAM, std::env::temp_dir())
     };
     let program = if delivery.carries_program() {
         Some(std::fs::File::open(PROGRAM)?)

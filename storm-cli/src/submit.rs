@@ -514,26 +514,13 @@ mod tests {
 
     fn job_request() -> JobRequest {
         JobRequest {
-            name: "j".into(),
-            program: "/bin/true".into(),
-            args: vec![],
-            env: vec![],
-            cwd: "/".into(),
             tasks: TaskRequest {
                 ntasks: Some(1),
                 ..Default::default()
             },
             delivery: Delivery::InPlace,
-            time_limit_ms: None,
-            requeue: false,
-            mpi: Default::default(),
-            input: Default::default(),
-            dependency: None,
-            batch: None,
-            step_of: None,
-            array: None,
-            element: None,
             token: Some(1),
+            ..JobRequest::new("j", "/bin/true", "/")
         }
     }
 

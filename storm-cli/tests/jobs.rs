@@ -886,26 +886,13 @@ fn raw_submit_helper() {
         }
     }
     let req = storm_cluster::control::JobRequest {
-        name: "raw".into(),
-        program: "/bin/cat".into(),
         args: vec!["secret.txt".into()],
-        env: vec![],
-        cwd: cwd.into(),
         tasks: storm_cluster::tasks::TaskRequest {
             nodes: Some(1),
             ..Default::default()
         },
         delivery: storm_cluster::control::Delivery::InPlace,
-        time_limit_ms: None,
-        requeue: false,
-        mpi: Default::default(),
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
-        token: None,
+        ..storm_cluster::control::JobRequest::new("raw", "/bin/cat", cwd)
     };
     let client = storm_cluster::control::Client::connect(std::path::Path::new(&socket)).unwrap();
     let outcome = storm_cli::submit::run_job(client, req, None, &mut Print);

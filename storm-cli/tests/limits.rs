@@ -189,23 +189,8 @@ fn jobs_followed_in_process_give_their_connections_back() {
     });
     for n in 0..8 {
         let req = JobRequest {
-            name: "true".into(),
-            program: "/bin/true".into(),
-            args: Vec::new(),
-            env: Vec::new(),
-            cwd: "/".into(),
-            tasks: TaskRequest::default(),
             delivery: storm_cluster::control::Delivery::InPlace,
-            time_limit_ms: None,
-            requeue: false,
-            mpi: Default::default(),
-            input: Default::default(),
-            dependency: None,
-            batch: None,
-            step_of: None,
-            array: None,
-            element: None,
-            token: None,
+            ..JobRequest::new("true", "/bin/true", "/")
         };
         let client = Client::connect(&c.socket)
             .unwrap_or_else(|e| panic!("job {n}: the connections of earlier jobs linger: {e}"));
@@ -303,26 +288,12 @@ fn rss(pid: u32) -> u64 {
 /// A job of `/bin/true` named `name`, run in place.
 fn named_job(name: String, cwd: &Path) -> JobRequest {
     JobRequest {
-        name,
-        program: "/bin/true".into(),
-        args: vec![],
-        env: vec![],
-        cwd: cwd.to_path_buf(),
         tasks: TaskRequest {
             nodes: Some(1),
             ..Default::default()
         },
         delivery: storm_cluster::control::Delivery::InPlace,
-        time_limit_ms: None,
-        requeue: false,
-        mpi: Default::default(),
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
-        token: None,
+        ..JobRequest::new(name, "/bin/true", cwd.to_path_buf())
     }
 }
 

@@ -78,6 +78,40 @@ pub struct JobRequest {
     pub token: Option<u64>,
 }
 
+impl JobRequest {
+    /// A job named `name` that runs `program` from `cwd` and asks for nothing beyond the
+    /// defaults: no arguments or environment, one task, the program delivered as
+    /// [`Delivery::Auto`], no time limit, no dependency, no submission token. Benches, tests
+    /// and the simulator set what they ask for with struct update syntax
+    /// (`JobRequest { tasks, ..JobRequest::new(name, program, cwd) }`); the CLIs spell every
+    /// field, so that each new one is decided where users ask for jobs.
+    pub fn new(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        cwd: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: cwd.into(),
+            tasks: TaskRequest::default(),
+            delivery: Delivery::Auto,
+            time_limit_ms: None,
+            requeue: false,
+            mpi: Default::default(),
+            input: Default::default(),
+            dependency: None,
+            batch: None,
+            step_of: None,
+            array: None,
+            element: None,
+            token: None,
+        }
+    }
+}
+
 /// How a job's program reaches its nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

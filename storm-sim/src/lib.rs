@@ -261,11 +261,7 @@ impl SimJob {
             args.push(format!("{EXIT_CODE}{}", self.exit_code));
         }
         JobRequest {
-            name: self.name.clone(),
-            program: "/sim/task".into(),
             args: args.into_iter().map(Into::into).collect(),
-            env: Vec::new(),
-            cwd: "/".into(),
             tasks: TaskRequest {
                 nodes: Some(self.nodes),
                 ntasks: Some(self.ntasks.unwrap_or(self.nodes)),
@@ -278,16 +274,14 @@ impl SimJob {
             },
             time_limit_ms: self.time_limit.map(|d| d.as_millis() as u64),
             requeue: self.requeue,
-            mpi: Default::default(),
-            input: Default::default(),
             dependency: self.dependency.clone(),
             batch: self
                 .batch
                 .then(storm_cluster::messages::BatchOutput::default_files),
             step_of: self.step_of,
             array: self.array.clone(),
-            element: None,
             token: self.token,
+            ..JobRequest::new(self.name.clone(), "/sim/task", "/")
         }
     }
 }

@@ -192,29 +192,20 @@ pub fn submit(
     let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
     let file = File::open(program).with_context(|| format!("opening {}", program.display()))?;
     let req = JobRequest {
-        name: program
-            .file_name()
-            .map_or("job".into(), |n| n.to_string_lossy().into_owned()),
-        program: program.to_path_buf(),
         args: args.into_iter().map(Into::into).collect(),
-        env: Vec::new(),
-        cwd: std::env::temp_dir(),
         tasks: TaskRequest {
             nodes: Some(nodes),
             ntasks: Some(nodes),
             ..TaskRequest::default()
         },
         delivery: storm_cluster::control::Delivery::Broadcast,
-        time_limit_ms: None,
-        requeue: false,
-        mpi: Default::default(),
-        input: Default::default(),
-        dependency: None,
-        batch: None,
-        step_of: None,
-        array: None,
-        element: None,
-        token: None,
+        ..JobRequest::new(
+            program
+                .file_name()
+                .map_or("job".into(), |n| n.to_string_lossy().into_owned()),
+            program.to_path_buf(),
+            std::env::temp_dir(),
+        )
     };
     let (outcome, _, _) =
         submit::run_job(client, req, Some(&file), progress).map_err(anyhow::Error::msg)?;

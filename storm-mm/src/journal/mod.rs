@@ -880,27 +880,14 @@ pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
     use storm_cluster::control::Timing;
-    use storm_cluster::tasks::TaskRequest;
 
     fn request(name: &str) -> JobRequest {
         JobRequest {
-            name: name.into(),
-            program: "/bin/true".into(),
             args: vec!["a".into()],
             env: vec![("K".into(), "V".into())],
-            cwd: "/".into(),
-            tasks: TaskRequest::default(),
             delivery: storm_cluster::control::Delivery::Broadcast,
             time_limit_ms: Some(60_000),
-            requeue: false,
-            mpi: Default::default(),
-            input: Default::default(),
-            dependency: None,
-            batch: None,
-            step_of: None,
-            array: None,
-            element: None,
-            token: None,
+            ..JobRequest::new(name, "/bin/true", "/")
         }
     }
 
