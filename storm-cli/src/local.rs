@@ -458,6 +458,7 @@ impl LocalCluster {
                     peer_address: addrs[2 * i + 1],
                     state_dir: Some(root.join(format!("m{i}-state"))),
                     control_socket: Some(root.join(format!("m{i}.sock"))),
+                    relay_address: None,
                 })
                 .collect();
             config.mm.address = config.managers[0].address;

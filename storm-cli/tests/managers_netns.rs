@@ -9,28 +9,12 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use storm_cli::testbed::{Testbed, TestbedOptions};
-use support::testbed::{can_run, gone_within, submit, unique_name};
-use support::{assert_counted_lines, bin_dir, counter_script, ensure_daemons, text, wait_for_text};
-
-fn group(nodes: u32, work: &Path) -> Testbed {
-    ensure_daemons();
-    Testbed::up(&TestbedOptions {
-        name: unique_name(),
-        nodes,
-        cpus: storm_cli::local::host_cpus(),
-        dir: work.join("testbed"),
-        timeslice_ms: 1.0,
-        scheduler: Default::default(),
-        failure: Default::default(),
-        managers: 3,
-    })
-    .expect("testbed with three MM replicas up")
-}
+use storm_cli::testbed::Testbed;
+use support::testbed::{can_run, gone_within, submit, up_group};
+use support::{assert_counted_lines, bin_dir, counter_script, text, wait_for_text};
 
 fn storm(tb: &Testbed, args: &[&str]) -> std::process::Output {
     Command::new(bin_dir().join("storm"))
@@ -77,7 +61,7 @@ enum Cut {
 /// in order and ends as it would have, and the old leader, once healed, follows.
 fn leader_partitioned(cut: Cut, why: &str) {
     let work = tempfile::tempdir().unwrap();
-    let tb = group(2, work.path());
+    let tb = up_group(2, work.path());
     let leader = tb.leader().expect("a leader");
     let j: u32 = leader.trim_start_matches('m').parse().unwrap();
     let leader_pid = tb.pid(&format!("storm-mm {leader}")).unwrap();

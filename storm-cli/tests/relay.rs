@@ -13,21 +13,28 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use storm_cli::relay::wire::{self, FRAME_LIMIT, Up, WireError};
+use storm_cli::relay::wire::{self, FRAME_LIMIT, Opened, Up, WireError};
 use storm_cli::testbed::Testbed;
 use storm_cluster::control::{self, PROTOCOL_VERSION, Reply, Request};
 use storm_primitives::tcp::auth::ClusterKey;
-use support::testbed::{can_run, up};
+use support::testbed::{can_run, up, up_group};
 use support::{NOBODY, bin_dir, root_or_say, script, shared_tempdir, text};
 
 /// A command run in node `node`'s namespace as user nobody, whose view of the files has no
 /// MM socket: it is covered by `/dev/null` in a mount namespace of its own, as on a compute
 /// node of a real cluster.
 fn on_node_as_nobody(tb: &Testbed, node: u32, program: &str, args: &[&str]) -> Command {
+    // Every MM control socket there is (a replicated MM's leader's, and any left behind).
+    let sockets: Vec<String> = tb
+        .config
+        .control_sockets()
+        .iter()
+        .map(|s| format!("'{}'", s.display()))
+        .collect();
     let hide = format!(
-        "mount --bind /dev/null {} && exec setpriv --reuid={NOBODY} --regid={NOBODY} \
-         --clear-groups -- \"$@\"",
-        tb.socket().display()
+        "for s in {}; do if [ -e \"$s\" ]; then mount --bind /dev/null \"$s\" || exit 1; fi; \
+         done; exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups -- \"$@\"",
+        sockets.join(" ")
     );
     let mut c = Command::new("ip");
     c.args([
@@ -165,6 +172,89 @@ fn a_user_on_a_node_without_the_mm_socket_runs_jobs_through_its_relay() {
     );
 }
 
+/// A replicated MM has a manager-side relay beside each replica, and a node's relay tries
+/// them in turn: only the leader's takes a user's connection. Users on a node go on working
+/// through their relay when the leader is killed (its relay stays up, as on a host whose MM
+/// crashed, and says it has no MM): a job followed through the relay across the failover
+/// delivers every line of both ranks once and in order, and the next job runs.
+#[test]
+fn users_on_a_node_follow_a_failover_of_a_replicated_mm_through_their_relay() {
+    let test = "users_on_a_node_follow_a_failover_of_a_replicated_mm_through_their_relay";
+    if !can_run(test) || !root_or_say(test) {
+        return;
+    }
+    let work = shared_tempdir();
+    let mut tb = up_group(2, work.path());
+    let relay = tb.relay_socket(1).display().to_string();
+    let leader = tb.leader().expect("a leader");
+    let counter = support::counter_script(work.path(), 40);
+    let log = work.path().join("submit.log");
+    let running = on_node_as_nobody(
+        &tb,
+        1,
+        "storm-submit",
+        &[
+            "--socket",
+            &relay,
+            "-N",
+            "2",
+            "-l",
+            "--reconnect",
+            "60",
+            &counter,
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    support::wait_for_text(&log, "tick 5", Duration::from_secs(20));
+    tb.kill(&format!("storm-mm {leader}")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tb.leader().is_none_or(|l| l == leader) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replica took over from {leader}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = on_node_as_nobody(
+        &tb,
+        1,
+        "storm-submit",
+        &[
+            "--socket",
+            &relay,
+            "-N",
+            "2",
+            "sh",
+            "-c",
+            "echo $(id -u) after",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stderr),
+        support::testbed::logs(&tb)
+    );
+    assert_eq!(
+        text(&out.stdout),
+        format!("{NOBODY} after\n{NOBODY} after\n")
+    );
+    let out = running.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    support::assert_counted_lines(&out, 2, 40, &log);
+    tb.down().unwrap();
+}
+
 #[test]
 fn a_batch_scripts_steps_reach_the_mm_through_its_nodes_relay() {
     let test = "a_batch_scripts_steps_reach_the_mm_through_its_nodes_relay";
@@ -281,6 +371,11 @@ fn relay_as(
         gid: uid,
         version: PROTOCOL_VERSION,
     })?;
+    // The manager side says first whether its MM took the connection.
+    match link.reader.recv::<Opened>()? {
+        Opened::Ready => {}
+        other => return Err(WireError::Refused(format!("{other:?}"))),
+    }
     let mut replies = vec![link.reader.recv::<Reply>()?];
     if let Some(req) = then {
         link.writer.send(&Up::Request(req))?;

@@ -423,6 +423,11 @@ pub struct ManagerEntry {
     /// This replica's `[cluster] control_socket`, where it differs (replicas sharing a host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_socket: Option<PathBuf>,
+    /// Where the manager side of the control relay beside this replica listens
+    /// (`storm-relay --manager --replica NAME`), in place of `[relay] address`: the node
+    /// relays try each replica's in turn, and only the leader's takes a user's connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_address: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1039,6 +1044,27 @@ impl ClusterConfig {
                 }
             }
         }
+        let with_relay = m.iter().filter(|e| e.relay_address.is_some()).count();
+        if with_relay > 0 {
+            if let Some(e) = m.iter().find(|e| e.relay_address.is_none()) {
+                return bad(format!(
+                    "manager {:?} has no relay_address while others have one: give every \
+                     [[manager]] entry a relay_address, or none",
+                    e.name
+                ));
+            }
+            if let Some(a) = self.relay.address {
+                return bad(format!(
+                    "[relay] address = {a} and the [[manager]] entries' relay_address both say \
+                     where the manager-side relay listens: keep one"
+                ));
+            }
+            for a in m.iter().filter_map(|e| e.relay_address) {
+                if !addrs.insert(a) || self.nodes.iter().any(|n| n.address == a) {
+                    return bad(format!("address {a} is used twice"));
+                }
+            }
+        }
         if !m.iter().any(|e| e.address == self.mm.address) {
             return bad(format!(
                 "[mm] address {} is none of the [[manager]] entries' addresses (leave [mm] out \
@@ -1101,6 +1127,21 @@ impl ClusterConfig {
         (0..self.managers.len())
             .map(|i| self.as_manager(i).cluster.control_socket)
             .collect()
+    }
+
+    /// Where the manager side of the control relay may listen, in the order node relays try
+    /// them: every replica's `relay_address`, or `[relay] address` (empty: no relay).
+    pub fn relay_addresses(&self) -> Vec<SocketAddr> {
+        let per_replica: Vec<SocketAddr> = self
+            .managers
+            .iter()
+            .filter_map(|m| m.relay_address)
+            .collect();
+        if per_replica.is_empty() {
+            self.relay.address.into_iter().collect()
+        } else {
+            per_replica
+        }
     }
 
     /// Every address the MM's endpoint may be at: the replicas' in order, or the one MM's.
@@ -1301,6 +1342,45 @@ pub(crate) mod tests {
         let none = SMALL.replace("[mm]\n        address = \"127.0.0.1:7000\"", "");
         let e = ClusterConfig::parse(&none).unwrap_err().to_string();
         assert!(e.contains("no [mm] address"), "{e}");
+    }
+
+    #[test]
+    fn each_replica_may_have_a_relay_of_its_own_and_then_every_one_has() {
+        // No relay anywhere, then the one [relay] address.
+        assert!(
+            ClusterConfig::parse(&group_file(3))
+                .unwrap()
+                .relay_addresses()
+                .is_empty()
+        );
+        let one = format!("{}[relay]\naddress = \"127.0.0.1:7301\"\n", group_file(3));
+        let c = ClusterConfig::parse(&one).unwrap();
+        assert_eq!(c.relay_addresses(), ["127.0.0.1:7301".parse().unwrap()]);
+        // One per replica, tried in the entries' order.
+        let mut each = group_file(3);
+        for i in 0..3 {
+            each = each.replace(
+                &format!("control_socket = \"/run/m{i}.sock\"\n"),
+                &format!(
+                    "control_socket = \"/run/m{i}.sock\"\nrelay_address = \"127.0.0.1:{}\"\n",
+                    7400 + i
+                ),
+            );
+        }
+        let c = ClusterConfig::parse(&each).unwrap();
+        let ports: Vec<u16> = c.relay_addresses().iter().map(|a| a.port()).collect();
+        assert_eq!(ports, [7400, 7401, 7402]);
+        assert_eq!(ClusterConfig::parse(&c.to_toml()).unwrap(), c);
+        // All or none, never both kinds, never an address used twice.
+        let partial = each.replace("relay_address = \"127.0.0.1:7401\"\n", "");
+        let e = ClusterConfig::parse(&partial).unwrap_err().to_string();
+        assert!(e.contains("manager \"m1\" has no relay_address"), "{e}");
+        let both = format!("{each}[relay]\naddress = \"127.0.0.1:7301\"\n");
+        let e = ClusterConfig::parse(&both).unwrap_err().to_string();
+        assert!(e.contains("keep one"), "{e}");
+        let twice = each.replace("127.0.0.1:7402", "127.0.0.1:7100");
+        let e = ClusterConfig::parse(&twice).unwrap_err().to_string();
+        assert!(e.contains("127.0.0.1:7100 is used twice"), "{e}");
     }
 
     #[test]

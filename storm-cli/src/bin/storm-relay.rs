@@ -16,9 +16,10 @@ use storm_cluster::daemon;
     about = "storm control relay: lets users on the compute nodes reach the machine manager",
     long_about = "storm control relay: lets users on the compute nodes reach the machine \
                   manager, whose control socket is a Unix socket on its own host. Run \
-                  `storm-relay --manager` on the MM's host and `storm-relay` on every node; \
-                  storm-submit and storm on a node then work as on the MM's host, and a batch \
-                  script's steps reach the MM through its node's relay."
+                  `storm-relay --manager` on the MM's host (with a replicated MM, `storm-relay \
+                  --manager --replica NAME` beside every replica) and `storm-relay` on every \
+                  node; storm-submit and storm on a node then work as on the MM's host, and a \
+                  batch script's steps reach the MM through its node's relay."
 )]
 struct Args {
     /// The cluster file.
@@ -27,6 +28,11 @@ struct Args {
     /// Run the manager side, on the MM's host: listen on `[relay] address`.
     #[arg(long, conflicts_with = "node")]
     manager: bool,
+    /// With --manager, for a replicated MM whose `[[manager]]` entries have a
+    /// `relay_address`: the replica (name or index) this relay stands beside. It listens on
+    /// that replica's relay_address and carries users only to that replica, while it leads.
+    #[arg(long, requires = "manager")]
+    replica: Option<String>,
     /// The node side for this node (name or index in the cluster file; default: this
     /// host's name): take local users' connections on `[relay] socket`.
     #[arg(long)]
@@ -44,7 +50,13 @@ fn run() -> Result<()> {
     let args = Args::parse();
     let config = ClusterConfig::load(&args.config)?;
     if args.manager {
-        return storm_cli::relay::manager::serve(config);
+        let beside = args
+            .replica
+            .as_deref()
+            .map(|r| config.manager_by_name(r))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+        return storm_cli::relay::manager::serve(config, beside);
     }
     let node = config
         .this_node(args.node.as_deref())

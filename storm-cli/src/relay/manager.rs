@@ -28,18 +28,21 @@ use storm_primitives::NodeId;
 use storm_primitives::log_limit::LogLimit;
 use storm_primitives::tcp::auth::ClusterKey;
 
-use super::wire::{self, FRAME_LIMIT, SealedReader, SealedWriter, Up, WireError};
+use super::wire::{self, FRAME_LIMIT, Opened, SealedReader, SealedWriter, Up, WireError};
 
 /// Handshakes that may run at once.
 pub const MAX_HANDSHAKES: usize = 64;
 
 /// What every link's threads share.
 struct ManagerRelay {
+    /// Where it listens (named to the node relays when its MM does not take a connection).
+    addr: std::net::SocketAddr,
     key: ClusterKey,
     names: Vec<String>,
     enrolled: parking_lot::RwLock<Enrolled>,
-    /// The MM's control socket; every replica's, in order, for a replicated MM (followers do
-    /// not listen: the leader's takes the connection).
+    /// The MM's control socket; every replica's, in order, for a replicated MM served by one
+    /// relay (followers do not listen: the leader's takes the connection); the one replica's
+    /// it stands beside, for a relay per replica.
     control_sockets: Vec<PathBuf>,
     max_program_bytes: u64,
     counts: ConnectionCounts,
@@ -48,10 +51,38 @@ struct ManagerRelay {
 
 /// Listens on `[relay] address` and serves node relays until the process ends. SIGHUP reads
 /// the enrolled nodes' keys again, as it does for the MM.
-pub fn serve(cfg: ClusterConfig) -> Result<()> {
-    let addr = cfg.relay.address.context(
-        "the cluster file has no [relay] address: set where the manager-side relay listens",
-    )?;
+///
+/// `beside`: the replica of a replicated MM this relay stands beside (its `[[manager]]`
+/// index). It then listens on that replica's `relay_address` and carries users only to that
+/// replica's control socket: while the replica does not lead (it does not listen), a node
+/// relay is told so ([`Opened::NoManager`]) and tries the next replica's relay.
+pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
+    let (addr, control_sockets) = match beside {
+        None => {
+            if cfg.managers.iter().any(|m| m.relay_address.is_some()) {
+                anyhow::bail!(
+                    "the [[manager]] entries have relay addresses: run one `storm-relay \
+                     --manager --replica NAME` beside each replica"
+                );
+            }
+            let addr = cfg.relay.address.context(
+                "the cluster file has no [relay] address: set where the manager-side relay \
+                 listens",
+            )?;
+            (addr, cfg.control_sockets())
+        }
+        Some(i) => {
+            let m = &cfg.managers[i];
+            let addr = m.relay_address.with_context(|| {
+                format!(
+                    "manager {:?} has no relay_address in the cluster file: set where the \
+                     relay beside it listens, or run one relay with [relay] address",
+                    m.name
+                )
+            })?;
+            (addr, vec![cfg.as_manager(i).cluster.control_socket])
+        }
+    };
     let key = cfg.load_key()?;
     let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind(addr)
@@ -59,15 +90,16 @@ pub fn serve(cfg: ClusterConfig) -> Result<()> {
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
     let relay = Arc::new(ManagerRelay {
+        addr,
         key,
         names: cfg.nodes.iter().map(|n| n.name.clone()).collect(),
         enrolled: parking_lot::RwLock::new(enrolled),
-        control_sockets: cfg.control_sockets(),
+        control_sockets,
         max_program_bytes: cfg.limits.max_program_bytes,
         counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
         handshakes: AtomicUsize::new(0),
     });
-    tracing::info!(%addr, mm = ?cfg.control_sockets(), "relaying the nodes' users to the machine manager");
+    tracing::info!(%addr, mm = ?relay.control_sockets, "relaying the nodes' users to the machine manager");
     storm_cluster::daemon::notify_ready();
     let mut refused = LogLimit::new(Duration::from_secs(10));
     for conn in listener.incoming() {
@@ -117,7 +149,7 @@ pub fn serve(cfg: ClusterConfig) -> Result<()> {
 struct Down(Mutex<SealedWriter<TcpStream>>);
 
 impl Down {
-    fn send(&self, reply: &Reply) -> bool {
+    fn send<T: serde::Serialize>(&self, reply: &T) -> bool {
         let mut w = self.0.lock().unwrap_or_else(|e| e.into_inner());
         w.send(reply).is_ok()
     }
@@ -174,7 +206,7 @@ impl ManagerRelay {
         let _counted = match self.counts.admit(uid) {
             Ok(c) => c,
             Err(msg) => {
-                down.send(&Reply::Error(msg));
+                down.send(&Opened::Refused(msg));
                 return;
             }
         };
@@ -190,8 +222,9 @@ impl ManagerRelay {
                 }
             });
         let Some(mm) = mm else {
-            down.send(&Reply::Error(format!(
-                "the machine manager is not running ({}); try again when it is",
+            down.send(&Opened::NoManager(format!(
+                "no machine manager takes connections beside the relay at {} ({})",
+                self.addr,
                 failures.join("; ")
             )));
             return;
@@ -202,7 +235,7 @@ impl ManagerRelay {
             gid,
             node: name.clone(),
         };
-        if control::send(&mm, &hello, None).is_err() {
+        if control::send(&mm, &hello, None).is_err() || !down.send(&Opened::Ready) {
             return;
         }
         let (Ok(mm_in), Ok(mm_closer)) = (mm.try_clone(), mm.try_clone()) else {

@@ -12,6 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,11 +25,26 @@ use storm_cluster::messages::ProgramStamp;
 use storm_primitives::NodeId;
 use storm_primitives::tcp::auth::ClusterKey;
 
-use super::wire::{self, CHUNK_BYTES, FRAME_LIMIT, SealedWriter, Up};
+use super::wire::{self, CHUNK_BYTES, FRAME_LIMIT, Opened, SealedWriter, Up, WireError};
+
+/// A relay link over TCP.
+type Link = wire::Link<TcpStream, TcpStream>;
+
+/// How a manager-side relay answered a user's connection.
+enum Opening {
+    /// Its MM took it.
+    Ready(Link, TcpStream),
+    /// Refused for the user (too many connections): no other relay is tried.
+    Refused(String),
+}
 
 /// What every connection's threads share.
 struct NodeRelay {
-    manager: SocketAddr,
+    /// The manager-side relays, in the order tried (one, or one per replica of a replicated
+    /// MM, of which only the leader's takes connections).
+    managers: Vec<SocketAddr>,
+    /// The one that took the last connection: tried first.
+    last_good: AtomicUsize,
     connect_timeout: Duration,
     key: ClusterKey,
     node: NodeId,
@@ -41,12 +57,13 @@ struct NodeRelay {
 
 /// Binds node `node`'s relay socket and serves it until the process ends.
 pub fn serve(cfg: ClusterConfig, node: NodeId) -> Result<()> {
-    let Some(manager) = cfg.relay.address else {
+    let managers = cfg.relay_addresses();
+    if managers.is_empty() {
         bail!(
-            "the cluster file has no [relay] address: there is no manager-side relay to carry \
-             users' connections to"
+            "the cluster file has no [relay] address (nor a relay_address for each \
+             [[manager]]): there is no manager-side relay to carry users' connections to"
         );
-    };
+    }
     let name = cfg.nodes[node as usize].name.clone();
     let key = cfg.load_key()?;
     let identity = cfg.load_node_key(&name)?;
@@ -67,7 +84,8 @@ pub fn serve(cfg: ClusterConfig, node: NodeId) -> Result<()> {
         .bind_socket(file, 0o666)
         .with_context(|| format!("cannot create the relay socket {}", path.display()))?;
     let relay = Arc::new(NodeRelay {
-        manager,
+        managers: managers.clone(),
+        last_good: AtomicUsize::new(0),
         connect_timeout: Duration::from_millis(cfg.tcp.connect_timeout_ms),
         key,
         node,
@@ -77,7 +95,7 @@ pub fn serve(cfg: ClusterConfig, node: NodeId) -> Result<()> {
         max_program_bytes: cfg.limits.max_program_bytes,
         counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
     });
-    tracing::info!(node = %name, socket = %path.display(), %manager, "relaying users' control connections");
+    tracing::info!(node = %name, socket = %path.display(), ?managers, "relaying users' control connections");
     storm_cluster::daemon::notify_ready();
     for conn in listener.incoming() {
         match conn {
@@ -143,29 +161,9 @@ impl NodeRelay {
             }
             Err(_) => return,
         };
-        let tcp = match self.open_link() {
-            Ok(t) => t,
-            Err(msg) => {
-                tracing::warn!(uid, "{msg}");
-                out.send(&Reply::Error(msg));
-                return;
-            }
-        };
-        let (Ok(r), Ok(w), Ok(closer)) = (tcp.try_clone(), tcp.try_clone(), tcp.try_clone()) else {
-            return;
-        };
-        let link = match wire::handshake_as_node(
-            r,
-            w,
-            &self.key,
-            self.node,
-            self.cluster_size,
-            &self.identity,
-            FRAME_LIMIT,
-        ) {
+        let (link, closer) = match self.open_link(uid, gid, version) {
             Ok(l) => l,
-            Err(e) => {
-                let msg = format!("the control relay could not reach the machine manager: {e}");
+            Err(msg) => {
                 tracing::warn!(uid, "{msg}");
                 out.send(&Reply::Error(msg));
                 return;
@@ -173,9 +171,6 @@ impl NodeRelay {
         };
         let _ = closer.set_read_timeout(None);
         let mut up = link.writer;
-        if up.send(&Up::Open { uid, gid, version }).is_err() {
-            return;
-        }
         let mut down = link.reader;
         let down_out = out.clone();
         let user_closer = user.try_clone();
@@ -199,19 +194,75 @@ impl NodeRelay {
         let _ = closer.shutdown(std::net::Shutdown::Both);
     }
 
-    /// Connects to the manager side.
-    fn open_link(&self) -> Result<TcpStream, String> {
-        let tcp = TcpStream::connect_timeout(&self.manager, self.connect_timeout).map_err(|e| {
+    /// A link, opened for `uid`/`gid`, to a manager-side relay whose MM took the connection:
+    /// the one that took the last, then the others in order. The error names what each said.
+    fn open_link(&self, uid: u32, gid: u32, version: u32) -> Result<(Link, TcpStream), String> {
+        let first = self.last_good.load(Ordering::Relaxed);
+        let mut why = Vec::new();
+        for k in 0..self.managers.len() {
+            let i = (first + k) % self.managers.len();
+            match self.open_link_to(self.managers[i], uid, gid, version) {
+                Ok(Opening::Ready(link, tcp)) => {
+                    self.last_good.store(i, Ordering::Relaxed);
+                    return Ok((link, tcp));
+                }
+                Ok(Opening::Refused(msg)) => return Err(msg),
+                Err(e) => why.push(e),
+            }
+        }
+        Err(if why.len() == 1 {
+            why.remove(0)
+        } else {
             format!(
-                "cannot reach the machine manager's relay at {}: {e} (is storm-relay \
-                 --manager running there?)",
-                self.manager
+                "no machine manager takes connections through any of the {} manager-side \
+                 relays: {}",
+                why.len(),
+                why.join("; ")
+            )
+        })
+    }
+
+    /// Connects to the manager side at `addr`, proves who this node is and opens the user's
+    /// connection; `Err` says why this relay cannot carry it (another may).
+    fn open_link_to(
+        &self,
+        addr: SocketAddr,
+        uid: u32,
+        gid: u32,
+        version: u32,
+    ) -> Result<Opening, String> {
+        let tcp = TcpStream::connect_timeout(&addr, self.connect_timeout).map_err(|e| {
+            format!(
+                "cannot reach the machine manager's relay at {addr}: {e} (is storm-relay \
+                 --manager running there?)"
             )
         })?;
         super::keep_alive(&tcp);
         // A manager side that answers nothing does not hold the user forever.
         let _ = tcp.set_read_timeout(Some(super::HANDSHAKE_TIMEOUT));
-        Ok(tcp)
+        let (Ok(r), Ok(w)) = (tcp.try_clone(), tcp.try_clone()) else {
+            return Err(format!("cannot use the link to the relay at {addr}"));
+        };
+        let failed =
+            |e: WireError| format!("the relay at {addr} could not reach the machine manager: {e}");
+        let mut link = wire::handshake_as_node(
+            r,
+            w,
+            &self.key,
+            self.node,
+            self.cluster_size,
+            &self.identity,
+            FRAME_LIMIT,
+        )
+        .map_err(failed)?;
+        link.writer
+            .send(&Up::Open { uid, gid, version })
+            .map_err(failed)?;
+        match link.reader.recv::<Opened>().map_err(failed)? {
+            Opened::Ready => Ok(Opening::Ready(link, tcp)),
+            Opened::NoManager(why) => Err(why),
+            Opened::Refused(msg) => Ok(Opening::Refused(msg)),
+        }
     }
 
     /// Carries the user's requests up until either side goes.

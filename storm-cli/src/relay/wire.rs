@@ -16,7 +16,8 @@
 //! After it, each frame is `[length: u32 LE][body: AES-256-GCM ciphertext][tag: 16 bytes]`,
 //! the length authenticated with the body, numbered implicitly per direction: a forged,
 //! altered, replayed, reordered or dropped frame fails and ends the link. Bodies are bincode
-//! [`Up`] (node → manager) and control [`Reply`] (manager → node) values.
+//! [`Up`] (node → manager) values, and manager → node one [`Opened`], then control [`Reply`](storm_cluster::control::Reply)
+//! values.
 
 use std::io::{Read, Write};
 
@@ -30,8 +31,9 @@ use storm_primitives::tcp::auth::{
     ClusterKey, NONCE_LEN, Opener, Protection, Sealer, Transcript, random_bytes,
 };
 
-/// The relay link's own version, checked in the handshake.
-pub const RELAY_VERSION: u32 = 1;
+/// The relay link's own version, checked in the handshake. Version 2: the manager side
+/// answers [`Up::Open`] with [`Opened`].
+pub const RELAY_VERSION: u32 = 2;
 
 /// The largest handshake frame.
 const HANDSHAKE_LIMIT: usize = 4096;
@@ -99,6 +101,20 @@ pub enum Up {
     Chunk(Vec<u8>),
     /// A control request, as the user's command sent it.
     Request(Request),
+}
+
+/// The manager side's answer to [`Up::Open`], before any control [`Reply`](storm_cluster::control::Reply): whether the MM
+/// beside it took the user's connection. A node relay that hears [`Opened::NoManager`] tries
+/// the next manager-side relay (a replicated MM: only the leader's replica listens).
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Opened {
+    /// The MM took the connection: control replies follow.
+    Ready,
+    /// No MM listens beside this relay (it is not running, or it is a replica that does not
+    /// lead): why, for the user if no relay has one.
+    NoManager(String),
+    /// The connection is refused for the user (too many connections): said to the user.
+    Refused(String),
 }
 
 /// Writes one unsealed frame (the handshake's).

@@ -11,7 +11,8 @@
 //! * `T-n<i>`: `eth0` = 10.200.0.2 + i, storm-nm for node `node<i>` on port 7000;
 //! * with `managers` above 1, a replicated MM: `T-m<j>` with `eth0` = 10.200.255.10 + j (veth
 //!   end `m<j>` on the bridge), storm-mm `--manager m<j>` with its endpoint on port 7000 and
-//!   the replicas' fabric on 7010; `T-mm` then runs only the relay.
+//!   the replicas' fabric on 7010, and the manager side of the control relay beside it on
+//!   7001 (`storm-relay --manager --replica m<j>`); `T-mm` then runs nothing.
 //!
 //! The cluster file, logs, spools, the MM's control socket and a state file (namespaces and
 //! daemon pids) live in one directory. [`Testbed::down`] (also run on drop) kills the daemons
@@ -343,13 +344,33 @@ impl Testbed {
             self.start_mm()?;
         }
         let cfg = self.config_path.display().to_string();
-        let mm_ns = format!("{}-mm", self.name);
-        self.spawn_in(
-            &mm_ns,
-            "storm-relay manager",
-            "storm-relay",
-            &["--config".into(), cfg.clone(), "--manager".into()],
-        )?;
+        if self.config.replicated() {
+            // A manager-side relay beside each replica, as on hosts of their own: the node
+            // relays try each, and only the leader's takes connections.
+            for j in 0..self.config.managers.len() as u32 {
+                let ns = self.manager_ns(j);
+                self.spawn_in(
+                    &ns,
+                    &format!("storm-relay manager m{j}"),
+                    "storm-relay",
+                    &[
+                        "--config".into(),
+                        cfg.clone(),
+                        "--manager".into(),
+                        "--replica".into(),
+                        format!("m{j}"),
+                    ],
+                )?;
+            }
+        } else {
+            let mm_ns = format!("{}-mm", self.name);
+            self.spawn_in(
+                &mm_ns,
+                "storm-relay manager",
+                "storm-relay",
+                &["--config".into(), cfg.clone(), "--manager".into()],
+            )?;
+        }
         for i in 0..self.config.nodes.len() as u32 {
             self.start_nm(i)?;
             let ns = self.node_ns(i);
@@ -584,7 +605,9 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         // Every node has a control relay, as on a cluster whose nodes cannot see the MM's
         // Unix socket: jobs' steps reach the MM through it.
         relay: RelaySection {
-            address: Some(SocketAddr::V4(SocketAddrV4::new(MM_ADDR, RELAY_PORT))),
+            // With a replicated MM, each replica has a relay beside it (`relay_address`).
+            address: (opts.managers == 1)
+                .then_some(SocketAddr::V4(SocketAddrV4::new(MM_ADDR, RELAY_PORT))),
             socket: opts.dir.join("relay").join("{node}.sock"),
             root_from_nodes: false,
         },
@@ -604,6 +627,10 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                     peer_address: SocketAddr::V4(SocketAddrV4::new(manager_addr(j), PEER_PORT)),
                     state_dir: Some(opts.dir.join(format!("m{j}-state"))),
                     control_socket: Some(opts.dir.join(format!("m{j}.sock"))),
+                    relay_address: Some(SocketAddr::V4(SocketAddrV4::new(
+                        manager_addr(j),
+                        RELAY_PORT,
+                    ))),
                 })
                 .collect(),
         },

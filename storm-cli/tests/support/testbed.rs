@@ -70,6 +70,23 @@ pub fn up_with(
     .expect("testbed up")
 }
 
+/// A testbed of `nodes` nodes under `work` with a replicated MM of three replicas, each in a
+/// namespace of its own with a manager-side relay beside it; 1 ms timeslice, FCFS.
+pub fn up_group(nodes: u32, work: &Path) -> Testbed {
+    ensure_daemons();
+    Testbed::up(&TestbedOptions {
+        name: unique_name(),
+        nodes,
+        cpus: storm_cli::local::host_cpus(),
+        dir: work.join("testbed"),
+        timeslice_ms: 1.0,
+        scheduler: Default::default(),
+        failure: Default::default(),
+        managers: 3,
+    })
+    .expect("testbed with three MM replicas up")
+}
+
 /// The MM's view of the nodes.
 pub fn nodes(socket: &Path) -> Vec<NodeInfo> {
     let client = Client::connect(socket).expect("connect to the MM");
