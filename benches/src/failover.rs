@@ -12,6 +12,12 @@
 //! stop, it ends with exit 0, and what its storm-submit printed across every failover is
 //! exactly the file it wrote: no job lost, none run twice, none disturbed, no output line
 //! lost or duplicated. Baseline, same run: a fork/exec of `/bin/true`.
+//!
+//! With `--submitters N`, N clients each submit a short job (`sleep 0.1`) 50 ms before every
+//! kill, so that jobs are being sent, queued, started, run and ended when the leader dies;
+//! each follows the group as storm-submit does, and every one of their jobs must end in the
+//! history once, completed. The probe then queues behind them (its times include that wait),
+//! and a row gives the time from the kill until the last of them ended.
 
 use std::time::{Duration, Instant};
 
@@ -109,6 +115,75 @@ fn probe_request(trial: usize) -> JobRequest {
     }
 }
 
+/// A client with a job under way across a failover (`--submitters`): it finds the next
+/// leader as storm-submit does (its request goes again with its token, or it follows its job).
+struct Follow<'a> {
+    sockets: &'a [std::path::PathBuf],
+}
+
+impl Follow<'_> {
+    fn again(&self, why: &str) -> Option<storm_cluster::control::Client> {
+        let since = Instant::now();
+        while since.elapsed() < Duration::from_secs(30) {
+            if let Ok((c, _)) = storm_cli::connect_any(self.sockets) {
+                return Some(c);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        eprintln!("storm-bench: a submitter lost its replica ({why}) and found no leader in 30 s");
+        None
+    }
+}
+
+impl Progress for Follow<'_> {
+    fn resubmit(&mut self, why: &str) -> Option<storm_cluster::control::Client> {
+        self.again(why)
+    }
+    fn reconnect(&mut self, _job: JobId, why: &str) -> Option<storm_cluster::control::Client> {
+        self.again(why)
+    }
+}
+
+/// The most submitters per failover (their tokens hold the index in 12 bits).
+pub const MAX_SUBMITTERS: usize = 4096;
+
+/// The job of submitter `i` in trial `trial`: a tenth of a second of `sleep`, so that the
+/// jobs are in every phase (sent, queued, starting, running, ending) when the leader dies.
+fn load_request(trial: usize, i: usize) -> JobRequest {
+    JobRequest {
+        args: vec!["0.1".into()],
+        tasks: TaskRequest {
+            ntasks: Some(1),
+            ..Default::default()
+        },
+        delivery: Delivery::InPlace,
+        token: Some(
+            u64::from(std::process::id()) << 32 | 1 << 31 | (trial as u64) << 12 | i as u64,
+        ),
+        ..JobRequest::new("failover-load", "/bin/sleep", "/")
+    }
+}
+
+/// Runs submitter `i`'s job of trial `trial` to its end, following the group; when it ended.
+fn load_job(sockets: &[std::path::PathBuf], trial: usize, i: usize) -> Result<Instant> {
+    let (client, _) = storm_cli::connect_any(sockets).map_err(anyhow::Error::msg)?;
+    let (outcome, _, _) = submit::run_job(
+        client,
+        load_request(trial, i),
+        None,
+        &mut Follow { sockets },
+    )
+    .map_err(|e| anyhow::anyhow!("trial {trial}: submitter {i}: {e}"))?;
+    if outcome.exit_code() != 0 {
+        bail!("trial {trial}: submitter {i}'s job failed: {outcome:?}");
+    }
+    Ok(Instant::now())
+}
+
+/// How long the submitters run before the leader is killed: their jobs are then sent,
+/// queued, running or ending.
+const LOAD_HEAD_START: Duration = Duration::from_millis(50);
+
 /// `storm managers`, as (name, role, lag).
 fn managers(sockets: &[std::path::PathBuf]) -> Result<Vec<(String, String, u64)>> {
     let (client, _) = storm_cli::connect_any(sockets).map_err(anyhow::Error::msg)?;
@@ -122,6 +197,9 @@ fn managers(sockets: &[std::path::PathBuf]) -> Result<Vec<(String, String, u64)>
 }
 
 pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
+    if args.submitters > MAX_SUBMITTERS {
+        bail!("--submitters: at most {MAX_SUBMITTERS}");
+    }
     let mut cluster = LocalCluster::start(&LocalOptions {
         timeslice_ms: args.timeslice_ms,
         managers: args.managers,
@@ -169,7 +247,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     });
     let long_id = wait_running(&sockets, "undisturbed")?;
     let baseline = crate::faults::fork_exec()?;
-    let (mut to_launch, mut to_result) = (Vec::new(), Vec::new());
+    let (mut to_launch, mut to_result, mut to_load_done) = (Vec::new(), Vec::new(), Vec::new());
     let mut restarted = 0;
     for trial in 0..args.trials {
         Supervisor {
@@ -179,6 +257,16 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         }
         .restart_stopped()?;
         let leader = cluster.leader().context("no leader")?;
+        // The load: submitters whose jobs are under way when the leader dies.
+        let load: Vec<_> = (0..args.submitters)
+            .map(|i| {
+                let sockets = sockets.clone();
+                std::thread::spawn(move || load_job(&sockets, trial, i))
+            })
+            .collect();
+        if !load.is_empty() {
+            std::thread::sleep(LOAD_HEAD_START);
+        }
         cluster.kill_manager(&leader)?;
         let killed = Instant::now();
         let (client, _) = storm_cli::connect_any(&sockets).map_err(anyhow::Error::msg)?;
@@ -201,6 +289,16 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             .at
             .context("the probe job was never reported started")?;
         to_launch.push((at - killed).as_secs_f64());
+        let mut last_ended = None;
+        for submitter in load {
+            let ended = submitter
+                .join()
+                .map_err(|_| anyhow::anyhow!("trial {trial}: a submitter panicked"))??;
+            last_ended = last_ended.max(Some(ended));
+        }
+        if let Some(t) = last_ended {
+            to_load_done.push(t.saturating_duration_since(killed).as_secs_f64());
+        }
         cluster.restart_manager(&leader)?;
         let since = Instant::now();
         while managers(&sockets)?
@@ -240,6 +338,21 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             probes.len()
         );
     }
+    let load: Vec<_> = history
+        .iter()
+        .filter(|j| j.name == "failover-load")
+        .collect();
+    let load_done = load
+        .iter()
+        .filter(|j| j.state == JobState::Completed)
+        .count();
+    let want = args.trials * args.submitters;
+    if load.len() != want || load_done != want {
+        bail!(
+            "{want} jobs of the submitters, but {} in the history ({load_done} completed)",
+            load.len()
+        );
+    }
     if wait_running(&sockets, "undisturbed")? != long_id {
         bail!("the long job is not the one that ran before the failovers");
     }
@@ -275,7 +388,8 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
              loopback, timeslice {} ms, replica heartbeat {} ms, election timeout {election_ms} \
              ms), until the first \
              job submitted after it is launched and until its result; {} trials, {} probe jobs \
-             each completed once, the running job undisturbed, its {lines} output lines each \
+             each completed once, {} submitters' jobs under way at each kill (each completed \
+             once), the running job undisturbed, its {lines} output lines each \
              received once and in order; {restarted} replicas that stopped by themselves (a \
              leader's lease lost under load) started again, as systemd's Restart= does; \
              baseline: fork/exec of /bin/true, same run",
@@ -284,14 +398,21 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             args.timeslice_ms,
             args.replication.heartbeat_ms,
             args.trials,
-            args.trials
+            args.trials,
+            args.submitters
         ),
         &["measure", "median", "p90", "max", "baseline", "ratio"],
     );
-    for (name, v) in [
+    let mut rows = vec![
         ("leader killed to new job launched", to_launch),
         ("leader killed to new job's result", to_result),
-    ] {
+    ];
+    if args.submitters > 0 {
+        // With the load, the probe waits in the queue behind the submitters' jobs: its
+        // times are the failover's plus that wait.
+        rows.push(("leader killed to every submitter's job ended", to_load_done));
+    }
+    for (name, v) in rows {
         crate::faults::push_measure(&mut table, csv, name, args.nodes, v, None, baseline);
     }
     Ok(table)

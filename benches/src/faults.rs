@@ -53,6 +53,8 @@ pub struct FaultsArgs {
     pub managers: u32,
     /// The replicas' Raft heartbeat and election timeout (milliseconds).
     pub replication: storm_cluster::config::ReplicationSection,
+    /// Submitters whose jobs are under way when each leader is killed (`--submitters`).
+    pub submitters: usize,
 }
 
 pub const CSV_HEADER: &[&str] = &[

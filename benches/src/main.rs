@@ -196,6 +196,11 @@ enum Command {
         /// The replicas' election timeout ([replication] election_timeout_ms).
         #[arg(long, default_value_t = storm_cluster::config::ReplicationSection::default().election_timeout_ms)]
         election_timeout_ms: u64,
+        /// With --managers: submitters whose jobs are under way when each leader is killed
+        /// (besides the timed probe), each a client that follows the group as storm-submit
+        /// does; every one of their jobs must run once.
+        #[arg(long, default_value_t = 0)]
+        submitters: usize,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -496,11 +501,15 @@ fn main() -> Result<()> {
             managers,
             replica_heartbeat_ms,
             election_timeout_ms,
+            submitters,
             csv,
             plot,
         } => {
             if trials == 0 || timeslice_ms <= 0.0 {
                 anyhow::bail!("--trials and --timeslice-ms must be positive");
+            }
+            if submitters > 0 && managers < 2 {
+                anyhow::bail!("--submitters goes with --managers 3 (or 5): it loads a failover");
             }
             let args = faults::FaultsArgs {
                 nodes,
@@ -508,6 +517,7 @@ fn main() -> Result<()> {
                 timeslice_ms,
                 heal_nodes,
                 managers,
+                submitters,
                 replication: storm_cluster::config::ReplicationSection {
                     heartbeat_ms: replica_heartbeat_ms,
                     election_timeout_ms,

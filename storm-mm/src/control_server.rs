@@ -10,6 +10,7 @@
 //! descriptors are left, so the last ones stay for root and the MM's own user (`storm
 //! nodes`, `storm cancel`) and for the MM's own files.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -89,6 +90,52 @@ struct Shared {
     to_main: Sender<Incoming>,
     /// Wakes the MM's loop when a message is sent to it.
     wake: crate::Waker,
+    /// Every connection being served, to end its reading when the server stops; `None`
+    /// once it has (a connection made since is ended as it registers).
+    connections: parking_lot::Mutex<Option<HashMap<ClientId, UnixStream>>>,
+}
+
+/// A connection's place in [`Shared::connections`], given up when its thread ends.
+struct Registered<'a> {
+    shared: &'a Shared,
+    client: ClientId,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Some(all) = self.shared.connections.lock().as_mut() {
+            all.remove(&self.client);
+        }
+    }
+}
+
+impl Shared {
+    /// Keeps a handle on connection `client` (`sock` is a clone of it) until the returned
+    /// guard drops; a server that stopped already ends its reading at once.
+    fn register(&self, client: ClientId, sock: UnixStream) -> Registered<'_> {
+        match self.connections.lock().as_mut() {
+            Some(all) => {
+                all.insert(client, sock);
+            }
+            None => control::stop_reading(&sock),
+        }
+        Registered {
+            shared: self,
+            client,
+        }
+    }
+
+    /// Ends the reading of every connection being served: each reader sees the end and
+    /// tells the main loop the client went (or finds the main loop gone), and its thread
+    /// ends, with what it holds of the MM (its waker, and through it the endpoint). Replies
+    /// already queued still go out.
+    fn stop_all(&self) {
+        if let Some(all) = self.connections.lock().take() {
+            for sock in all.values() {
+                control::stop_reading(sock);
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -148,6 +195,7 @@ pub struct ControlServer {
     accept: Option<std::thread::JoinHandle<()>>,
     dir: DaemonDir,
     name: String,
+    shared: Arc<Shared>,
 }
 
 impl Drop for ControlServer {
@@ -157,6 +205,10 @@ impl Drop for ControlServer {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
+        // Connections the core never heard of (made in its last moments, their greeting
+        // still on the way) would otherwise keep their threads, and the endpoint, until
+        // their clients left: a replica deposed under load could not lead again.
+        self.shared.stop_all();
     }
 }
 
@@ -201,7 +253,9 @@ pub fn start(
         open: ConnectionCounts::new(max_connections),
         to_main,
         wake,
+        connections: parking_lot::Mutex::new(Some(HashMap::new())),
     });
+    let served = shared.clone();
     // Polled, so that the thread can stop (a blocked accept would never return).
     listener
         .set_nonblocking(true)
@@ -243,6 +297,7 @@ pub fn start(
         accept: Some(accept),
         dir,
         name: name.to_string(),
+        shared: served,
     })
 }
 
@@ -260,6 +315,10 @@ fn serve(sock: UnixStream, shared: Arc<Shared>) {
 /// Identifies the client, checks its limits and protocol version, then passes its requests
 /// to the main loop until it goes.
 fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
+    let Ok(watched) = sock.try_clone() else {
+        return;
+    };
+    let _registered = shared.register(client, watched);
     let refuse = |msg: String| {
         let _ = control::send(&sock, &Reply::Error(msg), None);
     };
@@ -384,4 +443,55 @@ fn write_replies(sock: UnixStream, rx: Receiver<Reply>, written: &AtomicU64) {
         written.fetch_add(1, Ordering::Release);
     }
     drop(sock);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection whose greeting the main loop never took up (it was still queued when the
+    /// core stopped: a replica deposed while clients reconnected) ends with the server: its
+    /// client sees the connection close and goes to find the MM, and its threads let go of
+    /// what they hold of the MM (the waker, and through it the endpoint, which the replica
+    /// binds again when it next leads). Before, the reader waited for the client forever.
+    #[test]
+    fn stopping_the_server_ends_connections_the_main_loop_never_took_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mm.sock");
+        let (to_main, from_clients) = crossbeam_channel::unbounded();
+        let server = start(
+            &path,
+            "test".into(),
+            1,
+            LimitsSection::default(),
+            to_main,
+            crate::Waker::none(),
+        )
+        .unwrap();
+        let client = UnixStream::connect(&path).unwrap();
+        control::send(
+            &client,
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+            },
+            None,
+        )
+        .unwrap();
+        let (hello, _) = control::recv::<Reply>(&client).unwrap();
+        assert!(matches!(hello, Reply::Hello { .. }), "{hello:?}");
+        // The greeting reaches the main loop's channel, which nobody reads.
+        let connected = from_clients.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(connected, Incoming::Connected { .. }));
+        drop(server);
+        // The main loop is gone, with what it had not taken up.
+        drop(connected);
+        drop(from_clients);
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        match control::recv::<Reply>(&client) {
+            Err(ControlError::Closed) => {}
+            other => panic!("the connection should have closed, got {other:?}"),
+        }
+    }
 }

@@ -179,6 +179,8 @@ pub fn run(opts: MmOptions) -> Result<()> {
     );
     storm_cluster::daemon::notify_ready();
     let mut first = Some(journal);
+    // The endpoint of the last term this replica led, until its threads let go of it.
+    let mut last_endpoint: Option<std::sync::Weak<dyn Primitives>> = None;
     loop {
         let Some((term, restored)) = replica.wait_to_lead(&stop)? else {
             tracing::info!("stopping on a signal (a follower)");
@@ -189,7 +191,7 @@ pub fn run(opts: MmOptions) -> Result<()> {
         let journal = first
             .take()
             .unwrap_or_else(|| Journal::handed_off(programs.clone()));
-        let daemon = assemble(
+        let assembled = assemble(
             &cfg,
             listen.again().map_err(anyhow::Error::msg)?,
             &stop,
@@ -197,12 +199,31 @@ pub fn run(opts: MmOptions) -> Result<()> {
             term,
             Writes::Group(replica.clone(), term),
         )
-        .context("starting the machine manager")?;
+        .context("starting the machine manager");
+        let daemon = match (assembled, &last_endpoint) {
+            (Ok(d), _) => d,
+            // Its first term: what stops it (a cluster file it cannot act on) will again.
+            (Err(e), None) => return Err(e),
+            // Elected again before the last term's threads let go of its endpoint (a
+            // leader deposed under load, re-elected within seconds): this replica hands the
+            // term back and follows, rather than leave the group one replica short.
+            (Err(e), Some(held)) => {
+                tracing::error!(
+                    term,
+                    "cannot act as the cluster's MM in this term: {e:#}; handing the term back \
+                     and following the group"
+                );
+                replica.step_down(term);
+                wait_released(held);
+                continue;
+            }
+        };
         let fabric = Arc::downgrade(daemon.core.fabric().0);
         match daemon.run()? {
             Ended::Stopped => return Ok(()),
             Ended::Fenced => wait_released(&fabric),
         }
+        last_endpoint = Some(fabric);
     }
 }
 
