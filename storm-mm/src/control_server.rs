@@ -11,7 +11,7 @@
 //! nodes`, `storm cancel`) and for the MM's own files.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -90,9 +90,11 @@ struct Shared {
     to_main: Sender<Incoming>,
     /// Wakes the MM's loop when a message is sent to it.
     wake: crate::Waker,
-    /// Every connection being served, to end its reading when the server stops; `None`
-    /// once it has (a connection made since is ended as it registers).
-    connections: parking_lot::Mutex<Option<HashMap<ClientId, UnixStream>>>,
+    /// Every connection being served (its reader's descriptor, open while it is listed: a
+    /// connection's thread delists it before closing it), to end its reading when the server
+    /// stops; `None` once it has (a connection made since is ended as it registers). Not a
+    /// descriptor of its own: each connection holds three, and users share the MM's.
+    connections: parking_lot::Mutex<Option<HashMap<ClientId, RawFd>>>,
 }
 
 /// A connection's place in [`Shared::connections`], given up when its thread ends.
@@ -110,14 +112,14 @@ impl Drop for Registered<'_> {
 }
 
 impl Shared {
-    /// Keeps a handle on connection `client` (`sock` is a clone of it) until the returned
-    /// guard drops; a server that stopped already ends its reading at once.
-    fn register(&self, client: ClientId, sock: UnixStream) -> Registered<'_> {
+    /// Lists connection `client` (read through `sock`) until the returned guard drops, which
+    /// must be before `sock` closes; a server that stopped already ends its reading at once.
+    fn register<'a>(&'a self, client: ClientId, sock: &UnixStream) -> Registered<'a> {
         match self.connections.lock().as_mut() {
             Some(all) => {
-                all.insert(client, sock);
+                all.insert(client, sock.as_raw_fd());
             }
-            None => control::stop_reading(&sock),
+            None => control::stop_reading(sock),
         }
         Registered {
             shared: self,
@@ -131,8 +133,10 @@ impl Shared {
     /// already queued still go out.
     fn stop_all(&self) {
         if let Some(all) = self.connections.lock().take() {
-            for sock in all.values() {
-                control::stop_reading(sock);
+            for &fd in all.values() {
+                // SAFETY: a listed descriptor is open (its thread delists it, under this
+                // lock, before closing it), and shutdown does not close it.
+                unsafe { libc::shutdown(fd, libc::SHUT_RD) };
             }
         }
     }
@@ -315,10 +319,8 @@ fn serve(sock: UnixStream, shared: Arc<Shared>) {
 /// Identifies the client, checks its limits and protocol version, then passes its requests
 /// to the main loop until it goes.
 fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
-    let Ok(watched) = sock.try_clone() else {
-        return;
-    };
-    let _registered = shared.register(client, watched);
+    // Delisted (dropped) before `sock`, a parameter, closes.
+    let _registered = shared.register(client, &sock);
     let refuse = |msg: String| {
         let _ = control::send(&sock, &Reply::Error(msg), None);
     };
