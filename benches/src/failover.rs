@@ -184,13 +184,27 @@ fn load_job(sockets: &[std::path::PathBuf], trial: usize, i: usize) -> Result<In
 /// queued, running or ending.
 const LOAD_HEAD_START: Duration = Duration::from_millis(50);
 
+/// Asks whichever replica leads, as `storm` does: a connection lost to a leader that stopped
+/// (under load a leader can lose its lease between a connection and its request) is made
+/// again, for up to 30 s.
+fn ask(sockets: &[std::path::PathBuf], req: &Request) -> Result<Reply> {
+    let since = Instant::now();
+    loop {
+        let asked = storm_cli::connect_any(sockets)
+            .and_then(|(client, _)| client.call(req).map_err(|e| e.to_string()));
+        match asked {
+            Ok(reply) => return Ok(reply),
+            Err(e) if since.elapsed() > Duration::from_secs(30) => {
+                bail!("no replica answered {req:?} within 30 s: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
 /// `storm managers`, as (name, role, lag).
 fn managers(sockets: &[std::path::PathBuf]) -> Result<Vec<(String, String, u64)>> {
-    let (client, _) = storm_cli::connect_any(sockets).map_err(anyhow::Error::msg)?;
-    match client
-        .call(&Request::Managers)
-        .map_err(anyhow::Error::msg)?
-    {
+    match ask(sockets, &Request::Managers)? {
         Reply::Managers(m) => Ok(m.into_iter().map(|m| (m.name, m.role, m.lag)).collect()),
         other => bail!("unexpected reply {other:?}"),
     }
@@ -318,8 +332,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         }
     }
     // Nothing lost, nothing twice, nothing disturbed.
-    let (client, _) = storm_cli::connect_any(&sockets).map_err(anyhow::Error::msg)?;
-    let history = match client.call(&Request::History).map_err(anyhow::Error::msg)? {
+    let history = match ask(&sockets, &Request::History)? {
         Reply::History(h) => h,
         other => bail!("unexpected reply {other:?}"),
     };
@@ -422,8 +435,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
 fn wait_running(sockets: &[std::path::PathBuf], name: &str) -> Result<JobId> {
     let since = Instant::now();
     loop {
-        let (client, _) = storm_cli::connect_any(sockets).map_err(anyhow::Error::msg)?;
-        if let Reply::Queue(jobs) = client.call(&Request::Queue).map_err(anyhow::Error::msg)?
+        if let Reply::Queue(jobs) = ask(sockets, &Request::Queue)?
             && let Some(j) = jobs
                 .iter()
                 .find(|j| j.name == name && j.state == JobState::Running)
