@@ -56,6 +56,17 @@ pub fn up_with(
     scheduler: SchedulerSection,
     failure: FailureSection,
 ) -> Testbed {
+    testbed(nodes, work, scheduler, failure, 1)
+}
+
+/// A testbed of `nodes` nodes under `work` with `managers` MM replicas (1: a single MM).
+fn testbed(
+    nodes: u32,
+    work: &Path,
+    scheduler: SchedulerSection,
+    failure: FailureSection,
+    managers: u32,
+) -> Testbed {
     ensure_daemons();
     Testbed::up(&TestbedOptions {
         name: unique_name(),
@@ -65,26 +76,15 @@ pub fn up_with(
         timeslice_ms: 1.0,
         scheduler,
         failure,
-        managers: 1,
+        managers,
     })
-    .expect("testbed up")
+    .unwrap_or_else(|e| panic!("testbed with {managers} MM(s) up: {e:#}"))
 }
 
 /// A testbed of `nodes` nodes under `work` with a replicated MM of three replicas, each in a
 /// namespace of its own with a manager-side relay beside it; 1 ms timeslice, FCFS.
 pub fn up_group(nodes: u32, work: &Path) -> Testbed {
-    ensure_daemons();
-    Testbed::up(&TestbedOptions {
-        name: unique_name(),
-        nodes,
-        cpus: storm_cli::local::host_cpus(),
-        dir: work.join("testbed"),
-        timeslice_ms: 1.0,
-        scheduler: Default::default(),
-        failure: Default::default(),
-        managers: 3,
-    })
-    .expect("testbed with three MM replicas up")
+    testbed(nodes, work, Default::default(), Default::default(), 3)
 }
 
 /// The MM's view of the nodes.
