@@ -600,7 +600,13 @@ impl LocalCluster {
     /// Starts replica `name` again after [`LocalCluster::kill_manager`] (it rejoins the
     /// group as a follower).
     pub fn restart_manager(&mut self, name: &str) -> Result<()> {
-        self.restart_daemon(&format!("storm-mm {name}"))
+        self.restart_daemon(&format!("storm-mm {name}"), &[])
+    }
+
+    /// Starts replica `name` again with `--join`: on an empty state directory it asks the
+    /// group to admit it in the place of the replica removed from it.
+    pub fn join_manager(&mut self, name: &str) -> Result<()> {
+        self.restart_daemon(&format!("storm-mm {name}"), &["--join"])
     }
 
     /// Whether daemon `name` ("storm-mm m1") still runs; false once it exited (and it is
@@ -634,7 +640,7 @@ impl LocalCluster {
 
     /// Starts daemon `name` again after it was killed: it binds its configured address (and
     /// the MM takes up its journal, an NM registers with the MM).
-    fn restart_daemon(&mut self, name: &str) -> Result<()> {
+    fn restart_daemon(&mut self, name: &str, extra: &[&str]) -> Result<()> {
         // Make room in the readiness socket's short queue for the restarted daemon's message.
         self.collect_ready();
         let Some(pos) = self.daemons.iter().position(|d| d.name == name) else {
@@ -659,6 +665,7 @@ impl LocalCluster {
             }
             _ => "storm-mm",
         };
+        args.extend(extra.iter().map(|a| a.to_string()));
         let log = daemon_log(&self.root, name);
         let daemon = spawn_daemon(
             name,
@@ -704,13 +711,13 @@ impl LocalCluster {
     /// Starts the MM again after [`LocalCluster::kill_mm`]; it binds its configured address
     /// and takes up its journal. Returns once it is started (not yet ready).
     pub fn restart_mm(&mut self) -> Result<()> {
-        self.restart_daemon("storm-mm")
+        self.restart_daemon("storm-mm", &[])
     }
 
     /// Starts node `i`'s NM again after [`LocalCluster::kill_nm`]; it binds its configured
     /// address and registers with the MM.
     pub fn restart_nm(&mut self, i: u32) -> Result<()> {
-        self.restart_daemon(&format!("storm-nm node{i}"))
+        self.restart_daemon(&format!("storm-nm node{i}"), &[])
     }
 
     /// The daemons' names ("storm-mm", "storm-nm node3") and process ids, for tools that

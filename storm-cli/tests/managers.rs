@@ -824,6 +824,118 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
     c.shutdown().unwrap();
 }
 
+/// A replica whose state directory is lost, replaced while the group runs, as an operator
+/// does it: `storm managers remove` it, then start it on an empty state directory with
+/// `--join`. Seen from outside: the leader refuses to remove itself; the lost replica is
+/// shown `removed`; started again by mistake without `--join` it stops, told that it is no
+/// member; with `--join` it is admitted, takes the leader's state (the log dropped the
+/// entries of the jobs run meanwhile) and `storm managers` shows it a follower that lacks
+/// nothing. Then the leader is killed: the two replicas left, one of them the new one, must
+/// make a majority, and they do: a new leader runs jobs and its history holds every job run
+/// before, during and after the replacement.
+#[test]
+fn a_replica_whose_disk_was_lost_is_replaced_while_the_group_runs() {
+    let replication = ReplicationSection {
+        checksum_every: 8,
+        log_entries_kept: 8,
+        ..Default::default()
+    };
+    let mut c = group_replicated(1, Default::default(), replication);
+    let leader = c.leader().expect("a leader");
+    let lost = another_replica(&leader);
+    for round in 0..3 {
+        let out = submit(&c, &["-N", "1", "-J", &format!("before-{round}"), "true"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    c.kill_manager(&lost).unwrap();
+    let state = c.root().join(format!("{lost}-state"));
+    std::fs::remove_dir_all(&state).unwrap();
+
+    let out = storm(&c, &["managers", "remove", &leader]);
+    assert!(!out.status.success(), "the leader removed itself");
+    assert!(
+        text(&out.stderr).contains("leads the group"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = storm(&c, &["managers", "remove", &lost]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("--join"),
+        "{}",
+        text(&out.stdout)
+    );
+    wait_roles(&c, |n| match n {
+        n if n == lost => "removed",
+        n if n == leader => "leader",
+        _ => "follower",
+    });
+    let out = storm(&c, &["managers", "remove", &lost]);
+    assert!(
+        text(&out.stderr).contains("not a member"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Started again without --join, it would start the old group under its old Raft id: it
+    // is told it is no member, and stops.
+    c.restart_manager(&lost).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.is_running(&format!("storm-mm {lost}")) {
+        assert!(
+            Instant::now() < deadline,
+            "{lost} ran on as a removed replica"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(said(&c, &lost, "is not a member of the manager group") >= 1);
+    std::fs::remove_dir_all(&state).unwrap();
+
+    // Jobs while it is away: the log drops their entries (it checks once a second).
+    for round in 0..6 {
+        let out = submit(&c, &["-N", "1", "-J", &format!("during-{round}"), "true"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    c.join_manager(&lost).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = managers(&c);
+        if got.iter().all(|(n, r, lag)| {
+            (n == &leader && r == "leader") || (n != &leader && r == "follower" && *lag == 0)
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{lost} never became a follower that lacks nothing: {got:?}\n{}",
+            replica_warnings(&c)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(said(&c, &lost, "admitted to the manager group") >= 1);
+    assert!(said(&c, &leader, "it votes from now on") >= 1);
+
+    // The new replica is one of the two left once the leader dies.
+    c.kill_manager(&leader).unwrap();
+    let (next, _) = new_leader(&c, &leader);
+    let out = submit(&c, &["-N", "1", "echo", "after"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "after\n");
+    let history = text(&storm(&c, &["history"]).stdout);
+    for name in (0..3)
+        .map(|r| format!("before-{r}"))
+        .chain((0..6).map(|r| format!("during-{r}")))
+    {
+        assert!(
+            history.contains(&name),
+            "{next}'s history lacks {name}:\n{history}"
+        );
+    }
+    assert_no_divergence(&c);
+    c.shutdown().unwrap();
+}
+
 /// `storm alloc` holding an allocation while the leader is killed, seen from the terminal:
 /// the command runs on, a step it starts after the failover runs on the allocation's node,
 /// the command's exit code is storm alloc's, and the allocation is given back to the new

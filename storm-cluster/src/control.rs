@@ -326,6 +326,11 @@ pub enum Request {
     Nodes,
     /// The replicas of a replicated MM, as the leader sees them (`storm managers`).
     Managers,
+    /// Remove a replica from the manager group (`storm managers remove NAME`; operators
+    /// only): a Raft configuration change the leader proposes.
+    RemoveManager {
+        name: String,
+    },
     /// Keep these nodes out of allocation until resumed; jobs on them run to their end.
     Drain {
         nodes: NodeSet,
@@ -615,9 +620,11 @@ pub struct NodeInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManagerInfo {
     pub name: String,
-    /// `leader`; `follower`, heard from within an election timeout; `unreachable`, not;
-    /// `diverged`, its journal differs from the majority's until it took the leader's; or
-    /// `single` (no group).
+    /// `leader`; `follower`, heard from within an election timeout; `learner`, a replica
+    /// the group admitted that does not vote until its log holds everything committed;
+    /// `unreachable`, not heard from; `diverged`, its journal differs from the majority's
+    /// until it took the leader's; `removed`, no member holds its place; or `single` (no
+    /// group).
     pub role: String,
     /// The Raft term it was last known in (0: a single MM).
     pub term: u64,
@@ -687,6 +694,8 @@ pub enum Reply {
     Nodes(Vec<NodeInfo>),
     Managers(Vec<ManagerInfo>),
     Done,
+    /// Done, and what the operator should know about it.
+    Notice(String),
 }
 
 #[derive(Debug, thiserror::Error)]

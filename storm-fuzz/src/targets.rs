@@ -447,20 +447,64 @@ fn replica_seeds() -> Vec<Vec<u8>> {
         bytes: vec![1, 2],
     }
     .encode();
+    // A group change in the log: a replica of a new generation added as a learner.
+    let added = storm_mm::replica::member::raft_id(2, 40);
+    let change = raft::eraftpb::ConfChange {
+        change_type: raft::eraftpb::ConfChangeType::AddLearnerNode,
+        node_id: added,
+        ..Default::default()
+    };
+    let mut change_entry = raft::eraftpb::Entry {
+        term: 5,
+        index: 40,
+        data: protobuf::Message::write_to_bytes(&change)
+            .expect("a change encodes")
+            .into(),
+        ..Default::default()
+    };
+    change_entry.set_entry_type(raft::eraftpb::EntryType::EntryConfChange);
+    let change = resync::Wire::raft(&raft::eraftpb::Message {
+        msg_type: raft::eraftpb::MessageType::MsgAppend,
+        to: 2,
+        from: 1,
+        term: 5,
+        index: 39,
+        entries: vec![change_entry].into(),
+        ..Default::default()
+    })
+    .expect("a raft message encodes");
+    use storm_mm::replica::member::Welcome;
+    let admitted = resync::Wire::welcome(&Welcome::Admitted {
+        id: added,
+        index: 41,
+        term: 5,
+        conf: raft::eraftpb::ConfState::from((vec![1, 2], vec![added])),
+    })
+    .expect("a welcome encodes");
+    let refused = resync::Wire::welcome(&Welcome::Refused {
+        id: 3,
+        why: "removed".into(),
+    })
+    .expect("a refusal encodes");
     // A slot at the mailbox's start holds a sequence number that is a multiple of the slots.
     let seq = storm_mm::replica::mailbox::SLOTS as u64;
     vec![
         replica_slot(seq, &msg),
         replica_slot(seq, &want),
         replica_slot(seq, &part),
+        replica_slot(seq, &change),
+        replica_slot(seq, &resync::Wire::join()),
+        replica_slot(seq, &admitted),
+        replica_slot(seq, &refused),
         // An empty Raft message.
         replica_slot(seq, &[0]),
     ]
 }
 
 /// What a replica makes of its mailbox from another: the slot's framing, then the message
-/// (Raft's, or a part of a state sent to a replica that diverged, or a request for one) and
-/// what the Raft message's entries carry. Accepted: a message with its entries decoded.
+/// (Raft's, a part of a state sent to a replica that diverged or a request for one, a request
+/// to join the group or the answer to one) and what the Raft message's entries carry (journal
+/// parts, program chunks, reports, changes of the group). Accepted: a message with its entries decoded.
 fn replica(input: &[u8]) -> bool {
     use storm_mm::replica::decode_peer_message;
     use storm_mm::replica::mailbox::{GroupLayout, Inbox};

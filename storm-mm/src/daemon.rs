@@ -51,6 +51,9 @@ pub struct MmOptions {
     /// Which `[[manager]]` replica this is, in a replicated group (a name, or an index; by
     /// default the entry named as this host).
     pub manager: Option<String>,
+    /// A replica on a new state directory asks the group to admit it (in the place of a
+    /// removed one) instead of starting the group the cluster file names.
+    pub join: bool,
     pub listen: Listen,
     /// Set to stop the MM (signal handlers set it).
     pub stop: Arc<AtomicBool>,
@@ -135,6 +138,7 @@ pub fn run(opts: MmOptions) -> Result<()> {
     let MmOptions {
         config: cfg,
         manager,
+        join,
         listen,
         stop,
     } = opts;
@@ -143,6 +147,9 @@ pub fn run(opts: MmOptions) -> Result<()> {
         true => Some(this_manager(&cfg, manager.as_deref())?),
         false if manager.is_some() => {
             anyhow::bail!("--manager: the cluster file has no [[manager]] entries (a single MM)")
+        }
+        false if join => {
+            anyhow::bail!("--join: the cluster file has no [[manager]] entries (a single MM)")
         }
         false => None,
     };
@@ -174,7 +181,7 @@ pub fn run(opts: MmOptions) -> Result<()> {
     // A replica waits, as a follower, until it leads the group; its journal then holds
     // every commit the group made, and it takes the cluster up from there as a restarted MM.
     let replica = Arc::new(
-        Replica::start(&cfg, index, store, programs.clone())
+        Replica::start(&cfg, index, store, programs.clone(), join)
             .context("starting this manager's replica")?,
     );
     storm_cluster::daemon::notify_ready();
@@ -653,6 +660,15 @@ impl MmEnv for DaemonEnv {
         match &self.commits {
             Commits::Group(r, _) => r.managers(),
             Commits::Disk(_) => vec![storm_cluster::control::ManagerInfo::single()],
+        }
+    }
+
+    fn remove_manager(&mut self, name: &str) -> Result<String, String> {
+        match &self.commits {
+            Commits::Group(r, _) => r.remove(name),
+            Commits::Disk(_) => Err(format!(
+                "this machine manager is a single one, not a replicated group: there is no                  {name} to remove"
+            )),
         }
     }
 

@@ -126,6 +126,13 @@ pub trait MmEnv {
     fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {
         vec![storm_cluster::control::ManagerInfo::single()]
     }
+    /// Removes replica `name` from the manager group this MM leads (`storm managers
+    /// remove`): what the operator should know, or why not.
+    fn remove_manager(&mut self, name: &str) -> Result<String, String> {
+        Err(format!(
+            "this machine manager is a single one, not a replicated group: there is no {name}              to remove"
+        ))
+    }
 
     /// Sends a reply to a client (dropped if it is gone).
     fn send(&mut self, client: ClientId, reply: Reply);

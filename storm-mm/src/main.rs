@@ -27,6 +27,12 @@ struct Args {
     /// the entry named as this host).
     #[arg(long)]
     manager: Option<String>,
+    /// Join the manager group in the place of a removed replica (`storm managers remove
+    /// NAME`): with a new, empty state directory, ask the leader to admit this replica
+    /// instead of starting the group the cluster file names. Ignored once the state
+    /// directory holds a Raft log.
+    #[arg(long)]
+    join: bool,
 }
 
 fn main() -> ExitCode {
@@ -47,6 +53,7 @@ fn run() -> Result<()> {
     storm_mm::run(MmOptions {
         config,
         manager: args.manager,
+        join: args.join,
         listen,
         stop,
     })

@@ -86,6 +86,7 @@ fn main() -> Result<()> {
     let mm = storm_mm::run(MmOptions {
         config,
         manager: None,
+        join: false,
         listen: Listen::Local(fabric),
         stop: stop.clone(),
     });

@@ -25,6 +25,19 @@ struct Args {
     command: Cmd,
 }
 
+/// `storm managers` changes to the manager group (operators only).
+#[derive(Subcommand)]
+enum ManagersCmd {
+    /// Remove a replica from the group (a Raft configuration change the leader proposes):
+    /// for a replica whose state directory is lost, before a new one joins in its place
+    /// (`storm-mm --manager NAME --join` on an empty state directory). Refused for the
+    /// leader itself, and when the voters left that answer would not make a majority.
+    Remove {
+        /// The replica's `[[manager]]` name.
+        name: String,
+    },
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Submit a batch script (like sbatch): prints the job id at once; the script runs on
@@ -76,6 +89,8 @@ enum Cmd {
         /// Print JSON (`{"managers": [...]}`) instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        change: Option<ManagersCmd>,
     },
     /// The machine manager's metrics, in the Prometheus text format.
     Metrics {
@@ -185,7 +200,11 @@ fn run(args: Args) -> Result<(), String> {
             false,
         ),
         Cmd::Nodes { json } => (Request::Nodes, json),
-        Cmd::Managers { json } => (Request::Managers, json),
+        Cmd::Managers { json, change: None } => (Request::Managers, json),
+        Cmd::Managers {
+            change: Some(ManagersCmd::Remove { name }),
+            ..
+        } => (Request::RemoveManager { name }, false),
         Cmd::Drain { nodes, reason } => (
             Request::Drain {
                 nodes: node_set(&socket, &nodes)?,
@@ -223,6 +242,7 @@ fn run(args: Args) -> Result<(), String> {
         Reply::Managers(managers) if json => println!("{}", views::managers_json(&managers)),
         Reply::Managers(managers) => print!("{}", views::managers_table(&managers)),
         Reply::Done => {}
+        Reply::Notice(text) => println!("{text}"),
         Reply::Error(e) => return Err(e),
         other => return Err(format!("unexpected reply {other:?}")),
     }

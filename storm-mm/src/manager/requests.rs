@@ -257,6 +257,12 @@ impl<E: MmEnv> MachineManager<E> {
                 let list = self.env.managers();
                 self.reply(client, Reply::Managers(list));
             }
+            Request::RemoveManager { name } => {
+                let reply = self
+                    .operator(client, uid, "remove a manager replica")
+                    .and_then(|()| self.env.remove_manager(&name).map(Reply::Notice));
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
             Request::Drain { nodes, reason } => {
                 let reply = self.operator(client, uid, "drain nodes").and_then(|()| {
                     self.drain(&nodes, reason)?;

@@ -44,6 +44,8 @@ struct Replayed {
     /// The last entry dropped: index and term.
     compacted: Option<(u64, u64)>,
     wants_state: Option<u64>,
+    conf: Option<ConfState>,
+    identity: Option<u64>,
 }
 
 impl Replayed {
@@ -95,9 +97,20 @@ impl Replayed {
                 }
                 Record::WantsState(index) => r.wants_state = Some(index),
                 Record::StateTaken => r.wants_state = None,
+                Record::Conf(conf) => r.conf = Some(conf),
+                Record::Identity(id) => r.identity = Some(id),
             }
         }
         Ok(r)
+    }
+
+    /// Whether the log holds nothing at all (a new state directory).
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+            && self.hard.is_none()
+            && self.compacted.is_none()
+            && self.conf.is_none()
+            && self.identity.is_none()
     }
 }
 
@@ -168,15 +181,19 @@ pub struct DurableLog {
     path: PathBuf,
     mem: MemStorage,
     applied: u64,
-    voters: Vec<u64>,
+    /// The group's configuration, as last applied (see [`super::member`]).
+    conf: ConfState,
+    /// This replica's Raft id, if the leader gave it one when it joined.
+    identity: Option<u64>,
     wants_state: Option<u64>,
     /// Whether appends are synced to disk (off only with `[replication] unsafe_no_log_sync`).
     sync: bool,
 }
 
 impl DurableLog {
-    /// Opens (or creates) the log in `dir`. A new log starts with `voters` as the group.
-    pub fn open(dir: &DaemonDir, voters: Vec<u64>) -> Result<Self, ReplicaError> {
+    /// Opens (or creates) the log in `dir`. A new log starts with `voters` as the group; with
+    /// `join`, with no group at all (the replica waits to be admitted: [`super::member`]).
+    pub fn open(dir: &DaemonDir, voters: Vec<u64>, join: bool) -> Result<Self, ReplicaError> {
         let path = dir.join(LOG_FILE);
         let err = |m: String| ReplicaError::Log {
             path: path.clone(),
@@ -206,8 +223,13 @@ impl DurableLog {
             let wal = Wal::create(dir, LOG_FILE, &[]).map_err(|e| err(e.to_string()))?;
             (wal, Vec::new())
         };
-        let replayed = Replayed::of(records).map_err(&err)?;
-        let mem = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
+        let mut replayed = Replayed::of(records).map_err(&err)?;
+        let conf = match replayed.conf.take() {
+            Some(conf) => conf,
+            None if join && replayed.is_empty() => ConfState::default(),
+            None => ConfState::from((voters, vec![])),
+        };
+        let mem = MemStorage::new_with_conf_state(conf.clone());
         let writer = Writer::start(wal)
             .map_err(|e| err(format!("cannot start the log's writer thread: {e}")))?;
         let mut log = Self {
@@ -215,7 +237,8 @@ impl DurableLog {
             path: path.clone(),
             mem,
             applied: replayed.applied,
-            voters,
+            conf,
+            identity: replayed.identity,
             wants_state: replayed.wants_state,
             sync: true,
         };
@@ -250,7 +273,7 @@ impl DurableLog {
             term,
             ..Default::default()
         };
-        meta.set_conf_state(ConfState::from((self.voters.clone(), vec![])));
+        meta.set_conf_state(self.conf.clone());
         let mut snap = Snapshot::default();
         snap.set_metadata(meta);
         snap
@@ -291,7 +314,9 @@ impl DurableLog {
             Record::Compacted { index: upto, term },
             Record::Hard(hard.clone()),
             Record::Applied(self.applied),
+            Record::Conf(self.conf.clone()),
         ];
+        records.extend(self.identity.map(Record::Identity));
         if let Some(index) = self.wants_state {
             records.push(Record::WantsState(index));
         }
@@ -319,12 +344,57 @@ impl DurableLog {
         let mut hard = self.mem.rl().hard_state().clone();
         hard.commit = hard.commit.max(index);
         hard.term = hard.term.max(term);
-        self.write_now(vec![Record::Snapshot { index, term, hard }])?;
+        let conf = snap.get_metadata().get_conf_state().clone();
+        self.write_now(vec![
+            Record::Snapshot { index, term, hard },
+            Record::Conf(conf.clone()),
+        ])?;
         self.mem
             .wl()
             .apply_snapshot(snap.clone())
             .map_err(|e| self.error(e))?;
+        self.conf = conf;
         self.wants_state = Some(index);
+        Ok(())
+    }
+
+    /// The group's configuration, as last applied.
+    pub fn conf(&self) -> &ConfState {
+        &self.conf
+    }
+
+    /// This replica's Raft id, if the leader gave it one ([`DurableLog::join`]).
+    pub fn identity(&self) -> Option<u64> {
+        self.identity
+    }
+
+    /// Whether the group has no member at all, as this log knows it: a replica that waits to
+    /// be admitted.
+    pub fn has_no_group(&self) -> bool {
+        super::member::members(&self.conf).next().is_none()
+    }
+
+    /// The leader admitted this replica as `id`: its log starts after entry `index` of
+    /// `term`, where the group is `conf`, and its journal wants the leader's state as of it.
+    pub fn join(
+        &mut self,
+        id: u64,
+        index: u64,
+        term: u64,
+        conf: ConfState,
+    ) -> Result<(), ReplicaError> {
+        self.write_now(vec![Record::Identity(id)])?;
+        self.identity = Some(id);
+        let mut snap = self.snapshot_of(index, term);
+        snap.mut_metadata().set_conf_state(conf);
+        self.apply_snapshot(&snap)
+    }
+
+    /// A change of the group's configuration was applied: it is `conf` from now on.
+    pub fn set_conf(&mut self, conf: ConfState) -> Result<(), ReplicaError> {
+        self.write_now(vec![Record::Conf(conf.clone())])?;
+        self.mem.wl().set_conf_state(conf.clone());
+        self.conf = conf;
         Ok(())
     }
 
@@ -509,13 +579,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             let hs = hs(2, 3, 2);
             log.append(&[entry(1, 1, b"a"), entry(2, 2, b"b")], Some(&hs))
                 .unwrap();
             log.set_applied(2).unwrap();
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         let s = log.storage();
         let state = s.initial_state().unwrap();
         assert_eq!((state.hard_state.term, state.hard_state.vote), (2, 3));
@@ -536,7 +606,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             let first = log
                 .append_queued(&[entry(1, 1, b"a")], Some(&hs(1, 1, 0)))
                 .unwrap();
@@ -553,7 +623,7 @@ mod tests {
             log.set_applied(1).unwrap();
             assert_eq!(log.written().unwrap(), log.given());
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         let state = log.storage().initial_state().unwrap().hard_state;
         assert_eq!((state.term, state.vote), (2, 2), "the newest hard state");
         assert_eq!(log.storage().last_index().unwrap(), 3);
@@ -566,12 +636,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             for i in 1..=50u64 {
                 log.append_queued(&[entry(i, 1, b"x")], None).unwrap();
             }
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         assert_eq!(log.storage().last_index().unwrap(), 50);
     }
 
@@ -580,7 +650,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             log.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")], Some(&hs(1, 2, 1)))
                 .unwrap();
             // A new commit index alone: raft-rs reads it at once.
@@ -589,7 +659,7 @@ mod tests {
             // A vote in a new term, without entries: on disk before it is sent.
             log.append(&[], Some(&hs(2, 3, 2))).unwrap();
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         let state = log.storage().initial_state().unwrap().hard_state;
         assert_eq!((state.term, state.vote), (2, 3), "the vote survives");
         assert_eq!(state.commit, 2, "written with the vote");
@@ -602,7 +672,7 @@ mod tests {
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         let hs = |commit| hs(1, 1, commit);
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             log.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")], Some(&hs(1)))
                 .unwrap();
             log.append(&[], Some(&hs(2))).unwrap();
@@ -611,7 +681,7 @@ mod tests {
             log.append(&[entry(3, 1, b"c")], None).unwrap();
             log.append(&[], Some(&hs(3))).unwrap();
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         let state = log.storage().initial_state().unwrap().hard_state;
         assert_eq!(
             state.commit, 2,
@@ -625,13 +695,66 @@ mod tests {
         );
     }
 
+    /// A replica started with `--join` on a new state directory has no group until the
+    /// leader admits it; then its id, the group and the position it starts from survive a
+    /// restart (with or without `--join`), as does a later change of the group, through a
+    /// compaction too. An old log given `--join` keeps the group it had.
+    #[test]
+    fn a_joining_replicas_id_and_group_survive_restarts_and_compaction() {
+        use super::super::member::raft_id;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let me = raft_id(2, 40);
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], true).unwrap();
+            assert!(log.has_no_group() && log.identity().is_none());
+            log.join(me, 39, 4, ConfState::from((vec![1, 2], vec![me])))
+                .unwrap();
+        }
+        for join in [true, false] {
+            let log = DurableLog::open(&dir, vec![1, 2, 3], join).unwrap();
+            assert_eq!(log.identity(), Some(me));
+            assert_eq!(log.wants_state(), Some(39));
+            let state = log.storage().initial_state().unwrap();
+            assert_eq!(state.conf_state.voters, vec![1, 2]);
+            assert_eq!(state.conf_state.learners, vec![me]);
+            assert_eq!(log.storage().first_index().unwrap(), 40);
+        }
+        {
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
+            log.set_conf(ConfState::from((vec![1, 2, me], vec![])))
+                .unwrap();
+            let entries: Vec<Entry> = (40..=45).map(|i| entry(i, 4, b"x")).collect();
+            log.append(&entries, Some(&hs(4, 1, 45))).unwrap();
+            log.set_applied(45).unwrap();
+            log.compact(43).unwrap();
+        }
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
+        assert_eq!(log.identity(), Some(me));
+        let state = log.storage().initial_state().unwrap();
+        assert_eq!(state.conf_state.voters, vec![1, 2, me]);
+        assert!(state.conf_state.learners.is_empty());
+        assert_eq!(log.storage().first_index().unwrap(), 44);
+        let snap = log.storage().snapshot(0, 0).unwrap();
+        assert_eq!(snap.get_metadata().get_conf_state().voters, vec![1, 2, me]);
+
+        let old = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(old.path(), 0o700).unwrap();
+        DurableLog::open(&dir, vec![1, 2, 3], false)
+            .unwrap()
+            .append(&[entry(1, 1, b"a")], Some(&hs(1, 1, 1)))
+            .unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], true).unwrap();
+        assert!(!log.has_no_group() && log.identity().is_none());
+    }
+
     #[test]
     fn a_compacted_log_keeps_its_tail_and_position_across_a_reopen() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         let hs = hs(2, 1, 4);
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             let entries: Vec<Entry> = (1..=5).map(|i| entry(i, 1 + i / 4, b"x")).collect();
             log.append(&entries, Some(&hs)).unwrap();
             log.compact(3).unwrap();
@@ -645,7 +768,7 @@ mod tests {
             );
             assert_eq!(s.initial_state().unwrap().hard_state, hs);
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         let s = log.storage();
         assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (4, 5));
         assert_eq!(s.term(3).unwrap(), 1);
@@ -659,13 +782,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             log.append(&[entry(1, 1, b"a")], None).unwrap();
             let snap = log.snapshot_of(9, 3);
             log.apply_snapshot(&snap).unwrap();
             assert_eq!(log.wants_state(), Some(9));
         }
-        let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         assert_eq!(log.wants_state(), Some(9), "it survives a restart");
         let s = log.storage();
         assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (10, 9));
@@ -673,7 +796,9 @@ mod tests {
         log.state_taken().unwrap();
         drop(log);
         assert_eq!(
-            DurableLog::open(&dir, vec![1, 2, 3]).unwrap().wants_state(),
+            DurableLog::open(&dir, vec![1, 2, 3], false)
+                .unwrap()
+                .wants_state(),
             None
         );
     }
@@ -683,7 +808,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
         {
-            let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             log.append(
                 &[entry(1, 1, b"a"), entry(2, 1, b"old"), entry(3, 1, b"old")],
                 None,
@@ -691,7 +816,7 @@ mod tests {
             .unwrap();
             log.append(&[entry(2, 2, b"new")], None).unwrap();
         }
-        let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         let s = log.storage();
         assert_eq!(s.last_index().unwrap(), 2);
         assert_eq!(s.term(2).unwrap(), 2);
@@ -731,7 +856,7 @@ mod tests {
                 // A crash between the rename and the removal leaves both files.
                 std::fs::write(tmp.path().join(LEGACY_LOG_FILE), b"stale").unwrap();
             }
-            let log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+            let log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
             assert!(!dir.contains(LEGACY_LOG_FILE), "the old file is gone");
             let s = log.storage();
             let state = s.initial_state().unwrap().hard_state;
@@ -754,7 +879,7 @@ mod tests {
     fn entries_that_would_leave_a_gap_are_refused_not_a_panic() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
-        let mut log = DurableLog::open(&dir, vec![1, 2, 3]).unwrap();
+        let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
         log.append(&[entry(1, 1, b"a")], None).unwrap();
         let err = log.append(&[entry(3, 1, b"c")], None).unwrap_err();
         assert!(err.to_string().contains("entries from 3"), "{err}");

@@ -25,6 +25,10 @@
 //! ([`Replica::hand_over`], Raft's leadership transfer) and stops its core the same way:
 //! Raft alone would keep it leading, and it would mark every node DOWN.
 //!
+//! The group's members can change while it runs ([`member`], [`membership`]): an operator
+//! removes a replica whose disk was lost, and a replica started on a new disk with `--join`
+//! is admitted in its place under a new Raft id, first as a learner.
+//!
 //! Beyond Raft's crash model, the replicas compare a hash of their journals every window of
 //! log entries ([`checksum`]); one whose journal differs from the majority's stops standing
 //! for election and takes the leader's state ([`resync`]). The log drops what this replica's
@@ -34,6 +38,8 @@ pub mod checksum;
 pub mod entry;
 pub mod log;
 pub mod mailbox;
+pub mod member;
+mod membership;
 pub mod program;
 pub mod resync;
 pub mod wal;
@@ -58,6 +64,7 @@ use crate::waker::Waker;
 use checksum::{Report, Verdict, Windows};
 use log::DurableLog;
 use mailbox::{GroupLayout, Inbox, Outbox};
+use member::Welcome;
 use resync::{Fetch, Image, Offer, Stage, Standing, Want, Why, Wire};
 
 #[derive(Debug, thiserror::Error)]
@@ -79,12 +86,18 @@ pub enum ReplicaError {
 pub fn decode_peer_message(bytes: &[u8]) -> Result<(Wire, Vec<Applied>), String> {
     let wire = Wire::decode(bytes)?;
     let parts = match &wire {
-        Wire::Raft(msg) => msg
-            .entries
-            .iter()
-            .filter_map(Applied::of)
-            .collect::<Result<_, _>>()?,
-        Wire::Want(_) | Wire::Part(_) => Vec::new(),
+        Wire::Raft(msg) => {
+            for e in msg.entries.iter() {
+                if let Some(Err(why)) = member::conf_change(e) {
+                    return Err(format!("a group change in entry {}: {why}", e.index));
+                }
+            }
+            msg.entries
+                .iter()
+                .filter_map(Applied::of)
+                .collect::<Result<_, _>>()?
+        }
+        Wire::Want(_) | Wire::Part(_) | Wire::Join | Wire::Welcome(_) => Vec::new(),
     };
     Ok((wire, parts))
 }
@@ -164,6 +177,8 @@ pub struct Replica {
     handovers: Sender<u64>,
     /// Tells the thread that the core leading a term stopped.
     step_downs: Sender<u64>,
+    /// Asks the thread to remove a replica from the group (`storm managers remove`).
+    removals: Sender<Removal>,
     election_timeout: Duration,
     settled: Receiver<Settled>,
     events: Receiver<RoleEvent>,
@@ -173,6 +188,39 @@ pub struct Replica {
     thread: Option<JoinHandle<()>>,
 }
 
+/// A request to remove the replica named so from the group, and where to answer.
+type Removal = (String, Sender<Result<String, String>>);
+
+/// The generation of the Raft id a joining replica's placeholder node has until the leader
+/// admits it (never given: generations are log indexes).
+const PLACEHOLDER_GENERATION: u64 = (1 << 48) - 1;
+
+/// raft-rs's node for replica `id` over `storage`, which applied entries up to `applied`.
+fn raft_node(
+    r: &storm_cluster::config::ReplicationSection,
+    id: u64,
+    applied: u64,
+    storage: raft::storage::MemStorage,
+) -> Result<RawNode<raft::storage::MemStorage>, ReplicaError> {
+    let election_ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
+    let raft_cfg = raft::Config {
+        id,
+        election_tick: election_ticks,
+        heartbeat_tick: 1,
+        applied,
+        max_size_per_msg: PART_BYTES as u64,
+        max_inflight_msgs: 256,
+        check_quorum: true,
+        pre_vote: true,
+        ..Default::default()
+    };
+    raft_cfg
+        .validate()
+        .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+    let logger = slog::Logger::root(TracingDrain, slog::o!());
+    RawNode::new(&raft_cfg, storage, &logger).map_err(|e| ReplicaError::Raft(e.to_string()))
+}
+
 /// Largest journal part proposed as one entry; a larger record goes alone.
 const PART_BYTES: usize = 256 * 1024;
 
@@ -180,12 +228,15 @@ impl Replica {
     /// Starts replica `index` of `cfg`'s group (the daemon's config seen as that replica):
     /// opens its log in the state directory and its endpoint in the managers' fabric, and
     /// starts its thread as a follower. `store` is the journal's store, which the thread
-    /// writes from now on; `programs`, where program copies are.
+    /// writes from now on; `programs`, where program copies are. With `join`, a replica
+    /// whose state directory is new asks the group to admit it ([`member`]) instead of
+    /// starting the group the cluster file names.
     pub fn start(
         cfg: &ClusterConfig,
         index: usize,
         store: Box<dyn JournalStore>,
         programs: Option<ProgramStore>,
+        join: bool,
     ) -> anyhow::Result<Self> {
         let replicas = cfg.managers.len();
         // A mailbox slot takes the largest request a client may send, and then some.
@@ -195,8 +246,20 @@ impl Replica {
         let fabric = storm_cluster::endpoint::start_group(cfg, index, group.layout.clone(), key)
             .map_err(ReplicaError::Fabric)?;
         let dir = DaemonDir::open_or_create(&cfg.cluster.state_dir, 0o700)?;
-        let voters: Vec<u64> = (1..=replicas as u64).collect();
-        let mut log = DurableLog::open(&dir, voters)?;
+        let voters: Vec<u64> = (0..replicas).map(|p| member::raft_id(p, 0)).collect();
+        let mut log = DurableLog::open(&dir, voters, join)?;
+        // Its Raft id: the one the leader gave it when it joined, none yet if it waits to be
+        // admitted, or else the first generation's.
+        let id = match log.identity() {
+            Some(id) if member::position_of(id) != Some(index) => anyhow::bail!(
+                "this state directory holds the Raft log of the replica at another place in \
+                 the group (Raft id {id}), not of {}",
+                cfg.managers[index].name
+            ),
+            Some(id) => Some(id),
+            None if log.has_no_group() => None,
+            None => Some(member::raft_id(index, 0)),
+        };
         log.set_sync(!cfg.replication.unsafe_no_log_sync);
         if cfg.replication.unsafe_no_log_sync {
             tracing::error!(
@@ -223,24 +286,19 @@ impl Replica {
             );
         }
         let r = &cfg.replication;
-        let election_ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
-        let raft_cfg = raft::Config {
-            id: index as u64 + 1,
-            election_tick: election_ticks,
-            heartbeat_tick: 1,
+        // A replica waiting to be admitted has a node that is never stepped until it is.
+        let node = raft_node(
+            r,
+            id.unwrap_or(member::raft_id(index, PLACEHOLDER_GENERATION)),
             applied,
-            max_size_per_msg: PART_BYTES as u64,
-            max_inflight_msgs: 256,
-            check_quorum: true,
-            pre_vote: true,
-            ..Default::default()
-        };
-        raft_cfg
-            .validate()
-            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
-        let logger = slog::Logger::root(TracingDrain, slog::o!());
-        let node = RawNode::new(&raft_cfg, log.storage(), &logger)
-            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+            log.storage(),
+        )?;
+        if id.is_none() {
+            tracing::warn!(
+                "this replica has no place in the manager group yet (--join, a new state \
+                 directory): it asks the leader to admit it"
+            );
+        }
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             lease_until_us: AtomicU64::new(0),
@@ -254,6 +312,7 @@ impl Replica {
         let (tell, events) = crossbeam_channel::unbounded();
         let (handovers, handover) = crossbeam_channel::unbounded();
         let (step_downs, step_down) = crossbeam_channel::unbounded();
+        let (removals, removal) = crossbeam_channel::unbounded();
         {
             // The log's writer thread wakes this replica's thread once a write is done.
             let (fabric, arrived) = (fabric.clone(), group.arrived);
@@ -263,6 +322,12 @@ impl Replica {
         }
         let host = Host {
             node,
+            id,
+            replication: r.clone(),
+            removal,
+            asked_to_join: None,
+            refusal: String::new(),
+            not_members: BTreeSet::new(),
             log,
             unpersisted: std::collections::VecDeque::new(),
             store,
@@ -321,6 +386,7 @@ impl Replica {
             proposals,
             handovers,
             step_downs,
+            removals,
             election_timeout: Duration::from_millis(r.election_timeout_ms),
             settled,
             events,
@@ -432,6 +498,19 @@ impl Replica {
         let _ = self.fabric.wake_local(self.group.arrived);
     }
 
+    /// Removes replica `name` from the group (a Raft configuration change, which this
+    /// replica proposes as leader): what the operator should know, or why not.
+    pub fn remove(&self, name: &str) -> Result<String, String> {
+        let (answer, answered) = crossbeam_channel::bounded(1);
+        self.removals
+            .send((name.to_string(), answer))
+            .map_err(|_| "this replica stopped".to_string())?;
+        let _ = self.fabric.wake_local(self.group.arrived);
+        answered
+            .recv_timeout(self.election_timeout.max(Duration::from_secs(1)))
+            .map_err(|_| "this replica did not answer in time: ask again".to_string())?
+    }
+
     /// The commits settled since the last call, oldest first.
     pub fn settled(&self) -> Vec<Settled> {
         self.settled.try_iter().collect()
@@ -460,6 +539,18 @@ impl Drop for Replica {
 /// The replica's thread: raft-rs's node and everything it needs done.
 struct Host {
     node: RawNode<raft::storage::MemStorage>,
+    /// This replica's Raft id (`None`: it waits for the leader to admit it, and `node` is a
+    /// placeholder).
+    id: Option<u64>,
+    replication: storm_cluster::config::ReplicationSection,
+    /// Requests to remove a replica from the group.
+    removal: Receiver<Removal>,
+    /// When this replica, waiting to be admitted, last asked to join.
+    asked_to_join: Option<Instant>,
+    /// The last reason the leader gave for not admitting it (logged once each).
+    refusal: String,
+    /// Raft ids heard from that are not members (logged once each).
+    not_members: BTreeSet<u64>,
     log: DurableLog,
     store: Box<dyn JournalStore>,
     programs: Option<ProgramStore>,
@@ -619,6 +710,12 @@ impl Host {
     }
 
     fn step(&mut self, next_tick: &mut Instant) -> Result<(), ReplicaError> {
+        let Some(me) = self.id else {
+            return self.join_step();
+        };
+        for (name, answer) in self.removal.try_iter().collect::<Vec<_>>() {
+            let _ = answer.send(self.remove(&name));
+        }
         for term in self.step_down.try_iter().collect::<Vec<_>>() {
             self.step_down(term);
         }
@@ -647,25 +744,39 @@ impl Host {
                     self.take_state(from as usize, part);
                     continue;
                 }
+                Ok(Wire::Join) => {
+                    self.admit(from as usize);
+                    continue;
+                }
+                Ok(Wire::Welcome(Welcome::Refused { id, why })) if id == me => {
+                    return Err(ReplicaError::Raft(why));
+                }
+                Ok(Wire::Welcome(_)) => continue,
                 Err(why) => {
                     tracing::warn!(from, "dropping a replica message: {why}");
                     continue;
                 }
             };
             // Each replica speaks only for itself (its link proves which it is).
-            if msg.from != from as u64 + 1 || msg.to != self.me as u64 + 1 {
-                tracing::warn!(from, "dropping a replica message with the wrong ends");
+            if member::position_of(msg.from) != Some(from as usize) || msg.to != me {
+                tracing::debug!(from, "dropping a replica message with the wrong ends");
+                continue;
+            }
+            if !member::is_member(self.log.conf(), msg.from) {
+                self.not_a_member(from as usize, msg.from);
                 continue;
             }
             self.heard[from as usize] = Some(arrived_after);
             let last = self.node.raft.raft_log.last_index();
             if msg.get_msg_type() == MessageType::MsgHeartbeat && msg.commit > last {
                 // The leader commits only what this replica acknowledged having on disk.
+                let name = &self.names[self.me];
                 return Err(ReplicaError::Raft(format!(
                     "this replica's Raft log ends at entry {last}, but it acknowledged entries \
-                     up to {} to the leader: its state directory was lost or replaced. A \
-                     replica with a new disk cannot rejoin under the same name yet (Raft needs \
-                     it removed from the group and added anew: docs/operations.md)",
+                     up to {} to the leader: its state directory was lost or replaced. It \
+                     cannot rejoin under its old Raft id ({me}); replace it: `storm managers \
+                     remove {name}`, then start it on an empty state directory with \
+                     `storm-mm --manager {name} --join` (docs/operations.md)",
                     msg.commit
                 )));
             }
@@ -705,6 +816,7 @@ impl Host {
             self.offer = None;
         }
         self.roles()?;
+        self.promote_learners();
         self.publish_status();
         if self.checkpointed.1.elapsed() >= CHECKPOINT {
             self.checkpoint()?;
@@ -803,14 +915,17 @@ impl Host {
         if raft.state != StateRole::Leader {
             return;
         }
+        let conf = self.log.conf();
         let best = (0..self.replicas)
             .filter(|&i| i != self.me && !self.peers_diverged.contains(&(i as u32)))
             .filter(|&i| self.heard[i].is_some_and(|h| h.elapsed() < self.election_timeout))
-            .max_by_key(|&i| raft.prs().get(i as u64 + 1).map_or(0, |p| p.matched));
+            .filter_map(|i| Some((i, member::member_at(conf, i)?)))
+            .filter(|&(_, id)| member::is_voter(conf, id))
+            .max_by_key(|&(_, id)| raft.prs().get(id).map_or(0, |p| p.matched));
         match best {
-            Some(i) => {
+            Some((i, id)) => {
                 tracing::warn!(to = %self.names[i], "handing the manager group over");
-                self.node.transfer_leader(i as u64 + 1);
+                self.node.transfer_leader(id);
             }
             None => tracing::error!("no other replica answers: nobody to hand the group over to"),
         }
@@ -818,7 +933,13 @@ impl Host {
 
     fn send(&mut self, msgs: Vec<raft::eraftpb::Message>) {
         for m in msgs {
-            let to = m.to.wrapping_sub(1) as NodeId;
+            let Some(to) = member::position_of(m.to).map(|p| p as NodeId) else {
+                tracing::error!(
+                    raft_id = m.to,
+                    "a message to a Raft id that names no replica"
+                );
+                continue;
+            };
             if m.get_msg_type() == MessageType::MsgSnapshot {
                 tracing::warn!(
                     to = %self.names.get(to as usize).map_or("?", |n| n.as_str()),
@@ -934,6 +1055,7 @@ impl Host {
     /// state, and makes this replica's own at the end of each window.
     fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
         for e in entries {
+            self.apply_conf_change(&e)?;
             if let Some(applied) = Applied::of(&e) {
                 let applied = applied.map_err(|why| {
                     ReplicaError::Raft(format!("log entry {} does not decode: {why}", e.index))
@@ -1194,7 +1316,7 @@ impl Host {
                 to = %self.names[to],
                 entry = self.applied,
                 bytes = bytes.len(),
-                "sending this replica's state to a replica that diverged"
+                "sending this replica's state to a replica that asked for it (it diverged, lacks entries the log dropped, or joined)"
             );
             self.offer = Some(Offer {
                 id: self.outbox.incarnation() ^ self.offers_made,
@@ -1355,7 +1477,13 @@ impl Host {
             Some(term) if !is_leader || raft.term != term => {
                 let why = match raft.leader_id {
                     0 => format!("deposed: term {} has begun", raft.term),
-                    l => format!("deposed: replica {} leads term {}", l - 1, raft.term),
+                    l => format!(
+                        "deposed: {} leads term {}",
+                        member::position_of(l)
+                            .and_then(|p| self.names.get(p))
+                            .map_or("another replica", |n| n.as_str()),
+                        raft.term
+                    ),
                 };
                 tracing::warn!(term, "{why}; following the group");
                 self.stop_leading();
@@ -1393,20 +1521,23 @@ impl Host {
     /// The lease runs `lease` past the time by which a majority (this replica counting) was
     /// last heard from.
     fn renew_lease(&self) {
-        let mut heard: Vec<Instant> = self
-            .heard
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != self.me)
-            .filter_map(|(_, h)| *h)
+        let conf = self.log.conf();
+        let me = self.id.unwrap_or_default();
+        // The other members, newest word first: the lease runs from the moment by which
+        // those heard since make a majority with this replica.
+        let mut heard: Vec<(Instant, u64)> = (0..self.replicas)
+            .filter(|&i| i != self.me)
+            .filter_map(|i| Some((self.heard[i]?, member::member_at(conf, i)?)))
             .collect();
-        heard.sort_unstable_by(|a, b| b.cmp(a));
-        // Besides this replica, a majority needs (R / 2) others.
-        let needed = self.replicas / 2;
-        let since = if needed == 0 {
+        heard.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
+        let mut counted = vec![me];
+        let since = if member::has_quorum(conf, |id| counted.contains(&id)) {
             Some(Instant::now())
         } else {
-            heard.get(needed - 1).copied()
+            heard.iter().find_map(|&(at, id)| {
+                counted.push(id);
+                member::has_quorum(conf, |v| counted.contains(&v)).then_some(at)
+            })
         };
         let until = since.map_or(0, |t| {
             (t + self.lease)
@@ -1424,13 +1555,14 @@ impl Host {
             .role()
             .unwrap_or(match raft.state {
                 StateRole::Leader => "leader",
+                StateRole::Follower if self.log.conf().learners.contains(&raft.id) => "learner",
                 StateRole::Follower => "follower",
                 StateRole::Candidate => "candidate",
                 StateRole::PreCandidate => "pre-candidate",
             })
             .into();
         s.term = raft.term;
-        s.leader = (raft.leader_id > 0).then(|| raft.leader_id as usize - 1);
+        s.leader = member::position_of(raft.leader_id);
         s.applied = raft.raft_log.applied;
         s.committed = raft.raft_log.committed;
         s.group.clear();
@@ -1438,18 +1570,26 @@ impl Host {
             return;
         }
         let last = raft.raft_log.last_index();
+        let conf = self.log.conf();
         for (i, name) in self.names.iter().enumerate() {
-            let id = i as u64 + 1;
+            let id = member::member_at(conf, i);
             let matched = if i == self.me {
                 last
             } else {
-                raft.prs().get(id).map_or(0, |p| p.matched)
+                id.and_then(|id| raft.prs().get(id))
+                    .map_or(0, |p| p.matched)
             };
             let heard = self.heard[i].map(|t| t.elapsed());
             let role = if i == self.me {
                 "leader"
+            } else if id.is_none() {
+                "removed"
             } else if self.peers_diverged.contains(&(i as u32)) {
                 "diverged"
+            } else if heard.is_some_and(|h| h < self.election_timeout)
+                && id.is_some_and(|id| conf.learners.contains(&id))
+            {
+                "learner"
             } else if heard.is_some_and(|h| h < self.election_timeout) {
                 "follower"
             } else {

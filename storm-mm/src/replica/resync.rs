@@ -24,6 +24,8 @@ pub const MAX_IMAGE: u64 = 16 << 30;
 const RAFT: u8 = 0;
 const WANT: u8 = 1;
 const PART: u8 = 2;
+const JOIN: u8 = 3;
+const WELCOME: u8 = 4;
 
 /// A message between replicas, as a mailbox slot holds it: a tag byte, then the message.
 #[derive(Debug)]
@@ -31,6 +33,12 @@ pub enum Wire {
     Raft(Message),
     Want(Want),
     Part(Part),
+    /// A replica without a place in the group (started with `--join` on an empty state
+    /// directory) asks to be taken in ([`super::member`]).
+    Join,
+    /// The leader's answer to [`Wire::Join`], or to a message from a Raft id that is no
+    /// member.
+    Welcome(super::member::Welcome),
 }
 
 impl Wire {
@@ -44,6 +52,12 @@ impl Wire {
                 .map_err(|e| format!("a Raft message does not decode: {e}")),
             WANT => Want::decode(body).map(Wire::Want),
             PART => Part::decode(body).map(Wire::Part),
+            JOIN if body.is_empty() => Ok(Wire::Join),
+            JOIN => Err(format!(
+                "a request to join with {} bytes after it",
+                body.len()
+            )),
+            WELCOME => super::member::Welcome::decode(body).map(Wire::Welcome),
             other => Err(format!("a replica message of unknown kind {other}")),
         }
     }
@@ -53,6 +67,18 @@ impl Wire {
         use protobuf::Message as _;
         let mut out = vec![RAFT];
         msg.write_to_vec(&mut out).map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    /// A request to join, as a mailbox holds it.
+    pub fn join() -> Vec<u8> {
+        vec![JOIN]
+    }
+
+    /// An answer to a join, as a mailbox holds it.
+    pub fn welcome(welcome: &super::member::Welcome) -> Result<Vec<u8>, String> {
+        let mut out = vec![WELCOME];
+        out.extend(welcome.encode()?);
         Ok(out)
     }
 }

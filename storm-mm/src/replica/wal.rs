@@ -24,7 +24,7 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 
 use protobuf::Message as _;
-use raft::eraftpb::{Entry, HardState};
+use raft::eraftpb::{ConfState, Entry, HardState};
 use storm_cluster::daemon_dir::DaemonDir;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -74,6 +74,12 @@ pub enum Record {
     WantsState(u64),
     /// The journal took another replica's state.
     StateTaken,
+    /// The group's configuration after a change applied (or a snapshot taken): who votes,
+    /// who learns. A log without one holds the group the cluster file names.
+    Conf(ConfState),
+    /// This replica's Raft id, given by the leader when it joined the group (a log without
+    /// one is of a replica of the first generation: its position plus one).
+    Identity(u64),
 }
 
 const ENTRIES: u8 = 1;
@@ -83,6 +89,8 @@ const COMPACTED: u8 = 4;
 const SNAPSHOT: u8 = 5;
 const WANTS_STATE: u8 = 6;
 const STATE_TAKEN: u8 = 7;
+const CONF: u8 = 8;
+const IDENTITY: u8 = 9;
 
 impl Record {
     /// The record's body: its kind, then its fields.
@@ -131,6 +139,14 @@ impl Record {
                 out.extend_from_slice(&index.to_le_bytes());
             }
             Record::StateTaken => out.push(STATE_TAKEN),
+            Record::Conf(conf) => {
+                out.push(CONF);
+                put_bytes(&mut out, &proto(conf)?);
+            }
+            Record::Identity(id) => {
+                out.push(IDENTITY);
+                out.extend_from_slice(&id.to_le_bytes());
+            }
         }
         Ok(out)
     }
@@ -171,6 +187,11 @@ impl Record {
             },
             WANTS_STATE => Record::WantsState(r.u64()?),
             STATE_TAKEN => Record::StateTaken,
+            CONF => Record::Conf(
+                ConfState::parse_from_bytes(r.bytes()?)
+                    .map_err(|e| format!("a group configuration: {e}"))?,
+            ),
+            IDENTITY => Record::Identity(r.u64()?),
             kind => return Err(format!("an unknown record kind {kind}")),
         };
         if !r.0.is_empty() {
@@ -462,6 +483,8 @@ pub(super) mod tests {
                 hard: hs,
             },
             Record::WantsState(9),
+            Record::Conf(ConfState::from((vec![1, 3], vec![(7 << 16) | 2]))),
+            Record::Identity((7 << 16) | 2),
             Record::StateTaken,
         ]
     }
