@@ -19,6 +19,8 @@
 //! ([`legacy_records`]).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
@@ -174,12 +176,65 @@ pub fn legacy_records(dir: &DaemonDir) -> Result<Vec<Record>, String> {
     Ok(records)
 }
 
+/// What raft-rs reads: the log in memory, whose snapshots are taken at the last entry applied.
+/// raft-rs's `MemStorage` takes them at the commit index, with the group's configuration as
+/// it stands, which is as of the last entry applied: a change of the group committed but not
+/// yet applied would be in neither the snapshot's configuration nor the log it precedes, and
+/// the replica that takes the snapshot would never learn of it.
+#[derive(Clone)]
+pub struct LogStorage {
+    mem: MemStorage,
+    applied: Arc<AtomicU64>,
+}
+
+impl raft::Storage for LogStorage {
+    fn initial_state(&self) -> raft::Result<raft::RaftState> {
+        self.mem.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: raft::GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let mut snap = self.mem.snapshot(request_index, to)?;
+        let applied = self.applied.load(Ordering::Acquire);
+        let compacted = self.mem.first_index()? - 1;
+        let meta = snap.mut_metadata();
+        if applied < meta.index && applied >= compacted.max(request_index).max(1) {
+            meta.term = self.mem.term(applied)?;
+            meta.index = applied;
+        }
+        Ok(snap)
+    }
+}
+
 /// The durable log, and its copy in memory that raft-rs reads.
 pub struct DurableLog {
     /// The thread that writes `raft.wal`, in the order it is given records.
     writer: Writer,
     path: PathBuf,
     mem: MemStorage,
+    /// The last entry applied, as [`LogStorage`] takes its snapshots there.
+    applied_now: Arc<AtomicU64>,
     applied: u64,
     /// The group's configuration, as last applied (see [`super::member`]).
     conf: ConfState,
@@ -236,6 +291,7 @@ impl DurableLog {
             writer,
             path: path.clone(),
             mem,
+            applied_now: Arc::new(AtomicU64::new(replayed.applied)),
             applied: replayed.applied,
             conf,
             identity: replayed.identity,
@@ -414,8 +470,17 @@ impl DurableLog {
     }
 
     /// What raft-rs reads.
-    pub fn storage(&self) -> MemStorage {
-        self.mem.clone()
+    pub fn storage(&self) -> LogStorage {
+        LogStorage {
+            mem: self.mem.clone(),
+            applied: self.applied_now.clone(),
+        }
+    }
+
+    /// Entries up to `index` are applied (to the journal and the group's configuration): a
+    /// snapshot raft-rs takes from now on is at that entry.
+    pub fn applied_to(&self, index: u64) {
+        self.applied_now.store(index, Ordering::Release);
     }
 
     /// Index of the last entry applied to the journal, as last recorded.
@@ -746,6 +811,30 @@ mod tests {
             .unwrap();
         let log = DurableLog::open(&dir, vec![1, 2, 3], true).unwrap();
         assert!(!log.has_no_group() && log.identity().is_none());
+    }
+
+    /// A snapshot sent to a replica that lacks dropped entries is at the last entry applied,
+    /// with the group as of that entry: a change committed but not yet applied then reaches
+    /// it in the log that follows, instead of being skipped by a snapshot at the commit index.
+    #[test]
+    fn a_snapshot_is_taken_at_the_last_entry_applied_not_the_commit_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DaemonDir::open_or_create(tmp.path(), 0o700).unwrap();
+        let mut log = DurableLog::open(&dir, vec![1, 2, 3], false).unwrap();
+        let entries: Vec<Entry> = (1..=6).map(|i| entry(i, 1 + i / 4, b"x")).collect();
+        log.append(&entries, Some(&hs(2, 1, 6))).unwrap();
+        log.applied_to(4);
+        let snap = log.storage().snapshot(0, 2).unwrap();
+        assert_eq!(snap.get_metadata().index, 4);
+        assert_eq!(snap.get_metadata().term, 2);
+        assert_eq!(snap.get_metadata().get_conf_state().voters, vec![1, 2, 3]);
+        // Never before what the log dropped (its entries would be gone).
+        log.set_applied(4).unwrap();
+        log.compact(5).unwrap();
+        assert_eq!(
+            log.storage().snapshot(0, 2).unwrap().get_metadata().index,
+            6
+        );
     }
 
     #[test]

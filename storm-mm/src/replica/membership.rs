@@ -71,6 +71,7 @@ impl Host {
         self.node = raft_node(&self.replication, id, index, self.log.storage())?;
         self.id = Some(id);
         self.applied = index;
+        self.log.applied_to(index);
         self.standing = Standing::taking(Why::Behind, index);
         tracing::warn!(
             raft_id = id,

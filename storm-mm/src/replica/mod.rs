@@ -200,8 +200,8 @@ fn raft_node(
     r: &storm_cluster::config::ReplicationSection,
     id: u64,
     applied: u64,
-    storage: raft::storage::MemStorage,
-) -> Result<RawNode<raft::storage::MemStorage>, ReplicaError> {
+    storage: log::LogStorage,
+) -> Result<RawNode<log::LogStorage>, ReplicaError> {
     let election_ticks = (r.election_timeout_ms / r.heartbeat_ms).max(4) as usize;
     let raft_cfg = raft::Config {
         id,
@@ -279,6 +279,7 @@ impl Replica {
             applied = applied.max(log.compacted());
             log.compacted()
         });
+        log.applied_to(applied);
         if let Some(from) = behind {
             tracing::warn!(
                 from,
@@ -538,7 +539,7 @@ impl Drop for Replica {
 
 /// The replica's thread: raft-rs's node and everything it needs done.
 struct Host {
-    node: RawNode<raft::storage::MemStorage>,
+    node: RawNode<log::LogStorage>,
     /// This replica's Raft id (`None`: it waits for the leader to admit it, and `node` is a
     /// placeholder).
     id: Option<u64>,
@@ -1031,6 +1032,7 @@ impl Host {
                  (as of log entry {index} or later) before it stands for election"
             );
             self.applied = index;
+            self.log.applied_to(index);
             self.standing = Standing::taking(Why::Behind, index);
         }
         let started = Instant::now();
@@ -1074,6 +1076,7 @@ impl Host {
                 }
             }
             self.applied = e.index;
+            self.log.applied_to(e.index);
             if self.checksum_every > 0
                 && e.index % self.checksum_every == 0
                 && !self.standing.is_taking()
