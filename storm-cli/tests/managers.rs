@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cluster::config::ReplicationSection;
-use support::{assert_counted_lines, counter_script, ensure_daemons, text, wait_for_text};
+use support::{
+    assert_counter_job_whole, counter_script, ensure_daemons, text, wait_for_text, wait_new_leader,
+};
 
 fn group(nodes: u32) -> LocalCluster {
     group_with(nodes, Default::default())
@@ -69,19 +71,7 @@ fn storm(c: &LocalCluster, args: &[&str]) -> Output {
 
 /// Waits for a leader other than `old`, and says which and how long it took.
 fn new_leader(c: &LocalCluster, old: &str) -> (String, Duration) {
-    let started = Instant::now();
-    loop {
-        if let Some(l) = c.leader()
-            && l != old
-        {
-            return (l, started.elapsed());
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no replica took over from {old}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_new_leader(old, || c.leader())
 }
 
 fn spawn_logged(c: &LocalCluster, args: &[&str], log: &Path) -> Child {
@@ -109,14 +99,7 @@ fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "after the failover\n");
     // The running job ran on undisturbed, and its submitter got all of its output.
-    let out = running.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
-    assert_counted_lines(&out, 2, 40, &log);
+    assert_counter_job_whole(running, 2, 40, &log);
     // The new leader's journal knows both jobs (the first from the old leader's commits).
     let history = text(&storm(&c, &["history"]).stdout);
     assert!(history.contains("counter.sh"), "{history}");
@@ -222,14 +205,7 @@ fn a_leader_killed_under_fifty_submitters_and_running_gang_jobs_loses_and_repeat
         "each short job runs exactly once"
     );
     for (child, log) in gang {
-        let out = child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(5),
-            "{}",
-            std::fs::read_to_string(&log).unwrap()
-        );
-        assert_counted_lines(&out, 2, 100, &log);
+        assert_counter_job_whole(child, 2, 100, &log);
     }
     assert_no_divergence(&c);
     c.shutdown().unwrap();
@@ -300,14 +276,7 @@ fn a_frozen_leader_is_replaced_and_follows_when_it_thaws() {
     );
     let now = next.clone();
     wait_roles(&c, move |n| if n == now { "leader" } else { "follower" });
-    let out = running.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
-    assert_counted_lines(&out, 2, 40, &log);
+    assert_counter_job_whole(running, 2, 40, &log);
     // The thawed replica is one of the majority: with the new leader killed too, it and
     // the third elect a leader that runs the next job.
     c.kill_manager(&next).unwrap();

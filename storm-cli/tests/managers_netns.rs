@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use storm_cli::testbed::Testbed;
 use support::testbed::{can_run, gone_within, submit, up_group};
-use support::{assert_counted_lines, bin_dir, counter_script, text, wait_for_text};
+use support::{
+    assert_counter_job_whole, bin_dir, counter_script, text, wait_for_text, wait_new_leader,
+};
 
 fn storm(tb: &Testbed, args: &[&str]) -> std::process::Output {
     Command::new(bin_dir().join("storm"))
@@ -99,16 +101,7 @@ fn leader_partitioned(cut: Cut, why: &str) {
         !gone_within(leader_pid, Duration::from_millis(100)),
         "the cut-off leader exited instead of following the group"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let next = loop {
-        if let Some(l) = tb.leader()
-            && l != leader
-        {
-            break l;
-        }
-        assert!(Instant::now() < deadline, "no replica took over");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (next, _) = wait_new_leader(&leader, || tb.leader());
     let out = submit(&tb, &["-N", "2", "echo", "after the partition"])
         .output()
         .unwrap();
@@ -118,14 +111,7 @@ fn leader_partitioned(cut: Cut, why: &str) {
         "after the partition\nafter the partition\n"
     );
     // The running job ran on: every line of both ranks, once and in order.
-    let out = running.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
-    assert_counted_lines(&out, 2, 40, &log);
+    assert_counter_job_whole(running, 2, 40, &log);
     // The cut is healed: the old leader, which followed all along, catches up and shows
     // as a follower of the new one.
     tb.partition_manager(j, None).unwrap();

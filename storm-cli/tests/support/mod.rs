@@ -343,6 +343,41 @@ pub fn counter_script(dir: &Path, lines: u32) -> String {
     .to_string()
 }
 
+/// Waits for a counter job's storm-submit (`child`, run with `-l`) to end: its exit code is the
+/// script's (5), and each of its `ranks` printed lines 1..=`n` once and in order. `log` is its
+/// standard error, shown when not.
+pub fn assert_counter_job_whole(child: std::process::Child, ranks: u32, n: u32, log: &Path) {
+    let out = child.wait_with_output().expect("wait for storm-submit");
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    assert_counted_lines(&out, ranks, n, log);
+}
+
+/// Waits (up to 20 s) until `leader` names a replica other than `old` as the manager group's
+/// leader: which, and how long it took.
+pub fn wait_new_leader(
+    old: &str,
+    leader: impl Fn() -> Option<String>,
+) -> (String, std::time::Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(l) = leader()
+            && l != old
+        {
+            return (l, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no replica took over from {old}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// What a job of [`counter_script`] printed (`out`, labelled by rank with `-l`): each of its
 /// `ranks` wrote lines 1..=n, each once and in order. `log` is its storm-submit's standard
 /// error, shown when not.
