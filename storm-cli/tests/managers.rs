@@ -409,6 +409,17 @@ fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
     c.shutdown().unwrap();
 }
 
+/// A group of one node whose log keeps only 8 entries (checked once a second), so that a
+/// replica away for a few jobs lacks entries the log dropped.
+fn group_compacting_often() -> LocalCluster {
+    let replication = ReplicationSection {
+        checksum_every: 8,
+        log_entries_kept: 8,
+        ..Default::default()
+    };
+    group_replicated(1, Default::default(), replication)
+}
+
 /// `storm managers --json`, as (name, role, lag).
 fn managers(c: &LocalCluster) -> Vec<(String, String, u64)> {
     let out = storm(c, &["managers", "--json"]);
@@ -685,12 +696,7 @@ fn a_leader_whose_journal_lost_a_record_hands_the_group_over_and_takes_the_major
 /// cluster schedules on.
 #[test]
 fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
-    let replication = ReplicationSection {
-        checksum_every: 8,
-        log_entries_kept: 8,
-        ..Default::default()
-    };
-    let mut c = group_replicated(1, Default::default(), replication);
+    let mut c = group_compacting_often();
     let leader = c.leader().expect("a leader");
     let away = another_replica(&leader);
     c.kill_manager(&away).unwrap();
@@ -804,12 +810,7 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
 /// before, during and after the replacement.
 #[test]
 fn a_replica_whose_disk_was_lost_is_replaced_while_the_group_runs() {
-    let replication = ReplicationSection {
-        checksum_every: 8,
-        log_entries_kept: 8,
-        ..Default::default()
-    };
-    let mut c = group_replicated(1, Default::default(), replication);
+    let mut c = group_compacting_often();
     let leader = c.leader().expect("a leader");
     let lost = another_replica(&leader);
     for round in 0..3 {
