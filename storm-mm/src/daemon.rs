@@ -220,6 +220,10 @@ pub fn run(opts: MmOptions) -> Result<()> {
                     "cannot act as the cluster's MM in this term: {e:#}; handing the term back \
                      and following the group"
                 );
+                // To the most up-to-date replica it hears, so that the group need not wait
+                // an election timeout (and may not elect this one again at once).
+                let how = replica.hand_over(term, "elected, but cannot act as the cluster's MM");
+                tracing::warn!(term, "{how}");
                 replica.step_down(term);
                 wait_released(held);
                 continue;
@@ -363,7 +367,11 @@ impl Daemon {
                     Some(cut) => {
                         let since = *cut_since.get_or_insert_with(Instant::now);
                         if since.elapsed() >= hold {
-                            fenced = Some(replica.hand_over(self.term, &cut));
+                            fenced =
+                                Some(replica.hand_over(
+                                    self.term,
+                                    &format!("cut off from its nodes: {cut}"),
+                                ));
                             break;
                         }
                     }

@@ -453,28 +453,28 @@ impl Replica {
         })
     }
 
-    /// Asks the group to elect another replica in this one's place, because this leader is cut
-    /// off from its nodes (`why`), and waits, at most two election timeouts, until another
+    /// Asks the group to elect another replica in this one's place, because this leader
+    /// cannot act (`why`: cut off from its nodes, say), and waits, at most two election timeouts, until another
     /// leads. Raft's leadership transfer goes to the most up-to-date replica this one hears;
     /// journal commits not yet settled are dropped, as in a crash (their clients had no
     /// answer). What happened, to say as the daemon stops; if no replica took over in time,
     /// this one stops all the same, and the group elects another once its election timeout
     /// passes.
     pub fn hand_over(&self, term: u64, why: &str) -> String {
-        tracing::warn!("cut off from its nodes ({why}): handing the manager group over");
+        tracing::warn!("{why}: handing the manager group over");
         let _ = self.handovers.send(term);
         let _ = self.fabric.wake_local(self.group.arrived);
         let deadline = Instant::now() + self.election_timeout * 2;
         loop {
             match self.events.recv_deadline(deadline) {
                 Ok(RoleEvent::Deposed { why: how, .. } | RoleEvent::Stopped(how)) => {
-                    return format!("cut off from its nodes: {why}; {how}");
+                    return format!("{why}; {how}");
                 }
                 Ok(RoleEvent::Leads { .. }) => {}
                 Err(_) => {
                     return format!(
-                        "cut off from its nodes: {why}; no replica took over within {} ms, so \
-                         the group elects one once this replica stops",
+                        "{why}; no replica took over within {} ms, so the group elects one \
+                         once this replica stops leading",
                         (self.election_timeout * 2).as_millis()
                     );
                 }
