@@ -409,6 +409,97 @@ fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
     c.shutdown().unwrap();
 }
 
+/// A waiting job whose program copy is too large for the log (over 64 MiB) runs after the
+/// leader that copied it is killed: the followers fetched the copy beside the log. Seen from
+/// outside: a batch job waits behind another on the only node, its script is then removed
+/// (only the MM's copy is left), every follower holds the whole copy, the leader is killed,
+/// and once the other job is cancelled, the waiting one runs under the new leader and writes
+/// what its script says.
+#[test]
+fn a_waiting_jobs_program_too_large_for_the_log_runs_after_a_failover() {
+    // Writing and syncing 65 MiB on this shared disk can hold a replica's thread past a 50 ms
+    // lease, and the failover this test means to make would come early, before the copy was
+    // fetched: a longer election timeout keeps the first leader until the test kills it.
+    let replication = ReplicationSection {
+        election_timeout_ms: 1000,
+        ..Default::default()
+    };
+    let mut c = group_replicated(1, Default::default(), replication);
+    let leader = c.leader().expect("a leader");
+    let dir = tempfile::tempdir().unwrap();
+    let mut blocker = submit_cmd(&c, &["-N", "1", "--exclusive", "sleep", "120"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&storm(&c, &["queue"]).stdout).contains("sleep") {
+        assert!(Instant::now() < deadline, "the first job never showed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // 65 MiB of comment after the script's end.
+    let script = dir.path().join("big.sh");
+    let mut body = b"#!/bin/sh\necho big\nexit 0\n#".to_vec();
+    body.resize(body.len() + (65 << 20), b'x');
+    body.push(b'\n');
+    std::fs::write(&script, &body).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let output = dir.path().join("big.out");
+    let out = storm(
+        &c,
+        &[
+            "batch",
+            "-N",
+            "1",
+            "--exclusive",
+            "-o",
+            output.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&storm(&c, &["queue"]).stdout).contains("big.sh") {
+        assert!(Instant::now() < deadline, "the batch job never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_file(&script).unwrap();
+    let followers: Vec<String> = (0..3)
+        .map(|i| format!("m{i}"))
+        .filter(|m| *m != leader)
+        .collect();
+    // Each follower's copy is whole once it is in place under its name (a part is written
+    // aside and renamed with the last).
+    let copy_len = |f: &String| {
+        std::fs::metadata(c.root().join(format!("{f}-state/programs/job-2"))).map_or(0, |m| m.len())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while followers.iter().any(|f| copy_len(f) != body.len() as u64) {
+        assert!(
+            Instant::now() < deadline,
+            "the followers did not fetch the copy\n{}",
+            replica_warnings(&c)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.kill_manager(&leader).unwrap();
+    new_leader(&c, &leader);
+    let out = storm(&c, &["cancel", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _ = blocker.wait();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&output).unwrap_or_default() != "big\n" {
+        assert!(
+            Instant::now() < deadline,
+            "the waiting job did not run; storm history:\n{}",
+            text(&storm(&c, &["history"]).stdout)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_no_divergence(&c);
+    c.shutdown().unwrap();
+}
+
 /// A group of one node whose log keeps only 8 entries (checked once a second), so that a
 /// replica away for a few jobs lacks entries the log dropped.
 fn group_compacting_often() -> LocalCluster {

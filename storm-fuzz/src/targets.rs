@@ -419,6 +419,18 @@ fn replica_seeds() -> Vec<Vec<u8>> {
             raft::eraftpb::Entry {
                 term: 5,
                 index: 3,
+                context: storm_mm::replica::program::FAR_CONTEXT.to_vec().into(),
+                data: storm_mm::replica::program::Far {
+                    job: 9,
+                    total: 100 << 20,
+                }
+                .encode()
+                .into(),
+                ..Default::default()
+            },
+            raft::eraftpb::Entry {
+                term: 5,
+                index: 4,
                 context: checksum::CONTEXT.to_vec().into(),
                 data: checksum::Report {
                     replica: 0,
@@ -494,6 +506,22 @@ fn replica_seeds() -> Vec<Vec<u8>> {
         replica_slot(seq, &part),
         replica_slot(seq, &change),
         replica_slot(seq, &resync::Wire::join()),
+        replica_slot(
+            seq,
+            &resync::Wire::want_copy(&storm_mm::replica::program::WantCopy {
+                job: 9,
+                offset: 1 << 20,
+            }),
+        ),
+        replica_slot(
+            seq,
+            &resync::Wire::copy_part(&storm_mm::replica::program::Chunk {
+                job: 9,
+                offset: 1 << 20,
+                total: 100 << 20,
+                bytes: vec![7; 64],
+            }),
+        ),
         replica_slot(seq, &admitted),
         replica_slot(seq, &refused),
         // An empty Raft message.
@@ -503,8 +531,9 @@ fn replica_seeds() -> Vec<Vec<u8>> {
 
 /// What a replica makes of its mailbox from another: the slot's framing, then the message
 /// (Raft's, a part of a state sent to a replica that diverged or a request for one, a request
-/// to join the group or the answer to one) and what the Raft message's entries carry (journal
-/// parts, program chunks, reports, changes of the group). Accepted: a message with its entries decoded.
+/// to join the group or the answer to one, a part of a program copy or a request for one) and
+/// what the Raft message's entries carry (journal parts, program chunks and notes, reports,
+/// changes of the group). Accepted: a message with its entries decoded.
 fn replica(input: &[u8]) -> bool {
     use storm_mm::replica::decode_peer_message;
     use storm_mm::replica::mailbox::{GroupLayout, Inbox};

@@ -32,15 +32,25 @@
 //! Beyond Raft's crash model, the replicas compare a hash of their journals every window of
 //! log entries ([`checksum`]); one whose journal differs from the majority's stops standing
 //! for election and takes the leader's state ([`resync`]). The log drops what this replica's
-//! journal holds durably ([`log`]); a replica that lacks dropped entries takes the leader's state the same way.
+//! journal holds durably ([`log`]); a replica that lacks dropped entries takes the leader's
+//! state the same way.
+//!
+//! The replica's thread (`Host`) is spread by concern: this file starts it and runs its step;
+//! `ready` handles raft-rs's Readies (send, persist, apply); `leading` is what only a leader
+//! does (proposals, its lease, handing over, `storm managers`); `catch_up` counts the state
+//! reports and takes or offers a state; `membership` admits, promotes and removes replicas.
 
+mod catch_up;
 pub mod checksum;
+mod copies;
 pub mod entry;
+mod leading;
 pub mod log;
 pub mod mailbox;
 pub mod member;
 mod membership;
 pub mod program;
+mod ready;
 pub mod resync;
 pub mod wal;
 pub mod writer;
@@ -54,18 +64,18 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use raft::eraftpb::{Entry, EntryType, MessageType};
-use raft::{GetEntriesContext, RawNode, StateRole, Storage};
+use raft::{RawNode, StateRole};
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_primitives::{NodeId, Primitives, Wait};
 
-use crate::journal::{Batch, JournalStore, ProgramStore, Restored, Settled, remove_programs};
+use crate::journal::{Batch, JournalStore, ProgramStore, Restored, Settled};
 use crate::waker::Waker;
-use checksum::{Report, Verdict, Windows};
+use checksum::{Report, Windows};
 use log::DurableLog;
 use mailbox::{GroupLayout, Inbox, Outbox};
 use member::Welcome;
-use resync::{Fetch, Image, Offer, Stage, Standing, Want, Why, Wire};
+use resync::{Offer, Standing, Why, Wire};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -97,7 +107,12 @@ pub fn decode_peer_message(bytes: &[u8]) -> Result<(Wire, Vec<Applied>), String>
                 .filter_map(Applied::of)
                 .collect::<Result<_, _>>()?
         }
-        Wire::Want(_) | Wire::Part(_) | Wire::Join | Wire::Welcome(_) => Vec::new(),
+        Wire::Want(_)
+        | Wire::Part(_)
+        | Wire::Join
+        | Wire::Welcome(_)
+        | Wire::WantCopy(_)
+        | Wire::CopyPart(_) => Vec::new(),
     };
     Ok((wire, parts))
 }
@@ -109,6 +124,8 @@ pub enum Applied {
     Part(entry::Part),
     /// A chunk of a waiting job's program copy.
     Program(program::Chunk),
+    /// A note of a program copy too large for the log, to fetch from the leader.
+    FarProgram(program::Far),
     /// A replica's hash of its state ([`checksum`]).
     Checksum(Report),
 }
@@ -121,6 +138,7 @@ impl Applied {
         }
         Some(match e.context.as_ref() {
             program::CONTEXT => program::Chunk::decode(&e.data).map(Applied::Program),
+            program::FAR_CONTEXT => program::Far::decode(&e.data).map(Applied::FarProgram),
             checksum::CONTEXT => Report::decode(&e.data).map(Applied::Checksum),
             entry::CONTEXT => entry::decode(&e.data).map(Applied::Part),
             [] => Err(entry::OLDER_FORMAT.to_string()),
@@ -359,6 +377,7 @@ impl Replica {
             unneeded: BTreeMap::new(),
             shipped: Default::default(),
             receiving: Default::default(),
+            fetching: Default::default(),
             applied,
             checkpointed: (applied, Instant::now()),
             checksum_every: r.checksum_every,
@@ -592,8 +611,10 @@ struct Host {
     unneeded: BTreeMap<u64, Vec<storm_cluster::messages::JobId>>,
     /// The jobs whose program copies this leader proposed (or found too large to).
     shipped: std::collections::HashSet<storm_cluster::messages::JobId>,
-    /// Program copies arriving through the log.
+    /// Program copies arriving through the log, or fetched beside it.
     receiving: program::Receiving,
+    /// Program copies too large for the log, being fetched.
+    fetching: copies::Fetches,
     /// The last log entry written to the journal, and the last one written durably, when.
     applied: u64,
     checkpointed: (u64, Instant),
@@ -753,6 +774,14 @@ impl Host {
                     return Err(ReplicaError::Raft(why));
                 }
                 Ok(Wire::Welcome(_)) => continue,
+                Ok(Wire::WantCopy(want)) => {
+                    self.offer_copy(from as usize, want);
+                    continue;
+                }
+                Ok(Wire::CopyPart(chunk)) => {
+                    self.take_copy_part(from as usize, chunk);
+                    continue;
+                }
                 Err(why) => {
                     tracing::warn!(from, "dropping a replica message: {why}");
                     continue;
@@ -808,6 +837,7 @@ impl Host {
             self.node.report_snapshot(to, raft::SnapshotStatus::Finish);
         }
         self.propose_reports();
+        self.fetch_copies();
         self.resync()?;
         if self
             .offer
@@ -825,319 +855,6 @@ impl Host {
         Ok(())
     }
 
-    fn propose(&mut self, term: u64, batch: Batch) -> Result<(), ReplicaError> {
-        if self.leading != Some(term) {
-            // Sent by a core that stopped leading before it learned of it.
-            tracing::debug!(
-                batch = batch.number,
-                term,
-                "a journal commit of a term this replica does not lead: dropped"
-            );
-            return Ok(());
-        }
-        if self.node.raft.lead_transferee.is_some() {
-            // Raft takes no proposal while it hands leadership over; the core stopped.
-            tracing::warn!(
-                batch = batch.number,
-                "a journal commit came while handing the group over: dropped, as in a crash"
-            );
-            return Ok(());
-        }
-        self.propose_programs(&batch)?;
-        for part in entry::split(&batch, PART_BYTES) {
-            self.node
-                .propose(entry::CONTEXT.to_vec(), part)
-                .map_err(|e| ReplicaError::Raft(format!("proposing a journal commit: {e}")))?;
-        }
-        if !batch.unneeded.is_empty() {
-            self.unneeded.insert(batch.number, batch.unneeded);
-        }
-        Ok(())
-    }
-
-    /// Proposes, ahead of `batch`, the program copies of the jobs it records as waiting for
-    /// the first time (see [`program`]).
-    fn propose_programs(&mut self, batch: &Batch) -> Result<(), ReplicaError> {
-        let Some(store) = self.programs.clone() else {
-            return Ok(());
-        };
-        for change in &batch.changes {
-            let crate::journal::Change::Job(rec) = change else {
-                continue;
-            };
-            if rec.state != crate::journal::JobState::Queued || !self.shipped.insert(rec.id) {
-                continue;
-            }
-            let Some(mut copy) = store.open(rec.id) else {
-                continue;
-            };
-            let len = copy.metadata().map(|m| m.len()).unwrap_or(0);
-            if len > program::MAX_REPLICATED {
-                tracing::warn!(
-                    job = rec.id,
-                    bytes = len,
-                    "a program copy larger than {} MiB is not replicated: if another replica \
-                     leads before the job starts, the job fails saying its copy is missing",
-                    program::MAX_REPLICATED >> 20
-                );
-                continue;
-            }
-            let mut bytes = Vec::with_capacity(len as usize);
-            std::io::Read::read_to_end(&mut copy, &mut bytes).map_err(|e| {
-                ReplicaError::Raft(format!("reading job {}'s program copy: {e}", rec.id))
-            })?;
-            for chunk in program::chunks(rec.id, &bytes, PART_BYTES) {
-                self.node
-                    .propose(program::CONTEXT.to_vec(), chunk.encode())
-                    .map_err(|e| ReplicaError::Raft(format!("proposing a program copy: {e}")))?;
-            }
-        }
-        // Jobs that ended need no memory of having been shipped.
-        for change in &batch.changes {
-            match change {
-                crate::journal::Change::RemoveJob(id) => {
-                    self.shipped.remove(id);
-                }
-                crate::journal::Change::Job(rec)
-                    if matches!(rec.state, crate::journal::JobState::Finished { .. }) =>
-                {
-                    self.shipped.remove(&rec.id);
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts Raft's leadership transfer to the most up-to-date replica heard from within an
-    /// election timeout (Raft brings it up to date first, then tells it to campaign at once).
-    fn transfer_leadership(&mut self) {
-        let raft = &self.node.raft;
-        if raft.state != StateRole::Leader {
-            return;
-        }
-        let conf = self.log.conf();
-        let best = (0..self.replicas)
-            .filter(|&i| i != self.me && !self.peers_diverged.contains(&(i as u32)))
-            .filter(|&i| self.heard[i].is_some_and(|h| h.elapsed() < self.election_timeout))
-            .filter_map(|i| Some((i, member::member_at(conf, i)?)))
-            .filter(|&(_, id)| member::is_voter(conf, id))
-            .max_by_key(|&(_, id)| raft.prs().get(id).map_or(0, |p| p.matched));
-        match best {
-            Some((i, id)) => {
-                tracing::warn!(to = %self.names[i], "handing the manager group over");
-                self.node.transfer_leader(id);
-            }
-            None => tracing::error!("no other replica answers: nobody to hand the group over to"),
-        }
-    }
-
-    fn send(&mut self, msgs: Vec<raft::eraftpb::Message>) {
-        for m in msgs {
-            let Some(to) = member::position_of(m.to).map(|p| p as NodeId) else {
-                tracing::error!(
-                    raft_id = m.to,
-                    "a message to a Raft id that names no replica"
-                );
-                continue;
-            };
-            if m.get_msg_type() == MessageType::MsgSnapshot {
-                tracing::warn!(
-                    to = %self.names.get(to as usize).map_or("?", |n| n.as_str()),
-                    entry = m.get_snapshot().get_metadata().index,
-                    "a replica lacks log entries this one dropped: it takes this one's state"
-                );
-                self.snapshots_sent.push(m.to);
-            }
-            match Wire::raft(&m) {
-                Ok(bytes) => {
-                    if !self.outbox.send(&*self.fabric, &self.group, to, &bytes) {
-                        tracing::error!(
-                            to,
-                            len = bytes.len(),
-                            "a replica message is too large to send"
-                        );
-                    }
-                }
-                Err(e) => tracing::error!("cannot encode a replica message: {e}"),
-            }
-        }
-    }
-
-    /// raft-rs's Ready: send, apply, and give the log's writer thread what to persist; what
-    /// may go only once that is durable waits for [`Host::persisted`]. A Ready with a
-    /// snapshot is handled whole, once everything before it is written (see raft-rs's own
-    /// examples for the order).
-    fn handle_ready(&mut self) -> Result<(), ReplicaError> {
-        if !self.node.has_ready() {
-            return Ok(());
-        }
-        let mut rd = self.node.ready();
-        self.send(rd.take_messages());
-        if !rd.snapshot().is_empty() {
-            return self.handle_snapshot_ready(rd);
-        }
-        let started = Instant::now();
-        self.apply(rd.take_committed_entries())?;
-        self.timed("applying entries to the journal", started);
-        let started = Instant::now();
-        let ticket = self.log.append_queued(rd.entries(), rd.hs())?;
-        self.timed("giving entries to the Raft log", started);
-        // A heartbeat's answer acknowledges no entry and no vote: it goes at once, so that a
-        // slow sync of this replica's log does not cost the leader its lease. Everything
-        // else waits for the write.
-        let (now, later): (Vec<_>, Vec<_>) = rd
-            .take_persisted_messages()
-            .into_iter()
-            .partition(|m| m.get_msg_type() == MessageType::MsgHeartbeatResponse);
-        self.send(now);
-        self.unpersisted.push_back((rd.number(), ticket, later));
-        self.node.advance_append_async(rd);
-        self.node.advance_apply();
-        Ok(())
-    }
-
-    /// Tells raft-rs which Readies the log's writer thread has made durable, and sends the
-    /// messages that waited for them.
-    fn persisted(&mut self) -> Result<(), ReplicaError> {
-        let written = self.log.written()?;
-        let mut last = None;
-        while self
-            .unpersisted
-            .front()
-            .is_some_and(|&(_, ticket, _)| ticket <= written)
-        {
-            let (number, _, msgs) = self.unpersisted.pop_front().expect("checked");
-            self.send(msgs);
-            last = Some(number);
-        }
-        if let Some(number) = last {
-            self.node.on_persist_ready(number);
-        }
-        Ok(())
-    }
-
-    /// A Ready with a snapshot: handled whole, in order, once every write given before is
-    /// done (a snapshot is rare: a replica that lacks entries the leader dropped).
-    fn handle_snapshot_ready(&mut self, mut rd: raft::Ready) -> Result<(), ReplicaError> {
-        self.log.flush()?;
-        self.persisted()?;
-        {
-            let snap = rd.snapshot().clone();
-            let index = snap.get_metadata().index;
-            self.log.apply_snapshot(&snap)?;
-            tracing::warn!(
-                index,
-                "this replica lacks log entries the leader dropped: it takes the leader's state \
-                 (as of log entry {index} or later) before it stands for election"
-            );
-            self.applied = index;
-            self.log.applied_to(index);
-            self.standing = Standing::taking(Why::Behind, index);
-        }
-        let started = Instant::now();
-        self.apply(rd.take_committed_entries())?;
-        self.timed("applying entries to the journal", started);
-        let started = Instant::now();
-        self.log.append(rd.entries(), rd.hs())?;
-        self.timed("appending to the Raft log", started);
-        self.send(rd.take_persisted_messages());
-        let mut light = self.node.advance(rd);
-        if let Some(commit) = light.commit_index() {
-            self.log.set_commit(commit);
-        }
-        self.send(light.take_messages());
-        self.apply(light.take_committed_entries())?;
-        self.node.advance_apply();
-        Ok(())
-    }
-
-    /// Writes committed entries into this replica's journal; on the leader, settles the
-    /// batches whose last part it proposed in its term. Counts the replicas' reports of their
-    /// state, and makes this replica's own at the end of each window.
-    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
-        for e in entries {
-            self.apply_conf_change(&e)?;
-            if let Some(applied) = Applied::of(&e) {
-                let applied = applied.map_err(|why| {
-                    ReplicaError::Raft(format!("log entry {} does not decode: {why}", e.index))
-                })?;
-                match applied {
-                    Applied::Part(part) => self.apply_part(&e, part)?,
-                    Applied::Program(chunk) => {
-                        let job = chunk.job;
-                        if let Some(store) = &self.programs
-                            && let Err(err) = self.receiving.take(store, chunk)
-                        {
-                            tracing::error!(job, "cannot keep the program copy here: {err}");
-                        }
-                    }
-                    Applied::Checksum(report) => self.judge(&report),
-                }
-            }
-            self.applied = e.index;
-            self.log.applied_to(e.index);
-            if self.checksum_every > 0
-                && e.index % self.checksum_every == 0
-                && !self.standing.is_taking()
-            {
-                let state = self
-                    .store
-                    .read()
-                    .map_err(|err| ReplicaError::Raft(format!("reading the journal: {err}")))?;
-                self.reports.push(
-                    Report {
-                        replica: self.me as u32,
-                        window: e.index,
-                        digest: checksum::digest(&state),
-                    }
-                    .encode(),
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Applies a part of a journal commit (entry `e`).
-    fn apply_part(&mut self, e: &Entry, part: entry::Part) -> Result<(), ReplicaError> {
-        // A follower deletes the copies of jobs that ended (the leader deletes its own once
-        // their batch settles).
-        if self.leading.is_none()
-            && let Some(store) = &self.programs
-        {
-            for change in &part.changes {
-                match change {
-                    crate::journal::Change::RemoveJob(id) => store.remove(*id),
-                    crate::journal::Change::Job(rec)
-                        if matches!(rec.state, crate::journal::JobState::Finished { .. }) =>
-                    {
-                        store.remove(rec.id)
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let started = Instant::now();
-        self.store
-            .write_applied(&part.changes, part.next_job, e.index, false)
-            .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
-        if part.last && Some(e.term) == self.leading {
-            remove_programs(
-                self.programs.as_ref(),
-                self.unneeded.remove(&part.batch).unwrap_or_default(),
-            );
-            let _ = self.settle.send(Settled {
-                batch: part.batch,
-                outcome: Ok(()),
-                took: started.elapsed(),
-            });
-            if let Some(w) = &*self.shared.waker.lock() {
-                w.wake();
-            }
-        }
-        Ok(())
-    }
-
     /// Raft's tick, except that a follower whose state diverged never stands for election
     /// (its election clock still runs, so that it votes as any follower does).
     fn tick(&mut self) {
@@ -1146,466 +863,6 @@ impl Host {
             raft.election_elapsed += 1;
         } else {
             self.node.tick();
-        }
-    }
-
-    /// Counts a replica's report of its state, and acts on what it settles.
-    fn judge(&mut self, report: &Report) {
-        for verdict in self.windows.record(report) {
-            match verdict {
-                Verdict::Diverged {
-                    replica,
-                    window,
-                    theirs,
-                    majority,
-                } if replica as usize == self.me => {
-                    match self.standing {
-                        Standing::Taking(_) => continue,
-                        Standing::InStep { resynced_at } if window <= resynced_at => continue,
-                        Standing::InStep { .. } => {}
-                    }
-                    tracing::error!(
-                        window,
-                        "THIS REPLICA'S STATE DIVERGED from the manager group's: after log entry \
-                         {window} its journal hashes to {}, a majority's to {}. It stops \
-                         standing for election and takes the leader's state",
-                        checksum::short(&theirs),
-                        checksum::short(&majority),
-                    );
-                    self.standing = Standing::taking(Why::Diverged, 0);
-                    if self.leading.is_some() {
-                        self.transfer_leadership();
-                    }
-                }
-                Verdict::Diverged {
-                    replica,
-                    window,
-                    theirs,
-                    majority,
-                } => {
-                    if self.peers_diverged.insert(replica) {
-                        tracing::error!(
-                            window,
-                            replica = %self.names[replica as usize],
-                            "a replica's state diverged from the manager group's: after log \
-                             entry {window} its journal hashes to {}, a majority's to {}; it \
-                             takes the leader's state",
-                            checksum::short(&theirs),
-                            checksum::short(&majority),
-                        );
-                    }
-                }
-                Verdict::Agrees { replica, window } if replica as usize == self.me => {
-                    if let Standing::InStep { resynced_at } = &mut self.standing
-                        && *resynced_at > 0
-                        && window > *resynced_at
-                    {
-                        tracing::warn!(
-                            window,
-                            "this replica's state agrees with the manager group's again"
-                        );
-                        *resynced_at = 0;
-                    }
-                }
-                Verdict::Agrees { replica, window } => {
-                    if self.peers_diverged.remove(&replica) {
-                        tracing::warn!(
-                            window,
-                            replica = %self.names[replica as usize],
-                            "a replica's state agrees with the manager group's again"
-                        );
-                    }
-                }
-                Verdict::NoMajority { window } => tracing::error!(
-                    window,
-                    "NO MAJORITY of the manager group holds the same state after log entry \
-                     {window}: every replica hashes its journal differently"
-                ),
-            }
-        }
-    }
-
-    /// Proposes this replica's reports (a follower's go through the leader; without a leader
-    /// they are dropped, and the window is judged on the others').
-    fn propose_reports(&mut self) {
-        for report in std::mem::take(&mut self.reports) {
-            if let Err(e) = self.node.propose(checksum::CONTEXT.to_vec(), report) {
-                tracing::debug!("a report of this replica's state was not proposed: {e}");
-            }
-        }
-    }
-
-    /// A diverged replica's way back: a leader hands the group over first (and steps down if
-    /// no one took it within an election timeout); a follower takes the leader's state.
-    fn resync(&mut self) -> Result<(), ReplicaError> {
-        let Standing::Taking(taking) = &mut self.standing else {
-            return Ok(());
-        };
-        let raft = &mut self.node.raft;
-        if raft.state == StateRole::Leader {
-            if taking.since.elapsed() > self.election_timeout {
-                let term = raft.term;
-                raft.become_follower(term, raft::INVALID_ID);
-            }
-            return Ok(());
-        }
-        if let Stage::Holding(image) = &taking.stage {
-            if self.applied >= image.index {
-                let Stage::Holding(image) = std::mem::replace(&mut taking.stage, Stage::Idle)
-                else {
-                    unreachable!("matched above")
-                };
-                return self.install(image);
-            }
-            return Ok(());
-        }
-        if raft.leader_id == raft::INVALID_ID {
-            return Ok(());
-        }
-        let leader = raft.leader_id as usize - 1;
-        if leader == self.me {
-            return Ok(());
-        }
-        let want = match &mut taking.stage {
-            Stage::Fetching(f) if f.from == leader && f.asked.elapsed() < self.election_timeout => {
-                return Ok(());
-            }
-            Stage::Fetching(f) if f.from == leader => f,
-            stage => {
-                tracing::warn!(from = %self.names[leader], "asking the leader for its state");
-                let at_least = taking.at_least.max(self.log.compacted());
-                *stage = Stage::Fetching(Fetch::new(leader, at_least));
-                let Stage::Fetching(f) = stage else {
-                    unreachable!("set above")
-                };
-                f
-            }
-        };
-        want.asked = Instant::now();
-        let want = want.want();
-        self.outbox
-            .send(&*self.fabric, &self.group, leader as NodeId, &want.encode());
-        Ok(())
-    }
-
-    /// The largest part of a state that a mailbox slot holds.
-    fn part_bytes(&self) -> usize {
-        self.group.max_message() - 32
-    }
-
-    /// Replica `to` (diverged) asks for this one's state: sends the part it wants of the image
-    /// being sent, or of a new one of the journal as it stands now.
-    fn offer_state(&mut self, to: usize, want: Want) -> Result<(), ReplicaError> {
-        if self.standing.is_taking() || self.applied < want.at_least {
-            // Asked again once this replica applied as far (or another leads).
-            return Ok(());
-        }
-        let current = self.offer.as_ref().is_some_and(|o| {
-            o.id == want.id
-                || (want.id == 0
-                    && o.index >= want.at_least
-                    && o.made.elapsed() < self.election_timeout)
-        });
-        if !current {
-            let state = self
-                .store
-                .read()
-                .map_err(|e| ReplicaError::Raft(format!("reading the journal: {e}")))?;
-            self.offers_made += 1;
-            let mut image = Image::new(self.applied, state);
-            image.programs = self.waiting_programs(&image.state)?;
-            let bytes = image.encode();
-            tracing::warn!(
-                to = %self.names[to],
-                entry = self.applied,
-                bytes = bytes.len(),
-                "sending this replica's state to a replica that asked for it (it diverged, lacks entries the log dropped, or joined)"
-            );
-            self.offer = Some(Offer {
-                id: self.outbox.incarnation() ^ self.offers_made,
-                index: self.applied,
-                bytes,
-                made: Instant::now(),
-                asked: Instant::now(),
-            });
-        }
-        let limit = self.part_bytes();
-        let offer = self.offer.as_mut().expect("made above");
-        offer.asked = Instant::now();
-        let offset = if want.id == offer.id { want.offset } else { 0 };
-        let part = offer.part(offset, limit);
-        self.outbox
-            .send(&*self.fabric, &self.group, to as NodeId, &part.encode());
-        Ok(())
-    }
-
-    /// The program copies this replica holds of the jobs that wait in `state`.
-    fn waiting_programs(
-        &self,
-        state: &Restored,
-    ) -> Result<Vec<(storm_cluster::messages::JobId, Vec<u8>)>, ReplicaError> {
-        let Some(store) = &self.programs else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for rec in &state.jobs {
-            if rec.state != crate::journal::JobState::Queued {
-                continue;
-            }
-            let Some(mut copy) = store.open(rec.id) else {
-                continue;
-            };
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut copy, &mut bytes).map_err(|e| {
-                ReplicaError::Raft(format!("reading job {}'s program copy: {e}", rec.id))
-            })?;
-            out.push((rec.id, bytes));
-        }
-        Ok(out)
-    }
-
-    /// A part of the state this replica asked for.
-    fn take_state(&mut self, from: usize, part: resync::Part) {
-        let Some(fetch) = self.standing.fetch_from(from) else {
-            return;
-        };
-        let stage = match fetch.take(part) {
-            None => {
-                let want = fetch.want();
-                fetch.asked = Instant::now();
-                self.outbox
-                    .send(&*self.fabric, &self.group, from as NodeId, &want.encode());
-                return;
-            }
-            Some(Ok(image)) => Stage::Holding(image),
-            Some(Err(why)) => {
-                tracing::error!(from = %self.names[from], "refused the state sent: {why}");
-                Stage::Idle
-            }
-        };
-        if let Standing::Taking(taking) = &mut self.standing {
-            taking.stage = stage;
-        }
-    }
-
-    /// Replaces this replica's journal with `image` (taken once this replica applied the log
-    /// as far), then applies again, from its own log, what it applied beyond the image.
-    fn install(&mut self, image: Image) -> Result<(), ReplicaError> {
-        let err = |e: &dyn std::fmt::Display| ReplicaError::Raft(format!("taking a state: {e}"));
-        let at_least = match &self.standing {
-            Standing::Taking(t) => t.at_least,
-            Standing::InStep { .. } => 0,
-        };
-        if image.index < at_least.max(self.log.compacted()) {
-            // Older than this replica's log reaches back: it cannot be brought up to date.
-            tracing::warn!(
-                taken = image.index,
-                "the state sent is older than this replica's log: asking again"
-            );
-            return Ok(());
-        }
-        self.store
-            .replace(&image.state, image.index)
-            .map_err(|e| err(&e))?;
-        if self.applied > image.index {
-            let again = self
-                .node
-                .store()
-                .entries(
-                    image.index + 1,
-                    self.applied + 1,
-                    None,
-                    GetEntriesContext::empty(false),
-                )
-                .map_err(|e| err(&e))?;
-            for e in again {
-                if let Some(Ok(Applied::Part(part))) = Applied::of(&e) {
-                    self.store
-                        .write_applied(&part.changes, part.next_job, e.index, false)
-                        .map_err(|e| err(&e))?;
-                }
-            }
-        }
-        if let Some(store) = &self.programs {
-            for (job, bytes) in image.programs {
-                let chunk = program::Chunk {
-                    job,
-                    offset: 0,
-                    total: bytes.len() as u64,
-                    bytes,
-                };
-                if let Err(e) = self.receiving.take(store, chunk) {
-                    tracing::error!(job, "cannot keep the program copy here: {e}");
-                }
-            }
-        }
-        self.checkpointed.0 = 0;
-        self.checkpoint()?;
-        tracing::warn!(
-            taken = image.index,
-            applied = self.applied,
-            "took the leader's state (after log entry {}) in place of this replica's, and \
-             applied this replica's log after it: standing for election again",
-            image.index
-        );
-        self.log.state_taken()?;
-        self.standing = Standing::InStep {
-            resynced_at: self.applied,
-        };
-        Ok(())
-    }
-
-    /// Says when this replica begins to lead (its journal caught up), and when it stops; keeps
-    /// the leader's lease.
-    fn roles(&mut self) -> Result<(), ReplicaError> {
-        let raft = &self.node.raft;
-        let is_leader = raft.state == StateRole::Leader;
-        match self.leading {
-            None if is_leader
-                && raft.commit_to_current_term()
-                && raft.raft_log.applied == raft.raft_log.committed =>
-            {
-                let term = raft.term;
-                let restored = self
-                    .store
-                    .read()
-                    .map_err(|e| ReplicaError::Raft(format!("reading the journal: {e}")))?;
-                // The lease runs from the majority's acknowledgements of this term's first
-                // entry, as heard (a replica never heard from counts for nothing).
-                self.leading = Some(term);
-                self.renew_lease();
-                tracing::warn!(replica = self.me, term, "leading the manager group");
-                let _ = self.tell.send(RoleEvent::Leads { term, restored });
-            }
-            Some(term) if !is_leader || raft.term != term => {
-                let why = match raft.leader_id {
-                    0 => format!("deposed: term {} has begun", raft.term),
-                    l => format!(
-                        "deposed: {} leads term {}",
-                        member::position_of(l)
-                            .and_then(|p| self.names.get(p))
-                            .map_or("another replica", |n| n.as_str()),
-                        raft.term
-                    ),
-                };
-                tracing::warn!(term, "{why}; following the group");
-                self.stop_leading();
-                let _ = self.tell.send(RoleEvent::Deposed { term, why });
-            }
-            Some(_) => self.renew_lease(),
-            None => {}
-        }
-        Ok(())
-    }
-
-    /// The core leading `term` stopped: if this replica still leads that term, it steps down
-    /// to a follower (always safe in Raft; the group elects a leader once its election
-    /// timeout passes, which may be this replica again, with a new core).
-    fn step_down(&mut self, term: u64) {
-        if self.leading != Some(term) {
-            return;
-        }
-        let raft = &mut self.node.raft;
-        if raft.state == StateRole::Leader && raft.term == term {
-            raft.become_follower(term, raft::INVALID_ID);
-        }
-        tracing::warn!(term, "stepped down: following the group");
-        self.stop_leading();
-    }
-
-    /// Forgets what only the leader of a term keeps.
-    fn stop_leading(&mut self) {
-        self.leading = None;
-        self.shared.lease_until_us.store(0, Ordering::Release);
-        self.unneeded.clear();
-        self.shipped.clear();
-    }
-
-    /// The lease runs `lease` past the time by which a majority (this replica counting) was
-    /// last heard from.
-    fn renew_lease(&self) {
-        let conf = self.log.conf();
-        let me = self.id.unwrap_or_default();
-        // The other members, newest word first: the lease runs from the moment by which
-        // those heard since make a majority with this replica.
-        let mut heard: Vec<(Instant, u64)> = (0..self.replicas)
-            .filter(|&i| i != self.me)
-            .filter_map(|i| Some((self.heard[i]?, member::member_at(conf, i)?)))
-            .collect();
-        heard.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
-        let mut counted = vec![me];
-        let since = if member::has_quorum(conf, |id| counted.contains(&id)) {
-            Some(Instant::now())
-        } else {
-            heard.iter().find_map(|&(at, id)| {
-                counted.push(id);
-                member::has_quorum(conf, |v| counted.contains(&v)).then_some(at)
-            })
-        };
-        let until = since.map_or(0, |t| {
-            (t + self.lease)
-                .saturating_duration_since(self.shared.epoch)
-                .as_micros() as u64
-        });
-        self.shared.lease_until_us.store(until, Ordering::Release);
-    }
-
-    fn publish_status(&self) {
-        let raft = &self.node.raft;
-        let mut s = self.shared.status.lock();
-        s.role = self
-            .standing
-            .role()
-            .unwrap_or(match raft.state {
-                StateRole::Leader => "leader",
-                StateRole::Follower if self.log.conf().learners.contains(&raft.id) => "learner",
-                StateRole::Follower => "follower",
-                StateRole::Candidate => "candidate",
-                StateRole::PreCandidate => "pre-candidate",
-            })
-            .into();
-        s.term = raft.term;
-        s.leader = member::position_of(raft.leader_id);
-        s.applied = raft.raft_log.applied;
-        s.committed = raft.raft_log.committed;
-        s.group.clear();
-        if raft.state != StateRole::Leader {
-            return;
-        }
-        let last = raft.raft_log.last_index();
-        let conf = self.log.conf();
-        for (i, name) in self.names.iter().enumerate() {
-            let id = member::member_at(conf, i);
-            let matched = if i == self.me {
-                last
-            } else {
-                id.and_then(|id| raft.prs().get(id))
-                    .map_or(0, |p| p.matched)
-            };
-            let heard = self.heard[i].map(|t| t.elapsed());
-            let role = if i == self.me {
-                "leader"
-            } else if id.is_none() {
-                "removed"
-            } else if self.peers_diverged.contains(&(i as u32)) {
-                "diverged"
-            } else if heard.is_some_and(|h| h < self.election_timeout)
-                && id.is_some_and(|id| conf.learners.contains(&id))
-            {
-                "learner"
-            } else if heard.is_some_and(|h| h < self.election_timeout) {
-                "follower"
-            } else {
-                "unreachable"
-            };
-            s.group.push(storm_cluster::control::ManagerInfo {
-                name: name.clone(),
-                role: role.into(),
-                term: raft.term,
-                matched,
-                lag: last.saturating_sub(matched),
-                heard_ms_ago: heard.filter(|_| i != self.me).map(|h| h.as_millis() as u64),
-            });
         }
     }
 }

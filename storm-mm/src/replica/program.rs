@@ -7,8 +7,10 @@
 //! context), each a [`Chunk`] of at most a log part. The log keeps its order: a replica that
 //! holds the job's record holds every chunk before it. Each replica writes the chunks to a
 //! file aside and renames it into place with the last one, as the leader's own copy is made.
-//! A program larger than [`MAX_REPLICATED`] is not replicated (the leader says so): after a
-//! failover, its job fails saying its copy is missing, as every such job did before.
+//! A program larger than [`MAX_REPLICATED`] would take that much of every replica's log in
+//! memory: the log carries only a note that the copy exists ([`Far`], marked
+//! [`FAR_CONTEXT`]), and each replica that applies it fetches the copy from the leader beside
+//! the log, a [`Chunk`] at a time, by asking for it ([`WantCopy`]; `super::copies`).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -21,6 +23,67 @@ pub const CONTEXT: &[u8] = b"program";
 
 /// The largest program copy that goes through the log.
 pub const MAX_REPLICATED: u64 = 64 << 20;
+
+/// The entry context that marks a note of a program copy too large for the log ([`Far`]).
+pub const FAR_CONTEXT: &[u8] = b"program-far";
+
+/// Job `job` has a program copy of `total` bytes, larger than [`MAX_REPLICATED`]: a replica
+/// fetches it from the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Far {
+    pub job: JobId,
+    pub total: u64,
+}
+
+impl Far {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.job.to_le_bytes().to_vec();
+        out.extend_from_slice(&self.total.to_le_bytes());
+        out
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, String> {
+        let words: [u8; 16] = data
+            .try_into()
+            .map_err(|_| format!("a note of a program copy has {} bytes, not 16", data.len()))?;
+        let word = |i: usize| u64::from_le_bytes(words[i * 8..i * 8 + 8].try_into().expect("8"));
+        Ok(Self {
+            job: word(0),
+            total: word(1),
+        })
+    }
+}
+
+/// "Send me job `job`'s program copy from `offset` on" (one [`Chunk`] in answer; a chunk of
+/// size 0 says the replica asked holds no copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WantCopy {
+    pub job: JobId,
+    pub offset: u64,
+}
+
+impl WantCopy {
+    pub fn encode(&self) -> Vec<u8> {
+        Far {
+            job: self.job,
+            total: self.offset,
+        }
+        .encode()
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, String> {
+        let far = Far::decode(data).map_err(|_| {
+            format!(
+                "a request for a program copy has {} bytes, not 16",
+                data.len()
+            )
+        })?;
+        Ok(Self {
+            job: far.job,
+            offset: far.total,
+        })
+    }
+}
 
 /// One chunk of job `job`'s program copy: `bytes` at `offset` of `total`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +237,22 @@ mod tests {
         }
         assert_eq!(whole, program);
         assert!(chunks(8, &[], 300)[0].is_last());
+    }
+
+    #[test]
+    fn notes_and_requests_of_far_copies_read_back_and_a_cut_one_is_an_error() {
+        let far = Far {
+            job: 12,
+            total: 100 << 20,
+        };
+        assert_eq!(Far::decode(&far.encode()).unwrap(), far);
+        let want = WantCopy {
+            job: 12,
+            offset: 256 << 10,
+        };
+        assert_eq!(WantCopy::decode(&want.encode()).unwrap(), want);
+        assert!(Far::decode(&far.encode()[..15]).is_err());
+        assert!(WantCopy::decode(&[0; 17]).is_err());
     }
 
     #[test]

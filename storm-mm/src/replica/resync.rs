@@ -26,6 +26,8 @@ const WANT: u8 = 1;
 const PART: u8 = 2;
 const JOIN: u8 = 3;
 const WELCOME: u8 = 4;
+const WANT_COPY: u8 = 5;
+const COPY_PART: u8 = 6;
 
 /// A message between replicas, as a mailbox slot holds it: a tag byte, then the message.
 #[derive(Debug)]
@@ -39,6 +41,10 @@ pub enum Wire {
     /// The leader's answer to [`Wire::Join`], or to a message from a Raft id that is no
     /// member.
     Welcome(super::member::Welcome),
+    /// A request for a part of a program copy too large for the log ([`super::program`]).
+    WantCopy(super::program::WantCopy),
+    /// The answer: a part of the copy.
+    CopyPart(super::program::Chunk),
 }
 
 impl Wire {
@@ -58,6 +64,8 @@ impl Wire {
                 body.len()
             )),
             WELCOME => super::member::Welcome::decode(body).map(Wire::Welcome),
+            WANT_COPY => super::program::WantCopy::decode(body).map(Wire::WantCopy),
+            COPY_PART => super::program::Chunk::decode(body).map(Wire::CopyPart),
             other => Err(format!("a replica message of unknown kind {other}")),
         }
     }
@@ -73,6 +81,20 @@ impl Wire {
     /// A request to join, as a mailbox holds it.
     pub fn join() -> Vec<u8> {
         vec![JOIN]
+    }
+
+    /// A request for a part of a program copy, as a mailbox holds it.
+    pub fn want_copy(want: &super::program::WantCopy) -> Vec<u8> {
+        let mut out = vec![WANT_COPY];
+        out.extend(want.encode());
+        out
+    }
+
+    /// A part of a program copy, as a mailbox holds it.
+    pub fn copy_part(chunk: &super::program::Chunk) -> Vec<u8> {
+        let mut out = vec![COPY_PART];
+        out.extend(chunk.encode());
+        out
     }
 
     /// An answer to a join, as a mailbox holds it.
