@@ -500,6 +500,62 @@ fn a_waiting_jobs_program_too_large_for_the_log_runs_after_a_failover() {
     c.shutdown().unwrap();
 }
 
+/// A follower that starts without the program copy of a waiting job (deleted here while it
+/// was stopped, as a restart in the middle of fetching one would leave it) fetches it again:
+/// the copy is back in its state directory, whole, though the log will not give it again.
+#[test]
+fn a_replica_that_starts_without_a_waiting_jobs_program_copy_fetches_it() {
+    let mut c = group(1);
+    let leader = c.leader().expect("a leader");
+    let dir = tempfile::tempdir().unwrap();
+    let mut blocker = submit_cmd(&c, &["-N", "1", "--exclusive", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&storm(&c, &["queue"]).stdout).contains("sleep") {
+        assert!(Instant::now() < deadline, "the first job never showed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let script = dir.path().join("waits.sh");
+    std::fs::write(&script, "#!/bin/sh\necho waited\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = storm(
+        &c,
+        &["batch", "-N", "1", "--exclusive", script.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let follower = another_replica(&leader);
+    let root = c.root().to_path_buf();
+    let copy = |m: &str| root.join(format!("{m}-state/programs/job-2"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !copy(&follower).exists() {
+        assert!(Instant::now() < deadline, "{follower} never held the copy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Past the follower's next checkpoint: restarted, it applies the log after that.
+    std::thread::sleep(Duration::from_millis(1500));
+    c.kill_manager(&follower).unwrap();
+    std::fs::remove_file(copy(&follower)).unwrap();
+    c.restart_manager(&follower).unwrap();
+    let want = std::fs::read(copy(&leader)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read(copy(&follower)).ok().as_ref() != Some(&want) {
+        assert!(
+            Instant::now() < deadline,
+            "{follower} did not fetch the copy again\n{}",
+            replica_warnings(&c)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(said(&c, &follower, "it fetches them") >= 1);
+    let out = storm(&c, &["cancel", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _ = blocker.wait();
+    c.shutdown().unwrap();
+}
+
 /// A group of one node whose log keeps only 8 entries (checked once a second), so that a
 /// replica away for a few jobs lacks entries the log dropped.
 fn group_compacting_often() -> LocalCluster {

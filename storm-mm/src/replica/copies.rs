@@ -2,13 +2,17 @@
 //! of one fetches it beside the log, one [`Chunk`] per request, from the leader (or, once it
 //! leads itself, from the other replicas in turn); whichever replica holds the copy answers
 //! from its file. A part asked for but not answered within an election timeout is asked for
-//! again; fetching stops once the copy is whole or its job has ended.
+//! again; fetching stops once the copy is whole or its job has ended. A replica that starts
+//! fetches every copy its journal's waiting jobs should have and it lacks (it restarted in
+//! the middle of a fetch, or the note is behind its journal's applied entry).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 use storm_cluster::messages::JobId;
+
+use crate::journal::{JobState, Restored};
 use storm_primitives::NodeId;
 
 use super::program::{Chunk, Far, WantCopy};
@@ -18,7 +22,8 @@ use super::{Host, member};
 /// A copy being fetched.
 #[derive(Debug)]
 pub(super) struct Fetching {
-    total: u64,
+    /// The copy's size (`None`: learnt from the first part).
+    total: Option<u64>,
     /// The offset of the next part to ask for.
     next: u64,
     /// When the part at `next` was asked for, and of which replica.
@@ -50,12 +55,46 @@ impl Host {
         self.fetching.insert(
             far.job,
             Fetching {
-                total: far.total,
+                total: Some(far.total),
                 next: 0,
                 asked: None,
                 requests: 0,
             },
         );
+    }
+
+    /// On start: every waiting job in `state` whose program travels with it has a copy beside
+    /// the leader's journal (a job is recorded as waiting once its copy is complete); fetch
+    /// those this replica lacks.
+    pub(super) fn fetch_missing_copies(&mut self, state: &Restored) {
+        let Some(store) = &self.programs else {
+            return;
+        };
+        let missing: Vec<JobId> = state
+            .jobs
+            .iter()
+            .filter(|rec| rec.state == JobState::Queued && rec.req.delivery.carries_program())
+            .map(|rec| rec.id)
+            .filter(|&job| store.open(job).is_none() && !self.fetching.contains_key(&job))
+            .collect();
+        if !missing.is_empty() {
+            tracing::warn!(
+                jobs = ?missing,
+                "this replica lacks the program copies of {} waiting jobs: it fetches them",
+                missing.len()
+            );
+        }
+        for job in missing {
+            self.fetching.insert(
+                job,
+                Fetching {
+                    total: None,
+                    next: 0,
+                    asked: None,
+                    requests: 0,
+                },
+            );
+        }
     }
 
     /// Job `job` ended (or left the journal): its copy is needed no more.
@@ -155,14 +194,14 @@ impl Host {
             // once the answer counts as overdue.
             return;
         }
-        if chunk.offset != f.next || chunk.total != f.total {
+        if chunk.offset != f.next || f.total.is_some_and(|t| t != chunk.total) {
             tracing::debug!(
                 job,
                 "a part of a program copy that was not awaited: dropped"
             );
             return;
         }
-        let (last, len) = (chunk.is_last(), chunk.bytes.len() as u64);
+        let (last, len, chunk_total) = (chunk.is_last(), chunk.bytes.len() as u64, chunk.total);
         match self.receiving.take(&store, chunk) {
             Ok(()) if last => {
                 self.fetching.remove(&job);
@@ -173,6 +212,7 @@ impl Host {
                 );
             }
             Ok(()) => {
+                f.total = Some(chunk_total);
                 f.next += len;
                 f.asked = None;
             }

@@ -649,6 +649,12 @@ const CHECKPOINT: Duration = Duration::from_secs(1);
 
 impl Host {
     fn run(mut self) {
+        if self.id.is_some() && !self.standing.is_taking() {
+            match self.store.read() {
+                Ok(state) => self.fetch_missing_copies(&state),
+                Err(e) => tracing::error!("reading the journal for missing program copies: {e}"),
+            }
+        }
         let mut next_tick = Instant::now() + self.tick;
         while !self.shared.stop.load(Ordering::Acquire) {
             let now = Instant::now();
