@@ -1161,3 +1161,20 @@ fn storm_alloc_follows_its_allocation_through_a_failover() {
     assert_no_divergence(&c);
     c.shutdown().unwrap();
 }
+
+/// A single MM is no group: `storm managers` shows it alone, and removing a replica is
+/// refused, saying why.
+#[test]
+fn a_single_mm_shows_itself_alone_and_has_no_replica_to_remove() {
+    let c = support::TestCluster::start(1);
+    let out = c.storm(&["managers"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("single"), "{}", text(&out.stdout));
+    let out = c.storm(&["managers", "remove", "m1"]);
+    assert!(!out.status.success(), "a single MM removed a replica");
+    assert!(
+        text(&out.stderr).contains("a single one, not a replicated group"),
+        "{}",
+        text(&out.stderr)
+    );
+}

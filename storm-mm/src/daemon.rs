@@ -674,9 +674,7 @@ impl MmEnv for DaemonEnv {
     fn remove_manager(&mut self, name: &str) -> Result<String, String> {
         match &self.commits {
             Commits::Group(r, _) => r.remove(name),
-            Commits::Disk(_) => Err(format!(
-                "this machine manager is a single one, not a replicated group: there is no                  {name} to remove"
-            )),
+            Commits::Disk(_) => Err(crate::env::no_group_to_remove_from(name)),
         }
     }
 

@@ -115,6 +115,14 @@ pub struct TransferSpec {
     pub check_only: bool,
 }
 
+/// Why a single MM cannot remove replica `name` (`storm managers remove`).
+pub fn no_group_to_remove_from(name: &str) -> String {
+    format!(
+        "this machine manager is a single one, not a replicated group: there is no {name} to \
+         remove"
+    )
+}
+
 /// The machine manager's view of the world around it.
 pub trait MmEnv {
     /// Where the MM reads the time.
@@ -129,9 +137,7 @@ pub trait MmEnv {
     /// Removes replica `name` from the manager group this MM leads (`storm managers
     /// remove`): what the operator should know, or why not.
     fn remove_manager(&mut self, name: &str) -> Result<String, String> {
-        Err(format!(
-            "this machine manager is a single one, not a replicated group: there is no {name}              to remove"
-        ))
+        Err(no_group_to_remove_from(name))
     }
 
     /// Sends a reply to a client (dropped if it is gone).

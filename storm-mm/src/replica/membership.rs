@@ -194,7 +194,8 @@ impl Host {
         };
         if self.node.raft.has_pending_conf() {
             return Err(
-                "a change of the group's members is under way: ask again once `storm managers`                  shows it done"
+                "a change of the group's members is under way: ask again once `storm managers` \
+                 shows it done"
                     .into(),
             );
         }
@@ -298,7 +299,9 @@ impl Host {
         {
             let name = &self.names[self.me];
             return Err(ReplicaError::Raft(format!(
-                "this replica (Raft id {me}) was removed from the manager group (log entry {}).                  To add it again, start it on an empty state directory with `storm-mm                  --manager {name} --join`",
+                "this replica (Raft id {me}) was removed from the manager group (log entry {}). \
+                 To add it again, start it on an empty state directory with `storm-mm \
+                 --manager {name} --join`",
                 e.index
             )));
         }
