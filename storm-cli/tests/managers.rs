@@ -1169,7 +1169,11 @@ fn a_single_mm_shows_itself_alone_and_has_no_replica_to_remove() {
     let c = support::TestCluster::start(1);
     let out = c.storm(&["managers"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("single"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("single"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = c.storm(&["managers", "remove", "m1"]);
     assert!(!out.status.success(), "a single MM removed a replica");
     assert!(

@@ -473,12 +473,12 @@ impl Replica {
     }
 
     /// Asks the group to elect another replica in this one's place, because this leader
-    /// cannot act (`why`: cut off from its nodes, say), and waits, at most two election timeouts, until another
-    /// leads. Raft's leadership transfer goes to the most up-to-date replica this one hears;
-    /// journal commits not yet settled are dropped, as in a crash (their clients had no
-    /// answer). What happened, to say as the daemon stops; if no replica took over in time,
-    /// this one stops all the same, and the group elects another once its election timeout
-    /// passes.
+    /// cannot act (`why`: cut off from its nodes, say), and waits, at most two election
+    /// timeouts, until another leads. Raft's leadership transfer goes to the most up-to-date
+    /// replica this one hears; journal commits not yet settled are dropped, as in a crash
+    /// (their clients had no answer). What happened, to say as the daemon stops; if no replica
+    /// took over in time, this one stops all the same, and the group elects another once its
+    /// election timeout passes.
     pub fn hand_over(&self, term: u64, why: &str) -> String {
         tracing::warn!("{why}: handing the manager group over");
         let _ = self.handovers.send(term);
@@ -794,8 +794,13 @@ impl Host {
                 }
             };
             // Each replica speaks only for itself (its link proves which it is).
-            if member::position_of(msg.from) != Some(from as usize) || msg.to != me {
-                tracing::debug!(from, "dropping a replica message with the wrong ends");
+            if member::position_of(msg.from) != Some(from as usize) {
+                tracing::warn!(from, "dropping a replica message with the wrong ends");
+                continue;
+            }
+            if msg.to != me {
+                // Sent to the Raft id this replica's place had before it joined anew.
+                tracing::debug!(from, to = msg.to, "dropping a message to another Raft id");
                 continue;
             }
             if !member::is_member(self.log.conf(), msg.from) {
