@@ -790,6 +790,14 @@ impl ProgramStore {
             .create_file(&format!("{}.partial", Self::name(job)))
     }
 
+    /// Deletes the file made by [`ProgramStore::create_partial`], if there is one (a copy
+    /// abandoned before its end).
+    pub fn remove_partial(&self, job: JobId) {
+        let _ = self
+            .dir
+            .remove_file(&format!("{}.partial", Self::name(job)));
+    }
+
     /// Puts the file made by [`ProgramStore::create_partial`] in place as job `job`'s copy.
     pub fn complete_partial(&self, job: JobId) -> std::io::Result<()> {
         let name = Self::name(job);

@@ -97,9 +97,14 @@ impl Host {
         }
     }
 
-    /// Job `job` ended (or left the journal): its copy is needed no more.
+    /// Job `job` ended (or left the journal): its copy is needed no more, and the part of it
+    /// written aside, if any, is deleted.
     pub(super) fn forget_far_copy(&mut self, job: JobId) {
-        self.fetching.remove(&job);
+        if self.fetching.remove(&job).is_some()
+            && let Some(store) = &self.programs
+        {
+            self.receiving.abandon(store, job);
+        }
     }
 
     /// Asks for the next part of each copy being fetched, and again for one whose answer is

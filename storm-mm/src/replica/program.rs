@@ -217,6 +217,14 @@ impl Receiving {
         }
         Ok(())
     }
+
+    /// Job `job`'s copy is needed no more (its job ended while it arrived): the part written
+    /// aside is deleted.
+    pub fn abandon(&mut self, store: &crate::journal::ProgramStore, job: JobId) {
+        if self.files.remove(&job).is_some() {
+            store.remove_partial(job);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -253,6 +261,28 @@ mod tests {
         assert_eq!(WantCopy::decode(&want.encode()).unwrap(), want);
         assert!(Far::decode(&far.encode()[..15]).is_err());
         assert!(WantCopy::decode(&[0; 17]).is_err());
+    }
+
+    /// A copy whose job ended while it arrived leaves nothing behind: the part written aside
+    /// is deleted, and a whole copy arriving later is still kept.
+    #[test]
+    fn an_abandoned_copy_leaves_no_part_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = crate::journal::Journal::open(&dir.path().join("state")).unwrap();
+        let store = journal.program_store().unwrap();
+        let programs = dir.path().join("state/programs");
+        let parts = chunks(4, &[9; 1000], 300);
+        let mut receiving = Receiving::default();
+        receiving.take(&store, parts[0].clone()).unwrap();
+        assert!(programs.join("job-4.partial").exists());
+        receiving.abandon(&store, 4);
+        assert!(!programs.join("job-4.partial").exists());
+        assert!(store.open(4).is_none());
+        for part in chunks(5, &[1; 10], 300) {
+            receiving.take(&store, part).unwrap();
+        }
+        receiving.abandon(&store, 5);
+        assert!(store.open(5).is_some(), "a whole copy is not abandoned");
     }
 
     #[test]
