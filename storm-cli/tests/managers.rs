@@ -409,6 +409,43 @@ fn a_replica_that_stopped_leading_leads_again_in_the_same_process() {
     c.shutdown().unwrap();
 }
 
+/// Submits a job that holds the group's only node (`sleep SECS`, exclusive) and waits until
+/// `storm queue` shows it; its storm-submit, to wait for once the job is cancelled.
+fn hold_the_node(c: &LocalCluster, secs: &str) -> Child {
+    let blocker = submit_cmd(c, &["-N", "1", "--exclusive", "sleep", secs])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&storm(c, &["queue"]).stdout).contains("sleep") {
+        assert!(
+            Instant::now() < deadline,
+            "the job holding the node never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    blocker
+}
+
+/// `storm batch -N 1 --exclusive [-o OUTPUT] SCRIPT`: a batch job (its submitter leaves at
+/// once) that waits behind the job holding the node; returns once `storm queue` shows it.
+fn batch_behind(c: &LocalCluster, script: &Path, output: Option<&Path>) {
+    let mut args = vec!["batch", "-N", "1", "--exclusive"];
+    if let Some(output) = output {
+        args.extend(["-o", output.to_str().unwrap()]);
+    }
+    args.push(script.to_str().unwrap());
+    let out = storm(c, &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let name = script.file_name().unwrap().to_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&storm(c, &["queue"]).stdout).contains(name) {
+        assert!(Instant::now() < deadline, "{name} never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A waiting job whose program copy is too large for the log (over 64 MiB) runs after the
 /// leader that copied it is killed: the followers fetched the copy beside the log. Seen from
 /// outside: a batch job waits behind another on the only node, its script is then removed
@@ -427,16 +464,7 @@ fn a_waiting_jobs_program_too_large_for_the_log_runs_after_a_failover() {
     let mut c = group_replicated(1, Default::default(), replication);
     let leader = c.leader().expect("a leader");
     let dir = tempfile::tempdir().unwrap();
-    let mut blocker = submit_cmd(&c, &["-N", "1", "--exclusive", "sleep", "120"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text(&storm(&c, &["queue"]).stdout).contains("sleep") {
-        assert!(Instant::now() < deadline, "the first job never showed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut blocker = hold_the_node(&c, "120");
     // 65 MiB of comment after the script's end.
     let script = dir.path().join("big.sh");
     let mut body = b"#!/bin/sh\necho big\nexit 0\n#".to_vec();
@@ -445,24 +473,7 @@ fn a_waiting_jobs_program_too_large_for_the_log_runs_after_a_failover() {
     std::fs::write(&script, &body).unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let output = dir.path().join("big.out");
-    let out = storm(
-        &c,
-        &[
-            "batch",
-            "-N",
-            "1",
-            "--exclusive",
-            "-o",
-            output.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text(&storm(&c, &["queue"]).stdout).contains("big.sh") {
-        assert!(Instant::now() < deadline, "the batch job never queued");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    batch_behind(&c, &script, Some(&output));
     std::fs::remove_file(&script).unwrap();
     let followers: Vec<String> = (0..3)
         .map(|i| format!("m{i}"))
@@ -508,24 +519,11 @@ fn a_replica_that_starts_without_a_waiting_jobs_program_copy_fetches_it() {
     let mut c = group(1);
     let leader = c.leader().expect("a leader");
     let dir = tempfile::tempdir().unwrap();
-    let mut blocker = submit_cmd(&c, &["-N", "1", "--exclusive", "sleep", "60"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text(&storm(&c, &["queue"]).stdout).contains("sleep") {
-        assert!(Instant::now() < deadline, "the first job never showed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut blocker = hold_the_node(&c, "60");
     let script = dir.path().join("waits.sh");
     std::fs::write(&script, "#!/bin/sh\necho waited\n").unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let out = storm(
-        &c,
-        &["batch", "-N", "1", "--exclusive", script.to_str().unwrap()],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    batch_behind(&c, &script, None);
     let follower = another_replica(&leader);
     let root = c.root().to_path_buf();
     let copy = |m: &str| root.join(format!("{m}-state/programs/job-2"));
@@ -912,35 +910,13 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
     }
     // Job 9 holds the node; job 10 waits behind it, its script then removed.
     let dir = tempfile::tempdir().unwrap();
-    let blocker = submit_cmd(&c, &["-N", "1", "--exclusive", "sleep", "120"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let mut blocker = hold_the_node(&c, "120");
     let script = dir.path().join("waited.sh");
     std::fs::write(&script, "#!/bin/sh\necho waited\n").unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     // A batch job: its submitter leaves at once, so only the MM's copy of the script is left.
     let output = dir.path().join("waited.out");
-    let out = storm(
-        &c,
-        &[
-            "batch",
-            "-N",
-            "1",
-            "--exclusive",
-            "-o",
-            output.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !text(&storm(&c, &["queue"]).stdout).contains("waited") {
-        assert!(Instant::now() < deadline, "job 10 never queued");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    batch_behind(&c, &script, Some(&output));
     std::fs::remove_file(&script).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     c.restart_manager(&away).unwrap();
@@ -969,7 +945,6 @@ fn a_replica_away_while_the_log_was_compacted_takes_the_leaders_state() {
     // The waiting job runs once the blocker is cancelled, from the copy the new leader holds.
     let out = storm(&c, &["cancel", "9"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let mut blocker = blocker;
     let _ = blocker.wait();
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read_to_string(&output).unwrap_or_default() != "waited\n" {
