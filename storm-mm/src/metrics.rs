@@ -15,7 +15,7 @@
 //! | `storm_program_bytes_total` | counter | program bytes delivered (each node counted) |
 //! | `storm_programs_in_place_total` | counter | jobs whose program every node had, identical: run in place, not copied |
 //! | `storm_output_bytes_total` | counter | task output forwarded to submitters |
-//! | `storm_journal_commit_seconds` | histogram | one journal commit |
+//! | `storm_journal_commit_seconds` | histogram | one journal commit (under a manager group: proposal to applied, a majority holding it) |
 //! | `storm_gang_switches_total` | counter | time-slot changes of the gang scheduler |
 //! | `storm_jobs_submitted_total` | counter | jobs accepted |
 //! | `storm_jobs_ended_total{outcome}` | counter | jobs ended: `completed`, `failed` |

@@ -22,10 +22,7 @@ use raft::eraftpb::{ConfState, Entry, EntryType, Message};
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 use storm_mm::journal::{Batch, JournalStore, MemoryStore, Settled};
-use storm_mm::replica::entry;
-
-/// The largest journal part proposed as one entry (the daemon's size).
-const PART_BYTES: usize = 256 * 1024;
+use storm_mm::replica::{PART_BYTES, entry};
 
 struct Replica {
     node: RawNode<MemStorage>,
@@ -40,6 +37,8 @@ pub struct Group {
     next_tick: Instant,
     /// Raft's messages sent and not yet delivered.
     in_flight: Vec<Message>,
+    /// Raft's messages delivered so far.
+    delivered: u64,
     /// Commits settled since the last look.
     settled: Vec<Settled>,
     /// The replica whose MM core runs, and the term it leads.
@@ -62,16 +61,9 @@ impl Group {
             .map(|i| {
                 let timeout = election_ticks + 2 * i;
                 let cfg = raft::Config {
-                    id: i as u64 + 1,
-                    election_tick: election_ticks,
                     min_election_tick: timeout,
                     max_election_tick: timeout + 1,
-                    heartbeat_tick: 1,
-                    max_size_per_msg: PART_BYTES as u64,
-                    max_inflight_msgs: 256,
-                    check_quorum: true,
-                    pre_vote: true,
-                    ..Default::default()
+                    ..storm_mm::replica::raft_config(i as u64 + 1, election_ticks)
                 };
                 cfg.validate()?;
                 let storage =
@@ -89,6 +81,7 @@ impl Group {
             next_tick: now + heartbeat,
             in_flight: Vec::new(),
             settled: Vec::new(),
+            delivered: 0,
             leading: None,
         };
         group.replicas[0].node.campaign()?;
@@ -158,6 +151,11 @@ impl Group {
         self.exchange();
     }
 
+    /// How many of Raft's messages were delivered so far.
+    pub fn messages_delivered(&self) -> u64 {
+        self.delivered
+    }
+
     /// The commits settled since the last call.
     pub fn take_settled(&mut self) -> Vec<Settled> {
         std::mem::take(&mut self.settled)
@@ -169,6 +167,7 @@ impl Group {
             for m in std::mem::take(&mut self.in_flight) {
                 let (from, to) = (m.from as usize - 1, m.to as usize - 1);
                 if self.replicas[from].up && self.replicas.get(to).is_some_and(|r| r.up) {
+                    self.delivered += 1;
                     let _ = self.replicas[to].node.step(m);
                 }
             }
@@ -238,6 +237,57 @@ impl Group {
                     took: Duration::ZERO,
                 });
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use storm_mm::journal::{Change, NodeRecord};
+
+    use super::*;
+
+    /// With the daemon's Raft settings, a commit costs each follower its entries and its
+    /// answer, and nothing more: followers learn that the entry is committed with the next
+    /// heartbeat, and apply it then.
+    #[test]
+    fn a_commit_costs_two_messages_per_follower_and_followers_apply_it_at_the_next_heartbeat() {
+        let tick = Duration::from_millis(10);
+        let start = Instant::now();
+        let mut g = Group::new(3, tick, 10, start).expect("a group of three");
+        let (leader, term) = g.ready_leader().expect("replica 0 was elected at once");
+        g.lead(leader, term);
+        let node = NodeRecord {
+            drain: Some("a reason".into()),
+        };
+        let before = g.messages_delivered();
+        g.propose(&Batch {
+            number: 1,
+            changes: vec![Change::Node(5, node.clone())],
+            next_job: None,
+            unneeded: vec![],
+        })
+        .expect("the leading core proposes");
+        g.run_to(start);
+        let settled = g.take_settled();
+        assert_eq!(settled.len(), 1, "the commit settles without a heartbeat");
+        assert_eq!(
+            g.messages_delivered() - before,
+            4,
+            "the entries to each follower and each one's answer"
+        );
+        let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+        for &f in &followers {
+            let held = g.store(f).read().expect("a memory store").nodes;
+            assert!(
+                !held.contains_key(&5),
+                "follower {f} applied before it was told of the commit"
+            );
+        }
+        g.run_to(start + tick);
+        for &f in &followers {
+            let held = g.store(f).read().expect("a memory store").nodes;
+            assert_eq!(held.get(&5), Some(&node), "follower {f} after a heartbeat");
         }
     }
 }

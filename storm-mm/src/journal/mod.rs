@@ -486,7 +486,9 @@ pub struct Settled {
     /// Every batch up to this one is settled by this write.
     pub batch: u64,
     pub outcome: Result<(), JournalError>,
-    /// How long the write took.
+    /// How long the commit took: the write and its sync for a single MM; under a manager
+    /// group, from the batch's proposal until the leader applied it, a majority having
+    /// written it to their logs.
     pub took: Duration,
 }
 

@@ -30,6 +30,7 @@ impl Host {
             );
             return Ok(());
         }
+        self.proposed_at.insert(batch.number, Instant::now());
         self.propose_programs(&batch)?;
         for part in entry::split(&batch, PART_BYTES) {
             self.node
@@ -183,6 +184,7 @@ impl Host {
         self.leading = None;
         self.shared.lease_until_us.store(0, Ordering::Release);
         self.unneeded.clear();
+        self.proposed_at.clear();
         self.shipped.clear();
     }
 

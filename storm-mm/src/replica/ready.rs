@@ -58,12 +58,14 @@ impl Host {
         if !rd.snapshot().is_empty() {
             return self.handle_snapshot_ready(rd);
         }
-        let started = Instant::now();
-        self.apply(rd.take_committed_entries())?;
-        self.timed("applying entries to the journal", started);
+        // New entries go to the log's writer thread first, so that their write (on which a
+        // commit waits) runs while the committed ones are applied.
         let started = Instant::now();
         let ticket = self.log.append_queued(rd.entries(), rd.hs())?;
         self.timed("giving entries to the Raft log", started);
+        let started = Instant::now();
+        self.apply(rd.take_committed_entries())?;
+        self.timed("applying entries to the journal", started);
         // A heartbeat's answer acknowledges no entry and no vote: it goes at once, so that a
         // slow sync of this replica's log does not cost the leader its lease. Everything
         // else waits for the write.
@@ -204,24 +206,32 @@ impl Host {
                 store.remove(job);
             }
         }
-        let started = Instant::now();
-        self.store
-            .write_applied(&part.changes, part.next_job, e.index, false)
-            .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
+        // A batch is durable once the group committed its entries: the leader settles it
+        // before writing it to its own journal store, which a restarted replica fills again
+        // from the log.
         if part.last && Some(e.term) == self.leading {
             remove_programs(
                 self.programs.as_ref(),
                 self.unneeded.remove(&part.batch).unwrap_or_default(),
             );
+            let proposed = self
+                .proposed_at
+                .remove(&part.batch)
+                .unwrap_or_else(Instant::now);
+            // Batches proposed before this one settle with it.
+            self.proposed_at = self.proposed_at.split_off(&part.batch);
             let _ = self.settle.send(Settled {
                 batch: part.batch,
                 outcome: Ok(()),
-                took: started.elapsed(),
+                took: proposed.elapsed(),
             });
             if let Some(w) = &*self.shared.waker.lock() {
                 w.wake();
             }
         }
+        self.store
+            .write_applied(&part.changes, part.next_job, e.index, false)
+            .map_err(|err| ReplicaError::Raft(format!("applying entry {}: {err}", e.index)))?;
         Ok(())
     }
 }
