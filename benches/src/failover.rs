@@ -18,12 +18,20 @@
 //! each follows the group as storm-submit does, and every one of their jobs must end in the
 //! history once, completed. The probe then queues behind them (its times include that wait),
 //! and a row gives the time from the kill until the last of them ended.
+//!
+//! With `--testbed` the group runs on the namespace testbed instead (`storm-testbed up
+//! --managers 3`: each replica and each node in a network namespace of its own, linked by
+//! veth pairs through a bridge), as the issue's target asks; the clients stay on the host,
+//! as they do on the testbed, through the replicas' control sockets.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, Progress};
+use storm_cli::testbed::{Testbed, TestbedOptions};
+use storm_cluster::config::ClusterConfig;
 use storm_cluster::control::{Delivery, JobRequest, JobState, Reply, Request};
 use storm_cluster::messages::JobId;
 use storm_cluster::tasks::TaskRequest;
@@ -40,13 +48,143 @@ struct Launched<'a> {
     supervisor: Supervisor<'a>,
 }
 
+/// Where the group runs: an embedded cluster on loopback, or the namespace testbed.
+trait Replicas {
+    fn config(&self) -> &ClusterConfig;
+    fn config_path(&self) -> &Path;
+    /// The replica that leads ("m1"), by which control socket answers.
+    fn leader(&self) -> Option<String>;
+    /// SIGKILL of replica `name`.
+    fn kill_manager(&mut self, name: &str) -> Result<()>;
+    /// Starts replica `name` again (it rejoins as a follower).
+    fn restart_manager(&mut self, name: &str) -> Result<()>;
+    fn is_running(&mut self, name: &str) -> bool;
+    fn shut_down(self: Box<Self>) -> Result<()>;
+    /// Where it runs, for the table's title.
+    fn place(&self) -> String;
+}
+
+impl Replicas for LocalCluster {
+    fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+    fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+    fn leader(&self) -> Option<String> {
+        LocalCluster::leader(self)
+    }
+    fn kill_manager(&mut self, name: &str) -> Result<()> {
+        LocalCluster::kill_manager(self, name)
+    }
+    fn restart_manager(&mut self, name: &str) -> Result<()> {
+        LocalCluster::restart_manager(self, name)
+    }
+    fn is_running(&mut self, name: &str) -> bool {
+        LocalCluster::is_running(self, &format!("storm-mm {name}"))
+    }
+    fn shut_down(self: Box<Self>) -> Result<()> {
+        self.shutdown()
+    }
+    fn place(&self) -> String {
+        format!(
+            "embedded {}-node cluster, tcp, loopback",
+            self.config.nodes.len()
+        )
+    }
+}
+
+/// The testbed and the directory it lives in.
+struct OnTestbed {
+    testbed: Option<Testbed>,
+    _dir: tempfile::TempDir,
+}
+
+impl OnTestbed {
+    fn testbed(&self) -> &Testbed {
+        self.testbed.as_ref().expect("up until shut down")
+    }
+    fn testbed_mut(&mut self) -> &mut Testbed {
+        self.testbed.as_mut().expect("up until shut down")
+    }
+}
+
+impl Replicas for OnTestbed {
+    fn config(&self) -> &ClusterConfig {
+        &self.testbed().config
+    }
+    fn config_path(&self) -> &Path {
+        &self.testbed().config_path
+    }
+    fn leader(&self) -> Option<String> {
+        self.testbed().leader()
+    }
+    fn kill_manager(&mut self, name: &str) -> Result<()> {
+        self.testbed_mut().kill(&format!("storm-mm {name}"))
+    }
+    fn restart_manager(&mut self, name: &str) -> Result<()> {
+        let j = name
+            .strip_prefix('m')
+            .and_then(|j| j.parse().ok())
+            .with_context(|| format!("{name} is not a testbed replica's name"))?;
+        self.testbed_mut().start_manager(j)
+    }
+    fn is_running(&mut self, name: &str) -> bool {
+        self.testbed_mut().is_running(&format!("storm-mm {name}"))
+    }
+    fn shut_down(mut self: Box<Self>) -> Result<()> {
+        self.testbed.take().expect("up").down()
+    }
+    fn place(&self) -> String {
+        format!(
+            "namespace testbed of {} nodes, each replica and node in a namespace of its own \
+             (veth pairs and a bridge), tcp",
+            self.config().nodes.len()
+        )
+    }
+}
+
+/// Brings the group up where `args` asks.
+fn start(args: &FaultsArgs) -> Result<Box<dyn Replicas>> {
+    if !args.testbed {
+        return Ok(Box::new(LocalCluster::start(&LocalOptions {
+            timeslice_ms: args.timeslice_ms,
+            managers: args.managers,
+            replication: args.replication.clone(),
+            cpus: Some(4),
+            // KEEP=1 keeps the cluster's directory (the daemons' logs) for a look afterwards.
+            keep: std::env::var_os("KEEP").is_some(),
+            ..LocalOptions::new(args.nodes)
+        })?));
+    }
+    if let Err(why) = storm_cli::testbed::namespaces_available() {
+        bail!("--testbed needs network namespaces (run as root): {why}");
+    }
+    let dir = tempfile::tempdir()?;
+    let testbed = Testbed::up(&TestbedOptions {
+        name: format!("fo{:05}", std::process::id() % 100_000),
+        nodes: args.nodes,
+        cpus: 4,
+        dir: dir.path().join("testbed"),
+        timeslice_ms: args.timeslice_ms,
+        scheduler: Default::default(),
+        failure: Default::default(),
+        managers: args.managers,
+        replication: args.replication.clone(),
+    })?;
+    Ok(Box::new(OnTestbed {
+        testbed: Some(testbed),
+        _dir: dir,
+    }))
+}
+
 /// What systemd's `Restart=on-failure` does for a replica that exits by itself: starts it
 /// again, as a follower. None should: a leader that loses its lease or is deposed stays on
 /// as a follower (before 28 November it exited, and this is how the bench kept the group
 /// whole); the count is reported so that one that does shows. The replica a trial kills is
 /// started again by the trial, once its probe ran.
 struct Supervisor<'a> {
-    cluster: &'a mut LocalCluster,
+    cluster: &'a mut dyn Replicas,
     killed: &'a str,
     /// Replicas started again so far.
     restarted: &'a mut usize,
@@ -56,13 +194,13 @@ impl Supervisor<'_> {
     fn restart_stopped(&mut self) -> Result<()> {
         let names: Vec<String> = self
             .cluster
-            .config
+            .config()
             .managers
             .iter()
             .map(|m| m.name.clone())
             .collect();
         for name in names {
-            if name != self.killed && !self.cluster.is_running(&format!("storm-mm {name}")) {
+            if name != self.killed && !self.cluster.is_running(&name) {
                 self.cluster.restart_manager(&name)?;
                 *self.restarted += 1;
             }
@@ -214,17 +352,9 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     if args.submitters > MAX_SUBMITTERS {
         bail!("--submitters: at most {MAX_SUBMITTERS}");
     }
-    let mut cluster = LocalCluster::start(&LocalOptions {
-        timeslice_ms: args.timeslice_ms,
-        managers: args.managers,
-        replication: args.replication.clone(),
-        cpus: Some(4),
-        // KEEP=1 keeps the cluster's directory (the daemons' logs) for a look afterwards.
-        keep: std::env::var_os("KEEP").is_some(),
-        ..LocalOptions::new(args.nodes)
-    })?;
-    let sockets = cluster.config.control_sockets();
-    let election_ms = cluster.config.replication.election_timeout_ms;
+    let mut cluster = start(args)?;
+    let sockets = cluster.config().control_sockets();
+    let election_ms = cluster.config().replication.election_timeout_ms;
     // The long job that must run on undisturbed, and the lines it printed, as it saw them.
     let work = tempfile::tempdir()?;
     let (stop, truth) = (work.path().join("stop"), work.path().join("printed"));
@@ -245,7 +375,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let submit_bin = storm_cli::local::bin_dir()?.join("storm-submit");
     let mut long = std::process::Command::new(&submit_bin)
         .arg("--config")
-        .arg(&cluster.config_path)
+        .arg(cluster.config_path())
         .args(["-N", "1", "-J", "undisturbed", "--reconnect", "60"])
         .arg(&counter)
         .stdout(std::process::Stdio::piped())
@@ -265,7 +395,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let mut restarted = 0;
     for trial in 0..args.trials {
         Supervisor {
-            cluster: &mut cluster,
+            cluster: &mut *cluster,
             killed: "",
             restarted: &mut restarted,
         }
@@ -288,7 +418,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
             at: None,
             sockets: &sockets,
             supervisor: Supervisor {
-                cluster: &mut cluster,
+                cluster: &mut *cluster,
                 killed: &leader,
                 restarted: &mut restarted,
             },
@@ -323,7 +453,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
                 bail!("trial {trial}: {leader} did not rejoin the group within 30 s");
             }
             Supervisor {
-                cluster: &mut cluster,
+                cluster: &mut *cluster,
                 killed: "",
                 restarted: &mut restarted,
             }
@@ -394,12 +524,12 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         );
     }
     let lines = printed.lines().count();
-    cluster.shutdown()?;
+    let place = cluster.place();
+    cluster.shut_down()?;
     let mut table = Table::new(
         format!(
-            "Failover: kill -9 of the leader of {} MM replicas (embedded {}-node cluster, tcp, \
-             loopback, timeslice {} ms, replica heartbeat {} ms, election timeout {election_ms} \
-             ms), until the first \
+            "Failover: kill -9 of the leader of {} MM replicas ({place}, timeslice {} ms, \
+             replica heartbeat {} ms, election timeout {election_ms} ms), until the first \
              job submitted after it is launched and until its result; {} trials, {} probe jobs \
              each completed once, {} submitters' jobs under way at each kill (each completed \
              once), the running job undisturbed, its {lines} output lines each \
@@ -407,7 +537,6 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
              leader's lease lost under load) started again, as systemd's Restart= does; \
              baseline: fork/exec of /bin/true, same run",
             args.managers,
-            args.nodes,
             args.timeslice_ms,
             args.replication.heartbeat_ms,
             args.trials,

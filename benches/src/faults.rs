@@ -55,6 +55,10 @@ pub struct FaultsArgs {
     pub replication: storm_cluster::config::ReplicationSection,
     /// Submitters whose jobs are under way when each leader is killed (`--submitters`).
     pub submitters: usize,
+    /// Jobs for what replication costs per job, beside a single MM (`--cost-jobs`; 0: none).
+    pub cost_jobs: usize,
+    /// The failover on the namespace testbed instead of an embedded cluster (`--testbed`).
+    pub testbed: bool,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -72,10 +76,11 @@ pub const CSV_HEADER: &[&str] = &[
 
 pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     if args.managers > 1 {
-        return Ok(vec![
-            crate::failover::run(args, csv)?,
-            mm_restart(args, csv)?,
-        ]);
+        let mut tables = vec![crate::failover::run(args, csv)?, mm_restart(args, csv)?];
+        if args.cost_jobs > 0 {
+            tables.extend(replication_cost(args)?);
+        }
+        return Ok(tables);
     }
     Ok(vec![
         detection(args, csv)?,
@@ -83,6 +88,27 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         heal(args, csv)?,
         mm_restart(args, csv)?,
     ])
+}
+
+/// What replication costs per job, the third target beside the failover: the
+/// throughput bench's passes (16 clients, 4 nodes of 2 CPUs, `/bin/true` in place) under a
+/// single MM and under the group, same run, and its table of the two.
+fn replication_cost(args: &FaultsArgs) -> Result<Option<Table>> {
+    let cost = crate::throughput::ThroughputArgs {
+        jobs: args.cost_jobs,
+        clients: 16,
+        nodes: 4,
+        cpus: 2,
+        timeslice_ms: args.timeslice_ms,
+        delivery: storm_cluster::control::Delivery::InPlace,
+        backend: storm_cluster::config::BackendKind::Tcp,
+        provider: None,
+        managers: args.managers,
+        replication: args.replication.clone(),
+    };
+    // Its own rows (jobs/s) do not fit this bench's CSV of times.
+    let mut rows = Csv::new(crate::throughput::CSV_HEADER);
+    Ok(crate::throughput::run(&cost, &mut rows)?.pop())
 }
 
 /// The MM's state for `node`.

@@ -187,7 +187,8 @@ enum Command {
         #[arg(long, default_value = "8,16,32", value_parser = report::parse_counts)]
         heal_nodes: std::vec::Vec<u32>,
         /// MM replicas: 3 (or 5) measures a replicated MM's failover (leader killed to the
-        /// next job launched), beside a single MM's restart in the same run.
+        /// next job launched), beside a single MM's restart in the same run, and what
+        /// replication costs per job (see --cost-jobs).
         #[arg(long, default_value_t = 1)]
         managers: u32,
         /// The replicas' Raft heartbeat ([replication] heartbeat_ms).
@@ -201,6 +202,15 @@ enum Command {
         /// does; every one of their jobs must run once.
         #[arg(long, default_value_t = 0)]
         submitters: usize,
+        /// With --managers: single-task jobs run under a single MM and then under the group,
+        /// for what replication costs per job (`storm-bench throughput --managers`'s table,
+        /// with the same replication settings); 0 leaves it out.
+        #[arg(long, default_value_t = 2000)]
+        cost_jobs: usize,
+        /// With --managers: the failover on the namespace testbed (each replica and node in
+        /// a network namespace of its own; needs root) instead of an embedded cluster.
+        #[arg(long)]
+        testbed: bool,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -484,8 +494,13 @@ fn main() -> Result<()> {
                 backend,
                 provider,
                 managers,
-                checksum_every,
-                no_log_sync,
+                replication: storm_cluster::config::ReplicationSection {
+                    checksum_every: checksum_every.unwrap_or(
+                        storm_cluster::config::ReplicationSection::default().checksum_every,
+                    ),
+                    unsafe_no_log_sync: no_log_sync,
+                    ..Default::default()
+                },
             };
             let mut out = report::Csv::new(throughput::CSV_HEADER);
             for t in throughput::run(&args, &mut out)? {
@@ -502,6 +517,8 @@ fn main() -> Result<()> {
             replica_heartbeat_ms,
             election_timeout_ms,
             submitters,
+            cost_jobs,
+            testbed,
             csv,
             plot,
         } => {
@@ -511,6 +528,9 @@ fn main() -> Result<()> {
             if submitters > 0 && managers < 2 {
                 anyhow::bail!("--submitters goes with --managers 3 (or 5): it loads a failover");
             }
+            if testbed && managers < 2 {
+                anyhow::bail!("--testbed goes with --managers 3 (or 5): it places a failover");
+            }
             let args = faults::FaultsArgs {
                 nodes,
                 trials,
@@ -518,6 +538,8 @@ fn main() -> Result<()> {
                 heal_nodes,
                 managers,
                 submitters,
+                cost_jobs,
+                testbed,
                 replication: storm_cluster::config::ReplicationSection {
                     heartbeat_ms: replica_heartbeat_ms,
                     election_timeout_ms,

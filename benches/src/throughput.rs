@@ -44,10 +44,8 @@ pub struct ThroughputArgs {
     /// MM replicas: with more than one, the same jobs also run under a single MM in the same
     /// run, and what replication costs per job is reported beside it.
     pub managers: u32,
-    /// `[replication] checksum_every` of the group (its default if `None`).
-    pub checksum_every: Option<u64>,
-    /// `[replication] unsafe_no_log_sync` of the group.
-    pub no_log_sync: bool,
+    /// The group's `[replication]` settings.
+    pub replication: storm_cluster::config::ReplicationSection,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -316,11 +314,14 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         let mut cost = Table::new(
             format!(
                 "What replication costs: the same jobs under a group of {} MM replicas (Raft, \
-                 a commit waits for a majority) beside a single MM, same run; MM CPU is every \
-                 MM process's user and system time over the jobs, leader CPU the leader's \
-                 alone (what bounds the rate where each replica has a host of its own){}",
+                 a commit waits for a majority; replica heartbeat {} ms, election timeout {} \
+                 ms) beside a single MM, same run; MM CPU is every MM process's user and \
+                 system time over the jobs, leader CPU the leader's alone (what bounds the \
+                 rate where each replica has a host of its own){}",
                 args.managers,
-                if args.no_log_sync {
+                args.replication.heartbeat_ms,
+                args.replication.election_timeout_ms,
+                if args.replication.unsafe_no_log_sync {
                     "; the replicas do NOT sync their Raft logs (--no-log-sync: unsafe, for \
                      measuring what the sync costs)"
                 } else {
@@ -397,13 +398,7 @@ fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmC
         backend: args.backend,
         provider: args.provider.clone(),
         managers,
-        replication: storm_cluster::config::ReplicationSection {
-            checksum_every: args
-                .checksum_every
-                .unwrap_or(storm_cluster::config::ReplicationSection::default().checksum_every),
-            unsafe_no_log_sync: args.no_log_sync,
-            ..Default::default()
-        },
+        replication: args.replication.clone(),
         keep: std::env::var_os("KEEP").is_some(),
         log_filter: std::env::var("DAEMON_LOG").ok(),
         ..LocalOptions::new(args.nodes)

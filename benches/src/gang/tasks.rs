@@ -56,6 +56,7 @@ impl Cluster {
                 scheduler,
                 failure: Default::default(),
                 managers: 1,
+                replication: Default::default(),
             })?;
             return Ok(Cluster::Testbed(tb));
         }

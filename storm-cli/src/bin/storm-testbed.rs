@@ -123,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
                 failure: Default::default(),
                 managers,
+                replication: Default::default(),
             })?;
             if managers > 1 {
                 println!(

@@ -57,6 +57,8 @@ pub struct TestbedOptions {
     pub failure: FailureSection,
     /// MM replicas: 1 for a single MM, else a replicated group of this many.
     pub managers: u32,
+    /// How the replicas keep in touch (`[replication]`), with more than one.
+    pub replication: storm_cluster::config::ReplicationSection,
 }
 
 /// The address of replica `j` of a testbed's replicated MM.
@@ -485,6 +487,19 @@ impl Testbed {
         self.save_state()
     }
 
+    /// Whether a daemon ("storm-mm m1") still runs: false once it exited by itself (it is
+    /// reaped) or was killed.
+    pub fn is_running(&mut self, daemon: &str) -> bool {
+        let Some(pid) = self.pid(daemon) else {
+            return false;
+        };
+        match self.children.iter_mut().find(|c| c.id() == pid) {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            // Handed over to a CLI user: signal 0 says whether it still exists.
+            None => nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok(),
+        }
+    }
+
     /// The pid of a daemon ("storm-mm", "storm-nm node3").
     pub fn pid(&self, daemon: &str) -> Option<u32> {
         self.daemons
@@ -617,7 +632,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                 _ => v4(manager_addr(0)),
             },
         },
-        replication: Default::default(),
+        replication: opts.replication.clone(),
         managers: match opts.managers {
             1 => Vec::new(),
             n => (0..n)

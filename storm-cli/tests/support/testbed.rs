@@ -77,6 +77,7 @@ fn testbed(
         scheduler,
         failure,
         managers,
+        replication: Default::default(),
     })
     .unwrap_or_else(|e| panic!("testbed with {managers} MM(s) up: {e:#}"))
 }
