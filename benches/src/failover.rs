@@ -393,6 +393,7 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
     let baseline = crate::faults::fork_exec()?;
     let (mut to_launch, mut to_result, mut to_load_done) = (Vec::new(), Vec::new(), Vec::new());
     let mut restarted = 0;
+    let mut unseen_starts = 0;
     for trial in 0..args.trials {
         Supervisor {
             cluster: &mut *cluster,
@@ -425,14 +426,25 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
         };
         let (outcome, _, _) = submit::run_job(client, probe_request(trial), None, &mut launched)
             .map_err(|e| anyhow::anyhow!("trial {trial}: the probe job: {e}"))?;
-        to_result.push(killed.elapsed().as_secs_f64());
+        let result_at = Instant::now();
+        to_result.push((result_at - killed).as_secs_f64());
         if outcome.exit_code() != 0 {
             bail!("trial {trial}: the probe job failed: {outcome:?}");
         }
-        let at = launched
-            .at
-            .context("the probe job was never reported started")?;
-        to_launch.push((at - killed).as_secs_f64());
+        let at = match launched.at {
+            Some(at) => at,
+            // The probe followed its job to a later leader (a second leader change in the
+            // trial: one that lost its lease) that had it ended already: its start is placed
+            // by the MM's own timing, launch to end, counted back from the result (a little
+            // late, by the result's way to the client).
+            None => {
+                unseen_starts += 1;
+                result_at
+                    .checked_sub(Duration::from_micros(outcome.timing.execute_us))
+                    .context("the probe job's timing")?
+            }
+        };
+        to_launch.push(at.saturating_duration_since(killed).as_secs_f64());
         let mut last_ended = None;
         for submitter in load {
             let ended = submitter
@@ -535,6 +547,8 @@ pub fn run(args: &FaultsArgs, csv: &mut Csv) -> Result<Table> {
              once), the running job undisturbed, its {lines} output lines each \
              received once and in order; {restarted} replicas that stopped by themselves (a \
              leader's lease lost under load) started again, as systemd's Restart= does; \
+             {unseen_starts} probes whose start their client did not see (it followed the job \
+             to a later leader that had it ended), launched as the MM's timing says; \
              baseline: fork/exec of /bin/true, same run",
             args.managers,
             args.timeslice_ms,
