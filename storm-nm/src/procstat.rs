@@ -259,6 +259,18 @@ mod tests {
         panic!("process {pid} never stopped");
     }
 
+    /// The user time of process `pid` so far, in clock ticks (`utime` in /proc/PID/stat).
+    fn user_ticks(pid: i32) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+        // Fields after the command: the state is the first, utime the twelfth.
+        after
+            .split_whitespace()
+            .nth(11)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A single-threaded task on a CPU is waited for until it is off it: a SIGSTOP pending in
     /// a task that is still runnable leaves it on a run queue. Once the wait returns the task
     /// is stopped (it is never seen runnable again), and once reaped it is gone and its file
@@ -271,8 +283,11 @@ mod tests {
             .unwrap();
         let pid = child.id() as i32;
         let mut states = TaskStates::default();
+        // Running its loop, not still starting: a shell just forked may sleep in D while its
+        // pages are read in (on a loaded host), and the wait rightly counts a sleeping task
+        // as off the CPU, though it shows R for a moment as it wakes to take the SIGSTOP.
         for _ in 0..5000 {
-            if states.look(pid).is_some_and(|l| l.state == 'R') {
+            if user_ticks(pid) >= 5 && states.look(pid).is_some_and(|l| l.state == 'R') {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
