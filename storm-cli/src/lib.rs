@@ -28,6 +28,7 @@ pub mod input;
 pub mod job_options;
 pub mod local;
 pub mod metrics_http;
+pub mod node_filter;
 pub mod relay;
 pub mod run_windows;
 pub mod submit;

@@ -432,6 +432,11 @@ impl LocalCluster {
             mm: MmSection {
                 address: addr(&listeners[opts.nodes as usize])?,
             },
+            // Nodes here share one kernel: each node's CPU and memory are its jobs'.
+            monitoring: storm_cluster::config::MonitoringSection {
+                source: storm_cluster::sample::Source::NodeCgroup,
+                ..Default::default()
+            },
             replication: Default::default(),
             managers: Vec::new(),
             nodes,

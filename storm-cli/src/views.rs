@@ -86,6 +86,8 @@ pub struct NodeView {
     pub state: NodeState,
     pub jobs: Vec<u64>,
     pub reason: Option<String>,
+    /// The node's last sample and inventory, whether stale, and its age.
+    pub records: Option<storm_cluster::sample::NodeRecords>,
 }
 
 #[derive(Serialize)]
@@ -150,6 +152,7 @@ pub fn node_view(n: &NodeInfo) -> NodeView {
         state: n.state,
         jobs: n.jobs.clone(),
         reason: n.reason.clone(),
+        records: n.records.clone(),
     }
 }
 
@@ -161,6 +164,97 @@ pub fn jobs_json(jobs: &[JobView]) -> String {
 /// `{"nodes": [...]}`.
 pub fn nodes_json(nodes: &[NodeView]) -> String {
     serde_json::to_string_pretty(&Nodes { nodes }).unwrap_or_default()
+}
+
+/// Bytes as `df -h` shows them: `3.2G`, `512M`.
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}")
+    } else if v < 10.0 {
+        format!("{v:.1}{}", UNITS[unit])
+    } else {
+        format!("{v:.0}{}", UNITS[unit])
+    }
+}
+
+/// `storm nodes --long`: each node's last sample, its age (`stale` once its NM stopped
+/// sampling) and where its CPU and memory figures come from (`host`: `/proc`;
+/// `node_cgroup`: the node's cgroup subtree, where nodes share a kernel).
+pub fn nodes_long_table(nodes: &[NodeInfo], _now_ms: u64) -> String {
+    let mut out = format!(
+        "{:>4}  {:<16} {:<10} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>7} {:>6} {:>9} {:>9}  {:<11} {}\n",
+        "ID",
+        "NAME",
+        "STATE",
+        "JOBS",
+        "CPU%",
+        "LOAD",
+        "MEMAVL",
+        "MEMTOT",
+        "SWAPUSE",
+        "SPOOLFR",
+        "NMCPU%",
+        "NET RX",
+        "NET TX",
+        "SOURCE",
+        "SAMPLED"
+    );
+    for n in nodes {
+        let sample = n.records.as_ref().and_then(|r| r.sample.as_ref());
+        let (age, stale) = n
+            .records
+            .as_ref()
+            .map_or((0, true), |r| (r.age_ms, r.stale));
+        let _ = match sample {
+            Some(s) => writeln!(
+                out,
+                "{:>4}  {:<16} {:<10} {:>5} {:>6.1} {:>7.2} {:>7} {:>7} {:>7} {:>7} {:>6.2} {:>9} {:>9}  {:<11} {}",
+                n.id,
+                safe(&n.name),
+                n.state.as_str(),
+                n.jobs.len(),
+                s.cpu_util * 100.0,
+                s.load[0],
+                size(s.mem_avail),
+                size(s.mem_total),
+                size(s.swap_used),
+                size(s.spool_free),
+                s.nm_cpu * 100.0,
+                size(s.net_rx_bytes),
+                size(s.net_tx_bytes),
+                match s.source {
+                    storm_cluster::sample::Source::Host => "host",
+                    storm_cluster::sample::Source::NodeCgroup => "node_cgroup",
+                },
+                if stale {
+                    format!("STALE, {:.1} s ago", age as f64 / 1000.0)
+                } else {
+                    format!("{:.1} s ago", age as f64 / 1000.0)
+                }
+            ),
+            None => writeln!(
+                out,
+                "{:>4}  {:<16} {:<10} {:>5}  no sample{}",
+                n.id,
+                safe(&n.name),
+                n.state.as_str(),
+                n.jobs.len(),
+                n.records
+                    .as_ref()
+                    .and_then(|r| r.error.as_deref())
+                    .map(|e| format!(" ({})", safe(e)))
+                    .unwrap_or_default()
+            ),
+        };
+    }
+    out
 }
 
 /// "3-4", or "2 CPUs 0-1" for a job that shares its node.
@@ -315,6 +409,7 @@ mod tests {
             state: NodeState::Allocated,
             jobs: vec![7],
             reason: None,
+            records: None,
         }
     }
 

@@ -543,6 +543,35 @@ impl HistorySection {
     }
 }
 
+/// Node monitoring (`[monitoring]`): how often each NM samples its node, and where the CPU
+/// and memory figures come from (docs/monitoring.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitoringSection {
+    /// The sample period (milliseconds): each NM samples its node and puts the record where
+    /// the MM reads it this often.
+    pub sample_ms: u64,
+    /// Where a node's CPU and memory figures come from: `host` (`/proc`, a node that is a
+    /// host of its own) or `node_cgroup` (the node's cgroup subtree, for nodes that share one
+    /// kernel, as on the namespace testbed and an embedded cluster).
+    pub source: crate::sample::Source,
+}
+
+impl Default for MonitoringSection {
+    fn default() -> Self {
+        Self {
+            sample_ms: 1000,
+            source: crate::sample::Source::Host,
+        }
+    }
+}
+
+impl MonitoringSection {
+    pub fn period(&self) -> Duration {
+        Duration::from_millis(self.sample_ms)
+    }
+}
+
 /// The control relay (`storm-relay`): how users on the compute nodes reach the MM, whose
 /// control socket is a Unix socket on its own host. One `storm-relay --manager` beside the MM
 /// listens on `address`; one `storm-relay --node NAME` on each node takes local users'
@@ -606,6 +635,8 @@ pub struct ClusterConfig {
     pub mm: MmSection,
     #[serde(default)]
     pub replication: ReplicationSection,
+    #[serde(default)]
+    pub monitoring: MonitoringSection,
     /// The replicas of a replicated MM, if the cluster runs one (none: a single MM at
     /// `[mm] address`).
     #[serde(rename = "manager", default, skip_serializing_if = "Vec::is_empty")]
@@ -844,6 +875,12 @@ impl ClusterConfig {
             return bad("no [[node]] entries: a cluster needs at least one node".into());
         }
         let c = &self.cluster;
+        if !(10..=3_600_000).contains(&self.monitoring.sample_ms) {
+            return bad(format!(
+                "[monitoring] sample_ms = {} must be between 10 and 3600000",
+                self.monitoring.sample_ms
+            ));
+        }
         if !(c.timeslice_ms > 0.0 && c.timeslice_ms <= 60_000.0) {
             return bad(format!(
                 "timeslice_ms = {} must be in (0, 60000]",

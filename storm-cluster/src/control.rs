@@ -614,6 +614,9 @@ pub struct NodeInfo {
     pub jobs: Vec<JobId>,
     /// Why the node is down or drained.
     pub reason: Option<String>,
+    /// What the node's NM last sampled (`None` from an MM that does not gather samples).
+    #[serde(default)]
+    pub records: Option<crate::sample::NodeRecords>,
 }
 
 /// One replica of the MM, as the leader sees it (a single MM shows itself alone).

@@ -63,6 +63,9 @@ pub struct RmLayout {
     pub join_ack: VarArray,
     /// Raised at the MM with every registration and acknowledgement.
     pub registered: EventId,
+    /// `node_records[node]`: the node's last sample, then its inventory (NM to MM,
+    /// [`crate::sample::RECORD_BYTES`] each; see [`RmLayout::sample_offset`]).
+    pub node_records: Area,
     // --- MPI (PMI) key exchange ---
     /// `pmi_up[slot][node]`: a node's [`crate::messages::PmiUp`] for the job in `slot` (NM
     /// to MM), signalled with `pmi_up_event`.
@@ -90,6 +93,8 @@ pub struct RmLayout {
     pub pmi_down_sent: EventId,
     /// NM main loop: registrations and acknowledgements.
     pub register_sent: EventId,
+    /// NM sampling thread: its records.
+    pub record_sent: EventId,
     max_jobs: usize,
     nodes: usize,
 }
@@ -121,6 +126,7 @@ impl RmLayout {
         let register_sent = b.event("register.sent");
         let pmi_up_sent = b.event("pmi.up.sent");
         let pmi_down_sent = b.event("pmi.down.sent");
+        let record_sent = b.event("record.sent");
         // --- the MM's home section: what the MM keeps about every node ---
         b.home_section(cfg.mm_id());
         let output = (0..nodes)
@@ -138,6 +144,7 @@ impl RmLayout {
         let pmi_node_bytes = c.pmi_node_bytes;
         let pmi_up = b.area("pmi.up", c.max_jobs * nodes * pmi_node_bytes);
         let pmi_up_event = b.event("pmi.up.signal");
+        let node_records = b.area("node.records", nodes * 2 * crate::sample::RECORD_BYTES);
         Ok(Self {
             layout: b.build()?,
             heartbeat,
@@ -158,6 +165,7 @@ impl RmLayout {
             membership_bytes,
             join_ack,
             registered,
+            node_records,
             pmi_up,
             pmi_node_bytes,
             pmi_up_event,
@@ -170,6 +178,7 @@ impl RmLayout {
             output_sent,
             join_sent,
             register_sent,
+            record_sent,
             pmi_up_sent,
             pmi_down_sent,
             max_jobs: c.max_jobs,
@@ -181,6 +190,17 @@ impl RmLayout {
     pub fn inventory_offset(&self, node: usize) -> u64 {
         debug_assert!(node < self.nodes);
         self.inventory.offset + (node * self.inventory_bytes) as u64
+    }
+
+    /// Offset of node `node`'s sample record at the MM.
+    pub fn sample_offset(&self, node: usize) -> u64 {
+        debug_assert!(node < self.nodes);
+        self.node_records.offset + (node * 2 * crate::sample::RECORD_BYTES) as u64
+    }
+
+    /// Offset of node `node`'s inventory record at the MM.
+    pub fn inventory_record_offset(&self, node: usize) -> u64 {
+        self.sample_offset(node) + crate::sample::RECORD_BYTES as u64
     }
 
     /// Offset of node `node`'s PMI message for the job in `slot` (at the MM).
@@ -197,7 +217,7 @@ impl RmLayout {
 
     /// Whether node `node` may write `len` bytes at `offset` in the MM's memory: only in its
     /// own areas there (its output queue's slots, its reports, inventory, PMI messages,
-    /// registration and acknowledgement), or in the termination hints any node of a job
+    /// registration and acknowledgement, sample records), or in the termination hints any node of a job
     /// announces with.
     pub fn may_write(&self, node: usize, offset: u64, len: u64) -> bool {
         if node >= self.nodes || len == 0 {
@@ -221,6 +241,10 @@ impl RmLayout {
             || entry(&self.reports, self.report_bytes)
             || entry(&self.pmi_up, self.pmi_node_bytes)
             || within(self.inventory_offset(node), self.inventory_bytes as u64)
+            || within(
+                self.sample_offset(node),
+                2 * crate::sample::RECORD_BYTES as u64,
+            )
             || within(self.registry.at(node).offset(), 8)
             || within(self.join_ack.at(node).offset(), 8)
             || within(self.term_hint.at(0).offset(), 8 * self.max_jobs as u64)
@@ -281,7 +305,8 @@ mod tests {
                 + c.max_jobs * (8 + c.pmi_job_bytes);
             let per_node = c.output_slots * (c.output_bytes + 16)
                 + c.max_jobs * (report_bytes(c.max_tasks_per_node) + c.pmi_node_bytes)
-                + crate::messages::inventory_bytes(c.max_jobs);
+                + crate::messages::inventory_bytes(c.max_jobs)
+                + 2 * crate::sample::RECORD_BYTES;
             let mm = nm + nodes * per_node + 8 * c.max_jobs;
             let (got_nm, got_mm) = (rm.layout.size_at(0), rm.layout.size_at(cfg.mm_id()));
             assert!((nm..nm + 2048).contains(&got_nm), "NM: {got_nm} vs {nm}");
@@ -303,6 +328,8 @@ mod tests {
             (rm.join_ack.at(2).offset(), 8),
             (rm.term_hint.at(0).offset(), 8),
             (rm.output[2].slots.offset, rm.output[2].slots.len),
+            (rm.sample_offset(2), crate::sample::RECORD_BYTES),
+            (rm.inventory_record_offset(2), crate::sample::RECORD_BYTES),
         ];
         for (offset, len) in writes {
             assert!(rm.layout.fits(&mm, offset, len as u64));
@@ -324,6 +351,12 @@ mod tests {
             (rm.output[1].slots.offset, 16),
             // Straddling its own report and the next node's.
             (rm.report_offset(3, 2) + 8, rm.report_bytes),
+            (rm.sample_offset(1), crate::sample::RECORD_BYTES),
+            (rm.inventory_record_offset(3), crate::sample::RECORD_BYTES),
+            (
+                rm.inventory_record_offset(2) + 8,
+                crate::sample::RECORD_BYTES,
+            ),
         ];
         for (offset, len) in others {
             assert!(!rm.may_write(2, offset, len as u64), "{offset}");

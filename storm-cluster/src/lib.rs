@@ -9,6 +9,7 @@
 //! * [`layout`]: the resource manager's global-memory layout, built identically by the MM and
 //!   every NM from the cluster file.
 //! * [`messages`]: heartbeats and their commands, per-node reports, output chunks.
+//! * [`sample`]: a node's sample and inventory, the fixed-size records NMs keep for queries.
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM;
 //!   [`dependency`]: `--dependency`, parsed and judged.
@@ -43,6 +44,7 @@ pub mod layout;
 pub mod messages;
 pub mod os_bytes;
 pub mod program_hash;
+pub mod sample;
 pub mod tasks;
 
 pub use config::{ClusterConfig, ConfigError};

@@ -16,6 +16,7 @@
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
 //! | `replica` | a replica's mailboxes in the managers' fabric (a holder of the group's key) | `replica::mailbox::Inbox::take`, then `replica::decode_peer_message` |
+//! | `node-record` | a node's sample and inventory slots in the MM's global memory | `sample::NodeSample::decode`, `sample::NodeInventory::decode` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -209,6 +210,14 @@ static TARGETS: &[Target] = &[
         // before reading it (its own bound; the rest it grows as bytes arrive). Only a
         // holder of the group's key writes a mailbox.
         checked_allocation: 10_000_000,
+    },
+    Target {
+        name: "node-record",
+        seeds: node_record_seeds,
+        // A sequence number that closes what it opens, and the two versions.
+        dictionary: &[&[7, 0, 0, 0, 0, 0, 0, 0], &[1], &[0x81], &[100], &[101]],
+        check: node_record,
+        checked_allocation: 0,
     },
 ];
 
@@ -929,6 +938,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             state: storm_cluster::control::NodeState::Idle,
             jobs: vec![3],
             reason: None,
+            records: None,
         }]),
     ];
     let mut seeds: Vec<Vec<u8>> = requests.iter().map(|r| framed(0, bincode(r))).collect();
@@ -1315,6 +1325,60 @@ fn check_pmi_reply(framer: &Framer, reply: &[u8]) {
             "a PMI-1 reply is one line: {text:?}"
         ),
     }
+}
+
+// --- a node's sample and inventory ------------------------------------------------------
+
+fn node_record_seeds() -> Vec<Vec<u8>> {
+    use storm_cluster::sample::{NodeInventory, NodeSample, Source};
+    let sample = NodeSample {
+        seq: 7,
+        taken_ms: 1_790_000_000_000,
+        period_ms: 1000,
+        source: Source::Host,
+        cpus: 4,
+        jobs: 1,
+        cpu_util: 0.5,
+        per_cpu: vec![100, 0, 50, 0],
+        load: [1.0, 0.5, 0.25],
+        nm_cpu: 0.001,
+        mem_total: 8 << 30,
+        mem_avail: 4 << 30,
+        swap_total: 0,
+        swap_used: 0,
+        spool_free: 1 << 30,
+        state_free: 1 << 30,
+        net_rx_bytes: 1000,
+        net_tx_bytes: 2000,
+        net_rx_packets: 10,
+        net_tx_packets: 20,
+    };
+    let inventory = NodeInventory {
+        seq: 7,
+        cpus: 4,
+        mhz: 2900,
+        ram: 8 << 30,
+        swap: 0,
+        model: "Test CPU".into(),
+        kernel: "6.1.0".into(),
+        arch: "x86_64".into(),
+    };
+    vec![sample.encode().to_vec(), inventory.encode().to_vec()]
+}
+
+fn node_record(input: &[u8]) -> bool {
+    use storm_cluster::sample::{NodeInventory, NodeSample};
+    // The MM does not know which of the two a slot holds until it decodes it.
+    let sample = NodeSample::decode(input);
+    let inventory = NodeInventory::decode(input);
+    if let Ok(Some(s)) = &sample {
+        // What decodes encodes back to the same bytes: nothing is lost or invented.
+        assert_eq!(&s.encode()[..], input, "a sample does not encode back");
+    }
+    if let Ok(Some(i)) = &inventory {
+        assert_eq!(&i.encode()[..], input, "an inventory does not encode back");
+    }
+    matches!(sample, Ok(Some(_))) || matches!(inventory, Ok(Some(_)))
 }
 
 #[cfg(test)]

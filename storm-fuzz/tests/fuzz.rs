@@ -95,6 +95,11 @@ fn replica_mailboxes() {
 }
 
 #[test]
+fn node_records() {
+    fuzz("node-record");
+}
+
+#[test]
 fn every_target_is_fuzzed_here() {
     let here = include_str!("fuzz.rs");
     for t in targets::all() {

@@ -149,6 +149,31 @@ impl Cgroups {
         }
     }
 
+    /// Where this node's subtree (every job's group under it) counts its CPU time and memory:
+    /// a node's own figures where nodes share one kernel (`[monitoring] source =
+    /// "node_cgroup"`). `None` without cgroups, or without a v1 `cpuacct` or `memory`
+    /// hierarchy.
+    pub fn node_usage_files(&self) -> Option<crate::sample::NodeCgroupFiles> {
+        match self {
+            Cgroups::V1(list) => {
+                let base = |controller: &str| {
+                    list.iter()
+                        .find(|(c, _)| *c == controller)
+                        .map(|(_, p)| p.clone())
+                };
+                Some(crate::sample::NodeCgroupFiles {
+                    cpu: base("cpuacct")?.join("cpuacct.usage"),
+                    memory: base("memory")?.join("memory.usage_in_bytes"),
+                })
+            }
+            Cgroups::V2(base) => Some(crate::sample::NodeCgroupFiles {
+                cpu: base.join("cpu.stat"),
+                memory: base.join("memory.current"),
+            }),
+            Cgroups::None => None,
+        }
+    }
+
     /// The directories of job `job`'s group (none without cgroups).
     pub fn job_dirs(&self, job: JobId) -> Vec<PathBuf> {
         let name = format!("job-{job}");

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -28,8 +28,10 @@ use crate::cgroup::Cgroups;
 use crate::env::{NmEnv, OutputForwarder, PmiServer, Spool, SwitchRecord, TaskRunner};
 use crate::manager::{NmParts, NodeManager};
 use crate::membership::Identity;
+use crate::monitor::Monitor;
 use crate::output::Output;
 use crate::pmi::{JobFacts, PmiService};
+use crate::sample::SamplerOptions;
 use crate::tasks::PlRunner;
 use crate::{in_place, receive};
 
@@ -79,6 +81,10 @@ pub struct Daemon {
     /// This node's identity key, which its links sign with (read again on SIGHUP).
     node_key: Arc<parking_lot::RwLock<ed25519_dalek::SigningKey>>,
     keys: KeyWatch,
+    /// How many jobs the core holds, for the node's samples.
+    jobs: Arc<AtomicUsize>,
+    /// The sampling thread (stopped when the daemon is dropped).
+    _monitor: Monitor,
 }
 
 /// Checks this node's setup and opens its endpoint; nothing is sent before [`Daemon::run`].
@@ -138,6 +144,26 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     };
     let switch_log = log(cfg.scheduler.switch_log, "switches.log")?;
     let heartbeat_log = log(cfg.scheduler.heartbeat_log, "heartbeats.log")?;
+    let cgroups = Cgroups::open(cfg.cluster.cgroups, &cfg.cluster.name, &entry.name);
+    let jobs = Arc::new(AtomicUsize::new(0));
+    let monitor = Monitor::start(
+        prims.clone(),
+        &rm,
+        node,
+        mm,
+        SamplerOptions {
+            source: cfg.monitoring.source,
+            node_cpus: entry.cpus,
+            spool_dir: entry.spool.clone(),
+            state_dir: cfg.cluster.state_dir.clone(),
+            cgroup: cgroups.node_usage_files(),
+            period: cfg.monitoring.period(),
+            proc_dir: "/proc".into(),
+        },
+        jobs.clone(),
+        op_timeout,
+    )
+    .context("starting the sampling thread")?;
     let env = DaemonEnv {
         clock: SystemClock,
         tasks: PlRunner::new(
@@ -146,7 +172,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             slots,
             Duration::from_millis(cfg.failure.launcher_timeout_ms),
             Duration::from_millis(cfg.failure.task_start_timeout_ms),
-            Cgroups::open(cfg.cluster.cgroups, &cfg.cluster.name, &entry.name),
+            cgroups,
         )?,
         spool: DaemonSpool {
             dir: spool,
@@ -192,6 +218,8 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         node,
         node_key,
         keys,
+        jobs,
+        _monitor: monitor,
     })
 }
 
@@ -204,7 +232,7 @@ impl Daemon {
                 self.reload_keys();
             }
             match self.core.step(self.core.poll_timeout()) {
-                Ok(_) => {}
+                Ok(_) => self.jobs.store(self.core.job_count(), Ordering::Relaxed),
                 Err(PrimError::ShutDown) => break,
                 Err(e) => bail!("node {}: heartbeat queue: {e}", self.node),
             }

@@ -12,6 +12,8 @@
 //!   forwards the tasks' output to the MM ([`output`]);
 //! * keeps each job's processes in a cgroup of its own, killed whole when the job ends, and
 //!   reads its CPU time and peak memory there ([`cgroup`]);
+//! * samples its node once per sample period: load, memory, disks, network, its own CPU
+//!   ([`sample`]), and puts the record where the MM reads it ([`monitor`]);
 //! * polls the NM-PL shared-memory table at heartbeat intervals and reports finished jobs
 //!   (Algorithm 9, [`manager`]; the reports themselves in [`report`]).
 //!
@@ -31,11 +33,13 @@ pub mod in_place;
 pub mod launch;
 pub mod manager;
 pub mod membership;
+pub mod monitor;
 pub mod output;
 pub mod pmi;
 pub mod procstat;
 pub mod receive;
 pub mod report;
+pub mod sample;
 pub mod tasks;
 
 pub use daemon::NmOptions;

@@ -400,6 +400,11 @@ impl<E: NmEnv> NodeManager<E> {
         })
     }
 
+    /// How many jobs this node holds (launched here and not yet forgotten).
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
+    }
+
     /// The jobs this node holds, as its registration lists them.
     pub fn held_jobs(&self) -> Vec<HeldJob> {
         held_jobs(&self.jobs, &self.pending)

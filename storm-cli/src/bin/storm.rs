@@ -79,9 +79,18 @@ enum Cmd {
     },
     /// Nodes and their state.
     Nodes {
-        /// Print JSON (`{"nodes": [...]}`) instead of a table.
+        /// Print JSON (`{"nodes": [...]}`, with each node's last sample and inventory)
+        /// instead of a table.
         #[arg(long)]
         json: bool,
+        /// Show each node's last sample: CPU, load, memory, disks, network, the NM's own CPU,
+        /// its age, and where the CPU and memory figures come from.
+        #[arg(long, short)]
+        long: bool,
+        /// Only the nodes whose last sample matches, with Fountain's operators:
+        /// `cpu>0.5,mem_avail<4G`, `name like node1*` (docs/monitoring.md).
+        #[arg(long = "where", value_name = "FILTER")]
+        filter: Option<String>,
     },
     /// The replicas of a replicated machine manager, as the leader sees them: role, term,
     /// the last log entry each holds, how far each lags, when each was last heard from.
@@ -159,6 +168,8 @@ fn run(args: Args) -> Result<(), String> {
     let sockets = storm_cli::control_sockets(args.socket.clone(), args.config.clone())?;
     let socket = storm_cli::control_socket(args.socket, args.config.clone())?;
     let mut filter = storm_cli::history::HistoryFilter::default();
+    let mut node_filter = None;
+    let mut long_nodes = false;
     let (req, json) = match args.command {
         Cmd::Batch(batch) => return submit_batch(*batch, &socket, &sockets),
         Cmd::Alloc(alloc) => {
@@ -199,7 +210,18 @@ fn run(args: Args) -> Result<(), String> {
             },
             false,
         ),
-        Cmd::Nodes { json } => (Request::Nodes, json),
+        Cmd::Nodes {
+            json,
+            long,
+            filter: ref text,
+        } => {
+            node_filter = text
+                .as_deref()
+                .map(storm_cli::node_filter::NodeFilter::parse)
+                .transpose()?;
+            long_nodes = long;
+            (Request::Nodes, json)
+        }
         Cmd::Managers { json, change: None } => (Request::Managers, json),
         Cmd::Managers {
             change: Some(ManagersCmd::Remove { name }),
@@ -224,6 +246,10 @@ fn run(args: Args) -> Result<(), String> {
     let client = connect(&socket, &sockets)?;
     let reply = match client.call(&req)? {
         Reply::History(jobs) => Reply::History(storm_cli::history::filtered(jobs, &filter)),
+        Reply::Nodes(nodes) => Reply::Nodes(match &node_filter {
+            Some(f) => nodes.into_iter().filter(|n| f.matches(n)).collect(),
+            None => nodes,
+        }),
         other => other,
     };
     match reply {
@@ -238,6 +264,10 @@ fn run(args: Args) -> Result<(), String> {
             let views: Vec<_> = nodes.iter().map(views::node_view).collect();
             println!("{}", views::nodes_json(&views));
         }
+        Reply::Nodes(nodes) if long_nodes => print!(
+            "{}",
+            views::nodes_long_table(&nodes, storm_cluster::daemon::unix_ms())
+        ),
         Reply::Nodes(nodes) => print!("{}", views::nodes_table(&nodes)),
         Reply::Managers(managers) if json => println!("{}", views::managers_json(&managers)),
         Reply::Managers(managers) => print!("{}", views::managers_table(&managers)),

@@ -315,8 +315,13 @@ impl Testbed {
             .create(true)
             .append(true)
             .open(&log)?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns])
+        // nsenter enters the network namespace only. `ip netns exec` would also give the
+        // daemon a mount namespace with a fresh /sys, without the cgroup file systems under
+        // it: the NMs could then keep no job in a cgroup, nor read a node's own CPU and
+        // memory from its subtree (docs/monitoring.md). /proc/net follows the namespace.
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{ns}"))
+            .arg("--")
             .arg(&bin)
             .args(args)
             .stdin(Stdio::null())
@@ -328,7 +333,7 @@ impl Testbed {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        // `ip netns exec` enters the namespace and execs the daemon: same pid.
+        // nsenter enters the namespace and execs the daemon: same pid.
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name} in {ns}"))?;
@@ -631,6 +636,11 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                 1 => v4(MM_ADDR),
                 _ => v4(manager_addr(0)),
             },
+        },
+        // Nodes here share one kernel: each node's CPU and memory are its jobs'.
+        monitoring: storm_cluster::config::MonitoringSection {
+            source: storm_cluster::sample::Source::NodeCgroup,
+            ..Default::default()
         },
         replication: opts.replication.clone(),
         managers: match opts.managers {

@@ -10,6 +10,7 @@ use storm_cluster::control::{
     self, ArrayElement, JobInfo, JobRef, JobRequest, JobState, NodeInfo, Reply, Request,
 };
 use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, MAX_LAUNCH_BYTES, encode};
+use storm_cluster::sample::{NodeInventory, NodeRecords, NodeSample, RECORD_BYTES, RecordError};
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -738,6 +739,7 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     pub(super) fn node_infos(&self) -> Vec<NodeInfo> {
+        let now_ms = self.unix_ms();
         self.cfg
             .nodes
             .iter()
@@ -757,9 +759,36 @@ impl<E: MmEnv> MachineManager<E> {
                     state,
                     jobs,
                     reason,
+                    records: Some(self.node_records(i, now_ms)),
                 }
             })
             .collect()
+    }
+
+    /// Node `node`'s sample and inventory as its NM last put them into this MM's memory
+    /// (`storm_cluster::sample`), judged fresh or stale at `now_ms`. A record caught while
+    /// the next one lands is read again once.
+    fn node_records(&self, node: usize, now_ms: u64) -> NodeRecords {
+        let memory = self.prims.memory();
+        let read = |offset: u64| {
+            let mut buf = [0u8; RECORD_BYTES];
+            memory
+                .read(offset, &mut buf)
+                .map(|()| buf)
+                .map_err(|e| RecordError::Field {
+                    field: "slot",
+                    value: e.to_string(),
+                })
+        };
+        let sample = || read(self.rm.sample_offset(node)).and_then(|b| NodeSample::decode(&b));
+        let inventory =
+            || read(self.rm.inventory_record_offset(node)).and_then(|b| NodeInventory::decode(&b));
+        NodeRecords::judge(
+            read_twice(sample),
+            read_twice(inventory),
+            now_ms,
+            self.cfg.monitoring.sample_ms,
+        )
     }
 
     /// The metrics, with the node and job gauges set from the state now.
@@ -780,4 +809,12 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     // ---------------------------------------------------------------- scheduling
+}
+
+/// A record read again once if it was caught while the next one landed.
+fn read_twice<T>(read: impl Fn() -> Result<T, RecordError>) -> Result<T, RecordError> {
+    match read() {
+        Err(RecordError::Torn(..)) => read(),
+        other => other,
+    }
 }

@@ -1,0 +1,198 @@
+//! Node monitoring on the namespace testbed, seen as an operator sees it: `storm nodes
+//! --where` and `--json` / `--long` run as commands against a testbed whose nodes share this
+//! host's kernel, so that each node's CPU figure must come from its own cgroup subtree
+//! (`[monitoring] source = "node_cgroup"`), not from `/proc/stat`, which every node shares.
+//!
+//! * A CPU hog run as a job on one node shows in `storm nodes --where 'cpu>0.4'` by the
+//!   second sample that node takes after the hog runs, and no other node ever does.
+//! * A frozen NM's record turns stale (`--json` says so, `--long` shows `STALE`), and fresh
+//!   again once it thaws.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use storm_cluster::control::{Client, JobState, Reply, Request};
+use support::testbed::{can_run, logs, spawn, up, wait_job_state};
+
+/// `storm nodes ARGS --json` against the testbed at `config`: each listed node's name,
+/// whether its sample is stale, its sample's sequence number and its CPU utilization.
+fn nodes_json(config: &Path, args: &[&str]) -> Vec<(String, bool, u64, f64)> {
+    let out = Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(config)
+        .arg("nodes")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("storm nodes runs");
+    assert!(
+        out.status.success(),
+        "storm nodes {args:?}: {}",
+        support::text(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("storm nodes --json prints JSON");
+    v["nodes"]
+        .as_array()
+        .expect("a list of nodes")
+        .iter()
+        .map(|n| {
+            let r = &n["records"];
+            (
+                n["name"].as_str().unwrap_or_default().to_string(),
+                r["stale"].as_bool().unwrap_or(true),
+                r["sample"]["seq"].as_u64().unwrap_or(0),
+                r["sample"]["cpu_util"].as_f64().unwrap_or(-1.0),
+            )
+        })
+        .collect()
+}
+
+/// The sample sequence number of node `name` now.
+fn seq_of(config: &Path, name: &str) -> u64 {
+    nodes_json(config, &[])
+        .into_iter()
+        .find(|n| n.0 == name)
+        .map(|n| n.2)
+        .unwrap_or_else(|| panic!("no node {name}"))
+}
+
+#[test]
+fn a_cpu_hog_on_one_node_shows_in_where_cpu_and_no_other_node_does() {
+    let test = "a_cpu_hog_on_one_node_shows_in_where_cpu_and_no_other_node_does";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    support::ensure_all_binaries();
+    let work = support::shared_tempdir();
+    let tb = up(3, work.path());
+    let config = tb.config_path.clone();
+    // Every node samples (and none is busy) before the hog starts.
+    let start = Instant::now();
+    while nodes_json(&config, &[]).iter().any(|n| n.1) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nodes never sampled: {:?}\n{}",
+            nodes_json(&config, &[]),
+            logs(&tb)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let hog = spawn(
+        &tb,
+        &["-N", "1", "-J", "hog", "sh", "-c", "while :; do :; done"],
+    );
+    wait_job_state(
+        tb.socket(),
+        "hog",
+        JobState::Running,
+        Duration::from_secs(20),
+    );
+    let client = Client::connect(tb.socket()).expect("connect to the MM");
+    let jobs = match client.call(&Request::Queue).expect("queue") {
+        Reply::Queue(j) => j,
+        other => panic!("unexpected reply {other:?}"),
+    };
+    let job = jobs.iter().find(|j| j.name == "hog").expect("the hog runs");
+    let node = job.nodes.iter().next().expect("on a node");
+    let name = format!("node{node}");
+    // The sample being taken when the hog started covers part of a period; the one after
+    // covers a whole one.
+    let started_at = seq_of(&config, &name);
+    let by = started_at + 2;
+    let mut seen = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let busy = nodes_json(&config, &["--where", "cpu>0.4"]);
+        for (other, _, _, cpu) in &busy {
+            assert_eq!(
+                other, &name,
+                "{other} shows cpu {cpu} though only {name} runs the hog: {busy:?}"
+            );
+        }
+        let now = seq_of(&config, &name);
+        if let Some((_, _, seq, _)) = busy.first() {
+            seen = Some(*seq);
+            break;
+        }
+        assert!(
+            now <= by,
+            "{name} took sample {now} (the hog started at sample {started_at}) and still does \
+             not show in --where cpu>0.4: {:?}",
+            nodes_json(&config, &[])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let seen = seen.unwrap_or_else(|| panic!("the hog never showed\n{}", logs(&tb)));
+    assert!(
+        seen <= by,
+        "{name} showed its hog in sample {seen}, more than two after {started_at}"
+    );
+    // `--long` names where the figure comes from.
+    let long = Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&config)
+        .args(["nodes", "--long"])
+        .output()
+        .expect("storm nodes --long");
+    let text = support::text(&long.stdout);
+    assert!(text.contains("node_cgroup"), "{text}");
+    // Its storm-submit would wait for the MM to come back once the testbed is gone.
+    let mut hog = hog;
+    let _ = hog.kill();
+    let _ = hog.wait();
+    drop(tb);
+}
+
+#[test]
+fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
+    let test = "a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    support::ensure_all_binaries();
+    let work = support::shared_tempdir();
+    let tb = up(2, work.path());
+    let config = tb.config_path.clone();
+    let fresh = |want: bool, limit: Duration| {
+        let start = Instant::now();
+        loop {
+            let all = nodes_json(&config, &[]);
+            let node1 = all.iter().find(|n| n.0 == "node1").expect("node1");
+            if node1.1 == want && node1.2 > 0 {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "node1 is not {} after {limit:?}: {all:?}\n{}",
+                if want { "stale" } else { "fresh" },
+                logs(&tb)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    fresh(false, Duration::from_secs(20));
+    let pid = nix::unistd::Pid::from_raw(tb.pid("storm-nm node1").expect("node1's NM") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("freeze node1's NM");
+    // Three sample periods (1 s each) and the look after.
+    fresh(true, Duration::from_secs(10));
+    let long = Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&config)
+        .args(["nodes", "--long"])
+        .output()
+        .expect("storm nodes --long");
+    let text = support::text(&long.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("node1"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("STALE"), "{text}");
+    let other = text.lines().find(|l| l.contains("node0")).unwrap();
+    assert!(!other.contains("STALE"), "node0 keeps sampling: {text}");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("thaw node1's NM");
+    fresh(false, Duration::from_secs(10));
+}

@@ -1,0 +1,107 @@
+//! The NM's sampling thread: once per sample period (`[monitoring] sample_ms`) it samples the
+//! node ([`crate::sample`]) and puts the record into the node's slot in the MM's global
+//! memory with one XFER-AND-SIGNAL (no signal: the MM reads the slot when it is asked). The
+//! node's inventory goes first, and again with every tenth sample, so that an MM that
+//! restarted (or a new leader) has it without asking.
+//!
+//! A transfer that fails (the MM is restarting, or a new leader is being elected) costs that
+//! sample only: the next one goes in the next period. What a sample costs the node is
+//! measured by `storm-bench sample`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use storm_cluster::RmLayout;
+use storm_primitives::{NodeId, NodeSet, Primitives, Wait};
+
+use crate::sample::{Sampler, SamplerOptions};
+
+/// Samples between two copies of the inventory.
+const INVENTORY_EVERY: u64 = 10;
+
+/// The sampling thread; dropped, it stops.
+pub struct Monitor {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Monitor {
+    /// Starts sampling node `node` every `opts.period`, its records going to the MM at `mm`.
+    /// `jobs` is how many jobs the NM holds (the core keeps it current).
+    pub fn start(
+        prims: Arc<dyn Primitives>,
+        rm: &RmLayout,
+        node: NodeId,
+        mm: NodeId,
+        opts: SamplerOptions,
+        jobs: Arc<AtomicUsize>,
+        timeout: Duration,
+    ) -> std::io::Result<Self> {
+        let (stop, stopped) = mpsc::channel();
+        let (sample_at, inventory_at) = (
+            rm.sample_offset(node as usize),
+            rm.inventory_record_offset(node as usize),
+        );
+        let sent = rm.record_sent;
+        let period = opts.period;
+        let thread = std::thread::Builder::new()
+            .name("storm-sample".into())
+            .spawn(move || {
+                let mut sampler = Sampler::new(opts);
+                let send = |offset: u64, bytes: &[u8]| {
+                    let dest = NodeSet::single(mm);
+                    let data = Bytes::copy_from_slice(bytes);
+                    match prims.xfer_and_signal_within(
+                        &dest,
+                        offset,
+                        data,
+                        None,
+                        Some(sent),
+                        Some(timeout),
+                    ) {
+                        Ok(()) => {
+                            if let Err(e) = prims.test_event(sent, Wait::Timeout(timeout * 2)) {
+                                tracing::debug!("a node record did not reach the MM: {e}");
+                            }
+                        }
+                        Err(e) => tracing::debug!("a node record did not go out: {e}"),
+                    }
+                };
+                let inventory = sampler.inventory();
+                let mut taken = 0u64;
+                loop {
+                    if taken % INVENTORY_EVERY == 0 {
+                        send(inventory_at, &inventory.encode());
+                    }
+                    let sample = sampler.take(
+                        storm_cluster::daemon::unix_ms(),
+                        jobs.load(Ordering::Relaxed),
+                    );
+                    send(sample_at, &sample.encode());
+                    taken += 1;
+                    match stopped.recv_timeout(period) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        // Told to stop, or the NM dropped its handle.
+                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            })?;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
