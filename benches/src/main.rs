@@ -13,6 +13,7 @@
 //! * `storm-bench faults`: failure detection latency, rejoin time, tree healing and MM restart.
 //! * `storm-bench startup`: daemon start-up, fork/exec to ready, on each backend.
 //! * `storm-bench links`: what authenticated and encrypted tcp links cost.
+//! * `storm-bench sample`: what one sample of a node costs its NM, as a share of one core.
 //! * `storm-bench mpi`: MPI wire-up (`MPI_Init` to the first barrier) against MPICH's Hydra.
 //! * `storm-bench fuzz`: the long fuzz run of every decoder (CI runs a bounded one).
 //! * `storm-bench scale`: the real MM driving simulated clusters up to 16,384 nodes (storm-sim),
@@ -29,6 +30,7 @@ mod mpi;
 mod plot;
 mod prims;
 mod report;
+mod sample;
 mod scale;
 mod startup;
 mod stats;
@@ -236,6 +238,16 @@ enum Command {
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+    },
+    /// What one sample of a node (node monitoring) costs its NM: CPU per sample and as a
+    /// share of one core at the sample period, beside fork/exec in the same run.
+    Sample {
+        /// Samples to take (the mean is reported).
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// The sample period the share of one core is taken at ([monitoring] sample_ms).
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
     },
     /// MPI wire-up (MPI_Init to the first barrier) and end to end on 1..32 nodes, against
     /// MPICH's own launcher (Hydra) in the same run. Needs mpich and libmpich-dev.
@@ -594,6 +606,16 @@ fn main() -> Result<()> {
             println!("{}", links::frame_costs(&[8, 256 * 1024]).render());
             println!("{}", links::seal_costs().render());
             out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Sample { samples, period_ms } => {
+            if samples == 0 || period_ms == 0 {
+                anyhow::bail!("--samples and --period-ms must be positive");
+            }
+            let args = sample::SampleArgs {
+                samples,
+                period: std::time::Duration::from_millis(period_ms),
+            };
+            println!("{}", sample::run(&args)?.render());
         }
         Command::Mpi {
             nodes,
