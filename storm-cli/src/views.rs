@@ -187,7 +187,7 @@ fn size(bytes: u64) -> String {
 /// `storm nodes --long`: each node's last sample, its age (`stale` once its NM stopped
 /// sampling) and where its CPU and memory figures come from (`host`: `/proc`;
 /// `node_cgroup`: the node's cgroup subtree, where nodes share a kernel).
-pub fn nodes_long_table(nodes: &[NodeInfo], _now_ms: u64) -> String {
+pub fn nodes_long_table(nodes: &[NodeInfo]) -> String {
     let mut out = format!(
         "{:>4}  {:<16} {:<10} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>7} {:>6} {:>9} {:>9}  {:<11} {}\n",
         "ID",

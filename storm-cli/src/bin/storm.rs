@@ -264,10 +264,7 @@ fn run(args: Args) -> Result<(), String> {
             let views: Vec<_> = nodes.iter().map(views::node_view).collect();
             println!("{}", views::nodes_json(&views));
         }
-        Reply::Nodes(nodes) if long_nodes => print!(
-            "{}",
-            views::nodes_long_table(&nodes, storm_cluster::daemon::unix_ms())
-        ),
+        Reply::Nodes(nodes) if long_nodes => print!("{}", views::nodes_long_table(&nodes)),
         Reply::Nodes(nodes) => print!("{}", views::nodes_table(&nodes)),
         Reply::Managers(managers) if json => println!("{}", views::managers_json(&managers)),
         Reply::Managers(managers) => print!("{}", views::managers_table(&managers)),
