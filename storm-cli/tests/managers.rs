@@ -821,27 +821,51 @@ fn submit_until_said(c: &LocalCluster, name: &str, what: &str, within: Duration)
 
 /// Stops replica `name` cleanly (so its journal holds all it applied), then removes job
 /// `job`'s record from its journal, as a disk that dropped a write would.
+///
+/// The record must be the job's last: a follower applies entries once it learns they are
+/// committed, with the next entries or heartbeat, so a replica stopped right after the job
+/// ended may not have applied its end yet. It would then write the record again from its log
+/// when restarted, and its state would not have diverged at all. A replica stopped too early
+/// is started again, and stopped again a little later.
 fn lose_a_record(c: &mut LocalCluster, name: &str, job: u64) {
-    let pid = nix::unistd::Pid::from_raw(replica_pid(c, name) as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.is_running(&format!("storm-mm {name}")) {
-        assert!(Instant::now() < deadline, "{name} did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let journal = c.root().join(format!("{name}-state/journal.redb"));
-    let db = redb::Database::open(&journal).expect("open the stopped replica's journal");
-    let w = db.begin_write().unwrap();
-    {
-        let mut jobs = w
-            .open_table(redb::TableDefinition::<u64, &[u8]>::new("jobs"))
-            .unwrap();
-        assert!(
-            jobs.remove(job).unwrap().is_some(),
-            "job {job} is in {name}'s journal"
-        );
+    let table = redb::TableDefinition::<u64, &[u8]>::new("jobs");
+    for attempt in 0.. {
+        assert!(attempt < 20, "{name} never applied job {job}'s end");
+        let pid = nix::unistd::Pid::from_raw(replica_pid(c, name) as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while c.is_running(&format!("storm-mm {name}")) {
+            assert!(Instant::now() < deadline, "{name} did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let db = redb::Database::open(&journal).expect("open the stopped replica's journal");
+        let w = db.begin_write().unwrap();
+        let ended = {
+            use redb::ReadableTable;
+            let mut jobs = w.open_table(table).unwrap();
+            let ended = {
+                let bytes = jobs
+                    .get(job)
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("job {job} is in {name}'s journal"));
+                let rec: storm_mm::journal::JobRecord =
+                    storm_mm::journal::decode_record(&journal, "job", bytes.value()).unwrap();
+                matches!(rec.state, storm_mm::journal::JobState::Finished { .. })
+            };
+            if ended {
+                jobs.remove(job).unwrap();
+            }
+            ended
+        };
+        w.commit().unwrap();
+        if ended {
+            return;
+        }
+        drop(db);
+        c.restart_manager(name).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
     }
-    w.commit().unwrap();
 }
 
 /// A leader whose journal lost a record (it was restarted over a disk that dropped a write,
