@@ -17,15 +17,13 @@ use std::time::{Duration, Instant};
 use storm_cluster::control::{Client, JobState, Reply, Request};
 use support::testbed::{can_run, logs, spawn, up, wait_job_state};
 
-/// `storm nodes ARGS --json` against the testbed at `config`: each listed node's name,
-/// whether its sample is stale, its sample's sequence number and its CPU utilization.
-fn nodes_json(config: &Path, args: &[&str]) -> Vec<(String, bool, u64, f64)> {
+/// What `storm nodes ARGS` prints against the testbed at `config` (it must succeed).
+fn storm_nodes(config: &Path, args: &[&str]) -> String {
     let out = Command::new(support::bin_dir().join("storm"))
         .arg("--config")
         .arg(config)
         .arg("nodes")
         .args(args)
-        .arg("--json")
         .output()
         .expect("storm nodes runs");
     assert!(
@@ -33,8 +31,14 @@ fn nodes_json(config: &Path, args: &[&str]) -> Vec<(String, bool, u64, f64)> {
         "storm nodes {args:?}: {}",
         support::text(&out.stderr)
     );
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("storm nodes --json prints JSON");
+    support::text(&out.stdout)
+}
+
+/// `storm nodes ARGS --json` against the testbed at `config`: each listed node's name,
+/// whether its sample is stale, its sample's sequence number and its CPU utilization.
+fn nodes_json(config: &Path, args: &[&str]) -> Vec<(String, bool, u64, f64)> {
+    let out = storm_nodes(config, &[args, &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&out).expect("storm nodes --json prints JSON");
     v["nodes"]
         .as_array()
         .expect("a list of nodes")
@@ -132,13 +136,7 @@ fn a_cpu_hog_on_one_node_shows_in_where_cpu_and_no_other_node_does() {
         "{name} showed its hog in sample {seen}, more than two after {started_at}"
     );
     // `--long` names where the figure comes from.
-    let long = Command::new(support::bin_dir().join("storm"))
-        .arg("--config")
-        .arg(&config)
-        .args(["nodes", "--long"])
-        .output()
-        .expect("storm nodes --long");
-    let text = support::text(&long.stdout);
+    let text = storm_nodes(&config, &["--long"]);
     assert!(text.contains("node_cgroup"), "{text}");
     // Its storm-submit would wait for the MM to come back once the testbed is gone.
     let mut hog = hog;
@@ -179,13 +177,7 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("freeze node1's NM");
     // Three sample periods (1 s each) and the look after.
     fresh(true, Duration::from_secs(10));
-    let long = Command::new(support::bin_dir().join("storm"))
-        .arg("--config")
-        .arg(&config)
-        .args(["nodes", "--long"])
-        .output()
-        .expect("storm nodes --long");
-    let text = support::text(&long.stdout);
+    let text = storm_nodes(&config, &["--long"]);
     let line = text
         .lines()
         .find(|l| l.contains("node1"))
