@@ -171,6 +171,7 @@ fn start(args: &FaultsArgs) -> Result<Box<dyn Replicas>> {
         failure: Default::default(),
         managers: args.managers,
         replication: args.replication.clone(),
+        health: Default::default(),
     })?;
     Ok(Box::new(OnTestbed {
         testbed: Some(testbed),

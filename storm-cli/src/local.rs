@@ -438,6 +438,7 @@ impl LocalCluster {
                 ..Default::default()
             },
             replication: Default::default(),
+            health: Default::default(),
             managers: Vec::new(),
             nodes,
         };

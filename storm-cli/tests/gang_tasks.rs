@@ -41,6 +41,7 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         failure: FailureSection::default(),
         managers: 1,
         replication: Default::default(),
+        health: Default::default(),
     })
     .expect("testbed up");
     let out = work.path().join("windows");

@@ -7,6 +7,9 @@
 //!   second sample that node takes after the hog runs, and no other node ever does.
 //! * A frozen NM's record turns stale (`--json` says so, `--long` shows `STALE`), and fresh
 //!   again once it thaws.
+//! * A node whose spool file system fills up is drained by its own health verdict, with the
+//!   reason, and a job that needs it waits; once space is freed the node is back and the job
+//!   runs.
 
 mod support;
 
@@ -14,8 +17,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use storm_cluster::control::NodeState;
 use storm_cluster::control::{Client, JobState, Reply, Request};
-use support::testbed::{can_run, logs, spawn, up, wait_job_state};
+use storm_cluster::health::HealthSection;
+use storm_cluster::size::ByteSize;
+use support::testbed::{can_run, logs, spawn, up, up_with_health, wait_job_state, wait_node_state};
 
 /// What `storm nodes ARGS` prints against the testbed at `config` (it must succeed).
 fn storm_nodes(config: &Path, args: &[&str]) -> String {
@@ -187,4 +193,89 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
     assert!(!other.contains("STALE"), "node0 keeps sampling: {text}");
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("thaw node1's NM");
     fresh(false, Duration::from_secs(10));
+}
+
+/// A tmpfs mounted over a directory for a test, unmounted when dropped (even on a failed
+/// assertion: the mount would outlive the test otherwise).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(at).expect("the mount point");
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .expect("mount runs");
+        assert!(ok.success(), "mount a {size} tmpfs at {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_spool_drains_its_node_with_the_reason_and_it_comes_back_when_space_is_freed() {
+    let test = "a_full_spool_drains_its_node_with_the_reason_and_it_comes_back_when_space_is_freed";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    support::ensure_all_binaries();
+    let work = support::shared_tempdir();
+    let health = HealthSection {
+        spool_free_min: ByteSize::mib(32),
+        ..Default::default()
+    };
+    let mut tb = up_with_health(2, work.path(), health);
+    let socket = tb.socket().to_path_buf();
+    // node1's spool gets a file system of its own, 64 MiB, before its NM opens it.
+    tb.kill("storm-nm node1").expect("stop node1's NM");
+    let spool = tb.config.nodes[1].spool.clone();
+    let _ = std::fs::remove_dir_all(&spool);
+    let _mount = Tmpfs::mount(&spool, "64m");
+    tb.start_nm(1).expect("start node1's NM again");
+    let limit = Duration::from_secs(30);
+    wait_node_state(&socket, 1, NodeState::Idle, limit);
+    let fill = spool.join("filler");
+    let written = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=40"])
+        .arg(format!("of={}", fill.display()))
+        .status()
+        .expect("dd runs");
+    assert!(written.success(), "fill node1's spool");
+    wait_node_state(&socket, 1, NodeState::Drained, limit);
+    let nodes = support::testbed::nodes(&socket);
+    let reason = nodes[1].reason.clone().unwrap_or_default();
+    assert!(
+        reason.starts_with("health: spool_dir has ")
+            && reason.ends_with("free, below spool_free_min 32 MiB"),
+        "node1's reason: {reason:?}"
+    );
+    assert_eq!(nodes[0].state, NodeState::Idle, "node0's spool is not full");
+    // What a user sees: a job that needs both nodes waits while node1 is sick.
+    let both = spawn(&tb, &["-N", "2", "-J", "both", "true"]);
+    wait_job_state(&socket, "both", JobState::Queued, limit);
+    std::thread::sleep(Duration::from_secs(2));
+    wait_job_state(&socket, "both", JobState::Queued, Duration::from_secs(1));
+    // Space freed: the node lifts its own drain, and the job runs.
+    std::fs::remove_file(&fill).expect("free the space");
+    let out = support::testbed::finish(both);
+    assert!(
+        out.status.success(),
+        "the job that waited for node1: {}\n{}",
+        support::text(&out.stderr),
+        logs(&tb)
+    );
+    wait_node_state(&socket, 1, NodeState::Idle, limit);
+    assert_eq!(support::testbed::nodes(&socket)[1].reason, None);
 }

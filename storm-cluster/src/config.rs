@@ -637,6 +637,8 @@ pub struct ClusterConfig {
     pub replication: ReplicationSection,
     #[serde(default)]
     pub monitoring: MonitoringSection,
+    #[serde(default)]
+    pub health: crate::health::HealthSection,
     /// The replicas of a replicated MM, if the cluster runs one (none: a single MM at
     /// `[mm] address`).
     #[serde(rename = "manager", default, skip_serializing_if = "Vec::is_empty")]
@@ -875,6 +877,17 @@ impl ClusterConfig {
             return bad("no [[node]] entries: a cluster needs at least one node".into());
         }
         let c = &self.cluster;
+        let h = &self.health;
+        if h.program_every_ms < 1000 || h.program_timeout_ms == 0 {
+            return bad(format!(
+                "[health] program_every_ms = {} must be at least 1000, and program_timeout_ms \
+                 = {} above 0",
+                h.program_every_ms, h.program_timeout_ms
+            ));
+        }
+        if let Some(p) = h.program.as_ref().filter(|p| !p.is_absolute()) {
+            return bad(format!("[health] program = {p:?} must be an absolute path"));
+        }
         if !(10..=3_600_000).contains(&self.monitoring.sample_ms) {
             return bad(format!(
                 "[monitoring] sample_ms = {} must be between 10 and 3600000",

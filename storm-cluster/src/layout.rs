@@ -12,6 +12,9 @@ use storm_primitives::{Area, EventId, Layout, LayoutError, QueueLayout, VarArray
 
 use crate::config::ClusterConfig;
 
+/// Records each node keeps at the MM: its sample, its health verdict and its inventory.
+pub const RECORDS_PER_NODE: usize = 3;
+
 /// Bytes of one node's report for one job: job id, count, one status per task, the timing.
 pub fn report_bytes(max_tasks_per_node: usize) -> usize {
     16 + 16 * max_tasks_per_node + 96
@@ -63,8 +66,8 @@ pub struct RmLayout {
     pub join_ack: VarArray,
     /// Raised at the MM with every registration and acknowledgement.
     pub registered: EventId,
-    /// `node_records[node]`: the node's last sample, then its inventory (NM to MM,
-    /// [`crate::sample::RECORD_BYTES`] each; see [`RmLayout::sample_offset`]).
+    /// `node_records[node]`: the node's last sample, its health verdict, then its inventory
+    /// (NM to MM, [`crate::sample::RECORD_BYTES`] each; see [`RmLayout::sample_offset`]).
     pub node_records: Area,
     // --- MPI (PMI) key exchange ---
     /// `pmi_up[slot][node]`: a node's [`crate::messages::PmiUp`] for the job in `slot` (NM
@@ -144,7 +147,10 @@ impl RmLayout {
         let pmi_node_bytes = c.pmi_node_bytes;
         let pmi_up = b.area("pmi.up", c.max_jobs * nodes * pmi_node_bytes);
         let pmi_up_event = b.event("pmi.up.signal");
-        let node_records = b.area("node.records", nodes * 2 * crate::sample::RECORD_BYTES);
+        let node_records = b.area(
+            "node.records",
+            nodes * RECORDS_PER_NODE * crate::sample::RECORD_BYTES,
+        );
         Ok(Self {
             layout: b.build()?,
             heartbeat,
@@ -192,15 +198,21 @@ impl RmLayout {
         self.inventory.offset + (node * self.inventory_bytes) as u64
     }
 
-    /// Offset of node `node`'s sample record at the MM.
+    /// Offset of node `node`'s sample record at the MM; its health verdict follows at once
+    /// (one transfer carries both).
     pub fn sample_offset(&self, node: usize) -> u64 {
         debug_assert!(node < self.nodes);
-        self.node_records.offset + (node * 2 * crate::sample::RECORD_BYTES) as u64
+        self.node_records.offset + (node * RECORDS_PER_NODE * crate::sample::RECORD_BYTES) as u64
+    }
+
+    /// Offset of node `node`'s health verdict at the MM.
+    pub fn health_record_offset(&self, node: usize) -> u64 {
+        self.sample_offset(node) + crate::sample::RECORD_BYTES as u64
     }
 
     /// Offset of node `node`'s inventory record at the MM.
     pub fn inventory_record_offset(&self, node: usize) -> u64 {
-        self.sample_offset(node) + crate::sample::RECORD_BYTES as u64
+        self.sample_offset(node) + 2 * crate::sample::RECORD_BYTES as u64
     }
 
     /// Offset of node `node`'s PMI message for the job in `slot` (at the MM).
@@ -243,7 +255,7 @@ impl RmLayout {
             || within(self.inventory_offset(node), self.inventory_bytes as u64)
             || within(
                 self.sample_offset(node),
-                2 * crate::sample::RECORD_BYTES as u64,
+                (RECORDS_PER_NODE * crate::sample::RECORD_BYTES) as u64,
             )
             || within(self.registry.at(node).offset(), 8)
             || within(self.join_ack.at(node).offset(), 8)
@@ -306,7 +318,7 @@ mod tests {
             let per_node = c.output_slots * (c.output_bytes + 16)
                 + c.max_jobs * (report_bytes(c.max_tasks_per_node) + c.pmi_node_bytes)
                 + crate::messages::inventory_bytes(c.max_jobs)
-                + 2 * crate::sample::RECORD_BYTES;
+                + RECORDS_PER_NODE * crate::sample::RECORD_BYTES;
             let mm = nm + nodes * per_node + 8 * c.max_jobs;
             let (got_nm, got_mm) = (rm.layout.size_at(0), rm.layout.size_at(cfg.mm_id()));
             assert!((nm..nm + 2048).contains(&got_nm), "NM: {got_nm} vs {nm}");
@@ -330,6 +342,7 @@ mod tests {
             (rm.output[2].slots.offset, rm.output[2].slots.len),
             (rm.sample_offset(2), crate::sample::RECORD_BYTES),
             (rm.inventory_record_offset(2), crate::sample::RECORD_BYTES),
+            (rm.health_record_offset(2), crate::sample::RECORD_BYTES),
         ];
         for (offset, len) in writes {
             assert!(rm.layout.fits(&mm, offset, len as u64));
@@ -353,6 +366,7 @@ mod tests {
             (rm.report_offset(3, 2) + 8, rm.report_bytes),
             (rm.sample_offset(1), crate::sample::RECORD_BYTES),
             (rm.inventory_record_offset(3), crate::sample::RECORD_BYTES),
+            (rm.health_record_offset(1), crate::sample::RECORD_BYTES),
             (
                 rm.inventory_record_offset(2) + 8,
                 crate::sample::RECORD_BYTES,

@@ -36,6 +36,7 @@ pub mod daemon;
 pub mod daemon_dir;
 pub mod dependency;
 pub mod endpoint;
+pub mod health;
 pub mod hostlist;
 pub mod identity;
 pub mod key;
@@ -45,6 +46,7 @@ pub mod messages;
 pub mod os_bytes;
 pub mod program_hash;
 pub mod sample;
+pub mod size;
 pub mod tasks;
 
 pub use config::{ClusterConfig, ConfigError};

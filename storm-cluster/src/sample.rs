@@ -177,7 +177,7 @@ pub enum RecordError {
 }
 
 /// Offsets of the sample's fields.
-mod at {
+pub(crate) mod at {
     pub const SEQ: usize = 0;
     pub const VERSION: usize = 8;
     pub const SOURCE: usize = 9;
@@ -200,32 +200,32 @@ mod at {
     pub const TRAILER: usize = super::RECORD_BYTES - 8;
 }
 
-fn put_u16(b: &mut [u8], at: usize, v: u16) {
+pub(crate) fn put_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
 }
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
+pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
+pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
-fn put_f32(b: &mut [u8], at: usize, v: f32) {
+pub(crate) fn put_f32(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
-fn u16_at(b: &[u8], at: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
-fn u64_at(b: &[u8], at: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
-fn f32_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f32_at(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-fn out_of_range(field: &'static str, value: impl std::fmt::Display) -> RecordError {
+pub(crate) fn out_of_range(field: &'static str, value: impl std::fmt::Display) -> RecordError {
     RecordError::Field {
         field,
         value: value.to_string(),
@@ -243,7 +243,7 @@ fn fraction(field: &'static str, v: f32, max: f32) -> Result<f32, RecordError> {
 
 /// The sequence numbers that open and close `bytes`, checked: `None` for a slot never
 /// written.
-fn sealed(bytes: &[u8]) -> Result<Option<u64>, RecordError> {
+pub(crate) fn sealed(bytes: &[u8]) -> Result<Option<u64>, RecordError> {
     if bytes.len() != RECORD_BYTES {
         return Err(RecordError::Length(bytes.len()));
     }
@@ -375,7 +375,7 @@ mod inv {
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.
-fn cut(s: &str, max: usize) -> &str {
+pub(crate) fn cut(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -384,7 +384,12 @@ fn cut(s: &str, max: usize) -> &str {
 }
 
 /// A text field of `len` bytes: UTF-8, padded with zeros.
-fn text_at(b: &[u8], at: usize, len: usize, field: &'static str) -> Result<String, RecordError> {
+pub(crate) fn text_at(
+    b: &[u8],
+    at: usize,
+    len: usize,
+    field: &'static str,
+) -> Result<String, RecordError> {
     let raw = &b[at..at + len];
     let end = raw.iter().position(|c| *c == 0).unwrap_or(len);
     if raw[end..].iter().any(|c| *c != 0) {

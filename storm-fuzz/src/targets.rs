@@ -16,7 +16,7 @@
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
 //! | `replica` | a replica's mailboxes in the managers' fabric (a holder of the group's key) | `replica::mailbox::Inbox::take`, then `replica::decode_peer_message` |
-//! | `node-record` | a node's sample and inventory slots in the MM's global memory | `sample::NodeSample::decode`, `sample::NodeInventory::decode` |
+//! | `node-record` | a node's sample, health and inventory slots in the MM's global memory | `sample::NodeSample::decode`, `health::NodeHealth::decode`, `sample::NodeInventory::decode` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -215,7 +215,14 @@ static TARGETS: &[Target] = &[
         name: "node-record",
         seeds: node_record_seeds,
         // A sequence number that closes what it opens, and the two versions.
-        dictionary: &[&[7, 0, 0, 0, 0, 0, 0, 0], &[1], &[0x81], &[100], &[101]],
+        dictionary: &[
+            &[7, 0, 0, 0, 0, 0, 0, 0],
+            &[1],
+            &[0x81],
+            &[0xC1],
+            &[100],
+            &[101],
+        ],
         check: node_record,
         checked_allocation: 0,
     },
@@ -1363,14 +1370,32 @@ fn node_record_seeds() -> Vec<Vec<u8>> {
         kernel: "6.1.0".into(),
         arch: "x86_64".into(),
     };
-    vec![sample.encode().to_vec(), inventory.encode().to_vec()]
+    let sick = storm_cluster::health::NodeHealth::of(
+        7,
+        1_790_000_000_000,
+        &["spool_dir has 1 MiB free, below spool_free_min 64 MiB".into()],
+    );
+    vec![
+        sample.encode().to_vec(),
+        inventory.encode().to_vec(),
+        sick.encode().to_vec(),
+    ]
 }
 
 fn node_record(input: &[u8]) -> bool {
+    use storm_cluster::health::NodeHealth;
     use storm_cluster::sample::{NodeInventory, NodeSample};
-    // The MM does not know which of the two a slot holds until it decodes it.
+    // Every kind is tried on every input: a node may write any bytes into any of its slots.
     let sample = NodeSample::decode(input);
     let inventory = NodeInventory::decode(input);
+    let health = NodeHealth::decode(input);
+    if let Ok(Some(h)) = &health {
+        assert_eq!(
+            &h.encode()[..],
+            input,
+            "a health verdict does not encode back"
+        );
+    }
     if let Ok(Some(s)) = &sample {
         // What decodes encodes back to the same bytes: nothing is lost or invented.
         assert_eq!(&s.encode()[..], input, "a sample does not encode back");
@@ -1378,7 +1403,9 @@ fn node_record(input: &[u8]) -> bool {
     if let Ok(Some(i)) = &inventory {
         assert_eq!(&i.encode()[..], input, "an inventory does not encode back");
     }
-    matches!(sample, Ok(Some(_))) || matches!(inventory, Ok(Some(_)))
+    matches!(sample, Ok(Some(_)))
+        || matches!(inventory, Ok(Some(_)))
+        || matches!(health, Ok(Some(_)))
 }
 
 #[cfg(test)]

@@ -61,6 +61,9 @@ pub struct Node {
     life: Life,
     /// Set by `storm drain`: kept out of allocation until `storm resume`.
     pub drain: Option<String>,
+    /// Set by the node's own health verdict (`storm_cluster::health`): kept out of
+    /// allocation until a fresh verdict says it is healthy again.
+    pub sick: Option<String>,
     /// The last registration stamp the MM acted on.
     pub stamp_seen: u64,
     /// The NM process of that registration; `None` before this MM heard from the node.
@@ -101,6 +104,7 @@ impl NodeTable {
         let node = Node {
             life: Life::Unknown,
             drain: None,
+            sick: None,
             stamp_seen: 0,
             nm: None,
             output_epoch: 1,
@@ -136,9 +140,10 @@ impl NodeTable {
         matches!(self.nodes[n as usize].life, Life::Up { .. })
     }
 
-    /// Up and not drained: the policy may give it to jobs.
+    /// Up, not drained and not sick: the policy may give it to jobs.
     pub fn is_available(&self, n: NodeId) -> bool {
-        self.is_up(n) && self.nodes[n as usize].drain.is_none()
+        let node = &self.nodes[n as usize];
+        self.is_up(n) && node.drain.is_none() && node.sick.is_none()
     }
 
     pub fn available_count(&self) -> u32 {
@@ -274,7 +279,13 @@ impl NodeTable {
     /// The state `storm nodes` shows, and why.
     pub fn describe(&self, n: NodeId, has_jobs: bool) -> (NodeState, Option<String>) {
         let node = &self.nodes[n as usize];
-        let drain = node.drain.clone();
+        // An operator's drain and the node's own health verdict, both shown.
+        let drain = match (&node.drain, &node.sick) {
+            (Some(d), Some(s)) => Some(format!("{d}; health: {s}")),
+            (Some(d), None) => Some(d.clone()),
+            (None, Some(s)) => Some(format!("health: {s}")),
+            (None, None) => None,
+        };
         match (&node.life, has_jobs) {
             (Life::Unknown, _) => (NodeState::Unknown, drain),
             (Life::Joining { .. }, _) => (NodeState::Joining, drain),
@@ -396,7 +407,26 @@ mod tests {
             (NodeState::Drained, Some("bad fan".into()))
         );
         assert!(!t.is_available(0), "drained nodes are not allocated");
+        t.get_mut(0).sick = Some("spool_dir has 1 MiB free".into());
+        assert_eq!(
+            t.describe(0, false),
+            (
+                NodeState::Drained,
+                Some("bad fan; health: spool_dir has 1 MiB free".into())
+            ),
+            "the operator's drain and the health verdict are both shown"
+        );
         t.get_mut(0).drain = None;
+        assert_eq!(
+            t.describe(0, true),
+            (
+                NodeState::Draining,
+                Some("health: spool_dir has 1 MiB free".into())
+            )
+        );
+        assert!(!t.is_available(0), "sick nodes are not allocated");
+        t.get_mut(0).sick = None;
+        assert!(t.is_available(0));
         assert!(t.set_unresponsive(0, "missed a deadline".into()));
         assert_eq!(
             t.describe(0, true),

@@ -150,6 +150,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         prims.clone(),
         &rm,
         node,
+        &entry.name,
         mm,
         SamplerOptions {
             source: cfg.monitoring.source,
@@ -160,6 +161,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             period: cfg.monitoring.period(),
             proc_dir: "/proc".into(),
         },
+        cfg.health.clone(),
         jobs.clone(),
         op_timeout,
     )

@@ -29,6 +29,7 @@
 pub mod cgroup;
 pub mod daemon;
 pub mod env;
+pub mod health;
 pub mod in_place;
 pub mod launch;
 pub mod manager;

@@ -1,8 +1,10 @@
 //! The NM's sampling thread: once per sample period (`[monitoring] sample_ms`) it samples the
-//! node ([`crate::sample`]) and puts the record into the node's slot in the MM's global
-//! memory with one XFER-AND-SIGNAL (no signal: the MM reads the slot when it is asked). The
-//! node's inventory goes first, and again with every tenth sample, so that an MM that
-//! restarted (or a new leader) has it without asking.
+//! node ([`crate::sample`]), judges its health (`[health]`, with the site program's last
+//! verdict, [`crate::health`]), and puts both records into the node's slots in the MM's
+//! global memory with one XFER-AND-SIGNAL (no signal: the MM reads the slots when it is
+//! asked, and looks at the verdicts once per period). The node's inventory goes first, and
+//! again with every tenth sample, so that an MM that restarted (or a new leader) has it
+//! without asking.
 //!
 //! A transfer that fails (the MM is restarting, or a new leader is being elected) costs that
 //! sample only: the next one goes in the next period. What a sample costs the node is
@@ -16,8 +18,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use storm_cluster::RmLayout;
+use storm_cluster::health::{HealthSection, NodeHealth};
+use storm_cluster::sample::RECORD_BYTES;
 use storm_primitives::{NodeId, NodeSet, Primitives, Wait};
 
+use crate::health::HealthProgram;
 use crate::sample::{Sampler, SamplerOptions};
 
 /// Samples between two copies of the inventory.
@@ -30,18 +35,31 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Starts sampling node `node` every `opts.period`, its records going to the MM at `mm`.
-    /// `jobs` is how many jobs the NM holds (the core keeps it current).
+    /// Starts sampling node `node` (named `name`) every `opts.period` and judging it by
+    /// `health`, its records going to the MM at `mm`. `jobs` is how many jobs the NM holds
+    /// (the core keeps it current).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         prims: Arc<dyn Primitives>,
         rm: &RmLayout,
         node: NodeId,
+        name: &str,
         mm: NodeId,
         opts: SamplerOptions,
+        health: HealthSection,
         jobs: Arc<AtomicUsize>,
         timeout: Duration,
     ) -> std::io::Result<Self> {
         let (stop, stopped) = mpsc::channel();
+        let program = match &health.program {
+            Some(p) => Some(HealthProgram::start(
+                p.clone(),
+                health.program_every(),
+                health.program_timeout(),
+                name.to_string(),
+            )?),
+            None => None,
+        };
         let (sample_at, inventory_at) = (
             rm.sample_offset(node as usize),
             rm.inventory_record_offset(node as usize),
@@ -81,7 +99,14 @@ impl Monitor {
                         storm_cluster::daemon::unix_ms(),
                         jobs.load(Ordering::Relaxed),
                     );
-                    send(sample_at, &sample.encode());
+                    let mut problems = health.judge(&sample, &sampler.unreadable);
+                    problems.extend(program.as_ref().and_then(HealthProgram::verdict));
+                    let verdict = NodeHealth::of(sample.seq, sample.taken_ms, &problems);
+                    // The sample and its verdict are neighbours: one transfer.
+                    let mut both = [0u8; 2 * RECORD_BYTES];
+                    both[..RECORD_BYTES].copy_from_slice(&sample.encode());
+                    both[RECORD_BYTES..].copy_from_slice(&verdict.encode());
+                    send(sample_at, &both);
                     taken += 1;
                     match stopped.recv_timeout(period) {
                         Err(mpsc::RecvTimeoutError::Timeout) => {}

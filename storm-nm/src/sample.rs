@@ -236,6 +236,8 @@ pub struct Sampler {
     opts: SamplerOptions,
     seq: u64,
     previous: Option<Previous>,
+    /// The file systems the last sample could not look at, and why (for the health checks).
+    pub unreadable: Vec<(&'static str, String)>,
 }
 
 /// The NM's own user and system CPU time so far.
@@ -249,11 +251,9 @@ fn own_cpu() -> Duration {
     })
 }
 
-/// Bytes free for unprivileged users where `path` lives (0 if it cannot be read).
-fn free_bytes(path: &Path) -> u64 {
-    nix::sys::statvfs::statvfs(path).map_or(0, |s| {
-        s.blocks_available().saturating_mul(s.fragment_size())
-    })
+/// Bytes free for unprivileged users where `path` lives.
+fn free_bytes(path: &Path) -> Result<u64, nix::Error> {
+    nix::sys::statvfs::statvfs(path).map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
 impl Sampler {
@@ -262,6 +262,7 @@ impl Sampler {
             opts,
             seq: 0,
             previous: None,
+            unreadable: Vec::new(),
         }
     }
 
@@ -293,6 +294,16 @@ impl Sampler {
         let mem = parse_meminfo(&self.read("meminfo"));
         let net = parse_net_dev(&self.read("net/dev"));
         let nm_cpu = own_cpu();
+        self.unreadable.clear();
+        let mut free = |what: &'static str, path: &Path| {
+            free_bytes(path).unwrap_or_else(|e| {
+                self.unreadable
+                    .push((what, format!("{}: {e}", path.display())));
+                0
+            })
+        };
+        let spool_free = free("spool_dir", &self.opts.spool_dir);
+        let state_free = free("state_dir", &self.opts.state_dir);
         let prev = self.previous.take();
         let elapsed = prev.as_ref().map(|p| now - p.at);
         let nm_share = match (&prev, elapsed) {
@@ -316,8 +327,8 @@ impl Sampler {
             mem_avail: mem.available,
             swap_total: mem.swap_total,
             swap_used: mem.swap_total - mem.swap_free,
-            spool_free: free_bytes(&self.opts.spool_dir),
-            state_free: free_bytes(&self.opts.state_dir),
+            spool_free,
+            state_free,
             net_rx_bytes: net.rx_bytes,
             net_tx_bytes: net.tx_bytes,
             net_rx_packets: net.rx_packets,

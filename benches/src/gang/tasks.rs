@@ -57,6 +57,7 @@ impl Cluster {
                 failure: Default::default(),
                 managers: 1,
                 replication: Default::default(),
+                health: Default::default(),
             })?;
             return Ok(Cluster::Testbed(tb));
         }

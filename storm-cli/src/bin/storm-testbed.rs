@@ -124,6 +124,7 @@ fn run(cli: Cli) -> Result<()> {
                 failure: Default::default(),
                 managers,
                 replication: Default::default(),
+                health: Default::default(),
             })?;
             if managers > 1 {
                 println!(

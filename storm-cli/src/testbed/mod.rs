@@ -59,6 +59,8 @@ pub struct TestbedOptions {
     pub managers: u32,
     /// How the replicas keep in touch (`[replication]`), with more than one.
     pub replication: storm_cluster::config::ReplicationSection,
+    /// The health checks (`[health]`).
+    pub health: storm_cluster::health::HealthSection,
 }
 
 /// The address of replica `j` of a testbed's replicated MM.
@@ -643,6 +645,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             ..Default::default()
         },
         replication: opts.replication.clone(),
+        health: opts.health.clone(),
         managers: match opts.managers {
             1 => Vec::new(),
             n => (0..n)

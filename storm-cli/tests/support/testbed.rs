@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
 use storm_cluster::config::{FailureSection, SchedulerSection};
 use storm_cluster::control::{Client, JobState, NodeInfo, NodeState, Reply, Request};
+use storm_cluster::health::HealthSection;
 
 use super::{bin_dir, ensure_daemons};
 
@@ -67,19 +68,44 @@ fn testbed(
     failure: FailureSection,
     managers: u32,
 ) -> Testbed {
-    ensure_daemons();
-    Testbed::up(&TestbedOptions {
+    up_options(TestbedOptions {
+        scheduler,
+        failure,
+        managers,
+        ..options(nodes, work)
+    })
+}
+
+/// A testbed of `nodes` nodes under `work` (1 ms timeslice, FCFS, a single MM) whose nodes
+/// are judged by `health`.
+pub fn up_with_health(nodes: u32, work: &Path, health: HealthSection) -> Testbed {
+    up_options(TestbedOptions {
+        health,
+        ..options(nodes, work)
+    })
+}
+
+/// What [`up`] builds, for a test to change before [`up_options`].
+fn options(nodes: u32, work: &Path) -> TestbedOptions {
+    TestbedOptions {
         name: unique_name(),
         nodes,
         cpus: storm_cli::local::host_cpus(),
         dir: work.join("testbed"),
         timeslice_ms: 1.0,
-        scheduler,
-        failure,
-        managers,
+        scheduler: Default::default(),
+        failure: Default::default(),
+        managers: 1,
         replication: Default::default(),
-    })
-    .unwrap_or_else(|e| panic!("testbed with {managers} MM(s) up: {e:#}"))
+        health: Default::default(),
+    }
+}
+
+/// The testbed `opts` describe, up.
+fn up_options(opts: TestbedOptions) -> Testbed {
+    ensure_daemons();
+    let managers = opts.managers;
+    Testbed::up(&opts).unwrap_or_else(|e| panic!("testbed with {managers} MM(s) up: {e:#}"))
 }
 
 /// A testbed of `nodes` nodes under `work` with a replicated MM of three replicas, each in a

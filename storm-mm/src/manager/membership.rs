@@ -252,7 +252,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.hb.queue.add(n);
         let now = self.now();
         self.nodes.set_up(n, stamp, now);
-        if self.nodes.get(n).drain.is_none() {
+        if self.nodes.is_available(n) {
             self.policy.set_available(n);
         }
         tracing::info!(node = n, name = %self.node_name(n), "node is up");
@@ -333,7 +333,7 @@ impl<E: MmEnv> MachineManager<E> {
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = None;
             self.outbox.journal.put_node(n, NodeRecord { drain: None });
-            if self.nodes.is_up(n) {
+            if self.nodes.is_available(n) {
                 self.policy.set_available(n);
             }
         }

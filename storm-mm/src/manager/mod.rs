@@ -38,6 +38,7 @@ use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 mod admission;
 mod attention;
 mod failure;
+mod health;
 mod heartbeat;
 mod history;
 mod input;
@@ -141,6 +142,8 @@ pub struct MachineManager<E: MmEnv> {
     last_tick: Instant,
     /// When the next timeslice is due.
     next_tick: Instant,
+    /// When the nodes' health verdicts are looked at next ([`health`]).
+    next_health_check: Instant,
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -206,6 +209,7 @@ impl<E: MmEnv> MachineManager<E> {
             metrics: Metrics::new(),
             last_tick: now,
             next_tick: now,
+            next_health_check: now,
             outputs,
             attention: attention::Attention::new(&rm, now),
             rm,
@@ -329,6 +333,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.attention.collect(&*self.prims, now);
         self.membership();
         self.enforce_silence(now);
+        self.check_health(now);
         self.take_finished_transfers();
         self.report_transfer_progress();
         self.verify_transfers();

@@ -10,7 +10,9 @@ use storm_cluster::control::{
     self, ArrayElement, JobInfo, JobRef, JobRequest, JobState, NodeInfo, Reply, Request,
 };
 use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, MAX_LAUNCH_BYTES, encode};
-use storm_cluster::sample::{NodeInventory, NodeRecords, NodeSample, RECORD_BYTES, RecordError};
+use storm_cluster::sample::{NodeInventory, NodeRecords, NodeSample};
+
+use super::health::read_twice;
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -769,20 +771,14 @@ impl<E: MmEnv> MachineManager<E> {
     /// (`storm_cluster::sample`), judged fresh or stale at `now_ms`. A record caught while
     /// the next one lands is read again once.
     fn node_records(&self, node: usize, now_ms: u64) -> NodeRecords {
-        let memory = self.prims.memory();
-        let read = |offset: u64| {
-            let mut buf = [0u8; RECORD_BYTES];
-            memory
-                .read(offset, &mut buf)
-                .map(|()| buf)
-                .map_err(|e| RecordError::Field {
-                    field: "slot",
-                    value: e.to_string(),
-                })
+        let sample = || {
+            self.read_record(self.rm.sample_offset(node))
+                .and_then(|b| NodeSample::decode(&b))
         };
-        let sample = || read(self.rm.sample_offset(node)).and_then(|b| NodeSample::decode(&b));
-        let inventory =
-            || read(self.rm.inventory_record_offset(node)).and_then(|b| NodeInventory::decode(&b));
+        let inventory = || {
+            self.read_record(self.rm.inventory_record_offset(node))
+                .and_then(|b| NodeInventory::decode(&b))
+        };
         NodeRecords::judge(
             read_twice(sample),
             read_twice(inventory),
@@ -809,12 +805,4 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     // ---------------------------------------------------------------- scheduling
-}
-
-/// A record read again once if it was caught while the next one landed.
-fn read_twice<T>(read: impl Fn() -> Result<T, RecordError>) -> Result<T, RecordError> {
-    match read() {
-        Err(RecordError::Torn(..)) => read(),
-        other => other,
-    }
 }
