@@ -45,8 +45,8 @@ const PLACEHOLDER: &str = "/bin/sleep";
 const RELEASE_WAIT: Duration = Duration::from_secs(30);
 
 /// The placeholder job that holds the allocation.
-fn request(shape: &JobShape, here: &Path) -> JobRequest {
-    JobRequest {
+fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
+    Ok(JobRequest {
         name: shape.job_name.clone().unwrap_or_else(|| "alloc".into()),
         program: PathBuf::from(PLACEHOLDER),
         args: vec!["infinity".into()],
@@ -64,7 +64,9 @@ fn request(shape: &JobShape, here: &Path) -> JobRequest {
         array: None,
         element: None,
         token: None,
-    }
+        mem: shape.mem(),
+        constraint: shape.constraint()?,
+    })
 }
 
 /// The allocation's task count as a step's default: `-n`, else `--ntasks-per-node` times the
@@ -83,7 +85,7 @@ fn tasks_of(shape: &JobShape, nodes: usize) -> usize {
 pub fn run(args: AllocArgs, sockets: &[PathBuf], config: Option<&Path>) -> Result<i32, String> {
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let (mut client, _) = crate::connect_any(sockets)?;
-    let mut req = request(&args.shape, &here);
+    let mut req = request(&args.shape, &here)?;
     // A submission whose answer a failover cut off is sent again with it: the MM that holds
     // the job already answers by following it.
     req.token = Some(rand::random());

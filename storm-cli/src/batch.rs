@@ -211,12 +211,14 @@ pub fn request(
         requeue: shape.requeue,
         mpi: MpiMode::None,
         input: Default::default(),
-        dependency: shape.dependency,
+        dependency: shape.dependency.clone(),
         batch: Some(files),
         step_of: None,
         array,
         element: None,
         token: None,
+        mem: shape.mem(),
+        constraint: shape.constraint()?,
     };
     Ok((req, source))
 }

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use storm_cluster::control::MemRequest;
 use storm_cluster::dependency::Dependency;
 use storm_cluster::tasks::TaskRequest;
 
@@ -47,6 +48,29 @@ pub struct JobShape {
     /// ends, saying why.
     #[arg(short = 'd', long, value_name = "COND:ID[:ID...]")]
     pub dependency: Option<Dependency>,
+    /// Memory on each node (as srun: a number is megabytes; or K, M, G, T). The job is
+    /// placed only where it fits beside every other job, in every time slot, and is killed
+    /// (`out_of_memory`) if it uses more.
+    #[arg(long, value_parser = parse_mem, conflicts_with = "mem_per_cpu", value_name = "SIZE")]
+    pub mem: Option<u64>,
+    /// Memory per CPU the job holds on a node (megabytes, or K, M, G, T).
+    #[arg(long, value_parser = parse_mem, value_name = "SIZE")]
+    pub mem_per_cpu: Option<u64>,
+    /// Only nodes with these features (the cluster file's `features`): one, or several
+    /// joined by `&` or `,`, all of which each node must have.
+    #[arg(short = 'C', long, value_name = "FEATURE[&FEATURE...]")]
+    pub constraint: Option<String>,
+}
+
+/// `--mem`'s value: srun's sizes, where a bare number is megabytes.
+fn parse_mem(text: &str) -> Result<u64, String> {
+    match storm_cluster::size::parse_size(text, storm_cluster::size::Unit::Mega) {
+        Some(0) => Err("must be more than 0".into()),
+        Some(b) => Ok(b),
+        None => Err(format!(
+            "{text:?} is not a size: megabytes, or a number with K, M, G or T"
+        )),
+    }
 }
 
 impl JobShape {
@@ -65,7 +89,46 @@ impl JobShape {
             requeue: self.requeue || other.requeue,
             job_name: self.job_name.or(other.job_name),
             dependency: self.dependency.or(other.dependency),
+            // One memory option wins whole: the command line's over the script's.
+            mem: if self.mem.is_some() || self.mem_per_cpu.is_some() {
+                self.mem
+            } else {
+                other.mem
+            },
+            mem_per_cpu: if self.mem.is_some() || self.mem_per_cpu.is_some() {
+                self.mem_per_cpu
+            } else {
+                other.mem_per_cpu
+            },
+            constraint: self.constraint.or(other.constraint),
         }
+    }
+
+    /// The memory these options ask for.
+    pub fn mem(&self) -> Option<MemRequest> {
+        self.mem
+            .map(MemRequest::PerNode)
+            .or(self.mem_per_cpu.map(MemRequest::PerCpu))
+    }
+
+    /// The features `--constraint` asks for, each named once.
+    pub fn constraint(&self) -> Result<Vec<String>, String> {
+        let Some(text) = &self.constraint else {
+            return Ok(Vec::new());
+        };
+        let mut features: Vec<String> = Vec::new();
+        for f in text.split(['&', ',']).map(str::trim) {
+            if f.is_empty() || f.contains(['|', '[', ']', '*', ' ']) {
+                return Err(format!(
+                    "--constraint {text:?}: features are joined by & or , (all required); \
+                     {f:?} is not a feature name"
+                ));
+            }
+            if !features.iter().any(|g| g == f) {
+                features.push(f.to_string());
+            }
+        }
+        Ok(features)
     }
 
     /// The task request these options make.

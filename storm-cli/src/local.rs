@@ -392,6 +392,8 @@ impl LocalCluster {
                     address: addr(&listeners[i])?,
                     spool: root.join(format!("node{i}")),
                     cpus,
+                    mem: None,
+                    features: Vec::new(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;

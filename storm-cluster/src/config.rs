@@ -442,6 +442,13 @@ pub struct NodeEntry {
     /// many `-n` alone puts on it). Default 1, as in Slurm.
     #[serde(default = "one")]
     pub cpus: u32,
+    /// Memory jobs may use on the node (`mem = "64G"`); none: what the node has, as its NM
+    /// detects it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<crate::size::ByteSize>,
+    /// What `--constraint` selects the node by (`features = ["ib", "gpu"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -660,6 +667,10 @@ struct NodeTable {
     spool: PathBuf,
     #[serde(default = "one")]
     cpus: u32,
+    #[serde(default)]
+    mem: Option<crate::size::ByteSize>,
+    #[serde(default)]
+    features: Vec<String>,
 }
 
 fn expand_nodes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeEntry>, D::Error> {
@@ -688,6 +699,8 @@ fn expand_nodes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeEntry>
                 address,
                 spool: t.spool.clone(),
                 cpus: t.cpus,
+                mem: t.mem,
+                features: t.features.clone(),
             });
         }
         if nodes.len() > crate::hostlist::MAX_EXPANSION {

@@ -76,6 +76,31 @@ pub struct JobRequest {
     /// of this user with this token answers by following that job instead of making another,
     /// so a job is neither lost nor run twice.
     pub token: Option<u64>,
+    /// Memory the job needs (`--mem`, `--mem-per-cpu`); none: it is not counted, nor capped.
+    pub mem: Option<MemRequest>,
+    /// Features every node of the job must have (`--constraint`, the cluster file's
+    /// `features`).
+    pub constraint: Vec<String>,
+}
+
+/// Memory a job asks for, as srun means it (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemRequest {
+    /// `--mem`: on each of its nodes.
+    PerNode(u64),
+    /// `--mem-per-cpu`: for each CPU it holds on a node.
+    PerCpu(u64),
+}
+
+impl MemRequest {
+    /// Bytes on a node where the job holds `cpus` CPUs.
+    pub fn per_node(self, cpus: u32) -> u64 {
+        match self {
+            MemRequest::PerNode(b) => b,
+            MemRequest::PerCpu(b) => b.saturating_mul(u64::from(cpus)),
+        }
+    }
 }
 
 impl JobRequest {
@@ -108,6 +133,8 @@ impl JobRequest {
             array: None,
             element: None,
             token: None,
+            mem: None,
+            constraint: Vec::new(),
         }
     }
 }

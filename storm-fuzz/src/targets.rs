@@ -858,6 +858,8 @@ fn job_request() -> JobRequest {
             throttle: Some(3),
         }),
         token: Some(0x5eed_0fa5_ab1e),
+        mem: Some(storm_cluster::control::MemRequest::PerCpu(512 << 20)),
+        constraint: vec!["ib".into()],
     }
 }
 

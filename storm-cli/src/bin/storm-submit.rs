@@ -424,6 +424,8 @@ fn run(args: Args) -> Result<i32, String> {
         array: None,
         element: None,
         token: Some(rand::random()),
+        mem: shape.mem(),
+        constraint: shape.constraint()?,
     };
 
     let local = match args.local {

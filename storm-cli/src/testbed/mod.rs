@@ -668,6 +668,8 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                 address: v4(node_addr(i)),
                 spool: opts.dir.join(format!("node{i}")),
                 cpus: opts.cpus,
+                mem: None,
+                features: Vec::new(),
             })
             .collect(),
     };

@@ -1,21 +1,91 @@
-//! Journals of the previous format, read once and written again in this one.
+//! Journals of the previous formats, read once and written again in this one.
 //!
-//! Format 13's job records are this format's but for a started job's `launched_to` (the NM
-//! process each node's launch went to), which format 14 added. A record of format 13 comes
-//! over with none: after the restart that upgrades the MM, a node that lacks such a job is
-//! counted as having lost it (the job ends, or is requeued with `--requeue`), never as one
-//! the launch missed, since no record says which NM process the launch went to. Nothing else
-//! changed, so every other record reads as it is.
+//! * **Format 14** is this format but for the job request: format 15 added its memory
+//!   (`--mem`, `--mem-per-cpu`) and features (`--constraint`). A job of format 14 comes over
+//!   asking for neither, as it was submitted.
+//! * **Format 13** is format 14 but for a started job's `launched_to` (the NM process each
+//!   node's launch went to). A record of format 13 comes over with none: after the restart
+//!   that upgrades the MM, a node that lacks such a job is counted as having lost it (the job
+//!   ends, or is requeued with `--requeue`), never as one the launch missed, since no record
+//!   says which NM process the launch went to.
+//!
+//! Nothing else changed, so every other record reads as it is.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
 
 use serde::Deserialize;
-use storm_cluster::control::{JobOutcome, JobRequest};
-use storm_cluster::messages::JobId;
+use storm_cluster::control::{ArrayElement, ArraySpec, Delivery, JobOutcome, JobRequest};
+use storm_cluster::dependency::Dependency;
+use storm_cluster::messages::{BatchOutput, InputTarget, JobId, MpiMode};
+use storm_cluster::tasks::TaskRequest;
 use storm_primitives::NodeSet;
 
 use super::{JobRecord, JobState};
 
-/// The format this module reads.
-pub(super) const FROM: u64 = 13;
+/// The formats this module reads.
+pub(super) const READS: [u64; 2] = [13, 14];
+
+/// A job request as formats 13 and 14 wrote it.
+#[derive(Deserialize)]
+struct JobRequest14 {
+    name: String,
+    #[serde(with = "storm_cluster::os_bytes::path")]
+    program: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    #[serde(with = "storm_cluster::os_bytes::path")]
+    cwd: PathBuf,
+    tasks: TaskRequest,
+    delivery: Delivery,
+    time_limit_ms: Option<u64>,
+    requeue: bool,
+    mpi: MpiMode,
+    input: InputTarget,
+    dependency: Option<Dependency>,
+    batch: Option<BatchOutput>,
+    step_of: Option<JobId>,
+    array: Option<ArraySpec>,
+    element: Option<ArrayElement>,
+    token: Option<u64>,
+}
+
+impl From<JobRequest14> for JobRequest {
+    fn from(r: JobRequest14) -> Self {
+        JobRequest {
+            name: r.name,
+            program: r.program,
+            args: r.args,
+            env: r.env,
+            cwd: r.cwd,
+            tasks: r.tasks,
+            delivery: r.delivery,
+            time_limit_ms: r.time_limit_ms,
+            requeue: r.requeue,
+            mpi: r.mpi,
+            input: r.input,
+            dependency: r.dependency,
+            batch: r.batch,
+            step_of: r.step_of,
+            array: r.array,
+            element: r.element,
+            token: r.token,
+            mem: None,
+            constraint: Vec::new(),
+        }
+    }
+}
+
+/// A job record as format 14 wrote it.
+#[derive(Deserialize)]
+struct JobRecord14 {
+    id: JobId,
+    uid: u32,
+    gid: u32,
+    req: JobRequest14,
+    submitted_ms: u64,
+    state: JobState,
+}
 
 /// A job record as format 13 wrote it.
 #[derive(Deserialize)]
@@ -23,7 +93,7 @@ struct JobRecord13 {
     id: JobId,
     uid: u32,
     gid: u32,
-    req: JobRequest,
+    req: JobRequest14,
     submitted_ms: u64,
     state: JobState13,
 }
@@ -47,8 +117,21 @@ enum JobState13 {
     },
 }
 
-/// A job record of format 13, as this format holds it; the error says why it does not decode.
-pub(super) fn job_from_13(bytes: &[u8]) -> Result<JobRecord, String> {
+/// A job record of `format` (one of [`READS`]), as this format holds it; the error says why
+/// it does not decode.
+pub(super) fn job_from(format: u64, bytes: &[u8]) -> Result<JobRecord, String> {
+    if format == 14 {
+        let (old, _) =
+            storm_primitives::codec::decode::<JobRecord14>(bytes).map_err(|e| e.to_string())?;
+        return Ok(JobRecord {
+            id: old.id,
+            uid: old.uid,
+            gid: old.gid,
+            req: old.req.into(),
+            submitted_ms: old.submitted_ms,
+            state: old.state,
+        });
+    }
     let (old, _) =
         storm_primitives::codec::decode::<JobRecord13>(bytes).map_err(|e| e.to_string())?;
     let state = match old.state {
@@ -83,7 +166,7 @@ pub(super) fn job_from_13(bytes: &[u8]) -> Result<JobRecord, String> {
         id: old.id,
         uid: old.uid,
         gid: old.gid,
-        req: old.req,
+        req: old.req.into(),
         submitted_ms: old.submitted_ms,
         state,
     })
@@ -98,13 +181,86 @@ mod tests {
     use crate::journal::tests::{finished, job};
     use crate::journal::{FORMAT, JOBS, Journal, META};
 
-    /// A record as format 13 wrote it (this module only ever reads one otherwise).
+    /// A request as formats 13 and 14 wrote it.
+    #[derive(Serialize)]
+    struct Request14 {
+        name: String,
+        #[serde(with = "storm_cluster::os_bytes::path")]
+        program: PathBuf,
+        args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+        #[serde(with = "storm_cluster::os_bytes::path")]
+        cwd: PathBuf,
+        tasks: TaskRequest,
+        delivery: Delivery,
+        time_limit_ms: Option<u64>,
+        requeue: bool,
+        mpi: MpiMode,
+        input: InputTarget,
+        dependency: Option<Dependency>,
+        batch: Option<BatchOutput>,
+        step_of: Option<JobId>,
+        array: Option<ArraySpec>,
+        element: Option<ArrayElement>,
+        token: Option<u64>,
+    }
+
+    /// `r` as formats 13 and 14 wrote it (it must ask for no memory and no features, which
+    /// they could not hold).
+    fn request_14(r: &JobRequest) -> Request14 {
+        assert!(r.mem.is_none() && r.constraint.is_empty());
+        let r = r.clone();
+        Request14 {
+            name: r.name,
+            program: r.program,
+            args: r.args,
+            env: r.env,
+            cwd: r.cwd,
+            tasks: r.tasks,
+            delivery: r.delivery,
+            time_limit_ms: r.time_limit_ms,
+            requeue: r.requeue,
+            mpi: r.mpi,
+            input: r.input,
+            dependency: r.dependency,
+            batch: r.batch,
+            step_of: r.step_of,
+            array: r.array,
+            element: r.element,
+            token: r.token,
+        }
+    }
+
+    /// A record as format 14 wrote it.
+    #[derive(Serialize)]
+    struct Written14<'a> {
+        id: JobId,
+        uid: u32,
+        gid: u32,
+        req: Request14,
+        submitted_ms: u64,
+        state: &'a JobState,
+    }
+
+    fn written_14(rec: &JobRecord) -> Vec<u8> {
+        let old = Written14 {
+            id: rec.id,
+            uid: rec.uid,
+            gid: rec.gid,
+            req: request_14(&rec.req),
+            submitted_ms: rec.submitted_ms,
+            state: &rec.state,
+        };
+        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
+    }
+
+    /// A record as format 13 wrote it.
     #[derive(Serialize)]
     struct Written13<'a> {
         id: JobId,
         uid: u32,
         gid: u32,
-        req: &'a JobRequest,
+        req: Request14,
         submitted_ms: u64,
         state: State13<'a>,
     }
@@ -160,18 +316,17 @@ mod tests {
             id: rec.id,
             uid: rec.uid,
             gid: rec.gid,
-            req: &rec.req,
+            req: request_14(&rec.req),
             submitted_ms: rec.submitted_ms,
             state,
         };
         bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
     }
 
-    /// An MM upgraded over a journal of format 13 finds every job in it: queued, started
-    /// (with no NM process named for its launch: a node that lacks it has lost it) and
-    /// finished; the journal is of this format from then on, and opens again as it is.
-    #[test]
-    fn a_journal_of_format_13_is_read_and_rewritten_in_this_format() {
+    /// A journal of `format` written with `encode`, holding a queued, a started and a
+    /// finished job, opened by this MM: every job is found, the journal is of this format
+    /// from then on, and opens again as it is.
+    fn upgrade_from(format: u64, encode: fn(&JobRecord) -> Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let started = job(
             2,
@@ -192,27 +347,40 @@ mod tests {
             let w = db.begin_write().unwrap();
             {
                 let mut meta = w.open_table(META).unwrap();
-                meta.insert("format", FROM).unwrap();
+                meta.insert("format", format).unwrap();
                 meta.insert("next_job", 4).unwrap();
                 let mut jobs = w.open_table(JOBS).unwrap();
                 for rec in &records {
-                    jobs.insert(rec.id, written_13(rec).as_slice()).unwrap();
+                    jobs.insert(rec.id, encode(rec).as_slice()).unwrap();
                 }
             }
             w.commit().unwrap();
         }
-        let (journal, restored) = Journal::open(dir.path()).expect("format 13 is read");
+        let (journal, restored) = Journal::open(dir.path()).expect("the old format is read");
         drop(journal);
-        assert_eq!(restored.jobs, records);
+        assert_eq!(restored.jobs, records, "format {format}");
         assert_eq!(restored.next_job, 4);
         {
             let db = Database::create(dir.path().join("journal.redb")).unwrap();
             let r = db.begin_read().unwrap();
-            let format = r.open_table(META).unwrap().get("format").unwrap().unwrap();
-            assert_eq!(format.value(), FORMAT, "rewritten in this format");
+            let now = r.open_table(META).unwrap().get("format").unwrap().unwrap();
+            assert_eq!(now.value(), FORMAT, "rewritten in this format");
         }
         let (_, again) = Journal::open(dir.path()).expect("opens again as it is");
         assert_eq!(again.jobs, records);
+    }
+
+    /// Format 13: a started job comes over with no NM process named for its launch (a node
+    /// that lacks it has lost it), and every request asks for no memory and no features.
+    #[test]
+    fn a_journal_of_format_13_is_read_and_rewritten_in_this_format() {
+        upgrade_from(13, written_13);
+    }
+
+    /// Format 14: requests come over asking for no memory and no features.
+    #[test]
+    fn a_journal_of_format_14_is_read_and_rewritten_in_this_format() {
+        upgrade_from(14, written_14);
     }
 
     /// A record of format 13 that does not decode stops the upgrade with the record named,
@@ -225,7 +393,7 @@ mod tests {
             let db = Database::create(dir.path().join("journal.redb")).unwrap();
             let w = db.begin_write().unwrap();
             {
-                w.open_table(META).unwrap().insert("format", FROM).unwrap();
+                w.open_table(META).unwrap().insert("format", 13).unwrap();
                 let mut jobs = w.open_table(JOBS).unwrap();
                 jobs.insert(1, written_13(&job(1, JobState::Queued)).as_slice())
                     .unwrap();
@@ -241,6 +409,6 @@ mod tests {
         let db = Database::create(dir.path().join("journal.redb")).unwrap();
         let r = db.begin_read().unwrap();
         let format = r.open_table(META).unwrap().get("format").unwrap().unwrap();
-        assert_eq!(format.value(), FROM, "nothing was rewritten");
+        assert_eq!(format.value(), 13, "nothing was rewritten");
     }
 }

@@ -51,9 +51,9 @@ mod migrate;
 /// (a started job whose program ran in place records no program hash). Format 12: a
 /// dependency's jobs are ids or array elements (`JobRef`). Format 13: a request carries its
 /// submission `token`. Format 14: a started job carries `launched_to`, the NM process its
-/// launch went to on each node (a journal of format 13 is rewritten in format 14 when opened,
-/// see [`migrate`]).
-pub(crate) const FORMAT: u64 = 14;
+/// launch went to on each node. Format 15: a request carries its `mem` and `constraint` (a
+/// journal of format 13 or 14 is rewritten in format 15 when opened, see [`migrate`]).
+pub(crate) const FORMAT: u64 = 15;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -234,16 +234,16 @@ impl JournalStore for RedbStore {
                         .map_err(|e| self.store_error(e))?;
                 }
                 Some(FORMAT) => {}
-                Some(migrate::FROM) => {
+                Some(from) if migrate::READS.contains(&from) => {
                     let mut jobs = w.open_table(JOBS).map_err(|e| self.store_error(e))?;
                     let mut old = Vec::new();
                     for entry in jobs.iter().map_err(|e| self.store_error(e))? {
                         let (k, v) = entry.map_err(|e| self.store_error(e))?;
                         let id = k.value();
-                        let rec = migrate::job_from_13(v.value()).map_err(|message| {
+                        let rec = migrate::job_from(from, v.value()).map_err(|message| {
                             JournalError::Corrupt {
                                 path: self.path.clone(),
-                                record: format!("job {id} (format {})", migrate::FROM),
+                                record: format!("job {id} (format {from})"),
                                 message,
                             }
                         })?;
@@ -258,8 +258,7 @@ impl JournalStore for RedbStore {
                         .map_err(|e| self.store_error(e))?;
                     tracing::info!(
                         jobs = old.len(),
-                        "journal rewritten from format {} in format {FORMAT}",
-                        migrate::FROM
+                        "journal rewritten from format {from} in format {FORMAT}"
                     );
                 }
                 Some(other) => {
