@@ -308,6 +308,7 @@ pub fn seal_costs() -> Table {
         mpi: MpiMode::Both,
         input: Default::default(),
         batch: None,
+        mem: None,
     });
     let bytes =
         storm_cluster::messages::encode("heartbeat", &[launch], 1 << 20).expect("a launch encodes");

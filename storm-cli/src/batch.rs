@@ -254,7 +254,8 @@ mod tests {
         assert_eq!(d.shape.job_name.as_deref(), Some("nightly"));
         assert_eq!(d.output.as_deref(), Some("out %j.txt"));
         assert_eq!(d.shape.dependency.unwrap().to_string(), "afterok:7");
-        assert_eq!(d.ignored, ["#SBATCH --mem=1G", "#SBATCH -p debug"]);
+        assert_eq!(d.shape.mem, Some(1 << 30), "#SBATCH --mem is storm's too");
+        assert_eq!(d.ignored, ["#SBATCH -p debug"]);
         let array = d.array.unwrap();
         assert_eq!((array.indices, array.throttle), (vec![1, 2, 3], Some(2)));
     }
@@ -263,8 +264,8 @@ mod tests {
     fn bad_lines_are_refused_with_their_place() {
         for (script, says) in [
             (
-                "#!/bin/sh\n#STORM --mem=1G\n",
-                "s.sh:2: #STORM --mem=1G: unexpected argument",
+                "#!/bin/sh\n#STORM --partition=debug\n",
+                "s.sh:2: #STORM --partition=debug: unexpected argument",
             ),
             (
                 "#!/bin/sh\n#SBATCH -N many\n",

@@ -51,7 +51,7 @@ fn memory_limit_file(proc_cgroup: &str) -> Option<std::path::PathBuf> {
 }
 
 /// A task that outgrows the memory its job's cgroup allows (capped here from outside, as an
-/// administrator or a future `--mem` would) is killed by the kernel. sacct says OUT_OF_MEMORY,
+/// administrator would; `--mem` caps it from the job's own request, tests/memory.rs) is killed by the kernel. sacct says OUT_OF_MEMORY,
 /// not FAILED, and srun says the step was OOM-killed: so do `storm history` and storm-submit.
 #[test]
 fn a_job_the_kernel_kills_for_memory_ends_out_of_memory() {

@@ -71,6 +71,7 @@ fn a_batch_script_runs_on_its_allocation_with_steps_and_its_output_in_a_file() {
     let body = format!(
         "#!/bin/sh\n\
          #SBATCH --mem=1G\n\
+         #SBATCH -p debug\n\
          #SBATCH -N 3\n\
          #STORM -N 2 -n 4 -o out-%x-%j.txt -J batchy\n\
          echo \"script: job $STORM_JOB_ID on $STORM_NODENAME, $STORM_NNODES nodes, $STORM_NTASKS tasks, args $*\"\n\
@@ -85,7 +86,8 @@ fn a_batch_script_runs_on_its_allocation_with_steps_and_its_output_in_a_file() {
     let out = storm_batch(&c, work.path(), &["--parsable", "job.sh", "a1", "a2"]);
     let id = batch_id(&out);
     assert!(
-        text(&out.stderr).contains("ignoring `#SBATCH --mem=1G`"),
+        text(&out.stderr).contains("ignoring `#SBATCH -p debug`")
+            && !text(&out.stderr).contains("--mem"),
         "{}",
         text(&out.stderr)
     );

@@ -50,7 +50,7 @@ fn stderr_of(child: &mut Child) -> String {
 fn unknown_options_are_errors_and_the_programs_options_are_its_own() {
     ensure_daemons();
     for args in [
-        &["--mem=1G", "hostname"][..],
+        &["--partition=debug", "hostname"][..],
         &["-o", "out.txt", "hostname"],
         &["--array", "1-3", "hostname"],
     ] {

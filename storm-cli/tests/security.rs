@@ -449,6 +449,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
             mpi: MpiMode::None,
             input: Default::default(),
             batch: None,
+            mem: None,
         });
         let mut hb = Heartbeat {
             seq,

@@ -616,6 +616,9 @@ impl RelaySection {
     }
 }
 
+/// Distinct node features a cluster may have (`--constraint` selects by them).
+pub const MAX_FEATURES: usize = 64;
+
 /// A whole cluster file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -890,6 +893,21 @@ impl ClusterConfig {
             return bad("no [[node]] entries: a cluster needs at least one node".into());
         }
         let c = &self.cluster;
+        let features = self.features();
+        if features.len() > MAX_FEATURES {
+            return bad(format!(
+                "the nodes have {} features in all; at most {MAX_FEATURES} are allowed",
+                features.len()
+            ));
+        }
+        if let Some(f) = features
+            .iter()
+            .find(|f| f.is_empty() || f.contains(['&', ',', '|', ' ', '[', ']', '*']))
+        {
+            return bad(format!(
+                "feature {f:?}: a feature is a non-empty name without & , | [ ] * or spaces"
+            ));
+        }
         let h = &self.health;
         if h.program_every_ms < 1000 || h.program_timeout_ms == 0 {
             return bad(format!(
@@ -1229,6 +1247,50 @@ impl ClusterConfig {
             max_cpus_per_node: cpus.max().unwrap_or(1),
             max_tasks_per_node: self.cluster.max_tasks_per_node as u32,
         }
+    }
+
+    /// Every feature a node of the cluster has, each once, in order: feature `i` is bit `i`
+    /// of [`ClusterConfig::feature_mask`].
+    pub fn features(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.features.iter().map(String::as_str))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// The bits of `wanted` (`--constraint`), or which feature no node has.
+    pub fn feature_mask(&self, wanted: &[String]) -> Result<u64, String> {
+        let all = self.features();
+        let mut mask = 0u64;
+        for w in wanted {
+            match all.iter().position(|f| f == w) {
+                Some(i) if i < MAX_FEATURES => mask |= 1 << i,
+                _ => {
+                    return Err(format!(
+                        "--constraint {w}: no node of cluster {:?} has feature {w:?} (it has: {})",
+                        self.cluster.name,
+                        if all.is_empty() {
+                            "none".to_string()
+                        } else {
+                            all.join(", ")
+                        }
+                    ));
+                }
+            }
+        }
+        Ok(mask)
+    }
+
+    /// Each node's features as bits (see [`ClusterConfig::features`]).
+    pub fn node_feature_masks(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|n| self.feature_mask(&n.features).unwrap_or(0))
+            .collect()
     }
 
     /// The MM's id in the primitives fabric: one past the last compute node.

@@ -433,6 +433,7 @@ mod tests {
             mpi: MpiMode::None,
             input: Default::default(),
             batch: None,
+            mem: None,
         })
     }
 

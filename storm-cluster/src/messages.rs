@@ -219,6 +219,8 @@ pub struct LaunchSpec {
     /// A batch job: `ntasks` is 1 (the script, on the first node), its standard output and
     /// error go to these files, and `alloc_tasks` is what its allocation holds.
     pub batch: Option<BatchLaunch>,
+    /// The memory the job may use on each node (bytes, `--mem`): its cgroup's limit there.
+    pub mem: Option<u64>,
 }
 
 /// Where a batch script's output goes (`storm batch -o/-e`): patterns, relative to the
@@ -405,6 +407,9 @@ impl LaunchSpec {
 }
 
 /// One command carried by a heartbeat.
+// A launch is the large one; commands live for one heartbeat, a few at a time, so boxing it
+// would cost an allocation per launch to save bytes nobody keeps.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     ReceiveFile(FileInfo),
@@ -551,6 +556,9 @@ pub struct Inventory {
     /// MM's clock).
     pub since_ms: u64,
     pub jobs: Vec<HeldJob>,
+    /// The memory the node has (bytes, as its NM detects it): what jobs may use there unless
+    /// the cluster file declares the node's `mem`.
+    pub mem: u64,
 }
 
 /// Bytes of one node's inventory area, for at most `max_jobs` jobs.
@@ -961,6 +969,7 @@ mod tests {
             mpi: MpiMode::Both,
             input: Default::default(),
             batch: None,
+            mem: None,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
         let bad = |f: &dyn Fn(&mut LaunchSpec)| {
@@ -998,6 +1007,7 @@ mod tests {
                     mpi: MpiMode::Pmi1,
                     input: Default::default(),
                     batch: None,
+                    mem: None,
                 }),
             ],
             seal: Some(crate::identity::Seal {
@@ -1038,6 +1048,7 @@ mod tests {
                 stamp: u64::MAX,
                 since_ms: u64::MAX,
                 jobs: jobs.clone(),
+                mem: u64::MAX,
             };
             encode_sealed("inventory", &inv, inventory_bytes(max_jobs)).unwrap();
             let welcome = Membership::Welcome {

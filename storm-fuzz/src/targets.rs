@@ -607,6 +607,7 @@ fn launch_spec() -> LaunchSpec {
             alloc_tasks: 8,
             array: Some((40, 2, 10)),
         }),
+        mem: Some(256 << 20),
     }
 }
 
@@ -716,6 +717,7 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                     slot: 3,
                     ended: false,
                 }],
+                mem: 8 << 30,
             },
         ),
         tagged(

@@ -176,6 +176,26 @@ impl Allocator {
         }
     }
 
+    /// As [`Allocator::allocate`], but none of `avoid` (nodes without the job's features,
+    /// or without room for its memory: `crate::policy::fit`).
+    pub fn allocate_avoiding(&mut self, need: Need, avoid: &NodeSet) -> Option<Share> {
+        if avoid.is_empty() {
+            return self.allocate(need);
+        }
+        let kept_out: Vec<NodeId> = avoid
+            .iter()
+            .filter(|n| !self.unavailable.contains(*n))
+            .collect();
+        for &n in &kept_out {
+            self.set_unavailable(n);
+        }
+        let got = self.allocate(need);
+        for &n in &kept_out {
+            self.set_available(n);
+        }
+        got
+    }
+
     /// Takes exactly `share` (a job that held it before the MM restarted takes it back),
     /// available or not. False, taking nothing, if any of it is not free.
     pub fn take(&mut self, share: &Share) -> bool {

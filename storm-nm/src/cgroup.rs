@@ -180,9 +180,10 @@ impl Cgroups {
         self.bases().into_iter().map(|b| b.join(&name)).collect()
     }
 
-    /// Makes job `job`'s group if it is not there; the `cgroup.procs` files a task of it
-    /// writes itself into.
-    pub fn prepare(&self, job: JobId) -> Result<Vec<PathBuf>, String> {
+    /// Makes job `job`'s group if it is not there, confined to `mem` bytes if given (swap
+    /// included: a job over its memory is killed, not swapped); the `cgroup.procs` files a
+    /// task of it writes itself into.
+    pub fn prepare(&self, job: JobId, mem: Option<u64>) -> Result<Vec<PathBuf>, String> {
         let dirs = self.job_dirs(job);
         for d in &dirs {
             match std::fs::create_dir(d) {
@@ -191,7 +192,62 @@ impl Cgroups {
                 Err(e) => return Err(format!("cannot make the job's cgroup {}: {e}", d.display())),
             }
         }
+        if let Some(bytes) = mem {
+            self.confine(job, bytes)?;
+        }
         Ok(dirs.into_iter().map(|d| d.join("cgroup.procs")).collect())
+    }
+
+    /// Caps job `job`'s group at `bytes` of memory, and as much memory and swap together.
+    /// Without cgroups, or without the memory controller, the job runs unconfined: the MM
+    /// still places it by its memory, and the NM says so in its log.
+    fn confine(&self, job: JobId, bytes: u64) -> Result<(), String> {
+        let name = format!("job-{job}");
+        let (limit, with_swap, swap_only) = match self {
+            Cgroups::V1(list) => match list.iter().find(|(c, _)| *c == "memory") {
+                Some((_, base)) => {
+                    let d = base.join(&name);
+                    (
+                        d.join("memory.limit_in_bytes"),
+                        Some(d.join("memory.memsw.limit_in_bytes")),
+                        None,
+                    )
+                }
+                None => {
+                    tracing::warn!(job, "--mem not enforced: no v1 memory hierarchy");
+                    return Ok(());
+                }
+            },
+            Cgroups::V2(base) => {
+                let d = base.join(&name);
+                (d.join("memory.max"), None, Some(d.join("memory.swap.max")))
+            }
+            Cgroups::None => {
+                tracing::warn!(job, "--mem not enforced: this NM keeps no cgroups");
+                return Ok(());
+            }
+        };
+        if !limit.exists() {
+            tracing::warn!(job, "--mem not enforced: {} is missing", limit.display());
+            return Ok(());
+        }
+        let write = |path: &Path, value: &str| {
+            std::fs::write(path, value).map_err(|e| {
+                format!(
+                    "cannot confine the job to its memory ({} = {value}): {e}",
+                    path.display()
+                )
+            })
+        };
+        write(&limit, &bytes.to_string())?;
+        // Optional files: kernels without swap accounting have neither.
+        if let Some(p) = with_swap.filter(|p| p.exists()) {
+            write(&p, &bytes.to_string())?;
+        }
+        if let Some(p) = swap_only.filter(|p| p.exists()) {
+            write(&p, "0")?;
+        }
+        Ok(())
     }
 
     /// Kills every process left in job `job`'s group, reads what the group used, and removes
@@ -422,7 +478,7 @@ mod tests {
     fn without_cgroups_nothing_is_made_or_known() {
         let g = Cgroups::None;
         assert!(g.job_dirs(3).is_empty());
-        assert_eq!(g.prepare(3).unwrap(), Vec::<PathBuf>::new());
+        assert_eq!(g.prepare(3, Some(1 << 20)).unwrap(), Vec::<PathBuf>::new());
         assert_eq!(g.end_job(3), JobUsage::default());
     }
 }

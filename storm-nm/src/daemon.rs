@@ -200,7 +200,13 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         rm,
         node,
         fabric: prims,
-        identity: Identity::this_process(mm_key),
+        identity: Identity::this_process(
+            mm_key,
+            // The node's memory as detected (the cluster file's `mem` may say less).
+            std::fs::read_to_string("/proc/meminfo")
+                .map(|t| crate::sample::parse_meminfo(&t).total)
+                .unwrap_or(0),
+        ),
         report_wait: op_timeout * 2,
         pmi_library,
     };

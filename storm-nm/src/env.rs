@@ -62,6 +62,8 @@ pub struct TaskStart<'a> {
     pub error_file: Option<PathBuf>,
     /// The task reads storm-submit's standard input (else `/dev/null`).
     pub stdin: bool,
+    /// The job's memory on this node (`--mem`): its cgroup's limit.
+    pub mem: Option<u64>,
 }
 
 /// A task the runner started, and its output streams (the read ends of its pipes).

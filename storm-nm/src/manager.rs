@@ -785,6 +785,7 @@ impl<E: NmEnv> NodeManager<E> {
             output_file,
             error_file,
             stdin: spec.input.includes(rank),
+            mem: spec.mem,
         };
         match self.env.tasks().start(task) {
             Ok(started) => {

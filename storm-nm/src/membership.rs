@@ -71,17 +71,21 @@ pub struct Identity {
     /// When the NM started (Unix time, milliseconds, by this node's clock), for the
     /// inventory: the MM only ever compares it with itself.
     pub started_ms: u64,
+    /// The node's memory (bytes), as detected, for the inventory.
+    pub mem: u64,
     /// The MM's public key: membership messages and commands count only with its seal.
     pub mm: MmVerifier,
 }
 
 impl Identity {
-    /// This NM process, taking orders from the MM whose seals `mm` checks.
-    pub fn this_process(mm: MmVerifier) -> Self {
+    /// This NM process on a node of `mem` bytes, taking orders from the MM whose seals `mm`
+    /// checks.
+    pub fn this_process(mm: MmVerifier, mem: u64) -> Self {
         Self {
             clock: Arc::new(SystemClock),
             pid: std::process::id(),
             started_ms: *PROCESS_STARTED_MS,
+            mem,
             mm,
         }
     }
@@ -385,6 +389,7 @@ impl Registration {
                 stamp,
                 since_ms: self.identity.started_ms,
                 jobs: jobs.clone(),
+                mem: self.identity.mem,
             };
             match encode_sealed("inventory", &inventory, self.rm.inventory_bytes) {
                 Ok(b) => break b,

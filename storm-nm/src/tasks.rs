@@ -193,7 +193,7 @@ impl PlRunner {
 
 impl TaskRunner for PlRunner {
     fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
-        let cgroups = self.cgroups.prepare(task.job)?;
+        let cgroups = self.cgroups.prepare(task.job, task.mem)?;
         let Some(slot) = self.table.claim() else {
             return Err("too many tasks on this node".into());
         };

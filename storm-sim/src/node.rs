@@ -69,6 +69,8 @@ impl SimNode {
             clock: clock.clone(),
             pid: 1000 + id,
             started_ms: clock.unix_ms().saturating_add_signed(clock_ahead_ms),
+            // Simulated nodes have what a typical compute node has.
+            mem: 64 << 30,
             mm: storm_cluster::identity::MmVerifier::new(
                 crate::mm_signing_key().verifying_key(),
                 &cfg.cluster.name,

@@ -289,8 +289,10 @@ impl Job {
         }
     }
 
-    /// The launch command of this started job (it has a job slot).
-    pub(super) fn launch_spec(&self) -> LaunchSpec {
+    /// The launch command of this started job (it has a job slot), on nodes of `node_cpus`
+    /// CPUs.
+    pub(super) fn launch_spec(&self, node_cpus: u32) -> LaunchSpec {
+        let held_cpus = self.cpus.as_ref().map_or(node_cpus, |c| c.len() as u32);
         let mut spec = launch_spec(
             self.id,
             self.slot.expect("started jobs have a slot"),
@@ -298,6 +300,7 @@ impl Job {
             &self.plan,
             &self.nodes,
             (self.uid, self.gid),
+            held_cpus,
         );
         if self.in_place {
             spec.program = Program::Path(self.req.program.clone());
@@ -330,12 +333,27 @@ pub(super) fn job_record(j: &Job) -> JobRecord {
     }
 }
 
-/// What a job asks of the scheduling policy on nodes of `cpus` CPUs.
-pub(super) fn job_ask(job: JobId, req: &JobRequest, plan: &TaskPlan, cpus: u32) -> JobAsk {
+/// What a job asks of the scheduling policy on nodes of `cpus` CPUs, its `--constraint`
+/// being `features` (bits). `--mem-per-cpu` counts the CPUs it holds on a node: those of its
+/// share of one node, or every CPU of a node it takes whole.
+pub(super) fn job_ask(
+    job: JobId,
+    req: &JobRequest,
+    plan: &TaskPlan,
+    cpus: u32,
+    features: u64,
+) -> JobAsk {
+    let need = Need::of(plan.nodes, plan.ntasks, cpus, req.tasks.exclusive);
+    let held_cpus = match need {
+        Need::Cpus(k) => k,
+        Need::Nodes(_) => cpus,
+    };
     JobAsk {
         job,
-        need: Need::of(plan.nodes, plan.ntasks, cpus, req.tasks.exclusive),
+        need,
         limit: req.time_limit_ms.map(Duration::from_millis),
+        mem: req.mem.map_or(0, |m| m.per_node(held_cpus)),
+        features,
     }
 }
 
@@ -374,7 +392,7 @@ pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
     })
 }
 
-/// The launch command of a job placed on `nodes`.
+/// The launch command of a job placed on `nodes`, holding `held_cpus` CPUs on each.
 pub(super) fn launch_spec(
     id: JobId,
     slot: usize,
@@ -382,6 +400,7 @@ pub(super) fn launch_spec(
     plan: &TaskPlan,
     nodes: &NodeSet,
     (uid, gid): (u32, u32),
+    held_cpus: u32,
 ) -> LaunchSpec {
     // Copied to the spools unless it runs in place (which `Job::launch_spec` decides).
     let program = if req.delivery.carries_program() {
@@ -420,6 +439,7 @@ pub(super) fn launch_spec(
             alloc_tasks: plan.ntasks,
             array: req.element.map(|e| (e.array, e.index, e.count)),
         }),
+        mem: req.mem.map(|m| m.per_node(held_cpus)),
     }
 }
 

@@ -117,6 +117,12 @@ impl<E: MmEnv> MachineManager<E> {
         let node = self.nodes.get_mut(n);
         node.stamp_seen = stamp;
         node.nm = Some(process);
+        // The memory jobs may use there: declared, else what the NM found.
+        let mem = self.cfg.nodes[n as usize]
+            .mem
+            .map_or(inventory.mem, |m| m.0);
+        self.node_mem[n as usize] = mem;
+        self.policy.set_node_memory(n, mem);
         let keep = if same_process {
             self.readopt(n, process, &inventory)
         } else {
@@ -211,7 +217,7 @@ impl<E: MmEnv> MachineManager<E> {
                     node = n,
                     "launching again on a node that missed the launch"
                 );
-                let spec = j.launch_spec();
+                let spec = j.launch_spec(self.cfg.capacity().cpus_per_node);
                 self.launch_in_heartbeats(spec);
             }
         }

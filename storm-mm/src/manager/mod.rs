@@ -144,6 +144,10 @@ pub struct MachineManager<E: MmEnv> {
     next_tick: Instant,
     /// When the nodes' health verdicts are looked at next ([`health`]).
     next_health_check: Instant,
+    /// Each node's memory for jobs: declared, or as its NM detected it (0: not known yet).
+    node_mem: Vec<u64>,
+    /// Each node's features, as bits (`ClusterConfig::features`).
+    node_features: Vec<u64>,
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -164,9 +168,16 @@ impl<E: MmEnv> MachineManager<E> {
         let outputs = (0..cfg.node_count() as usize)
             .map(|i| QueueConsumer::new(&*prims, rm.output[i], 1).map(output::NodeOutput::new))
             .collect::<Result<Vec<_>, _>>()?;
+        let node_features = cfg.node_feature_masks();
+        // Declared memory now; the others' when their NMs register.
+        let node_mem: Vec<u64> = cfg.nodes.iter().map(|n| n.mem.map_or(0, |m| m.0)).collect();
+        let mut fit = crate::policy::NodeFit::with_features(node_features.clone());
+        for (n, mem) in node_mem.iter().enumerate() {
+            fit.set_memory(n as storm_primitives::NodeId, *mem);
+        }
         let mut policy = crate::policy::build(
             cfg.scheduler.policy,
-            cfg.node_count(),
+            fit,
             cfg.capacity().cpus_per_node,
             cfg.scheduler.mpl,
             Duration::from_secs(cfg.scheduler.default_time_limit_s),
@@ -210,6 +221,8 @@ impl<E: MmEnv> MachineManager<E> {
             last_tick: now,
             next_tick: now,
             next_health_check: now,
+            node_mem,
+            node_features,
             outputs,
             attention: attention::Attention::new(&rm, now),
             rm,
@@ -531,7 +544,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.queue_changed = true;
             let j = self.jobs.get_mut(&id).expect("listed");
             j.phase = Phase::Launching;
-            let spec = j.launch_spec();
+            let spec = j.launch_spec(self.cfg.capacity().cpus_per_node);
             self.launch_in_heartbeats(spec);
             self.release_held_input(id);
         }

@@ -532,6 +532,7 @@ impl<E: MmEnv> MachineManager<E> {
         };
         self.check_request_sizes(&req)?;
         let plan = self.plan(&req)?;
+        self.check_fit(&req, &plan)?;
         if let InputTarget::Rank(rank) = req.input {
             let ntasks = super::job::tasks_launched(&req, &plan);
             if rank >= ntasks {
@@ -580,6 +581,7 @@ impl<E: MmEnv> MachineManager<E> {
             &plan,
             &NodeSet::first_n(plan.nodes),
             (uid, gid),
+            self.cfg.capacity().cpus_per_node,
         );
         // A launch too large for one heartbeat goes in pieces, up to what a node assembles.
         if let Err(e) = encode("launch", &launch_probe, MAX_LAUNCH_BYTES) {
@@ -654,7 +656,76 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// What job `j` asks of the scheduling policy.
     pub(super) fn ask(&self, j: &Job) -> JobAsk {
-        job_ask(j.id, &j.req, &j.plan, self.cfg.capacity().cpus_per_node)
+        job_ask(
+            j.id,
+            &j.req,
+            &j.plan,
+            self.cfg.capacity().cpus_per_node,
+            self.feature_bits(&j.req),
+        )
+    }
+
+    /// The bits of `req`'s `--constraint`. A feature no node has any longer (the cluster file
+    /// changed under a queued job) is a bit no node has: the job waits, and says so.
+    pub(super) fn feature_bits(&self, req: &JobRequest) -> u64 {
+        if req.constraint.is_empty() {
+            return 0;
+        }
+        self.cfg.feature_mask(&req.constraint).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the cluster has the nodes `req` asks for at all: the features of
+    /// `--constraint`, and the memory of `--mem` on as many nodes as `plan` takes (counting
+    /// only nodes whose memory is known: declared, or told by their NM).
+    pub(super) fn check_fit(&self, req: &JobRequest, plan: &TaskPlan) -> Result<(), String> {
+        let features = if req.constraint.is_empty() {
+            0
+        } else {
+            self.cfg.feature_mask(&req.constraint)?
+        };
+        let ask = self.ask_of(req, plan, features);
+        let with_features: Vec<usize> = self
+            .cfg
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.node_features[*i] & features == features)
+            .map(|(i, _)| i)
+            .collect();
+        let cluster = &self.cfg.cluster.name;
+        if (with_features.len() as u32) < plan.nodes {
+            return Err(format!(
+                "--constraint {}: the job needs {} nodes, and cluster {cluster:?} has {} with \
+                 those features",
+                req.constraint.join("&"),
+                plan.nodes,
+                with_features.len()
+            ));
+        }
+        if ask.mem == 0 || with_features.iter().any(|&n| self.node_mem[n] == 0) {
+            return Ok(());
+        }
+        let big_enough = with_features
+            .iter()
+            .filter(|&&n| self.node_mem[n] >= ask.mem)
+            .count() as u32;
+        if big_enough < plan.nodes {
+            let largest = with_features.iter().map(|&n| self.node_mem[n]).max();
+            return Err(format!(
+                "the job needs {} of memory on each of {} nodes, and cluster {cluster:?} has {} \
+                 nodes with that much (the largest has {})",
+                storm_cluster::size::human_bytes(ask.mem),
+                plan.nodes,
+                big_enough,
+                storm_cluster::size::human_bytes(largest.unwrap_or(0))
+            ));
+        }
+        Ok(())
+    }
+
+    /// What a job of `req` and `plan` would ask of the policy (its id aside).
+    fn ask_of(&self, req: &JobRequest, plan: &TaskPlan, features: u64) -> JobAsk {
+        job_ask(0, req, plan, self.cfg.capacity().cpus_per_node, features)
     }
 
     /// The shape of job `req` on this cluster, or why it does not fit.

@@ -214,7 +214,13 @@ impl<E: MmEnv> MachineManager<E> {
             )));
         }
         let ran = Duration::from_millis(self.unix_ms().saturating_sub(at.launched_ms));
-        let ask = super::job_ask(rec.id, &rec.req, &plan, self.cfg.capacity().cpus_per_node);
+        let ask = super::job_ask(
+            rec.id,
+            &rec.req,
+            &plan,
+            self.cfg.capacity().cpus_per_node,
+            self.feature_bits(&rec.req),
+        );
         let placed = Placement {
             share: Share {
                 nodes: at.nodes.clone(),
@@ -294,7 +300,7 @@ impl<E: MmEnv> MachineManager<E> {
                             nodes = %r.unlaunched,
                             "launching again where the launch never arrived before the restart"
                         );
-                        let spec = j.launch_spec();
+                        let spec = j.launch_spec(self.cfg.capacity().cpus_per_node);
                         self.launch_in_heartbeats(spec);
                     }
                     self.recovered(id);

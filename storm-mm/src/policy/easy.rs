@@ -11,6 +11,11 @@
 //! which never leaves a job waiting while as many nodes (or a node with as many CPUs) as it
 //! needs are free, so the reservation is exact. Jobs without `--time` are given the
 //! cluster's default limit.
+//!
+//! Memory and features ([`NodeFit`]) keep a job off the nodes that lack them, now and in its
+//! reservation. The reservation leaves out only the nodes the head could never have
+//! (features, or memory with every job gone): it does not replay when each job's memory
+//! comes free, so while jobs that share nodes hold memory, it can be early.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -18,11 +23,12 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::NodeId;
 
-use super::{Decision, JobAsk, Placement, Policy, Share, withdraw_from};
+use super::{Decision, JobAsk, NodeFit, Placement, Policy, Share, withdraw_from};
 use crate::alloc::Allocator;
 
 pub struct Easy {
     alloc: Allocator,
+    fit: NodeFit,
     queue: VecDeque<JobAsk>,
     /// Running jobs: what they hold and their estimated end.
     running: HashMap<JobId, (Share, Duration)>,
@@ -41,8 +47,14 @@ pub struct Easy {
 
 impl Easy {
     pub fn new(nodes: u32, cpus: u32, default_limit: Duration) -> Self {
+        Self::with_fit(NodeFit::new(nodes), cpus, default_limit)
+    }
+
+    /// Over the nodes of `fit` (their memory and features), of `cpus` CPUs each.
+    pub fn with_fit(fit: NodeFit, cpus: u32, default_limit: Duration) -> Self {
         Self {
-            alloc: Allocator::new(nodes, cpus),
+            alloc: Allocator::new(fit.len(), cpus),
+            fit,
             queue: VecDeque::new(),
             running: HashMap::new(),
             default_limit,
@@ -64,6 +76,7 @@ impl Easy {
     fn start(&mut self, ask: JobAsk, share: Share, now: Duration, out: &mut Vec<Decision>) {
         let end = now + self.limit(&ask);
         self.changed = true;
+        self.fit.hold(&ask, &share.nodes);
         self.running.insert(ask.job, (share.clone(), end));
         out.push(Decision::Start {
             job: ask.job,
@@ -79,7 +92,8 @@ impl Easy {
     /// available machine).
     fn shadow(&self, head: &JobAsk, now: Duration) -> Option<(Duration, Share)> {
         let mut future = self.alloc.clone();
-        if let Some(share) = future.allocate(head.need) {
+        let never = self.fit.never(head);
+        if let Some(share) = future.allocate_avoiding(head.need, &self.fit.avoid(head)) {
             return Some((now, share));
         }
         let mut ends: Vec<(Duration, &Share)> =
@@ -92,7 +106,7 @@ impl Easy {
             if ends.get(i + 1).is_some_and(|(next, _)| next == end) {
                 continue;
             }
-            if let Some(reserved) = future.allocate(head.need) {
+            if let Some(reserved) = future.allocate_avoiding(head.need, &never) {
                 return Some(((*end).max(now), reserved));
             }
         }
@@ -121,6 +135,7 @@ impl Policy for Easy {
         }
         let end = (now + self.limit(&ask)).saturating_sub(ran);
         self.changed = true;
+        self.fit.hold(&ask, &placed.share.nodes);
         self.running.insert(ask.job, (placed.share.clone(), end));
         true
     }
@@ -134,6 +149,7 @@ impl Policy for Easy {
         self.changed = true;
         if let Some((share, _)) = self.running.remove(&job) {
             self.alloc.release(&share);
+            self.fit.release(job);
         }
     }
 
@@ -147,6 +163,11 @@ impl Policy for Easy {
         self.alloc.set_available(node);
     }
 
+    fn set_node_memory(&mut self, node: NodeId, bytes: u64) {
+        self.changed = true;
+        self.fit.set_memory(node, bytes);
+    }
+
     fn tick(&mut self, now: Duration, max_starts: usize) -> Vec<Decision> {
         let mut out = Vec::new();
         let more_starts = max_starts > std::mem::replace(&mut self.max_starts, max_starts);
@@ -157,7 +178,8 @@ impl Policy for Easy {
             if out.len() >= max_starts {
                 break;
             }
-            let Some(share) = self.alloc.allocate(head.need) else {
+            let avoid = self.fit.avoid(&head);
+            let Some(share) = self.alloc.allocate_avoiding(head.need, &avoid) else {
                 break;
             };
             self.queue.pop_front();
@@ -181,12 +203,13 @@ impl Policy for Easy {
         let mut i = 1;
         while i < self.queue.len() && out.len() < max_starts {
             let ask = self.queue[i];
+            let avoid = self.fit.avoid(&ask);
             let share = if now + self.limit(&ask) <= shadow {
-                self.alloc.allocate(ask.need).inspect(|s| {
+                self.alloc.allocate_avoiding(ask.need, &avoid).inspect(|s| {
                     outlasting.take(s);
                 })
             } else {
-                outlasting.allocate(ask.need).inspect(|s| {
+                outlasting.allocate_avoiding(ask.need, &avoid).inspect(|s| {
                     self.alloc.take(s);
                 })
             };
@@ -213,7 +236,9 @@ impl Policy for Easy {
             }
             (0, _) => format!(
                 "waiting for {need} ({})",
-                self.alloc.describe_free(self.queue[0].need)
+                self.fit
+                    .reason(&self.queue[0])
+                    .unwrap_or_else(|| self.alloc.describe_free(self.queue[0].need))
             ),
             _ => format!(
                 "waiting behind job {}: not backfillable without delaying it",
@@ -242,6 +267,8 @@ mod tests {
             job,
             need: Need::Nodes(nodes),
             limit: Some(s(limit)),
+            mem: 0,
+            features: 0,
         }
     }
 
@@ -250,6 +277,8 @@ mod tests {
             job,
             need: Need::Cpus(cpus),
             limit: Some(s(limit)),
+            mem: 0,
+            features: 0,
         }
     }
 

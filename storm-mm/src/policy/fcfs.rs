@@ -8,19 +8,26 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::NodeId;
 
-use super::{Decision, JobAsk, Placement, Policy, Share, withdraw_from};
+use super::{Decision, JobAsk, NodeFit, Placement, Policy, Share, withdraw_from};
 use crate::alloc::Allocator;
 
 pub struct Fcfs {
     alloc: Allocator,
+    fit: NodeFit,
     queue: VecDeque<JobAsk>,
     running: HashMap<JobId, Share>,
 }
 
 impl Fcfs {
     pub fn new(nodes: u32, cpus: u32) -> Self {
+        Self::with_fit(NodeFit::new(nodes), cpus)
+    }
+
+    /// Over the nodes of `fit` (their memory and features), of `cpus` CPUs each.
+    pub fn with_fit(fit: NodeFit, cpus: u32) -> Self {
         Self {
-            alloc: Allocator::new(nodes, cpus),
+            alloc: Allocator::new(fit.len(), cpus),
+            fit,
             queue: VecDeque::new(),
             running: HashMap::new(),
         }
@@ -44,6 +51,7 @@ impl Policy for Fcfs {
         if !self.alloc.take(&placed.share) {
             return false;
         }
+        self.fit.hold(&ask, &placed.share.nodes);
         self.running.insert(ask.job, placed.share.clone());
         true
     }
@@ -55,6 +63,7 @@ impl Policy for Fcfs {
     fn ended(&mut self, job: JobId, _now: Duration) {
         if let Some(share) = self.running.remove(&job) {
             self.alloc.release(&share);
+            self.fit.release(job);
         }
     }
 
@@ -63,10 +72,12 @@ impl Policy for Fcfs {
         while out.len() < max_starts
             && let Some(head) = self.queue.front().copied()
         {
-            let Some(share) = self.alloc.allocate(head.need) else {
+            let avoid = self.fit.avoid(&head);
+            let Some(share) = self.alloc.allocate_avoiding(head.need, &avoid) else {
                 break;
             };
             self.queue.pop_front();
+            self.fit.hold(&head, &share.nodes);
             self.running.insert(head.job, share.clone());
             out.push(Decision::Start {
                 job: head.job,
@@ -87,6 +98,10 @@ impl Policy for Fcfs {
         self.alloc.set_available(node);
     }
 
+    fn set_node_memory(&mut self, node: NodeId, bytes: u64) {
+        self.fit.set_memory(node, bytes);
+    }
+
     fn reason(&self, job: JobId) -> Option<String> {
         let pos = self.queue.iter().position(|a| a.job == job)?;
         Some(if pos > 0 {
@@ -95,12 +110,15 @@ impl Policy for Fcfs {
                 self.queue[0].job
             )
         } else {
-            let need = self.queue[0].need;
-            format!(
-                "waiting for {} ({})",
-                need.describe(),
-                self.alloc.describe_free(need)
-            )
+            let head = &self.queue[0];
+            match self.fit.reason(head) {
+                Some(room) => format!("waiting for {} ({room})", head.need.describe()),
+                None => format!(
+                    "waiting for {} ({})",
+                    head.need.describe(),
+                    self.alloc.describe_free(head.need)
+                ),
+            }
         })
     }
 

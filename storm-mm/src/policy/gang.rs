@@ -6,6 +6,10 @@
 //! slot run, on all their CPUs at once. CPUs that the active slot leaves idle may run another
 //! slot's job if *all* of that job's CPUs are idle (alternative scheduling), so the job stays
 //! coscheduled. With one non-empty slot nothing switches.
+//!
+//! Memory is counted across the slots ([`NodeFit`]): a job that asks for memory goes only to
+//! nodes where it fits beside the jobs of *every* slot placed there, since a suspended job
+//! keeps its memory. Timesharing never over-commits a node's memory.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -13,11 +17,13 @@ use std::time::Duration;
 use storm_cluster::JobId;
 use storm_primitives::NodeId;
 
-use super::{Decision, JobAsk, Placement, Policy, Share, withdraw_from};
+use super::{Decision, JobAsk, NodeFit, Placement, Policy, Share, withdraw_from};
 use crate::alloc::{Allocator, Occupancy};
 
 pub struct Gang {
     slots: Vec<Allocator>,
+    /// Memory and features, one for all slots.
+    fit: NodeFit,
     /// Jobs by slot, in placement order.
     matrix: Vec<BTreeMap<JobId, Share>>,
     placed: HashMap<JobId, usize>,
@@ -27,7 +33,14 @@ pub struct Gang {
 
 impl Gang {
     pub fn new(nodes: u32, cpus: u32, mpl: usize) -> Self {
+        Self::with_fit(NodeFit::new(nodes), cpus, mpl)
+    }
+
+    /// Over the nodes of `fit` (their memory and features), of `cpus` CPUs each.
+    pub fn with_fit(fit: NodeFit, cpus: u32, mpl: usize) -> Self {
+        let nodes = fit.len();
         Self {
+            fit,
             slots: (0..mpl).map(|_| Allocator::new(nodes, cpus)).collect(),
             matrix: vec![BTreeMap::new(); mpl],
             placed: HashMap::new(),
@@ -95,6 +108,7 @@ impl Policy for Gang {
         if slot >= self.slots.len() || !self.slots[slot].take(&placed.share) {
             return false;
         }
+        self.fit.hold(&ask, &placed.share.nodes);
         self.matrix[slot].insert(ask.job, placed.share.clone());
         self.placed.insert(ask.job, slot);
         true
@@ -109,6 +123,7 @@ impl Policy for Gang {
             && let Some(share) = self.matrix[slot].remove(&job)
         {
             self.slots[slot].release(&share);
+            self.fit.release(job);
         }
     }
 
@@ -117,11 +132,16 @@ impl Policy for Gang {
         let mut i = 0;
         while i < self.queue.len() && out.len() < max_starts {
             let ask = self.queue[i];
-            let placed = (0..self.slots.len())
-                .find_map(|s| self.slots[s].allocate(ask.need).map(|n| (s, n)));
+            let avoid = self.fit.avoid(&ask);
+            let placed = (0..self.slots.len()).find_map(|s| {
+                self.slots[s]
+                    .allocate_avoiding(ask.need, &avoid)
+                    .map(|n| (s, n))
+            });
             match placed {
                 Some((slot, share)) => {
                     self.queue.remove(i);
+                    self.fit.hold(&ask, &share.nodes);
                     self.matrix[slot].insert(ask.job, share.clone());
                     self.placed.insert(ask.job, slot);
                     out.push(Decision::Start {
@@ -159,8 +179,18 @@ impl Policy for Gang {
         }
     }
 
+    fn set_node_memory(&mut self, node: NodeId, bytes: u64) {
+        self.fit.set_memory(node, bytes);
+    }
+
     fn reason(&self, job: JobId) -> Option<String> {
         let ask = self.queue.iter().find(|a| a.job == job)?;
+        if let Some(room) = self.fit.reason(ask) {
+            return Some(format!(
+                "waiting for {} where its memory fits beside every time slot's jobs ({room})",
+                ask.need.describe()
+            ));
+        }
         Some(format!(
             "waiting for {} in one of the {} time slots (most free in a slot: {} whole nodes, {} CPUs)",
             ask.need.describe(),
@@ -312,7 +342,96 @@ mod tests {
         assert_eq!(run_of(&g.tick(t, usize::MAX)), vec![5, 6, 7, 8]);
     }
 
+    /// A job with `mem` bytes per node and `features` bits.
+    fn ask_mem(job: JobId, need: Need, mem: u64, features: u64) -> JobAsk {
+        JobAsk {
+            mem,
+            features,
+            ..ask(job, need)
+        }
+    }
+
+    #[test]
+    fn jobs_whose_memory_does_not_fit_together_never_share_a_node_in_any_slot() {
+        // 2 nodes of 8 GiB and 4 CPUs, 2 slots: CPUs would fit 4 whole-node jobs at once.
+        let mut fit = NodeFit::new(2);
+        fit.set_memory(0, 8 << 30);
+        fit.set_memory(1, 8 << 30);
+        let mut g = Gang::with_fit(fit, 4, 2);
+        let t = Duration::ZERO;
+        for job in 1..=4 {
+            g.submit(ask_mem(job, Need::Nodes(1), 5 << 30, 0), t);
+        }
+        g.tick(t, usize::MAX);
+        let placed: Vec<JobId> = g.placed.keys().copied().collect();
+        assert_eq!(placed.len(), 2, "5 + 5 GiB do not fit in 8: {placed:?}");
+        assert!(
+            g.reason(3)
+                .unwrap()
+                .contains("0 of 2 nodes have 5 GiB free now"),
+            "{:?}",
+            g.reason(3)
+        );
+        g.ended(1, t);
+        g.tick(t, usize::MAX);
+        assert!(g.placed.contains_key(&3), "job 1's memory came free");
+    }
+
     proptest! {
+        /// Whatever jobs come and go, the memory of the jobs placed on a node, in every time
+        /// slot together, never exceeds what the node offers; and a job lands only on nodes
+        /// with the features it asks for. The check reads the matrix (where each job is),
+        /// not the policy's own count of memory.
+        #[test]
+        fn the_gang_policy_never_over_commits_a_nodes_memory_across_slots(
+            mpl in 1usize..5,
+            mems in proptest::collection::vec(1u64..=16, 8),
+            features in proptest::collection::vec(0u64..4, 8),
+            ops in proptest::collection::vec(
+                (1u32..=8, any::<bool>(), 0u64..=12, 0u64..4, any::<bool>()), 1..80)) {
+            let mut fit = NodeFit::with_features(features.clone());
+            for (n, gib) in mems.iter().enumerate() {
+                fit.set_memory(n as NodeId, gib << 30);
+            }
+            let mut g = Gang::with_fit(fit, 4, mpl);
+            let t = Duration::ZERO;
+            let mut asked: HashMap<JobId, (u64, u64)> = HashMap::new();
+            let mut next = 1;
+            for (size, small, gib, want, end_one) in ops {
+                if end_one && let Some(&j) = g.placed.keys().min() {
+                    g.ended(j, t);
+                } else {
+                    let need = if small { Need::Cpus(1 + size % 4) } else { Need::Nodes(size) };
+                    // Some jobs ask for no memory (0): they hold none.
+                    let mem = gib << 29;
+                    g.submit(ask_mem(next, need, mem, want), t);
+                    asked.insert(next, (mem, want));
+                    next += 1;
+                }
+                g.tick(t, usize::MAX);
+                let mut held = [0u64; 8];
+                for slot in &g.matrix {
+                    for (job, share) in slot {
+                        let (mem, want) = asked[job];
+                        for n in share.nodes.iter() {
+                            held[n as usize] += mem;
+                            prop_assert_eq!(
+                                features[n as usize] & want, want,
+                                "job {} on node {} without its features", job, n
+                            );
+                        }
+                    }
+                }
+                for (n, h) in held.iter().enumerate() {
+                    prop_assert!(
+                        *h <= mems[n] << 30,
+                        "node {} holds {} bytes across its slots, more than its {} GiB",
+                        n, h, mems[n]
+                    );
+                }
+            }
+        }
+
         /// No CPU holds two jobs in one slot; no CPU runs two jobs in one timeslice; every
         /// placed job runs within any `mpl` consecutive timeslices. Jobs take whole nodes or
         /// CPUs of one node.

@@ -22,6 +22,7 @@
 
 mod easy;
 mod fcfs;
+pub mod fit;
 mod gang;
 
 use std::time::Duration;
@@ -34,6 +35,7 @@ pub use crate::alloc::{Need, Share};
 
 pub use easy::Easy;
 pub use fcfs::Fcfs;
+pub use fit::NodeFit;
 pub use gang::Gang;
 
 /// A job as a policy sees it.
@@ -43,6 +45,10 @@ pub struct JobAsk {
     pub need: Need,
     /// Wall-clock limit (`--time`); the MM kills the job when it passes.
     pub limit: Option<Duration>,
+    /// Bytes of memory it needs on each of its nodes (0: none counted).
+    pub mem: u64,
+    /// The features each of its nodes must have, one bit per feature ([`NodeFit`]).
+    pub features: u64,
 }
 
 /// Where a running job is: its nodes (or CPUs of one node) and its row of the gang
@@ -84,6 +90,8 @@ pub trait Policy: Send {
     fn set_unavailable(&mut self, node: NodeId);
     /// Lets `node` be allocated again.
     fn set_available(&mut self, node: NodeId);
+    /// Node `node` offers `bytes` of memory to jobs (declared, or detected when it joined).
+    fn set_node_memory(&mut self, node: NodeId, bytes: u64);
     /// Why a queued job waits.
     fn reason(&self, job: JobId) -> Option<String>;
     /// Jobs waiting.
@@ -97,18 +105,18 @@ fn withdraw_from(queue: &mut std::collections::VecDeque<JobAsk>, job: JobId) -> 
     before != queue.len()
 }
 
-/// Builds a policy for `nodes` nodes of `cpus` CPUs.
+/// Builds a policy for the nodes of `fit`, of `cpus` CPUs each.
 pub fn build(
     kind: PolicyKind,
-    nodes: u32,
+    fit: NodeFit,
     cpus: u32,
     mpl: usize,
     default_limit: Duration,
 ) -> Box<dyn Policy> {
     match kind {
-        PolicyKind::Fcfs => Box::new(Fcfs::new(nodes, cpus)),
-        PolicyKind::Easy => Box::new(Easy::new(nodes, cpus, default_limit)),
-        PolicyKind::Gang => Box::new(Gang::new(nodes, cpus, mpl.max(1))),
+        PolicyKind::Fcfs => Box::new(Fcfs::with_fit(fit, cpus)),
+        PolicyKind::Easy => Box::new(Easy::with_fit(fit, cpus, default_limit)),
+        PolicyKind::Gang => Box::new(Gang::with_fit(fit, cpus, mpl.max(1))),
     }
 }
 
@@ -119,5 +127,7 @@ fn ask(job: JobId, need: Need) -> JobAsk {
         job,
         need,
         limit: None,
+        mem: 0,
+        features: 0,
     }
 }
