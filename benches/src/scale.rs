@@ -15,7 +15,11 @@
 //! * draining 10,000 queued single-node jobs: virtual time, and the MM's processor time;
 //! * the critical path of a 12 MB full-machine launch at the default 1 ms timeslice: the
 //!   program transfer takes the launch model's time (`storm_sim::TransferModel`), the rest is
-//!   the real MM's rounds (acknowledgement check, launch, termination), in virtual time.
+//!   the real MM's rounds (acknowledgement check, launch, termination), in virtual time;
+//! * node monitoring: every node's sample record put into the MM's memory where the NMs' own
+//!   transfers put it, then gathered as `storm nodes` gathers it (the MM reads and judges
+//!   every record) and queried as `storm nodes --where 'cpu>0.5'` filters: the wall time of
+//!   each (best of five), beside the same scan baseline.
 //!
 //! Virtual times count the protocol's rounds and do not depend on the machine; processor
 //! times do, hence the baseline.
@@ -48,6 +52,8 @@ pub const CSV_HEADER: &[&str] = &[
     "launch12_transfer_model_ms",
     "launch12_send_ms",
     "launch12_total_ms",
+    "gather_ms",
+    "query_ms",
     "wall_s",
 ];
 
@@ -72,7 +78,61 @@ struct Point {
     drain: Duration,
     drain_cpu: Duration,
     launch12: Launch12,
+    monitoring: Monitoring,
     wall: Duration,
+}
+
+/// Gathering and querying every node's record.
+struct Monitoring {
+    /// The MM reading and judging every node's sample and inventory (`storm nodes`).
+    gather: Duration,
+    /// `--where cpu>0.5` over what was gathered.
+    query: Duration,
+}
+
+/// Puts a sample into every node's slot in the MM's memory (a quarter of the nodes busy),
+/// then times a gather and a query, best of five.
+fn monitoring(s: &Sim) -> Result<Monitoring> {
+    use storm_cluster::clock::Clock;
+    use storm_cluster::sample::{NodeSample, Source};
+    let nodes = s.config().node_count() as usize;
+    let now_ms = s.mm().env().clock.unix_ms();
+    let (prims, rm) = s.mm().fabric();
+    for n in 0..nodes {
+        let sample = NodeSample {
+            seq: 1,
+            taken_ms: now_ms,
+            period_ms: 1000,
+            source: Source::Host,
+            cpus: 32,
+            cpu_util: if n % 4 == 0 { 0.9 } else { 0.1 },
+            load: [1.0, 1.0, 1.0],
+            mem_total: 256 << 30,
+            mem_avail: 200 << 30,
+            spool_free: 100 << 30,
+            state_free: 100 << 30,
+            ..NodeSample::default()
+        };
+        prims
+            .memory()
+            .write(rm.sample_offset(n), &sample.encode())
+            .map_err(|e| anyhow::anyhow!("writing node {n}'s sample: {e}"))?;
+    }
+    let filter =
+        storm_cli::node_filter::NodeFilter::parse("cpu>0.5").map_err(anyhow::Error::msg)?;
+    let (mut gather, mut query) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        let t = Instant::now();
+        let infos = std::hint::black_box(s.mm().nodes_view());
+        gather = gather.min(t.elapsed());
+        let t = Instant::now();
+        let busy = infos.iter().filter(|n| filter.matches(n)).count();
+        query = query.min(t.elapsed());
+        if busy != nodes.div_ceil(4) {
+            bail!("--where cpu>0.5 found {busy} of {nodes} nodes, not the quarter that is busy");
+        }
+    }
+    Ok(Monitoring { gather, query })
 }
 
 /// A 12 MB program launched on every node, with 1 ms timeslices (virtual time).
@@ -202,6 +262,7 @@ fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
     if !s.run_until(Duration::from_secs(3600), drained) {
         bail!("{} jobs did not drain on {nodes} nodes", args.drain_jobs);
     }
+    let monitoring = monitoring(&s)?;
     Ok(Point {
         nodes,
         mm_idle,
@@ -216,6 +277,7 @@ fn measure(nodes: u32, args: &ScaleArgs) -> Result<Point> {
         drain: s.now() - start,
         drain_cpu: s.cpu().mm_logic() - c0.mm_logic(),
         launch12: launch12(nodes)?,
+        monitoring,
         wall: wall.elapsed(),
     })
 }
@@ -300,6 +362,20 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             "x8",
         ],
     );
+    let mut watch = Table::new(
+        "Node monitoring: every node's record gathered as `storm nodes` reads them (the MM \
+         reads and judges each record in its own memory) and queried as `--where cpu>0.5` \
+         (wall ms, best of 5), beside one pass over a word per node; target: a full-cluster \
+         query within 10 ms at 16,384 nodes",
+        &[
+            "nodes",
+            "gather ms",
+            "x8",
+            "query ms",
+            "gather+query ms",
+            "gather/scan",
+        ],
+    );
     let mut prev: Option<Point> = None;
     for &nodes in &args.nodes {
         eprintln!("scale: {nodes} nodes");
@@ -359,6 +435,21 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 before(|q| q.launch12.total.as_secs_f64()),
             ),
         ]);
+        let m = &p.monitoring;
+        watch.push(vec![
+            p.nodes.to_string(),
+            ms_frac(m.gather),
+            growth(
+                m.gather.as_secs_f64(),
+                before(|q| q.monitoring.gather.as_secs_f64()),
+            ),
+            ms_frac(m.query),
+            ms_frac(m.gather + m.query),
+            format!(
+                "{:.0}",
+                m.gather.as_secs_f64() / p.scan.as_secs_f64().max(1e-9)
+            ),
+        ]);
         csv.push(vec![
             p.nodes.to_string(),
             us(p.mm_idle),
@@ -378,9 +469,11 @@ pub fn run(args: &ScaleArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             ms_frac(p.launch12.model),
             ms_frac(p.launch12.send),
             ms_frac(p.launch12.total),
+            ms_frac(p.monitoring.gather),
+            ms_frac(p.monitoring.query),
             format!("{:.1}", p.wall.as_secs_f64()),
         ]);
         prev = Some(p);
     }
-    Ok(vec![cpu, mem, time, launch])
+    Ok(vec![cpu, mem, time, launch, watch])
 }

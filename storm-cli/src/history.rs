@@ -77,20 +77,24 @@ fn parse_user(user: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("--user {user:?}: no such user here"))
 }
 
-/// `30m`, `2h`, `3d`, `45s` before `now_ms`, or a local date and time.
-fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+/// `30m`, `2h`, `3d`, `45s` as milliseconds.
+pub fn parse_ago(text: &str) -> Option<u64> {
     let units = [
         ('s', 1_000u64),
         ('m', 60_000),
         ('h', 3_600_000),
         ('d', 86_400_000),
     ];
-    for (unit, ms) in units {
-        if let Some(n) = text.strip_suffix(unit)
-            && let Ok(n) = n.parse::<u64>()
-        {
-            return Ok(now_ms.saturating_sub(n.saturating_mul(ms)));
-        }
+    units.into_iter().find_map(|(unit, ms)| {
+        let n = text.strip_suffix(unit)?.parse::<u64>().ok()?;
+        Some(n.saturating_mul(ms))
+    })
+}
+
+/// `30m`, `2h`, `3d`, `45s` before `now_ms`, or a local date and time.
+fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+    if let Some(ago) = parse_ago(text) {
+        return Ok(now_ms.saturating_sub(ago));
     }
     local_date_ms(text).ok_or_else(|| {
         format!(

@@ -29,10 +29,14 @@ pub mod job_options;
 pub mod local;
 pub mod metrics_http;
 pub mod node_filter;
+pub mod node_history;
+pub mod node_metrics;
+pub mod plot;
 pub mod relay;
 pub mod run_windows;
 pub mod submit;
 pub mod testbed;
+pub mod top;
 pub mod views;
 
 use std::path::{Path, PathBuf};

@@ -27,14 +27,21 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Where the exporter listens unless told otherwise: loopback, Prometheus's port for it.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
-/// The MM's metrics text, or why it could not be had.
+/// The MM's metrics text with the per-node series of its nodes' records
+/// ([`crate::node_metrics`]), or why it could not be had.
 pub fn fetch(socket: &Path) -> Result<String, String> {
     let client = Client::connect(socket)?;
-    match client.call(&Request::Metrics)? {
-        Reply::Metrics(text) => Ok(text),
-        Reply::Error(e) => Err(e),
-        other => Err(format!("unexpected reply {other:?}")),
+    let mut text = match client.call(&Request::Metrics)? {
+        Reply::Metrics(text) => text,
+        Reply::Error(e) => return Err(e),
+        other => return Err(format!("unexpected reply {other:?}")),
+    };
+    match client.call(&Request::Nodes)? {
+        Reply::Nodes(nodes) => text.push_str(&crate::node_metrics::node_series(&nodes)),
+        Reply::Error(e) => return Err(e),
+        other => return Err(format!("unexpected reply {other:?}")),
     }
+    Ok(text)
 }
 
 /// Reads a bearer token from `path`: the file's first line, which must not be empty, in a

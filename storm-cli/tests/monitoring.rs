@@ -144,6 +144,49 @@ fn a_cpu_hog_on_one_node_shows_in_where_cpu_and_no_other_node_does() {
     // `--long` names where the figure comes from.
     let text = storm_nodes(&config, &["--long"]);
     assert!(text.contains("node_cgroup"), "{text}");
+    // The MM's history of the node holds the hog's samples, and of no other node.
+    let busy_points = |node: &str| {
+        let out = storm_nodes(&config, &["--history", "1m", "--node", node, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("--history --json is JSON");
+        let nodes = v["nodes"].as_array().expect("a list of nodes");
+        assert_eq!(nodes.len(), 1, "--node names one node: {out}");
+        assert_eq!(nodes[0]["name"], node);
+        let points = nodes[0]["points"].as_array().expect("points").clone();
+        assert!(
+            !points.is_empty(),
+            "{node} has samples in its history: {out}"
+        );
+        points
+            .iter()
+            .filter(|p| p["cpu_util"].as_f64().unwrap_or(0.0) > 0.4)
+            .count()
+    };
+    // The sweep may not have reached the hog's latest sample yet: a period at most.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while busy_points(&name) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the hog never shows in {name}'s history"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for other in (0..3).map(|i| format!("node{i}")).filter(|n| *n != name) {
+        assert_eq!(busy_points(&other), 0, "{other} never ran the hog");
+    }
+    let png = work.path().join("history.png");
+    storm_nodes(
+        &config,
+        &[
+            "--history",
+            "1m",
+            "--node",
+            &name,
+            "--plot",
+            png.to_str().unwrap(),
+        ],
+    );
+    let bytes = std::fs::read(&png).expect("--plot wrote its file");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
     // Its storm-submit would wait for the MM to come back once the testbed is gone.
     let mut hog = hog;
     let _ = hog.kill();
@@ -179,6 +222,17 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
         }
     };
     fresh(false, Duration::from_secs(20));
+    // `storm top` in a real terminal (tmux) shows both nodes fresh now, and node1 stale
+    // once frozen: its screen is refreshed from the MM as it runs.
+    let top = Top::start(&config, test);
+    if let Some(top) = &top {
+        top.wait_for(|s| {
+            s.contains("storm top")
+                && s.contains("nodes 2:")
+                && s.lines()
+                    .any(|l| l.contains("node1") && l.contains(" s ago") && !l.contains("STALE"))
+        });
+    }
     let pid = nix::unistd::Pid::from_raw(tb.pid("storm-nm node1").expect("node1's NM") as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("freeze node1's NM");
     // Three sample periods (1 s each) and the look after.
@@ -191,6 +245,13 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
     assert!(line.contains("STALE"), "{text}");
     let other = text.lines().find(|l| l.contains("node0")).unwrap();
     assert!(!other.contains("STALE"), "node0 keeps sampling: {text}");
+    if let Some(top) = top {
+        top.wait_for(|s| {
+            s.lines()
+                .any(|l| l.contains("node1") && l.contains("STALE"))
+        });
+        top.quit();
+    }
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("thaw node1's NM");
     fresh(false, Duration::from_secs(10));
 }
@@ -278,4 +339,90 @@ fn a_full_spool_drains_its_node_with_the_reason_and_it_comes_back_when_space_is_
     );
     wait_node_state(&socket, 1, NodeState::Idle, limit);
     assert_eq!(support::testbed::nodes(&socket)[1].reason, None);
+}
+
+/// `storm top` running in a detached tmux session of 140 by 30 cells.
+struct Top {
+    session: String,
+}
+
+impl Top {
+    /// Starts it against the cluster at `config`; `None` (and the test says so) without tmux.
+    fn start(config: &Path, test: &str) -> Option<Self> {
+        if Command::new("tmux").arg("-V").output().is_err() {
+            support::say_not_tested(test, "storm top: tmux is not installed");
+            return None;
+        }
+        let session = format!("stormtop{}", std::process::id());
+        let command = format!(
+            "{} --config {} top --interval-ms 200",
+            support::bin_dir().join("storm").display(),
+            config.display()
+        );
+        let ok = Command::new("tmux")
+            .args(["new-session", "-d", "-x", "140", "-y", "30", "-s", &session])
+            .arg(command)
+            .status()
+            .expect("tmux runs");
+        assert!(ok.success(), "tmux new-session");
+        Some(Top { session })
+    }
+
+    /// What the terminal shows now.
+    fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &self.session])
+            .output()
+            .expect("tmux capture-pane");
+        support::text(&out.stdout)
+    }
+
+    /// Waits up to 15 s for the screen to pass `check`.
+    fn wait_for(&self, check: impl Fn(&str) -> bool) {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if check(&s) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "storm top never showed what was expected:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Presses `q`: the view ends, and its session with it.
+    fn quit(self) {
+        let _ = Command::new("tmux")
+            .args(["send-keys", "-t", &self.session, "q"])
+            .status();
+        let start = Instant::now();
+        while self.alive() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "storm top did not quit on q:\n{}",
+                self.screen()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn alive(&self) -> bool {
+        Command::new("tmux")
+            .args(["has-session", "-t", &self.session])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+}
+
+impl Drop for Top {
+    fn drop(&mut self) {
+        // Gone already once it quit: tmux's complaint is not the test's.
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.session])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
 }

@@ -562,6 +562,9 @@ pub struct MonitoringSection {
     /// host of its own) or `node_cgroup` (the node's cgroup subtree, for nodes that share one
     /// kernel, as on the namespace testbed and an embedded cluster).
     pub source: crate::sample::Source,
+    /// How far back the MM keeps each node's samples (seconds; 0: none), for `storm nodes
+    /// --history`: 12 bytes per node and sample.
+    pub history_s: u64,
 }
 
 impl Default for MonitoringSection {
@@ -569,6 +572,7 @@ impl Default for MonitoringSection {
         Self {
             sample_ms: 1000,
             source: crate::sample::Source::Host,
+            history_s: 3600,
         }
     }
 }
@@ -576,6 +580,11 @@ impl Default for MonitoringSection {
 impl MonitoringSection {
     pub fn period(&self) -> Duration {
         Duration::from_millis(self.sample_ms)
+    }
+
+    /// Samples each node's history holds.
+    pub fn history_points(&self) -> usize {
+        (self.history_s.saturating_mul(1000) / self.sample_ms.max(1)) as usize
     }
 }
 
@@ -918,6 +927,12 @@ impl ClusterConfig {
         }
         if let Some(p) = h.program.as_ref().filter(|p| !p.is_absolute()) {
             return bad(format!("[health] program = {p:?} must be an absolute path"));
+        }
+        if self.monitoring.history_s > 7 * 86_400 {
+            return bad(format!(
+                "[monitoring] history_s = {} is more than a week (604800)",
+                self.monitoring.history_s
+            ));
         }
         if !(10..=3_600_000).contains(&self.monitoring.sample_ms) {
             return bad(format!(

@@ -404,6 +404,12 @@ pub enum Request {
         array: JobId,
         index: u32,
     },
+    /// Each named node's history of samples over the last `window_ms` (`storm nodes
+    /// --history`); no names: every node.
+    NodeHistory {
+        nodes: Vec<String>,
+        window_ms: u64,
+    },
 }
 
 /// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown, and
@@ -726,6 +732,8 @@ pub enum Reply {
     Done,
     /// Done, and what the operator should know about it.
     Notice(String),
+    /// The answer to [`Request::NodeHistory`].
+    NodeHistory(Vec<crate::sample::NodeTrace>),
 }
 
 #[derive(Debug, thiserror::Error)]

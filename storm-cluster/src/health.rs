@@ -66,13 +66,18 @@ impl HealthSection {
 
     /// The problems `sample` shows against the thresholds, each as its reason; `unreadable`
     /// names the file systems that could not be looked at (`"spool_dir"`, `"state_dir"`).
+    ///
+    /// A spool that cannot be looked at is a problem: the NM copies programs there. The state
+    /// directory is the MM's: a node where that path does not exist (most compute nodes) has
+    /// nothing to check there, so it is judged only where it can be looked at.
     pub fn judge(&self, sample: &NodeSample, unreadable: &[(&str, String)]) -> Vec<String> {
-        let mut problems: Vec<String> = unreadable
-            .iter()
-            .map(|(what, e)| format!("{what} cannot be looked at: {e}"))
-            .collect();
+        let missing = |what: &str| unreadable.iter().find(|(w, _)| *w == what);
+        let mut problems = Vec::new();
+        if let Some((_, e)) = missing("spool_dir") {
+            problems.push(format!("spool_dir cannot be looked at: {e}"));
+        }
         let mut below = |what: &str, name: &str, have: u64, min: ByteSize| {
-            if have < min.0 && !unreadable.iter().any(|(w, _)| *w == what) {
+            if have < min.0 && missing(what).is_none() {
                 problems.push(format!(
                     "{what} has {} free, below {name} {min}",
                     ByteSize(have)
@@ -204,15 +209,27 @@ mod tests {
                 "memory available is 100 MiB, below mem_avail_min 1 GiB"
             ]
         );
-        let gone = vec![("state_dir", "No such file or directory".to_string())];
         let zero = NodeSample {
+            spool_free: 0,
             state_free: 0,
             ..sample()
         };
+        let no_state = vec![("state_dir", "No such file or directory".to_string())];
+        assert!(
+            h.judge(&zero, &no_state)
+                .iter()
+                .all(|p| !p.contains("state_dir")),
+            "a node without the MM's state directory has nothing to check there"
+        );
+        let no_spool = vec![("spool_dir", "No such file or directory".to_string())];
+        let no_spool_sample = NodeSample {
+            spool_free: 0,
+            ..sample()
+        };
         assert_eq!(
-            h.judge(&zero, &gone),
-            ["state_dir cannot be looked at: No such file or directory"],
-            "an unreadable file system is named once, not also as 0 B free"
+            h.judge(&no_spool_sample, &no_spool),
+            ["spool_dir cannot be looked at: No such file or directory"],
+            "a spool that cannot be looked at is named once, not also as 0 B free"
         );
         let off = HealthSection {
             spool_free_min: ByteSize(0),

@@ -139,6 +139,33 @@ impl NodeRecords {
     }
 }
 
+/// One point of a node's history (`storm nodes --history`): the figures of one sample.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HistoryPoint {
+    /// When it was taken (Unix time, ms, by the node's clock).
+    pub taken_ms: u64,
+    /// CPU utilization, 0.0 to 1.0.
+    pub cpu_util: f32,
+    /// The 1-minute load average.
+    pub load1: f32,
+    /// Memory available (bytes; kept to the MiB).
+    pub mem_avail: u64,
+}
+
+/// A node's history as the MM keeps it, oldest point first.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeTrace {
+    pub name: String,
+    /// The node's memory at its last sample.
+    pub mem_total: u64,
+    pub points: Vec<HistoryPoint>,
+}
+
+// Points are taken and kept finite (the MM packs them from checked records): equality is
+// reflexive.
+impl Eq for HistoryPoint {}
+impl Eq for NodeTrace {}
+
 /// The static figures of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NodeInventory {

@@ -36,6 +36,7 @@ pub mod journal;
 pub use storm_primitives::log_limit;
 pub mod manager;
 pub mod metrics;
+pub mod node_history;
 pub mod nodes;
 pub mod policy;
 pub mod replica;

@@ -91,6 +91,24 @@ enum Cmd {
         /// `cpu>0.5,mem_avail<4G`, `name like node1*` (docs/monitoring.md).
         #[arg(long = "where", value_name = "FILTER")]
         filter: Option<String>,
+        /// Each node's samples over the last WINDOW (`90s`, `10m`, `1h`), as the machine
+        /// manager keeps them (`[monitoring] history_s`).
+        #[arg(long, value_name = "WINDOW", conflicts_with_all = ["long", "filter"])]
+        history: Option<String>,
+        /// With --history: only these nodes (`--node n3`, `--node 'n[1-4]'`; every node if
+        /// not given).
+        #[arg(long, value_name = "NODES", requires = "history")]
+        node: Vec<String>,
+        /// With --history: draw CPU and memory over time into this PNG file.
+        #[arg(long, value_name = "FILE.png", requires = "history")]
+        plot: Option<PathBuf>,
+    },
+    /// A live view of the cluster in the terminal: each node's state, jobs, CPU, load, memory
+    /// and spool, the jobs running and waiting (q quits; c, m, n sort).
+    Top {
+        /// How often the view asks the machine manager.
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
+        interval_ms: u64,
     },
     /// The replicas of a replicated machine manager, as the leader sees them: role, term,
     /// the last log entry each holds, how far each lags, when each was last heard from.
@@ -185,6 +203,17 @@ fn run(args: Args) -> Result<(), String> {
             token_file,
             refresh_ms,
         } => return metrics(&socket, listen, token_file, refresh_ms),
+        Cmd::Top { interval_ms } => {
+            let cluster = storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(
+                args.config.clone(),
+            ))
+            .map_or_else(|_| "storm".to_string(), |c| c.cluster.name);
+            return storm_cli::top::run(
+                cluster,
+                || connect(&socket, &sockets),
+                std::time::Duration::from_millis(interval_ms.max(100)),
+            );
+        }
         Cmd::Queue { json } => (Request::Queue, json),
         Cmd::History {
             json,
@@ -212,8 +241,18 @@ fn run(args: Args) -> Result<(), String> {
         ),
         Cmd::Nodes {
             json,
+            history: Some(ref window),
+            ref node,
+            ref plot,
+            ..
+        } => {
+            return node_history(&socket, &sockets, window, node, json, plot.as_deref());
+        }
+        Cmd::Nodes {
+            json,
             long,
             filter: ref text,
+            ..
         } => {
             node_filter = text
                 .as_deref()
@@ -272,6 +311,38 @@ fn run(args: Args) -> Result<(), String> {
         Reply::Notice(text) => println!("{text}"),
         Reply::Error(e) => return Err(e),
         other => return Err(format!("unexpected reply {other:?}")),
+    }
+    Ok(())
+}
+
+/// `storm nodes --history`: the nodes' samples as a table, JSON, or a plot.
+fn node_history(
+    socket: &Path,
+    sockets: &[PathBuf],
+    window: &str,
+    names: &[String],
+    json: bool,
+    plot: Option<&Path>,
+) -> Result<(), String> {
+    let window_ms = storm_cli::node_history::parse_window(window)?;
+    let mut nodes = Vec::new();
+    for n in names {
+        nodes.extend(storm_cluster::hostlist::expand(n).map_err(|e| format!("--node {n:?}: {e}"))?);
+    }
+    let client = connect(socket, sockets)?;
+    let traces = match client.call(&Request::NodeHistory { nodes, window_ms })? {
+        Reply::NodeHistory(t) => t,
+        Reply::Error(e) => return Err(e),
+        other => return Err(format!("unexpected reply {other:?}")),
+    };
+    if let Some(path) = plot {
+        storm_cli::node_history::plot(&traces, path)
+            .map_err(|e| format!("--plot {}: {e:#}", path.display()))?;
+    }
+    if json {
+        println!("{}", storm_cli::node_history::json(&traces));
+    } else if plot.is_none() {
+        print!("{}", storm_cli::node_history::table(&traces));
     }
     Ok(())
 }

@@ -47,6 +47,7 @@ mod membership;
 mod output;
 mod pmi;
 mod publish;
+mod records;
 mod requests;
 mod restart;
 mod steps;
@@ -142,8 +143,10 @@ pub struct MachineManager<E: MmEnv> {
     last_tick: Instant,
     /// When the next timeslice is due.
     next_tick: Instant,
-    /// When the nodes' health verdicts are looked at next ([`health`]).
-    next_health_check: Instant,
+    /// Where the sweep of the nodes' records stands ([`records`]).
+    sweep: records::Sweep,
+    /// Each node's recent samples.
+    node_history: crate::node_history::NodeHistory,
     /// Each node's memory for jobs: declared, or as its NM detected it (0: not known yet).
     node_mem: Vec<u64>,
     /// Each node's features, as bits (`ClusterConfig::features`).
@@ -220,7 +223,11 @@ impl<E: MmEnv> MachineManager<E> {
             metrics: Metrics::new(),
             last_tick: now,
             next_tick: now,
-            next_health_check: now,
+            sweep: records::Sweep::new(now),
+            node_history: crate::node_history::NodeHistory::new(
+                cfg.nodes.len(),
+                cfg.monitoring.history_points(),
+            ),
             node_mem,
             node_features,
             outputs,
@@ -346,7 +353,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.attention.collect(&*self.prims, now);
         self.membership();
         self.enforce_silence(now);
-        self.check_health(now);
+        self.sweep_records(now);
         self.take_finished_transfers();
         self.report_transfer_progress();
         self.verify_transfers();

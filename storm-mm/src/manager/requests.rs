@@ -10,9 +10,13 @@ use storm_cluster::control::{
     self, ArrayElement, JobInfo, JobRef, JobRequest, JobState, NodeInfo, Reply, Request,
 };
 use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, MAX_LAUNCH_BYTES, encode};
-use storm_cluster::sample::{NodeInventory, NodeRecords, NodeSample};
+use storm_cluster::sample::{NodeInventory, NodeRecords, NodeSample, NodeTrace};
 
-use super::health::read_twice;
+/// Samples one history answer holds at most (a point is about 20 bytes in a reply frame of
+/// 16 MiB).
+const MAX_HISTORY_POINTS: usize = 500_000;
+
+use super::records::read_twice;
 use storm_cluster::tasks::TaskPlan;
 use storm_primitives::{NodeId, NodeSet};
 
@@ -255,6 +259,13 @@ impl<E: MmEnv> MachineManager<E> {
             Request::Nodes => {
                 let list = self.node_infos();
                 self.reply(client, Reply::Nodes(list));
+            }
+            Request::NodeHistory { nodes, window_ms } => {
+                let reply = match self.node_traces(&nodes, window_ms) {
+                    Ok(traces) => Reply::NodeHistory(traces),
+                    Err(e) => Reply::Error(e),
+                };
+                self.reply(client, reply);
             }
             Request::Managers => {
                 let list = self.env.managers();
@@ -836,6 +847,51 @@ impl<E: MmEnv> MachineManager<E> {
                 }
             })
             .collect()
+    }
+
+    /// The history of each node of `names` (all if none) over the last `window_ms`, or why
+    /// not: a name that is no node, no history kept, or more points than a reply holds.
+    fn node_traces(&self, names: &[String], window_ms: u64) -> Result<Vec<NodeTrace>, String> {
+        if self.node_history.capacity() == 0 {
+            return Err("this cluster keeps no node history ([monitoring] history_s = 0)".into());
+        }
+        let nodes: Vec<usize> = if names.is_empty() {
+            (0..self.cfg.nodes.len()).collect()
+        } else {
+            names
+                .iter()
+                .map(|name| {
+                    self.cfg
+                        .node_by_name(name)
+                        .map(|n| n as usize)
+                        .ok_or_else(|| {
+                            format!("no node {name:?} in cluster {:?}", self.cfg.cluster.name)
+                        })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let since = self.unix_ms().saturating_sub(window_ms);
+        let points: usize = nodes
+            .iter()
+            .map(|&n| self.node_history.count_since(n, since))
+            .sum();
+        if points > MAX_HISTORY_POINTS {
+            return Err(format!(
+                "the history asked for is {points} samples, more than one answer holds \
+                 ({MAX_HISTORY_POINTS}): name fewer nodes (--node) or ask for a shorter window"
+            ));
+        }
+        Ok(nodes
+            .into_iter()
+            .map(|n| {
+                let (points, mem_total) = self.node_history.since(n, since);
+                NodeTrace {
+                    name: self.cfg.nodes[n].name.clone(),
+                    mem_total,
+                    points,
+                }
+            })
+            .collect())
     }
 
     /// Node `node`'s sample and inventory as its NM last put them into this MM's memory
