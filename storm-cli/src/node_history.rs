@@ -88,7 +88,11 @@ pub fn plot(traces: &[NodeTrace], path: &Path) -> anyhow::Result<()> {
     // GiB, or MiB where no node used a GiB in the window.
     let most = traces
         .iter()
-        .flat_map(|t| t.points.iter().map(|p| t.mem_total.saturating_sub(p.mem_avail)))
+        .flat_map(|t| {
+            t.points
+                .iter()
+                .map(|p| t.mem_total.saturating_sub(p.mem_avail))
+        })
         .max()
         .unwrap_or(0);
     let (unit, per) = if most >= 1 << 30 {
