@@ -26,8 +26,9 @@ use super::{JobRecord, JobState};
 /// The formats this module reads.
 pub(super) const READS: [u64; 2] = [13, 14];
 
-/// A job request as formats 13 and 14 wrote it.
+/// A job request as formats 13 and 14 wrote it (the tests write one, too).
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
 struct JobRequest14 {
     name: String,
     #[serde(with = "storm_cluster::os_bytes::path")]
@@ -181,36 +182,12 @@ mod tests {
     use crate::journal::tests::{finished, job};
     use crate::journal::{FORMAT, JOBS, Journal, META};
 
-    /// A request as formats 13 and 14 wrote it.
-    #[derive(Serialize)]
-    struct Request14 {
-        name: String,
-        #[serde(with = "storm_cluster::os_bytes::path")]
-        program: PathBuf,
-        args: Vec<OsString>,
-        env: Vec<(OsString, OsString)>,
-        #[serde(with = "storm_cluster::os_bytes::path")]
-        cwd: PathBuf,
-        tasks: TaskRequest,
-        delivery: Delivery,
-        time_limit_ms: Option<u64>,
-        requeue: bool,
-        mpi: MpiMode,
-        input: InputTarget,
-        dependency: Option<Dependency>,
-        batch: Option<BatchOutput>,
-        step_of: Option<JobId>,
-        array: Option<ArraySpec>,
-        element: Option<ArrayElement>,
-        token: Option<u64>,
-    }
-
     /// `r` as formats 13 and 14 wrote it (it must ask for no memory and no features, which
     /// they could not hold).
-    fn request_14(r: &JobRequest) -> Request14 {
+    fn request_14(r: &JobRequest) -> JobRequest14 {
         assert!(r.mem.is_none() && r.constraint.is_empty());
         let r = r.clone();
-        Request14 {
+        JobRequest14 {
             name: r.name,
             program: r.program,
             args: r.args,
@@ -237,7 +214,7 @@ mod tests {
         id: JobId,
         uid: u32,
         gid: u32,
-        req: Request14,
+        req: JobRequest14,
         submitted_ms: u64,
         state: &'a JobState,
     }
@@ -260,7 +237,7 @@ mod tests {
         id: JobId,
         uid: u32,
         gid: u32,
-        req: Request14,
+        req: JobRequest14,
         submitted_ms: u64,
         state: State13<'a>,
     }
