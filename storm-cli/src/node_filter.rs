@@ -230,11 +230,7 @@ impl NodeFilter {
 
     /// Whether node `n` matches every clause.
     pub fn matches(&self, n: &NodeInfo) -> bool {
-        let fresh = n
-            .records
-            .as_ref()
-            .filter(|r| !r.stale)
-            .and_then(|r| r.sample.as_ref());
+        let fresh = n.fresh_sample();
         self.clauses.iter().all(|c| {
             let (have, want) = match (&c.value, c.field) {
                 (Value::Text(want), Field::Name) => {

@@ -94,11 +94,7 @@ pub fn node_series(nodes: &[NodeInfo]) -> String {
     let mut out = String::with_capacity(64 * nodes.len() * (FAMILIES.len() + 2));
     let fresh: Vec<(&str, &NodeSample)> = nodes
         .iter()
-        .filter_map(|n| {
-            let r = n.records.as_ref()?;
-            let s = r.sample.as_ref().filter(|_| !r.stale)?;
-            Some((n.name.as_str(), s))
-        })
+        .filter_map(|n| Some((n.name.as_str(), n.fresh_sample()?)))
         .collect();
     for f in FAMILIES {
         let _ = writeln!(out, "# HELP {} {}", f.name, f.help);

@@ -44,8 +44,8 @@ impl TopView {
     /// The nodes in the order `sort` asks for.
     fn ordered(&self) -> Vec<&NodeInfo> {
         let mut v: Vec<&NodeInfo> = self.nodes.iter().collect();
-        let cpu = |n: &NodeInfo| fresh(n).map_or(-1.0, |s| s.cpu_util);
-        let mem = |n: &NodeInfo| fresh(n).map_or(0, |s| s.mem_total - s.mem_avail);
+        let cpu = |n: &NodeInfo| n.fresh_sample().map_or(-1.0, |s| s.cpu_util);
+        let mem = |n: &NodeInfo| n.fresh_sample().map_or(0, |s| s.mem_total - s.mem_avail);
         match self.sort {
             SortBy::Name => {}
             SortBy::Cpu => v.sort_by(|a, b| cpu(b).total_cmp(&cpu(a))),
@@ -53,12 +53,6 @@ impl TopView {
         }
         v
     }
-}
-
-/// A node's sample, if it is fresh.
-fn fresh(n: &NodeInfo) -> Option<&storm_cluster::sample::NodeSample> {
-    let r = n.records.as_ref()?;
-    r.sample.as_ref().filter(|_| !r.stale)
 }
 
 /// A bar of `width` cells filled to `fraction`.
@@ -143,7 +137,7 @@ pub fn render(frame: &mut Frame, view: &TopView) {
                 r.age_ms as f64 / 1000.0
             )
         });
-        match fresh(n) {
+        match n.fresh_sample() {
             Some(s) => Row::new(vec![
                 Span::raw(n.name.clone()),
                 state,

@@ -652,6 +652,15 @@ pub struct NodeInfo {
     pub records: Option<crate::sample::NodeRecords>,
 }
 
+impl NodeInfo {
+    /// The node's last sample if it is fresh: a stale one (the NM stopped sampling) is not
+    /// what the node does now, and is never shown or counted as if it were.
+    pub fn fresh_sample(&self) -> Option<&crate::sample::NodeSample> {
+        let r = self.records.as_ref()?;
+        r.sample.as_ref().filter(|_| !r.stale)
+    }
+}
+
 /// One replica of the MM, as the leader sees it (a single MM shows itself alone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManagerInfo {
