@@ -4,14 +4,17 @@
 //!
 //! The sampler reads this host's `/proc` (and, for `node_cgroup`, a cgroup subtree: this
 //! process's own v1 `cpuacct` and `memory` groups, or its v2 group) as an NM does; the CPU
-//! time is this thread's own (`CLOCK_THREAD_CPUTIME_ID`) over many samples.
+//! time is this thread's own (`CLOCK_THREAD_CPUTIME_ID`) over many samples. A last row adds
+//! what the usage record costs on top ([`storm_nm::usage`]): the groups of four jobs, made
+//! for the run under a group of its own (root only), and the fabric ports looked for.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
 use storm_cluster::sample::Source;
-use storm_nm::sample::{NodeCgroupFiles, Sampler, SamplerOptions};
+use storm_nm::sample::{CgroupVersion, NodeCgroupFiles, Sampler, SamplerOptions};
+use storm_nm::usage::UsageSampler;
 
 use crate::report::Table;
 use crate::stats::fmt_time;
@@ -43,19 +46,17 @@ fn own_cgroup() -> Option<NodeCgroupFiles> {
     };
     match (path_of("cpuacct"), path_of("memory")) {
         (Some(cpu), Some(mem)) => Some(NodeCgroupFiles {
-            cpu: PathBuf::from("/sys/fs/cgroup/cpuacct")
-                .join(cpu)
-                .join("cpuacct.usage"),
-            memory: PathBuf::from("/sys/fs/cgroup/memory")
-                .join(mem)
-                .join("memory.usage_in_bytes"),
+            version: CgroupVersion::V1,
+            cpu_dir: PathBuf::from("/sys/fs/cgroup/cpuacct").join(cpu),
+            memory_dir: PathBuf::from("/sys/fs/cgroup/memory").join(mem),
         }),
         _ => {
             let v2 = text.lines().find_map(|l| l.strip_prefix("0::"))?;
             let base = PathBuf::from("/sys/fs/cgroup").join(v2.trim_start_matches('/'));
             Some(NodeCgroupFiles {
-                cpu: base.join("cpu.stat"),
-                memory: base.join("memory.current"),
+                version: CgroupVersion::V2,
+                cpu_dir: base.clone(),
+                memory_dir: base,
             })
         }
     }
@@ -72,6 +73,7 @@ fn cost(source: Source, n: usize, period: Duration) -> Result<Duration> {
         cgroup: own_cgroup(),
         period,
         proc_dir: "/proc".into(),
+        sys_dir: "/sys".into(),
     });
     // The first sample has no rate to take; the inventory is taken once per NM.
     let _ = sampler.inventory();
@@ -81,6 +83,78 @@ fn cost(source: Source, n: usize, period: Duration) -> Result<Duration> {
         std::hint::black_box(sampler.take(i as u64, 1).encode());
     }
     Ok((thread_cpu() - before) / n.max(1) as u32)
+}
+
+/// Jobs' groups made for the usage row, removed when dropped.
+struct BenchGroups {
+    dirs: Vec<PathBuf>,
+}
+
+impl BenchGroups {
+    /// `jobs` empty job groups (`job-1`...) under a group of this run's own, in the v1
+    /// `cpuacct` and `memory` hierarchies or in v2's: `None` where they cannot be made (not
+    /// root, no cgroup file system).
+    fn make(jobs: usize) -> Option<(Self, NodeCgroupFiles)> {
+        let name = format!("storm-bench-sample-{}", std::process::id());
+        let root = PathBuf::from("/sys/fs/cgroup");
+        let (cpu_dir, memory_dir, version) =
+            if root.join("cpuacct").is_dir() && root.join("memory").is_dir() {
+                (
+                    root.join("cpuacct").join(&name),
+                    root.join("memory").join(&name),
+                    CgroupVersion::V1,
+                )
+            } else {
+                (root.join(&name), root.join(&name), CgroupVersion::V2)
+            };
+        let mut groups = BenchGroups { dirs: Vec::new() };
+        for base in [&cpu_dir, &memory_dir] {
+            if groups.dirs.contains(base) {
+                continue;
+            }
+            std::fs::create_dir(base).ok()?;
+            groups.dirs.push(base.clone());
+            for j in 1..=jobs {
+                let d = base.join(format!("job-{j}"));
+                std::fs::create_dir(&d).ok()?;
+                groups.dirs.push(d);
+            }
+        }
+        let files = NodeCgroupFiles {
+            version,
+            cpu_dir,
+            memory_dir,
+        };
+        Some((groups, files))
+    }
+}
+
+impl Drop for BenchGroups {
+    fn drop(&mut self) {
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Jobs the usage row reads.
+const USAGE_JOBS: usize = 4;
+
+/// CPU per usage record with [`USAGE_JOBS`] jobs' groups (and the fabric ports looked for),
+/// over `n` records; `None` where the groups cannot be made.
+fn usage_cost(n: usize) -> Option<Duration> {
+    let (_groups, files) = BenchGroups::make(USAGE_JOBS)?;
+    let mut usage = UsageSampler::new(Some(files), Path::new("/sys"));
+    let first = usage.take(0, 0);
+    if first.jobs.len() != USAGE_JOBS {
+        tracing::warn!("the usage row read {} jobs' groups", first.jobs.len());
+        return None;
+    }
+    let before = thread_cpu();
+    for i in 0..n {
+        std::hint::black_box(usage.take(i as u64, 0).encode());
+    }
+    Some((thread_cpu() - before) / n.max(1) as u32)
 }
 
 pub fn run(args: &SampleArgs) -> Result<Table> {
@@ -114,6 +188,26 @@ pub fn run(args: &SampleArgs) -> Result<Table> {
             fmt_time(baseline),
             format!("{:.2}", per.as_secs_f64() / baseline),
         ]);
+    }
+    let row = format!("+ usage, {USAGE_JOBS} jobs' cgroups");
+    match usage_cost(args.samples) {
+        Some(per) => table.push(vec![
+            row,
+            fmt_time(per.as_secs_f64()),
+            format!(
+                "{:.4} %",
+                100.0 * per.as_secs_f64() / args.period.as_secs_f64()
+            ),
+            fmt_time(baseline),
+            format!("{:.2}", per.as_secs_f64() / baseline),
+        ]),
+        None => table.push(vec![
+            row,
+            "not measured: making cgroups needs root and a cgroup file system".into(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]),
     }
     Ok(table)
 }

@@ -84,17 +84,18 @@ struct Point {
 
 /// Gathering and querying every node's record.
 struct Monitoring {
-    /// The MM reading and judging every node's sample and inventory (`storm nodes`).
+    /// The MM reading and judging every node's sample, usage and inventory (`storm nodes`).
     gather: Duration,
     /// `--where cpu>0.5` over what was gathered.
     query: Duration,
 }
 
-/// Puts a sample into every node's slot in the MM's memory (a quarter of the nodes busy),
-/// then times a gather and a query, best of five.
+/// Puts a sample and a usage record (one job) into every node's slots in the MM's memory (a
+/// quarter of the nodes busy), then times a gather and a query, best of five.
 fn monitoring(s: &Sim) -> Result<Monitoring> {
     use storm_cluster::clock::Clock;
     use storm_cluster::sample::{NodeSample, Source};
+    use storm_cluster::usage::{JobFigures, NodeUsage};
     let nodes = s.config().node_count() as usize;
     let now_ms = s.mm().env().clock.unix_ms();
     let (prims, rm) = s.mm().fabric();
@@ -117,6 +118,24 @@ fn monitoring(s: &Sim) -> Result<Monitoring> {
             .memory()
             .write(rm.sample_offset(n), &sample.encode())
             .map_err(|e| anyhow::anyhow!("writing node {n}'s sample: {e}"))?;
+        // One job per node, as a cluster of whole-node jobs has.
+        let usage = NodeUsage {
+            seq: 1,
+            taken_ms: now_ms,
+            jobs_total: 1,
+            jobs: vec![JobFigures {
+                job: 1 + n as u64,
+                cpu_us: 1_000_000,
+                cpus_busy: sample.cpu_util * 32.0,
+                mem: 8 << 30,
+                mem_peak: 9 << 30,
+            }],
+            fabric: None,
+        };
+        prims
+            .memory()
+            .write(rm.usage_record_offset(n), &usage.encode())
+            .map_err(|e| anyhow::anyhow!("writing node {n}'s usage: {e}"))?;
     }
     let filter =
         storm_cli::node_filter::NodeFilter::parse("cpu>0.5").map_err(anyhow::Error::msg)?;
@@ -128,6 +147,12 @@ fn monitoring(s: &Sim) -> Result<Monitoring> {
         let t = Instant::now();
         let busy = infos.iter().filter(|n| filter.matches(n)).count();
         query = query.min(t.elapsed());
+        if infos
+            .iter()
+            .any(|n| n.fresh_usage().is_none_or(|u| u.jobs.len() != 1))
+        {
+            bail!("the gather did not read every node's usage record");
+        }
         if busy != nodes.div_ceil(4) {
             bail!("--where cpu>0.5 found {busy} of {nodes} nodes, not the quarter that is busy");
         }

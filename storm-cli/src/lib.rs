@@ -7,7 +7,8 @@
 //!   [`job_options`]: the options that shape a job, shared with storm-submit.
 //! * `storm`: `queue`, `history`, `nodes` (as tables, or JSON with `--json`: [`views`]),
 //!   `metrics` (Prometheus text, printed or served over HTTP: [`metrics_http`]), `cancel`,
-//!   `drain`, `resume`, `shutdown`.
+//!   `drain`, `resume`, `shutdown`; `stat` ([`job_stat`], like sstat): a running job's CPU and
+//!   memory on each of its nodes.
 //! * `storm-testbed`: a cluster whose nodes are network namespaces on this machine
 //!   ([`testbed`]), for fault tests and by hand.
 //! * `storm-relay`: carries users' connections from the compute nodes to the machine
@@ -26,6 +27,7 @@ pub mod display;
 pub mod history;
 pub mod input;
 pub mod job_options;
+pub mod job_stat;
 pub mod local;
 pub mod metrics_http;
 pub mod node_filter;

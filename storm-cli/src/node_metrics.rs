@@ -6,11 +6,18 @@
 //! whose records the MM reads from its own memory (no round to the nodes), and a scrape costs
 //! the MM nothing. A node whose sample is stale (frozen, down, cut off) gets no figures, only
 //! `storm_node_sample_stale 1`, so that Prometheus never stores old figures as new.
+//!
+//! From each node's usage record come the fabric ports' counters
+//! (`storm_node_fabric_receive_bytes_total` and the rest, for nodes that have ports) and each
+//! job's figures there (`storm_job_cpu_seconds_total{job="12",node="n3"}`,
+//! `storm_job_cpus_busy`, `storm_job_memory_bytes`, `storm_job_memory_peak_bytes`): a series
+//! per job and node it runs on, which `sum by (job)` adds up.
 
 use std::fmt::Write;
 
 use storm_cluster::control::NodeInfo;
 use storm_cluster::sample::NodeSample;
+use storm_cluster::usage::{FabricCounters, JobFigures, NodeUsage};
 
 /// One family: name, type, help, and the figure of a sample.
 struct Family {
@@ -89,6 +96,110 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
+/// A family of the fabric ports' counters.
+struct FabricFamily {
+    name: &'static str,
+    help: &'static str,
+    value: fn(&FabricCounters) -> u64,
+}
+
+const FABRIC: &[FabricFamily] = &[
+    FabricFamily {
+        name: "storm_node_fabric_receive_bytes_total",
+        help: "Bytes received by the node's fabric ports.",
+        value: |f| f.rx_bytes,
+    },
+    FabricFamily {
+        name: "storm_node_fabric_transmit_bytes_total",
+        help: "Bytes sent by the node's fabric ports.",
+        value: |f| f.tx_bytes,
+    },
+    FabricFamily {
+        name: "storm_node_fabric_receive_packets_total",
+        help: "Packets received by the node's fabric ports.",
+        value: |f| f.rx_packets,
+    },
+    FabricFamily {
+        name: "storm_node_fabric_transmit_packets_total",
+        help: "Packets sent by the node's fabric ports.",
+        value: |f| f.tx_packets,
+    },
+];
+
+/// A family of a job's figures on a node.
+struct JobFamily {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: fn(&JobFigures) -> f64,
+}
+
+const JOB_FAMILIES: &[JobFamily] = &[
+    JobFamily {
+        name: "storm_job_cpu_seconds_total",
+        kind: "counter",
+        help: "CPU time the job's processes on the node used (from its cgroup).",
+        value: |j| j.cpu_us as f64 / 1e6,
+    },
+    JobFamily {
+        name: "storm_job_cpus_busy",
+        kind: "gauge",
+        help: "CPUs the job kept busy on the node over the last sample period.",
+        value: |j| f64::from(j.cpus_busy),
+    },
+    JobFamily {
+        name: "storm_job_memory_bytes",
+        kind: "gauge",
+        help: "Memory the job's processes on the node hold (from its cgroup).",
+        value: |j| j.mem as f64,
+    },
+    JobFamily {
+        name: "storm_job_memory_peak_bytes",
+        kind: "gauge",
+        help: "The most memory the job's processes on the node held at once.",
+        value: |j| j.mem_peak as f64,
+    },
+];
+
+/// The series of the nodes' usage records: fabric ports, and jobs per node.
+fn usage_series(out: &mut String, nodes: &[NodeInfo]) {
+    let fresh: Vec<(&str, &NodeUsage)> = nodes
+        .iter()
+        .filter_map(|n| Some((n.name.as_str(), n.fresh_usage()?)))
+        .collect();
+    for f in FABRIC {
+        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+        let _ = writeln!(out, "# TYPE {} counter", f.name);
+        for (name, u) in &fresh {
+            if let Some(counters) = &u.fabric {
+                let _ = writeln!(
+                    out,
+                    "{}{{node=\"{}\"}} {}",
+                    f.name,
+                    escape(name),
+                    (f.value)(counters)
+                );
+            }
+        }
+    }
+    for f in JOB_FAMILIES {
+        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+        let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
+        for (name, u) in &fresh {
+            for j in &u.jobs {
+                let _ = writeln!(
+                    out,
+                    "{}{{job=\"{}\",node=\"{}\"}} {}",
+                    f.name,
+                    j.job,
+                    escape(name),
+                    (f.value)(j)
+                );
+            }
+        }
+    }
+}
+
 /// The per-node series of `nodes`, in the Prometheus text format.
 pub fn node_series(nodes: &[NodeInfo]) -> String {
     let mut out = String::with_capacity(64 * nodes.len() * (FAMILIES.len() + 2));
@@ -124,6 +235,7 @@ pub fn node_series(nodes: &[NodeInfo]) -> String {
             u8::from(stale)
         );
     }
+    usage_series(&mut out, nodes);
     out
 }
 
@@ -178,5 +290,56 @@ mod tests {
         );
         assert!(text.contains("storm_node_sample_stale{node=\"n0\"} 0\n"));
         assert!(text.contains("# TYPE storm_node_network_receive_bytes_total counter\n"));
+    }
+
+    #[test]
+    fn each_job_has_its_series_on_each_fresh_node_and_ports_their_counters() {
+        let with_usage = |name: &str, stale: bool, job: u64, fabric: bool| {
+            let mut n = node(name, stale, 0.5);
+            n.records.as_mut().unwrap().usage = Some(NodeUsage {
+                seq: 1,
+                jobs_total: 1,
+                jobs: vec![JobFigures {
+                    job,
+                    cpu_us: 2_500_000,
+                    cpus_busy: 1.5,
+                    mem: 64 << 20,
+                    mem_peak: 96 << 20,
+                }],
+                fabric: fabric.then_some(FabricCounters {
+                    ports: 1,
+                    rx_bytes: 4096,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            n
+        };
+        let text = node_series(&[
+            with_usage("n0", false, 12, true),
+            with_usage("n1", false, 12, false),
+            with_usage("n2", true, 99, true),
+        ]);
+        for node in ["n0", "n1"] {
+            assert!(
+                text.contains(&format!(
+                    "storm_job_cpu_seconds_total{{job=\"12\",node=\"{node}\"}} 2.5\n"
+                )),
+                "{text}"
+            );
+            assert!(text.contains(&format!(
+                "storm_job_memory_bytes{{job=\"12\",node=\"{node}\"}} 67108864\n"
+            )));
+        }
+        assert!(text.contains("storm_job_cpus_busy{job=\"12\",node=\"n0\"} 1.5\n"));
+        assert!(text.contains("storm_node_fabric_receive_bytes_total{node=\"n0\"} 4096\n"));
+        assert!(
+            !text.contains("fabric_receive_bytes_total{node=\"n1\"}"),
+            "a node without ports has no fabric series: {text}"
+        );
+        assert!(
+            !text.contains("job=\"99\"") && !text.contains("node=\"n2\"} 4096"),
+            "a stale node's usage is left out: {text}"
+        );
     }
 }

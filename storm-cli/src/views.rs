@@ -138,7 +138,7 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
 }
 
 /// How the tables name a job: its id, or `ARRAY_INDEX` for an element of an array.
-fn label(j: &JobInfo) -> String {
+pub(crate) fn label(j: &JobInfo) -> String {
     match j.element {
         Some(e) => format!("{}_{}", e.array, e.index),
         None => j.job.to_string(),
@@ -167,7 +167,7 @@ pub fn nodes_json(nodes: &[NodeView]) -> String {
 }
 
 /// Bytes as `df -h` shows them: `3.2G`, `512M`.
-fn size(bytes: u64) -> String {
+pub(crate) fn size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
     let mut v = bytes as f64;
     let mut unit = 0;
@@ -186,7 +186,8 @@ fn size(bytes: u64) -> String {
 
 /// `storm nodes --long`: each node's last sample, its age (`stale` once its NM stopped
 /// sampling) and where its CPU and memory figures come from (`host`: `/proc`;
-/// `node_cgroup`: the node's cgroup subtree, where nodes share a kernel).
+/// `node_cgroup`: the node's cgroup subtree, where nodes share a kernel); under a fresh one,
+/// its jobs' CPU and memory and its fabric ports' counters.
 pub fn nodes_long_table(nodes: &[NodeInfo]) -> String {
     let mut out = format!(
         "{:>4}  {:<16} {:<10} {:>5} {:>6} {:>7} {:>7} {:>6} {:>7} {:>7} {:>6} {:>9} {:>9}  {:<11} {}\n",
@@ -253,8 +254,45 @@ pub fn nodes_long_table(nodes: &[NodeInfo]) -> String {
                     .unwrap_or_default()
             ),
         };
+        if let Some(u) = n.fresh_usage() {
+            usage_lines(&mut out, u);
+        }
     }
     out
+}
+
+/// Under a node of `storm nodes --long`: a line per job it holds (from its cgroup) and one
+/// for its fabric ports, where they have counters.
+fn usage_lines(out: &mut String, u: &storm_cluster::usage::NodeUsage) {
+    for j in &u.jobs {
+        let _ = writeln!(
+            out,
+            "{:>6}job {}: {:.2} CPUs busy, {:.1} s CPU, {} memory (peak {})",
+            "",
+            j.job,
+            j.cpus_busy,
+            j.cpu_us as f64 / 1e6,
+            size(j.mem),
+            size(j.mem_peak)
+        );
+    }
+    let more = usize::from(u.jobs_total).saturating_sub(u.jobs.len());
+    if more > 0 {
+        let _ = writeln!(out, "{:>6}and {more} more jobs", "");
+    }
+    if let Some(f) = &u.fabric {
+        let _ = writeln!(
+            out,
+            "{:>6}fabric: {} port{}, rx {} ({} packets), tx {} ({} packets)",
+            "",
+            f.ports,
+            if f.ports == 1 { "" } else { "s" },
+            size(f.rx_bytes),
+            f.rx_packets,
+            size(f.tx_bytes),
+            f.tx_packets
+        );
+    }
 }
 
 /// "3-4", or "2 CPUs 0-1" for a job that shares its node.
@@ -450,6 +488,55 @@ mod tests {
         assert_eq!(v["nodes"][1]["name"], "a1");
         assert_eq!(v["nodes"][1]["state"], "allocated");
         assert_eq!(v["nodes"][1]["jobs"], serde_json::json!([7]));
+    }
+
+    #[test]
+    fn long_shows_a_fresh_nodes_jobs_and_fabric_and_no_usage_of_a_stale_one() {
+        use storm_cluster::sample::{NodeRecords, NodeSample};
+        use storm_cluster::usage::{FabricCounters, JobFigures, NodeUsage};
+        let with = |id: u32, stale: bool| NodeInfo {
+            records: Some(NodeRecords {
+                sample: Some(NodeSample {
+                    seq: 1,
+                    ..Default::default()
+                }),
+                usage: Some(NodeUsage {
+                    seq: 1,
+                    jobs_total: 3,
+                    jobs: vec![JobFigures {
+                        job: 7 + u64::from(id),
+                        cpu_us: 1_500_000,
+                        cpus_busy: 0.98,
+                        mem: 64 << 20,
+                        mem_peak: 80 << 20,
+                    }],
+                    fabric: Some(FabricCounters {
+                        ports: 1,
+                        rx_bytes: 3 << 30,
+                        rx_packets: 5,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                stale,
+                ..Default::default()
+            }),
+            ..node(id, &format!("a{id}"))
+        };
+        let text = nodes_long_table(&[with(0, false), with(1, true)]);
+        assert!(
+            text.contains("job 7: 0.98 CPUs busy, 1.5 s CPU, 64M memory (peak 80M)"),
+            "{text}"
+        );
+        assert!(text.contains("and 2 more jobs"), "{text}");
+        assert!(
+            text.contains("fabric: 1 port, rx 3.0G (5 packets)"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("job 8:"),
+            "a stale node's jobs are not shown: {text}"
+        );
     }
 
     #[test]

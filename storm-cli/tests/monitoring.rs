@@ -4,7 +4,9 @@
 //! (`[monitoring] source = "node_cgroup"`), not from `/proc/stat`, which every node shares.
 //!
 //! * A CPU hog run as a job on one node shows in `storm nodes --where 'cpu>0.4'` by the
-//!   second sample that node takes after the hog runs, and no other node ever does.
+//!   second sample that node takes after the hog runs, and no other node ever does; `storm
+//!   stat` shows the hog's own CPU and memory on its node (from its cgroup) and a sleeping
+//!   job's as idle, and `--long` lists the jobs under their nodes.
 //! * A frozen NM's record turns stale (`--json` says so, `--long` shows `STALE`), and fresh
 //!   again once it thaws.
 //! * A node whose spool file system fills up is drained by its own health verdict, with the
@@ -91,10 +93,21 @@ fn a_cpu_hog_on_one_node_shows_in_where_cpu_and_no_other_node_does() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The hog also holds 64 MiB (`tail` keeps a "line" of zeroes with no newline in memory
+    // while `sleep` keeps its input open); a second job only sleeps.
     let hog = spawn(
         &tb,
-        &["-N", "1", "-J", "hog", "sh", "-c", "while :; do :; done"],
+        &[
+            "-N",
+            "1",
+            "-J",
+            "hog",
+            "sh",
+            "-c",
+            "(head -c 64M /dev/zero; sleep 600) | tail > /dev/null & while :; do :; done",
+        ],
     );
+    let idle = spawn(&tb, &["-N", "1", "-J", "idle", "sleep", "600"]);
     wait_job_state(
         tb.socket(),
         "hog",
@@ -187,11 +200,97 @@ fn a_cpu_hog_on_one_node_shows_in_where_cpu_and_no_other_node_does() {
     );
     let bytes = std::fs::read(&png).expect("--plot wrote its file");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
+    // Each job's own figures, from its cgroup on its node: `storm stat` (as sstat).
+    wait_job_state(
+        tb.socket(),
+        "idle",
+        JobState::Running,
+        Duration::from_secs(20),
+    );
+    let idle_id = job_id(tb.socket(), "idle");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (hog_stat, idle_stat) = loop {
+        let hog_stat = storm_stat(&config, job.job);
+        let idle_stat = storm_stat(&config, idle_id);
+        let hog_node = &hog_stat["nodes"][0];
+        if hog_node["cpus_busy"].as_f64().unwrap_or(0.0) > 0.5
+            && hog_node["mem_bytes"].as_u64().unwrap_or(0) >= 64 << 20
+            && idle_stat["nodes"][0]["cpu_s"].is_number()
+        {
+            break (hog_stat, idle_stat);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hog's own figures never show in storm stat: {hog_stat}\nidle: {idle_stat}\n{}",
+            storm_nodes(&config, &["--long"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(hog_stat["nodes"][0]["node"], name.as_str(), "{hog_stat}");
+    assert!(
+        hog_stat["cpu_s"].as_f64().unwrap() > 0.5,
+        "the hog has used CPU time: {hog_stat}"
+    );
+    let idle_node = &idle_stat["nodes"][0];
+    assert!(
+        idle_node["cpus_busy"].as_f64().unwrap() < 0.2
+            && idle_node["mem_bytes"].as_u64().unwrap() < 32 << 20,
+        "a sleeping job keeps no CPU busy and holds little memory, whoever its neighbour is: \
+         {idle_stat}"
+    );
+    // `--long` lists the hog's job under its node, and the table of `storm stat` sums it.
+    let long = storm_nodes(&config, &["--long"]);
+    assert!(
+        long.contains(&format!("job {}: ", job.job)),
+        "--long shows the jobs' figures: {long}"
+    );
+    let table = Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&config)
+        .args(["stat", &job.job.to_string()])
+        .output()
+        .expect("storm stat runs");
+    let table = support::text(&table.stdout);
+    assert!(
+        table.contains(&name) && table.contains("TOTAL"),
+        "storm stat's table: {table}"
+    );
     // Its storm-submit would wait for the MM to come back once the testbed is gone.
-    let mut hog = hog;
-    let _ = hog.kill();
-    let _ = hog.wait();
+    for mut child in [hog, idle] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     drop(tb);
+}
+
+/// The id of the job called `name` in the queue of the MM at `socket`.
+fn job_id(socket: &Path, name: &str) -> u64 {
+    let client = Client::connect(socket).expect("connect to the MM");
+    match client.call(&Request::Queue).expect("queue") {
+        Reply::Queue(jobs) => {
+            jobs.iter()
+                .find(|j| j.name == name)
+                .unwrap_or_else(|| panic!("no job {name}"))
+                .job
+        }
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+/// `storm stat JOB --json` against the testbed at `config` (it must succeed).
+fn storm_stat(config: &Path, job: u64) -> serde_json::Value {
+    let out = Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(config)
+        .args(["stat", &job.to_string(), "--json"])
+        .output()
+        .expect("storm stat runs");
+    assert!(
+        out.status.success(),
+        "storm stat {job}: {}",
+        support::text(&out.stderr)
+    );
+    serde_json::from_str(&support::text(&out.stdout)).expect("storm stat --json prints JSON")
 }
 
 #[test]

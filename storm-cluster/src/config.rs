@@ -565,6 +565,10 @@ pub struct MonitoringSection {
     /// How far back the MM keeps each node's samples (seconds; 0: none), for `storm nodes
     /// --history`: 12 bytes per node and sample.
     pub history_s: u64,
+    /// Where sysfs is mounted: the NM reads the fabric ports' counters under
+    /// `SYSFS/class/infiniband` (as node_exporter's `--path.sysfs`, for an NM that sees the
+    /// host's sysfs elsewhere).
+    pub sysfs: std::path::PathBuf,
 }
 
 impl Default for MonitoringSection {
@@ -573,6 +577,7 @@ impl Default for MonitoringSection {
             sample_ms: 1000,
             source: crate::sample::Source::Host,
             history_s: 3600,
+            sysfs: "/sys".into(),
         }
     }
 }

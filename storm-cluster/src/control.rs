@@ -659,6 +659,13 @@ impl NodeInfo {
         let r = self.records.as_ref()?;
         r.sample.as_ref().filter(|_| !r.stale)
     }
+
+    /// What the node's jobs and fabric ports used, taken with its fresh sample (`None` if
+    /// that sample is stale).
+    pub fn fresh_usage(&self) -> Option<&crate::usage::NodeUsage> {
+        let r = self.records.as_ref()?;
+        r.usage.as_ref().filter(|_| !r.stale)
+    }
 }
 
 /// One replica of the MM, as the leader sees it (a single MM shows itself alone).

@@ -259,6 +259,9 @@ mod tests {
         let mut b = NodeHealth::of(7, 1, &[]).encode();
         b[at::TRAILER] = 8;
         assert!(matches!(NodeHealth::decode(&b), Err(RecordError::Torn(..))));
-        assert_eq!(NodeHealth::decode(&[1u8; 3]), Err(RecordError::Length(3)));
+        assert_eq!(
+            NodeHealth::decode(&[1u8; 3]),
+            Err(RecordError::Length(3, RECORD_BYTES))
+        );
     }
 }

@@ -12,8 +12,10 @@ use storm_primitives::{Area, EventId, Layout, LayoutError, QueueLayout, VarArray
 
 use crate::config::ClusterConfig;
 
-/// Records each node keeps at the MM: its sample, its health verdict and its inventory.
-pub const RECORDS_PER_NODE: usize = 3;
+/// Room each node's records take at the MM, in records of [`crate::sample::RECORD_BYTES`]:
+/// its sample, its health verdict, its usage (two: [`crate::usage::USAGE_BYTES`]) and its
+/// inventory. The first three are neighbours, so that one transfer carries them.
+pub const RECORDS_PER_NODE: usize = 5;
 
 /// Bytes of one node's report for one job: job id, count, one status per task, the timing.
 pub fn report_bytes(max_tasks_per_node: usize) -> usize {
@@ -66,8 +68,8 @@ pub struct RmLayout {
     pub join_ack: VarArray,
     /// Raised at the MM with every registration and acknowledgement.
     pub registered: EventId,
-    /// `node_records[node]`: the node's last sample, its health verdict, then its inventory
-    /// (NM to MM, [`crate::sample::RECORD_BYTES`] each; see [`RmLayout::sample_offset`]).
+    /// `node_records[node]`: the node's last sample, its health verdict, its usage, then its
+    /// inventory (NM to MM; see [`RmLayout::sample_offset`]).
     pub node_records: Area,
     // --- MPI (PMI) key exchange ---
     /// `pmi_up[slot][node]`: a node's [`crate::messages::PmiUp`] for the job in `slot` (NM
@@ -198,8 +200,8 @@ impl RmLayout {
         self.inventory.offset + (node * self.inventory_bytes) as u64
     }
 
-    /// Offset of node `node`'s sample record at the MM; its health verdict follows at once
-    /// (one transfer carries both).
+    /// Offset of node `node`'s sample record at the MM; its health verdict and its usage
+    /// follow at once (one transfer carries the three).
     pub fn sample_offset(&self, node: usize) -> u64 {
         debug_assert!(node < self.nodes);
         self.node_records.offset + (node * RECORDS_PER_NODE * crate::sample::RECORD_BYTES) as u64
@@ -210,9 +212,14 @@ impl RmLayout {
         self.sample_offset(node) + crate::sample::RECORD_BYTES as u64
     }
 
+    /// Offset of node `node`'s usage record at the MM ([`crate::usage::USAGE_BYTES`]).
+    pub fn usage_record_offset(&self, node: usize) -> u64 {
+        self.sample_offset(node) + 2 * crate::sample::RECORD_BYTES as u64
+    }
+
     /// Offset of node `node`'s inventory record at the MM.
     pub fn inventory_record_offset(&self, node: usize) -> u64 {
-        self.sample_offset(node) + 2 * crate::sample::RECORD_BYTES as u64
+        self.usage_record_offset(node) + crate::usage::USAGE_BYTES as u64
     }
 
     /// Offset of node `node`'s PMI message for the job in `slot` (at the MM).
@@ -343,6 +350,12 @@ mod tests {
             (rm.sample_offset(2), crate::sample::RECORD_BYTES),
             (rm.inventory_record_offset(2), crate::sample::RECORD_BYTES),
             (rm.health_record_offset(2), crate::sample::RECORD_BYTES),
+            (rm.usage_record_offset(2), crate::usage::USAGE_BYTES),
+            // The transfer an NM's sampling thread makes: sample, verdict and usage.
+            (
+                rm.sample_offset(2),
+                2 * crate::sample::RECORD_BYTES + crate::usage::USAGE_BYTES,
+            ),
         ];
         for (offset, len) in writes {
             assert!(rm.layout.fits(&mm, offset, len as u64));
@@ -367,6 +380,7 @@ mod tests {
             (rm.sample_offset(1), crate::sample::RECORD_BYTES),
             (rm.inventory_record_offset(3), crate::sample::RECORD_BYTES),
             (rm.health_record_offset(1), crate::sample::RECORD_BYTES),
+            (rm.usage_record_offset(3), crate::usage::USAGE_BYTES),
             (
                 rm.inventory_record_offset(2) + 8,
                 crate::sample::RECORD_BYTES,

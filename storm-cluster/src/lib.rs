@@ -10,6 +10,7 @@
 //!   every NM from the cluster file.
 //! * [`messages`]: heartbeats and their commands, per-node reports, output chunks.
 //! * [`sample`]: a node's sample and inventory, the fixed-size records NMs keep for queries.
+//! * [`usage`]: what a node's jobs (CPU, memory) and fabric ports used, its fourth record.
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM;
 //!   [`dependency`]: `--dependency`, parsed and judged.
@@ -48,6 +49,7 @@ pub mod program_hash;
 pub mod sample;
 pub mod size;
 pub mod tasks;
+pub mod usage;
 
 pub use config::{ClusterConfig, ConfigError};
 pub use layout::RmLayout;

@@ -97,6 +97,9 @@ pub const STALE_PERIODS: u64 = 3;
 pub struct NodeRecords {
     pub sample: Option<NodeSample>,
     pub inventory: Option<NodeInventory>,
+    /// What its jobs and fabric ports used, taken with the sample.
+    #[serde(default)]
+    pub usage: Option<crate::usage::NodeUsage>,
     /// The sample's age by the MM's clock (ms; 0 for one from the future).
     pub age_ms: u64,
     /// Older than [`STALE_PERIODS`] sample periods: never shown as fresh.
@@ -106,10 +109,11 @@ pub struct NodeRecords {
 }
 
 impl NodeRecords {
-    /// The records of a node whose slots hold `sample` and `inventory` (each read whole, or
-    /// torn), at `now_ms` by the MM's clock, sampled every `period_ms`.
+    /// The records of a node whose slots hold `sample`, `usage` and `inventory` (each read
+    /// whole, or torn), at `now_ms` by the MM's clock, sampled every `period_ms`.
     pub fn judge(
         sample: Result<Option<NodeSample>, RecordError>,
+        usage: Result<Option<crate::usage::NodeUsage>, RecordError>,
         inventory: Result<Option<NodeInventory>, RecordError>,
         now_ms: u64,
         period_ms: u64,
@@ -123,6 +127,10 @@ impl NodeRecords {
             error.get_or_insert(e.to_string());
             None
         });
+        let usage = usage.unwrap_or_else(|e| {
+            error.get_or_insert(e.to_string());
+            None
+        });
         let age_ms = sample
             .as_ref()
             .map_or(0, |s| now_ms.saturating_sub(s.taken_ms));
@@ -133,6 +141,7 @@ impl NodeRecords {
             stale: sample.is_none() || age_ms > STALE_PERIODS * period,
             sample,
             inventory,
+            usage,
             age_ms,
             error,
         }
@@ -191,8 +200,8 @@ pub const ARCH_BYTES: usize = 24;
 /// Why bytes are not a record.
 #[derive(Debug, Error, PartialEq)]
 pub enum RecordError {
-    #[error("a node record is {RECORD_BYTES} bytes, not {0}")]
-    Length(usize),
+    #[error("a node record is {1} bytes, not {0}")]
+    Length(usize, usize),
     #[error(
         "the node record was being written while it was read (sequence {0} opens it, {1} closes it)"
     )]
@@ -259,6 +268,13 @@ pub(crate) fn out_of_range(field: &'static str, value: impl std::fmt::Display) -
     }
 }
 
+/// Whether `bytes` are all zero (a record's padding): compared a block at a time, as a
+/// gather of every node's records checks hundreds of bytes per node.
+pub(crate) fn zeros(bytes: &[u8]) -> bool {
+    const BLOCK: [u8; 64] = [0; 64];
+    bytes.chunks(BLOCK.len()).all(|c| c == &BLOCK[..c.len()])
+}
+
 /// A fraction checked to be finite and within `0.0..=max`.
 fn fraction(field: &'static str, v: f32, max: f32) -> Result<f32, RecordError> {
     if v.is_finite() && (0.0..=max).contains(&v) {
@@ -271,10 +287,15 @@ fn fraction(field: &'static str, v: f32, max: f32) -> Result<f32, RecordError> {
 /// The sequence numbers that open and close `bytes`, checked: `None` for a slot never
 /// written.
 pub(crate) fn sealed(bytes: &[u8]) -> Result<Option<u64>, RecordError> {
-    if bytes.len() != RECORD_BYTES {
-        return Err(RecordError::Length(bytes.len()));
+    sealed_at(bytes, RECORD_BYTES)
+}
+
+/// [`sealed`] for a record `len` bytes long, closed by its last eight.
+pub(crate) fn sealed_at(bytes: &[u8], len: usize) -> Result<Option<u64>, RecordError> {
+    if bytes.len() != len {
+        return Err(RecordError::Length(bytes.len(), len));
     }
-    let (open, close) = (u64_at(bytes, at::SEQ), u64_at(bytes, at::TRAILER));
+    let (open, close) = (u64_at(bytes, at::SEQ), u64_at(bytes, len - 8));
     if open != close {
         return Err(RecordError::Torn(open, close));
     }
@@ -345,7 +366,7 @@ impl NodeSample {
             return Err(out_of_range("per_cpu_count", count));
         }
         let per_cpu = b[at::PER_CPU..at::PER_CPU + count].to_vec();
-        if b[at::PER_CPU + count..at::TRAILER].iter().any(|c| *c != 0) {
+        if !zeros(&b[at::PER_CPU + count..at::TRAILER]) {
             return Err(out_of_range("per_cpu", "bytes after the last CPU's"));
         }
         if let Some(p) = per_cpu.iter().find(|p| **p > 100) {
@@ -419,7 +440,7 @@ pub(crate) fn text_at(
 ) -> Result<String, RecordError> {
     let raw = &b[at..at + len];
     let end = raw.iter().position(|c| *c == 0).unwrap_or(len);
-    if raw[end..].iter().any(|c| *c != 0) {
+    if !zeros(&raw[end..]) {
         return Err(out_of_range(field, "bytes after its end"));
     }
     String::from_utf8(raw[..end].to_vec()).map_err(|_| out_of_range(field, "invalid UTF-8"))
@@ -456,7 +477,7 @@ impl NodeInventory {
         if b[at::VERSION] != INVENTORY_VERSION {
             return Err(RecordError::Version(b[at::VERSION]));
         }
-        if b[at::SOURCE] != 0 || b[inv::END..at::TRAILER].iter().any(|c| *c != 0) {
+        if b[at::SOURCE] != 0 || !zeros(&b[inv::END..at::TRAILER]) {
             return Err(out_of_range("inventory", "bytes after its last field"));
         }
         Ok(Some(NodeInventory {
@@ -546,7 +567,10 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(NodeSample::decode(&[1u8; 10]), Err(RecordError::Length(10)));
+        assert_eq!(
+            NodeSample::decode(&[1u8; 10]),
+            Err(RecordError::Length(10, RECORD_BYTES))
+        );
     }
 
     #[test]
@@ -565,20 +589,20 @@ mod tests {
     fn a_sample_older_than_three_periods_is_stale_and_a_missing_one_too() {
         let s = sample();
         let at = s.taken_ms;
-        let fresh = NodeRecords::judge(Ok(Some(s.clone())), Ok(None), at + 2_999, 1000);
+        let fresh = NodeRecords::judge(Ok(Some(s.clone())), Ok(None), Ok(None), at + 2_999, 1000);
         assert!(!fresh.stale);
         assert_eq!(fresh.age_ms, 2_999);
-        let old = NodeRecords::judge(Ok(Some(s.clone())), Ok(None), at + 3_001, 1000);
+        let old = NodeRecords::judge(Ok(Some(s.clone())), Ok(None), Ok(None), at + 3_001, 1000);
         assert!(old.stale);
-        assert!(NodeRecords::judge(Ok(None), Ok(None), at, 1000).stale);
-        let torn = NodeRecords::judge(Err(RecordError::Torn(8, 7)), Ok(None), at, 1000);
+        assert!(NodeRecords::judge(Ok(None), Ok(None), Ok(None), at, 1000).stale);
+        let torn = NodeRecords::judge(Err(RecordError::Torn(8, 7)), Ok(None), Ok(None), at, 1000);
         assert!(torn.stale && torn.error.unwrap().contains("being written"));
         // A node sampling less often than the MM's setting says is judged by its own period.
         let slow = NodeSample {
             period_ms: 10_000,
             ..s
         };
-        assert!(!NodeRecords::judge(Ok(Some(slow)), Ok(None), at + 20_000, 1000).stale);
+        assert!(!NodeRecords::judge(Ok(Some(slow)), Ok(None), Ok(None), at + 20_000, 1000).stale);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
 //! | `replica` | a replica's mailboxes in the managers' fabric (a holder of the group's key) | `replica::mailbox::Inbox::take`, then `replica::decode_peer_message` |
-//! | `node-record` | a node's sample, health and inventory slots in the MM's global memory | `sample::NodeSample::decode`, `health::NodeHealth::decode`, `sample::NodeInventory::decode` |
+//! | `node-record` | a node's sample, health, usage and inventory slots in the MM's global memory | `sample::NodeSample::decode`, `health::NodeHealth::decode`, `usage::NodeUsage::decode`, `sample::NodeInventory::decode` |
 //!
 //! A target's check returns whether the input was accepted (decoded and passed the checks);
 //! the acceptance rate tells whether the mutator still reaches past the first bytes.
@@ -220,6 +220,7 @@ static TARGETS: &[Target] = &[
             &[1],
             &[0x81],
             &[0xC1],
+            &[0xA1],
             &[100],
             &[101],
         ],
@@ -1379,10 +1380,36 @@ fn node_record_seeds() -> Vec<Vec<u8>> {
         1_790_000_000_000,
         &["spool_dir has 1 MiB free, below spool_free_min 64 MiB".into()],
     );
+    let usage = storm_cluster::usage::NodeUsage {
+        seq: 7,
+        taken_ms: 1_790_000_000_000,
+        jobs_total: 2,
+        jobs: vec![
+            storm_cluster::usage::JobFigures {
+                job: 12,
+                cpu_us: 2_000_000,
+                cpus_busy: 1.0,
+                mem: 64 << 20,
+                mem_peak: 80 << 20,
+            },
+            storm_cluster::usage::JobFigures {
+                job: 13,
+                ..Default::default()
+            },
+        ],
+        fabric: Some(storm_cluster::usage::FabricCounters {
+            ports: 1,
+            rx_bytes: 4096,
+            tx_bytes: 8192,
+            rx_packets: 1,
+            tx_packets: 2,
+        }),
+    };
     vec![
         sample.encode().to_vec(),
         inventory.encode().to_vec(),
         sick.encode().to_vec(),
+        usage.encode().to_vec(),
     ]
 }
 
@@ -1407,7 +1434,16 @@ fn node_record(input: &[u8]) -> bool {
     if let Ok(Some(i)) = &inventory {
         assert_eq!(&i.encode()[..], input, "an inventory does not encode back");
     }
+    let usage = storm_cluster::usage::NodeUsage::decode(input);
+    if let Ok(Some(u)) = &usage {
+        assert_eq!(
+            &u.encode()[..],
+            input,
+            "a usage record does not encode back"
+        );
+    }
     matches!(sample, Ok(Some(_)))
+        || matches!(usage, Ok(Some(_)))
         || matches!(inventory, Ok(Some(_)))
         || matches!(health, Ok(Some(_)))
 }

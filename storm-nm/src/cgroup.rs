@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use storm_cluster::messages::{JobId, JobUsage};
 
+use crate::sample::read_number;
+
 /// Which cgroup version to use (`[cluster] cgroups` in the cluster file).
 pub use storm_cluster::config::CgroupMode;
 
@@ -154,6 +156,7 @@ impl Cgroups {
     /// "node_cgroup"`). `None` without cgroups, or without a v1 `cpuacct` or `memory`
     /// hierarchy.
     pub fn node_usage_files(&self) -> Option<crate::sample::NodeCgroupFiles> {
+        use crate::sample::{CgroupVersion, NodeCgroupFiles};
         match self {
             Cgroups::V1(list) => {
                 let base = |controller: &str| {
@@ -161,14 +164,16 @@ impl Cgroups {
                         .find(|(c, _)| *c == controller)
                         .map(|(_, p)| p.clone())
                 };
-                Some(crate::sample::NodeCgroupFiles {
-                    cpu: base("cpuacct")?.join("cpuacct.usage"),
-                    memory: base("memory")?.join("memory.usage_in_bytes"),
+                Some(NodeCgroupFiles {
+                    version: CgroupVersion::V1,
+                    cpu_dir: base("cpuacct")?,
+                    memory_dir: base("memory")?,
                 })
             }
-            Cgroups::V2(base) => Some(crate::sample::NodeCgroupFiles {
-                cpu: base.join("cpu.stat"),
-                memory: base.join("memory.current"),
+            Cgroups::V2(base) => Some(NodeCgroupFiles {
+                version: CgroupVersion::V2,
+                cpu_dir: base.clone(),
+                memory_dir: base.clone(),
             }),
             Cgroups::None => None,
         }
@@ -267,10 +272,10 @@ impl Cgroups {
                 kill_v1(dir("freezer").as_deref(), &dirs);
                 let usage = JobUsage {
                     cpu_us: dir("cpuacct")
-                        .and_then(|d| read_u64(&d.join("cpuacct.usage")))
+                        .and_then(|d| read_number(&d.join("cpuacct.usage")))
                         .map(|ns| ns / 1000),
                     peak_memory_bytes: dir("memory")
-                        .and_then(|d| read_u64(&d.join("memory.max_usage_in_bytes"))),
+                        .and_then(|d| read_number(&d.join("memory.max_usage_in_bytes"))),
                     oom_kills: dir("memory").and_then(|d| {
                         let control = std::fs::read_to_string(d.join("memory.oom_control")).ok()?;
                         stat_field(&control, "oom_kill")
@@ -288,7 +293,7 @@ impl Cgroups {
                     cpu_us: std::fs::read_to_string(d.join("cpu.stat"))
                         .ok()
                         .and_then(|s| stat_field(&s, "usage_usec")),
-                    peak_memory_bytes: read_u64(&d.join("memory.peak")),
+                    peak_memory_bytes: read_number(&d.join("memory.peak")),
                     oom_kills: std::fs::read_to_string(d.join("memory.events"))
                         .ok()
                         .and_then(|s| stat_field(&s, "oom_kill")),
@@ -343,10 +348,6 @@ fn enable_v2_controllers(base: &Path) {
             }
         }
     }
-}
-
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// The value of `field` in a `key value` per line file (cpu.stat).

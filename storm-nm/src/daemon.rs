@@ -160,6 +160,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             cgroup: cgroups.node_usage_files(),
             period: cfg.monitoring.period(),
             proc_dir: "/proc".into(),
+            sys_dir: cfg.monitoring.sysfs.clone(),
         },
         cfg.health.clone(),
         jobs.clone(),

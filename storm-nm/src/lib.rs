@@ -42,6 +42,7 @@ pub mod receive;
 pub mod report;
 pub mod sample;
 pub mod tasks;
+pub mod usage;
 
 pub use daemon::NmOptions;
 pub use env::NmEnv;

@@ -1,7 +1,8 @@
 //! The NM's sampling thread: once per sample period (`[monitoring] sample_ms`) it samples the
 //! node ([`crate::sample`]), judges its health (`[health]`, with the site program's last
-//! verdict, [`crate::health`]), and puts both records into the node's slots in the MM's
-//! global memory with one XFER-AND-SIGNAL (no signal: the MM reads the slots when it is
+//! verdict, [`crate::health`]), reads what its jobs and fabric ports used
+//! ([`crate::usage`]), and puts the three records into the node's slots in the MM's global
+//! memory with one XFER-AND-SIGNAL (no signal: the MM reads the slots when it is
 //! asked, and looks at the verdicts once per period). The node's inventory goes first, and
 //! again with every tenth sample, so that an MM that restarted (or a new leader) has it
 //! without asking.
@@ -20,10 +21,12 @@ use bytes::Bytes;
 use storm_cluster::RmLayout;
 use storm_cluster::health::{HealthSection, NodeHealth};
 use storm_cluster::sample::RECORD_BYTES;
+use storm_cluster::usage::USAGE_BYTES;
 use storm_primitives::{NodeId, NodeSet, Primitives, Wait};
 
 use crate::health::HealthProgram;
 use crate::sample::{Sampler, SamplerOptions};
+use crate::usage::UsageSampler;
 
 /// Samples between two copies of the inventory.
 const INVENTORY_EVERY: u64 = 10;
@@ -69,6 +72,7 @@ impl Monitor {
         let thread = std::thread::Builder::new()
             .name("storm-sample".into())
             .spawn(move || {
+                let mut usage = UsageSampler::new(opts.cgroup.clone(), &opts.sys_dir);
                 let mut sampler = Sampler::new(opts);
                 let send = |offset: u64, bytes: &[u8]| {
                     let dest = NodeSet::single(mm);
@@ -102,11 +106,13 @@ impl Monitor {
                     let mut problems = health.judge(&sample, &sampler.unreadable);
                     problems.extend(program.as_ref().and_then(HealthProgram::verdict));
                     let verdict = NodeHealth::of(sample.seq, sample.taken_ms, &problems);
-                    // The sample and its verdict are neighbours: one transfer.
-                    let mut both = [0u8; 2 * RECORD_BYTES];
-                    both[..RECORD_BYTES].copy_from_slice(&sample.encode());
-                    both[RECORD_BYTES..].copy_from_slice(&verdict.encode());
-                    send(sample_at, &both);
+                    let used = usage.take(sample.seq, sample.taken_ms);
+                    // The sample, its verdict and the usage are neighbours: one transfer.
+                    let mut all = [0u8; 2 * RECORD_BYTES + USAGE_BYTES];
+                    all[..RECORD_BYTES].copy_from_slice(&sample.encode());
+                    all[RECORD_BYTES..2 * RECORD_BYTES].copy_from_slice(&verdict.encode());
+                    all[2 * RECORD_BYTES..].copy_from_slice(&used.encode());
+                    send(sample_at, &all);
                     taken += 1;
                     match stopped.recv_timeout(period) {
                         Err(mpsc::RecvTimeoutError::Timeout) => {}

@@ -198,13 +198,57 @@ pub fn parse_cgroup_cpu(text: &str) -> Option<u64> {
     text.trim().parse().ok()
 }
 
-/// The node's cgroup subtree: where its CPU time and memory usage are read.
+/// Which cgroup version a subtree is of: its files' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+/// The node's cgroup subtree: where its CPU time and memory usage are read, and its jobs'
+/// groups (`job-<id>`) beneath.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeCgroupFiles {
-    /// `cpuacct.usage` (v1) or `cpu.stat` (v2).
-    pub cpu: PathBuf,
-    /// `memory.usage_in_bytes` (v1) or `memory.current` (v2).
-    pub memory: PathBuf,
+    pub version: CgroupVersion,
+    /// The node's group in the hierarchy that counts CPU time (v1 `cpuacct`; v2's one).
+    pub cpu_dir: PathBuf,
+    /// The node's group in the hierarchy that counts memory (v1 `memory`; v2's one).
+    pub memory_dir: PathBuf,
+}
+
+impl NodeCgroupFiles {
+    /// The CPU time of the group at `dir` (ns).
+    pub fn cpu_ns(&self, dir: &Path) -> Option<u64> {
+        let name = match self.version {
+            CgroupVersion::V1 => "cpuacct.usage",
+            CgroupVersion::V2 => "cpu.stat",
+        };
+        parse_cgroup_cpu(&std::fs::read_to_string(dir.join(name)).ok()?)
+    }
+
+    /// The memory the group at `dir` holds now (bytes).
+    pub fn memory(&self, dir: &Path) -> Option<u64> {
+        let name = match self.version {
+            CgroupVersion::V1 => "memory.usage_in_bytes",
+            CgroupVersion::V2 => "memory.current",
+        };
+        read_number(&dir.join(name))
+    }
+
+    /// The most memory the group at `dir` held at once (bytes; v2 kernels before 5.19 do
+    /// not say).
+    pub fn memory_peak(&self, dir: &Path) -> Option<u64> {
+        let name = match self.version {
+            CgroupVersion::V1 => "memory.max_usage_in_bytes",
+            CgroupVersion::V2 => "memory.peak",
+        };
+        read_number(&dir.join(name))
+    }
+}
+
+/// The number a one-number file holds.
+pub(crate) fn read_number(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// What the sampler needs to know of the node.
@@ -215,8 +259,10 @@ pub struct SamplerOptions {
     pub node_cpus: u32,
     pub spool_dir: PathBuf,
     pub state_dir: PathBuf,
-    /// The node's subtree, for [`Source::NodeCgroup`].
+    /// The node's subtree: its figures for [`Source::NodeCgroup`], and its jobs' groups.
     pub cgroup: Option<NodeCgroupFiles>,
+    /// Where sysfs is: the fabric ports' counters are under `class/infiniband`.
+    pub sys_dir: PathBuf,
     pub period: Duration,
     /// Where `/proc` is (tests point it elsewhere).
     pub proc_dir: PathBuf,
@@ -337,15 +383,10 @@ impl Sampler {
         let (mut cpu, mut cgroup_cpu_ns) = (None, None);
         match (self.opts.source, &self.opts.cgroup) {
             (Source::NodeCgroup, Some(files)) => {
-                let used = std::fs::read_to_string(&files.memory)
-                    .ok()
-                    .and_then(|t| t.trim().parse::<u64>().ok())
-                    .unwrap_or(0);
+                let used = files.memory(&files.memory_dir).unwrap_or(0);
                 sample.mem_avail = mem.total.saturating_sub(used);
                 sample.cpus = self.opts.node_cpus.min(u16::MAX as u32) as u16;
-                cgroup_cpu_ns = std::fs::read_to_string(&files.cpu)
-                    .ok()
-                    .and_then(|t| parse_cgroup_cpu(&t));
+                cgroup_cpu_ns = files.cpu_ns(&files.cpu_dir);
                 if let (Some(p), Some(e), Some(ns)) = (
                     prev.as_ref().and_then(|p| p.cgroup_cpu_ns),
                     elapsed,
@@ -504,7 +545,11 @@ mod tests {
         }
         fn set_cgroup(&self, cpu_ns: u64, mem: u64) {
             std::fs::write(self.dir.path().join("cpuacct.usage"), cpu_ns.to_string()).unwrap();
-            std::fs::write(self.dir.path().join("memory.usage"), mem.to_string()).unwrap();
+            std::fs::write(
+                self.dir.path().join("memory.usage_in_bytes"),
+                mem.to_string(),
+            )
+            .unwrap();
         }
         fn sampler(&self, source: Source) -> Sampler {
             Sampler::new(SamplerOptions {
@@ -513,11 +558,13 @@ mod tests {
                 spool_dir: self.dir.path().into(),
                 state_dir: self.dir.path().into(),
                 cgroup: Some(NodeCgroupFiles {
-                    cpu: self.dir.path().join("cpuacct.usage"),
-                    memory: self.dir.path().join("memory.usage"),
+                    version: CgroupVersion::V1,
+                    cpu_dir: self.dir.path().into(),
+                    memory_dir: self.dir.path().into(),
                 }),
                 period: Duration::from_secs(1),
                 proc_dir: self.dir.path().into(),
+                sys_dir: self.dir.path().join("sys"),
             })
         }
     }

@@ -1,5 +1,5 @@
-//! `storm`: look at and manage a storm cluster (queue, history, cancel, nodes, metrics, drain,
-//! resume, shutdown), and make its key (keygen).
+//! `storm`: look at and manage a storm cluster (queue, history, stat, cancel, nodes, top,
+//! metrics, drain, resume, shutdown), and make its key (keygen).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -102,6 +102,15 @@ enum Cmd {
         /// With --history: draw CPU and memory over time into this PNG file.
         #[arg(long, value_name = "FILE.png", requires = "history")]
         plot: Option<PathBuf>,
+    },
+    /// What a running job uses now, node by node (like sstat): the CPUs it keeps busy, its
+    /// CPU time so far, its memory now and its peak, from its cgroup on each node.
+    Stat {
+        #[arg(value_parser = clap::value_parser!(storm_cluster::control::JobRef))]
+        job: storm_cluster::control::JobRef,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// A live view of the cluster in the terminal: each node's state, jobs, CPU, load, memory
     /// and spool, the jobs running and waiting (q quits; c, m, n sort).
@@ -214,6 +223,7 @@ fn run(args: Args) -> Result<(), String> {
                 std::time::Duration::from_millis(interval_ms.max(100)),
             );
         }
+        Cmd::Stat { job, json } => return job_stat(&connect(&socket, &sockets)?, &job, json),
         Cmd::Queue { json } => (Request::Queue, json),
         Cmd::History {
             json,
@@ -483,6 +493,29 @@ fn metrics(
 }
 
 /// The MM's node listing.
+/// `storm stat JOB`: the job's figures on each of its nodes.
+fn job_stat(
+    client: &Client,
+    job: &storm_cluster::control::JobRef,
+    json: bool,
+) -> Result<(), String> {
+    let jobs = match client.call(&Request::Queue)? {
+        Reply::Queue(jobs) => jobs,
+        Reply::Error(e) => return Err(e),
+        other => return Err(format!("unexpected reply {other:?}")),
+    };
+    let stat = storm_cli::job_stat::stat(job, &jobs, &node_list(client)?)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&stat).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", storm_cli::job_stat::table(&stat));
+    }
+    Ok(())
+}
+
 fn node_list(client: &Client) -> Result<Vec<NodeInfo>, String> {
     match client.call(&Request::Nodes)? {
         Reply::Nodes(n) => Ok(n),

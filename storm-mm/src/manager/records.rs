@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use storm_cluster::health::NodeHealth;
 use storm_cluster::sample::{NodeSample, RECORD_BYTES, RecordError};
+use storm_cluster::usage::{NodeUsage, USAGE_BYTES, USAGE_HEADER_BYTES};
 use storm_primitives::NodeId;
 
 use super::{MachineManager, MmEnv};
@@ -79,11 +80,39 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// The record at `offset` of the MM's memory, as bytes.
     pub(super) fn read_record(&self, offset: u64) -> Result<[u8; RECORD_BYTES], RecordError> {
-        let mut buf = [0u8; RECORD_BYTES];
+        self.read_bytes(offset)
+    }
+
+    /// The usage record at `offset` of the MM's memory, as bytes: its header, the jobs' figures
+    /// its count says it holds, and its closing sequence number (read last, so that a record
+    /// that changed meanwhile is seen torn). The rest is zeros in a record, and left so: a
+    /// gather of every node reads a job's worth, not 512 bytes, per node.
+    pub(super) fn read_usage(&self, offset: u64) -> Result<[u8; USAGE_BYTES], RecordError> {
+        let mut buf = [0u8; USAGE_BYTES];
+        self.read_into(offset, &mut buf[..USAGE_HEADER_BYTES])?;
+        let used = NodeUsage::used_bytes(&buf[..USAGE_HEADER_BYTES]).min(USAGE_BYTES - 8);
+        if used > USAGE_HEADER_BYTES {
+            self.read_into(
+                offset + USAGE_HEADER_BYTES as u64,
+                &mut buf[USAGE_HEADER_BYTES..used],
+            )?;
+        }
+        self.read_into(
+            offset + (USAGE_BYTES - 8) as u64,
+            &mut buf[USAGE_BYTES - 8..],
+        )?;
+        Ok(buf)
+    }
+
+    fn read_bytes<const N: usize>(&self, offset: u64) -> Result<[u8; N], RecordError> {
+        let mut buf = [0u8; N];
+        self.read_into(offset, &mut buf).map(|()| buf)
+    }
+
+    fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), RecordError> {
         self.prims
             .memory()
-            .read(offset, &mut buf)
-            .map(|()| buf)
+            .read(offset, buf)
             .map_err(|e| RecordError::Field {
                 field: "slot",
                 value: e.to_string(),

@@ -12,6 +12,7 @@ use storm_cluster::control::{
 use storm_cluster::messages::{Command, InputTarget, JobId, JobUsage, MAX_LAUNCH_BYTES, encode};
 use storm_cluster::sample::{NodeInventory, NodeRecords, NodeSample, NodeTrace};
 use storm_cluster::tasks::TaskPlan;
+use storm_cluster::usage::NodeUsage;
 use storm_primitives::{NodeId, NodeSet};
 
 use crate::env::{ClientId, Input, MmEnv, SubmittedProgram};
@@ -897,7 +898,7 @@ impl<E: MmEnv> MachineManager<E> {
             .collect())
     }
 
-    /// Node `node`'s sample and inventory as its NM last put them into this MM's memory
+    /// Node `node`'s sample, usage and inventory as its NM last put them into this MM's memory
     /// (`storm_cluster::sample`), judged fresh or stale at `now_ms`. A record caught while
     /// the next one lands is read again once.
     fn node_records(&self, node: usize, now_ms: u64) -> NodeRecords {
@@ -909,8 +910,13 @@ impl<E: MmEnv> MachineManager<E> {
             self.read_record(self.rm.inventory_record_offset(node))
                 .and_then(|b| NodeInventory::decode(&b))
         };
+        let usage = || {
+            self.read_usage(self.rm.usage_record_offset(node))
+                .and_then(|b| NodeUsage::decode(&b))
+        };
         NodeRecords::judge(
             read_twice(sample),
+            read_twice(usage),
             read_twice(inventory),
             now_ms,
             self.cfg.monitoring.sample_ms,
