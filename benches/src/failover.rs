@@ -172,6 +172,7 @@ fn start(args: &FaultsArgs) -> Result<Box<dyn Replicas>> {
         managers: args.managers,
         replication: args.replication.clone(),
         health: Default::default(),
+        sysfs: None,
     })?;
     Ok(Box::new(OnTestbed {
         testbed: Some(testbed),

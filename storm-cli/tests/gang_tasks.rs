@@ -42,6 +42,7 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         managers: 1,
         replication: Default::default(),
         health: Default::default(),
+        sysfs: None,
     })
     .expect("testbed up");
     let out = work.path().join("windows");

@@ -8,7 +8,9 @@
 //!   stat` shows the hog's own CPU and memory on its node (from its cgroup) and a sleeping
 //!   job's as idle, and `--long` lists the jobs under their nodes.
 //! * A frozen NM's record turns stale (`--json` says so, `--long` shows `STALE`), and fresh
-//!   again once it thaws.
+//!   again once it thaws. The nodes read a fabric port's counters from a sysfs tree of the
+//!   test's (`[monitoring] sysfs`): they show in bytes under each fresh node and in
+//!   Prometheus, and not under the frozen one.
 //! * A node whose spool file system fills up is drained by its own health verdict, with the
 //!   reason, and a job that needs it waits; once space is freed the node is back and the job
 //!   runs.
@@ -23,7 +25,9 @@ use storm_cluster::control::NodeState;
 use storm_cluster::control::{Client, JobState, Reply, Request};
 use storm_cluster::health::HealthSection;
 use storm_cluster::size::ByteSize;
-use support::testbed::{can_run, logs, spawn, up, up_with_health, wait_job_state, wait_node_state};
+use support::testbed::{
+    can_run, logs, spawn, up, up_with_health, up_with_sysfs, wait_job_state, wait_node_state,
+};
 
 /// What `storm nodes ARGS` prints against the testbed at `config` (it must succeed).
 fn storm_nodes(config: &Path, args: &[&str]) -> String {
@@ -301,7 +305,23 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
     }
     support::ensure_all_binaries();
     let work = support::shared_tempdir();
-    let tb = up(2, work.path());
+    // A fabric port's counters where sysfs keeps InfiniBand's (this host has no HCA): the
+    // NMs read them into their usage records, and they show while a node is fresh only.
+    let sysfs = work.path().join("sys");
+    let counters = sysfs.join("class/infiniband/mlx5_0/ports/1/counters");
+    std::fs::create_dir_all(&counters).unwrap();
+    let set_port = |words: u64| {
+        for (file, value) in [
+            ("port_rcv_data", words),
+            ("port_xmit_data", words / 2),
+            ("port_rcv_packets", 20),
+            ("port_xmit_packets", 10),
+        ] {
+            std::fs::write(counters.join(file), value.to_string()).unwrap();
+        }
+    };
+    set_port(2048);
+    let tb = up_with_sysfs(2, work.path(), &sysfs);
     let config = tb.config_path.clone();
     let fresh = |want: bool, limit: Duration| {
         let start = Instant::now();
@@ -321,6 +341,33 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
         }
     };
     fresh(false, Duration::from_secs(20));
+    // The port's counters in bytes (4-byte words), under each node, and in Prometheus.
+    let fabric_lines = |text: &str, bytes: &str| {
+        text.lines()
+            .filter(|l| l.contains(&format!("fabric: 1 port, rx {bytes} (20 packets)")))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    set_port(1 << 20);
+    while fabric_lines(&storm_nodes(&config, &["--long"]), "4.0M") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the port's new counters never show under both nodes: {}",
+            storm_nodes(&config, &["--long"])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let metrics = Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&config)
+        .arg("metrics")
+        .output()
+        .expect("storm metrics runs");
+    let metrics = support::text(&metrics.stdout);
+    assert!(
+        metrics.contains("storm_node_fabric_receive_bytes_total{node=\"node1\"} 4194304\n"),
+        "{metrics}"
+    );
     // `storm top` in a real terminal (tmux) shows both nodes fresh now, and node1 stale
     // once frozen: its screen is refreshed from the MM as it runs.
     let top = Top::start(&config, test);
@@ -344,6 +391,11 @@ fn a_frozen_nodes_record_turns_stale_and_fresh_again_when_it_thaws() {
     assert!(line.contains("STALE"), "{text}");
     let other = text.lines().find(|l| l.contains("node0")).unwrap();
     assert!(!other.contains("STALE"), "node0 keeps sampling: {text}");
+    assert_eq!(
+        fabric_lines(&text, "4.0M"),
+        1,
+        "a stale node's fabric counters are not shown as if they were now: {text}"
+    );
     if let Some(top) = top {
         top.wait_for(|s| {
             s.lines()

@@ -58,6 +58,7 @@ impl Cluster {
                 managers: 1,
                 replication: Default::default(),
                 health: Default::default(),
+                sysfs: None,
             })?;
             return Ok(Cluster::Testbed(tb));
         }

@@ -122,6 +122,7 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 },
                 failure: Default::default(),
+                sysfs: None,
                 managers,
                 replication: Default::default(),
                 health: Default::default(),

@@ -61,6 +61,9 @@ pub struct TestbedOptions {
     pub replication: storm_cluster::config::ReplicationSection,
     /// The health checks (`[health]`).
     pub health: storm_cluster::health::HealthSection,
+    /// Where the NMs read the fabric ports' counters (`[monitoring] sysfs`; `/sys` if not
+    /// given): tests point it at a tree of their own.
+    pub sysfs: Option<PathBuf>,
 }
 
 /// The address of replica `j` of a testbed's replicated MM.
@@ -640,9 +643,13 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             },
         },
         // Nodes here share one kernel: each node's CPU and memory are its jobs'.
-        monitoring: storm_cluster::config::MonitoringSection {
-            source: storm_cluster::sample::Source::NodeCgroup,
-            ..Default::default()
+        monitoring: {
+            let defaults = storm_cluster::config::MonitoringSection::default();
+            storm_cluster::config::MonitoringSection {
+                source: storm_cluster::sample::Source::NodeCgroup,
+                sysfs: opts.sysfs.clone().unwrap_or(defaults.sysfs.clone()),
+                ..defaults
+            }
         },
         replication: opts.replication.clone(),
         health: opts.health.clone(),

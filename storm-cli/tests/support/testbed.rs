@@ -85,6 +85,15 @@ pub fn up_with_health(nodes: u32, work: &Path, health: HealthSection) -> Testbed
     })
 }
 
+/// A testbed of `nodes` nodes under `work` whose NMs read fabric port counters under
+/// `sysfs` (`[monitoring] sysfs`).
+pub fn up_with_sysfs(nodes: u32, work: &Path, sysfs: &Path) -> Testbed {
+    up_options(TestbedOptions {
+        sysfs: Some(sysfs.to_path_buf()),
+        ..options(nodes, work)
+    })
+}
+
 /// What [`up`] builds, for a test to change before [`up_options`].
 fn options(nodes: u32, work: &Path) -> TestbedOptions {
     TestbedOptions {
@@ -98,6 +107,7 @@ fn options(nodes: u32, work: &Path) -> TestbedOptions {
         managers: 1,
         replication: Default::default(),
         health: Default::default(),
+        sysfs: None,
     }
 }
 
