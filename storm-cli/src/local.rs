@@ -441,6 +441,8 @@ impl LocalCluster {
             },
             replication: Default::default(),
             health: Default::default(),
+            federation: Default::default(),
+            peers: Vec::new(),
             managers: Vec::new(),
             nodes,
         };

@@ -430,6 +430,72 @@ pub fn managers_table(managers: &[ManagerInfo]) -> String {
     out
 }
 
+/// `storm peers`: each peer's state, what it offers this cluster, the link's lag.
+pub fn peers_table(
+    peers: &[storm_cluster::federation::PeerInfo],
+    reported_ms_ago: Option<u64>,
+) -> String {
+    let Some(ago) = reported_ms_ago else {
+        return "no peer agent has reported to this machine manager since it started (is                 storm-peer running beside it? docs/federation.md)\n"
+            .into();
+    };
+    let mut out = format!(
+        "peer agent reported {:.1} s ago\n{:<16} {:<8} {:<11} {:>10} {:>9} {:>9} {:>8}  {}\n",
+        ago as f64 / 1000.0,
+        "PEER",
+        "STATE",
+        "SHARING",
+        "IDLE NODES",
+        "IDLE CPUS",
+        "QUEUED",
+        "LAG",
+        "REASON"
+    );
+    for p in peers {
+        let sharing = match (p.lend, p.borrow) {
+            (true, true) => "lend+borrow",
+            (true, false) => "lend",
+            (false, true) => "borrow",
+            (false, false) => "-",
+        };
+        let (idle, cpus, queued) = match &p.offer {
+            Some(o) => (
+                format!("{}/{}", o.idle_nodes, o.nodes),
+                o.idle_cpus.to_string(),
+                o.queued.to_string(),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let lag = p
+            .lag_us
+            .map_or("-".into(), |us| format!("{:.2}ms", us as f64 / 1000.0));
+        let _ = writeln!(
+            out,
+            "{:<16} {:<8} {:<11} {:>10} {:>9} {:>9} {:>8}  {}",
+            safe(&p.name),
+            p.state.as_str(),
+            sharing,
+            idle,
+            cpus,
+            queued,
+            lag,
+            p.reason.as_deref().map(safe).unwrap_or_default()
+        );
+    }
+    out
+}
+
+/// `{"peers": [...], "reported_ms_ago": N}`.
+pub fn peers_json(
+    peers: &[storm_cluster::federation::PeerInfo],
+    reported_ms_ago: Option<u64>,
+) -> String {
+    serde_json::to_string_pretty(
+        &serde_json::json!({ "peers": peers, "reported_ms_ago": reported_ms_ago }),
+    )
+    .unwrap_or_default()
+}
+
 /// `{"managers": [...]}`.
 pub fn managers_json(managers: &[ManagerInfo]) -> String {
     serde_json::to_string_pretty(&serde_json::json!({ "managers": managers })).unwrap_or_default()
@@ -488,6 +554,49 @@ mod tests {
         assert_eq!(v["nodes"][1]["name"], "a1");
         assert_eq!(v["nodes"][1]["state"], "allocated");
         assert_eq!(v["nodes"][1]["jobs"], serde_json::json!([7]));
+    }
+
+    #[test]
+    fn peers_show_their_offer_only_when_up_and_a_missing_agent_is_said() {
+        use storm_cluster::federation::{Offer, PeerInfo, PeerState};
+        let peer = |name: &str, state: PeerState, reason: Option<&str>| PeerInfo {
+            name: name.into(),
+            address: "127.0.0.1:7100".parse().unwrap(),
+            state,
+            lend: true,
+            borrow: false,
+            offer: (state == PeerState::Up).then_some(Offer {
+                idle_nodes: 2,
+                idle_cpus: 8,
+                nodes: 4,
+                queued: 1,
+            }),
+            lag_us: (state == PeerState::Up).then_some(250),
+            heard_ms_ago: Some(100),
+            reason: reason.map(str::to_string),
+        };
+        let text = peers_table(
+            &[
+                peer("c1", PeerState::Up, None),
+                peer("c2", PeerState::Refused, Some("does not hold the key")),
+            ],
+            Some(1500),
+        );
+        assert!(
+            text.starts_with("peer agent reported 1.5 s ago\n"),
+            "{text}"
+        );
+        let c1 = text.lines().find(|l| l.starts_with("c1")).unwrap();
+        assert!(
+            c1.contains("up") && c1.contains("2/4") && c1.contains("0.25ms"),
+            "{c1}"
+        );
+        let c2 = text.lines().find(|l| l.starts_with("c2")).unwrap();
+        assert!(
+            c2.contains("refused") && c2.contains(" - ") && c2.ends_with("does not hold the key"),
+            "{c2}"
+        );
+        assert!(peers_table(&[], None).contains("no peer agent has reported"));
     }
 
     #[test]

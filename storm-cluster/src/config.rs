@@ -663,6 +663,11 @@ pub struct ClusterConfig {
     pub monitoring: MonitoringSection,
     #[serde(default)]
     pub health: crate::health::HealthSection,
+    #[serde(default)]
+    pub federation: crate::federation::FederationSection,
+    /// Peer clusters (docs/federation.md).
+    #[serde(rename = "peer", default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<crate::federation::PeerEntry>,
     /// The replicas of a replicated MM, if the cluster runs one (none: a single MM at
     /// `[mm] address`).
     #[serde(rename = "manager", default, skip_serializing_if = "Vec::is_empty")]
@@ -776,6 +781,9 @@ impl ClusterConfig {
         ] {
             let named = file.take().unwrap_or_else(|| PathBuf::from(default));
             *file = Some(dir.join(named));
+        }
+        for p in &mut cfg.peers {
+            p.key_file = dir.join(&p.key_file);
         }
         Ok(cfg)
     }
@@ -906,6 +914,8 @@ impl ClusterConfig {
         if self.nodes.is_empty() {
             return bad("no [[node]] entries: a cluster needs at least one node".into());
         }
+        crate::federation::validate(&self.cluster.name, &self.federation, &self.peers)
+            .map_err(ConfigError::Invalid)?;
         let c = &self.cluster;
         let features = self.features();
         if features.len() > MAX_FEATURES {

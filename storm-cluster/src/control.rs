@@ -29,8 +29,10 @@ use crate::tasks::TaskRequest;
 /// Version 11: arguments, environment and paths as bytes (UTF-8 or not). Version 12: how the
 /// program reaches the nodes (`delivery`), and whether it was copied (`broadcast`). Version
 /// 13: a dependency names array elements (`12_3`). Version 14: `Managers`, the replicas of a
-/// replicated MM. Version 15: a job request's submission `token`.
-pub const PROTOCOL_VERSION: u32 = 15;
+/// replicated MM. Version 15: a job request's submission `token`. Version 16: a node's usage
+/// record (its jobs' CPU and memory, its fabric ports) in its records; `PeerReport` and
+/// `Peers`.
+pub const PROTOCOL_VERSION: u32 = 16;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -410,6 +412,11 @@ pub enum Request {
         nodes: Vec<String>,
         window_ms: u64,
     },
+    /// The peer agent's (`storm-peer`) view of the peer clusters, for the MM to keep and
+    /// show (operators only: root or the MM's own user, on the MM's host).
+    PeerReport(Vec<crate::federation::PeerInfo>),
+    /// The peer clusters (`storm peers`).
+    Peers,
 }
 
 /// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown, and
@@ -750,6 +757,12 @@ pub enum Reply {
     Notice(String),
     /// The answer to [`Request::NodeHistory`].
     NodeHistory(Vec<crate::sample::NodeTrace>),
+    /// The answer to [`Request::Peers`]: the peer agent's last report, and how long ago it
+    /// came (`None`: no agent has reported since the MM started).
+    Peers {
+        peers: Vec<crate::federation::PeerInfo>,
+        reported_ms_ago: Option<u64>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

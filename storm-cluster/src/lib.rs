@@ -14,12 +14,15 @@
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM;
 //!   [`dependency`]: `--dependency`, parsed and judged.
+//! * [`federation`]: peer clusters: `[federation]`, `[[peer]]`, the peer agents' messages.
 //! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
 //! * [`key`] and [`identity`]: the cluster key, the MM's signing key and the nodes'
 //!   identity keys, and the MM's seals on the commands nodes carry out; [`keywatch`]: key
 //!   files looked at again while a daemon runs, and read again on SIGHUP.
 //! * [`daemon_dir`]: directories a root daemon writes in for users, reached only by
 //!   descriptor.
+//! * [`sealed`]: links of encrypted, authenticated frames after a handshake that proves a
+//!   key (the control relay's, and the peer clusters').
 //! * [`os_bytes`]: users' paths on the wire as their bytes, UTF-8 or not.
 //! * [`program_hash`]: program files' hashes, remembered by what `fstat` says of them.
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
@@ -37,6 +40,7 @@ pub mod daemon;
 pub mod daemon_dir;
 pub mod dependency;
 pub mod endpoint;
+pub mod federation;
 pub mod health;
 pub mod hostlist;
 pub mod identity;
@@ -47,6 +51,7 @@ pub mod messages;
 pub mod os_bytes;
 pub mod program_hash;
 pub mod sample;
+pub mod sealed;
 pub mod size;
 pub mod tasks;
 pub mod usage;

@@ -15,6 +15,7 @@
 //! | `pmi` | an MPI task's `PMI_FD` (any program a user runs) | `pmi::wire::Framer`, then `PmiJob::handle` |
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
+//! | `peer` | a peer agent's `[federation] listen` port (anyone on the network), and a peer link's messages (a holder of the pair key) | `storm_federation::wire::handshake_as_listener`, `PeerMessage` |
 //! | `replica` | a replica's mailboxes in the managers' fabric (a holder of the group's key) | `replica::mailbox::Inbox::take`, then `replica::decode_peer_message` |
 //! | `node-record` | a node's sample, health, usage and inventory slots in the MM's global memory | `sample::NodeSample::decode`, `health::NodeHealth::decode`, `usage::NodeUsage::decode`, `sample::NodeInventory::decode` |
 //!
@@ -199,6 +200,13 @@ static TARGETS: &[Target] = &[
         seeds: relay_seeds,
         dictionary: &[&[1], &[0x20]],
         check: relay,
+        checked_allocation: 4096,
+    },
+    Target {
+        name: "peer",
+        seeds: peer_seeds,
+        dictionary: &[&[1], &[2, b'c', b'0'], &[2, b'c', b'1']],
+        check: peer,
         checked_allocation: 4096,
     },
     Target {
@@ -391,6 +399,54 @@ fn relay(input: &[u8]) -> bool {
         Err(WireError::Refused(why)) => why.contains("cluster's key") || why.contains("identity"),
         Err(_) => false,
     }
+}
+
+// --- peer clusters' agents ---------------------------------------------------------------
+
+fn peer_seeds() -> Vec<Vec<u8>> {
+    use storm_cluster::federation::{Offer, PeerMessage};
+    use storm_federation::wire::{DiallerProof, PEER_VERSION, PeerHello};
+    let mut both = relay_frame(&PeerHello {
+        version: PEER_VERSION,
+        from: "c0".into(),
+        to: "c1".into(),
+        nonce: [3; 32],
+    });
+    both.extend(relay_frame(&DiallerProof { proof: [5; 32] }));
+    let advert = PeerMessage::Advert {
+        offer: Some(Offer {
+            idle_nodes: 2,
+            idle_cpus: 8,
+            nodes: 4,
+            queued: 1,
+        }),
+        token: 77,
+    };
+    vec![
+        both,
+        bincode(&advert),
+        bincode(&PeerMessage::Echo { token: 9 }),
+    ]
+}
+
+/// What a peer agent's listener makes of bytes from anyone on the network (a dialler's
+/// greeting and proof), and what it makes of a frame's body once a link is up (a
+/// [`PeerMessage`](storm_cluster::federation::PeerMessage), which only a holder of the pair
+/// key can seal). Accepted: the handshake decoded as far as the key's check, or a message.
+fn peer(input: &[u8]) -> bool {
+    use storm_cluster::federation::PeerMessage;
+    use storm_cluster::sealed::WireError;
+    use storm_federation::wire::handshake_as_listener;
+    use storm_primitives::tcp::auth::ClusterKey;
+    let message = storm_primitives::codec::decode::<PeerMessage>(input).is_ok();
+    let handshake = match handshake_as_listener(Cursor::new(input), std::io::sink(), "c1", |n| {
+        (n == "c0").then(|| ClusterKey::from_bytes([9; 32]))
+    }) {
+        Ok(_) => true,
+        Err(WireError::Refused(why)) => why.contains("does not hold the key"),
+        Err(_) => false,
+    };
+    message || handshake
 }
 
 // --- a replica's mailboxes ---------------------------------------------------------------

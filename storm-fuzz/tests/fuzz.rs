@@ -90,6 +90,11 @@ fn relay_handshakes() {
 }
 
 #[test]
+fn peer_handshakes_and_messages() {
+    fuzz("peer");
+}
+
+#[test]
 fn replica_mailboxes() {
     fuzz("replica");
 }

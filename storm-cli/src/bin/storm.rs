@@ -119,6 +119,13 @@ enum Cmd {
         #[arg(long, value_name = "MS", default_value_t = 1000)]
         interval_ms: u64,
     },
+    /// The peer clusters, as this cluster's peer agent (storm-peer) sees them: state, what
+    /// each offers this cluster (idle nodes and CPUs), the link's lag (docs/federation.md).
+    Peers {
+        /// Print JSON (`{"peers": [...], "reported_ms_ago": N}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The replicas of a replicated machine manager, as the leader sees them: role, term,
     /// the last log entry each holds, how far each lags, when each was last heard from.
     Managers {
@@ -163,6 +170,7 @@ enum Cmd {
     /// daemon reads (copy it to every node, owned by the daemons' user). Users never need it.
     Keygen {
         /// Where to write it (default: where the cluster file says the daemons look for it).
+        /// A key written elsewhere serves as a pair key for a `[[peer]]` (docs/federation.md).
         #[arg(long)]
         out: Option<PathBuf>,
         /// Make the MM's signing key instead (`mm.key`, on the MM's host only) and its public
@@ -271,6 +279,7 @@ fn run(args: Args) -> Result<(), String> {
             long_nodes = long;
             (Request::Nodes, json)
         }
+        Cmd::Peers { json } => (Request::Peers, json),
         Cmd::Managers { json, change: None } => (Request::Managers, json),
         Cmd::Managers {
             change: Some(ManagersCmd::Remove { name }),
@@ -315,6 +324,14 @@ fn run(args: Args) -> Result<(), String> {
         }
         Reply::Nodes(nodes) if long_nodes => print!("{}", views::nodes_long_table(&nodes)),
         Reply::Nodes(nodes) => print!("{}", views::nodes_table(&nodes)),
+        Reply::Peers {
+            peers,
+            reported_ms_ago,
+        } if json => println!("{}", views::peers_json(&peers, reported_ms_ago)),
+        Reply::Peers {
+            peers,
+            reported_ms_ago,
+        } => print!("{}", views::peers_table(&peers, reported_ms_ago)),
         Reply::Managers(managers) if json => println!("{}", views::managers_json(&managers)),
         Reply::Managers(managers) => print!("{}", views::managers_table(&managers)),
         Reply::Done => {}

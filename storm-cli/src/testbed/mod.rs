@@ -653,6 +653,8 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         },
         replication: opts.replication.clone(),
         health: opts.health.clone(),
+        federation: Default::default(),
+        peers: Vec::new(),
         managers: match opts.managers {
             1 => Vec::new(),
             n => (0..n)

@@ -147,6 +147,9 @@ pub struct MachineManager<E: MmEnv> {
     sweep: records::Sweep,
     /// Each node's recent samples.
     node_history: crate::node_history::NodeHistory,
+    /// The peer agent's last report of the peer clusters, and when it came (soft state: the
+    /// agent reports again every `[federation] advertise_ms`).
+    peers: Option<(Instant, Vec<storm_cluster::federation::PeerInfo>)>,
     /// Each node's memory for jobs: declared, or as its NM detected it (0: not known yet).
     node_mem: Vec<u64>,
     /// Each node's features, as bits (`ClusterConfig::features`).
@@ -228,6 +231,7 @@ impl<E: MmEnv> MachineManager<E> {
                 cfg.nodes.len(),
                 cfg.monitoring.history_points(),
             ),
+            peers: None,
             node_mem,
             node_features,
             outputs,

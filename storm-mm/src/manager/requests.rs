@@ -267,6 +267,29 @@ impl<E: MmEnv> MachineManager<E> {
                 };
                 self.reply(client, reply);
             }
+            Request::PeerReport(peers) => {
+                let reply = self
+                    .operator(client, uid, "report the peer clusters")
+                    .map(|()| {
+                        self.peers = Some((self.now(), peers));
+                        Reply::Done
+                    });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Peers => {
+                let now = self.now();
+                let reply = match &self.peers {
+                    Some((at, peers)) => Reply::Peers {
+                        peers: peers.clone(),
+                        reported_ms_ago: Some(now.saturating_duration_since(*at).as_millis() as u64),
+                    },
+                    None => Reply::Peers {
+                        peers: Vec::new(),
+                        reported_ms_ago: None,
+                    },
+                };
+                self.reply(client, reply);
+            }
             Request::Managers => {
                 let list = self.env.managers();
                 self.reply(client, Reply::Managers(list));

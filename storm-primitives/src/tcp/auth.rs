@@ -176,6 +176,27 @@ impl Transcript {
         Self(t)
     }
 
+    /// The handshake of a link between two peer clusters' agents (`storm-peer`): cluster
+    /// `client` connects to cluster `server`, under the key those two share. Its own label,
+    /// and both names, so that nothing proved here holds in any other handshake or between
+    /// any other pair.
+    pub fn peer(
+        client: &str,
+        server: &str,
+        client_nonce: &[u8; NONCE_LEN],
+        server_nonce: &[u8; NONCE_LEN],
+    ) -> Self {
+        let mut t = b"storm peer link 1".to_vec();
+        for name in [client, server] {
+            t.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            t.extend_from_slice(name.as_bytes());
+        }
+        t.push(Protection::Encrypt.code());
+        t.extend_from_slice(client_nonce);
+        t.extend_from_slice(server_nonce);
+        Self(t)
+    }
+
     fn mac(&self, key: &ClusterKey, label: &[u8]) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&key.0);
         h.update(label);

@@ -1,0 +1,208 @@
+//! Peer clusters (docs/federation.md): the cluster file's `[federation]` and `[[peer]]`
+//! entries, what two clusters' peer agents say to each other over their link, and what
+//! `storm peers` shows.
+//!
+//! Each pair of clusters shares a key of its own (the *pair key*), named by both sides'
+//! `[[peer]] key_file`. It opens only the link between their peer agents (`storm-peer`): it
+//! is not either cluster's key, so holding it makes nobody a member of either cluster.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// `[federation]`: this cluster's side of its peer links.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FederationSection {
+    /// Where this cluster's peer agent takes its peers' links (needed once a `[[peer]]` is
+    /// named).
+    pub listen: Option<SocketAddr>,
+    /// How often the agent tells each peer what it offers, and measures the link's lag (ms).
+    pub advertise_ms: u64,
+    /// A peer not heard from for this long is down (ms).
+    pub peer_timeout_ms: u64,
+}
+
+impl Default for FederationSection {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            advertise_ms: 1000,
+            peer_timeout_ms: 5000,
+        }
+    }
+}
+
+impl FederationSection {
+    pub fn advertise_every(&self) -> Duration {
+        Duration::from_millis(self.advertise_ms)
+    }
+
+    pub fn peer_timeout(&self) -> Duration {
+        Duration::from_millis(self.peer_timeout_ms)
+    }
+}
+
+/// A `[[peer]]`: another cluster, and what each may do with the other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerEntry {
+    /// The peer's cluster name (its `[cluster] name`).
+    pub name: String,
+    /// Where the peer's agent listens (its `[federation] listen`).
+    pub address: SocketAddr,
+    /// The pair key this cluster and that one share (mode 0600, root's; relative to the
+    /// cluster file's directory).
+    pub key_file: PathBuf,
+    /// This cluster lends to the peer: its idle nodes are offered to it, and its jobs may
+    /// run here (Condor's list of pools allowed to run jobs on its machines).
+    #[serde(default)]
+    pub lend: bool,
+    /// This cluster may use the peer: run its jobs there, borrow its nodes (the list of pools
+    /// where it may run its own).
+    #[serde(default)]
+    pub borrow: bool,
+}
+
+/// What an agent tells a peer it lends to, every `advertise_ms` (nothing offered to a peer it
+/// does not lend to: only its liveness and the lag).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Offer {
+    /// Nodes idle now (up, not drained, no job).
+    pub idle_nodes: u32,
+    /// Their CPUs.
+    pub idle_cpus: u32,
+    /// Nodes in the cluster.
+    pub nodes: u32,
+    /// Jobs waiting in its own queue: a cluster with a queue of its own offers nothing.
+    pub queued: u32,
+}
+
+/// What goes over a peer link after its handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerMessage {
+    /// The sender's offer to the receiver (`None`: it lends nothing to it), and a token (its
+    /// own monotonic clock, µs), which the receiver echoes.
+    Advert { offer: Option<Offer>, token: u64 },
+    /// The receiver's answer to an advert: the token it carried, for the round trip.
+    Echo { token: u64 },
+}
+
+/// A peer's state, as this cluster's agent sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerState {
+    /// Both links up: the peer hears this cluster and this cluster hears it.
+    Up,
+    /// Not heard from within `peer_timeout_ms`, or its link is not up yet.
+    Down,
+    /// Its agent refused this cluster's link, or this cluster refused its link (a key that
+    /// does not match, a name not listed): see the reason.
+    Refused,
+}
+
+impl PeerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerState::Up => "up",
+            PeerState::Down => "down",
+            PeerState::Refused => "refused",
+        }
+    }
+}
+
+/// One peer, as `storm peers` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub name: String,
+    pub address: SocketAddr,
+    pub state: PeerState,
+    /// This cluster lends to it; may use it.
+    pub lend: bool,
+    pub borrow: bool,
+    /// What it offers this cluster (its last advert; `None`: it lends nothing to this one,
+    /// or has said nothing yet).
+    pub offer: Option<Offer>,
+    /// The link's round trip, at the last echo (µs).
+    pub lag_us: Option<u64>,
+    /// How long ago it was last heard from (ms).
+    pub heard_ms_ago: Option<u64>,
+    /// Why it is down or refused.
+    pub reason: Option<String>,
+}
+
+/// Checks the `[[peer]]` entries against this cluster's name and `[federation]`: names
+/// unique and not this cluster's, a listen address once there is a peer.
+pub fn validate(cluster: &str, fed: &FederationSection, peers: &[PeerEntry]) -> Result<(), String> {
+    let mut names = std::collections::BTreeSet::new();
+    for p in peers {
+        if p.name.is_empty() || p.name.contains(['/', ' ', '"']) {
+            return Err(format!(
+                "peer name {:?}: a cluster name without / \" or spaces",
+                p.name
+            ));
+        }
+        if p.name == cluster {
+            return Err(format!(
+                "[[peer]] {:?} is this cluster's own name: a peer is another cluster",
+                p.name
+            ));
+        }
+        if !names.insert(p.name.as_str()) {
+            return Err(format!("[[peer]] {:?} is named twice", p.name));
+        }
+    }
+    if !peers.is_empty() && fed.listen.is_none() {
+        return Err(
+            "the cluster file names peers but no [federation] listen: set where this cluster's \
+             peer agent takes its peers' links"
+                .into(),
+        );
+    }
+    if fed.advertise_ms == 0 || fed.peer_timeout_ms < 2 * fed.advertise_ms {
+        return Err(format!(
+            "[federation] peer_timeout_ms ({}) must be at least twice advertise_ms ({}), which \
+             must not be 0",
+            fed.peer_timeout_ms, fed.advertise_ms
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str) -> PeerEntry {
+        PeerEntry {
+            name: name.into(),
+            address: "127.0.0.1:7100".parse().unwrap(),
+            key_file: "c1.pair".into(),
+            lend: true,
+            borrow: false,
+        }
+    }
+
+    #[test]
+    fn peers_are_other_clusters_named_once_with_a_listen_address() {
+        let listening = FederationSection {
+            listen: Some("127.0.0.1:7101".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(validate("c0", &listening, &[peer("c1"), peer("c2")]).is_ok());
+        let e = validate("c0", &listening, &[peer("c0")]).unwrap_err();
+        assert!(e.contains("own name"), "{e}");
+        let e = validate("c0", &listening, &[peer("c1"), peer("c1")]).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        let e = validate("c0", &FederationSection::default(), &[peer("c1")]).unwrap_err();
+        assert!(e.contains("[federation] listen"), "{e}");
+        assert!(validate("c0", &FederationSection::default(), &[]).is_ok());
+        let hasty = FederationSection {
+            peer_timeout_ms: 1000,
+            ..listening
+        };
+        assert!(validate("c0", &hasty, &[peer("c1")]).is_err());
+    }
+}

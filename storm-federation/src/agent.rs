@@ -1,0 +1,372 @@
+//! The peer agent (`storm-peer`), beside this cluster's MM: it keeps a link to every peer
+//! cluster's agent, tells each what this cluster offers it, hears what each offers, and
+//! reports the peers to its MM for `storm peers`.
+//!
+//! Threads, each with one job:
+//!
+//! * the **listener** takes the links peers dial, checks each handshake (at most
+//!   [`MAX_HANDSHAKES`] at once, each within [`HANDSHAKE_TIMEOUT`]), then reads that peer's
+//!   adverts and echoes each;
+//! * a **dialler** per peer keeps this agent's own link to it: it sends an advert every
+//!   `[federation] advertise_ms` and hears the echoes (the link's round trip), and dials
+//!   again after a failure;
+//! * the **reporter** asks this cluster's MM for its nodes and queue every period (what it
+//!   offers: its idle nodes and CPUs, to peers it lends to), and reports the peer table back.
+//!
+//! The agent is a process of its own, apart from the MM: if it fails, or a peer misbehaves,
+//! the MM schedules its own jobs as before (Condor's rule for its flocking daemons). A
+//! peer's messages are bounded frames, decoded without panicking, and change nothing but
+//! that peer's line of the table.
+
+use std::io::{BufReader, BufWriter};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use parking_lot::Mutex;
+use storm_cluster::ClusterConfig;
+use storm_cluster::control::{Client, NodeState, Reply, Request};
+use storm_cluster::federation::{Offer, PeerEntry, PeerMessage};
+use storm_cluster::sealed::WireError;
+use storm_primitives::tcp::auth::ClusterKey;
+
+use crate::table::PeerTable;
+use crate::wire;
+
+/// Handshakes that may run at once on the listener.
+pub const MAX_HANDSHAKES: usize = 16;
+
+/// A link whose handshake takes longer is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the agent's threads share.
+struct Agent {
+    cluster: String,
+    peers: Vec<(PeerEntry, ClusterKey)>,
+    table: Mutex<PeerTable>,
+    /// What this cluster offers now (`None`: its MM could not be asked).
+    offer: Mutex<Option<Offer>>,
+    every: Duration,
+    timeout: Duration,
+    /// The origin of the echo tokens.
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    handshakes: AtomicUsize,
+}
+
+impl Agent {
+    fn token(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs the agent of the cluster `cfg` describes until `stop` is set.
+pub fn run(cfg: ClusterConfig, stop: Arc<AtomicBool>) -> Result<()> {
+    if cfg.peers.is_empty() {
+        anyhow::bail!("the cluster file names no [[peer]]: there is nothing for storm-peer to do");
+    }
+    let listen = cfg
+        .federation
+        .listen
+        .context("the cluster file has no [federation] listen")?;
+    let mut peers = Vec::new();
+    for p in &cfg.peers {
+        let key = storm_cluster::key::load(&p.key_file)
+            .with_context(|| format!("peer {}: its pair key", p.name))?;
+        peers.push((p.clone(), key));
+    }
+    let listener = TcpListener::bind(listen)
+        .with_context(|| format!("cannot listen on [federation] listen {listen}"))?;
+    listener.set_nonblocking(true)?;
+    let agent = Arc::new(Agent {
+        cluster: cfg.cluster.name.clone(),
+        table: Mutex::new(PeerTable::new(&cfg.peers, cfg.federation.peer_timeout())),
+        peers,
+        offer: Mutex::new(None),
+        every: cfg.federation.advertise_every(),
+        timeout: cfg.federation.peer_timeout(),
+        start: Instant::now(),
+        stop,
+        handshakes: AtomicUsize::new(0),
+    });
+    tracing::info!(%listen, cluster = %agent.cluster, peers = agent.peers.len(), "peer agent started");
+    let mut threads = Vec::new();
+    for i in 0..agent.peers.len() {
+        let a = agent.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("peer-{}", agent.peers[i].0.name))
+                .spawn(move || dial(&a, i))?,
+        );
+    }
+    let a = agent.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name("peer-report".into())
+            .spawn(move || report(&a, &cfg))?,
+    );
+    storm_cluster::daemon::notify_ready();
+    accept(&agent, &listener);
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+/// Takes peers' links until the agent stops.
+fn accept(agent: &Arc<Agent>, listener: &TcpListener) {
+    while !agent.stopped() {
+        match listener.accept() {
+            Ok((tcp, from)) => {
+                if agent.handshakes.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+                    tracing::warn!(%from, "too many peer handshakes at once: link dropped");
+                    continue;
+                }
+                agent.handshakes.fetch_add(1, Ordering::AcqRel);
+                let a = agent.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("peer-in".into())
+                    .spawn(move || serve_inbound(&a, tcp, from));
+                if let Err(e) = spawned {
+                    agent.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!("cannot serve a peer link: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                tracing::warn!("accepting a peer link failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A link a peer dialled: its handshake, then its adverts, each echoed.
+fn serve_inbound(agent: &Agent, tcp: TcpStream, from: std::net::SocketAddr) {
+    let claimed = std::cell::RefCell::new(None::<String>);
+    let linked = (|| {
+        tcp.set_nonblocking(false)?;
+        tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let r = BufReader::new(tcp.try_clone()?);
+        let w = BufWriter::new(tcp.try_clone()?);
+        wire::handshake_as_listener(r, w, &agent.cluster, |name| {
+            *claimed.borrow_mut() = Some(name.to_string());
+            agent
+                .peers
+                .iter()
+                .find(|(p, _)| p.name == name)
+                .map(|(_, k)| k.clone())
+        })
+    })();
+    agent.handshakes.fetch_sub(1, Ordering::AcqRel);
+    let (name, mut link) = match linked {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(%from, "refused a peer link: {e}");
+            if let (Some(name), WireError::Refused(why)) = (claimed.into_inner(), &e) {
+                agent
+                    .table
+                    .lock()
+                    .inbound_refused(&name, why.clone(), Instant::now());
+            }
+            return;
+        }
+    };
+    tracing::info!(peer = %name, %from, "a peer's link is up");
+    // A peer silent for longer than its timeout has gone: the link ends, it dials again.
+    let _ = tcp.set_read_timeout(Some(agent.timeout));
+    while !agent.stopped() {
+        match link.reader.recv::<PeerMessage>() {
+            Ok(PeerMessage::Advert { offer, token }) => {
+                agent.table.lock().advert(&name, offer, Instant::now());
+                if let Err(e) = link.writer.send(&PeerMessage::Echo { token }) {
+                    tracing::info!(peer = %name, "a peer's link ended: {e}");
+                    return;
+                }
+            }
+            Ok(PeerMessage::Echo { .. }) => {
+                tracing::warn!(peer = %name, "a peer sent an echo on its own link: link ended");
+                return;
+            }
+            Err(e) => {
+                tracing::info!(peer = %name, "a peer's link ended: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Keeps this agent's link to peer `i`: adverts out, echoes in; dials again after a failure.
+fn dial(agent: &Arc<Agent>, i: usize) {
+    let (entry, key) = &agent.peers[i];
+    let name = &entry.name;
+    let mut backoff = agent.every;
+    while !agent.stopped() {
+        let outcome = link_to(agent, entry, key);
+        let (why, refused) = match outcome {
+            Ok(()) => {
+                backoff = agent.every;
+                ("its link ended".to_string(), false)
+            }
+            Err(e) => {
+                let refused = matches!(e.downcast_ref::<WireError>(), Some(WireError::Refused(_)));
+                (format!("{e:#}"), refused)
+            }
+        };
+        tracing::info!(peer = %name, "no link to the peer: {why}");
+        agent.table.lock().outbound_failed(name, why, refused);
+        let until = Instant::now() + backoff;
+        while Instant::now() < until && !agent.stopped() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        backoff = (backoff * 2).min(agent.timeout);
+    }
+}
+
+/// One link to `entry`'s agent, until it fails (`Ok`: it ended after working).
+fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()> {
+    let tcp = TcpStream::connect_timeout(&entry.address, HANDSHAKE_TIMEOUT)
+        .with_context(|| format!("cannot reach {} at {}", entry.name, entry.address))?;
+    tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let link = wire::handshake_as_dialler(
+        BufReader::new(tcp.try_clone()?),
+        BufWriter::new(tcp.try_clone()?),
+        key,
+        &agent.cluster,
+        &entry.name,
+    )?;
+    tracing::info!(peer = %entry.name, "link to the peer is up");
+    agent.table.lock().outbound_up(&entry.name);
+    tcp.set_read_timeout(Some(agent.timeout))?;
+    let (mut reader, mut writer) = (link.reader, link.writer);
+    let ended = Arc::new(AtomicBool::new(false));
+    let echoes = {
+        let (agent, ended, name) = (agent.clone(), ended.clone(), entry.name.clone());
+        std::thread::Builder::new()
+            .name(format!("peer-echo-{name}"))
+            .spawn(move || {
+                while !agent.stopped() {
+                    match reader.recv::<PeerMessage>() {
+                        Ok(PeerMessage::Echo { token }) => {
+                            let rtt = agent.token().saturating_sub(token);
+                            agent.table.lock().echo(
+                                &name,
+                                Duration::from_micros(rtt),
+                                Instant::now(),
+                            );
+                        }
+                        Ok(PeerMessage::Advert { .. }) => {
+                            tracing::warn!(peer = %name, "an advert on this agent's own link: link ended");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::info!(peer = %name, "the link to the peer ended: {e}");
+                            break;
+                        }
+                    }
+                }
+                ended.store(true, Ordering::Release);
+            })?
+    };
+    let result = loop {
+        if agent.stopped() || ended.load(Ordering::Acquire) {
+            break Ok(());
+        }
+        let offer = if entry.lend {
+            agent.offer.lock().clone()
+        } else {
+            None
+        };
+        let advert = PeerMessage::Advert {
+            offer,
+            token: agent.token(),
+        };
+        if let Err(e) = writer.send(&advert) {
+            break Err(anyhow::Error::new(e).context("sending an advert"));
+        }
+        std::thread::sleep(agent.every);
+    };
+    let _ = tcp.shutdown(std::net::Shutdown::Both);
+    let _ = echoes.join();
+    result
+}
+
+/// Every period: this cluster's offer from its MM, and the peer table back to it.
+fn report(agent: &Agent, cfg: &ClusterConfig) {
+    let sockets = cfg.control_sockets();
+    let mut warned = false;
+    while !agent.stopped() {
+        let asked = sockets.iter().find_map(|s| {
+            let client = Client::connect(s).ok()?;
+            let offer = offer_of(&client, cfg).ok()?;
+            Some((client, offer))
+        });
+        match asked {
+            Some((client, offer)) => {
+                *agent.offer.lock() = Some(offer);
+                let infos = agent.table.lock().infos(Instant::now());
+                match client.call(&Request::PeerReport(infos)) {
+                    Ok(Reply::Done) => warned = false,
+                    Ok(Reply::Error(e)) | Err(e) => {
+                        if !warned {
+                            tracing::warn!("the machine manager did not take the peer report: {e}");
+                            warned = true;
+                        }
+                    }
+                    Ok(other) => tracing::warn!("unexpected reply to the peer report: {other:?}"),
+                }
+            }
+            None => {
+                // Without its own MM this cluster offers nothing.
+                *agent.offer.lock() = None;
+                if !warned {
+                    tracing::warn!(sockets = ?sockets, "cannot reach this cluster's machine manager: offering nothing");
+                    warned = true;
+                }
+            }
+        }
+        let until = Instant::now() + agent.every;
+        while Instant::now() < until && !agent.stopped() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// What this cluster offers: its idle nodes and their CPUs, and its own queue.
+fn offer_of(client: &Client, cfg: &ClusterConfig) -> Result<Offer, String> {
+    let nodes = match client.call(&Request::Nodes)? {
+        Reply::Nodes(n) => n,
+        other => return Err(format!("unexpected reply {other:?}")),
+    };
+    let queued = match client.call(&Request::Queue)? {
+        Reply::Queue(jobs) => jobs
+            .iter()
+            .filter(|j| j.state == storm_cluster::control::JobState::Queued)
+            .count(),
+        other => return Err(format!("unexpected reply {other:?}")),
+    };
+    let idle: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Idle)
+        .collect();
+    Ok(Offer {
+        idle_nodes: idle.len() as u32,
+        idle_cpus: idle
+            .iter()
+            .filter_map(|n| cfg.nodes.get(n.id as usize))
+            .map(|e| e.cpus)
+            .sum(),
+        nodes: nodes.len() as u32,
+        queued: queued as u32,
+    })
+}
