@@ -3,13 +3,13 @@
 # storm-cli/Cargo.toml) installs the same files under /usr.
 #
 #   PREFIX/bin                       storm-submit, storm, storm-mm, storm-nm, storm-relay,
-#                                    storm-testbed, storm-local, storm-bench
+#                                    storm-peer, storm-testbed, storm-local, storm-bench
 #   PREFIX/libexec/storm/storm-pl    the node's launcher (storm-nm finds it there)
 #   PREFIX/lib/storm/libstorm_pmi.so the PMI-1 library of --mpi openmpi jobs
 #   PREFIX/share/man/man1            man pages, one per tool and per `storm` subcommand
 #   PREFIX/share/...                 bash, zsh and fish completions
-#   SYSTEMD_UNIT_DIR                 storm-mm, storm-nm, storm-relay and storm-relay-manager
-#                                    units (not enabled)
+#   SYSTEMD_UNIT_DIR                 storm-mm, storm-nm, storm-relay, storm-relay-manager
+#                                    and storm-peer units (not enabled)
 #   /etc/storm                       where the cluster file goes (docs/operations.md)
 
 PREFIX ?= /usr/local
@@ -25,8 +25,8 @@ SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= /etc
 
 CARGO ?= cargo
-TOOLS := storm-submit storm storm-mm storm-nm storm-relay storm-testbed storm-local storm-bench
-UNITS := storm-mm storm-nm storm-relay storm-relay-manager
+TOOLS := storm-submit storm storm-mm storm-nm storm-relay storm-peer storm-testbed storm-local storm-bench
+UNITS := storm-mm storm-nm storm-relay storm-relay-manager storm-peer
 RELEASE := target/release
 DIST := target/dist
 

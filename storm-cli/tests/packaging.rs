@@ -12,10 +12,11 @@ use std::process::Command;
 
 use support::{bin_dir, ensure_all_binaries, text};
 
-const TOOLS: [&str; 8] = [
+const TOOLS: [&str; 9] = [
     "storm-submit",
     "storm",
     "storm-relay",
+    "storm-peer",
     "storm-testbed",
     "storm-local",
     "storm-mm",
@@ -139,6 +140,7 @@ fn the_systemd_units_start_our_daemons_with_options_they_take() {
         ("storm-nm", "storm-nm"),
         ("storm-relay", "storm-relay"),
         ("storm-relay-manager", "storm-relay"),
+        ("storm-peer", "storm-peer"),
     ] {
         let path = repo().join(format!("dist/systemd/{unit}.service"));
         let body = std::fs::read_to_string(&path).unwrap();
