@@ -85,8 +85,9 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// The usage record at `offset` of the MM's memory, as bytes: its header, the jobs' figures
     /// its count says it holds, and its closing sequence number (read last, so that a record
-    /// that changed meanwhile is seen torn). The rest is zeros in a record, and left so: a
-    /// gather of every node reads a job's worth, not 512 bytes, per node.
+    /// that changed meanwhile is seen torn). The bytes between are zeros in a well-formed
+    /// record and are not read: a gather of every node reads a job's worth, not 512 bytes,
+    /// per node.
     pub(super) fn read_usage(&self, offset: u64) -> Result<[u8; USAGE_BYTES], RecordError> {
         let mut buf = [0u8; USAGE_BYTES];
         self.read_into(offset, &mut buf[..USAGE_HEADER_BYTES])?;
