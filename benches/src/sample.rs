@@ -176,10 +176,10 @@ pub fn run(args: &SampleArgs) -> Result<Table> {
             "ratio",
         ],
     );
-    for (name, source) in [("host", Source::Host), ("node_cgroup", Source::NodeCgroup)] {
-        let per = cost(source, args.samples, args.period)?;
-        table.push(vec![
-            name.into(),
+    // A row: CPU per sample, its share of one core at the period, and the ratio to fork/exec.
+    let measured = |name: String, per: Duration| {
+        vec![
+            name,
             fmt_time(per.as_secs_f64()),
             format!(
                 "{:.4} %",
@@ -187,20 +187,15 @@ pub fn run(args: &SampleArgs) -> Result<Table> {
             ),
             fmt_time(baseline),
             format!("{:.2}", per.as_secs_f64() / baseline),
-        ]);
+        ]
+    };
+    for (name, source) in [("host", Source::Host), ("node_cgroup", Source::NodeCgroup)] {
+        let per = cost(source, args.samples, args.period)?;
+        table.push(measured(name.into(), per));
     }
     let row = format!("+ usage, {USAGE_JOBS} jobs' cgroups");
     match usage_cost(args.samples) {
-        Some(per) => table.push(vec![
-            row,
-            fmt_time(per.as_secs_f64()),
-            format!(
-                "{:.4} %",
-                100.0 * per.as_secs_f64() / args.period.as_secs_f64()
-            ),
-            fmt_time(baseline),
-            format!("{:.2}", per.as_secs_f64() / baseline),
-        ]),
+        Some(per) => table.push(measured(row, per)),
         None => table.push(vec![
             row,
             "not measured: making cgroups needs root and a cgroup file system".into(),
