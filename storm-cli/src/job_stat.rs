@@ -59,10 +59,7 @@ fn names(j: &JobInfo, want: &JobRef) -> bool {
 
 /// The figures of the job `want` names among `jobs` (the queue), from `nodes`' records.
 pub fn stat(want: &JobRef, jobs: &[JobInfo], nodes: &[NodeInfo]) -> Result<JobStat, String> {
-    let shown = match want {
-        JobRef::Id(id) => id.to_string(),
-        JobRef::Element { array, index } => format!("{array}_{index}"),
-    };
+    let shown = want.to_string();
     let Some(job) = jobs.iter().find(|j| names(j, want)) else {
         return Err(format!(
             "job {shown} is not queued or running (storm history shows jobs that ended, with \
