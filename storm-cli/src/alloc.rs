@@ -66,6 +66,8 @@ fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
         token: None,
         mem: shape.mem(),
         constraint: shape.constraint()?,
+        // Its steps run on its nodes, at home: an allocation never flocks.
+        flock: storm_cluster::flock::Flock::Never,
     })
 }
 

@@ -219,6 +219,7 @@ pub fn request(
         token: None,
         mem: shape.mem(),
         constraint: shape.constraint()?,
+        flock: shape.flock()?,
     };
     Ok((req, source))
 }

@@ -162,6 +162,7 @@ mod tests {
             submitted_ms: 0,
             started_ms: None,
             ended_ms: Some(ended_ms),
+            runs_on: None,
         }
     }
 

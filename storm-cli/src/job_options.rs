@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use storm_cluster::control::MemRequest;
 use storm_cluster::dependency::Dependency;
+use storm_cluster::flock::Flock;
 use storm_cluster::tasks::TaskRequest;
 
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -60,6 +61,22 @@ pub struct JobShape {
     /// joined by `&` or `,`, all of which each node must have.
     #[arg(short = 'C', long, value_name = "FEATURE[&FEATURE...]")]
     pub constraint: Option<String>,
+    /// Run on a peer cluster that offers room now if this one cannot start the job first
+    /// (the cluster file's `[[peer]]`s this cluster may borrow from).
+    #[arg(long, conflicts_with_all = ["clusters", "no_flock"])]
+    pub flock: bool,
+    /// Run only on these clusters, whichever can start the job first (this cluster's own
+    /// name among them lets it run here too).
+    #[arg(
+        short = 'M',
+        long,
+        value_name = "NAME[,NAME...]",
+        conflicts_with = "no_flock"
+    )]
+    pub clusters: Option<String>,
+    /// Run only on this cluster, even when the cluster file lets waiting jobs flock.
+    #[arg(long)]
+    pub no_flock: bool,
 }
 
 /// `--mem`'s value: srun's sizes, where a bare number is megabytes.
@@ -101,7 +118,48 @@ impl JobShape {
                 other.mem_per_cpu
             },
             constraint: self.constraint.or(other.constraint),
+            // One choice of where to run wins whole: the command line's over the script's.
+            flock: if self.flock || self.clusters.is_some() || self.no_flock {
+                self.flock
+            } else {
+                other.flock
+            },
+            no_flock: if self.flock || self.clusters.is_some() || self.no_flock {
+                self.no_flock
+            } else {
+                other.no_flock
+            },
+            clusters: if self.flock || self.clusters.is_some() || self.no_flock {
+                self.clusters
+            } else {
+                other.clusters
+            },
         }
+    }
+
+    /// Where these options let the job run.
+    pub fn flock(&self) -> Result<Flock, String> {
+        if let Some(text) = &self.clusters {
+            let mut names: Vec<String> = Vec::new();
+            for n in text.split(',').map(str::trim) {
+                if n.is_empty() || n.contains(char::is_whitespace) {
+                    return Err(format!(
+                        "--clusters {text:?}: cluster names are joined by commas; {n:?} is not one"
+                    ));
+                }
+                if !names.iter().any(|m| m == n) {
+                    names.push(n.to_string());
+                }
+            }
+            return Ok(Flock::Only(names));
+        }
+        Ok(if self.flock {
+            Flock::Now
+        } else if self.no_flock {
+            Flock::Never
+        } else {
+            Flock::AfterWait
+        })
     }
 
     /// The memory these options ask for.

@@ -223,6 +223,7 @@ mod tests {
             submitted_ms: 0,
             started_ms: None,
             ended_ms: None,
+            runs_on: None,
         }
     }
 

@@ -67,6 +67,12 @@ pub struct LocalOptions {
     pub managers: u32,
     /// How the replicas keep in touch (with `managers` above 1).
     pub replication: storm_cluster::config::ReplicationSection,
+    /// The cluster's name (`None`: `local-` and its directory's suffix, unique on this host;
+    /// the name keys the cluster's cgroups, so a given one must be unique too).
+    pub name: Option<String>,
+    /// Peer clusters (docs/federation.md): this cluster's `[federation]` and `[[peer]]`s.
+    pub federation: storm_cluster::federation::FederationSection,
+    pub peers: Vec<storm_cluster::federation::PeerEntry>,
 }
 
 impl LocalOptions {
@@ -92,6 +98,9 @@ impl LocalOptions {
             log_filter: None,
             managers: 1,
             replication: Default::default(),
+            name: None,
+            federation: Default::default(),
+            peers: Vec::new(),
         }
     }
 }
@@ -401,13 +410,15 @@ impl LocalCluster {
             cluster: ClusterSection {
                 // Unique on this host (clusters started by one process too): the name keys
                 // the cluster's cgroups.
-                name: format!(
-                    "local-{}",
-                    root.file_name()
-                        .and_then(|n| n.to_str())
-                        .and_then(|n| n.strip_prefix("storm-local-"))
-                        .unwrap_or("0")
-                ),
+                name: opts.name.clone().unwrap_or_else(|| {
+                    format!(
+                        "local-{}",
+                        root.file_name()
+                            .and_then(|n| n.to_str())
+                            .and_then(|n| n.strip_prefix("storm-local-"))
+                            .unwrap_or("0")
+                    )
+                }),
                 timeslice_ms: opts.timeslice_ms,
                 control_socket: root.join("mm.sock"),
                 state_dir: root.join("mm-state"),
@@ -441,8 +452,8 @@ impl LocalCluster {
             },
             replication: Default::default(),
             health: Default::default(),
-            federation: Default::default(),
-            peers: Vec::new(),
+            federation: opts.federation.clone(),
+            peers: opts.peers.clone(),
             managers: Vec::new(),
             nodes,
         };

@@ -175,6 +175,8 @@ pub trait Progress {
     /// A node of the job failed and the job went back to the queue (by itself if it had not
     /// started, with `--requeue` if it had); `had_output` says whether this run printed any.
     fn requeued(&mut self, _job: JobId, _reason: &str, _had_output: bool) {}
+    /// The job went to peer cluster `peer`, which runs it (docs/federation.md).
+    fn flocked(&mut self, _job: JobId, _peer: &str) {}
     /// The job was requeued after its run read standard input: the next run reads none.
     fn input_lost(&mut self, _job: JobId) {}
     /// The connection to the MM was lost while following `job` (`why`): a client connected
@@ -378,6 +380,7 @@ pub fn run_job_with_input(
                     progress.input_lost(id);
                 }
             }
+            Event::Reply(Reply::Flocked { job: id, peer }) => progress.flocked(id, &peer),
             Event::Reply(Reply::Finished(outcome)) => return Ok((outcome, nodes, names)),
             Event::Reply(Reply::Done) => {}
             Event::Reply(Reply::Error(e)) => return Err(e),

@@ -49,6 +49,8 @@ pub struct JobView {
     pub submitted: String,
     pub started: Option<String>,
     pub ended: Option<String>,
+    /// The peer cluster it was flocked to, which runs it (null: this cluster).
+    pub cluster: Option<String>,
 }
 
 /// The name of user `uid` on this host, or its number.
@@ -134,6 +136,7 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         submitted: local_time(job.submitted_ms),
         started: job.started_ms.map(local_time),
         ended: job.ended_ms.map(local_time),
+        cluster: job.runs_on.clone(),
     }
 }
 
@@ -297,6 +300,9 @@ fn usage_lines(out: &mut String, u: &storm_cluster::usage::NodeUsage) {
 
 /// "3-4", or "2 CPUs 0-1" for a job that shares its node.
 fn placed_on(j: &JobInfo) -> String {
+    if let Some(peer) = &j.runs_on {
+        return format!("on peer cluster {}", safe(peer));
+    }
     match &j.cpus {
         Some(cpus) => format!("{} CPUs {cpus}", j.nodes),
         None => j.nodes.to_string(),
@@ -537,6 +543,7 @@ mod tests {
             submitted_ms: 0,
             started_ms: None,
             ended_ms: None,
+            runs_on: None,
         };
         let text = jobs_json(&[job_view(&job, &nodes)]);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -672,6 +679,7 @@ mod tests {
             submitted_ms: 0,
             started_ms: None,
             ended_ms: None,
+            runs_on: None,
         };
         let jobs = [
             element(12, 0, JobState::Running),

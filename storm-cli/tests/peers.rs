@@ -38,6 +38,7 @@ fn agent_config(cluster: &TestCluster, name: &str, listen: u16, peer: PeerEntry)
         listen: Some(format!("127.0.0.1:{listen}").parse().unwrap()),
         advertise_ms: 200,
         peer_timeout_ms: 1000,
+        flock_after_ms: None,
     };
     // A file per key: the test starts one agent again with another key, then the first.
     let key = peer
@@ -127,6 +128,7 @@ fn peers_link_up_offer_what_they_lend_and_a_dead_or_wrong_keyed_peer_shows_so() 
         key_file: key.to_path_buf(),
         lend,
         borrow: !lend,
+        flock_user: None,
     };
     let cfg0 = agent_config(&c0, "c0", p0, peer("c1", p1, &pair, false));
     let cfg1 = agent_config(&c1, "c1", p1, peer("c0", p0, &pair, true));

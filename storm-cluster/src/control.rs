@@ -31,8 +31,9 @@ use crate::tasks::TaskRequest;
 /// 13: a dependency names array elements (`12_3`). Version 14: `Managers`, the replicas of a
 /// replicated MM. Version 15: a job request's submission `token`. Version 16: a node's usage
 /// record (its jobs' CPU and memory, its fabric ports) in its records; `PeerReport` and
-/// `Peers`.
-pub const PROTOCOL_VERSION: u32 = 16;
+/// `Peers`. Version 17: flocking (a request's `flock`, `FlockOut`, `FlockReport`,
+/// `SubmitFlocked`, `Flocked`, and where a job runs in its `JobInfo`).
+pub const PROTOCOL_VERSION: u32 = 17;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -83,6 +84,9 @@ pub struct JobRequest {
     /// Features every node of the job must have (`--constraint`, the cluster file's
     /// `features`).
     pub constraint: Vec<String>,
+    /// Where it may run: at home, or on a peer cluster (`--flock`, `--clusters`,
+    /// `--no-flock`; docs/federation.md).
+    pub flock: crate::flock::Flock,
 }
 
 /// Memory a job asks for, as srun means it (bytes).
@@ -137,6 +141,7 @@ impl JobRequest {
             token: None,
             mem: None,
             constraint: Vec::new(),
+            flock: Default::default(),
         }
     }
 }
@@ -417,6 +422,22 @@ pub enum Request {
     PeerReport(Vec<crate::federation::PeerInfo>),
     /// The peer clusters (`storm peers`).
     Peers,
+    /// The jobs this cluster flocked to peers, for its peer agent to pass on (operators
+    /// only): answered with [`Reply::FlockOut`].
+    FlockOut,
+    /// What the peer agent heard of this cluster's flocked jobs from the peers that run
+    /// them (operators only).
+    FlockReport(Vec<crate::flock::FlockUpdate>),
+    /// A job flocked here from peer cluster `origin`, submitted by this cluster's peer agent
+    /// for local user `uid`/`gid` (the agent maps the owner's name; operators only). The
+    /// connection then follows the job as storm-submit's would; the job goes on if it
+    /// leaves.
+    SubmitFlocked {
+        origin: String,
+        uid: u32,
+        gid: u32,
+        req: Box<JobRequest>,
+    },
 }
 
 /// Time spent in each phase of a job, in microseconds (the paper's Fig. 2 breakdown, and
@@ -644,6 +665,9 @@ pub struct JobInfo {
     pub submitted_ms: u64,
     pub started_ms: Option<u64>,
     pub ended_ms: Option<u64>,
+    /// The peer cluster it was flocked to, which runs it (`None`: this cluster).
+    #[serde(default)]
+    pub runs_on: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -763,6 +787,14 @@ pub enum Reply {
         peers: Vec<crate::federation::PeerInfo>,
         reported_ms_ago: Option<u64>,
     },
+    /// The job waits at home no longer: peer cluster `peer` runs it (docs/federation.md).
+    /// Its `Started`, output and `Finished` follow from there.
+    Flocked {
+        job: JobId,
+        peer: String,
+    },
+    /// The answer to [`Request::FlockOut`].
+    FlockOut(Vec<crate::flock::FlockOrder>),
 }
 
 #[derive(Debug, thiserror::Error)]

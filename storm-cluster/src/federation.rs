@@ -12,6 +12,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::JobRequest;
+use crate::flock::FlockEvent;
+use crate::messages::JobId;
+
 /// `[federation]`: this cluster's side of its peer links.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -21,8 +25,12 @@ pub struct FederationSection {
     pub listen: Option<SocketAddr>,
     /// How often the agent tells each peer what it offers, and measures the link's lag (ms).
     pub advertise_ms: u64,
-    /// A peer not heard from for this long is down (ms).
+    /// A peer not heard from for this long is down (ms). Jobs flocked to it are then queued
+    /// at home again, and jobs it flocked here are cancelled.
     pub peer_timeout_ms: u64,
+    /// A queued job that could not start here within this long goes to a peer that offers
+    /// room (ms; unset: jobs flock only when they ask, `--flock` or `--clusters`).
+    pub flock_after_ms: Option<u64>,
 }
 
 impl Default for FederationSection {
@@ -31,6 +39,7 @@ impl Default for FederationSection {
             listen: None,
             advertise_ms: 1000,
             peer_timeout_ms: 5000,
+            flock_after_ms: None,
         }
     }
 }
@@ -64,6 +73,11 @@ pub struct PeerEntry {
     /// where it may run its own).
     #[serde(default)]
     pub borrow: bool,
+    /// The local account that runs jobs flocked here from this peer whose owner has no
+    /// account of the same name on this cluster (Condor's dedicated uid). Unset: such jobs
+    /// are refused, with the reason.
+    #[serde(default)]
+    pub flock_user: Option<String>,
 }
 
 /// What an agent tells a peer it lends to, every `advertise_ms` (nothing offered to a peer it
@@ -85,9 +99,39 @@ pub struct Offer {
 pub enum PeerMessage {
     /// The sender's offer to the receiver (`None`: it lends nothing to it), and a token (its
     /// own monotonic clock, µs), which the receiver echoes.
-    Advert { offer: Option<Offer>, token: u64 },
+    /// `manager`: the sender's agent reached its own MM this period (a cluster whose MM does
+    /// not answer is `down` to its peers, though its agent is alive).
+    Advert {
+        offer: Option<Offer>,
+        manager: bool,
+        token: u64,
+    },
     /// The receiver's answer to an advert: the token it carried, for the round trip.
     Echo { token: u64 },
+    /// Flocking, from the home cluster's agent: every job it has flocked to the receiver now,
+    /// each with the follower (`epoch`) and number of the last event the home cluster took of
+    /// it. A job the receiver runs for the sender that is not listed was withdrawn
+    /// (cancelled, or queued at home again): the receiver cancels it. Sent every
+    /// `advertise_ms`.
+    Want { jobs: Vec<(JobId, u64, u64)> },
+    /// Flocking, from the home cluster's agent: run this job for user `user` (the owner's
+    /// name at home). Sent again every `advertise_ms` until an event of the job comes back.
+    Submit {
+        job: JobId,
+        /// When the home cluster sent it (each sending is a submission of its own).
+        since_ms: u64,
+        user: String,
+        req: Box<JobRequest>,
+    },
+    /// Flocking, from the agent of the cluster that runs a job to its home cluster's: the
+    /// job's events numbered `first`, `first + 1`, … by the follower `epoch` (each may come
+    /// twice; a new follower, after that agent restarted, numbers from 1 again).
+    Events {
+        job: JobId,
+        epoch: u64,
+        first: u64,
+        events: Vec<FlockEvent>,
+    },
 }
 
 /// A peer's state, as this cluster's agent sees it.
@@ -182,6 +226,7 @@ mod tests {
             key_file: "c1.pair".into(),
             lend: true,
             borrow: false,
+            flock_user: None,
         }
     }
 

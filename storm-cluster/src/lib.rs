@@ -41,6 +41,7 @@ pub mod daemon_dir;
 pub mod dependency;
 pub mod endpoint;
 pub mod federation;
+pub mod flock;
 pub mod health;
 pub mod hostlist;
 pub mod identity;

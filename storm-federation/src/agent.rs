@@ -11,7 +11,13 @@
 //!   `[federation] advertise_ms` and hears the echoes (the link's round trip), and dials
 //!   again after a failure;
 //! * the **reporter** asks this cluster's MM for its nodes and queue every period (what it
-//!   offers: its idle nodes and CPUs, to peers it lends to), and reports the peer table back.
+//!   offers: its idle nodes and CPUs, to peers it lends to) and for the jobs it flocked, and
+//!   reports the peer table back;
+//! * a **follower** per job a peer flocked here (see [`crate::flock`]).
+//!
+//! Flocking rides on the same links: the dialler sends a peer the jobs this cluster flocked
+//! to it, and hands the events the peer sends back to this cluster's MM; the listener's side
+//! of a link runs the jobs its peer sends, and sends their events back on it.
 //!
 //! The agent is a process of its own, apart from the MM: if it fails, or a peer misbehaves,
 //! the MM schedules its own jobs as before (Condor's rule for its flocking daemons). A
@@ -32,6 +38,7 @@ use storm_cluster::federation::{Offer, PeerEntry, PeerMessage};
 use storm_cluster::sealed::WireError;
 use storm_primitives::tcp::auth::ClusterKey;
 
+use crate::flock::{self, Follower, Home, Hosted, Manager};
 use crate::table::PeerTable;
 use crate::wire;
 
@@ -54,6 +61,13 @@ struct Agent {
     start: Instant,
     stop: Arc<AtomicBool>,
     handshakes: AtomicUsize,
+    /// This cluster's MM.
+    mm: Manager,
+    /// Flocking: this cluster's jobs on peers, and peers' jobs here.
+    home: Mutex<Home>,
+    hosted: Mutex<Hosted>,
+    /// Numbers the links peers dialled.
+    links: std::sync::atomic::AtomicU64,
 }
 
 impl Agent {
@@ -94,6 +108,12 @@ pub fn run(cfg: ClusterConfig, stop: Arc<AtomicBool>) -> Result<()> {
         start: Instant::now(),
         stop,
         handshakes: AtomicUsize::new(0),
+        mm: Manager {
+            sockets: cfg.control_sockets(),
+        },
+        home: Mutex::new(Home::default()),
+        hosted: Mutex::new(Hosted::default()),
+        links: std::sync::atomic::AtomicU64::new(0),
     });
     tracing::info!(%listen, cluster = %agent.cluster, peers = agent.peers.len(), "peer agent started");
     let mut threads = Vec::new();
@@ -150,7 +170,7 @@ fn accept(agent: &Arc<Agent>, listener: &TcpListener) {
 }
 
 /// A link a peer dialled: its handshake, then its adverts, each echoed.
-fn serve_inbound(agent: &Agent, tcp: TcpStream, from: std::net::SocketAddr) {
+fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr) {
     let claimed = std::cell::RefCell::new(None::<String>);
     let linked = (|| {
         tcp.set_nonblocking(false)?;
@@ -184,24 +204,114 @@ fn serve_inbound(agent: &Agent, tcp: TcpStream, from: std::net::SocketAddr) {
     tracing::info!(peer = %name, %from, "a peer's link is up");
     // A peer silent for longer than its timeout has gone: the link ends, it dials again.
     let _ = tcp.set_read_timeout(Some(agent.timeout));
+    // What goes back on this link (echoes, the events of the jobs it flocked here) goes
+    // through one writer thread.
+    let (tx, rx) = std::sync::mpsc::channel::<PeerMessage>();
+    let mut writer = link.writer;
+    let writing = {
+        let (name, tcp) = (name.clone(), tcp.try_clone());
+        std::thread::Builder::new()
+            .name(format!("peer-out-{name}"))
+            .spawn(move || {
+                for m in rx {
+                    if let Err(e) = writer.send(&m) {
+                        tracing::info!(peer = %name, "a peer's link ended: {e}");
+                        if let Ok(t) = &tcp {
+                            let _ = t.shutdown(std::net::Shutdown::Both);
+                        }
+                        return;
+                    }
+                }
+            })
+    };
+    let Ok(writing) = writing else {
+        tracing::warn!(peer = %name, "cannot start a writer for a peer's link");
+        return;
+    };
+    let id = agent.links.fetch_add(1, Ordering::Relaxed);
+    agent.hosted.lock().link_up(&name, id, tx.clone());
     while !agent.stopped() {
         match link.reader.recv::<PeerMessage>() {
-            Ok(PeerMessage::Advert { offer, token }) => {
-                agent.table.lock().advert(&name, offer, Instant::now());
-                if let Err(e) = link.writer.send(&PeerMessage::Echo { token }) {
-                    tracing::info!(peer = %name, "a peer's link ended: {e}");
-                    return;
+            Ok(PeerMessage::Advert {
+                offer,
+                manager,
+                token,
+            }) => {
+                agent
+                    .table
+                    .lock()
+                    .advert(&name, offer, manager, Instant::now());
+                if tx.send(PeerMessage::Echo { token }).is_err() {
+                    break;
                 }
             }
-            Ok(PeerMessage::Echo { .. }) => {
-                tracing::warn!(peer = %name, "a peer sent an echo on its own link: link ended");
-                return;
+            Ok(PeerMessage::Want { jobs }) => {
+                let withdrawn = agent.hosted.lock().want(&name, &jobs);
+                for f in withdrawn {
+                    flock::withdraw(&agent.mm, &f);
+                }
+            }
+            Ok(PeerMessage::Submit {
+                job,
+                since_ms,
+                user,
+                req,
+            }) => host(agent, &name, job, &user, (since_ms, *req)),
+            Ok(PeerMessage::Echo { .. } | PeerMessage::Events { .. }) => {
+                tracing::warn!(peer = %name, "a peer sent an answer on its own link: link ended");
+                break;
             }
             Err(e) => {
                 tracing::info!(peer = %name, "a peer's link ended: {e}");
-                return;
+                break;
             }
         }
+    }
+    agent.hosted.lock().link_down(&name, id);
+    drop(tx);
+    let _ = tcp.shutdown(std::net::Shutdown::Both);
+    let _ = writing.join();
+}
+
+/// Peer side: `origin` flocked its job `job` here for its user `user`: a follower runs it,
+/// unless it runs already or this cluster will not run it (then the refusal goes back).
+fn host(
+    agent: &Arc<Agent>,
+    origin: &str,
+    job: u64,
+    user: &str,
+    req: (u64, storm_cluster::control::JobRequest),
+) {
+    if agent.hosted.lock().has(origin, job) {
+        return;
+    }
+    let f = Follower::new(origin, job);
+    let entry = agent
+        .peers
+        .iter()
+        .find(|(p, _)| p.name == origin)
+        .map(|(p, _)| p);
+    let account = match entry {
+        Some(p) if p.lend => flock::local_account(user, p, &agent.cluster),
+        _ => Err(format!("{} does not lend to {origin}", agent.cluster)),
+    };
+    let account = match account {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::warn!(%origin, job, "refused a flocked job: {why}");
+            f.push_refusal(why);
+            agent.hosted.lock().add(f);
+            return;
+        }
+    };
+    tracing::info!(%origin, job, %user, uid = account.0, "running a job flocked here");
+    agent.hosted.lock().add(f.clone());
+    let a = agent.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("flock-{origin}-{job}"))
+        .spawn(move || flock::follow(&a.mm, &a.hosted, &f, account, req, &|| a.stopped()));
+    if let Err(e) = spawned {
+        tracing::warn!(%origin, job, "cannot start a follower for a flocked job: {e}");
     }
 }
 
@@ -247,6 +357,7 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
     )?;
     tracing::info!(peer = %entry.name, "link to the peer is up");
     agent.table.lock().outbound_up(&entry.name);
+    agent.home.lock().link_up(&entry.name);
     tcp.set_read_timeout(Some(agent.timeout))?;
     let (mut reader, mut writer) = (link.reader, link.writer);
     let ended = Arc::new(AtomicBool::new(false));
@@ -265,8 +376,18 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
                                 Instant::now(),
                             );
                         }
-                        Ok(PeerMessage::Advert { .. }) => {
-                            tracing::warn!(peer = %name, "an advert on this agent's own link: link ended");
+                        Ok(PeerMessage::Events {
+                            job,
+                            epoch,
+                            first,
+                            events,
+                        }) => pass_home(&agent, &name, job, epoch, first, events),
+                        Ok(
+                            PeerMessage::Advert { .. }
+                            | PeerMessage::Want { .. }
+                            | PeerMessage::Submit { .. },
+                        ) => {
+                            tracing::warn!(peer = %name, "a request on this agent's own link: link ended");
                             break;
                         }
                         Err(e) => {
@@ -289,16 +410,50 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
         };
         let advert = PeerMessage::Advert {
             offer,
+            manager: agent.offer.lock().is_some(),
             token: agent.token(),
         };
         if let Err(e) = writer.send(&advert) {
             break Err(anyhow::Error::new(e).context("sending an advert"));
+        }
+        if entry.borrow {
+            let flocking = agent.home.lock().messages_for(&entry.name);
+            if let Some(e) = flocking.iter().find_map(|m| writer.send(m).err()) {
+                break Err(anyhow::Error::new(e).context("sending flocked jobs"));
+            }
         }
         std::thread::sleep(agent.every);
     };
     let _ = tcp.shutdown(std::net::Shutdown::Both);
     let _ = echoes.join();
     result
+}
+
+/// Home side: events of this cluster's job `job` from peer `peer`, to this cluster's MM; what
+/// it takes counts as taken (and is not passed on again).
+fn pass_home(
+    agent: &Agent,
+    peer: &str,
+    job: u64,
+    epoch: u64,
+    first: u64,
+    events: Vec<storm_cluster::flock::FlockEvent>,
+) {
+    let Some((taken, fresh)) = agent.home.lock().fresh(peer, job, epoch, first, events) else {
+        return;
+    };
+    let n = fresh.len() as u64;
+    let update = storm_cluster::flock::FlockUpdate {
+        peer: peer.to_string(),
+        job,
+        events: fresh,
+    };
+    match agent.mm.report(update) {
+        Ok(()) => agent.home.lock().took(job, epoch, taken + n),
+        Err(e) => {
+            tracing::warn!(%peer, job, "the MM did not take a flocked job's news (the peer sends it again): {e}")
+        }
+    }
 }
 
 /// Every period: this cluster's offer from its MM, and the peer table back to it.
@@ -314,7 +469,34 @@ fn report(agent: &Agent, cfg: &ClusterConfig) {
         match asked {
             Some((client, offer)) => {
                 *agent.offer.lock() = Some(offer);
+                if cfg.peers.iter().any(|p| p.borrow) {
+                    match client.call(&Request::FlockOut) {
+                        Ok(Reply::FlockOut(orders)) => agent.home.lock().set_orders(orders),
+                        Ok(Reply::Error(e)) | Err(e) => {
+                            tracing::warn!("cannot take the flocked jobs from the MM: {e}")
+                        }
+                        Ok(other) => tracing::warn!("unexpected reply to FlockOut: {other:?}"),
+                    }
+                }
                 let infos = agent.table.lock().infos(Instant::now());
+                // Jobs flocked here from a home gone for the timeout are cancelled.
+                let states: Vec<(String, bool)> = infos
+                    .iter()
+                    .map(|i| {
+                        (
+                            i.name.clone(),
+                            i.state == storm_cluster::federation::PeerState::Up,
+                        )
+                    })
+                    .collect();
+                let gone = agent
+                    .hosted
+                    .lock()
+                    .homes(&states, Instant::now(), agent.timeout);
+                for f in gone {
+                    tracing::warn!(origin = %f.origin, job = f.job, "its home cluster has been away for the peer timeout: the flocked job is cancelled here");
+                    flock::withdraw(&agent.mm, &f);
+                }
                 match client.call(&Request::PeerReport(infos)) {
                     Ok(Reply::Done) => warned = false,
                     Ok(Reply::Error(e)) | Err(e) => {

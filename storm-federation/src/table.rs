@@ -31,6 +31,8 @@ struct Peer {
     /// When the peer was last heard (an advert on its link, an echo on this agent's).
     heard: Option<Instant>,
     offer: Option<Offer>,
+    /// The peer's last advert said its agent reaches its MM.
+    manager: bool,
     lag: Option<Duration>,
 }
 
@@ -53,6 +55,7 @@ impl PeerTable {
                     inbound_refused: None,
                     heard: None,
                     offer: None,
+                    manager: true,
                     lag: None,
                 })
                 .collect(),
@@ -92,10 +95,11 @@ impl PeerTable {
     }
 
     /// `name`'s advert arrived at `now` on the link it dialled.
-    pub fn advert(&mut self, name: &str, offer: Option<Offer>, now: Instant) {
+    pub fn advert(&mut self, name: &str, offer: Option<Offer>, manager: bool, now: Instant) {
         if let Some(p) = self.peer(name) {
             p.heard = Some(now);
             p.offer = offer;
+            p.manager = manager;
             p.inbound_refused = None;
         }
     }
@@ -123,6 +127,10 @@ impl PeerTable {
                 let (state, reason) = match (&p.outbound, refused_in) {
                     (Outbound::Refused(why), _) => (PeerState::Refused, Some(why.clone())),
                     (_, Some(why)) => (PeerState::Refused, Some(why)),
+                    (Outbound::Up, None) if fresh && !p.manager => (
+                        PeerState::Down,
+                        Some("its machine manager does not answer its peer agent".into()),
+                    ),
                     (Outbound::Up, None) if fresh => (PeerState::Up, None),
                     (Outbound::Up, None) => (
                         PeerState::Down,
@@ -173,6 +181,7 @@ mod tests {
             key_file: "c1.pair".into(),
             lend: true,
             borrow: true,
+            flock_user: None,
         }]
     }
 
@@ -192,7 +201,7 @@ mod tests {
         assert_eq!(t.infos(t0)[0].state, PeerState::Down);
         assert_eq!(t.infos(t0)[0].reason.as_deref(), Some("connecting"));
         t.outbound_up("c1");
-        t.advert("c1", Some(offer()), t0);
+        t.advert("c1", Some(offer()), true, t0);
         t.echo("c1", Duration::from_micros(350), t0);
         let up = &t.infos(t0 + Duration::from_secs(1))[0];
         assert_eq!(up.state, PeerState::Up);
@@ -208,6 +217,17 @@ mod tests {
                 .as_deref()
                 .unwrap()
                 .contains("not heard for 6.0 s")
+        );
+        // Heard, but its agent cannot reach its MM: down, with why.
+        t.advert("c1", Some(offer()), false, t0);
+        let headless = &t.infos(t0)[0];
+        assert_eq!(headless.state, PeerState::Down);
+        assert!(
+            headless
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("machine manager")
         );
         // Its link breaks: down, with why.
         t.outbound_failed("c1", "connection refused".into(), false);
@@ -230,10 +250,10 @@ mod tests {
         assert_eq!(info.state, PeerState::Refused);
         assert!(info.reason.as_deref().unwrap().contains("does not hold"));
         // A later good advert clears it.
-        t.advert("c1", None, t0);
+        t.advert("c1", None, true, t0);
         assert_eq!(t.infos(t0)[0].state, PeerState::Up);
         // Names it does not list change nothing.
-        t.advert("c7", Some(offer()), t0);
+        t.advert("c7", Some(offer()), true, t0);
         assert_eq!(t.infos(t0).len(), 1);
     }
 }

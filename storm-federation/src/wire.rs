@@ -20,11 +20,13 @@ use serde::{Deserialize, Serialize};
 use storm_cluster::sealed::{Link, WireError, link, recv_plain, send_plain};
 use storm_primitives::tcp::auth::{ClusterKey, NONCE_LEN, Transcript, random_bytes};
 
-/// The peer link's version, checked in the handshake.
-pub const PEER_VERSION: u32 = 1;
+/// The peer link's version, checked in the handshake. Version 2: flocking (`Want`, `Submit`,
+/// `Events`).
+pub const PEER_VERSION: u32 = 2;
 
-/// The largest sealed frame either side takes.
-pub const FRAME_LIMIT: usize = 64 << 10;
+/// The largest sealed frame either side takes: a flocked job's request (its arguments and
+/// environment), or a message of its events.
+pub const FRAME_LIMIT: usize = 4 << 20;
 
 /// The dialler's greeting.
 #[derive(Debug, Serialize, Deserialize)]
@@ -190,6 +192,7 @@ mod tests {
                 nodes: 4,
                 queued: 0,
             }),
+            manager: true,
             token: 42,
         };
         dialled.writer.send(&advert).unwrap();

@@ -405,6 +405,7 @@ fn relay(input: &[u8]) -> bool {
 
 fn peer_seeds() -> Vec<Vec<u8>> {
     use storm_cluster::federation::{Offer, PeerMessage};
+    use storm_cluster::flock::FlockEvent;
     use storm_federation::wire::{DiallerProof, PEER_VERSION, PeerHello};
     let mut both = relay_frame(&PeerHello {
         version: PEER_VERSION,
@@ -420,12 +421,47 @@ fn peer_seeds() -> Vec<Vec<u8>> {
             nodes: 4,
             queued: 1,
         }),
+        manager: true,
         token: 77,
+    };
+    let events = PeerMessage::Events {
+        job: 12,
+        epoch: 0xfeed,
+        first: 3,
+        events: vec![
+            FlockEvent::Accepted { remote: 40 },
+            FlockEvent::Started {
+                ntasks: 2,
+                node_names: vec!["n0".into()],
+            },
+            FlockEvent::Output(storm_cluster::messages::OutputChunk {
+                job: 40,
+                rank: 1,
+                stream: storm_cluster::messages::Stream::Stdout,
+                offset: 5,
+                data: b"hello".to_vec(),
+            }),
+            FlockEvent::Requeued {
+                reason: "node n1 failed".into(),
+            },
+            FlockEvent::Refused("no account".into()),
+            FlockEvent::NotHere,
+        ],
     };
     vec![
         both,
         bincode(&advert),
         bincode(&PeerMessage::Echo { token: 9 }),
+        bincode(&PeerMessage::Want {
+            jobs: vec![(12, 0xfeed, 2), (13, 0, 0)],
+        }),
+        bincode(&PeerMessage::Submit {
+            job: 12,
+            since_ms: 1_700_000_000_000,
+            user: "alice".into(),
+            req: Box::new(job_request()),
+        }),
+        bincode(&events),
     ]
 }
 
@@ -919,6 +955,7 @@ fn job_request() -> JobRequest {
         token: Some(0x5eed_0fa5_ab1e),
         mem: Some(storm_cluster::control::MemRequest::PerCpu(512 << 20)),
         constraint: vec!["ib".into()],
+        flock: storm_cluster::flock::Flock::Only(vec!["c0".into(), "c1".into()]),
     }
 }
 
@@ -999,6 +1036,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             submitted_ms: 1_700_000_000_000,
             started_ms: Some(1_700_000_000_500),
             ended_ms: None,
+            runs_on: Some("c1".into()),
         }]),
         Reply::Nodes(vec![NodeInfo {
             id: 0,

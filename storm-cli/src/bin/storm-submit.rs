@@ -216,6 +216,12 @@ impl Progress for Terminal {
             self.end_transfer();
         }
     }
+    fn flocked(&mut self, job: JobId, peer: &str) {
+        eprintln!(
+            "storm-submit: job {job} flocked to peer cluster {}, which runs it",
+            safe(peer)
+        );
+    }
     fn requeued(&mut self, job: JobId, reason: &str, had_output: bool) {
         self.end_transfer();
         let note = if had_output {
@@ -426,6 +432,7 @@ fn run(args: Args) -> Result<i32, String> {
         token: Some(rand::random()),
         mem: shape.mem(),
         constraint: shape.constraint()?,
+        flock: shape.flock()?,
     };
 
     let local = match args.local {

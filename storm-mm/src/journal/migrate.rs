@@ -1,6 +1,10 @@
 //! Journals of the previous formats, read once and written again in this one.
 //!
-//! * **Format 14** is this format but for the job request: format 15 added its memory
+//! * **Format 15** is this format but for the job request: format 16 added where it may run
+//!   (`flock`: `--flock`, `--clusters`, `--no-flock`). A job of format 15 comes over asking
+//!   for the default (at home, flocking only after `[federation] flock_after_ms`), as it was
+//!   submitted before a cluster could flock.
+//! * **Format 14** is format 15 but for the job request: format 15 added its memory
 //!   (`--mem`, `--mem-per-cpu`) and features (`--constraint`). A job of format 14 comes over
 //!   asking for neither, as it was submitted.
 //! * **Format 13** is format 14 but for a started job's `launched_to` (the NM process each
@@ -15,7 +19,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use storm_cluster::control::{ArrayElement, ArraySpec, Delivery, JobOutcome, JobRequest};
+use storm_cluster::control::{
+    ArrayElement, ArraySpec, Delivery, JobOutcome, JobRequest, MemRequest,
+};
 use storm_cluster::dependency::Dependency;
 use storm_cluster::messages::{BatchOutput, InputTarget, JobId, MpiMode};
 use storm_cluster::tasks::TaskRequest;
@@ -24,7 +30,7 @@ use storm_primitives::NodeSet;
 use super::{JobRecord, JobState};
 
 /// The formats this module reads.
-pub(super) const READS: [u64; 2] = [13, 14];
+pub(super) const READS: [u64; 3] = [13, 14, 15];
 
 /// A job request as formats 13 and 14 wrote it (the tests write one, too).
 #[derive(Deserialize)]
@@ -51,6 +57,37 @@ struct JobRequest14 {
     token: Option<u64>,
 }
 
+/// A job request as format 15 wrote it: format 14's, then its memory and features (bincode
+/// writes a struct's fields one after the other, so the nested struct reads the same bytes).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct JobRequest15 {
+    head: JobRequest14,
+    mem: Option<MemRequest>,
+    constraint: Vec<String>,
+}
+
+impl From<JobRequest15> for JobRequest {
+    fn from(r: JobRequest15) -> Self {
+        JobRequest {
+            mem: r.mem,
+            constraint: r.constraint,
+            ..r.head.into()
+        }
+    }
+}
+
+/// A job record as format 15 wrote it.
+#[derive(Deserialize)]
+struct JobRecord15 {
+    id: JobId,
+    uid: u32,
+    gid: u32,
+    req: JobRequest15,
+    submitted_ms: u64,
+    state: JobState,
+}
+
 impl From<JobRequest14> for JobRequest {
     fn from(r: JobRequest14) -> Self {
         JobRequest {
@@ -73,6 +110,7 @@ impl From<JobRequest14> for JobRequest {
             token: r.token,
             mem: None,
             constraint: Vec::new(),
+            flock: Default::default(),
         }
     }
 }
@@ -121,6 +159,18 @@ enum JobState13 {
 /// A job record of `format` (one of [`READS`]), as this format holds it; the error says why
 /// it does not decode.
 pub(super) fn job_from(format: u64, bytes: &[u8]) -> Result<JobRecord, String> {
+    if format == 15 {
+        let (old, _) =
+            storm_primitives::codec::decode::<JobRecord15>(bytes).map_err(|e| e.to_string())?;
+        return Ok(JobRecord {
+            id: old.id,
+            uid: old.uid,
+            gid: old.gid,
+            req: old.req.into(),
+            submitted_ms: old.submitted_ms,
+            state: old.state,
+        });
+    }
     if format == 14 {
         let (old, _) =
             storm_primitives::codec::decode::<JobRecord14>(bytes).map_err(|e| e.to_string())?;
@@ -186,6 +236,7 @@ mod tests {
     /// they could not hold).
     fn request_14(r: &JobRequest) -> JobRequest14 {
         assert!(r.mem.is_none() && r.constraint.is_empty());
+        assert_eq!(r.flock, Default::default());
         let r = r.clone();
         JobRequest14 {
             name: r.name,
@@ -206,6 +257,37 @@ mod tests {
             element: r.element,
             token: r.token,
         }
+    }
+
+    /// A record as format 15 wrote it.
+    #[derive(Serialize)]
+    struct Written15<'a> {
+        id: JobId,
+        uid: u32,
+        gid: u32,
+        req: JobRequest15,
+        submitted_ms: u64,
+        state: &'a JobState,
+    }
+
+    fn written_15(rec: &JobRecord) -> Vec<u8> {
+        let old = Written15 {
+            id: rec.id,
+            uid: rec.uid,
+            gid: rec.gid,
+            req: JobRequest15 {
+                head: request_14(&JobRequest {
+                    mem: None,
+                    constraint: Vec::new(),
+                    ..rec.req.clone()
+                }),
+                mem: rec.req.mem,
+                constraint: rec.req.constraint.clone(),
+            },
+            submitted_ms: rec.submitted_ms,
+            state: &rec.state,
+        };
+        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
     }
 
     /// A record as format 14 wrote it.
@@ -288,6 +370,7 @@ mod tests {
                 outcome,
                 ended_ms: *ended_ms,
             },
+            JobState::Flocked { .. } => panic!("format 13 had no flocked jobs"),
         };
         let old = Written13 {
             id: rec.id,
@@ -352,6 +435,13 @@ mod tests {
     #[test]
     fn a_journal_of_format_13_is_read_and_rewritten_in_this_format() {
         upgrade_from(13, written_13);
+    }
+
+    /// Format 15: requests come over with their memory and features, asking to run where
+    /// the default says (at home, flocking only after `flock_after_ms`).
+    #[test]
+    fn a_journal_of_format_15_is_read_and_rewritten_in_this_format() {
+        upgrade_from(15, written_15);
     }
 
     /// Format 14: requests come over asking for no memory and no features.

@@ -53,7 +53,9 @@ mod migrate;
 /// submission `token`. Format 14: a started job carries `launched_to`, the NM process its
 /// launch went to on each node. Format 15: a request carries its `mem` and `constraint` (a
 /// journal of format 13 or 14 is rewritten in format 15 when opened, see [`migrate`]).
-pub(crate) const FORMAT: u64 = 15;
+/// Format 16: a request carries where it may run (`flock`), and a job may be `Flocked` to a
+/// peer cluster (a journal of format 13, 14 or 15 is rewritten in format 16 when opened).
+pub(crate) const FORMAT: u64 = 16;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -126,6 +128,14 @@ pub enum JobState {
         outcome: JobOutcome,
         /// Milliseconds since the Unix epoch.
         ended_ms: u64,
+    },
+    /// Sent to peer cluster `peer`, which runs it (docs/federation.md); queued at home again
+    /// if that peer goes away.
+    Flocked {
+        peer: String,
+        /// When it was sent (milliseconds since the Unix epoch): each sending is a
+        /// submission of its own on the peer.
+        since_ms: u64,
     },
 }
 

@@ -205,6 +205,8 @@ impl<E: MmEnv> MachineManager<E> {
         };
         let held = j.admitted
             || j.phase != Phase::Queued
+            || j.flocked.is_some()
+            || !j.req.flock.may_run_at_home(&self.cfg.cluster.name)
             || j.cancel.is_some()
             || j.req.step_of.is_some()
             || j.req.dependency.is_some()

@@ -163,6 +163,10 @@ pub(super) struct Job {
     pub(super) admitted: bool,
     /// What is ending it, when not its tasks: a cancel, its time limit, a lost node.
     pub(super) end_cause: Option<storm_cluster::control::EndCause>,
+    /// A peer cluster runs it (see `flock`).
+    pub(super) flocked: Option<super::flock::Flocked>,
+    /// Peer clusters that refused it: it does not go to them again.
+    pub(super) flock_refused: Vec<String>,
 }
 
 /// Bytes of a batch job's queued output kept for its outcome.
@@ -267,6 +271,8 @@ impl Job {
             held_input: Vec::new(),
             admitted: false,
             end_cause: None,
+            flocked: None,
+            flock_refused: Vec::new(),
             req: new.req,
         };
         job.forget_program_place();
@@ -319,7 +325,13 @@ pub(super) fn job_record(j: &Job) -> JobRecord {
         req: j.req.clone(),
         submitted_ms: j.submitted_ms,
         state: match j.phase {
-            Phase::Queued => JobState::Queued,
+            Phase::Queued => match &j.flocked {
+                Some(f) => JobState::Flocked {
+                    peer: f.peer.clone(),
+                    since_ms: f.since_ms,
+                },
+                None => JobState::Queued,
+            },
             _ => JobState::Started {
                 nodes: j.nodes.clone(),
                 cpus: j.cpus.clone(),
@@ -389,6 +401,7 @@ pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         submitted_ms: rec.submitted_ms,
         started_ms,
         ended_ms: Some(*ended_ms),
+        runs_on: None,
     })
 }
 

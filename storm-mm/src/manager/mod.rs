@@ -38,6 +38,7 @@ use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 mod admission;
 mod attention;
 mod failure;
+mod flock;
 mod health;
 mod heartbeat;
 mod history;
@@ -150,6 +151,8 @@ pub struct MachineManager<E: MmEnv> {
     /// The peer agent's last report of the peer clusters, and when it came (soft state: the
     /// agent reports again every `[federation] advertise_ms`).
     peers: Option<(Instant, Vec<storm_cluster::federation::PeerInfo>)>,
+    /// What the peers offer for flocking, from those reports (see [`flock`]).
+    peer_room: flock::PeerRoom,
     /// Each node's memory for jobs: declared, or as its NM detected it (0: not known yet).
     node_mem: Vec<u64>,
     /// Each node's features, as bits (`ClusterConfig::features`).
@@ -232,6 +235,7 @@ impl<E: MmEnv> MachineManager<E> {
                 cfg.monitoring.history_points(),
             ),
             peers: None,
+            peer_room: Default::default(),
             node_mem,
             node_features,
             outputs,
@@ -369,6 +373,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.admit_waiting();
             self.end_orphan_steps();
             self.schedule();
+            self.flock_jobs();
         }
         self.enforce_limits();
         self.escalate_cancels();

@@ -127,14 +127,16 @@ impl<E: MmEnv> MachineManager<E> {
                 );
             }
             Input::Gone { client } => {
-                self.outbox.clients.remove(&client);
+                let Some(gone) = self.outbox.clients.remove(&client) else {
+                    return;
+                };
                 // A batch job goes on without its submitter (which leaves once the job is
-                // accepted); any other job ends with it, as srun's does.
-                for j in self
-                    .jobs
-                    .values_mut()
-                    .filter(|j| j.client == Some(client) && j.req.batch.is_some())
-                {
+                // accepted); any other job ends with it, as srun's does. A job followed by
+                // another user than its owner (root, or the peer agent that submitted a job
+                // flocked here) goes on too: only its owner's leaving ends it.
+                for j in self.jobs.values_mut().filter(|j| {
+                    j.client == Some(client) && (j.req.batch.is_some() || j.uid != gone.uid)
+                }) {
                     j.client = None;
                 }
                 let orphans: Vec<JobId> = self
@@ -271,10 +273,52 @@ impl<E: MmEnv> MachineManager<E> {
                 let reply = self
                     .operator(client, uid, "report the peer clusters")
                     .map(|()| {
-                        self.peers = Some((self.now(), peers));
+                        self.peer_report(peers);
                         Reply::Done
                     });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::FlockOut => {
+                let reply = self
+                    .operator(client, uid, "take the flocked jobs")
+                    .map(|()| Reply::FlockOut(self.flock_orders()));
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::FlockReport(updates) => {
+                let reply = self
+                    .operator(client, uid, "report flocked jobs")
+                    .map(|()| self.flock_report(updates));
+                self.reply(client, reply.map_or_else(Reply::Error, |()| Reply::Done));
+            }
+            Request::SubmitFlocked {
+                origin,
+                uid: as_uid,
+                gid: as_gid,
+                req,
+            } => {
+                if let Err(e) = self.operator(client, uid, "submit a job flocked from a peer") {
+                    self.reply(client, Reply::Error(e));
+                    return;
+                }
+                // Sent again (the agent lost this MM, or restarted): it follows the job it
+                // made, as a resubmitting storm-submit does.
+                if let Some(id) = req.token.and_then(|t| self.submission(as_uid, t)) {
+                    if self.finished.get(&id).is_some() {
+                        self.reply(
+                            client,
+                            Reply::Accepted {
+                                job: id,
+                                queued: None,
+                            },
+                        );
+                    }
+                    self.attach(client, uid, id);
+                    return;
+                }
+                let submitted = self.submit_flocked(client, &origin, (as_uid, as_gid), *req, None);
+                if let Err(e) = submitted {
+                    self.reply(client, Reply::Error(e));
+                }
             }
             Request::Peers => {
                 let now = self.now();
@@ -529,18 +573,29 @@ impl<E: MmEnv> MachineManager<E> {
     pub(super) fn submit(
         &mut self,
         client: ClientId,
+        req: JobRequest,
+        program: Option<Result<SubmittedProgram, String>>,
+    ) -> Result<JobId, String> {
+        let owner = self
+            .outbox
+            .clients
+            .get(&client)
+            .map(|c| (c.uid, c.gid))
+            .ok_or("unknown client")?;
+        self.submit_as(client, owner, req, program)
+    }
+
+    /// [`MachineManager::submit`] for user `uid`/`gid`, whom `client` follows the job for.
+    pub(super) fn submit_as(
+        &mut self,
+        client: ClientId,
+        (uid, gid): (u32, u32),
         mut req: JobRequest,
         program: Option<Result<SubmittedProgram, String>>,
     ) -> Result<JobId, String> {
         if self.shutting_down {
             return Err("the cluster is shutting down".into());
         }
-        let (uid, gid) = self
-            .outbox
-            .clients
-            .get(&client)
-            .map(|c| (c.uid, c.gid))
-            .ok_or("unknown client")?;
         if uid == 0 && !self.cfg.security.allow_root_jobs {
             return Err(
                 "root may not run jobs on this cluster ([security] allow_root_jobs = false); \
@@ -775,6 +830,23 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Why a queued job cannot start right now, if it cannot.
     pub(super) fn wait_reason(&self, job: JobId) -> Option<String> {
+        if let Some(j) = self.jobs.get(&job) {
+            if let Some(f) = &j.flocked {
+                return Some(match f.remote {
+                    Some(r) => format!("flocked to peer cluster {}, where it is job {r}", f.peer),
+                    None => format!("flocked to peer cluster {}", f.peer),
+                });
+            }
+            if !j.req.flock.may_run_at_home(&self.cfg.cluster.name) {
+                return Some(format!(
+                    "waiting for one of the clusters it may run on ({}) to offer room",
+                    match &j.req.flock {
+                        storm_cluster::flock::Flock::Only(names) => names.join(","),
+                        _ => String::new(),
+                    }
+                ));
+            }
+        }
         if self.reattach.held.is_some() {
             return Some(format!(
                 "held after a restart of the machine manager until the submitters of the queued \
@@ -810,6 +882,9 @@ impl<E: MmEnv> MachineManager<E> {
     pub(super) fn job_info(&self, j: &Job) -> JobInfo {
         let state = match (&j.cancel, j.phase) {
             (Some(_), _) => JobState::Cancelling,
+            (None, Phase::Queued) if j.flocked.as_ref().is_some_and(|f| f.started) => {
+                JobState::Running
+            }
             (None, Phase::Queued) => JobState::Queued,
             (None, Phase::Allocated) => JobState::Starting,
             (None, Phase::Checking { .. } | Phase::Sending { .. } | Phase::Verifying { .. }) => {
@@ -836,7 +911,7 @@ impl<E: MmEnv> MachineManager<E> {
                 .now()
                 .saturating_duration_since(j.submitted)
                 .as_millis() as u64,
-            reason: (j.phase == Phase::Queued)
+            reason: (j.phase == Phase::Queued && !j.flocked.as_ref().is_some_and(|f| f.started))
                 .then(|| self.wait_reason(j.id))
                 .flatten(),
             time_slot: (self.gang && j.phase != Phase::Queued).then_some(j.time_slot as u32),
@@ -846,6 +921,7 @@ impl<E: MmEnv> MachineManager<E> {
             submitted_ms: j.submitted_ms,
             started_ms: j.launched_ms,
             ended_ms: None,
+            runs_on: j.flocked.as_ref().map(|f| f.peer.clone()),
         }
     }
 

@@ -118,6 +118,20 @@ impl<E: MmEnv> MachineManager<E> {
                     continue;
                 }
                 JobState::Queued => self.readmit(&rec).map(|()| &mut queued),
+                // A peer runs it: it waits for the peer agent's news of it, or comes back
+                // if that peer stays away (see `flock`).
+                JobState::Flocked { peer, since_ms } => self.readmit(&rec).map(|()| {
+                    self.held.remove(&rec.id);
+                    if let Some(j) = self.jobs.get_mut(&rec.id) {
+                        j.flocked = Some(super::flock::Flocked {
+                            peer: peer.clone(),
+                            since_ms: *since_ms,
+                            remote: None,
+                            started: false,
+                        });
+                    }
+                    &mut queued
+                }),
                 JobState::Started {
                     nodes,
                     cpus,

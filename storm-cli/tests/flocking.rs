@@ -1,0 +1,415 @@
+//! Flocking, seen from the user's terminal and the operators' `storm queue`: two embedded
+//! clusters on loopback, each MM with its peers in its cluster file, each with its peer agent
+//! (`storm-peer`). `home` (1 node) may borrow from `away` (2 nodes), which lends to it and
+//! runs its flocked jobs as the same user (`nobody`, on this one host).
+//!
+//! * With `home`'s node busy, `--flock` runs the job on `away`: storm-submit says where,
+//!   prints its output and returns its exit code.
+//! * A job that asks nothing flocks once it has waited `flock_after_ms`; a `--no-flock` job
+//!   stays queued at home.
+//! * `--clusters away`: `storm queue` at home shows the job running on `away`, and `away`'s
+//!   queue holds it; `storm cancel` at home ends it on `away` too.
+//! * Either MM restarts while a flocked job runs: the job goes on, and its submitter gets
+//!   the rest of its output and its exit code.
+//! * `away`'s agent dies: after `peer_timeout_ms` the job is queued at home again, says so,
+//!   and runs at home once the node is free.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use storm_cli::local::LocalOptions;
+use storm_cluster::federation::{FederationSection, PeerEntry};
+use support::{NOBODY, TestCluster};
+
+const PEER_TIMEOUT_MS: u64 = 3000;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_agent(config: &Path) -> Agent {
+    let log = std::fs::File::create(config.with_extension("peer.log")).unwrap();
+    Agent(
+        Command::new(support::bin_dir().join("storm-peer"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start storm-peer"),
+    )
+}
+
+/// A cluster of `nodes` nodes named `name`, its agent listening on `listen`, with `peer`.
+fn cluster(
+    name: &str,
+    nodes: u32,
+    listen: u16,
+    flock_after_ms: Option<u64>,
+    peer: PeerEntry,
+) -> TestCluster {
+    TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some(name.into()),
+        federation: FederationSection {
+            listen: Some(format!("127.0.0.1:{listen}").parse().unwrap()),
+            advertise_ms: 200,
+            peer_timeout_ms: PEER_TIMEOUT_MS,
+            flock_after_ms,
+        },
+        peers: vec![peer],
+        ..LocalOptions::new(nodes)
+    })
+}
+
+fn config_of(c: &TestCluster) -> PathBuf {
+    c.root.join("cluster.toml")
+}
+
+/// `storm queue --json`'s entry for job `id` on `c` (null if it is not there).
+fn queued(c: &TestCluster, id: u64) -> serde_json::Value {
+    let out = c.storm(&["queue", "--json"]);
+    assert!(
+        out.status.success(),
+        "storm queue: {}",
+        support::text(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["jobs"]
+        .as_array()
+        .and_then(|j| j.iter().find(|j| j["job"] == id).cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Every job in `c`'s queue.
+fn queue(c: &TestCluster) -> Vec<serde_json::Value> {
+    let out = c.storm(&["queue", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["jobs"].as_array().cloned().unwrap_or_default()
+}
+
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> Option<String>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let Some(not_yet) = check() else {
+            return;
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}: {not_yet}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The id of the job that showed up in `c`'s queue after `before` (the newest).
+fn new_job(c: &TestCluster, before: &[u64]) -> u64 {
+    let mut id = None;
+    wait_until(Duration::from_secs(10), "the job is queued", || {
+        id = queue(c)
+            .iter()
+            .filter_map(|j| j["job"].as_u64())
+            .filter(|j| !before.contains(j))
+            .max();
+        id.is_none().then(|| "no new job".to_string())
+    });
+    id.unwrap()
+}
+
+fn ids(c: &TestCluster) -> Vec<u64> {
+    queue(c).iter().filter_map(|j| j["job"].as_u64()).collect()
+}
+
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "storm-submit did not end within {limit:?}; stderr: {}",
+                support::text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn spawn_as_nobody(c: &TestCluster, args: &[&str]) -> Child {
+    c.submit_cmd_as(NOBODY, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn storm-submit")
+}
+
+#[test]
+fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
+    let test = "jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes";
+    if !support::root_or_say(test) {
+        return;
+    }
+    support::ensure_all_binaries();
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let (p_home, p_away) = (free_port(), free_port());
+    let entry = |name: &str, port: u16, lend: bool| PeerEntry {
+        name: name.into(),
+        address: format!("127.0.0.1:{port}").parse().unwrap(),
+        key_file: pair.clone(),
+        lend,
+        borrow: !lend,
+        flock_user: None,
+    };
+    let mut home = cluster(
+        "fl-home",
+        1,
+        p_home,
+        Some(1000),
+        entry("fl-away", p_away, false),
+    );
+    let mut away = cluster("fl-away", 2, p_away, None, entry("fl-home", p_home, true));
+    let _home_agent = start_agent(&config_of(&home));
+    let mut away_agent = Some(start_agent(&config_of(&away)));
+    wait_until(
+        Duration::from_secs(20),
+        "home sees away up, offering 2 nodes",
+        || {
+            let out = home.storm(&["peers", "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let up = v["peers"][0]["state"] == "up" && v["peers"][0]["offer"]["idle_nodes"] == 2;
+            (!up).then(|| v.to_string())
+        },
+    );
+
+    // Home's one node is taken whole by a job that stays home.
+    let before = ids(&home);
+    let blocker = spawn_as_nobody(
+        &home,
+        &[
+            "--no-flock",
+            "--exclusive",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sleep",
+            "300",
+        ],
+    );
+    let blocker_id = new_job(&home, &before);
+    wait_until(Duration::from_secs(10), "the blocker runs at home", || {
+        let j = queued(&home, blocker_id);
+        (j["state"] != "running").then(|| j.to_string())
+    });
+
+    // --flock: runs on away; output and exit code come home.
+    let out = home.submit_as(
+        NOBODY,
+        &[
+            "--flock",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sh",
+            "-c",
+            "echo hello from afar; exit 3",
+        ],
+    );
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the job's exit code; stderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("hello from afar"),
+        "its output: {stdout:?}; stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("flocked to peer cluster fl-away"),
+        "{stderr}"
+    );
+
+    // --no-flock waits at home, past flock_after_ms; a job that asks nothing flocks then.
+    let before = ids(&home);
+    let stay = spawn_as_nobody(&home, &["--no-flock", "-N", "1", "-D", "/tmp", "true"]);
+    let stay_id = new_job(&home, &before);
+    let out = home.submit_as(
+        NOBODY,
+        &["-N", "1", "-D", "/tmp", "sh", "-c", "echo waited"],
+    );
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    assert!(support::text(&out.stdout).contains("waited"));
+    assert!(support::text(&out.stderr).contains("flocked to peer cluster fl-away"));
+    let j = queued(&home, stay_id);
+    assert_eq!(j["state"], "queued", "--no-flock stays home: {j}");
+    assert!(j["cluster"].is_null(), "{j}");
+    assert!(
+        home.storm(&["cancel", &stay_id.to_string()])
+            .status
+            .success()
+    );
+    let _ = finish(stay, Duration::from_secs(10));
+
+    // --clusters away: home's queue shows where it runs, away's queue holds it, and a cancel
+    // at home ends it there.
+    let before = ids(&home);
+    let far = spawn_as_nobody(
+        &home,
+        &[
+            "--clusters",
+            "fl-away",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sleep",
+            "300",
+        ],
+    );
+    let far_id = new_job(&home, &before);
+    wait_until(
+        Duration::from_secs(15),
+        "home shows it running on away",
+        || {
+            let j = queued(&home, far_id);
+            (j["state"] != "running" || j["cluster"] != "fl-away").then(|| j.to_string())
+        },
+    );
+    let table = support::text(&home.storm(&["queue"]).stdout);
+    assert!(table.contains("on peer cluster fl-away"), "{table}");
+    let theirs = queue(&away);
+    assert!(
+        theirs
+            .iter()
+            .any(|j| j["uid"] == NOBODY && j["state"] == "running"),
+        "away runs it, as nobody: {theirs:?}"
+    );
+    assert!(
+        home.storm(&["cancel", &far_id.to_string()])
+            .status
+            .success()
+    );
+    let out = finish(far, Duration::from_secs(15));
+    assert!(!out.status.success());
+    wait_until(
+        Duration::from_secs(10),
+        "away cancels the withdrawn job",
+        || {
+            let q = queue(&away);
+            (!q.is_empty()).then(|| format!("{q:?}"))
+        },
+    );
+
+    // Either MM restarts while a flocked job runs: it goes on, and its submitter gets the
+    // rest of its output and its exit code.
+    let script = support::script(
+        &std::env::temp_dir(),
+        "storm-flock-restarts.sh",
+        "echo first\nsleep 4\necho second\nexit 5\n",
+    );
+    for restart_home in [true, false] {
+        let before = ids(&home);
+        let job = spawn_as_nobody(
+            &home,
+            &["--flock", "-N", "1", "-D", "/tmp", script.to_str().unwrap()],
+        );
+        let id = new_job(&home, &before);
+        wait_until(Duration::from_secs(15), "it runs on away", || {
+            let j = queued(&home, id);
+            (j["state"] != "running").then(|| j.to_string())
+        });
+        let which = if restart_home { &mut home } else { &mut away };
+        let c = which.cluster.as_mut().unwrap();
+        c.kill_mm().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        c.restart_mm().unwrap();
+        let out = finish(job, Duration::from_secs(40));
+        let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+        let who = if restart_home { "home" } else { "away" };
+        assert_eq!(
+            out.status.code(),
+            Some(5),
+            "{who}'s MM restarted; stderr: {stderr}"
+        );
+        assert!(
+            stdout.contains("second"),
+            "{who}'s MM restarted; stdout: {stdout:?}"
+        );
+        assert!(
+            !stderr.contains("requeued"),
+            "a restart is no departure: {stderr}"
+        );
+    }
+
+    // Away's agent dies: the job comes home after the timeout, and runs here once the node
+    // is free.
+    let before = ids(&home);
+    let job = spawn_as_nobody(
+        &home,
+        &[
+            "--flock",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sh",
+            "-c",
+            "sleep 2; echo done where it ran",
+        ],
+    );
+    let id = new_job(&home, &before);
+    wait_until(Duration::from_secs(15), "it runs on away", || {
+        let j = queued(&home, id);
+        (j["state"] != "running").then(|| j.to_string())
+    });
+    drop(away_agent.take());
+    wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 3),
+        "home queues it again",
+        || {
+            let j = queued(&home, id);
+            (j["state"] != "queued" || !j["cluster"].is_null()).then(|| j.to_string())
+        },
+    );
+    assert!(
+        home.storm(&["cancel", &blocker_id.to_string()])
+            .status
+            .success()
+    );
+    let _ = finish(blocker, Duration::from_secs(15));
+    let out = finish(job, Duration::from_secs(30));
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("done where it ran"), "{stdout:?}");
+    assert!(stderr.contains("fl-away has been down"), "{stderr}");
+    assert!(stderr.contains("queued at home again"), "{stderr}");
+    let hist = home.storm(&["history", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&hist.stdout).unwrap();
+    let ran = v["jobs"]
+        .as_array()
+        .and_then(|j| j.iter().find(|j| j["job"] == id).cloned())
+        .unwrap_or_default();
+    assert_eq!(ran["nodes"], "0", "it ran on home's node: {ran}");
+}

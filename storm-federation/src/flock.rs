@@ -1,0 +1,709 @@
+//! Flocking in the peer agent (docs/federation.md): passing this cluster's flocked jobs to
+//! the peers that run them (the *home* side), and running the jobs peers flock here (the
+//! *peer* side).
+//!
+//! **Home side.** Every period the reporter fetches the jobs this cluster's MM flocked
+//! ([`Home::set_orders`]). On its link to each peer, the agent sends the peer the list of the
+//! jobs flocked to it (`Want`, with how far the home MM took each job's events), and each job
+//! the peer has not spoken of on this link yet (`Submit`). The events the peer sends back go
+//! to the home MM in order ([`Home::events`]); only what the MM took counts as taken.
+//!
+//! **Peer side.** A `Submit` starts a [`Follower`]: a thread that submits the job to this
+//! cluster's MM as its owner's local account (the same name, or the peer's `flock_user`;
+//! never root) and follows it as storm-submit would, numbering what it hears. The events go
+//! to the home cluster's agent as they come, and again until the home side took them. A job
+//! missing from a `Want`, or whose home has not been `up` for `peer_timeout_ms`, is
+//! cancelled here: either side can walk away at any moment.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use storm_cluster::control::{Client, JobRequest, Reply, Request};
+use storm_cluster::federation::{PeerEntry, PeerMessage};
+use storm_cluster::flock::{FlockEvent, FlockOrder, FlockUpdate};
+use storm_cluster::messages::JobId;
+
+/// Output a follower keeps for its home side before that side takes it; past it, further
+/// output of the job is dropped (and counted in the log).
+pub const MAX_UNTAKEN_OUTPUT: usize = 64 << 20;
+
+/// Bytes of output one `Events` message carries at most (a frame holds 4 MiB).
+const EVENTS_PER_MESSAGE: usize = 1 << 20;
+
+/// The home side: this cluster's flocked jobs and how far each peer's events were taken.
+#[derive(Default)]
+pub struct Home {
+    /// The flocked jobs, by the peer that runs them (from the MM, every period).
+    orders: HashMap<String, Vec<FlockOrder>>,
+    /// Each job's follower on its peer, and its last event the home MM took.
+    taken: HashMap<JobId, (u64, u64)>,
+    /// Jobs (and when each was sent) the peer spoke of on the current link to it: their
+    /// `Submit` need not go again.
+    heard: HashMap<String, std::collections::HashSet<(JobId, u64)>>,
+}
+
+impl Home {
+    pub fn set_orders(&mut self, orders: Vec<FlockOrder>) {
+        let mut by_peer: HashMap<String, Vec<FlockOrder>> = HashMap::new();
+        for o in orders {
+            by_peer.entry(o.peer.clone()).or_default().push(o);
+        }
+        self.taken
+            .retain(|job, _| by_peer.values().flatten().any(|o| o.job == *job));
+        self.orders = by_peer;
+    }
+
+    /// A new link to `peer`: it hears every job's `Submit` again.
+    pub fn link_up(&mut self, peer: &str) {
+        self.heard.remove(peer);
+    }
+
+    /// What goes to `peer` this period: the submissions it has not spoken of on this link,
+    /// then the list of the jobs flocked to it.
+    pub fn messages_for(&self, peer: &str) -> Vec<PeerMessage> {
+        let orders = self.orders.get(peer).map(Vec::as_slice).unwrap_or(&[]);
+        let heard = self.heard.get(peer);
+        let want = PeerMessage::Want {
+            jobs: orders
+                .iter()
+                .map(|o| {
+                    let (epoch, taken) = self.taken.get(&o.job).copied().unwrap_or((0, 0));
+                    (o.job, epoch, taken)
+                })
+                .collect(),
+        };
+        // The submissions first: a job the peer does not know when it reads the list is one
+        // it gave up.
+        orders
+            .iter()
+            .filter(|o| !heard.is_some_and(|h| h.contains(&(o.job, o.since_ms))))
+            .map(|o| PeerMessage::Submit {
+                job: o.job,
+                since_ms: o.since_ms,
+                user: user_name(o.uid),
+                req: Box::new(o.req.clone()),
+            })
+            .chain(std::iter::once(want))
+            .collect()
+    }
+
+    /// Events of `job` from `peer`'s follower `epoch`, numbered from `first`: the ones not
+    /// taken yet, in order, or none if some before them are missing.
+    pub fn fresh(
+        &mut self,
+        peer: &str,
+        job: JobId,
+        epoch: u64,
+        first: u64,
+        events: Vec<FlockEvent>,
+    ) -> Option<(u64, Vec<FlockEvent>)> {
+        let since_ms = self
+            .orders
+            .get(peer)
+            .and_then(|o| o.iter().find(|o| o.job == job))?
+            .since_ms;
+        self.heard
+            .entry(peer.to_string())
+            .or_default()
+            .insert((job, since_ms));
+        let taken = match self.taken.get(&job) {
+            Some(&(e, t)) if e == epoch => t,
+            // Another follower (the peer's agent restarted): its numbers start again.
+            _ => 0,
+        };
+        if first > taken + 1 {
+            return None;
+        }
+        let skip = (taken + 1 - first) as usize;
+        let fresh: Vec<FlockEvent> = events.into_iter().skip(skip).collect();
+        (!fresh.is_empty()).then_some((taken, fresh))
+    }
+
+    /// The home MM took `job`'s events up to `upto`, of follower `epoch`.
+    pub fn took(&mut self, job: JobId, epoch: u64, upto: u64) {
+        self.taken.insert(job, (epoch, upto));
+    }
+}
+
+/// The name of user `uid` on this host, or `#uid` if it has none (which no peer maps).
+fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("#{uid}"), |u| u.name)
+}
+
+/// A job flocked here: what its follower heard, numbered from 1.
+pub struct Follower {
+    pub origin: String,
+    pub job: JobId,
+    /// Drawn at random: the home side tells a restarted agent's followers from this one.
+    pub epoch: u64,
+    state: Mutex<FollowerState>,
+}
+
+#[derive(Default)]
+struct FollowerState {
+    /// Events after the first `base`, which the home side took.
+    events: Vec<FlockEvent>,
+    base: u64,
+    /// Events sent on the current link (numbered up to this).
+    sent: u64,
+    /// Output bytes held in `events`.
+    held_bytes: usize,
+    dropped_bytes: u64,
+    remote: Option<JobId>,
+    withdrawn: bool,
+    ended: bool,
+}
+
+impl Follower {
+    pub fn new(origin: &str, job: JobId) -> Arc<Self> {
+        Arc::new(Self {
+            origin: origin.to_string(),
+            job,
+            epoch: u64::from_le_bytes(storm_primitives::tcp::auth::random_bytes()),
+            state: Mutex::new(FollowerState::default()),
+        })
+    }
+
+    fn push(&self, event: FlockEvent) {
+        let mut s = self.state.lock();
+        if let FlockEvent::Output(c) = &event {
+            if s.held_bytes + c.data.len() > MAX_UNTAKEN_OUTPUT {
+                s.dropped_bytes += c.data.len() as u64;
+                if s.dropped_bytes == c.data.len() as u64 {
+                    tracing::warn!(origin = %self.origin, job = self.job, "the home cluster takes this flocked job's output too slowly: output dropped");
+                }
+                return;
+            }
+            s.held_bytes += c.data.len();
+        }
+        if let FlockEvent::Accepted { remote } = &event {
+            s.remote = Some(*remote);
+        }
+        if matches!(event, FlockEvent::Finished(_) | FlockEvent::Refused(_)) {
+            s.ended = true;
+        }
+        s.events.push(event);
+    }
+
+    /// The job will not run here, for `why`: the one event its home hears of it.
+    pub fn push_refusal(&self, why: String) {
+        self.push(FlockEvent::Refused(why));
+    }
+
+    /// The home side took events up to `upto`: they are let go, and sending goes on after
+    /// them.
+    fn taken(&self, upto: u64) {
+        let mut s = self.state.lock();
+        if upto > s.base {
+            let n = ((upto - s.base) as usize).min(s.events.len());
+            let freed: usize = s.events[..n]
+                .iter()
+                .map(|e| match e {
+                    FlockEvent::Output(c) => c.data.len(),
+                    _ => 0,
+                })
+                .sum();
+            s.events.drain(..n);
+            s.base += n as u64;
+            s.held_bytes -= freed;
+        }
+        s.sent = s.base;
+    }
+
+    /// The messages carrying the events not sent on this link yet.
+    fn unsent(&self) -> Vec<PeerMessage> {
+        let mut s = self.state.lock();
+        if s.withdrawn {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut at = s.sent.max(s.base);
+        while at < s.base + s.events.len() as u64 {
+            let first = at;
+            let mut bytes = 0;
+            let mut batch = Vec::new();
+            for e in &s.events[(at - s.base) as usize..] {
+                let size = match e {
+                    FlockEvent::Output(c) => c.data.len(),
+                    _ => 64,
+                };
+                if !batch.is_empty() && bytes + size > EVENTS_PER_MESSAGE {
+                    break;
+                }
+                bytes += size;
+                batch.push(e.clone());
+            }
+            at += batch.len() as u64;
+            out.push(PeerMessage::Events {
+                job: self.job,
+                epoch: self.epoch,
+                first: first + 1,
+                events: batch,
+            });
+        }
+        s.sent = at;
+        out
+    }
+}
+
+/// The peer side: the jobs peers flocked here, and the links to send their events on.
+#[derive(Default)]
+pub struct Hosted {
+    followers: HashMap<(String, JobId), Arc<Follower>>,
+    /// The sender of each home cluster's link (the one it dialled), by name.
+    links: HashMap<String, (u64, Sender<PeerMessage>)>,
+    /// When each home cluster was last seen not `up`, without a break since.
+    down_since: HashMap<String, Instant>,
+}
+
+impl Hosted {
+    /// `origin`'s link is up: messages to it go to `tx` (`id` tells this link from a later
+    /// one).
+    pub fn link_up(&mut self, origin: &str, id: u64, tx: Sender<PeerMessage>) {
+        self.links.insert(origin.to_string(), (id, tx));
+        for f in self.followers.values().filter(|f| f.origin == origin) {
+            f.taken(f.state.lock().base);
+        }
+    }
+
+    pub fn link_down(&mut self, origin: &str, id: u64) {
+        if self.links.get(origin).is_some_and(|(i, _)| *i == id) {
+            self.links.remove(origin);
+        }
+    }
+
+    /// Sends what `f` has not sent yet, if its home's link is up.
+    fn flush(&self, f: &Follower) {
+        if let Some((_, tx)) = self.links.get(&f.origin) {
+            for m in f.unsent() {
+                let _ = tx.send(m);
+            }
+        }
+    }
+
+    /// `origin`'s list of the jobs it flocked here: the others are withdrawn (returned, for
+    /// the caller to cancel), and the listed ones' taken events let go. A listed job with no
+    /// follower here is one this side gave up (its home was away): its home hears so.
+    pub fn want(&mut self, origin: &str, jobs: &[(JobId, u64, u64)]) -> Vec<Arc<Follower>> {
+        for (job, _, _) in jobs {
+            if !self.has(origin, *job)
+                && let Some((_, tx)) = self.links.get(origin)
+            {
+                let _ = tx.send(PeerMessage::Events {
+                    job: *job,
+                    epoch: 0,
+                    first: 1,
+                    events: vec![FlockEvent::NotHere],
+                });
+            }
+        }
+        let mut withdrawn = Vec::new();
+        self.followers.retain(|(o, job), f| {
+            if o != origin {
+                return true;
+            }
+            match jobs.iter().find(|(j, _, _)| j == job) {
+                Some(&(_, epoch, taken)) => {
+                    f.taken(if epoch == f.epoch { taken } else { 0 });
+                    true
+                }
+                None => {
+                    withdrawn.push(f.clone());
+                    false
+                }
+            }
+        });
+        for f in self.followers.values().filter(|f| f.origin == origin) {
+            self.flush(f);
+        }
+        withdrawn
+    }
+
+    /// Whether `origin`'s job `job` has a follower here already.
+    pub fn has(&self, origin: &str, job: JobId) -> bool {
+        self.followers.contains_key(&(origin.to_string(), job))
+    }
+
+    pub fn add(&mut self, f: Arc<Follower>) {
+        self.followers.insert((f.origin.clone(), f.job), f.clone());
+        self.flush(&f);
+    }
+
+    /// The home clusters' states, every period: the jobs of one not `up` for `timeout` are
+    /// withdrawn (returned, for the caller to cancel).
+    pub fn homes(
+        &mut self,
+        states: &[(String, bool)],
+        now: Instant,
+        timeout: Duration,
+    ) -> Vec<Arc<Follower>> {
+        for (name, up) in states {
+            if *up {
+                self.down_since.remove(name);
+            } else {
+                self.down_since.entry(name.clone()).or_insert(now);
+            }
+        }
+        let gone: Vec<String> = self
+            .down_since
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= timeout)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut withdrawn = Vec::new();
+        self.followers.retain(|(o, _), f| {
+            if gone.contains(o) {
+                withdrawn.push(f.clone());
+                false
+            } else {
+                true
+            }
+        });
+        withdrawn
+    }
+}
+
+/// How to reach this cluster's MM.
+#[derive(Clone)]
+pub struct Manager {
+    pub sockets: Vec<PathBuf>,
+}
+
+impl Manager {
+    pub fn connect(&self) -> Result<Client, String> {
+        let mut last = "no control socket".to_string();
+        for s in &self.sockets {
+            match Client::connect_within(s, Some(Duration::from_secs(5))) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Hands `update` to the MM; `Ok` once it took it.
+    pub fn report(&self, update: FlockUpdate) -> Result<(), String> {
+        match self.connect()?.call(&Request::FlockReport(vec![update]))? {
+            Reply::Done => Ok(()),
+            Reply::Error(e) => Err(e),
+            other => Err(format!("unexpected reply {other:?}")),
+        }
+    }
+
+    /// Cancels job `remote` here (the agent is an operator of this cluster).
+    pub fn cancel(&self, remote: JobId) -> Result<(), String> {
+        match self.connect()?.call(&Request::Cancel { job: remote })? {
+            Reply::Done => Ok(()),
+            Reply::Error(e) => Err(e),
+            other => Err(format!("unexpected reply {other:?}")),
+        }
+    }
+}
+
+/// Ends a withdrawn follower's job here (once the MM has taken it: a follower withdrawn
+/// before that cancels it itself when it hears its number).
+pub fn withdraw(mm: &Manager, f: &Follower) {
+    let remote = {
+        let mut s = f.state.lock();
+        s.withdrawn = true;
+        if s.ended { None } else { s.remote }
+    };
+    if let Some(r) = remote {
+        tracing::info!(origin = %f.origin, job = f.job, remote = r, "its home withdrew a flocked job: cancelled here");
+        if let Err(e) = mm.cancel(r) {
+            tracing::warn!(remote = r, "cannot cancel a withdrawn flocked job: {e}");
+        }
+    }
+}
+
+/// The local account that runs a job of `user` flocked from `peer`: the account of that
+/// name, else the peer's `flock_user`; never root.
+pub fn local_account(user: &str, peer: &PeerEntry, cluster: &str) -> Result<(u32, u32), String> {
+    let lookup = |name: &str| {
+        nix::unistd::User::from_name(name)
+            .ok()
+            .flatten()
+            .map(|u| (u.uid.as_raw(), u.gid.as_raw()))
+    };
+    let (account, ids) = match lookup(user) {
+        Some(ids) => (user.to_string(), ids),
+        None => match &peer.flock_user {
+            Some(f) => (
+                f.clone(),
+                lookup(f).ok_or_else(|| {
+                    format!(
+                        "[[peer]] {} flock_user {f} has no account on {cluster}",
+                        peer.name
+                    )
+                })?,
+            ),
+            None => {
+                return Err(format!(
+                    "user {user} has no account on {cluster}, and its [[peer]] {} names no \
+                     flock_user",
+                    peer.name
+                ));
+            }
+        },
+    };
+    if ids.0 == 0 {
+        return Err(format!(
+            "{account} is root on {cluster}: flocked jobs never run as root"
+        ));
+    }
+    Ok(ids)
+}
+
+/// The submission token of `origin`'s job `job`: the same whenever the job is submitted here
+/// again (after this agent or this MM restarted), so that the MM follows the job it made.
+pub fn token(origin: &str, job: JobId, since_ms: u64, req: &JobRequest) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ("storm-flock", origin, job, since_ms, req.token, &req.name).hash(&mut h);
+    h.finish()
+}
+
+/// The follower's thread: submits the job to this cluster's MM for `account`, follows it to
+/// its end, and submits it again (the same token: the MM follows the job it made) whenever
+/// the MM is lost.
+pub fn follow(
+    mm: &Manager,
+    hosted: &Mutex<Hosted>,
+    f: &Follower,
+    account: (u32, u32),
+    (since_ms, req): (u64, JobRequest),
+    stop: &dyn Fn() -> bool,
+) {
+    let req = JobRequest {
+        token: Some(token(&f.origin, f.job, since_ms, &req)),
+        ..req
+    };
+    let mut warned = false;
+    while !stop() && !f.state.lock().withdrawn {
+        let client = match mm.connect() {
+            Ok(c) => c,
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(origin = %f.origin, job = f.job, "cannot reach this cluster's MM for a flocked job: {e}");
+                    warned = true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let sent = client.request(
+            &Request::SubmitFlocked {
+                origin: f.origin.clone(),
+                uid: account.0,
+                gid: account.1,
+                req: Box::new(req.clone()),
+            },
+            None,
+        );
+        if sent.is_err() {
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        loop {
+            let event = match client.next() {
+                Ok(Reply::Accepted { job, .. }) => {
+                    let known = f.state.lock().remote == Some(job);
+                    if f.state.lock().withdrawn {
+                        let _ = mm.cancel(job);
+                    }
+                    if known {
+                        continue;
+                    }
+                    FlockEvent::Accepted { remote: job }
+                }
+                Ok(Reply::Started {
+                    ntasks, node_names, ..
+                }) => FlockEvent::Started { ntasks, node_names },
+                Ok(Reply::Output(c)) => FlockEvent::Output(c),
+                Ok(Reply::Requeued { reason, .. }) => FlockEvent::Requeued { reason },
+                Ok(Reply::Finished(o)) => FlockEvent::Finished(o),
+                Ok(Reply::Error(e)) => FlockEvent::Refused(e),
+                Ok(_) => continue,
+                Err(_) => break,
+            };
+            let last = matches!(event, FlockEvent::Finished(_) | FlockEvent::Refused(_));
+            f.push(event);
+            hosted.lock().flush(f);
+            if last {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use storm_cluster::messages::{OutputChunk, Stream};
+
+    use super::*;
+
+    fn order(job: JobId, peer: &str) -> FlockOrder {
+        FlockOrder {
+            job,
+            peer: peer.into(),
+            since_ms: 1,
+            uid: 0,
+            req: JobRequest::new("j", "/bin/true", "/"),
+        }
+    }
+
+    fn output(offset: u64, data: &[u8]) -> FlockEvent {
+        FlockEvent::Output(OutputChunk {
+            job: 9,
+            rank: 0,
+            stream: Stream::Stdout,
+            offset,
+            data: data.to_vec(),
+        })
+    }
+
+    /// The home side lists each peer's jobs, submits each until the peer speaks of it, takes
+    /// events in order once each (a repeat, or a gap, is not passed on), and starts counting
+    /// again for a new follower.
+    #[test]
+    fn the_home_side_takes_each_event_once_in_order() {
+        let mut home = Home::default();
+        home.set_orders(vec![order(1, "c1"), order(2, "c2")]);
+        let msgs = home.messages_for("c1");
+        assert!(matches!(&msgs[0], PeerMessage::Submit { job: 1, .. }));
+        assert!(matches!(&msgs[1], PeerMessage::Want { jobs } if jobs == &vec![(1, 0, 0)]));
+        assert_eq!(msgs.len(), 2, "c2's job is not c1's business");
+        let (from, fresh) = home
+            .fresh(
+                "c1",
+                1,
+                7,
+                1,
+                vec![FlockEvent::Accepted { remote: 40 }, output(0, b"a")],
+            )
+            .expect("the first events");
+        assert_eq!((from, fresh.len()), (0, 2));
+        home.took(1, 7, 2);
+        assert_eq!(
+            home.messages_for("c1").len(),
+            1,
+            "heard of: no Submit again"
+        );
+        // The same events again, and one more: only the new one.
+        let (_, fresh) = home
+            .fresh(
+                "c1",
+                1,
+                7,
+                1,
+                vec![
+                    FlockEvent::Accepted { remote: 40 },
+                    output(0, b"a"),
+                    output(1, b"b"),
+                ],
+            )
+            .unwrap();
+        assert_eq!(fresh, vec![output(1, b"b")]);
+        home.took(1, 7, 3);
+        assert!(
+            home.fresh("c1", 1, 7, 5, vec![output(3, b"d")]).is_none(),
+            "a gap"
+        );
+        assert!(
+            home.fresh("c2", 1, 7, 4, vec![output(2, b"c")]).is_none(),
+            "not c2's job"
+        );
+        // A new follower numbers from 1.
+        let (from, _) = home.fresh("c1", 1, 8, 1, vec![output(0, b"a")]).unwrap();
+        assert_eq!(from, 0);
+        // A new link: the peer hears the Submit again.
+        home.link_up("c1");
+        assert_eq!(home.messages_for("c1").len(), 2);
+        // Sent again after it came back: a new submission, which the peer hears.
+        home.fresh("c1", 1, 8, 1, vec![output(0, b"a")]);
+        home.set_orders(vec![FlockOrder {
+            since_ms: 2,
+            ..order(1, "c1")
+        }]);
+        assert_eq!(home.messages_for("c1").len(), 2);
+        home.set_orders(vec![]);
+        assert!(
+            matches!(&home.messages_for("c1")[0], PeerMessage::Want { jobs } if jobs.is_empty())
+        );
+    }
+
+    /// A follower sends each event once per link, again after a new link or a `Want` that
+    /// shows the home side did not take it, and lets go of what was taken.
+    #[test]
+    fn a_follower_sends_until_taken() {
+        let f = Follower::new("c0", 5);
+        f.push(FlockEvent::Accepted { remote: 3 });
+        f.push(output(0, b"hello"));
+        let m = f.unsent();
+        assert!(matches!(&m[0], PeerMessage::Events { first: 1, events, .. } if events.len() == 2));
+        assert!(f.unsent().is_empty(), "sent once");
+        f.taken(1);
+        let m = f.unsent();
+        assert!(
+            matches!(&m[0], PeerMessage::Events { first: 2, events, .. } if events == &vec![output(0, b"hello")]),
+            "{m:?}"
+        );
+        f.taken(2);
+        assert!(f.unsent().is_empty());
+        assert_eq!(f.state.lock().held_bytes, 0);
+    }
+
+    /// A home that stays away for the timeout loses the jobs it flocked here; one back in
+    /// time keeps them; a `Want` without a job withdraws it.
+    #[test]
+    fn the_peer_side_withdraws_what_its_home_gave_up() {
+        let mut hosted = Hosted::default();
+        hosted.add(Follower::new("c0", 1));
+        hosted.add(Follower::new("c0", 2));
+        hosted.add(Follower::new("c2", 1));
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(5);
+        let states = vec![("c0".to_string(), false), ("c2".to_string(), true)];
+        assert!(hosted.homes(&states, t0, timeout).is_empty());
+        let back = vec![("c0".to_string(), true), ("c2".to_string(), true)];
+        assert!(hosted.homes(&back, t0 + timeout, timeout).is_empty());
+        hosted.homes(&states, t0 + timeout * 2, timeout);
+        let gone = hosted.homes(&states, t0 + timeout * 3, timeout);
+        assert_eq!(gone.len(), 2, "c0's two jobs");
+        assert!(hosted.has("c2", 1));
+        hosted.add(Follower::new("c0", 3));
+        let gone = hosted.want("c0", &[]);
+        assert_eq!(gone.len(), 1);
+        assert!(!hosted.has("c0", 3) && hosted.has("c2", 1));
+    }
+
+    #[test]
+    fn a_flocked_job_never_runs_as_root_nor_as_a_stranger() {
+        let peer = PeerEntry {
+            name: "c0".into(),
+            address: "127.0.0.1:1".parse().unwrap(),
+            key_file: "k".into(),
+            lend: true,
+            borrow: false,
+            flock_user: None,
+        };
+        let e = local_account("root", &peer, "c1").unwrap_err();
+        assert!(e.contains("never run as root"), "{e}");
+        let e = local_account("no-such-user-here", &peer, "c1").unwrap_err();
+        assert!(e.contains("names no flock_user"), "{e}");
+        let mapped = PeerEntry {
+            flock_user: Some("nobody".into()),
+            ..peer
+        };
+        let (uid, _) = local_account("no-such-user-here", &mapped, "c1").unwrap();
+        assert_ne!(uid, 0);
+    }
+}

@@ -1,0 +1,414 @@
+//! Flocking (docs/federation.md): this cluster's queued jobs that go to a peer cluster, and
+//! jobs that peers flock here.
+//!
+//! **Home side.** After each scheduling decision, a queued job that may flock and has not
+//! started goes to the peer that offers the most idle nodes it may use, if one offers room
+//! for it: at once for `--flock` and `--clusters`, after `[federation] flock_after_ms` of
+//! waiting for the others. The job stays in this MM's table and journal (`Flocked`), out of
+//! the scheduling policy; the peer agent fetches the flocked jobs ([`Request::FlockOut`]),
+//! passes each to its peer, and reports back what the peer's MM said of it
+//! ([`Request::FlockReport`]): its start, output and end go to the job's storm-submit as if
+//! it ran here. A job whose peer has not been `up` for `peer_timeout_ms` (or whose agent has
+//! not reported for as long) is queued here again and runs from the start; so is a job the
+//! peer refused, unless it may run nowhere else.
+//!
+//! **Peer side.** The agent submits a job flocked here as its owner's local account
+//! ([`Request::SubmitFlocked`]); it is an ordinary job of this cluster from then on, run
+//! under this cluster's policy. It never flocks again.
+//!
+//! [`Request::FlockOut`]: storm_cluster::control::Request::FlockOut
+//! [`Request::FlockReport`]: storm_cluster::control::Request::FlockReport
+//! [`Request::SubmitFlocked`]: storm_cluster::control::Request::SubmitFlocked
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use storm_cluster::control::{JobOutcome, JobRequest, Reply};
+use storm_cluster::federation::{PeerInfo, PeerState};
+use storm_cluster::flock::{Flock, FlockEvent, FlockOrder, FlockUpdate};
+use storm_cluster::messages::JobId;
+use storm_primitives::NodeSet;
+
+use super::{ClientId, MachineManager, MmEnv, Phase};
+use crate::env::SubmittedProgram;
+use crate::journal::{JobRecord, JobState};
+
+/// A job of this cluster that a peer runs.
+#[derive(Debug, Clone)]
+pub(super) struct Flocked {
+    pub(super) peer: String,
+    /// When it was sent (milliseconds since the Unix epoch).
+    pub(super) since_ms: u64,
+    /// The peer's id of it, once its MM took it.
+    pub(super) remote: Option<JobId>,
+    /// Its start on the peer reached its submitter.
+    pub(super) started: bool,
+}
+
+/// What this MM knows of its peers for flocking, from its agent's reports.
+#[derive(Debug, Default)]
+pub(super) struct PeerRoom {
+    /// When each peer was last seen not `up` without a break since (absent: `up`).
+    down_since: BTreeMap<String, Instant>,
+    /// Idle nodes and CPUs each `up` peer offered in the last report, less what the jobs
+    /// flocked to it since have taken.
+    room: BTreeMap<String, (u32, u32)>,
+}
+
+impl<E: MmEnv> MachineManager<E> {
+    /// The peer agent's report: kept for `storm peers`, and for flocking.
+    pub(super) fn peer_report(&mut self, peers: Vec<PeerInfo>) {
+        let now = self.now();
+        let room = &mut self.peer_room;
+        room.room.clear();
+        for p in &peers {
+            if p.state == PeerState::Up {
+                room.down_since.remove(&p.name);
+                if p.borrow
+                    && let Some(o) = &p.offer
+                {
+                    room.room
+                        .insert(p.name.clone(), (o.idle_nodes, o.idle_cpus));
+                }
+            } else {
+                room.down_since.entry(p.name.clone()).or_insert(now);
+            }
+        }
+        self.peers = Some((now, peers));
+    }
+
+    /// Home side, each timeslice: queues again at home the jobs whose peer went away, and
+    /// flocks the queued jobs that may go to a peer with room.
+    pub(super) fn flock_jobs(&mut self) {
+        if self.cfg.peers.is_empty() {
+            return;
+        }
+        self.take_back_from_gone_peers();
+        if self.reattach.held.is_some() {
+            return;
+        }
+        let now = self.now();
+        let after = self
+            .cfg
+            .federation
+            .flock_after_ms
+            .map(Duration::from_millis);
+        let candidates: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.phase == Phase::Queued
+                    && j.flocked.is_none()
+                    && j.cancel.is_none()
+                    && j.req.step_of.is_none()
+                    && j.req.dependency.is_none()
+                    && (j.req.flock.at_once()
+                        || (j.req.flock == Flock::AfterWait
+                            && after
+                                .is_some_and(|a| now.saturating_duration_since(j.submitted) >= a)))
+            })
+            .map(|j| j.id)
+            .collect();
+        for id in candidates {
+            let j = &self.jobs[&id];
+            let (nodes, cpus) = (j.plan.nodes, j.plan.ntasks);
+            let peer = self
+                .peer_room
+                .room
+                .iter()
+                .filter(|(name, (n, c))| {
+                    j.req.flock.may_run_on(name)
+                        && !j.flock_refused.contains(name)
+                        && *n >= nodes
+                        && *c >= cpus
+                })
+                .max_by_key(|(_, (n, _))| *n)
+                .map(|(name, _)| name.clone());
+            let Some(peer) = peer else {
+                continue;
+            };
+            if let Some((n, c)) = self.peer_room.room.get_mut(&peer) {
+                *n -= nodes;
+                *c -= cpus;
+            }
+            self.flock_to(id, peer);
+        }
+    }
+
+    /// Sends queued job `id` to `peer`: out of the policy, journaled as flocked.
+    fn flock_to(&mut self, id: JobId, peer: String) {
+        let unix_ms = self.unix_ms();
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if std::mem::take(&mut j.admitted) {
+            self.policy.withdraw(id);
+        }
+        j.flocked = Some(Flocked {
+            peer: peer.clone(),
+            since_ms: unix_ms,
+            remote: None,
+            started: false,
+        });
+        let client = j.client;
+        self.held.remove(&id);
+        self.outbox.unrecorded.insert(id);
+        tracing::info!(job = id, %peer, "job flocked to a peer cluster");
+        if let Some(c) = client {
+            self.reply(c, Reply::Flocked { job: id, peer });
+        }
+    }
+
+    /// Queues flocked job `id` at home again (`why`: what its submitter is told), or ends it
+    /// if it may run nowhere else.
+    fn take_back(&mut self, id: JobId, why: String) {
+        let home = self.cfg.cluster.name.clone();
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let Some(f) = j.flocked.take() else {
+            return;
+        };
+        let elsewhere = match &j.req.flock {
+            Flock::Only(names) => names
+                .iter()
+                .any(|n| *n == home || (!j.flock_refused.contains(n) && *n != f.peer)),
+            _ => true,
+        };
+        let client = j.client;
+        self.outbox.unrecorded.insert(id);
+        if !elsewhere {
+            self.fail(
+                id,
+                format!("{why}, and it may run on no other cluster (--clusters)"),
+            );
+            return;
+        }
+        tracing::warn!(job = id, peer = %f.peer, "{why}: queued at home again");
+        if let Some(c) = client {
+            self.reply(
+                c,
+                Reply::Requeued {
+                    job: id,
+                    reason: format!("{why}: queued at home again"),
+                },
+            );
+        }
+        if self.jobs[&id].req.flock.may_run_at_home(&home) {
+            self.admit_job(id);
+        }
+    }
+
+    /// Jobs flocked to a peer that has not been `up` for `peer_timeout_ms`, or whose agent
+    /// has not reported for as long, come back.
+    fn take_back_from_gone_peers(&mut self) {
+        let now = self.now();
+        let timeout = self.cfg.federation.peer_timeout();
+        // No report since this MM started: its start is when the silence began.
+        let reported = self.peers.as_ref().map_or(self.epoch, |(at, _)| *at);
+        let agent_silent = now.saturating_duration_since(reported) >= timeout;
+        let gone: Vec<(JobId, String)> =
+            self.jobs
+                .values()
+                .filter_map(|j| {
+                    let peer = &j.flocked.as_ref()?.peer;
+                    let down = self
+                        .peer_room
+                        .down_since
+                        .get(peer)
+                        .is_some_and(|since| now.saturating_duration_since(*since) >= timeout);
+                    (agent_silent || down).then(|| {
+                    let why = if agent_silent {
+                        format!(
+                            "this cluster's peer agent has not reported for {} ms, so nothing is \
+                             heard of the job on peer {peer}",
+                            timeout.as_millis()
+                        )
+                    } else {
+                        format!("peer cluster {peer} has been down for {} ms", timeout.as_millis())
+                    };
+                    (j.id, why)
+                })
+                })
+                .collect();
+        for (id, why) in gone {
+            self.take_back(id, why);
+        }
+    }
+
+    /// The flocked jobs, for the peer agent (`Request::FlockOut`).
+    pub(super) fn flock_orders(&self) -> Vec<FlockOrder> {
+        self.jobs
+            .values()
+            .filter_map(|j| {
+                let f = j.flocked.as_ref()?;
+                Some(FlockOrder {
+                    job: j.id,
+                    peer: f.peer.clone(),
+                    since_ms: f.since_ms,
+                    uid: j.uid,
+                    req: j.req.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// What the peers said of this cluster's flocked jobs (`Request::FlockReport`). Events
+    /// of a job no longer flocked to that peer are old news, and dropped.
+    pub(super) fn flock_report(&mut self, updates: Vec<FlockUpdate>) {
+        for u in updates {
+            for event in u.events {
+                let current = self
+                    .jobs
+                    .get(&u.job)
+                    .and_then(|j| j.flocked.as_ref())
+                    .is_some_and(|f| f.peer == u.peer);
+                if !current {
+                    break;
+                }
+                self.flock_event(u.job, &u.peer, event);
+            }
+        }
+    }
+
+    fn flock_event(&mut self, id: JobId, peer: &str, event: FlockEvent) {
+        let unix_ms = self.unix_ms();
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let client = j.client;
+        let f = j.flocked.as_mut().expect("checked by the caller");
+        match event {
+            FlockEvent::Accepted { remote } => {
+                if f.remote != Some(remote) {
+                    tracing::info!(job = id, %peer, remote, "the peer took the flocked job");
+                    f.remote = Some(remote);
+                }
+            }
+            FlockEvent::Started { ntasks, node_names } => {
+                if f.started {
+                    return;
+                }
+                f.started = true;
+                j.launched_ms = Some(unix_ms);
+                if let Some(c) = client {
+                    let node_names = node_names.iter().map(|n| format!("{peer}:{n}")).collect();
+                    self.reply(
+                        c,
+                        Reply::Started {
+                            job: id,
+                            ntasks,
+                            nodes: NodeSet::new(),
+                            node_names,
+                            time_slot: None,
+                        },
+                    );
+                }
+            }
+            FlockEvent::Output(mut chunk) => {
+                if let Some(c) = client {
+                    chunk.job = id;
+                    self.reply(c, Reply::Output(chunk));
+                }
+            }
+            FlockEvent::Requeued { reason } => {
+                f.started = false;
+                j.launched_ms = None;
+                if let Some(c) = client {
+                    self.reply(
+                        c,
+                        Reply::Requeued {
+                            job: id,
+                            reason: format!("on peer cluster {peer}: {reason}"),
+                        },
+                    );
+                }
+            }
+            FlockEvent::Finished(outcome) => self.finish_flocked(id, peer, outcome),
+            FlockEvent::NotHere => {
+                self.take_back(
+                    id,
+                    format!(
+                        "peer cluster {peer} no longer holds the job (it gave it up while this \
+                         cluster was away)"
+                    ),
+                );
+            }
+            FlockEvent::Refused(why) => {
+                j.flock_refused.push(peer.to_string());
+                self.take_back(id, format!("peer cluster {peer} refused the job: {why}"));
+            }
+        }
+    }
+
+    /// Ends flocked job `id` as peer `peer` says it ended there.
+    fn finish_flocked(&mut self, id: JobId, peer: &str, mut outcome: JobOutcome) {
+        let Some(mut j) = self.remove_job(id) else {
+            return;
+        };
+        self.queue_changed = true;
+        if let Some(p) = j.program.take() {
+            self.let_go_of_program(p);
+        }
+        outcome.job = id;
+        // Its wait here counts as queued time.
+        let total_us = self
+            .now()
+            .saturating_duration_since(j.submitted)
+            .as_micros() as u64;
+        let t = &mut outcome.timing;
+        t.queued_us += total_us.saturating_sub(t.total_us);
+        t.total_us = total_us.max(t.total_us);
+        if let Some(r) = &mut outcome.reason {
+            *r = format!("on peer cluster {peer}: {r}");
+        }
+        tracing::info!(job = id, %peer, code = outcome.exit_code(), "flocked job ended on its peer");
+        self.metrics.job_ended(outcome.exit_code() == 0);
+        self.record_finished(JobRecord {
+            id,
+            uid: j.uid,
+            gid: j.gid,
+            req: j.req,
+            submitted_ms: j.submitted_ms,
+            state: JobState::Finished {
+                nodes: NodeSet::new(),
+                outcome: outcome.clone(),
+                ended_ms: self.unix_ms(),
+            },
+        });
+        if let Some(c) = j.client {
+            self.reply(c, Reply::Finished(outcome));
+        }
+    }
+
+    /// Peer side: a job flocked here from `origin`, for local user `uid`/`gid`, submitted by
+    /// this cluster's peer agent (an operator's connection, checked by the caller).
+    pub(super) fn submit_flocked(
+        &mut self,
+        client: ClientId,
+        origin: &str,
+        (uid, gid): (u32, u32),
+        mut req: JobRequest,
+        program: Option<Result<SubmittedProgram, String>>,
+    ) -> Result<JobId, String> {
+        if uid == 0 || uid == self.env.operator_uid() {
+            return Err(format!(
+                "a job flocked from {origin} may not run as root or the MM's own user"
+            ));
+        }
+        if !self.cfg.peers.iter().any(|p| p.name == origin && p.lend) {
+            return Err(format!("this cluster does not lend to {origin}"));
+        }
+        // It runs here or nowhere; its program is at its path here (the agent holds no
+        // descriptor of a user's file); it belongs to no array or allocation of this cluster;
+        // its submitter's standard input is not relayed this far (docs/federation.md).
+        req.flock = Flock::Never;
+        req.input = storm_cluster::messages::InputTarget::None;
+        req.delivery = storm_cluster::control::Delivery::InPlace;
+        req.step_of = None;
+        req.array = None;
+        req.element = None;
+        req.dependency = None;
+        self.submit_as(client, (uid, gid), req, program)
+    }
+}
