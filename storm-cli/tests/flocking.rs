@@ -178,7 +178,9 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         key_file: pair.clone(),
         lend,
         borrow: !lend,
-        flock_user: None,
+        // The dedicated account: the default (same_users off) whatever owner home names.
+        flock_user: Some("nobody".into()),
+        same_users: false,
     };
     let mut home = cluster(
         "fl-home",

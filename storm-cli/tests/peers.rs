@@ -129,6 +129,7 @@ fn peers_link_up_offer_what_they_lend_and_a_dead_or_wrong_keyed_peer_shows_so() 
         lend,
         borrow: !lend,
         flock_user: None,
+        same_users: false,
     };
     let cfg0 = agent_config(&c0, "c0", p0, peer("c1", p1, &pair, false));
     let cfg1 = agent_config(&c1, "c1", p1, peer("c0", p0, &pair, true));

@@ -73,11 +73,16 @@ pub struct PeerEntry {
     /// where it may run its own).
     #[serde(default)]
     pub borrow: bool,
-    /// The local account that runs jobs flocked here from this peer whose owner has no
-    /// account of the same name on this cluster (Condor's dedicated uid). Unset: such jobs
-    /// are refused, with the reason.
+    /// The local account that runs the jobs this peer flocks here (Condor's dedicated uid):
+    /// with `same_users`, only those whose owner has no account of the same name here.
+    /// Unset: such jobs are refused, with the reason.
     #[serde(default)]
     pub flock_user: Option<String>,
+    /// The two clusters share their users (one directory of accounts): a job flocked here
+    /// from this peer runs as the account of its owner's name, if there is one. Off by
+    /// default: the peer's word for who owns a job then reaches no local user's files.
+    #[serde(default)]
+    pub same_users: bool,
 }
 
 /// What an agent tells a peer it lends to, every `advertise_ms` (nothing offered to a peer it
@@ -227,6 +232,7 @@ mod tests {
             lend: true,
             borrow: false,
             flock_user: None,
+            same_users: false,
         }
     }
 

@@ -417,9 +417,22 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
             break Err(anyhow::Error::new(e).context("sending an advert"));
         }
         if entry.borrow {
-            let flocking = agent.home.lock().messages_for(&entry.name);
+            let (flocking, too_large) = agent.home.lock().messages_for(&entry.name);
             if let Some(e) = flocking.iter().find_map(|m| writer.send(m).err()) {
                 break Err(anyhow::Error::new(e).context("sending flocked jobs"));
+            }
+            for (job, why) in too_large {
+                let update = storm_cluster::flock::FlockUpdate {
+                    peer: entry.name.clone(),
+                    job,
+                    events: vec![storm_cluster::flock::FlockEvent::Refused(why)],
+                };
+                if let Err(e) = agent.mm.report(update) {
+                    tracing::warn!(
+                        job,
+                        "cannot give a job too large for the link back to the MM: {e}"
+                    );
+                }
             }
         }
         std::thread::sleep(agent.every);

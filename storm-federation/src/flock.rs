@@ -64,8 +64,9 @@ impl Home {
     }
 
     /// What goes to `peer` this period: the submissions it has not spoken of on this link,
-    /// then the list of the jobs flocked to it.
-    pub fn messages_for(&self, peer: &str) -> Vec<PeerMessage> {
+    /// then the list of the jobs flocked to it; and the jobs too large for a frame of the
+    /// link, with why (the caller tells the home MM, which takes them back).
+    pub fn messages_for(&self, peer: &str) -> (Vec<PeerMessage>, Vec<(JobId, String)>) {
         let orders = self.orders.get(peer).map(Vec::as_slice).unwrap_or(&[]);
         let heard = self.heard.get(peer);
         let want = PeerMessage::Want {
@@ -79,17 +80,34 @@ impl Home {
         };
         // The submissions first: a job the peer does not know when it reads the list is one
         // it gave up.
-        orders
+        let mut out = Vec::new();
+        let mut too_large = Vec::new();
+        for o in orders
             .iter()
             .filter(|o| !heard.is_some_and(|h| h.contains(&(o.job, o.since_ms))))
-            .map(|o| PeerMessage::Submit {
+        {
+            let submit = PeerMessage::Submit {
                 job: o.job,
                 since_ms: o.since_ms,
                 user: user_name(o.uid),
                 req: Box::new(o.req.clone()),
-            })
-            .chain(std::iter::once(want))
-            .collect()
+            };
+            let len = storm_cluster::control::encoded_len(&submit);
+            if len > crate::wire::FRAME_LIMIT {
+                too_large.push((
+                    o.job,
+                    format!(
+                        "its request is {len} bytes, over the {} a peer link carries (pass \
+                         fewer or shorter arguments or variables)",
+                        crate::wire::FRAME_LIMIT
+                    ),
+                ));
+            } else {
+                out.push(submit);
+            }
+        }
+        out.push(want);
+        (out, too_large)
     }
 
     /// Events of `job` from `peer`'s follower `epoch`, numbered from `first`: the ones not
@@ -424,8 +442,8 @@ pub fn withdraw(mm: &Manager, f: &Follower) {
     }
 }
 
-/// The local account that runs a job of `user` flocked from `peer`: the account of that
-/// name, else the peer's `flock_user`; never root.
+/// The local account that runs a job of `user` flocked from `peer`: with `same_users`, the
+/// account of that name if there is one; else the peer's `flock_user`; never root.
 pub fn local_account(user: &str, peer: &PeerEntry, cluster: &str) -> Result<(u32, u32), String> {
     let lookup = |name: &str| {
         nix::unistd::User::from_name(name)
@@ -433,7 +451,8 @@ pub fn local_account(user: &str, peer: &PeerEntry, cluster: &str) -> Result<(u32
             .flatten()
             .map(|u| (u.uid.as_raw(), u.gid.as_raw()))
     };
-    let (account, ids) = match lookup(user) {
+    let same = if peer.same_users { lookup(user) } else { None };
+    let (account, ids) = match same {
         Some(ids) => (user.to_string(), ids),
         None => match &peer.flock_user {
             Some(f) => (
@@ -445,10 +464,17 @@ pub fn local_account(user: &str, peer: &PeerEntry, cluster: &str) -> Result<(u32
                     )
                 })?,
             ),
-            None => {
+            None if peer.same_users => {
                 return Err(format!(
                     "user {user} has no account on {cluster}, and its [[peer]] {} names no \
                      flock_user",
+                    peer.name
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "{cluster}'s [[peer]] {} names no flock_user to run its jobs as (nor \
+                     same_users)",
                     peer.name
                 ));
             }
@@ -577,7 +603,7 @@ mod tests {
     fn the_home_side_takes_each_event_once_in_order() {
         let mut home = Home::default();
         home.set_orders(vec![order(1, "c1"), order(2, "c2")]);
-        let msgs = home.messages_for("c1");
+        let (msgs, _) = home.messages_for("c1");
         assert!(matches!(&msgs[0], PeerMessage::Submit { job: 1, .. }));
         assert!(matches!(&msgs[1], PeerMessage::Want { jobs } if jobs == &vec![(1, 0, 0)]));
         assert_eq!(msgs.len(), 2, "c2's job is not c1's business");
@@ -593,7 +619,7 @@ mod tests {
         assert_eq!((from, fresh.len()), (0, 2));
         home.took(1, 7, 2);
         assert_eq!(
-            home.messages_for("c1").len(),
+            home.messages_for("c1").0.len(),
             1,
             "heard of: no Submit again"
         );
@@ -626,17 +652,17 @@ mod tests {
         assert_eq!(from, 0);
         // A new link: the peer hears the Submit again.
         home.link_up("c1");
-        assert_eq!(home.messages_for("c1").len(), 2);
+        assert_eq!(home.messages_for("c1").0.len(), 2);
         // Sent again after it came back: a new submission, which the peer hears.
         home.fresh("c1", 1, 8, 1, vec![output(0, b"a")]);
         home.set_orders(vec![FlockOrder {
             since_ms: 2,
             ..order(1, "c1")
         }]);
-        assert_eq!(home.messages_for("c1").len(), 2);
+        assert_eq!(home.messages_for("c1").0.len(), 2);
         home.set_orders(vec![]);
         assert!(
-            matches!(&home.messages_for("c1")[0], PeerMessage::Want { jobs } if jobs.is_empty())
+            matches!(&home.messages_for("c1").0[0], PeerMessage::Want { jobs } if jobs.is_empty())
         );
     }
 
@@ -685,8 +711,13 @@ mod tests {
         assert!(!hosted.has("c0", 3) && hosted.has("c2", 1));
     }
 
+    /// By default a peer's jobs run as its `flock_user` whatever owner it names (its word
+    /// reaches no local user's files); with `same_users`, as the account of the owner's name
+    /// if there is one; never as root.
     #[test]
-    fn a_flocked_job_never_runs_as_root_nor_as_a_stranger() {
+    fn a_flocked_job_runs_as_the_dedicated_account_unless_users_are_shared_never_as_root() {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        let daemon = nix::unistd::User::from_name("daemon").unwrap().unwrap();
         let peer = PeerEntry {
             name: "c0".into(),
             address: "127.0.0.1:1".parse().unwrap(),
@@ -694,16 +725,50 @@ mod tests {
             lend: true,
             borrow: false,
             flock_user: None,
+            same_users: false,
         };
-        let e = local_account("root", &peer, "c1").unwrap_err();
-        assert!(e.contains("never run as root"), "{e}");
-        let e = local_account("no-such-user-here", &peer, "c1").unwrap_err();
+        let e = local_account("daemon", &peer, "c1").unwrap_err();
         assert!(e.contains("names no flock_user"), "{e}");
-        let mapped = PeerEntry {
+        let dedicated = PeerEntry {
             flock_user: Some("nobody".into()),
-            ..peer
+            ..peer.clone()
         };
-        let (uid, _) = local_account("no-such-user-here", &mapped, "c1").unwrap();
-        assert_ne!(uid, 0);
+        for user in ["daemon", "root", "no-such-user-here"] {
+            let (uid, _) = local_account(user, &dedicated, "c1").unwrap();
+            assert_eq!(
+                uid,
+                nobody.uid.as_raw(),
+                "{user} runs as the dedicated account"
+            );
+        }
+        let shared = PeerEntry {
+            same_users: true,
+            ..dedicated.clone()
+        };
+        assert_eq!(
+            local_account("daemon", &shared, "c1").unwrap().0,
+            daemon.uid.as_raw()
+        );
+        assert_eq!(
+            local_account("no-such-user-here", &shared, "c1").unwrap().0,
+            nobody.uid.as_raw()
+        );
+        let e = local_account("root", &shared, "c1").unwrap_err();
+        assert!(e.contains("never run as root"), "{e}");
+        let e = local_account(
+            "no-such-user-here",
+            &PeerEntry {
+                flock_user: None,
+                ..shared
+            },
+            "c1",
+        )
+        .unwrap_err();
+        assert!(e.contains("no account on c1"), "{e}");
+        let root_account = PeerEntry {
+            flock_user: Some("root".into()),
+            ..dedicated
+        };
+        assert!(local_account("daemon", &root_account, "c1").is_err());
     }
 }

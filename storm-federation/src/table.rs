@@ -182,6 +182,7 @@ mod tests {
             lend: true,
             borrow: true,
             flock_user: None,
+            same_users: false,
         }]
     }
 
