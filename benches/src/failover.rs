@@ -173,6 +173,9 @@ fn start(args: &FaultsArgs) -> Result<Box<dyn Replicas>> {
         replication: args.replication.clone(),
         health: Default::default(),
         sysfs: None,
+        cluster_name: None,
+        federation: Default::default(),
+        peers: Vec::new(),
     })?;
     Ok(Box::new(OnTestbed {
         testbed: Some(testbed),

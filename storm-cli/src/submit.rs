@@ -440,7 +440,12 @@ pub fn run_job_with_input(
 /// One line per failed rank, like srun's "task N: Exited with exit code C".
 pub fn failure_lines(outcome: &JobOutcome, nodes: &NodeSet, names: &[String]) -> Vec<String> {
     let ntasks = outcome.ranks.len() as u32;
-    let nnodes = nodes.len() as u32;
+    // A job that ran on a peer cluster has no node ids here, only its nodes' names there.
+    let nnodes = if nodes.is_empty() {
+        names.len()
+    } else {
+        nodes.len()
+    } as u32;
     let node_of = |rank: u32| -> String {
         node_of_rank(ntasks, nnodes, rank)
             .and_then(|k| names.get(k as usize).cloned())

@@ -442,7 +442,8 @@ pub fn peers_table(
     reported_ms_ago: Option<u64>,
 ) -> String {
     let Some(ago) = reported_ms_ago else {
-        return "no peer agent has reported to this machine manager since it started (is                 storm-peer running beside it? docs/federation.md)\n"
+        return "no peer agent has reported to this machine manager since it started (is \
+                storm-peer running beside it? docs/federation.md)\n"
             .into();
     };
     let mut out = format!(

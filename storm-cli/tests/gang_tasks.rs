@@ -43,6 +43,9 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         replication: Default::default(),
         health: Default::default(),
         sysfs: None,
+        cluster_name: None,
+        federation: Default::default(),
+        peers: Vec::new(),
     })
     .expect("testbed up");
     let out = work.path().join("windows");

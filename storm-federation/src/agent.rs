@@ -493,12 +493,13 @@ fn report(agent: &Agent, cfg: &ClusterConfig) {
                 }
                 let infos = agent.table.lock().infos(Instant::now());
                 // Jobs flocked here from a home gone for the timeout are cancelled.
-                let states: Vec<(String, bool)> = infos
+                let states: Vec<(String, bool, Option<Duration>)> = infos
                     .iter()
                     .map(|i| {
                         (
                             i.name.clone(),
                             i.state == storm_cluster::federation::PeerState::Up,
+                            i.heard_ms_ago.map(Duration::from_millis),
                         )
                     })
                     .collect();

@@ -355,19 +355,23 @@ impl Hosted {
         self.flush(&f);
     }
 
-    /// The home clusters' states, every period: the jobs of one not `up` for `timeout` are
-    /// withdrawn (returned, for the caller to cancel).
+    /// The home clusters' states, every period (each: whether it is `up`, and how long ago
+    /// it was last heard): the jobs of one away for `timeout` (not `up`, counted from when it
+    /// was last heard) are withdrawn (returned, for the caller to cancel).
     pub fn homes(
         &mut self,
-        states: &[(String, bool)],
+        states: &[(String, bool, Option<Duration>)],
         now: Instant,
         timeout: Duration,
     ) -> Vec<Arc<Follower>> {
-        for (name, up) in states {
+        for (name, up, heard_ago) in states {
             if *up {
                 self.down_since.remove(name);
             } else {
-                self.down_since.entry(name.clone()).or_insert(now);
+                let heard = heard_ago
+                    .and_then(|ago| now.checked_sub(ago))
+                    .unwrap_or(now);
+                self.down_since.entry(name.clone()).or_insert(heard);
             }
         }
         let gone: Vec<String> = self
@@ -697,13 +701,24 @@ mod tests {
         hosted.add(Follower::new("c2", 1));
         let t0 = Instant::now();
         let timeout = Duration::from_secs(5);
-        let states = vec![("c0".to_string(), false), ("c2".to_string(), true)];
+        let t0 = t0 + timeout * 10;
+        let states = vec![
+            ("c0".to_string(), false, Some(Duration::ZERO)),
+            ("c2".to_string(), true, Some(Duration::ZERO)),
+        ];
         assert!(hosted.homes(&states, t0, timeout).is_empty());
-        let back = vec![("c0".to_string(), true), ("c2".to_string(), true)];
+        let back = vec![
+            ("c0".to_string(), true, Some(Duration::ZERO)),
+            ("c2".to_string(), true, Some(Duration::ZERO)),
+        ];
         assert!(hosted.homes(&back, t0 + timeout, timeout).is_empty());
         hosted.homes(&states, t0 + timeout * 2, timeout);
         let gone = hosted.homes(&states, t0 + timeout * 3, timeout);
         assert_eq!(gone.len(), 2, "c0's two jobs");
+        // Silent: away from when it was last heard, not from when it was seen down.
+        hosted.add(Follower::new("c0", 4));
+        let silent = vec![("c0".to_string(), false, Some(timeout))];
+        assert_eq!(hosted.homes(&silent, t0 + timeout * 5, timeout).len(), 1);
         assert!(hosted.has("c2", 1));
         hosted.add(Follower::new("c0", 3));
         let gone = hosted.want("c0", &[]);

@@ -59,6 +59,9 @@ impl Cluster {
                 replication: Default::default(),
                 health: Default::default(),
                 sysfs: None,
+                cluster_name: None,
+                federation: Default::default(),
+                peers: Vec::new(),
             })?;
             return Ok(Cluster::Testbed(tb));
         }

@@ -5,6 +5,10 @@
 //! storm-submit --config /run/storm-testbed/storm/cluster.toml -N 8 hostname
 //! storm-testbed link --node 3 down    # cut node 3's cable (and `up` to restore it)
 //! storm-testbed down                  # kill the daemons, delete the namespaces
+//!
+//! storm-testbed up --clusters 2 --nodes 2   # clusters c0 and c1 that share (docs/federation.md)
+//! storm-submit --config /run/storm-testbed/storm/c0/cluster.toml --clusters c1 hostname
+//! storm-testbed link --cluster 1 down       # cut c1 off the other clusters
 //! ```
 //!
 //! Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2. Every address lives inside the
@@ -14,6 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use storm_cli::testbed::federation::{self, Federation};
 use storm_cli::testbed::{Testbed, TestbedOptions, down_by_state, namespaces_available, set_link};
 use storm_cluster::config::{PolicyKind, SchedulerSection};
 
@@ -59,13 +64,28 @@ enum Cmd {
         /// own (`NAME-m0`..).
         #[arg(long, default_value_t = 1)]
         managers: u32,
+        /// Clusters that share (2 to 9): c0, c1, … each with its own MM, key and nodes
+        /// (`--nodes` each), files in DIR/c0, DIR/c1, …, their peer agents joined by one
+        /// more bridge. Each lends to and borrows from every other.
+        #[arg(long, default_value_t = 1)]
+        clusters: u32,
+        /// With --clusters: a peer silent this long is down, and its flocked jobs come home.
+        #[arg(long, default_value_t = 5000)]
+        peer_timeout_ms: u64,
+        /// With --clusters: queued jobs flock after waiting this long (not given: only when
+        /// they ask, --flock or --clusters).
+        #[arg(long)]
+        flock_after_ms: Option<u64>,
     },
     /// Stop the daemons and delete the namespaces and the testbed's files.
     Down,
-    /// Cut or restore a node's link to the bridge.
+    /// Cut or restore a node's link to the bridge, or a cluster's to the other clusters.
     Link {
+        #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+        node: Option<u32>,
+        /// The cluster (its number: 1 for c1) to cut off the others, or join again.
         #[arg(long)]
-        node: u32,
+        cluster: Option<u32>,
         #[arg(value_parser = ["up", "down"])]
         state: String,
     },
@@ -90,6 +110,9 @@ fn run(cli: Cli) -> Result<()> {
             mpl,
             daemon_rt_priority,
             managers,
+            clusters,
+            peer_timeout_ms,
+            flock_after_ms,
         } => {
             if dir.exists() {
                 bail!(
@@ -105,10 +128,11 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(parent) = dir.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            let tb = Testbed::up(&TestbedOptions {
+            let opts = TestbedOptions {
                 name: cli.name.clone(),
                 nodes,
                 cpus: cpus.unwrap_or_else(storm_cli::local::host_cpus).max(1),
+                cluster_name: None,
                 dir: dir.clone(),
                 timeslice_ms,
                 scheduler: {
@@ -126,7 +150,36 @@ fn run(cli: Cli) -> Result<()> {
                 managers,
                 replication: Default::default(),
                 health: Default::default(),
-            })?;
+                federation: storm_cluster::federation::FederationSection {
+                    advertise_ms: (peer_timeout_ms / 5).max(1),
+                    peer_timeout_ms,
+                    flock_after_ms,
+                    ..Default::default()
+                },
+                peers: Vec::new(),
+            };
+            if clusters > 1 {
+                let fed = Federation::up(&opts, clusters)?;
+                println!(
+                    "testbed {} up: {clusters} clusters of {nodes} nodes (c0..c{}), each lending \
+                     to and borrowing from the others",
+                    cli.name,
+                    clusters - 1
+                );
+                for (k, path) in fed.config_paths().iter().enumerate() {
+                    println!("cluster c{k}: {}", path.display());
+                }
+                let c0 = fed.config_paths()[0].display().to_string();
+                println!(
+                    "try: storm peers --config {c0}\n\
+                     try: storm-submit --config {c0} --clusters c1 -N {nodes} hostname\n\
+                     stop: storm-testbed --name {} down",
+                    cli.name
+                );
+                fed.detach();
+                return Ok(());
+            }
+            let tb = Testbed::up(&opts)?;
             if managers > 1 {
                 println!(
                     "a replicated MM: {managers} replicas in namespaces {}-m0..{}-m{}; \
@@ -161,14 +214,25 @@ fn run(cli: Cli) -> Result<()> {
                     dir.display()
                 );
             }
-            down_by_state(&dir)?;
+            if federation::is_federation(&dir) {
+                federation::down(&dir)?;
+            } else {
+                down_by_state(&dir)?;
+            }
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
             println!("testbed {} down", cli.name);
         }
-        Cmd::Link { node, state } => {
-            set_link(&cli.name, node, state == "up")
-                .with_context(|| format!("is testbed {:?} up?", cli.name))?;
-        }
+        Cmd::Link {
+            node,
+            cluster,
+            state,
+        } => match (node, cluster) {
+            (_, Some(k)) => federation::set_link(&format!("{}-fed", cli.name), k, state == "up")
+                .with_context(|| format!("is testbed {:?} up with --clusters?", cli.name))?,
+            (Some(i), None) => set_link(&cli.name, i, state == "up")
+                .with_context(|| format!("is testbed {:?} up?", cli.name))?,
+            (None, None) => bail!("--node or --cluster: which link?"),
+        },
     }
     Ok(())
 }

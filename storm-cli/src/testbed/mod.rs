@@ -35,6 +35,7 @@ use crate::local::{bin_dir, tail, wait_for_nodes};
 
 pub mod capture;
 mod delay;
+pub mod federation;
 
 /// The port every daemon listens on, each in its own namespace.
 const PORT: u16 = 7000;
@@ -64,6 +65,12 @@ pub struct TestbedOptions {
     /// Where the NMs read the fabric ports' counters (`[monitoring] sysfs`; `/sys` if not
     /// given): tests point it at a tree of their own.
     pub sysfs: Option<PathBuf>,
+    /// The cluster's `[cluster] name` (`None`: `testbed-NAME`).
+    pub cluster_name: Option<String>,
+    /// Peer clusters (`[federation]`, `[[peer]]`): set by [`federation`] for each cluster of
+    /// a testbed of several.
+    pub federation: storm_cluster::federation::FederationSection,
+    pub peers: Vec<storm_cluster::federation::PeerEntry>,
 }
 
 /// The address of replica `j` of a testbed's replicated MM.
@@ -304,6 +311,11 @@ impl Testbed {
             self.plug(&ns, &format!("n{i}"), node_addr(i))?;
         }
         Ok(())
+    }
+
+    /// The MM's namespace (of a testbed with one MM).
+    pub fn mm_ns(&self) -> String {
+        format!("{}-mm", self.name)
     }
 
     fn spawn_in(&mut self, ns: &str, name: &str, program: &str, args: &[String]) -> Result<()> {
@@ -613,7 +625,10 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
     let v4 = |a: Ipv4Addr| SocketAddr::V4(SocketAddrV4::new(a, PORT));
     let config = ClusterConfig {
         cluster: ClusterSection {
-            name: format!("testbed-{}", opts.name),
+            name: opts
+                .cluster_name
+                .clone()
+                .unwrap_or_else(|| format!("testbed-{}", opts.name)),
             timeslice_ms: opts.timeslice_ms,
             control_socket: opts.dir.join("mm.sock"),
             state_dir: opts.dir.join("mm-state"),
@@ -653,8 +668,8 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         },
         replication: opts.replication.clone(),
         health: opts.health.clone(),
-        federation: Default::default(),
-        peers: Vec::new(),
+        federation: opts.federation.clone(),
+        peers: opts.peers.clone(),
         managers: match opts.managers {
             1 => Vec::new(),
             n => (0..n)
@@ -744,6 +759,7 @@ fn is_daemon(pid: u32) -> bool {
             arg.ends_with(b"storm-mm")
                 || arg.ends_with(b"storm-nm")
                 || arg.ends_with(b"storm-relay")
+                || arg.ends_with(b"storm-peer")
         })
     })
 }

@@ -108,7 +108,39 @@ fn options(nodes: u32, work: &Path) -> TestbedOptions {
         replication: Default::default(),
         health: Default::default(),
         sysfs: None,
+        cluster_name: None,
+        federation: Default::default(),
+        peers: Vec::new(),
     }
+}
+
+/// `clusters` clusters of `nodes` nodes each under `work` that share
+/// (`storm-testbed up --clusters`), with this peer timeout (adverts five times as often).
+pub fn up_clusters(
+    clusters: u32,
+    nodes: u32,
+    work: &Path,
+    peer_timeout_ms: u64,
+) -> storm_cli::testbed::federation::Federation {
+    // storm-peer too.
+    super::ensure_all_binaries();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let opts = TestbedOptions {
+        // Seven characters: each cluster's testbed gets its number after it.
+        name: format!(
+            "f{:04}{:02}",
+            std::process::id() % 10_000,
+            N.fetch_add(1, Ordering::Relaxed) % 100
+        ),
+        federation: storm_cluster::federation::FederationSection {
+            advertise_ms: peer_timeout_ms / 5,
+            peer_timeout_ms,
+            ..Default::default()
+        },
+        ..options(nodes, work)
+    };
+    storm_cli::testbed::federation::Federation::up(&opts, clusters)
+        .unwrap_or_else(|e| panic!("{clusters} clusters up: {e:#}"))
 }
 
 /// The testbed `opts` describe, up.

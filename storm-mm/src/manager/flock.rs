@@ -48,7 +48,8 @@ pub(super) struct Flocked {
 /// What this MM knows of its peers for flocking, from its agent's reports.
 #[derive(Debug, Default)]
 pub(super) struct PeerRoom {
-    /// When each peer was last seen not `up` without a break since (absent: `up`).
+    /// Since when each peer has been away (not `up`, from when it was last heard), without a
+    /// break (absent: `up`).
     down_since: BTreeMap<String, Instant>,
     /// Idle nodes and CPUs each `up` peer offered in the last report, less what the jobs
     /// flocked to it since have taken.
@@ -71,7 +72,13 @@ impl<E: MmEnv> MachineManager<E> {
                         .insert(p.name.clone(), (o.idle_nodes, o.idle_cpus));
                 }
             } else {
-                room.down_since.entry(p.name.clone()).or_insert(now);
+                // Away since it was last heard (a silent link is `down` only once it has been
+                // silent for the timeout), or since now (its agent said its MM is gone).
+                let heard = p
+                    .heard_ms_ago
+                    .and_then(|ms| now.checked_sub(Duration::from_millis(ms)))
+                    .unwrap_or(now);
+                room.down_since.entry(p.name.clone()).or_insert(heard);
             }
         }
         self.peers = Some((now, peers));

@@ -1,0 +1,278 @@
+//! Several testbed clusters that share (docs/federation.md): `storm-testbed up --clusters 2`.
+//!
+//! Each cluster `c<k>` is a testbed of its own ([`super::Testbed`], named `NAME<k>`, files in
+//! `DIR/c<k>`, its cluster file at `DIR/c<k>/cluster.toml`), with its own MM, key and bridge.
+//! The clusters' MM namespaces are joined by one more bridge, in namespace `NAME-fed`: each
+//! MM namespace has a second link, `fed0`, with address 10.199.0.(1 + k)/24, where the
+//! cluster's peer agent (`storm-peer`) listens on port 7100. Every pair of clusters shares a
+//! pair key (`DIR/keys/c<i>-c<j>.key`); each cluster lends to and borrows from every other,
+//! and runs their jobs as the same user (`same_users`), else as `nobody`.
+//!
+//! [`Federation::set_link`] cuts a cluster's link to the others (its `fed0` cable), and
+//! restores it. [`down`] takes every cluster down from the files, for `storm-testbed down`.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use storm_cluster::control::{Client, Reply, Request};
+use storm_cluster::federation::{FederationSection, PeerEntry, PeerState};
+
+use super::{Testbed, TestbedOptions, ip};
+
+/// Where each cluster's peer agent listens, on its `fed0` address.
+pub const PEER_AGENT_PORT: u16 = 7100;
+
+/// What records the federation's own namespace, in its directory.
+const STATE_FILE: &str = "federation.state";
+
+/// At most this many clusters.
+pub const MAX_CLUSTERS: u32 = 9;
+
+/// Cluster `k`'s address on the bridge between the clusters.
+pub fn fed_addr(k: u32) -> Ipv4Addr {
+    Ipv4Addr::new(10, 199, 0, 1 + k as u8)
+}
+
+/// The name of cluster `k`.
+pub fn cluster_name(k: u32) -> String {
+    format!("c{k}")
+}
+
+/// Running clusters that share. Dropping it takes them down.
+#[derive(Debug)]
+pub struct Federation {
+    pub dir: PathBuf,
+    pub clusters: Vec<Testbed>,
+    fed_ns: String,
+    torn_down: bool,
+}
+
+impl Federation {
+    /// `clusters` testbeds as `base` describes each (its name at most 7 characters: each
+    /// cluster's testbed is named with its number after it), joined, their agents started;
+    /// returns once every cluster sees every other `up`.
+    pub fn up(base: &TestbedOptions, clusters: u32) -> Result<Self> {
+        if !(2..=MAX_CLUSTERS).contains(&clusters) {
+            bail!("a testbed of clusters has 2 to {MAX_CLUSTERS} of them, not {clusters}");
+        }
+        if base.name.is_empty() || base.name.len() > 7 {
+            bail!(
+                "testbed name {:?}: use 1 to 7 letters or digits with --clusters (each cluster's \
+                 namespaces get its number)",
+                base.name
+            );
+        }
+        if base.managers != 1 {
+            bail!("--clusters runs one MM per cluster (not --managers)");
+        }
+        std::fs::create_dir(&base.dir)
+            .with_context(|| format!("creating {}", base.dir.display()))?;
+        std::fs::set_permissions(
+            &base.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+        let keys = base.dir.join("keys");
+        std::fs::create_dir(&keys)?;
+        let pair_key = |i: u32, j: u32| keys.join(format!("c{}-c{}.key", i.min(j), i.max(j)));
+        for i in 0..clusters {
+            for j in i + 1..clusters {
+                storm_cluster::key::generate(&pair_key(i, j))?;
+            }
+        }
+        let fed_ns = format!("{}-fed", base.name);
+        let mut fed = Federation {
+            dir: base.dir.clone(),
+            clusters: Vec::new(),
+            fed_ns: fed_ns.clone(),
+            torn_down: false,
+        };
+        ip(&["netns", "add", &fed_ns])?;
+        std::fs::write(base.dir.join(STATE_FILE), format!("ns {fed_ns}\n"))?;
+        ip(&["-n", &fed_ns, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &fed_ns, "link", "set", "br0", "up"])?;
+        for k in 0..clusters {
+            let peers = (0..clusters)
+                .filter(|&j| j != k)
+                .map(|j| PeerEntry {
+                    name: cluster_name(j),
+                    address: SocketAddr::V4(SocketAddrV4::new(fed_addr(j), PEER_AGENT_PORT)),
+                    key_file: pair_key(k, j),
+                    lend: true,
+                    borrow: true,
+                    flock_user: Some("nobody".into()),
+                    same_users: true,
+                })
+                .collect();
+            let opts = TestbedOptions {
+                name: format!("{}{k}", base.name),
+                dir: base.dir.join(cluster_name(k)),
+                cluster_name: Some(cluster_name(k)),
+                federation: FederationSection {
+                    listen: Some(SocketAddr::V4(SocketAddrV4::new(
+                        fed_addr(k),
+                        PEER_AGENT_PORT,
+                    ))),
+                    ..base.federation.clone()
+                },
+                peers,
+                ..base.clone()
+            };
+            let mut tb = Testbed::up(&opts)?;
+            let mm_ns = tb.mm_ns();
+            let sw_end = cluster_name(k);
+            ip(&[
+                "link", "add", &sw_end, "netns", &fed_ns, "type", "veth", "peer", "name", "fed0",
+                "netns", &mm_ns,
+            ])?;
+            ip(&["-n", &fed_ns, "link", "set", &sw_end, "master", "br0", "up"])?;
+            ip(&[
+                "-n",
+                &mm_ns,
+                "addr",
+                "add",
+                &format!("{}/24", fed_addr(k)),
+                "dev",
+                "fed0",
+            ])?;
+            ip(&["-n", &mm_ns, "link", "set", "fed0", "up"])?;
+            let cfg = tb.config_path.display().to_string();
+            tb.spawn_in(
+                &mm_ns,
+                "storm-peer",
+                "storm-peer",
+                &["--config".into(), cfg],
+            )?;
+            fed.clusters.push(tb);
+        }
+        fed.wait_all_up(Duration::from_secs(30))?;
+        Ok(fed)
+    }
+
+    /// Waits until every cluster's `storm peers` shows every other `up`.
+    pub fn wait_all_up(&self, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        for tb in &self.clusters {
+            loop {
+                let peers = peers_of(tb.socket());
+                let others = self.clusters.len() - 1;
+                match &peers {
+                    Ok(p) if p.iter().filter(|p| p.state == PeerState::Up).count() == others => {
+                        break;
+                    }
+                    _ if Instant::now() > deadline => bail!(
+                        "{}'s peers are not all up within {limit:?}: {peers:?}\n{}",
+                        tb.config.cluster.name,
+                        super::tail(&tb.dir.join("storm-peer.log"))
+                    ),
+                    _ => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts (`up` false) or restores cluster `k`'s link to the other clusters.
+    pub fn set_link(&self, k: u32, up: bool) -> Result<()> {
+        set_link(&self.fed_ns, k, up)
+    }
+
+    /// The cluster files, by cluster.
+    pub fn config_paths(&self) -> Vec<PathBuf> {
+        self.clusters
+            .iter()
+            .map(|t| t.config_path.clone())
+            .collect()
+    }
+
+    /// Leaves the clusters running (`storm-testbed up`); [`down`] takes them down.
+    pub fn detach(mut self) {
+        self.torn_down = true;
+        for tb in self.clusters.drain(..) {
+            tb.detach();
+        }
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        let mut failed = Vec::new();
+        for tb in self.clusters.drain(..) {
+            if let Err(e) = tb.down() {
+                failed.push(format!("{e:#}"));
+            }
+        }
+        if let Err(e) = ip(&["netns", "del", &self.fed_ns]) {
+            failed.push(format!("{e:#}"));
+        }
+        if !failed.is_empty() {
+            bail!("{}", failed.join("; "));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Federation {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("storm-testbed: tearing down {}: {e:#}", self.dir.display());
+        }
+    }
+}
+
+/// What cluster `socket`'s MM says of its peers.
+pub fn peers_of(socket: &Path) -> Result<Vec<storm_cluster::federation::PeerInfo>, String> {
+    match Client::connect(socket)?.call(&Request::Peers)? {
+        Reply::Peers { peers, .. } => Ok(peers),
+        Reply::Error(e) => Err(e),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Cuts or restores cluster `k`'s link in the federation namespace `fed_ns`.
+pub fn set_link(fed_ns: &str, k: u32, up: bool) -> Result<()> {
+    ip(&[
+        "-n",
+        fed_ns,
+        "link",
+        "set",
+        &cluster_name(k),
+        if up { "up" } else { "down" },
+    ])
+}
+
+/// Whether `dir` holds clusters that share (`storm-testbed up --clusters`).
+pub fn is_federation(dir: &Path) -> bool {
+    dir.join(STATE_FILE).exists()
+}
+
+/// Takes down the clusters of the federation in `dir` from its files: each cluster's
+/// daemons and namespaces, then the namespace between them.
+pub fn down(dir: &Path) -> Result<()> {
+    let mut failed = Vec::new();
+    let mut k = 0;
+    while dir.join(cluster_name(k)).is_dir() {
+        if let Err(e) = super::down_by_state(&dir.join(cluster_name(k))) {
+            failed.push(format!("{e:#}"));
+        }
+        k += 1;
+    }
+    let state = dir.join(STATE_FILE);
+    let text =
+        std::fs::read_to_string(&state).with_context(|| format!("reading {}", state.display()))?;
+    for line in text.lines() {
+        if let Some(ns) = line.strip_prefix("ns ")
+            && let Err(e) = ip(&["netns", "del", ns])
+            && super::ip_netns_exists(ns)
+        {
+            failed.push(format!("{e:#}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("some of the testbed remains: {}", failed.join("; "));
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! Clusters that share, on the namespace testbed (`storm-testbed up --clusters 2 --nodes 2`):
+//! c0 and c1, each with its own MM, key, nodes and bridge, their peer agents joined by one
+//! more bridge. What is checked is what a user's terminal and `storm queue` show.
+//!
+//! * A job of c0 asking `--clusters c1` runs on c1's two nodes (each answers with its own
+//!   address on c1's bridge); storm-submit on c0 prints that output and returns its exit code.
+//! * The link between the clusters is cut for less than the peer timeout, then restored: a
+//!   flocked job runs on, and its output and exit code still reach its submitter.
+//! * The link is cut for longer: c0 queues the job at home again and runs it on its own
+//!   nodes once they are free, and c1 cancels its copy (either side walks away at the same
+//!   rule).
+
+mod support;
+
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::NOBODY;
+use support::testbed::{can_run, up_clusters};
+
+const PEER_TIMEOUT_MS: u64 = 2000;
+
+fn storm(config: &std::path::Path, args: &[&str]) -> Output {
+    std::process::Command::new(support::bin_dir().join("storm"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("run storm")
+}
+
+fn queue(config: &std::path::Path) -> Vec<serde_json::Value> {
+    let out = storm(config, &["queue", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["jobs"].as_array().cloned().unwrap_or_default()
+}
+
+fn submit(config: &std::path::Path, args: &[&str]) -> Child {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new(support::bin_dir().join("storm-submit"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .current_dir("/tmp")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run storm-submit")
+}
+
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> Option<String>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let Some(not_yet) = check() else {
+            return;
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}: {not_yet}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until c0's newest job runs on c1; returns its id.
+fn running_on_c1(c0: &std::path::Path) -> u64 {
+    let mut id = 0;
+    wait_until(Duration::from_secs(20), "the job runs on c1", || {
+        let q = queue(c0);
+        let j = q.iter().max_by_key(|j| j["job"].as_u64());
+        match j {
+            Some(j) if j["state"] == "running" && j["cluster"] == "c1" => {
+                id = j["job"].as_u64().unwrap();
+                None
+            }
+            _ => Some(format!("{q:?}")),
+        }
+    });
+    id
+}
+
+#[test]
+fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
+    let test = "jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    let work = support::shared_tempdir();
+    let fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
+    let paths = fed.config_paths();
+    let (c0, c1) = (&paths[0], &paths[1]);
+    assert!(c0.ends_with("c0/cluster.toml") && c1.ends_with("c1/cluster.toml"));
+
+    // On c1's two nodes: each prints its address on c1's bridge.
+    let out = submit(
+        c0,
+        &[
+            "--clusters",
+            "c1",
+            "-N",
+            "2",
+            "sh",
+            "-c",
+            "ip -o -4 addr show eth0 | awk '{print \"at \" $4}'; exit 4",
+        ],
+    )
+    .wait_with_output()
+    .unwrap();
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("flocked to peer cluster c1"), "{stderr}");
+    for addr in ["at 10.200.0.2/16", "at 10.200.0.3/16"] {
+        assert!(stdout.contains(addr), "{addr} in {stdout:?}");
+    }
+    assert!(
+        stderr.contains("on c1:node0"),
+        "a failed rank names its node on the peer: {stderr}"
+    );
+
+    // c0's nodes are taken by a job that stays home: the next ones flock.
+    let blocker = submit(
+        c0,
+        &["--no-flock", "--exclusive", "-N", "2", "sleep", "300"],
+    );
+    wait_until(Duration::from_secs(20), "the blocker runs on c0", || {
+        let q = queue(c0);
+        (!q.iter().any(|j| j["state"] == "running")).then(|| format!("{q:?}"))
+    });
+    let blocker_id = queue(c0)[0]["job"].as_u64().unwrap();
+
+    // A short cut: the job runs on, and its output and exit code arrive once it is over.
+    let job = submit(
+        c0,
+        &[
+            "--flock",
+            "-N",
+            "2",
+            "sh",
+            "-c",
+            "echo before; sleep 3; echo after; exit 6",
+        ],
+    );
+    running_on_c1(c0);
+    fed.set_link(1, false).unwrap();
+    std::thread::sleep(Duration::from_millis(PEER_TIMEOUT_MS / 2));
+    fed.set_link(1, true).unwrap();
+    let out = job.wait_with_output().unwrap();
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(
+        stdout.contains("before") && stdout.contains("after"),
+        "{stdout:?}"
+    );
+    assert!(!stderr.contains("requeued"), "{stderr}");
+
+    // A long cut: home takes the job back and runs it itself; c1 cancels its copy.
+    let job = submit(
+        c0,
+        &["--flock", "-N", "2", "sh", "-c", "sleep 6; echo finished"],
+    );
+    let id = running_on_c1(c0);
+    fed.set_link(1, false).unwrap();
+    wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 4),
+        "c0 queues the job at home again",
+        || {
+            let q = queue(c0);
+            let j = q.iter().find(|j| j["job"] == id);
+            match j {
+                Some(j) if j["cluster"].is_null() && j["state"] == "queued" => None,
+                _ => Some(format!("{q:?}")),
+            }
+        },
+    );
+    let cancelled = storm(c0, &["cancel", &blocker_id.to_string()]);
+    assert!(cancelled.status.success());
+    let _ = blocker.wait_with_output();
+    wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 4),
+        "c0 takes the job back and runs it at home",
+        || {
+            let q = queue(c0);
+            let j = q.iter().find(|j| j["job"] == id);
+            match j {
+                Some(j) if j["cluster"].is_null() && j["state"] == "running" => None,
+                _ => Some(format!("{q:?}")),
+            }
+        },
+    );
+    wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 4),
+        "c1 cancels its copy",
+        || {
+            let q = queue(c1);
+            (!q.is_empty()).then(|| format!("{q:?}"))
+        },
+    );
+    let out = job.wait_with_output().unwrap();
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("finished"), "{stdout:?}");
+    assert!(stderr.contains("queued at home again"), "{stderr}");
+    let hist = storm(c1, &["history", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&hist.stdout).unwrap();
+    let last = v["jobs"]
+        .as_array()
+        .and_then(|j| j.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["state"], "cancelled", "c1's copy: {last}");
+    fed.set_link(1, true).unwrap();
+    fed.wait_all_up(Duration::from_secs(20)).unwrap();
+}
