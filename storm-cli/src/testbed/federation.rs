@@ -6,7 +6,8 @@
 //! MM namespace has a second link, `fed0`, with address 10.199.0.(1 + k)/24, where the
 //! cluster's peer agent (`storm-peer`) listens on port 7100. Every pair of clusters shares a
 //! pair key (`DIR/keys/c<i>-c<j>.key`); each cluster lends to and borrows from every other,
-//! and runs their jobs as the same user (`same_users`), else as `nobody`.
+//! and runs their jobs as its dedicated account, `nobody` (`flock_user`; `same_users` is off,
+//! the default).
 //!
 //! [`Federation::set_link`] cuts a cluster's link to the others (its `fed0` cable), and
 //! restores it. [`down`] takes every cluster down from the files, for `storm-testbed down`.
@@ -102,7 +103,7 @@ impl Federation {
                     lend: true,
                     borrow: true,
                     flock_user: Some("nobody".into()),
-                    same_users: true,
+                    same_users: false,
                 })
                 .collect();
             let opts = TestbedOptions {
