@@ -55,6 +55,12 @@ impl Home {
         }
         self.taken
             .retain(|job, _| by_peer.values().flatten().any(|o| o.job == *job));
+        for (peer, heard) in &mut self.heard {
+            let orders = by_peer.get(peer).map(Vec::as_slice).unwrap_or(&[]);
+            heard.retain(|(job, since)| {
+                orders.iter().any(|o| o.job == *job && o.since_ms == *since)
+            });
+        }
         self.orders = by_peer;
     }
 

@@ -30,6 +30,10 @@ use storm_cluster::messages::JobId;
 use storm_primitives::NodeSet;
 
 use super::{ClientId, MachineManager, MmEnv, Phase};
+
+/// How often the queue is looked at for jobs to flock (and flocked jobs whose peer went
+/// away): adverts come every `advertise_ms`, so a decision a timeslice would be wasted work.
+const FLOCK_PASS_EVERY: Duration = Duration::from_millis(50);
 use crate::env::SubmittedProgram;
 use crate::journal::{JobRecord, JobState};
 
@@ -54,6 +58,8 @@ pub(super) struct PeerRoom {
     /// Idle nodes and CPUs each `up` peer offered in the last report, less what the jobs
     /// flocked to it since have taken.
     room: BTreeMap<String, (u32, u32)>,
+    /// When the queue was last looked at for flocking.
+    last_pass: Option<Instant>,
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -90,11 +96,19 @@ impl<E: MmEnv> MachineManager<E> {
         if self.cfg.peers.is_empty() {
             return;
         }
-        self.take_back_from_gone_peers();
-        if self.reattach.held.is_some() {
+        let now = self.now();
+        if self
+            .peer_room
+            .last_pass
+            .is_some_and(|t| now.saturating_duration_since(t) < FLOCK_PASS_EVERY)
+        {
             return;
         }
-        let now = self.now();
+        self.peer_room.last_pass = Some(now);
+        self.take_back_from_gone_peers();
+        if self.reattach.held.is_some() || self.peer_room.room.is_empty() {
+            return;
+        }
         let after = self
             .cfg
             .federation

@@ -598,7 +598,13 @@ impl<E: MmEnv> MachineManager<E> {
         match j.phase {
             Phase::Queued => {
                 self.policy.withdraw(id);
-                self.finish(id, Some(format!("{reason} before it started")), Vec::new());
+                // A flocked job's peer cancels its copy when it is no longer listed.
+                let at = match &j.flocked {
+                    Some(f) if f.started => format!(" while it ran on peer cluster {}", f.peer),
+                    Some(f) => format!(" on its way to peer cluster {}", f.peer),
+                    None => " before it started".into(),
+                };
+                self.finish(id, Some(format!("{reason}{at}")), Vec::new());
             }
             // Its launch has not gone out: nothing runs anywhere.
             Phase::Allocated | Phase::Recording { .. } => {
