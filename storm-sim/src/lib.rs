@@ -94,6 +94,10 @@ pub struct SimOptions {
     /// How far the nodes' wall clocks read ahead of the MM's (behind, when negative), in
     /// milliseconds. It shows in the start time that an NM's registrations carry.
     pub node_clock_ahead_ms: i64,
+    /// Peer clusters (`[federation]`, `[[peer]]`): the MM flocks jobs to them on what
+    /// [`Sim::operator_request`]'s `PeerReport`s say of them.
+    pub federation: storm_cluster::federation::FederationSection,
+    pub peers: Vec<storm_cluster::federation::PeerEntry>,
 }
 
 impl Default for SimOptions {
@@ -113,6 +117,8 @@ impl Default for SimOptions {
             slot_grace: Some(Duration::from_millis(5)),
             managers: 0,
             node_clock_ahead_ms: 0,
+            federation: Default::default(),
+            peers: Vec::new(),
         }
     }
 }
@@ -150,6 +156,8 @@ pub struct SimJob {
     pub array: Option<storm_cluster::control::ArraySpec>,
     /// The submission's token.
     pub token: Option<u64>,
+    /// Where it may run (`--flock`, `--clusters`, `--no-flock`).
+    pub flock: storm_cluster::flock::Flock,
 }
 
 impl SimJob {
@@ -171,6 +179,7 @@ impl SimJob {
             step_of: None,
             array: None,
             token: None,
+            flock: Default::default(),
         }
     }
 
@@ -281,6 +290,7 @@ impl SimJob {
             step_of: self.step_of,
             array: self.array.clone(),
             token: self.token,
+            flock: self.flock.clone(),
             ..JobRequest::new(self.name.clone(), "/sim/task", "/")
         }
     }
@@ -909,6 +919,32 @@ impl Sim {
         Ok(())
     }
 
+    /// Sends `req` as root on the MM's host (as the peer agent does) on a connection of its
+    /// own, and steps until the MM answers; the answer.
+    pub fn operator_request(&mut self, req: Request) -> Result<Reply, String> {
+        let id = self.next_client;
+        self.next_client += 1;
+        self.mm.handle(Input::Connected {
+            client: id,
+            uid: 0,
+            gid: 0,
+            relayed_from: None,
+        });
+        self.mm.handle(Input::Request {
+            client: id,
+            req,
+            program: None,
+        });
+        for _ in 0..ANSWER_WITHIN_TICKS {
+            self.step();
+            if let Some(r) = self.mm.env_mut().read_replies(id).into_iter().next() {
+                self.mm.handle(Input::Gone { client: id });
+                return Ok(r);
+            }
+        }
+        Err(format!("no answer within {ANSWER_WITHIN_TICKS} timeslices"))
+    }
+
     /// A new control connection of the simulation's user to the MM.
     fn open_connection(&mut self) -> storm_mm::env::ClientId {
         let id = self.next_client;
@@ -1033,6 +1069,8 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
     if let Some(grace) = opts.slot_grace {
         cfg.scheduler.slot_grace_ms = grace.as_secs_f64() * 1000.0;
     }
+    cfg.federation = opts.federation.clone();
+    cfg.peers = opts.peers.clone();
     Ok(cfg)
 }
 

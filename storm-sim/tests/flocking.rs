@@ -1,0 +1,234 @@
+//! The home MM's flocking rules, in virtual time (docs/federation.md): the real MM core, its
+//! peer agent played by the test through the requests the agent sends (`PeerReport`,
+//! `FlockOut`, `FlockReport`), and storm-submit's view through the replies.
+//!
+//! * A `--flock` job goes at once to the peer that offers room; a job that asks nothing
+//!   waits `flock_after_ms` first; a `--no-flock` job never goes. The MM sends no more jobs
+//!   than the offer has room for until the next offer.
+//! * The peer's news reaches the job's submitter under the job's own id: its start, its
+//!   output, its end and exit code. News of a job not flocked to that peer is dropped.
+//! * A peer away for `peer_timeout_ms` gives its jobs back: their submitter hears that they
+//!   are queued at home again, and they run here once nodes are free.
+
+use std::time::Duration;
+
+use storm_cluster::control::{JobOutcome, JobState, Reply, Request, Timing};
+use storm_cluster::federation::{FederationSection, Offer, PeerEntry, PeerInfo, PeerState};
+use storm_cluster::flock::{Flock, FlockEvent, FlockOrder, FlockUpdate};
+use storm_cluster::messages::{JobId, OutputChunk, RankStatus, Stream};
+use storm_sim::{Sim, SimJob, SimOptions};
+
+const TIMEOUT: Duration = Duration::from_millis(2000);
+
+fn sim() -> Sim {
+    Sim::up(SimOptions {
+        nodes: 2,
+        federation: FederationSection {
+            listen: Some("127.0.0.1:7100".parse().unwrap()),
+            advertise_ms: 200,
+            peer_timeout_ms: TIMEOUT.as_millis() as u64,
+            flock_after_ms: Some(500),
+        },
+        peers: vec![PeerEntry {
+            name: "c1".into(),
+            address: "127.0.0.1:7101".parse().unwrap(),
+            key_file: "/nonexistent/pair.key".into(),
+            lend: false,
+            borrow: true,
+            flock_user: None,
+            same_users: false,
+        }],
+        ..SimOptions::default()
+    })
+    .unwrap()
+}
+
+/// The agent's report: c1 `up` offering `idle` nodes (of one CPU each), or `down`.
+fn report(sim: &mut Sim, idle: Option<u32>) {
+    let info = PeerInfo {
+        name: "c1".into(),
+        address: "127.0.0.1:7101".parse().unwrap(),
+        state: if idle.is_some() {
+            PeerState::Up
+        } else {
+            PeerState::Down
+        },
+        lend: false,
+        borrow: true,
+        offer: idle.map(|n| Offer {
+            idle_nodes: n,
+            idle_cpus: n,
+            nodes: 4,
+            queued: 0,
+        }),
+        lag_us: Some(300),
+        heard_ms_ago: Some(0),
+        reason: None,
+    };
+    let r = sim
+        .operator_request(Request::PeerReport(vec![info]))
+        .unwrap();
+    assert_eq!(r, Reply::Done);
+}
+
+fn flocked(sim: &mut Sim) -> Vec<FlockOrder> {
+    match sim.operator_request(Request::FlockOut).unwrap() {
+        Reply::FlockOut(o) => o,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn tell(sim: &mut Sim, peer: &str, job: JobId, events: Vec<FlockEvent>) {
+    let update = FlockUpdate {
+        peer: peer.into(),
+        job,
+        events,
+    };
+    let r = sim
+        .operator_request(Request::FlockReport(vec![update]))
+        .unwrap();
+    assert_eq!(r, Reply::Done);
+}
+
+fn ids(orders: &[FlockOrder]) -> Vec<JobId> {
+    orders.iter().map(|o| o.job).collect()
+}
+
+#[test]
+fn jobs_flock_by_their_choice_within_the_offer_and_come_home_when_the_peer_goes() {
+    let mut sim = sim();
+    let work = Duration::from_secs(30);
+    let hog = sim.submit(&SimJob::new(2, work)).unwrap();
+    assert!(sim.run_until(Duration::from_secs(2), |s| {
+        s.mm()
+            .queue_view()
+            .iter()
+            .any(|j| j.job == hog && j.state == JobState::Running)
+    }));
+    let at_once = sim
+        .submit(&SimJob {
+            flock: Flock::Now,
+            ..SimJob::new(2, Duration::from_secs(1))
+        })
+        .unwrap();
+    let after_wait = sim.submit(&SimJob::new(2, Duration::from_secs(1))).unwrap();
+    let never = sim
+        .submit(&SimJob {
+            flock: Flock::Never,
+            ..SimJob::new(2, Duration::from_secs(1))
+        })
+        .unwrap();
+
+    // Room for one 2-node job: the one that asked goes at once, and no other until the next
+    // offer, however long it waits.
+    report(&mut sim, Some(2));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![at_once]);
+    sim.run_for(Duration::from_millis(600));
+    assert_eq!(
+        ids(&flocked(&mut sim)),
+        vec![at_once],
+        "no room left in that offer"
+    );
+    assert!(
+        sim.replies().iter().any(|(_, r)| *r
+            == Reply::Flocked {
+                job: at_once,
+                peer: "c1".into()
+            }),
+        "its submitter hears where it went"
+    );
+    // A new offer: the job that has waited past flock_after_ms goes; --no-flock never does.
+    report(&mut sim, Some(2));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![at_once, after_wait]);
+    report(&mut sim, Some(4));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![at_once, after_wait]);
+    let listing = sim.queue_listing().unwrap();
+    let row = |id: JobId| listing.iter().find(|j| j.job == id).unwrap().clone();
+    assert_eq!(row(at_once).runs_on.as_deref(), Some("c1"));
+    assert_eq!(row(never).runs_on, None);
+
+    // The peer's news of `at_once` reaches its submitter under its own id; news of a job
+    // not flocked to the peer that sends it is dropped.
+    tell(
+        &mut sim,
+        "c1",
+        at_once,
+        vec![
+            FlockEvent::Accepted { remote: 40 },
+            FlockEvent::Started {
+                ntasks: 2,
+                node_names: vec!["n0".into(), "n1".into()],
+            },
+            FlockEvent::Output(OutputChunk {
+                job: 40,
+                rank: 1,
+                stream: Stream::Stdout,
+                offset: 0,
+                data: b"far away\n".to_vec(),
+            }),
+        ],
+    );
+    tell(&mut sim, "c9", after_wait, vec![FlockEvent::NotHere]);
+    assert_eq!(
+        ids(&flocked(&mut sim)),
+        vec![at_once, after_wait],
+        "c9 has no say"
+    );
+    assert_eq!(
+        sim.output(at_once, Stream::Stdout)
+            .get(&1)
+            .map(String::as_str),
+        Some("far away\n")
+    );
+    assert!(sim.replies().iter().any(|(_, r)| matches!(
+        r,
+        Reply::Started { job, node_names, .. } if *job == at_once && node_names == &["c1:n0", "c1:n1"]
+    )));
+    let ended = JobOutcome {
+        job: 40,
+        ranks: vec![Some(RankStatus::Exited(0)), Some(RankStatus::Exited(7))],
+        reason: None,
+        abort_code: None,
+        timing: Timing::default(),
+        usage: Default::default(),
+        cause: None,
+        broadcast: false,
+    };
+    tell(
+        &mut sim,
+        "c1",
+        at_once,
+        vec![FlockEvent::Finished(ended.clone())],
+    );
+    let outcome = sim.outcome(at_once).expect("it ended").clone();
+    assert_eq!((outcome.job, outcome.exit_code()), (at_once, 7));
+    // Told twice, it ends once.
+    tell(&mut sim, "c1", at_once, vec![FlockEvent::Finished(ended)]);
+    assert_eq!(ids(&flocked(&mut sim)), vec![after_wait]);
+
+    // c1 goes away: after the timeout its job is queued here again, and its submitter hears
+    // so; once the hog is cancelled it runs here.
+    report(&mut sim, None);
+    sim.run_for(TIMEOUT - Duration::from_millis(300));
+    assert_eq!(
+        ids(&flocked(&mut sim)),
+        vec![after_wait],
+        "not before the timeout"
+    );
+    sim.run_for(Duration::from_millis(400));
+    assert!(flocked(&mut sim).is_empty());
+    assert!(sim.replies().iter().any(|(_, r)| matches!(
+        r,
+        Reply::Requeued { job, reason } if *job == after_wait && reason.contains("queued at home again")
+    )));
+    sim.cancel(hog);
+    assert!(sim.run_until(Duration::from_secs(10), |s| s.outcome(after_wait).is_some()));
+    assert_eq!(
+        sim.outcome(after_wait).unwrap().exit_code(),
+        0,
+        "it ran here"
+    );
+}
