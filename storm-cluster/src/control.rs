@@ -426,7 +426,7 @@ pub enum Request {
     /// only): answered with [`Reply::FlockOut`].
     FlockOut,
     /// What the peer agent heard of this cluster's flocked jobs from the peers that run
-    /// them (operators only).
+    /// them (operators only): answered with [`Reply::FlockTaken`].
     FlockReport(Vec<crate::flock::FlockUpdate>),
     /// A job flocked here from peer cluster `origin`, submitted by this cluster's peer agent
     /// for local user `uid`/`gid` (the agent maps the owner's name; operators only). The
@@ -795,6 +795,10 @@ pub enum Reply {
     },
     /// The answer to [`Request::FlockOut`].
     FlockOut(Vec<crate::flock::FlockOrder>),
+    /// The answer to [`Request::FlockReport`]: how many events of each update the MM took,
+    /// in order. It takes no more output of a job whose submitter has not read what it was
+    /// sent (flow control from end to end): the rest comes again.
+    FlockTaken(Vec<usize>),
 }
 
 #[derive(Debug, thiserror::Error)]

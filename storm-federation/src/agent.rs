@@ -462,7 +462,10 @@ fn pass_home(
         events: fresh,
     };
     match agent.mm.report(update) {
-        Ok(()) => agent.home.lock().took(job, epoch, taken + n),
+        Ok(took) => agent
+            .home
+            .lock()
+            .took(job, epoch, taken + (took as u64).min(n)),
         Err(e) => {
             tracing::warn!(%peer, job, "the MM did not take a flocked job's news (the peer sends it again): {e}")
         }

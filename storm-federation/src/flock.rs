@@ -417,10 +417,11 @@ impl Manager {
         Err(last)
     }
 
-    /// Hands `update` to the MM; `Ok` once it took it.
-    pub fn report(&self, update: FlockUpdate) -> Result<(), String> {
+    /// Hands `update` to the MM; how many of its events it took (in order: the rest go
+    /// again).
+    pub fn report(&self, update: FlockUpdate) -> Result<usize, String> {
         match self.connect()?.call(&Request::FlockReport(vec![update]))? {
-            Reply::Done => Ok(()),
+            Reply::FlockTaken(n) => n.first().copied().ok_or_else(|| "no count".into()),
             Reply::Error(e) => Err(e),
             other => Err(format!("unexpected reply {other:?}")),
         }

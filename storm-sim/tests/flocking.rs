@@ -7,6 +7,7 @@
 //!   than the offer has room for until the next offer.
 //! * The peer's news reaches the job's submitter under the job's own id: its start, its
 //!   output, its end and exit code. News of a job not flocked to that peer is dropped.
+//!   Output its submitter has not read past the unread limit is not taken (sent again).
 //! * A peer away for `peer_timeout_ms` gives its jobs back: their submitter hears that they
 //!   are queued at home again, and they run here once nodes are free.
 
@@ -84,10 +85,11 @@ fn tell(sim: &mut Sim, peer: &str, job: JobId, events: Vec<FlockEvent>) {
         job,
         events,
     };
+    let n = update.events.len();
     let r = sim
         .operator_request(Request::FlockReport(vec![update]))
         .unwrap();
-    assert_eq!(r, Reply::Done);
+    assert_eq!(r, Reply::FlockTaken(vec![n]), "every event taken");
 }
 
 fn ids(orders: &[FlockOrder]) -> Vec<JobId> {
@@ -187,6 +189,32 @@ fn jobs_flock_by_their_choice_within_the_offer_and_come_home_when_the_peer_goes(
         r,
         Reply::Started { job, node_names, .. } if *job == at_once && node_names == &["c1:n0", "c1:n1"]
     )));
+    // Flow control: output the submitter has not read yet (over `[limits]
+    // max_unread_reply_bytes`, 16 MiB) is not taken; the agent sends the rest again.
+    let chunk = |offset: u64| {
+        FlockEvent::Output(OutputChunk {
+            job: 40,
+            rank: 0,
+            stream: Stream::Stdout,
+            offset,
+            data: vec![b'x'; 10 << 20],
+        })
+    };
+    let burst = FlockUpdate {
+        peer: "c1".into(),
+        job: at_once,
+        events: vec![chunk(0), chunk(10 << 20), chunk(20 << 20)],
+    };
+    let r = sim
+        .operator_request(Request::FlockReport(vec![burst]))
+        .unwrap();
+    assert_eq!(
+        r,
+        Reply::FlockTaken(vec![2]),
+        "the third waits for the first two to be read"
+    );
+    tell(&mut sim, "c1", at_once, vec![chunk(20 << 20)]);
+    assert_eq!(sim.output(at_once, Stream::Stdout)[&0].len(), 30 << 20);
     let ended = JobOutcome {
         job: 40,
         ranks: vec![Some(RankStatus::Exited(0)), Some(RankStatus::Exited(7))],

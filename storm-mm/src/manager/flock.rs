@@ -47,6 +47,9 @@ pub(super) struct Flocked {
     pub(super) remote: Option<JobId>,
     /// Its start on the peer reached its submitter.
     pub(super) started: bool,
+    /// Output replies sent to its submitter and maybe not written yet: (reply number,
+    /// bytes).
+    pub(super) unread: std::collections::VecDeque<(u64, usize)>,
 }
 
 /// What this MM knows of its peers for flocking, from its agent's reports.
@@ -170,6 +173,7 @@ impl<E: MmEnv> MachineManager<E> {
             since_ms: unix_ms,
             remote: None,
             started: false,
+            unread: Default::default(),
         });
         let client = j.client;
         self.held.remove(&id);
@@ -274,10 +278,15 @@ impl<E: MmEnv> MachineManager<E> {
             .collect()
     }
 
-    /// What the peers said of this cluster's flocked jobs (`Request::FlockReport`). Events
-    /// of a job no longer flocked to that peer are old news, and dropped.
-    pub(super) fn flock_report(&mut self, updates: Vec<FlockUpdate>) {
+    /// What the peers said of this cluster's flocked jobs (`Request::FlockReport`): how many
+    /// events of each update were taken. Events of a job no longer flocked to that peer are
+    /// old news, taken and dropped. Output stops being taken while the job's submitter has
+    /// more than `[limits] max_unread_reply_bytes` of it unread: the peer sends it again.
+    pub(super) fn flock_report(&mut self, updates: Vec<FlockUpdate>) -> Vec<usize> {
+        let mut taken = Vec::with_capacity(updates.len());
         for u in updates {
+            let total = u.events.len();
+            let mut n = 0;
             for event in u.events {
                 let current = self
                     .jobs
@@ -285,11 +294,34 @@ impl<E: MmEnv> MachineManager<E> {
                     .and_then(|j| j.flocked.as_ref())
                     .is_some_and(|f| f.peer == u.peer);
                 if !current {
+                    n = total;
+                    break;
+                }
+                if matches!(event, FlockEvent::Output(_)) && self.output_backlog(u.job) {
                     break;
                 }
                 self.flock_event(u.job, &u.peer, event);
+                n += 1;
             }
+            taken.push(n);
         }
+        taken
+    }
+
+    /// Whether flocked job `id`'s submitter has more of its output unread than it may.
+    fn output_backlog(&mut self, id: JobId) -> bool {
+        let Some(client) = self.jobs.get(&id).and_then(|j| j.client) else {
+            return false;
+        };
+        let written = self.env.replies_written(client);
+        let limit = self.cfg.limits.max_unread_reply_bytes as usize;
+        let Some(f) = self.jobs.get_mut(&id).and_then(|j| j.flocked.as_mut()) else {
+            return false;
+        };
+        while f.unread.front().is_some_and(|(n, _)| *n <= written) {
+            f.unread.pop_front();
+        }
+        f.unread.iter().map(|(_, b)| b).sum::<usize>() > limit
     }
 
     fn flock_event(&mut self, id: JobId, peer: &str, event: FlockEvent) {
@@ -329,7 +361,12 @@ impl<E: MmEnv> MachineManager<E> {
             FlockEvent::Output(mut chunk) => {
                 if let Some(c) = client {
                     chunk.job = id;
-                    self.reply(c, Reply::Output(chunk));
+                    let bytes = chunk.data.len();
+                    if let Some(n) = self.reply(c, Reply::Output(chunk))
+                        && let Some(f) = self.jobs.get_mut(&id).and_then(|j| j.flocked.as_mut())
+                    {
+                        f.unread.push_back((n, bytes));
+                    }
                 }
             }
             FlockEvent::Requeued { reason } => {

@@ -287,8 +287,8 @@ impl<E: MmEnv> MachineManager<E> {
             Request::FlockReport(updates) => {
                 let reply = self
                     .operator(client, uid, "report flocked jobs")
-                    .map(|()| self.flock_report(updates));
-                self.reply(client, reply.map_or_else(Reply::Error, |()| Reply::Done));
+                    .map(|()| Reply::FlockTaken(self.flock_report(updates)));
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
             Request::SubmitFlocked {
                 origin,

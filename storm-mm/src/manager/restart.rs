@@ -128,6 +128,7 @@ impl<E: MmEnv> MachineManager<E> {
                             since_ms: *since_ms,
                             remote: None,
                             started: false,
+                            unread: Default::default(),
                         });
                     }
                     &mut queued
