@@ -206,7 +206,7 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
     let _ = tcp.set_read_timeout(Some(agent.timeout));
     // What goes back on this link (echoes, the events of the jobs it flocked here) goes
     // through one writer thread.
-    let (tx, rx) = std::sync::mpsc::channel::<PeerMessage>();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<PeerMessage>(flock::LINK_QUEUE);
     let mut writer = link.writer;
     let writing = {
         let (name, tcp) = (name.clone(), tcp.try_clone());
@@ -241,7 +241,10 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
                     .table
                     .lock()
                     .advert(&name, offer, manager, Instant::now());
-                if tx.send(PeerMessage::Echo { token }).is_err() {
+                // A full queue (a slow link) drops the echo: the lag shows it.
+                if let Err(std::sync::mpsc::TrySendError::Disconnected(_)) =
+                    tx.try_send(PeerMessage::Echo { token })
+                {
                     break;
                 }
             }

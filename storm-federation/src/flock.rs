@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -242,9 +242,10 @@ impl Follower {
         s.sent = s.base;
     }
 
-    /// The messages carrying the events not sent on this link yet.
-    fn unsent(&self) -> Vec<PeerMessage> {
-        let mut s = self.state.lock();
+    /// The messages carrying the events not sent on this link yet, each with the number of
+    /// its last event; none counts as sent until [`Follower::sent_upto`] says so.
+    fn unsent(&self) -> Vec<(PeerMessage, u64)> {
+        let s = self.state.lock();
         if s.withdrawn {
             return Vec::new();
         }
@@ -266,24 +267,36 @@ impl Follower {
                 batch.push(e.clone());
             }
             at += batch.len() as u64;
-            out.push(PeerMessage::Events {
-                job: self.job,
-                epoch: self.epoch,
-                first: first + 1,
-                events: batch,
-            });
+            out.push((
+                PeerMessage::Events {
+                    job: self.job,
+                    epoch: self.epoch,
+                    first: first + 1,
+                    events: batch,
+                },
+                at,
+            ));
         }
-        s.sent = at;
         out
     }
+
+    /// The events up to `upto` went on the link.
+    fn sent_upto(&self, upto: u64) {
+        let mut s = self.state.lock();
+        s.sent = s.sent.max(upto);
+    }
 }
+
+/// Messages queued for one link's writer at most: past them, events wait (unsent) for room,
+/// so that a slow link holds no more than this many messages (of 1 MiB at most) in memory.
+pub const LINK_QUEUE: usize = 64;
 
 /// The peer side: the jobs peers flocked here, and the links to send their events on.
 #[derive(Default)]
 pub struct Hosted {
     followers: HashMap<(String, JobId), Arc<Follower>>,
     /// The sender of each home cluster's link (the one it dialled), by name.
-    links: HashMap<String, (u64, Sender<PeerMessage>)>,
+    links: HashMap<String, (u64, SyncSender<PeerMessage>)>,
     /// When each home cluster was last seen not `up`, without a break since.
     down_since: HashMap<String, Instant>,
 }
@@ -291,7 +304,7 @@ pub struct Hosted {
 impl Hosted {
     /// `origin`'s link is up: messages to it go to `tx` (`id` tells this link from a later
     /// one).
-    pub fn link_up(&mut self, origin: &str, id: u64, tx: Sender<PeerMessage>) {
+    pub fn link_up(&mut self, origin: &str, id: u64, tx: SyncSender<PeerMessage>) {
         self.links.insert(origin.to_string(), (id, tx));
         for f in self.followers.values().filter(|f| f.origin == origin) {
             f.taken(f.state.lock().base);
@@ -304,11 +317,15 @@ impl Hosted {
         }
     }
 
-    /// Sends what `f` has not sent yet, if its home's link is up.
+    /// Sends what `f` has not sent yet, if its home's link is up and its queue has room
+    /// (the rest goes at the next flush).
     fn flush(&self, f: &Follower) {
         if let Some((_, tx)) = self.links.get(&f.origin) {
-            for m in f.unsent() {
-                let _ = tx.send(m);
+            for (m, upto) in f.unsent() {
+                match tx.try_send(m) {
+                    Ok(()) => f.sent_upto(upto),
+                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => break,
+                }
             }
         }
     }
@@ -321,7 +338,7 @@ impl Hosted {
             if !self.has(origin, *job)
                 && let Some((_, tx)) = self.links.get(origin)
             {
-                let _ = tx.send(PeerMessage::Events {
+                let _ = tx.try_send(PeerMessage::Events {
                     job: *job,
                     epoch: 0,
                     first: 1,
@@ -685,14 +702,19 @@ mod tests {
         f.push(FlockEvent::Accepted { remote: 3 });
         f.push(output(0, b"hello"));
         let m = f.unsent();
-        assert!(matches!(&m[0], PeerMessage::Events { first: 1, events, .. } if events.len() == 2));
+        assert!(
+            matches!(&m[0], (PeerMessage::Events { first: 1, events, .. }, 2) if events.len() == 2)
+        );
+        assert_eq!(f.unsent().len(), 1, "not sent until the link took it");
+        f.sent_upto(2);
         assert!(f.unsent().is_empty(), "sent once");
         f.taken(1);
         let m = f.unsent();
         assert!(
-            matches!(&m[0], PeerMessage::Events { first: 2, events, .. } if events == &vec![output(0, b"hello")]),
+            matches!(&m[0], (PeerMessage::Events { first: 2, events, .. }, 2) if events == &vec![output(0, b"hello")]),
             "{m:?}"
         );
+        f.sent_upto(2);
         f.taken(2);
         assert!(f.unsent().is_empty());
         assert_eq!(f.state.lock().held_bytes, 0);

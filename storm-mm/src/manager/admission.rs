@@ -189,11 +189,11 @@ impl<E: MmEnv> MachineManager<E> {
         })
     }
 
-    /// Elements of array `array` (of `count`) admitted or started and not ended.
+    /// Elements of array `array` (of `count`) admitted, started or flocked, and not ended.
     fn array_active(&self, array: JobId, count: u32) -> usize {
         self.jobs
             .range(array..array + count as JobId)
-            .filter(|(_, o)| o.admitted || o.phase != Phase::Queued)
+            .filter(|(_, o)| o.admitted || o.phase != Phase::Queued || o.flocked.is_some())
             .count()
     }
 

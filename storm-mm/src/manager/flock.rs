@@ -30,12 +30,12 @@ use storm_cluster::messages::JobId;
 use storm_primitives::NodeSet;
 
 use super::{ClientId, MachineManager, MmEnv, Phase};
+use crate::env::SubmittedProgram;
+use crate::journal::{JobRecord, JobState};
 
 /// How often the queue is looked at for jobs to flock (and flocked jobs whose peer went
 /// away): adverts come every `advertise_ms`, so a decision a timeslice would be wasted work.
 const FLOCK_PASS_EVERY: Duration = Duration::from_millis(50);
-use crate::env::SubmittedProgram;
-use crate::journal::{JobRecord, JobState};
 
 /// A job of this cluster that a peer runs.
 #[derive(Debug, Clone)]
@@ -93,8 +93,10 @@ impl<E: MmEnv> MachineManager<E> {
         self.peers = Some((now, peers));
     }
 
-    /// Home side, each timeslice: queues again at home the jobs whose peer went away, and
-    /// flocks the queued jobs that may go to a peer with room.
+    /// Home side, at most every [`FLOCK_PASS_EVERY`]: queues again at home the jobs whose
+    /// peer went away, and flocks the queued jobs that may go to a peer with room. A job
+    /// held here (its array's throttle, a dependency) is held from peers too: only a job in
+    /// the scheduling policy's queue, or one that may not run here, goes.
     pub(super) fn flock_jobs(&mut self) {
         if self.cfg.peers.is_empty() {
             return;
@@ -117,11 +119,14 @@ impl<E: MmEnv> MachineManager<E> {
             .federation
             .flock_after_ms
             .map(Duration::from_millis);
+        let home = self.cfg.cluster.name.clone();
         let candidates: Vec<JobId> = self
             .jobs
             .values()
             .filter(|j| {
                 j.phase == Phase::Queued
+                    && (j.admitted || !j.req.flock.may_run_at_home(&home))
+                    && self.throttle_wait(j).is_none()
                     && j.flocked.is_none()
                     && j.cancel.is_none()
                     && j.req.step_of.is_none()
