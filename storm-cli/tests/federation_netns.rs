@@ -13,7 +13,7 @@
 mod support;
 
 use std::process::{Child, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::NOBODY;
 use support::testbed::{can_run, up_clusters};
@@ -50,24 +50,10 @@ fn submit(config: &std::path::Path, args: &[&str]) -> Child {
         .expect("run storm-submit")
 }
 
-fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> Option<String>) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let Some(not_yet) = check() else {
-            return;
-        };
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {limit:?}: {not_yet}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Waits until c0's newest job runs on c1; returns its id.
 fn running_on_c1(c0: &std::path::Path) -> u64 {
     let mut id = 0;
-    wait_until(Duration::from_secs(20), "the job runs on c1", || {
+    support::wait_until(Duration::from_secs(20), "the job runs on c1", || {
         let q = queue(c0);
         let j = q.iter().max_by_key(|j| j["job"].as_u64());
         match j {
@@ -124,7 +110,7 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
         c0,
         &["--no-flock", "--exclusive", "-N", "2", "sleep", "300"],
     );
-    wait_until(Duration::from_secs(20), "the blocker runs on c0", || {
+    support::wait_until(Duration::from_secs(20), "the blocker runs on c0", || {
         let q = queue(c0);
         (!q.iter().any(|j| j["state"] == "running")).then(|| format!("{q:?}"))
     });
@@ -162,7 +148,7 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     );
     let id = running_on_c1(c0);
     fed.set_link(1, false).unwrap();
-    wait_until(
+    support::wait_until(
         Duration::from_millis(PEER_TIMEOUT_MS * 4),
         "c0 queues the job at home again",
         || {
@@ -177,7 +163,7 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     let cancelled = storm(c0, &["cancel", &blocker_id.to_string()]);
     assert!(cancelled.status.success());
     let _ = blocker.wait_with_output();
-    wait_until(
+    support::wait_until(
         Duration::from_millis(PEER_TIMEOUT_MS * 4),
         "c0 takes the job back and runs it at home",
         || {
@@ -189,7 +175,7 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
             }
         },
     );
-    wait_until(
+    support::wait_until(
         Duration::from_millis(PEER_TIMEOUT_MS * 4),
         "c1 cancels its copy",
         || {

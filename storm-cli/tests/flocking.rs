@@ -105,24 +105,10 @@ fn queue(c: &TestCluster) -> Vec<serde_json::Value> {
     v["jobs"].as_array().cloned().unwrap_or_default()
 }
 
-fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> Option<String>) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let Some(not_yet) = check() else {
-            return;
-        };
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {limit:?}: {not_yet}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The id of the job that showed up in `c`'s queue after `before` (the newest).
 fn new_job(c: &TestCluster, before: &[u64]) -> u64 {
     let mut id = None;
-    wait_until(Duration::from_secs(10), "the job is queued", || {
+    support::wait_until(Duration::from_secs(10), "the job is queued", || {
         id = queue(c)
             .iter()
             .filter_map(|j| j["job"].as_u64())
@@ -192,7 +178,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     let mut away = cluster("fl-away", 2, p_away, None, entry("fl-home", p_home, true));
     let _home_agent = start_agent(&config_of(&home));
     let mut away_agent = Some(start_agent(&config_of(&away)));
-    wait_until(
+    support::wait_until(
         Duration::from_secs(20),
         "home sees away up, offering 2 nodes",
         || {
@@ -219,7 +205,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         ],
     );
     let blocker_id = new_job(&home, &before);
-    wait_until(Duration::from_secs(10), "the blocker runs at home", || {
+    support::wait_until(Duration::from_secs(10), "the blocker runs at home", || {
         let j = queued(&home, blocker_id);
         (j["state"] != "running").then(|| j.to_string())
     });
@@ -291,7 +277,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         ],
     );
     let far_id = new_job(&home, &before);
-    wait_until(
+    support::wait_until(
         Duration::from_secs(15),
         "home shows it running on away",
         || {
@@ -315,7 +301,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     );
     let out = finish(far, Duration::from_secs(15));
     assert!(!out.status.success());
-    wait_until(
+    support::wait_until(
         Duration::from_secs(10),
         "away cancels the withdrawn job",
         || {
@@ -338,7 +324,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
             &["--flock", "-N", "1", "-D", "/tmp", script.to_str().unwrap()],
         );
         let id = new_job(&home, &before);
-        wait_until(Duration::from_secs(15), "it runs on away", || {
+        support::wait_until(Duration::from_secs(15), "it runs on away", || {
             let j = queued(&home, id);
             (j["state"] != "running").then(|| j.to_string())
         });
@@ -382,12 +368,12 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         ],
     );
     let id = new_job(&home, &before);
-    wait_until(Duration::from_secs(15), "it runs on away", || {
+    support::wait_until(Duration::from_secs(15), "it runs on away", || {
         let j = queued(&home, id);
         (j["state"] != "running").then(|| j.to_string())
     });
     drop(away_agent.take());
-    wait_until(
+    support::wait_until(
         Duration::from_millis(PEER_TIMEOUT_MS * 3),
         "home queues it again",
         || {

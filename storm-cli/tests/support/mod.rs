@@ -398,3 +398,23 @@ pub fn assert_counted_lines(out: &Output, ranks: u32, n: u32, log: &Path) {
         );
     }
 }
+
+/// Waits up to `limit` until `check` says nothing is missing (`None`); panics with `what` and
+/// the last thing `check` said was missing.
+pub fn wait_until(
+    limit: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<String>,
+) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let Some(not_yet) = check() else {
+            return;
+        };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {limit:?}: {not_yet}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -190,18 +190,7 @@ impl<E: MmEnv> MachineManager<E> {
                 uid,
                 "a submission sent again: its submitter follows the job it made"
             );
-            // Answered as the first sending would have been (`attach` says so of a job that
-            // has not ended), then followed.
-            if self.finished.get(&id).is_some() {
-                self.reply(
-                    client,
-                    Reply::Accepted {
-                        job: id,
-                        queued: None,
-                    },
-                );
-            }
-            self.attach(client, uid, id);
+            self.follow_again(client, uid, id);
             return;
         }
         match req {
@@ -303,16 +292,7 @@ impl<E: MmEnv> MachineManager<E> {
                 // Sent again (the agent lost this MM, or restarted): it follows the job it
                 // made, as a resubmitting storm-submit does.
                 if let Some(id) = req.token.and_then(|t| self.submission(as_uid, t)) {
-                    if self.finished.get(&id).is_some() {
-                        self.reply(
-                            client,
-                            Reply::Accepted {
-                                job: id,
-                                queued: None,
-                            },
-                        );
-                    }
-                    self.attach(client, uid, id);
+                    self.follow_again(client, uid, id);
                     return;
                 }
                 let submitted = self.submit_flocked(client, &origin, (as_uid, as_gid), *req, None);
@@ -371,6 +351,22 @@ impl<E: MmEnv> MachineManager<E> {
                 self.reply(client, Reply::Done);
             }
         }
+    }
+
+    /// A submission sent again finds job `id` made by its first sending: `client` (of user
+    /// `uid`) is answered as the first sending would have been (`attach` says so of a job
+    /// that has not ended), then follows it.
+    fn follow_again(&mut self, client: ClientId, uid: u32, id: JobId) {
+        if self.finished.get(&id).is_some() {
+            self.reply(
+                client,
+                Reply::Accepted {
+                    job: id,
+                    queued: None,
+                },
+            );
+        }
+        self.attach(client, uid, id);
     }
 
     /// `storm cancel`: a job, every element of an array that has not ended (by the array's
