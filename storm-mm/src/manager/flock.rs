@@ -31,7 +31,6 @@ use storm_primitives::NodeSet;
 
 use super::{ClientId, MachineManager, MmEnv, Phase};
 use crate::env::SubmittedProgram;
-use crate::journal::{JobRecord, JobState};
 
 /// How often the queue is looked at for jobs to flock (and flocked jobs whose peer went
 /// away): adverts come every `advertise_ms`, so a decision a timeslice would be wasted work.
@@ -426,22 +425,8 @@ impl<E: MmEnv> MachineManager<E> {
             *r = format!("on peer cluster {peer}: {r}");
         }
         tracing::info!(job = id, %peer, code = outcome.exit_code(), "flocked job ended on its peer");
-        self.metrics.job_ended(outcome.exit_code() == 0);
-        self.record_finished(JobRecord {
-            id,
-            uid: j.uid,
-            gid: j.gid,
-            req: j.req,
-            submitted_ms: j.submitted_ms,
-            state: JobState::Finished {
-                nodes: NodeSet::new(),
-                outcome: outcome.clone(),
-                ended_ms: self.unix_ms(),
-            },
-        });
-        if let Some(c) = j.client {
-            self.reply(c, Reply::Finished(outcome));
-        }
+        // It held no nodes here: its record names none.
+        self.record_end(j, outcome);
     }
 
     /// Peer side: a job flocked here from `origin`, for local user `uid`/`gid`, submitted by

@@ -905,9 +905,15 @@ impl<E: MmEnv> MachineManager<E> {
         {
             outcome.cause = Some(EndCause::OutOfMemory);
         }
+        self.record_end(j, outcome);
+    }
+
+    /// Counts, journals and tells the submitter of job `j` (taken out of the table) that it
+    /// ended with `outcome`.
+    fn record_end(&mut self, j: Job, outcome: JobOutcome) {
         self.metrics.job_ended(outcome.exit_code() == 0);
         self.record_finished(JobRecord {
-            id,
+            id: j.id,
             uid: j.uid,
             gid: j.gid,
             req: j.req,
