@@ -119,6 +119,14 @@ fn new_job(c: &TestCluster, before: &[u64]) -> u64 {
     id.unwrap()
 }
 
+/// Waits until `c`'s queue shows job `id` running (here or on a peer).
+fn wait_running(c: &TestCluster, id: u64, limit: Duration, what: &str) {
+    support::wait_until(limit, what, || {
+        let j = queued(c, id);
+        (j["state"] != "running").then(|| j.to_string())
+    });
+}
+
 fn ids(c: &TestCluster) -> Vec<u64> {
     queue(c).iter().filter_map(|j| j["job"].as_u64()).collect()
 }
@@ -205,10 +213,12 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         ],
     );
     let blocker_id = new_job(&home, &before);
-    support::wait_until(Duration::from_secs(10), "the blocker runs at home", || {
-        let j = queued(&home, blocker_id);
-        (j["state"] != "running").then(|| j.to_string())
-    });
+    wait_running(
+        &home,
+        blocker_id,
+        Duration::from_secs(10),
+        "the blocker runs at home",
+    );
 
     // --flock: runs on away; output and exit code come home.
     let out = home.submit_as(
@@ -324,10 +334,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
             &["--flock", "-N", "1", "-D", "/tmp", script.to_str().unwrap()],
         );
         let id = new_job(&home, &before);
-        support::wait_until(Duration::from_secs(15), "it runs on away", || {
-            let j = queued(&home, id);
-            (j["state"] != "running").then(|| j.to_string())
-        });
+        wait_running(&home, id, Duration::from_secs(15), "it runs on away");
         let which = if restart_home { &mut home } else { &mut away };
         let c = which.cluster.as_mut().unwrap();
         c.kill_mm().unwrap();
@@ -368,10 +375,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         ],
     );
     let id = new_job(&home, &before);
-    support::wait_until(Duration::from_secs(15), "it runs on away", || {
-        let j = queued(&home, id);
-        (j["state"] != "running").then(|| j.to_string())
-    });
+    wait_running(&home, id, Duration::from_secs(15), "it runs on away");
     drop(away_agent.take());
     support::wait_until(
         Duration::from_millis(PEER_TIMEOUT_MS * 3),
