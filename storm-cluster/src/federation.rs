@@ -210,10 +210,13 @@ pub fn validate(cluster: &str, fed: &FederationSection, peers: &[PeerEntry]) -> 
                 .into(),
         );
     }
-    if fed.advertise_ms == 0 || fed.peer_timeout_ms < 2 * fed.advertise_ms {
+    // A peer is down after the timeout without a word; a job flocked here is given up after
+    // half of it without a report of this cluster's own agent, which reports every
+    // advertise_ms: at least two reports fit in that half.
+    if fed.advertise_ms == 0 || fed.peer_timeout_ms < 4 * fed.advertise_ms {
         return Err(format!(
-            "[federation] peer_timeout_ms ({}) must be at least twice advertise_ms ({}), which \
-             must not be 0",
+            "[federation] peer_timeout_ms ({}) must be at least four times advertise_ms ({}), \
+             which must not be 0",
             fed.peer_timeout_ms, fed.advertise_ms
         ));
     }
@@ -255,5 +258,22 @@ mod tests {
             ..listening
         };
         assert!(validate("c0", &hasty, &[peer("c1")]).is_err());
+        // Three reports in the timeout: a job flocked here would be given up after a report
+        // and a half.
+        let e = validate(
+            "c0",
+            &FederationSection {
+                peer_timeout_ms: 3000,
+                ..listening.clone()
+            },
+            &[peer("c1")],
+        )
+        .unwrap_err();
+        assert!(e.contains("four times advertise_ms"), "{e}");
+        let enough = FederationSection {
+            peer_timeout_ms: 4000,
+            ..listening
+        };
+        assert!(validate("c0", &enough, &[peer("c1")]).is_ok());
     }
 }

@@ -33,6 +33,10 @@ pub enum Flock {
     Only(Vec<String>),
     /// Only at home (`--no-flock`).
     Never,
+    /// Flocked here from peer cluster `from`: runs only here. Only the MM sets it, on a job
+    /// its peer agent submits for that peer (a user's submission that names it is refused);
+    /// the MM gives the job up when that agent falls silent (docs/federation.md).
+    From(String),
 }
 
 impl Flock {
@@ -49,7 +53,7 @@ impl Flock {
         match self {
             Flock::AfterWait | Flock::Now => true,
             Flock::Only(names) => names.iter().any(|n| n == peer),
-            Flock::Never => false,
+            Flock::Never | Flock::From(_) => false,
         }
     }
 

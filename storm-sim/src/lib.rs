@@ -945,6 +945,22 @@ impl Sim {
         Err(format!("no answer within {ANSWER_WITHIN_TICKS} timeslices"))
     }
 
+    /// Submits `job` as this cluster's peer agent does for peer cluster `origin`
+    /// (`SubmitFlocked`, as root on the MM's host, for the simulation's user); the job's id.
+    pub fn submit_flocked(&mut self, origin: &str, job: &SimJob) -> Result<JobId, String> {
+        let req = Request::SubmitFlocked {
+            origin: origin.into(),
+            uid: SIM_UID,
+            gid: SIM_UID,
+            req: Box::new(job.request()),
+        };
+        match self.operator_request(req)? {
+            Reply::Accepted { job, .. } => Ok(job),
+            Reply::Error(e) => Err(e),
+            other => Err(format!("unexpected answer {other:?}")),
+        }
+    }
+
     /// A new control connection of the simulation's user to the MM.
     fn open_connection(&mut self) -> storm_mm::env::ClientId {
         let id = self.next_client;

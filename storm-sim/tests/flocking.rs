@@ -260,3 +260,117 @@ fn jobs_flock_by_their_choice_within_the_offer_and_come_home_when_the_peer_goes(
         "it ran here"
     );
 }
+
+/// The peer's side: `c1` lends to `c0` and runs what `c0` flocks to it. Its own peer agent
+/// follows each such job for `c0`; `agent_reports` says whether it still reports.
+fn lender() -> Sim {
+    Sim::up(SimOptions {
+        nodes: 2,
+        federation: FederationSection {
+            listen: Some("127.0.0.1:7101".parse().unwrap()),
+            advertise_ms: 200,
+            peer_timeout_ms: TIMEOUT.as_millis() as u64,
+            flock_after_ms: None,
+        },
+        peers: vec![PeerEntry {
+            name: "c0".into(),
+            address: "127.0.0.1:7100".parse().unwrap(),
+            key_file: "/nonexistent/pair.key".into(),
+            lend: true,
+            borrow: false,
+            flock_user: Some("nobody".into()),
+            same_users: false,
+        }],
+        ..SimOptions::default()
+    })
+    .unwrap()
+}
+
+/// The lender's agent reports `c0` up (what it says does not matter here: that it reports).
+fn agent_reports(sim: &mut Sim) {
+    let info = PeerInfo {
+        name: "c0".into(),
+        address: "127.0.0.1:7100".parse().unwrap(),
+        state: PeerState::Up,
+        lend: true,
+        borrow: false,
+        offer: None,
+        lag_us: Some(300),
+        heard_ms_ago: Some(0),
+        reason: None,
+    };
+    assert_eq!(
+        sim.operator_request(Request::PeerReport(vec![info]))
+            .unwrap(),
+        Reply::Done
+    );
+}
+
+fn running(sim: &Sim, id: JobId) -> bool {
+    sim.mm()
+        .queue_view()
+        .iter()
+        .any(|j| j.job == id && j.state == JobState::Running)
+}
+
+/// A job flocked here runs while this cluster's agent reports; once the agent has been
+/// silent for half the peer timeout, the job is given up (its home, hearing nothing, queues
+/// it again after the whole timeout), so a dead or frozen agent does not leave a copy running
+/// beside the one its home starts. The agent, back, is told so when it submits the job again.
+#[test]
+fn a_job_flocked_here_is_given_up_when_the_agent_that_follows_it_falls_silent() {
+    let mut sim = lender();
+    agent_reports(&mut sim);
+    let job = SimJob::new(2, Duration::from_secs(60)).with_token(77);
+    let id = sim.submit_flocked("c0", &job).unwrap();
+    assert!(sim.run_until(Duration::from_secs(2), |s| running(s, id)));
+
+    // Reported every 200 ms for three peer timeouts: it runs on.
+    for _ in 0..30 {
+        agent_reports(&mut sim);
+        sim.run_for(Duration::from_millis(200));
+    }
+    assert!(running(&sim, id), "followed, it runs on");
+
+    // Silent: still running a little before half the timeout, given up after it.
+    sim.run_for(TIMEOUT / 2 - Duration::from_millis(300));
+    assert!(running(&sim, id), "not given up before half the timeout");
+    assert!(
+        sim.run_until(Duration::from_millis(600), |s| {
+            !s.mm().queue_view().iter().any(|j| j.job == id)
+        }),
+        "given up once its agent was silent for half the timeout: {:?}",
+        sim.mm().queue_view()
+    );
+    let Reply::History(ended) = sim.operator_request(Request::History).unwrap() else {
+        panic!("no history");
+    };
+    let record = ended.iter().find(|j| j.job == id).expect("in the history");
+    assert_eq!(record.state, JobState::Cancelled, "{record:?}");
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("has not reported")),
+        "{record:?}"
+    );
+
+    // The agent comes back and submits the job again, under its token: told it was given
+    // up (it passes that home as a refusal, and the home runs the job itself).
+    agent_reports(&mut sim);
+    let again = sim.submit_flocked("c0", &job).unwrap_err();
+    assert!(again.contains("gave up job"), "{again}");
+
+    // Only the agent marks a job as flocked from a peer: a user's submission that does is
+    // refused.
+    let forged = sim
+        .submit(&SimJob {
+            flock: Flock::From("c0".into()),
+            ..SimJob::new(1, Duration::from_secs(1))
+        })
+        .unwrap_err();
+    assert!(
+        forged.contains("only this cluster's peer agent"),
+        "{forged}"
+    );
+}

@@ -62,7 +62,14 @@ pub(super) struct PeerRoom {
     room: BTreeMap<String, (u32, u32)>,
     /// When the queue was last looked at for flocking.
     last_pass: Option<Instant>,
+    /// Peer side: the jobs flocked here that this MM gave up because its agent fell silent,
+    /// newest last (at most [`GIVEN_UP_KEPT`]): the agent that submits one again is told so.
+    given_up: std::collections::BTreeSet<JobId>,
 }
+
+/// How many given-up jobs flocked here are remembered (an agent that restarts submits again
+/// only the jobs its home still lists, a few at most).
+const GIVEN_UP_KEPT: usize = 4096;
 
 impl<E: MmEnv> MachineManager<E> {
     /// The peer agent's report: kept for `storm peers`, and for flocking.
@@ -110,6 +117,7 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.peer_room.last_pass = Some(now);
         self.take_back_from_gone_peers();
+        self.give_up_unfollowed_guests();
         if self.reattach.held.is_some() || self.peer_room.room.is_empty() {
             return;
         }
@@ -263,6 +271,56 @@ impl<E: MmEnv> MachineManager<E> {
         for (id, why) in gone {
             self.take_back(id, why);
         }
+    }
+
+    /// Peer side: the jobs flocked here are cancelled once this cluster's peer agent, which
+    /// follows them for their home, has not reported for half `peer_timeout_ms`. Their home
+    /// hears nothing of them from then on, and queues them again after the whole timeout:
+    /// the copy here is gone (given its kill grace) before the one at home starts, so a dead
+    /// or frozen agent does not make a job run twice.
+    fn give_up_unfollowed_guests(&mut self) {
+        let now = self.now();
+        let limit = self.cfg.federation.peer_timeout() / 2;
+        // No report since this MM started: its start is when the silence began.
+        let reported = self.peers.as_ref().map_or(self.epoch, |(at, _)| *at);
+        if now.saturating_duration_since(reported) < limit {
+            return;
+        }
+        let guests: Vec<(JobId, String)> = self
+            .jobs
+            .values()
+            .filter(|j| j.cancel.is_none() && j.req.step_of.is_none())
+            .filter_map(|j| match &j.req.flock {
+                Flock::From(home) => Some((j.id, home.clone())),
+                _ => None,
+            })
+            .collect();
+        for (id, home) in guests {
+            self.cancel(
+                id,
+                format!(
+                    "this cluster's peer agent, which follows the job for its home cluster \
+                     {home}, has not reported for {} ms: given up, so that {home} can run it \
+                     again",
+                    limit.as_millis()
+                ),
+            );
+            let given_up = &mut self.peer_room.given_up;
+            given_up.insert(id);
+            while given_up.len() > GIVEN_UP_KEPT {
+                given_up.pop_first();
+            }
+        }
+    }
+
+    /// Why job `id`, flocked here, was given up (its agent fell silent), if it was.
+    pub(super) fn given_up_reason(&self, id: JobId) -> Option<String> {
+        self.peer_room.given_up.contains(&id).then(|| {
+            format!(
+                "this cluster gave up job {id} while its peer agent was silent; it runs at its \
+                 home again"
+            )
+        })
     }
 
     /// The flocked jobs, for the peer agent (`Request::FlockOut`).
@@ -450,7 +508,7 @@ impl<E: MmEnv> MachineManager<E> {
         // It runs here or nowhere; its program is at its path here (the agent holds no
         // descriptor of a user's file); it belongs to no array or allocation of this cluster;
         // its submitter's standard input is not relayed this far (docs/federation.md).
-        req.flock = Flock::Never;
+        req.flock = Flock::From(origin.to_string());
         req.input = storm_cluster::messages::InputTarget::None;
         req.delivery = storm_cluster::control::Delivery::InPlace;
         req.step_of = None;

@@ -292,7 +292,12 @@ impl<E: MmEnv> MachineManager<E> {
                 // Sent again (the agent lost this MM, or restarted): it follows the job it
                 // made, as a resubmitting storm-submit does.
                 if let Some(id) = req.token.and_then(|t| self.submission(as_uid, t)) {
-                    self.follow_again(client, uid, id);
+                    match self.given_up_reason(id) {
+                        Some(why) => {
+                            self.reply(client, Reply::Error(why));
+                        }
+                        None => self.follow_again(client, uid, id),
+                    }
                     return;
                 }
                 let submitted = self.submit_flocked(client, &origin, (as_uid, as_gid), *req, None);
@@ -578,6 +583,11 @@ impl<E: MmEnv> MachineManager<E> {
             .get(&client)
             .map(|c| (c.uid, c.gid))
             .ok_or("unknown client")?;
+        if let storm_cluster::flock::Flock::From(peer) = &req.flock {
+            return Err(format!(
+                "only this cluster's peer agent submits a job flocked from {peer}"
+            ));
+        }
         self.submit_as(client, owner, req, program)
     }
 
