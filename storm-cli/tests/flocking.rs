@@ -9,10 +9,15 @@
 //!   stays queued at home.
 //! * `--clusters away`: `storm queue` at home shows the job running on `away`, and `away`'s
 //!   queue holds it; `storm cancel` at home ends it on `away` too.
-//! * Either MM restarts while a flocked job runs: the job goes on, and its submitter gets
-//!   the rest of its output and its exit code.
-//! * `away`'s agent dies: after `peer_timeout_ms` the job is queued at home again, says so,
-//!   and runs at home once the node is free.
+//! * Either MM, or both at once, restart while a flocked job runs: the job goes on, and its
+//!   submitter gets the rest of its output and its exit code.
+//! * The peers link up (`storm peers`): home sees away `up`, offering its idle nodes and
+//!   CPUs, with the link's lag; away sees home up, offering nothing (home lends nothing).
+//! * `away`'s agent dies: home sees away `down`, offering nothing; away gives its copy of the
+//!   job up (nobody follows it for home); after `peer_timeout_ms` the job is queued at home again, says so, and runs at home once the node is free (a failure
+//!   of the flocking machinery never stops home from scheduling its own jobs).
+//! * `away`'s agent comes back holding another key: home sees it `refused`, the reason naming
+//!   the key; with the right key, `up` again.
 
 mod support;
 
@@ -21,6 +26,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cli::local::LocalOptions;
+use storm_cluster::ClusterConfig;
 use storm_cluster::federation::{FederationSection, PeerEntry};
 use support::{NOBODY, TestCluster};
 
@@ -96,6 +102,36 @@ fn queued(c: &TestCluster, id: u64) -> serde_json::Value {
         .as_array()
         .and_then(|j| j.iter().find(|j| j["job"] == id).cloned())
         .unwrap_or(serde_json::Value::Null)
+}
+
+/// What `storm peers --json` on `c` says of peer `name` (null if it is not listed).
+fn peer_view(c: &TestCluster, name: &str) -> serde_json::Value {
+    let out = c.storm(&["peers", "--json"]);
+    assert!(
+        out.status.success(),
+        "storm peers: {}",
+        support::text(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["peers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == name).cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Waits up to 20 s for `check` to hold of what `c` says of peer `name`, and returns it.
+fn wait_peer(
+    c: &TestCluster,
+    name: &str,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut seen = serde_json::Value::Null;
+    support::wait_until(Duration::from_secs(20), what, || {
+        seen = peer_view(c, name);
+        (!check(&seen)).then(|| seen.to_string())
+    });
+    seen
 }
 
 /// Every job in `c`'s queue.
@@ -186,15 +222,27 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     let mut away = cluster("fl-away", 2, p_away, None, entry("fl-home", p_home, true));
     let _home_agent = start_agent(&config_of(&home));
     let mut away_agent = Some(start_agent(&config_of(&away)));
-    support::wait_until(
-        Duration::from_secs(20),
+    // The peers link up: away lends to home its two idle nodes and their CPUs, and home
+    // lends nothing to away. Both sides measure the link's lag.
+    let up = |v: &serde_json::Value| v["state"] == "up" && v["lag_us"].is_u64();
+    let seen = wait_peer(
+        &home,
+        "fl-away",
         "home sees away up, offering 2 nodes",
-        || {
-            let out = home.storm(&["peers", "--json"]);
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            let up = v["peers"][0]["state"] == "up" && v["peers"][0]["offer"]["idle_nodes"] == 2;
-            (!up).then(|| v.to_string())
-        },
+        |v| up(v) && v["offer"]["idle_nodes"] == 2,
+    );
+    assert_eq!(seen["offer"]["idle_cpus"], 2 * support::TEST_CPUS, "{seen}");
+    assert_eq!(seen["offer"]["nodes"], 2, "{seen}");
+    assert_eq!(seen["borrow"], true, "{seen}");
+    let back = wait_peer(&away, "fl-home", "away sees home up", up);
+    assert!(
+        back["offer"].is_null(),
+        "home lends nothing to away: {back}"
+    );
+    let table = support::text(&home.storm(&["peers"]).stdout);
+    assert!(
+        table.contains("fl-away") && table.contains("up"),
+        "storm peers: {table}"
     );
 
     // Home's one node is taken whole by a job that stays home.
@@ -320,14 +368,14 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         },
     );
 
-    // Either MM restarts while a flocked job runs: it goes on, and its submitter gets the
-    // rest of its output and its exit code.
+    // Either MM, then both at once, restart while a flocked job runs: it goes on, and its
+    // submitter gets the rest of its output and its exit code.
     let script = support::script(
         &std::env::temp_dir(),
         "storm-flock-restarts.sh",
         "echo first\nsleep 4\necho second\nexit 5\n",
     );
-    for restart_home in [true, false] {
+    for restarted in ["home", "away", "both"] {
         let before = ids(&home);
         let job = spawn_as_nobody(
             &home,
@@ -335,22 +383,30 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         );
         let id = new_job(&home, &before);
         wait_running(&home, id, Duration::from_secs(15), "it runs on away");
-        let which = if restart_home { &mut home } else { &mut away };
-        let c = which.cluster.as_mut().unwrap();
-        c.kill_mm().unwrap();
+        let mut which = Vec::new();
+        if restarted != "away" {
+            which.push(&mut home);
+        }
+        if restarted != "home" {
+            which.push(&mut away);
+        }
+        for c in &mut which {
+            c.cluster.as_mut().unwrap().kill_mm().unwrap();
+        }
         std::thread::sleep(Duration::from_millis(300));
-        c.restart_mm().unwrap();
+        for c in &mut which {
+            c.cluster.as_mut().unwrap().restart_mm().unwrap();
+        }
         let out = finish(job, Duration::from_secs(40));
         let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
-        let who = if restart_home { "home" } else { "away" };
         assert_eq!(
             out.status.code(),
             Some(5),
-            "{who}'s MM restarted; stderr: {stderr}"
+            "{restarted} MM(s) restarted; stderr: {stderr}"
         );
         assert!(
             stdout.contains("second"),
-            "{who}'s MM restarted; stdout: {stdout:?}"
+            "{restarted} MM(s) restarted; stdout: {stdout:?}"
         );
         assert!(
             !stderr.contains("requeued"),
@@ -371,12 +427,38 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
             "/tmp",
             "sh",
             "-c",
-            "sleep 2; echo done where it ran",
+            "sleep 4; echo done where it ran",
         ],
     );
     let id = new_job(&home, &before);
     wait_running(&home, id, Duration::from_secs(15), "it runs on away");
     drop(away_agent.take());
+    let down = wait_peer(&home, "fl-away", "home sees away down", |v| {
+        v["state"] == "down"
+    });
+    assert!(
+        down["offer"].is_null(),
+        "a down peer offers nothing: {down}"
+    );
+    // Away gives its copy up, since nobody follows it for home any more: home will run the
+    // job again, and it must not run twice.
+    support::wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 2),
+        "away gives up its copy of the job",
+        || {
+            let hist = away.storm(&["history", "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&hist.stdout).unwrap_or_default();
+            let given_up = v["jobs"].as_array().is_some_and(|jobs| {
+                jobs.iter().any(|j| {
+                    j["state"] == "cancelled"
+                        && j["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("has not reported"))
+                })
+            });
+            (!given_up).then(|| v.to_string())
+        },
+    );
     support::wait_until(
         Duration::from_millis(PEER_TIMEOUT_MS * 3),
         "home queues it again",
@@ -404,4 +486,28 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         .and_then(|j| j.iter().find(|j| j["job"] == id).cloned())
         .unwrap_or_default();
     assert_eq!(ran["nodes"], "0", "it ran on home's node: {ran}");
+
+    // Away's agent comes back holding another key: home sees it refused, the reason naming
+    // the key; with the right key again, up and offering its nodes.
+    let wrong_key = keys.path().join("wrong.key");
+    storm_cluster::key::generate(&wrong_key).unwrap();
+    let wrong = away.root.join("cluster-wrong-key.toml");
+    let mut cfg = ClusterConfig::load(&config_of(&away)).expect("away's cluster file");
+    cfg.peers[0].key_file = wrong_key;
+    std::fs::write(&wrong, cfg.to_toml()).unwrap();
+    let wrong_agent = start_agent(&wrong);
+    let refused = wait_peer(&home, "fl-away", "away refused", |v| {
+        v["state"] == "refused"
+    });
+    assert!(
+        refused["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("does not hold the key")),
+        "{refused}"
+    );
+    drop(wrong_agent);
+    let _away_agent = start_agent(&config_of(&away));
+    wait_peer(&home, "fl-away", "away up again with the right key", |v| {
+        up(v) && v["offer"]["idle_nodes"] == 2
+    });
 }
