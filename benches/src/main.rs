@@ -22,6 +22,7 @@
 mod baseline;
 mod failover;
 mod faults;
+mod federation;
 mod fuzz;
 mod gang;
 mod launch;
@@ -381,6 +382,29 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// Sharing between two clusters (issue 36): a workload of parallel jobs submitted at once
+    /// to one cluster, run without and with flocking to an idle peer; mean and p95 wait and
+    /// the makespan of each run, and their ratios.
+    Federation {
+        /// Nodes of each cluster.
+        #[arg(long, default_value_t = 2)]
+        nodes: u32,
+        /// Jobs in the workload.
+        #[arg(long, default_value_t = 24)]
+        jobs: usize,
+        /// Shortest run time of a job, in milliseconds.
+        #[arg(long, default_value_t = 500)]
+        min_run_ms: u64,
+        /// Longest run time of a job, in milliseconds.
+        #[arg(long, default_value_t = 3000)]
+        max_run_ms: u64,
+        /// Seed of the workload's generator (the same seed, the same workload).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
     /// Every decoder of received bytes fed mutated inputs: no panic, no allocation its input
     /// does not explain, no hang.
     Fuzz {
@@ -655,6 +679,27 @@ fn main() -> Result<()> {
             };
             let mut out = report::Csv::new(startup::CSV_HEADER);
             println!("{}", startup::run(&args, &mut out)?.render());
+            out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Federation {
+            nodes,
+            jobs,
+            min_run_ms,
+            max_run_ms,
+            seed,
+            csv,
+        } => {
+            let args = federation::FederationArgs {
+                nodes,
+                jobs,
+                min_run_ms,
+                max_run_ms,
+                seed,
+            };
+            let mut out = report::Csv::new(federation::CSV_HEADER);
+            for t in federation::run(&args, &mut out)? {
+                println!("{}", t.render());
+            }
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Scale {

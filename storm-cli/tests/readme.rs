@@ -125,6 +125,27 @@ fn check_output(line: &str, stdout: &str, dir: &Path) {
             "`{line}` gives storm's jobs/s beside fork/exec's: {stdout}"
         );
     }
+    if line.contains("storm-bench federation") {
+        // The row of a run: `RUN  JOBS  FLOCKED  ...`; the number of jobs that flocked.
+        let flocked = |run: &str| -> Option<u32> {
+            let row = stdout.lines().find(|l| l.trim_start().starts_with(run))?;
+            row.trim_start()[run.len()..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        };
+        assert_eq!(
+            flocked("no sharing"),
+            Some(0),
+            "`{line}`: without sharing nothing flocks: {stdout}"
+        );
+        assert!(
+            flocked("sharing").is_some_and(|n| n > 0) && stdout.contains("mean wait"),
+            "`{line}`: with sharing, jobs flock to the idle peer, and the waits are compared: \
+             {stdout}"
+        );
+    }
     if let Some(png) = line
         .split_whitespace()
         .skip_while(|w| *w != "--plot")
