@@ -283,6 +283,61 @@ fn run_workload(
     })
 }
 
+/// The two clusters and their agents, joined by a pair key.
+struct Federation {
+    home: LocalCluster,
+    away: LocalCluster,
+    agents: Vec<Agent>,
+    /// Holds the pair key the agents read.
+    _keys: tempfile::TempDir,
+}
+
+impl Federation {
+    /// `fb-home` may borrow from `fb-away`, which lends to it and runs its jobs as `nobody`;
+    /// each of `nodes` nodes, under first-come-first-served space sharing (a job waits for
+    /// free nodes instead of time-sharing them). Returns once home sees away offer them all.
+    fn start(nodes: u32) -> Result<Self> {
+        let keys = tempfile::tempdir()?;
+        let pair = keys.path().join("pair.key");
+        storm_cluster::key::generate(&pair).context("making the pair key")?;
+        let (p_home, p_away) = (free_port()?, free_port()?);
+        let entry = |name: &str, port: u16, lend: bool| -> Result<PeerEntry> {
+            Ok(PeerEntry {
+                name: name.into(),
+                address: format!("127.0.0.1:{port}").parse()?,
+                key_file: pair.clone(),
+                lend,
+                borrow: !lend,
+                flock_user: Some("nobody".into()),
+                same_users: false,
+            })
+        };
+        let scheduler = SchedulerSection {
+            policy: PolicyKind::Fcfs,
+            mpl: 1,
+            ..SchedulerSection::default()
+        };
+        let home_peer = entry("fb-away", p_away, false)?;
+        let home = start_cluster("fb-home", nodes, p_home, home_peer, &scheduler)?;
+        let away_peer = entry("fb-home", p_home, true)?;
+        let away = start_cluster("fb-away", nodes, p_away, away_peer, &scheduler)?;
+        let agents = vec![start_agent(&home)?, start_agent(&away)?];
+        wait_peer_offers(&home, nodes)?;
+        Ok(Self {
+            home,
+            away,
+            agents,
+            _keys: keys,
+        })
+    }
+
+    fn shutdown(mut self) {
+        self.agents.clear();
+        let _ = self.home.shutdown();
+        let _ = self.away.shutdown();
+    }
+}
+
 pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     if args.nodes == 0 || args.jobs == 0 || args.min_run_ms > args.max_run_ms {
         bail!("--nodes and --jobs must be at least 1, and --min-run-ms at most --max-run-ms");
@@ -296,62 +351,23 @@ pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         .map(|j| j.nodes as f64 * j.run_ms as f64 / 1000.0)
         .sum();
 
-    let keys = tempfile::tempdir()?;
-    let pair = keys.path().join("pair.key");
-    storm_cluster::key::generate(&pair).context("making the pair key")?;
-    let (p_home, p_away) = (free_port()?, free_port()?);
-    let entry = |name: &str, port: u16, lend: bool| -> Result<PeerEntry> {
-        Ok(PeerEntry {
-            name: name.into(),
-            address: format!("127.0.0.1:{port}").parse()?,
-            key_file: pair.clone(),
-            lend,
-            borrow: !lend,
-            flock_user: Some("nobody".into()),
-            same_users: false,
-        })
-    };
-    // Space sharing, one job per node: a job waits for free nodes instead of time-sharing.
-    let scheduler = SchedulerSection {
-        policy: PolicyKind::Fcfs,
-        mpl: 1,
-        ..SchedulerSection::default()
-    };
-    let home = start_cluster(
-        "fb-home",
-        args.nodes,
-        p_home,
-        entry("fb-away", p_away, false)?,
-        &scheduler,
-    )?;
-    let away = start_cluster(
-        "fb-away",
-        args.nodes,
-        p_away,
-        entry("fb-home", p_home, true)?,
-        &scheduler,
-    )?;
-    let _agents = (start_agent(&home)?, start_agent(&away)?);
-    wait_peer_offers(&home, args.nodes)?;
-
+    let fed = Federation::start(args.nodes)?;
     let alone = run_workload(
-        &home,
+        &fed.home,
         &jobs,
         "--no-flock",
         "no sharing",
         node_seconds / args.nodes as f64,
     )?;
-    wait_peer_offers(&home, args.nodes)?;
+    wait_peer_offers(&fed.home, args.nodes)?;
     let shared = run_workload(
-        &home,
+        &fed.home,
         &jobs,
         "--flock",
         "sharing",
         node_seconds / (2 * args.nodes) as f64,
     )?;
-    drop(_agents);
-    let _ = home.shutdown();
-    let _ = away.shutdown();
+    fed.shutdown();
 
     let mut table = Table::new(
         format!(
