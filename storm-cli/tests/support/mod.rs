@@ -42,6 +42,13 @@ fn library_path_outside_cargo() -> Option<std::ffi::OsString> {
 
 /// Makes sure the daemons are built and current (a plain `cargo test -p storm-cli` builds only
 /// this package's binaries, and a stale daemon would test old code).
+///
+/// It builds every library and binary of the workspace (`--workspace --lib --bins`): the
+/// dependencies' features are then unified as for `cargo test --workspace`, whose build is
+/// fresh for it, so CI's test run pays only for the binaries `cargo test` leaves out (those of
+/// packages without integration tests: storm-bench, storm-peer). Building the daemons' four
+/// packages alone (`-p`) unified the features differently and compiled much of the
+/// workspace again: two and a half minutes of CI, in each of its two test phases.
 pub fn ensure_daemons() {
     BUILD.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -51,23 +58,19 @@ pub fn ensure_daemons() {
             None => build.env_remove("LD_LIBRARY_PATH"),
         };
         let status = build
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "storm-mm",
-                "-p",
-                "storm-nm",
-                "-p",
-                "storm-pl",
-                "-p",
-                "storm-pmi",
-            ])
+            .args(["build", "--quiet", "--workspace", "--lib", "--bins"])
             .status()
-            .expect("running cargo build for the daemons");
-        assert!(status.success(), "building the daemons failed");
+            .expect("running cargo build for the workspace's binaries");
+        assert!(status.success(), "building the workspace's binaries failed");
         let dir = bin_dir();
-        for b in ["storm-mm", "storm-nm", "storm-pl", "libstorm_pmi.so"] {
+        for b in [
+            "storm-mm",
+            "storm-nm",
+            "storm-pl",
+            "libstorm_pmi.so",
+            "storm-bench",
+            "storm-peer",
+        ] {
             assert!(dir.join(b).is_file(), "{b} is not in {}", dir.display());
         }
     });
@@ -76,18 +79,9 @@ pub fn ensure_daemons() {
 }
 
 /// Makes sure every binary of the workspace (storm-bench and storm-prim-node too) is built
-/// and current, besides the daemons.
+/// and current, besides the daemons: [`ensure_daemons`] builds them all.
 pub fn ensure_all_binaries() {
-    static ALL: Once = Once::new();
     ensure_daemons();
-    ALL.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "--workspace", "--bins"])
-            .status()
-            .expect("running cargo build for every binary");
-        assert!(status.success(), "building the workspace's binaries failed");
-    });
 }
 
 pub struct TestCluster {
