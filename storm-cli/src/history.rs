@@ -163,6 +163,7 @@ mod tests {
             started_ms: None,
             ended_ms: Some(ended_ms),
             runs_on: None,
+            from_cluster: None,
         }
     }
 

@@ -224,6 +224,7 @@ mod tests {
             started_ms: None,
             ended_ms: None,
             runs_on: None,
+            from_cluster: None,
         }
     }
 

@@ -51,6 +51,8 @@ pub struct JobView {
     pub ended: Option<String>,
     /// The peer cluster it was flocked to, which runs it (null: this cluster).
     pub cluster: Option<String>,
+    /// The peer cluster whose job it is, for one flocked here (null: this cluster's own).
+    pub from_cluster: Option<String>,
 }
 
 /// The name of user `uid` on this host, or its number.
@@ -137,6 +139,7 @@ pub fn job_view(job: &JobInfo, nodes: &[NodeInfo]) -> JobView {
         started: job.started_ms.map(local_time),
         ended: job.ended_ms.map(local_time),
         cluster: job.runs_on.clone(),
+        from_cluster: job.from_cluster.clone(),
     }
 }
 
@@ -303,9 +306,13 @@ fn placed_on(j: &JobInfo) -> String {
     if let Some(peer) = &j.runs_on {
         return format!("on peer cluster {}", safe(peer));
     }
-    match &j.cpus {
+    let placed = match &j.cpus {
         Some(cpus) => format!("{} CPUs {cpus}", j.nodes),
         None => j.nodes.to_string(),
+    };
+    match &j.from_cluster {
+        Some(home) => format!("{placed}, for peer cluster {}", safe(home)),
+        None => placed,
     }
 }
 
@@ -375,6 +382,10 @@ pub fn history_table(jobs: &[JobInfo]) -> String {
             Some(why) if j.nodes.is_empty() => safe(why).into_owned(),
             Some(why) => format!("{}: {}", j.nodes, safe(why)),
             None => j.nodes.to_string(),
+        };
+        let place = match &j.from_cluster {
+            Some(home) => format!("{place}, for peer cluster {}", safe(home)),
+            None => place,
         };
         let _ = writeln!(
             out,
@@ -545,6 +556,7 @@ mod tests {
             started_ms: None,
             ended_ms: None,
             runs_on: None,
+            from_cluster: None,
         };
         let text = jobs_json(&[job_view(&job, &nodes)]);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -681,6 +693,7 @@ mod tests {
             started_ms: None,
             ended_ms: None,
             runs_on: None,
+            from_cluster: None,
         };
         let jobs = [
             element(12, 0, JobState::Running),

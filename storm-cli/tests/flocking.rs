@@ -345,12 +345,14 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     );
     let table = support::text(&home.storm(&["queue"]).stdout);
     assert!(table.contains("on peer cluster fl-away"), "{table}");
+    let table = support::text(&away.storm(&["queue"]).stdout);
+    assert!(table.contains("for peer cluster fl-home"), "{table}");
     let theirs = queue(&away);
     assert!(
-        theirs
-            .iter()
-            .any(|j| j["uid"] == NOBODY && j["state"] == "running"),
-        "away runs it, as nobody: {theirs:?}"
+        theirs.iter().any(|j| j["uid"] == NOBODY
+            && j["state"] == "running"
+            && j["from_cluster"] == "fl-home"),
+        "away runs it, as nobody, for fl-home: {theirs:?}"
     );
     assert!(
         home.storm(&["cancel", &far_id.to_string()])
@@ -451,6 +453,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
             let given_up = v["jobs"].as_array().is_some_and(|jobs| {
                 jobs.iter().any(|j| {
                     j["state"] == "cancelled"
+                        && j["from_cluster"] == "fl-home"
                         && j["reason"]
                             .as_str()
                             .is_some_and(|r| r.contains("has not reported"))

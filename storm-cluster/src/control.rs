@@ -32,8 +32,9 @@ use crate::tasks::TaskRequest;
 /// replicated MM. Version 15: a job request's submission `token`. Version 16: a node's usage
 /// record (its jobs' CPU and memory, its fabric ports) in its records; `PeerReport` and
 /// `Peers`. Version 17: flocking (a request's `flock`, `FlockOut`, `FlockReport`,
-/// `SubmitFlocked`, `Flocked`, and where a job runs in its `JobInfo`).
-pub const PROTOCOL_VERSION: u32 = 17;
+/// `SubmitFlocked`, `Flocked`, and where a job runs in its `JobInfo`). Version 18: a job
+/// flocked here (`Flock::From`) and whose it is in its `JobInfo` (`from_cluster`).
+pub const PROTOCOL_VERSION: u32 = 18;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -668,6 +669,9 @@ pub struct JobInfo {
     /// The peer cluster it was flocked to, which runs it (`None`: this cluster).
     #[serde(default)]
     pub runs_on: Option<String>,
+    /// The peer cluster whose job this is, for one flocked here (`None`: this cluster's own).
+    #[serde(default)]
+    pub from_cluster: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

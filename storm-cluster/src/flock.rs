@@ -57,6 +57,14 @@ impl Flock {
         }
     }
 
+    /// The peer cluster a job flocked here came from.
+    pub fn flocked_from(&self) -> Option<&str> {
+        match self {
+            Flock::From(peer) => Some(peer),
+            _ => None,
+        }
+    }
+
     /// Whether the job goes to a peer as soon as one has room, without waiting at home first.
     pub fn at_once(&self) -> bool {
         matches!(self, Flock::Now | Flock::Only(_))

@@ -1037,6 +1037,7 @@ fn control_seeds() -> Vec<Vec<u8>> {
             started_ms: Some(1_700_000_000_500),
             ended_ms: None,
             runs_on: Some("c1".into()),
+            from_cluster: None,
         }]),
         Reply::Nodes(vec![NodeInfo {
             id: 0,

@@ -324,6 +324,12 @@ fn a_job_flocked_here_is_given_up_when_the_agent_that_follows_it_falls_silent() 
     let job = SimJob::new(2, Duration::from_secs(60)).with_token(77);
     let id = sim.submit_flocked("c0", &job).unwrap();
     assert!(sim.run_until(Duration::from_secs(2), |s| running(s, id)));
+    let row = sim.mm().queue_view().into_iter().find(|j| j.job == id);
+    assert_eq!(
+        row.and_then(|j| j.from_cluster).as_deref(),
+        Some("c0"),
+        "the queue says whose job it is"
+    );
 
     // Reported every 200 ms for three peer timeouts: it runs on.
     for _ in 0..30 {
@@ -347,6 +353,7 @@ fn a_job_flocked_here_is_given_up_when_the_agent_that_follows_it_falls_silent() 
     };
     let record = ended.iter().find(|j| j.job == id).expect("in the history");
     assert_eq!(record.state, JobState::Cancelled, "{record:?}");
+    assert_eq!(record.from_cluster.as_deref(), Some("c0"), "{record:?}");
     assert!(
         record
             .reason

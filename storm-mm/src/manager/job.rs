@@ -402,6 +402,7 @@ pub(super) fn finished_info(rec: &JobRecord) -> Option<JobInfo> {
         started_ms,
         ended_ms: Some(*ended_ms),
         runs_on: None,
+        from_cluster: rec.req.flock.flocked_from().map(str::to_string),
     })
 }
 

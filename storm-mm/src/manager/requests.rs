@@ -928,6 +928,7 @@ impl<E: MmEnv> MachineManager<E> {
             started_ms: j.launched_ms,
             ended_ms: None,
             runs_on: j.flocked.as_ref().map(|f| f.peer.clone()),
+            from_cluster: j.req.flock.flocked_from().map(str::to_string),
         }
     }
 
