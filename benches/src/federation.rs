@@ -392,25 +392,20 @@ pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         ],
     );
     for r in [&alone, &shared] {
-        let w = r.waits();
-        table.push(vec![
+        let head = [
             r.name.to_string(),
             r.outcomes.len().to_string(),
             r.flocked().to_string(),
-            format!("{:.2} s", r.mean_wait()),
-            format!("{:.2} s", w.quantile(0.95)),
-            format!("{:.2} s", r.makespan()),
-            format!("{:.2} s", r.floor_s),
-        ]);
-        csv.push(vec![
-            r.name.to_string(),
-            r.outcomes.len().to_string(),
-            r.flocked().to_string(),
-            format!("{:.4}", r.mean_wait()),
-            format!("{:.4}", w.quantile(0.95)),
-            format!("{:.4}", r.makespan()),
-            format!("{:.4}", r.floor_s),
-        ]);
+        ];
+        let secs = [
+            r.mean_wait(),
+            r.waits().quantile(0.95),
+            r.makespan(),
+            r.floor_s,
+        ];
+        let row = |fmt: fn(f64) -> String| head.iter().cloned().chain(secs.map(fmt)).collect();
+        table.push(row(|s| format!("{s:.2} s")));
+        csv.push(row(|s| format!("{s:.4}")));
     }
     let mut ratios = Table::new(
         "ratios, sharing over no sharing, in the same run (target: mean wait at most 0.5)",

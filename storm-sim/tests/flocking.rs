@@ -363,10 +363,15 @@ fn a_job_flocked_here_is_given_up_when_the_agent_that_follows_it_falls_silent() 
     );
 
     // The agent comes back and submits the job again, under its token: told it was given
-    // up (it passes that home as a refusal, and the home runs the job itself).
+    // up (it passes that home as a refusal, and the home runs the job itself). So it is after
+    // this MM restarted, from its history.
     agent_reports(&mut sim);
     let again = sim.submit_flocked("c0", &job).unwrap_err();
     assert!(again.contains("gave up job"), "{again}");
+    sim.restart_mm().unwrap();
+    agent_reports(&mut sim);
+    let again = sim.submit_flocked("c0", &job).unwrap_err();
+    assert!(again.contains("gave up job"), "after a restart: {again}");
 
     // Only the agent marks a job as flocked from a peer: a user's submission that does is
     // refused.

@@ -71,6 +71,10 @@ pub(super) struct PeerRoom {
 /// only the jobs its home still lists, a few at most).
 const GIVEN_UP_KEPT: usize = 4096;
 
+/// Ends the reason of a job flocked here and given up: the mark by which a restarted MM,
+/// whose memory of them is gone, still knows them in its history.
+const GIVEN_UP: &str = "given up, so that its home can run it again";
+
 impl<E: MmEnv> MachineManager<E> {
     /// The peer agent's report: kept for `storm peers`, and for flocking.
     pub(super) fn peer_report(&mut self, peers: Vec<PeerInfo>) {
@@ -290,18 +294,14 @@ impl<E: MmEnv> MachineManager<E> {
             .jobs
             .values()
             .filter(|j| j.cancel.is_none() && j.req.step_of.is_none())
-            .filter_map(|j| match &j.req.flock {
-                Flock::From(home) => Some((j.id, home.clone())),
-                _ => None,
-            })
+            .filter_map(|j| Some((j.id, j.req.flock.flocked_from()?.to_string())))
             .collect();
         for (id, home) in guests {
             self.cancel(
                 id,
                 format!(
                     "this cluster's peer agent, which follows the job for its home cluster \
-                     {home}, has not reported for {} ms: given up, so that {home} can run it \
-                     again",
+                     {home}, has not reported for {} ms: {GIVEN_UP}",
                     limit.as_millis()
                 ),
             );
@@ -313,9 +313,17 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// Why job `id`, flocked here, was given up (its agent fell silent), if it was.
+    /// Why job `id`, flocked here, was given up (its agent fell silent), if it was: in this
+    /// MM's memory (the job may still be stopping), or in its history (kept across restarts).
     pub(super) fn given_up_reason(&self, id: JobId) -> Option<String> {
-        self.peer_room.given_up.contains(&id).then(|| {
+        let recorded = match self.finished.get(&id).map(|r| &r.state) {
+            Some(crate::journal::JobState::Finished { outcome, .. }) => outcome
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.ends_with(GIVEN_UP)),
+            _ => false,
+        };
+        (recorded || self.peer_room.given_up.contains(&id)).then(|| {
             format!(
                 "this cluster gave up job {id} while its peer agent was silent; it runs at its \
                  home again"

@@ -583,7 +583,7 @@ impl<E: MmEnv> MachineManager<E> {
             .get(&client)
             .map(|c| (c.uid, c.gid))
             .ok_or("unknown client")?;
-        if let storm_cluster::flock::Flock::From(peer) = &req.flock {
+        if let Some(peer) = req.flock.flocked_from() {
             return Err(format!(
                 "only this cluster's peer agent submits a job flocked from {peer}"
             ));
