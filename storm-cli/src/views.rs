@@ -310,9 +310,14 @@ fn placed_on(j: &JobInfo) -> String {
         Some(cpus) => format!("{} CPUs {cpus}", j.nodes),
         None => j.nodes.to_string(),
     };
+    for_peer(placed, j)
+}
+
+/// `place`, and the peer cluster whose job `j` is, for one flocked here.
+fn for_peer(place: String, j: &JobInfo) -> String {
     match &j.from_cluster {
-        Some(home) => format!("{placed}, for peer cluster {}", safe(home)),
-        None => placed,
+        Some(home) => format!("{place}, for peer cluster {}", safe(home)),
+        None => place,
     }
 }
 
@@ -383,10 +388,7 @@ pub fn history_table(jobs: &[JobInfo]) -> String {
             Some(why) => format!("{}: {}", j.nodes, safe(why)),
             None => j.nodes.to_string(),
         };
-        let place = match &j.from_cluster {
-            Some(home) => format!("{place}, for peer cluster {}", safe(home)),
-            None => place,
-        };
+        let place = for_peer(place, j);
         let _ = writeln!(
             out,
             "{:>6}  {:<16} {:<8} {:<10} {:>4} {:<19} {:>9.1}s  {}",

@@ -62,17 +62,10 @@ pub(super) struct PeerRoom {
     room: BTreeMap<String, (u32, u32)>,
     /// When the queue was last looked at for flocking.
     last_pass: Option<Instant>,
-    /// Peer side: the jobs flocked here that this MM gave up because its agent fell silent,
-    /// newest last (at most [`GIVEN_UP_KEPT`]): the agent that submits one again is told so.
-    given_up: std::collections::BTreeSet<JobId>,
 }
 
-/// How many given-up jobs flocked here are remembered (an agent that restarts submits again
-/// only the jobs its home still lists, a few at most).
-const GIVEN_UP_KEPT: usize = 4096;
-
-/// Ends the reason of a job flocked here and given up: the mark by which a restarted MM,
-/// whose memory of them is gone, still knows them in its history.
+/// In the reason of a job flocked here and given up (its cancel's while it stops, its
+/// record's once it ended, kept across restarts): the mark by which the MM knows it again.
 const GIVEN_UP: &str = "given up, so that its home can run it again";
 
 impl<E: MmEnv> MachineManager<E> {
@@ -305,25 +298,23 @@ impl<E: MmEnv> MachineManager<E> {
                     limit.as_millis()
                 ),
             );
-            let given_up = &mut self.peer_room.given_up;
-            given_up.insert(id);
-            while given_up.len() > GIVEN_UP_KEPT {
-                given_up.pop_first();
-            }
         }
     }
 
-    /// Why job `id`, flocked here, was given up (its agent fell silent), if it was: in this
-    /// MM's memory (the job may still be stopping), or in its history (kept across restarts).
+    /// Why job `id`, flocked here, was given up (its agent fell silent), if it was: its
+    /// reason says so, while it stops (its cancel) or once it ended (its record in the
+    /// history, kept across restarts; a queued job's has " before it started" added).
     pub(super) fn given_up_reason(&self, id: JobId) -> Option<String> {
-        let recorded = match self.finished.get(&id).map(|r| &r.state) {
-            Some(crate::journal::JobState::Finished { outcome, .. }) => outcome
-                .reason
-                .as_deref()
-                .is_some_and(|r| r.ends_with(GIVEN_UP)),
-            _ => false,
+        let reason = match self.jobs.get(&id) {
+            Some(j) => j.cancel.as_ref().map(|c| c.reason.as_str()),
+            None => match self.finished.get(&id).map(|r| &r.state) {
+                Some(crate::journal::JobState::Finished { outcome, .. }) => {
+                    outcome.reason.as_deref()
+                }
+                _ => None,
+            },
         };
-        (recorded || self.peer_room.given_up.contains(&id)).then(|| {
+        reason.is_some_and(|r| r.contains(GIVEN_UP)).then(|| {
             format!(
                 "this cluster gave up job {id} while its peer agent was silent; it runs at its \
                  home again"
