@@ -4,7 +4,19 @@
 //! windows alone:
 //!
 //! * two jobs never run at once, anywhere: their overlap is at most 5 % of the shorter run;
-//! * a job's ranks run together: each job's co-run fraction is at least 80 %.
+//! * a job's ranks run together: each job's co-run fraction is at least 80 % (counted until
+//!   the job's first rank finishes: `run_windows`).
+//!
+//! The testbed's two nodes share the host's two cores with the MM and the kernel's workers,
+//! and the probes never leave their CPUs, so any other work on the host (a kernel worker for
+//! 2.8 ms, seen with `perf sched`) holds one rank off its core while its peer runs on. That
+//! only ever lowers co-run: nothing on the host can put a rank on a CPU the scheduler stopped
+//! it from using. So the test makes up to three attempts and needs one of them to reach 80 %
+//! co-run, while every attempt must keep the overlap bound. A node that switches out of step
+//! fails every attempt: with a 0-3 ms random delay before each SIGCONT the three read
+//! 0.64-0.66, and the normal-policy daemons of the original regression fail the first attempt
+//! on overlap (0.08-0.14). Idle here one attempt reads 0.95-0.97; CI's host alone once took a
+//! single attempt to 0.79, which failed the test when it made one attempt.
 //!
 //! Both are fractions of the run, not wall-clock limits; `storm-bench gang --part tasks`
 //! reports the same figures against their targets. The daemons' own logs (switches.log) are
@@ -77,25 +89,41 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
     view
 }
 
+/// How many runs the co-run bound gets (see the module's overview); the overlap bound holds
+/// in each.
+const ATTEMPTS: usize = 3;
+
 #[test]
 fn two_gang_jobs_never_run_at_once_and_each_runs_its_ranks_together() {
     let test = "two_gang_jobs_never_run_at_once_and_each_runs_its_ranks_together";
     if !support::root_or_say(test) || !can_run(test) {
         return;
     }
-    let view = tasks_view(2, 2, 5.0, 1.5);
-    assert!(
-        view.windows > 20,
-        "the jobs took turns (run windows between switches): {view:?}"
-    );
-    assert!(
-        view.overlap <= 0.05,
-        "two jobs ran at once for {:.1} % of the shorter one's run: {view:?}",
-        view.overlap * 100.0
-    );
-    assert!(
-        view.corun_min >= 0.80,
-        "a job's ranks ran together for only {:.1} % of its run: {view:?}",
-        view.corun_min * 100.0
+    let mut coruns = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let view = tasks_view(2, 2, 5.0, 1.5);
+        assert!(
+            view.windows > 20,
+            "the jobs took turns (run windows between switches): {view:?}"
+        );
+        assert!(
+            view.overlap <= 0.05,
+            "attempt {attempt}: two jobs ran at once for {:.1} % of the shorter one's run: \
+             {view:?}",
+            view.overlap * 100.0
+        );
+        coruns.push(view.corun_min);
+        if view.corun_min >= 0.80 {
+            return;
+        }
+        eprintln!(
+            "attempt {attempt} of {ATTEMPTS}: a job's ranks ran together for {:.1} % of its \
+             run; trying again (the host's other work only ever lowers it)",
+            view.corun_min * 100.0
+        );
+    }
+    panic!(
+        "in each of {ATTEMPTS} attempts a job's ranks ran together for less than 80 % of its \
+         run: {coruns:?}"
     );
 }

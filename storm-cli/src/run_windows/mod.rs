@@ -5,7 +5,9 @@
 //! * **overlap**: the time two jobs ran at once, anywhere on the cluster, as a fraction of the
 //!   shorter job's run time (the time any of its ranks ran). Gang scheduling promises 0.
 //! * **co-run**: for each job, the time all its ranks ran together as a fraction of the time
-//!   any of them ran. Gang scheduling promises 1.
+//!   any of them ran, while every rank still has work (until the first one finishes: a rank
+//!   that lost time earlier would otherwise count it twice, once when it lost it and again
+//!   when it ran alone to make it up). Gang scheduling promises 1.
 //! * **run windows**: how long a rank runs before it is taken off the CPU, against the
 //!   quantum it was promised.
 //! * **switch skew**: how far apart the ranks of one job start running after a switch.
@@ -197,7 +199,8 @@ pub struct JobView {
     pub ranks: usize,
     /// The time any of its ranks ran, in ns.
     pub run_ns: u64,
-    /// The time all of its ranks ran together / `run_ns`.
+    /// The time all of its ranks ran together over the time any of them ran, both counted
+    /// until the first of its ranks finished.
     pub corun: f64,
 }
 
@@ -241,16 +244,26 @@ impl GangView {
                 });
             }
             let run_ns = measure(any);
-            let together = all.map_or(0, |a| measure(&a));
+            // Co-run counts while every rank still has work: until the first rank's last
+            // window ends. After it, the others run alone only because they have more left,
+            // and the time they lost to make it so already counted against co-run.
+            let first_done = ranks
+                .values()
+                .filter_map(|spans| spans.iter().map(|w| w.1).max())
+                .min()
+                .unwrap_or(0);
+            let working = [(0, first_done)];
+            let any_working = measure(&intersect(any, &working));
+            let together = all.map_or(0, |a| measure(&intersect(&a, &working)));
             jobs.insert(
                 job,
                 JobView {
                     ranks: ranks.len(),
                     run_ns,
-                    corun: if run_ns == 0 {
+                    corun: if any_working == 0 {
                         0.0
                     } else {
-                        together as f64 / run_ns as f64
+                        together as f64 / any_working as f64
                     },
                 },
             );
@@ -347,9 +360,22 @@ mod tests {
         // Job 1 ran during [0,6) and [10,16): 12; job 2 ran [5,11) and [15,21): 12; at once
         // [5,6), [10,11), [15,16): 3.
         assert!((v.overlap - 3.0 / 12.0).abs() < 1e-9, "{v:?}");
-        // Job 1's ranks together [1,5) and [11,15): 8 of 12.
-        assert!((v.jobs[&1].corun - 8.0 / 12.0).abs() < 1e-9, "{v:?}");
+        // Job 1's ranks together [1,5) and [11,15): 8 of the 11 until its first rank ended
+        // (at 15); rank 1's [15,16) alone after it is left out.
+        assert!((v.jobs[&1].corun - 8.0 / 11.0).abs() < 1e-9, "{v:?}");
         assert_eq!(v.skew_p50_ns, 1);
+    }
+
+    #[test]
+    fn a_rank_that_ran_alone_to_make_up_lost_time_counts_it_once() {
+        // Rank 1 was held off its CPU for [4,6) while rank 0 ran, so it ends 2 later.
+        let r0: &[Span] = &[(0, 10)];
+        let r1: &[Span] = &[(0, 4), (6, 12)];
+        let v = GangView::of(&runs(&[(1, &[r0, r1])]));
+        // Until rank 0 ended (10): any [0,10), together [0,4) and [6,10): 8 of 10. The
+        // [10,12) rank 1 then ran alone is the same 2 made up, not counted again.
+        assert!((v.jobs[&1].corun - 0.8).abs() < 1e-9, "{v:?}");
+        assert_eq!(v.jobs[&1].run_ns, 12);
     }
 
     #[test]
