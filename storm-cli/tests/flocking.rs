@@ -18,6 +18,10 @@
 //!   of the flocking machinery never stops home from scheduling its own jobs).
 //! * `away`'s agent comes back holding another key: home sees it `refused`, the reason naming
 //!   the key; with the right key, `up` again.
+//! * `away`'s agent freezes (SIGSTOP) under a flocked job while home is full: away gives its
+//!   copy up, home queues the job again, and when the agent thaws home sends the job to away
+//!   again; it runs to its end there (the thawed agent takes home's new link while it still
+//!   holds the first sending's follower: that used to hang it for good).
 
 mod support;
 
@@ -509,8 +513,94 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         "{refused}"
     );
     drop(wrong_agent);
-    let _away_agent = start_agent(&config_of(&away));
+    let away_agent = start_agent(&config_of(&away));
     wait_peer(&home, "fl-away", "away up again with the right key", |v| {
         up(v) && v["offer"]["idle_nodes"] == 2
     });
+
+    // Away's agent freezes (SIGSTOP) under a flocked job while home's node is busy. Away
+    // gives its copy up; home queues the job again after the timeout. The agent thaws, away
+    // offers room again, and home sends the job there again: a new sending, which must run
+    // to its end (the thawed agent, taking home's new link while it held the first
+    // sending's follower, used to hang for good).
+    let before = ids(&home);
+    let blocker = spawn_as_nobody(
+        &home,
+        &[
+            "--no-flock",
+            "--exclusive",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sleep",
+            "300",
+        ],
+    );
+    let blocker_id = new_job(&home, &before);
+    wait_running(&home, blocker_id, Duration::from_secs(10), "a new blocker");
+    let given_up_on_away = || {
+        let hist = away.storm(&["history", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&hist.stdout).unwrap_or_default();
+        v["jobs"].as_array().map_or(0, |jobs| {
+            jobs.iter()
+                .filter(|j| {
+                    j["state"] == "cancelled"
+                        && j["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("has not reported"))
+                })
+                .count()
+        })
+    };
+    let given_up_before = given_up_on_away();
+    let before = ids(&home);
+    let job = spawn_as_nobody(
+        &home,
+        &[
+            "--flock",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sh",
+            "-c",
+            "sleep 3; echo ran to its end",
+        ],
+    );
+    let id = new_job(&home, &before);
+    wait_running(&home, id, Duration::from_secs(15), "it runs on away");
+    let agent_pid = nix::unistd::Pid::from_raw(away_agent.0.id() as i32);
+    nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    support::wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 2),
+        "away gives up its copy while its agent is frozen",
+        || {
+            let n = given_up_on_away();
+            (n <= given_up_before).then(|| format!("{n} given up"))
+        },
+    );
+    support::wait_until(
+        Duration::from_millis(PEER_TIMEOUT_MS * 3),
+        "home queues it again",
+        || {
+            let j = queued(&home, id);
+            (j["state"] != "queued" || !j["cluster"].is_null()).then(|| j.to_string())
+        },
+    );
+    nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let out = finish(job, Duration::from_secs(60));
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the job sent again runs to its end; stdout: {stdout:?}; stderr: {stderr}"
+    );
+    assert!(stdout.contains("ran to its end"), "{stdout:?}; {stderr}");
+    assert!(stderr.contains("queued at home again"), "{stderr}");
+    assert!(
+        home.storm(&["cancel", &blocker_id.to_string()])
+            .status
+            .success()
+    );
+    let _ = finish(blocker, Duration::from_secs(15));
 }

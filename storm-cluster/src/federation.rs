@@ -114,11 +114,11 @@ pub enum PeerMessage {
     /// The receiver's answer to an advert: the token it carried, for the round trip.
     Echo { token: u64 },
     /// Flocking, from the home cluster's agent: every job it has flocked to the receiver now,
-    /// each with the follower (`epoch`) and number of the last event the home cluster took of
-    /// it. A job the receiver runs for the sender that is not listed was withdrawn
-    /// (cancelled, or queued at home again): the receiver cancels it. Sent every
-    /// `advertise_ms`.
-    Want { jobs: Vec<(JobId, u64, u64)> },
+    /// each as sent (`since_ms`) with the follower (`epoch`) and number of the last event the
+    /// home cluster took of it. A job the receiver runs for the sender that is not listed, or
+    /// listed as sent at another time, was withdrawn (cancelled, or queued at home again and
+    /// maybe sent again): the receiver cancels it. Sent every `advertise_ms`.
+    Want { jobs: Vec<Wanted> },
     /// Flocking, from the home cluster's agent: run this job for user `user` (the owner's
     /// name at home). Sent again every `advertise_ms` until an event of the job comes back.
     Submit {
@@ -133,10 +133,24 @@ pub enum PeerMessage {
     /// twice; a new follower, after that agent restarted, numbers from 1 again).
     Events {
         job: JobId,
+        /// The sending of the job the follower runs (its `Submit`'s `since_ms`): events of an
+        /// earlier sending are old news once the job was sent again.
+        since_ms: u64,
         epoch: u64,
         first: u64,
         events: Vec<FlockEvent>,
     },
+}
+
+/// One job of a [`PeerMessage::Want`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wanted {
+    pub job: JobId,
+    /// When the home cluster sent it: its `Submit`'s.
+    pub since_ms: u64,
+    /// The follower whose events the home cluster took, and the number of the last one.
+    pub epoch: u64,
+    pub taken: u64,
 }
 
 /// A peer's state, as this cluster's agent sees it.

@@ -285,10 +285,10 @@ fn host(
     user: &str,
     req: (u64, storm_cluster::control::JobRequest),
 ) {
-    if agent.hosted.lock().has(origin, job) {
+    if agent.hosted.lock().has(origin, job, req.0) {
         return;
     }
-    let f = Follower::new(origin, job);
+    let f = Follower::new(origin, job, req.0);
     let entry = agent
         .peers
         .iter()
@@ -381,10 +381,11 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
                         }
                         Ok(PeerMessage::Events {
                             job,
+                            since_ms,
                             epoch,
                             first,
                             events,
-                        }) => pass_home(&agent, &name, job, epoch, first, events),
+                        }) => pass_home(&agent, &name, (job, since_ms), epoch, first, events),
                         Ok(
                             PeerMessage::Advert { .. }
                             | PeerMessage::Want { .. }
@@ -450,12 +451,16 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
 fn pass_home(
     agent: &Agent,
     peer: &str,
-    job: u64,
+    (job, since_ms): (u64, u64),
     epoch: u64,
     first: u64,
     events: Vec<storm_cluster::flock::FlockEvent>,
 ) {
-    let Some((taken, fresh)) = agent.home.lock().fresh(peer, job, epoch, first, events) else {
+    let fresh = agent
+        .home
+        .lock()
+        .fresh(peer, (job, since_ms), epoch, first, events);
+    let Some((taken, fresh)) = fresh else {
         return;
     };
     let n = fresh.len() as u64;

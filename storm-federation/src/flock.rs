@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use storm_cluster::control::{Client, JobRequest, Reply, Request};
-use storm_cluster::federation::{PeerEntry, PeerMessage};
+use storm_cluster::federation::{PeerEntry, PeerMessage, Wanted};
 use storm_cluster::flock::{FlockEvent, FlockOrder, FlockUpdate};
 use storm_cluster::messages::JobId;
 
@@ -80,7 +80,12 @@ impl Home {
                 .iter()
                 .map(|o| {
                     let (epoch, taken) = self.taken.get(&o.job).copied().unwrap_or((0, 0));
-                    (o.job, epoch, taken)
+                    Wanted {
+                        job: o.job,
+                        since_ms: o.since_ms,
+                        epoch,
+                        taken,
+                    }
                 })
                 .collect(),
         };
@@ -116,21 +121,21 @@ impl Home {
         (out, too_large)
     }
 
-    /// Events of `job` from `peer`'s follower `epoch`, numbered from `first`: the ones not
-    /// taken yet, in order, or none if some before them are missing.
+    /// Events of `job`, as sent at `since_ms`, from `peer`'s follower `epoch`, numbered from
+    /// `first`: the ones not taken yet, in order, or none if some before them are missing. The
+    /// events of a sending other than the job's current one are old news: none.
     pub fn fresh(
         &mut self,
         peer: &str,
-        job: JobId,
+        (job, since_ms): (JobId, u64),
         epoch: u64,
         first: u64,
         events: Vec<FlockEvent>,
     ) -> Option<(u64, Vec<FlockEvent>)> {
-        let since_ms = self
-            .orders
-            .get(peer)
-            .and_then(|o| o.iter().find(|o| o.job == job))?
-            .since_ms;
+        self.orders
+            .get(peer)?
+            .iter()
+            .find(|o| o.job == job && o.since_ms == since_ms)?;
         self.heard
             .entry(peer.to_string())
             .or_default()
@@ -166,6 +171,8 @@ fn user_name(uid: u32) -> String {
 pub struct Follower {
     pub origin: String,
     pub job: JobId,
+    /// The sending it runs (its `Submit`'s `since_ms`).
+    pub since_ms: u64,
     /// Drawn at random: the home side tells a restarted agent's followers from this one.
     pub epoch: u64,
     state: Mutex<FollowerState>,
@@ -187,10 +194,11 @@ struct FollowerState {
 }
 
 impl Follower {
-    pub fn new(origin: &str, job: JobId) -> Arc<Self> {
+    pub fn new(origin: &str, job: JobId, since_ms: u64) -> Arc<Self> {
         Arc::new(Self {
             origin: origin.to_string(),
             job,
+            since_ms,
             epoch: u64::from_le_bytes(storm_primitives::tcp::auth::random_bytes()),
             state: Mutex::new(FollowerState::default()),
         })
@@ -270,6 +278,7 @@ impl Follower {
             out.push((
                 PeerMessage::Events {
                     job: self.job,
+                    since_ms: self.since_ms,
                     epoch: self.epoch,
                     first: first + 1,
                     events: batch,
@@ -294,7 +303,8 @@ pub const LINK_QUEUE: usize = 64;
 /// The peer side: the jobs peers flocked here, and the links to send their events on.
 #[derive(Default)]
 pub struct Hosted {
-    followers: HashMap<(String, JobId), Arc<Follower>>,
+    /// By home cluster, job and sending.
+    followers: HashMap<(String, JobId, u64), Arc<Follower>>,
     /// The sender of each home cluster's link (the one it dialled), by name.
     links: HashMap<String, (u64, SyncSender<PeerMessage>)>,
     /// When each home cluster was last seen not `up`, without a break since.
@@ -307,7 +317,10 @@ impl Hosted {
     pub fn link_up(&mut self, origin: &str, id: u64, tx: SyncSender<PeerMessage>) {
         self.links.insert(origin.to_string(), (id, tx));
         for f in self.followers.values().filter(|f| f.origin == origin) {
-            f.taken(f.state.lock().base);
+            // Read first: the guard of a lock taken in the call's argument would live
+            // through the call, which takes the same lock.
+            let base = f.state.lock().base;
+            f.taken(base);
         }
     }
 
@@ -330,16 +343,18 @@ impl Hosted {
         }
     }
 
-    /// `origin`'s list of the jobs it flocked here: the others are withdrawn (returned, for
-    /// the caller to cancel), and the listed ones' taken events let go. A listed job with no
-    /// follower here is one this side gave up (its home was away): its home hears so.
-    pub fn want(&mut self, origin: &str, jobs: &[(JobId, u64, u64)]) -> Vec<Arc<Follower>> {
-        for (job, _, _) in jobs {
-            if !self.has(origin, *job)
+    /// `origin`'s list of the jobs it flocked here: the others, and the earlier sendings of
+    /// listed ones, are withdrawn (returned, for the caller to cancel), and the listed ones'
+    /// taken events let go. A listed job with no follower here is one this side gave up (its
+    /// home was away): its home hears so.
+    pub fn want(&mut self, origin: &str, jobs: &[Wanted]) -> Vec<Arc<Follower>> {
+        for w in jobs {
+            if !self.has(origin, w.job, w.since_ms)
                 && let Some((_, tx)) = self.links.get(origin)
             {
                 let _ = tx.try_send(PeerMessage::Events {
-                    job: *job,
+                    job: w.job,
+                    since_ms: w.since_ms,
                     epoch: 0,
                     first: 1,
                     events: vec![FlockEvent::NotHere],
@@ -347,13 +362,13 @@ impl Hosted {
             }
         }
         let mut withdrawn = Vec::new();
-        self.followers.retain(|(o, job), f| {
+        self.followers.retain(|(o, job, since), f| {
             if o != origin {
                 return true;
             }
-            match jobs.iter().find(|(j, _, _)| j == job) {
-                Some(&(_, epoch, taken)) => {
-                    f.taken(if epoch == f.epoch { taken } else { 0 });
+            match jobs.iter().find(|w| w.job == *job && w.since_ms == *since) {
+                Some(w) => {
+                    f.taken(if w.epoch == f.epoch { w.taken } else { 0 });
                     true
                 }
                 None => {
@@ -368,13 +383,15 @@ impl Hosted {
         withdrawn
     }
 
-    /// Whether `origin`'s job `job` has a follower here already.
-    pub fn has(&self, origin: &str, job: JobId) -> bool {
-        self.followers.contains_key(&(origin.to_string(), job))
+    /// Whether `origin`'s job `job`, as sent at `since_ms`, has a follower here already.
+    pub fn has(&self, origin: &str, job: JobId, since_ms: u64) -> bool {
+        self.followers
+            .contains_key(&(origin.to_string(), job, since_ms))
     }
 
     pub fn add(&mut self, f: Arc<Follower>) {
-        self.followers.insert((f.origin.clone(), f.job), f.clone());
+        self.followers
+            .insert((f.origin.clone(), f.job, f.since_ms), f.clone());
         self.flush(&f);
     }
 
@@ -404,7 +421,7 @@ impl Hosted {
             .map(|(n, _)| n.clone())
             .collect();
         let mut withdrawn = Vec::new();
-        self.followers.retain(|(o, _), f| {
+        self.followers.retain(|(o, _, _), f| {
             if gone.contains(o) {
                 withdrawn.push(f.clone());
                 false
@@ -633,12 +650,14 @@ mod tests {
         home.set_orders(vec![order(1, "c1"), order(2, "c2")]);
         let (msgs, _) = home.messages_for("c1");
         assert!(matches!(&msgs[0], PeerMessage::Submit { job: 1, .. }));
-        assert!(matches!(&msgs[1], PeerMessage::Want { jobs } if jobs == &vec![(1, 0, 0)]));
+        assert!(
+            matches!(&msgs[1], PeerMessage::Want { jobs } if jobs == &vec![Wanted { job: 1, since_ms: 1, epoch: 0, taken: 0 }])
+        );
         assert_eq!(msgs.len(), 2, "c2's job is not c1's business");
         let (from, fresh) = home
             .fresh(
                 "c1",
-                1,
+                (1, 1),
                 7,
                 1,
                 vec![FlockEvent::Accepted { remote: 40 }, output(0, b"a")],
@@ -655,7 +674,7 @@ mod tests {
         let (_, fresh) = home
             .fresh(
                 "c1",
-                1,
+                (1, 1),
                 7,
                 1,
                 vec![
@@ -668,21 +687,25 @@ mod tests {
         assert_eq!(fresh, vec![output(1, b"b")]);
         home.took(1, 7, 3);
         assert!(
-            home.fresh("c1", 1, 7, 5, vec![output(3, b"d")]).is_none(),
+            home.fresh("c1", (1, 1), 7, 5, vec![output(3, b"d")])
+                .is_none(),
             "a gap"
         );
         assert!(
-            home.fresh("c2", 1, 7, 4, vec![output(2, b"c")]).is_none(),
+            home.fresh("c2", (1, 1), 7, 4, vec![output(2, b"c")])
+                .is_none(),
             "not c2's job"
         );
         // A new follower numbers from 1.
-        let (from, _) = home.fresh("c1", 1, 8, 1, vec![output(0, b"a")]).unwrap();
+        let (from, _) = home
+            .fresh("c1", (1, 1), 8, 1, vec![output(0, b"a")])
+            .unwrap();
         assert_eq!(from, 0);
         // A new link: the peer hears the Submit again.
         home.link_up("c1");
         assert_eq!(home.messages_for("c1").0.len(), 2);
         // Sent again after it came back: a new submission, which the peer hears.
-        home.fresh("c1", 1, 8, 1, vec![output(0, b"a")]);
+        home.fresh("c1", (1, 1), 8, 1, vec![output(0, b"a")]);
         home.set_orders(vec![FlockOrder {
             since_ms: 2,
             ..order(1, "c1")
@@ -698,7 +721,7 @@ mod tests {
     /// shows the home side did not take it, and lets go of what was taken.
     #[test]
     fn a_follower_sends_until_taken() {
-        let f = Follower::new("c0", 5);
+        let f = Follower::new("c0", 5, 1);
         f.push(FlockEvent::Accepted { remote: 3 });
         f.push(output(0, b"hello"));
         let m = f.unsent();
@@ -725,9 +748,9 @@ mod tests {
     #[test]
     fn the_peer_side_withdraws_what_its_home_gave_up() {
         let mut hosted = Hosted::default();
-        hosted.add(Follower::new("c0", 1));
-        hosted.add(Follower::new("c0", 2));
-        hosted.add(Follower::new("c2", 1));
+        hosted.add(Follower::new("c0", 1, 1));
+        hosted.add(Follower::new("c0", 2, 1));
+        hosted.add(Follower::new("c2", 1, 1));
         let t0 = Instant::now();
         let timeout = Duration::from_secs(5);
         let t0 = t0 + timeout * 10;
@@ -745,14 +768,96 @@ mod tests {
         let gone = hosted.homes(&states, t0 + timeout * 3, timeout);
         assert_eq!(gone.len(), 2, "c0's two jobs");
         // Silent: away from when it was last heard, not from when it was seen down.
-        hosted.add(Follower::new("c0", 4));
+        hosted.add(Follower::new("c0", 4, 1));
         let silent = vec![("c0".to_string(), false, Some(timeout))];
         assert_eq!(hosted.homes(&silent, t0 + timeout * 5, timeout).len(), 1);
-        assert!(hosted.has("c2", 1));
-        hosted.add(Follower::new("c0", 3));
+        assert!(hosted.has("c2", 1, 1));
+        hosted.add(Follower::new("c0", 3, 1));
         let gone = hosted.want("c0", &[]);
         assert_eq!(gone.len(), 1);
-        assert!(!hosted.has("c0", 3) && hosted.has("c2", 1));
+        assert!(!hosted.has("c0", 3, 1) && hosted.has("c2", 1, 1));
+    }
+
+    /// A job sent again to the same peer (it came back home, then went out again) is a new
+    /// sending: the peer cancels the follower of the earlier one, and the home side never
+    /// takes that follower's events for the new one's. Before, a follower still there (a
+    /// link that failed one way: home saw the peer away, the peer still heard home) went on
+    /// as the new sending, mid-way, though its home had said the job runs from the start.
+    #[test]
+    fn a_follower_of_an_earlier_sending_is_withdrawn_and_its_news_is_not_taken() {
+        let mut home = Home::default();
+        home.set_orders(vec![FlockOrder {
+            since_ms: 2,
+            ..order(1, "c1")
+        }]);
+        let ended = FlockEvent::Refused("the old sending".into());
+        assert!(
+            home.fresh("c1", (1, 1), 7, 1, vec![ended.clone()])
+                .is_none(),
+            "the earlier sending's events are old news"
+        );
+        assert_eq!(
+            home.messages_for("c1").0.len(),
+            2,
+            "and do not count as the peer having heard of the new one: Submit goes again"
+        );
+        let (_, fresh) = home.fresh("c1", (1, 2), 8, 1, vec![ended]).unwrap();
+        assert_eq!(fresh.len(), 1, "the current sending's are taken");
+
+        let mut hosted = Hosted::default();
+        hosted.add(Follower::new("c0", 1, 1));
+        hosted.add(Follower::new("c0", 1, 2));
+        let wanted = |since_ms| Wanted {
+            job: 1,
+            since_ms,
+            epoch: 0,
+            taken: 0,
+        };
+        let gone = hosted.want("c0", &[wanted(2)]);
+        assert_eq!(
+            gone.iter().map(|f| f.since_ms).collect::<Vec<_>>(),
+            vec![1],
+            "the earlier sending's follower is withdrawn"
+        );
+        assert!(hosted.has("c0", 1, 2) && !hosted.has("c0", 1, 1));
+        assert!(
+            hosted.want("c0", &[wanted(2)]).is_empty(),
+            "the current one stays"
+        );
+    }
+
+    /// A home's new link (the old one ended while a job of it ran here) sends again what the
+    /// home has not taken, on the new link, and returns: it used to hang for good, holding
+    /// every follower, when a follower was there.
+    #[test]
+    fn a_new_link_to_a_home_sends_again_what_it_did_not_take() {
+        let mut hosted = Hosted::default();
+        let f = Follower::new("c0", 1, 1);
+        f.push(FlockEvent::Accepted { remote: 3 });
+        let (tx, rx) = std::sync::mpsc::sync_channel(LINK_QUEUE);
+        hosted.link_up("c0", 1, tx.clone());
+        hosted.add(f.clone());
+        assert!(
+            matches!(rx.try_recv(), Ok(PeerMessage::Events { first: 1, .. })),
+            "sent on the link"
+        );
+        // On a thread, so that a hang fails the test instead of stalling it.
+        let hosted = Arc::new(Mutex::new(hosted));
+        let (done, returned) = std::sync::mpsc::channel();
+        let h = hosted.clone();
+        std::thread::spawn(move || {
+            h.lock().link_up("c0", 2, tx);
+            let _ = done.send(());
+        });
+        assert!(
+            returned.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "a new link to a home with a follower here returns"
+        );
+        hosted.lock().flush(&f);
+        assert!(
+            matches!(rx.try_recv(), Ok(PeerMessage::Events { first: 1, .. })),
+            "not taken: sent again on the new link"
+        );
     }
 
     /// By default a peer's jobs run as its `flock_user` whatever owner it names (its word

@@ -426,6 +426,7 @@ fn peer_seeds() -> Vec<Vec<u8>> {
     };
     let events = PeerMessage::Events {
         job: 12,
+        since_ms: 1_700_000_000_000,
         epoch: 0xfeed,
         first: 3,
         events: vec![
@@ -453,7 +454,20 @@ fn peer_seeds() -> Vec<Vec<u8>> {
         bincode(&advert),
         bincode(&PeerMessage::Echo { token: 9 }),
         bincode(&PeerMessage::Want {
-            jobs: vec![(12, 0xfeed, 2), (13, 0, 0)],
+            jobs: vec![
+                storm_cluster::federation::Wanted {
+                    job: 12,
+                    since_ms: 1_700_000_000_000,
+                    epoch: 0xfeed,
+                    taken: 2,
+                },
+                storm_cluster::federation::Wanted {
+                    job: 13,
+                    since_ms: 1,
+                    epoch: 0,
+                    taken: 0,
+                },
+            ],
         }),
         bincode(&PeerMessage::Submit {
             job: 12,
