@@ -6,6 +6,8 @@
 //!   address on c1's bridge); storm-submit on c0 prints that output and returns its exit code.
 //! * The link between the clusters is cut for less than the peer timeout, then restored: a
 //!   flocked job runs on, and its output and exit code still reach its submitter.
+//! * The link drops 5 % of its packets both ways: a flocked job's 20,000 lines of output and
+//!   its exit code reach its submitter whole and in order, and it is not taken back.
 //! * The link is cut for longer: c0 queues the job at home again and runs it on its own
 //!   nodes once they are free, and c1 cancels its copy (either side walks away at the same
 //!   rule).
@@ -19,6 +21,9 @@ use support::NOBODY;
 use support::testbed::{can_run, up_clusters};
 
 const PEER_TIMEOUT_MS: u64 = 2000;
+
+/// The share of packets the lossy link drops, each way.
+const LOSS_PERCENT: u32 = 5;
 
 fn storm(config: &std::path::Path, args: &[&str]) -> Output {
     std::process::Command::new(support::bin_dir().join("storm"))
@@ -138,6 +143,35 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     assert!(
         stdout.contains("before") && stdout.contains("after"),
         "{stdout:?}"
+    );
+    assert!(!stderr.contains("requeued"), "{stderr}");
+
+    // A lossy link: c1's link to the others drops 5 % of its packets, both ways. A flocked
+    // job's 20,000 lines and its exit code reach c0's storm-submit whole and in order, and
+    // the job is not taken back (TCP resends what the link drops; the agents number and
+    // resend what a broken link loses).
+    fed.set_loss(1, LOSS_PERCENT).unwrap();
+    let job = submit(
+        c0,
+        &["--flock", "-N", "1", "sh", "-c", "seq 1 20000; exit 7"],
+    );
+    let out = job.wait_with_output().unwrap();
+    fed.set_loss(1, 0).unwrap();
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("flocked to peer cluster c1"), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let whole = lines.len() == 20_000
+        && lines
+            .iter()
+            .enumerate()
+            .all(|(i, l)| l.parse::<usize>() == Ok(i + 1));
+    assert!(
+        whole,
+        "{} lines, first {:?}, last {:?}",
+        lines.len(),
+        lines.first(),
+        lines.last()
     );
     assert!(!stderr.contains("requeued"), "{stderr}");
 

@@ -10,7 +10,7 @@
 //! the default).
 //!
 //! [`Federation::set_link`] cuts a cluster's link to the others (its `fed0` cable), and
-//! restores it. [`down`] takes every cluster down from the files, for `storm-testbed down`.
+//! restores it; [`Federation::set_loss`] makes that link drop packets at random. [`down`] takes every cluster down from the files, for `storm-testbed down`.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -177,6 +177,32 @@ impl Federation {
     /// Cuts (`up` false) or restores cluster `k`'s link to the other clusters.
     pub fn set_link(&self, k: u32, up: bool) -> Result<()> {
         set_link(&self.fed_ns, k, up)
+    }
+
+    /// Makes cluster `k`'s link to the others (its MM namespace's `fed0`) drop `percent` % of
+    /// the packets it sends and of those it receives, at random (0 restores it): an nftables
+    /// rule, as [`Testbed::set_loss`] for a node's link.
+    pub fn set_loss(&self, k: u32, percent: u32) -> Result<()> {
+        let tb = self
+            .clusters
+            .get(k as usize)
+            .with_context(|| format!("no cluster {k}"))?;
+        let ns = tb.mm_ns();
+        // Deleting a table that is not there fails; that is fine.
+        let _ = super::nft(&ns, "delete table inet storm_fed_loss");
+        if percent == 0 {
+            return Ok(());
+        }
+        super::nft(
+            &ns,
+            &format!(
+                "table inet storm_fed_loss {{ \
+                   chain input {{ type filter hook input priority 0; \
+                     iifname \"fed0\" numgen random mod 100 < {percent} drop; }}; \
+                   chain output {{ type filter hook output priority 0; \
+                     oifname \"fed0\" numgen random mod 100 < {percent} drop; }}; }}"
+            ),
+        )
     }
 
     /// The cluster files, by cluster.

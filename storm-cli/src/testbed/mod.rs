@@ -122,7 +122,7 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 /// Runs the nftables script `script` in namespace `ns`; the error says what nft said.
-fn nft(ns: &str, script: &str) -> Result<()> {
+pub(crate) fn nft(ns: &str, script: &str) -> Result<()> {
     let out = Command::new("ip")
         .args(["netns", "exec", ns, "nft", script])
         .stdin(Stdio::null())
