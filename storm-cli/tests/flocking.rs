@@ -195,6 +195,46 @@ fn spawn_as_nobody(c: &TestCluster, args: &[&str]) -> Child {
         .expect("spawn storm-submit")
 }
 
+/// Takes `home`'s one node whole with a job that stays home (`--no-flock`), running; its
+/// storm-submit and id.
+fn take_home_node(home: &TestCluster) -> (Child, u64) {
+    let before = ids(home);
+    let blocker = spawn_as_nobody(
+        home,
+        &[
+            "--no-flock",
+            "--exclusive",
+            "-N",
+            "1",
+            "-D",
+            "/tmp",
+            "sleep",
+            "300",
+        ],
+    );
+    let id = new_job(home, &before);
+    wait_running(
+        home,
+        id,
+        Duration::from_secs(10),
+        "the blocker runs at home",
+    );
+    (blocker, id)
+}
+
+/// Submits `script` to `home` with `--flock` (one node, as nobody) and waits until it runs,
+/// on the peer while home's node is taken; its storm-submit and id.
+fn flock_running(home: &TestCluster, script: &str) -> (Child, u64) {
+    let before = ids(home);
+    let job = spawn_as_nobody(
+        home,
+        &["--flock", "-N", "1", "-D", "/tmp", "sh", "-c", script],
+    );
+    let id = new_job(home, &before);
+    wait_running(home, id, Duration::from_secs(15), "it runs on away");
+    (job, id)
+}
+
 #[test]
 fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     let test = "jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes";
@@ -250,27 +290,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     );
 
     // Home's one node is taken whole by a job that stays home.
-    let before = ids(&home);
-    let blocker = spawn_as_nobody(
-        &home,
-        &[
-            "--no-flock",
-            "--exclusive",
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-            "sleep",
-            "300",
-        ],
-    );
-    let blocker_id = new_job(&home, &before);
-    wait_running(
-        &home,
-        blocker_id,
-        Duration::from_secs(10),
-        "the blocker runs at home",
-    );
+    let (blocker, blocker_id) = take_home_node(&home);
 
     // --flock: runs on away; output and exit code come home.
     let out = home.submit_as(
@@ -422,22 +442,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
 
     // Away's agent dies: the job comes home after the timeout, and runs here once the node
     // is free.
-    let before = ids(&home);
-    let job = spawn_as_nobody(
-        &home,
-        &[
-            "--flock",
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-            "sh",
-            "-c",
-            "sleep 4; echo done where it ran",
-        ],
-    );
-    let id = new_job(&home, &before);
-    wait_running(&home, id, Duration::from_secs(15), "it runs on away");
+    let (job, id) = flock_running(&home, "sleep 4; echo done where it ran");
     drop(away_agent.take());
     let down = wait_peer(&home, "fl-away", "home sees away down", |v| {
         v["state"] == "down"
@@ -523,22 +528,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     // offers room again, and home sends the job there again: a new sending, which must run
     // to its end (the thawed agent, taking home's new link while it held the first
     // sending's follower, used to hang for good).
-    let before = ids(&home);
-    let blocker = spawn_as_nobody(
-        &home,
-        &[
-            "--no-flock",
-            "--exclusive",
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-            "sleep",
-            "300",
-        ],
-    );
-    let blocker_id = new_job(&home, &before);
-    wait_running(&home, blocker_id, Duration::from_secs(10), "a new blocker");
+    let (blocker, blocker_id) = take_home_node(&home);
     let given_up_on_away = || {
         let hist = away.storm(&["history", "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&hist.stdout).unwrap_or_default();
@@ -554,22 +544,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         })
     };
     let given_up_before = given_up_on_away();
-    let before = ids(&home);
-    let job = spawn_as_nobody(
-        &home,
-        &[
-            "--flock",
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-            "sh",
-            "-c",
-            "sleep 3; echo ran to its end",
-        ],
-    );
-    let id = new_job(&home, &before);
-    wait_running(&home, id, Duration::from_secs(15), "it runs on away");
+    let (job, id) = flock_running(&home, "sleep 3; echo ran to its end");
     let agent_pid = nix::unistd::Pid::from_raw(away_agent.0.id() as i32);
     nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     support::wait_until(
