@@ -15,7 +15,7 @@
 //! co-run, while every attempt must keep the overlap bound. A node that switches out of step
 //! fails every attempt: with a 0-3 ms random delay before each SIGCONT the three read
 //! 0.64-0.66, and the normal-policy daemons of the original regression fail the first attempt
-//! on overlap (0.08-0.14). Idle here one attempt reads 0.95-0.97; CI's host alone once took a
+//! on overlap (0.08-0.14). Idle here one attempt reads 0.89-0.97; CI's host alone once took a
 //! single attempt to 0.79, which failed the test when it made one attempt.
 //!
 //! Both are fractions of the run, not wall-clock limits; `storm-bench gang --part tasks`
