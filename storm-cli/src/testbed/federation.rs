@@ -10,7 +10,8 @@
 //! the default).
 //!
 //! [`Federation::set_link`] cuts a cluster's link to the others (its `fed0` cable), and
-//! restores it; [`Federation::set_loss`] makes that link drop packets at random. [`down`] takes every cluster down from the files, for `storm-testbed down`.
+//! restores it; [`Federation::set_loss`] makes that link drop packets at random. [`down`]
+//! takes every cluster down from the files, for `storm-testbed down`.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
