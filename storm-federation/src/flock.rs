@@ -132,10 +132,13 @@ impl Home {
         first: u64,
         events: Vec<FlockEvent>,
     ) -> Option<(u64, Vec<FlockEvent>)> {
-        self.orders
-            .get(peer)?
+        let current = self.orders.get(peer)?;
+        if !current
             .iter()
-            .find(|o| o.job == job && o.since_ms == since_ms)?;
+            .any(|o| o.job == job && o.since_ms == since_ms)
+        {
+            return None;
+        }
         self.heard
             .entry(peer.to_string())
             .or_default()
