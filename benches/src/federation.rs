@@ -310,6 +310,7 @@ impl Federation {
                 borrow: !lend,
                 flock_user: Some("nobody".into()),
                 same_users: false,
+                guest_file: None,
             })
         };
         let scheduler = SchedulerSection {

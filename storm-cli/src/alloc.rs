@@ -68,6 +68,7 @@ fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
         constraint: shape.constraint()?,
         // Its steps run on its nodes, at home: an allocation never flocks.
         flock: storm_cluster::flock::Flock::Never,
+        borrow: shape.borrow,
     })
 }
 

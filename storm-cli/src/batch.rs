@@ -220,6 +220,7 @@ pub fn request(
         mem: shape.mem(),
         constraint: shape.constraint()?,
         flock: shape.flock()?,
+        borrow: shape.borrow,
     };
     Ok((req, source))
 }

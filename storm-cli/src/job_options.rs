@@ -77,6 +77,10 @@ pub struct JobShape {
     /// Run only on this cluster, even when the cluster file lets waiting jobs flock.
     #[arg(long)]
     pub no_flock: bool,
+    /// Also run on nodes peer clusters lend to this one (its guest slots), beside its own
+    /// (docs/federation.md): without it a job runs on this cluster's own nodes only.
+    #[arg(long)]
+    pub borrow: bool,
 }
 
 /// `--mem`'s value: srun's sizes, where a bare number is megabytes.
@@ -134,6 +138,7 @@ impl JobShape {
             } else {
                 other.clusters
             },
+            borrow: self.borrow || other.borrow,
         }
     }
 

@@ -73,6 +73,10 @@ pub struct LocalOptions {
     /// Peer clusters (docs/federation.md): this cluster's `[federation]` and `[[peer]]`s.
     pub federation: storm_cluster::federation::FederationSection,
     pub peers: Vec<storm_cluster::federation::PeerEntry>,
+    /// Guest slots for nodes peers may lend this cluster, after its own nodes: slot
+    /// `<cluster>-<node>` on a free loopback port, its identity key beside the others (no NM
+    /// runs there until a peer lends the node and its NM starts the guest).
+    pub guests: Vec<storm_cluster::federation::GuestOf>,
 }
 
 impl LocalOptions {
@@ -101,6 +105,7 @@ impl LocalOptions {
             name: None,
             federation: Default::default(),
             peers: Vec::new(),
+            guests: Vec::new(),
         }
     }
 }
@@ -334,10 +339,12 @@ pub(crate) fn tail(path: &Path) -> String {
 }
 
 /// Waits until the MM answers on one of `sockets` (a replicated MM's leader, on any of its
-/// replicas') and every NM has joined (none "unknown" or "joining"); `check` runs between
-/// tries and fails early when a daemon died.
+/// replicas') and every NM of the cluster's own nodes, the first `own` of the file, has
+/// joined (none "unknown" or "joining"; guest slots come after them and join only while a
+/// peer lends their node); `check` runs between tries and fails early when a daemon died.
 pub(crate) fn wait_for_nodes(
     sockets: &[PathBuf],
+    own: u32,
     limit: Duration,
     mut check: impl FnMut() -> Result<()>,
 ) -> Result<()> {
@@ -349,6 +356,7 @@ pub(crate) fn wait_for_nodes(
                 && let Ok(Reply::Nodes(nodes)) = client.call(&Request::Nodes)
                 && nodes
                     .iter()
+                    .filter(|n| n.id < own)
                     .all(|n| !matches!(n.state, NodeState::Unknown | NodeState::Joining))
             {
                 return Ok(());
@@ -403,9 +411,23 @@ impl LocalCluster {
                     cpus,
                     mem: None,
                     features: Vec::new(),
+                    guest_of: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut nodes = nodes;
+        for g in &opts.guests {
+            let name = format!("{}-{}", g.cluster, g.node);
+            nodes.push(NodeEntry {
+                address: free_addresses(1)?[0],
+                spool: root.join(&name),
+                name,
+                cpus,
+                mem: None,
+                features: Vec::new(),
+                guest_of: Some(g.clone()),
+            });
+        }
         let config = ClusterConfig {
             cluster: ClusterSection {
                 // Unique on this host (clusters started by one process too): the name keys
@@ -754,7 +776,8 @@ impl LocalCluster {
         let root = self.root.clone();
         let sockets = self.config.control_sockets();
         let mut exited = false;
-        wait_for_nodes(&sockets, Duration::from_secs(20), || {
+        let own = self.config.home_node_count();
+        wait_for_nodes(&sockets, own, Duration::from_secs(20), || {
             // Read readiness as it comes: the socket's queue is short.
             self.collect_ready();
             for d in self.daemons.iter_mut() {

@@ -255,6 +255,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         // The dedicated account: the default (same_users off) whatever owner home names.
         flock_user: Some("nobody".into()),
         same_users: false,
+        guest_file: None,
     };
     let mut home = cluster(
         "fl-home",

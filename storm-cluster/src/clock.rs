@@ -13,6 +13,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Milliseconds since the Unix epoch as this host's local time, `2026-11-27T07:01:22` (as
+/// sacct shows times); the number itself if the host cannot say.
+pub fn format_unix_ms(ms: u64) -> String {
+    let secs = (ms / 1000) as libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`, which it is given.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return ms.to_string();
+    }
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
 /// Where the daemons' logic reads the time.
 pub trait Clock: Send + Sync {
     /// The monotonic time now.

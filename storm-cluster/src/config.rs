@@ -449,6 +449,12 @@ pub struct NodeEntry {
     /// What `--constraint` selects the node by (`features = ["ib", "gpu"]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// A guest slot (docs/federation.md, lending): this entry is the place in this cluster's
+    /// fabric of a node that a peer cluster lends here, not a node of this cluster. It is
+    /// down, and given no job, but while that node's guest NM is a member; only jobs that
+    /// allow borrowing (`--borrow`) go there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_of: Option<crate::federation::GuestOf>,
 }
 
 fn one() -> u32 {
@@ -631,7 +637,12 @@ impl RelaySection {
 }
 
 /// Distinct node features a cluster may have (`--constraint` selects by them).
-pub const MAX_FEATURES: usize = 64;
+pub const MAX_FEATURES: usize = 63;
+
+/// The feature bit of a cluster's own nodes (not guest slots) in a file that names guest
+/// slots: a job that does not allow borrowing asks for it, and so goes on own nodes only
+/// (the last bit, which no named feature takes).
+pub const OWN_NODE_BIT: u64 = 1 << 63;
 
 /// A whole cluster file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -693,6 +704,9 @@ struct NodeTable {
     mem: Option<crate::size::ByteSize>,
     #[serde(default)]
     features: Vec<String>,
+    /// A guest slot's lender (one node per table: two slots never stand for one node).
+    #[serde(default)]
+    guest_of: Option<crate::federation::GuestOf>,
 }
 
 fn expand_nodes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeEntry>, D::Error> {
@@ -723,6 +737,7 @@ fn expand_nodes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeEntry>
                 cpus: t.cpus,
                 mem: t.mem,
                 features: t.features.clone(),
+                guest_of: t.guest_of.clone(),
             });
         }
         if nodes.len() > crate::hostlist::MAX_EXPANSION {
@@ -784,6 +799,7 @@ impl ClusterConfig {
         }
         for p in &mut cfg.peers {
             p.key_file = dir.join(&p.key_file);
+            p.guest_file = p.guest_file.as_ref().map(|f| dir.join(f));
         }
         Ok(cfg)
     }
@@ -916,6 +932,7 @@ impl ClusterConfig {
         }
         crate::federation::validate(&self.cluster.name, &self.federation, &self.peers)
             .map_err(ConfigError::Invalid)?;
+        self.validate_guest_slots().map_err(ConfigError::Invalid)?;
         let c = &self.cluster;
         let features = self.features();
         if features.len() > MAX_FEATURES {
@@ -1315,12 +1332,77 @@ impl ClusterConfig {
         Ok(mask)
     }
 
-    /// Each node's features as bits (see [`ClusterConfig::features`]).
+    /// Each node's features as bits (see [`ClusterConfig::features`]); where the file names
+    /// guest slots, the cluster's own nodes also have [`OWN_NODE_BIT`].
     pub fn node_feature_masks(&self) -> Vec<u64> {
+        let guests = self.has_guest_slots();
         self.nodes
             .iter()
-            .map(|n| self.feature_mask(&n.features).unwrap_or(0))
+            .map(|n| {
+                let own = if guests && n.guest_of.is_none() {
+                    OWN_NODE_BIT
+                } else {
+                    0
+                };
+                self.feature_mask(&n.features).unwrap_or(0) | own
+            })
             .collect()
+    }
+
+    /// Whether node `id` is a guest slot (a node a peer lends here), not one of this
+    /// cluster's own.
+    pub fn is_guest(&self, id: NodeId) -> bool {
+        self.nodes
+            .get(id as usize)
+            .is_some_and(|n| n.guest_of.is_some())
+    }
+
+    /// Whether the file names any guest slot.
+    pub fn has_guest_slots(&self) -> bool {
+        self.nodes.iter().any(|n| n.guest_of.is_some())
+    }
+
+    /// This cluster's own nodes (guest slots left out).
+    pub fn home_node_count(&self) -> u32 {
+        self.nodes.iter().filter(|n| n.guest_of.is_none()).count() as u32
+    }
+
+    /// The guest slot that stands for node `node` of peer `cluster`.
+    pub fn guest_slot(&self, cluster: &str, node: &str) -> Option<NodeId> {
+        self.nodes
+            .iter()
+            .position(|n| {
+                n.guest_of
+                    .as_ref()
+                    .is_some_and(|g| g.cluster == cluster && g.node == node)
+            })
+            .map(|i| i as NodeId)
+    }
+
+    /// Guest slots stand for nodes of peers this cluster may borrow from, each node once, and
+    /// the cluster keeps at least one node of its own.
+    fn validate_guest_slots(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &self.nodes {
+            let Some(g) = &n.guest_of else { continue };
+            if !self.peers.iter().any(|p| p.name == g.cluster && p.borrow) {
+                return Err(format!(
+                    "node {}: guest_of cluster {:?} is not a [[peer]] this cluster may borrow \
+                     from (borrow = true)",
+                    n.name, g.cluster
+                ));
+            }
+            if !seen.insert(g) {
+                return Err(format!(
+                    "node {}: another guest slot already stands for node {} of cluster {}",
+                    n.name, g.node, g.cluster
+                ));
+            }
+        }
+        if self.home_node_count() == 0 {
+            return Err("every [[node]] is a guest slot: a cluster needs a node of its own".into());
+        }
+        Ok(())
     }
 
     /// The MM's id in the primitives fabric: one past the last compute node.
@@ -1457,6 +1539,60 @@ pub(crate) mod tests {
             ));
         }
         text
+    }
+
+    /// [`SMALL`] with a peer `p` it may borrow from (`borrow`) and `guests` guest slot
+    /// tables after its nodes.
+    fn with_guests(borrow: bool, guests: &[(&str, &str, &str)]) -> String {
+        let mut text = SMALL.to_string();
+        text.push_str(&format!(
+            "[federation]\nlisten = \"127.0.0.1:7100\"\n[[peer]]\nname = \"p\"\naddress = \
+             \"127.0.0.1:7101\"\nkey_file = \"p.key\"\nborrow = {borrow}\n"
+        ));
+        for (i, (name, cluster, node)) in guests.iter().enumerate() {
+            text.push_str(&format!(
+                "[[node]]\nname = \"{name}\"\naddress = \"127.0.0.1:{}\"\nspool = \
+                 \"/tmp/{name}\"\nguest_of = {{ cluster = \"{cluster}\", node = \"{node}\" }}\n",
+                7300 + i
+            ));
+        }
+        text
+    }
+
+    #[test]
+    fn guest_slots_stand_once_each_for_nodes_of_peers_the_cluster_may_borrow_from() {
+        let c = ClusterConfig::parse(&with_guests(true, &[("p-n0", "p", "n0")])).unwrap();
+        assert!(c.has_guest_slots());
+        assert_eq!(c.home_node_count(), 2);
+        assert_eq!(c.guest_slot("p", "n0"), Some(2));
+        assert!(c.is_guest(2) && !c.is_guest(0));
+        let masks = c.node_feature_masks();
+        assert_eq!(
+            masks[0] & OWN_NODE_BIT,
+            OWN_NODE_BIT,
+            "own nodes carry the bit"
+        );
+        assert_eq!(masks[2] & OWN_NODE_BIT, 0, "guest slots do not");
+        assert_eq!(ClusterConfig::parse(&c.to_toml()).unwrap(), c);
+        // Files without guest slots give no node the bit: no job asks for it there.
+        let plain = ClusterConfig::parse(SMALL).unwrap();
+        assert!(
+            plain
+                .node_feature_masks()
+                .iter()
+                .all(|m| m & OWN_NODE_BIT == 0)
+        );
+        let e = ClusterConfig::parse(&with_guests(false, &[("p-n0", "p", "n0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("may borrow"), "{e}");
+        let e = ClusterConfig::parse(&with_guests(true, &[("x-n0", "x", "n0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"x\""), "{e}");
+        let twice = with_guests(true, &[("p-n0", "p", "n0"), ("again", "p", "n0")]);
+        let e = ClusterConfig::parse(&twice).unwrap_err().to_string();
+        assert!(e.contains("already stands for node n0"), "{e}");
     }
 
     #[test]

@@ -33,8 +33,9 @@ use crate::tasks::TaskRequest;
 /// record (its jobs' CPU and memory, its fabric ports) in its records; `PeerReport` and
 /// `Peers`. Version 17: flocking (a request's `flock`, `FlockOut`, `FlockReport`,
 /// `SubmitFlocked`, `Flocked`, and where a job runs in its `JobInfo`). Version 18: a job
-/// flocked here (`Flock::From`) and whose it is in its `JobInfo` (`from_cluster`).
-pub const PROTOCOL_VERSION: u32 = 18;
+/// flocked here (`Flock::From`) and whose it is in its `JobInfo` (`from_cluster`). Version
+/// 19: lending (a request's `borrow`, `Lend`, `Reclaim`, the node state `Lent`).
+pub const PROTOCOL_VERSION: u32 = 19;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -88,6 +89,9 @@ pub struct JobRequest {
     /// Where it may run: at home, or on a peer cluster (`--flock`, `--clusters`,
     /// `--no-flock`; docs/federation.md).
     pub flock: crate::flock::Flock,
+    /// It may run on guest slots, nodes peer clusters lend here, beside this cluster's own
+    /// (`--borrow`; docs/federation.md). Without it a job runs on this cluster's own nodes.
+    pub borrow: bool,
 }
 
 /// Memory a job asks for, as srun means it (bytes).
@@ -143,6 +147,7 @@ impl JobRequest {
             mem: None,
             constraint: Vec::new(),
             flock: Default::default(),
+            borrow: false,
         }
     }
 }
@@ -365,6 +370,16 @@ pub enum Request {
     /// only): a Raft configuration change the leader proposes.
     RemoveManager {
         name: String,
+    },
+    /// Lend these idle nodes to peer cluster `peer` for `for_ms` (docs/federation.md).
+    Lend {
+        nodes: NodeSet,
+        peer: String,
+        for_ms: u64,
+    },
+    /// Take these lent nodes back now (their guests' jobs end).
+    Reclaim {
+        nodes: NodeSet,
     },
     /// Keep these nodes out of allocation until resumed; jobs on them run to their end.
     Drain {
@@ -617,6 +632,9 @@ pub enum NodeState {
     Draining,
     /// Drained by an operator, without jobs.
     Drained,
+    /// Lent to a peer cluster (docs/federation.md): it runs that cluster's jobs, none of
+    /// this one's, until it comes home.
+    Lent,
 }
 
 impl NodeState {
@@ -630,6 +648,7 @@ impl NodeState {
             NodeState::Down => "down",
             NodeState::Draining => "draining",
             NodeState::Drained => "drained",
+            NodeState::Lent => "lent",
         }
     }
 }

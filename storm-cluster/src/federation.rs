@@ -83,6 +83,33 @@ pub struct PeerEntry {
     /// default: the peer's word for who owns a job then reaches no local user's files.
     #[serde(default)]
     pub same_users: bool,
+    /// Lending (docs/federation.md): the peer's cluster file, as this cluster's operator
+    /// installed it on every node it may lend to the peer (relative to this cluster file's
+    /// directory). A lent node's NM starts the guest NM from it, as that file's guest slot
+    /// for the node ([`GuestOf`]). Unset: no node of this cluster is lent to the peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_file: Option<PathBuf>,
+}
+
+/// A node lent to a peer cluster: to whom, and until when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The borrowing cluster (a `[[peer]]` this cluster lends to).
+    pub peer: String,
+    /// When the lease ends (Unix ms): the node's guest NM stops itself then, whatever it
+    /// hears, and the node comes home.
+    pub until_ms: u64,
+}
+
+/// What a guest slot of this cluster's file stands for: node `node` of peer cluster
+/// `cluster`, while that cluster lends it here (a `[[node]]` with `guest_of`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestOf {
+    /// The lending cluster's name (a `[[peer]]` this cluster may borrow from).
+    pub cluster: String,
+    /// The node's name in the lending cluster's own file.
+    pub node: String,
 }
 
 /// What an agent tells a peer it lends to, every `advertise_ms` (nothing offered to a peer it
@@ -216,6 +243,13 @@ pub fn validate(cluster: &str, fed: &FederationSection, peers: &[PeerEntry]) -> 
         if !names.insert(p.name.as_str()) {
             return Err(format!("[[peer]] {:?} is named twice", p.name));
         }
+        if p.guest_file.is_some() && !p.lend {
+            return Err(format!(
+                "[[peer]] {:?} names a guest_file but does not lend (lend = true): its guests \
+                 would have no node to run on",
+                p.name
+            ));
+        }
     }
     if !peers.is_empty() && fed.listen.is_none() {
         return Err(
@@ -250,6 +284,7 @@ mod tests {
             borrow: false,
             flock_user: None,
             same_users: false,
+            guest_file: None,
         }
     }
 

@@ -459,6 +459,20 @@ pub enum Command {
     },
     /// Is the program already in place on these nodes (a shared file system)?
     CheckProgram(CheckProgram),
+    /// Lending (docs/federation.md): this node is lent to peer cluster `peer` until
+    /// `until_ms` (Unix ms): its NM starts the guest NM that joins the peer's fabric, if it
+    /// does not run yet. Sent again whenever the node is welcomed while lent.
+    Lend {
+        nodes: NodeSet,
+        peer: String,
+        until_ms: u64,
+    },
+    /// The node comes home: its NM stops the guest NM, whose tasks die with it, before it
+    /// takes the next command (so that no job of this cluster starts beside a guest's).
+    /// Sent whenever the node is welcomed while not lent, too.
+    EndLend {
+        nodes: NodeSet,
+    },
 }
 
 impl Command {
@@ -470,7 +484,20 @@ impl Command {
             Command::Launch(l) => Some(&l.nodes),
             Command::Input { nodes, .. } => Some(nodes),
             Command::LaunchPiece { nodes, .. } => Some(nodes),
+            Command::Lend { nodes, .. } | Command::EndLend { nodes } => Some(nodes),
             _ => None,
+        }
+    }
+
+    /// Makes `(uid, gid)` the owner of whatever files and tasks the command makes (a guest
+    /// NM's account, docs/federation.md). A launch in pieces is the NM's to rewrite once
+    /// whole.
+    pub fn run_as(&mut self, (uid, gid): (u32, u32)) {
+        match self {
+            Command::ReceiveFile(f) => (f.uid, f.gid) = (uid, gid),
+            Command::CheckProgram(c) => (c.uid, c.gid) = (uid, gid),
+            Command::Launch(l) => (l.uid, l.gid) = (uid, gid),
+            _ => {}
         }
     }
 }

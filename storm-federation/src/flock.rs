@@ -878,6 +878,7 @@ mod tests {
             borrow: false,
             flock_user: None,
             same_users: false,
+            guest_file: None,
         };
         let e = local_account("daemon", &peer, "c1").unwrap_err();
         assert!(e.contains("names no flock_user"), "{e}");
@@ -895,6 +896,7 @@ mod tests {
         }
         let shared = PeerEntry {
             same_users: true,
+            guest_file: None,
             ..dedicated.clone()
         };
         assert_eq!(

@@ -183,6 +183,7 @@ mod tests {
             borrow: true,
             flock_user: None,
             same_users: false,
+            guest_file: None,
         }]
     }
 

@@ -970,6 +970,7 @@ fn job_request() -> JobRequest {
         mem: Some(storm_cluster::control::MemRequest::PerCpu(512 << 20)),
         constraint: vec!["ib".into()],
         flock: storm_cluster::flock::Flock::Only(vec!["c0".into(), "c1".into()]),
+        borrow: true,
     }
 }
 
@@ -1170,6 +1171,10 @@ fn journal_seeds() -> Vec<Vec<u8>> {
             1,
             &NodeRecord {
                 drain: Some("bad fan".into()),
+                lent: Some(storm_cluster::federation::Lease {
+                    peer: "c0".into(),
+                    until_ms: 1_700_000_002_000,
+                }),
             },
         ),
     ]

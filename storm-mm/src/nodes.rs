@@ -61,6 +61,9 @@ pub struct Node {
     life: Life,
     /// Set by `storm drain`: kept out of allocation until `storm resume`.
     pub drain: Option<String>,
+    /// Lent to a peer cluster (`storm lend`, docs/federation.md): kept out of allocation
+    /// until it comes home (`storm reclaim`, or the lease's end).
+    pub lent: Option<storm_cluster::federation::Lease>,
     /// Set by the node's own health verdict (`storm_cluster::health`): kept out of
     /// allocation until a fresh verdict says it is healthy again.
     pub sick: Option<String>,
@@ -104,6 +107,7 @@ impl NodeTable {
         let node = Node {
             life: Life::Unknown,
             drain: None,
+            lent: None,
             sick: None,
             stamp_seen: 0,
             nm: None,
@@ -140,10 +144,19 @@ impl NodeTable {
         matches!(self.nodes[n as usize].life, Life::Up { .. })
     }
 
-    /// Up, not drained and not sick: the policy may give it to jobs.
+    /// Up, not drained, not lent and not sick: the policy may give it to jobs.
     pub fn is_available(&self, n: NodeId) -> bool {
         let node = &self.nodes[n as usize];
-        self.is_up(n) && node.drain.is_none() && node.sick.is_none()
+        self.is_up(n) && node.drain.is_none() && node.lent.is_none() && node.sick.is_none()
+    }
+
+    /// What the journal keeps of node `n` across a restart.
+    pub fn record(&self, n: NodeId) -> crate::journal::NodeRecord {
+        let node = &self.nodes[n as usize];
+        crate::journal::NodeRecord {
+            drain: node.drain.clone(),
+            lent: node.lent.clone(),
+        }
     }
 
     pub fn available_count(&self) -> u32 {
@@ -280,12 +293,26 @@ impl NodeTable {
     pub fn describe(&self, n: NodeId, has_jobs: bool) -> (NodeState, Option<String>) {
         let node = &self.nodes[n as usize];
         // An operator's drain and the node's own health verdict, both shown.
-        let drain = match (&node.drain, &node.sick) {
+        let mut drain = match (&node.drain, &node.sick) {
             (Some(d), Some(s)) => Some(format!("{d}; health: {s}")),
             (Some(d), None) => Some(d.clone()),
             (None, Some(s)) => Some(format!("health: {s}")),
             (None, None) => None,
         };
+        if let Some(lease) = &node.lent {
+            let lent = format!(
+                "lent to cluster {} until {}",
+                lease.peer,
+                storm_cluster::clock::format_unix_ms(lease.until_ms)
+            );
+            drain = Some(match drain {
+                Some(d) => format!("{lent}; {d}"),
+                None => lent,
+            });
+            if matches!(node.life, Life::Up { .. }) {
+                return (NodeState::Lent, drain);
+            }
+        }
         match (&node.life, has_jobs) {
             (Life::Unknown, _) => (NodeState::Unknown, drain),
             (Life::Joining { .. }, _) => (NodeState::Joining, drain),

@@ -46,6 +46,19 @@ pub struct NmOptions {
     pub pmi_library: PathBuf,
     /// Set to stop the NM (signal handlers set it).
     pub stop: Arc<AtomicBool>,
+    /// A guest NM: this node is lent to the cluster of `config` (docs/federation.md).
+    pub guest: Option<Guest>,
+}
+
+/// What makes an NM a guest on a lent node: whose account its jobs run as, and when the
+/// lease ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Guest {
+    /// The lending cluster's account for the borrower's jobs (never root).
+    pub user: (u32, u32),
+    /// When the lease ends (Unix ms): the guest stops itself and its tasks then, whatever
+    /// it hears from either cluster.
+    pub until_ms: u64,
 }
 
 /// The storm-pl launcher and the PMI library a node manager uses: those the cluster file
@@ -77,6 +90,8 @@ pub fn helpers(cfg: &ClusterConfig) -> Result<(PathBuf, PathBuf)> {
 pub struct Daemon {
     core: NodeManager<DaemonEnv>,
     stop: Arc<AtomicBool>,
+    /// A guest NM's lease end (Unix ms).
+    lease_until_ms: Option<u64>,
     node: NodeId,
     /// This node's identity key, which its links sign with (read again on SIGHUP).
     node_key: Arc<parking_lot::RwLock<ed25519_dalek::SigningKey>>,
@@ -96,7 +111,16 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         pl_path,
         pmi_library,
         stop,
+        guest,
     } = opts;
+    if let Some(g) = guest {
+        if g.user.0 == 0 {
+            bail!("a guest NM runs the borrower's jobs as an account of its own, never root");
+        }
+        if g.until_ms <= storm_cluster::daemon::unix_ms() {
+            bail!("the lease ended before the guest NM started");
+        }
+    }
     // First: without the key this daemon must not run at all.
     let key = cfg.load_key()?;
     // Every command it carries out is sealed by the MM: without its public key, nothing is.
@@ -168,6 +192,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     )
     .context("starting the sampling thread")?;
     let env = DaemonEnv {
+        guest: crate::guest::GuestProcess::new(Arc::new(cfg.clone()), entry.name.clone()),
         clock: SystemClock,
         tasks: PlRunner::new(
             node,
@@ -210,6 +235,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         ),
         report_wait: op_timeout * 2,
         pmi_library,
+        guest_user: guest.map(|g| g.user),
     };
     let keys = KeyWatch::new(
         vec![
@@ -224,6 +250,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     Ok(Daemon {
         core: NodeManager::new(parts, env),
         stop,
+        lease_until_ms: guest.map(|g| g.until_ms),
         node,
         node_key,
         keys,
@@ -239,6 +266,16 @@ impl Daemon {
         while !self.core.is_done() && !self.stop.load(Ordering::Acquire) {
             if self.keys.poll(std::time::Instant::now()) == Due::Reload {
                 self.reload_keys();
+            }
+            if self
+                .lease_until_ms
+                .is_some_and(|until| storm_cluster::daemon::unix_ms() >= until)
+            {
+                tracing::warn!(
+                    node = self.node,
+                    "the lease of this lent node ended: stopping"
+                );
+                break;
             }
             match self.core.step(self.core.poll_timeout()) {
                 Ok(_) => self.jobs.store(self.core.job_count(), Ordering::Relaxed),
@@ -276,6 +313,8 @@ impl Daemon {
 
 /// The daemon's environment (see [`crate::env`]).
 pub struct DaemonEnv {
+    /// The guest NM while the node is lent.
+    guest: crate::guest::GuestProcess,
     clock: SystemClock,
     tasks: PlRunner,
     spool: DaemonSpool,
@@ -306,6 +345,10 @@ impl NmEnv for DaemonEnv {
 
     fn pmi(&mut self) -> &mut dyn PmiServer {
         &mut self.pmi
+    }
+
+    fn guest(&mut self) -> &mut dyn crate::env::GuestRunner {
+        &mut self.guest
     }
 
     fn heard(&mut self, seq: u64, received_ns: u128, _commands: &[Command]) {

@@ -35,12 +35,22 @@ pub trait NmEnv {
     fn output(&mut self) -> &mut dyn OutputForwarder;
     /// The PMI server of MPI jobs.
     fn pmi(&mut self) -> &mut dyn PmiServer;
+    /// The guest NM of a lent node.
+    fn guest(&mut self) -> &mut dyn GuestRunner;
     /// A heartbeat was taken from the queue (recorded if the cluster asks for it).
     fn heard(&mut self, seq: u64, received_ns: u128, commands: &[Command]);
     /// A gang switch was completed (recorded if the cluster asks for it).
     fn switched(&mut self, switch: &SwitchRecord);
     /// A timestamp for the records above, in nanoseconds (CLOCK_MONOTONIC in the daemon).
     fn stamp_ns(&self) -> u128;
+}
+
+/// The guest NM this node runs while it is lent to a peer cluster (docs/federation.md).
+pub trait GuestRunner {
+    /// Runs the guest NM for peer `peer` until `until_ms` (Unix ms), if none runs yet.
+    fn start(&mut self, peer: &str, until_ms: u64);
+    /// Stops the guest NM, if one runs, and returns once it and its tasks are gone.
+    fn stop(&mut self);
 }
 
 /// One task to start: what storm-pl needs to run it.

@@ -14,6 +14,7 @@
 //!   reads its CPU time and peak memory there ([`cgroup`]);
 //! * samples its node once per sample period: load, memory, disks, network, its own CPU
 //!   ([`sample`]), and puts the record where the MM reads it ([`monitor`]);
+//! * runs the guest NM while the node is lent to a peer cluster ([`guest`]);
 //! * polls the NM-PL shared-memory table at heartbeat intervals and reports finished jobs
 //!   (Algorithm 9, [`manager`]; the reports themselves in [`report`]).
 //!
@@ -29,6 +30,7 @@
 pub mod cgroup;
 pub mod daemon;
 pub mod env;
+pub mod guest;
 pub mod health;
 pub mod in_place;
 pub mod launch;

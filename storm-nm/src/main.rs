@@ -26,6 +26,13 @@ struct Args {
     /// Use this inherited, bound listening socket instead of binding the configured address.
     #[arg(long)]
     listen_fd: Option<i32>,
+    /// Run as a guest NM on a lent node (docs/federation.md; the lending node's NM starts
+    /// it): every job of the borrower runs as this local account.
+    #[arg(long, requires = "lease_until", value_name = "USER")]
+    guest_user: Option<String>,
+    /// A guest NM's lease end (Unix ms): it stops itself and its jobs then.
+    #[arg(long, requires = "guest_user", value_name = "UNIX_MS")]
+    lease_until: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -47,6 +54,17 @@ fn run() -> Result<()> {
     daemon::set_rt_priority(config.scheduler.daemon_rt_priority);
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
+    let guest = match (&args.guest_user, args.lease_until) {
+        (Some(name), Some(until_ms)) => {
+            let user = nix::unistd::User::from_name(name)?
+                .ok_or_else(|| anyhow::anyhow!("--guest-user {name}: no such account here"))?;
+            Some(nm_daemon::Guest {
+                user: (user.uid.as_raw(), user.gid.as_raw()),
+                until_ms,
+            })
+        }
+        _ => None,
+    };
     let nm = nm_daemon::start(NmOptions {
         config,
         node,
@@ -54,6 +72,7 @@ fn run() -> Result<()> {
         pl_path,
         pmi_library,
         stop,
+        guest,
     })?;
     daemon::notify_ready();
     nm.run()

@@ -97,6 +97,10 @@ pub struct NmParts {
     pub report_wait: Duration,
     /// The PMI-1 client library `--mpi openmpi` tasks are told to load.
     pub pmi_library: PathBuf,
+    /// A guest NM (a node lent to the cluster of `config`, docs/federation.md): every job's
+    /// files and tasks are this local account's (uid, gid), whoever the borrower's MM says
+    /// owns the job. The borrower's word for a uid reaches no user of the lending cluster.
+    pub guest_user: Option<(u32, u32)>,
 }
 
 struct LocalRank {
@@ -197,6 +201,8 @@ pub struct NodeManager<E: NmEnv> {
     registration: Registration,
     report_wait: Duration,
     pmi_library: PathBuf,
+    /// A guest NM's account for every job (see [`NmParts::guest_user`]).
+    guest_user: Option<(u32, u32)>,
     jobs: BTreeMap<JobId, LocalJob>,
     /// Jobs launched under gang scheduling whose time slot has not come yet.
     pending: BTreeMap<JobId, LaunchSpec>,
@@ -244,6 +250,7 @@ impl<E: NmEnv> NodeManager<E> {
             identity,
             report_wait,
             pmi_library,
+            guest_user,
         } = parts;
         let mm = cfg.mm_id();
         let mm_key = identity.mm.clone();
@@ -265,6 +272,7 @@ impl<E: NmEnv> NodeManager<E> {
             registration,
             report_wait,
             pmi_library,
+            guest_user,
             jobs: BTreeMap::new(),
             pending: BTreeMap::new(),
             assembling: BTreeMap::new(),
@@ -435,9 +443,12 @@ impl<E: NmEnv> NodeManager<E> {
             // The schedule rides on the links' protection alone (docs/security.md).
             commands.retain(|c| matches!(c, Command::Schedule { .. }));
         }
-        for cmd in commands {
+        for mut cmd in commands {
             if cmd.nodes().is_some_and(|n| !n.contains(self.node)) {
                 continue;
+            }
+            if let Some(user) = self.guest_user {
+                cmd.run_as(user);
             }
             match cmd {
                 Command::ReceiveFile(info) => self.receive_file(info),
@@ -463,6 +474,8 @@ impl<E: NmEnv> NodeManager<E> {
                     self.apply_schedule(hb.seq, received_ns, &run);
                 }
                 Command::Shutdown => self.done = true,
+                Command::Lend { peer, until_ms, .. } => self.env.guest().start(&peer, until_ms),
+                Command::EndLend { .. } => self.env.guest().stop(),
                 Command::Input {
                     job,
                     offset,
@@ -650,9 +663,12 @@ impl<E: NmEnv> NodeManager<E> {
 
     /// LAUNCH-JOB. Under gang scheduling the job's tasks are started at the first strobe that
     /// runs the job, so no task ever runs outside its time slot, not even briefly.
-    fn launch(&mut self, spec: LaunchSpec) {
+    fn launch(&mut self, mut spec: LaunchSpec) {
         if spec.nodes.rank(self.node).is_none() {
             return;
+        }
+        if let Some((uid, gid)) = self.guest_user {
+            (spec.uid, spec.gid) = (uid, gid);
         }
         let c = &self.cfg.cluster;
         let root_refused = (spec.uid == 0 && !self.cfg.security.allow_root_jobs)

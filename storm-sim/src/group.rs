@@ -259,6 +259,7 @@ mod tests {
         g.lead(leader, term);
         let node = NodeRecord {
             drain: Some("a reason".into()),
+            lent: None,
         };
         let before = g.messages_delivered();
         g.propose(&Batch {

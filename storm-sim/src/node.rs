@@ -96,6 +96,7 @@ impl SimNode {
             identity,
             report_wait: Duration::ZERO,
             pmi_library: PathBuf::new(),
+            guest_user: None,
         };
         Self {
             core: NodeManager::new(parts, env),
@@ -240,6 +241,10 @@ impl NmEnv for SimNodeEnv {
         &mut self.none
     }
 
+    fn guest(&mut self) -> &mut dyn storm_nm::env::GuestRunner {
+        &mut self.none
+    }
+
     fn heard(&mut self, seq: u64, _received_ns: u128, commands: &[Command]) {
         if self.record {
             self.heard.push(Heard {
@@ -281,6 +286,14 @@ impl Spool for NoFiles {
     fn stop_all(&mut self) {}
 
     fn remove(&mut self, _job: JobId) {}
+}
+
+impl storm_nm::env::GuestRunner for NoFiles {
+    // A simulated node runs no processes: a lease's guest NM is not simulated (the guest
+    // slots of a simulated borrower are nodes of its own simulation).
+    fn start(&mut self, _peer: &str, _until_ms: u64) {}
+
+    fn stop(&mut self) {}
 }
 
 impl PmiServer for NoFiles {

@@ -38,6 +38,7 @@ fn sim() -> Sim {
             borrow: true,
             flock_user: None,
             same_users: false,
+            guest_file: None,
         }],
         ..SimOptions::default()
     })
@@ -280,6 +281,7 @@ fn lender() -> Sim {
             borrow: false,
             flock_user: Some("nobody".into()),
             same_users: false,
+            guest_file: None,
         }],
         ..SimOptions::default()
     })

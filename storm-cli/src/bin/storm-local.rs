@@ -52,7 +52,8 @@ fn main() -> Result<()> {
     let (pl_path, pmi_library) = storm_nm::daemon::helpers(&config)?;
     // Every NM is started (or has failed to) before the MM starts and says it is ready.
     let mut nms = Vec::new();
-    for node in 0..config.node_count() {
+    // Guest slots run no NM here: a lent node's own NM starts their guest.
+    for node in (0..config.node_count()).filter(|&n| !config.is_guest(n)) {
         let opts = NmOptions {
             config: config.clone(),
             node,
@@ -60,6 +61,7 @@ fn main() -> Result<()> {
             pl_path: pl_path.clone(),
             pmi_library: pmi_library.clone(),
             stop: stop.clone(),
+            guest: None,
         };
         let (started_tx, started) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()

@@ -433,6 +433,7 @@ fn run(args: Args) -> Result<i32, String> {
         mem: shape.mem(),
         constraint: shape.constraint()?,
         flock: shape.flock()?,
+        borrow: shape.borrow,
     };
 
     let local = match args.local {

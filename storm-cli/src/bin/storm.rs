@@ -164,6 +164,24 @@ enum Cmd {
         /// Node ids (`0-3,7`) or names (`node0,node5`).
         nodes: String,
     },
+    /// Lend idle nodes to a peer cluster for a while (docs/federation.md): each runs the
+    /// peer's jobs, as the [[peer]]'s flock_user, until reclaimed or the lease ends.
+    Lend {
+        /// Node ids (`0-3,7`) or names (`node0,node5`).
+        nodes: String,
+        /// The peer cluster that borrows them (a [[peer]] this cluster lends to).
+        #[arg(long)]
+        to: String,
+        /// How long the lease lasts (minutes, or [D-]HH:MM:SS as --time takes it).
+        #[arg(long = "for", value_name = "DURATION", value_parser = storm_cluster::control::parse_time_limit)]
+        for_ms: u64,
+    },
+    /// Call lent nodes home now: the borrower's jobs there end (or are requeued if they
+    /// asked for it).
+    Reclaim {
+        /// Node ids (`0-3,7`) or names (`node0,node5`).
+        nodes: String,
+    },
     /// Stop the machine manager and every node manager.
     Shutdown,
     /// Make a key: by default the cluster's secret key, a new file of mode 0600 that every
@@ -294,6 +312,20 @@ fn run(args: Args) -> Result<(), String> {
         ),
         Cmd::Resume { nodes } => (
             Request::Resume {
+                nodes: node_set(&socket, &nodes)?,
+            },
+            false,
+        ),
+        Cmd::Lend { nodes, to, for_ms } => (
+            Request::Lend {
+                nodes: node_set(&socket, &nodes)?,
+                peer: to,
+                for_ms,
+            },
+            false,
+        ),
+        Cmd::Reclaim { nodes } => (
+            Request::Reclaim {
                 nodes: node_set(&socket, &nodes)?,
             },
             false,

@@ -105,6 +105,7 @@ impl Federation {
                     borrow: true,
                     flock_user: Some("nobody".into()),
                     same_users: false,
+                    guest_file: None,
                 })
                 .collect();
             let opts = TestbedOptions {

@@ -242,7 +242,7 @@ impl Testbed {
         let daemons = tb.daemons.clone();
         let dir = tb.dir.clone();
         let sockets = tb.config.control_sockets();
-        wait_for_nodes(&sockets, Duration::from_secs(30), || {
+        wait_for_nodes(&sockets, opts.nodes, Duration::from_secs(30), || {
             for (name, pid) in &daemons {
                 if !alive(*pid) {
                     let log = dir.join(format!("{}.log", name.replace(' ', "-")));
@@ -694,6 +694,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                 cpus: opts.cpus,
                 mem: None,
                 features: Vec::new(),
+                guest_of: None,
             })
             .collect(),
     };

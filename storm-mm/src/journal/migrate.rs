@@ -1,5 +1,10 @@
 //! Journals of the previous formats, read once and written again in this one.
 //!
+//! * **Format 16** is this format but for the job request and the node record: format 17
+//!   added whether a job may run on borrowed nodes (`borrow`, `--borrow`) and whether a node
+//!   is lent to a peer (`lent`). A job of format 16 comes over running on its own cluster's
+//!   nodes only, and a node as not lent, as they were: no earlier storm lent nodes. Node
+//!   records of every older format are format 16's.
 //! * **Format 15** is this format but for the job request: format 16 added where it may run
 //!   (`flock`: `--flock`, `--clusters`, `--no-flock`). A job of format 15 comes over asking
 //!   for the default (at home, flocking only after `[federation] flock_after_ms`), as it was
@@ -27,10 +32,10 @@ use storm_cluster::messages::{BatchOutput, InputTarget, JobId, MpiMode};
 use storm_cluster::tasks::TaskRequest;
 use storm_primitives::NodeSet;
 
-use super::{JobRecord, JobState};
+use super::{JobRecord, JobState, NodeRecord};
 
 /// The formats this module reads.
-pub(super) const READS: [u64; 3] = [13, 14, 15];
+pub(super) const READS: [u64; 4] = [13, 14, 15, 16];
 
 /// A job request as formats 13 and 14 wrote it (the tests write one, too).
 #[derive(Deserialize)]
@@ -77,6 +82,51 @@ impl From<JobRequest15> for JobRequest {
     }
 }
 
+/// A job request as format 16 wrote it: format 15's, then where it may run.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct JobRequest16 {
+    head: JobRequest15,
+    flock: storm_cluster::flock::Flock,
+}
+
+impl From<JobRequest16> for JobRequest {
+    fn from(r: JobRequest16) -> Self {
+        JobRequest {
+            flock: r.flock,
+            ..r.head.into()
+        }
+    }
+}
+
+/// A job record as format 16 wrote it.
+#[derive(Deserialize)]
+struct JobRecord16 {
+    id: JobId,
+    uid: u32,
+    gid: u32,
+    req: JobRequest16,
+    submitted_ms: u64,
+    state: JobState,
+}
+
+/// A node record as formats 16 and older wrote it.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct NodeRecord16 {
+    drain: Option<String>,
+}
+
+/// A node record of a format of [`READS`], as this format holds it.
+pub(super) fn node_from(bytes: &[u8]) -> Result<NodeRecord, String> {
+    let (old, _) =
+        storm_primitives::codec::decode::<NodeRecord16>(bytes).map_err(|e| e.to_string())?;
+    Ok(NodeRecord {
+        drain: old.drain,
+        lent: None,
+    })
+}
+
 /// A job record as format 15 wrote it.
 #[derive(Deserialize)]
 struct JobRecord15 {
@@ -111,6 +161,7 @@ impl From<JobRequest14> for JobRequest {
             mem: None,
             constraint: Vec::new(),
             flock: Default::default(),
+            borrow: false,
         }
     }
 }
@@ -159,6 +210,18 @@ enum JobState13 {
 /// A job record of `format` (one of [`READS`]), as this format holds it; the error says why
 /// it does not decode.
 pub(super) fn job_from(format: u64, bytes: &[u8]) -> Result<JobRecord, String> {
+    if format == 16 {
+        let (old, _) =
+            storm_primitives::codec::decode::<JobRecord16>(bytes).map_err(|e| e.to_string())?;
+        return Ok(JobRecord {
+            id: old.id,
+            uid: old.uid,
+            gid: old.gid,
+            req: old.req.into(),
+            submitted_ms: old.submitted_ms,
+            state: old.state,
+        });
+    }
     if format == 15 {
         let (old, _) =
             storm_primitives::codec::decode::<JobRecord15>(bytes).map_err(|e| e.to_string())?;
@@ -257,6 +320,43 @@ mod tests {
             element: r.element,
             token: r.token,
         }
+    }
+
+    /// A record as format 16 wrote it.
+    #[derive(Serialize)]
+    struct Written16<'a> {
+        id: JobId,
+        uid: u32,
+        gid: u32,
+        req: JobRequest16,
+        submitted_ms: u64,
+        state: &'a JobState,
+    }
+
+    fn written_16(rec: &JobRecord) -> Vec<u8> {
+        assert!(!rec.req.borrow, "format 16 could not borrow");
+        let r = &rec.req;
+        let old = Written16 {
+            id: rec.id,
+            uid: rec.uid,
+            gid: rec.gid,
+            req: JobRequest16 {
+                head: JobRequest15 {
+                    head: request_14(&JobRequest {
+                        mem: None,
+                        constraint: Vec::new(),
+                        flock: Default::default(),
+                        ..r.clone()
+                    }),
+                    mem: r.mem,
+                    constraint: r.constraint.clone(),
+                },
+                flock: r.flock.clone(),
+            },
+            submitted_ms: rec.submitted_ms,
+            state: &rec.state,
+        };
+        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
     }
 
     /// A record as format 15 wrote it.
@@ -435,6 +535,46 @@ mod tests {
     #[test]
     fn a_journal_of_format_13_is_read_and_rewritten_in_this_format() {
         upgrade_from(13, written_13);
+    }
+
+    /// Format 16: requests come over with where they may run, running on their own
+    /// cluster's nodes only.
+    #[test]
+    fn a_journal_of_format_16_is_read_and_rewritten_in_this_format() {
+        upgrade_from(16, written_16);
+    }
+
+    /// A drained node of format 16 comes over drained, and lent to nobody.
+    #[test]
+    fn a_node_record_of_format_16_keeps_its_drain_and_is_not_lent() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            drop(Journal::open(dir.path()).unwrap());
+            let db = Database::create(dir.path().join("journal.redb")).unwrap();
+            let w = db.begin_write().unwrap();
+            {
+                w.open_table(META).unwrap().insert("format", 16).unwrap();
+                let old = NodeRecord16 {
+                    drain: Some("bad fan".into()),
+                };
+                let bytes =
+                    bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap();
+                w.open_table(crate::journal::NODES)
+                    .unwrap()
+                    .insert(3, bytes.as_slice())
+                    .unwrap();
+            }
+            w.commit().unwrap();
+        }
+        let (journal, restored) = Journal::open(dir.path()).expect("format 16 is read");
+        drop(journal);
+        let want = NodeRecord {
+            drain: Some("bad fan".into()),
+            lent: None,
+        };
+        assert_eq!(restored.nodes.get(&3), Some(&want));
+        let (_, again) = Journal::open(dir.path()).expect("opens again as it is");
+        assert_eq!(again.nodes.get(&3), Some(&want), "rewritten in this format");
     }
 
     /// Format 15: requests come over with their memory and features, asking to run where

@@ -55,7 +55,10 @@ mod migrate;
 /// journal of format 13 or 14 is rewritten in format 15 when opened, see [`migrate`]).
 /// Format 16: a request carries where it may run (`flock`), and a job may be `Flocked` to a
 /// peer cluster (a journal of format 13, 14 or 15 is rewritten in format 16 when opened).
-pub(crate) const FORMAT: u64 = 16;
+/// Format 17: a request carries whether it may run on borrowed nodes (`borrow`), and a node
+/// whether it is lent to a peer cluster (`lent`) (a journal of format 13 to 16 is rewritten in
+/// format 17 when opened).
+pub(crate) const FORMAT: u64 = 17;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -144,6 +147,9 @@ pub enum JobState {
 pub struct NodeRecord {
     /// The operator drained the node, for this reason.
     pub drain: Option<String>,
+    /// The node is lent to a peer cluster (docs/federation.md): no job of this cluster goes
+    /// there until it comes back.
+    pub lent: Option<storm_cluster::federation::Lease>,
 }
 
 /// What the journal held when opened (and a replica's whole state, as another replica sends it
@@ -262,6 +268,26 @@ impl JournalStore for RedbStore {
                     for rec in &old {
                         let bytes = encode(rec).map_err(|e| self.store_error(e))?;
                         jobs.insert(rec.id, bytes.as_slice())
+                            .map_err(|e| self.store_error(e))?;
+                    }
+                    let mut nodes = w.open_table(NODES).map_err(|e| self.store_error(e))?;
+                    let mut old_nodes = Vec::new();
+                    for entry in nodes.iter().map_err(|e| self.store_error(e))? {
+                        let (k, v) = entry.map_err(|e| self.store_error(e))?;
+                        let id = k.value();
+                        let rec = migrate::node_from(v.value()).map_err(|message| {
+                            JournalError::Corrupt {
+                                path: self.path.clone(),
+                                record: format!("node {id} (format {from})"),
+                                message,
+                            }
+                        })?;
+                        old_nodes.push((id, rec));
+                    }
+                    for (id, rec) in &old_nodes {
+                        let bytes = encode(rec).map_err(|e| self.store_error(e))?;
+                        nodes
+                            .insert(*id, bytes.as_slice())
                             .map_err(|e| self.store_error(e))?;
                     }
                     meta.insert("format", FORMAT)
@@ -955,6 +981,7 @@ pub(crate) mod tests {
                 3,
                 NodeRecord {
                     drain: Some("disk".into()),
+                    lent: None,
                 },
             );
             j.set_next_job(3);
@@ -1061,6 +1088,7 @@ pub(crate) mod tests {
                 4,
                 NodeRecord {
                     drain: Some("fan".into()),
+                    lent: None,
                 },
             );
             j.set_next_job(7);

@@ -508,6 +508,8 @@ impl<E: MmEnv> MachineManager<E> {
         // descriptor of a user's file); it belongs to no array or allocation of this cluster;
         // its submitter's standard input is not relayed this far (docs/federation.md).
         req.flock = Flock::From(origin.to_string());
+        // This cluster's own nodes: a node lent here is not its to pass on.
+        req.borrow = false;
         req.input = storm_cluster::messages::InputTarget::None;
         req.delivery = storm_cluster::control::Delivery::InPlace;
         req.step_of = None;

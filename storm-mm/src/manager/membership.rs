@@ -32,7 +32,6 @@ use storm_cluster::messages::{
 use storm_primitives::{NodeId, NodeSet, Wait};
 
 use super::{MachineManager, MmEnv, Phase};
-use crate::journal::NodeRecord;
 use crate::nodes::{Life, NmProcess};
 
 /// How long the MM waits for a welcome's acknowledgement before welcoming again.
@@ -261,6 +260,9 @@ impl<E: MmEnv> MachineManager<E> {
         if self.nodes.is_available(n) {
             self.policy.set_available(n);
         }
+        if let Some(cmd) = self.lease_command_for(n) {
+            self.hb.commands.push_back(cmd);
+        }
         tracing::info!(node = n, name = %self.node_name(n), "node is up");
     }
 
@@ -297,7 +299,7 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// Checks that every node of `nodes` is in the cluster.
-    fn check_nodes(&self, nodes: &NodeSet) -> Result<(), String> {
+    pub(super) fn check_nodes(&self, nodes: &NodeSet) -> Result<(), String> {
         if nodes.is_empty() {
             return Err("no nodes given".into());
         }
@@ -322,12 +324,7 @@ impl<E: MmEnv> MachineManager<E> {
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = Some(reason.clone());
             self.policy.set_unavailable(n);
-            self.outbox.journal.put_node(
-                n,
-                NodeRecord {
-                    drain: Some(reason.clone()),
-                },
-            );
+            self.outbox.journal.put_node(n, self.nodes.record(n));
         }
         tracing::info!(nodes = %nodes, "drained: {reason}");
         Ok(())
@@ -338,7 +335,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.check_nodes(nodes)?;
         for n in nodes.iter() {
             self.nodes.get_mut(n).drain = None;
-            self.outbox.journal.put_node(n, NodeRecord { drain: None });
+            self.outbox.journal.put_node(n, self.nodes.record(n));
             if self.nodes.is_available(n) {
                 self.policy.set_available(n);
             }

@@ -18,7 +18,7 @@
 //! [`requests`] (clients, limits, answers), [`admission`] (when a queued job enters the
 //! policy: dependencies, array throttles), [`publish`] (write-ahead: replies and launches once
 //! the journal holds them), [`transfers`] (program transfers), [`heartbeat`] (Algorithm 4),
-//! [`failure`], [`membership`], [`attention`], [`output`], [`pmi`], [`restart`], and
+//! [`failure`], [`membership`], [`lending`], [`attention`], [`output`], [`pmi`], [`restart`], and
 //! [`steps`] (jobs inside a running job's allocation).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,6 +44,7 @@ mod heartbeat;
 mod history;
 mod input;
 mod job;
+mod lending;
 mod membership;
 mod output;
 mod pmi;
@@ -157,6 +158,8 @@ pub struct MachineManager<E: MmEnv> {
     node_mem: Vec<u64>,
     /// Each node's features, as bits (`ClusterConfig::features`).
     node_features: Vec<u64>,
+    /// The cluster file names guest slots (nodes peers may lend here).
+    has_guests: bool,
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -238,6 +241,7 @@ impl<E: MmEnv> MachineManager<E> {
             peer_room: Default::default(),
             node_mem,
             node_features,
+            has_guests: cfg.has_guest_slots(),
             outputs,
             attention: attention::Attention::new(&rm, now),
             rm,
@@ -367,6 +371,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.verify_transfers();
         self.advance_recoveries(now);
         self.expire_history();
+        self.end_leases();
         if !self.shutting_down {
             self.release_held();
             self.end_reattach_window(now);

@@ -336,6 +336,29 @@ impl<E: MmEnv> MachineManager<E> {
                 });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
+            Request::Lend {
+                nodes,
+                peer,
+                for_ms,
+            } => {
+                let reply = self.operator(client, uid, "lend nodes").and_then(|()| {
+                    let span = std::time::Duration::from_millis(for_ms);
+                    let until = self.lend(&nodes, &peer, span)?;
+                    Ok(Reply::Notice(format!(
+                        "lent {} node(s) to {peer} until {}",
+                        nodes.len(),
+                        storm_cluster::clock::format_unix_ms(until)
+                    )))
+                });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Reclaim { nodes } => {
+                let reply = self.operator(client, uid, "reclaim nodes").and_then(|()| {
+                    let back = self.reclaim(&nodes)?;
+                    Ok(Reply::Notice(format!("{back} lent node(s) called home")))
+                });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
             Request::Resume { nodes } => {
                 let reply = self.operator(client, uid, "resume nodes").and_then(|()| {
                     self.resume(&nodes)?;
@@ -763,17 +786,29 @@ impl<E: MmEnv> MachineManager<E> {
     /// The bits of `req`'s `--constraint`. A feature no node has any longer (the cluster file
     /// changed under a queued job) is a bit no node has: the job waits, and says so.
     pub(super) fn feature_bits(&self, req: &JobRequest) -> u64 {
+        let own = self.own_nodes_only(req);
         if req.constraint.is_empty() {
-            return 0;
+            return own;
         }
-        self.cfg.feature_mask(&req.constraint).unwrap_or(u64::MAX)
+        self.cfg.feature_mask(&req.constraint).unwrap_or(u64::MAX) | own
+    }
+
+    /// [`storm_cluster::config::OWN_NODE_BIT`] if job `req` must stay on this cluster's own
+    /// nodes, the file naming guest slots and the job not allowing borrowing (`--borrow`).
+    fn own_nodes_only(&self, req: &JobRequest) -> u64 {
+        if self.has_guests && !req.borrow {
+            storm_cluster::config::OWN_NODE_BIT
+        } else {
+            0
+        }
     }
 
     /// Whether the cluster has the nodes `req` asks for at all: the features of
     /// `--constraint`, and the memory of `--mem` on as many nodes as `plan` takes (counting
     /// only nodes whose memory is known: declared, or told by their NM).
     pub(super) fn check_fit(&self, req: &JobRequest, plan: &TaskPlan) -> Result<(), String> {
-        if req.constraint.is_empty() && req.mem.is_none() {
+        let own = self.own_nodes_only(req);
+        if req.constraint.is_empty() && req.mem.is_none() && own == 0 {
             // Most jobs: nothing to look at per node.
             return Ok(());
         }
@@ -781,7 +816,7 @@ impl<E: MmEnv> MachineManager<E> {
             0
         } else {
             self.cfg.feature_mask(&req.constraint)?
-        };
+        } | own;
         let ask = self.ask_of(req, plan, features);
         let with_features: Vec<usize> = self
             .cfg
@@ -792,6 +827,15 @@ impl<E: MmEnv> MachineManager<E> {
             .map(|(i, _)| i)
             .collect();
         let cluster = &self.cfg.cluster.name;
+        if (with_features.len() as u32) < plan.nodes && req.constraint.is_empty() {
+            let guests = self.cfg.nodes.len() as u32 - self.cfg.home_node_count();
+            return Err(format!(
+                "the job needs {} nodes, and cluster {cluster:?} has {} of its own (and {guests} \
+                 guest slots for nodes its peers may lend it: --borrow lets a job use them)",
+                plan.nodes,
+                with_features.len()
+            ));
+        }
         if (with_features.len() as u32) < plan.nodes {
             return Err(format!(
                 "--constraint {}: the job needs {} nodes, and cluster {cluster:?} has {} with \
@@ -946,7 +990,23 @@ impl<E: MmEnv> MachineManager<E> {
                     .filter(|j| j.nodes.contains(id))
                     .map(|j| j.id)
                     .collect();
-                let (state, reason) = self.nodes.describe(id, !jobs.is_empty());
+                let (state, mut reason) = self.nodes.describe(id, !jobs.is_empty());
+                if let Some(g) = &n.guest_of {
+                    // A guest slot says whose node it stands for, lent here or not.
+                    let whose = match state {
+                        control::NodeState::Idle | control::NodeState::Allocated => {
+                            format!("borrowed from cluster {} (its {})", g.cluster, g.node)
+                        }
+                        _ => format!(
+                            "guest slot for node {} of cluster {}, not lent here now",
+                            g.node, g.cluster
+                        ),
+                    };
+                    reason = Some(match reason {
+                        Some(r) => format!("{whose}; {r}"),
+                        None => whose,
+                    });
+                }
                 NodeInfo {
                     id,
                     name: n.name.clone(),

@@ -104,7 +104,9 @@ impl<E: MmEnv> MachineManager<E> {
         self.next_job = restored.next_job;
         for (n, rec) in restored.nodes {
             if (n as usize) < self.nodes.len() {
-                self.nodes.get_mut(n).drain = rec.drain;
+                let node = self.nodes.get_mut(n);
+                node.drain = rec.drain;
+                node.lent = rec.lent;
             }
         }
         let (mut queued, mut ended, mut requeued, mut recovering) = (0, 0, 0, 0);

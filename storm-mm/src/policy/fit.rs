@@ -138,7 +138,9 @@ impl NodeFit {
     /// Why `ask` waits, as far as memory and features go: `None` if they are not what holds
     /// it back.
     pub fn reason(&self, ask: &JobAsk) -> Option<String> {
-        if Self::indifferent(ask) {
+        // A job kept on its cluster's own nodes (guest slots aside) waits as any other.
+        let named = ask.features & !storm_cluster::config::OWN_NODE_BIT;
+        if ask.mem == 0 && named == 0 {
             return None;
         }
         let suited_now = (0..self.features.len())
@@ -149,11 +151,7 @@ impl NodeFit {
             .count();
         Some(format!(
             "{suited_now} of {with_features} nodes{} have {} free now",
-            if ask.features != 0 {
-                " with its features"
-            } else {
-                ""
-            },
+            if named != 0 { " with its features" } else { "" },
             storm_cluster::size::human_bytes(ask.mem)
         ))
     }

@@ -278,6 +278,7 @@ mod tests {
             1,
             NodeRecord {
                 drain: Some("disk".into()),
+                lent: None,
             },
         );
         assert_ne!(digest(&a), same);

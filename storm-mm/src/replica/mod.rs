@@ -141,7 +141,9 @@ impl Applied {
             program::FAR_CONTEXT => program::Far::decode(&e.data).map(Applied::FarProgram),
             checksum::CONTEXT => Report::decode(&e.data).map(Applied::Checksum),
             entry::CONTEXT => entry::decode(&e.data).map(Applied::Part),
-            [] | b"journal-14" | b"journal-15" => Err(entry::OLDER_FORMAT.to_string()),
+            [] | b"journal-14" | b"journal-15" | b"journal-16" => {
+                Err(entry::OLDER_FORMAT.to_string())
+            }
             other => Err(format!(
                 "an entry marked {:?}, which this storm-mm does not know",
                 String::from_utf8_lossy(other)

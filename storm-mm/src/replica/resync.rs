@@ -407,6 +407,7 @@ mod tests {
             3,
             NodeRecord {
                 drain: Some("fan".into()),
+                lent: None,
             },
         );
         s

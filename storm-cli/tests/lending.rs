@@ -1,0 +1,282 @@
+//! Lending a node, seen from both clusters' terminals (docs/federation.md): two embedded
+//! clusters on loopback. `lender` has one node, `node0`; `borrower` has one node of its own
+//! and a guest slot for `lender`'s `node0` (`lender-node0`). `lender` runs borrowed jobs as
+//! its account `daemon` (its `[[peer]] flock_user`), whoever owns them at `borrower`.
+//!
+//! * Before any lease, the slot is not a place for jobs: `storm nodes` says whose node it
+//!   stands for; a two-node job without `--borrow` is refused with the reason naming
+//!   `--borrow`; one with `--borrow` waits.
+//! * `storm lend node0 --to borrower --for 10` at `lender`: `lender` shows the node `lent`
+//!   and starts none of its own jobs there; the borrowed job runs on both nodes, its task on
+//!   the lent node as `daemon` and its task at home as its owner.
+//! * `storm reclaim node0` at `lender` under a running borrowed job: the job ends at
+//!   `borrower` with the lost node named, its guest task is gone from the node, and
+//!   `lender`'s waiting job runs there.
+//! * A lease of 3 s: the slot is up, then down once the lease ends, and the node takes
+//!   `lender`'s jobs again without anyone reclaiming it.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use storm_cli::local::LocalOptions;
+use storm_cluster::federation::{FederationSection, GuestOf, PeerEntry};
+use support::{NOBODY, TestCluster};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn peer(name: &str, port: u16, key: &std::path::Path) -> PeerEntry {
+    PeerEntry {
+        name: name.into(),
+        address: format!("127.0.0.1:{port}").parse().unwrap(),
+        key_file: key.to_path_buf(),
+        lend: false,
+        borrow: false,
+        flock_user: None,
+        same_users: false,
+        guest_file: None,
+    }
+}
+
+/// `child`'s output once it ends, or `None` (it is killed) if it runs past `limit`.
+fn output_within(mut child: std::process::Child, limit: Duration) -> Option<std::process::Output> {
+    let until = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Processes of user `uid` alive now (zombies left out: they are dead, waiting for init)
+/// whose command line contains `needle`: their pids.
+fn live_processes(uid: u32, needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let dir = entry.path();
+        let (Ok(status), Ok(cmdline)) = (
+            std::fs::read_to_string(dir.join("status")),
+            std::fs::read(dir.join("cmdline")),
+        ) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+        };
+        if field("Uid:").as_deref() == Some(&uid.to_string())
+            && field("State:").as_deref() != Some("Z")
+            && String::from_utf8_lossy(&cmdline).contains(needle)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn federation(port: u16) -> FederationSection {
+    FederationSection {
+        listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+        ..Default::default()
+    }
+}
+
+/// What `storm nodes --json` says of node `name` on `c`.
+fn node_view(c: &TestCluster, name: &str) -> serde_json::Value {
+    let out = c.storm(&["nodes", "--json"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v.as_array()
+        .or_else(|| v["nodes"].as_array())
+        .and_then(|n| n.iter().find(|n| n["name"] == name).cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn wait_state(c: &TestCluster, node: &str, states: &[&str], what: &str) -> serde_json::Value {
+    let mut seen = serde_json::Value::Null;
+    support::wait_until(Duration::from_secs(30), what, || {
+        seen = node_view(c, node);
+        (!states.iter().any(|s| seen["state"] == *s)).then(|| seen.to_string())
+    });
+    seen
+}
+
+#[test]
+fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
+    if !support::root_or_say("lending") {
+        return;
+    }
+    let daemon_uid = nix::unistd::User::from_name("daemon")
+        .unwrap()
+        .expect("the daemon account")
+        .uid
+        .as_raw();
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let (borrower_port, lender_port) = (free_port(), free_port());
+    let borrower = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("borrower".into()),
+        federation: federation(borrower_port),
+        peers: vec![PeerEntry {
+            borrow: true,
+            ..peer("lender", lender_port, &pair)
+        }],
+        guests: vec![GuestOf {
+            cluster: "lender".into(),
+            node: "node0".into(),
+        }],
+        ..LocalOptions::new(1)
+    });
+    let borrower_file: PathBuf = borrower.root.join("cluster.toml");
+    let lender = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("lender".into()),
+        federation: federation(lender_port),
+        peers: vec![PeerEntry {
+            lend: true,
+            flock_user: Some("daemon".into()),
+            guest_file: Some(borrower_file),
+            ..peer("borrower", borrower_port, &pair)
+        }],
+        ..LocalOptions::new(1)
+    });
+    let shared = support::shared_tempdir();
+    let where_ = support::script(
+        shared.path(),
+        "where.sh",
+        "echo \"$STORM_NODENAME uid=$(id -u)\"\n",
+    );
+    let long = support::script(shared.path(), "long.sh", "echo started; sleep 300\n");
+
+    // Not lent: the slot is no place for jobs.
+    let slot = node_view(&borrower, "lender-node0");
+    assert_eq!(slot["state"], "unknown", "{slot}");
+    assert!(
+        slot["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("guest slot for node node0 of cluster lender")),
+        "{slot}"
+    );
+    let out = borrower.submit_as(NOBODY, &["-N", "2", where_.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = support::text(&out.stderr);
+    assert!(
+        err.contains("--borrow"),
+        "the refusal names --borrow: {err}"
+    );
+    let borrowed = borrower
+        .submit_cmd_as(NOBODY, &["-N", "2", "--borrow", where_.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Lent: the borrowed job runs on both nodes, the lent one's task as the lender's account.
+    let out = lender.storm(&["lend", "node0", "--to", "borrower", "--for", "10"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    assert!(support::text(&out.stdout).contains("lent 1 node(s) to borrower"));
+    let lent = node_view(&lender, "node0");
+    assert_eq!(lent["state"], "lent", "{lent}");
+    let out = borrowed.wait_with_output().unwrap();
+    let stdout = support::text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        support::text(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("lender-node0 uid={daemon_uid}")),
+        "the lent node ran its task as the lender's account: {stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("node0 uid={NOBODY}")),
+        "the home node ran its task as its owner: {stdout}"
+    );
+    let slot = node_view(&borrower, "lender-node0");
+    assert!(
+        slot["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("borrowed from cluster lender")),
+        "{slot}"
+    );
+
+    // The lender's own job waits while the node is lent.
+    let mut own = lender
+        .submit_cmd_as(NOBODY, &[where_.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held = borrower
+        .submit_cmd_as(NOBODY, &["-N", "2", "--borrow", long.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_until(Duration::from_secs(20), "the held job runs", || {
+        let n = node_view(&borrower, "lender-node0");
+        (n["state"] != "allocated").then(|| n.to_string())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        own.try_wait().unwrap().is_none(),
+        "the lender started its own job on a lent node"
+    );
+
+    // Reclaimed: the borrowed job ends with the lost node named; the lender's job runs.
+    let out = lender.storm(&["reclaim", "node0"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    assert!(support::text(&out.stdout).contains("1 lent node(s) called home"));
+    let out = output_within(held, Duration::from_secs(60))
+        .expect("the borrowed job ends once its node is reclaimed");
+    assert!(!out.status.success(), "a job that lost a node failed");
+    let err = support::text(&out.stderr);
+    assert!(
+        err.contains("lender-node0"),
+        "the lost node is named: {err}"
+    );
+    let left = live_processes(daemon_uid, "long.sh");
+    assert!(left.is_empty(), "the guest's task died with it: {left:?}");
+    let out = output_within(own, Duration::from_secs(30))
+        .expect("the lender's own job ran once the node came home");
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    assert!(support::text(&out.stdout).contains(&format!("node0 uid={NOBODY}")));
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["down", "unresponsive"],
+        "the slot goes down",
+    );
+
+    // A short lease ends by itself: the slot goes down and the node is the lender's again.
+    let out = lender.storm(&["lend", "node0", "--to", "borrower", "--for", "0:03"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&borrower, "lender-node0", &["idle"], "the slot comes up");
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["down", "unresponsive"],
+        "the lease ends",
+    );
+    wait_state(&lender, "node0", &["idle"], "the node is home");
+    let out = lender.submit_as(NOBODY, &[where_.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+}

@@ -1,0 +1,169 @@
+//! The guest NM of a lent node (docs/federation.md, lending).
+//!
+//! While this cluster lends the node to a peer, the node's own NM runs a second `storm-nm`
+//! process for the peer: the *guest*, started from the peer's cluster file as this cluster's
+//! operator installed it (`[[peer]] guest_file`), as that file's guest slot for this node. It
+//! joins the peer's fabric like any node (registration, heartbeats, launch, gang slots), runs
+//! the peer's jobs as this cluster's account for the peer (`[[peer]] flock_user`, never
+//! root), and stops itself at the lease's end whatever it hears. The home NM stops it when
+//! the node comes home; its tasks, in the guest's own cgroups, die with it.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use storm_cluster::ClusterConfig;
+
+use crate::env::GuestRunner;
+
+/// How long a guest has to stop (it kills its tasks on the way out) before it is killed.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// What starts a guest: the storm-nm binary, this node and its cluster file.
+pub struct GuestProcess {
+    /// The storm-nm binary (the running one).
+    exe: PathBuf,
+    /// This cluster's file: its `[[peer]]`s say where each peer's file is and as whom.
+    config: std::sync::Arc<ClusterConfig>,
+    /// This node's name in it.
+    node: String,
+    running: Option<Running>,
+}
+
+struct Running {
+    peer: String,
+    until_ms: u64,
+    child: Child,
+}
+
+impl GuestProcess {
+    pub fn new(config: std::sync::Arc<ClusterConfig>, node: String) -> Self {
+        Self {
+            exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("storm-nm")),
+            config,
+            node,
+            running: None,
+        }
+    }
+
+    /// The guest's command line for peer `peer`, or why it cannot run.
+    fn command(&self, peer: &str, until_ms: u64) -> Result<Command, String> {
+        let entry = self
+            .config
+            .peers
+            .iter()
+            .find(|p| p.name == peer && p.lend)
+            .ok_or_else(|| format!("this cluster does not lend to {peer}"))?;
+        let file = entry.guest_file.as_ref().ok_or_else(|| {
+            format!("[[peer]] {peer} names no guest_file (the peer's cluster file on this node)")
+        })?;
+        let user = entry.flock_user.as_ref().ok_or_else(|| {
+            format!("[[peer]] {peer} names no flock_user to run its jobs as on lent nodes")
+        })?;
+        let theirs = ClusterConfig::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let slot = theirs
+            .guest_slot(&self.config.cluster.name, &self.node)
+            .ok_or_else(|| {
+                format!(
+                    "{} has no guest slot for node {} of cluster {}",
+                    file.display(),
+                    self.node,
+                    self.config.cluster.name
+                )
+            })?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("--config")
+            .arg(file)
+            .arg("--node")
+            .arg(&theirs.nodes[slot as usize].name)
+            .arg("--guest-user")
+            .arg(user)
+            .arg("--lease-until")
+            .arg(until_ms.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        // Its log goes where this NM's goes (stderr).
+        Ok(cmd)
+    }
+
+    /// Whether the guest still runs (reaping it if it ended).
+    fn alive(&mut self) -> bool {
+        match &mut self.running {
+            Some(r) => match r.child.try_wait() {
+                Ok(None) => true,
+                Ok(Some(status)) => {
+                    tracing::info!(peer = %r.peer, %status, "the guest NM ended");
+                    self.running = None;
+                    false
+                }
+                Err(_) => true,
+            },
+            None => false,
+        }
+    }
+}
+
+impl GuestRunner for GuestProcess {
+    fn start(&mut self, peer: &str, until_ms: u64) {
+        if self.alive() {
+            let r = self.running.as_ref().expect("alive");
+            if r.peer != peer || r.until_ms != until_ms {
+                tracing::warn!(
+                    running = %r.peer,
+                    asked = %peer,
+                    "a guest NM runs already for another lease: it stays until it ends"
+                );
+            }
+            return;
+        }
+        if until_ms <= storm_cluster::daemon::unix_ms() {
+            return;
+        }
+        let child = self
+            .command(peer, until_ms)
+            .and_then(|mut c| c.spawn().map_err(|e| format!("starting the guest NM: {e}")));
+        match child {
+            Ok(child) => {
+                tracing::info!(%peer, until_ms, pid = child.id(), "lent: guest NM started");
+                self.running = Some(Running {
+                    peer: peer.to_string(),
+                    until_ms,
+                    child,
+                });
+            }
+            Err(e) => tracing::error!(%peer, "cannot lend this node: {e}"),
+        }
+    }
+
+    fn stop(&mut self) {
+        if !self.alive() {
+            return;
+        }
+        let mut r = self.running.take().expect("alive");
+        let pid = nix::unistd::Pid::from_raw(r.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + STOP_WAIT;
+        loop {
+            match r.child.try_wait() {
+                Ok(Some(status)) => {
+                    tracing::info!(peer = %r.peer, %status, "home again: guest NM stopped");
+                    return;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => break,
+            }
+        }
+        tracing::warn!(peer = %r.peer, "the guest NM did not stop in time: killed");
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+    }
+}
+
+impl Drop for GuestProcess {
+    /// A stopping NM stops its guest: the lease needs a home NM to hand the node back.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
