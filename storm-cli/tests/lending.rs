@@ -9,11 +9,16 @@
 //! * `storm lend node0 --to borrower --for 10` at `lender`: `lender` shows the node `lent`
 //!   and starts none of its own jobs there; the borrowed job runs on both nodes, its task on
 //!   the lent node as `daemon` and its task at home as its owner.
+//! * Both MMs restart under a running borrowed job: `lender`'s keeps the node lent (its
+//!   journal), `borrower`'s finds the job on the slot, and the job runs on.
 //! * `storm reclaim node0` at `lender` under a running borrowed job: the job ends at
 //!   `borrower` with the lost node named, its guest task is gone from the node, and
 //!   `lender`'s waiting job runs there.
 //! * A lease of 3 s: the slot is up, then down once the lease ends, and the node takes
 //!   `lender`'s jobs again without anyone reclaiming it.
+//! * The lent node dies (its NM and guest killed outright) under a `--requeue` borrowed job:
+//!   the job is queued again; once the node's NM is back, its lender's MM has it run the
+//!   guest again, and the job runs again on the slot.
 
 mod support;
 
@@ -101,7 +106,12 @@ fn federation(port: u16) -> FederationSection {
 fn node_view(c: &TestCluster, name: &str) -> serde_json::Value {
     let out = c.storm(&["nodes", "--json"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    node_in(&out.stdout, name)
+}
+
+/// Node `name` in `storm nodes --json`'s answer `json`.
+fn node_in(json: &[u8], name: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(json).expect("JSON");
     v.as_array()
         .or_else(|| v["nodes"].as_array())
         .and_then(|n| n.iter().find(|n| n["name"] == name).cloned())
@@ -111,7 +121,12 @@ fn node_view(c: &TestCluster, name: &str) -> serde_json::Value {
 fn wait_state(c: &TestCluster, node: &str, states: &[&str], what: &str) -> serde_json::Value {
     let mut seen = serde_json::Value::Null;
     support::wait_until(Duration::from_secs(30), what, || {
-        seen = node_view(c, node);
+        // An MM that restarts answers again after a while.
+        let out = c.storm(&["nodes", "--json"]);
+        if !out.status.success() {
+            return Some(support::text(&out.stderr));
+        }
+        seen = node_in(&out.stdout, node);
         (!states.iter().any(|s| seen["state"] == *s)).then(|| seen.to_string())
     });
     seen
@@ -131,7 +146,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     let pair = keys.path().join("pair.key");
     storm_cluster::key::generate(&pair).unwrap();
     let (borrower_port, lender_port) = (free_port(), free_port());
-    let borrower = TestCluster::with(LocalOptions {
+    let mut borrower = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("borrower".into()),
         federation: federation(borrower_port),
@@ -146,7 +161,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         ..LocalOptions::new(1)
     });
     let borrower_file: PathBuf = borrower.root.join("cluster.toml");
-    let lender = TestCluster::with(LocalOptions {
+    let mut lender = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("lender".into()),
         federation: federation(lender_port),
@@ -225,7 +240,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let held = borrower
+    let mut held = borrower
         .submit_cmd_as(NOBODY, &["-N", "2", "--borrow", long.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -239,6 +254,32 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     assert!(
         own.try_wait().unwrap().is_none(),
         "the lender started its own job on a lent node"
+    );
+
+    // Both MMs restart, one after the other: the lease and the borrowed job go on.
+    lender.cluster.as_mut().unwrap().kill_mm().unwrap();
+    lender.cluster.as_mut().unwrap().restart_mm().unwrap();
+    wait_state(
+        &lender,
+        "node0",
+        &["lent"],
+        "the lender's new MM keeps the node lent",
+    );
+    borrower.cluster.as_mut().unwrap().kill_mm().unwrap();
+    borrower.cluster.as_mut().unwrap().restart_mm().unwrap();
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["allocated"],
+        "the borrower's new MM finds its job on the slot",
+    );
+    assert!(
+        held.try_wait().unwrap().is_none(),
+        "the borrowed job runs on through both restarts"
+    );
+    assert!(
+        own.try_wait().unwrap().is_none(),
+        "the lender's new MM started its own job on a lent node"
     );
 
     // Reclaimed: the borrowed job ends with the lost node named; the lender's job runs.
@@ -279,4 +320,71 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     wait_state(&lender, "node0", &["idle"], "the node is home");
     let out = lender.submit_as(NOBODY, &[where_.to_str().unwrap()]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
+
+    // The lent node dies (its NM and its guest, killed outright) under a `--requeue` job:
+    // the job is queued again at the borrower; when the node's NM is back, the lender's MM
+    // tells it again to run its guest, the slot comes back and the job runs again there.
+    let marker = shared.path().join("first-run");
+    let twice = support::script(
+        shared.path(),
+        "twice.sh",
+        &format!(
+            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
+             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
+            m = marker.display()
+        ),
+    );
+    let out = lender.storm(&["lend", "node0", "--to", "borrower", "--for", "10"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["idle"],
+        "the slot comes up again",
+    );
+    let job = borrower
+        .submit_cmd_as(
+            NOBODY,
+            &["-N", "2", "--borrow", "--requeue", twice.to_str().unwrap()],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_until(Duration::from_secs(20), "both ranks run", || {
+        (!(marker.with_extension("0").exists() && marker.with_extension("1").exists()))
+            .then(|| "markers missing".to_string())
+    });
+    let guests = live_processes(0, "--guest-user");
+    assert_eq!(guests.len(), 1, "one guest NM runs: {guests:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guests[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    lender.cluster.as_mut().unwrap().kill_nm(0).unwrap();
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["down", "unresponsive"],
+        "the dead node's slot goes down",
+    );
+    lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
+    let out = output_within(job, Duration::from_secs(60)).expect("the requeued job ends");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("requeued: node 1 (lender-node0)"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("second run on lender-node0"),
+        "the rerun had the node back: {stdout}"
+    );
+    wait_state(
+        &lender,
+        "node0",
+        &["lent"],
+        "the node is still lent, its lease running",
+    );
 }
