@@ -17,8 +17,8 @@
 //! first submission to the last end. Beside them, the floor of each run: the workload's
 //! node-seconds over the nodes it may use (one cluster, or both).
 //!
-//! Lending is not built yet (docs/federation.md, "Not yet"): the time to lend and return a
-//! node, and launch on borrowed nodes, are reported as not measured.
+//! Then lending, on two clusters of its own ([`crate::lending`]): the time to lend a node and
+//! to return it, in heartbeat periods, and launch on borrowed nodes beside home nodes.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -46,6 +46,8 @@ pub struct FederationArgs {
     pub max_run_ms: u64,
     /// Seed of the workload's generator.
     pub seed: u64,
+    /// Rounds of lending (lend, launch, return).
+    pub lend_rounds: usize,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -422,15 +424,46 @@ pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         format!("{:.2}", shared.makespan() / alone.makespan()),
         if mean_ratio <= 0.5 { "yes" } else { "no" }.to_string(),
     ]);
+    let m = crate::lending::measure(args.nodes, args.lend_rounds, 5)?;
+    let periods = |s: f64| s / m.period.as_secs_f64();
     let mut lending = Table::new(
-        "lending (targets: lend or return in at most 10 heartbeat periods; borrowed launch at \
-         most 1.2x home)",
-        &["measurement", "result"],
+        format!(
+            "lending {} nodes at once, {} rounds, heartbeat period {:.1} ms (targets: lend or \
+             return in at most 10 heartbeat periods; launch on borrowed nodes at most 1.2x \
+             home, in the same run)",
+            args.nodes,
+            args.lend_rounds,
+            m.period.as_secs_f64() * 1000.0
+        ),
+        &["measurement", "median", "p95", "in periods / ratio", "met"],
     );
-    for m in ["lend a node", "return a node", "launch on borrowed nodes"] {
+    for (name, s) in [("lend the nodes", &m.lend), ("return them", &m.give_back)] {
+        let med = s.median();
         lending.push(vec![
-            m.to_string(),
-            "not measured: lending is not built yet (docs/federation.md)".to_string(),
+            name.to_string(),
+            crate::stats::fmt_time(med),
+            crate::stats::fmt_time(s.quantile(0.95)),
+            format!("{:.0} periods", periods(med)),
+            if periods(med) <= 10.0 { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    let ratio = m.launch_borrowed.median() / m.launch_home.median();
+    for (name, s) in [
+        ("launch on home nodes", &m.launch_home),
+        ("launch on borrowed nodes", &m.launch_borrowed),
+    ] {
+        lending.push(vec![
+            name.to_string(),
+            crate::stats::fmt_time(s.median()),
+            crate::stats::fmt_time(s.quantile(0.95)),
+            format!("{:.2}x home", s.median() / m.launch_home.median()),
+            if std::ptr::eq(s, &m.launch_home) {
+                "-".to_string()
+            } else if ratio <= 1.2 {
+                "yes".to_string()
+            } else {
+                "no".to_string()
+            },
         ]);
     }
     Ok(vec![table, ratios, lending])

@@ -26,6 +26,7 @@ mod federation;
 mod fuzz;
 mod gang;
 mod launch;
+mod lending;
 mod links;
 mod mpi;
 mod plot;
@@ -384,7 +385,8 @@ enum Command {
     },
     /// Sharing between two clusters (issue 36): a workload of parallel jobs submitted at once
     /// to one cluster, run without and with flocking to an idle peer; mean and p95 wait and
-    /// the makespan of each run, and their ratios.
+    /// the makespan of each run, and their ratios. Then lending: the time to lend and return
+    /// nodes, in heartbeat periods, and launch on borrowed nodes beside home nodes.
     Federation {
         /// Nodes of each cluster.
         #[arg(long, default_value_t = 2)]
@@ -401,6 +403,9 @@ enum Command {
         /// Seed of the workload's generator (the same seed, the same workload).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Rounds of lending (lend every node of a cluster, launch, return them).
+        #[arg(long, default_value_t = 5)]
+        lend_rounds: usize,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -687,6 +692,7 @@ fn main() -> Result<()> {
             min_run_ms,
             max_run_ms,
             seed,
+            lend_rounds,
             csv,
         } => {
             let args = federation::FederationArgs {
@@ -695,6 +701,7 @@ fn main() -> Result<()> {
                 min_run_ms,
                 max_run_ms,
                 seed,
+                lend_rounds,
             };
             let mut out = report::Csv::new(federation::CSV_HEADER);
             for t in federation::run(&args, &mut out)? {

@@ -74,8 +74,9 @@ pub struct LocalOptions {
     pub federation: storm_cluster::federation::FederationSection,
     pub peers: Vec<storm_cluster::federation::PeerEntry>,
     /// Guest slots for nodes peers may lend this cluster, after its own nodes: slot
-    /// `<cluster>-<node>` on a free loopback port, its identity key beside the others (no NM
-    /// runs there until a peer lends the node and its NM starts the guest).
+    /// `<cluster>-<node>` on a free loopback port, with the feature `guest` (`--borrow -C
+    /// guest` keeps a job on borrowed nodes), its identity key beside the others (no NM runs
+    /// there until a peer lends the node and its NM starts the guest).
     pub guests: Vec<storm_cluster::federation::GuestOf>,
 }
 
@@ -424,7 +425,7 @@ impl LocalCluster {
                 name,
                 cpus,
                 mem: None,
-                features: Vec::new(),
+                features: vec!["guest".into()],
                 guest_of: Some(g.clone()),
             });
         }

@@ -19,6 +19,8 @@
 //! * The lent node dies (its NM and guest killed outright) under a `--requeue` borrowed job:
 //!   the job is queued again; once the node's NM is back, its lender's MM has it run the
 //!   guest again, and the job runs again on the slot.
+//! * The lent node's NM alone is killed outright, its guest left running: the NM that starts
+//!   next stops that orphan and runs a guest of its own; the `--requeue` job runs again.
 
 mod support;
 
@@ -386,5 +388,60 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "node0",
         &["lent"],
         "the node is still lent, its lease running",
+    );
+
+    // The lent node's NM alone is killed outright: its guest is left running. The NM that
+    // starts next stops that orphan (it cannot follow it), and runs a guest of its own for
+    // the lease; the `--requeue` job on the slot runs again.
+    let marker = shared.path().join("orphan-run");
+    let again = support::script(
+        shared.path(),
+        "again.sh",
+        &format!(
+            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
+             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
+            m = marker.display()
+        ),
+    );
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["idle"],
+        "the slot is free again",
+    );
+    let job = borrower
+        .submit_cmd_as(
+            NOBODY,
+            &["-N", "2", "--borrow", "--requeue", again.to_str().unwrap()],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_until(Duration::from_secs(20), "both ranks run", || {
+        (!(marker.with_extension("0").exists() && marker.with_extension("1").exists()))
+            .then(|| "markers missing".to_string())
+    });
+    let orphan = live_processes(0, "--guest-user");
+    assert_eq!(orphan.len(), 1, "{orphan:?}");
+    lender.cluster.as_mut().unwrap().kill_nm(0).unwrap();
+    assert_eq!(
+        live_processes(0, "--guest-user"),
+        orphan,
+        "the guest outlives its NM"
+    );
+    lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
+    let out = output_within(job, Duration::from_secs(60))
+        .expect("the job on the orphan's slot ends once the new NM stops the orphan");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("second run on lender-node0"),
+        "the new NM's guest ran it again: {stdout}"
+    );
+    let now = live_processes(0, "--guest-user");
+    assert!(
+        now.len() == 1 && now != orphan,
+        "one guest, the new NM's: {now:?} (the orphan was {orphan:?})"
     );
 }

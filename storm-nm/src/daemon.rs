@@ -192,7 +192,11 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     )
     .context("starting the sampling thread")?;
     let env = DaemonEnv {
-        guest: crate::guest::GuestProcess::new(Arc::new(cfg.clone()), entry.name.clone()),
+        guest: crate::guest::GuestProcess::new(
+            Arc::new(cfg.clone()),
+            entry.name.clone(),
+            spool.try_clone().context("the spool directory")?,
+        ),
         clock: SystemClock,
         tasks: PlRunner::new(
             node,

@@ -13,8 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cluster::ClusterConfig;
+use storm_cluster::daemon_dir::DaemonDir;
 
 use crate::env::GuestRunner;
+
+/// The file of the NM's spool that holds its running guest's pid.
+pub const PID_FILE: &str = "guest.pid";
 
 /// How long a guest has to stop (it kills its tasks on the way out) before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(3);
@@ -27,6 +31,8 @@ pub struct GuestProcess {
     config: std::sync::Arc<ClusterConfig>,
     /// This node's name in it.
     node: String,
+    /// Where the running guest's pid is kept ([`PID_FILE`]).
+    dir: DaemonDir,
     running: Option<Running>,
 }
 
@@ -37,11 +43,17 @@ struct Running {
 }
 
 impl GuestProcess {
-    pub fn new(config: std::sync::Arc<ClusterConfig>, node: String) -> Self {
+    /// The guest runner of node `node`, whose NM keeps the running guest's pid in `dir`
+    /// (its spool, a directory no user can change), as [`PID_FILE`]. A guest that an earlier NM of this node
+    /// left running (that NM was killed outright) is stopped here: this NM cannot follow it,
+    /// and its MM tells it again to run a guest if the node is still lent.
+    pub fn new(config: std::sync::Arc<ClusterConfig>, node: String, dir: DaemonDir) -> Self {
+        stop_orphan(&dir);
         Self {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("storm-nm")),
             config,
             node,
+            dir,
             running: None,
         }
     }
@@ -125,6 +137,12 @@ impl GuestRunner for GuestProcess {
         match child {
             Ok(child) => {
                 tracing::info!(%peer, until_ms, pid = child.id(), "lent: guest NM started");
+                let recorded = self.dir.create_file(PID_FILE).and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, child.id().to_string().as_bytes())
+                });
+                if let Err(e) = recorded {
+                    tracing::warn!("cannot record the guest's pid: {e}");
+                }
                 self.running = Some(Running {
                     peer: peer.to_string(),
                     until_ms,
@@ -140,6 +158,7 @@ impl GuestRunner for GuestProcess {
             return;
         }
         let mut r = self.running.take().expect("alive");
+        let _ = self.dir.remove_file(PID_FILE);
         let pid = nix::unistd::Pid::from_raw(r.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + STOP_WAIT;
@@ -158,6 +177,38 @@ impl GuestRunner for GuestProcess {
         tracing::warn!(peer = %r.peer, "the guest NM did not stop in time: killed");
         let _ = r.child.kill();
         let _ = r.child.wait();
+    }
+}
+
+/// Stops the guest NM whose pid `dir` keeps, if that process still runs and is a guest NM.
+fn stop_orphan(dir: &DaemonDir) {
+    let mut text = String::new();
+    let read = dir
+        .open_file(PID_FILE)
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text));
+    let _ = dir.remove_file(PID_FILE);
+    let Some(pid) = read.ok().and_then(|_| text.trim().parse::<i32>().ok()) else {
+        return;
+    };
+    let is_guest = |pid: i32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"--guest-user"))
+    };
+    if !is_guest(pid) {
+        return;
+    }
+    tracing::warn!(
+        pid,
+        "stopping the guest NM an earlier NM of this node left running"
+    );
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_WAIT;
+    while is_guest(pid.as_raw()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if is_guest(pid.as_raw()) {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     }
 }
 

@@ -1,0 +1,246 @@
+//! Lending's figures for `storm-bench federation` (docs/federation.md, lending): the time to
+//! lend a node and to return it, in heartbeat periods, and launch on borrowed nodes beside
+//! launch on home nodes, measured in the same run.
+//!
+//! Two embedded clusters on loopback: `lb-borrow` has `nodes` nodes of its own and a guest
+//! slot (feature `guest`) for each of the `nodes` nodes of `lb-lend`, which lends them and
+//! runs the borrowed jobs as `nobody`. Each round:
+//!
+//! 1. **lend**: `storm lend` of every node of `lb-lend` at once, timed from the request to
+//!    the moment `lb-borrow`'s MM shows every guest slot idle (each lent node's NM has started
+//!    its guest NM, which registered and joined the borrower's heartbeat);
+//! 2. **launch**: a `true` of `nodes` nodes, as `nobody`, on home nodes (`-N`) and on the
+//!    borrowed ones (`--borrow -C guest -N`), alternately; each is storm-submit's wall time;
+//! 3. **return**: `storm reclaim`, timed from the request to the moment the lender's MM shows
+//!    every node idle and the borrower's shows no guest slot up.
+//!
+//! The MMs are asked with the control protocol directly, every millisecond: the poll adds at
+//! most that to each time.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use storm_cli::local::{LocalCluster, LocalOptions};
+use storm_cluster::control::{Client, NodeInfo, NodeState, Reply, Request};
+use storm_cluster::federation::{FederationSection, GuestOf, PeerEntry};
+use storm_primitives::NodeSet;
+
+use crate::stats::Samples;
+
+/// The account the jobs run as, at home and (the lender's `flock_user`) on lent nodes.
+const NOBODY: u32 = 65534;
+
+/// What one run measured.
+pub struct Lending {
+    /// The heartbeat period of both clusters.
+    pub period: Duration,
+    pub lend: Samples,
+    pub give_back: Samples,
+    pub launch_home: Samples,
+    pub launch_borrowed: Samples,
+}
+
+struct Pair {
+    borrower: LocalCluster,
+    lender: LocalCluster,
+    _keys: tempfile::TempDir,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Pair {
+    fn start(nodes: u32) -> Result<Self> {
+        let keys = tempfile::tempdir()?;
+        let pair = keys.path().join("pair.key");
+        storm_cluster::key::generate(&pair).context("making the pair key")?;
+        let (p_borrow, p_lend) = (free_port()?, free_port()?);
+        let peer = |name: &str, port: u16| -> Result<PeerEntry> {
+            Ok(PeerEntry {
+                name: name.into(),
+                address: format!("127.0.0.1:{port}").parse()?,
+                key_file: pair.clone(),
+                lend: false,
+                borrow: false,
+                flock_user: None,
+                same_users: false,
+                guest_file: None,
+            })
+        };
+        let federation = |port: u16| -> Result<FederationSection> {
+            Ok(FederationSection {
+                listen: Some(format!("127.0.0.1:{port}").parse()?),
+                ..Default::default()
+            })
+        };
+        let open = |c: LocalCluster| -> Result<LocalCluster> {
+            // The jobs are submitted as `nobody`: they must reach the socket.
+            std::fs::set_permissions(
+                c.root(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )?;
+            Ok(c)
+        };
+        let borrower = open(LocalCluster::start(&LocalOptions {
+            name: Some("lb-borrow".into()),
+            federation: federation(p_borrow)?,
+            peers: vec![PeerEntry {
+                borrow: true,
+                ..peer("lb-lend", p_lend)?
+            }],
+            guests: (0..nodes)
+                .map(|i| GuestOf {
+                    cluster: "lb-lend".into(),
+                    node: format!("node{i}"),
+                })
+                .collect(),
+            ..LocalOptions::new(nodes)
+        })?)?;
+        let lender = open(LocalCluster::start(&LocalOptions {
+            name: Some("lb-lend".into()),
+            federation: federation(p_lend)?,
+            peers: vec![PeerEntry {
+                lend: true,
+                flock_user: Some("nobody".into()),
+                guest_file: Some(borrower.root().join("cluster.toml")),
+                ..peer("lb-borrow", p_borrow)?
+            }],
+            ..LocalOptions::new(nodes)
+        })?)?;
+        Ok(Self {
+            borrower,
+            lender,
+            _keys: keys,
+        })
+    }
+}
+
+fn nodes_of(c: &LocalCluster) -> Result<Vec<NodeInfo>> {
+    let reply = Client::connect(c.socket())
+        .and_then(|client| client.call(&Request::Nodes))
+        .map_err(anyhow::Error::msg)?;
+    match reply {
+        Reply::Nodes(n) => Ok(n),
+        other => bail!("storm nodes: {other:?}"),
+    }
+}
+
+fn call(c: &LocalCluster, req: &Request) -> Result<()> {
+    let reply = Client::connect(c.socket())
+        .and_then(|client| client.call(req))
+        .map_err(anyhow::Error::msg)?;
+    match reply {
+        Reply::Error(e) => bail!("{e}"),
+        _ => Ok(()),
+    }
+}
+
+/// Polls every millisecond until `done` holds of the answers of both MMs; how long it took.
+fn until(
+    pair: &Pair,
+    what: &str,
+    done: impl Fn(&[NodeInfo], &[NodeInfo]) -> bool,
+) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let (b, l) = (nodes_of(&pair.borrower)?, nodes_of(&pair.lender)?);
+        if done(&b, &l) {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("{what}: not within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// storm-submit's wall time for `true` on `cluster` with `args`, as `nobody`.
+fn launch(cluster: &LocalCluster, args: &[&str]) -> Result<Duration> {
+    let start = Instant::now();
+    let out = Command::new(storm_cli::local::bin_dir()?.join("storm-submit"))
+        .arg("--socket")
+        .arg(cluster.socket())
+        .args(args)
+        .arg("/bin/true")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    let took = start.elapsed();
+    if !out.status.success() {
+        bail!(
+            "storm-submit {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(took)
+}
+
+/// `rounds` rounds of lend, launch (`launches` of each kind) and return, on clusters of
+/// `nodes` nodes each.
+pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
+    let pair = Pair::start(nodes)?;
+    let guest = |n: &NodeInfo| n.name.starts_with("lb-lend-");
+    let all = NodeSet::first_n(nodes);
+    let n = nodes.to_string();
+    let mut m = Lending {
+        period: Duration::from_secs_f64(
+            storm_cluster::ClusterConfig::load(&pair.borrower.root().join("cluster.toml"))?
+                .cluster
+                .timeslice_ms
+                / 1000.0,
+        ),
+        lend: Samples::from_secs(Vec::new()),
+        give_back: Samples::from_secs(Vec::new()),
+        launch_home: Samples::from_secs(Vec::new()),
+        launch_borrowed: Samples::from_secs(Vec::new()),
+    };
+    let (mut lend, mut back, mut home, mut borrowed) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let asked = Instant::now();
+        call(
+            &pair.lender,
+            &Request::Lend {
+                nodes: all.clone(),
+                peer: "lb-borrow".into(),
+                for_ms: 600_000,
+            },
+        )?;
+        until(&pair, "the guest slots come up", |b, _| {
+            b.iter()
+                .filter(|n| guest(n))
+                .all(|n| n.state == NodeState::Idle)
+        })?;
+        // From the request: its answer is part of the time.
+        lend.push(asked.elapsed().as_secs_f64());
+        for _ in 0..launches {
+            home.push(launch(&pair.borrower, &["-N", &n])?.as_secs_f64());
+            borrowed.push(
+                launch(&pair.borrower, &["--borrow", "-C", "guest", "-N", &n])?.as_secs_f64(),
+            );
+        }
+        let asked = Instant::now();
+        call(&pair.lender, &Request::Reclaim { nodes: all.clone() })?;
+        until(&pair, "the nodes come home", |b, l| {
+            l.iter().all(|n| n.state == NodeState::Idle)
+                && b.iter()
+                    .filter(|n| guest(n))
+                    .all(|n| !matches!(n.state, NodeState::Idle | NodeState::Allocated))
+        })?;
+        back.push(asked.elapsed().as_secs_f64());
+    }
+    m.lend = Samples::from_secs(lend);
+    m.give_back = Samples::from_secs(back);
+    m.launch_home = Samples::from_secs(home);
+    m.launch_borrowed = Samples::from_secs(borrowed);
+    let _ = pair.borrower.shutdown();
+    let _ = pair.lender.shutdown();
+    Ok(m)
+}
