@@ -176,6 +176,8 @@ fn start(args: &FaultsArgs) -> Result<Box<dyn Replicas>> {
         cluster_name: None,
         federation: Default::default(),
         peers: Vec::new(),
+        net: storm_cli::testbed::SINGLE_NET,
+        guests: Vec::new(),
     })?;
     Ok(Box::new(OnTestbed {
         testbed: Some(testbed),

@@ -86,11 +86,12 @@ pub fn render(frame: &mut Frame, view: &TopView) {
             Style::default().add_modifier(Modifier::BOLD),
         ),
         Span::raw(format!(
-            "nodes {}: {} idle, {} allocated, {} drained, {} down or unresponsive   jobs: {} running, {} queued",
+            "nodes {}: {} idle, {} allocated, {} drained, {} lent, {} down or unresponsive   jobs: {} running, {} queued",
             view.nodes.len(),
             count(&[NodeState::Idle]),
             count(&[NodeState::Allocated]),
             count(&[NodeState::Drained, NodeState::Draining]),
+            count(&[NodeState::Lent]),
             count(&[NodeState::Down, NodeState::Unresponsive, NodeState::Unknown]),
             running,
             queued

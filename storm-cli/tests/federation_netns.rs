@@ -11,6 +11,17 @@
 //! * The link is cut for longer: c0 queues the job at home again and runs it on its own
 //!   nodes once they are free, and c1 cancels its copy (either side walks away at the same
 //!   rule).
+//!
+//! Lending, on a testbed of its own: c1 lends its node0 to c0 (`storm lend`).
+//!
+//! * A `--borrow` job of c0 on three nodes runs on its two and on the lent one, which answers
+//!   with its own address on c1's bridge.
+//! * The link between the clusters is cut under a `--requeue` borrowed job: c0 loses the
+//!   lent node and queues the job again; once the link is back, the lent node's guest joins
+//!   c0 again and the job runs again there. c1 keeps the node lent throughout.
+//! * The lent node's own cable is cut (the node is gone for both clusters) under another
+//!   such job: the same, and c1 sees its node go silent too.
+//! * `storm reclaim`: c1's node takes c1's jobs again, and c0's slot goes down.
 
 mod support;
 
@@ -21,6 +32,11 @@ use support::NOBODY;
 use support::testbed::{can_run, up_clusters};
 
 const PEER_TIMEOUT_MS: u64 = 2000;
+
+/// Held by each test while its clusters run: both name their clusters c0 and c1, and a
+/// cluster's cgroups are named after it (`storm/c0/node0`), so two at once would tear down
+/// each other's.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The share of packets the lossy link drops, each way.
 const LOSS_PERCENT: u32 = 5;
@@ -78,6 +94,7 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     if !support::root_or_say(test) || !can_run(test) {
         return;
     }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let work = support::shared_tempdir();
     let fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
     let paths = fed.config_paths();
@@ -102,7 +119,8 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("flocked to peer cluster c1"), "{stderr}");
-    for addr in ["at 10.200.0.2/16", "at 10.200.0.3/16"] {
+    // c1's addresses are 10.201.0.0/16 (c0's, 10.200.0.0/16).
+    for addr in ["at 10.201.0.2/16", "at 10.201.0.3/16"] {
         assert!(stdout.contains(addr), "{addr} in {stdout:?}");
     }
     assert!(
@@ -232,4 +250,158 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     assert_eq!(last["state"], "cancelled", "c1's copy: {last}");
     fed.set_link(1, true).unwrap();
     fed.wait_all_up(Duration::from_secs(20)).unwrap();
+}
+
+/// A shell script in `dir` that, in its first run on each rank, marks that run and sleeps;
+/// in a later run prints where it runs and ends.
+fn twice(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    // No dot in the marker's name: each rank's marker is it with the rank as extension.
+    let marker = dir.join(format!("{name}-first"));
+    let script = support::script(
+        dir,
+        &format!("{name}.sh"),
+        &format!(
+            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
+             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
+            m = marker.display()
+        ),
+    );
+    (script, marker)
+}
+
+/// What `storm nodes --json` on `config` says of node `name` (null if it does not answer).
+fn node_state(config: &std::path::Path, name: &str) -> serde_json::Value {
+    let out = storm(config, &["nodes", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["name"] == name))
+        .map(|n| n["state"].clone())
+        .unwrap_or_default()
+}
+
+fn wait_node(config: &std::path::Path, name: &str, states: &[&str], what: &str) {
+    support::wait_until(Duration::from_secs(30), what, || {
+        let s = node_state(config, name);
+        (!states.iter().any(|w| s == *w)).then(|| s.to_string())
+    });
+}
+
+/// A `--requeue` borrowed job on 3 nodes whose first run is cut off by `cut`, then `heal`:
+/// it is queued again, and runs again on the lent node once it is back.
+fn requeued_across(
+    c0: &std::path::Path,
+    dir: &std::path::Path,
+    name: &str,
+    cut: impl FnOnce(),
+    heal: impl FnOnce(),
+) {
+    let (script, marker) = twice(dir, name);
+    let job = submit(
+        c0,
+        &["--borrow", "--requeue", "-N", "3", script.to_str().unwrap()],
+    );
+    support::wait_until(Duration::from_secs(30), "every rank runs", || {
+        let missing: Vec<u32> = (0..3)
+            .filter(|r| !marker.with_extension(r.to_string()).exists())
+            .collect();
+        (!missing.is_empty()).then(|| format!("ranks {missing:?}; c0's queue: {:?}", queue(c0)))
+    });
+    cut();
+    wait_node(
+        c0,
+        "c1-node0",
+        &["down", "unresponsive"],
+        "c0 loses the lent node",
+    );
+    heal();
+    let out = job.wait_with_output().unwrap();
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("requeued"), "{stderr}");
+    assert!(
+        stdout.contains("second run on c1-node0"),
+        "the rerun had the lent node back: {stdout}{stderr}"
+    );
+}
+
+#[test]
+fn a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home() {
+    let test = "a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = support::shared_tempdir();
+    let fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
+    let paths = fed.config_paths();
+    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+    assert_eq!(node_state(&c0, "c1-node0"), "unknown", "not lent yet");
+    let out = storm(&c1, &["lend", "node0", "--to", "c0", "--for", "10"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    assert_eq!(node_state(&c1, "node0"), "lent");
+    wait_node(&c0, "c1-node0", &["idle"], "the lent node joins c0");
+
+    let out = submit(
+        &c0,
+        &[
+            "--borrow",
+            "-N",
+            "3",
+            "sh",
+            "-c",
+            "ip -o -4 addr show eth0 | awk '{print \"at \" $4}'",
+        ],
+    )
+    .wait_with_output()
+    .unwrap();
+    let stdout = support::text(&out.stdout);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    for addr in ["at 10.200.0.2/16", "at 10.200.0.3/16", "at 10.201.0.2/16"] {
+        assert!(stdout.contains(addr), "{addr} in {stdout:?}");
+    }
+
+    // The link between the clusters: cut, then restored.
+    requeued_across(
+        &c0,
+        work.path(),
+        "link",
+        || fed.set_link(1, false).unwrap(),
+        || fed.set_link(1, true).unwrap(),
+    );
+    assert_eq!(node_state(&c1, "node0"), "lent", "c1 kept its node lent");
+
+    // The lent node's own cable: cut, then restored.
+    let lent_node = &fed.clusters[1];
+    requeued_across(
+        &c0,
+        work.path(),
+        "cable",
+        || {
+            lent_node.set_link(0, false).unwrap();
+            wait_node(
+                &c1,
+                "node0",
+                &["unresponsive", "down"],
+                "c1 loses its node too",
+            );
+        },
+        || lent_node.set_link(0, true).unwrap(),
+    );
+    wait_node(&c1, "node0", &["lent"], "c1's node is back, still lent");
+
+    // Home again.
+    let out = storm(&c1, &["reclaim", "node0"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_node(&c1, "node0", &["idle"], "c1's node is home");
+    wait_node(
+        &c0,
+        "c1-node0",
+        &["down", "unresponsive"],
+        "c0's slot goes down",
+    );
+    let out = submit(&c1, &["-N", "2", "true"])
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
 }

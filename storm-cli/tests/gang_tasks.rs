@@ -58,6 +58,8 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         cluster_name: None,
         federation: Default::default(),
         peers: Vec::new(),
+        net: storm_cli::testbed::SINGLE_NET,
+        guests: Vec::new(),
     })
     .expect("testbed up");
     let out = work.path().join("windows");

@@ -114,8 +114,8 @@ fn node_view(c: &TestCluster, name: &str) -> serde_json::Value {
 /// Node `name` in `storm nodes --json`'s answer `json`.
 fn node_in(json: &[u8], name: &str) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_slice(json).expect("JSON");
-    v.as_array()
-        .or_else(|| v["nodes"].as_array())
+    v["nodes"]
+        .as_array()
         .and_then(|n| n.iter().find(|n| n["name"] == name).cloned())
         .unwrap_or(serde_json::Value::Null)
 }

@@ -145,6 +145,13 @@ fn check_output(line: &str, stdout: &str, dir: &Path) {
             "`{line}`: with sharing, jobs flock to the idle peer, and the waits are compared: \
              {stdout}"
         );
+        for row in ["lend the nodes", "return them", "launch on borrowed nodes"] {
+            let measured = stdout
+                .lines()
+                .find(|l| l.trim_start().starts_with(row))
+                .is_some_and(|l| l.contains(" ms") || l.contains(" s "));
+            assert!(measured, "`{line}` measures lending: {row}: {stdout}");
+        }
     }
     if let Some(png) = line
         .split_whitespace()

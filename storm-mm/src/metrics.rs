@@ -38,7 +38,7 @@ use prometheus_client::registry::{Registry, Unit};
 use storm_cluster::control::{JobState, NodeState};
 
 /// Every state `storm nodes` can show, so that each series exists even at zero.
-pub const NODE_STATES: [NodeState; 8] = [
+pub const NODE_STATES: [NodeState; 9] = [
     NodeState::Unknown,
     NodeState::Joining,
     NodeState::Idle,
@@ -47,6 +47,7 @@ pub const NODE_STATES: [NodeState; 8] = [
     NodeState::Drained,
     NodeState::Unresponsive,
     NodeState::Down,
+    NodeState::Lent,
 ];
 
 /// Every state `storm queue` can show (a job that ended has left the queue).

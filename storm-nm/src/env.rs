@@ -170,6 +170,9 @@ pub trait OutputForwarder {
     fn close_job(&mut self, job: JobId);
     /// The job is gone from this node: its input pipes close and what waits is dropped.
     fn end_input(&mut self, job: JobId);
+    /// Job `job` ended here with an earlier membership: its streams are no longer read, and
+    /// what of its output waits to go is dropped (late, it would pass for a later run's).
+    fn discard_job(&mut self, job: JobId);
     /// A new membership starts the output queue at `epoch`.
     fn new_epoch(&mut self, epoch: u32);
     /// The forwarder's state: whether it is flushed, stalled or backlogged, and its hold

@@ -532,6 +532,7 @@ impl<E: NmEnv> NodeManager<E> {
                 job,
                 "ending a job the MM no longer knows here"
             );
+            self.env.output().discard_job(job);
             self.forget(job);
         }
         // A new MM process lost the reports in the old one's memory, and the output the old

@@ -62,6 +62,8 @@ impl Cluster {
                 cluster_name: None,
                 federation: Default::default(),
                 peers: Vec::new(),
+                net: storm_cli::testbed::SINGLE_NET,
+                guests: Vec::new(),
             })?;
             return Ok(Cluster::Testbed(tb));
         }

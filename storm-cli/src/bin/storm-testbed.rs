@@ -157,6 +157,8 @@ fn run(cli: Cli) -> Result<()> {
                     ..Default::default()
                 },
                 peers: Vec::new(),
+                net: storm_cli::testbed::SINGLE_NET,
+                guests: Vec::new(),
             };
             if clusters > 1 {
                 let fed = Federation::up(&opts, clusters)?;
@@ -170,10 +172,14 @@ fn run(cli: Cli) -> Result<()> {
                     println!("cluster c{k}: {}", path.display());
                 }
                 let c0 = fed.config_paths()[0].display().to_string();
+                let c1 = fed.config_paths()[1].display().to_string();
                 println!(
                     "try: storm peers --config {c0}\n\
                      try: storm-submit --config {c0} --clusters c1 -N {nodes} hostname\n\
+                     try: storm lend --config {c1} node0 --to c0 --for 10, then storm-submit \
+                     --config {c0} --borrow -N {} hostname\n\
                      stop: storm-testbed --name {} down",
+                    nodes + 1,
                     cli.name
                 );
                 fed.detach();

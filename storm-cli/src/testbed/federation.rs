@@ -1,10 +1,15 @@
 //! Several testbed clusters that share (docs/federation.md): `storm-testbed up --clusters 2`.
 //!
 //! Each cluster `c<k>` is a testbed of its own ([`super::Testbed`], named `NAME<k>`, files in
-//! `DIR/c<k>`, its cluster file at `DIR/c<k>/cluster.toml`), with its own MM, key and bridge.
-//! The clusters' MM namespaces are joined by one more bridge, in namespace `NAME-fed`: each
-//! MM namespace has a second link, `fed0`, with address 10.199.0.(1 + k)/24, where the
-//! cluster's peer agent (`storm-peer`) listens on port 7100. Every pair of clusters shares a
+//! `DIR/c<k>`, its cluster file at `DIR/c<k>/cluster.toml`), with its own MM, key and bridge,
+//! and its own addresses, 10.(200 + k).0.0/16. The clusters' MM namespaces are joined by one
+//! more bridge, in namespace `NAME-fed`: each MM namespace has a second link, `fed0`, with
+//! address 10.199.0.(1 + k)/24, where the cluster's peer agent (`storm-peer`) listens on port
+//! 7100. The MM namespaces route between the clusters over that bridge, so a node of one
+//! cluster reaches the nodes and MM of another: each cluster's file has a guest slot (feature
+//! `guest`) for every node of the others, at that node's address and [`GUEST_PORT`], and
+//! names the others' files as its `[[peer]] guest_file`, so any node may be lent (`storm
+//! lend`). Cutting a cluster's `fed0` cuts its lent nodes off from their borrowers too. Every pair of clusters shares a
 //! pair key (`DIR/keys/c<i>-c<j>.key`); each cluster lends to and borrows from every other,
 //! and runs their jobs as its dedicated account, `nobody` (`flock_user`; `same_users` is off,
 //! the default).
@@ -18,10 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use storm_cluster::config::NodeEntry;
 use storm_cluster::control::{Client, Reply, Request};
-use storm_cluster::federation::{FederationSection, PeerEntry, PeerState};
+use storm_cluster::federation::{FederationSection, GuestOf, PeerEntry, PeerState};
 
-use super::{Testbed, TestbedOptions, ip};
+use super::{Testbed, TestbedOptions, ip, mm_addr_in, node_addr_in};
 
 /// Where each cluster's peer agent listens, on its `fed0` address.
 pub const PEER_AGENT_PORT: u16 = 7100;
@@ -35,6 +41,36 @@ pub const MAX_CLUSTERS: u32 = 9;
 /// Cluster `k`'s address on the bridge between the clusters.
 pub fn fed_addr(k: u32) -> Ipv4Addr {
     Ipv4Addr::new(10, 199, 0, 1 + k as u8)
+}
+
+/// Where a lent node's guest NM listens, beside the node's own NM (on port 7000).
+pub const GUEST_PORT: u16 = 7002;
+
+/// The second octet of cluster `k`'s addresses (10.NET.0.0/16).
+pub fn net_of(k: u32) -> u8 {
+    super::SINGLE_NET + k as u8
+}
+
+/// Lets namespace `ns` forward packets between its links.
+fn forward(ns: &str) -> Result<()> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ])
+        .output()
+        .context("running ip netns exec ... sysctl")?;
+    if !out.status.success() {
+        bail!(
+            "enabling forwarding in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// The name of cluster `k`.
@@ -105,7 +141,32 @@ impl Federation {
                     borrow: true,
                     flock_user: Some("nobody".into()),
                     same_users: false,
-                    guest_file: None,
+                    // The borrower's cluster file, where this host's nodes read it.
+                    guest_file: Some(base.dir.join(cluster_name(j)).join("cluster.toml")),
+                })
+                .collect();
+            // A guest slot for every node of every other cluster, at that node's address
+            // (its guest NM listens beside its own NM, on GUEST_PORT).
+            let guests = (0..clusters)
+                .filter(|&j| j != k)
+                .flat_map(|j| (0..base.nodes).map(move |i| (j, i)))
+                .map(|(j, i)| NodeEntry {
+                    name: format!("{}-node{i}", cluster_name(j)),
+                    address: SocketAddr::V4(SocketAddrV4::new(
+                        node_addr_in(net_of(j), i),
+                        GUEST_PORT,
+                    )),
+                    spool: base
+                        .dir
+                        .join(cluster_name(k))
+                        .join(format!("guest-{}-node{i}", cluster_name(j))),
+                    cpus: base.cpus,
+                    mem: None,
+                    features: vec!["guest".into()],
+                    guest_of: Some(GuestOf {
+                        cluster: cluster_name(j),
+                        node: format!("node{i}"),
+                    }),
                 })
                 .collect();
             let opts = TestbedOptions {
@@ -120,6 +181,8 @@ impl Federation {
                     ..base.federation.clone()
                 },
                 peers,
+                net: net_of(k),
+                guests,
                 ..base.clone()
             };
             let mut tb = Testbed::up(&opts)?;
@@ -140,6 +203,36 @@ impl Federation {
                 "fed0",
             ])?;
             ip(&["-n", &mm_ns, "link", "set", "fed0", "up"])?;
+            // Routed to the other clusters' nodes through the MM namespaces and the bridge
+            // between them: a lent node reaches its borrower's fabric, and back.
+            forward(&mm_ns)?;
+            for j in (0..clusters).filter(|&j| j != k) {
+                let far = format!("10.{}.0.0/16", net_of(j));
+                // From the MM's own address on its cluster's bridge, which the nodes of the
+                // other cluster reach back (they have no route to the bridge between MMs).
+                ip(&[
+                    "-n",
+                    &mm_ns,
+                    "route",
+                    "add",
+                    &far,
+                    "via",
+                    &fed_addr(j).to_string(),
+                    "src",
+                    &mm_addr_in(net_of(k)).to_string(),
+                ])?;
+                for i in 0..base.nodes {
+                    ip(&[
+                        "-n",
+                        &tb.node_ns(i),
+                        "route",
+                        "add",
+                        &far,
+                        "via",
+                        &mm_addr_in(net_of(k)).to_string(),
+                    ])?;
+                }
+            }
             let cfg = tb.config_path.display().to_string();
             tb.spawn_in(
                 &mm_ns,

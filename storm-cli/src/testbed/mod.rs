@@ -71,7 +71,17 @@ pub struct TestbedOptions {
     /// a testbed of several.
     pub federation: storm_cluster::federation::FederationSection,
     pub peers: Vec<storm_cluster::federation::PeerEntry>,
+    /// The second octet of the testbed's addresses (10.NET.0.0/16): [`SINGLE_NET`] for a
+    /// testbed alone; cluster `k` of several has its own, so that their nodes can reach each
+    /// other's (a lent node, the borrower's fabric).
+    pub net: u8,
+    /// Guest slots after the nodes (`guest_of`): set by [`federation`] for the nodes of the
+    /// other clusters that may be lent to this one. No NM runs there but a lent node's guest.
+    pub guests: Vec<NodeEntry>,
 }
+
+/// The second octet of a testbed's addresses when it is alone.
+pub const SINGLE_NET: u8 = 200;
 
 /// The address of replica `j` of a testbed's replicated MM.
 pub fn manager_addr(j: u32) -> Ipv4Addr {
@@ -102,6 +112,8 @@ pub struct Testbed {
     /// Delay lines inserted on nodes' links, by node.
     delay_lines: std::collections::BTreeMap<u32, delay::DelayLine>,
     torn_down: bool,
+    /// The second octet of its addresses ([`TestbedOptions::net`]).
+    net: u8,
 }
 
 /// Runs `ip` with `args`; the error names the command and what ip said.
@@ -137,13 +149,24 @@ pub(crate) fn nft(ns: &str, script: &str) -> Result<()> {
     Ok(())
 }
 
-/// The address of node `i`.
+/// The address of node `i` of a testbed alone.
 pub fn node_addr(i: u32) -> Ipv4Addr {
-    let host = i + 2;
-    Ipv4Addr::new(10, 200, (host >> 8) as u8, (host & 0xff) as u8)
+    node_addr_in(SINGLE_NET, i)
 }
 
-pub const MM_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+/// The address of node `i` of the testbed whose addresses are 10.`net`.0.0/16.
+pub fn node_addr_in(net: u8, i: u32) -> Ipv4Addr {
+    let host = i + 2;
+    Ipv4Addr::new(10, net, (host >> 8) as u8, (host & 0xff) as u8)
+}
+
+/// The MM's address in a testbed alone.
+pub const MM_ADDR: Ipv4Addr = mm_addr_in(SINGLE_NET);
+
+/// The MM's address in the testbed whose addresses are 10.`net`.0.0/16.
+pub const fn mm_addr_in(net: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, net, 0, 1)
+}
 
 /// Whether this process may create network namespaces: tries one.
 pub fn namespaces_available() -> Result<(), String> {
@@ -235,6 +258,7 @@ impl Testbed {
             children: Vec::new(),
             delay_lines: Default::default(),
             torn_down: false,
+            net: opts.net,
         };
         // On any error below, dropping `tb` removes what was made so far.
         tb.build_network(opts.nodes)?;
@@ -299,7 +323,7 @@ impl Testbed {
         ip(&["-n", &sw, "link", "set", "br0", "up"])?;
         let mm = format!("{}-mm", self.name);
         self.add_ns(mm.clone())?;
-        self.plug(&mm, "mm", MM_ADDR)?;
+        self.plug(&mm, "mm", mm_addr_in(self.net))?;
         for j in 0..self.config.managers.len() as u32 {
             let ns = self.manager_ns(j);
             self.add_ns(ns.clone())?;
@@ -308,7 +332,7 @@ impl Testbed {
         for i in 0..nodes {
             let ns = self.node_ns(i);
             self.add_ns(ns.clone())?;
-            self.plug(&ns, &format!("n{i}"), node_addr(i))?;
+            self.plug(&ns, &format!("n{i}"), node_addr_in(self.net, i))?;
         }
         Ok(())
     }
@@ -395,7 +419,8 @@ impl Testbed {
                 &["--config".into(), cfg.clone(), "--manager".into()],
             )?;
         }
-        for i in 0..self.config.nodes.len() as u32 {
+        // Guest slots come after the nodes; a lent node's NM runs their guest.
+        for i in 0..self.config.home_node_count() {
             self.start_nm(i)?;
             let ns = self.node_ns(i);
             self.spawn_in(
@@ -646,14 +671,16 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         // Unix socket: jobs' steps reach the MM through it.
         relay: RelaySection {
             // With a replicated MM, each replica has a relay beside it (`relay_address`).
-            address: (opts.managers == 1)
-                .then_some(SocketAddr::V4(SocketAddrV4::new(MM_ADDR, RELAY_PORT))),
+            address: (opts.managers == 1).then_some(SocketAddr::V4(SocketAddrV4::new(
+                mm_addr_in(opts.net),
+                RELAY_PORT,
+            ))),
             socket: opts.dir.join("relay").join("{node}.sock"),
             root_from_nodes: false,
         },
         mm: MmSection {
             address: match opts.managers {
-                1 => v4(MM_ADDR),
+                1 => v4(mm_addr_in(opts.net)),
                 _ => v4(manager_addr(0)),
             },
         },
@@ -689,13 +716,14 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         nodes: (0..opts.nodes)
             .map(|i| NodeEntry {
                 name: format!("node{i}"),
-                address: v4(node_addr(i)),
+                address: v4(node_addr_in(opts.net, i)),
                 spool: opts.dir.join(format!("node{i}")),
                 cpus: opts.cpus,
                 mem: None,
                 features: Vec::new(),
                 guest_of: None,
             })
+            .chain(opts.guests.iter().cloned())
             .collect(),
     };
     config.validate()?;

@@ -111,6 +111,8 @@ fn options(nodes: u32, work: &Path) -> TestbedOptions {
         cluster_name: None,
         federation: Default::default(),
         peers: Vec::new(),
+        net: storm_cli::testbed::SINGLE_NET,
+        guests: Vec::new(),
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{JobId, OutputChunk, Stream, encode};
+use storm_cluster::messages::{JobId, OutputChunk, Stream, decode, encode};
 use storm_primitives::helpers::QueueProducer;
 use storm_primitives::{EventId, NodeId, NodeSet, PrimError, Primitives, QueueLayout, Wait};
 
@@ -233,6 +233,26 @@ impl Forwarder {
         let mut s = OutputStream::new(job, rank, Stream::Stderr, remaining.clone());
         self.data(&mut s, text.as_bytes());
         self.closed(s);
+    }
+
+    /// Drops what of job `job`'s output waits to go, sent or not: the job ended here with an
+    /// earlier membership (the MM no longer runs it here), and what it wrote then must not
+    /// reach the MM late, where it would pass for a later run's (a job queued again).
+    pub fn discard(&mut self, job: JobId) {
+        let limit = self.queue.slot_payload;
+        let other =
+            |b: &Bytes| decode::<OutputChunk>("output", b, limit).map_or(true, |c| c.job != job);
+        let before = self.unsent.len() + self.sent.len();
+        self.unsent.retain(other);
+        self.sent.retain(|(_, b)| other(b));
+        let dropped = before - self.unsent.len() - self.sent.len();
+        if dropped > 0 {
+            tracing::info!(
+                job,
+                dropped,
+                "dropped the output of a job that ended here earlier"
+            );
+        }
     }
 
     /// A new membership starts the output queue at `epoch`: what the MM may not have passed

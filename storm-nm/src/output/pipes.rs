@@ -31,6 +31,8 @@ enum Msg {
     Close(JobId),
     /// A new membership: send from now on at this epoch of the queue.
     Epoch(u32),
+    /// The job ended with an earlier membership: stop reading it, drop what waits of it.
+    Discard(JobId),
     /// Text for a rank's standard error.
     Tell(JobId, u32, String, Drained),
     /// The write end of a rank's standard input.
@@ -104,6 +106,15 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
         loop {
             match rx.try_recv() {
                 Ok(Msg::Watch(s, source)) => watches.push(Watched { s, source }),
+                Ok(Msg::Discard(job)) => {
+                    let (closed, kept): (Vec<_>, Vec<_>) =
+                        watches.drain(..).partition(|w| w.s.job == job);
+                    watches = kept;
+                    for w in closed {
+                        core.closed(w.s);
+                    }
+                    core.discard(job);
+                }
                 Ok(Msg::Close(job)) => {
                     let (closed, kept): (Vec<_>, Vec<_>) =
                         watches.drain(..).partition(|w| w.s.job == job);
@@ -253,6 +264,10 @@ impl crate::env::OutputForwarder for Output {
 
     fn end_input(&mut self, job: JobId) {
         self.send(Msg::EndInput(job));
+    }
+
+    fn discard_job(&mut self, job: JobId) {
+        self.send(Msg::Discard(job));
     }
 
     /// Sending stays held until the thread has switched to the new epoch.

@@ -107,6 +107,11 @@ impl OutputForwarder for SteppedOutput {
         }
     }
 
+    fn discard_job(&mut self, job: JobId) {
+        self.close_job(job);
+        self.core.discard(job);
+    }
+
     fn new_epoch(&mut self, epoch: u32) {
         self.core.new_epoch(epoch, self.now);
     }
