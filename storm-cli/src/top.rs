@@ -330,7 +330,7 @@ mod tests {
         };
         let s = screen(&view);
         assert!(
-            s.contains("nodes 3: 1 idle, 1 allocated, 0 drained, 1 down"),
+            s.contains("nodes 3: 1 idle, 1 allocated, 0 drained, 0 lent, 1 down"),
             "{s}"
         );
         let line = |name: &str| s.lines().position(|l| l.contains(name)).unwrap();

@@ -51,7 +51,9 @@ impl<E: MmEnv> MachineManager<E> {
         for n in nodes.iter() {
             let node = self.nodes.get(n);
             let busy = self.jobs.values().any(|j| j.nodes.contains(n));
-            let why = if let Some(l) = &node.lent {
+            let why = if self.cfg.is_guest(n) {
+                Some("it is a guest slot, another cluster's node: not this cluster's to lend".into())
+            } else if let Some(l) = &node.lent {
                 Some(format!("it is lent to {} already", l.peer))
             } else if !self.nodes.is_available(n) {
                 Some("it is not up and in service (down, drained or sick)".to_string())
