@@ -52,7 +52,9 @@ impl<E: MmEnv> MachineManager<E> {
             let node = self.nodes.get(n);
             let busy = self.jobs.values().any(|j| j.nodes.contains(n));
             let why = if self.cfg.is_guest(n) {
-                Some("it is a guest slot, another cluster's node: not this cluster's to lend".into())
+                Some(
+                    "it is a guest slot, another cluster's node: not this cluster's to lend".into(),
+                )
             } else if let Some(l) = &node.lent {
                 Some(format!("it is lent to {} already", l.peer))
             } else if !self.nodes.is_available(n) {
