@@ -780,6 +780,12 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                 run: vec![42, 43],
                 lease_us: 12_000,
             },
+            Command::Lend {
+                nodes: nodes("1"),
+                peer: "c0".into(),
+                until_ms: 1_700_000_600_000,
+            },
+            Command::EndLend { nodes: nodes("1") },
             Command::Shutdown,
         ],
         seal: None,
@@ -997,6 +1003,12 @@ fn control_seeds() -> Vec<Vec<u8>> {
             nodes: nodes("2-5"),
             reason: "disk".into(),
         },
+        Request::Lend {
+            nodes: nodes("0-1"),
+            peer: "c0".into(),
+            for_ms: 600_000,
+        },
+        Request::Reclaim { nodes: nodes("1") },
         Request::Attach { job: 9 },
     ];
     let outcome = JobOutcome {
