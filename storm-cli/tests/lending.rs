@@ -97,6 +97,36 @@ fn live_processes(uid: u32, needle: &str) -> Vec<u32> {
     found
 }
 
+/// A `--requeue` borrowed job of 2 nodes on `c`, as `nobody`, running once both ranks have
+/// started: its first run marks each rank (`dir/NAME.RANK`, so no dot in `name`) and sleeps;
+/// a later run prints `second run on NODE` and ends.
+fn run_twice(c: &TestCluster, dir: &std::path::Path, name: &str) -> std::process::Child {
+    let marker = dir.join(name);
+    let script = support::script(
+        dir,
+        &format!("{name}.sh"),
+        &format!(
+            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
+             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
+            m = marker.display()
+        ),
+    );
+    let job = c
+        .submit_cmd_as(
+            NOBODY,
+            &["-N", "2", "--borrow", "--requeue", script.to_str().unwrap()],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_until(Duration::from_secs(20), "both ranks run", || {
+        (!(marker.with_extension("0").exists() && marker.with_extension("1").exists()))
+            .then(|| "markers missing".to_string())
+    });
+    job
+}
+
 fn federation(port: u16) -> FederationSection {
     FederationSection {
         listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
@@ -326,16 +356,6 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     // The lent node dies (its NM and its guest, killed outright) under a `--requeue` job:
     // the job is queued again at the borrower; when the node's NM is back, the lender's MM
     // tells it again to run its guest, the slot comes back and the job runs again there.
-    let marker = shared.path().join("first-run");
-    let twice = support::script(
-        shared.path(),
-        "twice.sh",
-        &format!(
-            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
-             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
-            m = marker.display()
-        ),
-    );
     let out = lender.storm(&["lend", "node0", "--to", "borrower", "--for", "10"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     wait_state(
@@ -344,19 +364,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         &["idle"],
         "the slot comes up again",
     );
-    let job = borrower
-        .submit_cmd_as(
-            NOBODY,
-            &["-N", "2", "--borrow", "--requeue", twice.to_str().unwrap()],
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    support::wait_until(Duration::from_secs(20), "both ranks run", || {
-        (!(marker.with_extension("0").exists() && marker.with_extension("1").exists()))
-            .then(|| "markers missing".to_string())
-    });
+    let job = run_twice(&borrower, shared.path(), "first-run");
     let guests = live_processes(0, "--guest-user");
     assert_eq!(guests.len(), 1, "one guest NM runs: {guests:?}");
     nix::sys::signal::kill(
@@ -393,35 +401,13 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     // The lent node's NM alone is killed outright: its guest is left running. The NM that
     // starts next stops that orphan (it cannot follow it), and runs a guest of its own for
     // the lease; the `--requeue` job on the slot runs again.
-    let marker = shared.path().join("orphan-run");
-    let again = support::script(
-        shared.path(),
-        "again.sh",
-        &format!(
-            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
-             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
-            m = marker.display()
-        ),
-    );
     wait_state(
         &borrower,
         "lender-node0",
         &["idle"],
         "the slot is free again",
     );
-    let job = borrower
-        .submit_cmd_as(
-            NOBODY,
-            &["-N", "2", "--borrow", "--requeue", again.to_str().unwrap()],
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    support::wait_until(Duration::from_secs(20), "both ranks run", || {
-        (!(marker.with_extension("0").exists() && marker.with_extension("1").exists()))
-            .then(|| "markers missing".to_string())
-    });
+    let job = run_twice(&borrower, shared.path(), "orphan-run");
     let orphan = live_processes(0, "--guest-user");
     assert_eq!(orphan.len(), 1, "{orphan:?}");
     lender.cluster.as_mut().unwrap().kill_nm(0).unwrap();
