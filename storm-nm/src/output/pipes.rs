@@ -98,6 +98,15 @@ struct Watched {
     source: Box<dyn OutputSource>,
 }
 
+/// Stops reading job `job`'s streams: each counts as closed from here.
+fn stop_watching(watches: &mut Vec<Watched>, core: &mut Forwarder, job: JobId) {
+    let (closed, kept): (Vec<_>, Vec<_>) = watches.drain(..).partition(|w| w.s.job == job);
+    *watches = kept;
+    for w in closed {
+        core.closed(w.s);
+    }
+}
+
 fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
     let mut watches: Vec<Watched> = Vec::new();
     let mut inputs = InputFeeds::default();
@@ -107,21 +116,11 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
             match rx.try_recv() {
                 Ok(Msg::Watch(s, source)) => watches.push(Watched { s, source }),
                 Ok(Msg::Discard(job)) => {
-                    let (closed, kept): (Vec<_>, Vec<_>) =
-                        watches.drain(..).partition(|w| w.s.job == job);
-                    watches = kept;
-                    for w in closed {
-                        core.closed(w.s);
-                    }
+                    stop_watching(&mut watches, &mut core, job);
                     core.discard(job);
                 }
                 Ok(Msg::Close(job)) => {
-                    let (closed, kept): (Vec<_>, Vec<_>) =
-                        watches.drain(..).partition(|w| w.s.job == job);
-                    watches = kept;
-                    for w in closed {
-                        core.closed(w.s);
-                    }
+                    stop_watching(&mut watches, &mut core, job);
                     inputs.close_job(job);
                 }
                 Ok(Msg::Feed(job, rank, pipe)) => inputs.feed(job, rank, pipe),
