@@ -252,23 +252,6 @@ fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     fed.wait_all_up(Duration::from_secs(20)).unwrap();
 }
 
-/// A shell script in `dir` that, in its first run on each rank, marks that run and sleeps;
-/// in a later run prints where it runs and ends.
-fn twice(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    // No dot in the marker's name: each rank's marker is it with the rank as extension.
-    let marker = dir.join(format!("{name}-first"));
-    let script = support::script(
-        dir,
-        &format!("{name}.sh"),
-        &format!(
-            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
-             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
-            m = marker.display()
-        ),
-    );
-    (script, marker)
-}
-
 /// What `storm nodes --json` on `config` says of node `name` (null if it does not answer).
 fn node_state(config: &std::path::Path, name: &str) -> serde_json::Value {
     let out = storm(config, &["nodes", "--json"]);
@@ -296,7 +279,7 @@ fn requeued_across(
     cut: impl FnOnce(),
     heal: impl FnOnce(),
 ) {
-    let (script, marker) = twice(dir, name);
+    let (script, marker) = support::rerun_script(dir, name);
     let job = submit(
         c0,
         &["--borrow", "--requeue", "-N", "3", script.to_str().unwrap()],

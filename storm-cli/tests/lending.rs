@@ -97,20 +97,10 @@ fn live_processes(uid: u32, needle: &str) -> Vec<u32> {
     found
 }
 
-/// A `--requeue` borrowed job of 2 nodes on `c`, as `nobody`, running once both ranks have
-/// started: its first run marks each rank (`dir/NAME.RANK`, so no dot in `name`) and sleeps;
-/// a later run prints `second run on NODE` and ends.
+/// A `--requeue` borrowed job of 2 nodes on `c`, as `nobody`, running its
+/// [`support::rerun_script`] once both ranks have started.
 fn run_twice(c: &TestCluster, dir: &std::path::Path, name: &str) -> std::process::Child {
-    let marker = dir.join(name);
-    let script = support::script(
-        dir,
-        &format!("{name}.sh"),
-        &format!(
-            "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
-             touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
-            m = marker.display()
-        ),
-    );
+    let (script, marker) = support::rerun_script(dir, name);
     let job = c
         .submit_cmd_as(
             NOBODY,

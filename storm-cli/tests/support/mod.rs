@@ -227,6 +227,20 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
+/// A script `dir/NAME.sh` for a job that is run twice (`--requeue`): its first run marks each
+/// rank (`dir/NAME-first.RANK`), says `first run` and sleeps; a later run says `second run on
+/// NODE` and ends. Returns the script and the markers' stem (`NAME` must have no dot: each
+/// rank's marker is the stem with the rank as its extension).
+pub fn rerun_script(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let marker = dir.join(format!("{name}-first"));
+    let body = format!(
+        "if [ -e {m}.$STORM_RANK ]; then echo second run on $STORM_NODENAME; exit 0; fi\n\
+         touch {m}.$STORM_RANK\necho first run\nexec sleep 600\n",
+        m = marker.display()
+    );
+    (script(dir, &format!("{name}.sh"), &body), marker)
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
