@@ -174,7 +174,7 @@ fn start_cluster(
             listen: Some(format!("127.0.0.1:{listen}").parse()?),
             advertise_ms: 100,
             peer_timeout_ms: 5000,
-            flock_after_ms: None,
+            ..Default::default()
         },
         peers: vec![peer],
         ..LocalOptions::new(nodes)
@@ -313,6 +313,7 @@ impl Federation {
                 flock_user: Some("nobody".into()),
                 same_users: false,
                 guest_file: None,
+                priority: 0,
             })
         };
         let scheduler = SchedulerSection {

@@ -70,6 +70,7 @@ impl Pair {
                 flock_user: None,
                 same_users: false,
                 guest_file: None,
+                priority: 0,
             })
         };
         let federation = |port: u16| -> Result<FederationSection> {

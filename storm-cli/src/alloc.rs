@@ -69,6 +69,8 @@ fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
         // Its steps run on its nodes, at home: an allocation never flocks.
         flock: storm_cluster::flock::Flock::Never,
         borrow: shape.borrow,
+        less: shape.less,
+        one_cluster: shape.one_cluster,
     })
 }
 

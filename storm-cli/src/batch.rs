@@ -221,6 +221,8 @@ pub fn request(
         constraint: shape.constraint()?,
         flock: shape.flock()?,
         borrow: shape.borrow,
+        less: shape.less,
+        one_cluster: shape.one_cluster,
     };
     Ok((req, source))
 }

@@ -81,6 +81,14 @@ pub struct JobShape {
     /// (docs/federation.md): without it a job runs on this cluster's own nodes only.
     #[arg(long)]
     pub borrow: bool,
+    /// Start on fewer nodes than asked for if that many cannot be had (Balloc's
+    /// `--ba--less`): the nodes free now, keeping the tasks per node (docs/federation.md).
+    #[arg(long)]
+    pub less: bool,
+    /// All of the job's nodes from one cluster: this one's own, or (with `--borrow`) one
+    /// lender's, never both (Balloc's `--ba--one`).
+    #[arg(long)]
+    pub one_cluster: bool,
 }
 
 /// `--mem`'s value: srun's sizes, where a bare number is megabytes.
@@ -139,6 +147,8 @@ impl JobShape {
                 other.clusters
             },
             borrow: self.borrow || other.borrow,
+            less: self.less || other.less,
+            one_cluster: self.one_cluster || other.one_cluster,
         }
     }
 

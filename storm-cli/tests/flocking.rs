@@ -25,14 +25,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cli::local::LocalOptions;
 use storm_cluster::ClusterConfig;
 use storm_cluster::federation::{FederationSection, PeerEntry};
-use support::{NOBODY, TestCluster};
+use support::{NOBODY, TestCluster, start_agent};
 
 const PEER_TIMEOUT_MS: u64 = 3000;
 
@@ -42,29 +42,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_agent(config: &Path) -> Agent {
-    let log = std::fs::File::create(config.with_extension("peer.log")).unwrap();
-    Agent(
-        Command::new(support::bin_dir().join("storm-peer"))
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start storm-peer"),
-    )
 }
 
 /// A cluster of `nodes` nodes named `name`, its agent listening on `listen`, with `peer`.
@@ -83,6 +60,7 @@ fn cluster(
             advertise_ms: 200,
             peer_timeout_ms: PEER_TIMEOUT_MS,
             flock_after_ms,
+            ..Default::default()
         },
         peers: vec![peer],
         ..LocalOptions::new(nodes)
@@ -256,6 +234,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         flock_user: Some("nobody".into()),
         same_users: false,
         guest_file: None,
+        priority: 0,
     };
     let mut home = cluster(
         "fl-home",

@@ -49,6 +49,7 @@ fn peer(name: &str, port: u16, key: &std::path::Path) -> PeerEntry {
         flock_user: None,
         same_users: false,
         guest_file: None,
+        priority: 0,
     }
 }
 
@@ -67,8 +68,8 @@ fn output_within(mut child: std::process::Child, limit: Duration) -> Option<std:
 }
 
 /// Processes of user `uid` alive now (zombies left out: they are dead, waiting for init)
-/// whose command line contains `needle`: their pids.
-fn live_processes(uid: u32, needle: &str) -> Vec<u32> {
+/// whose command line contains every one of `needles`: their pids.
+fn live_processes(uid: u32, needles: &[&str]) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -89,7 +90,9 @@ fn live_processes(uid: u32, needle: &str) -> Vec<u32> {
         };
         if field("Uid:").as_deref() == Some(&uid.to_string())
             && field("State:").as_deref() != Some("Z")
-            && String::from_utf8_lossy(&cmdline).contains(needle)
+            && needles
+                .iter()
+                .all(|n| String::from_utf8_lossy(&cmdline).contains(n))
         {
             found.push(pid);
         }
@@ -183,6 +186,10 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         ..LocalOptions::new(1)
     });
     let borrower_file: PathBuf = borrower.root.join("cluster.toml");
+    // This test's guest NMs: their command line names its borrower's file, as the
+    // borrower's own daemons' do (the other test of this file runs guests of its own
+    // meanwhile).
+    let our_guests = borrower_file.to_str().unwrap().to_string();
     let mut lender = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("lender".into()),
@@ -316,7 +323,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         err.contains("lender-node0"),
         "the lost node is named: {err}"
     );
-    let left = live_processes(daemon_uid, "long.sh");
+    let left = live_processes(daemon_uid, &["long.sh"]);
     assert!(left.is_empty(), "the guest's task died with it: {left:?}");
     let out = output_within(own, Duration::from_secs(30))
         .expect("the lender's own job ran once the node came home");
@@ -355,7 +362,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the slot comes up again",
     );
     let job = run_twice(&borrower, shared.path(), "first-run");
-    let guests = live_processes(0, "--guest-user");
+    let guests = live_processes(0, &["--guest-user", &our_guests]);
     assert_eq!(guests.len(), 1, "one guest NM runs: {guests:?}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(guests[0] as i32),
@@ -398,11 +405,11 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the slot is free again",
     );
     let job = run_twice(&borrower, shared.path(), "orphan-run");
-    let orphan = live_processes(0, "--guest-user");
+    let orphan = live_processes(0, &["--guest-user", &our_guests]);
     assert_eq!(orphan.len(), 1, "{orphan:?}");
     lender.cluster.as_mut().unwrap().kill_nm(0).unwrap();
     assert_eq!(
-        live_processes(0, "--guest-user"),
+        live_processes(0, &["--guest-user", &our_guests]),
         orphan,
         "the guest outlives its NM"
     );
@@ -415,9 +422,202 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         stdout.contains("second run on lender-node0"),
         "the new NM's guest ran it again: {stdout}"
     );
-    let now = live_processes(0, "--guest-user");
+    let now = live_processes(0, &["--guest-user", &our_guests]);
     assert!(
         now.len() == 1 && now != orphan,
         "one guest, the new NM's: {now:?} (the orphan was {orphan:?})"
     );
+}
+
+/// What the lines of a job's output say of where its tasks ran: each task of `where.sh`
+/// prints `NODE uid=UID`.
+fn nodes_of(stdout: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// Borrowing by itself, through both clusters' peer agents: `asker` has one node of its own
+/// and guest slots for `giver`'s two nodes; `giver` lends to it on its asking, as its account
+/// `daemon`. Nobody runs `storm lend`.
+///
+/// * A `--borrow` job of three nodes waits; `asker`'s MM asks `giver` for two, `giver` lends
+///   them, and the job runs on all three. Once it ends, `asker` gives them back and `giver`
+///   shows them idle.
+/// * `--one-cluster`: a two-node job runs wholly on `giver`'s two nodes (its own cluster has
+///   one), a one-node job at home; without `--borrow` the two-node job is refused.
+/// * `--less`: `giver` runs a job of its own on one node; a `--borrow --less` job of three
+///   nodes gets the other, and starts on two (its output says which). Without `--borrow`, a
+///   job of five nodes asked for with `--less` runs on the one own node.
+/// * The owner's queue takes its nodes back: under a `--requeue` borrowed job on all three
+///   nodes, `giver` queues a job of its own on both its nodes; `giver` takes them back, its
+///   job runs, and the borrowed job is queued again at `asker`, borrows them again once
+///   `giver`'s job ended, and runs to its end.
+#[test]
+fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
+    if !support::root_or_say("borrowing") {
+        return;
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let (asker_port, giver_port) = (free_port(), free_port());
+    let fast = |port| FederationSection {
+        advertise_ms: 200,
+        peer_timeout_ms: 3000,
+        ..federation(port)
+    };
+    let asker = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("asker".into()),
+        federation: fast(asker_port),
+        peers: vec![PeerEntry {
+            borrow: true,
+            ..peer("giver", giver_port, &pair)
+        }],
+        guests: ["node0", "node1"]
+            .iter()
+            .map(|n| GuestOf {
+                cluster: "giver".into(),
+                node: n.to_string(),
+            })
+            .collect(),
+        ..LocalOptions::new(1)
+    });
+    let asker_file: PathBuf = asker.root.join("cluster.toml");
+    let giver = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("giver".into()),
+        federation: fast(giver_port),
+        peers: vec![PeerEntry {
+            lend: true,
+            flock_user: Some("daemon".into()),
+            guest_file: Some(asker_file.clone()),
+            ..peer("asker", asker_port, &pair)
+        }],
+        ..LocalOptions::new(2)
+    });
+    let _agents = (
+        support::start_agent(&asker_file),
+        support::start_agent(&giver.root.join("cluster.toml")),
+    );
+    support::wait_until(Duration::from_secs(20), "asker sees giver's offer", || {
+        let out = asker.storm(&["peers", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let offered = v["peers"][0]["offer"]["idle_nodes"].as_u64();
+        (offered != Some(2)).then(|| v.to_string())
+    });
+    let shared = support::shared_tempdir();
+    let where_ = support::script(
+        shared.path(),
+        "where.sh",
+        "echo \"$STORM_NODENAME uid=$(id -u)\"\nsleep 1\n",
+    );
+    let where_ = where_.to_str().unwrap();
+    // A job's output, once it ended well (within a minute).
+    let ok = |c: &TestCluster, args: &[&str]| {
+        let out = support::output_within(c.submit_cmd_as(NOBODY, args), Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("{args:?} did not end within 60 s"));
+        let stdout = support::text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            support::text(&out.stderr)
+        );
+        stdout
+    };
+
+    // A job of three nodes borrows two, and gives them back when it ends.
+    let stdout = ok(&asker, &["-N", "3", "--borrow", where_]);
+    assert_eq!(
+        nodes_of(&stdout),
+        ["giver-node0", "giver-node1", "node0"],
+        "{stdout}"
+    );
+    for n in ["node0", "node1"] {
+        wait_state(&giver, n, &["idle"], "the borrowed node comes home");
+    }
+
+    // --one-cluster: wholly on the lender's nodes, or wholly at home.
+    let stdout = ok(&asker, &["-N", "2", "--borrow", "--one-cluster", where_]);
+    assert_eq!(
+        nodes_of(&stdout),
+        ["giver-node0", "giver-node1"],
+        "{stdout}"
+    );
+    let stdout = ok(&asker, &["-N", "1", "--borrow", "--one-cluster", where_]);
+    assert_eq!(nodes_of(&stdout), ["node0"], "{stdout}");
+    let out = asker.submit_as(NOBODY, &["-N", "2", "--one-cluster", where_]);
+    assert!(!out.status.success(), "{}", support::text(&out.stdout));
+    assert!(
+        support::text(&out.stderr).contains("--borrow"),
+        "{}",
+        support::text(&out.stderr)
+    );
+    for n in ["node0", "node1"] {
+        wait_state(&giver, n, &["idle"], "the borrowed nodes come home");
+    }
+
+    // --less: the lender keeps one node for its own job; the job starts on two nodes.
+    let busy = support::script(shared.path(), "busy.sh", "sleep 15\n");
+    let mut own = giver
+        .submit_cmd_as(NOBODY, &[busy.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    support::wait_until(Duration::from_secs(20), "giver's own job runs", || {
+        let states: Vec<serde_json::Value> = ["node0", "node1"]
+            .iter()
+            .map(|n| node_view(&giver, n)["state"].clone())
+            .collect();
+        (!states.iter().any(|s| s == "allocated")).then(|| format!("{states:?}"))
+    });
+    let stdout = ok(&asker, &["-N", "3", "--borrow", "--less", where_]);
+    let ran = nodes_of(&stdout);
+    assert!(
+        ran.len() == 2 && ran[1] == "node0" && ran[0].starts_with("giver-node"),
+        "on its own node and the one giver could lend: {stdout}"
+    );
+    let stdout = ok(&asker, &["-N", "5", "--less", where_]);
+    assert_eq!(nodes_of(&stdout), ["node0"], "{stdout}");
+    assert!(own.wait().unwrap().success());
+    for n in ["node0", "node1"] {
+        wait_state(&giver, n, &["idle"], "giver's nodes are idle again");
+    }
+
+    // The owner's queue takes its nodes back; the borrowed job runs again after.
+    let (script, marker) = support::rerun_script(shared.path(), "taken-back");
+    let borrowed = asker
+        .submit_cmd_as(
+            NOBODY,
+            &["-N", "3", "--borrow", "--requeue", script.to_str().unwrap()],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_until(Duration::from_secs(30), "the three ranks run", || {
+        let missing: Vec<u32> = (0..3)
+            .filter(|r| !marker.with_extension(r.to_string()).exists())
+            .collect();
+        (!missing.is_empty()).then(|| format!("ranks {missing:?} have not started"))
+    });
+    let stdout = ok(&giver, &["-N", "2", where_]);
+    assert_eq!(nodes_of(&stdout), ["node0", "node1"], "{stdout}");
+    let out = output_within(borrowed, Duration::from_secs(60))
+        .expect("the borrowed job runs again once the lender's job ended");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("requeued"), "{stderr}");
+    for n in ["giver-node0", "giver-node1", "node0"] {
+        assert!(
+            stdout.contains(&format!("second run on {n}")),
+            "{stdout}{stderr}"
+        );
+    }
 }

@@ -935,9 +935,11 @@ impl ClusterConfig {
         self.validate_guest_slots().map_err(ConfigError::Invalid)?;
         let c = &self.cluster;
         let features = self.features();
-        if features.len() > MAX_FEATURES {
+        let lenders = self.lenders().len();
+        if features.len() + lenders > MAX_FEATURES {
             return bad(format!(
-                "the nodes have {} features in all; at most {MAX_FEATURES} are allowed",
+                "the nodes have {} features in all, and the guest slots stand for {lenders} \
+                 lending clusters; at most {MAX_FEATURES} of both are allowed",
                 features.len()
             ));
         }
@@ -1333,20 +1335,43 @@ impl ClusterConfig {
     }
 
     /// Each node's features as bits (see [`ClusterConfig::features`]); where the file names
-    /// guest slots, the cluster's own nodes also have [`OWN_NODE_BIT`].
+    /// guest slots, the cluster's own nodes also have [`OWN_NODE_BIT`], and each slot its
+    /// lender's bit ([`ClusterConfig::lender_bit`]).
     pub fn node_feature_masks(&self) -> Vec<u64> {
         let guests = self.has_guest_slots();
         self.nodes
             .iter()
             .map(|n| {
-                let own = if guests && n.guest_of.is_none() {
-                    OWN_NODE_BIT
-                } else {
-                    0
+                let place = match &n.guest_of {
+                    Some(g) => self.lender_bit(&g.cluster),
+                    None if guests => OWN_NODE_BIT,
+                    None => 0,
                 };
-                self.feature_mask(&n.features).unwrap_or(0) | own
+                self.feature_mask(&n.features).unwrap_or(0) | place
             })
             .collect()
+    }
+
+    /// The clusters this file's guest slots stand for nodes of, in the file's order.
+    pub fn lenders(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = Vec::new();
+        for g in self.nodes.iter().filter_map(|n| n.guest_of.as_ref()) {
+            if !all.contains(&g.cluster.as_str()) {
+                all.push(&g.cluster);
+            }
+        }
+        all
+    }
+
+    /// The feature bit every guest slot of lender `cluster` has (0: no slot stands for its
+    /// nodes): the bits below [`OWN_NODE_BIT`], downwards, one per lender, so that
+    /// `--one-cluster` keeps a job on one lender's nodes. Named features take the bits from
+    /// the bottom; validation keeps the two apart.
+    pub fn lender_bit(&self, cluster: &str) -> u64 {
+        self.lenders()
+            .iter()
+            .position(|c| *c == cluster)
+            .map_or(0, |i| OWN_NODE_BIT >> (1 + i))
     }
 
     /// Whether node `id` is a guest slot (a node a peer lends here), not one of this
@@ -1559,6 +1584,28 @@ pub(crate) mod tests {
         text
     }
 
+    /// Named features take bits from the bottom, lenders from the top: together they may not
+    /// meet (63 bits in all, the last being the own-node bit).
+    #[test]
+    fn named_features_and_lenders_share_the_63_bits() {
+        let mut text = with_guests(true, &[("p-n0", "p", "n0")]);
+        let names: Vec<String> = (0..62).map(|i| format!("\"f{i}\"")).collect();
+        text = text.replacen(
+            "[[node]]",
+            &format!("[[node]]\nfeatures = [{}]", names.join(", ")),
+            1,
+        );
+        ClusterConfig::parse(&text).expect("62 features and one lender fit");
+        let names: Vec<String> = (0..63).map(|i| format!("\"f{i}\"")).collect();
+        let text = with_guests(true, &[("p-n0", "p", "n0")]).replacen(
+            "[[node]]",
+            &format!("[[node]]\nfeatures = [{}]", names.join(", ")),
+            1,
+        );
+        let e = ClusterConfig::parse(&text).unwrap_err().to_string();
+        assert!(e.contains("1 lending clusters"), "{e}");
+    }
+
     #[test]
     fn guest_slots_stand_once_each_for_nodes_of_peers_the_cluster_may_borrow_from() {
         let c = ClusterConfig::parse(&with_guests(true, &[("p-n0", "p", "n0")])).unwrap();
@@ -1573,6 +1620,15 @@ pub(crate) mod tests {
             "own nodes carry the bit"
         );
         assert_eq!(masks[2] & OWN_NODE_BIT, 0, "guest slots do not");
+        assert_eq!(c.lenders(), ["p"]);
+        assert_eq!(c.lender_bit("p"), OWN_NODE_BIT >> 1);
+        assert_eq!(
+            masks[2] & c.lender_bit("p"),
+            c.lender_bit("p"),
+            "a slot carries its lender's bit (--one-cluster)"
+        );
+        assert_eq!(masks[0] & c.lender_bit("p"), 0, "own nodes do not");
+        assert_eq!(c.lender_bit("q"), 0, "no slot stands for q's nodes");
         assert_eq!(ClusterConfig::parse(&c.to_toml()).unwrap(), c);
         // Files without guest slots give no node the bit: no job asks for it there.
         let plain = ClusterConfig::parse(SMALL).unwrap();

@@ -34,8 +34,10 @@ use crate::tasks::TaskRequest;
 /// `Peers`. Version 17: flocking (a request's `flock`, `FlockOut`, `FlockReport`,
 /// `SubmitFlocked`, `Flocked`, and where a job runs in its `JobInfo`). Version 18: a job
 /// flocked here (`Flock::From`) and whose it is in its `JobInfo` (`from_cluster`). Version
-/// 19: lending (a request's `borrow`, `Lend`, `Reclaim`, the node state `Lent`).
-pub const PROTOCOL_VERSION: u32 = 19;
+/// 19: lending (a request's `borrow`, `Lend`, `Reclaim`, the node state `Lent`). Version 20:
+/// borrowing for waiting jobs (`BorrowOut`, `LendAsked`, `GiveBack`, `Lent`), a request's `less` and
+/// `one_cluster`.
+pub const PROTOCOL_VERSION: u32 = 20;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -92,6 +94,13 @@ pub struct JobRequest {
     /// It may run on guest slots, nodes peer clusters lend here, beside this cluster's own
     /// (`--borrow`; docs/federation.md). Without it a job runs on this cluster's own nodes.
     pub borrow: bool,
+    /// It may start on fewer nodes than it asked for, if that many cannot be had (`--less`,
+    /// Balloc's `--ba--less`): the MM then shrinks it to the nodes it can have, keeping its
+    /// tasks per node.
+    pub less: bool,
+    /// Its nodes are all of one cluster: this one's own, or one lender's guest slots, never
+    /// both (`--one-cluster`, Balloc's `--ba--one`).
+    pub one_cluster: bool,
 }
 
 /// Memory a job asks for, as srun means it (bytes).
@@ -148,6 +157,8 @@ impl JobRequest {
             constraint: Vec::new(),
             flock: Default::default(),
             borrow: false,
+            less: false,
+            one_cluster: false,
         }
     }
 }
@@ -380,6 +391,27 @@ pub enum Request {
     /// Take these lent nodes back now (their guests' jobs end).
     Reclaim {
         nodes: NodeSet,
+    },
+    /// What this cluster wants of its lenders now, for its peer agent to pass on (operators
+    /// only): answered with [`Reply::BorrowOut`]. `lent`: the lenders' answers the agent
+    /// heard since it last asked (each lender's latest: its nodes lent to this cluster).
+    BorrowOut {
+        lent: Vec<(String, Vec<String>)>,
+    },
+    /// Peer `peer`'s agent asked, for its waiting jobs, for up to `count` of these nodes
+    /// (those lent to it already count) for `for_ms` (operators only: this cluster's peer
+    /// agent). Idle nodes are lent, unless a job of this cluster waits: answered with
+    /// [`Reply::Lent`].
+    LendAsked {
+        peer: String,
+        nodes: Vec<String>,
+        count: u32,
+        for_ms: u64,
+    },
+    /// Peer `peer` gives back these nodes it borrowed on its asking (operators only).
+    GiveBack {
+        peer: String,
+        nodes: Vec<String>,
     },
     /// Keep these nodes out of allocation until resumed; jobs on them run to their end.
     Drain {
@@ -818,6 +850,11 @@ pub enum Reply {
     },
     /// The answer to [`Request::FlockOut`].
     FlockOut(Vec<crate::flock::FlockOrder>),
+    /// The answer to [`Request::BorrowOut`]: one order per lender with something to say.
+    BorrowOut(Vec<crate::federation::BorrowOrder>),
+    /// The answer to [`Request::LendAsked`]: the nodes lent to that peer now, of those asked
+    /// for.
+    Lent(Vec<String>),
     /// The answer to [`Request::FlockReport`]: how many events of each update the MM took,
     /// in order. It takes no more output of a job whose submitter has not read what it was
     /// sent (flow control from end to end): the rest comes again.

@@ -31,6 +31,16 @@ pub struct FederationSection {
     /// A queued job that could not start here within this long goes to a peer that offers
     /// room (ms; unset: jobs flock only when they ask, `--flock` or `--clusters`).
     pub flock_after_ms: Option<u64>,
+    /// Which peers a `--borrow` job that lacks nodes asks first (Balloc's `--ba--group`):
+    /// the one offering the most idle nodes, or the one of highest `[[peer]] priority`.
+    pub lenders: LenderOrder,
+    /// How long a node borrowed for a job is lent for at most, when the job has no time
+    /// limit (ms; with one, the limit and a minute): the node comes home at its end even if
+    /// nobody gives it back.
+    pub borrow_lease_ms: u64,
+    /// A job of this cluster that has waited this long takes back the nodes this cluster lent
+    /// on a peer's asking (ms): a cluster lends only what its own queue does not want.
+    pub reclaim_after_ms: u64,
 }
 
 impl Default for FederationSection {
@@ -40,8 +50,22 @@ impl Default for FederationSection {
             advertise_ms: 1000,
             peer_timeout_ms: 5000,
             flock_after_ms: None,
+            lenders: LenderOrder::MostFree,
+            borrow_lease_ms: 3_600_000,
+            reclaim_after_ms: 500,
         }
     }
+}
+
+/// The order in which a cluster asks its lenders for nodes (`[federation] lenders`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LenderOrder {
+    /// The peer that offers the most idle nodes first.
+    #[default]
+    MostFree,
+    /// The peer of highest `[[peer]] priority` first (ties: the most idle nodes).
+    Priority,
 }
 
 impl FederationSection {
@@ -89,6 +113,10 @@ pub struct PeerEntry {
     /// for the node ([`GuestOf`]). Unset: no node of this cluster is lent to the peer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_file: Option<PathBuf>,
+    /// Where this peer comes among lenders under `[federation] lenders = "priority"`
+    /// (highest first).
+    #[serde(default)]
+    pub priority: u32,
 }
 
 /// A node lent to a peer cluster: to whom, and until when.
@@ -99,6 +127,10 @@ pub struct Lease {
     /// When the lease ends (Unix ms): the node's guest NM stops itself then, whatever it
     /// hears, and the node comes home.
     pub until_ms: u64,
+    /// Lent because the peer asked, for a job of its own (not by `storm lend`): the peer gives
+    /// it back when it no longer needs it, and this cluster takes it back once a job of its
+    /// own waits for nodes.
+    pub asked: bool,
 }
 
 /// What a guest slot of this cluster's file stands for: node `node` of peer cluster
@@ -167,6 +199,35 @@ pub enum PeerMessage {
         first: u64,
         events: Vec<FlockEvent>,
     },
+    /// Borrowing, from the agent of a cluster whose `--borrow` jobs lack nodes: lend it up to
+    /// `count` of these nodes (names in the receiver's file; those lent to it already count)
+    /// for `for_ms`. Sent every `advertise_ms` while the need lasts.
+    Borrow {
+        nodes: Vec<String>,
+        count: u32,
+        for_ms: u64,
+    },
+    /// Borrowing: these nodes, lent to the sender on its asking, are idle there: take them
+    /// home.
+    GiveBack { nodes: Vec<String> },
+    /// Borrowing, the lender's answer to a `Borrow`: which of the nodes asked for are lent to
+    /// the borrower now (their guests are on their way, or up).
+    Lent { nodes: Vec<String> },
+}
+
+/// What a cluster's MM wants of one lender now (its agent passes it on): nodes to borrow,
+/// and borrowed nodes to give back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BorrowOrder {
+    pub peer: String,
+    /// The lender's names of the nodes it may lend for the jobs waiting (guest slots not up).
+    pub want: Vec<String>,
+    /// How many of them the jobs need.
+    pub count: u32,
+    /// The lease asked for (ms).
+    pub for_ms: u64,
+    /// The lender's names of borrowed nodes idle here, that no waiting job needs.
+    pub give_back: Vec<String>,
 }
 
 /// One job of a [`PeerMessage::Want`].
@@ -285,6 +346,7 @@ mod tests {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            priority: 0,
         }
     }
 

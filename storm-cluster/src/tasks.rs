@@ -37,6 +37,19 @@ pub struct TaskPlan {
     pub ntasks: u32,
 }
 
+impl TaskRequest {
+    /// The request of a job of `plan` shrunk to `nodes` nodes (`--less`): as many tasks per
+    /// node as its fullest node had, and never more tasks than it asked for.
+    pub fn shrunk(&self, plan: &TaskPlan, nodes: u32) -> TaskRequest {
+        let per_node = plan.ntasks.div_ceil(plan.nodes.max(1));
+        TaskRequest {
+            nodes: Some(nodes),
+            ntasks: Some(plan.ntasks.min(per_node.saturating_mul(nodes)).max(nodes)),
+            ..*self
+        }
+    }
+}
+
 /// What a cluster offers a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capacity {
@@ -214,6 +227,22 @@ mod tests {
     /// 4 nodes of 2 CPUs, 64 tasks per node at most.
     fn four_by_two() -> Capacity {
         Capacity::uniform(4, 2, 64)
+    }
+
+    /// `--less`: a job shrunk to fewer nodes keeps as many tasks per node as its fullest
+    /// node had, never more tasks than it asked for, and at least one per node.
+    #[test]
+    fn a_shrunk_job_keeps_its_tasks_per_node() {
+        let cap = Capacity::uniform(64, 4, 64);
+        let shrink = |r: TaskRequest, to: u32| {
+            let p = r.plan(&cap).unwrap();
+            r.shrunk(&p, to).plan(&cap)
+        };
+        assert_eq!(shrink(req(Some(5), None, None), 2), plan(2, 2));
+        assert_eq!(shrink(req(Some(4), None, Some(3)), 2), plan(2, 6));
+        assert_eq!(shrink(req(None, Some(8), None), 1), plan(1, 4));
+        assert_eq!(shrink(req(Some(4), Some(10), None), 2), plan(2, 6));
+        assert_eq!(shrink(req(Some(4), Some(5), None), 3), plan(3, 5));
     }
 
     #[test]

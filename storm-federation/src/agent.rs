@@ -66,6 +66,8 @@ struct Agent {
     /// Flocking: this cluster's jobs on peers, and peers' jobs here.
     home: Mutex<Home>,
     hosted: Mutex<Hosted>,
+    /// Borrowing: what this cluster's MM wants of its lenders.
+    borrowing: Mutex<crate::lending::Borrowing>,
     /// Numbers the links peers dialled.
     links: std::sync::atomic::AtomicU64,
 }
@@ -113,6 +115,7 @@ pub fn run(cfg: ClusterConfig, stop: Arc<AtomicBool>) -> Result<()> {
         },
         home: Mutex::new(Home::default()),
         hosted: Mutex::new(Hosted::default()),
+        borrowing: Mutex::new(Default::default()),
         links: std::sync::atomic::AtomicU64::new(0),
     });
     tracing::info!(%listen, cluster = %agent.cluster, peers = agent.peers.len(), "peer agent started");
@@ -260,7 +263,39 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
                 user,
                 req,
             }) => host(agent, &name, job, &user, (since_ms, *req)),
-            Ok(PeerMessage::Echo { .. } | PeerMessage::Events { .. }) => {
+            Ok(PeerMessage::Borrow {
+                nodes,
+                count,
+                for_ms,
+            }) => {
+                if lends_to(agent, &name) {
+                    match crate::lending::lend(&agent.mm, &name, nodes, count, for_ms) {
+                        // A full queue drops the answer: the next asking has one.
+                        Ok(nodes) => {
+                            if let Err(std::sync::mpsc::TrySendError::Disconnected(_)) =
+                                tx.try_send(PeerMessage::Lent { nodes })
+                            {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %name, "the MM lent nothing the peer asked for: {e}")
+                        }
+                    }
+                } else {
+                    tracing::warn!(peer = %name, "a peer this cluster does not lend to asked for nodes");
+                }
+            }
+            Ok(PeerMessage::GiveBack { nodes }) => {
+                if lends_to(agent, &name)
+                    && let Err(e) = crate::lending::give_back(&agent.mm, &name, nodes)
+                {
+                    tracing::warn!(peer = %name, "the MM did not take back the nodes given back: {e}");
+                }
+            }
+            Ok(
+                PeerMessage::Echo { .. } | PeerMessage::Events { .. } | PeerMessage::Lent { .. },
+            ) => {
                 tracing::warn!(peer = %name, "a peer sent an answer on its own link: link ended");
                 break;
             }
@@ -274,6 +309,11 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
     drop(tx);
     let _ = tcp.shutdown(std::net::Shutdown::Both);
     let _ = writing.join();
+}
+
+/// Whether this cluster's file lends to peer `name`.
+fn lends_to(agent: &Agent, name: &str) -> bool {
+    agent.peers.iter().any(|(p, _)| p.name == name && p.lend)
 }
 
 /// Peer side: `origin` flocked its job `job` here for its user `user`: a follower runs it,
@@ -386,10 +426,15 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
                             first,
                             events,
                         }) => pass_home(&agent, &name, (job, since_ms), epoch, first, events),
+                        Ok(PeerMessage::Lent { nodes }) => {
+                            agent.borrowing.lock().answered(&name, nodes)
+                        }
                         Ok(
                             PeerMessage::Advert { .. }
                             | PeerMessage::Want { .. }
-                            | PeerMessage::Submit { .. },
+                            | PeerMessage::Submit { .. }
+                            | PeerMessage::Borrow { .. }
+                            | PeerMessage::GiveBack { .. },
                         ) => {
                             tracing::warn!(peer = %name, "a request on this agent's own link: link ended");
                             break;
@@ -437,6 +482,10 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
                         "cannot give a job too large for the link back to the MM: {e}"
                     );
                 }
+            }
+            let borrowing = agent.borrowing.lock().messages_for(&entry.name);
+            if let Some(e) = borrowing.iter().find_map(|m| writer.send(m).err()) {
+                break Err(anyhow::Error::new(e).context("sending what this cluster borrows"));
             }
         }
         std::thread::sleep(agent.every);
@@ -500,6 +549,14 @@ fn report(agent: &Agent, cfg: &ClusterConfig) {
                             tracing::warn!("cannot take the flocked jobs from the MM: {e}")
                         }
                         Ok(other) => tracing::warn!("unexpected reply to FlockOut: {other:?}"),
+                    }
+                    let lent = agent.borrowing.lock().take_answers();
+                    match client.call(&Request::BorrowOut { lent }) {
+                        Ok(Reply::BorrowOut(orders)) => agent.borrowing.lock().set_orders(orders),
+                        Ok(Reply::Error(e)) | Err(e) => {
+                            tracing::warn!("cannot take what this cluster borrows from the MM: {e}")
+                        }
+                        Ok(other) => tracing::warn!("unexpected reply to BorrowOut: {other:?}"),
                     }
                 }
                 let infos = agent.table.lock().infos(Instant::now());

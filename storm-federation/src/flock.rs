@@ -879,6 +879,7 @@ mod tests {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            priority: 0,
         };
         let e = local_account("daemon", &peer, "c1").unwrap_err();
         assert!(e.contains("names no flock_user"), "{e}");

@@ -476,6 +476,17 @@ fn peer_seeds() -> Vec<Vec<u8>> {
             req: Box::new(job_request()),
         }),
         bincode(&events),
+        bincode(&PeerMessage::Borrow {
+            nodes: vec!["node0".into(), "node1".into()],
+            count: 2,
+            for_ms: 3_660_000,
+        }),
+        bincode(&PeerMessage::GiveBack {
+            nodes: vec!["node1".into()],
+        }),
+        bincode(&PeerMessage::Lent {
+            nodes: vec!["node0".into()],
+        }),
     ]
 }
 
@@ -977,6 +988,8 @@ fn job_request() -> JobRequest {
         constraint: vec!["ib".into()],
         flock: storm_cluster::flock::Flock::Only(vec!["c0".into(), "c1".into()]),
         borrow: true,
+        less: true,
+        one_cluster: true,
     }
 }
 
@@ -1009,6 +1022,19 @@ fn control_seeds() -> Vec<Vec<u8>> {
             for_ms: 600_000,
         },
         Request::Reclaim { nodes: nodes("1") },
+        Request::BorrowOut {
+            lent: vec![("c1".into(), vec!["n0".into()])],
+        },
+        Request::LendAsked {
+            peer: "c0".into(),
+            nodes: vec!["n0".into(), "n1".into()],
+            count: 1,
+            for_ms: 3_600_000,
+        },
+        Request::GiveBack {
+            peer: "c0".into(),
+            nodes: vec!["n1".into()],
+        },
         Request::Attach { job: 9 },
     ];
     let outcome = JobOutcome {
@@ -1186,6 +1212,7 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                 lent: Some(storm_cluster::federation::Lease {
                     peer: "c0".into(),
                     until_ms: 1_700_000_002_000,
+                    asked: true,
                 }),
             },
         ),

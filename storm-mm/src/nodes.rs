@@ -301,8 +301,9 @@ impl NodeTable {
         };
         if let Some(lease) = &node.lent {
             let lent = format!(
-                "lent to cluster {} until {}",
+                "lent to cluster {}{} until {}",
                 lease.peer,
+                if lease.asked { " on its asking" } else { "" },
                 storm_cluster::clock::format_unix_ms(lease.until_ms)
             );
             drain = Some(match drain {

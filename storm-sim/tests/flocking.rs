@@ -29,6 +29,7 @@ fn sim() -> Sim {
             advertise_ms: 200,
             peer_timeout_ms: TIMEOUT.as_millis() as u64,
             flock_after_ms: Some(500),
+            ..Default::default()
         },
         peers: vec![PeerEntry {
             name: "c1".into(),
@@ -39,6 +40,7 @@ fn sim() -> Sim {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            priority: 0,
         }],
         ..SimOptions::default()
     })
@@ -141,20 +143,16 @@ fn jobs_flock_by_their_choice_within_the_offer_and_come_home_when_the_peer_goes(
             }),
         "its submitter hears where it went"
     );
-    // A new offer: the job that has waited past flock_after_ms goes; --no-flock never does.
+    // A new offer made before `at_once` reached the peer counts it still: a job on its way
+    // holds its room until it starts there (the offer saw its nodes idle).
     report(&mut sim, Some(2));
     sim.run_for(Duration::from_millis(100));
-    assert_eq!(ids(&flocked(&mut sim)), vec![at_once, after_wait]);
-    report(&mut sim, Some(4));
-    sim.run_for(Duration::from_millis(100));
-    assert_eq!(ids(&flocked(&mut sim)), vec![at_once, after_wait]);
-    let listing = sim.queue_listing().unwrap();
-    let row = |id: JobId| listing.iter().find(|j| j.job == id).unwrap().clone();
-    assert_eq!(row(at_once).runs_on.as_deref(), Some("c1"));
-    assert_eq!(row(never).runs_on, None);
-
-    // The peer's news of `at_once` reaches its submitter under its own id; news of a job
-    // not flocked to the peer that sends it is dropped.
+    assert_eq!(
+        ids(&flocked(&mut sim)),
+        vec![at_once],
+        "a job on its way holds its room"
+    );
+    // The peer's news of `at_once` reaches its submitter under its own id: it started.
     tell(
         &mut sim,
         "c1",
@@ -174,6 +172,19 @@ fn jobs_flock_by_their_choice_within_the_offer_and_come_home_when_the_peer_goes(
             }),
         ],
     );
+    // A new offer: the job that has waited past flock_after_ms goes; --no-flock never does.
+    report(&mut sim, Some(2));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![at_once, after_wait]);
+    report(&mut sim, Some(4));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![at_once, after_wait]);
+    let listing = sim.queue_listing().unwrap();
+    let row = |id: JobId| listing.iter().find(|j| j.job == id).unwrap().clone();
+    assert_eq!(row(at_once).runs_on.as_deref(), Some("c1"));
+    assert_eq!(row(never).runs_on, None);
+
+    // News of a job not flocked to the peer that sends it is dropped.
     tell(&mut sim, "c9", after_wait, vec![FlockEvent::NotHere]);
     assert_eq!(
         ids(&flocked(&mut sim)),
@@ -272,6 +283,7 @@ fn lender() -> Sim {
             advertise_ms: 200,
             peer_timeout_ms: TIMEOUT.as_millis() as u64,
             flock_after_ms: None,
+            ..Default::default()
         },
         peers: vec![PeerEntry {
             name: "c0".into(),
@@ -282,6 +294,7 @@ fn lender() -> Sim {
             flock_user: Some("nobody".into()),
             same_users: false,
             guest_file: None,
+            priority: 0,
         }],
         ..SimOptions::default()
     })

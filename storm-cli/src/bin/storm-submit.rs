@@ -434,6 +434,8 @@ fn run(args: Args) -> Result<i32, String> {
         constraint: shape.constraint()?,
         flock: shape.flock()?,
         borrow: shape.borrow,
+        less: shape.less,
+        one_cluster: shape.one_cluster,
     };
 
     let local = match args.local {

@@ -139,6 +139,7 @@ impl Federation {
                     key_file: pair_key(k, j),
                     lend: true,
                     borrow: true,
+                    priority: 0,
                     flock_user: Some("nobody".into()),
                     same_users: false,
                     // The borrower's cluster file, where this host's nodes read it.

@@ -241,6 +241,31 @@ pub fn rerun_script(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (script(dir, &format!("{name}.sh"), &body), marker)
 }
 
+/// A cluster's peer agent (`storm-peer`), killed when dropped.
+pub struct Agent(pub Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the peer agent of the cluster file `config`, its log beside it (`*.peer.log`).
+pub fn start_agent(config: &Path) -> Agent {
+    let log = std::fs::File::create(config.with_extension("peer.log")).unwrap();
+    Agent(
+        Command::new(bin_dir().join("storm-peer"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start storm-peer"),
+    )
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -1,10 +1,15 @@
 //! Journals of the previous formats, read once and written again in this one.
 //!
+//! * **Format 17** is this format but for the job request and the lease: format 18 added
+//!   whether a job may start on fewer nodes (`less`, `--less`) or must stay on one cluster
+//!   (`one_cluster`, `--one-cluster`), and whether a lease was asked for by the peer
+//!   (`asked`). A job of format 17 comes over asking for neither, and a lease as the
+//!   operator's (`storm lend`), as they were: no earlier storm borrowed by itself.
 //! * **Format 16** is this format but for the job request and the node record: format 17
 //!   added whether a job may run on borrowed nodes (`borrow`, `--borrow`) and whether a node
 //!   is lent to a peer (`lent`). A job of format 16 comes over running on its own cluster's
 //!   nodes only, and a node as not lent, as they were: no earlier storm lent nodes. Node
-//!   records of every older format are format 16's.
+//!   records of formats 13 to 15 are format 16's.
 //! * **Format 15** is this format but for the job request: format 16 added where it may run
 //!   (`flock`: `--flock`, `--clusters`, `--no-flock`). A job of format 15 comes over asking
 //!   for the default (at home, flocking only after `[federation] flock_after_ms`), as it was
@@ -35,7 +40,7 @@ use storm_primitives::NodeSet;
 use super::{JobRecord, JobState, NodeRecord};
 
 /// The formats this module reads.
-pub(super) const READS: [u64; 4] = [13, 14, 15, 16];
+pub(super) const READS: [u64; 5] = [13, 14, 15, 16, 17];
 
 /// A job request as formats 13 and 14 wrote it (the tests write one, too).
 #[derive(Deserialize)]
@@ -99,43 +104,95 @@ impl From<JobRequest16> for JobRequest {
     }
 }
 
-/// A job record as format 16 wrote it.
+/// A job request as format 17 wrote it: format 16's, then whether it may borrow.
 #[derive(Deserialize)]
-struct JobRecord16 {
+#[cfg_attr(test, derive(serde::Serialize))]
+struct JobRequest17 {
+    head: JobRequest16,
+    borrow: bool,
+}
+
+impl From<JobRequest17> for JobRequest {
+    fn from(r: JobRequest17) -> Self {
+        JobRequest {
+            borrow: r.borrow,
+            ..r.head.into()
+        }
+    }
+}
+
+/// A job record as formats 14 to 17 wrote it, with their request `R` (the state is this
+/// format's: it last changed in format 14).
+#[derive(Deserialize)]
+struct JobRecordOf<R> {
     id: JobId,
     uid: u32,
     gid: u32,
-    req: JobRequest16,
+    req: R,
     submitted_ms: u64,
     state: JobState,
 }
 
-/// A node record as formats 16 and older wrote it.
+impl<R: Into<JobRequest>> JobRecordOf<R> {
+    fn read(bytes: &[u8]) -> Result<JobRecord, String>
+    where
+        R: serde::de::DeserializeOwned,
+    {
+        let (old, _) = storm_primitives::codec::decode::<Self>(bytes).map_err(|e| e.to_string())?;
+        Ok(JobRecord {
+            id: old.id,
+            uid: old.uid,
+            gid: old.gid,
+            req: old.req.into(),
+            submitted_ms: old.submitted_ms,
+            state: old.state,
+        })
+    }
+}
+
+/// A node record as formats 13 to 16 wrote it.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
 struct NodeRecord16 {
     drain: Option<String>,
 }
 
-/// A node record of a format of [`READS`], as this format holds it.
-pub(super) fn node_from(bytes: &[u8]) -> Result<NodeRecord, String> {
+/// A lease as format 17 wrote it: every lease was the operator's.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct Lease17 {
+    peer: String,
+    until_ms: u64,
+}
+
+/// A node record as format 17 wrote it.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct NodeRecord17 {
+    drain: Option<String>,
+    lent: Option<Lease17>,
+}
+
+/// A node record of `format` (one of [`READS`]), as this format holds it.
+pub(super) fn node_from(format: u64, bytes: &[u8]) -> Result<NodeRecord, String> {
+    if format == 17 {
+        let (old, _) =
+            storm_primitives::codec::decode::<NodeRecord17>(bytes).map_err(|e| e.to_string())?;
+        return Ok(NodeRecord {
+            drain: old.drain,
+            lent: old.lent.map(|l| storm_cluster::federation::Lease {
+                peer: l.peer,
+                until_ms: l.until_ms,
+                asked: false,
+            }),
+        });
+    }
     let (old, _) =
         storm_primitives::codec::decode::<NodeRecord16>(bytes).map_err(|e| e.to_string())?;
     Ok(NodeRecord {
         drain: old.drain,
         lent: None,
     })
-}
-
-/// A job record as format 15 wrote it.
-#[derive(Deserialize)]
-struct JobRecord15 {
-    id: JobId,
-    uid: u32,
-    gid: u32,
-    req: JobRequest15,
-    submitted_ms: u64,
-    state: JobState,
 }
 
 impl From<JobRequest14> for JobRequest {
@@ -162,19 +219,10 @@ impl From<JobRequest14> for JobRequest {
             constraint: Vec::new(),
             flock: Default::default(),
             borrow: false,
+            less: false,
+            one_cluster: false,
         }
     }
-}
-
-/// A job record as format 14 wrote it.
-#[derive(Deserialize)]
-struct JobRecord14 {
-    id: JobId,
-    uid: u32,
-    gid: u32,
-    req: JobRequest14,
-    submitted_ms: u64,
-    state: JobState,
 }
 
 /// A job record as format 13 wrote it.
@@ -210,41 +258,12 @@ enum JobState13 {
 /// A job record of `format` (one of [`READS`]), as this format holds it; the error says why
 /// it does not decode.
 pub(super) fn job_from(format: u64, bytes: &[u8]) -> Result<JobRecord, String> {
-    if format == 16 {
-        let (old, _) =
-            storm_primitives::codec::decode::<JobRecord16>(bytes).map_err(|e| e.to_string())?;
-        return Ok(JobRecord {
-            id: old.id,
-            uid: old.uid,
-            gid: old.gid,
-            req: old.req.into(),
-            submitted_ms: old.submitted_ms,
-            state: old.state,
-        });
-    }
-    if format == 15 {
-        let (old, _) =
-            storm_primitives::codec::decode::<JobRecord15>(bytes).map_err(|e| e.to_string())?;
-        return Ok(JobRecord {
-            id: old.id,
-            uid: old.uid,
-            gid: old.gid,
-            req: old.req.into(),
-            submitted_ms: old.submitted_ms,
-            state: old.state,
-        });
-    }
-    if format == 14 {
-        let (old, _) =
-            storm_primitives::codec::decode::<JobRecord14>(bytes).map_err(|e| e.to_string())?;
-        return Ok(JobRecord {
-            id: old.id,
-            uid: old.uid,
-            gid: old.gid,
-            req: old.req.into(),
-            submitted_ms: old.submitted_ms,
-            state: old.state,
-        });
+    match format {
+        17 => return JobRecordOf::<JobRequest17>::read(bytes),
+        16 => return JobRecordOf::<JobRequest16>::read(bytes),
+        15 => return JobRecordOf::<JobRequest15>::read(bytes),
+        14 => return JobRecordOf::<JobRequest14>::read(bytes),
+        _ => {}
     }
     let (old, _) =
         storm_primitives::codec::decode::<JobRecord13>(bytes).map_err(|e| e.to_string())?;
@@ -322,95 +341,80 @@ mod tests {
         }
     }
 
-    /// A record as format 16 wrote it.
+    /// A record as formats 14 to 17 wrote it, with their request `R`.
     #[derive(Serialize)]
-    struct Written16<'a> {
+    struct WrittenOf<'a, R> {
         id: JobId,
         uid: u32,
         gid: u32,
-        req: JobRequest16,
+        req: R,
         submitted_ms: u64,
         state: &'a JobState,
+    }
+
+    fn encode<R: Serialize>(rec: &JobRecord, req: R) -> Vec<u8> {
+        let old = WrittenOf {
+            id: rec.id,
+            uid: rec.uid,
+            gid: rec.gid,
+            req,
+            submitted_ms: rec.submitted_ms,
+            state: &rec.state,
+        };
+        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
+    }
+
+    /// `r` as format 15 wrote it (it must not say where it may run, nor borrow).
+    fn request_15(r: &JobRequest) -> JobRequest15 {
+        JobRequest15 {
+            head: request_14(&JobRequest {
+                mem: None,
+                constraint: Vec::new(),
+                ..r.clone()
+            }),
+            mem: r.mem,
+            constraint: r.constraint.clone(),
+        }
+    }
+
+    /// `r` as format 16 wrote it.
+    fn request_16(r: &JobRequest) -> JobRequest16 {
+        assert!(!r.borrow, "format 16 could not borrow");
+        JobRequest16 {
+            head: request_15(&JobRequest {
+                flock: Default::default(),
+                ..r.clone()
+            }),
+            flock: r.flock.clone(),
+        }
+    }
+
+    /// `r` as format 17 wrote it.
+    fn request_17(r: &JobRequest) -> JobRequest17 {
+        assert!(!r.less && !r.one_cluster, "format 17 had neither");
+        JobRequest17 {
+            head: request_16(&JobRequest {
+                borrow: false,
+                ..r.clone()
+            }),
+            borrow: r.borrow,
+        }
+    }
+
+    fn written_17(rec: &JobRecord) -> Vec<u8> {
+        encode(rec, request_17(&rec.req))
     }
 
     fn written_16(rec: &JobRecord) -> Vec<u8> {
-        assert!(!rec.req.borrow, "format 16 could not borrow");
-        let r = &rec.req;
-        let old = Written16 {
-            id: rec.id,
-            uid: rec.uid,
-            gid: rec.gid,
-            req: JobRequest16 {
-                head: JobRequest15 {
-                    head: request_14(&JobRequest {
-                        mem: None,
-                        constraint: Vec::new(),
-                        flock: Default::default(),
-                        ..r.clone()
-                    }),
-                    mem: r.mem,
-                    constraint: r.constraint.clone(),
-                },
-                flock: r.flock.clone(),
-            },
-            submitted_ms: rec.submitted_ms,
-            state: &rec.state,
-        };
-        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
-    }
-
-    /// A record as format 15 wrote it.
-    #[derive(Serialize)]
-    struct Written15<'a> {
-        id: JobId,
-        uid: u32,
-        gid: u32,
-        req: JobRequest15,
-        submitted_ms: u64,
-        state: &'a JobState,
+        encode(rec, request_16(&rec.req))
     }
 
     fn written_15(rec: &JobRecord) -> Vec<u8> {
-        let old = Written15 {
-            id: rec.id,
-            uid: rec.uid,
-            gid: rec.gid,
-            req: JobRequest15 {
-                head: request_14(&JobRequest {
-                    mem: None,
-                    constraint: Vec::new(),
-                    ..rec.req.clone()
-                }),
-                mem: rec.req.mem,
-                constraint: rec.req.constraint.clone(),
-            },
-            submitted_ms: rec.submitted_ms,
-            state: &rec.state,
-        };
-        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
-    }
-
-    /// A record as format 14 wrote it.
-    #[derive(Serialize)]
-    struct Written14<'a> {
-        id: JobId,
-        uid: u32,
-        gid: u32,
-        req: JobRequest14,
-        submitted_ms: u64,
-        state: &'a JobState,
+        encode(rec, request_15(&rec.req))
     }
 
     fn written_14(rec: &JobRecord) -> Vec<u8> {
-        let old = Written14 {
-            id: rec.id,
-            uid: rec.uid,
-            gid: rec.gid,
-            req: request_14(&rec.req),
-            submitted_ms: rec.submitted_ms,
-            state: &rec.state,
-        };
-        bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap()
+        encode(rec, request_14(&rec.req))
     }
 
     /// A record as format 13 wrote it.
@@ -544,21 +548,27 @@ mod tests {
         upgrade_from(16, written_16);
     }
 
-    /// A drained node of format 16 comes over drained, and lent to nobody.
+    /// Format 17: requests come over with whether they may borrow, asking for neither
+    /// `--less` nor `--one-cluster`.
     #[test]
-    fn a_node_record_of_format_16_keeps_its_drain_and_is_not_lent() {
+    fn a_journal_of_format_17_is_read_and_rewritten_in_this_format() {
+        upgrade_from(17, written_17);
+    }
+
+    /// Node record `old`, written by `format`, is read as `want`, and rewritten so.
+    fn node_upgrade<T: Serialize>(format: u64, old: &T, want: &NodeRecord) {
         let dir = tempfile::tempdir().unwrap();
         {
             drop(Journal::open(dir.path()).unwrap());
             let db = Database::create(dir.path().join("journal.redb")).unwrap();
             let w = db.begin_write().unwrap();
             {
-                w.open_table(META).unwrap().insert("format", 16).unwrap();
-                let old = NodeRecord16 {
-                    drain: Some("bad fan".into()),
-                };
+                w.open_table(META)
+                    .unwrap()
+                    .insert("format", format)
+                    .unwrap();
                 let bytes =
-                    bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap();
+                    bincode::serde::encode_to_vec(old, bincode::config::standard()).unwrap();
                 w.open_table(crate::journal::NODES)
                     .unwrap()
                     .insert(3, bytes.as_slice())
@@ -566,15 +576,46 @@ mod tests {
             }
             w.commit().unwrap();
         }
-        let (journal, restored) = Journal::open(dir.path()).expect("format 16 is read");
+        let (journal, restored) = Journal::open(dir.path()).expect("the old format is read");
         drop(journal);
+        assert_eq!(restored.nodes.get(&3), Some(want), "format {format}");
+        let (_, again) = Journal::open(dir.path()).expect("opens again as it is");
+        assert_eq!(again.nodes.get(&3), Some(want), "rewritten in this format");
+    }
+
+    /// A drained node of format 16 comes over drained, and lent to nobody.
+    #[test]
+    fn a_node_record_of_format_16_keeps_its_drain_and_is_not_lent() {
+        let old = NodeRecord16 {
+            drain: Some("bad fan".into()),
+        };
         let want = NodeRecord {
             drain: Some("bad fan".into()),
             lent: None,
         };
-        assert_eq!(restored.nodes.get(&3), Some(&want));
-        let (_, again) = Journal::open(dir.path()).expect("opens again as it is");
-        assert_eq!(again.nodes.get(&3), Some(&want), "rewritten in this format");
+        node_upgrade(16, &old, &want);
+    }
+
+    /// A node lent in format 17 comes over lent to the same peer until the same time, as
+    /// the operator's lease (no peer asked for leases then).
+    #[test]
+    fn a_lease_of_format_17_comes_over_as_the_operators() {
+        let old = NodeRecord17 {
+            drain: None,
+            lent: Some(Lease17 {
+                peer: "c0".into(),
+                until_ms: 1_700_000_000_000,
+            }),
+        };
+        let want = NodeRecord {
+            drain: None,
+            lent: Some(storm_cluster::federation::Lease {
+                peer: "c0".into(),
+                until_ms: 1_700_000_000_000,
+                asked: false,
+            }),
+        };
+        node_upgrade(17, &old, &want);
     }
 
     /// Format 15: requests come over with their memory and features, asking to run where

@@ -56,9 +56,10 @@ mod migrate;
 /// Format 16: a request carries where it may run (`flock`), and a job may be `Flocked` to a
 /// peer cluster (a journal of format 13, 14 or 15 is rewritten in format 16 when opened).
 /// Format 17: a request carries whether it may run on borrowed nodes (`borrow`), and a node
-/// whether it is lent to a peer cluster (`lent`) (a journal of format 13 to 16 is rewritten in
-/// format 17 when opened).
-pub(crate) const FORMAT: u64 = 17;
+/// whether it is lent to a peer cluster (`lent`). Format 18: a request carries `less` and
+/// `one_cluster`, and a lease whether the peer `asked` for it (a journal of format 13 to 17
+/// is rewritten in format 18 when opened).
+pub(crate) const FORMAT: u64 = 18;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");
@@ -275,7 +276,7 @@ impl JournalStore for RedbStore {
                     for entry in nodes.iter().map_err(|e| self.store_error(e))? {
                         let (k, v) = entry.map_err(|e| self.store_error(e))?;
                         let id = k.value();
-                        let rec = migrate::node_from(v.value()).map_err(|message| {
+                        let rec = migrate::node_from(from, v.value()).map_err(|message| {
                             JournalError::Corrupt {
                                 path: self.path.clone(),
                                 record: format!("node {id} (format {from})"),

@@ -68,10 +68,31 @@ pub(super) struct PeerRoom {
 /// record's once it ended, kept across restarts): the mark by which the MM knows it again.
 const GIVEN_UP: &str = "given up, so that its home can run it again";
 
+impl PeerRoom {
+    /// Idle nodes peer `peer` offers this cluster now (0: it is not up, or offers none).
+    pub(super) fn offered_nodes(&self, peer: &str) -> u32 {
+        self.room.get(peer).map_or(0, |(n, _)| *n)
+    }
+}
+
 impl<E: MmEnv> MachineManager<E> {
     /// The peer agent's report: kept for `storm peers`, and for flocking.
+    ///
+    /// A peer's room is what it offered, less what the jobs flocked to it and not started
+    /// there yet will take: its offer was counted before they reached it (without this, every
+    /// report offered the same idle nodes again, more jobs went than the peer could start,
+    /// and they waited in its queue while this cluster's nodes freed up). A peer with a queue
+    /// of its own has no room.
     pub(super) fn peer_report(&mut self, peers: Vec<PeerInfo>) {
         let now = self.now();
+        let mut in_flight: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+        for j in self.jobs.values() {
+            if let Some(f) = j.flocked.as_ref().filter(|f| !f.started) {
+                let t = in_flight.entry(f.peer.as_str()).or_default();
+                t.0 += j.plan.nodes;
+                t.1 += j.plan.ntasks;
+            }
+        }
         let room = &mut self.peer_room;
         room.room.clear();
         for p in &peers {
@@ -80,8 +101,16 @@ impl<E: MmEnv> MachineManager<E> {
                 if p.borrow
                     && let Some(o) = &p.offer
                 {
-                    room.room
-                        .insert(p.name.clone(), (o.idle_nodes, o.idle_cpus));
+                    let (nodes, cpus) = if o.queued > 0 {
+                        (0, 0)
+                    } else {
+                        let (n, c) = in_flight.get(p.name.as_str()).copied().unwrap_or_default();
+                        (
+                            o.idle_nodes.saturating_sub(n),
+                            o.idle_cpus.saturating_sub(c),
+                        )
+                    };
+                    room.room.insert(p.name.clone(), (nodes, cpus));
                 }
             } else {
                 // Away since it was last heard (a silent link is `down` only once it has been

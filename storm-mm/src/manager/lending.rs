@@ -14,7 +14,9 @@ use storm_cluster::federation::Lease;
 use storm_cluster::messages::Command;
 use storm_primitives::{NodeId, NodeSet};
 
-use super::{MachineManager, MmEnv};
+use storm_cluster::messages::JobId;
+
+use super::{MachineManager, MmEnv, Phase};
 
 /// The longest lease `storm lend` gives (a week): a lent node that is forgotten comes home.
 pub const MAX_LEASE: Duration = Duration::from_secs(7 * 86_400);
@@ -29,6 +31,28 @@ impl<E: MmEnv> MachineManager<E> {
         span: Duration,
     ) -> Result<u64, String> {
         self.check_nodes(nodes)?;
+        self.check_lends_to(peer)?;
+        if span.is_zero() || span > MAX_LEASE {
+            return Err(format!(
+                "a lease lasts more than 0 s and at most {} days",
+                MAX_LEASE.as_secs() / 86_400
+            ));
+        }
+        for n in nodes.iter() {
+            if let Some(why) = self.not_lendable(n) {
+                return Err(format!("cannot lend node {}: {why}", self.node_name(n)));
+            }
+        }
+        let until_ms = self.unix_ms() + span.as_millis() as u64;
+        for n in nodes.iter() {
+            self.lease_out(n, peer, until_ms, false);
+        }
+        tracing::info!(nodes = %nodes, %peer, until_ms, "lent");
+        Ok(until_ms)
+    }
+
+    /// Whether this cluster's file lets it lend nodes to `peer`.
+    fn check_lends_to(&self, peer: &str) -> Result<(), String> {
         let entry = self
             .cfg
             .peers
@@ -42,44 +66,153 @@ impl<E: MmEnv> MachineManager<E> {
                  its jobs run as)"
             ));
         }
-        if span.is_zero() || span > MAX_LEASE {
-            return Err(format!(
-                "a lease lasts more than 0 s and at most {} days",
-                MAX_LEASE.as_secs() / 86_400
-            ));
+        Ok(())
+    }
+
+    /// Why node `n` cannot be lent now, if it cannot.
+    fn not_lendable(&self, n: NodeId) -> Option<String> {
+        let node = self.nodes.get(n);
+        if self.cfg.is_guest(n) {
+            Some("it is a guest slot, another cluster's node: not this cluster's to lend".into())
+        } else if let Some(l) = &node.lent {
+            Some(format!("it is lent to {} already", l.peer))
+        } else if !self.nodes.is_available(n) {
+            Some("it is not up and in service (down, drained or sick)".to_string())
+        } else if self.jobs.values().any(|j| j.nodes.contains(n)) {
+            Some("jobs run there (drain it first, and lend it once they end)".to_string())
+        } else {
+            None
         }
-        for n in nodes.iter() {
-            let node = self.nodes.get(n);
-            let busy = self.jobs.values().any(|j| j.nodes.contains(n));
-            let why = if self.cfg.is_guest(n) {
-                Some(
-                    "it is a guest slot, another cluster's node: not this cluster's to lend".into(),
-                )
-            } else if let Some(l) = &node.lent {
-                Some(format!("it is lent to {} already", l.peer))
-            } else if !self.nodes.is_available(n) {
-                Some("it is not up and in service (down, drained or sick)".to_string())
-            } else if busy {
-                Some("jobs run there (drain it first, and lend it once they end)".to_string())
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(format!("cannot lend node {}: {why}", self.node_name(n)));
+    }
+
+    /// Lends node `n` to `peer` until `until_ms`: out of this cluster's allocation,
+    /// journaled, and its NM told to start the guest.
+    fn lease_out(&mut self, n: NodeId, peer: &str, until_ms: u64, asked: bool) {
+        self.nodes.get_mut(n).lent = Some(Lease {
+            peer: peer.to_string(),
+            until_ms,
+            asked,
+        });
+        self.policy.set_unavailable(n);
+        self.outbox.journal.put_node(n, self.nodes.record(n));
+        self.hb.commands.push_back(lend_command(n, peer, until_ms));
+    }
+
+    /// Peer `peer` asks, for its waiting jobs, for up to `count` of `names` (this cluster's
+    /// node names) for `for_ms`: idle ones are lent, those lent to it already counting, unless
+    /// a job of this cluster waits (a cluster lends only what its own queue does not want).
+    /// Returns the nodes of `names` lent to the peer now.
+    pub(super) fn lend_asked(
+        &mut self,
+        peer: &str,
+        names: &[String],
+        count: u32,
+        for_ms: u64,
+    ) -> Result<Vec<String>, String> {
+        self.check_lends_to(peer)?;
+        let asked: Vec<NodeId> = names
+            .iter()
+            .filter_map(|name| self.cfg.node_by_name(name))
+            .collect();
+        let lent_to_peer = |me: &Self, n: NodeId| {
+            me.nodes
+                .get(n)
+                .lent
+                .as_ref()
+                .is_some_and(|l| l.peer == peer)
+        };
+        let have = asked.iter().filter(|&&n| lent_to_peer(self, n)).count() as u32;
+        let own_waiting = !self.waiting_own_jobs().is_empty();
+        if have < count && !own_waiting {
+            let span = Duration::from_millis(for_ms).min(MAX_LEASE);
+            let until_ms = self.unix_ms() + span.as_millis() as u64;
+            let idle: Vec<NodeId> = asked
+                .iter()
+                .copied()
+                .filter(|&n| self.not_lendable(n).is_none())
+                .take((count - have) as usize)
+                .collect();
+            for &n in &idle {
+                self.lease_out(n, peer, until_ms, true);
+            }
+            if !idle.is_empty() {
+                tracing::info!(nodes = ?idle, %peer, until_ms, "lent on the peer's asking");
             }
         }
-        let until_ms = self.unix_ms() + span.as_millis() as u64;
-        for n in nodes.iter() {
-            self.nodes.get_mut(n).lent = Some(Lease {
-                peer: peer.to_string(),
-                until_ms,
-            });
-            self.policy.set_unavailable(n);
-            self.outbox.journal.put_node(n, self.nodes.record(n));
-            self.hb.commands.push_back(lend_command(n, peer, until_ms));
+        Ok(asked
+            .into_iter()
+            .filter(|&n| lent_to_peer(self, n))
+            .map(|n| self.node_name(n).to_string())
+            .collect())
+    }
+
+    /// Peer `peer` gives back `names`: those it borrowed on its asking come home (an
+    /// operator's lease runs to its end or to `storm reclaim`).
+    pub(super) fn give_back(&mut self, peer: &str, names: &[String]) {
+        for name in names {
+            let Some(n) = self.cfg.node_by_name(name) else {
+                continue;
+            };
+            if self
+                .nodes
+                .get(n)
+                .lent
+                .as_ref()
+                .is_some_and(|l| l.peer == peer && l.asked)
+            {
+                self.come_home(n, "given back by the borrower");
+            }
         }
-        tracing::info!(nodes = %nodes, %peer, until_ms, "lent");
-        Ok(until_ms)
+    }
+
+    /// Jobs of this cluster's own waiting for nodes, oldest first, with how long each waited.
+    fn waiting_own_jobs(&self) -> Vec<(JobId, Duration)> {
+        let now = self.now();
+        self.jobs
+            .values()
+            .filter(|j| {
+                j.phase == Phase::Queued
+                    && j.admitted
+                    && j.flocked.is_none()
+                    && j.cancel.is_none()
+                    && j.req.step_of.is_none()
+            })
+            .map(|j| (j.id, now.saturating_duration_since(j.submitted)))
+            .collect()
+    }
+
+    /// A job of this cluster that has waited `[federation] reclaim_after_ms` takes back, of
+    /// the nodes lent on a peer's asking, as many as it lacks beside the idle ones: the
+    /// borrower's jobs on them lose those nodes (requeued if they asked, else ended).
+    pub(super) fn reclaim_for_own_queue(&mut self) {
+        let after = Duration::from_millis(self.cfg.federation.reclaim_after_ms);
+        let Some(&(id, _)) = self
+            .waiting_own_jobs()
+            .iter()
+            .find(|(_, waited)| *waited >= after)
+        else {
+            return;
+        };
+        let lent: Vec<NodeId> = (0..self.nodes.len() as NodeId)
+            .filter(|&n| self.nodes.get(n).lent.as_ref().is_some_and(|l| l.asked))
+            .collect();
+        if lent.is_empty() {
+            return;
+        }
+        let need = self.jobs[&id].plan.nodes;
+        let busy: std::collections::BTreeSet<NodeId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase != Phase::Queued)
+            .flat_map(|j| j.nodes.iter())
+            .collect();
+        let idle = (0..self.nodes.len() as NodeId)
+            .filter(|&n| self.nodes.is_available(n) && !busy.contains(&n))
+            .count() as u32;
+        let back = need.saturating_sub(idle) as usize;
+        for &n in lent.iter().take(back) {
+            self.come_home(n, &format!("reclaimed for job {id}, which waits here"));
+        }
     }
 
     /// `storm reclaim`: the lent nodes among `nodes` come home now; the others are left as

@@ -37,6 +37,7 @@ use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 
 mod admission;
 mod attention;
+mod borrowing;
 mod failure;
 mod flock;
 mod health;
@@ -154,6 +155,8 @@ pub struct MachineManager<E: MmEnv> {
     peers: Option<(Instant, Vec<storm_cluster::federation::PeerInfo>)>,
     /// What the peers offer for flocking, from those reports (see [`flock`]).
     peer_room: flock::PeerRoom,
+    /// What this cluster asked its lenders for (see [`borrowing`]).
+    borrowing: borrowing::Borrowing,
     /// Each node's memory for jobs: declared, or as its NM detected it (0: not known yet).
     node_mem: Vec<u64>,
     /// Each node's features, as bits (`ClusterConfig::features`).
@@ -239,6 +242,7 @@ impl<E: MmEnv> MachineManager<E> {
             ),
             peers: None,
             peer_room: Default::default(),
+            borrowing: Default::default(),
             node_mem,
             node_features,
             has_guests: cfg.has_guest_slots(),
@@ -379,6 +383,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.end_orphan_steps();
             self.schedule();
             self.flock_jobs();
+            self.share_nodes();
         }
         self.enforce_limits();
         self.escalate_cancels();

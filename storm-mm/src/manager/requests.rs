@@ -359,6 +359,36 @@ impl<E: MmEnv> MachineManager<E> {
                 });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
+            Request::BorrowOut { lent } => {
+                let reply = self
+                    .operator(client, uid, "take what this cluster would borrow")
+                    .map(|()| {
+                        self.lenders_answered(lent);
+                        Reply::BorrowOut(self.borrow_orders())
+                    });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::LendAsked {
+                peer,
+                nodes,
+                count,
+                for_ms,
+            } => {
+                let reply = self
+                    .operator(client, uid, "lend nodes a peer asked for")
+                    .and_then(|()| self.lend_asked(&peer, &nodes, count, for_ms))
+                    .map(Reply::Lent);
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::GiveBack { peer, nodes } => {
+                let reply = self
+                    .operator(client, uid, "give back borrowed nodes")
+                    .map(|()| {
+                        self.give_back(&peer, &nodes);
+                        Reply::Done
+                    });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
             Request::Resume { nodes } => {
                 let reply = self.operator(client, uid, "resume nodes").and_then(|()| {
                     self.resume(&nodes)?;
@@ -649,6 +679,7 @@ impl<E: MmEnv> MachineManager<E> {
             false
         };
         self.check_request_sizes(&req)?;
+        self.shrink_to_cluster(&mut req);
         let plan = self.plan(&req)?;
         self.check_fit(&req, &plan)?;
         if let InputTarget::Rank(rank) = req.input {
@@ -779,36 +810,104 @@ impl<E: MmEnv> MachineManager<E> {
             &j.req,
             &j.plan,
             self.cfg.capacity().cpus_per_node,
-            self.feature_bits(&j.req),
+            self.feature_bits(&j.req, j.plan.nodes),
         )
     }
 
-    /// The bits of `req`'s `--constraint`. A feature no node has any longer (the cluster file
+    /// The bits of `req`'s `--constraint`, and of where a job of `nodes` nodes may run
+    /// ([`MachineManager::place_bits`]). A feature no node has any longer (the cluster file
     /// changed under a queued job) is a bit no node has: the job waits, and says so.
-    pub(super) fn feature_bits(&self, req: &JobRequest) -> u64 {
-        let own = self.own_nodes_only(req);
-        if req.constraint.is_empty() {
-            return own;
-        }
-        self.cfg.feature_mask(&req.constraint).unwrap_or(u64::MAX) | own
+    pub(super) fn feature_bits(&self, req: &JobRequest, nodes: u32) -> u64 {
+        self.constraint_bits(req) | self.place_bits(req, nodes)
     }
 
-    /// [`storm_cluster::config::OWN_NODE_BIT`] if job `req` must stay on this cluster's own
-    /// nodes, the file naming guest slots and the job not allowing borrowing (`--borrow`).
-    fn own_nodes_only(&self, req: &JobRequest) -> u64 {
-        if self.has_guests && !req.borrow {
-            storm_cluster::config::OWN_NODE_BIT
-        } else {
-            0
+    /// The bits of `req`'s `--constraint` (`u64::MAX` for a feature no node has).
+    fn constraint_bits(&self, req: &JobRequest) -> u64 {
+        if req.constraint.is_empty() {
+            return 0;
         }
+        self.cfg.feature_mask(&req.constraint).unwrap_or(u64::MAX)
+    }
+
+    /// Where job `req` of `nodes` nodes may run, as feature bits, in a file that names guest
+    /// slots (nothing to say otherwise):
+    /// * without `--borrow`: on this cluster's own nodes
+    ///   ([`storm_cluster::config::OWN_NODE_BIT`]);
+    /// * with it: anywhere;
+    /// * with `--one-cluster` too: on its own nodes if they are enough for it, else on the
+    ///   guest slots of the first lender, by `[[peer]] priority` then the file's order, that
+    ///   has enough of them (that lender's bit).
+    pub(super) fn place_bits(&self, req: &JobRequest, nodes: u32) -> u64 {
+        use storm_cluster::config::OWN_NODE_BIT;
+        if !self.has_guests {
+            return 0;
+        }
+        if !req.borrow {
+            return OWN_NODE_BIT;
+        }
+        if !req.one_cluster {
+            return 0;
+        }
+        let constraint = self.constraint_bits(req);
+        let holds = |place: u64| self.nodes_with(constraint | place) >= nodes;
+        if holds(OWN_NODE_BIT) {
+            return OWN_NODE_BIT;
+        }
+        self.lenders_by_priority()
+            .into_iter()
+            .map(|l| self.cfg.lender_bit(&l))
+            .find(|&bit| holds(bit))
+            .unwrap_or(OWN_NODE_BIT)
+    }
+
+    /// Nodes of the cluster file with every feature bit of `bits`.
+    pub(super) fn nodes_with(&self, bits: u64) -> u32 {
+        self.node_features
+            .iter()
+            .filter(|&&m| m & bits == bits)
+            .count() as u32
+    }
+
+    /// The clusters whose nodes this file has guest slots for, highest `[[peer]] priority`
+    /// first (then in the file's order).
+    pub(super) fn lenders_by_priority(&self) -> Vec<String> {
+        let priority = |c: &str| {
+            self.cfg
+                .peers
+                .iter()
+                .find(|p| p.name == c)
+                .map_or(0, |p| p.priority)
+        };
+        let mut lenders: Vec<String> = self.cfg.lenders().into_iter().map(String::from).collect();
+        lenders.sort_by_key(|l| std::cmp::Reverse(priority(l)));
+        lenders
+    }
+
+    /// The most nodes job `req` could ever have here (`--less` shrinks a larger job to it):
+    /// the nodes with its features where it may run.
+    fn most_nodes_for(&self, req: &JobRequest) -> u32 {
+        use storm_cluster::config::OWN_NODE_BIT;
+        let constraint = self.constraint_bits(req);
+        if !self.has_guests || (req.borrow && !req.one_cluster) {
+            return self.nodes_with(constraint);
+        }
+        let own = self.nodes_with(constraint | OWN_NODE_BIT);
+        if !req.borrow {
+            return own;
+        }
+        self.cfg
+            .lenders()
+            .into_iter()
+            .map(|l| self.nodes_with(constraint | self.cfg.lender_bit(l)))
+            .fold(own, u32::max)
     }
 
     /// Whether the cluster has the nodes `req` asks for at all: the features of
     /// `--constraint`, and the memory of `--mem` on as many nodes as `plan` takes (counting
     /// only nodes whose memory is known: declared, or told by their NM).
     pub(super) fn check_fit(&self, req: &JobRequest, plan: &TaskPlan) -> Result<(), String> {
-        let own = self.own_nodes_only(req);
-        if req.constraint.is_empty() && req.mem.is_none() && own == 0 {
+        let place = self.place_bits(req, plan.nodes);
+        if req.constraint.is_empty() && req.mem.is_none() && place == 0 {
             // Most jobs: nothing to look at per node.
             return Ok(());
         }
@@ -816,7 +915,7 @@ impl<E: MmEnv> MachineManager<E> {
             0
         } else {
             self.cfg.feature_mask(&req.constraint)?
-        } | own;
+        } | place;
         let ask = self.ask_of(req, plan, features);
         let with_features: Vec<usize> = self
             .cfg
@@ -827,6 +926,14 @@ impl<E: MmEnv> MachineManager<E> {
             .map(|(i, _)| i)
             .collect();
         let cluster = &self.cfg.cluster.name;
+        if (with_features.len() as u32) < plan.nodes && req.borrow && req.one_cluster {
+            return Err(format!(
+                "--one-cluster: the job needs {} nodes of one cluster, and neither cluster \
+                 {cluster:?}'s own nodes nor any lender's guest slots here are that many \
+                 (with those features)",
+                plan.nodes
+            ));
+        }
         if (with_features.len() as u32) < plan.nodes && req.constraint.is_empty() {
             let guests = self.cfg.nodes.len() as u32 - self.cfg.home_node_count();
             return Err(format!(
@@ -864,6 +971,25 @@ impl<E: MmEnv> MachineManager<E> {
             ));
         }
         Ok(())
+    }
+
+    /// `--less`: a job larger than any place it may run here asks for the most nodes it
+    /// could have instead (its tasks per node kept).
+    fn shrink_to_cluster(&self, req: &mut JobRequest) {
+        if !req.less {
+            return;
+        }
+        let unbounded = storm_cluster::tasks::Capacity {
+            nodes: u32::MAX / 2,
+            ..self.cfg.capacity()
+        };
+        let most = self.most_nodes_for(req);
+        if let Ok(wanted) = req.tasks.plan(&unbounded)
+            && most > 0
+            && wanted.nodes > most
+        {
+            req.tasks = req.tasks.shrunk(&wanted, most);
+        }
     }
 
     /// What a job of `req` and `plan` would ask of the policy (its id aside).

@@ -236,7 +236,7 @@ impl<E: MmEnv> MachineManager<E> {
             &rec.req,
             &plan,
             self.cfg.capacity().cpus_per_node,
-            self.feature_bits(&rec.req),
+            self.feature_bits(&rec.req, plan.nodes),
         );
         let placed = Placement {
             share: Share {

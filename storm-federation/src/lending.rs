@@ -1,0 +1,154 @@
+//! Borrowing nodes over the peer links (docs/federation.md, lending).
+//!
+//! **Borrower.** The reporter fetches this cluster's [`BorrowOrder`]s from its MM every
+//! period; the dialler to each lender sends that lender's order as it stands: a
+//! [`PeerMessage::Borrow`] while jobs lack nodes, a [`PeerMessage::GiveBack`] while borrowed
+//! nodes sit idle. Each is sent again every period, so a lost message or a restarted agent
+//! costs a period, never a node.
+//!
+//! **Lender.** The listener passes a peer's `Borrow` and `GiveBack` to this cluster's MM
+//! ([`Request::LendAsked`], [`Request::GiveBack`]), for peers this cluster lends to. The MM
+//! decides: it lends only idle nodes, only while no job of its own waits, and takes back only
+//! what it lent on asking.
+
+use std::collections::HashMap;
+
+use storm_cluster::control::{Reply, Request};
+use storm_cluster::federation::{BorrowOrder, PeerMessage};
+
+use crate::flock::Manager;
+
+/// This cluster's orders to its lenders, as its MM last gave them, and the lenders' last
+/// answers.
+#[derive(Debug, Default)]
+pub struct Borrowing {
+    orders: HashMap<String, BorrowOrder>,
+    answers: HashMap<String, Vec<String>>,
+}
+
+impl Borrowing {
+    pub fn set_orders(&mut self, orders: Vec<BorrowOrder>) {
+        self.orders = orders.into_iter().map(|o| (o.peer.clone(), o)).collect();
+    }
+
+    /// Lender `peer` answered that it lends this cluster `nodes` (of those asked for).
+    pub fn answered(&mut self, peer: &str, nodes: Vec<String>) {
+        self.answers.insert(peer.to_string(), nodes);
+    }
+
+    /// The lenders' answers heard since the last call, for the MM (each lender's latest).
+    pub fn take_answers(&mut self) -> Vec<(String, Vec<String>)> {
+        self.answers.drain().collect()
+    }
+
+    /// What goes to lender `peer` this period.
+    pub fn messages_for(&self, peer: &str) -> Vec<PeerMessage> {
+        let Some(o) = self.orders.get(peer) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if o.count > 0 {
+            out.push(PeerMessage::Borrow {
+                nodes: o.want.clone(),
+                count: o.count,
+                for_ms: o.for_ms,
+            });
+        }
+        if !o.give_back.is_empty() {
+            out.push(PeerMessage::GiveBack {
+                nodes: o.give_back.clone(),
+            });
+        }
+        out
+    }
+}
+
+/// Lender side: peer `peer` asks for up to `count` of `nodes` for `for_ms`; what this
+/// cluster's MM lent it of them.
+pub fn lend(
+    mm: &Manager,
+    peer: &str,
+    nodes: Vec<String>,
+    count: u32,
+    for_ms: u64,
+) -> Result<Vec<String>, String> {
+    let ask = Request::LendAsked {
+        peer: peer.to_string(),
+        nodes,
+        count,
+        for_ms,
+    };
+    match mm.connect()?.call(&ask)? {
+        Reply::Lent(nodes) => Ok(nodes),
+        Reply::Error(e) => Err(e),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Lender side: peer `peer` gives back `nodes`.
+pub fn give_back(mm: &Manager, peer: &str, nodes: Vec<String>) -> Result<(), String> {
+    let back = Request::GiveBack {
+        peer: peer.to_string(),
+        nodes,
+    };
+    match mm.connect()?.call(&back)? {
+        Reply::Done => Ok(()),
+        Reply::Error(e) => Err(e),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(peer: &str, count: u32, give_back: &[&str]) -> BorrowOrder {
+        BorrowOrder {
+            peer: peer.into(),
+            want: vec!["n0".into(), "n1".into()],
+            count,
+            for_ms: 60_000,
+            give_back: give_back.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Each lender hears its own order only: an asking while jobs lack nodes, a giving back
+    /// while borrowed nodes are idle, and nothing once the MM wants nothing of it.
+    #[test]
+    fn each_lender_hears_its_own_order_as_it_stands() {
+        let mut b = Borrowing::default();
+        b.set_orders(vec![order("c1", 1, &[]), order("c2", 0, &["n3"])]);
+        assert_eq!(
+            b.messages_for("c1"),
+            vec![PeerMessage::Borrow {
+                nodes: vec!["n0".into(), "n1".into()],
+                count: 1,
+                for_ms: 60_000
+            }]
+        );
+        assert_eq!(
+            b.messages_for("c2"),
+            vec![PeerMessage::GiveBack {
+                nodes: vec!["n3".into()]
+            }]
+        );
+        b.set_orders(vec![order("c2", 0, &["n3"])]);
+        assert!(
+            b.messages_for("c1").is_empty(),
+            "c1 is asked for nothing now"
+        );
+    }
+
+    /// A lender's latest answer reaches the MM once: an answer passed on is not news again.
+    #[test]
+    fn each_answer_is_passed_on_once_the_latest_of_its_lender() {
+        let mut b = Borrowing::default();
+        b.answered("c1", vec!["n0".into()]);
+        b.answered("c1", vec!["n0".into(), "n1".into()]);
+        assert_eq!(
+            b.take_answers(),
+            vec![("c1".to_string(), vec!["n0".to_string(), "n1".to_string()])]
+        );
+        assert!(b.take_answers().is_empty());
+    }
+}
