@@ -137,7 +137,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// A peer agent, killed when dropped.
-struct Agent(Child);
+pub(crate) struct Agent(Child);
 
 impl Drop for Agent {
     fn drop(&mut self) {
@@ -146,7 +146,7 @@ impl Drop for Agent {
     }
 }
 
-fn start_agent(cluster: &LocalCluster) -> Result<Agent> {
+pub(crate) fn start_agent(cluster: &LocalCluster) -> Result<Agent> {
     let config = cluster.root().join("cluster.toml");
     let log = std::fs::File::create(cluster.root().join("storm-peer.log"))?;
     let bin = storm_cli::local::bin_dir()?.join("storm-peer");
@@ -467,5 +467,25 @@ pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             },
         ]);
     }
+    let ap = m.agent_period.as_secs_f64();
+    let beyond_home = m.borrow_asked.median() - m.launch_home.median();
+    lending.push(vec![
+        "launch asking to borrow".to_string(),
+        crate::stats::fmt_time(m.borrow_asked.median()),
+        crate::stats::fmt_time(m.borrow_asked.quantile(0.95)),
+        format!(
+            "home + {:.1} agent periods of {:.0} ms",
+            beyond_home / ap,
+            ap * 1000.0
+        ),
+        "-".to_string(),
+    ]);
+    lending.push(vec![
+        "given back after the job".to_string(),
+        crate::stats::fmt_time(m.given_back.median()),
+        crate::stats::fmt_time(m.given_back.quantile(0.95)),
+        format!("{:.1} agent periods", m.given_back.median() / ap),
+        "-".to_string(),
+    ]);
     Ok(vec![table, ratios, lending])
 }

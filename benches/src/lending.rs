@@ -14,6 +14,12 @@
 //! 3. **return**: `storm reclaim`, timed from the request to the moment the lender's MM shows
 //!    every node idle and the borrower's shows no guest slot up.
 //!
+//! Then borrowing on asking, with both clusters' peer agents running (`advertise_ms` 100):
+//! each round a `--borrow -C guest` job of `nodes` nodes is submitted with no node lent, and
+//! its storm-submit's wall time taken (the agents' asking, the lend and the launch); then the
+//! time from its end until the borrower has given the nodes back (the lender shows them idle,
+//! the borrower no guest slot up). Both are reported in agent periods.
+//!
 //! The MMs are asked with the control protocol directly, every millisecond: the poll adds at
 //! most that to each time.
 
@@ -40,7 +46,16 @@ pub struct Lending {
     pub give_back: Samples,
     pub launch_home: Samples,
     pub launch_borrowed: Samples,
+    /// The agents' period (`advertise_ms`).
+    pub agent_period: Duration,
+    /// storm-submit's wall time for a job that borrows its nodes on asking.
+    pub borrow_asked: Samples,
+    /// From that job's end until its nodes are home.
+    pub given_back: Samples,
 }
+
+/// The agents' period in this bench.
+const AGENT_PERIOD_MS: u64 = 100;
 
 struct Pair {
     borrower: LocalCluster,
@@ -76,6 +91,8 @@ impl Pair {
         let federation = |port: u16| -> Result<FederationSection> {
             Ok(FederationSection {
                 listen: Some(format!("127.0.0.1:{port}").parse()?),
+                advertise_ms: AGENT_PERIOD_MS,
+                peer_timeout_ms: 20 * AGENT_PERIOD_MS,
                 ..Default::default()
             })
         };
@@ -202,6 +219,9 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
         give_back: Samples::from_secs(Vec::new()),
         launch_home: Samples::from_secs(Vec::new()),
         launch_borrowed: Samples::from_secs(Vec::new()),
+        agent_period: Duration::from_millis(AGENT_PERIOD_MS),
+        borrow_asked: Samples::from_secs(Vec::new()),
+        given_back: Samples::from_secs(Vec::new()),
     };
     let (mut lend, mut back, mut home, mut borrowed) = (vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
@@ -241,6 +261,45 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
     m.give_back = Samples::from_secs(back);
     m.launch_home = Samples::from_secs(home);
     m.launch_borrowed = Samples::from_secs(borrowed);
+
+    // Borrowing on asking, through the agents.
+    let agents = (
+        crate::federation::start_agent(&pair.borrower)?,
+        crate::federation::start_agent(&pair.lender)?,
+    );
+    let offered = || -> Result<bool> {
+        let client = Client::connect(pair.borrower.socket()).map_err(anyhow::Error::msg)?;
+        Ok(
+            match client.call(&Request::Peers).map_err(anyhow::Error::msg)? {
+                Reply::Peers { peers, .. } => peers
+                    .iter()
+                    .any(|p| p.offer.as_ref().is_some_and(|o| o.idle_nodes == nodes)),
+                _ => false,
+            },
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !offered()? {
+        if Instant::now() > deadline {
+            bail!("the borrower never saw the lender's offer of {nodes} idle nodes");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (mut asked, mut given) = (vec![], vec![]);
+    for _ in 0..rounds {
+        asked.push(launch(&pair.borrower, &["--borrow", "-C", "guest", "-N", &n])?.as_secs_f64());
+        let ended = Instant::now();
+        until(&pair, "the borrowed nodes go back", |b, l| {
+            l.iter().all(|n| n.state == NodeState::Idle)
+                && b.iter()
+                    .filter(|n| guest(n))
+                    .all(|n| !matches!(n.state, NodeState::Idle | NodeState::Allocated))
+        })?;
+        given.push(ended.elapsed().as_secs_f64());
+    }
+    drop(agents);
+    m.borrow_asked = Samples::from_secs(asked);
+    m.given_back = Samples::from_secs(given);
     let _ = pair.borrower.shutdown();
     let _ = pair.lender.shutdown();
     Ok(m)

@@ -22,6 +22,8 @@
 //! * The lent node's own cable is cut (the node is gone for both clusters) under another
 //!   such job: the same, and c1 sees its node go silent too.
 //! * `storm reclaim`: c1's node takes c1's jobs again, and c0's slot goes down.
+//! * c1 lends the node again, and c0's MM dies (a peer MM dies): once c0 has been away for
+//!   the peer timeout, c1 takes its node home and runs its own jobs on it.
 
 mod support;
 
@@ -316,7 +318,7 @@ fn a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home() {
     }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let work = support::shared_tempdir();
-    let fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
+    let mut fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
     let paths = fed.config_paths();
     let (c0, c1) = (paths[0].clone(), paths[1].clone());
     assert_eq!(node_state(&c0, "c1-node0"), "unknown", "not lent yet");
@@ -383,6 +385,20 @@ fn a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home() {
         &["down", "unresponsive"],
         "c0's slot goes down",
     );
+
+    // The borrower's MM dies with the node lent: c1 sees c0 away, and takes its node home
+    // after the peer timeout.
+    let out = storm(&c1, &["lend", "node0", "--to", "c0", "--for", "60"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_node(&c0, "c1-node0", &["idle"], "the lent node joins c0 again");
+    fed.clusters[0].kill("storm-mm").unwrap();
+    wait_node(
+        &c1,
+        "node0",
+        &["idle"],
+        "c1 takes its node home from a borrower gone for the peer timeout",
+    );
+    fed.clusters[0].start_mm().unwrap();
     let out = submit(&c1, &["-N", "2", "true"])
         .wait_with_output()
         .unwrap();

@@ -320,8 +320,8 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     assert!(!out.status.success(), "a job that lost a node failed");
     let err = support::text(&out.stderr);
     assert!(
-        err.contains("lender-node0"),
-        "the lost node is named: {err}"
+        err.contains("lender-node0") && err.contains("borrowed from cluster lender"),
+        "the lost node is named, and whose it is: {err}"
     );
     let left = live_processes(daemon_uid, &["long.sh"]);
     assert!(left.is_empty(), "the guest's task died with it: {left:?}");
@@ -457,6 +457,9 @@ fn nodes_of(stdout: &str) -> Vec<String> {
 ///   nodes, `giver` queues a job of its own on both its nodes; `giver` takes them back, its
 ///   job runs, and the borrowed job is queued again at `asker`, borrows them again once
 ///   `giver`'s job ended, and runs to its end.
+/// * The borrower's MM dies under a borrowed job: `giver` sees `asker` away, and after the
+///   peer timeout its nodes come home and take its own jobs; `asker`'s MM, back, ends the
+///   job that lost them.
 #[test]
 fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
     if !support::root_or_say("borrowing") {
@@ -471,7 +474,7 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
         peer_timeout_ms: 3000,
         ..federation(port)
     };
-    let asker = TestCluster::with(LocalOptions {
+    let mut asker = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("asker".into()),
         federation: fast(asker_port),
@@ -613,11 +616,41 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
         .expect("the borrowed job runs again once the lender's job ended");
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stderr.contains("requeued"), "{stderr}");
+    assert!(
+        stderr.contains("requeued") && stderr.contains("its owner took it back"),
+        "{stderr}"
+    );
     for n in ["giver-node0", "giver-node1", "node0"] {
         assert!(
             stdout.contains(&format!("second run on {n}")),
             "{stdout}{stderr}"
         );
     }
+
+    // The borrower's MM dies under a borrowed job: the lender takes its nodes home.
+    let long = support::script(shared.path(), "long.sh", "sleep 300\n");
+    let held = asker
+        .submit_cmd_as(NOBODY, &["-N", "3", "--borrow", long.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for n in ["giver-node0", "giver-node1"] {
+        wait_state(&asker, n, &["allocated"], "the borrowed job runs");
+    }
+    asker.cluster.as_mut().unwrap().kill_mm().unwrap();
+    for n in ["node0", "node1"] {
+        wait_state(
+            &giver,
+            n,
+            &["idle"],
+            "the lender takes its node home from a borrower gone for the peer timeout",
+        );
+    }
+    let stdout = ok(&giver, &["-N", "2", where_]);
+    assert_eq!(nodes_of(&stdout), ["node0", "node1"], "{stdout}");
+    asker.cluster.as_mut().unwrap().restart_mm().unwrap();
+    let out = output_within(held, Duration::from_secs(60))
+        .expect("the borrower's MM, back, ends the job that lost its borrowed nodes");
+    assert!(!out.status.success(), "{}", support::text(&out.stdout));
 }

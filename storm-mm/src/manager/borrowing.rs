@@ -98,11 +98,26 @@ impl<E: MmEnv> MachineManager<E> {
     /// cluster now).
     pub(super) fn lenders_answered(&mut self, lent: Vec<(String, Vec<String>)>) {
         let now = self.now();
-        for (lender, nodes) in lent {
+        // One index of the slots: a lender's answer costs time in its length only.
+        let index: BTreeMap<(&str, &str), NodeId> = self
+            .cfg
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let g = e.guest_of.as_ref()?;
+                Some(((g.cluster.as_str(), g.node.as_str()), i as NodeId))
+            })
+            .collect();
+        let mut answered: Vec<(String, BTreeSet<NodeId>)> = Vec::new();
+        for (lender, nodes) in &lent {
             let slots: BTreeSet<NodeId> = nodes
                 .iter()
-                .filter_map(|node| self.cfg.guest_slot(&lender, node))
+                .filter_map(|node| index.get(&(lender.as_str(), node.as_str())).copied())
                 .collect();
+            answered.push((lender.clone(), slots));
+        }
+        for (lender, slots) in answered {
             let of_lender = |n: &NodeId| {
                 self.cfg.nodes[*n as usize]
                     .guest_of
@@ -170,6 +185,16 @@ impl<E: MmEnv> MachineManager<E> {
         let mut counted_on: BTreeSet<NodeId> = BTreeSet::new();
         let mut claimed: BTreeSet<NodeId> = BTreeSet::new();
         let mut orders: BTreeMap<String, BorrowOrder> = BTreeMap::new();
+        // Each lender's guest slots, once.
+        let mut slots_of: BTreeMap<&str, Vec<NodeId>> = BTreeMap::new();
+        for (i, e) in self.cfg.nodes.iter().enumerate() {
+            if let Some(g) = &e.guest_of {
+                slots_of
+                    .entry(g.cluster.as_str())
+                    .or_default()
+                    .push(i as NodeId);
+            }
+        }
         let waiting = self.waiting_jobs();
         for &id in &waiting {
             let j = &self.jobs[&id];
@@ -219,17 +244,12 @@ impl<E: MmEnv> MachineManager<E> {
                 }
                 // Its slots this job may use that are not up here, and not asked for by an
                 // earlier job.
-                let slots: Vec<NodeId> = (0..self.nodes.len() as NodeId)
-                    .filter(|&n| {
-                        self.cfg
-                            .nodes
-                            .get(n as usize)
-                            .and_then(|e| e.guest_of.as_ref())
-                            .is_some_and(|g| g.cluster == *lender)
-                            && fits(n)
-                            && !self.nodes.is_up(n)
-                            && !claimed.contains(&n)
-                    })
+                let slots: Vec<NodeId> = slots_of
+                    .get(lender.as_str())
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .filter(|&n| fits(n) && !self.nodes.is_up(n) && !claimed.contains(&n))
                     .collect();
                 let take = short.min(slots.len() as u32);
                 if take == 0 {
@@ -299,7 +319,8 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// At most every [`PASS_EVERY`]: shrinks the first waiting job, if it allows it
     /// (`--less`), to the idle nodes it may use; and, at a lender, takes back nodes lent on
-    /// asking when a job of this cluster waits for nodes.
+    /// asking when a job of this cluster waits for nodes, and every node lent to a peer
+    /// gone for the peer timeout.
     pub(super) fn share_nodes(&mut self) {
         let now = self.now();
         if self
@@ -312,6 +333,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.borrowing.last_pass = Some(now);
         self.shrink_first_waiting();
         self.reclaim_for_own_queue();
+        self.take_home_from_gone_borrowers();
     }
 
     /// `--less`: the first waiting job, if it allows fewer nodes and cannot have all it asked
@@ -346,6 +368,12 @@ impl<E: MmEnv> MachineManager<E> {
         }
         let from = j.plan.nodes;
         let tasks = j.req.tasks.shrunk(&j.plan, have);
+        // The rank that reads standard input (`-i N`) must still be there.
+        if let storm_cluster::messages::InputTarget::Rank(r) = j.req.input
+            && tasks.ntasks.is_some_and(|t| t <= r)
+        {
+            return;
+        }
         let Some(j) = self.jobs.get_mut(&id) else {
             return;
         };

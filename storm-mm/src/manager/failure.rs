@@ -201,7 +201,17 @@ impl<E: MmEnv> MachineManager<E> {
             .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
             .map(|j| j.id)
             .collect();
-        let why = format!("node {n} ({}) failed: {reason}", self.node_name(n));
+        // A borrowed node goes silent when its owner takes it back, as when it fails: this
+        // MM cannot tell which, and says both.
+        let why = match self.cfg.nodes[n as usize].guest_of.as_ref() {
+            Some(g) => format!(
+                "node {n} ({}), borrowed from cluster {}, is gone: its owner took it back, its \
+                 lease ended, or it failed ({reason})",
+                self.node_name(n),
+                g.cluster
+            ),
+            None => format!("node {n} ({}) failed: {reason}", self.node_name(n)),
+        };
         for id in hit {
             self.node_lost_job(id, why.clone());
         }

@@ -73,6 +73,13 @@ impl PeerRoom {
     pub(super) fn offered_nodes(&self, peer: &str) -> u32 {
         self.room.get(peer).map_or(0, |(n, _)| *n)
     }
+
+    /// How long peer `peer` has been away (not `up`) without a break, as of `now`.
+    pub(super) fn away_for(&self, peer: &str, now: Instant) -> Option<Duration> {
+        self.down_since
+            .get(peer)
+            .map(|since| now.saturating_duration_since(*since))
+    }
 }
 
 impl<E: MmEnv> MachineManager<E> {

@@ -11,10 +11,8 @@
 use std::time::Duration;
 
 use storm_cluster::federation::Lease;
-use storm_cluster::messages::Command;
+use storm_cluster::messages::{Command, JobId};
 use storm_primitives::{NodeId, NodeSet};
-
-use storm_cluster::messages::JobId;
 
 use super::{MachineManager, MmEnv, Phase};
 
@@ -110,10 +108,7 @@ impl<E: MmEnv> MachineManager<E> {
         for_ms: u64,
     ) -> Result<Vec<String>, String> {
         self.check_lends_to(peer)?;
-        let asked: Vec<NodeId> = names
-            .iter()
-            .filter_map(|name| self.cfg.node_by_name(name))
-            .collect();
+        let asked: Vec<NodeId> = self.own_nodes_named(names).into_iter().collect();
         let lent_to_peer = |me: &Self, n: NodeId| {
             me.nodes
                 .get(n)
@@ -149,10 +144,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// Peer `peer` gives back `names`: those it borrowed on its asking come home (an
     /// operator's lease runs to its end or to `storm reclaim`).
     pub(super) fn give_back(&mut self, peer: &str, names: &[String]) {
-        for name in names {
-            let Some(n) = self.cfg.node_by_name(name) else {
-                continue;
-            };
+        for n in self.own_nodes_named(names) {
             if self
                 .nodes
                 .get(n)
@@ -163,6 +155,52 @@ impl<E: MmEnv> MachineManager<E> {
                 self.come_home(n, "given back by the borrower");
             }
         }
+    }
+
+    /// Every node lent to a peer that has been away (its agent or its MM gone, or the link
+    /// between the clusters down) for `[federation] peer_timeout_ms` comes home: either
+    /// cluster may walk away, and a node lent to one that did serves nobody. (Without this
+    /// cluster's own agent, nothing is known of the peers: the guest then runs to its
+    /// lease's end.)
+    pub(super) fn take_home_from_gone_borrowers(&mut self) {
+        let now = self.now();
+        let timeout = self.cfg.federation.peer_timeout();
+        let gone: Vec<NodeId> = (0..self.nodes.len() as NodeId)
+            .filter(|&n| {
+                self.nodes.get(n).lent.as_ref().is_some_and(|l| {
+                    self.peer_room
+                        .away_for(&l.peer, now)
+                        .is_some_and(|away| away >= timeout)
+                })
+            })
+            .collect();
+        for n in gone {
+            self.come_home(
+                n,
+                &format!(
+                    "its borrower has been away for the peer timeout ({} ms)",
+                    timeout.as_millis()
+                ),
+            );
+        }
+    }
+
+    /// The nodes of this cluster among `names` (a peer's list: each once, unknown names and
+    /// guest slots left out), looked up through one index, so that a long list costs
+    /// time in its length, not in its length times the cluster's.
+    fn own_nodes_named(&self, names: &[String]) -> std::collections::BTreeSet<NodeId> {
+        let index: std::collections::HashMap<&str, NodeId> = self
+            .cfg
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.guest_of.is_none())
+            .map(|(i, e)| (e.name.as_str(), i as NodeId))
+            .collect();
+        names
+            .iter()
+            .filter_map(|name| index.get(name.as_str()).copied())
+            .collect()
     }
 
     /// Jobs of this cluster's own waiting for nodes, oldest first, with how long each waited.
