@@ -98,6 +98,10 @@ pub struct SimOptions {
     /// [`Sim::operator_request`]'s `PeerReport`s say of them.
     pub federation: storm_cluster::federation::FederationSection,
     pub peers: Vec<storm_cluster::federation::PeerEntry>,
+    /// Guest slots after the cluster's own nodes (`<cluster>-<node>`, for node `node` of
+    /// peer `cluster`): simulated nodes like the others, which a test kills at once
+    /// ([`Sim::kill`]) to stand for nodes nobody lent yet.
+    pub guests: Vec<storm_cluster::federation::GuestOf>,
 }
 
 impl Default for SimOptions {
@@ -119,6 +123,7 @@ impl Default for SimOptions {
             node_clock_ahead_ms: 0,
             federation: Default::default(),
             peers: Vec::new(),
+            guests: Vec::new(),
         }
     }
 }
@@ -158,6 +163,9 @@ pub struct SimJob {
     pub token: Option<u64>,
     /// Where it may run (`--flock`, `--clusters`, `--no-flock`).
     pub flock: storm_cluster::flock::Flock,
+    /// It may run on guest slots (`--borrow`), and fewer nodes will do (`--less`).
+    pub borrow: bool,
+    pub less: bool,
 }
 
 impl SimJob {
@@ -180,6 +188,8 @@ impl SimJob {
             array: None,
             token: None,
             flock: Default::default(),
+            borrow: false,
+            less: false,
         }
     }
 
@@ -291,6 +301,8 @@ impl SimJob {
             array: self.array.clone(),
             token: self.token,
             flock: self.flock.clone(),
+            borrow: self.borrow,
+            less: self.less,
             ..JobRequest::new(self.name.clone(), "/sim/task", "/")
         }
     }
@@ -1087,6 +1099,15 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
     }
     cfg.federation = opts.federation.clone();
     cfg.peers = opts.peers.clone();
+    // Guest slots: entries like the first node's, standing for the peers' nodes.
+    let template = cfg.nodes[0].clone();
+    for g in &opts.guests {
+        cfg.nodes.push(storm_cluster::config::NodeEntry {
+            name: format!("{}-{}", g.cluster, g.node),
+            guest_of: Some(g.clone()),
+            ..template.clone()
+        });
+    }
     Ok(cfg)
 }
 

@@ -1,0 +1,178 @@
+//! The borrower MM's rules for asking lenders, in virtual time (docs/federation.md,
+//! borrowing for a waiting job): the real MM core, its peer agent played by the test through
+//! the requests the agent sends (`PeerReport`, `BorrowOut`).
+//!
+//! The cluster has one node of its own and guest slots for two nodes of each of two lenders,
+//! `c1` (`[[peer]] priority` 10, offering one idle node) and `c2` (priority 0, offering two).
+//! Nobody lends anything: the slots never come up.
+//!
+//! * `lenders = "most-free"`: a `--borrow` job of three nodes, the own node busy, asks `c2`,
+//!   which offers the most, for both its nodes, and `c1` for the third.
+//! * `lenders = "priority"`: it asks `c1` first; once `c1` has not lent within the patience
+//!   (four `advertise_ms`), it asks `c2` instead, and `c1` again two patiences later.
+//! * A job without `--borrow` asks nobody; a lender offering nothing is not asked.
+
+use std::time::Duration;
+
+use storm_cluster::control::{Reply, Request};
+use storm_cluster::federation::{
+    BorrowOrder, FederationSection, GuestOf, LenderOrder, Offer, PeerEntry, PeerInfo, PeerState,
+};
+use storm_sim::{Sim, SimJob, SimOptions};
+
+const ADVERTISE: Duration = Duration::from_millis(200);
+
+fn peer(name: &str, port: u16, priority: u32) -> PeerEntry {
+    PeerEntry {
+        name: name.into(),
+        address: format!("127.0.0.1:{port}").parse().unwrap(),
+        key_file: "/nonexistent/pair.key".into(),
+        lend: false,
+        borrow: true,
+        flock_user: None,
+        same_users: false,
+        guest_file: None,
+        priority,
+    }
+}
+
+/// The cluster, its slots (nodes 1-4) never lent.
+fn sim(lenders: LenderOrder) -> Sim {
+    let guests = ["c1", "c2"]
+        .iter()
+        .flat_map(|c| {
+            ["n0", "n1"].iter().map(move |n| GuestOf {
+                cluster: c.to_string(),
+                node: n.to_string(),
+            })
+        })
+        .collect();
+    let mut sim = Sim::new(SimOptions {
+        nodes: 1,
+        federation: FederationSection {
+            listen: Some("127.0.0.1:7100".parse().unwrap()),
+            advertise_ms: ADVERTISE.as_millis() as u64,
+            peer_timeout_ms: 10 * ADVERTISE.as_millis() as u64,
+            lenders,
+            ..Default::default()
+        },
+        peers: vec![peer("c1", 7101, 10), peer("c2", 7102, 0)],
+        guests,
+        ..SimOptions::default()
+    })
+    .unwrap();
+    for slot in 1..=4 {
+        sim.kill(slot);
+    }
+    sim.run_for(Duration::from_secs(1));
+    sim
+}
+
+/// The agent's report: each lender `up`, offering so many idle nodes.
+fn report(sim: &mut Sim, offers: &[(&str, u32)]) {
+    let infos = offers
+        .iter()
+        .map(|&(name, idle)| PeerInfo {
+            name: name.into(),
+            address: "127.0.0.1:7101".parse().unwrap(),
+            state: PeerState::Up,
+            lend: false,
+            borrow: true,
+            offer: Some(Offer {
+                idle_nodes: idle,
+                idle_cpus: idle,
+                nodes: 2,
+                queued: 0,
+            }),
+            lag_us: Some(300),
+            heard_ms_ago: Some(0),
+            reason: None,
+        })
+        .collect();
+    let r = sim.operator_request(Request::PeerReport(infos)).unwrap();
+    assert_eq!(r, Reply::Done);
+}
+
+/// What the MM wants of its lenders now: (lender, count, nodes asked about).
+fn orders(sim: &mut Sim) -> Vec<(String, u32, Vec<String>)> {
+    match sim
+        .operator_request(Request::BorrowOut { lent: vec![] })
+        .unwrap()
+    {
+        Reply::BorrowOut(o) => o
+            .into_iter()
+            .filter(|o: &BorrowOrder| o.count > 0)
+            .map(|o| (o.peer, o.count, o.want))
+            .collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn asked(lender: &str) -> Vec<(String, u32, Vec<String>)> {
+    vec![(lender.to_string(), 2, vec!["n0".into(), "n1".into()])]
+}
+
+fn borrowing_job(sim: &mut Sim) {
+    sim.submit(&SimJob {
+        borrow: true,
+        ..SimJob::new(3, Duration::from_secs(60))
+    })
+    .unwrap();
+    sim.run_for(Duration::from_millis(100));
+}
+
+#[test]
+fn most_free_asks_the_lender_offering_the_most() {
+    let mut sim = sim(LenderOrder::MostFree);
+    report(&mut sim, &[("c1", 1), ("c2", 2)]);
+    sim.submit(&SimJob::new(1, Duration::from_secs(60)))
+        .unwrap();
+    sim.run_for(Duration::from_millis(100));
+    assert!(
+        orders(&mut sim).is_empty(),
+        "a job without --borrow asks nobody"
+    );
+    // The job lacks all three nodes (the own node runs the first job): c2, offering the
+    // most, is asked for both its nodes, and c1 for the third.
+    borrowing_job(&mut sim);
+    assert_eq!(
+        orders(&mut sim),
+        vec![
+            (
+                "c1".to_string(),
+                1,
+                vec!["n0".to_string(), "n1".to_string()]
+            ),
+            (
+                "c2".to_string(),
+                2,
+                vec!["n0".to_string(), "n1".to_string()]
+            ),
+        ]
+    );
+}
+
+#[test]
+fn priority_asks_the_highest_first_then_the_next_after_the_patience() {
+    let mut sim = sim(LenderOrder::Priority);
+    report(&mut sim, &[("c1", 1), ("c2", 2)]);
+    borrowing_job(&mut sim);
+    assert_eq!(orders(&mut sim), asked("c1"), "c1 has the higher priority");
+    let patience = ADVERTISE * 4;
+    sim.run_for(patience + ADVERTISE);
+    assert_eq!(
+        orders(&mut sim),
+        asked("c2"),
+        "c1 did not lend within the patience: c2's turn"
+    );
+    sim.run_for(patience * 2);
+    assert_eq!(orders(&mut sim), asked("c1"), "then c1 again");
+}
+
+#[test]
+fn a_lender_offering_nothing_is_not_asked() {
+    let mut sim = sim(LenderOrder::Priority);
+    report(&mut sim, &[("c1", 0), ("c2", 2)]);
+    borrowing_job(&mut sim);
+    assert_eq!(orders(&mut sim), asked("c2"));
+}
