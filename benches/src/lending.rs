@@ -177,6 +177,15 @@ fn until(
     }
 }
 
+/// Whether every lent node is home: idle at the lender, and no guest slot up at the borrower.
+fn home_again(borrower: &[NodeInfo], lender: &[NodeInfo]) -> bool {
+    lender.iter().all(|n| n.state == NodeState::Idle)
+        && borrower
+            .iter()
+            .filter(|n| n.name.starts_with("lb-lend-"))
+            .all(|n| !matches!(n.state, NodeState::Idle | NodeState::Allocated))
+}
+
 /// storm-submit's wall time for `true` on `cluster` with `args`, as `nobody`.
 fn launch(cluster: &LocalCluster, args: &[&str]) -> Result<Duration> {
     let start = Instant::now();
@@ -249,12 +258,7 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
         }
         let asked = Instant::now();
         call(&pair.lender, &Request::Reclaim { nodes: all.clone() })?;
-        until(&pair, "the nodes come home", |b, l| {
-            l.iter().all(|n| n.state == NodeState::Idle)
-                && b.iter()
-                    .filter(|n| guest(n))
-                    .all(|n| !matches!(n.state, NodeState::Idle | NodeState::Allocated))
-        })?;
+        until(&pair, "the nodes come home", home_again)?;
         back.push(asked.elapsed().as_secs_f64());
     }
     m.lend = Samples::from_secs(lend);
@@ -289,12 +293,7 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
     for _ in 0..rounds {
         asked.push(launch(&pair.borrower, &["--borrow", "-C", "guest", "-N", &n])?.as_secs_f64());
         let ended = Instant::now();
-        until(&pair, "the borrowed nodes go back", |b, l| {
-            l.iter().all(|n| n.state == NodeState::Idle)
-                && b.iter()
-                    .filter(|n| guest(n))
-                    .all(|n| !matches!(n.state, NodeState::Idle | NodeState::Allocated))
-        })?;
+        until(&pair, "the borrowed nodes go back", home_again)?;
         given.push(ended.elapsed().as_secs_f64());
     }
     drop(agents);

@@ -58,7 +58,7 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// Jobs waiting in the policy's queue for nodes, oldest first.
-    fn waiting_jobs(&self) -> Vec<JobId> {
+    pub(super) fn waiting_jobs(&self) -> Vec<JobId> {
         self.jobs
             .values()
             .filter(|j| {

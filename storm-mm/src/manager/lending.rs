@@ -206,16 +206,9 @@ impl<E: MmEnv> MachineManager<E> {
     /// Jobs of this cluster's own waiting for nodes, oldest first, with how long each waited.
     fn waiting_own_jobs(&self) -> Vec<(JobId, Duration)> {
         let now = self.now();
-        self.jobs
-            .values()
-            .filter(|j| {
-                j.phase == Phase::Queued
-                    && j.admitted
-                    && j.flocked.is_none()
-                    && j.cancel.is_none()
-                    && j.req.step_of.is_none()
-            })
-            .map(|j| (j.id, now.saturating_duration_since(j.submitted)))
+        self.waiting_jobs()
+            .into_iter()
+            .map(|id| (id, now.saturating_duration_since(self.jobs[&id].submitted)))
             .collect()
     }
 
