@@ -11,6 +11,7 @@
 //! * `lenders = "priority"`: it asks `c1` first; once `c1` has not lent within the patience
 //!   (four `advertise_ms`), it asks `c2` instead, and `c1` again two patiences later.
 //! * A job without `--borrow` asks nobody; a lender offering nothing is not asked.
+//! * `--less`: a `--borrow` job nobody lends to starts on its one node after the patience.
 
 use std::time::Duration;
 
@@ -175,4 +176,27 @@ fn a_lender_offering_nothing_is_not_asked() {
     report(&mut sim, &[("c1", 0), ("c2", 2)]);
     borrowing_job(&mut sim);
     assert_eq!(orders(&mut sim), asked("c2"));
+}
+
+/// `--less`: a `--borrow` job that lenders do not serve waits the patience for them, then
+/// starts on the one node it has (its request shrunk, its tasks per node kept).
+#[test]
+fn a_less_job_starts_on_what_it_has_once_its_lenders_had_their_chance() {
+    let mut sim = sim(LenderOrder::MostFree);
+    report(&mut sim, &[("c1", 1), ("c2", 2)]);
+    let id = sim
+        .submit(&SimJob {
+            borrow: true,
+            less: true,
+            ..SimJob::new(3, Duration::from_secs(60))
+        })
+        .unwrap();
+    sim.run_for(Duration::from_millis(100));
+    assert!(!orders(&mut sim).is_empty(), "it asks its lenders first");
+    assert!(sim.started(id).is_empty(), "and waits for them");
+    sim.run_for(ADVERTISE * 4 + ADVERTISE);
+    assert_eq!(sim.started(id).len(), 1, "it started on fewer nodes");
+    let listing = sim.queue_listing().unwrap();
+    let job = listing.iter().find(|j| j.job == id).unwrap();
+    assert_eq!(job.nodes.to_string(), "0", "on its own node: {job:?}");
 }
