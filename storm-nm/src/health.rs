@@ -82,14 +82,28 @@ impl Drop for HealthProgram {
 /// Runs `program` once: `None` if it says the node is healthy, else why not.
 pub fn run_once(program: &Path, timeout: Duration, node: &str) -> Option<String> {
     let name = program.display();
-    let mut child = match Command::new(program)
-        .env("STORM_NODE", node)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-    {
+    let spawn = || {
+        Command::new(program)
+            .env("STORM_NODE", node)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+    };
+    // A program just written is briefly busy (ETXTBSY) while a process forked meanwhile
+    // still holds its descriptor: tried again a few times before it counts as not running.
+    let mut spawned = spawn();
+    for _ in 0..20 {
+        match &spawned {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(Duration::from_millis(10));
+                spawned = spawn();
+            }
+            _ => break,
+        }
+    }
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => return Some(format!("health program {name} cannot run: {e}")),
     };
