@@ -73,7 +73,7 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// Nodes that may take a job now and run none: up, in service, idle.
-    fn idle_nodes(&self) -> Vec<NodeId> {
+    pub(super) fn idle_nodes(&self) -> Vec<NodeId> {
         let busy: BTreeSet<NodeId> = self
             .jobs
             .values()

@@ -14,7 +14,7 @@ use storm_cluster::federation::Lease;
 use storm_cluster::messages::{Command, JobId};
 use storm_primitives::{NodeId, NodeSet};
 
-use super::{MachineManager, MmEnv, Phase};
+use super::{MachineManager, MmEnv};
 
 /// The longest lease `storm lend` gives (a week): a lent node that is forgotten comes home.
 pub const MAX_LEASE: Duration = Duration::from_secs(7 * 86_400);
@@ -231,15 +231,7 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         let need = self.jobs[&id].plan.nodes;
-        let busy: std::collections::BTreeSet<NodeId> = self
-            .jobs
-            .values()
-            .filter(|j| j.phase != Phase::Queued)
-            .flat_map(|j| j.nodes.iter())
-            .collect();
-        let idle = (0..self.nodes.len() as NodeId)
-            .filter(|&n| self.nodes.is_available(n) && !busy.contains(&n))
-            .count() as u32;
+        let idle = self.idle_nodes().len() as u32;
         let back = need.saturating_sub(idle) as usize;
         for &n in lent.iter().take(back) {
             self.come_home(n, &format!("reclaimed for job {id}, which waits here"));
