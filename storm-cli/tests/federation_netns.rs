@@ -404,3 +404,314 @@ fn a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home() {
         .unwrap();
     assert!(out.status.success(), "{}", support::text(&out.stderr));
 }
+
+/// The peer timeout of the tests below, in which MMs are killed and started again: long
+/// enough that a restart of both (a second or so) is no departure, even on a loaded host.
+const RESTART_PEER_TIMEOUT_MS: u64 = 4000;
+
+/// `child`'s output once it has ended, within `limit` (it is killed, and the test fails,
+/// if it has not).
+fn ended(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: not ended within {limit:?}\n{}{}",
+                support::text(&out.stdout),
+                support::text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The addresses a job's ranks printed (`at 10.201.0.2/16`), sorted.
+fn addresses(stdout: &str) -> Vec<&str> {
+    let mut a: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("at "))
+        .collect();
+    a.sort();
+    a
+}
+
+/// Prints the rank's address on its cluster's bridge (`at 10.200.0.2/16`).
+const PRINT_ADDRESS: &str = "ip -o -4 addr show eth0 | awk '{print \"at \" $4}'";
+
+/// Kills both clusters' MMs, as a crash would, and starts them again.
+fn restart_both_mms(fed: &mut storm_cli::testbed::federation::Federation) {
+    for c in fed.clusters.iter_mut() {
+        c.kill("storm-mm").unwrap();
+    }
+    for c in fed.clusters.iter_mut() {
+        c.start_mm().unwrap();
+    }
+}
+
+/// Borrowing with nobody running `storm lend`, on the namespace testbed: c0's waiting
+/// `--borrow` job asks c1 through the peer agents, runs on c0's two nodes and on one of c1's
+/// (which answers with its address on c1's bridge), and c0 gives the node back when the job
+/// ends. Both MMs are killed and started again under such a job: it runs on to its end on
+/// all three nodes. A `--requeue` borrowed job is preempted when c1's own job needs the
+/// node: c1's job runs on both its nodes, and c0's job is queued again, told its borrowed
+/// node's owner may have taken it back, and runs again (borrowing again) once c1's job ends.
+#[test]
+fn a_waiting_job_borrows_across_namespaced_clusters_through_restarts_and_its_owners_need() {
+    let test =
+        "a_waiting_job_borrows_across_namespaced_clusters_through_restarts_and_its_owners_need";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = support::shared_tempdir();
+    let mut fed = up_clusters(2, 2, work.path(), RESTART_PEER_TIMEOUT_MS);
+    let paths = fed.config_paths();
+    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+    support::wait_until(
+        Duration::from_secs(30),
+        "c0 sees c1 offer two nodes",
+        || {
+            let out = storm(&c0, &["peers", "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            (v["peers"][0]["offer"]["idle_nodes"].as_u64() != Some(2)).then(|| v.to_string())
+        },
+    );
+
+    // Three nodes asked of a cluster of two: c1 lends one, by itself.
+    let out = ended(
+        submit(&c0, &["--borrow", "-N", "3", "sh", "-c", PRINT_ADDRESS]),
+        Duration::from_secs(90),
+        "the borrowing job",
+    );
+    let stdout = support::text(&out.stdout);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    let at = addresses(&stdout);
+    assert!(
+        at.len() == 3
+            && at[0] == "10.200.0.2/16"
+            && at[1] == "10.200.0.3/16"
+            && at[2].starts_with("10.201.0."),
+        "c0's two nodes and one of c1's: {stdout}"
+    );
+    for n in ["node0", "node1"] {
+        wait_node(&c1, n, &["idle"], "c1's node comes home after the job");
+    }
+
+    // Both MMs restart under a borrowed job: it runs on, on all three nodes, to its end.
+    let shared = support::shared_tempdir();
+    let (started, go_on) = (shared.path().join("started"), shared.path().join("go-on"));
+    let body = format!(
+        "touch {s}.$STORM_RANK\nwhile [ ! -e {g} ]; do sleep 0.1; done\necho end on $STORM_NODENAME\n",
+        s = started.display(),
+        g = go_on.display()
+    );
+    let script = support::script(shared.path(), "restarts.sh", &body);
+    let job = submit(&c0, &["--borrow", "-N", "3", script.to_str().unwrap()]);
+    let ranks_run = |marker: &std::path::Path, c0: &std::path::Path| {
+        support::wait_until(Duration::from_secs(60), "every rank runs", || {
+            let missing: Vec<u32> = (0..3)
+                .filter(|r| !marker.with_extension(r.to_string()).exists())
+                .collect();
+            (!missing.is_empty()).then(|| format!("ranks {missing:?}; c0's queue: {:?}", queue(c0)))
+        });
+    };
+    ranks_run(&started, &c0);
+    let lent: Vec<&str> = ["node0", "node1"]
+        .into_iter()
+        .filter(|n| node_state(&c1, n) == "lent")
+        .collect();
+    assert_eq!(lent.len(), 1, "c1 lent one node");
+    restart_both_mms(&mut fed);
+    support::wait_until(Duration::from_secs(30), "both MMs answer again", || {
+        let (q0, q1) = (
+            storm(&c0, &["queue", "--json"]),
+            storm(&c1, &["queue", "--json"]),
+        );
+        (!q0.status.success() || !q1.status.success()).then(|| support::text(&q0.stderr))
+    });
+    let q = queue(&c0);
+    assert!(
+        q.len() == 1 && q[0]["state"] == "running",
+        "the borrowed job runs on: {q:?}"
+    );
+    assert_eq!(node_state(&c1, lent[0]), "lent", "c1 keeps its node lent");
+    std::fs::write(&go_on, "").unwrap();
+    let out = ended(
+        job,
+        Duration::from_secs(60),
+        "the job the MMs restarted under",
+    );
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let mut ends: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("end on "))
+        .collect();
+    ends.sort();
+    assert!(
+        ends.len() == 3 && ends[0].starts_with("c1-node") && ends[1..] == ["node0", "node1"],
+        "one run on c0's two nodes and c1's lent one: {stdout}{stderr}"
+    );
+    assert!(!stderr.contains("requeued"), "{stderr}");
+    wait_node(
+        &c1,
+        lent[0],
+        &["idle"],
+        "c1's node comes home after the job",
+    );
+
+    // c1's own job needs both its nodes: it takes the lent one back from c0's job.
+    let (script, marker) = support::rerun_script(shared.path(), "taken-back");
+    let job = submit(
+        &c0,
+        &["--borrow", "--requeue", "-N", "3", script.to_str().unwrap()],
+    );
+    ranks_run(&marker, &c0);
+    let out = ended(
+        submit(&c1, &["-N", "2", "sh", "-c", PRINT_ADDRESS]),
+        Duration::from_secs(60),
+        "c1's own job",
+    );
+    let stdout = support::text(&out.stdout);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    assert_eq!(
+        addresses(&stdout),
+        ["10.201.0.2/16", "10.201.0.3/16"],
+        "{stdout}"
+    );
+    let out = ended(job, Duration::from_secs(90), "the preempted borrowed job");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("requeued") && stderr.contains("its owner took it back"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stdout.matches("second run on c1-node").count(),
+        1,
+        "the rerun borrowed again: {stdout}{stderr}"
+    );
+    for n in ["node0", "node1"] {
+        wait_node(&c1, n, &["idle"], "c1's nodes are home at the end");
+    }
+}
+
+/// A flocked job on the namespace testbed through MM failures. Both MMs are killed and
+/// started again under it: it runs on at c1, and its output and exit code reach c0's
+/// storm-submit. Then c1's MM dies (its agent lives and says so) under another flocked job
+/// while c0 is full: after the peer timeout c0 queues the job at home again, runs it on its
+/// own nodes once they are free, and when c1's MM is back c1 cancels its copy, so the job
+/// never runs on both clusters at once for longer than the timeout.
+#[test]
+fn a_flocked_job_survives_both_mms_restarting_and_comes_home_when_its_peers_mm_dies() {
+    let test = "a_flocked_job_survives_both_mms_restarting_and_comes_home_when_its_peers_mm_dies";
+    if !support::root_or_say(test) || !can_run(test) {
+        return;
+    }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = support::shared_tempdir();
+    let mut fed = up_clusters(2, 2, work.path(), RESTART_PEER_TIMEOUT_MS);
+    let paths = fed.config_paths();
+    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+
+    // Both MMs restart under a flocked job.
+    let shared = support::shared_tempdir();
+    let go_on = shared.path().join("go-on");
+    let body = format!(
+        "echo before\nwhile [ ! -e {} ]; do sleep 0.1; done\necho after\nexit 3\n",
+        go_on.display()
+    );
+    let script = support::script(shared.path(), "restarts.sh", &body);
+    let job = submit(
+        &c0,
+        &["--clusters", "c1", "-N", "2", script.to_str().unwrap()],
+    );
+    running_on_c1(&c0);
+    restart_both_mms(&mut fed);
+    support::wait_until(
+        Duration::from_secs(30),
+        "c0 shows the job on c1 again",
+        || {
+            let q = queue(&c0);
+            (!(q.len() == 1 && q[0]["state"] == "running" && q[0]["cluster"] == "c1"))
+                .then(|| format!("{q:?}"))
+        },
+    );
+    std::fs::write(&go_on, "").unwrap();
+    let out = ended(job, Duration::from_secs(60), "the flocked job");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
+    assert_eq!(stdout.matches("before").count(), 2, "{stdout}{stderr}");
+    assert_eq!(stdout.matches("after").count(), 2, "{stdout}{stderr}");
+    assert!(!stderr.contains("queued at home again"), "{stderr}");
+
+    // c1's MM dies under a flocked job while c0 is full.
+    let blocker = submit(
+        &c0,
+        &["--no-flock", "--exclusive", "-N", "2", "sleep", "300"],
+    );
+    support::wait_until(Duration::from_secs(20), "the blocker runs on c0", || {
+        let q = queue(&c0);
+        (!q.iter().any(|j| j["state"] == "running")).then(|| format!("{q:?}"))
+    });
+    let blocker_id = queue(&c0)[0]["job"].as_u64().unwrap();
+    // On c1 it waits for good; at home it prints where it ran.
+    let body = format!(
+        "case \"$(ip -o -4 addr show eth0)\" in *10.201.*) exec sleep 300;; esac\n{PRINT_ADDRESS}\n"
+    );
+    let script = support::script(shared.path(), "home-only.sh", &body);
+    let job = submit(&c0, &["--flock", "-N", "2", script.to_str().unwrap()]);
+    let id = running_on_c1(&c0);
+    fed.clusters[1].kill("storm-mm").unwrap();
+    support::wait_until(
+        Duration::from_millis(RESTART_PEER_TIMEOUT_MS * 4),
+        "c0 queues the job at home again",
+        || {
+            let q = queue(&c0);
+            match q.iter().find(|j| j["job"] == id) {
+                Some(j) if j["cluster"].is_null() && j["state"] == "queued" => None,
+                _ => Some(format!("{q:?}")),
+            }
+        },
+    );
+    assert!(
+        storm(&c0, &["cancel", &blocker_id.to_string()])
+            .status
+            .success()
+    );
+    let _ = ended(blocker, Duration::from_secs(30), "the cancelled blocker");
+    let out = ended(job, Duration::from_secs(60), "the job queued at home again");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("queued at home again"), "{stderr}");
+    assert_eq!(
+        addresses(&stdout),
+        ["10.200.0.2/16", "10.200.0.3/16"],
+        "it ran at home: {stdout}"
+    );
+
+    // c1's MM back: it cancels its copy, whose tasks were left running on its nodes.
+    fed.clusters[1].start_mm().unwrap();
+    support::wait_until(
+        Duration::from_millis(RESTART_PEER_TIMEOUT_MS * 4),
+        "c1 cancels its copy",
+        || {
+            let q = queue(&c1);
+            (!q.is_empty()).then(|| format!("{q:?}"))
+        },
+    );
+    let hist = storm(&c1, &["history", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&hist.stdout).unwrap();
+    let last = v["jobs"]
+        .as_array()
+        .and_then(|j| j.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["state"], "cancelled", "c1's copy: {last}");
+    for n in ["node0", "node1"] {
+        wait_node(&c1, n, &["idle"], "c1's nodes run nothing of c0's");
+    }
+}

@@ -799,3 +799,174 @@ fn a_task_that_leaves_its_process_group_dies_with_its_job() {
         }
     }
 }
+
+/// `f`, run on a thread of its own whose credentials are `nobody`'s (the raw syscalls change
+/// only the calling thread's, so the rest of the test stays root): what a user's own client
+/// could send the MM, without storm's tools in the way.
+fn as_nobody<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let id = NOBODY as libc::c_long;
+        // SAFETY: plain syscalls with integer arguments; they change this thread only.
+        let (g, u) = unsafe {
+            (
+                libc::syscall(libc::SYS_setresgid, id, id, id),
+                libc::syscall(libc::SYS_setresuid, id, id, id),
+            )
+        };
+        assert_eq!((g, u), (0, 0), "{}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// An ordinary user speaking the control protocol themselves, as the cluster's peer agent or
+/// its operator would: lending the cluster's nodes to a peer on a forged asking, giving
+/// back, taking the borrowing orders or the flocked jobs, reporting forged peers, draining,
+/// reclaiming, shutting down, or claiming to be a node's control relay for root. Each is
+/// refused with a reason that names who may, and nothing happens: the nodes stay idle and in
+/// service, no peer appears, the MM runs on. (The peer `other` is one this cluster lends to,
+/// so the lending requests would lend if the MM took them: with the operator check on
+/// `LendAsked` taken out, the node shows `lent` and this test fails.)
+#[test]
+fn a_user_cannot_act_as_the_peer_agent_or_the_operator() {
+    use storm_cluster::control::{Client, Reply, Request};
+    use storm_cluster::federation::{FederationSection, PeerEntry, PeerInfo, PeerState};
+    use storm_primitives::NodeSet;
+    let test = "a_user_cannot_act_as_the_peer_agent_or_the_operator";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("victim".into()),
+        federation: FederationSection {
+            listen: Some(format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+            ..Default::default()
+        },
+        peers: vec![PeerEntry {
+            name: "other".into(),
+            address: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            key_file: pair.clone(),
+            lend: true,
+            borrow: true,
+            flock_user: Some("daemon".into()),
+            same_users: false,
+            guest_file: Some(keys.path().join("other.toml")),
+            priority: 0,
+        }],
+        ..storm_cli::local::LocalOptions::new(2)
+    });
+    let names = vec!["node0".to_string(), "node1".to_string()];
+    let both: NodeSet = [0, 1].into_iter().collect();
+    let forged = PeerInfo {
+        name: "forged".into(),
+        address: "127.0.0.1:9".parse().unwrap(),
+        state: PeerState::Up,
+        lend: true,
+        borrow: true,
+        offer: None,
+        lag_us: None,
+        heard_ms_ago: None,
+        reason: None,
+    };
+    let requests = vec![
+        Request::LendAsked {
+            peer: "other".into(),
+            nodes: names.clone(),
+            count: 2,
+            for_ms: 3_600_000,
+        },
+        Request::Lend {
+            nodes: both.clone(),
+            peer: "other".into(),
+            for_ms: 3_600_000,
+        },
+        Request::GiveBack {
+            peer: "other".into(),
+            nodes: names.clone(),
+        },
+        Request::BorrowOut { lent: Vec::new() },
+        Request::FlockOut,
+        Request::FlockReport(Vec::new()),
+        Request::PeerReport(vec![forged]),
+        Request::Drain {
+            nodes: both.clone(),
+            reason: "a user's drain".into(),
+        },
+        Request::Reclaim {
+            nodes: both.clone(),
+        },
+        Request::Shutdown,
+    ];
+    let socket = c.socket.clone();
+    let answers: Vec<(String, Result<Reply, String>)> = as_nobody(move || {
+        requests
+            .into_iter()
+            .map(|r| {
+                let what = format!("{r:?}");
+                let answer = Client::connect(&socket).and_then(|client| client.call(&r));
+                (what, answer)
+            })
+            .collect()
+    });
+    for (what, answer) in answers {
+        match answer {
+            Ok(Reply::Error(why)) => assert!(
+                why.contains("only root or the MM's own user may"),
+                "{what}: refused, but the reason does not say who may: {why}"
+            ),
+            other => panic!("{what}, sent by nobody, was not refused: {other:?}"),
+        }
+    }
+    // A connection claiming to be a node's control relay, for root: refused before anything.
+    let socket = c.socket.clone();
+    let relay = as_nobody(move || {
+        let sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        let hello = Request::RelayHello {
+            version: storm_cluster::control::PROTOCOL_VERSION,
+            uid: 0,
+            gid: 0,
+            node: "node0".into(),
+        };
+        storm_cluster::control::send(&sock, &hello, None).unwrap();
+        storm_cluster::control::recv::<Reply>(&sock).map(|(r, _)| r)
+    });
+    assert!(
+        matches!(&relay, Ok(Reply::Error(_)) | Err(_)),
+        "a user's relay hello was taken: {relay:?}"
+    );
+
+    // Nothing happened: both nodes idle and in service, no forged peer, the MM answers.
+    let out = c.storm(&["nodes", "--json"]);
+    assert!(out.status.success(), "the MM went: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let states: Vec<String> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| format!("{}={}", n["name"], n["state"]))
+        .collect();
+    assert_eq!(
+        states,
+        ["\"node0\"=\"idle\"", "\"node1\"=\"idle\""],
+        "a user's request changed the nodes"
+    );
+    let peers = text(&c.storm(&["peers"]).stdout);
+    assert!(
+        !peers.contains("forged"),
+        "a user's peer report shows: {peers}"
+    );
+    let out = c.submit_as(NOBODY, &["-N", "2", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
