@@ -812,6 +812,15 @@ impl Sim {
         self.restart_mm_as(self.incarnation + 1)
     }
 
+    /// [`Sim::restart_mm`] after the operator changed the MM's cluster file (`change`): the
+    /// new MM reads the changed file; the nodes keep the one they started with.
+    pub fn restart_mm_with(&mut self, change: impl FnOnce(&mut ClusterConfig)) -> Result<()> {
+        let mut cfg = (*self.cfg).clone();
+        change(&mut cfg);
+        self.cfg = Arc::new(cfg);
+        self.restart_mm()
+    }
+
     /// [`Sim::restart_mm`] as the leader of Raft term `term` of a replicated MM: its
     /// incarnation carries the term (see `storm_cluster::messages::incarnation`), which the
     /// nodes use to refuse the MM of an older term once a newer one welcomed them.

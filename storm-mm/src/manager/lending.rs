@@ -185,6 +185,21 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
+    /// Every node lent to a peer this cluster's file no longer lends to (the operator removed
+    /// its `[[peer]]` entry, or its `lend`, and restarted the MM) comes home: walking away
+    /// takes back what was lent, not only what would be lent next.
+    pub(super) fn take_home_from_peers_not_lent_to(&mut self) {
+        let walked_away: Vec<(NodeId, String)> = (0..self.nodes.len() as NodeId)
+            .filter_map(|n| {
+                let lease = self.nodes.get(n).lent.as_ref()?;
+                self.check_lends_to(&lease.peer).err().map(|why| (n, why))
+            })
+            .collect();
+        for (n, why) in walked_away {
+            self.come_home(n, &format!("this cluster lends it no more: {why}"));
+        }
+    }
+
     /// The nodes of this cluster among `names` (a peer's list: each once, unknown names and
     /// guest slots left out), looked up through one index, so that a long list costs
     /// time in its length, not in its length times the cluster's.

@@ -109,6 +109,7 @@ impl<E: MmEnv> MachineManager<E> {
                 node.lent = rec.lent;
             }
         }
+        self.take_home_from_peers_not_lent_to();
         let (mut queued, mut ended, mut requeued, mut recovering) = (0, 0, 0, 0);
         for rec in restored.jobs {
             let outcome = match &rec.state {

@@ -1,0 +1,82 @@
+//! The lender MM's leases across its restarts, in virtual time (docs/federation.md,
+//! lending): the real MM core over its journal.
+//!
+//! * A node lent to a peer stays lent when the MM restarts: the borrower keeps it, and the
+//!   lender's own two-node job waits.
+//! * The operator takes the peer out of the cluster file (walking away) and restarts the MM:
+//!   the node comes home at once, and the waiting job runs on both nodes. (Without this, the
+//!   node stayed lent, serving a cluster this one no longer knows, until its lease ended.)
+
+use std::time::Duration;
+
+use storm_cluster::control::{NodeState, Reply, Request};
+use storm_cluster::federation::{FederationSection, PeerEntry};
+use storm_primitives::NodeSet;
+use storm_sim::{Sim, SimJob, SimOptions};
+
+/// Node `name`'s state, as `storm nodes` shows it.
+fn state_of(sim: &mut Sim, name: &str) -> NodeState {
+    match sim.operator_request(Request::Nodes).unwrap() {
+        Reply::Nodes(nodes) => nodes
+            .into_iter()
+            .find(|n| n.name == name)
+            .map(|n| n.state)
+            .unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_lease_survives_a_restart_and_ends_when_the_file_no_longer_lends_to_the_peer() {
+    let mut sim = Sim::up(SimOptions {
+        nodes: 2,
+        federation: FederationSection {
+            listen: Some("127.0.0.1:7100".parse().unwrap()),
+            ..Default::default()
+        },
+        peers: vec![PeerEntry {
+            name: "c1".into(),
+            address: "127.0.0.1:7101".parse().unwrap(),
+            key_file: "/nonexistent/pair.key".into(),
+            lend: true,
+            borrow: false,
+            flock_user: Some("nobody".into()),
+            same_users: false,
+            guest_file: Some("/nonexistent/c1.toml".into()),
+            priority: 0,
+        }],
+        ..SimOptions::default()
+    })
+    .unwrap();
+    let lent = sim.config().nodes[0].name.clone();
+    let reply = sim
+        .operator_request(Request::Lend {
+            nodes: NodeSet::single(0),
+            peer: "c1".into(),
+            for_ms: 3_600_000,
+        })
+        .unwrap();
+    assert!(matches!(reply, Reply::Notice(_)), "{reply:?}");
+    assert_eq!(state_of(&mut sim, &lent), NodeState::Lent);
+    let job = sim
+        .submit(&SimJob::new(2, Duration::from_millis(100)))
+        .unwrap();
+
+    sim.restart_mm().unwrap();
+    sim.run_for(Duration::from_secs(2));
+    assert_eq!(
+        state_of(&mut sim, &lent),
+        NodeState::Lent,
+        "the lease outlives the MM's restart"
+    );
+    assert!(
+        sim.outcome(job).is_none(),
+        "the job waits for the lent node"
+    );
+
+    sim.restart_mm_with(|cfg| cfg.peers.clear()).unwrap();
+    let ran = sim.run_until(Duration::from_secs(10), |s| s.outcome(job).is_some());
+    assert!(ran, "the job never ran on the node that came home");
+    assert_eq!(sim.outcome(job).unwrap().exit_code(), 0);
+    assert_ne!(state_of(&mut sim, &lent), NodeState::Lent);
+}
