@@ -102,6 +102,8 @@ pub struct SimOptions {
     /// peer `cluster`): simulated nodes like the others, which a test kills at once
     /// ([`Sim::kill`]) to stand for nodes nobody lent yet.
     pub guests: Vec<storm_cluster::federation::GuestOf>,
+    /// Features of the cluster's own nodes (`[[node]] features`), by node index.
+    pub features: Vec<(u32, Vec<String>)>,
 }
 
 impl Default for SimOptions {
@@ -124,6 +126,7 @@ impl Default for SimOptions {
             federation: Default::default(),
             peers: Vec::new(),
             guests: Vec::new(),
+            features: Vec::new(),
         }
     }
 }
@@ -166,6 +169,8 @@ pub struct SimJob {
     /// It may run on guest slots (`--borrow`), and fewer nodes will do (`--less`).
     pub borrow: bool,
     pub less: bool,
+    /// The features its nodes must have (`--constraint`).
+    pub constraint: Vec<String>,
 }
 
 impl SimJob {
@@ -190,6 +195,7 @@ impl SimJob {
             flock: Default::default(),
             borrow: false,
             less: false,
+            constraint: Vec::new(),
         }
     }
 
@@ -303,6 +309,7 @@ impl SimJob {
             flock: self.flock.clone(),
             borrow: self.borrow,
             less: self.less,
+            constraint: self.constraint.clone(),
             ..JobRequest::new(self.name.clone(), "/sim/task", "/")
         }
     }
@@ -1116,6 +1123,12 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
             guest_of: Some(g.clone()),
             ..template.clone()
         });
+    }
+    for (n, features) in &opts.features {
+        let Some(node) = cfg.nodes.get_mut(*n as usize).filter(|_| *n < opts.nodes) else {
+            bail!("features for node {n}, which the simulated cluster does not have");
+        };
+        node.features = features.clone();
     }
     Ok(cfg)
 }

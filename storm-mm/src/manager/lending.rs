@@ -228,8 +228,11 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// A job of this cluster that has waited `[federation] reclaim_after_ms` takes back, of
-    /// the nodes lent on a peer's asking, as many as it lacks beside the idle ones: the
-    /// borrower's jobs on them lose those nodes (requeued if they asked, else ended).
+    /// the nodes lent on a peer's asking that suit it (its `--constraint`), as many as it
+    /// lacks beside the idle ones that suit it: the borrower's jobs on them lose those nodes
+    /// (requeued if they asked, else ended). Nothing is taken back for a job those nodes
+    /// would not let start (too few of them suit it, or it needs nodes still busy here): the
+    /// borrower keeps them until they would.
     pub(super) fn reclaim_for_own_queue(&mut self) {
         let after = Duration::from_millis(self.cfg.federation.reclaim_after_ms);
         let Some(&(id, _)) = self
@@ -239,14 +242,21 @@ impl<E: MmEnv> MachineManager<E> {
         else {
             return;
         };
+        let job = &self.jobs[&id];
+        let (need, bits) = (job.plan.nodes, self.feature_bits(&job.req, job.plan.nodes));
+        let suits = |me: &Self, n: NodeId| me.node_features[n as usize] & bits == bits;
         let lent: Vec<NodeId> = (0..self.nodes.len() as NodeId)
             .filter(|&n| self.nodes.get(n).lent.as_ref().is_some_and(|l| l.asked))
+            .filter(|&n| suits(self, n))
             .collect();
-        if lent.is_empty() {
+        let idle = self
+            .idle_nodes()
+            .into_iter()
+            .filter(|&n| suits(self, n))
+            .count() as u32;
+        if lent.is_empty() || idle + (lent.len() as u32) < need {
             return;
         }
-        let need = self.jobs[&id].plan.nodes;
-        let idle = self.idle_nodes().len() as u32;
         let back = need.saturating_sub(idle) as usize;
         for &n in lent.iter().take(back) {
             self.come_home(n, &format!("reclaimed for job {id}, which waits here"));
