@@ -338,6 +338,10 @@ pub struct Sim {
     copies: ProgramCopies,
     /// Jobs the simulation's client submitted.
     submitted: Vec<JobId>,
+    /// The peer agent's connections that follow the jobs it submitted here
+    /// ([`Sim::submit_flocked`]), kept open as its followers keep theirs; what they are sent
+    /// is read and dropped.
+    followers: Vec<u64>,
     /// Replies to the simulation's requests, with the time they were sent.
     pub replies: Vec<(Instant, Reply)>,
     ticks: u64,
@@ -404,6 +408,7 @@ impl Sim {
             requests: Vec::new(),
             copies,
             submitted: Vec::new(),
+            followers: Vec::new(),
             clock,
             fabric,
             cfg,
@@ -899,6 +904,8 @@ impl Sim {
     /// copies are on its disk.
     fn replace_mm(&mut self, incarnation: u64) -> Result<()> {
         self.incarnation = incarnation;
+        // The old MM's connections went with it; the agent's followers submit again.
+        self.followers.clear();
         let mm_node = self.cfg.mm_id();
         self.fabric.restart(mm_node);
         let model = self.mm.env().model;
@@ -976,17 +983,43 @@ impl Sim {
     /// Submits `job` as this cluster's peer agent does for peer cluster `origin`
     /// (`SubmitFlocked`, as root on the MM's host, for the simulation's user); the job's id.
     pub fn submit_flocked(&mut self, origin: &str, job: &SimJob) -> Result<JobId, String> {
-        let req = Request::SubmitFlocked {
-            origin: origin.into(),
-            uid: SIM_UID,
-            gid: SIM_UID,
-            req: Box::new(job.request()),
-        };
-        match self.operator_request(req)? {
-            Reply::Accepted { job, .. } => Ok(job),
-            Reply::Error(e) => Err(e),
-            other => Err(format!("unexpected answer {other:?}")),
+        let id = self.next_client;
+        self.next_client += 1;
+        self.mm.handle(Input::Connected {
+            client: id,
+            uid: 0,
+            gid: 0,
+            relayed_from: None,
+        });
+        self.mm.handle(Input::Request {
+            client: id,
+            req: Request::SubmitFlocked {
+                origin: origin.into(),
+                uid: SIM_UID,
+                gid: SIM_UID,
+                req: Box::new(job.request()),
+            },
+            program: None,
+        });
+        let mut answer = Err(format!("no answer within {ANSWER_WITHIN_TICKS} timeslices"));
+        for _ in 0..ANSWER_WITHIN_TICKS {
+            self.step();
+            if let Some(r) = self.mm.env_mut().read_replies(id).into_iter().next() {
+                answer = match r {
+                    Reply::Accepted { job, .. } => Ok(job),
+                    Reply::Error(e) => Err(e),
+                    other => Err(format!("unexpected answer {other:?}")),
+                };
+                break;
+            }
         }
+        // Like the agent's follower, the connection stays while the job runs.
+        if answer.is_ok() {
+            self.followers.push(id);
+        } else {
+            self.mm.handle(Input::Gone { client: id });
+        }
+        answer
     }
 
     /// A new control connection of the simulation's user to the MM.
@@ -1007,6 +1040,17 @@ impl Sim {
         let client = self.client;
         for r in self.mm.env_mut().read_replies(client) {
             self.replies.push((now, r));
+        }
+        for &f in &self.followers {
+            let _ = self.mm.env_mut().read_replies(f);
+        }
+    }
+
+    /// The peer agent's followers of the jobs flocked here leave (the agent withdrew them,
+    /// or it died): the jobs go on with nobody following them.
+    pub fn drop_followers(&mut self) {
+        for client in std::mem::take(&mut self.followers) {
+            self.mm.handle(Input::Gone { client });
         }
     }
 

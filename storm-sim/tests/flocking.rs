@@ -401,3 +401,64 @@ fn a_job_flocked_here_is_given_up_when_the_agent_that_follows_it_falls_silent() 
         "{forged}"
     );
 }
+
+/// Runs `sim` for `d`, its agent reporting every 200 ms.
+fn reporting_for(sim: &mut Sim, d: Duration) {
+    let step = Duration::from_millis(200);
+    let mut left = d;
+    while !left.is_zero() {
+        agent_reports(sim);
+        let now = left.min(step);
+        sim.run_for(now);
+        left -= now;
+    }
+}
+
+/// A job flocked here that no follower follows while the agent still reports (the agent
+/// withdrew it while this MM was down, so its cancel never arrived) is given up after the
+/// peer timeout: nobody else would end it, and its home runs it again. A restart of this MM
+/// is no such loss: the agent's follower submits the job again under its token, and the job
+/// runs on. (Before, such a job ran on here for good, beside the copy its home ran.)
+#[test]
+fn a_job_flocked_here_that_nobody_follows_is_given_up_after_the_peer_timeout() {
+    let mut sim = lender();
+    agent_reports(&mut sim);
+    let job = SimJob::new(2, Duration::from_secs(600)).with_token(78);
+    let id = sim.submit_flocked("c0", &job).unwrap();
+    assert!(sim.run_until(Duration::from_secs(2), |s| running(s, id)));
+
+    // This MM restarts; the follower is back within a second, and the job runs on.
+    sim.restart_mm().unwrap();
+    reporting_for(&mut sim, Duration::from_millis(800));
+    assert_eq!(
+        sim.submit_flocked("c0", &job),
+        Ok(id),
+        "the same job, followed again"
+    );
+    reporting_for(&mut sim, TIMEOUT * 3);
+    assert!(running(&sim, id), "followed again, it runs on");
+
+    // The follower leaves for good: still running a little before the timeout, given up
+    // after it, though the agent reports all along.
+    sim.drop_followers();
+    reporting_for(&mut sim, TIMEOUT - Duration::from_millis(400));
+    assert!(running(&sim, id), "not given up before the timeout");
+    reporting_for(&mut sim, Duration::from_millis(800));
+    assert!(
+        !sim.mm().queue_view().iter().any(|j| j.job == id),
+        "given up once nobody followed it for the timeout: {:?}",
+        sim.mm().queue_view()
+    );
+    let Reply::History(ended) = sim.operator_request(Request::History).unwrap() else {
+        panic!("no history");
+    };
+    let record = ended.iter().find(|j| j.job == id).expect("in the history");
+    assert_eq!(record.state, JobState::Cancelled, "{record:?}");
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("has not followed the job")),
+        "{record:?}"
+    );
+}

@@ -234,13 +234,7 @@ impl Federation {
                     ])?;
                 }
             }
-            let cfg = tb.config_path.display().to_string();
-            tb.spawn_in(
-                &mm_ns,
-                "storm-peer",
-                "storm-peer",
-                &["--config".into(), cfg],
-            )?;
+            tb.start_peer_agent()?;
             fed.clusters.push(tb);
         }
         fed.wait_all_up(Duration::from_secs(30))?;

@@ -450,6 +450,19 @@ impl Testbed {
         self.spawn_in(&mm_ns, "storm-mm", "storm-mm", &["--config".into(), cfg])
     }
 
+    /// Starts the cluster's peer agent (`storm-peer`) in the MM's namespace (again, after
+    /// [`Testbed::kill`]): a cluster of several that share ([`federation`]).
+    pub fn start_peer_agent(&mut self) -> Result<()> {
+        let cfg = self.config_path.display().to_string();
+        let mm_ns = self.mm_ns();
+        self.spawn_in(
+            &mm_ns,
+            "storm-peer",
+            "storm-peer",
+            &["--config".into(), cfg],
+        )
+    }
+
     /// The namespace of replica `j` of a replicated MM.
     pub fn manager_ns(&self, j: u32) -> String {
         format!("{}-m{j}", self.name)

@@ -62,6 +62,9 @@ pub(super) struct PeerRoom {
     room: BTreeMap<String, (u32, u32)>,
     /// When the queue was last looked at for flocking.
     last_pass: Option<Instant>,
+    /// Jobs flocked here that no connection follows, since when (see
+    /// [`MachineManager::give_up_guests_nobody_follows`]).
+    unfollowed_since: BTreeMap<JobId, Instant>,
 }
 
 /// In the reason of a job flocked here and given up (its cancel's while it stops, its
@@ -151,6 +154,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.peer_room.last_pass = Some(now);
         self.take_back_from_gone_peers();
         self.give_up_unfollowed_guests();
+        self.give_up_guests_nobody_follows();
         if self.reattach.held.is_some() || self.peer_room.room.is_empty() {
             return;
         }
@@ -337,6 +341,45 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
+    /// Peer side: a job flocked here that no connection has followed for `peer_timeout_ms` is
+    /// cancelled. The agent's follower of it is gone for good: the agent withdrew the job
+    /// while this MM was down (its cancel could not reach the MM), or a restarted agent's
+    /// home no longer lists it. Nobody else would end it, and its home has queued it again
+    /// or ended it (a live follower comes back within a second or two of this MM's restart,
+    /// its submission recognised by its token).
+    fn give_up_guests_nobody_follows(&mut self) {
+        let now = self.now();
+        let limit = self.cfg.federation.peer_timeout();
+        let mut unfollowed = BTreeMap::new();
+        for j in self.jobs.values() {
+            if j.client.is_some() || j.cancel.is_some() || j.req.step_of.is_some() {
+                continue;
+            }
+            let Some(home) = j.req.flock.flocked_from() else {
+                continue;
+            };
+            let since = self
+                .peer_room
+                .unfollowed_since
+                .get(&j.id)
+                .copied()
+                .unwrap_or(now);
+            unfollowed.insert(j.id, (since, home.to_string()));
+        }
+        self.peer_room.unfollowed_since = unfollowed.iter().map(|(&id, (t, _))| (id, *t)).collect();
+        for (id, (since, home)) in unfollowed {
+            if now.saturating_duration_since(since) >= limit {
+                self.cancel(
+                    id,
+                    format!(
+                        "this cluster's peer agent has not followed the job for its home                          cluster {home} for {} ms: {GIVEN_UP}",
+                        limit.as_millis()
+                    ),
+                );
+            }
+        }
+    }
+
     /// Why job `id`, flocked here, was given up (its agent fell silent), if it was: its
     /// reason says so, while it stops (its cancel) or once it ended (its record in the
     /// history, kept across restarts; a queued job's has " before it started" added).
@@ -352,8 +395,8 @@ impl<E: MmEnv> MachineManager<E> {
         };
         reason.is_some_and(|r| r.contains(GIVEN_UP)).then(|| {
             format!(
-                "this cluster gave up job {id} while its peer agent was silent; it runs at its \
-                 home again"
+                "this cluster gave up job {id} while its peer agent was silent or did not \
+                 follow it; it runs at its home again"
             )
         })
     }
