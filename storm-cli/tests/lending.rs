@@ -21,6 +21,9 @@
 //!   guest again, and the job runs again on the slot.
 //! * The lent node's NM alone is killed outright, its guest left running: the NM that starts
 //!   next stops that orphan and runs a guest of its own; the `--requeue` job runs again.
+//!
+//! Borrowing by asking (two more clusters, both peer agents running) is described at its
+//! test; so is a lender whose MM freezes and thaws.
 
 mod support;
 
@@ -441,6 +444,82 @@ fn nodes_of(stdout: &str) -> Vec<String> {
     nodes
 }
 
+/// Two clusters on loopback that borrow by asking, both peer agents running (agents first:
+/// they stop before the clusters do).
+struct AskingPair {
+    _agents: (support::Agent, support::Agent),
+    /// One node of its own, and guest slots for the giver's two (`<giver>-node0`, `-node1`).
+    asker: TestCluster,
+    /// Two nodes, lent to the asker on its asking, its jobs run as `daemon`.
+    giver: TestCluster,
+    _keys: tempfile::TempDir,
+}
+
+/// An [`AskingPair`] named `asker` and `giver` (advertising every 200 ms, a 3 s peer
+/// timeout), once the asker sees the giver offer its two idle nodes.
+fn asking_pair(asker: &str, giver: &str) -> AskingPair {
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let (asker_port, giver_port) = (free_port(), free_port());
+    let fast = |port| FederationSection {
+        advertise_ms: 200,
+        peer_timeout_ms: 3000,
+        ..federation(port)
+    };
+    let asker_cluster = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some(asker.into()),
+        federation: fast(asker_port),
+        peers: vec![PeerEntry {
+            borrow: true,
+            ..peer(giver, giver_port, &pair)
+        }],
+        guests: ["node0", "node1"]
+            .iter()
+            .map(|n| GuestOf {
+                cluster: giver.into(),
+                node: n.to_string(),
+            })
+            .collect(),
+        ..LocalOptions::new(1)
+    });
+    let asker_file: PathBuf = asker_cluster.root.join("cluster.toml");
+    let giver_cluster = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some(giver.into()),
+        federation: fast(giver_port),
+        peers: vec![PeerEntry {
+            lend: true,
+            flock_user: Some("daemon".into()),
+            guest_file: Some(asker_file.clone()),
+            ..peer(asker, asker_port, &pair)
+        }],
+        ..LocalOptions::new(2)
+    });
+    let agents = (
+        support::start_agent(&asker_file),
+        support::start_agent(&giver_cluster.root.join("cluster.toml")),
+    );
+    wait_offer(&asker_cluster, 2, "the asker sees the giver's offer");
+    AskingPair {
+        _agents: agents,
+        asker: asker_cluster,
+        giver: giver_cluster,
+        _keys: keys,
+    }
+}
+
+/// Waits until `c`'s first peer offers `idle` idle nodes.
+fn wait_offer(c: &TestCluster, idle: u64, what: &str) {
+    support::wait_until(Duration::from_secs(30), what, || {
+        let out = c.storm(&["peers", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let offered = v["peers"][0]["offer"]["idle_nodes"].as_u64();
+        (offered != Some(idle)).then(|| v.to_string())
+    });
+}
+
 /// Borrowing by itself, through both clusters' peer agents: `asker` has one node of its own
 /// and guest slots for `giver`'s two nodes; `giver` lends to it on its asking, as its account
 /// `daemon`. Nobody runs `storm lend`.
@@ -465,55 +544,13 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
     if !support::root_or_say("borrowing") {
         return;
     }
-    let keys = tempfile::tempdir().unwrap();
-    let pair = keys.path().join("pair.key");
-    storm_cluster::key::generate(&pair).unwrap();
-    let (asker_port, giver_port) = (free_port(), free_port());
-    let fast = |port| FederationSection {
-        advertise_ms: 200,
-        peer_timeout_ms: 3000,
-        ..federation(port)
-    };
-    let mut asker = TestCluster::with(LocalOptions {
-        cpus: Some(support::TEST_CPUS),
-        name: Some("asker".into()),
-        federation: fast(asker_port),
-        peers: vec![PeerEntry {
-            borrow: true,
-            ..peer("giver", giver_port, &pair)
-        }],
-        guests: ["node0", "node1"]
-            .iter()
-            .map(|n| GuestOf {
-                cluster: "giver".into(),
-                node: n.to_string(),
-            })
-            .collect(),
-        ..LocalOptions::new(1)
-    });
-    let asker_file: PathBuf = asker.root.join("cluster.toml");
-    let giver = TestCluster::with(LocalOptions {
-        cpus: Some(support::TEST_CPUS),
-        name: Some("giver".into()),
-        federation: fast(giver_port),
-        peers: vec![PeerEntry {
-            lend: true,
-            flock_user: Some("daemon".into()),
-            guest_file: Some(asker_file.clone()),
-            ..peer("asker", asker_port, &pair)
-        }],
-        ..LocalOptions::new(2)
-    });
-    let _agents = (
-        support::start_agent(&asker_file),
-        support::start_agent(&giver.root.join("cluster.toml")),
-    );
-    support::wait_until(Duration::from_secs(20), "asker sees giver's offer", || {
-        let out = asker.storm(&["peers", "--json"]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        let offered = v["peers"][0]["offer"]["idle_nodes"].as_u64();
-        (offered != Some(2)).then(|| v.to_string())
-    });
+    // Every field bound by name: `..` would drop the agents at once.
+    let AskingPair {
+        _agents,
+        mut asker,
+        giver,
+        _keys,
+    } = asking_pair("asker", "giver");
     let shared = support::shared_tempdir();
     let where_ = support::script(
         shared.path(),
@@ -653,4 +690,97 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
     let out = output_within(held, Duration::from_secs(60))
         .expect("the borrower's MM, back, ends the job that lost its borrowed nodes");
     assert!(!out.status.success(), "{}", support::text(&out.stdout));
+}
+
+/// The lender's MM freezes (SIGSTOP, as a host swapping or a hung process would) while the
+/// borrower needs nodes, then thaws. The borrower schedules on as if it had no peer: jobs of
+/// one node run at home, and a `--borrow --less` job of three starts on the one node of its
+/// own once its patience with the lender ran out. The borrower's `storm peers` shows the
+/// lender not up, its MM not answering; a `--less` job then asks nobody. Thawed, the
+/// lender offers its nodes again, and a `--borrow` job of three runs on all three nodes, the
+/// lender's two given back when it ends. (A failure of the sharing machinery never stops a
+/// cluster from scheduling its own jobs.)
+#[test]
+fn a_frozen_lender_stalls_no_borrower_and_lends_again_once_thawed() {
+    use nix::sys::signal::{Signal, kill};
+    if !support::root_or_say("a frozen lender") {
+        return;
+    }
+    let AskingPair {
+        _agents,
+        asker,
+        giver,
+        _keys,
+    } = asking_pair("fz-ask", "fz-give");
+    let shared = support::shared_tempdir();
+    let where_ = support::script(shared.path(), "where.sh", "echo \"$STORM_NODENAME\"\n");
+    let where_ = where_.to_str().unwrap();
+    let ok = |args: &[&str]| {
+        let out =
+            support::output_within(asker.submit_cmd_as(NOBODY, args), Duration::from_secs(60))
+                .unwrap_or_else(|| panic!("{args:?} did not end within 60 s"));
+        let stdout = support::text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            support::text(&out.stderr)
+        );
+        stdout
+    };
+    let giver_mm = giver
+        .cluster
+        .as_ref()
+        .unwrap()
+        .daemon_pids()
+        .into_iter()
+        .find_map(|(name, pid)| (name == "storm-mm").then_some(pid))
+        .map(|pid| nix::unistd::Pid::from_raw(pid as i32))
+        .expect("the giver's MM");
+
+    kill(giver_mm, Signal::SIGSTOP).unwrap();
+    let frozen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_eq!(nodes_of(&ok(&["-N", "1", where_])), ["node0"]);
+        // The --less job asks the frozen lender and waits out its patience: it starts on its
+        // own node.
+        assert_eq!(
+            nodes_of(&ok(&["-N", "3", "--borrow", "--less", where_])),
+            ["node0"],
+            "the --less job starts on its own node"
+        );
+        // The lender's agent says its MM does not answer, and the borrower shows it so.
+        support::wait_until(
+            Duration::from_secs(30),
+            "the borrower shows the lender's MM silent",
+            || {
+                let out = asker.storm(&["peers", "--json"]);
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+                let peer = &v["peers"][0];
+                let silent = peer["state"] != "up"
+                    && peer["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("machine manager does not answer"));
+                (!silent).then(|| v.to_string())
+            },
+        );
+        // Nobody to ask now: the next one starts at once on its own node.
+        assert_eq!(
+            nodes_of(&ok(&["-N", "3", "--borrow", "--less", where_])),
+            ["node0"],
+            "the --less job starts on its own node"
+        );
+        assert_eq!(nodes_of(&ok(&["-N", "1", where_])), ["node0"]);
+    }));
+    kill(giver_mm, Signal::SIGCONT).unwrap();
+    if let Err(e) = frozen {
+        std::panic::resume_unwind(e);
+    }
+
+    wait_offer(&asker, 2, "the thawed giver offers its nodes again");
+    assert_eq!(
+        nodes_of(&ok(&["-N", "3", "--borrow", where_])),
+        ["fz-give-node0", "fz-give-node1", "node0"]
+    );
+    for n in ["node0", "node1"] {
+        wait_state(&giver, n, &["idle"], "the giver's nodes come home");
+    }
 }

@@ -112,6 +112,9 @@ pub fn run(cfg: ClusterConfig, stop: Arc<AtomicBool>) -> Result<()> {
         handshakes: AtomicUsize::new(0),
         mm: Manager {
             sockets: cfg.control_sockets(),
+            // Half the peer timeout (at most the handshake's): an MM that does not answer
+            // for that long shows in this cluster's adverts before its peers give up on it.
+            answer_within: (cfg.federation.peer_timeout() / 2).min(HANDSHAKE_TIMEOUT),
         },
         home: Mutex::new(Home::default()),
         hosted: Mutex::new(Hosted::default()),
@@ -529,13 +532,14 @@ fn pass_home(
     }
 }
 
-/// Every period: this cluster's offer from its MM, and the peer table back to it.
+/// Every period: this cluster's offer from its MM, and the peer table back to it. An MM that
+/// does not answer within [`Manager::answer_within`] (frozen, or gone) counts as unreachable:
+/// this cluster then offers nothing, and its adverts say its MM does not answer.
 fn report(agent: &Agent, cfg: &ClusterConfig) {
     let sockets = cfg.control_sockets();
     let mut warned = false;
     while !agent.stopped() {
-        let asked = sockets.iter().find_map(|s| {
-            let client = Client::connect(s).ok()?;
+        let asked = agent.mm.connect_for_calls().ok().and_then(|client| {
             let offer = offer_of(&client, cfg).ok()?;
             Some((client, offer))
         });

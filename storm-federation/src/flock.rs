@@ -440,13 +440,19 @@ impl Hosted {
 #[derive(Clone)]
 pub struct Manager {
     pub sockets: Vec<PathBuf>,
+    /// How long the MM has to answer the handshake and each request made through
+    /// [`Manager::call`] or [`Manager::connect_for_calls`]: a frozen MM takes the connection
+    /// (the kernel queues it) and never answers, and the agent must not wait on it for good.
+    pub answer_within: Duration,
 }
 
 impl Manager {
+    /// A connection past the handshake, which then waits as long as it takes (a follower's
+    /// events come when its job has news).
     pub fn connect(&self) -> Result<Client, String> {
         let mut last = "no control socket".to_string();
         for s in &self.sockets {
-            match Client::connect_within(s, Some(Duration::from_secs(5))) {
+            match Client::connect_within(s, Some(self.answer_within)) {
                 Ok(c) => return Ok(c),
                 Err(e) => last = e,
             }
@@ -454,10 +460,27 @@ impl Manager {
         Err(last)
     }
 
+    /// A connection whose every request must be answered within `answer_within`.
+    pub fn connect_for_calls(&self) -> Result<Client, String> {
+        let client = self.connect()?;
+        let limit = Some(self.answer_within);
+        client
+            .sock
+            .set_read_timeout(limit)
+            .and_then(|()| client.sock.set_write_timeout(limit))
+            .map_err(|e| format!("setting the MM connection's timeouts: {e}"))?;
+        Ok(client)
+    }
+
+    /// One request, answered within `answer_within`.
+    pub fn call(&self, req: &Request) -> Result<Reply, String> {
+        self.connect_for_calls()?.call(req)
+    }
+
     /// Hands `update` to the MM; how many of its events it took (in order: the rest go
     /// again).
     pub fn report(&self, update: FlockUpdate) -> Result<usize, String> {
-        match self.connect()?.call(&Request::FlockReport(vec![update]))? {
+        match self.call(&Request::FlockReport(vec![update]))? {
             Reply::FlockTaken(n) => n.first().copied().ok_or_else(|| "no count".into()),
             Reply::Error(e) => Err(e),
             other => Err(format!("unexpected reply {other:?}")),
@@ -466,7 +489,7 @@ impl Manager {
 
     /// Cancels job `remote` here (the agent is an operator of this cluster).
     pub fn cancel(&self, remote: JobId) -> Result<(), String> {
-        match self.connect()?.call(&Request::Cancel { job: remote })? {
+        match self.call(&Request::Cancel { job: remote })? {
             Reply::Done => Ok(()),
             Reply::Error(e) => Err(e),
             other => Err(format!("unexpected reply {other:?}")),

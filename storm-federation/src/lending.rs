@@ -78,7 +78,7 @@ pub fn lend(
         count,
         for_ms,
     };
-    match mm.connect()?.call(&ask)? {
+    match mm.call(&ask)? {
         Reply::Lent(nodes) => Ok(nodes),
         Reply::Error(e) => Err(e),
         other => Err(format!("unexpected reply {other:?}")),
@@ -91,7 +91,7 @@ pub fn give_back(mm: &Manager, peer: &str, nodes: Vec<String>) -> Result<(), Str
         peer: peer.to_string(),
         nodes,
     };
-    match mm.connect()?.call(&back)? {
+    match mm.call(&back)? {
         Reply::Done => Ok(()),
         Reply::Error(e) => Err(e),
         other => Err(format!("unexpected reply {other:?}")),
