@@ -462,3 +462,36 @@ fn a_job_flocked_here_that_nobody_follows_is_given_up_after_the_peer_timeout() {
         "{record:?}"
     );
 }
+
+/// A home whose own agent has stopped reporting sends no job to a peer: the peer's last
+/// offer is stale, and no agent would carry the job there (it would only come back after the
+/// peer timeout, having waited for nothing). Once the agent reports again, the job goes.
+#[test]
+fn a_home_whose_agent_stopped_reporting_flocks_nothing() {
+    let mut sim = sim();
+    let hog = sim
+        .submit(&SimJob::new(2, Duration::from_secs(30)))
+        .unwrap();
+    assert!(sim.run_until(Duration::from_secs(2), |s| running(s, hog)));
+    report(&mut sim, Some(2));
+    // Three reports missed: the offer is stale.
+    sim.run_for(Duration::from_secs(1));
+    let job = sim
+        .submit(&SimJob {
+            flock: Flock::Now,
+            ..SimJob::new(2, Duration::from_secs(1))
+        })
+        .unwrap();
+    sim.run_for(Duration::from_millis(500));
+    assert!(
+        flocked(&mut sim).is_empty(),
+        "a job went out on an offer reported 1.5 s ago, with no agent reporting"
+    );
+    report(&mut sim, Some(2));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(
+        ids(&flocked(&mut sim)),
+        vec![job],
+        "reported again: it goes"
+    );
+}

@@ -158,6 +158,16 @@ impl<E: MmEnv> MachineManager<E> {
         if self.reattach.held.is_some() || self.peer_room.room.is_empty() {
             return;
         }
+        // An agent that stopped reporting takes no orders, and the peers' last offers are
+        // stale: a job sent now would only come back after the peer timeout.
+        let stale = 3 * self.cfg.federation.advertise_every();
+        if self
+            .peers
+            .as_ref()
+            .is_none_or(|(at, _)| now.saturating_duration_since(*at) > stale)
+        {
+            return;
+        }
         let after = self
             .cfg
             .federation
