@@ -474,8 +474,8 @@ fn a_home_whose_agent_stopped_reporting_flocks_nothing() {
         .unwrap();
     assert!(sim.run_until(Duration::from_secs(2), |s| running(s, hog)));
     report(&mut sim, Some(2));
-    // Three reports missed: the offer is stale.
-    sim.run_for(Duration::from_secs(1));
+    // Seven reports missed, over half the peer timeout: the offer is stale.
+    sim.run_for(Duration::from_millis(1500));
     let job = sim
         .submit(&SimJob {
             flock: Flock::Now,
@@ -485,7 +485,7 @@ fn a_home_whose_agent_stopped_reporting_flocks_nothing() {
     sim.run_for(Duration::from_millis(500));
     assert!(
         flocked(&mut sim).is_empty(),
-        "a job went out on an offer reported 1.5 s ago, with no agent reporting"
+        "a job went out on an offer reported 2 s ago, with no agent reporting"
     );
     report(&mut sim, Some(2));
     sim.run_for(Duration::from_millis(100));

@@ -159,8 +159,10 @@ impl<E: MmEnv> MachineManager<E> {
             return;
         }
         // An agent that stopped reporting takes no orders, and the peers' last offers are
-        // stale: a job sent now would only come back after the peer timeout.
-        let stale = 3 * self.cfg.federation.advertise_every();
+        // stale: a job sent now would only come back after the peer timeout. (Three missed
+        // reports, or half the timeout: a slow report on a loaded host is no silence.)
+        let fed = &self.cfg.federation;
+        let stale = (3 * fed.advertise_every()).max(fed.peer_timeout() / 2);
         if self
             .peers
             .as_ref()
