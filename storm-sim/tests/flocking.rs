@@ -455,10 +455,10 @@ fn a_job_flocked_here_that_nobody_follows_is_given_up_after_the_peer_timeout() {
     let record = ended.iter().find(|j| j.job == id).expect("in the history");
     assert_eq!(record.state, JobState::Cancelled, "{record:?}");
     assert!(
-        record
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.contains("has not followed the job")),
+        record.reason.as_deref().is_some_and(|r| r.contains(
+            "this cluster's peer agent has not followed the job for its home cluster c0 \
+                 for 2000 ms: given up"
+        )),
         "{record:?}"
     );
 }

@@ -384,7 +384,8 @@ impl<E: MmEnv> MachineManager<E> {
                 self.cancel(
                     id,
                     format!(
-                        "this cluster's peer agent has not followed the job for its home                          cluster {home} for {} ms: {GIVEN_UP}",
+                        "this cluster's peer agent has not followed the job for its home \
+                         cluster {home} for {} ms: {GIVEN_UP}",
                         limit.as_millis()
                     ),
                 );
