@@ -957,6 +957,14 @@ impl Sim {
     /// Sends `req` as root on the MM's host (as the peer agent does) on a connection of its
     /// own, and steps until the MM answers; the answer.
     pub fn operator_request(&mut self, req: Request) -> Result<Reply, String> {
+        let (client, answer) = self.root_request(req);
+        self.mm.handle(Input::Gone { client });
+        answer
+    }
+
+    /// `req` on a new connection as root on the MM's host, stepping until its first reply;
+    /// the connection, left open, and that reply.
+    fn root_request(&mut self, req: Request) -> (u64, Result<Reply, String>) {
         let id = self.next_client;
         self.next_client += 1;
         self.mm.handle(Input::Connected {
@@ -973,51 +981,34 @@ impl Sim {
         for _ in 0..ANSWER_WITHIN_TICKS {
             self.step();
             if let Some(r) = self.mm.env_mut().read_replies(id).into_iter().next() {
-                self.mm.handle(Input::Gone { client: id });
-                return Ok(r);
+                return (id, Ok(r));
             }
         }
-        Err(format!("no answer within {ANSWER_WITHIN_TICKS} timeslices"))
+        (
+            id,
+            Err(format!("no answer within {ANSWER_WITHIN_TICKS} timeslices")),
+        )
     }
 
     /// Submits `job` as this cluster's peer agent does for peer cluster `origin`
     /// (`SubmitFlocked`, as root on the MM's host, for the simulation's user); the job's id.
     pub fn submit_flocked(&mut self, origin: &str, job: &SimJob) -> Result<JobId, String> {
-        let id = self.next_client;
-        self.next_client += 1;
-        self.mm.handle(Input::Connected {
-            client: id,
-            uid: 0,
-            gid: 0,
-            relayed_from: None,
+        let (client, answer) = self.root_request(Request::SubmitFlocked {
+            origin: origin.into(),
+            uid: SIM_UID,
+            gid: SIM_UID,
+            req: Box::new(job.request()),
         });
-        self.mm.handle(Input::Request {
-            client: id,
-            req: Request::SubmitFlocked {
-                origin: origin.into(),
-                uid: SIM_UID,
-                gid: SIM_UID,
-                req: Box::new(job.request()),
-            },
-            program: None,
+        let answer = answer.and_then(|r| match r {
+            Reply::Accepted { job, .. } => Ok(job),
+            Reply::Error(e) => Err(e),
+            other => Err(format!("unexpected answer {other:?}")),
         });
-        let mut answer = Err(format!("no answer within {ANSWER_WITHIN_TICKS} timeslices"));
-        for _ in 0..ANSWER_WITHIN_TICKS {
-            self.step();
-            if let Some(r) = self.mm.env_mut().read_replies(id).into_iter().next() {
-                answer = match r {
-                    Reply::Accepted { job, .. } => Ok(job),
-                    Reply::Error(e) => Err(e),
-                    other => Err(format!("unexpected answer {other:?}")),
-                };
-                break;
-            }
-        }
         // Like the agent's follower, the connection stays while the job runs.
         if answer.is_ok() {
-            self.followers.push(id);
+            self.followers.push(client);
         } else {
-            self.mm.handle(Input::Gone { client: id });
+            self.mm.handle(Input::Gone { client });
         }
         answer
     }
