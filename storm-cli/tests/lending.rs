@@ -444,8 +444,8 @@ fn nodes_of(stdout: &str) -> Vec<String> {
     nodes
 }
 
-/// Two clusters on loopback that borrow by asking, both peer agents running (agents first:
-/// they stop before the clusters do).
+/// Two clusters on loopback that borrow by asking, both peer agents running (each agent is
+/// killed when dropped: bind every field by name, since `..` drops the rest at once).
 struct AskingPair {
     _agents: (support::Agent, support::Agent),
     /// One node of its own, and guest slots for the giver's two (`<giver>-node0`, `-node1`).
