@@ -268,14 +268,7 @@ fn an_embedded_cluster_dies_with_its_killed_storm_submit() {
 #[test]
 fn a_second_interrupt_quits_at_once() {
     let c = TestCluster::start(1);
-    let (_, mm) = c
-        .cluster
-        .as_ref()
-        .unwrap()
-        .daemon_pids()
-        .into_iter()
-        .find(|(name, _)| *name == "storm-mm")
-        .expect("the MM's pid");
+    let mm = c.daemon_pid("storm-mm");
     /// Lets the stopped MM go on however the test ends, so that the cluster can stop.
     struct Stopped(nix::unistd::Pid);
     impl Drop for Stopped {

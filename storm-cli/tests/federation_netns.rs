@@ -32,6 +32,7 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
@@ -78,6 +79,28 @@ fn submit(config: &std::path::Path, args: &[&str]) -> Child {
         .expect("run storm-submit")
 }
 
+/// Two clusters of two nodes, c0 and c1, up on the testbed for `test` with this peer
+/// timeout: the directory of their files, the testbed, and c0's and c1's cluster files.
+/// `None` (and says why) where the test cannot run here. The caller holds [`ONE_AT_A_TIME`].
+fn two_clusters(
+    test: &str,
+    peer_timeout_ms: u64,
+) -> Option<(
+    tempfile::TempDir,
+    storm_cli::testbed::federation::Federation,
+    PathBuf,
+    PathBuf,
+)> {
+    if !support::root_or_say(test) || !can_run(test) {
+        return None;
+    }
+    let work = support::shared_tempdir();
+    let fed = up_clusters(2, 2, work.path(), peer_timeout_ms);
+    let paths = fed.config_paths();
+    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+    Some((work, fed, c0, c1))
+}
+
 /// Waits until c0's newest job runs on c1; returns its id.
 fn running_on_c1(c0: &std::path::Path) -> u64 {
     let mut id = 0;
@@ -98,14 +121,11 @@ fn running_on_c1(c0: &std::path::Path) -> u64 {
 #[test]
 fn jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link() {
     let test = "jobs_flock_between_namespaced_clusters_and_survive_or_leave_a_cut_link";
-    if !support::root_or_say(test) || !can_run(test) {
-        return;
-    }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = support::shared_tempdir();
-    let fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
-    let paths = fed.config_paths();
-    let (c0, c1) = (&paths[0], &paths[1]);
+    let Some((_work, fed, c0, c1)) = two_clusters(test, PEER_TIMEOUT_MS) else {
+        return;
+    };
+    let (c0, c1) = (&c0, &c1);
     assert!(c0.ends_with("c0/cluster.toml") && c1.ends_with("c1/cluster.toml"));
 
     // On c1's two nodes: each prints its address on c1's bridge.
@@ -318,14 +338,10 @@ fn requeued_across(
 #[test]
 fn a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home() {
     let test = "a_node_lent_across_namespaced_clusters_survives_cuts_and_comes_home";
-    if !support::root_or_say(test) || !can_run(test) {
-        return;
-    }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = support::shared_tempdir();
-    let mut fed = up_clusters(2, 2, work.path(), PEER_TIMEOUT_MS);
-    let paths = fed.config_paths();
-    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+    let Some((work, mut fed, c0, c1)) = two_clusters(test, PEER_TIMEOUT_MS) else {
+        return;
+    };
     assert_eq!(node_state(&c0, "c1-node0"), "unknown", "not lent yet");
     let out = storm(&c1, &["lend", "node0", "--to", "c0", "--for", "10"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
@@ -467,14 +483,10 @@ fn restart_both_mms(fed: &mut storm_cli::testbed::federation::Federation) {
 fn a_waiting_job_borrows_across_namespaced_clusters_through_restarts_and_its_owners_need() {
     let test =
         "a_waiting_job_borrows_across_namespaced_clusters_through_restarts_and_its_owners_need";
-    if !support::root_or_say(test) || !can_run(test) {
-        return;
-    }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = support::shared_tempdir();
-    let mut fed = up_clusters(2, 2, work.path(), RESTART_PEER_TIMEOUT_MS);
-    let paths = fed.config_paths();
-    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+    let Some((_work, mut fed, c0, c1)) = two_clusters(test, RESTART_PEER_TIMEOUT_MS) else {
+        return;
+    };
     support::wait_until(
         Duration::from_secs(30),
         "c0 sees c1 offer two nodes",
@@ -613,14 +625,10 @@ fn a_waiting_job_borrows_across_namespaced_clusters_through_restarts_and_its_own
 #[test]
 fn a_flocked_job_survives_both_mms_restarting_and_comes_home_when_its_peers_mm_dies() {
     let test = "a_flocked_job_survives_both_mms_restarting_and_comes_home_when_its_peers_mm_dies";
-    if !support::root_or_say(test) || !can_run(test) {
-        return;
-    }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = support::shared_tempdir();
-    let mut fed = up_clusters(2, 2, work.path(), RESTART_PEER_TIMEOUT_MS);
-    let paths = fed.config_paths();
-    let (c0, c1) = (paths[0].clone(), paths[1].clone());
+    let Some((_work, mut fed, c0, c1)) = two_clusters(test, RESTART_PEER_TIMEOUT_MS) else {
+        return;
+    };
 
     // Both MMs restart under a flocked job.
     let shared = support::shared_tempdir();

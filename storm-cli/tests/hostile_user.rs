@@ -159,13 +159,7 @@ fn open_descriptors(pid: u32) -> usize {
 }
 
 fn mm_pid(c: &TestCluster) -> u32 {
-    c.cluster
-        .as_ref()
-        .unwrap()
-        .daemon_pids()
-        .into_iter()
-        .find_map(|(name, pid)| (name == "storm-mm").then_some(pid))
-        .expect("the MM's pid")
+    c.daemon_pid("storm-mm")
 }
 
 /// Finding 6: each waiting job held a descriptor (its program) at the MM, and under

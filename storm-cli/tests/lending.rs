@@ -727,15 +727,7 @@ fn a_frozen_lender_stalls_no_borrower_and_lends_again_once_thawed() {
         );
         stdout
     };
-    let giver_mm = giver
-        .cluster
-        .as_ref()
-        .unwrap()
-        .daemon_pids()
-        .into_iter()
-        .find_map(|(name, pid)| (name == "storm-mm").then_some(pid))
-        .map(|pid| nix::unistd::Pid::from_raw(pid as i32))
-        .expect("the giver's MM");
+    let giver_mm = nix::unistd::Pid::from_raw(giver.daemon_pid("storm-mm") as i32);
 
     kill(giver_mm, Signal::SIGSTOP).unwrap();
     let frozen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -327,14 +327,7 @@ fn a_client_that_does_not_read_is_dropped_by_the_bytes_it_left_unread() {
             "{reply:?}"
         );
     }
-    let mm = c
-        .cluster
-        .as_ref()
-        .unwrap()
-        .daemon_pids()
-        .into_iter()
-        .find_map(|(name, pid)| (name == "storm-mm").then_some(pid))
-        .expect("the MM's pid");
+    let mm = c.daemon_pid("storm-mm");
     let before = rss(mm);
     let reader = Client::connect(&c.socket).unwrap();
     // The dropped client's own job goes on without it.

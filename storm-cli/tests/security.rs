@@ -595,13 +595,7 @@ fn a_compromised_node_impersonates_nobody_at_the_mm() {
 }
 
 fn daemon_pid(c: &TestCluster, name: &str) -> i32 {
-    c.cluster
-        .as_ref()
-        .unwrap()
-        .daemon_pids()
-        .into_iter()
-        .find_map(|(n, p)| (n == name).then_some(p as i32))
-        .unwrap_or_else(|| panic!("no daemon {name}"))
+    c.daemon_pid(name) as i32
 }
 
 fn sighup(pid: i32) {

@@ -17,6 +17,21 @@ use storm_cluster::federation::{FederationSection, PeerEntry};
 use storm_primitives::NodeSet;
 use storm_sim::{Sim, SimJob, SimOptions};
 
+/// The peer `c1`, which this cluster lends to (its guests run as `nobody`).
+fn lends_to_c1() -> PeerEntry {
+    PeerEntry {
+        name: "c1".into(),
+        address: "127.0.0.1:7101".parse().unwrap(),
+        key_file: "/nonexistent/pair.key".into(),
+        lend: true,
+        borrow: false,
+        flock_user: Some("nobody".into()),
+        same_users: false,
+        guest_file: Some("/nonexistent/c1.toml".into()),
+        priority: 0,
+    }
+}
+
 /// Node `name`'s state, as `storm nodes` shows it.
 fn state_of(sim: &mut Sim, name: &str) -> NodeState {
     match sim.operator_request(Request::Nodes).unwrap() {
@@ -37,17 +52,7 @@ fn a_lease_survives_a_restart_and_ends_when_the_file_no_longer_lends_to_the_peer
             listen: Some("127.0.0.1:7100".parse().unwrap()),
             ..Default::default()
         },
-        peers: vec![PeerEntry {
-            name: "c1".into(),
-            address: "127.0.0.1:7101".parse().unwrap(),
-            key_file: "/nonexistent/pair.key".into(),
-            lend: true,
-            borrow: false,
-            flock_user: Some("nobody".into()),
-            same_users: false,
-            guest_file: Some("/nonexistent/c1.toml".into()),
-            priority: 0,
-        }],
+        peers: vec![lends_to_c1()],
         ..SimOptions::default()
     })
     .unwrap();
@@ -97,17 +102,6 @@ fn a_lease_survives_a_restart_and_ends_when_the_file_no_longer_lends_to_the_peer
 /// the first two cases idled a node the borrower was using.)
 #[test]
 fn the_lenders_own_job_takes_back_only_a_node_that_lets_it_start() {
-    let peer = PeerEntry {
-        name: "c1".into(),
-        address: "127.0.0.1:7101".parse().unwrap(),
-        key_file: "/nonexistent/pair.key".into(),
-        lend: true,
-        borrow: false,
-        flock_user: Some("nobody".into()),
-        same_users: false,
-        guest_file: Some("/nonexistent/c1.toml".into()),
-        priority: 0,
-    };
     let mut sim = Sim::up(SimOptions {
         nodes: 2,
         federation: FederationSection {
@@ -115,7 +109,7 @@ fn the_lenders_own_job_takes_back_only_a_node_that_lets_it_start() {
             reclaim_after_ms: 500,
             ..Default::default()
         },
-        peers: vec![peer],
+        peers: vec![lends_to_c1()],
         features: vec![(0, vec!["gpu".into()])],
         ..SimOptions::default()
     })

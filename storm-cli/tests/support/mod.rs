@@ -344,6 +344,17 @@ impl TestCluster {
         cmd.arg("--socket").arg(&self.socket).args(args);
         output_within(cmd, limit)
     }
+
+    /// The pid of daemon `name` ("storm-mm", "storm-nm node0") of this cluster.
+    pub fn daemon_pid(&self, name: &str) -> u32 {
+        self.cluster
+            .as_ref()
+            .expect("a running cluster")
+            .daemon_pids()
+            .into_iter()
+            .find_map(|(n, p)| (n == name).then_some(p))
+            .unwrap_or_else(|| panic!("no daemon {name}"))
+    }
 }
 
 /// Waits up to `limit` until the file at `log` contains `what` (a storm-submit's standard
