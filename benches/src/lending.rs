@@ -11,8 +11,10 @@
 //!    its guest NM, which registered and joined the borrower's heartbeat);
 //! 2. **launch**: a `true` of `nodes` nodes, as `nobody`, on home nodes (`-N`) and on the
 //!    borrowed ones (`--borrow -C guest -N`), alternately; each is storm-submit's wall time;
-//! 3. **return**: `storm reclaim`, timed from the request to the moment the lender's MM shows
-//!    every node idle and the borrower's shows no guest slot up.
+//! 3. **return**: `storm reclaim --now`, timed from the request to the moment the lender's MM
+//!    shows every node idle and the borrower's shows no guest slot up: the node's own trip
+//!    home. (A reclaim with notice adds the agents' round trip to the borrower, which gives
+//!    the node back: agent periods, not heartbeat periods; no agent runs in this part.)
 //!
 //! Then borrowing on asking, with both clusters' peer agents running (`advertise_ms` 100):
 //! each round a `--borrow -C guest` job of `nodes` nodes is submitted with no node lent, and
@@ -257,7 +259,13 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
             );
         }
         let asked = Instant::now();
-        call(&pair.lender, &Request::Reclaim { nodes: all.clone() })?;
+        call(
+            &pair.lender,
+            &Request::Reclaim {
+                nodes: all.clone(),
+                now: true,
+            },
+        )?;
         until(&pair, "the nodes come home", home_again)?;
         back.push(asked.elapsed().as_secs_f64());
     }

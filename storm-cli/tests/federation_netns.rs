@@ -602,8 +602,10 @@ fn a_waiting_job_borrows_across_namespaced_clusters_through_restarts_and_its_own
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
-        stderr.contains("requeued") && stderr.contains("its owner took it back"),
-        "{stderr}"
+        stderr.contains("requeued")
+            && stderr.contains("its owner took it back (reclaimed for its job")
+            && !stderr.contains("without notice"),
+        "c0 is told why c1 took its node: {stderr}"
     );
     assert_eq!(
         stdout.matches("second run on c1-node").count(),

@@ -900,6 +900,15 @@ fn a_user_cannot_act_as_the_peer_agent_or_the_operator() {
         },
         Request::Reclaim {
             nodes: both.clone(),
+            now: true,
+        },
+        Request::Recalls,
+        Request::Recalled {
+            peer: "other".into(),
+            nodes: vec![storm_cluster::federation::Recalled {
+                node: "node0".into(),
+                why: "a forged call home".into(),
+            }],
         },
         Request::Shutdown,
     ];

@@ -11,9 +11,10 @@
 //!   the lent node as `daemon` and its task at home as its owner.
 //! * Both MMs restart under a running borrowed job: `lender`'s keeps the node lent (its
 //!   journal), `borrower`'s finds the job on the slot, and the job runs on.
-//! * `storm reclaim node0` at `lender` under a running borrowed job: the job ends at
-//!   `borrower` with the lost node named, its guest task is gone from the node, and
-//!   `lender`'s waiting job runs there.
+//! * `storm reclaim node0` at `lender` under a running borrowed job: no agent runs to tell
+//!   `borrower`, so the node comes home at once; the job ends at `borrower` with the lost
+//!   node named (gone without notice), its guest task is gone from the node, and `lender`'s
+//!   waiting job runs there.
 //! * A lease of 3 s: the slot is up, then down once the lease ends, and the node takes
 //!   `lender`'s jobs again without anyone reclaiming it.
 //! * The lent node dies (its NM and guest killed outright) under a `--requeue` borrowed job:
@@ -317,14 +318,20 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     // Reclaimed: the borrowed job ends with the lost node named; the lender's job runs.
     let out = lender.storm(&["reclaim", "node0"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
-    assert!(support::text(&out.stdout).contains("1 lent node(s) called home"));
+    // No peer agent runs here: the borrower cannot be told, and the node comes home at once.
+    assert!(
+        support::text(&out.stdout).contains("1 lent node(s) home now"),
+        "{}",
+        support::text(&out.stdout)
+    );
     let out = output_within(held, Duration::from_secs(60))
         .expect("the borrowed job ends once its node is reclaimed");
     assert!(!out.status.success(), "a job that lost a node failed");
     let err = support::text(&out.stderr);
     assert!(
-        err.contains("lender-node0") && err.contains("borrowed from cluster lender"),
-        "the lost node is named, and whose it is: {err}"
+        err.contains("lender-node0")
+            && err.contains("borrowed from cluster lender, went silent without notice"),
+        "the lost node is named, whose it is, and that nobody said why: {err}"
     );
     let left = live_processes(daemon_uid, &["long.sh"]);
     assert!(left.is_empty(), "the guest's task died with it: {left:?}");
@@ -533,9 +540,12 @@ fn wait_offer(c: &TestCluster, idle: u64, what: &str) {
 ///   nodes gets the other, and starts on two (its output says which). Without `--borrow`, a
 ///   job of five nodes asked for with `--less` runs on the one own node.
 /// * The owner's queue takes its nodes back: under a `--requeue` borrowed job on all three
-///   nodes, `giver` queues a job of its own on both its nodes; `giver` takes them back, its
-///   job runs, and the borrowed job is queued again at `asker`, borrows them again once
-///   `giver`'s job ended, and runs to its end.
+///   nodes, `giver` queues a job of its own on both its nodes; `giver` calls them home, its
+///   job runs, and the borrowed job is queued again at `asker`, told that its owner took
+///   them back for a job waiting there; it borrows them again once `giver`'s job ended, and
+///   runs to its end.
+/// * `storm reclaim node0` at `giver` under a borrowed job without `--requeue`: the job
+///   ends, told that `giver`'s operator reclaimed the node, and both nodes come home.
 /// * The borrower's MM dies under a borrowed job: `giver` sees `asker` away, and after the
 ///   peer timeout its nodes come home and take its own jobs; `asker`'s MM, back, ends the
 ///   job that lost them.
@@ -653,14 +663,57 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
         .expect("the borrowed job runs again once the lender's job ended");
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
+    // The giver told the asker why (before, the reason named three causes, the asker seeing
+    // only its guests go silent).
     assert!(
-        stderr.contains("requeued") && stderr.contains("its owner took it back"),
+        stderr.contains("requeued")
+            && stderr.contains("its owner took it back (reclaimed for its job")
+            && !stderr.contains("without notice"),
         "{stderr}"
     );
     for n in ["giver-node0", "giver-node1", "node0"] {
         assert!(
             stdout.contains(&format!("second run on {n}")),
             "{stdout}{stderr}"
+        );
+    }
+    for n in ["node0", "node1"] {
+        wait_state(&giver, n, &["idle"], "giver's nodes are idle again");
+    }
+
+    // The giver's operator reclaims a node under a borrowed job that did not ask to be
+    // requeued: it ends, told why, and the node comes home once the asker gives it back.
+    let long = support::script(shared.path(), "long.sh", "sleep 300\n");
+    let held = asker
+        .submit_cmd_as(NOBODY, &["-N", "3", "--borrow", long.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for n in ["giver-node0", "giver-node1"] {
+        wait_state(&asker, n, &["allocated"], "the borrowed job runs");
+    }
+    let out = giver.storm(&["reclaim", "node0"]);
+    let said = support::text(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("called home: 0 home now"),
+        "{said}{}",
+        support::text(&out.stderr)
+    );
+    let out = output_within(held, Duration::from_secs(60))
+        .expect("the borrowed job ends once its node is called home");
+    let stderr = support::text(&out.stderr);
+    assert!(!out.status.success(), "a job that lost a node failed");
+    assert!(
+        stderr.contains("(giver-node0), borrowed from cluster giver: its owner took it back (its owner's operator reclaimed it)"),
+        "{stderr}"
+    );
+    for n in ["node0", "node1"] {
+        wait_state(
+            &giver,
+            n,
+            &["idle"],
+            "the node called home, and the one given back",
         );
     }
 

@@ -36,8 +36,9 @@ use crate::tasks::TaskRequest;
 /// flocked here (`Flock::From`) and whose it is in its `JobInfo` (`from_cluster`). Version
 /// 19: lending (a request's `borrow`, `Lend`, `Reclaim`, the node state `Lent`). Version 20:
 /// borrowing for waiting jobs (`BorrowOut`, `LendAsked`, `GiveBack`, `Lent`), a request's `less` and
-/// `one_cluster`.
-pub const PROTOCOL_VERSION: u32 = 20;
+/// `one_cluster`. Version 21: calling lent nodes home with notice (`Reclaim`'s `now`,
+/// `Recalls`, `Recalled`).
+pub const PROTOCOL_VERSION: u32 = 21;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -388,9 +389,23 @@ pub enum Request {
         peer: String,
         for_ms: u64,
     },
-    /// Take these lent nodes back now (their guests' jobs end).
+    /// Call these lent nodes home. The borrower is told why, preempts its jobs there and
+    /// gives them back; they come home then, or after `[federation] vacate_ms` at the latest.
+    /// `now`: they come home at once, without notice (the borrower sees its guests go
+    /// silent).
     Reclaim {
         nodes: NodeSet,
+        now: bool,
+    },
+    /// The lent nodes this cluster calls home, by borrower, for its peer agent to tell them
+    /// (operators only): answered with [`Reply::Recalls`].
+    Recalls,
+    /// Lender `peer` calls home these nodes it lent this cluster (operators only: this
+    /// cluster's peer agent, passing on the lender's [`crate::federation::PeerMessage::Recall`]).
+    /// The jobs on them are preempted with the lender's reason, and the nodes are given back.
+    Recalled {
+        peer: String,
+        nodes: Vec<crate::federation::Recalled>,
     },
     /// What this cluster wants of its lenders now, for its peer agent to pass on (operators
     /// only): answered with [`Reply::BorrowOut`]. `lent`: the lenders' answers the agent
@@ -855,6 +870,8 @@ pub enum Reply {
     /// The answer to [`Request::LendAsked`]: the nodes lent to that peer now, of those asked
     /// for.
     Lent(Vec<String>),
+    /// The answer to [`Request::Recalls`]: each borrower, and the nodes called home from it.
+    Recalls(Vec<(String, Vec<crate::federation::Recalled>)>),
     /// The answer to [`Request::FlockReport`]: how many events of each update the MM took,
     /// in order. It takes no more output of a job whose submitter has not read what it was
     /// sent (flow control from end to end): the rest comes again.

@@ -41,6 +41,12 @@ pub struct FederationSection {
     /// A job of this cluster that has waited this long takes back the nodes this cluster lent
     /// on a peer's asking (ms): a cluster lends only what its own queue does not want.
     pub reclaim_after_ms: u64,
+    /// How long a borrower has to give back a node its owner calls home (ms): the owner's
+    /// agent tells the borrower's at once, the borrower preempts its jobs there with the
+    /// owner's reason and gives the node back, and the node comes home at the latest when
+    /// this has passed (Condor's vacate). 0: a node called home comes home at once, and the
+    /// borrower learns only that its guest went silent.
+    pub vacate_ms: u64,
 }
 
 impl Default for FederationSection {
@@ -53,6 +59,7 @@ impl Default for FederationSection {
             lenders: LenderOrder::MostFree,
             borrow_lease_ms: 3_600_000,
             reclaim_after_ms: 500,
+            vacate_ms: 5000,
         }
     }
 }
@@ -75,6 +82,10 @@ impl FederationSection {
 
     pub fn peer_timeout(&self) -> Duration {
         Duration::from_millis(self.peer_timeout_ms)
+    }
+
+    pub fn vacate_within(&self) -> Duration {
+        Duration::from_millis(self.vacate_ms)
     }
 }
 
@@ -131,6 +142,25 @@ pub struct Lease {
     /// it back when it no longer needs it, and this cluster takes it back once a job of its
     /// own waits for nodes.
     pub asked: bool,
+    /// Called home, and why: the borrower was told, preempts its jobs on the node with this
+    /// reason, and gives it back; it comes home then, or at `by_ms` (Unix ms) at the latest.
+    pub recall: Option<Recall>,
+}
+
+/// A lent node its owner calls home ([`Lease::recall`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recall {
+    /// Why, as the borrower's users are told (`reclaimed for its job 7, which waits there`).
+    pub why: String,
+    /// When it comes home whether the borrower gave it back or not (Unix ms).
+    pub by_ms: u64,
+}
+
+/// One node of a [`PeerMessage::Recall`]: the lender's name of it, and why it is called home.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recalled {
+    pub node: String,
+    pub why: String,
 }
 
 /// What a guest slot of this cluster's file stands for: node `node` of peer cluster
@@ -213,6 +243,10 @@ pub enum PeerMessage {
     /// Borrowing, the lender's answer to a `Borrow`: which of the nodes asked for are lent to
     /// the borrower now (their guests are on their way, or up).
     Lent { nodes: Vec<String> },
+    /// Borrowing, from a lender's agent to its borrower's: the owner calls these lent nodes
+    /// home, each for the reason given. The borrower preempts its jobs on them with that
+    /// reason and gives them back. Sent every `advertise_ms` until they are home.
+    Recall { nodes: Vec<Recalled> },
 }
 
 /// What a cluster's MM wants of one lender now (its agent passes it on): nodes to borrow,

@@ -68,6 +68,8 @@ struct Agent {
     hosted: Mutex<Hosted>,
     /// Borrowing: what this cluster's MM wants of its lenders.
     borrowing: Mutex<crate::lending::Borrowing>,
+    /// Lending: the lent nodes this cluster's MM calls home, by borrower.
+    recalls: Mutex<crate::lending::Recalls>,
     /// Numbers the links peers dialled.
     links: std::sync::atomic::AtomicU64,
 }
@@ -119,6 +121,7 @@ pub fn run(cfg: ClusterConfig, stop: Arc<AtomicBool>) -> Result<()> {
         home: Mutex::new(Home::default()),
         hosted: Mutex::new(Hosted::default()),
         borrowing: Mutex::new(Default::default()),
+        recalls: Mutex::new(Default::default()),
         links: std::sync::atomic::AtomicU64::new(0),
     });
     tracing::info!(%listen, cluster = %agent.cluster, peers = agent.peers.len(), "peer agent started");
@@ -296,6 +299,14 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
                     tracing::warn!(peer = %name, "the MM did not take back the nodes given back: {e}");
                 }
             }
+            Ok(PeerMessage::Recall { nodes }) => {
+                if !borrows_from(agent, &name) {
+                    tracing::warn!(peer = %name, "a peer this cluster does not borrow from called nodes home");
+                } else if let Err(e) = crate::lending::recalled(&agent.mm, &name, nodes) {
+                    // The lender says it again next period.
+                    tracing::warn!(peer = %name, "the MM did not take the nodes called home: {e}");
+                }
+            }
             Ok(
                 PeerMessage::Echo { .. } | PeerMessage::Events { .. } | PeerMessage::Lent { .. },
             ) => {
@@ -317,6 +328,11 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
 /// Whether this cluster's file lends to peer `name`.
 fn lends_to(agent: &Agent, name: &str) -> bool {
     agent.peers.iter().any(|(p, _)| p.name == name && p.lend)
+}
+
+/// Whether this cluster's file lets it borrow from peer `name`.
+fn borrows_from(agent: &Agent, name: &str) -> bool {
+    agent.peers.iter().any(|(p, _)| p.name == name && p.borrow)
 }
 
 /// Peer side: `origin` flocked its job `job` here for its user `user`: a follower runs it,
@@ -437,7 +453,8 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
                             | PeerMessage::Want { .. }
                             | PeerMessage::Submit { .. }
                             | PeerMessage::Borrow { .. }
-                            | PeerMessage::GiveBack { .. },
+                            | PeerMessage::GiveBack { .. }
+                            | PeerMessage::Recall { .. },
                         ) => {
                             tracing::warn!(peer = %name, "a request on this agent's own link: link ended");
                             break;
@@ -490,6 +507,12 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
             if let Some(e) = borrowing.iter().find_map(|m| writer.send(m).err()) {
                 break Err(anyhow::Error::new(e).context("sending what this cluster borrows"));
             }
+        }
+        if entry.lend
+            && let Some(recall) = agent.recalls.lock().message_for(&entry.name)
+            && let Err(e) = writer.send(&recall)
+        {
+            break Err(anyhow::Error::new(e).context("calling lent nodes home"));
         }
         std::thread::sleep(agent.every);
     };
@@ -561,6 +584,17 @@ fn report(agent: &Agent, cfg: &ClusterConfig) {
                             tracing::warn!("cannot take what this cluster borrows from the MM: {e}")
                         }
                         Ok(other) => tracing::warn!("unexpected reply to BorrowOut: {other:?}"),
+                    }
+                }
+                if cfg.peers.iter().any(|p| p.lend) {
+                    match client.call(&Request::Recalls) {
+                        Ok(Reply::Recalls(recalls)) => agent.recalls.lock().set(recalls),
+                        Ok(Reply::Error(e)) | Err(e) => {
+                            tracing::warn!(
+                                "cannot take the nodes this cluster calls home from the MM: {e}"
+                            )
+                        }
+                        Ok(other) => tracing::warn!("unexpected reply to Recalls: {other:?}"),
                     }
                 }
                 let infos = agent.table.lock().infos(Instant::now());

@@ -9,12 +9,18 @@
 //! **Lender.** The listener passes a peer's `Borrow` and `GiveBack` to this cluster's MM
 //! ([`Request::LendAsked`], [`Request::GiveBack`]), for peers this cluster lends to. The MM
 //! decides: it lends only idle nodes, only while no job of its own waits, and takes back only
-//! what it lent on asking.
+//! what it lent on asking or calls home.
+//!
+//! **Calling nodes home.** The reporter fetches the lent nodes this cluster's MM calls home
+//! ([`Request::Recalls`]) every period, and the dialler to each borrower sends it its
+//! [`PeerMessage::Recall`] as it stands, every period until they are home. The borrower's
+//! listener passes it to its MM ([`Request::Recalled`]), which preempts its jobs there with
+//! the owner's reason and gives the nodes back.
 
 use std::collections::HashMap;
 
 use storm_cluster::control::{Reply, Request};
-use storm_cluster::federation::{BorrowOrder, PeerMessage};
+use storm_cluster::federation::{BorrowOrder, PeerMessage, Recalled};
 
 use crate::flock::Manager;
 
@@ -60,6 +66,40 @@ impl Borrowing {
             });
         }
         out
+    }
+}
+
+/// The lent nodes this cluster's MM calls home, by borrower, as it last said.
+#[derive(Debug, Default)]
+pub struct Recalls {
+    by_peer: HashMap<String, Vec<Recalled>>,
+}
+
+impl Recalls {
+    pub fn set(&mut self, recalls: Vec<(String, Vec<Recalled>)>) {
+        self.by_peer = recalls.into_iter().collect();
+    }
+
+    /// What goes to borrower `peer` this period (nothing while none of its nodes is called
+    /// home).
+    pub fn message_for(&self, peer: &str) -> Option<PeerMessage> {
+        let nodes = self.by_peer.get(peer).filter(|n| !n.is_empty())?;
+        Some(PeerMessage::Recall {
+            nodes: nodes.clone(),
+        })
+    }
+}
+
+/// Borrower side: lender `peer` calls `nodes` home; this cluster's MM preempts its jobs there.
+pub fn recalled(mm: &Manager, peer: &str, nodes: Vec<Recalled>) -> Result<(), String> {
+    let told = Request::Recalled {
+        peer: peer.to_string(),
+        nodes,
+    };
+    match mm.call(&told)? {
+        Reply::Done => Ok(()),
+        Reply::Error(e) => Err(e),
+        other => Err(format!("unexpected reply {other:?}")),
     }
 }
 
@@ -137,6 +177,25 @@ mod tests {
             b.messages_for("c1").is_empty(),
             "c1 is asked for nothing now"
         );
+    }
+
+    /// Each borrower hears only of its own nodes called home, and nothing once they are home.
+    #[test]
+    fn each_borrower_hears_of_its_own_nodes_called_home() {
+        let mut r = Recalls::default();
+        let n0 = Recalled {
+            node: "n0".into(),
+            why: "reclaimed for its job 7, which waits there".into(),
+        };
+        r.set(vec![("c0".into(), vec![n0.clone()]), ("c2".into(), vec![])]);
+        assert_eq!(
+            r.message_for("c0"),
+            Some(PeerMessage::Recall { nodes: vec![n0] })
+        );
+        assert_eq!(r.message_for("c2"), None, "nothing of c2's is called home");
+        assert_eq!(r.message_for("c9"), None);
+        r.set(vec![]);
+        assert_eq!(r.message_for("c0"), None, "home now: nothing more to say");
     }
 
     /// A lender's latest answer reaches the MM once: an answer passed on is not news again.

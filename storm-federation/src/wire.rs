@@ -24,8 +24,9 @@ use storm_primitives::tcp::auth::{ClusterKey, NONCE_LEN, Transcript, random_byte
 /// `Events`). Version 3: `Want` and `Events` name the sending of each job (`since_ms`), so
 /// that a follower of an earlier sending (an agent frozen while its home sent the job again)
 /// is cancelled and its events are not taken for the new one's. Version 4: borrowing
-/// (`Borrow`, `GiveBack`).
-pub const PEER_VERSION: u32 = 4;
+/// (`Borrow`, `GiveBack`). Version 5: a lender calls lent nodes home with its reason
+/// (`Recall`).
+pub const PEER_VERSION: u32 = 5;
 
 /// The largest sealed frame either side takes: a flocked job's request (its arguments and
 /// environment), or a message of its events.

@@ -487,6 +487,12 @@ fn peer_seeds() -> Vec<Vec<u8>> {
         bincode(&PeerMessage::Lent {
             nodes: vec!["node0".into()],
         }),
+        bincode(&PeerMessage::Recall {
+            nodes: vec![storm_cluster::federation::Recalled {
+                node: "node0".into(),
+                why: "reclaimed for its job 7, which waits there".into(),
+            }],
+        }),
     ]
 }
 
@@ -1021,7 +1027,18 @@ fn control_seeds() -> Vec<Vec<u8>> {
             peer: "c0".into(),
             for_ms: 600_000,
         },
-        Request::Reclaim { nodes: nodes("1") },
+        Request::Reclaim {
+            nodes: nodes("1"),
+            now: false,
+        },
+        Request::Recalls,
+        Request::Recalled {
+            peer: "c1".into(),
+            nodes: vec![storm_cluster::federation::Recalled {
+                node: "n0".into(),
+                why: "its lease ends at 12:00:00".into(),
+            }],
+        },
         Request::BorrowOut {
             lent: vec![("c1".into(), vec!["n0".into()])],
         },
@@ -1213,6 +1230,10 @@ fn journal_seeds() -> Vec<Vec<u8>> {
                     peer: "c0".into(),
                     until_ms: 1_700_000_002_000,
                     asked: true,
+                    recall: Some(storm_cluster::federation::Recall {
+                        why: "its owner's operator reclaimed it".into(),
+                        by_ms: 1_700_000_001_500,
+                    }),
                 }),
             },
         ),

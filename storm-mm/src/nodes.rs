@@ -67,6 +67,9 @@ pub struct Node {
     /// Set by the node's own health verdict (`storm_cluster::health`): kept out of
     /// allocation until a fresh verdict says it is healthy again.
     pub sick: Option<String>,
+    /// A guest slot whose owner calls it home, and why (soft state: the owner says it again
+    /// every period until its guest stops): kept out of allocation until it goes down.
+    pub recalled: Option<String>,
     /// The last registration stamp the MM acted on.
     pub stamp_seen: u64,
     /// The NM process of that registration; `None` before this MM heard from the node.
@@ -109,6 +112,7 @@ impl NodeTable {
             drain: None,
             lent: None,
             sick: None,
+            recalled: None,
             stamp_seen: 0,
             nm: None,
             output_epoch: 1,
@@ -147,7 +151,11 @@ impl NodeTable {
     /// Up, not drained, not lent and not sick: the policy may give it to jobs.
     pub fn is_available(&self, n: NodeId) -> bool {
         let node = &self.nodes[n as usize];
-        self.is_up(n) && node.drain.is_none() && node.lent.is_none() && node.sick.is_none()
+        self.is_up(n)
+            && node.drain.is_none()
+            && node.lent.is_none()
+            && node.sick.is_none()
+            && node.recalled.is_none()
     }
 
     /// What the journal keeps of node `n` across a restart.
@@ -284,6 +292,7 @@ impl NodeTable {
         }
         node.life = Life::Down { reason, since: now };
         node.last_heard = None;
+        node.recalled = None;
         node.last_nudge = Some(now);
         self.silent.remove(&n);
         true
@@ -299,13 +308,27 @@ impl NodeTable {
             (None, Some(s)) => Some(format!("health: {s}")),
             (None, None) => None,
         };
+        if let Some(why) = &node.recalled {
+            let home = format!("its owner calls it home: {why}");
+            drain = Some(match drain {
+                Some(d) => format!("{home}; {d}"),
+                None => home,
+            });
+        }
         if let Some(lease) = &node.lent {
-            let lent = format!(
+            let mut lent = format!(
                 "lent to cluster {}{} until {}",
                 lease.peer,
                 if lease.asked { " on its asking" } else { "" },
                 storm_cluster::clock::format_unix_ms(lease.until_ms)
             );
+            if let Some(r) = &lease.recall {
+                lent.push_str(&format!(
+                    ", called home ({}): back when the borrower gives it back, by {} at the latest",
+                    r.why,
+                    storm_cluster::clock::format_unix_ms(r.by_ms)
+                ));
+            }
             drain = Some(match drain {
                 Some(d) => format!("{lent}; {d}"),
                 None => lent,

@@ -12,12 +12,15 @@
 //!   (four `advertise_ms`), it asks `c2` instead, and `c1` again two patiences later.
 //! * A job without `--borrow` asks nobody; a lender offering nothing is not asked.
 //! * `--less`: a `--borrow` job nobody lends to starts on its one node after the patience.
+//! * A lender calls home a slot a job runs on (`Recalled`, as the agent passes it on): the
+//!   job ends with the lender's reason, the slot takes no new job, and it is given back.
 
 use std::time::Duration;
 
 use storm_cluster::control::{Reply, Request};
 use storm_cluster::federation::{
     BorrowOrder, FederationSection, GuestOf, LenderOrder, Offer, PeerEntry, PeerInfo, PeerState,
+    Recalled,
 };
 use storm_sim::{Sim, SimJob, SimOptions};
 
@@ -199,4 +202,88 @@ fn a_less_job_starts_on_what_it_has_once_its_lenders_had_their_chance() {
     let listing = sim.queue_listing().unwrap();
     let job = listing.iter().find(|j| j.job == id).unwrap();
     assert_eq!(job.nodes.to_string(), "0", "on its own node: {job:?}");
+}
+
+/// A lender calls home the slot a job of this cluster runs on: the job ends with the
+/// lender's own reason (before, it ended only once the guest went silent, with a reason that
+/// named three causes), no job starts on the slot again, and the next orders give it back.
+/// Once its guest stops, the slot is down, and nothing of the call is left.
+#[test]
+fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
+    let mut sim = Sim::up(SimOptions {
+        nodes: 1,
+        federation: FederationSection {
+            listen: Some("127.0.0.1:7100".parse().unwrap()),
+            advertise_ms: ADVERTISE.as_millis() as u64,
+            peer_timeout_ms: 10 * ADVERTISE.as_millis() as u64,
+            ..Default::default()
+        },
+        peers: vec![peer("c1", 7101, 0)],
+        guests: vec![GuestOf {
+            cluster: "c1".into(),
+            node: "n0".into(),
+        }],
+        ..SimOptions::default()
+    })
+    .unwrap();
+    let wide = |work: u64| SimJob {
+        borrow: true,
+        ..SimJob::new(2, Duration::from_secs(work))
+    };
+    let job = sim.submit(&wide(600)).unwrap();
+    let started = sim.run_until(Duration::from_secs(5), |s| !s.started(job).is_empty());
+    assert!(started, "the job did not start on its node and the slot");
+    let why = "reclaimed for its job 7, which waits there";
+    let reply = sim
+        .operator_request(Request::Recalled {
+            peer: "c1".into(),
+            nodes: vec![Recalled {
+                node: "n0".into(),
+                why: why.into(),
+            }],
+        })
+        .unwrap();
+    assert_eq!(reply, Reply::Done);
+    let ended = sim.run_until(Duration::from_secs(10), |s| s.outcome(job).is_some());
+    assert!(ended, "the job on the slot called home did not end");
+    let reason = sim.outcome(job).unwrap().reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains(&format!(
+            "borrowed from cluster c1: its owner took it back ({why})"
+        )),
+        "{reason}"
+    );
+    assert!(
+        !reason.contains("failed"),
+        "a call home is not a failure: {reason}"
+    );
+
+    let next = sim.submit(&wide(1)).unwrap();
+    sim.run_for(Duration::from_secs(1));
+    assert!(
+        sim.started(next).is_empty(),
+        "a job started on a slot called home"
+    );
+    let back: Vec<String> = match sim
+        .operator_request(Request::BorrowOut { lent: vec![] })
+        .unwrap()
+    {
+        Reply::BorrowOut(o) => o.into_iter().flat_map(|o| o.give_back).collect(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(back, vec!["n0".to_string()], "the slot is not given back");
+
+    // Its guest stops: the slot is down, and holds no call home for the next lending.
+    sim.kill(1);
+    sim.run_for(Duration::from_secs(2));
+    let info = sim.state(1);
+    assert_eq!(
+        info.state,
+        storm_cluster::control::NodeState::Down,
+        "{info:?}"
+    );
+    assert!(
+        !info.reason.unwrap_or_default().contains("calls it home"),
+        "the call home outlived the guest"
+    );
 }

@@ -176,11 +176,16 @@ enum Cmd {
         #[arg(long = "for", value_name = "DURATION", value_parser = storm_cluster::control::parse_time_limit)]
         for_ms: u64,
     },
-    /// Call lent nodes home now: the borrower's jobs there end (or are requeued if they
-    /// asked for it).
+    /// Call lent nodes home. The borrower is told why, and its jobs there end (or are
+    /// requeued if they asked for it) with that reason; the nodes come home once it gives
+    /// them back, or after `[federation] vacate_ms` at the latest.
     Reclaim {
         /// Node ids (`0-3,7`) or names (`node0,node5`).
         nodes: String,
+        /// Take them home at once, without telling the borrower (its jobs there see their
+        /// nodes fail).
+        #[arg(long)]
+        now: bool,
     },
     /// Stop the machine manager and every node manager.
     Shutdown,
@@ -324,9 +329,10 @@ fn run(args: Args) -> Result<(), String> {
             },
             false,
         ),
-        Cmd::Reclaim { nodes } => (
+        Cmd::Reclaim { nodes, now } => (
             Request::Reclaim {
                 nodes: node_set(&socket, &nodes)?,
+                now,
             },
             false,
         ),

@@ -1,5 +1,8 @@
 //! Journals of the previous formats, read once and written again in this one.
 //!
+//! * **Format 18** is this format but for the lease: format 19 added whether the owner calls
+//!   a lent node home (`recall`). A lease of format 18 comes over not called home, as it was:
+//!   no earlier storm called a node home with notice.
 //! * **Format 17** is this format but for the job request and the lease: format 18 added
 //!   whether a job may start on fewer nodes (`less`, `--less`) or must stay on one cluster
 //!   (`one_cluster`, `--one-cluster`), and whether a lease was asked for by the peer
@@ -40,7 +43,7 @@ use storm_primitives::NodeSet;
 use super::{JobRecord, JobState, NodeRecord};
 
 /// The formats this module reads.
-pub(super) const READS: [u64; 5] = [13, 14, 15, 16, 17];
+pub(super) const READS: [u64; 6] = [13, 14, 15, 16, 17, 18];
 
 /// A job request as formats 13 and 14 wrote it (the tests write one, too).
 #[derive(Deserialize)]
@@ -165,6 +168,23 @@ struct Lease17 {
     until_ms: u64,
 }
 
+/// A lease as format 18 wrote it: none was called home with notice.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct Lease18 {
+    peer: String,
+    until_ms: u64,
+    asked: bool,
+}
+
+/// A node record as format 18 wrote it.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct NodeRecord18 {
+    drain: Option<String>,
+    lent: Option<Lease18>,
+}
+
 /// A node record as format 17 wrote it.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
@@ -175,6 +195,19 @@ struct NodeRecord17 {
 
 /// A node record of `format` (one of [`READS`]), as this format holds it.
 pub(super) fn node_from(format: u64, bytes: &[u8]) -> Result<NodeRecord, String> {
+    if format == 18 {
+        let (old, _) =
+            storm_primitives::codec::decode::<NodeRecord18>(bytes).map_err(|e| e.to_string())?;
+        return Ok(NodeRecord {
+            drain: old.drain,
+            lent: old.lent.map(|l| storm_cluster::federation::Lease {
+                peer: l.peer,
+                until_ms: l.until_ms,
+                asked: l.asked,
+                recall: None,
+            }),
+        });
+    }
     if format == 17 {
         let (old, _) =
             storm_primitives::codec::decode::<NodeRecord17>(bytes).map_err(|e| e.to_string())?;
@@ -184,6 +217,7 @@ pub(super) fn node_from(format: u64, bytes: &[u8]) -> Result<NodeRecord, String>
                 peer: l.peer,
                 until_ms: l.until_ms,
                 asked: false,
+                recall: None,
             }),
         });
     }
@@ -259,6 +293,12 @@ enum JobState13 {
 /// it does not decode.
 pub(super) fn job_from(format: u64, bytes: &[u8]) -> Result<JobRecord, String> {
     match format {
+        // Format 18's jobs are this format's: only its leases differ.
+        18 => {
+            return storm_primitives::codec::decode::<JobRecord>(bytes)
+                .map(|(r, _)| r)
+                .map_err(|e| e.to_string());
+        }
         17 => return JobRecordOf::<JobRequest17>::read(bytes),
         16 => return JobRecordOf::<JobRequest16>::read(bytes),
         15 => return JobRecordOf::<JobRequest15>::read(bytes),
@@ -399,6 +439,10 @@ mod tests {
             }),
             borrow: r.borrow,
         }
+    }
+
+    fn written_18(rec: &JobRecord) -> Vec<u8> {
+        encode(rec, &rec.req)
     }
 
     fn written_17(rec: &JobRecord) -> Vec<u8> {
@@ -555,6 +599,12 @@ mod tests {
         upgrade_from(17, written_17);
     }
 
+    /// Format 18: jobs are read as they were written (only leases changed shape).
+    #[test]
+    fn a_journal_of_format_18_is_read_and_rewritten_in_this_format() {
+        upgrade_from(18, written_18);
+    }
+
     /// Node record `old`, written by `format`, is read as `want`, and rewritten so.
     fn node_upgrade<T: Serialize>(format: u64, old: &T, want: &NodeRecord) {
         let dir = tempfile::tempdir().unwrap();
@@ -613,9 +663,34 @@ mod tests {
                 peer: "c0".into(),
                 until_ms: 1_700_000_000_000,
                 asked: false,
+                recall: None,
             }),
         };
         node_upgrade(17, &old, &want);
+    }
+
+    /// A node lent in format 18 comes over lent to the same peer until the same time, asked
+    /// for as it was, and not called home.
+    #[test]
+    fn a_lease_of_format_18_comes_over_not_called_home() {
+        let old = NodeRecord18 {
+            drain: None,
+            lent: Some(Lease18 {
+                peer: "c0".into(),
+                until_ms: 1_700_000_000_000,
+                asked: true,
+            }),
+        };
+        let want = NodeRecord {
+            drain: None,
+            lent: Some(storm_cluster::federation::Lease {
+                peer: "c0".into(),
+                until_ms: 1_700_000_000_000,
+                asked: true,
+                recall: None,
+            }),
+        };
+        node_upgrade(18, &old, &want);
     }
 
     /// Format 15: requests come over with their memory and features, asking to run where

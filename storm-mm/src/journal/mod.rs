@@ -58,8 +58,10 @@ mod migrate;
 /// Format 17: a request carries whether it may run on borrowed nodes (`borrow`), and a node
 /// whether it is lent to a peer cluster (`lent`). Format 18: a request carries `less` and
 /// `one_cluster`, and a lease whether the peer `asked` for it (a journal of format 13 to 17
-/// is rewritten in format 18 when opened).
-pub(crate) const FORMAT: u64 = 18;
+/// is rewritten in format 18 when opened). Format 19: a lease carries whether its node is
+/// called home (`recall`; a journal of format 13 to 18 is rewritten in format 19 when
+/// opened).
+pub(crate) const FORMAT: u64 = 19;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<u32, &[u8]> = TableDefinition::new("nodes");

@@ -14,12 +14,18 @@
 //! * guest slots up and idle that no waiting job counts on are given back: the lender takes
 //!   home what it lent on asking (an operator's lease stays until it ends).
 //!
+//! **Nodes called home.** A lender that calls home a node it lent here says so through the
+//! agents ([`Request::Recalled`]): the slot takes no new job, the jobs on it lose it with the
+//! lender's reason (requeued if they asked, else ended), and it is given back as soon as none
+//! holds it, within the lender's `vacate_ms`.
+//!
 //! **`--less`.** A job that may start on fewer nodes is shrunk, when it is the first job
 //! waiting, to the idle nodes it may use now (once its lenders had their chance, for a
 //! `--borrow` job): its request says so from then on (journaled), with as many tasks per node
 //! as before.
 //!
 //! [`Request::BorrowOut`]: storm_cluster::control::Request::BorrowOut
+//! [`Request::Recalled`]: storm_cluster::control::Request::Recalled
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -285,6 +291,17 @@ impl<E: MmEnv> MachineManager<E> {
         self.borrowing
             .asked
             .retain(|(job, _), _| waiting.contains(job));
+        // Slots called home go back once no job holds them.
+        let held: BTreeSet<NodeId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase != Phase::Queued)
+            .flat_map(|j| j.nodes.iter())
+            .collect();
+        let called_home = (0..self.nodes.len() as NodeId).filter(|&n| {
+            self.nodes.is_up(n) && self.nodes.get(n).recalled.is_some() && !held.contains(&n)
+        });
+        idle.extend(called_home);
         // Slots up and idle that no waiting job counts on go back.
         for n in idle {
             let Some(g) = self.cfg.nodes[n as usize].guest_of.as_ref() else {
@@ -306,6 +323,45 @@ impl<E: MmEnv> MachineManager<E> {
                 .push(g.node.clone());
         }
         orders.into_values().collect()
+    }
+
+    /// Lender `peer` calls `nodes` (its names) home: each slot of them that is up here takes
+    /// no new job, and the jobs on it lose it with the lender's reason: requeued if they
+    /// asked for it, else ended. It goes back with the next orders once no job holds it.
+    pub(super) fn recalled(&mut self, peer: &str, nodes: &[storm_cluster::federation::Recalled]) {
+        let slots: BTreeMap<&str, NodeId> = self
+            .cfg
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let g = e.guest_of.as_ref().filter(|g| g.cluster == peer)?;
+                Some((g.node.as_str(), i as NodeId))
+            })
+            .collect();
+        let called: Vec<(NodeId, String)> = nodes
+            .iter()
+            .filter_map(|r| Some((*slots.get(r.node.as_str())?, r.why.clone())))
+            .filter(|&(n, _)| self.nodes.is_up(n) && self.nodes.get(n).recalled.is_none())
+            .collect();
+        for (n, why) in called {
+            tracing::info!(node = n, name = %self.node_name(n), %peer, "its owner calls it home: {why}");
+            self.nodes.get_mut(n).recalled = Some(why.clone());
+            self.policy.set_unavailable(n);
+            let reason = format!(
+                "node {n} ({}), borrowed from cluster {peer}: its owner took it back ({why})",
+                self.node_name(n)
+            );
+            let hit: Vec<JobId> = self
+                .jobs
+                .values()
+                .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
+                .map(|j| j.id)
+                .collect();
+            for id in hit {
+                self.node_lost_job(id, reason.clone());
+            }
+        }
     }
 
     /// The lender's name of guest slot `n`.

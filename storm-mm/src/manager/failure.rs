@@ -189,6 +189,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// Takes node `n` out of the cluster: out of the heartbeat, out of allocation; its jobs end
     /// (or go back to the queue).
     pub(super) fn mark_down(&mut self, n: NodeId, reason: String) {
+        let called_home = self.nodes.get(n).recalled.clone();
         if !self.nodes.set_down(n, reason.clone(), self.now()) {
             return;
         }
@@ -201,16 +202,22 @@ impl<E: MmEnv> MachineManager<E> {
             .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
             .map(|j| j.id)
             .collect();
-        // A borrowed node goes silent when its owner takes it back, as when it fails: this
-        // MM cannot tell which, and says both.
-        let why = match self.cfg.nodes[n as usize].guest_of.as_ref() {
-            Some(g) => format!(
-                "node {n} ({}), borrowed from cluster {}, is gone: its owner took it back, its \
-                 lease ended, or it failed ({reason})",
+        // A borrowed node its owner called home with notice says why; one that went silent
+        // without notice failed, or its owner took it without being able to say so (the
+        // clusters could not speak, its lease ran out, or `storm reclaim --now`).
+        let why = match (self.cfg.nodes[n as usize].guest_of.as_ref(), called_home) {
+            (Some(g), Some(home)) => format!(
+                "node {n} ({}), borrowed from cluster {}: its owner took it back ({home})",
                 self.node_name(n),
                 g.cluster
             ),
-            None => format!("node {n} ({}) failed: {reason}", self.node_name(n)),
+            (Some(g), None) => format!(
+                "node {n} ({}), borrowed from cluster {}, went silent without notice: it \
+                 failed, or its owner took it back unannounced ({reason})",
+                self.node_name(n),
+                g.cluster
+            ),
+            (None, _) => format!("node {n} ({}) failed: {reason}", self.node_name(n)),
         };
         for id in hit {
             self.node_lost_job(id, why.clone());

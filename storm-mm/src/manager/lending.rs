@@ -2,15 +2,23 @@
 //!
 //! `storm lend NODES --to PEER --for DURATION` lends idle nodes for a lease: each is kept out
 //! of this cluster's allocation (`lent`, journaled), and its NM is told, in a sealed heartbeat
-//! command, to start the guest NM that joins the peer's fabric. The node comes home when the
-//! operator reclaims it (`storm reclaim`) or when the lease ends (the guest stops itself then,
-//! whatever it hears; this MM takes the node back at the same time). Coming home, the NM
-//! stops the guest before it takes its next command, so a job of this cluster placed there
-//! afterwards never starts beside a guest's task.
+//! command, to start the guest NM that joins the peer's fabric.
+//!
+//! **Calling a node home.** The owner calls a lent node home when its operator reclaims it
+//! (`storm reclaim`), when a job of its own waits for it, and shortly before its lease ends.
+//! The lease then carries the reason (`recall`, journaled), which the agent tells the
+//! borrower; the borrower preempts its jobs there with that reason and gives the node back
+//! (Condor's vacate). It comes home then, or `[federation] vacate_ms` later whether the
+//! borrower answered or not. A node comes home at once, without notice, when the borrower
+//! cannot be told (it is away, or this cluster's agent is silent), with `storm reclaim --now`,
+//! and when the lease has ended (the guest stops itself then, whatever it hears).
+//!
+//! Coming home, the NM stops the guest before it takes its next command, so a job of this
+//! cluster placed there afterwards never starts beside a guest's task.
 
 use std::time::Duration;
 
-use storm_cluster::federation::Lease;
+use storm_cluster::federation::{Lease, Recall, Recalled};
 use storm_cluster::messages::{Command, JobId};
 use storm_primitives::{NodeId, NodeSet};
 
@@ -90,6 +98,7 @@ impl<E: MmEnv> MachineManager<E> {
             peer: peer.to_string(),
             until_ms,
             asked,
+            recall: None,
         });
         self.policy.set_unavailable(n);
         self.outbox.journal.put_node(n, self.nodes.record(n));
@@ -109,12 +118,13 @@ impl<E: MmEnv> MachineManager<E> {
     ) -> Result<Vec<String>, String> {
         self.check_lends_to(peer)?;
         let asked: Vec<NodeId> = self.own_nodes_named(names).into_iter().collect();
+        // A node called home is on its way back: it neither counts nor is named as lent.
         let lent_to_peer = |me: &Self, n: NodeId| {
             me.nodes
                 .get(n)
                 .lent
                 .as_ref()
-                .is_some_and(|l| l.peer == peer)
+                .is_some_and(|l| l.peer == peer && l.recall.is_none())
         };
         let have = asked.iter().filter(|&&n| lent_to_peer(self, n)).count() as u32;
         let own_waiting = !self.waiting_own_jobs().is_empty();
@@ -141,8 +151,9 @@ impl<E: MmEnv> MachineManager<E> {
             .collect())
     }
 
-    /// Peer `peer` gives back `names`: those it borrowed on its asking come home (an
-    /// operator's lease runs to its end or to `storm reclaim`).
+    /// Peer `peer` gives back `names`: those it borrowed on its asking, and those called
+    /// home, come home (an operator's lease otherwise runs to its end or to `storm
+    /// reclaim`).
     pub(super) fn give_back(&mut self, peer: &str, names: &[String]) {
         for n in self.own_nodes_named(names) {
             if self
@@ -150,11 +161,76 @@ impl<E: MmEnv> MachineManager<E> {
                 .get(n)
                 .lent
                 .as_ref()
-                .is_some_and(|l| l.peer == peer && l.asked)
+                .is_some_and(|l| l.peer == peer && (l.asked || l.recall.is_some()))
             {
                 self.come_home(n, "given back by the borrower");
             }
         }
+    }
+
+    /// Whether borrower `peer` can be told of a node called home now: it is `up` in the last
+    /// report of this cluster's agent, and that report is fresh (three of the agent's periods,
+    /// or half the peer timeout).
+    fn borrower_hears(&self, peer: &str) -> bool {
+        let fed = &self.cfg.federation;
+        let stale = (3 * fed.advertise_every()).max(fed.peer_timeout() / 2);
+        let now = self.now();
+        self.peers.as_ref().is_some_and(|(at, infos)| {
+            now.saturating_duration_since(*at) <= stale
+                && infos
+                    .iter()
+                    .any(|i| i.name == peer && i.state == storm_cluster::federation::PeerState::Up)
+        })
+    }
+
+    /// Calls lent node `n` home for `why`: with notice (the borrower is told, and has
+    /// `[federation] vacate_ms` to give it back) when the borrower can hear it; else at once,
+    /// or, `unless_unheard`, not yet (a lease about to end runs to its end). A node called
+    /// home already keeps its first reason and its deadline.
+    fn call_home(&mut self, n: NodeId, why: &str, unless_unheard: bool) {
+        let Some(lease) = self.nodes.get(n).lent.as_ref() else {
+            return;
+        };
+        if lease.recall.is_some() {
+            return;
+        }
+        let vacate = self.cfg.federation.vacate_ms;
+        if vacate == 0 || !self.borrower_hears(&lease.peer) {
+            if !unless_unheard {
+                self.come_home(
+                    n,
+                    &format!("{why} (at once: its borrower could not be told)"),
+                );
+            }
+            return;
+        }
+        let by_ms = self.unix_ms() + vacate;
+        let peer = lease.peer.clone();
+        if let Some(l) = self.nodes.get_mut(n).lent.as_mut() {
+            l.recall = Some(Recall {
+                why: why.to_string(),
+                by_ms,
+            });
+        }
+        self.outbox.journal.put_node(n, self.nodes.record(n));
+        tracing::info!(node = n, name = %self.node_name(n), %peer, by_ms, "called home: {why}");
+    }
+
+    /// The lent nodes called home, by borrower, for this cluster's agent to tell them
+    /// ([`storm_cluster::control::Request::Recalls`]).
+    pub(super) fn recalls(&self) -> Vec<(String, Vec<Recalled>)> {
+        let mut by_peer: std::collections::BTreeMap<String, Vec<Recalled>> = Default::default();
+        for n in 0..self.nodes.len() as NodeId {
+            if let Some(l) = &self.nodes.get(n).lent
+                && let Some(r) = &l.recall
+            {
+                by_peer.entry(l.peer.clone()).or_default().push(Recalled {
+                    node: self.node_name(n).to_string(),
+                    why: r.why.clone(),
+                });
+            }
+        }
+        by_peer.into_iter().collect()
     }
 
     /// Every node lent to a peer that has been away (its agent or its MM gone, or the link
@@ -227,12 +303,13 @@ impl<E: MmEnv> MachineManager<E> {
             .collect()
     }
 
-    /// A job of this cluster that has waited `[federation] reclaim_after_ms` takes back, of
+    /// A job of this cluster that has waited `[federation] reclaim_after_ms` calls home, of
     /// the nodes lent on a peer's asking that suit it (its `--constraint`), as many as it
-    /// lacks beside the idle ones that suit it: the borrower's jobs on them lose those nodes
-    /// (requeued if they asked, else ended). Nothing is taken back for a job those nodes
-    /// would not let start (too few of them suit it, or it needs nodes still busy here): the
-    /// borrower keeps them until they would.
+    /// lacks beside the idle ones that suit it and those called home already: the
+    /// borrower's jobs on them lose those nodes (requeued if they asked, else ended), told
+    /// why. Nothing is called home for a job those nodes would not let start (too few of
+    /// them suit it, or it needs nodes still busy here): the borrower keeps them until they
+    /// would.
     pub(super) fn reclaim_for_own_queue(&mut self) {
         let after = Duration::from_millis(self.cfg.federation.reclaim_after_ms);
         let Some(&(id, _)) = self
@@ -245,52 +322,98 @@ impl<E: MmEnv> MachineManager<E> {
         let job = &self.jobs[&id];
         let (need, bits) = (job.plan.nodes, self.feature_bits(&job.req, job.plan.nodes));
         let suits = |me: &Self, n: NodeId| me.node_features[n as usize] & bits == bits;
-        let lent: Vec<NodeId> = (0..self.nodes.len() as NodeId)
+        let (coming, lent): (Vec<NodeId>, Vec<NodeId>) = (0..self.nodes.len() as NodeId)
             .filter(|&n| self.nodes.get(n).lent.as_ref().is_some_and(|l| l.asked))
             .filter(|&n| suits(self, n))
-            .collect();
+            .partition(|&n| {
+                self.nodes
+                    .get(n)
+                    .lent
+                    .as_ref()
+                    .is_some_and(|l| l.recall.is_some())
+            });
         let idle = self
             .idle_nodes()
             .into_iter()
             .filter(|&n| suits(self, n))
             .count() as u32;
-        if lent.is_empty() || idle + (lent.len() as u32) < need {
+        let have = idle + coming.len() as u32;
+        if lent.is_empty() || have + (lent.len() as u32) < need {
             return;
         }
-        let back = need.saturating_sub(idle) as usize;
+        let back = need.saturating_sub(have) as usize;
         for &n in lent.iter().take(back) {
-            self.come_home(n, &format!("reclaimed for job {id}, which waits here"));
+            self.call_home(
+                n,
+                &format!("reclaimed for its job {id}, which waits there"),
+                false,
+            );
         }
     }
 
-    /// `storm reclaim`: the lent nodes among `nodes` come home now; the others are left as
-    /// they are. Returns how many came home.
-    pub(super) fn reclaim(&mut self, nodes: &NodeSet) -> Result<u32, String> {
+    /// `storm reclaim`: the lent nodes among `nodes` are called home (`now`: they come home
+    /// at once, without notice); the others are left as they are. Returns how many were lent,
+    /// and how many of those are home now.
+    pub(super) fn reclaim(&mut self, nodes: &NodeSet, now: bool) -> Result<(u32, u32), String> {
         self.check_nodes(nodes)?;
         let lent: Vec<NodeId> = nodes
             .iter()
             .filter(|&n| self.nodes.get(n).lent.is_some())
             .collect();
         for &n in &lent {
-            self.come_home(n, "reclaimed by its owner");
+            if now {
+                self.come_home(n, "reclaimed at once by its owner's operator");
+            } else {
+                self.call_home(n, "its owner's operator reclaimed it", false);
+            }
         }
-        Ok(lent.len() as u32)
+        let home = lent
+            .iter()
+            .filter(|&&n| self.nodes.get(n).lent.is_none())
+            .count() as u32;
+        Ok((lent.len() as u32, home))
     }
 
-    /// Takes back every lent node whose lease has ended (its guest stopped itself).
+    /// Takes back every lent node whose lease has ended (its guest stopped itself), or whose
+    /// borrower did not give it back within `[federation] vacate_ms` of its call home; calls
+    /// home, `vacate_ms` ahead, every node whose lease is about to end.
     pub(super) fn end_leases(&mut self) {
         let now_ms = self.unix_ms();
-        let ended: Vec<NodeId> = (0..self.nodes.len() as NodeId)
-            .filter(|&n| {
-                self.nodes
-                    .get(n)
-                    .lent
-                    .as_ref()
-                    .is_some_and(|l| l.until_ms <= now_ms)
-            })
-            .collect();
-        for n in ended {
-            self.come_home(n, "its lease ended");
+        let vacate = self.cfg.federation.vacate_ms;
+        let mut ended = Vec::new();
+        let mut ending = Vec::new();
+        for n in 0..self.nodes.len() as NodeId {
+            let Some(l) = &self.nodes.get(n).lent else {
+                continue;
+            };
+            if l.until_ms <= now_ms {
+                ended.push((n, "its lease ended".to_string()));
+            } else if let Some(r) = &l.recall {
+                if r.by_ms <= now_ms {
+                    ended.push((
+                        n,
+                        format!(
+                            "{} (its borrower did not give it back within {vacate} ms)",
+                            r.why
+                        ),
+                    ));
+                }
+            } else if l.until_ms <= now_ms + vacate {
+                ending.push((n, l.until_ms));
+            }
+        }
+        for (n, why) in ended {
+            self.come_home(n, &why);
+        }
+        for (n, until_ms) in ending {
+            self.call_home(
+                n,
+                &format!(
+                    "its lease ends at {}",
+                    storm_cluster::clock::format_unix_ms(until_ms)
+                ),
+                true,
+            );
         }
     }
 

@@ -352,11 +352,34 @@ impl<E: MmEnv> MachineManager<E> {
                 });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
-            Request::Reclaim { nodes } => {
+            Request::Reclaim { nodes, now } => {
                 let reply = self.operator(client, uid, "reclaim nodes").and_then(|()| {
-                    let back = self.reclaim(&nodes)?;
-                    Ok(Reply::Notice(format!("{back} lent node(s) called home")))
+                    let (lent, home) = self.reclaim(&nodes, now)?;
+                    Ok(Reply::Notice(if home == lent {
+                        format!("{lent} lent node(s) home now")
+                    } else {
+                        format!(
+                            "{lent} lent node(s) called home: {home} home now, the others once \
+                             their borrower gives them back (it was told why), within {} ms",
+                            self.cfg.federation.vacate_ms
+                        )
+                    }))
                 });
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Recalls => {
+                let reply = self
+                    .operator(client, uid, "take the nodes this cluster calls home")
+                    .map(|()| Reply::Recalls(self.recalls()));
+                self.reply(client, reply.unwrap_or_else(Reply::Error));
+            }
+            Request::Recalled { peer, nodes } => {
+                let reply = self
+                    .operator(client, uid, "pass on the nodes a lender calls home")
+                    .map(|()| {
+                        self.recalled(&peer, &nodes);
+                        Reply::Done
+                    });
                 self.reply(client, reply.unwrap_or_else(Reply::Error));
             }
             Request::BorrowOut { lent } => {
