@@ -487,5 +487,12 @@ pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         format!("{:.1} agent periods", m.given_back.median() / ap),
         "-".to_string(),
     ]);
+    lending.push(vec![
+        "called home under a job (notice)".to_string(),
+        crate::stats::fmt_time(m.called_home.median()),
+        crate::stats::fmt_time(m.called_home.quantile(0.95)),
+        format!("{:.1} agent periods", m.called_home.median() / ap),
+        "-".to_string(),
+    ]);
     Ok(vec![table, ratios, lending])
 }

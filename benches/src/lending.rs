@@ -20,7 +20,11 @@
 //! each round a `--borrow -C guest` job of `nodes` nodes is submitted with no node lent, and
 //! its storm-submit's wall time taken (the agents' asking, the lend and the launch); then the
 //! time from its end until the borrower has given the nodes back (the lender shows them idle,
-//! the borrower no guest slot up). Both are reported in agent periods.
+//! the borrower no guest slot up). Last, each round, a `--borrow -C guest` job that sleeps is
+//! running on the lent nodes when the lender's operator calls them home with notice (`storm
+//! reclaim` without `--now`): from the request until they are home (the lender's agent tells
+//! the borrower's, whose MM ends the job there and gives them back). All three are reported
+//! in agent periods.
 //!
 //! The MMs are asked with the control protocol directly, every millisecond: the poll adds at
 //! most that to each time.
@@ -54,6 +58,9 @@ pub struct Lending {
     pub borrow_asked: Samples,
     /// From that job's end until its nodes are home.
     pub given_back: Samples,
+    /// From `storm reclaim` (with notice) under a running borrowed job until its nodes are
+    /// home: the agents tell the borrower, which ends the job and gives them back.
+    pub called_home: Samples,
 }
 
 /// The agents' period in this bench.
@@ -233,6 +240,7 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
         agent_period: Duration::from_millis(AGENT_PERIOD_MS),
         borrow_asked: Samples::from_secs(Vec::new()),
         given_back: Samples::from_secs(Vec::new()),
+        called_home: Samples::from_secs(Vec::new()),
     };
     let (mut lend, mut back, mut home, mut borrowed) = (vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
@@ -304,10 +312,52 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
         until(&pair, "the borrowed nodes go back", home_again)?;
         given.push(ended.elapsed().as_secs_f64());
     }
+    // Called home with notice under a running borrowed job: the lender's agent tells the
+    // borrower's, whose MM ends the job there and gives the nodes back.
+    let mut called = vec![];
+    for _ in 0..rounds {
+        let job = Command::new(storm_cli::local::bin_dir()?.join("storm-submit"))
+            .arg("--socket")
+            .arg(pair.borrower.socket())
+            .args(["--borrow", "-C", "guest", "-N", &n, "/bin/sleep", "60"])
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut job = Killed(job);
+        until(&pair, "the borrowed job runs", |b, _| {
+            b.iter()
+                .filter(|n| guest(n))
+                .all(|n| n.state == NodeState::Allocated)
+        })?;
+        let asked = Instant::now();
+        call(
+            &pair.lender,
+            &Request::Reclaim {
+                nodes: all.clone(),
+                now: false,
+            },
+        )?;
+        until(&pair, "the nodes called home come home", home_again)?;
+        called.push(asked.elapsed().as_secs_f64());
+        let _ = job.0.wait();
+    }
     drop(agents);
     m.borrow_asked = Samples::from_secs(asked);
     m.given_back = Samples::from_secs(given);
+    m.called_home = Samples::from_secs(called);
     let _ = pair.borrower.shutdown();
     let _ = pair.lender.shutdown();
     Ok(m)
+}
+
+/// A child killed when dropped (a bench that fails midway leaves no job's storm-submit).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

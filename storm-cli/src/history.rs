@@ -1,6 +1,6 @@
 //! `storm history`'s filters, as sacct's: `--since` (a time ago, `30m`, `2h`, `3d`, or a
 //! local date, `2026-11-27` or `2026-11-27T08:00`), `--user` (a name or uid) and `--state`
-//! (`completed,failed,cancelled,timeout,node_fail`).
+//! (`completed,failed,cancelled,timeout,node_fail,out_of_memory,preempted`).
 
 use storm_cluster::control::{JobInfo, JobState};
 
@@ -15,13 +15,14 @@ pub struct HistoryFilter {
 }
 
 /// The states a job can end in.
-const ENDED: [JobState; 6] = [
+const ENDED: [JobState; 7] = [
     JobState::Completed,
     JobState::Failed,
     JobState::Cancelled,
     JobState::Timeout,
     JobState::NodeFail,
     JobState::OutOfMemory,
+    JobState::Preempted,
 ];
 
 impl HistoryFilter {

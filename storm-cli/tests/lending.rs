@@ -22,6 +22,9 @@
 //!   guest again, and the job runs again on the slot.
 //! * The lent node's NM alone is killed outright, its guest left running: the NM that starts
 //!   next stops that orphan and runs a guest of its own; the `--requeue` job runs again.
+//! * The guest freezes under a borrowed job and `storm reclaim --now` takes the node home:
+//!   the guest is killed outright after its 3 s, and what its task started in a session of
+//!   its own, left behind, is killed by the home NM.
 //!
 //! Borrowing by asking (two more clusters, both peer agents running) is described at its
 //! test; so is a lender whose MM freezes and thaws.
@@ -437,6 +440,70 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         now.len() == 1 && now != orphan,
         "one guest, the new NM's: {now:?} (the orphan was {orphan:?})"
     );
+
+    // The guest freezes (SIGSTOP) under a borrowed job, and the lender's operator reclaims
+    // the node at once: the guest does not stop within its 3 s and is killed outright. The
+    // task itself dies with its launcher (its parent-death signal), but what it started in
+    // a session of its own (`setsid`) does not: left in the borrower's group on the node, it
+    // is killed by the home NM. (Before, it ran on beside the lender's jobs until another
+    // guest for that slot started.)
+    wait_state(
+        &borrower,
+        "lender-node0",
+        &["idle"],
+        "the slot is free again",
+    );
+    let frozen = support::script(
+        shared.path(),
+        "frozen.sh",
+        "setsid sleep 301 < /dev/null > /dev/null 2>&1 &\nexec sleep 302\n",
+    );
+    let held = borrower
+        .submit_cmd_as(NOBODY, &["-N", "2", "--borrow", frozen.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_until(
+        Duration::from_secs(30),
+        "the task on the lent node runs",
+        || {
+            live_processes(daemon_uid, &["sleep", "301"])
+                .is_empty()
+                .then(|| "no task of the guest's yet".to_string())
+        },
+    );
+    let guests = live_processes(0, &["--guest-user", &our_guests]);
+    assert_eq!(guests.len(), 1, "{guests:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guests[0] as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let out = lender.storm(&["reclaim", "--now", "node0"]);
+    assert!(
+        out.status.success() && support::text(&out.stdout).contains("1 lent node(s) home now"),
+        "{}{}",
+        support::text(&out.stdout),
+        support::text(&out.stderr)
+    );
+    support::wait_until(
+        Duration::from_secs(30),
+        "the frozen guest and its task are gone",
+        || {
+            let (guests, tasks) = (
+                live_processes(0, &["--guest-user", &our_guests]),
+                live_processes(daemon_uid, &["sleep", "301"]),
+            );
+            (!guests.is_empty() || !tasks.is_empty())
+                .then(|| format!("guests {guests:?}, its tasks {tasks:?}"))
+        },
+    );
+    let out = output_within(held, Duration::from_secs(60))
+        .expect("the borrowed job ends once its slot went silent");
+    assert!(!out.status.success(), "{}", support::text(&out.stdout));
+    let out = lender.submit_as(NOBODY, &[where_.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
 }
 
 /// What the lines of a job's output say of where its tasks ran: each task of `where.sh`
@@ -716,6 +783,12 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
             "the node called home, and the one given back",
         );
     }
+    let listed = support::text(&asker.storm(&["history", "--state", "preempted"]).stdout);
+    assert_eq!(
+        listed.matches("long.sh").count(),
+        1,
+        "storm history shows the job preempted: {listed}"
+    );
 
     // The borrower's MM dies under a borrowed job: the lender takes its nodes home.
     let long = support::script(shared.path(), "long.sh", "sleep 300\n");

@@ -560,6 +560,9 @@ pub enum EndCause {
     NodeFail,
     /// It failed, and the kernel's OOM killer had killed some of its processes.
     OutOfMemory,
+    /// A node of it, borrowed from a peer cluster, was called home by its owner (sacct's
+    /// `PREEMPTED`).
+    Preempted,
 }
 
 impl JobOutcome {
@@ -570,6 +573,7 @@ impl JobOutcome {
             Some(EndCause::Timeout) => JobState::Timeout,
             Some(EndCause::NodeFail) => JobState::NodeFail,
             Some(EndCause::OutOfMemory) => JobState::OutOfMemory,
+            Some(EndCause::Preempted) => JobState::Preempted,
             None if self.exit_code() == 0 => JobState::Completed,
             None => JobState::Failed,
         }
@@ -630,6 +634,8 @@ pub enum JobState {
     NodeFail,
     /// Failed, with processes killed by the kernel's OOM killer.
     OutOfMemory,
+    /// Ended because the owner of a node it borrowed called that node home.
+    Preempted,
 }
 
 impl JobState {
@@ -650,6 +656,7 @@ impl JobState {
             JobState::Timeout => "timeout",
             JobState::NodeFail => "node_fail",
             JobState::OutOfMemory => "out_of_memory",
+            JobState::Preempted => "preempted",
         }
     }
 }

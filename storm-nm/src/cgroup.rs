@@ -83,6 +83,50 @@ impl Cgroups {
     /// (`storm/<cluster>/<node>`), removing what an earlier NM of this node left there (its
     /// processes killed first). `None` (with the reason logged) where groups cannot be made.
     pub fn open(mode: CgroupMode, cluster: &str, node: &str) -> Self {
+        let groups = Self::locate(mode, cluster, node);
+        if !groups.enabled() {
+            if mode != CgroupMode::None {
+                tracing::warn!(
+                    ?mode,
+                    "no cgroup file system for jobs here: a job's processes that leave its \
+                     process group can outlive it, and no CPU time or memory is recorded"
+                );
+            }
+            return groups;
+        }
+        for base in groups.bases() {
+            if base.exists() {
+                kill_tree(&base);
+            }
+            if let Err(e) = std::fs::create_dir_all(&base) {
+                tracing::warn!(
+                    "cannot make {} ({e}): jobs run without cgroups (a process that leaves its \
+                     job's process group can outlive it)",
+                    base.display()
+                );
+                return Cgroups::None;
+            }
+        }
+        if let Cgroups::V2(base) = &groups {
+            enable_v2_controllers(base);
+        }
+        tracing::info!(cgroups = ?groups, "jobs run in cgroups");
+        groups
+    }
+
+    /// Kills every process left in node `node` of cluster `cluster`'s groups, where `mode`
+    /// puts them, and removes the groups: what a guest NM killed outright leaves behind (its
+    /// tasks, in the borrower's groups on this node). Whether any group was there.
+    pub fn sweep(mode: CgroupMode, cluster: &str, node: &str) -> bool {
+        let groups = Self::locate(mode, cluster, node);
+        let found = groups.bases().iter().any(|b| b.exists());
+        // Dropped, they kill what is left in them and go.
+        drop(groups);
+        found
+    }
+
+    /// Where `mode` puts node `node` of cluster `cluster`'s groups, without making them.
+    fn locate(mode: CgroupMode, cluster: &str, node: &str) -> Self {
         if mode == CgroupMode::None {
             return Cgroups::None;
         }
@@ -111,36 +155,11 @@ impl Cgroups {
             CgroupMode::Auto => v2.is_some().then_some(false),
             CgroupMode::None => None,
         };
-        let groups = match chosen {
+        match chosen {
             Some(true) => Cgroups::V1(v1.iter().map(|(c, p)| (*c, sub(p))).collect()),
             Some(false) => Cgroups::V2(sub(v2.as_deref().expect("chosen"))),
-            None => {
-                tracing::warn!(
-                    ?mode,
-                    "no cgroup file system for jobs here: a job's processes that leave its \
-                     process group can outlive it, and no CPU time or memory is recorded"
-                );
-                return Cgroups::None;
-            }
-        };
-        for base in groups.bases() {
-            if base.exists() {
-                kill_tree(&base);
-            }
-            if let Err(e) = std::fs::create_dir_all(&base) {
-                tracing::warn!(
-                    "cannot make {} ({e}): jobs run without cgroups (a process that leaves its \
-                     job's process group can outlive it)",
-                    base.display()
-                );
-                return Cgroups::None;
-            }
+            None => Cgroups::None,
         }
-        if let Cgroups::V2(base) = &groups {
-            enable_v2_controllers(base);
-        }
-        tracing::info!(cgroups = ?groups, "jobs run in cgroups");
-        groups
     }
 
     fn bases(&self) -> Vec<PathBuf> {

@@ -6,7 +6,11 @@
 //! joins the peer's fabric like any node (registration, heartbeats, launch, gang slots), runs
 //! the peer's jobs as this cluster's account for the peer (`[[peer]] flock_user`, never
 //! root), and stops itself at the lease's end whatever it hears. The home NM stops it when
-//! the node comes home; its tasks, in the guest's own cgroups, die with it.
+//! the node comes home; its tasks, in the guest's own cgroups, die with it. Whatever a guest
+//! leaves there (it was killed outright, as it did not stop in time or an NM before this one
+//! was killed under it, and a task had started a process in a session of its own) the home
+//! NM kills before it takes the node's next command, so nothing of the borrower's outlives
+//! the lease beside the lender's jobs.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -40,6 +44,26 @@ struct Running {
     peer: String,
     until_ms: u64,
     child: Child,
+    /// Where its jobs' groups are.
+    groups: GuestGroups,
+}
+
+/// Where a guest's jobs' cgroups are on this node: the borrower's cgroup mode, its cluster
+/// name and the slot's name (`storm/<borrower>/<slot>/job-N`).
+#[derive(Debug, Clone)]
+struct GuestGroups {
+    mode: crate::cgroup::CgroupMode,
+    cluster: String,
+    slot: String,
+}
+
+impl GuestGroups {
+    /// Kills what the guest left in its groups, and removes them.
+    fn sweep(&self) {
+        if crate::cgroup::Cgroups::sweep(self.mode, &self.cluster, &self.slot) {
+            tracing::info!(borrower = %self.cluster, slot = %self.slot, "the guest's job groups were swept: nothing of the borrower's runs here now");
+        }
+    }
 }
 
 impl GuestProcess {
@@ -49,17 +73,25 @@ impl GuestProcess {
     /// and its MM tells it again to run a guest if the node is still lent.
     pub fn new(config: std::sync::Arc<ClusterConfig>, node: String, dir: DaemonDir) -> Self {
         stop_orphan(&dir);
-        Self {
+        let me = Self {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("storm-nm")),
             config,
             node,
             dir,
             running: None,
+        };
+        // No guest runs now: whatever one left in any borrower's groups here goes.
+        for p in me.config.peers.iter().filter(|p| p.lend) {
+            if let Ok((_, groups)) = me.guest_of(&p.name) {
+                groups.sweep();
+            }
         }
+        me
     }
 
-    /// The guest's command line for peer `peer`, or why it cannot run.
-    fn command(&self, peer: &str, until_ms: u64) -> Result<Command, String> {
+    /// Peer `peer`'s cluster file (as this cluster installed it) and where its guest's groups
+    /// are, or why it cannot lend to it.
+    fn guest_of(&self, peer: &str) -> Result<(ClusterConfig, GuestGroups), String> {
         let entry = self
             .config
             .peers
@@ -68,9 +100,6 @@ impl GuestProcess {
             .ok_or_else(|| format!("this cluster does not lend to {peer}"))?;
         let file = entry.guest_file.as_ref().ok_or_else(|| {
             format!("[[peer]] {peer} names no guest_file (the peer's cluster file on this node)")
-        })?;
-        let user = entry.flock_user.as_ref().ok_or_else(|| {
-            format!("[[peer]] {peer} names no flock_user to run its jobs as on lent nodes")
         })?;
         let theirs = ClusterConfig::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
         let slot = theirs
@@ -83,11 +112,33 @@ impl GuestProcess {
                     self.config.cluster.name
                 )
             })?;
+        let groups = GuestGroups {
+            mode: theirs.cluster.cgroups,
+            cluster: theirs.cluster.name.clone(),
+            slot: theirs.nodes[slot as usize].name.clone(),
+        };
+        Ok((theirs, groups))
+    }
+
+    /// The guest's command line for peer `peer`, and where its groups will be, or why it
+    /// cannot run.
+    fn command(&self, peer: &str, until_ms: u64) -> Result<(Command, GuestGroups), String> {
+        let (_, groups) = self.guest_of(peer)?;
+        let entry = self
+            .config
+            .peers
+            .iter()
+            .find(|p| p.name == peer && p.lend)
+            .ok_or_else(|| format!("this cluster does not lend to {peer}"))?;
+        let file = entry.guest_file.as_ref().expect("guest_of checked it");
+        let user = entry.flock_user.as_ref().ok_or_else(|| {
+            format!("[[peer]] {peer} names no flock_user to run its jobs as on lent nodes")
+        })?;
         let mut cmd = Command::new(&self.exe);
         cmd.arg("--config")
             .arg(file)
             .arg("--node")
-            .arg(&theirs.nodes[slot as usize].name)
+            .arg(&groups.slot)
             .arg("--guest-user")
             .arg(user)
             .arg("--lease-until")
@@ -95,7 +146,7 @@ impl GuestProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         // Its log goes where this NM's goes (stderr).
-        Ok(cmd)
+        Ok((cmd, groups))
     }
 
     /// Whether the guest still runs (reaping it if it ended).
@@ -105,6 +156,9 @@ impl GuestProcess {
                 Ok(None) => true,
                 Ok(Some(status)) => {
                     tracing::info!(peer = %r.peer, %status, "the guest NM ended");
+                    // Ended by itself (its lease's end), or killed by someone: what it
+                    // left goes.
+                    r.groups.sweep();
                     self.running = None;
                     false
                 }
@@ -131,11 +185,14 @@ impl GuestRunner for GuestProcess {
         if until_ms <= storm_cluster::daemon::unix_ms() {
             return;
         }
-        let child = self
-            .command(peer, until_ms)
-            .and_then(|mut c| c.spawn().map_err(|e| format!("starting the guest NM: {e}")));
+        let child = self.command(peer, until_ms).and_then(|(mut c, groups)| {
+            let child = c
+                .spawn()
+                .map_err(|e| format!("starting the guest NM: {e}"))?;
+            Ok((child, groups))
+        });
         match child {
-            Ok(child) => {
+            Ok((child, groups)) => {
                 tracing::info!(%peer, until_ms, pid = child.id(), "lent: guest NM started");
                 let recorded = self.dir.create_file(PID_FILE).and_then(|mut f| {
                     std::io::Write::write_all(&mut f, child.id().to_string().as_bytes())
@@ -147,6 +204,7 @@ impl GuestRunner for GuestProcess {
                     peer: peer.to_string(),
                     until_ms,
                     child,
+                    groups,
                 });
             }
             Err(e) => tracing::error!(%peer, "cannot lend this node: {e}"),
@@ -166,17 +224,22 @@ impl GuestRunner for GuestProcess {
             match r.child.try_wait() {
                 Ok(Some(status)) => {
                     tracing::info!(peer = %r.peer, %status, "home again: guest NM stopped");
-                    return;
+                    break;
                 }
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5))
                 }
-                _ => break,
+                _ => {
+                    tracing::warn!(peer = %r.peer, "the guest NM did not stop in time: killed");
+                    let _ = r.child.kill();
+                    let _ = r.child.wait();
+                    break;
+                }
             }
         }
-        tracing::warn!(peer = %r.peer, "the guest NM did not stop in time: killed");
-        let _ = r.child.kill();
-        let _ = r.child.wait();
+        // A guest killed outright left its tasks; one that stopped took them along (nothing
+        // to do then, but a look).
+        r.groups.sweep();
     }
 }
 

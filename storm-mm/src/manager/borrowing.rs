@@ -359,7 +359,7 @@ impl<E: MmEnv> MachineManager<E> {
                 .map(|j| j.id)
                 .collect();
             for id in hit {
-                self.node_lost_job(id, reason.clone());
+                self.node_called_home_under_job(id, reason.clone());
             }
         }
     }

@@ -205,6 +205,7 @@ impl<E: MmEnv> MachineManager<E> {
         // A borrowed node its owner called home with notice says why; one that went silent
         // without notice failed, or its owner took it without being able to say so (the
         // clusters could not speak, its lease ran out, or `storm reclaim --now`).
+        let preempted = called_home.is_some();
         let why = match (self.cfg.nodes[n as usize].guest_of.as_ref(), called_home) {
             (Some(g), Some(home)) => format!(
                 "node {n} ({}), borrowed from cluster {}: its owner took it back ({home})",
@@ -220,7 +221,11 @@ impl<E: MmEnv> MachineManager<E> {
             (None, _) => format!("node {n} ({}) failed: {reason}", self.node_name(n)),
         };
         for id in hit {
-            self.node_lost_job(id, why.clone());
+            if preempted {
+                self.node_called_home_under_job(id, why.clone());
+            } else {
+                self.node_lost_job(id, why.clone());
+            }
         }
     }
 
@@ -229,6 +234,17 @@ impl<E: MmEnv> MachineManager<E> {
     /// it goes back to the head of the queue by itself. A job that started ends, or, submitted
     /// with `--requeue`, goes back to the end of the queue. A cancelled job just ends.
     pub(super) fn node_lost_job(&mut self, id: JobId, why: String) {
+        self.lose_job_node(id, why, storm_cluster::control::EndCause::NodeFail);
+    }
+
+    /// As [`Self::node_lost_job`], for a node its owner called home (a borrowed node): a job
+    /// that started and did not ask to be requeued ends as `preempted`, not `node_fail`.
+    pub(super) fn node_called_home_under_job(&mut self, id: JobId, why: String) {
+        self.lose_job_node(id, why, storm_cluster::control::EndCause::Preempted);
+    }
+
+    /// Job `id` lost a node for `why`; a job that started, and ends for it, ends for `cause`.
+    fn lose_job_node(&mut self, id: JobId, why: String, cause: storm_cluster::control::EndCause) {
         let Some(j) = self.jobs.get(&id) else {
             return;
         };
@@ -253,7 +269,7 @@ impl<E: MmEnv> MachineManager<E> {
             }
             Phase::Running | Phase::Recovering => {
                 if let Some(j) = self.jobs.get_mut(&id) {
-                    j.end_cause = Some(storm_cluster::control::EndCause::NodeFail);
+                    j.end_cause = Some(cause);
                 }
                 self.fail(id, why)
             }
