@@ -156,9 +156,11 @@ impl GuestProcess {
                 Ok(None) => true,
                 Ok(Some(status)) => {
                     tracing::info!(peer = %r.peer, %status, "the guest NM ended");
-                    // Ended by itself (its lease's end), or killed by someone: what it
-                    // left goes.
-                    r.groups.sweep();
+                    // Ended by itself at its lease's end, it took its jobs' groups along;
+                    // killed by someone, or failed, it may have left them.
+                    if !status.success() {
+                        r.groups.sweep();
+                    }
                     self.running = None;
                     false
                 }
@@ -222,8 +224,13 @@ impl GuestRunner for GuestProcess {
         let deadline = Instant::now() + STOP_WAIT;
         loop {
             match r.child.try_wait() {
-                Ok(Some(status)) => {
+                Ok(Some(status)) if status.success() => {
+                    // It stopped as asked, and took its jobs' groups along.
                     tracing::info!(peer = %r.peer, %status, "home again: guest NM stopped");
+                    return;
+                }
+                Ok(Some(status)) => {
+                    tracing::warn!(peer = %r.peer, %status, "home again: the guest NM failed as it stopped");
                     break;
                 }
                 Ok(None) if Instant::now() < deadline => {
@@ -237,8 +244,7 @@ impl GuestRunner for GuestProcess {
                 }
             }
         }
-        // A guest killed outright left its tasks; one that stopped took them along (nothing
-        // to do then, but a look).
+        // A guest killed outright, or one that failed, may have left processes behind.
         r.groups.sweep();
     }
 }
