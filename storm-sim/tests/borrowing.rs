@@ -210,22 +210,7 @@ fn a_less_job_starts_on_what_it_has_once_its_lenders_had_their_chance() {
 /// Once its guest stops, the slot is down, and nothing of the call is left.
 #[test]
 fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
-    let mut sim = Sim::up(SimOptions {
-        nodes: 1,
-        federation: FederationSection {
-            listen: Some("127.0.0.1:7100".parse().unwrap()),
-            advertise_ms: ADVERTISE.as_millis() as u64,
-            peer_timeout_ms: 10 * ADVERTISE.as_millis() as u64,
-            ..Default::default()
-        },
-        peers: vec![peer("c1", 7101, 0)],
-        guests: vec![GuestOf {
-            cluster: "c1".into(),
-            node: "n0".into(),
-        }],
-        ..SimOptions::default()
-    })
-    .unwrap();
+    let mut sim = one_slot();
     let wide = |work: u64| SimJob {
         borrow: true,
         ..SimJob::new(2, Duration::from_secs(work))
@@ -285,5 +270,61 @@ fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
     assert!(
         !info.reason.unwrap_or_default().contains("calls it home"),
         "the call home outlived the guest"
+    );
+}
+
+/// One node of this cluster's own and a guest slot for `c1`'s `n0`, up (its guest runs).
+fn one_slot() -> Sim {
+    Sim::up(SimOptions {
+        nodes: 1,
+        federation: FederationSection {
+            listen: Some("127.0.0.1:7100".parse().unwrap()),
+            advertise_ms: ADVERTISE.as_millis() as u64,
+            peer_timeout_ms: 10 * ADVERTISE.as_millis() as u64,
+            ..Default::default()
+        },
+        peers: vec![peer("c1", 7101, 0)],
+        guests: vec![GuestOf {
+            cluster: "c1".into(),
+            node: "n0".into(),
+        }],
+        ..SimOptions::default()
+    })
+    .unwrap()
+}
+
+/// A lender's reason goes into this cluster's job records: a long one is cut to a line, so
+/// that a peer cannot fill them.
+#[test]
+fn a_lenders_long_reason_is_cut_to_a_line() {
+    let mut sim = one_slot();
+    let job = sim
+        .submit(&SimJob {
+            borrow: true,
+            ..SimJob::new(2, Duration::from_secs(600))
+        })
+        .unwrap();
+    let started = sim.run_until(Duration::from_secs(5), |s| !s.started(job).is_empty());
+    assert!(started, "the job did not start on its node and the slot");
+    let reply = sim
+        .operator_request(Request::Recalled {
+            peer: "c1".into(),
+            nodes: vec![Recalled {
+                node: "n0".into(),
+                why: "x".repeat(100_000),
+            }],
+        })
+        .unwrap();
+    assert_eq!(reply, Reply::Done);
+    let ended = sim.run_until(Duration::from_secs(10), |s| s.outcome(job).is_some());
+    assert!(ended, "the job on the slot called home did not end");
+    let reason = sim.outcome(job).unwrap().reason.clone().unwrap_or_default();
+    assert!(
+        reason.len() < 1000
+            && reason.contains("its owner took it back (xxx")
+            && reason.contains("…"),
+        "{} bytes: {}",
+        reason.len(),
+        &reason[..reason.len().min(300)]
     );
 }

@@ -51,6 +51,10 @@ pub(super) struct Borrowing {
     last_pass: Option<Instant>,
 }
 
+/// The longest reason of a lender's call home that this cluster keeps (characters): the rest
+/// is cut, so that a peer cannot fill the borrower's job records.
+const MAX_RECALL_REASON: usize = 200;
+
 /// How often the queue is looked at for `--less` jobs (and, at a lender, for jobs of its own
 /// that want lent nodes back).
 const PASS_EVERY: Duration = Duration::from_millis(50);
@@ -339,9 +343,16 @@ impl<E: MmEnv> MachineManager<E> {
                 Some((g.node.as_str(), i as NodeId))
             })
             .collect();
+        // The lender's words go into this cluster's job records: at most a line of them.
+        let bounded = |why: &str| -> String {
+            match why.char_indices().nth(MAX_RECALL_REASON) {
+                Some((at, _)) => format!("{}…", &why[..at]),
+                None => why.to_string(),
+            }
+        };
         let called: Vec<(NodeId, String)> = nodes
             .iter()
-            .filter_map(|r| Some((*slots.get(r.node.as_str())?, r.why.clone())))
+            .filter_map(|r| Some((*slots.get(r.node.as_str())?, bounded(&r.why))))
             .filter(|&(n, _)| self.nodes.is_up(n) && self.nodes.get(n).recalled.is_none())
             .collect();
         for (n, why) in called {
