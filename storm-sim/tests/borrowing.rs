@@ -211,27 +211,8 @@ fn a_less_job_starts_on_what_it_has_once_its_lenders_had_their_chance() {
 #[test]
 fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
     let mut sim = one_slot();
-    let wide = |work: u64| SimJob {
-        borrow: true,
-        ..SimJob::new(2, Duration::from_secs(work))
-    };
-    let job = sim.submit(&wide(600)).unwrap();
-    let started = sim.run_until(Duration::from_secs(5), |s| !s.started(job).is_empty());
-    assert!(started, "the job did not start on its node and the slot");
     let why = "reclaimed for its job 7, which waits there";
-    let reply = sim
-        .operator_request(Request::Recalled {
-            peer: "c1".into(),
-            nodes: vec![Recalled {
-                node: "n0".into(),
-                why: why.into(),
-            }],
-        })
-        .unwrap();
-    assert_eq!(reply, Reply::Done);
-    let ended = sim.run_until(Duration::from_secs(10), |s| s.outcome(job).is_some());
-    assert!(ended, "the job on the slot called home did not end");
-    let reason = sim.outcome(job).unwrap().reason.clone().unwrap_or_default();
+    let (job, reason) = job_called_home(&mut sim, why);
     assert!(
         reason.contains(&format!(
             "borrowed from cluster c1: its owner took it back ({why})"
@@ -242,8 +223,18 @@ fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
         !reason.contains("failed"),
         "a call home is not a failure: {reason}"
     );
+    assert_eq!(
+        sim.outcome(job).unwrap().state(),
+        storm_cluster::control::JobState::Preempted,
+        "storm history's state"
+    );
 
-    let next = sim.submit(&wide(1)).unwrap();
+    let next = sim
+        .submit(&SimJob {
+            borrow: true,
+            ..SimJob::new(2, Duration::from_secs(1))
+        })
+        .unwrap();
     sim.run_for(Duration::from_secs(1));
     assert!(
         sim.started(next).is_empty(),
@@ -273,6 +264,33 @@ fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
     );
 }
 
+/// A `--borrow` job runs on the own node and the slot; `c1` calls the slot home for `why`
+/// (as the agent passes it on); the job ends. Its id, and the reason it ended with.
+fn job_called_home(sim: &mut Sim, why: &str) -> (u64, String) {
+    let job = sim
+        .submit(&SimJob {
+            borrow: true,
+            ..SimJob::new(2, Duration::from_secs(600))
+        })
+        .unwrap();
+    let started = sim.run_until(Duration::from_secs(5), |s| !s.started(job).is_empty());
+    assert!(started, "the job did not start on its node and the slot");
+    let reply = sim
+        .operator_request(Request::Recalled {
+            peer: "c1".into(),
+            nodes: vec![Recalled {
+                node: "n0".into(),
+                why: why.into(),
+            }],
+        })
+        .unwrap();
+    assert_eq!(reply, Reply::Done);
+    let ended = sim.run_until(Duration::from_secs(10), |s| s.outcome(job).is_some());
+    assert!(ended, "the job on the slot called home did not end");
+    let reason = sim.outcome(job).unwrap().reason.clone().unwrap_or_default();
+    (job, reason)
+}
+
 /// One node of this cluster's own and a guest slot for `c1`'s `n0`, up (its guest runs).
 fn one_slot() -> Sim {
     Sim::up(SimOptions {
@@ -298,27 +316,7 @@ fn one_slot() -> Sim {
 #[test]
 fn a_lenders_long_reason_is_cut_to_a_line() {
     let mut sim = one_slot();
-    let job = sim
-        .submit(&SimJob {
-            borrow: true,
-            ..SimJob::new(2, Duration::from_secs(600))
-        })
-        .unwrap();
-    let started = sim.run_until(Duration::from_secs(5), |s| !s.started(job).is_empty());
-    assert!(started, "the job did not start on its node and the slot");
-    let reply = sim
-        .operator_request(Request::Recalled {
-            peer: "c1".into(),
-            nodes: vec![Recalled {
-                node: "n0".into(),
-                why: "x".repeat(100_000),
-            }],
-        })
-        .unwrap();
-    assert_eq!(reply, Reply::Done);
-    let ended = sim.run_until(Duration::from_secs(10), |s| s.outcome(job).is_some());
-    assert!(ended, "the job on the slot called home did not end");
-    let reason = sim.outcome(job).unwrap().reason.clone().unwrap_or_default();
+    let (_, reason) = job_called_home(&mut sim, &"x".repeat(100_000));
     assert!(
         reason.len() < 1000
             && reason.contains("its owner took it back (xxx")
