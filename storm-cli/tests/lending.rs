@@ -750,16 +750,21 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
 
     // The giver's operator reclaims a node under a borrowed job that did not ask to be
     // requeued: it ends, told why, and the node comes home once the asker gives it back.
+    // A borrowed job on all three nodes that sleeps, once it runs on both of giver's.
     let long = support::script(shared.path(), "long.sh", "sleep 300\n");
-    let held = asker
-        .submit_cmd_as(NOBODY, &["-N", "3", "--borrow", long.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    for n in ["giver-node0", "giver-node1"] {
-        wait_state(&asker, n, &["allocated"], "the borrowed job runs");
-    }
+    let borrowed_long = || {
+        let held = asker
+            .submit_cmd_as(NOBODY, &["-N", "3", "--borrow", long.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        for n in ["giver-node0", "giver-node1"] {
+            wait_state(&asker, n, &["allocated"], "the borrowed job runs");
+        }
+        held
+    };
+    let held = borrowed_long();
     let out = giver.storm(&["reclaim", "node0"]);
     let said = support::text(&out.stdout);
     assert!(
@@ -791,16 +796,7 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
     );
 
     // The borrower's MM dies under a borrowed job: the lender takes its nodes home.
-    let long = support::script(shared.path(), "long.sh", "sleep 300\n");
-    let held = asker
-        .submit_cmd_as(NOBODY, &["-N", "3", "--borrow", long.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    for n in ["giver-node0", "giver-node1"] {
-        wait_state(&asker, n, &["allocated"], "the borrowed job runs");
-    }
+    let held = borrowed_long();
     asker.cluster.as_mut().unwrap().kill_mm().unwrap();
     for n in ["node0", "node1"] {
         wait_state(

@@ -92,15 +92,13 @@ impl Recalls {
 
 /// Borrower side: lender `peer` calls `nodes` home; this cluster's MM preempts its jobs there.
 pub fn recalled(mm: &Manager, peer: &str, nodes: Vec<Recalled>) -> Result<(), String> {
-    let told = Request::Recalled {
-        peer: peer.to_string(),
-        nodes,
-    };
-    match mm.call(&told)? {
-        Reply::Done => Ok(()),
-        Reply::Error(e) => Err(e),
-        other => Err(format!("unexpected reply {other:?}")),
-    }
+    done(
+        mm,
+        &Request::Recalled {
+            peer: peer.to_string(),
+            nodes,
+        },
+    )
 }
 
 /// Lender side: peer `peer` asks for up to `count` of `nodes` for `for_ms`; what this
@@ -127,11 +125,18 @@ pub fn lend(
 
 /// Lender side: peer `peer` gives back `nodes`.
 pub fn give_back(mm: &Manager, peer: &str, nodes: Vec<String>) -> Result<(), String> {
-    let back = Request::GiveBack {
-        peer: peer.to_string(),
-        nodes,
-    };
-    match mm.call(&back)? {
+    done(
+        mm,
+        &Request::GiveBack {
+            peer: peer.to_string(),
+            nodes,
+        },
+    )
+}
+
+/// Asks this cluster's MM `req`, which it answers with `Done` or an error.
+fn done(mm: &Manager, req: &Request) -> Result<(), String> {
+    match mm.call(req)? {
         Reply::Done => Ok(()),
         Reply::Error(e) => Err(e),
         other => Err(format!("unexpected reply {other:?}")),

@@ -196,6 +196,7 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
             Arc::new(cfg.clone()),
             entry.name.clone(),
             spool.try_clone().context("the spool directory")?,
+            guest.is_none(),
         ),
         clock: SystemClock,
         tasks: PlRunner::new(

@@ -70,8 +70,15 @@ impl GuestProcess {
     /// The guest runner of node `node`, whose NM keeps the running guest's pid in `dir`
     /// (its spool, a directory no user can change), as [`PID_FILE`]. A guest that an earlier NM of this node
     /// left running (that NM was killed outright) is stopped here: this NM cannot follow it,
-    /// and its MM tells it again to run a guest if the node is still lent.
-    pub fn new(config: std::sync::Arc<ClusterConfig>, node: String, dir: DaemonDir) -> Self {
+    /// and its MM tells it again to run a guest if the node is still lent. `home`: this is
+    /// the node's own NM. A guest NM never lends, so it skips the sweep of leftovers, and
+    /// with it the reading of the peers' files, which would slow the lend it is part of.
+    pub fn new(
+        config: std::sync::Arc<ClusterConfig>,
+        node: String,
+        dir: DaemonDir,
+        home: bool,
+    ) -> Self {
         stop_orphan(&dir);
         let me = Self {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("storm-nm")),
@@ -81,7 +88,7 @@ impl GuestProcess {
             running: None,
         };
         // No guest runs now: whatever one left in any borrower's groups here goes.
-        for p in me.config.peers.iter().filter(|p| p.lend) {
+        for p in me.config.peers.iter().filter(|p| home && p.lend) {
             if let Ok((_, groups)) = me.guest_of(&p.name) {
                 groups.sweep();
             }
@@ -89,9 +96,12 @@ impl GuestProcess {
         me
     }
 
-    /// Peer `peer`'s cluster file (as this cluster installed it) and where its guest's groups
-    /// are, or why it cannot lend to it.
-    fn guest_of(&self, peer: &str) -> Result<(ClusterConfig, GuestGroups), String> {
+    /// Peer `peer`'s entry in this cluster's file and where its guest's groups are (from the
+    /// peer's cluster file as this cluster installed it), or why it cannot lend to it.
+    fn guest_of(
+        &self,
+        peer: &str,
+    ) -> Result<(&storm_cluster::federation::PeerEntry, GuestGroups), String> {
         let entry = self
             .config
             .peers
@@ -117,19 +127,13 @@ impl GuestProcess {
             cluster: theirs.cluster.name.clone(),
             slot: theirs.nodes[slot as usize].name.clone(),
         };
-        Ok((theirs, groups))
+        Ok((entry, groups))
     }
 
     /// The guest's command line for peer `peer`, and where its groups will be, or why it
     /// cannot run.
     fn command(&self, peer: &str, until_ms: u64) -> Result<(Command, GuestGroups), String> {
-        let (_, groups) = self.guest_of(peer)?;
-        let entry = self
-            .config
-            .peers
-            .iter()
-            .find(|p| p.name == peer && p.lend)
-            .ok_or_else(|| format!("this cluster does not lend to {peer}"))?;
+        let (entry, groups) = self.guest_of(peer)?;
         let file = entry.guest_file.as_ref().expect("guest_of checked it");
         let user = entry.flock_user.as_ref().ok_or_else(|| {
             format!("[[peer]] {peer} names no flock_user to run its jobs as on lent nodes")

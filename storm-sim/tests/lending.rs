@@ -106,6 +106,17 @@ fn recalls(sim: &mut Sim) -> Vec<(String, String, String)> {
     }
 }
 
+/// `c1` asks, for a job of its own, for node `name` for an hour: the MM's answer.
+fn c1_asks_for(sim: &mut Sim, name: &str) -> Reply {
+    sim.operator_request(Request::LendAsked {
+        peer: "c1".into(),
+        nodes: vec![name.to_string()],
+        count: 1,
+        for_ms: 3_600_000,
+    })
+    .unwrap()
+}
+
 /// A lender of two nodes that lends to `c1` with a vacate of 2 s.
 fn lender() -> Sim {
     Sim::up(SimOptions {
@@ -193,14 +204,7 @@ fn the_lenders_own_job_takes_back_only_a_node_that_lets_it_start() {
     })
     .unwrap();
     let second = sim.config().nodes[1].name.clone();
-    let reply = sim
-        .operator_request(Request::LendAsked {
-            peer: "c1".into(),
-            nodes: vec![second.clone()],
-            count: 1,
-            for_ms: 3_600_000,
-        })
-        .unwrap();
+    let reply = c1_asks_for(&mut sim, &second);
     assert_eq!(reply, Reply::Lent(vec![second.clone()]));
     let gpu = |nodes: u32| SimJob {
         constraint: vec!["gpu".into()],
@@ -247,14 +251,7 @@ fn a_node_called_home_waits_for_its_borrower_within_the_vacate() {
     let mut sim = lender();
     let second = sim.config().nodes[1].name.clone();
     c1_is_up(&mut sim);
-    let reply = sim
-        .operator_request(Request::LendAsked {
-            peer: "c1".into(),
-            nodes: vec![second.clone()],
-            count: 1,
-            for_ms: 3_600_000,
-        })
-        .unwrap();
+    let reply = c1_asks_for(&mut sim, &second);
     assert_eq!(reply, Reply::Lent(vec![second.clone()]));
     let job = sim
         .submit(&SimJob::new(2, Duration::from_millis(100)))
@@ -278,14 +275,7 @@ fn a_node_called_home_waits_for_its_borrower_within_the_vacate() {
         "the job ran on a node still lent"
     );
     // The borrower asking again is not told the node is lent to it: it is on its way home.
-    let reply = sim
-        .operator_request(Request::LendAsked {
-            peer: "c1".into(),
-            nodes: vec![second.clone()],
-            count: 1,
-            for_ms: 3_600_000,
-        })
-        .unwrap();
+    let reply = c1_asks_for(&mut sim, &second);
     assert_eq!(
         reply,
         Reply::Lent(vec![]),
@@ -310,14 +300,7 @@ fn a_node_called_home_waits_for_its_borrower_within_the_vacate() {
     );
 
     // Lent again; this time the borrower never gives it back.
-    let reply = sim
-        .operator_request(Request::LendAsked {
-            peer: "c1".into(),
-            nodes: vec![second.clone()],
-            count: 1,
-            for_ms: 3_600_000,
-        })
-        .unwrap();
+    let reply = c1_asks_for(&mut sim, &second);
     assert_eq!(reply, Reply::Lent(vec![second.clone()]));
     let job = sim
         .submit(&SimJob::new(2, Duration::from_millis(100)))

@@ -84,14 +84,31 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Nodes that may take a job now and run none: up, in service, idle.
     pub(super) fn idle_nodes(&self) -> Vec<NodeId> {
-        let busy: BTreeSet<NodeId> = self
-            .jobs
+        self.idle_besides(&self.busy_nodes())
+    }
+
+    /// Nodes a started job holds.
+    fn busy_nodes(&self) -> BTreeSet<NodeId> {
+        self.jobs
             .values()
             .filter(|j| j.phase != Phase::Queued)
             .flat_map(|j| j.nodes.iter())
-            .collect();
+            .collect()
+    }
+
+    /// The available nodes that are not in `busy`.
+    fn idle_besides(&self, busy: &BTreeSet<NodeId>) -> Vec<NodeId> {
         (0..self.nodes.len() as NodeId)
             .filter(|&n| self.nodes.is_available(n) && !busy.contains(&n))
+            .collect()
+    }
+
+    /// The started jobs that hold node `n`.
+    pub(super) fn jobs_on(&self, n: NodeId) -> Vec<JobId> {
+        self.jobs
+            .values()
+            .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
+            .map(|j| j.id)
             .collect()
     }
 
@@ -191,7 +208,8 @@ impl<E: MmEnv> MachineManager<E> {
         let now = self.now();
         let patience = self.patience();
         let order = self.lender_order();
-        let mut idle = self.idle_nodes();
+        let busy = self.busy_nodes();
+        let mut idle = self.idle_besides(&busy);
         let mut counted_on: BTreeSet<NodeId> = BTreeSet::new();
         let mut claimed: BTreeSet<NodeId> = BTreeSet::new();
         let mut orders: BTreeMap<String, BorrowOrder> = BTreeMap::new();
@@ -296,14 +314,8 @@ impl<E: MmEnv> MachineManager<E> {
             .asked
             .retain(|(job, _), _| waiting.contains(job));
         // Slots called home go back once no job holds them.
-        let held: BTreeSet<NodeId> = self
-            .jobs
-            .values()
-            .filter(|j| j.phase != Phase::Queued)
-            .flat_map(|j| j.nodes.iter())
-            .collect();
         let called_home = (0..self.nodes.len() as NodeId).filter(|&n| {
-            self.nodes.is_up(n) && self.nodes.get(n).recalled.is_some() && !held.contains(&n)
+            self.nodes.is_up(n) && self.nodes.get(n).recalled.is_some() && !busy.contains(&n)
         });
         idle.extend(called_home);
         // Slots up and idle that no waiting job counts on go back.
@@ -363,13 +375,7 @@ impl<E: MmEnv> MachineManager<E> {
                 "node {n} ({}), borrowed from cluster {peer}: its owner took it back ({why})",
                 self.node_name(n)
             );
-            let hit: Vec<JobId> = self
-                .jobs
-                .values()
-                .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
-                .map(|j| j.id)
-                .collect();
-            for id in hit {
+            for id in self.jobs_on(n) {
                 self.node_called_home_under_job(id, reason.clone());
             }
         }

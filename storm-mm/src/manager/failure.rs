@@ -196,12 +196,7 @@ impl<E: MmEnv> MachineManager<E> {
         tracing::error!(node = n, name = %self.node_name(n), "node is DOWN: {reason}");
         self.hb.queue.remove(n);
         self.policy.set_unavailable(n);
-        let hit: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
-            .map(|j| j.id)
-            .collect();
+        let hit = self.jobs_on(n);
         // A borrowed node its owner called home with notice says why; one that went silent
         // without notice failed, or its owner took it without being able to say so (the
         // clusters could not speak, its lease ran out, or `storm reclaim --now`).

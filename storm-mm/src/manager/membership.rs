@@ -168,12 +168,7 @@ impl<E: MmEnv> MachineManager<E> {
     ///   missed while `n` was out of the heartbeat): it is launched again there.
     fn readopt(&mut self, n: NodeId, process: NmProcess, inventory: &Inventory) -> Vec<JobId> {
         let held: HashMap<JobId, HeldJob> = inventory.jobs.iter().map(|h| (h.job, *h)).collect();
-        let mine: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| j.phase != Phase::Queued && j.nodes.contains(n))
-            .map(|j| j.id)
-            .collect();
+        let mine = self.jobs_on(n);
         let mut keep = Vec::new();
         for id in mine {
             let j = self.jobs.get_mut(&id).expect("listed");
