@@ -491,12 +491,17 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         Duration::from_secs(30),
         "the frozen guest and its task are gone",
         || {
-            let (guests, tasks) = (
-                live_processes(0, &["--guest-user", &our_guests]),
+            // The node home, a warm guest starts for its next lend: the frozen one must go.
+            let (frozen, tasks) = (
+                live_processes(0, &["--guest-user", &our_guests]).contains(&guests[0]),
                 live_processes(daemon_uid, &["sleep", "301"]),
             );
-            (!guests.is_empty() || !tasks.is_empty())
-                .then(|| format!("guests {guests:?}, its tasks {tasks:?}"))
+            (frozen || !tasks.is_empty()).then(|| {
+                format!(
+                    "the frozen guest {} there: {frozen}, its tasks {tasks:?}",
+                    guests[0]
+                )
+            })
         },
     );
     let out = output_within(held, Duration::from_secs(60))
@@ -504,6 +509,190 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
     assert!(!out.status.success(), "{}", support::text(&out.stdout));
     let out = lender.submit_as(NOBODY, &[where_.to_str().unwrap()]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
+}
+
+/// The scheduling policy of process `pid` (`/proc/PID/stat`, field 41: 0 normal, 1 FIFO).
+fn sched_policy(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command's name, in parentheses: fields 3 on.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split_whitespace()
+        .nth(41 - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        if rest.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// A lent node's guest NM is started ahead of the lend (`[federation] warm_guests`, on by
+/// default): the node, at home, keeps one set up for its peer, at normal priority, joined to
+/// nothing. A lend hands the lease to it, and it joins the borrower's fabric; one that
+/// cannot take the lease (the peer's file changed since it read it) is replaced by a fresh
+/// guest; and it goes with its node's NM.
+#[test]
+fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
+    if !support::root_or_say("warm guests") {
+        return;
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let (borrower_port, lender_port) = (free_port(), free_port());
+    let borrower = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("wg-borrow".into()),
+        federation: federation(borrower_port),
+        peers: vec![PeerEntry {
+            borrow: true,
+            ..peer("wg-lend", lender_port, &pair)
+        }],
+        guests: vec![GuestOf {
+            cluster: "wg-lend".into(),
+            node: "node0".into(),
+        }],
+        ..LocalOptions::new(1)
+    });
+    let borrower_file: PathBuf = borrower.root.join("cluster.toml");
+    let ours = borrower_file.to_str().unwrap().to_string();
+    let mut lender = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("wg-lend".into()),
+        federation: federation(lender_port),
+        peers: vec![PeerEntry {
+            lend: true,
+            flock_user: Some("daemon".into()),
+            guest_file: Some(borrower_file.clone()),
+            ..peer("wg-borrow", borrower_port, &pair)
+        }],
+        ..LocalOptions::new(1)
+    });
+    let shared = support::shared_tempdir();
+    let where_ = support::script(shared.path(), "where.sh", "echo \"$STORM_NODENAME\"\n");
+    let where_ = where_.to_str().unwrap();
+    let guests = || live_processes(0, &["--guest-user", &ours]);
+    let one_warm = |what: &str| -> u32 {
+        let mut found = Vec::new();
+        support::wait_until(Duration::from_secs(30), what, || {
+            found = live_processes(0, &["--warm", &ours]);
+            (found.len() != 1).then(|| format!("warm guests: {found:?}"))
+        });
+        found[0]
+    };
+    let borrowed_on = |what: &str| {
+        let out = support::output_within(
+            borrower.submit_cmd_as(NOBODY, &["-N", "2", "--borrow", where_]),
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|| panic!("{what}: the borrowed job did not end within 60 s"));
+        let stdout = support::text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{what}: {stdout}{}",
+            support::text(&out.stderr)
+        );
+        assert_eq!(nodes_of(&stdout), ["node0", "wg-lend-node0"], "{what}");
+    };
+
+    // At home: one warm guest, at normal priority, and the borrower has heard from nobody.
+    let warm = one_warm("the node keeps a warm guest");
+    assert_eq!(
+        sched_policy(warm),
+        0,
+        "a waiting guest takes no real-time priority"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let slot = node_view(&borrower, "wg-lend-node0");
+    assert_eq!(
+        slot["state"], "unknown",
+        "the warm guest joined nothing: {slot}"
+    );
+
+    // Lent: that guest takes the lease, as the borrower's own NMs run, and the job runs there.
+    let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
+    assert_eq!(guests(), [warm], "the warm guest took the lease");
+    let own_nm = borrower.daemon_pid("storm-nm node0");
+    assert_eq!(
+        sched_policy(warm),
+        sched_policy(own_nm),
+        "a lent guest runs under the policy of the borrower's own NMs"
+    );
+    borrowed_on("on the warm guest");
+
+    // Home again: the guest goes, and a new warm guest waits for the next lend.
+    let out = lender.storm(&["reclaim", "--now", "node0"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&lender, "node0", &["idle"], "the node is home");
+    let next = one_warm("a new warm guest once the node is home");
+    assert_ne!(next, warm);
+    assert_eq!(guests(), [next], "the lent guest is gone");
+
+    // The borrower's file changes (its operator edited it): the waiting guest read the old
+    // one, so the lend starts a guest that reads it again.
+    let mut text = std::fs::read_to_string(&borrower_file).unwrap();
+    text.push_str("\n# edited by the borrower's operator\n");
+    std::fs::write(&borrower_file, text).unwrap();
+    let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
+    let lent = guests();
+    assert!(
+        lent.len() == 1 && lent[0] != next,
+        "a fresh guest took the lease, not the one that read the old file ({next}): {lent:?}"
+    );
+    borrowed_on("on a guest started at the lend");
+    let out = lender.storm(&["reclaim", "--now", "node0"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&lender, "node0", &["idle"], "the node is home");
+
+    // Its node's NM killed outright, the waiting guest goes too, with its launcher.
+    let warm = one_warm("a warm guest again");
+    let launchers = children_of(warm);
+    assert!(!launchers.is_empty(), "the warm guest started its launcher");
+    lender.cluster.as_mut().unwrap().kill_nm(0).unwrap();
+    support::wait_until(
+        Duration::from_secs(20),
+        "the warm guest goes with its NM",
+        || {
+            let left: Vec<u32> = guests()
+                .into_iter()
+                .chain(launchers.iter().copied())
+                // Gone, or a zombie (its command line is empty then).
+                .filter(|p| {
+                    !std::fs::read(format!("/proc/{p}/cmdline"))
+                        .unwrap_or_default()
+                        .is_empty()
+                })
+                .collect();
+            (!left.is_empty()).then(|| format!("left: {left:?}"))
+        },
+    );
+    // The NM back, it keeps one again, and lends with it.
+    lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
+    let warm = one_warm("the restarted NM keeps a warm guest");
+    let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
+    assert_eq!(guests(), [warm]);
+    borrowed_on("after the NM's restart");
 }
 
 /// What the lines of a job's output say of where its tasks ran: each task of `where.sh`
@@ -530,8 +719,9 @@ struct AskingPair {
 }
 
 /// An [`AskingPair`] named `asker` and `giver` (advertising every 200 ms, a 3 s peer
-/// timeout), once the asker sees the giver offer its two idle nodes.
-fn asking_pair(asker: &str, giver: &str) -> AskingPair {
+/// timeout), once the asker sees the giver offer its two idle nodes. `warm`: the giver's
+/// nodes keep warm guests (`[federation] warm_guests`).
+fn asking_pair(asker: &str, giver: &str, warm: bool) -> AskingPair {
     let keys = tempfile::tempdir().unwrap();
     let pair = keys.path().join("pair.key");
     storm_cluster::key::generate(&pair).unwrap();
@@ -539,6 +729,7 @@ fn asking_pair(asker: &str, giver: &str) -> AskingPair {
     let fast = |port| FederationSection {
         advertise_ms: 200,
         peer_timeout_ms: 3000,
+        warm_guests: warm,
         ..federation(port)
     };
     let asker_cluster = TestCluster::with(LocalOptions {
@@ -627,7 +818,7 @@ fn a_waiting_job_borrows_by_itself_and_its_nodes_go_home_when_it_ends() {
         mut asker,
         giver,
         _keys,
-    } = asking_pair("asker", "giver");
+    } = asking_pair("asker", "giver", true);
     let shared = support::shared_tempdir();
     let where_ = support::script(
         shared.path(),
@@ -833,7 +1024,7 @@ fn a_frozen_lender_stalls_no_borrower_and_lends_again_once_thawed() {
         asker,
         giver,
         _keys,
-    } = asking_pair("fz-ask", "fz-give");
+    } = asking_pair("fz-ask", "fz-give", false);
     let shared = support::shared_tempdir();
     let where_ = support::script(shared.path(), "where.sh", "echo \"$STORM_NODENAME\"\n");
     let where_ = where_.to_str().unwrap();
@@ -897,4 +1088,9 @@ fn a_frozen_lender_stalls_no_borrower_and_lends_again_once_thawed() {
     for n in ["node0", "node1"] {
         wait_state(&giver, n, &["idle"], "the giver's nodes come home");
     }
+    // The giver keeps no warm guest (`warm_guests = false`): its nodes started their guests
+    // as they were lent, and none waits now.
+    let asker_file = asker.root.join("cluster.toml");
+    let warm = live_processes(0, &["--warm", asker_file.to_str().unwrap()]);
+    assert!(warm.is_empty(), "warm guests: {warm:?}");
 }

@@ -59,6 +59,43 @@ pub fn set_rt_priority(priority: u8) {
     }
 }
 
+/// Puts the calling thread under the normal policy, whatever it inherited: a warm guest NM
+/// started by a real-time NM, which takes real-time priority only once it is lent.
+pub fn set_normal_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler on the calling thread with a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) } != 0 {
+        tracing::warn!(
+            "cannot leave the real-time policy: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Puts process `pid` (its main thread) under SCHED_FIFO at `priority`. `passed_on`: whether
+/// what it starts from then on inherits it. A launcher started before its NM took real-time
+/// priority gets it without (`false`: SCHED_RESET_ON_FORK, as [`children_run_normal`]
+/// leaves a launcher started real-time); a lent warm guest NM, still setting up, with.
+/// Nothing for priority 0.
+pub fn set_rt_priority_of(pid: u32, priority: u8, passed_on: bool) -> std::io::Result<()> {
+    if priority == 0 {
+        return Ok(());
+    }
+    let param = libc::sched_param {
+        sched_priority: priority.into(),
+    };
+    let policy = if passed_on {
+        libc::SCHED_FIFO
+    } else {
+        libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK
+    };
+    // SAFETY: sched_setscheduler of another process with a valid parameter.
+    if unsafe { libc::sched_setscheduler(pid as libc::pid_t, policy, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Keeps the calling thread's policy, but a real-time one is no longer passed on: whatever it
 /// starts from now on runs under the normal policy (SCHED_RESET_ON_FORK). A launcher started
 /// by a real-time NM calls this first, so that it starts tasks promptly on busy nodes while

@@ -47,6 +47,11 @@ pub struct FederationSection {
     /// this has passed (Condor's vacate). 0: a node called home comes home at once, and the
     /// borrower learns only that its guest went silent.
     pub vacate_ms: u64,
+    /// Each node keeps a guest NM started and set up ahead of a lend, for each peer it lends
+    /// to, that waits for its node's NM to tell it the lease: a lend then takes the guest's
+    /// registration with the borrower, not also its start (docs/federation.md, lending).
+    /// Off: a guest is started when the node is lent.
+    pub warm_guests: bool,
 }
 
 impl Default for FederationSection {
@@ -60,6 +65,7 @@ impl Default for FederationSection {
             borrow_lease_ms: 3_600_000,
             reclaim_after_ms: 500,
             vacate_ms: 5000,
+            warm_guests: true,
         }
     }
 }

@@ -56,9 +56,19 @@ pub struct NmOptions {
 pub struct Guest {
     /// The lending cluster's account for the borrower's jobs (never root).
     pub user: (u32, u32),
-    /// When the lease ends (Unix ms): the guest stops itself and its tasks then, whatever
-    /// it hears from either cluster.
-    pub until_ms: u64,
+    pub lease: Lease,
+}
+
+/// When a guest's lease ends: the guest stops itself and its tasks then, whatever it hears
+/// from either cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// At this time (Unix ms): the node is lent already (`--lease-until`).
+    Until(u64),
+    /// A warm guest (`--warm`): started ahead of a lend, it is [`prepare`]d, then waits for
+    /// its node's NM to write the lease's end on its standard input
+    /// ([`crate::guest::wait_for_lend`]).
+    OnLend,
 }
 
 /// The storm-pl launcher and the PMI library a node manager uses: those the cluster file
@@ -103,7 +113,41 @@ pub struct Daemon {
 }
 
 /// Checks this node's setup and opens its endpoint; nothing is sent before [`Daemon::run`].
+/// A warm guest ([`Lease::OnLend`]) is not for this: see [`prepare`].
 pub fn start(opts: NmOptions) -> Result<Daemon> {
+    let until_ms = match opts.guest.map(|g| g.lease) {
+        Some(Lease::OnLend) => bail!("a warm guest NM is started with prepare, then open"),
+        Some(Lease::Until(ms)) => Some(ms),
+        None => None,
+    };
+    prepare(opts)?.open(until_ms)
+}
+
+/// What [`prepare`] readied: everything of a node manager that sends nothing and needs no
+/// key, so that a warm guest can have it done before it is lent.
+pub struct Prepared {
+    cfg: ClusterConfig,
+    node: NodeId,
+    entry: storm_cluster::config::NodeEntry,
+    listen: Listen,
+    pmi_library: PathBuf,
+    stop: Arc<AtomicBool>,
+    guest_user: Option<(u32, u32)>,
+    spool: DaemonDir,
+    rm: RmLayout,
+    /// The jobs' cgroup files the node's samples read.
+    usage_files: Option<crate::sample::NodeCgroupFiles>,
+    tasks: PlRunner,
+    guest: crate::guest::GuestProcess,
+    switch_log: Option<std::io::LineWriter<std::fs::File>>,
+    heartbeat_log: Option<std::io::LineWriter<std::fs::File>>,
+}
+
+/// The first half of a node manager's start: checks what the node needs (this node in the
+/// cluster file, the launcher binary, the spool directory), and starts its launcher and makes
+/// its cgroups. Nothing here reads a key or opens a link: [`Prepared::open`] does, when the
+/// node manager is to run (a warm guest: once its node is lent).
+pub fn prepare(opts: NmOptions) -> Result<Prepared> {
     let NmOptions {
         config: cfg,
         node,
@@ -113,18 +157,9 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
         stop,
         guest,
     } = opts;
-    if let Some(g) = guest {
-        if g.user.0 == 0 {
-            bail!("a guest NM runs the borrower's jobs as an account of its own, never root");
-        }
-        if g.until_ms <= storm_cluster::daemon::unix_ms() {
-            bail!("the lease ended before the guest NM started");
-        }
+    if guest.is_some_and(|g| g.user.0 == 0) {
+        bail!("a guest NM runs the borrower's jobs as an account of its own, never root");
     }
-    // First: without the key this daemon must not run at all.
-    let key = cfg.load_key()?;
-    // Every command it carries out is sealed by the MM: without its public key, nothing is.
-    let mm_key = cfg.load_mm_verifier().map_err(anyhow::Error::msg)?;
     let entry = cfg
         .nodes
         .get(node as usize)
@@ -140,23 +175,6 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     let spool = DaemonDir::open_or_create(&entry.spool, receive::SPOOL_DIR_MODE)
         .context("the spool directory")?;
     let rm = RmLayout::new(&cfg)?;
-    // Who this node is, to the MM.
-    let node_key = Arc::new(parking_lot::RwLock::new(cfg.load_node_key(&entry.name)?));
-    let prims = endpoint::start(
-        &cfg,
-        &rm,
-        node,
-        listen,
-        key,
-        endpoint::LinkIdentity::Node(node_key.clone()),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let mm = cfg.mm_id();
-    let op_timeout = Duration::from_millis(cfg.tcp.op_timeout_ms);
-    let slots = cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs;
-    // Sends from the first welcome on, at that membership's output queue epoch.
-    let output = Output::start(prims.clone(), &rm, node, mm)?;
-    let pmi = PmiService::start(prims.clone(), &rm, node, mm, op_timeout * 2)?;
     let log = |enabled: bool, name: &str| -> Result<_> {
         if !enabled {
             return Ok(None);
@@ -169,99 +187,176 @@ pub fn start(opts: NmOptions) -> Result<Daemon> {
     let switch_log = log(cfg.scheduler.switch_log, "switches.log")?;
     let heartbeat_log = log(cfg.scheduler.heartbeat_log, "heartbeats.log")?;
     let cgroups = Cgroups::open(cfg.cluster.cgroups, &cfg.cluster.name, &entry.name);
-    let jobs = Arc::new(AtomicUsize::new(0));
-    let monitor = Monitor::start(
-        prims.clone(),
-        &rm,
+    let usage_files = cgroups.node_usage_files();
+    let tasks = PlRunner::new(
         node,
-        &entry.name,
-        mm,
-        SamplerOptions {
-            source: cfg.monitoring.source,
-            node_cpus: entry.cpus,
-            spool_dir: entry.spool.clone(),
-            state_dir: cfg.cluster.state_dir.clone(),
-            cgroup: cgroups.node_usage_files(),
-            period: cfg.monitoring.period(),
-            proc_dir: "/proc".into(),
-            sys_dir: cfg.monitoring.sysfs.clone(),
-        },
-        cfg.health.clone(),
-        jobs.clone(),
-        op_timeout,
-    )
-    .context("starting the sampling thread")?;
-    let env = DaemonEnv {
-        guest: crate::guest::GuestProcess::new(
-            Arc::new(cfg.clone()),
-            entry.name.clone(),
-            spool.try_clone().context("the spool directory")?,
-            guest.is_none(),
-        ),
-        clock: SystemClock,
-        tasks: PlRunner::new(
-            node,
-            pl_path,
-            slots,
-            Duration::from_millis(cfg.failure.launcher_timeout_ms),
-            Duration::from_millis(cfg.failure.task_start_timeout_ms),
-            cgroups,
-        )?,
-        spool: DaemonSpool {
-            dir: spool,
-            prims: prims.clone(),
-            rm: rm.clone(),
-            receivers: BTreeMap::new(),
-            stall: (op_timeout * 6).max(Duration::from_secs(30)),
-            hashes: Default::default(),
-            checking: Default::default(),
-            checkers: BTreeMap::new(),
-        },
-        output,
-        pmi: DaemonPmi {
-            service: pmi,
-            library: pmi_library.clone(),
-        },
+        pl_path,
+        cfg.cluster.max_tasks_per_node * cfg.cluster.max_jobs,
+        Duration::from_millis(cfg.failure.launcher_timeout_ms),
+        Duration::from_millis(cfg.failure.task_start_timeout_ms),
+        cgroups,
+    )?;
+    let guest_runner = crate::guest::GuestProcess::new(
+        Arc::new(cfg.clone()),
+        entry.name.clone(),
+        spool.try_clone().context("the spool directory")?,
+        guest.is_none(),
+    );
+    Ok(Prepared {
+        cfg,
+        node,
+        entry,
+        listen,
+        pmi_library,
+        stop,
+        guest_user: guest.map(|g| g.user),
+        spool,
+        rm,
+        usage_files,
+        tasks,
+        guest: guest_runner,
         switch_log,
         heartbeat_log,
-    };
-    tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
-    let parts = NmParts {
-        config: Arc::new(cfg),
-        rm,
-        node,
-        fabric: prims,
-        identity: Identity::this_process(
-            mm_key,
-            // The node's memory as detected (the cluster file's `mem` may say less).
-            std::fs::read_to_string("/proc/meminfo")
-                .map(|t| crate::sample::parse_meminfo(&t).total)
-                .unwrap_or(0),
-        ),
-        report_wait: op_timeout * 2,
-        pmi_library,
-        guest_user: guest.map(|g| g.user),
-    };
-    let keys = KeyWatch::new(
-        vec![
-            (storm_cluster::key::CLUSTER_KEY, parts.config.key_path()),
-            (
-                storm_cluster::key::NODE_KEY,
-                parts.config.node_key_path(&entry.name),
-            ),
-        ],
-        Duration::from_secs(parts.config.security.key_check_interval_s),
-    )?;
-    Ok(Daemon {
-        core: NodeManager::new(parts, env),
-        stop,
-        lease_until_ms: guest.map(|g| g.until_ms),
-        node,
-        node_key,
-        keys,
-        jobs,
-        _monitor: monitor,
     })
+}
+
+impl Prepared {
+    /// Takes `[scheduler] daemon_rt_priority` for this thread and the launcher: what a warm
+    /// guest, which waits for its lend at normal priority, does once lent.
+    pub fn take_rt_priority(&self) {
+        let priority = self.cfg.scheduler.daemon_rt_priority;
+        storm_cluster::daemon::set_rt_priority(priority);
+        self.tasks.raise_launcher(priority);
+    }
+
+    /// The second half: reads the keys, opens the endpoint and starts the output, PMI and
+    /// sampling threads. `lease_until_ms`: a guest's lease end (Unix ms), `None` for a node's
+    /// own NM. Nothing is sent before [`Daemon::run`].
+    pub fn open(self, lease_until_ms: Option<u64>) -> Result<Daemon> {
+        let Prepared {
+            cfg,
+            node,
+            entry,
+            listen,
+            pmi_library,
+            stop,
+            guest_user,
+            spool,
+            rm,
+            usage_files,
+            tasks,
+            guest,
+            switch_log,
+            heartbeat_log,
+        } = self;
+        if guest_user.is_some() != lease_until_ms.is_some() {
+            bail!("a guest NM, and only a guest, runs until a lease's end");
+        }
+        if lease_until_ms.is_some_and(|until| until <= storm_cluster::daemon::unix_ms()) {
+            bail!("the lease ended before the guest NM started");
+        }
+        // First: without the key this daemon must not run at all.
+        let key = cfg.load_key()?;
+        // Every command it carries out is sealed by the MM: without its public key, nothing is.
+        let mm_key = cfg.load_mm_verifier().map_err(anyhow::Error::msg)?;
+        // Who this node is, to the MM.
+        let node_key = Arc::new(parking_lot::RwLock::new(cfg.load_node_key(&entry.name)?));
+        let prims = endpoint::start(
+            &cfg,
+            &rm,
+            node,
+            listen,
+            key,
+            endpoint::LinkIdentity::Node(node_key.clone()),
+        )
+        .map_err(anyhow::Error::msg)?;
+        let mm = cfg.mm_id();
+        let op_timeout = Duration::from_millis(cfg.tcp.op_timeout_ms);
+        // Sends from the first welcome on, at that membership's output queue epoch.
+        let output = Output::start(prims.clone(), &rm, node, mm)?;
+        let pmi = PmiService::start(prims.clone(), &rm, node, mm, op_timeout * 2)?;
+        let jobs = Arc::new(AtomicUsize::new(0));
+        let monitor = Monitor::start(
+            prims.clone(),
+            &rm,
+            node,
+            &entry.name,
+            mm,
+            SamplerOptions {
+                source: cfg.monitoring.source,
+                node_cpus: entry.cpus,
+                spool_dir: entry.spool.clone(),
+                state_dir: cfg.cluster.state_dir.clone(),
+                cgroup: usage_files,
+                period: cfg.monitoring.period(),
+                proc_dir: "/proc".into(),
+                sys_dir: cfg.monitoring.sysfs.clone(),
+            },
+            cfg.health.clone(),
+            jobs.clone(),
+            op_timeout,
+        )
+        .context("starting the sampling thread")?;
+        let env = DaemonEnv {
+            guest,
+            clock: SystemClock,
+            tasks,
+            spool: DaemonSpool {
+                dir: spool,
+                prims: prims.clone(),
+                rm: rm.clone(),
+                receivers: BTreeMap::new(),
+                stall: (op_timeout * 6).max(Duration::from_secs(30)),
+                hashes: Default::default(),
+                checking: Default::default(),
+                checkers: BTreeMap::new(),
+            },
+            output,
+            pmi: DaemonPmi {
+                service: pmi,
+                library: pmi_library.clone(),
+            },
+            switch_log,
+            heartbeat_log,
+        };
+        tracing::info!(node, name = %entry.name, spool = %entry.spool.display(), "node manager started");
+        let parts = NmParts {
+            config: Arc::new(cfg),
+            rm,
+            node,
+            fabric: prims,
+            identity: Identity::this_process(
+                mm_key,
+                // The node's memory as detected (the cluster file's `mem` may say less).
+                std::fs::read_to_string("/proc/meminfo")
+                    .map(|t| crate::sample::parse_meminfo(&t).total)
+                    .unwrap_or(0),
+            ),
+            report_wait: op_timeout * 2,
+            pmi_library,
+            guest_user,
+        };
+        let keys = KeyWatch::new(
+            vec![
+                (storm_cluster::key::CLUSTER_KEY, parts.config.key_path()),
+                (
+                    storm_cluster::key::NODE_KEY,
+                    parts.config.node_key_path(&entry.name),
+                ),
+            ],
+            Duration::from_secs(parts.config.security.key_check_interval_s),
+        )?;
+        Ok(Daemon {
+            core: NodeManager::new(parts, env),
+            stop,
+            lease_until_ms,
+            node,
+            node_key,
+            keys,
+            jobs,
+            _monitor: monitor,
+        })
+    }
 }
 
 impl Daemon {
@@ -283,7 +378,10 @@ impl Daemon {
                 break;
             }
             match self.core.step(self.core.poll_timeout()) {
-                Ok(_) => self.jobs.store(self.core.job_count(), Ordering::Relaxed),
+                Ok(_) => {
+                    self.jobs.store(self.core.job_count(), Ordering::Relaxed);
+                    self.core.env_mut().guest.warm_up_if_due();
+                }
                 Err(PrimError::ShutDown) => break,
                 Err(e) => bail!("node {}: heartbeat queue: {e}", self.node),
             }

@@ -12,8 +12,11 @@
 //! NM kills before it takes the node's next command, so nothing of the borrower's outlives
 //! the lease beside the lender's jobs.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use storm_cluster::ClusterConfig;
@@ -27,6 +30,10 @@ pub const PID_FILE: &str = "guest.pid";
 /// How long a guest has to stop (it kills its tasks on the way out) before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a warm guest has to go once its standard input is closed (it has no task, and
+/// removes its empty groups) before it is killed.
+const RETIRE_WAIT: Duration = Duration::from_secs(1);
+
 /// What starts a guest: the storm-nm binary, this node and its cluster file.
 pub struct GuestProcess {
     /// The storm-nm binary (the running one).
@@ -38,6 +45,202 @@ pub struct GuestProcess {
     /// Where the running guest's pid is kept ([`PID_FILE`]).
     dir: DaemonDir,
     running: Option<Running>,
+    /// Whether this NM keeps warm guests (`[federation] warm_guests`, a node's own NM).
+    keeps_warm: bool,
+    /// The warm guest of each peer this node lends to, set up and waiting for a lend.
+    warm: BTreeMap<String, WarmSlot>,
+    /// The node came home: warm guests are to be started again, once the NM has answered the
+    /// heartbeat that brought it home ([`GuestProcess::warm_up_if_due`]).
+    warm_due: bool,
+}
+
+/// A guest NM started ahead of a lend (`storm-nm --warm`): it has read the peer's cluster
+/// file, started its launcher and made its groups, and waits for the lease's end on its
+/// standard input; it reads no key and opens no link before that. Told to retire, or its
+/// standard input closed (this NM was killed), it goes ([`Told`]).
+struct Warm {
+    child: Child,
+    stdin: ChildStdin,
+    /// The peer's cluster file as it was before the guest read it.
+    file: Option<FileStamp>,
+    groups: GuestGroups,
+    /// The priority it takes once lent (the peer's `daemon_rt_priority`).
+    rt_priority: u8,
+}
+
+/// A peer's warm guest: being started, on a thread of its own (the NM's thread goes on
+/// answering heartbeats, and the guest starts at normal priority), or started.
+enum WarmSlot {
+    Starting(std::thread::JoinHandle<Result<Warm, String>>),
+    Started(Warm),
+    /// Its start failed (the lend itself says why, if one comes).
+    Failed,
+}
+
+impl WarmSlot {
+    /// The warm guest, once started (waiting for its start if it is under way).
+    fn started(self) -> Option<Warm> {
+        match self {
+            WarmSlot::Started(w) => Some(w),
+            WarmSlot::Starting(t) => match t.join() {
+                Ok(Ok(w)) => Some(w),
+                Ok(Err(e)) => {
+                    tracing::debug!("no warm guest NM: {e}");
+                    None
+                }
+                Err(_) => None,
+            },
+            WarmSlot::Failed => None,
+        }
+    }
+
+    /// Whether it is starting, or started and still waiting.
+    fn waits(&mut self) -> bool {
+        if matches!(self, WarmSlot::Starting(t) if t.is_finished()) {
+            let slot = std::mem::replace(self, WarmSlot::Failed);
+            if let Some(w) = slot.started() {
+                *self = WarmSlot::Started(w);
+            }
+        }
+        match self {
+            WarmSlot::Starting(_) => true,
+            WarmSlot::Started(w) => matches!(w.child.try_wait(), Ok(None)),
+            WarmSlot::Failed => false,
+        }
+    }
+}
+
+/// What tells that a file changed: its inode, size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        })
+    }
+}
+
+impl Warm {
+    /// Hands this warm guest the lease (it opens its link and registers with the borrower at
+    /// once), or says why it cannot take it: it ended, or the peer's file changed since it read
+    /// it (`file`: that file as it is now).
+    fn lend(mut self, until_ms: u64, file: Option<FileStamp>) -> Result<Child, String> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(format!("it ended ({status})"));
+        }
+        if file.is_none() || file != self.file {
+            self.retire();
+            return Err("the peer's cluster file changed since it started".into());
+        }
+        // Lent, it is a daemon of this node at work, even if still setting up (lent again
+        // just after the node came home): it goes on at the priority it takes once lent.
+        if let Err(e) =
+            storm_cluster::daemon::set_rt_priority_of(self.child.id(), self.rt_priority, false)
+        {
+            tracing::warn!("the lent guest NM sets up at normal priority: {e}");
+        }
+        if let Err(e) = writeln!(self.stdin, "{until_ms}") {
+            self.retire();
+            return Err(format!("it does not take the lease: {e}"));
+        }
+        // It reads nothing more.
+        drop(self.stdin);
+        Ok(self.child)
+    }
+
+    /// Stops it: told to ([`Told::Retire`]), it goes by itself, removing its empty groups;
+    /// killed if it has not within [`RETIRE_WAIT`].
+    fn retire(self) {
+        retire_all(vec![self]);
+    }
+}
+
+/// How to start a guest ([`GuestProcess::command`]).
+struct GuestStart {
+    cmd: Command,
+    groups: GuestGroups,
+    /// The peer's file the guest reads.
+    file: PathBuf,
+    /// `[scheduler] daemon_rt_priority` in that file: the guest's once lent.
+    rt_priority: u8,
+}
+
+/// Starts a warm guest, on a thread of its own at normal priority (the guest inherits it):
+/// the start takes no time of the NM's real-time thread.
+fn start_warm(start: GuestStart) -> Result<Warm, String> {
+    let GuestStart {
+        mut cmd,
+        groups,
+        file,
+        rt_priority,
+    } = start;
+    storm_cluster::daemon::set_normal_priority();
+    // Before it reads the file: a change after this is seen at the lend.
+    let file = FileStamp::of(&file);
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting a warm guest NM: {e}"))?;
+    tracing::debug!(pid = child.id(), slot = %groups.slot, "a warm guest NM waits for a lend");
+    let stdin = child.stdin.take().expect("piped");
+    Ok(Warm {
+        child,
+        stdin,
+        file,
+        groups,
+        rt_priority,
+    })
+}
+
+/// Stops warm guests at once (see [`Warm::retire`]): their inputs closed together, then each
+/// waited for.
+fn retire_all(warm: Vec<Warm>) {
+    let mut children: Vec<(Child, GuestGroups)> = warm
+        .into_iter()
+        .map(|mut w| {
+            // It may have ended: then nothing reads this.
+            let _ = writeln!(w.stdin, "{RETIRE}");
+            drop(w.stdin);
+            (w.child, w.groups)
+        })
+        .collect();
+    let deadline = Instant::now() + RETIRE_WAIT;
+    for (child, groups) in &mut children {
+        if wait_until(child, deadline).is_none() {
+            tracing::warn!(slot = %groups.slot, "a warm guest NM did not go when told: killed");
+            let _ = child.kill();
+            let _ = child.wait();
+            groups.sweep();
+        }
+    }
+}
+
+/// How `child` ended, once it has, or `None` if it still runs at `deadline` (or cannot be
+/// waited for). It is asked often at first (a guest stops in a few milliseconds, and the
+/// node's way home waits for it), then less.
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    let mut pause = Duration::from_micros(100);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            _ => return None,
+        }
+    }
 }
 
 struct Running {
@@ -80,20 +283,64 @@ impl GuestProcess {
         home: bool,
     ) -> Self {
         stop_orphan(&dir);
-        let me = Self {
+        let mut me = Self {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("storm-nm")),
+            keeps_warm: home && config.federation.warm_guests,
             config,
             node,
             dir,
             running: None,
+            warm: BTreeMap::new(),
+            warm_due: false,
         };
         // No guest runs now: whatever one left in any borrower's groups here goes.
         for p in me.config.peers.iter().filter(|p| home && p.lend) {
-            if let Ok((_, groups)) = me.guest_of(&p.name) {
+            if let Ok((_, groups, _)) = me.guest_of(&p.name) {
                 groups.sweep();
             }
         }
+        me.warm_up();
         me
+    }
+
+    /// Starts a warm guest for each peer this node lends to that has none (it ended, or was
+    /// used for a lease), if this NM keeps them and no guest runs now.
+    fn warm_up(&mut self) {
+        if !self.keeps_warm || self.running.is_some() {
+            return;
+        }
+        let peers: Vec<String> = self
+            .config
+            .peers
+            .iter()
+            .filter(|p| p.lend && p.guest_file.is_some() && p.flock_user.is_some())
+            .map(|p| p.name.clone())
+            .collect();
+        for peer in peers {
+            if self.warm.get_mut(&peer).is_some_and(WarmSlot::waits) {
+                continue;
+            }
+            if let Some(ended) = self.warm.remove(&peer) {
+                if let Some(w) = ended.started() {
+                    w.retire();
+                }
+            }
+            match self.command(&peer, None) {
+                Ok(start) => {
+                    let starting = std::thread::Builder::new()
+                        .name("storm-nm-warm".into())
+                        .spawn(move || start_warm(start));
+                    match starting {
+                        Ok(t) => {
+                            self.warm.insert(peer, WarmSlot::Starting(t));
+                        }
+                        Err(e) => tracing::warn!(%peer, "no warm guest NM: {e}"),
+                    }
+                }
+                // The lend itself says why, if one comes.
+                Err(e) => tracing::debug!(%peer, "no warm guest NM: {e}"),
+            }
+        }
     }
 
     /// Peer `peer`'s entry in this cluster's file and where its guest's groups are (from the
@@ -101,7 +348,7 @@ impl GuestProcess {
     fn guest_of(
         &self,
         peer: &str,
-    ) -> Result<(&storm_cluster::federation::PeerEntry, GuestGroups), String> {
+    ) -> Result<(&storm_cluster::federation::PeerEntry, GuestGroups, u8), String> {
         let entry = self
             .config
             .peers
@@ -127,13 +374,13 @@ impl GuestProcess {
             cluster: theirs.cluster.name.clone(),
             slot: theirs.nodes[slot as usize].name.clone(),
         };
-        Ok((entry, groups))
+        Ok((entry, groups, theirs.scheduler.daemon_rt_priority))
     }
 
-    /// The guest's command line for peer `peer`, and where its groups will be, or why it
+    /// How to start peer `peer`'s guest until `until_ms` (`None`: a warm guest), or why it
     /// cannot run.
-    fn command(&self, peer: &str, until_ms: u64) -> Result<(Command, GuestGroups), String> {
-        let (entry, groups) = self.guest_of(peer)?;
+    fn command(&self, peer: &str, until_ms: Option<u64>) -> Result<GuestStart, String> {
+        let (entry, groups, rt_priority) = self.guest_of(peer)?;
         let file = entry.guest_file.as_ref().expect("guest_of checked it");
         let user = entry.flock_user.as_ref().ok_or_else(|| {
             format!("[[peer]] {peer} names no flock_user to run its jobs as on lent nodes")
@@ -145,12 +392,41 @@ impl GuestProcess {
             .arg(&groups.slot)
             .arg("--guest-user")
             .arg(user)
-            .arg("--lease-until")
-            .arg(until_ms.to_string())
             .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            // It is not the service: this NM is.
+            .env_remove("NOTIFY_SOCKET");
+        match until_ms {
+            Some(ms) => cmd.arg("--lease-until").arg(ms.to_string()),
+            None => cmd.arg("--warm"),
+        };
         // Its log goes where this NM's goes (stderr).
-        Ok((cmd, groups))
+        Ok(GuestStart {
+            cmd,
+            groups,
+            file: file.clone(),
+            rt_priority,
+        })
+    }
+
+    /// The lease handed to peer `peer`'s warm guest, if it has one that can take it.
+    fn lend_warm(&mut self, peer: &str, until_ms: u64) -> Option<(Child, GuestGroups)> {
+        let warm = self.warm.remove(peer)?.started()?;
+        let groups = warm.groups.clone();
+        let file = self
+            .config
+            .peers
+            .iter()
+            .find(|p| p.name == peer && p.lend)
+            .and_then(|p| p.guest_file.as_deref())
+            .and_then(FileStamp::of);
+        match warm.lend(until_ms, file) {
+            Ok(child) => Some((child, groups)),
+            Err(why) => {
+                tracing::info!(%peer, "the warm guest NM cannot take this lease ({why}): starting a guest");
+                None
+            }
+        }
     }
 
     /// Whether the guest still runs (reaping it if it ended).
@@ -191,13 +467,17 @@ impl GuestRunner for GuestProcess {
         if until_ms <= storm_cluster::daemon::unix_ms() {
             return;
         }
-        let child = self.command(peer, until_ms).and_then(|(mut c, groups)| {
-            let child = c
-                .spawn()
-                .map_err(|e| format!("starting the guest NM: {e}"))?;
-            Ok((child, groups))
-        });
-        match child {
+        let started = match self.lend_warm(peer, until_ms) {
+            Some(warm) => Ok(warm),
+            None => self.command(peer, Some(until_ms)).and_then(|mut start| {
+                let child = start
+                    .cmd
+                    .spawn()
+                    .map_err(|e| format!("starting the guest NM: {e}"))?;
+                Ok((child, start.groups))
+            }),
+        };
+        match started {
             Ok((child, groups)) => {
                 tracing::info!(%peer, until_ms, pid = child.id(), "lent: guest NM started");
                 let recorded = self.dir.create_file(PID_FILE).and_then(|mut f| {
@@ -218,6 +498,23 @@ impl GuestRunner for GuestProcess {
     }
 
     fn stop(&mut self) {
+        self.stop_guest();
+        // The node is home: ready for its next lend, once the heartbeat is answered.
+        self.warm_due = true;
+    }
+}
+
+impl GuestProcess {
+    /// Starts the warm guests again after the node came home ([`GuestRunner::stop`]). Its
+    /// NM calls this between heartbeats, so the start is not on the way home.
+    pub fn warm_up_if_due(&mut self) {
+        if std::mem::take(&mut self.warm_due) {
+            self.warm_up();
+        }
+    }
+
+    /// Stops the running guest, if any (see [`GuestRunner::stop`]).
+    fn stop_guest(&mut self) {
         if !self.alive() {
             return;
         }
@@ -225,32 +522,58 @@ impl GuestRunner for GuestProcess {
         let _ = self.dir.remove_file(PID_FILE);
         let pid = nix::unistd::Pid::from_raw(r.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + STOP_WAIT;
-        loop {
-            match r.child.try_wait() {
-                Ok(Some(status)) if status.success() => {
-                    // It stopped as asked, and took its jobs' groups along.
-                    tracing::info!(peer = %r.peer, %status, "home again: guest NM stopped");
-                    return;
-                }
-                Ok(Some(status)) => {
-                    tracing::warn!(peer = %r.peer, %status, "home again: the guest NM failed as it stopped");
-                    break;
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => {
-                    tracing::warn!(peer = %r.peer, "the guest NM did not stop in time: killed");
-                    let _ = r.child.kill();
-                    let _ = r.child.wait();
-                    break;
-                }
+        match wait_until(&mut r.child, Instant::now() + STOP_WAIT) {
+            Some(status) if status.success() => {
+                // It stopped as asked, and took its jobs' groups along.
+                tracing::info!(peer = %r.peer, %status, "home again: guest NM stopped");
+                return;
+            }
+            Some(status) => {
+                tracing::warn!(peer = %r.peer, %status, "home again: the guest NM failed as it stopped");
+            }
+            None => {
+                tracing::warn!(peer = %r.peer, "the guest NM did not stop in time: killed");
+                let _ = r.child.kill();
+                let _ = r.child.wait();
             }
         }
         // A guest killed outright, or one that failed, may have left processes behind.
         r.groups.sweep();
     }
+}
+
+/// What a warm guest is told by its node's NM ([`wait_for_lend`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Told {
+    /// It is lent until then (Unix ms): it opens its link and registers at once.
+    Lease(u64),
+    /// It is not needed (its node's NM stops, or the peer's file changed): it goes, removing
+    /// its empty groups.
+    Retire,
+    /// Its input closed unsaid: its node's NM died. It goes without touching its groups,
+    /// which the node's next NM sweeps before it starts a warm guest of its own (that one's
+    /// groups are the same directories).
+    NmGone,
+}
+
+/// What [`retire_all`] writes before it closes a warm guest's input.
+const RETIRE: &str = "retire";
+
+/// A warm guest's wait for its lend: what its node's NM writes on `input`
+/// ([`GuestRunner::start`], [`retire_all`]). Anything else is refused with what was said.
+pub fn wait_for_lend(input: &mut impl BufRead) -> anyhow::Result<Told> {
+    let mut line = String::new();
+    if input.read_line(&mut line)? == 0 {
+        return Ok(Told::NmGone);
+    }
+    let said = line.trim();
+    if said == RETIRE {
+        return Ok(Told::Retire);
+    }
+    let until_ms = said.parse::<u64>().map_err(|_| {
+        anyhow::anyhow!("a warm guest NM was told {said:?} by its node's NM, not a lease's end")
+    })?;
+    Ok(Told::Lease(until_ms))
 }
 
 /// Stops the guest NM whose pid `dir` keeps, if that process still runs and is a guest NM.
@@ -288,6 +611,34 @@ fn stop_orphan(dir: &DaemonDir) {
 impl Drop for GuestProcess {
     /// A stopping NM stops its guest: the lease needs a home NM to hand the node back.
     fn drop(&mut self) {
-        self.stop();
+        self.stop_guest();
+        retire_all(
+            std::mem::take(&mut self.warm)
+                .into_values()
+                .filter_map(WarmSlot::started)
+                .collect(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A warm guest takes the lease's end its node's NM writes, or its word to retire; a
+    /// closed input is its NM gone; anything else is refused with what was said.
+    #[test]
+    fn a_warm_guest_reads_its_lease_or_goes() {
+        let mut lease = "1796085036972\n".as_bytes();
+        assert_eq!(
+            wait_for_lend(&mut lease).unwrap(),
+            Told::Lease(1796085036972)
+        );
+        let retire = format!("{RETIRE}\n");
+        assert_eq!(wait_for_lend(&mut retire.as_bytes()).unwrap(), Told::Retire);
+        assert_eq!(wait_for_lend(&mut "".as_bytes()).unwrap(), Told::NmGone);
+        let mut garbage = "soon\n".as_bytes();
+        let err = wait_for_lend(&mut garbage).unwrap_err().to_string();
+        assert!(err.contains("\"soon\""), "{err}");
     }
 }

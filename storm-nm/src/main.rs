@@ -2,12 +2,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
 use storm_cluster::endpoint::Listen;
+use storm_nm::daemon::Lease;
+use storm_nm::guest::Told;
 use storm_nm::{NmOptions, daemon as nm_daemon};
 
 #[derive(Parser)]
@@ -28,11 +31,16 @@ struct Args {
     listen_fd: Option<i32>,
     /// Run as a guest NM on a lent node (docs/federation.md; the lending node's NM starts
     /// it): every job of the borrower runs as this local account.
-    #[arg(long, requires = "lease_until", value_name = "USER")]
+    #[arg(long, requires = "lease", value_name = "USER")]
     guest_user: Option<String>,
     /// A guest NM's lease end (Unix ms): it stops itself and its jobs then.
-    #[arg(long, requires = "guest_user", value_name = "UNIX_MS")]
+    #[arg(long, requires = "guest_user", group = "lease", value_name = "UNIX_MS")]
     lease_until: Option<u64>,
+    /// A warm guest NM, started ahead of a lend by the node's NM: it gets ready, then waits
+    /// on its standard input for the lease's end (Unix ms), or `retire`; it goes if that
+    /// closes first (docs/federation.md, warm guests).
+    #[arg(long, requires = "guest_user", group = "lease")]
+    warm: bool,
 }
 
 fn main() -> ExitCode {
@@ -51,29 +59,62 @@ fn run() -> Result<()> {
         .this_node(args.node.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;
-    daemon::set_rt_priority(config.scheduler.daemon_rt_priority);
+    // A warm guest waits at normal priority: its setup must not take a core from the daemons
+    // of this node at work. It takes real-time priority once lent.
+    if args.warm {
+        // It may have been started real-time, as its node's NM runs.
+        daemon::set_normal_priority();
+    } else {
+        daemon::set_rt_priority(config.scheduler.daemon_rt_priority);
+    }
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
-    let guest = match (&args.guest_user, args.lease_until) {
-        (Some(name), Some(until_ms)) => {
+    let guest = match &args.guest_user {
+        Some(name) => {
             let user = nix::unistd::User::from_name(name)?
                 .ok_or_else(|| anyhow::anyhow!("--guest-user {name}: no such account here"))?;
             Some(nm_daemon::Guest {
                 user: (user.uid.as_raw(), user.gid.as_raw()),
-                until_ms,
+                lease: match args.lease_until {
+                    Some(ms) => Lease::Until(ms),
+                    None => Lease::OnLend,
+                },
             })
         }
-        _ => None,
+        None => None,
     };
-    let nm = nm_daemon::start(NmOptions {
+    let ready = nm_daemon::prepare(NmOptions {
         config,
         node,
         listen,
         pl_path,
         pmi_library,
-        stop,
+        stop: stop.clone(),
         guest,
     })?;
+    let lease_until_ms = match guest.map(|g| g.lease) {
+        None => None,
+        Some(Lease::Until(ms)) => Some(ms),
+        Some(Lease::OnLend) => {
+            match storm_nm::guest::wait_for_lend(&mut std::io::stdin().lock())? {
+                Told::Lease(ms) if !stop.load(Ordering::Acquire) => Some(ms),
+                Told::Lease(_) | Told::Retire => {
+                    tracing::debug!("a warm guest NM goes unlent");
+                    return Ok(());
+                }
+                Told::NmGone => {
+                    tracing::debug!("a warm guest NM goes unlent: its node's NM died");
+                    // Its groups are left to the node's next NM (see Told::NmGone); its
+                    // launcher dies with it.
+                    std::process::exit(0);
+                }
+            }
+        }
+    };
+    if args.warm {
+        ready.take_rt_priority();
+    }
+    let nm = ready.open(lease_until_ms)?;
     daemon::notify_ready();
     nm.run()
 }

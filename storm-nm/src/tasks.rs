@@ -106,6 +106,20 @@ impl PlRunner {
     }
 
     /// The launcher, starting one if there is none.
+    /// Puts the launcher under SCHED_FIFO at `priority`: a warm guest's, started before its
+    /// NM took real-time priority (as its node was lent).
+    pub fn raise_launcher(&self, priority: u8) {
+        if let Some(l) = &self.launcher
+            && let Err(e) =
+                storm_cluster::daemon::set_rt_priority_of(l.process.id(), priority, false)
+        {
+            tracing::warn!(
+                node = self.node,
+                "the launcher stays under the normal policy: {e}"
+            );
+        }
+    }
+
     fn launcher(&mut self) -> Result<&mut Launcher, String> {
         if self.launcher.is_none() {
             let (process, outbox) = start_launcher(&self.pl_path, &self.table, self.start_timeout)
