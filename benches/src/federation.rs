@@ -438,13 +438,17 @@ pub fn run(args: &FederationArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         ),
         &["measurement", "median", "p95", "in periods / ratio", "met"],
     );
-    for (name, s) in [("lend the nodes", &m.lend), ("return them", &m.give_back)] {
+    for (name, s) in [
+        ("lend the nodes", &m.lend),
+        ("lend right after a return", &m.lend_again),
+        ("return them", &m.give_back),
+    ] {
         let med = s.median();
         lending.push(vec![
             name.to_string(),
             crate::stats::fmt_time(med),
             crate::stats::fmt_time(s.quantile(0.95)),
-            format!("{:.0} periods", periods(med)),
+            format!("{:.1} periods", periods(med)),
             if periods(med) <= 10.0 { "yes" } else { "no" }.to_string(),
         ]);
     }

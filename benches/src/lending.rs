@@ -6,15 +6,19 @@
 //! slot (feature `guest`) for each of the `nodes` nodes of `lb-lend`, which lends them and
 //! runs the borrowed jobs as `nobody`. Each round:
 //!
-//! 1. **lend**: `storm lend` of every node of `lb-lend` at once, timed from the request to
-//!    the moment `lb-borrow`'s MM shows every guest slot idle (each lent node's NM has started
-//!    its guest NM, which registered and joined the borrower's heartbeat);
+//! 1. **lend**: after the nodes have been home 200 ms, `storm lend` of every node of
+//!    `lb-lend` at once, timed from the request to the moment `lb-borrow`'s MM shows every
+//!    guest slot idle (each lent node's NM has handed the lease to its warm guest NM, which
+//!    registered and joined the borrower's heartbeat);
 //! 2. **launch**: a `true` of `nodes` nodes, as `nobody`, on home nodes (`-N`) and on the
 //!    borrowed ones (`--borrow -C guest -N`), alternately; each is storm-submit's wall time;
 //! 3. **return**: `storm reclaim --now`, timed from the request to the moment the lender's MM
 //!    shows every node idle and the borrower's shows no guest slot up: the node's own trip
 //!    home. (A reclaim with notice adds the agents' round trip to the borrower, which gives
 //!    the node back: agent periods, not heartbeat periods; no agent runs in this part.)
+//! 4. **lend again**: at once, the same lend, of nodes home for a few milliseconds: their
+//!    warm guests are not ready yet, so this is the lend that starts its guest (as with
+//!    `warm_guests = false`); then another return.
 //!
 //! Then borrowing on asking, with both clusters' peer agents running (`advertise_ms` 100):
 //! each round a `--borrow -C guest` job of `nodes` nodes is submitted with no node lent, and
@@ -48,7 +52,10 @@ const NOBODY: u32 = 65534;
 pub struct Lending {
     /// The heartbeat period of both clusters.
     pub period: Duration,
+    /// A lend of nodes home for a moment ([`SETTLE`]), whose warm guests are ready.
     pub lend: Samples,
+    /// A lend of nodes that came home just now, with no warm guest ready yet.
+    pub lend_again: Samples,
     pub give_back: Samples,
     pub launch_home: Samples,
     pub launch_borrowed: Samples,
@@ -65,6 +72,44 @@ pub struct Lending {
 
 /// The agents' period in this bench.
 const AGENT_PERIOD_MS: u64 = 100;
+
+/// How long the nodes are home before a lend that finds their warm guests ready
+/// (`[federation] warm_guests`; one starts as its node comes home).
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// `storm lend` of `all` of the lender's nodes: from the request (its answer is part of the
+/// time) until the borrower's MM shows every guest slot idle.
+fn lend_all(pair: &Pair, all: &NodeSet, guest: impl Fn(&NodeInfo) -> bool) -> Result<Duration> {
+    let asked = Instant::now();
+    call(
+        &pair.lender,
+        &Request::Lend {
+            nodes: all.clone(),
+            peer: "lb-borrow".into(),
+            for_ms: 600_000,
+        },
+    )?;
+    until(pair, "the guest slots come up", |b, _| {
+        b.iter()
+            .filter(|n| guest(n))
+            .all(|n| n.state == NodeState::Idle)
+    })?;
+    Ok(asked.elapsed())
+}
+
+/// `storm reclaim --now` of `all`: from the request until they are home ([`home_again`]).
+fn return_all(pair: &Pair, all: &NodeSet) -> Result<Duration> {
+    let asked = Instant::now();
+    call(
+        &pair.lender,
+        &Request::Reclaim {
+            nodes: all.clone(),
+            now: true,
+        },
+    )?;
+    until(pair, "the nodes come home", home_again)?;
+    Ok(asked.elapsed())
+}
 
 struct Pair {
     borrower: LocalCluster,
@@ -234,6 +279,7 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
                 / 1000.0,
         ),
         lend: Samples::from_secs(Vec::new()),
+        lend_again: Samples::from_secs(Vec::new()),
         give_back: Samples::from_secs(Vec::new()),
         launch_home: Samples::from_secs(Vec::new()),
         launch_borrowed: Samples::from_secs(Vec::new()),
@@ -242,41 +288,24 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
         given_back: Samples::from_secs(Vec::new()),
         called_home: Samples::from_secs(Vec::new()),
     };
-    let (mut lend, mut back, mut home, mut borrowed) = (vec![], vec![], vec![], vec![]);
+    let (mut lend, mut lend_again, mut back, mut home, mut borrowed) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
-        let asked = Instant::now();
-        call(
-            &pair.lender,
-            &Request::Lend {
-                nodes: all.clone(),
-                peer: "lb-borrow".into(),
-                for_ms: 600_000,
-            },
-        )?;
-        until(&pair, "the guest slots come up", |b, _| {
-            b.iter()
-                .filter(|n| guest(n))
-                .all(|n| n.state == NodeState::Idle)
-        })?;
-        // From the request: its answer is part of the time.
-        lend.push(asked.elapsed().as_secs_f64());
+        // The nodes have been home a moment: their warm guests are ready.
+        std::thread::sleep(SETTLE);
+        lend.push(lend_all(&pair, &all, guest)?.as_secs_f64());
         for _ in 0..launches {
             home.push(launch(&pair.borrower, &["-N", &n])?.as_secs_f64());
             borrowed.push(
                 launch(&pair.borrower, &["--borrow", "-C", "guest", "-N", &n])?.as_secs_f64(),
             );
         }
-        let asked = Instant::now();
-        call(
-            &pair.lender,
-            &Request::Reclaim {
-                nodes: all.clone(),
-                now: true,
-            },
-        )?;
-        until(&pair, "the nodes come home", home_again)?;
-        back.push(asked.elapsed().as_secs_f64());
+        back.push(return_all(&pair, &all)?.as_secs_f64());
+        // Lent again at once: no warm guest is ready yet.
+        lend_again.push(lend_all(&pair, &all, guest)?.as_secs_f64());
+        back.push(return_all(&pair, &all)?.as_secs_f64());
     }
+    m.lend_again = Samples::from_secs(lend_again);
     m.lend = Samples::from_secs(lend);
     m.give_back = Samples::from_secs(back);
     m.launch_home = Samples::from_secs(home);
