@@ -545,7 +545,8 @@ fn children_of(pid: u32) -> Vec<u32> {
 /// default): the node, at home, keeps one set up for its peer, at normal priority, joined to
 /// nothing. A lend hands the lease to it, and it joins the borrower's fabric; one that
 /// cannot take the lease (the peer's file changed since it read it) is replaced by a fresh
-/// guest; and it goes with its node's NM.
+/// guest; it goes with its node's NM; and one that could not start (the peer's file was not
+/// there) starts once it can.
 #[test]
 fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     if !support::root_or_say("warm guests") {
@@ -685,9 +686,16 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
             (!left.is_empty()).then(|| format!("left: {left:?}"))
         },
     );
-    // The NM back, it keeps one again, and lends with it.
+    // The NM back while the peer's file is away (say, being installed): no warm guest can
+    // start. Once the file is there, one starts at the NM's next look, and takes the lease.
+    let away = borrower_file.with_extension("away");
+    std::fs::rename(&borrower_file, &away).unwrap();
     lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
-    let warm = one_warm("the restarted NM keeps a warm guest");
+    std::thread::sleep(Duration::from_secs(2));
+    let none = live_processes(0, &["--warm", &ours]);
+    std::fs::rename(&away, &borrower_file).unwrap();
+    assert!(none.is_empty(), "a warm guest without its file: {none:?}");
+    let warm = one_warm("the restarted NM keeps a warm guest once the peer's file is there");
     let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");

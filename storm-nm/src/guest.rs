@@ -52,7 +52,16 @@ pub struct GuestProcess {
     /// The node came home: warm guests are to be started again, once the NM has answered the
     /// heartbeat that brought it home ([`GuestProcess::warm_up_if_due`]).
     warm_due: bool,
+    /// When the warm guests are looked at next (one may have ended, or could not start: the
+    /// peer's file was not there yet), and the wait after that one.
+    warm_check: (Instant, Duration),
 }
+
+/// How often a node at home looks at its warm guests while all wait; a look that finds one
+/// missing doubles the wait, up to [`WARM_CHECK_MAX`], so a guest that cannot start is not
+/// started again and again.
+const WARM_CHECK: Duration = Duration::from_secs(1);
+const WARM_CHECK_MAX: Duration = Duration::from_secs(300);
 
 /// A guest NM started ahead of a lend (`storm-nm --warm`): it has read the peer's cluster
 /// file, started its launcher and made its groups, and waits for the lease's end on its
@@ -292,6 +301,7 @@ impl GuestProcess {
             running: None,
             warm: BTreeMap::new(),
             warm_due: false,
+            warm_check: (Instant::now() + WARM_CHECK, WARM_CHECK),
         };
         // No guest runs now: whatever one left in any borrower's groups here goes.
         for p in me.config.peers.iter().filter(|p| home && p.lend) {
@@ -299,16 +309,19 @@ impl GuestProcess {
                 groups.sweep();
             }
         }
+        // The peers' files may not be there yet: looked at again at the next check.
         me.warm_up();
         me
     }
 
     /// Starts a warm guest for each peer this node lends to that has none (it ended, or was
-    /// used for a lease), if this NM keeps them and no guest runs now.
-    fn warm_up(&mut self) {
+    /// used for a lease), if this NM keeps them and no guest runs now. Whether every peer had
+    /// one waiting already.
+    fn warm_up(&mut self) -> bool {
         if !self.keeps_warm || self.running.is_some() {
-            return;
+            return true;
         }
+        let mut all_waited = true;
         let peers: Vec<String> = self
             .config
             .peers
@@ -320,6 +333,7 @@ impl GuestProcess {
             if self.warm.get_mut(&peer).is_some_and(WarmSlot::waits) {
                 continue;
             }
+            all_waited = false;
             if let Some(ended) = self.warm.remove(&peer) {
                 if let Some(w) = ended.started() {
                     w.retire();
@@ -341,6 +355,7 @@ impl GuestProcess {
                 Err(e) => tracing::debug!(%peer, "no warm guest NM: {e}"),
             }
         }
+        all_waited
     }
 
     /// Peer `peer`'s entry in this cluster's file and where its guest's groups are (from the
@@ -505,12 +520,20 @@ impl GuestRunner for GuestProcess {
 }
 
 impl GuestProcess {
-    /// Starts the warm guests again after the node came home ([`GuestRunner::stop`]). Its
-    /// NM calls this between heartbeats, so the start is not on the way home.
+    /// Starts the warm guests again after the node came home ([`GuestRunner::stop`]), and
+    /// any found missing at a look ([`WARM_CHECK`]). Its NM calls this between heartbeats, so
+    /// the start is not on the way home.
     pub fn warm_up_if_due(&mut self) {
-        if std::mem::take(&mut self.warm_due) {
-            self.warm_up();
+        let now = Instant::now();
+        if !std::mem::take(&mut self.warm_due) && now < self.warm_check.0 {
+            return;
         }
+        let wait = if self.warm_up() {
+            WARM_CHECK
+        } else {
+            (self.warm_check.1 * 2).min(WARM_CHECK_MAX)
+        };
+        self.warm_check = (now + wait, wait);
     }
 
     /// Stops the running guest, if any (see [`GuestRunner::stop`]).
