@@ -4,7 +4,10 @@
 //!
 //! [`start`] checks what the node needs (the cluster key, this node in the cluster file, the
 //! launcher binary, the spool directory) and opens it all; [`Daemon::run`] steps the core
-//! until a heartbeat says to shut down or a signal sets the stop flag.
+//! until a heartbeat says to shut down or a signal sets the stop flag. `start` is two halves:
+//! [`prepare`] (spool, launcher, cgroups: nothing that needs a key or sends) and
+//! [`Prepared::open`] (keys, endpoint, threads). A warm guest NM (docs/federation.md) runs
+//! the first half ahead of its lend and the second once lent.
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -521,8 +521,8 @@ impl GuestRunner for GuestProcess {
 
 impl GuestProcess {
     /// Starts the warm guests again after the node came home ([`GuestRunner::stop`]), and
-    /// any found missing at a look ([`WARM_CHECK`]). Its NM calls this between heartbeats, so
-    /// the start is not on the way home.
+    /// any found missing at a look (every second or more). Its NM calls this between
+    /// heartbeats, so the start is not on the way home.
     pub fn warm_up_if_due(&mut self) {
         let now = Instant::now();
         if !std::mem::take(&mut self.warm_due) && now < self.warm_check.0 {
@@ -583,7 +583,7 @@ pub enum Told {
 const RETIRE: &str = "retire";
 
 /// A warm guest's wait for its lend: what its node's NM writes on `input`
-/// ([`GuestRunner::start`], [`retire_all`]). Anything else is refused with what was said.
+/// ([`GuestRunner::start`], or `retire`). Anything else is refused with what was said.
 pub fn wait_for_lend(input: &mut impl BufRead) -> anyhow::Result<Told> {
     let mut line = String::new();
     if input.read_line(&mut line)? == 0 {
