@@ -147,6 +147,7 @@ impl Pair {
                 listen: Some(format!("127.0.0.1:{port}").parse()?),
                 advertise_ms: AGENT_PERIOD_MS,
                 peer_timeout_ms: 20 * AGENT_PERIOD_MS,
+                warm_guests: true,
                 ..Default::default()
             })
         };

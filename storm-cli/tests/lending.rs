@@ -541,8 +541,8 @@ fn children_of(pid: u32) -> Vec<u32> {
     found
 }
 
-/// A lent node's guest NM is started ahead of the lend (`[federation] warm_guests`, on by
-/// default): the node, at home, keeps one set up for its peer, at normal priority, joined to
+/// A lent node's guest NM is started ahead of the lend (`[federation] warm_guests`, on for
+/// this lender): the node, at home, keeps one set up for its peer, at normal priority, joined to
 /// nothing. A lend hands the lease to it, and it joins the borrower's fabric; one that
 /// cannot take the lease (the peer's file changed since it read it) is replaced by a fresh
 /// guest; it goes with its node's NM; and one that could not start (the peer's file was not
@@ -575,7 +575,10 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     let mut lender = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("wg-lend".into()),
-        federation: federation(lender_port),
+        federation: FederationSection {
+            warm_guests: true,
+            ..federation(lender_port)
+        },
         peers: vec![PeerEntry {
             lend: true,
             flock_user: Some("daemon".into()),
