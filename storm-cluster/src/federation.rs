@@ -50,8 +50,8 @@ pub struct FederationSection {
     /// Each node keeps a guest NM started and set up ahead of a lend, for each peer it lends
     /// to, that waits for its node's NM to tell it the lease: a lend then takes the guest's
     /// registration with the borrower, not also its start (docs/federation.md, lending).
-    /// Off (the default until a hang seen with them on the testbed is understood): a guest is
-    /// started when the node is lent.
+    /// On by default. Off: a guest is started when the node is lent (2-3 heartbeat periods
+    /// more).
     pub warm_guests: bool,
 }
 
@@ -66,7 +66,7 @@ impl Default for FederationSection {
             borrow_lease_ms: 3_600_000,
             reclaim_after_ms: 500,
             vacate_ms: 5000,
-            warm_guests: false,
+            warm_guests: true,
         }
     }
 }

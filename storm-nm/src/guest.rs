@@ -524,6 +524,9 @@ impl GuestProcess {
     /// any found missing at a look (every second or more). Its NM calls this between
     /// heartbeats, so the start is not on the way home.
     pub fn warm_up_if_due(&mut self) {
+        if !self.keeps_warm {
+            return;
+        }
         let now = Instant::now();
         if !std::mem::take(&mut self.warm_due) && now < self.warm_check.0 {
             return;
