@@ -13,6 +13,8 @@
 //!   (`Recalls`), the node comes home when the borrower gives it back, or when the vacate
 //!   has passed without it; a borrower the agent does not report `up` cannot be told, and
 //!   the node comes home at once. A lease about to end is called home `vacate_ms` ahead.
+//! * A peer the agent last reported away is lent nothing on its asking, until a report
+//!   shows it up again.
 
 use std::time::Duration;
 
@@ -389,5 +391,48 @@ fn a_reclaim_gives_notice_only_to_a_borrower_that_can_hear_it() {
         state_of(&mut sim, &first),
         NodeState::Lent,
         "lent past its lease"
+    );
+}
+
+/// A peer this cluster's agent last reported away is lent nothing on its asking: the lease
+/// would go home at the next pass (its borrower away for the peer timeout), the guest started
+/// and stopped for nothing. Its ask comes again next period; once the agent reports it up,
+/// the node is lent. (Seen on the namespace testbed: an ask relayed just after a healed cut,
+/// before the report that showed the peer back, lent the node and took it home 5 ms later.)
+#[test]
+fn a_peer_reported_away_is_lent_nothing_until_it_is_reported_up() {
+    let mut sim = lender();
+    let first = sim.config().nodes[0].name.clone();
+    c1_is_up(&mut sim);
+    let away = PeerInfo {
+        name: "c1".into(),
+        address: "127.0.0.1:7101".parse().unwrap(),
+        state: PeerState::Down,
+        lend: true,
+        borrow: false,
+        offer: None,
+        lag_us: None,
+        heard_ms_ago: Some(6000),
+        reason: None,
+    };
+    assert_eq!(
+        sim.operator_request(Request::PeerReport(vec![away]))
+            .unwrap(),
+        Reply::Done
+    );
+    assert_eq!(c1_asks_for(&mut sim, &first), Reply::Lent(vec![]));
+    sim.run_for(Duration::from_millis(50));
+    assert_eq!(state_of(&mut sim, &first), NodeState::Idle, "not lent");
+
+    c1_is_up(&mut sim);
+    assert_eq!(
+        c1_asks_for(&mut sim, &first),
+        Reply::Lent(vec![first.clone()])
+    );
+    run_with_c1_up(&mut sim, Duration::from_millis(400));
+    assert_eq!(
+        state_of(&mut sim, &first),
+        NodeState::Lent,
+        "lent, and stays"
     );
 }

@@ -107,7 +107,8 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Peer `peer` asks, for its waiting jobs, for up to `count` of `names` (this cluster's
     /// node names) for `for_ms`: idle ones are lent, those lent to it already counting, unless
-    /// a job of this cluster waits (a cluster lends only what its own queue does not want).
+    /// a job of this cluster waits (a cluster lends only what its own queue does not want) or
+    /// the agent last reported the peer away.
     /// Returns the nodes of `names` lent to the peer now.
     pub(super) fn lend_asked(
         &mut self,
@@ -128,7 +129,10 @@ impl<E: MmEnv> MachineManager<E> {
         };
         let have = asked.iter().filter(|&&n| lent_to_peer(self, n)).count() as u32;
         let own_waiting = !self.waiting_own_jobs().is_empty();
-        if have < count && !own_waiting {
+        // A peer the agent last reported away is lent nothing new: the lease would go home at
+        // the next pass (its borrower away for the peer timeout). It asks again next period.
+        let away = self.peer_room.away_for(peer, self.now()).is_some();
+        if have < count && !own_waiting && !away {
             let span = Duration::from_millis(for_ms).min(MAX_LEASE);
             let until_ms = self.unix_ms() + span.as_millis() as u64;
             let idle: Vec<NodeId> = asked
