@@ -9,6 +9,9 @@
 //!   stays queued at home.
 //! * `--clusters away`: `storm queue` at home shows the job running on `away`, and `away`'s
 //!   queue holds it; `storm cancel` at home ends it on `away` too.
+//! * `--clusters away -N 2`, larger than home: it runs on away's two nodes (each rank's line
+//!   and the exit code come home); `-N 3`, larger than away too, is refused naming away's
+//!   size.
 //! * Either MM, or both at once, restart while a flocked job runs: the job goes on, and its
 //!   submitter gets the rest of its output and its exit code.
 //! * The peers link up (`storm peers`): home sees away `up`, offering its idle nodes and
@@ -372,6 +375,44 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
             let q = queue(&away);
             (!q.is_empty()).then(|| format!("{q:?}"))
         },
+    );
+
+    // Larger than home (1 node), naming only away (2 nodes): sized against away, runs there
+    // on both nodes; 3 nodes, larger than away too, is refused with both sizes named.
+    let out = home.submit_as(
+        NOBODY,
+        &[
+            "--clusters",
+            "fl-away",
+            "-N",
+            "2",
+            "-D",
+            "/tmp",
+            "sh",
+            "-c",
+            "echo rank $STORM_RANK on $STORM_NODENAME; exit 4",
+        ],
+    );
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{stdout}{stderr}");
+    for rank in ["rank 0 on", "rank 1 on"] {
+        assert!(stdout.contains(rank), "{rank} in {stdout:?}; {stderr}");
+    }
+    assert!(
+        stderr.contains("flocked to peer cluster fl-away"),
+        "{stderr}"
+    );
+    let out = home.submit_as(
+        NOBODY,
+        &["--clusters", "fl-away", "-N", "3", "-D", "/tmp", "true"],
+    );
+    let stderr = support::text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "the job needs 3 nodes, and no cluster it may run on has that many (fl-away has 2)"
+        ),
+        "{stderr}"
     );
 
     // Either MM, then both at once, restart while a flocked job runs: it goes on, and its

@@ -10,6 +10,9 @@
 //!   Output its submitter has not read past the unread limit is not taken (sent again).
 //! * A peer away for `peer_timeout_ms` gives its jobs back: their submitter hears that they
 //!   are queued at home again, and they run here once nodes are free.
+//! * A job larger than its home that names only peers (`--clusters c1`) is sized against
+//!   them: taken while a peer it names is large enough or not heard from yet, refused when
+//!   none is, and sent to the peer once it offers room. A name that is no peer is refused.
 
 use std::time::Duration;
 
@@ -494,4 +497,62 @@ fn a_home_whose_agent_stopped_reporting_flocks_nothing() {
         vec![job],
         "reported again: it goes"
     );
+}
+
+#[test]
+fn a_job_larger_than_its_home_that_names_only_peers_is_sized_against_them() {
+    let mut sim = sim();
+    let only_c1 = |nodes: u32| SimJob {
+        flock: Flock::Only(vec!["c1".into()]),
+        ..SimJob::new(nodes, Duration::from_secs(1))
+    };
+
+    // Before any report, c1's size is unknown: a 3-node job (home has 2) waits for it.
+    let early = sim.submit(&only_c1(3)).unwrap();
+    // A job that may run at home is still held to home's size.
+    let err = sim
+        .submit(&SimJob {
+            flock: Flock::Only(vec!["sim".into(), "c1".into()]),
+            ..SimJob::new(3, Duration::from_secs(1))
+        })
+        .unwrap_err();
+    assert!(err.contains("3"), "{err}");
+    let err = sim
+        .submit(&SimJob {
+            flock: Flock::Only(vec!["c9".into()]),
+            ..SimJob::new(1, Duration::from_secs(1))
+        })
+        .unwrap_err();
+    assert!(
+        err.contains("\"c9\" is neither this cluster nor a peer"),
+        "{err}"
+    );
+
+    // c1 reports 4 nodes, all idle: the 3-node job goes there; one of 5 is refused, naming
+    // c1's size.
+    report(&mut sim, Some(4));
+    let err = sim.submit(&only_c1(5)).unwrap_err();
+    assert!(
+        err.contains("the job needs 5 nodes") && err.contains("c1 has 4"),
+        "{err}"
+    );
+    let later = sim.submit(&only_c1(4)).unwrap();
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![early], "no room left for 4");
+    // The first started there; c1 offers its 4 nodes again: the 4-node job goes too.
+    tell(
+        &mut sim,
+        "c1",
+        early,
+        vec![
+            FlockEvent::Accepted { remote: 7 },
+            FlockEvent::Started {
+                ntasks: 3,
+                node_names: vec!["n0".into(), "n1".into(), "n2".into()],
+            },
+        ],
+    );
+    report(&mut sim, Some(4));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![early, later]);
 }

@@ -220,6 +220,58 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
+    /// `--clusters`: every name is this cluster or a peer it may use (`borrow`), and a job
+    /// that may run only on peers fits one of them: of `nodes` nodes, refused only if every
+    /// peer it names has reported its size and none is that large. (A peer not heard from
+    /// yet may be: the job waits for it.) Such a job is not sized against this cluster, nor
+    /// held to its features and memory: the peer it goes to checks its own.
+    pub(super) fn check_clusters(&self, req: &JobRequest, nodes: u32) -> Result<(), String> {
+        let Flock::Only(names) = &req.flock else {
+            return Ok(());
+        };
+        let home = &self.cfg.cluster.name;
+        let usable = |name: &str| self.cfg.peers.iter().any(|p| p.name == name && p.borrow);
+        if let Some(bad) = names.iter().find(|n| *n != home && !usable(n)) {
+            let mut known: Vec<&str> = vec![home.as_str()];
+            known.extend(
+                self.cfg
+                    .peers
+                    .iter()
+                    .filter(|p| p.borrow)
+                    .map(|p| p.name.as_str()),
+            );
+            return Err(format!(
+                "--clusters: {bad:?} is neither this cluster nor a peer it may run jobs on                  (those are: {})",
+                known.join(", ")
+            ));
+        }
+        if req.flock.may_run_at_home(home) {
+            return Ok(());
+        }
+        let reported = self.peers.as_ref().map(|(_, peers)| peers.as_slice());
+        let sizes: Vec<(&str, Option<u32>)> = names
+            .iter()
+            .map(|n| {
+                let size = reported
+                    .and_then(|ps| ps.iter().find(|p| p.name == *n))
+                    .and_then(|p| p.offer.as_ref())
+                    .map(|o| o.nodes);
+                (n.as_str(), size)
+            })
+            .collect();
+        if sizes.iter().any(|(_, s)| s.is_none_or(|s| s >= nodes)) {
+            return Ok(());
+        }
+        let said: Vec<String> = sizes
+            .iter()
+            .map(|(n, s)| format!("{n} has {}", s.unwrap_or(0)))
+            .collect();
+        Err(format!(
+            "the job needs {nodes} nodes, and no cluster it may run on has that many ({})",
+            said.join(", ")
+        ))
+    }
+
     /// Sends queued job `id` to `peer`: out of the policy, journaled as flocked.
     fn flock_to(&mut self, id: JobId, peer: String) {
         let unix_ms = self.unix_ms();

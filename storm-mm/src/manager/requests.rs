@@ -704,7 +704,10 @@ impl<E: MmEnv> MachineManager<E> {
         self.check_request_sizes(&req)?;
         self.shrink_to_cluster(&mut req);
         let plan = self.plan(&req)?;
-        self.check_fit(&req, &plan)?;
+        self.check_clusters(&req, plan.nodes)?;
+        if req.flock.may_run_at_home(&self.cfg.cluster.name) {
+            self.check_fit(&req, &plan)?;
+        }
         if let InputTarget::Rank(rank) = req.input {
             let ntasks = super::job::tasks_launched(&req, &plan);
             if rank >= ntasks {
@@ -1020,10 +1023,17 @@ impl<E: MmEnv> MachineManager<E> {
         job_ask(0, req, plan, self.cfg.capacity().cpus_per_node, features)
     }
 
-    /// The shape of job `req` on this cluster, or why it does not fit.
+    /// The shape of job `req` on this cluster, or why it does not fit. A job that may run
+    /// only on peers (`--clusters` without this cluster) is not bounded by this cluster's
+    /// node count: its peers size it ([`MachineManager::check_clusters`]), and the one it
+    /// goes to plans it again on its own nodes.
     pub(super) fn plan(&self, req: &JobRequest) -> Result<TaskPlan, String> {
+        let mut capacity = self.cfg.capacity();
+        if !req.flock.may_run_at_home(&self.cfg.cluster.name) {
+            capacity.nodes = u32::MAX / 2;
+        }
         req.tasks
-            .plan(&self.cfg.capacity())
+            .plan(&capacity)
             .map_err(|e| format!("{e} (cluster {:?})", self.cfg.cluster.name))
     }
 
