@@ -516,7 +516,10 @@ fn a_job_larger_than_its_home_that_names_only_peers_is_sized_against_them() {
             ..SimJob::new(3, Duration::from_secs(1))
         })
         .unwrap_err();
-    assert!(err.contains("3"), "{err}");
+    assert!(
+        err.contains("the job asks for 3 nodes but the cluster has 2"),
+        "{err}"
+    );
     let err = sim
         .submit(&SimJob {
             flock: Flock::Only(vec!["c9".into()]),
@@ -524,7 +527,10 @@ fn a_job_larger_than_its_home_that_names_only_peers_is_sized_against_them() {
         })
         .unwrap_err();
     assert!(
-        err.contains("\"c9\" is neither this cluster nor a peer"),
+        err.contains(
+            "--clusters: \"c9\" is neither this cluster nor a peer it may run jobs on (those \
+             are: sim, c1)"
+        ),
         "{err}"
     );
 

@@ -241,7 +241,8 @@ impl<E: MmEnv> MachineManager<E> {
                     .map(|p| p.name.as_str()),
             );
             return Err(format!(
-                "--clusters: {bad:?} is neither this cluster nor a peer it may run jobs on                  (those are: {})",
+                "--clusters: {bad:?} is neither this cluster nor a peer it may run jobs on \
+                 (those are: {})",
                 known.join(", ")
             ));
         }
