@@ -59,24 +59,31 @@ fn state_and_reason(sim: &mut Sim, name: &str) -> (NodeState, String) {
 
 /// The agent's report that the borrower `c1` is up (what `storm-peer` says every period).
 fn c1_is_up(sim: &mut Sim) {
-    let up = PeerInfo {
+    report_c1(sim, true);
+}
+
+/// The agent's report of the borrower `c1`: up (heard just now, offering nothing), or down
+/// (not heard for 6 s, past any peer timeout here).
+fn report_c1(sim: &mut Sim, up: bool) {
+    let info = PeerInfo {
         name: "c1".into(),
         address: "127.0.0.1:7101".parse().unwrap(),
-        state: PeerState::Up,
+        state: if up { PeerState::Up } else { PeerState::Down },
         lend: true,
         borrow: false,
-        offer: Some(Offer {
+        offer: up.then_some(Offer {
             idle_nodes: 0,
             idle_cpus: 0,
             nodes: 2,
             queued: 0,
         }),
-        lag_us: Some(300),
-        heard_ms_ago: Some(0),
+        lag_us: up.then_some(300),
+        heard_ms_ago: Some(if up { 0 } else { 6000 }),
         reason: None,
     };
     assert_eq!(
-        sim.operator_request(Request::PeerReport(vec![up])).unwrap(),
+        sim.operator_request(Request::PeerReport(vec![info]))
+            .unwrap(),
         Reply::Done
     );
 }
@@ -404,22 +411,7 @@ fn a_peer_reported_away_is_lent_nothing_until_it_is_reported_up() {
     let mut sim = lender();
     let first = sim.config().nodes[0].name.clone();
     c1_is_up(&mut sim);
-    let away = PeerInfo {
-        name: "c1".into(),
-        address: "127.0.0.1:7101".parse().unwrap(),
-        state: PeerState::Down,
-        lend: true,
-        borrow: false,
-        offer: None,
-        lag_us: None,
-        heard_ms_ago: Some(6000),
-        reason: None,
-    };
-    assert_eq!(
-        sim.operator_request(Request::PeerReport(vec![away]))
-            .unwrap(),
-        Reply::Done
-    );
+    report_c1(&mut sim, false);
     assert_eq!(c1_asks_for(&mut sim, &first), Reply::Lent(vec![]));
     sim.run_for(Duration::from_millis(50));
     assert_eq!(state_of(&mut sim, &first), NodeState::Idle, "not lent");
