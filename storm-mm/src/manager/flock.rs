@@ -230,20 +230,20 @@ impl<E: MmEnv> MachineManager<E> {
             return Ok(());
         };
         let home = &self.cfg.cluster.name;
-        let usable = |name: &str| self.cfg.peers.iter().any(|p| p.name == name && p.borrow);
-        if let Some(bad) = names.iter().find(|n| *n != home && !usable(n)) {
-            let mut known: Vec<&str> = vec![home.as_str()];
-            known.extend(
+        let usable: Vec<&str> = std::iter::once(home.as_str())
+            .chain(
                 self.cfg
                     .peers
                     .iter()
                     .filter(|p| p.borrow)
                     .map(|p| p.name.as_str()),
-            );
+            )
+            .collect();
+        if let Some(bad) = names.iter().find(|n| !usable.contains(&n.as_str())) {
             return Err(format!(
                 "--clusters: {bad:?} is neither this cluster nor a peer it may run jobs on \
                  (those are: {})",
-                known.join(", ")
+                usable.join(", ")
             ));
         }
         if req.flock.may_run_at_home(home) {
