@@ -4,7 +4,8 @@
 //!
 //! * A `--flock` job goes at once to the peer that offers room; a job that asks nothing
 //!   waits `flock_after_ms` first; a `--no-flock` job never goes. The MM sends no more jobs
-//!   than the offer has room for until the next offer.
+//!   than the offer has room for until the next offer, except that a flocked job's end
+//!   gives its nodes back to its peer's room at once (unless that peer has a queue).
 //! * The peer's news reaches the job's submitter under the job's own id: its start, its
 //!   output, its end and exit code. News of a job not flocked to that peer is dropped.
 //!   Output its submitter has not read past the unread limit is not taken (sent again).
@@ -561,4 +562,89 @@ fn a_job_larger_than_its_home_that_names_only_peers_is_sized_against_them() {
     report(&mut sim, Some(4));
     sim.run_for(Duration::from_millis(100));
     assert_eq!(ids(&flocked(&mut sim)), vec![early, later]);
+}
+
+/// A flocked job that ends on its peer gives its nodes back to that peer's room at once: the
+/// next queued job goes without waiting for the peer's next advert (up to `advertise_ms`,
+/// time it would spend idle in the queue). A peer with a queue of its own keeps them for it.
+#[test]
+fn a_flocked_jobs_end_makes_room_for_the_next_before_the_peers_next_advert() {
+    let mut sim = sim();
+    let hog = sim
+        .submit(&SimJob::new(2, Duration::from_secs(30)))
+        .unwrap();
+    assert!(sim.run_until(Duration::from_secs(2), |s| running(s, hog)));
+    let to_c1 = || SimJob {
+        flock: Flock::Now,
+        ..SimJob::new(2, Duration::from_secs(1))
+    };
+    let first = sim.submit(&to_c1()).unwrap();
+    let second = sim.submit(&to_c1()).unwrap();
+    report(&mut sim, Some(2));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![first], "room for one");
+    let started = |remote: JobId| {
+        vec![
+            FlockEvent::Accepted { remote },
+            FlockEvent::Started {
+                ntasks: 2,
+                node_names: vec!["n0".into(), "n1".into()],
+            },
+        ]
+    };
+    tell(&mut sim, "c1", first, started(40));
+    // c1's advert while `first` runs there: no idle node.
+    report(&mut sim, Some(0));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![first]);
+    let ended = |remote: JobId| {
+        FlockEvent::Finished(JobOutcome {
+            job: remote,
+            ranks: vec![Some(RankStatus::Exited(0)); 2],
+            reason: None,
+            abort_code: None,
+            timing: Timing::default(),
+            usage: Default::default(),
+            cause: None,
+            broadcast: false,
+        })
+    };
+    tell(&mut sim, "c1", first, vec![ended(40)]);
+    // No new advert: `first`'s two nodes are room again, and `second` takes them.
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(
+        ids(&flocked(&mut sim)),
+        vec![second],
+        "the nodes `first` freed went unused until c1's next advert"
+    );
+
+    // A peer with a queue of its own: what a flocked job frees there is its queue's.
+    let third = sim.submit(&to_c1()).unwrap();
+    tell(&mut sim, "c1", second, started(41));
+    let busy = PeerInfo {
+        name: "c1".into(),
+        address: "127.0.0.1:7101".parse().unwrap(),
+        state: PeerState::Up,
+        lend: false,
+        borrow: true,
+        offer: Some(Offer {
+            idle_nodes: 0,
+            idle_cpus: 0,
+            nodes: 4,
+            queued: 1,
+        }),
+        lag_us: Some(300),
+        heard_ms_ago: Some(0),
+        reason: None,
+    };
+    let r = sim
+        .operator_request(Request::PeerReport(vec![busy]))
+        .unwrap();
+    assert_eq!(r, Reply::Done);
+    tell(&mut sim, "c1", second, vec![ended(41)]);
+    sim.run_for(Duration::from_millis(100));
+    assert!(
+        flocked(&mut sim).is_empty(),
+        "job {third} went to a peer whose own queue waits for those nodes"
+    );
 }

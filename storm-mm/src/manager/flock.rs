@@ -60,6 +60,9 @@ pub(super) struct PeerRoom {
     /// Idle nodes and CPUs each `up` peer offered in the last report, less what the jobs
     /// flocked to it since have taken.
     room: BTreeMap<String, (u32, u32)>,
+    /// The `up` peers whose last report had a queue of their own: nodes a flocked job frees
+    /// there go to that queue first, not back into this cluster's room.
+    queued: std::collections::BTreeSet<String>,
     /// When the queue was last looked at for flocking.
     last_pass: Option<Instant>,
     /// Jobs flocked here that no connection follows, since when (see
@@ -75,6 +78,20 @@ impl PeerRoom {
     /// Idle nodes peer `peer` offers this cluster now (0: it is not up, or offers none).
     pub(super) fn offered_nodes(&self, peer: &str) -> u32 {
         self.room.get(peer).map_or(0, |(n, _)| *n)
+    }
+
+    /// A job flocked to `peer` ended there: the nodes it held are idle again, and count as
+    /// room at once rather than at the peer's next report (up to `advertise_ms` later, a
+    /// wait the next queued job would spend idle). Only a job that started there held any,
+    /// and only a peer with no queue of its own gives them to this cluster's jobs.
+    fn freed_by(&mut self, peer: &str, j: &super::job::Job) {
+        if !j.flocked.as_ref().is_some_and(|f| f.started) || self.queued.contains(peer) {
+            return;
+        }
+        if let Some((n, c)) = self.room.get_mut(peer) {
+            *n += j.plan.nodes;
+            *c += j.plan.ntasks;
+        }
     }
 
     /// How long peer `peer` has been away (not `up`) without a break, as of `now`.
@@ -105,6 +122,7 @@ impl<E: MmEnv> MachineManager<E> {
         }
         let room = &mut self.peer_room;
         room.room.clear();
+        room.queued.clear();
         for p in &peers {
             if p.state == PeerState::Up {
                 room.down_since.remove(&p.name);
@@ -112,6 +130,7 @@ impl<E: MmEnv> MachineManager<E> {
                     && let Some(o) = &p.offer
                 {
                     let (nodes, cpus) = if o.queued > 0 {
+                        room.queued.insert(p.name.clone());
                         (0, 0)
                     } else {
                         let (n, c) = in_flight.get(p.name.as_str()).copied().unwrap_or_default();
@@ -627,6 +646,7 @@ impl<E: MmEnv> MachineManager<E> {
             *r = format!("on peer cluster {peer}: {r}");
         }
         tracing::info!(job = id, %peer, code = outcome.exit_code(), "flocked job ended on its peer");
+        self.peer_room.freed_by(peer, &j);
         // It held no nodes here: its record names none.
         self.record_end(j, outcome);
     }
