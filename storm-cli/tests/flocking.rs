@@ -304,6 +304,46 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         "{stderr}"
     );
 
+    // Its submitter's standard input reaches the flocked job's task (rank 0), through both
+    // agents: a line, then more than storm-submit sends ahead of the task's reading (the
+    // window), so the task's acknowledgements must come home for the rest to go.
+    let mut input = b"alpha\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 200_000));
+    let mut job = home
+        .submit_cmd_as(
+            NOBODY,
+            &[
+                "--flock",
+                "-N",
+                "1",
+                "-D",
+                "/tmp",
+                "sh",
+                "-c",
+                "read first; echo \"first: $first\"; echo \"rest: $(wc -c)\"",
+            ],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn storm-submit");
+    let mut stdin = job.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &input));
+    let out = finish(job, Duration::from_secs(60));
+    let written = writer.join().unwrap();
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(
+        stdout.contains("first: alpha") && stdout.contains("rest: 200000"),
+        "the flocked task read its submitter's input: {stdout:?}; stderr: {stderr}"
+    );
+    assert!(out.status.success(), "stdout: {stdout:?}; stderr: {stderr}");
+    assert!(
+        stderr.contains("flocked to peer cluster fl-away"),
+        "{stderr}"
+    );
+    written.expect("storm-submit read all its input");
+
     // --no-flock waits at home, past flock_after_ms; a job that asks nothing flocks then.
     let before = ids(&home);
     let stay = spawn_as_nobody(&home, &["--no-flock", "-N", "1", "-D", "/tmp", "true"]);

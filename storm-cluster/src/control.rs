@@ -37,8 +37,8 @@ use crate::tasks::TaskRequest;
 /// 19: lending (a request's `borrow`, `Lend`, `Reclaim`, the node state `Lent`). Version 20:
 /// borrowing for waiting jobs (`BorrowOut`, `LendAsked`, `GiveBack`, `Lent`), a request's `less` and
 /// `one_cluster`. Version 21: calling lent nodes home with notice (`Reclaim`'s `now`,
-/// `Recalls`, `Recalled`).
-pub const PROTOCOL_VERSION: u32 = 21;
+/// `Recalls`, `Recalled`). Version 22: a flocked job's standard input in its `FlockOrder`.
+pub const PROTOCOL_VERSION: u32 = 22;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.

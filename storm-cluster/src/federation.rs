@@ -236,6 +236,15 @@ pub enum PeerMessage {
         first: u64,
         events: Vec<FlockEvent>,
     },
+    /// Flocking, from the home cluster's agent: a piece of the standard input of its job
+    /// `job` (as sent at `since_ms`), from the job's submitter, for the job's tasks. Sent
+    /// once; storm-submit sends again what the tasks have not acknowledged (their
+    /// acknowledgements come home with the job's output).
+    Input {
+        job: JobId,
+        since_ms: u64,
+        piece: crate::flock::InputPiece,
+    },
     /// Borrowing, from the agent of a cluster whose `--borrow` jobs lack nodes: lend it up to
     /// `count` of these nodes (names in the receiver's file; those lent to it already count)
     /// for `for_ms`. Sent every `advertise_ms` while the need lasts.

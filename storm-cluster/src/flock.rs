@@ -84,6 +84,19 @@ pub struct FlockOrder {
     /// Its owner's uid at home (the agent looks up the name: the peer maps names, not uids).
     pub uid: u32,
     pub req: JobRequest,
+    /// Its submitter's standard input that came since the agent last asked, for the peer
+    /// (each piece goes once: storm-submit sends again what the tasks do not acknowledge).
+    pub input: Vec<InputPiece>,
+}
+
+/// A piece of a flocked job's standard input: its offset in the stream, its bytes (at most
+/// [`MAX_INPUT_CHUNK`](crate::messages::MAX_INPUT_CHUNK)), and whether the stream ends after
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputPiece {
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub eof: bool,
 }
 
 /// What a peer's agent heard of a flocked job from the peer's MM.

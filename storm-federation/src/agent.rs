@@ -269,6 +269,18 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
                 user,
                 req,
             }) => host(agent, &name, job, &user, (since_ms, *req)),
+            Ok(PeerMessage::Input {
+                job,
+                since_ms,
+                piece,
+            }) => {
+                // Outside the lock: the write to the MM may wait (up to the MM's answer
+                // time).
+                let follower = agent.hosted.lock().follower(&name, job, since_ms);
+                if let Some(f) = follower {
+                    f.input(piece);
+                }
+            }
             Ok(PeerMessage::Borrow {
                 nodes,
                 count,
@@ -452,6 +464,7 @@ fn link_to(agent: &Arc<Agent>, entry: &PeerEntry, key: &ClusterKey) -> Result<()
                             PeerMessage::Advert { .. }
                             | PeerMessage::Want { .. }
                             | PeerMessage::Submit { .. }
+                            | PeerMessage::Input { .. }
                             | PeerMessage::Borrow { .. }
                             | PeerMessage::GiveBack { .. }
                             | PeerMessage::Recall { .. },

@@ -7,13 +7,16 @@
 //! jobs flocked to it (`Want`, with how far the home MM took each job's events), and each job
 //! the peer has not spoken of on this link yet (`Submit`). The events the peer sends back go
 //! to the home MM in order ([`Home::events`]); only what the MM took counts as taken.
+//! The job's standard input, which the MM hands over with the job's order, goes to the peer
+//! once, piece by piece (`Input`), after the list.
 //!
 //! **Peer side.** A `Submit` starts a [`Follower`]: a thread that submits the job to this
 //! cluster's MM as its owner's local account (the same name, or the peer's `flock_user`;
 //! never root) and follows it as storm-submit would, numbering what it hears. The events go
 //! to the home cluster's agent as they come, and again until the home side took them. A job
 //! missing from a `Want`, or whose home has not been `up` for `peer_timeout_ms`, is
-//! cancelled here: either side can walk away at any moment.
+//! cancelled here: either side can walk away at any moment. A piece of a job's input goes to
+//! the MM on its follower's own connection ([`Follower::input`]).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -25,8 +28,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use storm_cluster::control::{Client, JobRequest, Reply, Request};
 use storm_cluster::federation::{PeerEntry, PeerMessage, Wanted};
-use storm_cluster::flock::{FlockEvent, FlockOrder, FlockUpdate};
-use storm_cluster::messages::JobId;
+use storm_cluster::flock::{FlockEvent, FlockOrder, FlockUpdate, InputPiece};
+use storm_cluster::messages::{INPUT_WINDOW, JobId, MAX_INPUT_CHUNK};
 
 /// Output a follower keeps for its home side before that side takes it; past it, further
 /// output of the job is dropped (and counted in the log).
@@ -45,14 +48,32 @@ pub struct Home {
     /// Jobs (and when each was sent) the peer spoke of on the current link to it: their
     /// `Submit` need not go again.
     heard: HashMap<String, std::collections::HashSet<(JobId, u64)>>,
+    /// Standard input of each job (by job and sending) for its peer, not sent yet: at most
+    /// [`INPUT_WINDOW`] bytes a job (storm-submit sends no more ahead of the tasks, and
+    /// sends again what they did not acknowledge).
+    input: HashMap<(JobId, u64), Vec<InputPiece>>,
 }
 
 impl Home {
     pub fn set_orders(&mut self, orders: Vec<FlockOrder>) {
         let mut by_peer: HashMap<String, Vec<FlockOrder>> = HashMap::new();
-        for o in orders {
+        self.input
+            .retain(|(job, since), _| orders.iter().any(|o| o.job == *job && o.since_ms == *since));
+        for mut o in orders {
+            let held = self.input.entry((o.job, o.since_ms)).or_default();
+            let mut bytes: usize = held.iter().map(|p| p.data.len()).sum();
+            for piece in std::mem::take(&mut o.input) {
+                if piece.data.len() > MAX_INPUT_CHUNK
+                    || bytes + piece.data.len() > INPUT_WINDOW as usize
+                {
+                    continue;
+                }
+                bytes += piece.data.len();
+                held.push(piece);
+            }
             by_peer.entry(o.peer.clone()).or_default().push(o);
         }
+        self.input.retain(|_, pieces| !pieces.is_empty());
         self.taken
             .retain(|job, _| by_peer.values().flatten().any(|o| o.job == *job));
         for (peer, heard) in &mut self.heard {
@@ -70,9 +91,10 @@ impl Home {
     }
 
     /// What goes to `peer` this period: the submissions it has not spoken of on this link,
-    /// then the list of the jobs flocked to it; and the jobs too large for a frame of the
-    /// link, with why (the caller tells the home MM, which takes them back).
-    pub fn messages_for(&self, peer: &str) -> (Vec<PeerMessage>, Vec<(JobId, String)>) {
+    /// then the list of the jobs flocked to it, then their standard input (taken: it goes
+    /// once); and the jobs too large for a frame of the link, with why (the caller tells the
+    /// home MM, which takes them back).
+    pub fn messages_for(&mut self, peer: &str) -> (Vec<PeerMessage>, Vec<(JobId, String)>) {
         let orders = self.orders.get(peer).map(Vec::as_slice).unwrap_or(&[]);
         let heard = self.heard.get(peer);
         let want = PeerMessage::Want {
@@ -118,6 +140,20 @@ impl Home {
             }
         }
         out.push(want);
+        for o in orders {
+            for piece in self
+                .input
+                .remove(&(o.job, o.since_ms))
+                .into_iter()
+                .flatten()
+            {
+                out.push(PeerMessage::Input {
+                    job: o.job,
+                    since_ms: o.since_ms,
+                    piece,
+                });
+            }
+        }
         (out, too_large)
     }
 
@@ -179,6 +215,10 @@ pub struct Follower {
     /// Drawn at random: the home side tells a restarted agent's followers from this one.
     pub epoch: u64,
     state: Mutex<FollowerState>,
+    /// The connection on which it submitted the job to this cluster's MM, while it lasts: the
+    /// job's standard input goes on it (the MM takes a job's input from its submitter's
+    /// connection only).
+    conn: Mutex<Option<Arc<Client>>>,
 }
 
 #[derive(Default)]
@@ -204,7 +244,45 @@ impl Follower {
             since_ms,
             epoch: u64::from_le_bytes(storm_primitives::tcp::auth::random_bytes()),
             state: Mutex::new(FollowerState::default()),
+            conn: Mutex::new(None),
         })
+    }
+
+    /// A piece of the job's standard input from its home: passed to this cluster's MM for
+    /// the job, if the MM took it and the follower's connection is up (else dropped: its
+    /// submitter sends again what the tasks did not acknowledge). A piece larger than the MM
+    /// takes is dropped here: the MM's refusal would come back on the follower's connection
+    /// as if the job were refused.
+    pub fn input(&self, piece: InputPiece) {
+        let Some(remote) = self.state.lock().remote else {
+            return;
+        };
+        if piece.data.len() > MAX_INPUT_CHUNK {
+            tracing::warn!(origin = %self.origin, job = self.job, bytes = piece.data.len(), "a piece of standard input over the limit: dropped");
+            return;
+        }
+        let conn = self.conn.lock();
+        let Some(client) = conn.as_ref() else {
+            return;
+        };
+        // A bare write: `Client::request` would read the MM's last word on a failure, which
+        // is the follower's to read.
+        let sent = storm_cluster::control::send(
+            &client.sock,
+            &Request::Input {
+                job: remote,
+                offset: piece.offset,
+                data: piece.data,
+                eof: piece.eof,
+            },
+            None,
+        );
+        if let Err(e) = sent {
+            // Maybe half written (a frozen MM: the write timed out): the connection is of no
+            // more use. The follower connects again and follows the job it made.
+            tracing::info!(origin = %self.origin, job = self.job, "cannot pass standard input to the MM: {e}");
+            let _ = client.sock.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     fn push(&self, event: FlockEvent) {
@@ -384,6 +462,13 @@ impl Hosted {
             self.flush(f);
         }
         withdrawn
+    }
+
+    /// The follower of `origin`'s job `job` as sent at `since_ms`, if there is one.
+    pub fn follower(&self, origin: &str, job: JobId, since_ms: u64) -> Option<Arc<Follower>> {
+        self.followers
+            .get(&(origin.to_string(), job, since_ms))
+            .cloned()
     }
 
     /// Whether `origin`'s job `job`, as sent at `since_ms`, has a follower here already.
@@ -608,6 +693,11 @@ pub fn follow(
             std::thread::sleep(Duration::from_secs(1));
             continue;
         }
+        // Input is written on it from the link's thread: a frozen MM must not hold that
+        // thread for long (a failed write ends the connection, see `Follower::input`).
+        let _ = client.sock.set_write_timeout(Some(mm.answer_within));
+        let client = Arc::new(client);
+        *f.conn.lock() = Some(client.clone());
         loop {
             let event = match client.next() {
                 Ok(Reply::Accepted { job, .. }) => {
@@ -634,9 +724,11 @@ pub fn follow(
             f.push(event);
             hosted.lock().flush(f);
             if last {
+                *f.conn.lock() = None;
                 return;
             }
         }
+        *f.conn.lock() = None;
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -654,7 +746,28 @@ mod tests {
             since_ms: 1,
             uid: 0,
             req: JobRequest::new("j", "/bin/true", "/"),
+            input: Vec::new(),
         }
+    }
+
+    fn piece(offset: u64, data: &[u8], eof: bool) -> InputPiece {
+        InputPiece {
+            offset,
+            data: data.to_vec(),
+            eof,
+        }
+    }
+
+    /// The pieces of standard input in `msgs`, as (job, offset, length, eof).
+    fn inputs(msgs: &[PeerMessage]) -> Vec<(JobId, u64, usize, bool)> {
+        msgs.iter()
+            .filter_map(|m| match m {
+                PeerMessage::Input { job, piece, .. } => {
+                    Some((*job, piece.offset, piece.data.len(), piece.eof))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     fn output(offset: u64, data: &[u8]) -> FlockEvent {
@@ -948,5 +1061,97 @@ mod tests {
             ..dedicated
         };
         assert!(local_account("daemon", &root_account, "c1").is_err());
+    }
+
+    /// The home side sends each piece of a job's standard input to the job's peer once,
+    /// after the job's `Submit` and the list; keeps at most the window of it a job while the
+    /// link is down; drops a piece larger than the MM takes, and the input of a job no longer
+    /// flocked.
+    #[test]
+    fn the_home_side_sends_each_piece_of_input_once_within_the_window() {
+        let mut home = Home::default();
+        home.set_orders(vec![FlockOrder {
+            input: vec![piece(0, b"ab", false), piece(2, b"cd", true)],
+            ..order(1, "c1")
+        }]);
+        assert!(
+            inputs(&home.messages_for("c2").0).is_empty(),
+            "not c2's job"
+        );
+        let (msgs, _) = home.messages_for("c1");
+        assert!(matches!(&msgs[0], PeerMessage::Submit { job: 1, .. }));
+        assert!(matches!(&msgs[1], PeerMessage::Want { .. }));
+        assert_eq!(inputs(&msgs), vec![(1, 0, 2, false), (1, 2, 2, true)]);
+        assert!(inputs(&home.messages_for("c1").0).is_empty(), "sent once");
+
+        // Fetches while the link is down: kept up to the window (four full chunks); a piece
+        // over the MM's limit never goes.
+        let chunk = vec![b'x'; MAX_INPUT_CHUNK];
+        let chunks = INPUT_WINDOW as usize / MAX_INPUT_CHUNK;
+        home.set_orders(vec![FlockOrder {
+            input: vec![
+                piece(0, &chunk, false),
+                piece(0, &vec![b'y'; MAX_INPUT_CHUNK + 1], false),
+            ],
+            ..order(1, "c1")
+        }]);
+        home.set_orders(vec![FlockOrder {
+            input: (1..=chunks)
+                .map(|i| piece((i * MAX_INPUT_CHUNK) as u64, &chunk, false))
+                .collect(),
+            ..order(1, "c1")
+        }]);
+        let expected: Vec<_> = (0..chunks)
+            .map(|i| (1, (i * MAX_INPUT_CHUNK) as u64, MAX_INPUT_CHUNK, false))
+            .collect();
+        assert_eq!(
+            inputs(&home.messages_for("c1").0),
+            expected,
+            "over the window, or the chunk limit, is dropped"
+        );
+
+        // A job no longer flocked takes its unsent input along.
+        home.set_orders(vec![FlockOrder {
+            input: vec![piece(0, b"late", false)],
+            ..order(1, "c1")
+        }]);
+        home.set_orders(vec![]);
+        home.set_orders(vec![order(1, "c1")]);
+        assert!(inputs(&home.messages_for("c1").0).is_empty());
+    }
+
+    /// The peer side passes a piece of input to the MM on the follower's own connection (the
+    /// MM takes input from the job's submitter only), as the MM's id of the job; before the
+    /// MM took the job, or with no connection, or over the MM's limit, nothing goes.
+    #[test]
+    fn a_follower_passes_input_on_its_own_connection() {
+        use std::os::unix::net::UnixStream;
+        let f = Follower::new("c0", 5, 1);
+        let (ours, mm_end) = UnixStream::pair().unwrap();
+        *f.conn.lock() = Some(Arc::new(Client {
+            sock: ours,
+            cluster: "c1".into(),
+            nodes: 1,
+        }));
+        f.input(piece(0, b"early", false));
+        f.push(FlockEvent::Accepted { remote: 40 });
+        f.input(piece(0, &vec![b'y'; MAX_INPUT_CHUNK + 1], false));
+        f.input(piece(3, b"hello\n", true));
+        *f.conn.lock() = None;
+        f.input(piece(9, b"lost", false));
+        mm_end.set_nonblocking(true).unwrap();
+        let mut got = Vec::new();
+        while let Ok((r, _)) = storm_cluster::control::recv::<Request>(&mm_end) {
+            got.push(r);
+        }
+        assert_eq!(
+            got,
+            vec![Request::Input {
+                job: 40,
+                offset: 3,
+                data: b"hello\n".to_vec(),
+                eof: true,
+            }]
+        );
     }
 }

@@ -453,6 +453,15 @@ fn peer_seeds() -> Vec<Vec<u8>> {
         both,
         bincode(&advert),
         bincode(&PeerMessage::Echo { token: 9 }),
+        bincode(&PeerMessage::Input {
+            job: 12,
+            since_ms: 1_700_000_000_000,
+            piece: storm_cluster::flock::InputPiece {
+                offset: 4096,
+                data: b"line of input\n".to_vec(),
+                eof: true,
+            },
+        }),
         bincode(&PeerMessage::Want {
             jobs: vec![
                 storm_cluster::federation::Wanted {

@@ -171,6 +171,9 @@ pub struct SimJob {
     pub less: bool,
     /// The features its nodes must have (`--constraint`).
     pub constraint: Vec<String>,
+    /// Which ranks read its submitter's standard input (`-i`; none by default here, rank 0
+    /// in storm-submit): what [`Sim::send_input`] sends.
+    pub input: storm_cluster::messages::InputTarget,
 }
 
 impl SimJob {
@@ -196,6 +199,7 @@ impl SimJob {
             borrow: false,
             less: false,
             constraint: Vec::new(),
+            input: Default::default(),
         }
     }
 
@@ -310,6 +314,7 @@ impl SimJob {
             borrow: self.borrow,
             less: self.less,
             constraint: self.constraint.clone(),
+            input: self.input,
             ..JobRequest::new(self.name.clone(), "/sim/task", "/")
         }
     }
@@ -607,6 +612,20 @@ impl Sim {
         Err(format!(
             "no answer to the submission in {ANSWER_WITHIN_TICKS} timeslices"
         ))
+    }
+
+    /// Sends a piece of standard input for `job` as its submitter (storm-submit's
+    /// `Request::Input`), at the next timeslice.
+    pub fn send_input(&mut self, job: JobId, offset: u64, data: &[u8], eof: bool) {
+        self.requests.push((
+            Request::Input {
+                job,
+                offset,
+                data: data.to_vec(),
+                eof,
+            },
+            None,
+        ));
     }
 
     /// Submits every job of `jobs`, a few hundred per timeslice (the client reads its replies

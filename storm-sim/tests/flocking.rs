@@ -11,6 +11,8 @@
 //!   Output its submitter has not read past the unread limit is not taken (sent again).
 //! * A peer away for `peer_timeout_ms` gives its jobs back: their submitter hears that they
 //!   are queued at home again, and they run here once nodes are free.
+//! * A flocked job's standard input, from its submitter's connection only, goes to the peer
+//!   agent with the job's order, each piece once, at most the input window of it held.
 //! * A job larger than its home that names only peers (`--clusters c1`) is sized against
 //!   them: taken while a peer it names is large enough or not heard from yet, refused when
 //!   none is, and sent to the peer once it offers room. A name that is no peer is refused.
@@ -646,5 +648,92 @@ fn a_flocked_jobs_end_makes_room_for_the_next_before_the_peers_next_advert() {
     assert!(
         flocked(&mut sim).is_empty(),
         "job {third} went to a peer whose own queue waits for those nodes"
+    );
+}
+
+/// A flocked job's standard input goes to the peer agent with its order (`FlockOut`), each
+/// piece once and in order; input from another connection than its submitter's is not its
+/// input; at most the input window is held for the agent.
+#[test]
+fn a_flocked_jobs_input_goes_to_the_agent_once_from_its_submitter_only() {
+    use storm_cluster::flock::InputPiece;
+    use storm_cluster::messages::{INPUT_WINDOW, InputTarget, MAX_INPUT_CHUNK};
+    let mut sim = sim();
+    let hog = sim
+        .submit(&SimJob::new(2, Duration::from_secs(30)))
+        .unwrap();
+    assert!(sim.run_until(Duration::from_secs(2), |s| running(s, hog)));
+    let job = sim
+        .submit(&SimJob {
+            flock: Flock::Now,
+            input: InputTarget::Rank(0),
+            ..SimJob::new(2, Duration::from_secs(1))
+        })
+        .unwrap();
+    report(&mut sim, Some(2));
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(ids(&flocked(&mut sim)), vec![job]);
+    tell(
+        &mut sim,
+        "c1",
+        job,
+        vec![
+            FlockEvent::Accepted { remote: 40 },
+            FlockEvent::Started {
+                ntasks: 2,
+                node_names: vec!["n0".into(), "n1".into()],
+            },
+        ],
+    );
+    let input_of = |orders: Vec<FlockOrder>| -> Vec<InputPiece> {
+        orders
+            .into_iter()
+            .find(|o| o.job == job)
+            .map(|o| o.input)
+            .unwrap_or_default()
+    };
+    sim.send_input(job, 0, b"hello\n", false);
+    sim.send_input(job, 6, b"", true);
+    // Not its submitter: someone else's piece for the job is not its input.
+    let r = sim.operator_request(Request::Input {
+        job,
+        offset: 0,
+        data: b"forged\n".to_vec(),
+        eof: false,
+    });
+    assert!(!matches!(r, Ok(Reply::Error(_))), "{r:?}");
+    sim.run_for(Duration::from_millis(10));
+    assert_eq!(
+        input_of(flocked(&mut sim)),
+        vec![
+            InputPiece {
+                offset: 0,
+                data: b"hello\n".to_vec(),
+                eof: false,
+            },
+            InputPiece {
+                offset: 6,
+                data: Vec::new(),
+                eof: true,
+            },
+        ],
+        "the submitter's input, in order, and nobody else's"
+    );
+    assert!(input_of(flocked(&mut sim)).is_empty(), "each piece once");
+
+    // More than the window while the agent does not ask: the window is held, the rest is
+    // dropped (storm-submit sends it again once the tasks acknowledge what they read).
+    let chunk = vec![b'x'; MAX_INPUT_CHUNK];
+    let chunks = INPUT_WINDOW as usize / MAX_INPUT_CHUNK;
+    for i in 0..=chunks {
+        sim.send_input(job, (i * MAX_INPUT_CHUNK) as u64, &chunk, false);
+    }
+    sim.run_for(Duration::from_millis(10));
+    let held = input_of(flocked(&mut sim));
+    assert_eq!(
+        held.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        (0..chunks)
+            .map(|i| (i * MAX_INPUT_CHUNK) as u64)
+            .collect::<Vec<_>>()
     );
 }

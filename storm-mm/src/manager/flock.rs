@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use storm_cluster::control::{JobOutcome, JobRequest, Reply};
 use storm_cluster::federation::{PeerInfo, PeerState};
-use storm_cluster::flock::{Flock, FlockEvent, FlockOrder, FlockUpdate};
+use storm_cluster::flock::{Flock, FlockEvent, FlockOrder, FlockUpdate, InputPiece};
 use storm_cluster::messages::JobId;
 use storm_primitives::NodeSet;
 
@@ -49,6 +49,9 @@ pub(super) struct Flocked {
     /// Output replies sent to its submitter and maybe not written yet: (reply number,
     /// bytes).
     pub(super) unread: std::collections::VecDeque<(u64, usize)>,
+    /// Its submitter's standard input, until the peer agent takes it (at most
+    /// `INPUT_WINDOW` bytes).
+    pub(super) input: Vec<InputPiece>,
 }
 
 /// What this MM knows of its peers for flocking, from its agent's reports.
@@ -307,6 +310,7 @@ impl<E: MmEnv> MachineManager<E> {
             remote: None,
             started: false,
             unread: Default::default(),
+            input: Vec::new(),
         });
         let client = j.client;
         self.held.remove(&id);
@@ -486,18 +490,21 @@ impl<E: MmEnv> MachineManager<E> {
         })
     }
 
-    /// The flocked jobs, for the peer agent (`Request::FlockOut`).
-    pub(super) fn flock_orders(&self) -> Vec<FlockOrder> {
+    /// The flocked jobs, for the peer agent (`Request::FlockOut`), each with the standard
+    /// input that came since the agent last asked: the agent takes it (the agent is the one
+    /// client that asks).
+    pub(super) fn flock_orders(&mut self) -> Vec<FlockOrder> {
         self.jobs
-            .values()
+            .values_mut()
             .filter_map(|j| {
-                let f = j.flocked.as_ref()?;
+                let f = j.flocked.as_mut()?;
                 Some(FlockOrder {
                     job: j.id,
                     peer: f.peer.clone(),
                     since_ms: f.since_ms,
                     uid: j.uid,
                     req: j.req.clone(),
+                    input: std::mem::take(&mut f.input),
                 })
             })
             .collect()
@@ -596,6 +603,8 @@ impl<E: MmEnv> MachineManager<E> {
             }
             FlockEvent::Requeued { reason } => {
                 f.started = false;
+                // Its next run reads an empty input (as a job requeued at home does).
+                f.input.clear();
                 j.launched_ms = None;
                 if let Some(c) = client {
                     self.reply(
@@ -670,12 +679,12 @@ impl<E: MmEnv> MachineManager<E> {
             return Err(format!("this cluster does not lend to {origin}"));
         }
         // It runs here or nowhere; its program is at its path here (the agent holds no
-        // descriptor of a user's file); it belongs to no array or allocation of this cluster;
-        // its submitter's standard input is not relayed this far (docs/federation.md).
+        // descriptor of a user's file); it belongs to no array or allocation of this cluster.
+        // Its submitter's standard input comes through the agent, as the submitter's does
+        // (its `input` is kept).
         req.flock = Flock::From(origin.to_string());
         // This cluster's own nodes: a node lent here is not its to pass on.
         req.borrow = false;
-        req.input = storm_cluster::messages::InputTarget::None;
         req.delivery = storm_cluster::control::Delivery::InPlace;
         req.step_of = None;
         req.array = None;

@@ -13,9 +13,14 @@
 //! waiting in the heartbeat's commands (and held before its launch): a piece beyond it is
 //! dropped, which only a client that ignores the acknowledgements ever sees.
 //!
+//! A flocked job's input goes to its peer instead: held for the peer agent, which takes it
+//! with the job's order (`FlockOut`), each piece once; the tasks' acknowledgements come home
+//! with the job's output.
+//!
 //! [`Request::Input`]: storm_cluster::control::Request::Input
 //! [`Stream::InputTaken`]: storm_cluster::messages::Stream::InputTaken
 
+use storm_cluster::flock::InputPiece;
 use storm_cluster::messages::{Command, INPUT_WINDOW, InputTarget, JobId, MAX_INPUT_CHUNK};
 use storm_cluster::tasks::node_of_rank;
 use storm_primitives::NodeSet;
@@ -47,6 +52,15 @@ impl<E: MmEnv> MachineManager<E> {
             return Ok(());
         };
         if j.client != Some(client) || j.req.input == InputTarget::None {
+            return Ok(());
+        }
+        if let Some(f) = &mut j.flocked {
+            // Its peer runs it: the piece goes there through the peer agent, bounded by the
+            // window (storm-submit sends none before it hears of the job's start).
+            let held: usize = f.input.iter().map(|p| p.data.len()).sum();
+            if held + data.len() <= INPUT_WINDOW as usize {
+                f.input.push(InputPiece { offset, data, eof });
+            }
             return Ok(());
         }
         let launched = matches!(

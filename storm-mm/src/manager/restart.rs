@@ -132,6 +132,7 @@ impl<E: MmEnv> MachineManager<E> {
                             remote: None,
                             started: false,
                             unread: Default::default(),
+                            input: Vec::new(),
                         });
                     }
                     &mut queued
