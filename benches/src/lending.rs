@@ -16,9 +16,10 @@
 //!    shows every node idle and the borrower's shows no guest slot up: the node's own trip
 //!    home. (A reclaim with notice adds the agents' round trip to the borrower, which gives
 //!    the node back: agent periods, not heartbeat periods; no agent runs in this part.)
-//! 4. **lend again**: at once, the same lend, of nodes home for a few milliseconds: their
-//!    warm guests are not ready yet, so this is the lend that starts its guest (as with
-//!    `warm_guests = false`); then another return.
+//! 4. **lend again**: at once, the same lend, of nodes home for a few milliseconds: the
+//!    lend the node's next warm guest must be ready for, though it had no time at home (it is
+//!    started while the node is lent, and makes its groups as it comes home); then another
+//!    return.
 //!
 //! Then borrowing on asking, with both clusters' peer agents running (`advertise_ms` 100):
 //! each round a `--borrow -C guest` job of `nodes` nodes is submitted with no node lent, and
@@ -54,7 +55,8 @@ pub struct Lending {
     pub period: Duration,
     /// A lend of nodes home for a moment ([`SETTLE`]), whose warm guests are ready.
     pub lend: Samples,
-    /// A lend of nodes that came home just now, with no warm guest ready yet.
+    /// A lend of nodes that came home just now (their warm guests started while they were
+    /// lent).
     pub lend_again: Samples,
     pub give_back: Samples,
     pub launch_home: Samples,
@@ -302,7 +304,7 @@ pub fn measure(nodes: u32, rounds: usize, launches: usize) -> Result<Lending> {
             );
         }
         back.push(return_all(&pair, &all)?.as_secs_f64());
-        // Lent again at once: no warm guest is ready yet.
+        // Lent again at once: the warm guests that waited during the lease take it.
         lend_again.push(lend_all(&pair, &all, guest)?.as_secs_f64());
         back.push(return_all(&pair, &all)?.as_secs_f64());
     }

@@ -190,6 +190,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
             cluster: "lender".into(),
             node: "node0".into(),
         }],
+        scheduler: rt_set(),
         ..LocalOptions::new(1)
     });
     let borrower_file: PathBuf = borrower.root.join("cluster.toml");
@@ -375,8 +376,8 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the slot comes up again",
     );
     let job = run_twice(&borrower, shared.path(), "first-run");
-    let guests = live_processes(0, &["--guest-user", &our_guests]);
-    assert_eq!(guests.len(), 1, "one guest NM runs: {guests:?}");
+    let guests = lent_guests(&our_guests);
+    assert_eq!(guests.len(), 1, "one lent guest NM runs: {guests:?}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(guests[0] as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -418,11 +419,11 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the slot is free again",
     );
     let job = run_twice(&borrower, shared.path(), "orphan-run");
-    let orphan = live_processes(0, &["--guest-user", &our_guests]);
+    let orphan = lent_guests(&our_guests);
     assert_eq!(orphan.len(), 1, "{orphan:?}");
     lender.cluster.as_mut().unwrap().kill_nm(0).unwrap();
     assert_eq!(
-        live_processes(0, &["--guest-user", &our_guests]),
+        lent_guests(&our_guests),
         orphan,
         "the guest outlives its NM"
     );
@@ -435,7 +436,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         stdout.contains("second run on lender-node0"),
         "the new NM's guest ran it again: {stdout}"
     );
-    let now = live_processes(0, &["--guest-user", &our_guests]);
+    let now = lent_guests(&our_guests);
     assert!(
         now.len() == 1 && now != orphan,
         "one guest, the new NM's: {now:?} (the orphan was {orphan:?})"
@@ -473,7 +474,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
                 .then(|| "no task of the guest's yet".to_string())
         },
     );
-    let guests = live_processes(0, &["--guest-user", &our_guests]);
+    let guests = lent_guests(&our_guests);
     assert_eq!(guests.len(), 1, "{guests:?}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(guests[0] as i32),
@@ -523,6 +524,35 @@ fn sched_policy(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// The lent guest NMs of the borrower whose cluster file is `file` (their command lines
+/// name it): a lent guest runs under the borrower's real-time policy, a warm guest waiting
+/// for the next lend under the normal one. (The borrowers of these tests set
+/// `daemon_rt_priority`, which is kept on any host, see [`RT_SET`].)
+fn lent_guests(file: &str) -> Vec<u32> {
+    live_processes(0, &["--guest-user", file])
+        .into_iter()
+        .filter(|&p| sched_policy_if_alive(p).is_some_and(|policy| policy != 0))
+        .collect()
+}
+
+/// A borrower's scheduler section that keeps its daemons real-time on any host (a priority
+/// other than the default is kept where NMs outnumber cores): [`lent_guests`] tells a lent
+/// guest from a waiting one by it.
+fn rt_set() -> storm_cluster::config::SchedulerSection {
+    storm_cluster::config::SchedulerSection {
+        daemon_rt_priority: RT_SET,
+        ..Default::default()
+    }
+}
+const RT_SET: u8 = storm_cluster::config::DEFAULT_DAEMON_RT_PRIORITY + 1;
+
+/// `pid`'s scheduling policy, if it still runs.
+fn sched_policy_if_alive(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(41 - 3)?.parse().ok()
+}
+
 /// The processes whose parent is `pid`.
 fn children_of(pid: u32) -> Vec<u32> {
     let mut found = Vec::new();
@@ -543,10 +573,12 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 /// A lent node's guest NM is started ahead of the lend (`[federation] warm_guests`, on for
 /// this lender): the node, at home, keeps one set up for its peer, at normal priority, joined to
-/// nothing. A lend hands the lease to it, and it joins the borrower's fabric; one that
-/// cannot take the lease (the peer's file changed since it read it) is replaced by a fresh
-/// guest; it goes with its node's NM; and one that could not start (the peer's file was not
-/// there) starts once it can.
+/// nothing. A lend hands the lease to it, and it joins the borrower's fabric. While the node is
+/// lent, a second one waits for the next lend, outside the slot's groups: a job on the lent
+/// node lives on while that one is replaced, and a lend right after the return takes it, its
+/// jobs in the slot's groups. One that cannot take the lease (the peer's file changed since
+/// it read it) is replaced by a fresh guest; it goes with its node's NM; and one that could
+/// not start (the peer's file was not there) starts once it can.
 #[test]
 fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     if !support::root_or_say("warm guests") {
@@ -568,6 +600,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
             cluster: "wg-lend".into(),
             node: "node0".into(),
         }],
+        scheduler: rt_set(),
         ..LocalOptions::new(1)
     });
     let borrower_file: PathBuf = borrower.root.join("cluster.toml");
@@ -588,9 +621,27 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
         ..LocalOptions::new(1)
     });
     let shared = support::shared_tempdir();
-    let where_ = support::script(shared.path(), "where.sh", "echo \"$STORM_NODENAME\"\n");
+    // Where each task ran, and in which of storm's groups; it sleeps first if asked.
+    let where_ = support::script(
+        shared.path(),
+        "where.sh",
+        "sleep \"${1:-0}\"\n\
+         echo \"$STORM_NODENAME $(grep -o '/storm/[^ ]*' /proc/self/cgroup | head -n 1)\"\n",
+    );
     let where_ = where_.to_str().unwrap();
     let guests = || live_processes(0, &["--guest-user", &ours]);
+    let lent_guests = || lent_guests(&ours);
+    let waiting_guest = |what: &str, not: &[u32]| -> u32 {
+        let mut found = Vec::new();
+        support::wait_until(Duration::from_secs(30), what, || {
+            found = live_processes(0, &["--warm", &ours])
+                .into_iter()
+                .filter(|p| !not.contains(p) && sched_policy_if_alive(*p) == Some(0))
+                .collect();
+            (found.len() != 1).then(|| format!("waiting guests: {found:?}"))
+        });
+        found[0]
+    };
     let one_warm = |what: &str| -> u32 {
         let mut found = Vec::new();
         support::wait_until(Duration::from_secs(30), what, || {
@@ -599,12 +650,9 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
         });
         found[0]
     };
-    let borrowed_on = |what: &str| {
-        let out = support::output_within(
-            borrower.submit_cmd_as(NOBODY, &["-N", "2", "--borrow", where_]),
-            Duration::from_secs(60),
-        )
-        .unwrap_or_else(|| panic!("{what}: the borrowed job did not end within 60 s"));
+    // A borrowed job's output: it ran on both nodes, and on the lent one in the slot's
+    // groups (where the borrower's own node runs its tasks in groups: cgroups work here).
+    let ran_in_groups = |what: &str, out: std::process::Output| {
         let stdout = support::text(&out.stdout);
         assert!(
             out.status.success(),
@@ -612,6 +660,33 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
             support::text(&out.stderr)
         );
         assert_eq!(nodes_of(&stdout), ["node0", "wg-lend-node0"], "{what}");
+        let group_of = |node: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(node)?.strip_prefix(' '))
+                .unwrap_or("")
+                .to_string()
+        };
+        if !group_of("node0").starts_with("/storm/wg-borrow/node0/job-") {
+            eprintln!(
+                "NOT CHECKED ({what}): the lent node's group; the borrower's own node ran its \
+                 task outside storm's groups ({:?}): no cgroups here",
+                group_of("node0")
+            );
+            return;
+        }
+        assert!(
+            group_of("wg-lend-node0").starts_with("/storm/wg-borrow/wg-lend-node0/job-"),
+            "{what}: the task on the lent node is not in the slot's group: {stdout}"
+        );
+    };
+    let borrowed_on = |what: &str| {
+        let out = support::output_within(
+            borrower.submit_cmd_as(NOBODY, &["-N", "2", "--borrow", where_]),
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|| panic!("{what}: the borrowed job did not end within 60 s"));
+        ran_in_groups(what, out);
     };
 
     // At home: one warm guest, at normal priority, and the borrower has heard from nobody.
@@ -632,7 +707,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
-    assert_eq!(guests(), [warm], "the warm guest took the lease");
+    assert_eq!(lent_guests(), [warm], "the warm guest took the lease");
     let own_nm = borrower.daemon_pid("storm-nm node0");
     assert_eq!(
         sched_policy(warm),
@@ -641,12 +716,65 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     );
     borrowed_on("on the warm guest");
 
-    // Home again: the guest goes, and a new warm guest waits for the next lend.
+    // Lent, the node keeps a second guest waiting for the next lend. It joined nothing (the
+    // borrower's slot is the lent guest's) and stays out of the slot's groups, which the lent
+    // guest owns: a job on the lent node lives on while the waiting guest is replaced (killed
+    // here; the NM starts another at its next look, within seconds), where a guest that made
+    // the groups as it started would have killed the job's task.
+    let second = waiting_guest("a second guest waits while the node is lent", &[warm]);
+    let mut job = borrower
+        .submit_cmd_as(NOBODY, &["-N", "2", "--borrow", where_, "10"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_state(
+        &borrower,
+        "wg-lend-node0",
+        &["allocated"],
+        "the borrowed job runs on the lent node",
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let third = waiting_guest("the waiting guest is replaced", &[warm, second]);
+    assert!(
+        job.try_wait().unwrap().is_none(),
+        "the job ended before the waiting guest was replaced: lengthen its sleep"
+    );
+    support::wait_until(Duration::from_secs(60), "the borrowed job ends", || {
+        job.try_wait()
+            .unwrap()
+            .is_none()
+            .then(|| "it runs".to_string())
+    });
+    ran_in_groups(
+        "a job on the lent node while its waiting guest was replaced",
+        job.wait_with_output().unwrap(),
+    );
+    assert_eq!(lent_guests(), [warm], "the lent guest ran on");
+
+    // Home again: the lent guest goes, and a lend right after the return takes the guest
+    // that waited during the lease; its jobs run in the slot's groups.
     let out = lender.storm(&["reclaim", "--now", "node0"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     wait_state(&lender, "node0", &["idle"], "the node is home");
-    let next = one_warm("a new warm guest once the node is home");
-    assert_ne!(next, warm);
+    let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
+    assert_eq!(
+        lent_guests(),
+        [third],
+        "the lend right after the return took the guest waiting since the lease"
+    );
+    borrowed_on("on the guest that waited during the lease");
+    let out = lender.storm(&["reclaim", "--now", "node0"]);
+    assert!(out.status.success(), "{}", support::text(&out.stderr));
+    wait_state(&lender, "node0", &["idle"], "the node is home");
+    let next = one_warm("a warm guest once the node is home");
+    assert!(![warm, second, third].contains(&next), "{next}");
     assert_eq!(guests(), [next], "the lent guest is gone");
 
     // The borrower's file changes (its operator edited it): the waiting guest read the old
@@ -657,7 +785,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
-    let lent = guests();
+    let lent = lent_guests();
     assert!(
         lent.len() == 1 && lent[0] != next,
         "a fresh guest took the lease, not the one that read the old file ({next}): {lent:?}"
@@ -702,7 +830,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
     let out = lender.storm(&["lend", "node0", "--to", "wg-borrow", "--for", "60"]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     wait_state(&borrower, "wg-lend-node0", &["idle"], "the slot comes up");
-    assert_eq!(guests(), [warm]);
+    assert_eq!(lent_guests(), [warm]);
     borrowed_on("after the NM's restart");
 }
 

@@ -70,7 +70,9 @@ pub enum Lease {
     Until(u64),
     /// A warm guest (`--warm`): started ahead of a lend, it is [`prepare`]d, then waits for
     /// its node's NM to write the lease's end on its standard input
-    /// ([`crate::guest::wait_for_lend`]).
+    /// ([`crate::guest::wait_for_lend`]). It makes its cgroups only when its NM says it may
+    /// ([`Prepared::make_groups`]): they are the lent slot's, which another guest of the same
+    /// borrower may own while this one waits.
     OnLend,
 }
 
@@ -140,6 +142,8 @@ pub struct Prepared {
     rm: RmLayout,
     /// The jobs' cgroup files the node's samples read.
     usage_files: Option<crate::sample::NodeCgroupFiles>,
+    /// Whether its cgroups are made (a warm guest's wait for [`Prepared::make_groups`]).
+    groups_made: bool,
     tasks: PlRunner,
     guest: crate::guest::GuestProcess,
     switch_log: Option<std::io::LineWriter<std::fs::File>>,
@@ -148,8 +152,9 @@ pub struct Prepared {
 
 /// The first half of a node manager's start: checks what the node needs (this node in the
 /// cluster file, the launcher binary, the spool directory), and starts its launcher and makes
-/// its cgroups. Nothing here reads a key or opens a link: [`Prepared::open`] does, when the
-/// node manager is to run (a warm guest: once its node is lent).
+/// its cgroups (a warm guest: when told, [`Prepared::make_groups`]). Nothing here reads a key
+/// or opens a link: [`Prepared::open`] does, when the node manager is to run (a warm guest:
+/// once its node is lent).
 pub fn prepare(opts: NmOptions) -> Result<Prepared> {
     let NmOptions {
         config: cfg,
@@ -189,7 +194,14 @@ pub fn prepare(opts: NmOptions) -> Result<Prepared> {
     };
     let switch_log = log(cfg.scheduler.switch_log, "switches.log")?;
     let heartbeat_log = log(cfg.scheduler.heartbeat_log, "heartbeats.log")?;
-    let cgroups = Cgroups::open(cfg.cluster.cgroups, &cfg.cluster.name, &entry.name);
+    // A warm guest's groups are the slot's, which the guest lent now may own: it makes them
+    // when its NM says no guest runs.
+    let groups_made = !guest.is_some_and(|g| g.lease == Lease::OnLend);
+    let cgroups = if groups_made {
+        Cgroups::open(cfg.cluster.cgroups, &cfg.cluster.name, &entry.name)
+    } else {
+        Cgroups::None
+    };
     let usage_files = cgroups.node_usage_files();
     let tasks = PlRunner::new(
         node,
@@ -216,6 +228,7 @@ pub fn prepare(opts: NmOptions) -> Result<Prepared> {
         spool,
         rm,
         usage_files,
+        groups_made,
         tasks,
         guest: guest_runner,
         switch_log,
@@ -230,6 +243,22 @@ impl Prepared {
         let priority = self.cfg.scheduler.daemon_rt_priority;
         storm_cluster::daemon::set_rt_priority(priority);
         self.tasks.raise_launcher(priority);
+    }
+
+    /// Makes this node's cgroups, if not made yet: a warm guest's, once its NM says no other
+    /// guest owns them (`groups`), or as it takes the lease. Any process an earlier owner left
+    /// in them is killed first.
+    pub fn make_groups(&mut self) {
+        if std::mem::replace(&mut self.groups_made, true) {
+            return;
+        }
+        let cgroups = Cgroups::open(
+            self.cfg.cluster.cgroups,
+            &self.cfg.cluster.name,
+            &self.entry.name,
+        );
+        self.usage_files = cgroups.node_usage_files();
+        self.tasks.use_cgroups(cgroups);
     }
 
     /// The second half: reads the keys, opens the endpoint and starts the output, PMI and
@@ -247,11 +276,15 @@ impl Prepared {
             spool,
             rm,
             usage_files,
+            groups_made,
             tasks,
             guest,
             switch_log,
             heartbeat_log,
         } = self;
+        if !groups_made {
+            bail!("a warm guest NM opens only once its groups are made (make_groups)");
+        }
         if guest_user.is_some() != lease_until_ms.is_some() {
             bail!("a guest NM, and only a guest, runs until a lease's end");
         }

@@ -49,9 +49,10 @@ pub struct GuestProcess {
     keeps_warm: bool,
     /// The warm guest of each peer this node lends to, set up and waiting for a lend.
     warm: BTreeMap<String, WarmSlot>,
-    /// The node came home: warm guests are to be started again, once the NM has answered the
-    /// heartbeat that brought it home ([`GuestProcess::warm_up_if_due`]).
-    warm_due: bool,
+    /// When warm guests are to be started again: as soon as the NM has answered the heartbeat
+    /// that brought the node home ([`GuestProcess::warm_up_if_due`]), or [`WARM_AFTER_LEND`]
+    /// after a lend took one (the next lend, right after this one's return, finds one ready).
+    warm_due: Option<Instant>,
     /// When the warm guests are looked at next (one may have ended, or could not start: the
     /// peer's file was not there yet), and the wait after that one.
     warm_check: (Instant, Duration),
@@ -63,13 +64,21 @@ pub struct GuestProcess {
 const WARM_CHECK: Duration = Duration::from_secs(1);
 const WARM_CHECK_MAX: Duration = Duration::from_secs(300);
 
+/// How long after a lend took its warm guest the next one is started: after the lent guest's
+/// registration (a few milliseconds), so the start takes no core from it.
+const WARM_AFTER_LEND: Duration = Duration::from_millis(20);
+
 /// A guest NM started ahead of a lend (`storm-nm --warm`): it has read the peer's cluster
-/// file, started its launcher and made its groups, and waits for the lease's end on its
-/// standard input; it reads no key and opens no link before that. Told to retire, or its
-/// standard input closed (this NM was killed), it goes ([`Told`]).
+/// file and started its launcher, and waits for the lease's end on its standard input; it
+/// reads no key and opens no link before that. It makes its groups when told ([`GROUPS`]):
+/// at once if no guest runs on the node as it starts, else once the node is home (the groups
+/// are the slot's, and the lent guest of the same borrower owns them until it stops). Told to
+/// retire, or its standard input closed (this NM was killed), it goes ([`Told`]).
 struct Warm {
     child: Child,
     stdin: ChildStdin,
+    /// Whether it was told to make its groups.
+    groups_told: bool,
     /// The peer's cluster file as it was before the guest read it.
     file: Option<FileStamp>,
     groups: GuestGroups,
@@ -168,8 +177,20 @@ impl Warm {
         Ok(self.child)
     }
 
-    /// Stops it: told to ([`Told::Retire`]), it goes by itself, removing its empty groups;
-    /// killed if it has not within [`RETIRE_WAIT`].
+    /// Tells it to make its groups, if not told yet: no other guest runs on the node.
+    fn tell_groups(&mut self) {
+        if self.groups_told {
+            return;
+        }
+        self.groups_told = true;
+        // One that ended is found at the lend, or at the next look.
+        if let Err(e) = writeln!(self.stdin, "{GROUPS}") {
+            tracing::debug!(slot = %self.groups.slot, "a warm guest NM is not told to make its groups: {e}");
+        }
+    }
+
+    /// Stops it: told to ([`Told::Retire`]), it goes by itself, removing its groups if it
+    /// made them; killed if it has not within [`RETIRE_WAIT`].
     fn retire(self) {
         retire_all(vec![self]);
     }
@@ -186,8 +207,9 @@ struct GuestStart {
 }
 
 /// Starts a warm guest, on a thread of its own at normal priority (the guest inherits it):
-/// the start takes no time of the NM's real-time thread.
-fn start_warm(start: GuestStart) -> Result<Warm, String> {
+/// the start takes no time of the NM's real-time thread. `groups_now`: no guest runs on the
+/// node, so it makes its groups at once.
+fn start_warm(start: GuestStart, groups_now: bool) -> Result<Warm, String> {
     let GuestStart {
         mut cmd,
         groups,
@@ -203,13 +225,18 @@ fn start_warm(start: GuestStart) -> Result<Warm, String> {
         .map_err(|e| format!("starting a warm guest NM: {e}"))?;
     tracing::debug!(pid = child.id(), slot = %groups.slot, "a warm guest NM waits for a lend");
     let stdin = child.stdin.take().expect("piped");
-    Ok(Warm {
+    let mut warm = Warm {
         child,
         stdin,
+        groups_told: false,
         file,
         groups,
         rt_priority,
-    })
+    };
+    if groups_now {
+        warm.tell_groups();
+    }
+    Ok(warm)
 }
 
 /// Stops warm guests at once (see [`Warm::retire`]): their inputs closed together, then each
@@ -300,7 +327,7 @@ impl GuestProcess {
             dir,
             running: None,
             warm: BTreeMap::new(),
-            warm_due: false,
+            warm_due: None,
             warm_check: (Instant::now() + WARM_CHECK, WARM_CHECK),
         };
         // No guest runs now: whatever one left in any borrower's groups here goes.
@@ -315,12 +342,16 @@ impl GuestProcess {
     }
 
     /// Starts a warm guest for each peer this node lends to that has none (it ended, or was
-    /// used for a lease), if this NM keeps them and no guest runs now. Whether every peer had
-    /// one waiting already.
+    /// used for a lease), if this NM keeps them; while the node is lent, those started make
+    /// their groups only once it is home, as do those waiting then. Whether every peer had one
+    /// waiting already.
     fn warm_up(&mut self) -> bool {
-        if !self.keeps_warm || self.running.is_some() {
+        if !self.keeps_warm {
             return true;
         }
+        // Reaps a lent guest that ended (and sweeps what it left) before any other guest may
+        // make the groups.
+        let lent = self.alive();
         let mut all_waited = true;
         let peers: Vec<String> = self
             .config
@@ -330,7 +361,12 @@ impl GuestProcess {
             .map(|p| p.name.clone())
             .collect();
         for peer in peers {
-            if self.warm.get_mut(&peer).is_some_and(WarmSlot::waits) {
+            if let Some(slot) = self.warm.get_mut(&peer)
+                && slot.waits()
+            {
+                if let (WarmSlot::Started(w), false) = (slot, lent) {
+                    w.tell_groups();
+                }
                 continue;
             }
             all_waited = false;
@@ -343,7 +379,7 @@ impl GuestProcess {
                 Ok(start) => {
                     let starting = std::thread::Builder::new()
                         .name("storm-nm-warm".into())
-                        .spawn(move || start_warm(start));
+                        .spawn(move || start_warm(start, !lent));
                     match starting {
                         Ok(t) => {
                             self.warm.insert(peer, WarmSlot::Starting(t));
@@ -507,6 +543,8 @@ impl GuestRunner for GuestProcess {
                     child,
                     groups,
                 });
+                // The next lend, if it comes right after this one's return, finds a guest ready.
+                self.warm_due = Some(Instant::now() + WARM_AFTER_LEND);
             }
             Err(e) => tracing::error!(%peer, "cannot lend this node: {e}"),
         }
@@ -514,8 +552,9 @@ impl GuestRunner for GuestProcess {
 
     fn stop(&mut self) {
         self.stop_guest();
-        // The node is home: ready for its next lend, once the heartbeat is answered.
-        self.warm_due = true;
+        // The node is home: ready for its next lend, once the heartbeat is answered (a warm
+        // guest waiting makes its groups then).
+        self.warm_due = Some(Instant::now());
     }
 }
 
@@ -528,8 +567,12 @@ impl GuestProcess {
             return;
         }
         let now = Instant::now();
-        if !std::mem::take(&mut self.warm_due) && now < self.warm_check.0 {
+        let due = self.warm_due.is_some_and(|at| now >= at);
+        if !due && now < self.warm_check.0 {
             return;
+        }
+        if due {
+            self.warm_due = None;
         }
         let wait = if self.warm_up() {
             WARM_CHECK
@@ -576,6 +619,9 @@ pub enum Told {
     /// It is not needed (its node's NM stops, or the peer's file changed): it goes, removing
     /// its empty groups.
     Retire,
+    /// No other guest runs on its node: it makes its groups now (or, if it is lent first, as
+    /// it takes the lease).
+    Groups,
     /// Its input closed unsaid: its node's NM died. It goes without touching its groups,
     /// which the node's next NM sweeps before it starts a warm guest of its own (that one's
     /// groups are the same directories).
@@ -585,8 +631,12 @@ pub enum Told {
 /// What [`retire_all`] writes before it closes a warm guest's input.
 const RETIRE: &str = "retire";
 
-/// A warm guest's wait for its lend: what its node's NM writes on `input`
-/// ([`GuestRunner::start`], or `retire`). Anything else is refused with what was said.
+/// What a warm guest is told when it may make its groups ([`Told::Groups`]).
+const GROUPS: &str = "groups";
+
+/// What a warm guest's node's NM writes on `input` next: the lease's end
+/// ([`GuestRunner::start`]), `groups` or `retire`. Anything else is refused with what was
+/// said.
 pub fn wait_for_lend(input: &mut impl BufRead) -> anyhow::Result<Told> {
     let mut line = String::new();
     if input.read_line(&mut line)? == 0 {
@@ -595,6 +645,9 @@ pub fn wait_for_lend(input: &mut impl BufRead) -> anyhow::Result<Told> {
     let said = line.trim();
     if said == RETIRE {
         return Ok(Told::Retire);
+    }
+    if said == GROUPS {
+        return Ok(Told::Groups);
     }
     let until_ms = said.parse::<u64>().map_err(|_| {
         anyhow::anyhow!("a warm guest NM was told {said:?} by its node's NM, not a lease's end")
@@ -651,8 +704,9 @@ impl Drop for GuestProcess {
 mod tests {
     use super::*;
 
-    /// A warm guest takes the lease's end its node's NM writes, or its word to retire; a
-    /// closed input is its NM gone; anything else is refused with what was said.
+    /// A warm guest takes the lease's end its node's NM writes, its word to make the groups
+    /// (then reads on), or its word to retire; a closed input is its NM gone; anything else
+    /// is refused with what was said.
     #[test]
     fn a_warm_guest_reads_its_lease_or_goes() {
         let mut lease = "1796085036972\n".as_bytes();
@@ -662,6 +716,13 @@ mod tests {
         );
         let retire = format!("{RETIRE}\n");
         assert_eq!(wait_for_lend(&mut retire.as_bytes()).unwrap(), Told::Retire);
+        let groups_then_lease = format!("{GROUPS}\n1796085036972\n");
+        let mut input = groups_then_lease.as_bytes();
+        assert_eq!(wait_for_lend(&mut input).unwrap(), Told::Groups);
+        assert_eq!(
+            wait_for_lend(&mut input).unwrap(),
+            Told::Lease(1796085036972)
+        );
         assert_eq!(wait_for_lend(&mut "".as_bytes()).unwrap(), Told::NmGone);
         let mut garbage = "soon\n".as_bytes();
         let err = wait_for_lend(&mut garbage).unwrap_err().to_string();

@@ -83,7 +83,7 @@ fn run() -> Result<()> {
         }
         None => None,
     };
-    let ready = nm_daemon::prepare(NmOptions {
+    let mut ready = nm_daemon::prepare(NmOptions {
         config,
         node,
         listen,
@@ -95,9 +95,10 @@ fn run() -> Result<()> {
     let lease_until_ms = match guest.map(|g| g.lease) {
         None => None,
         Some(Lease::Until(ms)) => Some(ms),
-        Some(Lease::OnLend) => {
+        Some(Lease::OnLend) => loop {
             match storm_nm::guest::wait_for_lend(&mut std::io::stdin().lock())? {
-                Told::Lease(ms) if !stop.load(Ordering::Acquire) => Some(ms),
+                Told::Groups => ready.make_groups(),
+                Told::Lease(ms) if !stop.load(Ordering::Acquire) => break Some(ms),
                 Told::Lease(_) | Told::Retire => {
                     tracing::debug!("a warm guest NM goes unlent");
                     return Ok(());
@@ -109,10 +110,12 @@ fn run() -> Result<()> {
                     std::process::exit(0);
                 }
             }
-        }
+        },
     };
     if args.warm {
         ready.take_rt_priority();
+        // Lent, it owns the slot's groups (the guest before it has stopped).
+        ready.make_groups();
     }
     let nm = ready.open(lease_until_ms)?;
     daemon::notify_ready();

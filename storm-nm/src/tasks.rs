@@ -120,6 +120,13 @@ impl PlRunner {
         }
     }
 
+    /// Runs the jobs from now on in `cgroups`: a warm guest's, made once it may own its
+    /// groups (docs/federation.md, warm guests). No task has run before.
+    pub fn use_cgroups(&mut self, cgroups: Cgroups) {
+        debug_assert!(self.tasks.is_empty(), "groups change under running tasks");
+        self.cgroups = cgroups;
+    }
+
     fn launcher(&mut self) -> Result<&mut Launcher, String> {
         if self.launcher.is_none() {
             let (process, outbox) = start_launcher(&self.pl_path, &self.table, self.start_timeout)
