@@ -514,14 +514,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
 
 /// The scheduling policy of process `pid` (`/proc/PID/stat`, field 41: 0 normal, 1 FIFO).
 fn sched_policy(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // After the command's name, in parentheses: fields 3 on.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    rest.split_whitespace()
-        .nth(41 - 3)
-        .unwrap()
-        .parse()
-        .unwrap()
+    sched_policy_if_alive(pid).unwrap_or_else(|| panic!("process {pid} is gone"))
 }
 
 /// The lent guest NMs of the borrower whose cluster file is `file` (their command lines
@@ -548,6 +541,7 @@ const RT_SET: u8 = storm_cluster::config::DEFAULT_DAEMON_RT_PRIORITY + 1;
 
 /// `pid`'s scheduling policy, if it still runs.
 fn sched_policy_if_alive(pid: u32) -> Option<u64> {
+    // After the command's name, in parentheses: fields 3 on.
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 2..];
     rest.split_whitespace().nth(41 - 3)?.parse().ok()
