@@ -188,8 +188,9 @@ fn an_array_is_accepted_whole_once_every_elements_copy_is_made() {
             .with_array("0-2,7%1"),
     );
     s.run_for(ms(20));
-    // A slow disk. Element 0 can start at once and needs no copy; two of the other three
-    // copies are made, element 7's is not.
+    // A slow disk: two of the four copies are made (element 0 starts at once, and its
+    // copy is made all the same: a restart before its launch would queue it again), element
+    // 7's is not.
     s.allow_copies(Some(2));
     s.run_for(ms(50));
     let listed = s.queue_listing().unwrap();

@@ -199,10 +199,11 @@ fn the_launch_follows_the_acknowledgement_of_the_program_at_once() {
     })
     .unwrap();
     s.run_until_up(Duration::from_secs(5)).unwrap();
-    let job = s
-        .submit(&SimJob::new(4, Duration::ZERO).with_program(12_000_000))
-        .unwrap();
+    // Not waiting for its acceptance, which comes once its program's copy is made, a
+    // timeslice after it began: the transfer may have landed by then.
+    s.send_submission(&SimJob::new(4, Duration::ZERO).with_program(12_000_000));
     assert!(s.run_until(ms(1_000), |s| s.next_landing().is_some()));
+    let job = s.mm().queue_view()[0].job;
     let landing = s.next_landing().unwrap();
     let next_tick = s.mm().poll_timeout();
     assert!(

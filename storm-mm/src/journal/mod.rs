@@ -145,6 +145,26 @@ pub enum JobState {
     },
 }
 
+impl JobRecord {
+    /// Whether an MM that takes over from this record (restarted, or the next leader of a
+    /// group) needs the job's program copy: it may have to run the job from its beginning,
+    /// because the job waits (here, or on a peer that may give it back), because its launch
+    /// had not gone out, or because it may be requeued. A program that runs in place has no
+    /// copy.
+    pub fn needs_program_copy(&self) -> bool {
+        self.req.delivery.carries_program()
+            && match &self.state {
+                JobState::Queued
+                | JobState::Flocked { .. }
+                | JobState::Started {
+                    launched_ms: None, ..
+                } => true,
+                JobState::Started { .. } => self.req.requeue,
+                JobState::Finished { .. } => false,
+            }
+    }
+}
+
 /// Per-node state that outlives an MM restart.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeRecord {
@@ -999,6 +1019,45 @@ pub(crate) mod tests {
         assert_eq!(restored.next_job, 3);
         assert_eq!(restored.nodes[&3].drain.as_deref(), Some("disk"));
         assert!(j.program(2).is_none(), "a memory journal keeps no programs");
+    }
+
+    /// A manager group ships a job's copy to every replica with the job's first record, and a
+    /// new leader readmits from it: which records need one. A job that got its nodes the
+    /// moment it was submitted is first recorded as started with no launch out yet, and needs
+    /// its copy as much as a waiting one (until 1 December only waiting records were shipped,
+    /// and a failover in that moment ended the job, saying its copy was missing).
+    #[test]
+    fn a_record_needs_its_program_copy_until_its_launch_went_out_or_while_it_may_be_requeued() {
+        let started = |launched_ms: Option<u64>| JobState::Started {
+            nodes: "0".parse().unwrap(),
+            cpus: None,
+            slot: 0,
+            time_slot: 0,
+            launched_ms,
+            launched_to: Vec::new(),
+            program_hash: None,
+        };
+        let flocked = JobState::Flocked {
+            peer: "c1".into(),
+            since_ms: 1,
+        };
+        for state in [JobState::Queued, flocked, started(None)] {
+            assert!(job(1, state.clone()).needs_program_copy(), "{state:?}");
+        }
+        assert!(!job(1, started(Some(5))).needs_program_copy());
+        let mut requeue = job(1, started(Some(5)));
+        requeue.req.requeue = true;
+        assert!(
+            requeue.needs_program_copy(),
+            "it may run again from its beginning"
+        );
+        assert!(!finished(1).needs_program_copy());
+        let mut in_place = job(1, JobState::Queued);
+        in_place.req.delivery = storm_cluster::control::Delivery::InPlace;
+        assert!(
+            !in_place.needs_program_copy(),
+            "it runs from its path: it has no copy"
+        );
     }
 
     /// Jobs' environments hold users' secrets: only the MM may read the journal.

@@ -286,6 +286,14 @@ impl Job {
         self.checked = false;
     }
 
+    /// Whether an MM that took over from its record could have to run it from its beginning,
+    /// and so needs its program's copy beside the journal: its launch is not recorded yet
+    /// (it waits, or it got its nodes and its program is being sent), or it may be requeued.
+    /// The same rule as the record's (`JobRecord::needs_program_copy`), on the job in memory.
+    pub(super) fn copy_needed(&self) -> bool {
+        self.launched_ms.is_none() || self.req.requeue
+    }
+
     /// Keeps the start of output no submitter will read (see `unsent`).
     pub(super) fn keep_unsent(&mut self, data: &[u8]) {
         let room = UNSENT_KEPT.saturating_sub(self.unsent.len());

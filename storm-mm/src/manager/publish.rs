@@ -59,8 +59,9 @@ impl Outbox {
 impl<E: MmEnv> MachineManager<E> {
     /// Commits this timeslice's changes to the journal, then sends the replies that tell of
     /// them: a client never learns of a state a restarted MM would not know. A job whose
-    /// program is being copied is journaled once the copy is complete, and its submitter's
-    /// replies wait for that.
+    /// program is being copied is journaled once the copy is complete, or with its launch if
+    /// that comes first and it cannot be requeued (the copy is needed no more), and its
+    /// submitter's replies wait for that.
     pub(super) fn publish(&mut self) {
         for (id, saved) in std::mem::take(&mut self.outbox.saved_programs) {
             self.outbox.saving.remove(&id);
@@ -71,6 +72,11 @@ impl<E: MmEnv> MachineManager<E> {
                     if let Some(p) = j.program.take() {
                         self.let_go_of_program(p);
                     }
+                }
+                // Its launch was recorded before the copy was made, and it cannot be requeued:
+                // nothing will read the copy.
+                (Some(j), Err(e)) if !j.copy_needed() => {
+                    tracing::debug!(job = id, "a copy no longer needed was not made: {e}");
                 }
                 (Some(_), Err(e @ crate::journal::JournalError::ProgramChanged { .. })) => {
                     self.fail(id, e.to_string());
@@ -87,8 +93,9 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         let unrecorded = std::mem::take(&mut self.outbox.unrecorded);
-        // A waiting job (or one that may be requeued) needs its program after a restart:
-        // its copy is made first, and the job is recorded once it is complete.
+        // A job that a restarted MM could have to run from its beginning needs its program
+        // then: one that waits, one given nodes whose launch is not out yet, one that may be
+        // requeued. Its copy is made first, and the job is recorded once it is complete.
         for &id in &unrecorded {
             let Some(j) = self.jobs.get_mut(&id) else {
                 continue;
@@ -96,7 +103,7 @@ impl<E: MmEnv> MachineManager<E> {
             if self.outbox.saving.contains(&id)
                 || j.program_saved
                 || j.program_save_failed
-                || !(j.phase == Phase::Queued || j.req.requeue)
+                || !j.copy_needed()
             {
                 continue;
             }
@@ -122,7 +129,7 @@ impl<E: MmEnv> MachineManager<E> {
             let Some(j) = self.jobs.get(&id) else {
                 continue;
             };
-            if self.outbox.saving.contains(&id)
+            if (self.outbox.saving.contains(&id) && j.copy_needed())
                 || j.req
                     .element
                     .is_some_and(|e| arrays_copied.contains(&e.array))
@@ -130,6 +137,11 @@ impl<E: MmEnv> MachineManager<E> {
                 later.insert(id);
                 continue;
             }
+            // A job given nodes at once whose program reached them before its copy was made:
+            // its first record is its launch's, after which nothing needs the copy. A
+            // restart before that commit finds no record of it, and its submitter, told
+            // nothing yet, sends it again. Its launch does not wait for the disk.
+            self.outbox.saving.remove(&id);
             self.outbox.journal.put_job(job_record(j));
             if j.phase == (Phase::Recording { batch: None }) {
                 recording.push(id);

@@ -6,7 +6,8 @@
 //!   reattaches);
 //! * queued jobs are queued again, in their order, with the program saved when they were
 //!   queued; so are jobs that had nodes but whose launch had not gone out (no task of theirs
-//!   can have started), if their program is at hand (not sent from storm-submit, or saved);
+//!   can have started), from the copy saved before their first record (see `publish`; only a
+//!   copy that failed, which was logged, leaves such a job to end here);
 //! * jobs whose launch went out are *recovering*: they take back their nodes, job slot and
 //!   time slot, and wait for their NMs, which kept their tasks running, to register again
 //!   (the MM nudges every node at once). Each NM lists the jobs it holds. A job that all its

@@ -203,7 +203,8 @@ impl Host {
         Ok(())
     }
 
-    /// The program copies this replica holds of the jobs that wait in `state`.
+    /// The program copies this replica holds of the jobs in `state` that a leader may have
+    /// to run from their beginning ([`crate::journal::JobRecord::needs_program_copy`]).
     pub(super) fn waiting_programs(
         &self,
         state: &Restored,
@@ -213,7 +214,7 @@ impl Host {
         };
         let mut out = Vec::new();
         for rec in &state.jobs {
-            if rec.state != crate::journal::JobState::Queued {
+            if !rec.needs_program_copy() {
                 continue;
             }
             let Some(mut copy) = store.open(rec.id) else {

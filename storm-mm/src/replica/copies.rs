@@ -3,8 +3,8 @@
 //! leads itself, from the other replicas in turn); whichever replica holds the copy answers
 //! from its file. A part asked for but not answered within an election timeout is asked for
 //! again; fetching stops once the copy is whole or its job has ended. A replica that starts
-//! fetches every copy its journal's waiting jobs should have and it lacks (it restarted in
-//! the middle of a fetch, or the note is behind its journal's applied entry).
+//! fetches every copy its journal's jobs should have and it lacks (it restarted in the middle
+//! of a fetch, or the note is behind its journal's applied entry).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use storm_cluster::messages::JobId;
 
-use crate::journal::{JobState, Restored};
+use crate::journal::Restored;
 use storm_primitives::NodeId;
 
 use super::program::{Chunk, Far, WantCopy};
@@ -63,9 +63,9 @@ impl Host {
         );
     }
 
-    /// On start: every waiting job in `state` whose program travels with it has a copy beside
-    /// the leader's journal (a job is recorded as waiting once its copy is complete); fetch
-    /// those this replica lacks.
+    /// On start: every job in `state` that a leader may have to run from its beginning has a
+    /// copy beside the leader's journal (such a job is recorded once its copy is complete);
+    /// fetch those this replica lacks.
     pub(super) fn fetch_missing_copies(&mut self, state: &Restored) {
         let Some(store) = &self.programs else {
             return;
@@ -73,14 +73,14 @@ impl Host {
         let missing: Vec<JobId> = state
             .jobs
             .iter()
-            .filter(|rec| rec.state == JobState::Queued && rec.req.delivery.carries_program())
+            .filter(|rec| rec.needs_program_copy())
             .map(|rec| rec.id)
             .filter(|&job| store.open(job).is_none() && !self.fetching.contains_key(&job))
             .collect();
         if !missing.is_empty() {
             tracing::warn!(
                 jobs = ?missing,
-                "this replica lacks the program copies of {} waiting jobs: it fetches them",
+                "this replica lacks the program copies of {} jobs: it fetches them",
                 missing.len()
             );
         }

@@ -43,8 +43,9 @@ impl Host {
         Ok(())
     }
 
-    /// Proposes, ahead of `batch`, the program copies of the jobs it records as waiting for
-    /// the first time (see [`program`]).
+    /// Proposes, ahead of `batch`, the program copies of the jobs it records for the first
+    /// time that a next leader may have to run from their beginning: waiting, or started with
+    /// no launch out yet (a job given nodes at once), or requeueable (see [`program`]).
     pub(super) fn propose_programs(&mut self, batch: &Batch) -> Result<(), ReplicaError> {
         let Some(store) = self.programs.clone() else {
             return Ok(());
@@ -53,7 +54,7 @@ impl Host {
             let crate::journal::Change::Job(rec) = change else {
                 continue;
             };
-            if rec.state != crate::journal::JobState::Queued || !self.shipped.insert(rec.id) {
+            if !rec.needs_program_copy() || !self.shipped.insert(rec.id) {
                 continue;
             }
             let Some(mut copy) = store.open(rec.id) else {

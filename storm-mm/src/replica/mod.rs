@@ -122,7 +122,7 @@ pub fn decode_peer_message(bytes: &[u8]) -> Result<(Wire, Vec<Applied>), String>
 pub enum Applied {
     /// A part of a journal commit.
     Part(entry::Part),
-    /// A chunk of a waiting job's program copy.
+    /// A chunk of a job's program copy.
     Program(program::Chunk),
     /// A note of a program copy too large for the log, to fetch from the leader.
     FarProgram(program::Far),

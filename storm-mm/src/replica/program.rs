@@ -1,9 +1,11 @@
-//! Program copies through the replicated log: a waiting job's program, which the leader
-//! copied beside its journal (`programs/`), travels to every replica before the job's record
-//! does, so that whichever replica leads next can send it.
+//! Program copies through the replicated log: the program of a job that a next leader may
+//! have to run from its beginning (it waits, or it got its nodes but its launch is not out
+//! yet, or it may be requeued: `JobRecord::needs_program_copy`), which the leader copied
+//! beside its journal (`programs/`), travels to every replica before the job's record does,
+//! so that whichever replica leads next can send it.
 //!
-//! The leader reads its copy when it proposes the batch that first records the job as
-//! queued, and proposes it ahead of that batch as entries marked [`CONTEXT`] (Raft's entry
+//! The leader reads its copy when it proposes the batch that first records the job, and
+//! proposes it ahead of that batch as entries marked [`CONTEXT`] (Raft's entry
 //! context), each a [`Chunk`] of at most a log part. The log keeps its order: a replica that
 //! holds the job's record holds every chunk before it. Each replica writes the chunks to a
 //! file aside and renames it into place with the last one, as the leader's own copy is made.

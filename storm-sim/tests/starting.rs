@@ -1,0 +1,138 @@
+//! A job given its nodes the moment it is submitted, while its program is on its way to
+//! them: the MM restarts, or its disk is slow. Seen from outside: the job runs once, to its
+//! end, and its submitter hears of it as usual.
+//!
+//! Until 1 December such a job had no program copy beside the journal (only jobs that waited
+//! in the queue got one). Its first record said it had nodes and no launch out, so a
+//! restarted MM (or the next leader of a manager group) put it back in the queue, found no
+//! copy, and ended it: "the machine manager restarted and the copy of its program is
+//! missing" (CI, `managers.rs`, a leader killed under fifty submitters).
+
+use std::time::Duration;
+
+use storm_cluster::control::Reply;
+use storm_mm::journal::JobState;
+use storm_sim::{Sim, SimJob, SimOptions};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn two_nodes() -> Sim {
+    Sim::up(SimOptions {
+        nodes: 2,
+        ..Default::default()
+    })
+    .expect("a simulated cluster, every node up")
+}
+
+/// 200 MB: about a quarter of a second to send to the nodes with the default model.
+const LARGE: u64 = 200_000_000;
+
+/// The MM restarts while the program of a job that got both nodes at once is still being
+/// sent (the journal says the job has nodes, and no launch went out): the new MM queues it
+/// again from its copy, its submitter reattaches, and it runs once, to its end.
+#[test]
+fn a_job_whose_program_was_being_sent_when_the_mm_restarted_runs_once() {
+    let mut s = two_nodes();
+    let job = s
+        .submit(&SimJob::new(2, ms(50)).with_program(LARGE))
+        .unwrap();
+    let starting = |s: &Sim| {
+        s.journaled().jobs.iter().any(|r| {
+            r.id == job
+                && matches!(
+                    r.state,
+                    JobState::Started {
+                        launched_ms: None,
+                        ..
+                    }
+                )
+        })
+    };
+    assert!(
+        s.run_until(ms(1_000), starting),
+        "the journal holds the job as given nodes"
+    );
+    assert!(
+        (0..2).all(|n| s.node(n).job_state(job).is_none()),
+        "no launch reached its nodes yet: its program is still on its way"
+    );
+    s.restart_mm().unwrap();
+    assert!(
+        s.run_until(ms(10_000), |s| s.outcome(job).is_some()),
+        "the job ends"
+    );
+    let outcome = s.outcome(job).unwrap();
+    assert_eq!(outcome.reason, None, "{outcome:?}");
+    assert_eq!(outcome.exit_code(), 0);
+    for n in 0..2 {
+        assert_eq!(
+            s.node(n).tasks_started(job),
+            1,
+            "its task on node {n} started once"
+        );
+    }
+}
+
+/// The disk never finishes a program copy. A job given nodes at once launches all the same
+/// once its program is on its nodes: its first record is its launch's, after which no MM
+/// needs the copy (it cannot be requeued). Its submitter hears of it only once the journal
+/// holds it. A job that may be requeued needs its copy, so its launch waits for the disk.
+#[test]
+fn a_slow_disk_holds_the_launch_only_of_a_job_that_may_run_again() {
+    let mut s = two_nodes();
+    s.allow_copies(Some(0));
+    s.send_submission(&SimJob::new(2, ms(20)).with_program(8_000_000));
+    let accepted = |s: &Sim| {
+        s.replies.iter().find_map(|(_, r)| match r {
+            Reply::Accepted { job, .. } => Some(*job),
+            _ => None,
+        })
+    };
+    assert!(
+        s.run_until(ms(2_000), |s| accepted(s).is_some()),
+        "the job is accepted while its copy is still being made"
+    );
+    let job = accepted(&s).unwrap();
+    let record = s.journaled().jobs.into_iter().find(|r| r.id == job);
+    assert!(
+        matches!(
+            record.as_ref().map(|r| &r.state),
+            Some(JobState::Started {
+                launched_ms: Some(_),
+                ..
+            })
+        ),
+        "accepted once the journal holds its launch: {record:?}"
+    );
+    assert!(
+        s.run_until(ms(2_000), |s| s.finished(job).is_some()),
+        "the job runs without its copy"
+    );
+    assert_eq!(s.outcome(job).unwrap().exit_code(), 0);
+
+    let before = s.replies.len();
+    s.send_submission(&SimJob {
+        requeue: true,
+        ..SimJob::new(2, ms(20)).with_program(8_000_000)
+    });
+    s.run_for(ms(500));
+    assert!(
+        !s.replies[before..]
+            .iter()
+            .any(|(_, r)| matches!(r, Reply::Accepted { .. })),
+        "a requeueable job is accepted before its copy is made"
+    );
+    assert!(
+        (0..2).all(|n| s.node(n).jobs().iter().all(|&(j, _)| j == job)),
+        "a requeueable job launched before its copy was made"
+    );
+    s.allow_copies(None);
+    assert!(
+        s.run_until(ms(2_000), |s| s.replies[before..]
+            .iter()
+            .any(|(_, r)| matches!(r, Reply::Finished(o) if o.exit_code() == 0))),
+        "once its copy is made it runs to its end"
+    );
+}
