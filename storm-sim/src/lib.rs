@@ -1112,6 +1112,26 @@ impl Sim {
         self.finished(job).map(|(_, o)| o)
     }
 
+    /// Steps until job `job` ends (at most `limit` of virtual time), and checks, as its
+    /// submitter and its nodes see it, that it ran once to its end: no reason, exit 0, and
+    /// its one task on each of nodes `0..nodes` started once. Panics otherwise (for tests).
+    pub fn assert_ran_once_to_its_end(&mut self, job: JobId, nodes: NodeId, limit: Duration) {
+        assert!(
+            self.run_until(limit, |s| s.outcome(job).is_some()),
+            "the job ends"
+        );
+        let outcome = self.outcome(job).unwrap();
+        assert_eq!(outcome.reason, None, "{outcome:?}");
+        assert_eq!(outcome.exit_code(), 0);
+        for n in 0..nodes {
+            assert_eq!(
+                self.node(n).tasks_started(job),
+                1,
+                "its one task on node {n} started once"
+            );
+        }
+    }
+
     /// When job `job` was told it started, each time it did (a requeued job starts again).
     pub fn started(&self, job: JobId) -> Vec<Instant> {
         self.replies

@@ -62,20 +62,7 @@ fn a_launch_lost_with_the_mm_goes_again_to_the_same_nms_whatever_their_clocks_re
         ),
         "the journal holds its launch: {record:?}"
     );
-    assert!(
-        s.run_until(ms(10_000), |s| s.outcome(job).is_some()),
-        "the job ends"
-    );
-    let outcome = s.outcome(job).unwrap();
-    assert_eq!(outcome.reason, None, "{outcome:?}");
-    assert_eq!(outcome.exit_code(), 0);
-    for n in 0..2 {
-        assert_eq!(
-            s.node(n).tasks_started(job),
-            1,
-            "its one task on node {n} started once"
-        );
-    }
+    s.assert_ran_once_to_its_end(job, 2, ms(10_000));
 }
 
 /// A job runs on two nodes; node 0's NM restarts (its tasks die with it) with the same pid,

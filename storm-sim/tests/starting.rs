@@ -59,20 +59,7 @@ fn a_job_whose_program_was_being_sent_when_the_mm_restarted_runs_once() {
         "no launch reached its nodes yet: its program is still on its way"
     );
     s.restart_mm().unwrap();
-    assert!(
-        s.run_until(ms(10_000), |s| s.outcome(job).is_some()),
-        "the job ends"
-    );
-    let outcome = s.outcome(job).unwrap();
-    assert_eq!(outcome.reason, None, "{outcome:?}");
-    assert_eq!(outcome.exit_code(), 0);
-    for n in 0..2 {
-        assert_eq!(
-            s.node(n).tasks_started(job),
-            1,
-            "its task on node {n} started once"
-        );
-    }
+    s.assert_ran_once_to_its_end(job, 2, ms(10_000));
 }
 
 /// The disk never finishes a program copy. A job given nodes at once launches all the same
