@@ -9,7 +9,8 @@
 //!   cut-off node, whose kernel may still acknowledge TCP);
 //! * AWAIT-SPACE that finds its heartbeat queue full (it stopped taking heartbeats);
 //! * a receipt check: every `check_interval_ms` one COMPARE-AND-WRITE asks whether every
-//!   member took every heartbeat delivered before the previous check.
+//!   member took every heartbeat delivered before the previous check (a member admitted since
+//!   then is judged from the next check on: its NM may not have taken its `Start` yet).
 //!
 //! A member named by any of them becomes *unresponsive* at once: it leaves the heartbeat (the
 //! tcp tree is rebuilt over the others, and the failed heartbeat goes to them again under the
@@ -142,7 +143,10 @@ impl<E: MmEnv> MachineManager<E> {
         self.hb.next_check =
             now + std::time::Duration::from_millis(self.cfg.failure.check_interval_ms);
         let target = std::mem::replace(&mut self.hb.check_target, self.hb.delivered);
-        let members = self.hb.queue.dest().clone();
+        // A member admitted since the last check may not have taken its `Start` yet: its
+        // counter is its last process's, behind a target it was never asked to meet.
+        let joined = std::mem::take(&mut self.hb.joined_since_check);
+        let members = self.hb.queue.dest().difference(&joined);
         if members.is_empty() {
             return;
         }

@@ -31,6 +31,11 @@ pub(super) struct HeartbeatSender {
     /// what it checks: that every member took every heartbeat before `check_target`.
     pub(super) next_check: Instant,
     pub(super) check_target: u64,
+    /// Members admitted since the last receipt check, which that check's target predates:
+    /// until its NM takes `Start` (a moment after the MM admits it), a new member's counter
+    /// still holds its last process's value (zero, for a fresh NM), so the next check passes
+    /// them over; the one after judges them.
+    pub(super) joined_since_check: NodeSet,
     /// Commands waiting for a heartbeat, in order.
     pub(super) commands: VecDeque<Command>,
     /// Heartbeat failures recur every timeslice while a node is unreachable: log them at most
@@ -55,6 +60,7 @@ impl HeartbeatSender {
             delivered: epoch_base(1),
             next_check: now,
             check_target: epoch_base(1),
+            joined_since_check: NodeSet::new(),
             commands: VecDeque::new(),
             errors: LogLimit::new(Duration::from_secs(1)),
         }

@@ -250,6 +250,7 @@ impl<E: MmEnv> MachineManager<E> {
         let seq = self.hb.queue.next_seq();
         self.send_membership(n, &Membership::Start { stamp, seq });
         self.hb.queue.add(n);
+        self.hb.joined_since_check.insert(n);
         let now = self.now();
         self.nodes.set_up(n, stamp, now);
         if self.nodes.is_available(n) {
