@@ -38,7 +38,8 @@ use crate::tasks::TaskRequest;
 /// borrowing for waiting jobs (`BorrowOut`, `LendAsked`, `GiveBack`, `Lent`), a request's `less` and
 /// `one_cluster`. Version 21: calling lent nodes home with notice (`Reclaim`'s `now`,
 /// `Recalls`, `Recalled`). Version 22: a flocked job's standard input in its `FlockOrder`.
-pub const PROTOCOL_VERSION: u32 = 22;
+/// Version 23: each node of a `Lent` says whether it was lent on the borrower's asking.
+pub const PROTOCOL_VERSION: u32 = 23;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -411,7 +412,7 @@ pub enum Request {
     /// only): answered with [`Reply::BorrowOut`]. `lent`: the lenders' answers the agent
     /// heard since it last asked (each lender's latest: its nodes lent to this cluster).
     BorrowOut {
-        lent: Vec<(String, Vec<String>)>,
+        lent: Vec<(String, Vec<crate::federation::LentNode>)>,
     },
     /// Peer `peer`'s agent asked, for its waiting jobs, for up to `count` of these nodes
     /// (those lent to it already count) for `for_ms` (operators only: this cluster's peer
@@ -875,8 +876,8 @@ pub enum Reply {
     /// The answer to [`Request::BorrowOut`]: one order per lender with something to say.
     BorrowOut(Vec<crate::federation::BorrowOrder>),
     /// The answer to [`Request::LendAsked`]: the nodes lent to that peer now, of those asked
-    /// for.
-    Lent(Vec<String>),
+    /// for, and whether each was lent on its asking.
+    Lent(Vec<crate::federation::LentNode>),
     /// The answer to [`Request::Recalls`]: each borrower, and the nodes called home from it.
     Recalls(Vec<(String, Vec<crate::federation::Recalled>)>),
     /// The answer to [`Request::FlockReport`]: how many events of each update the MM took,

@@ -163,6 +163,16 @@ pub struct Recall {
     pub by_ms: u64,
 }
 
+/// One node of a [`PeerMessage::Lent`]: the lender's name of it, and whether it was lent on
+/// the borrower's asking ([`Lease::asked`]). Only such a lease ends when the borrower gives
+/// the node back, so only such a node is held out of the borrower's allocation once it is
+/// given back (an operator's lease runs to its end whatever the borrower says).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LentNode {
+    pub node: String,
+    pub on_asking: bool,
+}
+
 /// One node of a [`PeerMessage::Recall`]: the lender's name of it, and why it is called home.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recalled {
@@ -257,8 +267,8 @@ pub enum PeerMessage {
     /// home.
     GiveBack { nodes: Vec<String> },
     /// Borrowing, the lender's answer to a `Borrow`: which of the nodes asked for are lent to
-    /// the borrower now (their guests are on their way, or up).
-    Lent { nodes: Vec<String> },
+    /// the borrower now (their guests are on their way, or up), and how.
+    Lent { nodes: Vec<LentNode> },
     /// Borrowing, from a lender's agent to its borrower's: the owner calls these lent nodes
     /// home, each for the reason given. The borrower preempts its jobs on them with that
     /// reason and gives them back. Sent every `advertise_ms` until they are home.

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use storm_cluster::control::{Reply, Request};
-use storm_cluster::federation::{BorrowOrder, PeerMessage, Recalled};
+use storm_cluster::federation::{BorrowOrder, LentNode, PeerMessage, Recalled};
 
 use crate::flock::Manager;
 
@@ -29,7 +29,7 @@ use crate::flock::Manager;
 #[derive(Debug, Default)]
 pub struct Borrowing {
     orders: HashMap<String, BorrowOrder>,
-    answers: HashMap<String, Vec<String>>,
+    answers: HashMap<String, Vec<LentNode>>,
 }
 
 impl Borrowing {
@@ -38,12 +38,12 @@ impl Borrowing {
     }
 
     /// Lender `peer` answered that it lends this cluster `nodes` (of those asked for).
-    pub fn answered(&mut self, peer: &str, nodes: Vec<String>) {
+    pub fn answered(&mut self, peer: &str, nodes: Vec<LentNode>) {
         self.answers.insert(peer.to_string(), nodes);
     }
 
     /// The lenders' answers heard since the last call, for the MM (each lender's latest).
-    pub fn take_answers(&mut self) -> Vec<(String, Vec<String>)> {
+    pub fn take_answers(&mut self) -> Vec<(String, Vec<LentNode>)> {
         self.answers.drain().collect()
     }
 
@@ -102,14 +102,14 @@ pub fn recalled(mm: &Manager, peer: &str, nodes: Vec<Recalled>) -> Result<(), St
 }
 
 /// Lender side: peer `peer` asks for up to `count` of `nodes` for `for_ms`; what this
-/// cluster's MM lent it of them.
+/// cluster's MM lent it of them, and how.
 pub fn lend(
     mm: &Manager,
     peer: &str,
     nodes: Vec<String>,
     count: u32,
     for_ms: u64,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<LentNode>, String> {
     let ask = Request::LendAsked {
         peer: peer.to_string(),
         nodes,
@@ -206,12 +206,16 @@ mod tests {
     /// A lender's latest answer reaches the MM once: an answer passed on is not news again.
     #[test]
     fn each_answer_is_passed_on_once_the_latest_of_its_lender() {
+        let lent = |node: &str| LentNode {
+            node: node.into(),
+            on_asking: true,
+        };
         let mut b = Borrowing::default();
-        b.answered("c1", vec!["n0".into()]);
-        b.answered("c1", vec!["n0".into(), "n1".into()]);
+        b.answered("c1", vec![lent("n0")]);
+        b.answered("c1", vec![lent("n0"), lent("n1")]);
         assert_eq!(
             b.take_answers(),
-            vec![("c1".to_string(), vec!["n0".to_string(), "n1".to_string()])]
+            vec![("c1".to_string(), vec![lent("n0"), lent("n1")])]
         );
         assert!(b.take_answers().is_empty());
     }

@@ -494,7 +494,16 @@ fn peer_seeds() -> Vec<Vec<u8>> {
             nodes: vec!["node1".into()],
         }),
         bincode(&PeerMessage::Lent {
-            nodes: vec!["node0".into()],
+            nodes: vec![
+                storm_cluster::federation::LentNode {
+                    node: "node0".into(),
+                    on_asking: true,
+                },
+                storm_cluster::federation::LentNode {
+                    node: "node1".into(),
+                    on_asking: false,
+                },
+            ],
         }),
         bincode(&PeerMessage::Recall {
             nodes: vec![storm_cluster::federation::Recalled {
@@ -1049,7 +1058,13 @@ fn control_seeds() -> Vec<Vec<u8>> {
             }],
         },
         Request::BorrowOut {
-            lent: vec![("c1".into(), vec!["n0".into()])],
+            lent: vec![(
+                "c1".into(),
+                vec![storm_cluster::federation::LentNode {
+                    node: "n0".into(),
+                    on_asking: true,
+                }],
+            )],
         },
         Request::LendAsked {
             peer: "c0".into(),

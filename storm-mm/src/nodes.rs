@@ -70,6 +70,10 @@ pub struct Node {
     /// A guest slot whose owner calls it home, and why (soft state: the owner says it again
     /// every period until its guest stops): kept out of allocation until it goes down.
     pub recalled: Option<String>,
+    /// A guest slot lent on this cluster's asking and given back idle: its owner takes it
+    /// home, so it is kept out of allocation until it goes down (a job placed on it meanwhile
+    /// would lose it without notice).
+    pub given_back: bool,
     /// The last registration stamp the MM acted on.
     pub stamp_seen: u64,
     /// The NM process of that registration; `None` before this MM heard from the node.
@@ -113,6 +117,7 @@ impl NodeTable {
             lent: None,
             sick: None,
             recalled: None,
+            given_back: false,
             stamp_seen: 0,
             nm: None,
             output_epoch: 1,
@@ -156,6 +161,7 @@ impl NodeTable {
             && node.lent.is_none()
             && node.sick.is_none()
             && node.recalled.is_none()
+            && !node.given_back
     }
 
     /// What the journal keeps of node `n` across a restart.
@@ -293,6 +299,7 @@ impl NodeTable {
         node.life = Life::Down { reason, since: now };
         node.last_heard = None;
         node.recalled = None;
+        node.given_back = false;
         node.last_nudge = Some(now);
         self.silent.remove(&n);
         true
@@ -310,6 +317,13 @@ impl NodeTable {
         };
         if let Some(why) = &node.recalled {
             let home = format!("its owner calls it home: {why}");
+            drain = Some(match drain {
+                Some(d) => format!("{home}; {d}"),
+                None => home,
+            });
+        }
+        if node.given_back {
+            let home = "given back to its owner: idle, on its way home".to_string();
             drain = Some(match drain {
                 Some(d) => format!("{home}; {d}"),
                 None => home,

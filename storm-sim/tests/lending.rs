@@ -2,7 +2,9 @@
 //! lending): the real MM core over its journal.
 //!
 //! * A node lent to a peer stays lent when the MM restarts: the borrower keeps it, and the
-//!   lender's own two-node job waits.
+//!   lender's own two-node job waits. Asked for by the peer, it is named lent by the
+//!   operator, not on the peer's asking (so the peer does not hold it out once it gives it
+//!   back: the lease ignores that).
 //! * The operator takes the peer out of the cluster file (walking away) and restarts the MM:
 //!   the node comes home at once, and the waiting job runs on both nodes. (Without this, the
 //!   node stayed lent, serving a cluster this one no longer knows, until its lease ended.)
@@ -20,7 +22,7 @@ use std::time::Duration;
 
 use storm_cluster::control::{NodeState, Reply, Request};
 use storm_cluster::federation::{
-    FederationSection, Offer, PeerEntry, PeerInfo, PeerState, Recalled,
+    FederationSection, LentNode, Offer, PeerEntry, PeerInfo, PeerState, Recalled,
 };
 use storm_primitives::NodeSet;
 use storm_sim::{Sim, SimJob, SimOptions};
@@ -126,6 +128,14 @@ fn c1_asks_for(sim: &mut Sim, name: &str) -> Reply {
     .unwrap()
 }
 
+/// Node `name` as a `Lent` answer names it when lent on the peer's asking.
+fn on_asking(name: &str) -> LentNode {
+    LentNode {
+        node: name.into(),
+        on_asking: true,
+    }
+}
+
 /// A lender of two nodes that lends to `c1` with a vacate of 2 s.
 fn lender() -> Sim {
     Sim::up(SimOptions {
@@ -164,6 +174,15 @@ fn a_lease_survives_a_restart_and_ends_when_the_file_no_longer_lends_to_the_peer
         .unwrap();
     assert!(matches!(reply, Reply::Notice(_)), "{reply:?}");
     assert_eq!(state_of(&mut sim, &lent), NodeState::Lent);
+    // The peer, asking for it, hears it is lent by the operator: its giving back the node
+    // would not end the lease, so the peer does not hold the node out when it gives it back.
+    assert_eq!(
+        c1_asks_for(&mut sim, &lent),
+        Reply::Lent(vec![LentNode {
+            node: lent.clone(),
+            on_asking: false
+        }])
+    );
     let job = sim
         .submit(&SimJob::new(2, Duration::from_millis(100)))
         .unwrap();
@@ -214,7 +233,7 @@ fn the_lenders_own_job_takes_back_only_a_node_that_lets_it_start() {
     .unwrap();
     let second = sim.config().nodes[1].name.clone();
     let reply = c1_asks_for(&mut sim, &second);
-    assert_eq!(reply, Reply::Lent(vec![second.clone()]));
+    assert_eq!(reply, Reply::Lent(vec![on_asking(&second)]));
     let gpu = |nodes: u32| SimJob {
         constraint: vec!["gpu".into()],
         ..SimJob::new(nodes, Duration::from_secs(600))
@@ -261,7 +280,7 @@ fn a_node_called_home_waits_for_its_borrower_within_the_vacate() {
     let second = sim.config().nodes[1].name.clone();
     c1_is_up(&mut sim);
     let reply = c1_asks_for(&mut sim, &second);
-    assert_eq!(reply, Reply::Lent(vec![second.clone()]));
+    assert_eq!(reply, Reply::Lent(vec![on_asking(&second)]));
     let job = sim
         .submit(&SimJob::new(2, Duration::from_millis(100)))
         .unwrap();
@@ -310,7 +329,7 @@ fn a_node_called_home_waits_for_its_borrower_within_the_vacate() {
 
     // Lent again; this time the borrower never gives it back.
     let reply = c1_asks_for(&mut sim, &second);
-    assert_eq!(reply, Reply::Lent(vec![second.clone()]));
+    assert_eq!(reply, Reply::Lent(vec![on_asking(&second)]));
     let job = sim
         .submit(&SimJob::new(2, Duration::from_millis(100)))
         .unwrap();
@@ -419,7 +438,7 @@ fn a_peer_reported_away_is_lent_nothing_until_it_is_reported_up() {
     c1_is_up(&mut sim);
     assert_eq!(
         c1_asks_for(&mut sim, &first),
-        Reply::Lent(vec![first.clone()])
+        Reply::Lent(vec![on_asking(&first)])
     );
     run_with_c1_up(&mut sim, Duration::from_millis(400));
     assert_eq!(

@@ -12,7 +12,11 @@
 //!   nodes offered first, or highest `[[peer]] priority`), a lender that has not lent within
 //!   [`patience`] passing the job on to the next;
 //! * guest slots up and idle that no waiting job counts on are given back: the lender takes
-//!   home what it lent on asking (an operator's lease stays until it ends).
+//!   home what it lent on asking (an operator's lease stays until it ends). A slot the
+//!   lender said it lent on this cluster's asking ([`LentNode::on_asking`]) takes no new job
+//!   once given back, until its guest stops: one placed on it meanwhile would lose it without
+//!   notice. A slot lent by the lender's operator stays open to jobs (its lease ignores the
+//!   giving back), as does one this MM never heard how it was lent (it restarted since).
 //!
 //! **Nodes called home.** A lender that calls home a node it lent here says so through the
 //! agents ([`Request::Recalled`]): the slot takes no new job, the jobs on it lose it with the
@@ -30,7 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use storm_cluster::federation::{BorrowOrder, LenderOrder};
+use storm_cluster::federation::{BorrowOrder, LenderOrder, LentNode};
 use storm_cluster::messages::JobId;
 use storm_primitives::NodeId;
 
@@ -47,6 +51,9 @@ pub(super) struct Borrowing {
     /// The guest slots whose nodes the lenders last said they lend this cluster, not up
     /// yet, and since when each has been so.
     coming: BTreeMap<NodeId, Instant>,
+    /// The guest slots whose lenders said they lent them on this cluster's asking, while they
+    /// are coming or up: given back, they go home.
+    on_asking: BTreeSet<NodeId>,
     /// When the queue was last looked at for `--less` jobs.
     last_pass: Option<Instant>,
 }
@@ -123,7 +130,7 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Answers the lenders gave since the agent last asked (lender, its nodes lent to this
     /// cluster now).
-    pub(super) fn lenders_answered(&mut self, lent: Vec<(String, Vec<String>)>) {
+    pub(super) fn lenders_answered(&mut self, lent: Vec<(String, Vec<LentNode>)>) {
         let now = self.now();
         // One index of the slots: a lender's answer costs time in its length only.
         let index: BTreeMap<(&str, &str), NodeId> = self
@@ -138,10 +145,18 @@ impl<E: MmEnv> MachineManager<E> {
             .collect();
         let mut answered: Vec<(String, BTreeSet<NodeId>)> = Vec::new();
         for (lender, nodes) in &lent {
-            let slots: BTreeSet<NodeId> = nodes
-                .iter()
-                .filter_map(|node| index.get(&(lender.as_str(), node.as_str())).copied())
-                .collect();
+            let mut slots = BTreeSet::new();
+            for lent in nodes {
+                let Some(&n) = index.get(&(lender.as_str(), lent.node.as_str())) else {
+                    continue;
+                };
+                slots.insert(n);
+                if lent.on_asking {
+                    self.borrowing.on_asking.insert(n);
+                } else {
+                    self.borrowing.on_asking.remove(&n);
+                }
+            }
             answered.push((lender.clone(), slots));
         }
         for (lender, slots) in answered {
@@ -160,6 +175,14 @@ impl<E: MmEnv> MachineManager<E> {
         }
         let nodes = &self.nodes;
         self.borrowing.coming.retain(|&n, _| !nodes.is_up(n));
+    }
+
+    /// Forgets how the slots neither coming nor up were lent: a later lease of the same
+    /// node may be an operator's.
+    fn forget_slots_gone(&mut self) {
+        let (nodes, b) = (&self.nodes, &mut self.borrowing);
+        b.on_asking
+            .retain(|n| nodes.is_up(*n) || b.coming.contains_key(n));
     }
 
     /// Whether every lender waiting job `id` asked has answered since (or been given up on
@@ -205,6 +228,7 @@ impl<E: MmEnv> MachineManager<E> {
         if !self.has_guests {
             return Vec::new();
         }
+        self.forget_slots_gone();
         let now = self.now();
         let patience = self.patience();
         let order = self.lender_order();
@@ -313,11 +337,14 @@ impl<E: MmEnv> MachineManager<E> {
         self.borrowing
             .asked
             .retain(|(job, _), _| waiting.contains(job));
-        // Slots called home go back once no job holds them.
-        let called_home = (0..self.nodes.len() as NodeId).filter(|&n| {
-            self.nodes.is_up(n) && self.nodes.get(n).recalled.is_some() && !busy.contains(&n)
+        // Slots called home, or given back already, go (again) once no job holds them.
+        let going = (0..self.nodes.len() as NodeId).filter(|&n| {
+            let node = self.nodes.get(n);
+            self.nodes.is_up(n)
+                && (node.recalled.is_some() || node.given_back)
+                && !busy.contains(&n)
         });
-        idle.extend(called_home);
+        idle.extend(going);
         // Slots up and idle that no waiting job counts on go back.
         for n in idle {
             let Some(g) = self.cfg.nodes[n as usize].guest_of.as_ref() else {
@@ -325,6 +352,12 @@ impl<E: MmEnv> MachineManager<E> {
             };
             if counted_on.contains(&n) {
                 continue;
+            }
+            if self.borrowing.on_asking.contains(&n) && !self.nodes.get(n).given_back {
+                tracing::info!(node = n, name = %self.node_name(n), lender = %g.cluster,
+                    "given back idle: it takes no new job until it is home");
+                self.nodes.get_mut(n).given_back = true;
+                self.policy.set_unavailable(n);
             }
             orders
                 .entry(g.cluster.clone())

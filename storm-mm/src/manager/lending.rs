@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use storm_cluster::federation::{Lease, Recall, Recalled};
+use storm_cluster::federation::{Lease, LentNode, Recall, Recalled};
 use storm_cluster::messages::{Command, JobId};
 use storm_primitives::{NodeId, NodeSet};
 
@@ -109,14 +109,14 @@ impl<E: MmEnv> MachineManager<E> {
     /// node names) for `for_ms`: idle ones are lent, those lent to it already counting, unless
     /// a job of this cluster waits (a cluster lends only what its own queue does not want) or
     /// the agent last reported the peer away.
-    /// Returns the nodes of `names` lent to the peer now.
+    /// Returns the nodes of `names` lent to the peer now, and whether each was lent on asking.
     pub(super) fn lend_asked(
         &mut self,
         peer: &str,
         names: &[String],
         count: u32,
         for_ms: u64,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<LentNode>, String> {
         self.check_lends_to(peer)?;
         let asked: Vec<NodeId> = self.own_nodes_named(names).into_iter().collect();
         // A node called home is on its way back: it neither counts nor is named as lent.
@@ -151,7 +151,10 @@ impl<E: MmEnv> MachineManager<E> {
         Ok(asked
             .into_iter()
             .filter(|&n| lent_to_peer(self, n))
-            .map(|n| self.node_name(n).to_string())
+            .map(|n| LentNode {
+                node: self.node_name(n).to_string(),
+                on_asking: self.nodes.get(n).lent.as_ref().is_some_and(|l| l.asked),
+            })
             .collect())
     }
 
