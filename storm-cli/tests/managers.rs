@@ -108,7 +108,12 @@ fn a_killed_leader_is_replaced_and_no_job_or_output_line_is_lost() {
     c.restart_manager(&leader).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     assert!(c.is_running(&format!("storm-mm {leader}")));
-    assert_eq!(c.leader().as_deref(), Some(next.as_str()));
+    assert_eq!(
+        c.leader().as_deref(),
+        Some(next.as_str()),
+        "{}",
+        replica_warnings(&c)
+    );
     let out = submit(&c, &["-N", "2", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_no_divergence(&c);
