@@ -913,7 +913,11 @@ fn a_leader_whose_journal_lost_a_record_hands_the_group_over_and_takes_the_major
         Duration::from_secs(90),
     );
     assert_eq!(said(&c, &lossy, "THIS REPLICA'S STATE DIVERGED"), 1);
-    assert!(said(&c, &lossy, "handing the manager group over") >= 1);
+    assert!(
+        said(&c, &lossy, "handing the manager group over") >= 1,
+        "{}",
+        replica_warnings(&c)
+    );
     let next = c.leader().expect("a leader");
     assert_ne!(next, lossy, "the diverged replica no longer leads");
     assert!(said(&c, &next, "a replica's state diverged") >= 1);
