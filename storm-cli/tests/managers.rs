@@ -15,6 +15,22 @@ use support::{
     assert_counter_job_whole, counter_script, ensure_daemons, text, wait_for_text, wait_new_leader,
 };
 
+/// The groups' election timeout here. The default (100 ms, a lease of 50 ms) is shorter
+/// than a journal sync on the shared CI disk can hold a replica's thread (44-77 ms seen on 2
+/// December, the thread held up to 87 ms): leaders lost their leases one after another, and
+/// tests that mean one failover saw several (the diverged leader was deposed before its
+/// state was compared; the leader changed after a killed replica came back). Five times the
+/// default keeps each leader until the test removes it.
+const ELECTION_TIMEOUT_MS: u64 = 500;
+
+/// The replication settings of the groups here, but for what a test sets itself.
+fn replication() -> ReplicationSection {
+    ReplicationSection {
+        election_timeout_ms: ELECTION_TIMEOUT_MS,
+        ..Default::default()
+    }
+}
+
 fn group(nodes: u32) -> LocalCluster {
     group_with(nodes, Default::default())
 }
@@ -26,7 +42,7 @@ fn group_with(nodes: u32, scheduler: storm_cluster::config::SchedulerSection) ->
     let replication = ReplicationSection {
         checksum_every: 16,
         log_entries_kept: 64,
-        ..Default::default()
+        ..replication()
     };
     group_replicated(nodes, scheduler, replication)
 }
@@ -565,7 +581,7 @@ fn group_compacting_often() -> LocalCluster {
     let replication = ReplicationSection {
         checksum_every: 8,
         log_entries_kept: 8,
-        ..Default::default()
+        ..replication()
     };
     group_replicated(1, Default::default(), replication)
 }
@@ -806,7 +822,7 @@ fn a_replica_whose_journal_lost_a_record_takes_the_leaders_state_before_it_leads
 fn group_with_a_lossy_follower(checksum_every: u64) -> (LocalCluster, String, String) {
     let replication = ReplicationSection {
         checksum_every,
-        ..Default::default()
+        ..replication()
     };
     let mut c = group_replicated(1, Default::default(), replication);
     let out = submit(&c, &["-N", "1", "-J", "the-first-job", "echo", "one"]);
