@@ -242,14 +242,11 @@ fn a_slot_called_home_ends_its_job_with_the_lenders_reason_and_goes_back() {
         sim.started(next).is_empty(),
         "a job started on a slot called home"
     );
-    let back: Vec<String> = match sim
-        .operator_request(Request::BorrowOut { lent: vec![] })
-        .unwrap()
-    {
-        Reply::BorrowOut(o) => o.into_iter().flat_map(|o| o.give_back).collect(),
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(back, vec!["n0".to_string()], "the slot is not given back");
+    assert_eq!(
+        give_backs(&mut sim),
+        vec!["n0".to_string()],
+        "the slot is not given back"
+    );
 
     // Its guest stops: the slot is down, and holds no call home for the next lending.
     sim.kill(1);
@@ -329,6 +326,15 @@ fn a_lenders_long_reason_is_cut_to_a_line() {
     );
 }
 
+/// A `--borrow` job of two nodes (the own node and the slot) that runs 200 ms.
+fn short_borrowing_pair(sim: &mut Sim) -> u64 {
+    sim.submit(&SimJob {
+        borrow: true,
+        ..SimJob::new(2, Duration::from_millis(200))
+    })
+    .unwrap()
+}
+
 /// The give-backs in the MM's orders now (the lender's names).
 fn give_backs(sim: &mut Sim) -> Vec<String> {
     match sim
@@ -348,12 +354,7 @@ fn borrow_the_slot_for_a_job(sim: &mut Sim, on_asking: bool) {
     sim.kill(1);
     sim.run_for(Duration::from_secs(1));
     report(sim, &[("c1", 1)]);
-    let job = sim
-        .submit(&SimJob {
-            borrow: true,
-            ..SimJob::new(2, Duration::from_millis(200))
-        })
-        .unwrap();
+    let job = short_borrowing_pair(sim);
     sim.run_for(Duration::from_millis(100));
     assert_eq!(
         orders(sim),
@@ -388,12 +389,7 @@ fn borrow_the_slot_for_a_job(sim: &mut Sim, on_asking: bool) {
 fn a_slot_lent_on_asking_and_given_back_takes_no_job_until_it_is_home() {
     let mut sim = one_slot();
     borrow_the_slot_for_a_job(&mut sim, true);
-    let next = sim
-        .submit(&SimJob {
-            borrow: true,
-            ..SimJob::new(2, Duration::from_millis(200))
-        })
-        .unwrap();
+    let next = short_borrowing_pair(&mut sim);
     sim.run_for(Duration::from_secs(1));
     assert!(
         sim.started(next).is_empty(),
@@ -434,11 +430,6 @@ fn a_slot_lent_on_asking_and_given_back_takes_no_job_until_it_is_home() {
 fn a_slot_lent_by_its_owners_operator_takes_jobs_after_it_is_given_back() {
     let mut sim = one_slot();
     borrow_the_slot_for_a_job(&mut sim, false);
-    let next = sim
-        .submit(&SimJob {
-            borrow: true,
-            ..SimJob::new(2, Duration::from_millis(200))
-        })
-        .unwrap();
+    let next = short_borrowing_pair(&mut sim);
     sim.assert_ran_once_to_its_end(next, 2, Duration::from_secs(10));
 }
