@@ -210,6 +210,14 @@ impl SimEnv {
         self.saved.drain(..n).collect()
     }
 
+    /// Takes job `job`'s copy out of those under way (it will not complete), with the size
+    /// it was to copy; `None` if none was under way.
+    pub fn take_copy(&mut self, job: JobId) -> Option<u64> {
+        let at = self.saved.iter().position(|&j| j == job)?;
+        self.saved.remove(at);
+        self.copies.lock().expect("copies").remove(&job)
+    }
+
     /// Lets only `n` more program copies complete (`None`: all of them, as they are made).
     pub fn allow_copies(&mut self, n: Option<usize>) {
         self.copies_allowed = n;

@@ -711,6 +711,25 @@ impl Sim {
         self.mm.env_mut().allow_copies(n);
     }
 
+    /// The copy of job `job`'s program beside the journal, under way (held by
+    /// [`Sim::allow_copies`]), finds the program no longer of the size checked at its
+    /// submission: its user changed it meanwhile (rebuilt it, or grew it on purpose), as
+    /// the daemon's saver reports it. False if no copy of it was under way.
+    pub fn change_program_during_copy(&mut self, job: JobId) -> bool {
+        let Some(checked) = self.mm.env_mut().take_copy(job) else {
+            return false;
+        };
+        self.mm.handle(Input::ProgramSaved {
+            job,
+            result: Err(storm_mm::journal::JournalError::ProgramChanged {
+                job,
+                checked,
+                now: checked + 1,
+            }),
+        });
+        true
+    }
+
     /// What `storm queue` shows now, asked on a connection of its own (as the command
     /// opens one): the answer, which waits for the journal as every reply does.
     pub fn queue_listing(&mut self) -> Result<Vec<storm_cluster::control::JobInfo>, String> {

@@ -507,7 +507,17 @@ impl<E: MmEnv> MachineManager<E> {
             self.clear_pmi_parts(slot, &nodes);
         }
         let now = self.now();
-        let j = self.jobs.get_mut(&id).expect("job");
+        let Some(j) = self.jobs.get_mut(&id) else {
+            // Not reached while the table and the policy agree (`remove_job`); should they
+            // not, the job is gone: its place is given back rather than the MM lost.
+            tracing::error!(
+                job = id,
+                "the policy started a job the MM no longer holds: skipped"
+            );
+            self.slots[slot] = None;
+            self.policy.ended(id, self.since_epoch());
+            return;
+        };
         j.nodes = nodes.clone();
         j.cpus = share.cpus;
         j.slot = Some(slot);
@@ -607,7 +617,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.end_cause.get_or_insert(EndCause::Cancelled);
         match j.phase {
             Phase::Queued => {
-                self.policy.withdraw(id);
+                // `finish` takes it out of the policy's queue.
                 // A flocked job's peer cancels its copy when it is no longer listed.
                 let at = match &j.flocked {
                     Some(f) if f.started => format!(" while it ran on peer cluster {}", f.peer),
@@ -839,11 +849,17 @@ impl<E: MmEnv> MachineManager<E> {
         self.jobs.insert(job.id, job);
     }
 
-    /// Takes a job out of the table and its indexes.
+    /// Takes a job out of the table and its indexes, and out of the policy's queue if it
+    /// waits there: the table and the queue never disagree, so no decision of the policy
+    /// names a job the table has lost (a user whose program changed while it waited once
+    /// crashed the MM that way).
     fn remove_job(&mut self, id: JobId) -> Option<Job> {
         self.held.remove(&id);
         self.steps.remove(&id);
         let job = self.jobs.remove(&id)?;
+        if job.phase == Phase::Queued && job.admitted {
+            self.policy.withdraw(id);
+        }
         if let Some(key) = job::submission_key(job.id, job.uid, &job.req) {
             self.submissions.remove(&key);
         }
