@@ -129,3 +129,115 @@ fn a_user_who_changes_a_waiting_jobs_program_does_not_crash_the_mm() {
         text(&out.stderr)
     );
 }
+
+/// Threads of process `pid`, read from outside.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// Runs `f` on a thread whose credentials are `nobody`'s (the kernel takes a Unix socket's
+/// peer credentials from the thread that connects).
+fn as_nobody<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let id = NOBODY as libc::c_long;
+        // SAFETY: plain syscalls with integer arguments; they change this thread only.
+        let (g, u) = unsafe {
+            (
+                libc::syscall(libc::SYS_setresgid, id, id, id),
+                libc::syscall(libc::SYS_setresuid, id, id, id),
+            )
+        };
+        assert_eq!((g, u), (0, 0), "{}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// M1. A user opens five times their connection limit of control connections and says
+/// nothing on them. Before issue 61 the MM kept a thread for each, forever (600 of them gave
+/// it 600 threads, and at its descriptor limit every other user was refused). Now what has
+/// not greeted counts against the user's connection limit by the kernel's word for who they
+/// are: the MM holds at most that many for them, refuses the rest at once, drops the silent
+/// ones at the greeting deadline (5 s), and answers everyone else meanwhile.
+#[test]
+fn a_user_who_never_greets_the_mm_holds_no_more_than_their_connection_limit() {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    let test = "a_user_who_never_greets_the_mm_holds_no_more_than_their_connection_limit";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let limit = 8usize;
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        limits: storm_cluster::config::LimitsSection {
+            max_connections_per_user: limit as u32,
+            ..Default::default()
+        },
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let mm = c.daemon_pid("storm-mm");
+    let before = threads(mm);
+    let socket = c.socket.clone();
+    let silent: Vec<UnixStream> = as_nobody(move || {
+        (0..5 * limit)
+            .map(|_| UnixStream::connect(&socket).expect("connect"))
+            .collect()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let during = threads(mm);
+    assert!(
+        during <= before + limit + 2,
+        "{} silent connections of one user gave the MM {} threads more (limit {limit})",
+        silent.len(),
+        during - before
+    );
+    // Everyone else is answered meanwhile, nobody's own commands too once theirs are gone.
+    let q = c.storm(&["queue"]);
+    assert!(q.status.success(), "root's queue: {}", text(&q.stderr));
+    let out = c.submit_as(1 /* daemon */, &["true"]);
+    assert!(
+        out.status.success(),
+        "another user's job: {}",
+        text(&out.stderr)
+    );
+    // Past the deadline, the MM has closed every one of them.
+    std::thread::sleep(Duration::from_secs(6));
+    for (i, mut s) in silent.into_iter().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut end = false;
+        for _ in 0..16 {
+            match s.read(&mut buf) {
+                // A refusal's reason may come first.
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {
+                    end = true;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    end = true;
+                    break;
+                }
+            }
+        }
+        assert!(
+            end,
+            "silent connection {i} is still open 6 s after it was made"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        threads(mm) <= before + 1,
+        "the MM keeps {} threads more after the silent connections went",
+        threads(mm) - before
+    );
+    let out = c.submit_as(NOBODY, &["true"]);
+    assert!(
+        out.status.success(),
+        "nobody's own job afterwards: {}",
+        text(&out.stderr)
+    );
+}

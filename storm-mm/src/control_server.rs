@@ -78,6 +78,11 @@ fn out_of_descriptors(uid: u32, operator: u32) -> Option<String> {
     })
 }
 
+/// How long a new connection has to greet the MM (`Hello`, or a relay's `RelayHello`)
+/// before it is dropped: storm-submit and storm greet at once; a connection that says
+/// nothing only holds a thread and descriptors.
+pub const GREETING_DEADLINE: Duration = Duration::from_secs(5);
+
 /// What every connection thread shares: the cluster's identity, the limits, and how many
 /// connections each user has open.
 struct Shared {
@@ -87,6 +92,16 @@ struct Shared {
     nodes: u32,
     limits: LimitsSection,
     open: ConnectionCounts,
+    /// Connections that have not greeted yet, counted by the user the kernel says is at
+    /// the other end (a relay's, before it names its user): bounded as `open` is, so no
+    /// user holds more threads and descriptors with silent connections than with live ones.
+    ungreeted: ConnectionCounts,
+    /// Each ungreeted connection's descriptor (open while listed, as in `connections`) and
+    /// its greeting deadline: the accepting thread shuts those past it down.
+    greeting: parking_lot::Mutex<HashMap<ClientId, (RawFd, std::time::Instant)>>,
+    /// Refusals are logged at most a few per 10 s: a user opening connections in a loop
+    /// must not fill the MM's log.
+    refusals: parking_lot::Mutex<LogLimit>,
     to_main: Sender<Incoming>,
     /// Wakes the MM's loop when a message is sent to it.
     wake: crate::Waker,
@@ -138,6 +153,62 @@ impl Shared {
                 // lock, before closing it), and shutdown does not close it.
                 unsafe { libc::shutdown(fd, libc::SHUT_RD) };
             }
+        }
+    }
+}
+
+/// A connection's place in [`Shared::greeting`], given up once it greeted (or its thread
+/// ends), which must be before its socket closes.
+struct AwaitingGreeting<'a> {
+    shared: &'a Shared,
+    client: ClientId,
+}
+
+impl Drop for AwaitingGreeting<'_> {
+    fn drop(&mut self) {
+        self.shared.greeting.lock().remove(&self.client);
+    }
+}
+
+impl Shared {
+    /// Lists connection `client` as owing its greeting by [`GREETING_DEADLINE`] from now.
+    fn await_greeting<'a>(&'a self, client: ClientId, sock: &UnixStream) -> AwaitingGreeting<'a> {
+        let deadline = std::time::Instant::now() + GREETING_DEADLINE;
+        self.greeting
+            .lock()
+            .insert(client, (sock.as_raw_fd(), deadline));
+        AwaitingGreeting {
+            shared: self,
+            client,
+        }
+    }
+
+    /// Shuts down every connection past its greeting deadline: its reader sees the end and
+    /// its thread goes, closing it. Returns how many.
+    fn drop_silent(&self, now: std::time::Instant) -> usize {
+        let mut greeting = self.greeting.lock();
+        let late: Vec<ClientId> = greeting
+            .iter()
+            .filter(|(_, (_, deadline))| *deadline <= now)
+            .map(|(&c, _)| c)
+            .collect();
+        for c in &late {
+            if let Some((fd, _)) = greeting.remove(c) {
+                // SAFETY: a listed descriptor is open (its thread delists it, under this
+                // lock, before closing it), and shutdown does not close it.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+        }
+        late.len()
+    }
+
+    /// Logs a refused connection, unless many were refused lately.
+    fn log_refusal(&self, uid: u32, msg: &str) {
+        if let Some(n) = self.refusals.lock().allow(std::time::Instant::now()) {
+            tracing::warn!(
+                uid,
+                "refusing a control connection: {msg} ({n} more refused since the last such line)"
+            );
         }
     }
 }
@@ -255,6 +326,9 @@ pub fn start(
         nodes,
         limits,
         open: ConnectionCounts::new(max_connections),
+        ungreeted: ConnectionCounts::new(max_connections),
+        greeting: parking_lot::Mutex::new(HashMap::new()),
+        refusals: parking_lot::Mutex::new(LogLimit::with_burst(Duration::from_secs(10), 20)),
         to_main,
         wake,
         connections: parking_lot::Mutex::new(Some(HashMap::new())),
@@ -270,7 +344,19 @@ pub fn start(
         .name("storm-mm-accept".into())
         .spawn(move || {
             let mut refused = LogLimit::new(Duration::from_secs(10));
+            let mut silent = LogLimit::new(Duration::from_secs(10));
             while !stopped.load(Ordering::Acquire) {
+                let now = std::time::Instant::now();
+                let dropped = shared.drop_silent(now);
+                if dropped > 0
+                    && let Some(n) = silent.allow(now)
+                {
+                    tracing::warn!(
+                        "dropped {} control connection(s) that did not greet the MM within {} s",
+                        dropped as u64 + n,
+                        GREETING_DEADLINE.as_secs()
+                    );
+                }
                 match listener.accept() {
                     // Accepted sockets do not inherit the listener's non-blocking mode.
                     Ok((sock, _)) => serve(sock, shared.clone()),
@@ -332,11 +418,25 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
         }
     };
     if let Some(msg) = out_of_descriptors(peer_uid, shared.operator) {
-        tracing::warn!(uid = peer_uid, "refusing a control connection: {msg}");
+        shared.log_refusal(peer_uid, &msg);
         return refuse(msg);
     }
+    // Counted by who is at the other end until it greets, and dropped if it has not by the
+    // deadline.
+    let ungreeted = match shared.ungreeted.admit(peer_uid) {
+        Ok(c) => c,
+        Err(msg) => {
+            let msg = format!("{msg} (counting those that have not greeted it yet)");
+            shared.log_refusal(peer_uid, &msg);
+            return refuse(msg);
+        }
+    };
+    let awaiting = shared.await_greeting(client, &sock);
     let limit = shared.limits.max_request_bytes as usize;
-    let first = match control::recv_within::<Request>(&sock, limit) {
+    let first = control::recv_within::<Request>(&sock, limit);
+    drop(awaiting);
+    drop(ungreeted);
+    let first = match first {
         Ok((req, _)) => req,
         Err(e) => {
             tracing::debug!("control client left during the handshake: {e}");
@@ -346,7 +446,7 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
     let (uid, gid, relayed_from) = match shared.identify(peer_uid, peer_gid, first) {
         Ok(who) => who,
         Err(msg) => {
-            tracing::warn!(uid = peer_uid, "refusing a control connection: {msg}");
+            shared.log_refusal(peer_uid, &msg);
             return refuse(msg);
         }
     };
@@ -360,7 +460,7 @@ fn run_client(client: ClientId, sock: UnixStream, shared: &Shared) {
     let _counted = match shared.open.admit(uid) {
         Ok(c) => c,
         Err(msg) => {
-            tracing::warn!(uid, "refusing a control connection: {msg}");
+            shared.log_refusal(uid, &msg);
             return refuse(msg);
         }
     };
