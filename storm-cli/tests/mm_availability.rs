@@ -241,3 +241,103 @@ fn a_user_who_never_greets_the_mm_holds_no_more_than_their_connection_limit() {
         text(&out.stderr)
     );
 }
+
+/// M4. A user queues jobs with as much environment as one job may carry. Before issue 61
+/// nothing bounded the sum: 600 queued jobs of 2 MB each gave the MM 2.19 GiB of memory and
+/// 1.2 GiB of journal, within every default. Now the bytes of arguments and environment held
+/// for one user's unfinished jobs are bounded (`[limits] max_held_request_bytes_per_user`):
+/// past it a submission is refused with the limit's name, what was accepted waits on
+/// untouched and runs, and another user submits as before.
+#[test]
+fn a_user_cannot_hold_more_than_their_bytes_of_queued_requests() {
+    let test = "a_user_cannot_hold_more_than_their_bytes_of_queued_requests";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(1),
+        limits: storm_cluster::config::LimitsSection {
+            max_held_request_bytes_per_user: 4 << 20,
+            ..Default::default()
+        },
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let blocker = c.spawn(&["--exclusive", "/bin/sleep", "300"]);
+    let since = Instant::now();
+    while !text(&c.storm(&["queue"]).stdout).contains("running") {
+        assert!(since.elapsed() < Duration::from_secs(30), "no job started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Eight variables of 120 KB (one string may not pass 128 KiB at exec): about 0.96 MB
+    // a job, so four fit under 4 MiB and the next do not.
+    let value = "v".repeat(120_000);
+    let submit = |i: usize| {
+        let mut cmd = c.submit_cmd_as(NOBODY, &["/bin/true"]);
+        for k in 0..8 {
+            cmd.env(format!("BIG{k}"), &value);
+        }
+        cmd.env("WHICH", i.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut waiting = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..7 {
+        let mut child = submit(i);
+        // Refused at once, or accepted and waiting (listed in the queue).
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                refused.push(text(&child.wait_with_output().unwrap().stderr));
+                break;
+            }
+            let listed = text(&c.storm(&["queue"]).stdout)
+                .lines()
+                .filter(|l| l.contains("queued"))
+                .count();
+            if listed > waiting.len() {
+                waiting.push(child);
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "submission {i} neither waits nor is refused"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(
+        waiting.len(),
+        4,
+        "jobs of 0.96 MB each accepted under a 4 MiB per-user bound (refused: {refused:?})"
+    );
+    for e in &refused {
+        assert!(
+            e.contains("max_held_request_bytes_per_user"),
+            "a refusal does not name the limit: {e}"
+        );
+    }
+    // Another user is not bound by nobody's bytes.
+    let mut other = c.submit_cmd_as(1, &["/bin/true"]);
+    other.env("BIG", &value);
+    let other = other
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // What was accepted runs once the node frees.
+    std::thread::sleep(Duration::from_millis(300));
+    let cancel = c.storm(&["cancel", "1"]);
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
+    blocker.wait_with_output().unwrap();
+    for child in waiting.into_iter().chain([other]) {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "an accepted job did not run: {}",
+            text(&out.stderr)
+        );
+    }
+}

@@ -510,6 +510,10 @@ pub struct LimitsSection {
     pub max_argument_bytes: u64,
     /// Elements of one job array (`storm batch --array`), as Slurm's MaxArraySize.
     pub max_array_size: u32,
+    /// Bytes of arguments and environment the MM holds, in memory and in its journal, for
+    /// one user's unfinished jobs (each element of an array counts): without it, a user's
+    /// queue of jobs at `max_argument_bytes` each grew the MM by gigabytes.
+    pub max_held_request_bytes_per_user: u64,
 }
 
 impl Default for LimitsSection {
@@ -524,6 +528,7 @@ impl Default for LimitsSection {
             max_job_name_bytes: 256,
             max_argument_bytes: 2 << 20,
             max_array_size: 1001,
+            max_held_request_bytes_per_user: 128 << 20,
         }
     }
 }
@@ -1020,6 +1025,10 @@ impl ClusterConfig {
             ("max_job_name_bytes", l.max_job_name_bytes as u64),
             ("max_argument_bytes", l.max_argument_bytes),
             ("max_array_size", l.max_array_size as u64),
+            (
+                "max_held_request_bytes_per_user",
+                l.max_held_request_bytes_per_user,
+            ),
         ] {
             if v == 0 {
                 return bad(format!("[limits] {name} must be at least 1"));

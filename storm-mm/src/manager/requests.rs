@@ -577,12 +577,7 @@ impl<E: MmEnv> MachineManager<E> {
                 l.max_job_name_bytes
             ));
         }
-        let args: usize = req.args.iter().map(|a| a.len() + 1).sum::<usize>()
-            + req
-                .env
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 2)
-                .sum::<usize>();
+        let args = argument_bytes(req);
         if args as u64 > l.max_argument_bytes {
             return Err(format!(
                 "the job's arguments and environment are {args} bytes, over the cluster's limit \
@@ -615,6 +610,30 @@ impl<E: MmEnv> MachineManager<E> {
             )),
             _ => Ok(Some(spec.indices.clone())),
         }
+    }
+
+    /// `[limits] max_held_request_bytes_per_user` for `count` new jobs of user `uid`, each
+    /// with `req`'s arguments and environment.
+    pub(super) fn check_held_request_bytes(
+        &self,
+        uid: u32,
+        req: &JobRequest,
+        count: usize,
+    ) -> Result<(), String> {
+        let limit = self.cfg.limits.max_held_request_bytes_per_user;
+        let held: u64 = self
+            .jobs
+            .values()
+            .filter(|j| j.uid == uid)
+            .map(|j| argument_bytes(&j.req) as u64)
+            .sum();
+        let more = argument_bytes(req) as u64 * count as u64;
+        if held + more > limit {
+            return Err(format!(
+                "the machine manager already holds {held} bytes of arguments and environment                  for user {uid}'s unfinished jobs; {more} more would pass the limit ([limits]                  max_held_request_bytes_per_user = {limit}); wait for some jobs to finish, or                  pass fewer variables (--export)"
+            ));
+        }
+        Ok(())
     }
 
     /// `[limits] max_queued_jobs_per_user` for `count` new jobs of user `uid`.
@@ -747,6 +766,7 @@ impl<E: MmEnv> MachineManager<E> {
         let (program, size, stamp) =
             program.map_or((None, 0, None), |(p, n, s)| (Some(p), n, Some(s)));
         self.check_queue_limit(uid, count)?;
+        self.check_held_request_bytes(uid, &req, count)?;
         // The id is spent only by a job that is accepted.
         let id = self.next_job;
         let launch_probe = launch_spec(
@@ -1266,4 +1286,15 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     // ---------------------------------------------------------------- scheduling
+}
+
+/// The bytes of a job's arguments and environment, as the kernel counts them against
+/// `ARG_MAX` (each string with its terminating zero; `KEY=VALUE` for a variable).
+fn argument_bytes(req: &JobRequest) -> usize {
+    req.args.iter().map(|a| a.len() + 1).sum::<usize>()
+        + req
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum::<usize>()
 }
