@@ -622,6 +622,11 @@ pub struct RelaySection {
     /// user of the cluster, and cannot drain nodes, cancel other users' jobs, or run jobs as
     /// root through the relay.
     pub root_from_nodes: bool,
+    /// The lowest uid a relay may act for, root apart (root's rights through a relay are
+    /// `root_from_nodes`'). Root of a compute node holds that node's keys and can name any
+    /// user through its relay: system accounts below this (`daemon`, `mail`, `www-data`...),
+    /// which own system files, are not reached that way. 1000 is Debian's first user.
+    pub min_uid: u32,
 }
 
 impl Default for RelaySection {
@@ -630,6 +635,7 @@ impl Default for RelaySection {
             address: None,
             socket: PathBuf::from("/run/storm/relay.sock"),
             root_from_nodes: false,
+            min_uid: 1000,
         }
     }
 }

@@ -83,6 +83,59 @@ fn out_of_descriptors(uid: u32, operator: u32) -> Option<String> {
 /// nothing only holds a thread and descriptors.
 pub const GREETING_DEADLINE: Duration = Duration::from_secs(5);
 
+/// Whom a control relay may act for (docs/security.md, "The control relay"). A relay's word
+/// is its node's root's: it names the user, and nothing more of it is taken.
+#[derive(Debug, Clone, Default)]
+pub struct RelayedUsers {
+    /// `[relay] min_uid`: no relay acts for a system account below it (root apart, whose
+    /// rights through a relay are the core's to decide).
+    pub min_uid: u32,
+    /// Guest slots: nodes another cluster lends this one. Their keys are on the lender's
+    /// nodes, whose root is not this cluster's to trust, so no relay acts from them.
+    pub guest_slots: std::collections::BTreeSet<String>,
+}
+
+impl RelayedUsers {
+    /// The rules of the cluster file `cfg`.
+    pub fn of(cfg: &storm_cluster::ClusterConfig) -> Self {
+        Self {
+            min_uid: cfg.relay.min_uid,
+            guest_slots: cfg
+                .nodes
+                .iter()
+                .filter(|n| n.guest_of.is_some())
+                .map(|n| n.name.clone())
+                .collect(),
+        }
+    }
+
+    /// The user and group a relay on `node` may act for when it names `uid`: the group is
+    /// the user's own, from this host's user database (a relay's word for it would let root
+    /// of a node run jobs with any group, root's or shadow's); or why not.
+    fn resolve(&self, uid: u32, node: &str) -> Result<(u32, u32), String> {
+        if self.guest_slots.contains(node) {
+            return Err(format!(
+                "node {node} is a guest slot (a node another cluster lends this one): its keys                  are on the lender's node, so no control relay acts from it"
+            ));
+        }
+        if uid != 0 && uid < self.min_uid {
+            return Err(format!(
+                "a control relay may not act for uid {uid}: system accounts below [relay]                  min_uid = {} are not reached through relays",
+                self.min_uid
+            ));
+        }
+        match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+            Ok(Some(user)) => Ok((uid, user.gid.as_raw())),
+            Ok(None) => Err(format!(
+                "uid {uid} has no account on the machine manager's host; a relayed user must                  have one there (the same user database as the nodes')"
+            )),
+            Err(e) => Err(format!(
+                "cannot look uid {uid} up on the machine manager's host: {e}"
+            )),
+        }
+    }
+}
+
 /// What every connection thread shares: the cluster's identity, the limits, and how many
 /// connections each user has open.
 struct Shared {
@@ -91,6 +144,7 @@ struct Shared {
     operator: u32,
     nodes: u32,
     limits: LimitsSection,
+    relayed: RelayedUsers,
     open: ConnectionCounts,
     /// Connections that have not greeted yet, counted by the user the kernel says is at
     /// the other end (a relay's, before it names its user): bounded as `open` is, so no
@@ -224,9 +278,10 @@ impl Shared {
 
 impl Shared {
     /// Who a connection acts for, from its first request: the user on the other end for
-    /// `Hello`; for a relay's `RelayHello`, the user it names and their node, if the relay
-    /// runs as root or the MM's own user. (What root of a node may do through a relay is the
-    /// core's to decide: `[relay] root_from_nodes`.)
+    /// `Hello`; for a relay's `RelayHello`, the user it names, with that user's own group
+    /// (the relay's word for the group is not taken), and their node, if the relay runs as
+    /// root or the MM's own user and [`RelayedUsers`] allows it. (What root of a node may do
+    /// through a relay is the core's to decide: `[relay] root_from_nodes`.)
     fn identify(
         &self,
         peer_uid: u32,
@@ -248,8 +303,18 @@ impl Shared {
                          other users"
                     ));
                 }
-                tracing::debug!(uid, gid, node, "a relayed control connection");
-                (version, (uid, gid, Some(node)))
+                let (uid, own_gid) = self.relayed.resolve(uid, &node)?;
+                if gid != own_gid {
+                    tracing::debug!(
+                        uid,
+                        said = gid,
+                        gid = own_gid,
+                        node,
+                        "a relay named another group than the user's own: the user's is used"
+                    );
+                }
+                tracing::debug!(uid, gid = own_gid, node, "a relayed control connection");
+                (version, (uid, own_gid, Some(node)))
             }
             _ => return Err("expected Hello first".into()),
         };
@@ -298,6 +363,7 @@ pub fn start(
     cluster: String,
     nodes: u32,
     limits: LimitsSection,
+    relayed: RelayedUsers,
     to_main: Sender<Incoming>,
     wake: crate::Waker,
 ) -> anyhow::Result<ControlServer> {
@@ -325,6 +391,7 @@ pub fn start(
         operator: nix::unistd::geteuid().as_raw(),
         nodes,
         limits,
+        relayed,
         open: ConnectionCounts::new(max_connections),
         ungreeted: ConnectionCounts::new(max_connections),
         greeting: parking_lot::Mutex::new(HashMap::new()),
@@ -566,6 +633,7 @@ mod tests {
             "test".into(),
             1,
             LimitsSection::default(),
+            RelayedUsers::default(),
             to_main,
             crate::Waker::none(),
         )

@@ -39,6 +39,9 @@ struct ManagerRelay {
     addr: std::net::SocketAddr,
     key: ClusterKey,
     names: Vec<String>,
+    /// Which nodes are guest slots (lent by another cluster): refused as relays, whatever
+    /// key they prove (the lender's root holds it).
+    guests: Vec<bool>,
     enrolled: parking_lot::RwLock<Enrolled>,
     /// The MM's control socket; every replica's, in order, for a replicated MM served by one
     /// relay (followers do not listen: the leader's takes the connection); the one replica's
@@ -93,6 +96,7 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
         addr,
         key,
         names: cfg.nodes.iter().map(|n| n.name.clone()).collect(),
+        guests: cfg.nodes.iter().map(|n| n.guest_of.is_some()).collect(),
         enrolled: parking_lot::RwLock::new(enrolled),
         control_sockets,
         max_program_bytes: cfg.limits.max_program_bytes,
@@ -156,7 +160,12 @@ impl Down {
 }
 
 impl ManagerRelay {
+    /// The identity key node `node` must prove; none for a guest slot, which no relay
+    /// speaks for.
     fn enrolled_key(&self, node: NodeId) -> Option<ed25519_dalek::VerifyingKey> {
+        if self.guests.get(node as usize).copied().unwrap_or(true) {
+            return None;
+        }
         let name = self.names.get(node as usize)?;
         self.enrolled.read().key(name).copied()
     }

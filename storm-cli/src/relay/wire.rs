@@ -158,8 +158,9 @@ pub fn handshake_as_manager<R: Read, W: Write>(
     let node = hello.node;
     let Some(identity) = enrolled(node) else {
         return Err(WireError::Refused(format!(
-            "a peer claiming node {node}, which is not in the cluster or has no identity key \
-             enrolled here"
+            "a peer claiming node {node}, which is not in the cluster, has no identity key \
+             enrolled here, or is a guest slot (its keys are on another cluster's node: no \
+             relay acts from it)"
         )));
     };
     let nonce = random_bytes::<NONCE_LEN>();

@@ -689,7 +689,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
                 RELAY_PORT,
             ))),
             socket: opts.dir.join("relay").join("{node}.sock"),
-            root_from_nodes: false,
+            ..RelaySection::default()
         },
         mm: MmSection {
             address: match opts.managers {

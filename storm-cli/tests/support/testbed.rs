@@ -152,6 +152,56 @@ fn up_options(opts: TestbedOptions) -> Testbed {
     Testbed::up(&opts).unwrap_or_else(|e| panic!("testbed with {managers} MM(s) up: {e:#}"))
 }
 
+/// A testbed of `nodes` nodes under `work` whose file also names a guest slot, `far-node0`
+/// (node 0 of a cluster `far` that may lend it; nothing stands behind it here): its identity
+/// key is made and enrolled as every node's is, as a borrower's operator does for a slot.
+pub fn up_with_guest_slot(nodes: u32, work: &Path) -> Testbed {
+    let opts = options(nodes, work);
+    let guest = storm_cluster::config::NodeEntry {
+        name: "far-node0".into(),
+        address: std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+            storm_cli::testbed::node_addr_in(opts.net, nodes + 8),
+            7002,
+        )),
+        spool: opts.dir.join("guest-far-node0"),
+        cpus: 1,
+        mem: None,
+        features: vec!["guest".into()],
+        guest_of: Some(storm_cluster::federation::GuestOf {
+            cluster: "far".into(),
+            node: "node0".into(),
+        }),
+    };
+    std::fs::create_dir_all(work).unwrap();
+    let pair = work.join("far.pair");
+    storm_cluster::key::generate(&pair).unwrap();
+    let agent = |net: u8| {
+        std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+            storm_cli::testbed::node_addr_in(net, nodes + 9),
+            7100,
+        ))
+    };
+    up_options(TestbedOptions {
+        guests: vec![guest],
+        federation: storm_cluster::federation::FederationSection {
+            listen: Some(agent(opts.net)),
+            ..Default::default()
+        },
+        peers: vec![storm_cluster::federation::PeerEntry {
+            name: "far".into(),
+            address: agent(opts.net),
+            key_file: pair,
+            lend: false,
+            borrow: true,
+            priority: 0,
+            flock_user: None,
+            same_users: false,
+            guest_file: None,
+        }],
+        ..opts
+    })
+}
+
 /// A testbed of `nodes` nodes under `work` with a replicated MM of three replicas, each in a
 /// namespace of its own with a manager-side relay beside it; 1 ms timeslice, FCFS.
 pub fn up_group(nodes: u32, work: &Path) -> Testbed {
