@@ -302,7 +302,7 @@ fn assemble(
         cfg.cluster.name.clone(),
         cfg.node_count(),
         cfg.limits.clone(),
-        control_server::RelayedUsers::of(&cfg),
+        control_server::RelayedUsers::of(cfg),
         tx,
         waker.clone(),
     )?;
