@@ -176,13 +176,16 @@ impl Pair {
                 .collect(),
             ..LocalOptions::new(nodes)
         })?)?;
+        // The borrower's topology and keys as the lender's operator installs them.
+        let guest_dir = borrower.root().join("guest-export");
+        storm_cluster::guest_file::write_guest_dir(borrower.config(), &guest_dir)?;
         let lender = open(LocalCluster::start(&LocalOptions {
             name: Some("lb-lend".into()),
             federation: federation(p_lend)?,
             peers: vec![PeerEntry {
                 lend: true,
                 flock_user: Some("nobody".into()),
-                guest_file: Some(borrower.root().join("cluster.toml")),
+                guest_file: Some(guest_dir.join("cluster.toml")),
                 ..peer("lb-borrow", p_borrow)?
             }],
             ..LocalOptions::new(nodes)

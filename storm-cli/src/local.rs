@@ -603,6 +603,11 @@ impl LocalCluster {
     }
 
     /// The directory holding the cluster file, logs and spools.
+    /// The cluster file the daemons run by.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -193,11 +193,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         scheduler: rt_set(),
         ..LocalOptions::new(1)
     });
-    let borrower_file: PathBuf = borrower.root.join("cluster.toml");
-    // This test's guest NMs: their command line names its borrower's file, as the
-    // borrower's own daemons' do (the other test of this file runs guests of its own
-    // meanwhile).
-    let our_guests = borrower_file.to_str().unwrap().to_string();
+    let borrower_file: PathBuf = support::guest_file_of(&borrower);
     let mut lender = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("lender".into()),
@@ -210,6 +206,14 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         }],
         ..LocalOptions::new(1)
     });
+    // This test's guest NMs: their command line names its lender's file, as the lender's
+    // own daemons' do (the other tests of this file run guests of their own meanwhile).
+    let our_guests = lender
+        .root
+        .join("cluster.toml")
+        .to_str()
+        .unwrap()
+        .to_string();
     let shared = support::shared_tempdir();
     let where_ = support::script(
         shared.path(),
@@ -494,7 +498,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         || {
             // The node home, a warm guest starts for its next lend: the frozen one must go.
             let (frozen, tasks) = (
-                live_processes(0, &["--guest-user", &our_guests]).contains(&guests[0]),
+                live_processes(0, &["--guest-of", &our_guests]).contains(&guests[0]),
                 live_processes(daemon_uid, &["sleep", "301"]),
             );
             (frozen || !tasks.is_empty()).then(|| {
@@ -522,7 +526,7 @@ fn sched_policy(pid: u32) -> u64 {
 /// for the next lend under the normal one. (The borrowers of these tests set
 /// `daemon_rt_priority`, which is kept on any host, see [`RT_SET`].)
 fn lent_guests(file: &str) -> Vec<u32> {
-    live_processes(0, &["--guest-user", file])
+    live_processes(0, &["--guest-of", file])
         .into_iter()
         .filter(|&p| sched_policy_if_alive(p).is_some_and(|policy| policy != 0))
         .collect()
@@ -597,8 +601,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
         scheduler: rt_set(),
         ..LocalOptions::new(1)
     });
-    let borrower_file: PathBuf = borrower.root.join("cluster.toml");
-    let ours = borrower_file.to_str().unwrap().to_string();
+    let borrower_file: PathBuf = support::guest_file_of(&borrower);
     let mut lender = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("wg-lend".into()),
@@ -614,6 +617,13 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
         }],
         ..LocalOptions::new(1)
     });
+    // This test's guests name its lender's file.
+    let ours = lender
+        .root
+        .join("cluster.toml")
+        .to_str()
+        .unwrap()
+        .to_string();
     let shared = support::shared_tempdir();
     // Where each task ran, and in which of storm's groups; it sleeps first if asked.
     let where_ = support::script(
@@ -623,7 +633,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
          echo \"$STORM_NODENAME $(grep -o '/storm/[^ ]*' /proc/self/cgroup | head -n 1)\"\n",
     );
     let where_ = where_.to_str().unwrap();
-    let guests = || live_processes(0, &["--guest-user", &ours]);
+    let guests = || live_processes(0, &["--guest-of", &ours]);
     let lent_guests = || lent_guests(&ours);
     let waiting_guest = |what: &str, not: &[u32]| -> u32 {
         let mut found = Vec::new();
@@ -883,6 +893,7 @@ fn asking_pair(asker: &str, giver: &str, warm: bool) -> AskingPair {
         ..LocalOptions::new(1)
     });
     let asker_file: PathBuf = asker_cluster.root.join("cluster.toml");
+    let asker_guest_file = support::guest_file_of(&asker_cluster);
     let giver_cluster = TestCluster::with(LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some(giver.into()),
@@ -890,7 +901,7 @@ fn asking_pair(asker: &str, giver: &str, warm: bool) -> AskingPair {
         peers: vec![PeerEntry {
             lend: true,
             flock_user: Some("daemon".into()),
-            guest_file: Some(asker_file.clone()),
+            guest_file: Some(asker_guest_file),
             ..peer(asker, asker_port, &pair)
         }],
         ..LocalOptions::new(2)
@@ -1223,7 +1234,7 @@ fn a_frozen_lender_stalls_no_borrower_and_lends_again_once_thawed() {
     }
     // The giver keeps no warm guest (`warm_guests = false`): its nodes started their guests
     // as they were lent, and none waits now.
-    let asker_file = asker.root.join("cluster.toml");
-    let warm = live_processes(0, &["--warm", asker_file.to_str().unwrap()]);
+    let giver_file = giver.root.join("cluster.toml");
+    let warm = live_processes(0, &["--warm", giver_file.to_str().unwrap()]);
     assert!(warm.is_empty(), "warm guests: {warm:?}");
 }

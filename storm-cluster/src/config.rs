@@ -708,6 +708,9 @@ pub struct ClusterConfig {
 struct NodeTable {
     name: String,
     address: String,
+    /// Required of a cluster's own file ([`ClusterConfig::validate`]); a guest file names
+    /// none (its guests' spool is the lender's).
+    #[serde(default)]
     spool: PathBuf,
     #[serde(default = "one")]
     cpus: u32,
@@ -921,14 +924,19 @@ impl ClusterConfig {
             path: PathBuf::new(),
             message: toml_error_line(text, &e),
         })?;
-        if cfg.mm == MmSection::default()
-            && let Some(first) = cfg.managers.first()
-        {
-            // A group's NMs dial the first replica until they find the leader.
-            cfg.mm.address = first.address;
-        }
+        cfg.default_mm_address();
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// A group's NMs dial the first replica until they find the leader: its address is the
+    /// MM's when `[mm]` is not set.
+    pub fn default_mm_address(&mut self) {
+        if self.mm == MmSection::default()
+            && let Some(first) = self.managers.first()
+        {
+            self.mm.address = first.address;
+        }
     }
 
     /// The file's text.
@@ -940,6 +948,12 @@ impl ClusterConfig {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.nodes.is_empty() {
             return bad("no [[node]] entries: a cluster needs at least one node".into());
+        }
+        if let Some(n) = self.nodes.iter().find(|n| n.spool.as_os_str().is_empty()) {
+            return bad(format!(
+                "node {} has no spool (the directory its NM keeps programs in)",
+                n.name
+            ));
         }
         crate::federation::validate(&self.cluster.name, &self.federation, &self.peers)
             .map_err(ConfigError::Invalid)?;

@@ -14,7 +14,8 @@
 //! * [`tasks`]: `-N` / `-n` / `--ntasks-per-node` and the placement of ranks on nodes.
 //! * [`control`]: the Unix-socket protocol between storm-submit / storm and the MM;
 //!   [`dependency`]: `--dependency`, parsed and judged.
-//! * [`federation`]: peer clusters: `[federation]`, `[[peer]]`, the peer agents' messages.
+//! * [`federation`]: peer clusters: `[federation]`, `[[peer]]`, the peer agents' messages;
+//!   [`guest_file`]: what a lent node's guest NM takes from the borrower, and what not.
 //! * [`endpoint`]: starting a daemon's primitives endpoint (tcp or ofi) from the cluster file.
 //! * [`key`] and [`identity`]: the cluster key, the MM's signing key and the nodes'
 //!   identity keys, and the MM's seals on the commands nodes carry out; [`keywatch`]: key
@@ -42,6 +43,7 @@ pub mod dependency;
 pub mod endpoint;
 pub mod federation;
 pub mod flock;
+pub mod guest_file;
 pub mod health;
 pub mod hostlist;
 pub mod identity;

@@ -41,6 +41,10 @@ use crate::{in_place, receive};
 /// How to start a node manager.
 pub struct NmOptions {
     pub config: ClusterConfig,
+    /// The file `config` was read from: a node's own NM starts its guests from it
+    /// (`storm-nm --config FILE --guest-of PEER`); `None` where nodes are not lent (NMs run
+    /// as threads of `storm-local`), and for a guest.
+    pub config_path: Option<PathBuf>,
     pub node: NodeId,
     pub listen: Listen,
     /// The storm-pl binary.
@@ -158,6 +162,7 @@ pub struct Prepared {
 pub fn prepare(opts: NmOptions) -> Result<Prepared> {
     let NmOptions {
         config: cfg,
+        config_path,
         node,
         listen,
         pl_path,
@@ -213,6 +218,7 @@ pub fn prepare(opts: NmOptions) -> Result<Prepared> {
     )?;
     let guest_runner = crate::guest::GuestProcess::new(
         Arc::new(cfg.clone()),
+        config_path,
         entry.name.clone(),
         spool.try_clone().context("the spool directory")?,
         guest.is_none(),

@@ -1,9 +1,11 @@
 //! The guest NM of a lent node (docs/federation.md, lending).
 //!
 //! While this cluster lends the node to a peer, the node's own NM runs a second `storm-nm`
-//! process for the peer: the *guest*, started from the peer's cluster file as this cluster's
-//! operator installed it (`[[peer]] guest_file`), as that file's guest slot for this node. It
-//! joins the peer's fabric like any node (registration, heartbeats, launch, gang slots), runs
+//! process for the peer: the *guest* (`storm-nm --config THIS_CLUSTER'S_FILE --guest-of
+//! PEER`). It runs as the guest slot that the peer's guest file, as this cluster's operator
+//! installed it (`[[peer]] guest_file`), names for this node, and takes from that file only
+//! the peer's topology: what it executes and the files it touches as root are this
+//! cluster's (`storm_cluster::guest_file`). It joins the peer's fabric like any node (registration, heartbeats, launch, gang slots), runs
 //! the peer's jobs as this cluster's account for the peer (`[[peer]] flock_user`, never
 //! root), and stops itself at the lease's end whatever it hears. The home NM stops it when
 //! the node comes home; its tasks, in the guest's own cgroups, die with it. Whatever a guest
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon_dir::DaemonDir;
+use storm_cluster::guest_file::GuestSetup;
 
 use crate::env::GuestRunner;
 
@@ -40,6 +43,10 @@ pub struct GuestProcess {
     exe: PathBuf,
     /// This cluster's file: its `[[peer]]`s say where each peer's file is and as whom.
     config: std::sync::Arc<ClusterConfig>,
+    /// Where this cluster's file is: a guest is started from it (`--guest-of PEER`), and
+    /// takes from the peer only what its guest file may say (see
+    /// `storm_cluster::guest_file`). `None`: this NM lends nothing.
+    config_path: Option<PathBuf>,
     /// This node's name in it.
     node: String,
     /// Where the running guest's pid is kept ([`PID_FILE`]).
@@ -314,6 +321,7 @@ impl GuestProcess {
     /// with it the reading of the peers' files, which would slow the lend it is part of.
     pub fn new(
         config: std::sync::Arc<ClusterConfig>,
+        config_path: Option<PathBuf>,
         node: String,
         dir: DaemonDir,
         home: bool,
@@ -321,8 +329,9 @@ impl GuestProcess {
         stop_orphan(&dir);
         let mut me = Self {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("storm-nm")),
-            keeps_warm: home && config.federation.warm_guests,
+            keeps_warm: home && config.federation.warm_guests && config_path.is_some(),
             config,
+            config_path,
             node,
             dir,
             running: None,
@@ -331,8 +340,15 @@ impl GuestProcess {
             warm_check: (Instant::now() + WARM_CHECK, WARM_CHECK),
         };
         // No guest runs now: whatever one left in any borrower's groups here goes.
-        for p in me.config.peers.iter().filter(|p| home && p.lend) {
-            if let Ok((_, groups, _)) = me.guest_of(&p.name) {
+        let lends_to: Vec<String> = me
+            .config
+            .peers
+            .iter()
+            .filter(|p| home && p.lend)
+            .map(|p| p.name.clone())
+            .collect();
+        for peer in lends_to {
+            if let Ok((_, groups)) = me.guest_of(&peer) {
                 groups.sweep();
             }
         }
@@ -394,55 +410,34 @@ impl GuestProcess {
         all_waited
     }
 
-    /// Peer `peer`'s entry in this cluster's file and where its guest's groups are (from the
-    /// peer's cluster file as this cluster installed it), or why it cannot lend to it.
-    fn guest_of(
-        &self,
-        peer: &str,
-    ) -> Result<(&storm_cluster::federation::PeerEntry, GuestGroups, u8), String> {
-        let entry = self
-            .config
-            .peers
-            .iter()
-            .find(|p| p.name == peer && p.lend)
-            .ok_or_else(|| format!("this cluster does not lend to {peer}"))?;
-        let file = entry.guest_file.as_ref().ok_or_else(|| {
-            format!("[[peer]] {peer} names no guest_file (the peer's cluster file on this node)")
-        })?;
-        let theirs = ClusterConfig::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let slot = theirs
-            .guest_slot(&self.config.cluster.name, &self.node)
-            .ok_or_else(|| {
-                format!(
-                    "{} has no guest slot for node {} of cluster {}",
-                    file.display(),
-                    self.node,
-                    self.config.cluster.name
-                )
-            })?;
+    /// Peer `peer`'s guest setup on this node (its topology from the guest file this
+    /// cluster's operator installed, everything else this cluster's) and where its groups
+    /// are, or why it cannot lend to it: the guest checks the same again as it starts.
+    fn guest_of(&self, peer: &str) -> Result<(GuestSetup, GuestGroups), String> {
+        let setup = GuestSetup::load(&self.config, &self.node, peer).map_err(|e| e.to_string())?;
         let groups = GuestGroups {
-            mode: theirs.cluster.cgroups,
-            cluster: theirs.cluster.name.clone(),
-            slot: theirs.nodes[slot as usize].name.clone(),
+            mode: setup.config.cluster.cgroups,
+            cluster: setup.config.cluster.name.clone(),
+            slot: setup.config.nodes[setup.slot as usize].name.clone(),
         };
-        Ok((entry, groups, theirs.scheduler.daemon_rt_priority))
+        Ok((setup, groups))
     }
 
     /// How to start peer `peer`'s guest until `until_ms` (`None`: a warm guest), or why it
     /// cannot run.
     fn command(&self, peer: &str, until_ms: Option<u64>) -> Result<GuestStart, String> {
-        let (entry, groups, rt_priority) = self.guest_of(peer)?;
-        let file = entry.guest_file.as_ref().expect("guest_of checked it");
-        let user = entry.flock_user.as_ref().ok_or_else(|| {
-            format!("[[peer]] {peer} names no flock_user to run its jobs as on lent nodes")
-        })?;
+        let config_path = self
+            .config_path
+            .as_ref()
+            .ok_or("this node manager was not started from a cluster file: it lends nothing")?;
+        let (setup, groups) = self.guest_of(peer)?;
         let mut cmd = Command::new(&self.exe);
         cmd.arg("--config")
-            .arg(file)
+            .arg(config_path)
             .arg("--node")
-            .arg(&groups.slot)
-            .arg("--guest-user")
-            .arg(user)
+            .arg(&self.node)
+            .arg("--guest-of")
+            .arg(peer)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             // It is not the service: this NM is.
@@ -455,8 +450,8 @@ impl GuestProcess {
         Ok(GuestStart {
             cmd,
             groups,
-            file: file.clone(),
-            rt_priority,
+            file: setup.file,
+            rt_priority: setup.config.scheduler.daemon_rt_priority,
         })
     }
 
@@ -667,7 +662,7 @@ fn stop_orphan(dir: &DaemonDir) {
     };
     let is_guest = |pid: i32| {
         std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"--guest-user"))
+            .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"--guest-of"))
     };
     if !is_guest(pid) {
         return;

@@ -9,6 +9,7 @@ use clap::Parser;
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon;
 use storm_cluster::endpoint::Listen;
+use storm_cluster::guest_file::GuestSetup;
 use storm_nm::daemon::Lease;
 use storm_nm::guest::Told;
 use storm_nm::{NmOptions, daemon as nm_daemon};
@@ -29,17 +30,20 @@ struct Args {
     /// Use this inherited, bound listening socket instead of binding the configured address.
     #[arg(long)]
     listen_fd: Option<i32>,
-    /// Run as a guest NM on a lent node (docs/federation.md; the lending node's NM starts
-    /// it): every job of the borrower runs as this local account.
-    #[arg(long, requires = "lease", value_name = "USER")]
-    guest_user: Option<String>,
+    /// Run as the guest NM of this node lent to peer cluster PEER (docs/federation.md; the
+    /// node's own NM starts it, with the node's own cluster file as --config). It joins the
+    /// peer's fabric as the guest slot that the peer's guest file (`[[peer]] guest_file`)
+    /// names for this node, takes nothing else from the peer, and runs every job as the
+    /// peer's `flock_user`.
+    #[arg(long, requires = "lease", value_name = "PEER")]
+    guest_of: Option<String>,
     /// A guest NM's lease end (Unix ms): it stops itself and its jobs then.
-    #[arg(long, requires = "guest_user", group = "lease", value_name = "UNIX_MS")]
+    #[arg(long, requires = "guest_of", group = "lease", value_name = "UNIX_MS")]
     lease_until: Option<u64>,
     /// A warm guest NM, started ahead of a lend by the node's NM: it gets ready, then waits
     /// on its standard input for the lease's end (Unix ms), or `retire`; it goes if that
     /// closes first (docs/federation.md, warm guests).
-    #[arg(long, requires = "guest_user", group = "lease")]
+    #[arg(long, requires = "guest_of", group = "lease")]
     warm: bool,
 }
 
@@ -54,10 +58,19 @@ fn run() -> Result<()> {
     // default soft one of 1024.
     daemon::raise_open_files_limit();
     let args = Args::parse();
-    let config = ClusterConfig::load(&args.config)?;
-    let node = config
+    let own = ClusterConfig::load(&args.config)?;
+    let own_node = own
         .this_node(args.node.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    // A guest runs by the peer's topology and this cluster's own settings.
+    let (config, node, guest_user) = match &args.guest_of {
+        None => (own, own_node, None),
+        Some(peer) => {
+            let name = own.nodes[own_node as usize].name.clone();
+            let setup = GuestSetup::load(&own, &name, peer)?;
+            (setup.config, setup.slot, Some(setup.user))
+        }
+    };
     let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;
     // A warm guest waits at normal priority: its setup must not take a core from the daemons
     // of this node at work. It takes real-time priority once lent.
@@ -69,10 +82,10 @@ fn run() -> Result<()> {
     }
     let stop = daemon::stop_flag()?;
     let listen = args.listen_fd.map(Listen::Fd).unwrap_or(Listen::Configured);
-    let guest = match &args.guest_user {
+    let guest = match &guest_user {
         Some(name) => {
             let user = nix::unistd::User::from_name(name)?
-                .ok_or_else(|| anyhow::anyhow!("--guest-user {name}: no such account here"))?;
+                .ok_or_else(|| anyhow::anyhow!("flock_user {name}: no such account here"))?;
             Some(nm_daemon::Guest {
                 user: (user.uid.as_raw(), user.gid.as_raw()),
                 lease: match args.lease_until {
@@ -85,6 +98,7 @@ fn run() -> Result<()> {
     };
     let mut ready = nm_daemon::prepare(NmOptions {
         config,
+        config_path: guest.is_none().then(|| args.config.clone()),
         node,
         listen,
         pl_path,

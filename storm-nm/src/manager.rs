@@ -448,6 +448,13 @@ impl<E: NmEnv> NodeManager<E> {
                 continue;
             }
             if let Some(user) = self.guest_user {
+                if !guest_obeys(&cmd) {
+                    tracing::warn!(
+                        "refusing a lend from the borrower: a guest NM lends nothing (the node is \
+                         its lender's, not the borrower's)"
+                    );
+                    continue;
+                }
                 cmd.run_as(user);
             }
             match cmd {
@@ -1296,9 +1303,34 @@ fn held_jobs(
     running.chain(waiting).collect()
 }
 
+/// Whether a guest NM carries out `cmd` from its borrower: everything a node of the
+/// borrower's does, but lending the node on (`Lend`, `EndLend`), which only the node's own
+/// cluster may: a borrower that sealed one would have the lender's node start a guest NM, as
+/// root, for a cluster of its choosing.
+fn guest_obeys(cmd: &Command) -> bool {
+    !matches!(cmd, Command::Lend { .. } | Command::EndLend { .. })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guest NM refuses a borrower's `Lend` and `EndLend`, and nothing else a node does.
+    #[test]
+    fn a_guest_nm_refuses_to_lend_its_node_on() {
+        let nodes = storm_primitives::NodeSet::single(0);
+        assert!(!guest_obeys(&Command::Lend {
+            nodes: nodes.clone(),
+            peer: "elsewhere".into(),
+            until_ms: u64::MAX,
+        }));
+        assert!(!guest_obeys(&Command::EndLend {
+            nodes: nodes.clone()
+        }));
+        assert!(guest_obeys(&Command::Signal { job: 1, signal: 15 }));
+        assert!(guest_obeys(&Command::Forget { job: 1 }));
+        assert!(guest_obeys(&Command::Shutdown));
+    }
 
     /// An exiting task's next look waits as long as it has waited, from 100 us, and never
     /// past the time left: a lease running out leaves less than 100 us, which used to panic.

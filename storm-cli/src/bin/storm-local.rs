@@ -56,6 +56,7 @@ fn main() -> Result<()> {
     for node in (0..config.node_count()).filter(|&n| !config.is_guest(n)) {
         let opts = NmOptions {
             config: config.clone(),
+            config_path: None,
             node,
             listen: Listen::Local(fabric.clone()),
             pl_path: pl_path.clone(),

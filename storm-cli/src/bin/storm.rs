@@ -205,6 +205,18 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
     },
+    /// Write this cluster's guest file into DIR, for the operators of peer clusters that
+    /// lend it nodes (docs/federation.md, guest files): its topology alone (`cluster.toml`,
+    /// the settings a peer may make), with the keys their nodes' guest NMs need beside it,
+    /// where this host has them: the cluster key (`storm.key`), the MM's public key
+    /// (`mm.pub`) and each guest slot's identity key (`keys/SLOT.key`). Hand DIR over as
+    /// you would the cluster key; the lender installs it, root's, as its `[[peer]]
+    /// guest_file`.
+    GuestFile {
+        /// The directory to write (made if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Enroll a node's identity key at the MM (run on the MM's host): adds `NAME KEY`, as
     /// `storm keygen --node NAME` printed it, to the enrolled keys the MM reads (at start and
     /// on SIGHUP).
@@ -221,6 +233,7 @@ fn run(args: Args) -> Result<(), String> {
     match args.command {
         Cmd::Keygen { out, mm, node } => return keygen(out, args.config, mm, node),
         Cmd::Enroll { name, key, replace } => return enroll(args.config, &name, &key, replace),
+        Cmd::GuestFile { out } => return guest_file(args.config, &out),
         _ => {}
     }
     let sockets = storm_cli::control_sockets(args.socket.clone(), args.config.clone())?;
@@ -337,7 +350,9 @@ fn run(args: Args) -> Result<(), String> {
             false,
         ),
         Cmd::Shutdown => (Request::Shutdown, false),
-        Cmd::Keygen { .. } | Cmd::Enroll { .. } => unreachable!("handled above"),
+        Cmd::Keygen { .. } | Cmd::Enroll { .. } | Cmd::GuestFile { .. } => {
+            unreachable!("handled above")
+        }
     };
     let client = connect(&socket, &sockets)?;
     let reply = match client.call(&req)? {
@@ -488,6 +503,24 @@ fn keygen(
 
 /// `storm enroll`: adds (or with `replace`, replaces) a node's public identity key in the
 /// enrolled keys the MM reads.
+fn guest_file(config: Option<PathBuf>, out: &std::path::Path) -> Result<(), String> {
+    let cfg = storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(config))
+        .map_err(|e| e.to_string())?;
+    let written = storm_cluster::guest_file::write_guest_dir(&cfg, out)
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    for f in &written {
+        println!("{}", f.display());
+    }
+    eprintln!(
+        "storm guest-file: give {} to the operators of the clusters that lend to {:?}; each \
+         installs it root's, not writable by others, and names its cluster.toml as the \
+         [[peer]] guest_file",
+        out.display(),
+        cfg.cluster.name
+    );
+    Ok(())
+}
+
 fn enroll(config: Option<PathBuf>, name: &str, key: &str, replace: bool) -> Result<(), String> {
     let cfg = storm_cluster::config::ClusterConfig::load(&storm_cli::config_path(config))
         .map_err(|e| e.to_string())?;

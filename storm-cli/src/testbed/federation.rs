@@ -8,8 +8,8 @@
 //! 7100. The MM namespaces route between the clusters over that bridge, so a node of one
 //! cluster reaches the nodes and MM of another: each cluster's file has a guest slot (feature
 //! `guest`) for every node of the others, at that node's address and [`GUEST_PORT`], and
-//! names the others' files as its `[[peer]] guest_file`, so any node may be lent (`storm
-//! lend`). Cutting a cluster's `fed0` cuts its lent nodes off from their borrowers too. Every pair of clusters shares a
+//! names the others' guest files (`DIR/c<k>/guest/cluster.toml`, their topology and keys)
+//! as its `[[peer]] guest_file`, so any node may be lent (`storm lend`). Cutting a cluster's `fed0` cuts its lent nodes off from their borrowers too. Every pair of clusters shares a
 //! pair key (`DIR/keys/c<i>-c<j>.key`); each cluster lends to and borrows from every other,
 //! and runs their jobs as its dedicated account, `nobody` (`flock_user`; `same_users` is off,
 //! the default).
@@ -41,6 +41,12 @@ pub const MAX_CLUSTERS: u32 = 9;
 /// Cluster `k`'s address on the bridge between the clusters.
 pub fn fed_addr(k: u32) -> Ipv4Addr {
     Ipv4Addr::new(10, 199, 0, 1 + k as u8)
+}
+
+/// Where cluster `k`'s guest file and the keys its guests need are, for the nodes of the
+/// other clusters (docs/federation.md, guest files).
+fn guest_dir(dir: &Path, k: u32) -> PathBuf {
+    dir.join(cluster_name(k)).join("guest")
 }
 
 /// Where a lent node's guest NM listens, beside the node's own NM (on port 7000).
@@ -142,8 +148,9 @@ impl Federation {
                     priority: 0,
                     flock_user: Some("nobody".into()),
                     same_users: false,
-                    // The borrower's cluster file, where this host's nodes read it.
-                    guest_file: Some(base.dir.join(cluster_name(j)).join("cluster.toml")),
+                    // The borrower's guest file (its topology and keys), where this
+                    // host's nodes read it: written once that cluster is up.
+                    guest_file: Some(guest_dir(&base.dir, j).join("cluster.toml")),
                 })
                 .collect();
             // A guest slot for every node of every other cluster, at that node's address
@@ -235,6 +242,10 @@ impl Federation {
                 }
             }
             tb.start_peer_agent()?;
+            // What the other clusters' operators install for lending to this one (their
+            // warm guests find it at their next look).
+            storm_cluster::guest_file::write_guest_dir(&tb.config, &guest_dir(&base.dir, k))
+                .context("writing the guest file")?;
             fed.clusters.push(tb);
         }
         fed.wait_all_up(Duration::from_secs(30))?;

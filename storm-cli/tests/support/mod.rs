@@ -251,6 +251,17 @@ impl Drop for Agent {
     }
 }
 
+/// The guest file of `borrower` as a lender's operator installs it (docs/federation.md,
+/// guest files): its topology and the keys its guests need, written by what `storm
+/// guest-file` runs into `borrower`'s directory (`guest-export/`, root's, mode 0755).
+/// Returns the file, for the lender's `[[peer]] guest_file`.
+pub fn guest_file_of(borrower: &TestCluster) -> PathBuf {
+    let cfg = storm_cluster::ClusterConfig::load(&borrower.root.join("cluster.toml")).unwrap();
+    let dir = borrower.root.join("guest-export");
+    storm_cluster::guest_file::write_guest_dir(&cfg, &dir).expect("write the guest file");
+    dir.join("cluster.toml")
+}
+
 /// Starts the peer agent of the cluster file `config`, its log beside it (`*.peer.log`).
 pub fn start_agent(config: &Path) -> Agent {
     let log = std::fs::File::create(config.with_extension("peer.log")).unwrap();

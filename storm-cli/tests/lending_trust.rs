@@ -1,0 +1,218 @@
+//! A borrowing site against the nodes it borrows (issue 61, finding C1): two embedded
+//! clusters on loopback, as root. `lt-lend` lends its `node0` to `lt-borrow`; the borrower's
+//! side is the attacker. Its operator hands the lender a guest file, and a user of the
+//! borrower's (say, in a flocked job) has left two scripts as `nobody` on the lender's node.
+//!
+//! Before issue 61, a lent node's NM started the guest NM, as root, from the borrower's own
+//! cluster file: a file naming those scripts as `[cluster] pl_path` and `[health] program`
+//! had the lender run both as uid 0 (a warm guest even before any lease). Now the guest takes
+//! only the borrower's topology from its file, which is refused, naming the setting, if it
+//! says anything more, or if anyone but root could have written it. Seen from outside:
+//!
+//! * no script ran, as anyone; the lender's node log names the refused setting; the slot
+//!   never comes up at the borrower;
+//! * the same refusal for a clean file that `nobody` owns;
+//! * with the clean file as root installed it, the lend works and the borrowed task runs as
+//!   the lender's account for the peer, its launcher the lender's own.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use storm_cli::local::LocalOptions;
+use storm_cluster::federation::{FederationSection, GuestOf, PeerEntry};
+use support::{NOBODY, TestCluster, text};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn peer(name: &str, port: u16, key: &Path) -> PeerEntry {
+    PeerEntry {
+        name: name.into(),
+        address: format!("127.0.0.1:{port}").parse().unwrap(),
+        key_file: key.to_path_buf(),
+        lend: false,
+        borrow: false,
+        flock_user: None,
+        same_users: false,
+        guest_file: None,
+        priority: 0,
+    }
+}
+
+fn federation(port: u16) -> FederationSection {
+    FederationSection {
+        listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+        ..Default::default()
+    }
+}
+
+/// The state `storm nodes --json` gives node `name` on `c`.
+fn state_of(c: &TestCluster, name: &str) -> String {
+    let out = c.storm(&["nodes", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["name"] == name))
+        .map(|n| n["state"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// A script, written by `nobody` as a user's job would, that leaves a marker saying who ran
+/// it.
+fn planted(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let marker = dir.join(format!("{name}.ran"));
+    let script = dir.join(format!("{name}.sh"));
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nid -u > '{}'\nexit 0\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&script, Some(NOBODY), Some(NOBODY)).unwrap();
+    (script, marker)
+}
+
+#[test]
+fn a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender() {
+    let test = "a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let pair = keys.path().join("pair.key");
+    storm_cluster::key::generate(&pair).unwrap();
+    let (borrower_port, lender_port) = (free_port(), free_port());
+    let borrower = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("lt-borrow".into()),
+        federation: federation(borrower_port),
+        peers: vec![PeerEntry {
+            borrow: true,
+            ..peer("lt-lend", lender_port, &pair)
+        }],
+        guests: vec![GuestOf {
+            cluster: "lt-lend".into(),
+            node: "node0".into(),
+        }],
+        ..LocalOptions::new(1)
+    });
+    let guest_file = support::guest_file_of(&borrower);
+    let clean = std::fs::read_to_string(&guest_file).unwrap();
+    // What the borrower's side planted on the lender's node, and the file naming it.
+    let shared = support::shared_tempdir();
+    let (pl, pl_ran) = planted(shared.path(), "launcher");
+    let (health, health_ran) = planted(shared.path(), "health");
+    // The borrower's own cluster file, as operators installed it before issue 61, naming
+    // them.
+    let own = std::fs::read_to_string(borrower.root.join("cluster.toml")).unwrap();
+    let mut hostile: toml::Table = toml::from_str(&own).unwrap();
+    hostile["cluster"]
+        .as_table_mut()
+        .unwrap()
+        .insert("pl_path".into(), pl.display().to_string().into());
+    let mut program = toml::Table::new();
+    program.insert("program".into(), health.display().to_string().into());
+    hostile.insert("health".into(), program.into());
+    std::fs::write(&guest_file, toml::to_string(&hostile).unwrap()).unwrap();
+
+    let lender = TestCluster::with(LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        name: Some("lt-lend".into()),
+        federation: FederationSection {
+            warm_guests: true,
+            ..federation(lender_port)
+        },
+        peers: vec![PeerEntry {
+            lend: true,
+            flock_user: Some("daemon".into()),
+            guest_file: Some(guest_file.clone()),
+            ..peer("lt-borrow", borrower_port, &pair)
+        }],
+        ..LocalOptions::new(1)
+    });
+    let node_log = || std::fs::read_to_string(lender.root.join("node0.log")).unwrap_or_default();
+    let lend = || {
+        let out = lender.storm(&["lend", "node0", "--to", "lt-borrow", "--for", "60"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let reclaim = || {
+        let out = lender.storm(&["reclaim", "--now", "node0"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        support::wait_until(Duration::from_secs(30), "the node comes home", || {
+            (state_of(&lender, "node0") != "idle").then(|| state_of(&lender, "node0"))
+        });
+    };
+
+    // The hostile file: lent, and nothing of it runs; the lender's log says why.
+    lend();
+    let refused = |log: &str| log.contains("[cluster] pl_path") && log.contains("[health]");
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !refused(&node_log()) && !pl_ran.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for marker in [&pl_ran, &health_ran] {
+        assert!(
+            !marker.exists(),
+            "the borrower's script {} ran on the lender, as uid {}",
+            marker.display(),
+            std::fs::read_to_string(marker).unwrap_or_default().trim()
+        );
+    }
+    assert!(
+        refused(&node_log()),
+        "the lender's NM log names the refused settings: {}",
+        node_log()
+    );
+    assert_ne!(
+        state_of(&borrower, "lt-lend-node0"),
+        "idle",
+        "a guest ran from a refused file"
+    );
+    reclaim();
+
+    // The clean topology, but a file `nobody` owns: refused too.
+    std::fs::write(&guest_file, &clean).unwrap();
+    std::os::unix::fs::chown(&guest_file, Some(NOBODY), Some(NOBODY)).unwrap();
+    lend();
+    support::wait_until(
+        Duration::from_secs(20),
+        "the lender's NM refuses a guest file root did not install",
+        || (!node_log().contains(&format!("belongs to uid {NOBODY}"))).then(&node_log),
+    );
+    assert_ne!(state_of(&borrower, "lt-lend-node0"), "idle");
+    reclaim();
+
+    // As root installed it: the lend works, and the borrowed task runs as the lender's
+    // account, under the lender's own launcher.
+    std::os::unix::fs::chown(&guest_file, Some(0), Some(0)).unwrap();
+    lend();
+    support::wait_until(Duration::from_secs(30), "the slot comes up", || {
+        (state_of(&borrower, "lt-lend-node0") != "idle")
+            .then(|| state_of(&borrower, "lt-lend-node0"))
+    });
+    let probe = support::script(
+        shared.path(),
+        "probe.sh",
+        "echo \"$STORM_NODENAME uid=$(id -u)\"\n",
+    );
+    let out = borrower.submit_as(
+        NOBODY,
+        &["-N", "2", "--borrow", "--label", probe.to_str().unwrap()],
+    );
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(said.contains("lt-lend-node0 uid=1"), "{said}");
+    for marker in [&pl_ran, &health_ran] {
+        assert!(!marker.exists(), "a planted script ran");
+    }
+    reclaim();
+}
