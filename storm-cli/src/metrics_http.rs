@@ -13,6 +13,11 @@
 //! tell anyone who can connect what the cluster runs. When the last refresh failed, or the
 //! snapshot is older than three refresh periods, a scrape gets `503` with the reason, so
 //! Prometheus records the target as down rather than reading stale numbers.
+//!
+//! The HTTP it speaks is the little a scrape needs: one `GET` per connection, its request
+//! whole within 5 s and 8 KiB, answered with `Connection: close`. At most
+//! [`MAX_CONNECTIONS`] are served at once, [`MAX_CONNECTIONS_PER_SOURCE`] from one address
+//! (`storm_cluster::accept_gate`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -82,10 +87,34 @@ pub struct ExporterOptions {
 
 /// A bound metrics server.
 pub struct MetricsServer {
-    server: tiny_http::Server,
+    listener: std::net::TcpListener,
+    shared: Arc<Served>,
+    gate: storm_cluster::accept_gate::AcceptGate,
+}
+
+/// What every connection's thread reads.
+struct Served {
     token: Option<String>,
     refresh: Duration,
     snapshot: Arc<Mutex<Snapshot>>,
+}
+
+/// Scrapes being answered at once, in all and from one address: a host that opens
+/// connections and says nothing holds a few places, never Prometheus's.
+pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 8;
+
+/// A request must arrive whole within this long, and within [`MAX_REQUEST_BYTES`].
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+const MAX_REQUEST_BYTES: usize = 8 << 10;
+
+/// A response: status, its reason phrase, content type, body, and whether it asks for a
+/// bearer token.
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+    challenge: bool,
 }
 
 impl MetricsServer {
@@ -102,8 +131,8 @@ impl MetricsServer {
         if opts.refresh.is_zero() {
             return Err("--refresh-ms must be at least 1".into());
         }
-        let server =
-            tiny_http::Server::http(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let snapshot = Arc::new(Mutex::new(Snapshot {
             body: fetch(&socket),
             at: Instant::now(),
@@ -124,64 +153,144 @@ impl MetricsServer {
             })
             .map_err(|e| format!("cannot start the refreshing thread: {e}"))?;
         Ok(Self {
-            server,
-            token: opts.token,
-            refresh,
-            snapshot,
+            listener,
+            shared: Arc::new(Served {
+                token: opts.token,
+                refresh,
+                snapshot,
+            }),
+            gate: storm_cluster::accept_gate::AcceptGate::new(
+                "the metrics exporter",
+                MAX_CONNECTIONS,
+                MAX_CONNECTIONS_PER_SOURCE,
+            ),
         })
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.server.server_addr().to_ip()
+        self.listener.local_addr().ok()
     }
 
-    /// Answers scrapes until the process ends.
+    /// Answers scrapes until the process ends: each connection on a thread of its own, one
+    /// request each (`Connection: close`).
     pub fn serve(self) {
-        for request in self.server.incoming_requests() {
-            let authorized = self.authorized(request.headers());
-            let response = self.answer(request.method(), request.url(), authorized);
-            if let Err(e) = request.respond(response) {
-                eprintln!("storm metrics: answering a scrape: {e}");
-            }
+        for conn in self.listener.incoming() {
+            let tcp = match conn {
+                Ok(t) => t,
+                Err(_) => {
+                    // Out of descriptors or threads: waiting frees some.
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let Some(place) = tcp.peer_addr().ok().and_then(|a| self.gate.admit(a.ip())) else {
+                continue;
+            };
+            let shared = self.shared.clone();
+            let gate = self.gate.clone();
+            let _ = std::thread::Builder::new()
+                .name("metrics-scrape".into())
+                .spawn(move || {
+                    if let Err(e) = shared.answer_connection(tcp) {
+                        gate.log_failure(None, &e);
+                    }
+                    drop(place);
+                });
         }
     }
+}
 
-    /// Whether the request carries the token (always, without one).
-    fn authorized(&self, headers: &[tiny_http::Header]) -> bool {
+impl Served {
+    /// Reads one request from `tcp` (whole within [`REQUEST_DEADLINE`] and
+    /// [`MAX_REQUEST_BYTES`]) and answers it.
+    fn answer_connection(&self, mut tcp: std::net::TcpStream) -> Result<(), String> {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        let mut buf = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 1024];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || buf.len() >= MAX_REQUEST_BYTES {
+                return Err("a request did not arrive whole in time, or is too large".into());
+            }
+            tcp.set_read_timeout(Some(left))
+                .map_err(|e| e.to_string())?;
+            match tcp.read(&mut chunk) {
+                Ok(0) => return Err("the connection closed before its request".into()),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(format!("reading a request: {e}")),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]);
+        let mut lines = head.split("\r\n");
+        let mut request_line = lines.next().unwrap_or("").split(' ');
+        let method = request_line.next().unwrap_or("");
+        let url = request_line.next().unwrap_or("");
+        let authorization = lines.find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("authorization")
+                .then(|| value.trim().to_string())
+        });
+        let authorized = self.authorized(authorization.as_deref());
+        let r = self.answer(method, url, authorized);
+        let reason = match r.status {
+            200 => "OK",
+            401 => "Unauthorized",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            _ => "Service Unavailable",
+        };
+        let mut out = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: \
+             close\r\n",
+            r.status,
+            r.content_type,
+            r.body.len()
+        );
+        if r.challenge {
+            out.push_str("WWW-Authenticate: Bearer\r\n");
+        }
+        out.push_str("\r\n");
+        let _ = tcp.set_write_timeout(Some(REQUEST_DEADLINE));
+        tcp.write_all(out.as_bytes())
+            .and_then(|()| tcp.write_all(r.body.as_bytes()))
+            .map_err(|e| format!("answering a scrape: {e}"))
+    }
+
+    /// Whether a request with this `Authorization` value carries the token (always, without
+    /// one).
+    fn authorized(&self, authorization: Option<&str>) -> bool {
         let Some(token) = &self.token else {
             return true;
         };
-        let given = headers
-            .iter()
-            .find(|h| h.field.equiv("Authorization"))
-            .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
+        let given = authorization
+            .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         constant_time_eq(given.as_bytes(), token.as_bytes())
     }
 
-    fn answer(
-        &self,
-        method: &tiny_http::Method,
-        url: &str,
-        authorized: bool,
-    ) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    fn answer(&self, method: &str, url: &str, authorized: bool) -> Response {
         let path = url.split('?').next().unwrap_or("");
-        let text = |status: u16, body: String, content_type: &str| {
-            let header = tiny_http::Header::from_bytes("Content-Type", content_type)
-                .expect("a valid static header");
-            tiny_http::Response::from_string(body)
-                .with_status_code(status)
-                .with_header(header)
-        };
         let plain = "text/plain; charset=utf-8";
+        let text = |status: u16, body: String, content_type: &'static str| Response {
+            status,
+            content_type,
+            body,
+            challenge: false,
+        };
         if !authorized {
-            let challenge = tiny_http::Header::from_bytes("WWW-Authenticate", "Bearer")
-                .expect("a valid static header");
-            return text(401, "a bearer token is required\n".into(), plain).with_header(challenge);
+            return Response {
+                challenge: true,
+                ..text(401, "a bearer token is required\n".into(), plain)
+            };
         }
         match (method, path) {
-            (tiny_http::Method::Get, "/metrics") => {
+            ("GET", "/metrics") => {
                 let snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
                 let age = snap.at.elapsed();
                 match &snap.body {
@@ -202,12 +311,12 @@ impl MetricsServer {
                     ),
                 }
             }
-            (tiny_http::Method::Get, "/") => text(
+            ("GET", "/") => text(
                 200,
                 "storm metrics exporter: the machine manager's metrics are at /metrics\n".into(),
                 plain,
             ),
-            (tiny_http::Method::Get, _) => text(404, "not found: try /metrics\n".into(), plain),
+            ("GET", _) => text(404, "not found: try /metrics\n".into(), plain),
             _ => text(405, "only GET is served\n".into(), plain),
         }
     }

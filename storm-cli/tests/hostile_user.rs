@@ -7,7 +7,7 @@ mod support;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use support::{NOBODY, TestCluster, text};
+use support::{NOBODY, TestCluster, exporter, scrape, text};
 
 /// A root-only file an attacker aims at: (path, its content).
 fn victim(dir: &std::path::Path) -> (std::path::PathBuf, &'static [u8]) {
@@ -299,49 +299,6 @@ fn cpu_ticks(pid: u32) -> u64 {
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
-/// One HTTP GET with an optional bearer token; the status code.
-fn scrape(addr: &str, token: Option<&str>) -> u16 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the exporter");
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    let _ = s.read_to_string(&mut reply);
-    reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Starts `storm metrics` with `args`; the child and the address it serves (or its error).
-fn exporter(c: &TestCluster, args: &[&str]) -> (std::process::Child, Result<String, String>) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_storm"))
-        .arg("--socket")
-        .arg(&c.socket)
-        .arg("metrics")
-        .args(args)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("storm metrics: serving http://")
-        .and_then(|a| a.strip_suffix("/metrics"))
-        .map(str::to_string)
-        .ok_or(first);
-    (child, addr)
 }
 
 /// Finding 10: `storm metrics --listen` answered anyone, and every scrape asked the MM afresh

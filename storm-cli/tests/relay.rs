@@ -9,7 +9,6 @@ mod support;
 
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use storm_cli::relay::wire::{self, FRAME_LIMIT, Opened, Up, WireError};
 use storm_cli::testbed::Testbed;
 use storm_cluster::control::{self, PROTOCOL_VERSION, Reply, Request};
 use storm_primitives::tcp::auth::ClusterKey;
-use support::testbed::{can_run, up, up_group};
+use support::testbed::{can_run, in_node_ns, up, up_group};
 use support::{NOBODY, bin_dir, root_or_say, script, shared_tempdir, text};
 
 /// A command run in node `node`'s namespace as user nobody, whose view of the files has no
@@ -321,22 +320,6 @@ fn relay_keys(tb: &Testbed) -> (SocketAddr, ClusterKey, ed25519_dalek::SigningKe
         cfg.load_key().unwrap(),
         cfg.load_node_key("node1").unwrap(),
     )
-}
-
-/// Runs `f` on a thread inside node `node`'s network namespace (root may enter it).
-fn in_node_ns<T: Send + 'static>(
-    tb: &Testbed,
-    node: u32,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let ns = std::fs::File::open(Path::new("/run/netns").join(tb.node_ns(node))).unwrap();
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .expect("enter the node's namespace");
-        f()
-    })
-    .join()
-    .unwrap()
 }
 
 /// Opens a relay link to `addr` as node 1 with these keys, greets the MM for `uid`, then

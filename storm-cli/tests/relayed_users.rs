@@ -15,26 +15,13 @@
 mod support;
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::time::Duration;
 
 use storm_cli::relay::wire::{self, FRAME_LIMIT, Opened, Up, WireError};
 use storm_cluster::control::{Delivery, JobRequest, PROTOCOL_VERSION, Reply, Request};
 use storm_primitives::tcp::auth::ClusterKey;
-use support::testbed::{can_run, up_with_guest_slot};
+use support::testbed::{can_run, in_node_ns, up_with_guest_slot};
 use support::{NOBODY, root_or_say, shared_tempdir, text};
-
-/// Runs `f` on a thread inside network namespace `ns` (root may enter it).
-fn in_ns<T: Send + 'static>(ns: String, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let ns = std::fs::File::open(Path::new("/run/netns").join(ns)).unwrap();
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .expect("enter the node's namespace");
-        f()
-    })
-    .join()
-    .unwrap()
-}
 
 /// What a relay link as node `node` (of `size`) brought, naming `uid` and `gid`.
 #[derive(Debug)]
@@ -142,13 +129,12 @@ fn root_of_a_node_acts_through_its_relay_only_as_ordinary_users_with_their_own_g
         .unwrap()
         .gid
         .as_raw();
-    let ns1 = tb.node_ns(1);
 
     // Named as nobody with group root (0), then shadow (42): the job has nobody's own group
     // and groups, and reads no root-group file.
     for gid in [0u32, 42] {
         let (k, i) = (key.clone(), node1.clone());
-        let got = in_ns(ns1.clone(), move || {
+        let got = in_node_ns(&tb, 1, move || {
             relay(addr, k, i, (1, size), (NOBODY, gid), probe())
         });
         let replies = match got {
@@ -170,7 +156,7 @@ fn root_of_a_node_acts_through_its_relay_only_as_ordinary_users_with_their_own_g
     // know: refused, saying why; nothing runs.
     for (uid, why) in [(1u32, "min_uid"), (54_321, "no account")] {
         let (k, i) = (key.clone(), node1.clone());
-        let got = in_ns(ns1.clone(), move || {
+        let got = in_node_ns(&tb, 1, move || {
             relay(addr, k, i, (1, size), (uid, uid), probe())
         });
         match got {
@@ -188,7 +174,7 @@ fn root_of_a_node_acts_through_its_relay_only_as_ordinary_users_with_their_own_g
         .unwrap() as u32;
     let slot_key = cfg.load_node_key("far-node0").unwrap();
     let (k, i) = (key.clone(), slot_key);
-    let got = in_ns(ns1.clone(), move || {
+    let got = in_node_ns(&tb, 1, move || {
         relay(addr, k, i, (slot, size), (NOBODY, NOBODY), probe())
     });
     match got {

@@ -3,6 +3,8 @@
 //! What the storm daemons and tools share, so that each side of every exchange is defined in
 //! one place:
 //!
+//! * [`accept_gate`]: how many unproved connections a network listener holds, in all and per
+//!   source address.
 //! * [`cli_docs`]: man pages and shell completions from the tools' clap definitions.
 //! * [`clock`]: the time the daemons' logic reads (the system's, or a simulation's).
 //! * [`config`]: the cluster file (nodes, backend, timeslice, queue sizes).
@@ -33,6 +35,7 @@
 //! definitions, not behaviour: no threads, and no network access of its own (the control
 //! socket and the readiness socket are local Unix sockets).
 
+pub mod accept_gate;
 pub mod cli_docs;
 pub mod clock;
 pub mod config;

@@ -5,7 +5,8 @@
 //! Threads, each with one job:
 //!
 //! * the **listener** takes the links peers dial, checks each handshake (at most
-//!   [`MAX_HANDSHAKES`] at once, each within [`HANDSHAKE_TIMEOUT`]), then reads that peer's
+//!   [`MAX_HANDSHAKES`] at once, [`MAX_HANDSHAKES_PER_SOURCE`] from one address, each within
+//!   [`HANDSHAKE_TIMEOUT`]; refusals logged within a rate), then reads that peer's
 //!   adverts and echoes each;
 //! * a **dialler** per peer keeps this agent's own link to it: it sends an advert every
 //!   `[federation] advertise_ms` and hears the echoes (the link's round trip), and dials
@@ -27,12 +28,13 @@
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use parking_lot::Mutex;
 use storm_cluster::ClusterConfig;
+use storm_cluster::accept_gate::{AcceptGate, Place};
 use storm_cluster::control::{Client, NodeState, Reply, Request};
 use storm_cluster::federation::{Offer, PeerEntry, PeerMessage};
 use storm_cluster::sealed::WireError;
@@ -44,6 +46,9 @@ use crate::wire;
 
 /// Handshakes that may run at once on the listener.
 pub const MAX_HANDSHAKES: usize = 16;
+/// Of those, from one address: a host without a pair key holds a few, never all, so peers
+/// that dial again after a link drop get in.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 4;
 
 /// A link whose handshake takes longer is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,7 +65,7 @@ struct Agent {
     /// The origin of the echo tokens.
     start: Instant,
     stop: Arc<AtomicBool>,
-    handshakes: AtomicUsize,
+    handshakes: AcceptGate,
     /// This cluster's MM.
     mm: Manager,
     /// Flocking: this cluster's jobs on peers, and peers' jobs here.
@@ -111,7 +116,7 @@ pub fn run(cfg: ClusterConfig, stop: Arc<AtomicBool>) -> Result<()> {
         timeout: cfg.federation.peer_timeout(),
         start: Instant::now(),
         stop,
-        handshakes: AtomicUsize::new(0),
+        handshakes: AcceptGate::new("the peer agent", MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE),
         mm: Manager {
             sockets: cfg.control_sockets(),
             // Half the peer timeout (at most the handshake's): an MM that does not answer
@@ -153,17 +158,14 @@ fn accept(agent: &Arc<Agent>, listener: &TcpListener) {
     while !agent.stopped() {
         match listener.accept() {
             Ok((tcp, from)) => {
-                if agent.handshakes.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-                    tracing::warn!(%from, "too many peer handshakes at once: link dropped");
+                let Some(place) = agent.handshakes.admit(from.ip()) else {
                     continue;
-                }
-                agent.handshakes.fetch_add(1, Ordering::AcqRel);
+                };
                 let a = agent.clone();
                 let spawned = std::thread::Builder::new()
                     .name("peer-in".into())
-                    .spawn(move || serve_inbound(&a, tcp, from));
+                    .spawn(move || serve_inbound(&a, tcp, from, place));
                 if let Err(e) = spawned {
-                    agent.handshakes.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!("cannot serve a peer link: {e}");
                 }
             }
@@ -179,7 +181,7 @@ fn accept(agent: &Arc<Agent>, listener: &TcpListener) {
 }
 
 /// A link a peer dialled: its handshake, then its adverts, each echoed.
-fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr) {
+fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr, place: Place) {
     let claimed = std::cell::RefCell::new(None::<String>);
     let linked = (|| {
         tcp.set_nonblocking(false)?;
@@ -196,11 +198,11 @@ fn serve_inbound(agent: &Arc<Agent>, tcp: TcpStream, from: std::net::SocketAddr)
                 .map(|(_, k)| k.clone())
         })
     })();
-    agent.handshakes.fetch_sub(1, Ordering::AcqRel);
+    drop(place);
     let (name, mut link) = match linked {
         Ok(l) => l,
         Err(e) => {
-            tracing::warn!(%from, "refused a peer link: {e}");
+            agent.handshakes.log_failure(Some(from), &e);
             if let (Some(name), WireError::Refused(why)) = (claimed.into_inner(), &e) {
                 agent
                     .table

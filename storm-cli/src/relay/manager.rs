@@ -3,8 +3,10 @@
 //! overview in [`super`]).
 //!
 //! A peer that has not finished its handshake within [`super::HANDSHAKE_TIMEOUT`] is
-//! dropped, and at most [`MAX_HANDSHAKES`] handshakes run at once, so a host that connects
-//! and says nothing cannot use up the relay's threads. A program arrives as its bytes and is
+//! dropped, and at most [`MAX_HANDSHAKES`] handshakes run at once, at most
+//! [`MAX_HANDSHAKES_PER_SOURCE`] from one address, so a host that connects and says nothing
+//! cannot use up the relay's threads, nor keep the nodes' relays out; refusals are logged
+//! within a rate. A program arrives as its bytes and is
 //! kept in an anonymous memory file with the stamp (size, mode, mtime) of the user's file,
 //! so the MM sees the same program it would have seen on its own host (and its check of a
 //! program in place on the nodes compares the same stamp).
@@ -15,12 +17,13 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use storm_cluster::ClusterConfig;
+use storm_cluster::accept_gate::{AcceptGate, Place};
 use storm_cluster::control::{self, ConnectionCounts, Reply, Request};
 use storm_cluster::identity::Enrolled;
 use storm_cluster::messages::ProgramStamp;
@@ -32,6 +35,8 @@ use super::wire::{self, FRAME_LIMIT, Opened, SealedReader, SealedWriter, Up, Wir
 
 /// Handshakes that may run at once.
 pub const MAX_HANDSHAKES: usize = 64;
+/// Of those, from one source address: a host without the keys holds a few places, never all.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 
 /// What every link's threads share.
 struct ManagerRelay {
@@ -49,7 +54,7 @@ struct ManagerRelay {
     control_sockets: Vec<PathBuf>,
     max_program_bytes: u64,
     counts: ConnectionCounts,
-    handshakes: AtomicUsize,
+    handshakes: AcceptGate,
 }
 
 /// Listens on `[relay] address` and serves node relays until the process ends. SIGHUP reads
@@ -101,7 +106,11 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
         control_sockets,
         max_program_bytes: cfg.limits.max_program_bytes,
         counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
-        handshakes: AtomicUsize::new(0),
+        handshakes: AcceptGate::new(
+            "the control relay",
+            MAX_HANDSHAKES,
+            MAX_HANDSHAKES_PER_SOURCE,
+        ),
     });
     tracing::info!(%addr, mm = ?relay.control_sockets, "relaying the nodes' users to the machine manager");
     storm_cluster::daemon::notify_ready();
@@ -126,23 +135,19 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
                 continue;
             }
         };
-        if relay.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-            relay.handshakes.fetch_sub(1, Ordering::AcqRel);
-            if let Some(n) = refused.allow(std::time::Instant::now()) {
-                tracing::warn!(
-                    "dropping a relay link: {MAX_HANDSHAKES} handshakes are already under way \
-                     ({n} more since)"
-                );
-            }
+        let Some(place) = tcp
+            .peer_addr()
+            .ok()
+            .and_then(|a| relay.handshakes.admit(a.ip()))
+        else {
             continue;
-        }
+        };
         let for_link = relay.clone();
         let spawned = std::thread::Builder::new()
             .name("storm-relay-link".into())
-            .spawn(move || for_link.serve_link(tcp));
+            .spawn(move || for_link.serve_link(tcp, place));
         if let Err(e) = spawned {
-            // Its handshake never began: its place is free again.
-            relay.handshakes.fetch_sub(1, Ordering::AcqRel);
+            // Its handshake never began: its place went with the closure.
             tracing::warn!("cannot start a thread for a relay link: {e}");
         }
     }
@@ -170,7 +175,7 @@ impl ManagerRelay {
         self.enrolled.read().key(name).copied()
     }
 
-    fn serve_link(&self, tcp: TcpStream) {
+    fn serve_link(&self, tcp: TcpStream, place: Place) {
         let peer = tcp.peer_addr().ok();
         super::keep_alive(&tcp);
         let _ = tcp.set_read_timeout(Some(super::HANDSHAKE_TIMEOUT));
@@ -185,19 +190,19 @@ impl ManagerRelay {
             ),
             (Err(e), _) | (_, Err(e)) => Err(WireError::Io(e)),
         };
-        self.handshakes.fetch_sub(1, Ordering::AcqRel);
+        drop(place);
         let (node, link) = match handshake {
             Ok(l) => l,
             Err(WireError::Closed) => {
-                tracing::warn!(
-                    ?peer,
-                    "a relay link closed during its handshake (a node relay that does not \
-                     hold this cluster's key leaves there)"
+                self.handshakes.log_failure(
+                    peer,
+                    &"the link closed during its handshake (a node relay that does not hold \
+                      this cluster's key leaves there)",
                 );
                 return;
             }
             Err(e) => {
-                tracing::warn!(?peer, "refusing a relay link: {e}");
+                self.handshakes.log_failure(peer, &e);
                 return;
             }
         };

@@ -473,3 +473,46 @@ pub fn wait_until(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// One HTTP GET with an optional bearer token; the status code.
+pub fn scrape(addr: &str, token: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the exporter");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Starts `storm metrics` with `args`; the child and the address it serves (or its error).
+pub fn exporter(c: &TestCluster, args: &[&str]) -> (std::process::Child, Result<String, String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_storm"))
+        .arg("--socket")
+        .arg(&c.socket)
+        .arg("metrics")
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("storm metrics: serving http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .map(str::to_string)
+        .ok_or(first);
+    (child, addr)
+}

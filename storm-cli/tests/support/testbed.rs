@@ -351,3 +351,20 @@ pub fn gone_within(pid: u32, limit: Duration) -> bool {
     );
     false
 }
+
+/// Runs `f` on a thread inside node `node`'s network namespace of `tb` (root may enter it):
+/// what a process on that node reaches, from that node's address.
+pub fn in_node_ns<T: Send + 'static>(
+    tb: &Testbed,
+    node: u32,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let ns = std::fs::File::open(Path::new("/run/netns").join(tb.node_ns(node))).unwrap();
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .expect("enter the node's namespace");
+        f()
+    })
+    .join()
+    .unwrap()
+}
