@@ -178,6 +178,7 @@ fn start(args: &FaultsArgs) -> Result<Box<dyn Replicas>> {
         peers: Vec::new(),
         net: storm_cli::testbed::SINGLE_NET,
         guests: Vec::new(),
+        limits: Default::default(),
     })?;
     Ok(Box::new(OnTestbed {
         testbed: Some(testbed),

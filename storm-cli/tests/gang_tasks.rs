@@ -60,6 +60,7 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         peers: Vec::new(),
         net: storm_cli::testbed::SINGLE_NET,
         guests: Vec::new(),
+        limits: Default::default(),
     })
     .expect("testbed up");
     let out = work.path().join("windows");

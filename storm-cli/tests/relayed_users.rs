@@ -10,7 +10,10 @@
 //!   refused;
 //! * a guest slot (a node another cluster lends this one, whose keys sit on the lender's
 //!   node) relays nothing at all (before: root of the lending node ran jobs on the
-//!   borrower's nodes as any user, lease or not).
+//!   borrower's nodes as any user, lease or not);
+//! * programs on their way through the relay are held on disk, not in memory, and one
+//!   user's bytes in transit are bounded (M3; before: memory files of up to 64 GiB a user on
+//!   the MM's host, outside any process's RSS).
 
 mod support;
 
@@ -20,7 +23,7 @@ use std::time::Duration;
 use storm_cli::relay::wire::{self, FRAME_LIMIT, Opened, Up, WireError};
 use storm_cluster::control::{Delivery, JobRequest, PROTOCOL_VERSION, Reply, Request};
 use storm_primitives::tcp::auth::ClusterKey;
-use support::testbed::{can_run, in_node_ns, up_with_guest_slot};
+use support::testbed::{can_run, in_node_ns, up_with_guest_slot, up_with_limits};
 use support::{NOBODY, root_or_say, shared_tempdir, text};
 
 /// What a relay link as node `node` (of `size`) brought, naming `uid` and `gid`.
@@ -198,4 +201,143 @@ fn root_of_a_node_acts_through_its_relay_only_as_ordinary_users_with_their_own_g
         .filter(|l| l.contains("probe"))
         .count();
     assert_eq!(listed, 2, "{}", text(&hist.stdout));
+}
+
+/// Opens a relay link as node 1 naming nobody, and announces a program of `size` bytes,
+/// of which it sends `sent`; returns the link (held open) and the first reply after the
+/// MM's greeting that arrived within `wait`, if any.
+fn announce_program(
+    addr: SocketAddr,
+    key: ClusterKey,
+    identity: ed25519_dalek::SigningKey,
+    size: u32,
+    (size_bytes, sent): (u64, usize),
+    wait: Duration,
+) -> (wire::Link<TcpStream, TcpStream>, Option<Reply>) {
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    let ctl = tcp.try_clone().unwrap();
+    let mut link = wire::handshake_as_node(
+        tcp.try_clone().unwrap(),
+        tcp,
+        &key,
+        1,
+        size,
+        &identity,
+        FRAME_LIMIT,
+    )
+    .unwrap();
+    link.writer
+        .send(&Up::Open {
+            uid: NOBODY,
+            gid: NOBODY,
+            version: PROTOCOL_VERSION,
+        })
+        .unwrap();
+    assert_eq!(link.reader.recv::<Opened>().unwrap(), Opened::Ready);
+    assert!(matches!(
+        link.reader.recv::<Reply>().unwrap(),
+        Reply::Hello { .. }
+    ));
+    link.writer
+        .send(&Up::Program {
+            stamp: storm_cluster::messages::ProgramStamp {
+                size: size_bytes,
+                mtime_s: 0,
+                mtime_ns: 0,
+                mode: 0o755,
+            },
+            regular: true,
+        })
+        .unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    for _ in 0..sent >> 20 {
+        if link.writer.send(&Up::Chunk(chunk.clone())).is_err() {
+            break;
+        }
+    }
+    ctl.set_read_timeout(Some(wait)).unwrap();
+    let reply = link.reader.recv::<Reply>().ok();
+    (link, reply)
+}
+
+/// M3. Root of node 1, as nobody, starts sending a 40 MiB program and holds it half sent; a
+/// second program of 40 MiB from the same user is refused at once, naming the limit (64 MiB
+/// here), while the first is held in a file without a name on disk, not in a memory file.
+/// Once the first link goes, the user's bytes are free again.
+#[test]
+fn a_relayed_users_programs_in_transit_are_bounded_and_on_disk() {
+    let test = "a_relayed_users_programs_in_transit_are_bounded_and_on_disk";
+    if !can_run(test) || !root_or_say(test) {
+        return;
+    }
+    let work = shared_tempdir();
+    let tb = up_with_limits(
+        2,
+        work.path(),
+        storm_cluster::config::LimitsSection {
+            max_spooled_bytes_per_user: 64 << 20,
+            ..Default::default()
+        },
+    );
+    let cfg = storm_cluster::ClusterConfig::load(&tb.config_path).unwrap();
+    let addr = cfg.relay.address.unwrap();
+    let (key, node1, size) = (
+        cfg.load_key().unwrap(),
+        cfg.load_node_key("node1").unwrap(),
+        cfg.node_count(),
+    );
+    let (k, i) = (key.clone(), node1.clone());
+    let (first, said) = in_node_ns(&tb, 1, move || {
+        announce_program(
+            addr,
+            k,
+            i,
+            size,
+            (40 << 20, 20 << 20),
+            Duration::from_millis(500),
+        )
+    });
+    assert!(said.is_none(), "the first program is taken: {said:?}");
+    // What the relay holds it in: a file without a name in its directory, not memory.
+    let relay = tb
+        .pid("storm-relay manager")
+        .expect("the manager-side relay runs");
+    let held: Vec<String> = std::fs::read_dir(format!("/proc/{relay}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        !held.iter().any(|p| p.contains("memfd:")),
+        "the relay holds a program in memory: {held:?}"
+    );
+    assert!(
+        held.iter().any(|p| p.contains("relayed-programs")),
+        "the relay holds the program on disk: {held:?}"
+    );
+    let (k, i) = (key.clone(), node1.clone());
+    let (_second, said) = in_node_ns(&tb, 1, move || {
+        announce_program(addr, k, i, size, (40 << 20, 0), Duration::from_secs(5))
+    });
+    match said {
+        Some(Reply::Error(e)) => assert!(e.contains("max_spooled_bytes_per_user"), "{e}"),
+        other => panic!("a second 40 MiB in transit past a 64 MiB bound: {other:?}"),
+    }
+    drop(first);
+    std::thread::sleep(Duration::from_millis(500));
+    let (_third, said) = in_node_ns(&tb, 1, move || {
+        announce_program(
+            addr,
+            key,
+            node1,
+            size,
+            (40 << 20, 0),
+            Duration::from_millis(500),
+        )
+    });
+    assert!(
+        said.is_none(),
+        "the bytes of a link gone are free again: {said:?}"
+    );
 }

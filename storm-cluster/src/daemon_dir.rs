@@ -229,6 +229,37 @@ impl DaemonDir {
         Ok(File::from(fd))
     }
 
+    /// A new file in this directory with no name (`O_TMPFILE`), mode 0600, for reading and
+    /// writing: it takes disk, not memory, and is gone when its last descriptor closes,
+    /// whatever becomes of this daemon.
+    pub fn anonymous_file(&self) -> std::io::Result<File> {
+        match nix::fcntl::openat(
+            &self.fd,
+            ".",
+            OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        ) {
+            Ok(fd) => Ok(File::from(fd)),
+            // A file system without O_TMPFILE: a fresh name, removed at once.
+            Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
+                let name = format!(".anonymous-{:016x}", rand_u64());
+                let fd = nix::fcntl::openat(
+                    &self.fd,
+                    name.as_str(),
+                    OFlag::O_RDWR
+                        | OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(0o600),
+                )?;
+                nix::unistd::unlinkat(&self.fd, name.as_str(), UnlinkatFlags::NoRemoveDir)?;
+                Ok(File::from(fd))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Opens `name` for reading (never through a symlink).
     pub fn open_file(&self, name: &str) -> std::io::Result<File> {
         self.open_existing(name, OFlag::O_RDONLY)
@@ -524,4 +555,19 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o666);
         assert!(std::os::unix::net::UnixStream::connect(d.join("mm.sock")).is_ok());
     }
+}
+
+/// A random number for a name no one can guess (from the kernel's generator).
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into the live buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // Not reached on Linux since 3.17; the name is only made unlikely to collide then.
+        return std::process::id() as u64
+            ^ (std::time::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.as_nanos() as u64));
+    }
+    u64::from_ne_bytes(b)
 }

@@ -64,6 +64,7 @@ impl Cluster {
                 peers: Vec::new(),
                 net: storm_cli::testbed::SINGLE_NET,
                 guests: Vec::new(),
+                limits: Default::default(),
             })?;
             return Ok(Cluster::Testbed(tb));
         }

@@ -159,6 +159,7 @@ fn run(cli: Cli) -> Result<()> {
                 peers: Vec::new(),
                 net: storm_cli::testbed::SINGLE_NET,
                 guests: Vec::new(),
+                limits: Default::default(),
             };
             if clusters > 1 {
                 let fed = Federation::up(&opts, clusters)?;

@@ -6,11 +6,14 @@
 //! dropped, and at most [`MAX_HANDSHAKES`] handshakes run at once, at most
 //! [`MAX_HANDSHAKES_PER_SOURCE`] from one address, so a host that connects and says nothing
 //! cannot use up the relay's threads, nor keep the nodes' relays out; refusals are logged
-//! within a rate. A program arrives as its bytes and is
-//! kept in an anonymous memory file with the stamp (size, mode, mtime) of the user's file,
+//! within a rate. A program arrives as its bytes and is kept in a file without a name in
+//! the relay's own directory (`<state_dir>/relayed-programs`: disk rather than memory, each
+//! user's bytes in transit bounded by `[limits] max_spooled_bytes_per_user`), with the
+//! stamp (size, mode, mtime) of the user's file,
 //! so the MM sees the same program it would have seen on its own host (and its check of a
 //! program in place on the nodes compares the same stamp).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Seek, Write};
 use std::net::{TcpListener, TcpStream};
@@ -25,6 +28,7 @@ use anyhow::{Context, Result};
 use storm_cluster::ClusterConfig;
 use storm_cluster::accept_gate::{AcceptGate, Place};
 use storm_cluster::control::{self, ConnectionCounts, Reply, Request};
+use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::identity::Enrolled;
 use storm_cluster::messages::ProgramStamp;
 use storm_primitives::NodeId;
@@ -53,6 +57,13 @@ struct ManagerRelay {
     /// it stands beside, for a relay per replica.
     control_sockets: Vec<PathBuf>,
     max_program_bytes: u64,
+    /// Where programs in transit are held: files without names in a directory of the
+    /// relay's own (disk, not memory), `<state_dir>/relayed-programs`.
+    programs: DaemonDir,
+    /// Bytes of programs each user has in transit here, and the most one may
+    /// (`[limits] max_spooled_bytes_per_user`, as the MM's bound on what it holds).
+    in_transit: Mutex<HashMap<u32, u64>>,
+    max_in_transit: u64,
     counts: ConnectionCounts,
     handshakes: AcceptGate,
 }
@@ -65,7 +76,7 @@ struct ManagerRelay {
 /// replica's control socket: while the replica does not lead (it does not listen), a node
 /// relay is told so ([`Opened::NoManager`]) and tries the next replica's relay.
 pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
-    let (addr, control_sockets) = match beside {
+    let (addr, control_sockets, state_dir) = match beside {
         None => {
             if cfg.managers.iter().any(|m| m.relay_address.is_some()) {
                 anyhow::bail!(
@@ -77,7 +88,7 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
                 "the cluster file has no [relay] address: set where the manager-side relay \
                  listens",
             )?;
-            (addr, cfg.control_sockets())
+            (addr, cfg.control_sockets(), cfg.cluster.state_dir.clone())
         }
         Some(i) => {
             let m = &cfg.managers[i];
@@ -88,9 +99,12 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
                     m.name
                 )
             })?;
-            (addr, vec![cfg.as_manager(i).cluster.control_socket])
+            let mine = cfg.as_manager(i).cluster;
+            (addr, vec![mine.control_socket], mine.state_dir)
         }
     };
+    let programs = DaemonDir::open_or_create(&state_dir.join("relayed-programs"), 0o700)
+        .map_err(|e| anyhow::anyhow!("the directory for relayed programs: {e}"))?;
     let key = cfg.load_key()?;
     let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind(addr)
@@ -105,6 +119,9 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
         enrolled: parking_lot::RwLock::new(enrolled),
         control_sockets,
         max_program_bytes: cfg.limits.max_program_bytes,
+        programs,
+        in_transit: Mutex::new(HashMap::new()),
+        max_in_transit: cfg.limits.max_spooled_bytes_per_user,
         counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
         handshakes: AcceptGate::new(
             "the control relay",
@@ -272,7 +289,7 @@ impl ManagerRelay {
         if down_thread.is_err() {
             return;
         }
-        if let Err(msg) = self.carry_up(&mut up, &mm) {
+        if let Err(msg) = self.carry_up(&mut up, &mm, uid) {
             tracing::info!(node = %name, uid, "closing a relayed connection: {msg}");
             down.send(&Reply::Error(msg));
         }
@@ -281,16 +298,24 @@ impl ManagerRelay {
     }
 
     /// Carries a link's requests to the MM until either side goes; an error is for the user.
-    fn carry_up(&self, up: &mut SealedReader<TcpStream>, mm: &UnixStream) -> Result<(), String> {
-        let mut program: Option<OwnedFd> = None;
+    fn carry_up(
+        &self,
+        up: &mut SealedReader<TcpStream>,
+        mm: &UnixStream,
+        uid: u32,
+    ) -> Result<(), String> {
+        let mut program: Option<(OwnedFd, InTransit<'_>)> = None;
         loop {
             match up.recv::<Up>() {
                 Ok(Up::Program { stamp, regular }) => {
-                    program = Some(self.receive_program(up, stamp, regular)?);
+                    // The one before it, if never sent with a request, is let go of first.
+                    drop(program.take());
+                    program = Some(self.receive_program(up, stamp, regular, uid)?);
                 }
                 Ok(Up::Request(req)) => {
-                    let fd = program.take();
-                    if control::send(mm, &req, fd.as_ref().map(|f| f.as_fd())).is_err() {
+                    let held = program.take();
+                    let fd = held.as_ref().map(|(f, _)| f.as_fd());
+                    if control::send(mm, &req, fd).is_err() {
                         return Ok(());
                     }
                 }
@@ -303,19 +328,41 @@ impl ManagerRelay {
         }
     }
 
-    /// A program's bytes, into a memory file that carries the user's file's stamp. What is
-    /// not a regular file arrives as an empty pipe, which the MM refuses as it would the
-    /// user's own descriptor.
+    /// Counts `bytes` more of user `uid`'s programs in transit, or says why not.
+    fn take_in_transit(&self, uid: u32, bytes: u64) -> Result<InTransit<'_>, String> {
+        let mut held = self.in_transit.lock().unwrap_or_else(|e| e.into_inner());
+        let now = held.get(&uid).copied().unwrap_or(0);
+        if now.saturating_add(bytes) > self.max_in_transit {
+            return Err(format!(
+                "the control relay already holds {now} bytes of programs on their way to the \
+                 machine manager for user {uid}; {bytes} more would pass the limit ([limits] \
+                 max_spooled_bytes_per_user = {}); wait for your other submissions",
+                self.max_in_transit
+            ));
+        }
+        held.insert(uid, now + bytes);
+        Ok(InTransit {
+            relay: self,
+            uid,
+            bytes,
+        })
+    }
+
+    /// A program's bytes, into a file without a name in the relay's own directory (disk,
+    /// counted against user `uid`'s bytes in transit) that carries the user's file's stamp.
+    /// What is not a regular file arrives as an empty pipe, which the MM refuses as it would
+    /// the user's own descriptor.
     fn receive_program(
         &self,
         up: &mut SealedReader<TcpStream>,
         stamp: ProgramStamp,
         regular: bool,
-    ) -> Result<OwnedFd, String> {
+        uid: u32,
+    ) -> Result<(OwnedFd, InTransit<'_>), String> {
         if !regular {
             let (read, _write) =
                 nix::unistd::pipe().map_err(|e| format!("cannot make a pipe: {e}"))?;
-            return Ok(read);
+            return Ok((read, self.take_in_transit(uid, 0)?));
         }
         if stamp.size > self.max_program_bytes {
             return Err(format!(
@@ -325,12 +372,11 @@ impl ManagerRelay {
                 stamp.size, self.max_program_bytes
             ));
         }
-        let fd = nix::sys::memfd::memfd_create(
-            c"storm-relayed-program",
-            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
-        )
-        .map_err(|e| format!("cannot hold the program: {e}"))?;
-        let mut file = File::from(fd);
+        let counted = self.take_in_transit(uid, stamp.size)?;
+        let mut file = self
+            .programs
+            .anonymous_file()
+            .map_err(|e| format!("cannot hold the program: {e}"))?;
         let mut got = 0u64;
         while got < stamp.size {
             let chunk = match up.recv::<Up>() {
@@ -350,7 +396,31 @@ impl ManagerRelay {
         let mut file = File::from(fd);
         file.rewind()
             .map_err(|e| format!("cannot hold the program: {e}"))?;
-        Ok(OwnedFd::from(file))
+        Ok((OwnedFd::from(file), counted))
+    }
+}
+
+/// Bytes of a user's program in transit, counted until the program has been handed to the
+/// MM (or given up).
+struct InTransit<'a> {
+    relay: &'a ManagerRelay,
+    uid: u32,
+    bytes: u64,
+}
+
+impl Drop for InTransit<'_> {
+    fn drop(&mut self) {
+        let mut held = self
+            .relay
+            .in_transit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.uid) {
+            *n = n.saturating_sub(self.bytes);
+            if *n == 0 {
+                held.remove(&self.uid);
+            }
+        }
     }
 }
 

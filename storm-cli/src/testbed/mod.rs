@@ -78,6 +78,8 @@ pub struct TestbedOptions {
     /// Guest slots after the nodes (`guest_of`): set by [`federation`] for the nodes of the
     /// other clusters that may be lent to this one. No NM runs there but a lent node's guest.
     pub guests: Vec<NodeEntry>,
+    /// `[limits]` of the cluster.
+    pub limits: storm_cluster::config::LimitsSection,
 }
 
 /// The second octet of a testbed's addresses when it is alone.
@@ -675,7 +677,7 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
         },
         tcp: TcpSection::default(),
         security: Default::default(),
-        limits: Default::default(),
+        limits: opts.limits.clone(),
         ofi: OfiSection::default(),
         scheduler: crate::local::embedded_scheduler(&opts.scheduler, opts.nodes),
         failure: opts.failure.clone(),

@@ -94,6 +94,18 @@ pub fn up_with_sysfs(nodes: u32, work: &Path, sysfs: &Path) -> Testbed {
     })
 }
 
+/// A testbed of `nodes` nodes under `work` with these `[limits]`.
+pub fn up_with_limits(
+    nodes: u32,
+    work: &Path,
+    limits: storm_cluster::config::LimitsSection,
+) -> Testbed {
+    up_options(TestbedOptions {
+        limits,
+        ..options(nodes, work)
+    })
+}
+
 /// What [`up`] builds, for a test to change before [`up_options`].
 fn options(nodes: u32, work: &Path) -> TestbedOptions {
     TestbedOptions {
@@ -113,6 +125,7 @@ fn options(nodes: u32, work: &Path) -> TestbedOptions {
         peers: Vec::new(),
         net: storm_cli::testbed::SINGLE_NET,
         guests: Vec::new(),
+        limits: Default::default(),
     }
 }
 
