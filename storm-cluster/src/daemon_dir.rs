@@ -435,6 +435,21 @@ pub fn hand_over(file: &File, owner: Option<(u32, u32)>, mode: u32) -> std::io::
     Ok(())
 }
 
+/// A random number for a name no one can guess (from the kernel's generator).
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into the live buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // Not reached on Linux since 3.17; the name is only made unlikely to collide then.
+        return std::process::id() as u64
+            ^ (std::time::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.as_nanos() as u64));
+    }
+    u64::from_ne_bytes(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,19 +570,4 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o666);
         assert!(std::os::unix::net::UnixStream::connect(d.join("mm.sock")).is_ok());
     }
-}
-
-/// A random number for a name no one can guess (from the kernel's generator).
-fn rand_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most `b.len()` bytes into the live buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        // Not reached on Linux since 3.17; the name is only made unlikely to collide then.
-        return std::process::id() as u64
-            ^ (std::time::UNIX_EPOCH
-                .elapsed()
-                .map_or(0, |d| d.as_nanos() as u64));
-    }
-    u64::from_ne_bytes(b)
 }
