@@ -464,3 +464,86 @@ fn a_user_who_greets_the_mm_as_a_relay_is_refused() {
         other => panic!("a user acted as a relay: {other:?}"),
     }
 }
+
+/// Waits up to 15 s for `path` to say `text` at least `count` times.
+fn wait_log(path: &std::path::Path, text: &str, count: usize) -> bool {
+    let since = std::time::Instant::now();
+    while since.elapsed() < Duration::from_secs(15) {
+        let n = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .matches(text)
+            .count();
+        if n >= count {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Issue 61, L3: a node's identity key rotated as docs/security.md says (a new key enrolled
+/// with `storm enroll --replace`, the MM's side told with SIGHUP, the new key moved over the
+/// old and the node's daemons told with SIGHUP). The node-side relay died on SIGHUP, and
+/// would have kept the old key: that node's users were locked out. Now it reads the key
+/// again, and a user's next command through it is carried with the new one.
+#[test]
+fn a_nodes_relay_takes_its_rotated_key_on_sighup() {
+    use storm_cluster::identity;
+    let test = "a_nodes_relay_takes_its_rotated_key_on_sighup";
+    if !can_run(test) || !root_or_say(test) {
+        return;
+    }
+    let work = shared_tempdir();
+    let tb = up(2, work.path());
+    let relay = tb.relay_socket(1).display().to_string();
+    let queue = || {
+        on_node_as_nobody(&tb, 1, "storm", &["--socket", &relay, "queue"])
+            .output()
+            .unwrap()
+    };
+    assert!(queue().status.success(), "before the rotation");
+    let signal = |daemon: &str| {
+        let pid = tb.pid(daemon).unwrap_or_else(|| panic!("{daemon} runs"));
+        // SAFETY: signalling a daemon of this test's own testbed.
+        unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    };
+    let cfg = storm_cluster::ClusterConfig::load(&tb.config_path).unwrap();
+    let key_path = cfg.node_key_path("node1");
+    let fresh = key_path.with_extension("new");
+    let new_key = identity::generate(&fresh, storm_cluster::key::NODE_KEY).unwrap();
+    let enroll = Command::new(bin_dir().join("storm"))
+        .arg("--config")
+        .arg(&tb.config_path)
+        .args([
+            "enroll",
+            "--replace",
+            "node1",
+            &identity::public_hex(&new_key),
+        ])
+        .output()
+        .unwrap();
+    assert!(enroll.status.success(), "{}", text(&enroll.stderr));
+    signal("storm-relay manager");
+    assert!(wait_log(
+        &tb.dir.join("storm-relay-manager.log"),
+        "read the enrolled nodes' keys again",
+        1
+    ));
+    std::fs::rename(&fresh, &key_path).unwrap();
+    signal("storm-relay node1");
+    assert!(
+        wait_log(
+            &tb.dir.join("storm-relay-node1.log"),
+            "read this node's identity key again",
+            1
+        ) || queue().status.success(),
+        "the relay said nothing of the key"
+    );
+    let out = queue();
+    assert!(
+        out.status.success(),
+        "node 1's user after the key's rotation: {}\n{}",
+        text(&out.stderr),
+        support::testbed::logs(&tb)
+    );
+}

@@ -20,7 +20,6 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,8 +108,6 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
     let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind(addr)
         .with_context(|| format!("cannot listen on [relay] address {addr}"))?;
-    let reload = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
     let relay = Arc::new(ManagerRelay {
         addr,
         key,
@@ -129,19 +126,20 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
             MAX_HANDSHAKES_PER_SOURCE,
         ),
     });
+    // SIGHUP reads the enrolled nodes' keys again, at once, as it does for the MM.
+    let reloaded = relay.clone();
+    let enrolled_cfg = cfg.clone();
+    super::on_sighup(move || match enrolled_cfg.load_enrolled() {
+        Ok(e) => {
+            *reloaded.enrolled.write() = e;
+            tracing::info!("read the enrolled nodes' keys again");
+        }
+        Err(e) => tracing::error!("keeping the enrolled nodes' keys in use: {e}"),
+    })?;
     tracing::info!(%addr, mm = ?relay.control_sockets, "relaying the nodes' users to the machine manager");
     storm_cluster::daemon::notify_ready();
     let mut refused = LogLimit::new(Duration::from_secs(10));
     for conn in listener.incoming() {
-        if reload.swap(false, Ordering::AcqRel) {
-            match cfg.load_enrolled() {
-                Ok(e) => {
-                    *relay.enrolled.write() = e;
-                    tracing::info!("read the enrolled nodes' keys again");
-                }
-                Err(e) => tracing::error!("keeping the enrolled nodes' keys in use: {e}"),
-            }
-        }
         let tcp = match conn {
             Ok(t) => t,
             Err(e) => {

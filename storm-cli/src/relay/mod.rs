@@ -47,6 +47,20 @@ pub(crate) fn keep_alive(sock: &TcpStream) {
     let _ = sock.set_nodelay(true);
 }
 
+/// Runs `reload` on a thread of its own each time the process gets SIGHUP, as it comes (not
+/// at the next connection).
+pub(crate) fn on_sighup(mut reload: impl FnMut() + Send + 'static) -> std::io::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
+    std::thread::Builder::new()
+        .name("storm-relay-sighup".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                reload();
+            }
+        })?;
+    Ok(())
+}
+
 /// How long either side waits for the other's part of a handshake.
 pub(crate) const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 

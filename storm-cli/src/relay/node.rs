@@ -5,7 +5,8 @@
 //! requests up (turning a program's descriptor into its stamp and bytes), one carries the
 //! MM's replies down. Nothing one user does holds up another's connection: a user who stops
 //! reading stalls only their own link's thread, and `[limits] max_connections_per_user`
-//! bounds what one user may hold here.
+//! bounds what one user may hold here. SIGHUP reads this node's identity key again, for
+//! the connections made after it (node key rotation).
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpStream};
@@ -49,7 +50,9 @@ struct NodeRelay {
     key: ClusterKey,
     node: NodeId,
     cluster_size: u32,
-    identity: SigningKey,
+    /// This node's identity key, read again on SIGHUP (node key rotation, docs/security.md):
+    /// links opened after take the new one.
+    identity: parking_lot::RwLock<SigningKey>,
     max_request_bytes: usize,
     max_program_bytes: u64,
     counts: ConnectionCounts,
@@ -65,6 +68,7 @@ pub fn serve(cfg: ClusterConfig, node: NodeId) -> Result<()> {
         );
     }
     let name = cfg.nodes[node as usize].name.clone();
+    let cfg_name = name.clone();
     let key = cfg.load_key()?;
     let identity = cfg.load_node_key(&name)?;
     let path = cfg.relay.socket_of(&name);
@@ -90,12 +94,22 @@ pub fn serve(cfg: ClusterConfig, node: NodeId) -> Result<()> {
         key,
         node,
         cluster_size: cfg.node_count(),
-        identity,
+        identity: parking_lot::RwLock::new(identity),
         max_request_bytes: cfg.limits.max_request_bytes as usize,
         max_program_bytes: cfg.limits.max_program_bytes,
         counts: ConnectionCounts::new(cfg.limits.max_connections_per_user),
     });
-    tracing::info!(node = %name, socket = %path.display(), ?managers, "relaying users' control connections");
+    // SIGHUP reads this node's identity key again, at once (its default action would end
+    // the relay).
+    let reloaded = relay.clone();
+    super::on_sighup(move || match cfg.load_node_key(&name) {
+        Ok(k) => {
+            *reloaded.identity.write() = k;
+            tracing::info!("read this node's identity key again");
+        }
+        Err(e) => tracing::error!("keeping this node's identity key in use: {e}"),
+    })?;
+    tracing::info!(node = %cfg_name, socket = %path.display(), ?managers, "relaying users' control connections");
     storm_cluster::daemon::notify_ready();
     for conn in listener.incoming() {
         match conn {
@@ -251,7 +265,7 @@ impl NodeRelay {
             &self.key,
             self.node,
             self.cluster_size,
-            &self.identity,
+            &self.identity.read().clone(),
             FRAME_LIMIT,
         )
         .map_err(failed)?;
