@@ -788,3 +788,54 @@ fn the_mms_key_and_a_nodes_key_are_rotated_without_a_restart() {
         "node 1's old key is still taken"
     );
 }
+
+/// Issue 61, L4: `mm.pub` says whose seals a node obeys. Left writable by others (mode
+/// 0666), a local user (`nobody`) appends a key of their own, and the node manager is told to
+/// read its keys again (SIGHUP, as in a rotation). Before, any owner and mode were taken, and
+/// the user's key would have been the MM's to that node. Now the node refuses the file,
+/// saying why, keeps the keys it had, and the cluster runs on.
+#[test]
+fn a_public_key_file_others_may_write_is_not_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let test = "a_public_key_file_others_may_write_is_not_trusted";
+    if !support::root_or_say(test) {
+        return;
+    }
+    let c = TestCluster::with(storm_cli::local::LocalOptions {
+        cpus: Some(support::TEST_CPUS),
+        log_filter: Some("info".into()),
+        ..storm_cli::local::LocalOptions::new(1)
+    });
+    let cfg = c.cluster.as_ref().unwrap().config.clone();
+    let (_, public) = cfg.mm_key_paths();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let theirs = storm_cluster::identity::public_hex(
+        &ed25519_dalek::SigningKey::from_bytes(&[9; 32]).verifying_key(),
+    );
+    let appended = std::process::Command::new("sh")
+        .args(["-c", &format!("echo {theirs} >> '{}'", public.display())])
+        .uid(support::NOBODY)
+        .gid(support::NOBODY)
+        .status()
+        .unwrap();
+    assert!(
+        appended.success(),
+        "nobody can write the file, as the test sets it"
+    );
+    sighup(daemon_pid(&c, "storm-nm node0"));
+    let log = c.root.join("node0.log");
+    assert!(
+        wait_log(&log, "can be written by other users", 1),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("read the MM's public keys again"),
+        "the node took a public key file others may write"
+    );
+    let out = c.submit(&["/bin/echo", "still obeys its MM"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

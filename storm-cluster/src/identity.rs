@@ -66,16 +66,62 @@ pub fn parse_public(text: &str) -> Result<VerifyingKey, String> {
     VerifyingKey::from_bytes(&bytes).map_err(|e| format!("not an ed25519 public key: {e}"))
 }
 
-/// Reads a public key file: one key per line (64 hex digits; `#` comments). More than one
-/// while a key is rotated: a seal of any of them is the MM's.
-pub fn load_public(path: &Path) -> Result<Vec<VerifyingKey>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "the MM's public key {}: {e} (make it with `storm keygen --mm` on the MM's host, \
-             and copy it next to the cluster file)",
+/// Reads a trust anchor: a file of public keys whose every line decides whom a daemon
+/// obeys (`mm.pub`) or takes as a node (`nodes.pub`). Anyone may read it; only root, or the
+/// user this daemon runs as, may have written it: it must belong to one of them and be
+/// writable by no one else (a line added by another user would make their key the MM's).
+/// It is opened without following a symlink, and judged by what was opened. `what` names it
+/// in errors, with `hint` for a missing file.
+pub fn read_trust_anchor(path: &Path, what: &str, hint: &str) -> Result<String, String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => format!("{what} {} is a symlink: refused", path.display()),
+            _ => format!("{what} {}: {e} ({hint})", path.display()),
+        })?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.is_file() {
+        return Err(format!("{what} {} is not a regular file", path.display()));
+    }
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(format!(
+            "{what} {} belongs to uid {}: it decides whom this daemon trusts, so it must be \
+             root's (or this daemon's user's): run `chown root {}`, and check its keys",
+            path.display(),
+            meta.uid(),
             path.display()
-        )
-    })?;
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{what} {} can be written by other users (mode {:04o}): run `chmod go-w {}`, and \
+             check its keys",
+            path.display(),
+            meta.mode() & 0o7777,
+            path.display()
+        ));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(&mut f, 16 << 20), &mut text)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    Ok(text)
+}
+
+/// Reads a public key file: one key per line (64 hex digits; `#` comments). More than one
+/// while a key is rotated: a seal of any of them is the MM's. A trust anchor
+/// ([`read_trust_anchor`]).
+pub fn load_public(path: &Path) -> Result<Vec<VerifyingKey>, String> {
+    let text = read_trust_anchor(
+        path,
+        "the MM's public key",
+        "make it with `storm keygen --mm` on the MM's host, and copy it next to the cluster file",
+    )?;
     let keys = text
         .lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())
@@ -91,7 +137,15 @@ pub fn load_public(path: &Path) -> Result<Vec<VerifyingKey>, String> {
 
 /// Writes a public key file (world-readable).
 pub fn write_public(path: &Path, key: &VerifyingKey) -> std::io::Result<()> {
-    std::fs::write(path, format!("{}\n", public_hex(key)))
+    write_anchor(path, &format!("{}\n", public_hex(key)))
+}
+
+/// Writes a trust anchor (`mm.pub`, `nodes.pub`): mode 0644 whatever the umask, so that it
+/// is read by everyone and trusted ([`read_trust_anchor`]).
+pub fn write_anchor(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -136,15 +190,13 @@ impl Enrolled {
         Ok(Self { keys })
     }
 
-    /// Reads the enrollment file at `path`.
+    /// Reads the enrollment file at `path`, a trust anchor ([`read_trust_anchor`]).
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            format!(
-                "the enrolled nodes' keys {}: {e} (each node's `storm keygen --node NAME` \
-                 prints its line)",
-                path.display()
-            )
-        })?;
+        let text = read_trust_anchor(
+            path,
+            "the enrolled nodes' keys",
+            "each node's `storm keygen --node NAME` prints its line",
+        )?;
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -387,7 +439,7 @@ pub fn generate_for_one_host(dir: &Path, nodes: &[&str]) -> Result<(), KeyError>
         let public = generate(&keys.join(format!("{name}.key")), crate::key::NODE_KEY)?;
         enrolled.insert(name, public);
     }
-    std::fs::write(dir.join("nodes.pub"), enrolled.to_text()).map_err(io(dir.join("nodes.pub")))
+    write_anchor(&dir.join("nodes.pub"), &enrolled.to_text()).map_err(io(dir.join("nodes.pub")))
 }
 
 /// Points `cfg`'s key files at those [`generate_for_one_host`] makes in `dir`.
@@ -413,6 +465,43 @@ pub fn key_path(dir: &Path, pattern: &Path, node: Option<&str>) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
+    /// `mm.pub` and `nodes.pub` decide whom a daemon obeys and takes as a node: one that
+    /// others may write, that another user owns, or a symlink is refused, naming the fix
+    /// (issue 61, L4; before, any owner and mode were taken, so a user who could write
+    /// `mm.pub` had their key obeyed). Readable by all is fine: they are public.
+    #[test]
+    fn a_trust_anchor_others_could_have_written_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = SigningKey::from_bytes(&[3; 32]).verifying_key();
+        let mm = dir.path().join("mm.pub");
+        write_public(&mm, &key).unwrap();
+        assert_eq!(load_public(&mm).unwrap(), vec![key]);
+        let nodes = dir.path().join("nodes.pub");
+        write_anchor(&nodes, &format!("n0 {}\n", public_hex(&key))).unwrap();
+        assert!(Enrolled::load(&nodes).is_ok());
+        for mode in [0o666, 0o646, 0o664] {
+            std::fs::set_permissions(&mm, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = load_public(&mm).unwrap_err();
+            assert!(err.contains("chmod go-w"), "{mode:o}: {err}");
+            std::fs::set_permissions(&nodes, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = Enrolled::load(&nodes).unwrap_err();
+            assert!(err.contains("chmod go-w"), "{mode:o}: {err}");
+        }
+        std::fs::set_permissions(&mm, std::fs::Permissions::from_mode(0o644)).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&mm, Some(65534), None).unwrap();
+            let err = load_public(&mm).unwrap_err();
+            assert!(err.contains("belongs to uid 65534"), "{err}");
+            std::os::unix::fs::chown(&mm, Some(0), None).unwrap();
+        }
+        let link = dir.path().join("link.pub");
+        std::os::unix::fs::symlink(&mm, &link).unwrap();
+        let err = load_public(&link).unwrap_err();
+        assert!(err.contains("symlink"), "{err}");
+    }
+
     use super::*;
     use crate::messages::{LaunchSpec, MpiMode, Program};
 

@@ -544,7 +544,7 @@ fn enroll(config: Option<PathBuf>, name: &str, key: &str, replace: bool) -> Resu
     enrolled.insert(name, public);
     // Written aside and renamed, so the MM never reads half a file.
     let partial = path.with_extension("partial");
-    std::fs::write(&partial, enrolled.to_text())
+    storm_cluster::identity::write_anchor(&partial, &enrolled.to_text())
         .and_then(|()| std::fs::rename(&partial, &path))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!(
