@@ -654,6 +654,31 @@ fn a_key_file_exposed_while_the_daemons_run_is_made_private_again() {
     assert!(log.contains("rotate it"), "{log}");
 }
 
+/// Issue 61, N2b: with the default look every 60 s, a key file made readable stayed so for up
+/// to a minute unless the daemon got SIGHUP (anyone could copy it meanwhile). Now the daemons
+/// follow their key files' directories and make an exposed one private again at once: here
+/// within two seconds, with the timer a minute away.
+#[test]
+fn a_key_file_exposed_is_made_private_again_at_once_not_at_the_next_look() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = TestCluster::start(1);
+    let key = c.root.join("storm.key");
+    // The daemons are up and watching.
+    assert!(c.submit(&["/bin/true"]).status.success());
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let since = std::time::Instant::now();
+    let mode = || std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    while mode() != 0o600 && since.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        mode(),
+        0o600,
+        "the key file stayed readable by others for {:?} (the next timed look is 60 s away)",
+        since.elapsed()
+    );
+}
+
 /// Keys are rotated without a restart and without harming a running job: the MM's signing
 /// key (its new public key beside the old on the nodes, SIGHUP to the nodes, the new secret
 /// key on the MM, SIGHUP to the MM, the old public key removed) and node 1's identity key

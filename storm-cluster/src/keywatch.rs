@@ -8,6 +8,12 @@
 //! and the daemon says loudly that the key may be in other hands and must be rotated. On
 //! SIGHUP the daemon also reads its keys again, which is how keys are rotated without a
 //! restart (docs/security.md).
+//!
+//! Between those looks, a thread of the watch follows the key files' directories with
+//! inotify: a key file whose mode or owner changes, or that is replaced, is looked at at once
+//! (a `chmod 644` is undone within milliseconds, not at the next timer).
+
+use std::collections::BTreeMap;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -39,6 +45,13 @@ impl KeyWatch {
     pub fn new(files: Vec<(&'static str, PathBuf)>, every: Duration) -> std::io::Result<Self> {
         let reload = Arc::new(AtomicBool::new(false));
         signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())?;
+        if let Err(e) = watch_changes(&files) {
+            tracing::warn!(
+                "key files are looked at every {} s and on SIGHUP only: cannot follow their \
+                 changes ({e})",
+                every.as_secs()
+            );
+        }
         Ok(Self {
             files,
             every: every.max(Duration::from_secs(1)),
@@ -64,6 +77,63 @@ impl KeyWatch {
         }
         if reload { Due::Reload } else { Due::Checked }
     }
+}
+
+/// Starts a thread that looks at a key file of `files` as soon as inotify says its mode,
+/// owner or content changed, or it was replaced, in its directory. It runs for the rest of
+/// the process.
+fn watch_changes(files: &[(&'static str, PathBuf)]) -> std::io::Result<()> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(std::io::Error::from)?;
+    // Each watched directory, with the key files in it by name.
+    let mut dirs: BTreeMap<PathBuf, Vec<(&'static str, PathBuf)>> = BTreeMap::new();
+    for (what, path) in files {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        dirs.entry(dir.to_path_buf())
+            .or_default()
+            .push((what, path.clone()));
+    }
+    let mut by_watch = Vec::new();
+    for (dir, in_it) in dirs {
+        let wd = inotify
+            .add_watch(
+                &dir,
+                AddWatchFlags::IN_ATTRIB
+                    | AddWatchFlags::IN_CREATE
+                    | AddWatchFlags::IN_MOVED_TO
+                    | AddWatchFlags::IN_CLOSE_WRITE,
+            )
+            .map_err(std::io::Error::from)?;
+        by_watch.push((wd, in_it));
+    }
+    std::thread::Builder::new()
+        .name("storm-keywatch".into())
+        .spawn(move || {
+            loop {
+                let events = match inotify.read_events() {
+                    Ok(e) => e,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        tracing::warn!("following the key files' changes stopped: {e}");
+                        return;
+                    }
+                };
+                for ev in events {
+                    let Some((_, in_it)) = by_watch.iter().find(|(wd, _)| *wd == ev.wd) else {
+                        continue;
+                    };
+                    for (what, path) in in_it {
+                        if ev.name.as_deref() == path.file_name() {
+                            check_private(what, path);
+                        }
+                    }
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// Makes the key file at `path` private again if it is not: mode 0600, this process's user.

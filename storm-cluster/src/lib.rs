@@ -31,9 +31,10 @@
 //! * [`daemon`]: the daemons' process plumbing: logging, stop signals, readiness
 //!   notification.
 //!
-//! Apart from [`endpoint`], which hands the daemons their `storm-primitives` node, it holds
-//! definitions, not behaviour: no threads, and no network access of its own (the control
-//! socket and the readiness socket are local Unix sockets).
+//! Apart from [`endpoint`], which hands the daemons their `storm-primitives` node, and
+//! [`keywatch`], whose thread follows the key files' directories, it holds definitions, not
+//! behaviour: no threads, and no network access of its own (the control socket and the
+//! readiness socket are local Unix sockets).
 
 pub mod accept_gate;
 pub mod cli_docs;
