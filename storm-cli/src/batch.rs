@@ -202,7 +202,7 @@ pub fn request(
         name: job_name,
         program: script,
         args: args.command.iter().skip(1).cloned().collect(),
-        env: submit::export_env(shape.export.as_deref(), env)?,
+        env: submit::with_umask(submit::export_env(shape.export.as_deref(), env)?),
         cwd,
         tasks: shape.tasks(),
         // sbatch copies the script at submission: later edits do not change the job.

@@ -85,6 +85,27 @@ pub fn export_env(
     Ok(env)
 }
 
+/// `env` with `STORM_UMASK` set to this process's umask, unless it is set already: the job's
+/// tasks make their files under the submitter's mask, as Slurm's `SLURM_UMASK` has them do
+/// (a user under `umask 077` does not get output others may read).
+pub fn with_umask(mut env: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
+    if env.iter().any(|(k, _)| k == "STORM_UMASK") {
+        return env;
+    }
+    if let Some(mask) = current_umask() {
+        env.push(("STORM_UMASK".into(), format!("{mask:04o}").into()));
+    }
+    env
+}
+
+/// This process's umask, read from `/proc/self/status` (reading it with `umask(2)` would
+/// change it for a moment).
+pub fn current_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
+}
+
 /// Where output goes and how it is labelled.
 pub struct OutputSink {
     label: bool,

@@ -624,6 +624,16 @@ impl<E: NmEnv> NodeManager<E> {
                     .to_string(),
             ),
         ];
+        // The submitter's umask (`STORM_UMASK`, set by storm-submit and storm batch; the
+        // launcher applies it to the task), kept if it is one.
+        if let Some((_, v)) = spec.env.iter().rev().find(|(k, _)| k == "STORM_UMASK")
+            && let Some(mask) = v
+                .to_str()
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+                .filter(|m| *m <= 0o777)
+        {
+            ours.push(("STORM_UMASK", format!("{mask:04o}")));
+        }
         // The user's variables with these prefixes are replaced by ours.
         let mut ours_prefixes = vec!["STORM_"];
         // An element of a job array, as Slurm's SLURM_ARRAY_* say it.

@@ -23,9 +23,10 @@
 //! 4. the user's groups, group and user (when the launcher runs as root), and the memory
 //!    marked not to be traced (it is the launcher's until the exec);
 //! 5. death with the launcher (after the change of user, which would clear it);
-//! 6. the working directory, reached with the user's rights;
-//! 7. a batch script's output and error files, opened (created, truncated) with the user's
-//!    rights, in place of its standard output and error;
+//! 6. the submitter's umask (`STORM_UMASK`), then the working directory, reached with the
+//!    user's rights;
+//! 7. a batch script's output and error files, opened (created, truncated, mode 0666 less
+//!    the umask) with the user's rights, in place of its standard output and error;
 //! 8. the program, executed with the user's rights.
 //!
 //! A step that fails records which step and the error number where the launcher reads them
@@ -107,6 +108,21 @@ pub struct TaskImage {
     launcher: libc::pid_t,
     /// Files for standard output and error (a batch script's), opened in the child.
     files: OutputFiles,
+    /// The submitter's file-creation mask (`STORM_UMASK` in the task's environment, as its
+    /// submitter's command set it; Slurm's `SLURM_UMASK`), set in the child before it opens
+    /// or makes anything; `None` keeps the launcher's.
+    umask: Option<u32>,
+}
+
+/// The variable that carries the submitter's umask to its tasks (octal, as `umask` prints
+/// it).
+pub const UMASK_VAR: &str = "STORM_UMASK";
+
+/// The umask `STORM_UMASK` in `env` names, if it names one (octal, at most 0777).
+pub fn umask_of(env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Option<u32> {
+    let (_, v) = env.iter().rev().find(|(k, _)| k == UMASK_VAR)?;
+    let m = u32::from_str_radix(v.to_str()?.trim(), 8).ok()?;
+    (m <= 0o777).then_some(m)
 }
 
 /// Where a task's standard output and error go instead of the NM's pipes: a batch script's
@@ -174,6 +190,7 @@ impl TaskImage {
             // SAFETY: getpid has no preconditions.
             launcher: unsafe { libc::getpid() },
             files,
+            umask: umask_of(&spec.env),
         })
     }
 }
@@ -436,6 +453,11 @@ extern "C" fn run_child(arg: *mut c_void) -> libc::c_int {
         // The launcher died before the setting took effect.
         sys(libc::SYS_exit_group, [137, 0, 0, 0]);
     }
+    // The submitter's mask, before anything is made: the batch files below, and what the
+    // program makes.
+    if let Some(mask) = image.umask {
+        sys(libc::SYS_umask, [mask as usize, 0, 0, 0]);
+    }
     let r = sys(libc::SYS_chdir, [image.cwd.as_ptr() as usize, 0, 0, 0]);
     if r != 0 {
         fail(Step::Directory, r);
@@ -450,7 +472,8 @@ extern "C" fn run_child(arg: *mut c_void) -> libc::c_int {
                 libc::AT_FDCWD as isize as usize,
                 path.as_ptr() as usize,
                 flags as usize,
-                0o644,
+                // Less the umask, as a shell's redirection makes it.
+                0o666,
             ],
         );
         if fd < 0 {

@@ -389,7 +389,10 @@ fn run(args: Args) -> Result<i32, String> {
         }
         Err(e) => return Err(e),
     };
-    let env = submit::export_env(shape.export.as_deref(), std::env::vars_os())?;
+    let env = submit::with_umask(submit::export_env(
+        shape.export.as_deref(),
+        std::env::vars_os(),
+    )?);
     let file = if args.no_bcast {
         None
     } else {
