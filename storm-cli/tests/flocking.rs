@@ -275,19 +275,17 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     // Home's one node is taken whole by a job that stays home.
     let (blocker, blocker_id) = take_home_node(&home);
 
-    // --flock: runs on away; output and exit code come home.
+    // --flock: runs on away; output and exit code come home. It also tries to submit a job
+    // of its own at away (issue 61, L1): refused, as the account away runs home's jobs as
+    // (before, it ran as an ordinary job of away's, and outlived the flocked job).
+    let inner = format!(
+        "echo hello from afar; env -u STORM_JOB_ID {} --socket \"$STORM_SOCKET\" /bin/true 2>&1; \
+         exit 3",
+        env!("CARGO_BIN_EXE_storm-submit")
+    );
     let out = home.submit_as(
         NOBODY,
-        &[
-            "--flock",
-            "-N",
-            "1",
-            "-D",
-            "/tmp",
-            "sh",
-            "-c",
-            "echo hello from afar; exit 3",
-        ],
+        &["--flock", "-N", "1", "-D", "/tmp", "sh", "-c", &inner],
     );
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert_eq!(
@@ -298,6 +296,10 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
     assert!(
         stdout.contains("hello from afar"),
         "its output: {stdout:?}; stderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("submits no jobs of its own"),
+        "a flocked job's own submission at away: {stdout:?}"
     );
     assert!(
         stderr.contains("flocked to peer cluster fl-away"),

@@ -199,10 +199,20 @@ fn a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender() 
         (state_of(&borrower, "lt-lend-node0") != "idle")
             .then(|| state_of(&borrower, "lt-lend-node0"))
     });
+    // The task also tries to submit jobs of its own (issue 61, L1): through its STORM_SOCKET,
+    // and straight to the lender's MM, as the lender's account for the borrower.
     let probe = support::script(
         shared.path(),
         "probe.sh",
-        "echo \"$STORM_NODENAME uid=$(id -u)\"\n",
+        &format!(
+            "echo \"$STORM_NODENAME uid=$(id -u)\"\n\
+             if [ \"$STORM_NODENAME\" = lt-lend-node0 ]; then\n\
+               {submit} --socket \"$STORM_SOCKET\" /bin/true 2>&1 | head -c 300; echo\n\
+               env -u STORM_JOB_ID {submit} --socket {lender_sock} /bin/true 2>&1 | head -c 400; echo\n\
+             fi\n",
+            submit = env!("CARGO_BIN_EXE_storm-submit"),
+            lender_sock = lender.socket.display(),
+        ),
     );
     let out = borrower.submit_as(
         NOBODY,
@@ -211,6 +221,19 @@ fn a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender() 
     let said = text(&out.stdout);
     assert!(out.status.success(), "{said}{}", text(&out.stderr));
     assert!(said.contains("lt-lend-node0 uid=1"), "{said}");
+    assert!(
+        said.contains("no-machine-manager-is-reachable-from-a-lent-node"),
+        "a borrowed task's STORM_SOCKET reaches no MM: {said}"
+    );
+    assert!(
+        said.contains("flock_user") && said.contains("submits no jobs of its own"),
+        "the lender's MM refuses a job of the borrower's account: {said}"
+    );
+    let q = text(&lender.storm(&["history"]).stdout);
+    assert!(
+        !q.lines().any(|l| l.contains("true")),
+        "a job of the borrower's account ran at the lender: {q}"
+    );
     for marker in [&pl_ran, &health_ran] {
         assert!(!marker.exists(), "a planted script ran");
     }

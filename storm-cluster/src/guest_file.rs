@@ -84,6 +84,10 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
 pub const CLUSTER_KEY: &str = "storm.key";
 /// The borrower's MM's public key, beside the guest file.
 pub const MM_PUBLIC_KEY: &str = "mm.pub";
+/// What a borrowed job's tasks get as `STORM_SOCKET` on a lent node: a name in the guest's
+/// spool (which no user can make), saying why nothing answers there.
+pub const NO_CONTROL_SOCKET: &str = "no-machine-manager-is-reachable-from-a-lent-node";
+
 /// Each guest slot's identity key, beside the guest file (`{node}`: the slot's name).
 pub const SLOT_KEY: &str = "keys/{node}.key";
 
@@ -312,7 +316,10 @@ fn with_lenders_settings(
     c.pmi_library = lender.cluster.pmi_library.clone();
     c.cgroups = lender.cluster.cgroups;
     c.state_dir = lender.cluster.state_dir.clone();
-    c.control_socket = lender.cluster.control_socket.clone();
+    // What its tasks get as STORM_SOCKET: neither this cluster's MM (its jobs are the
+    // peer's) nor the peer's (whose control socket is on the peer's host, and whose relays
+    // take no guest slot). A storm command inside a borrowed job says it cannot reach it.
+    c.control_socket = spool.join(NO_CONTROL_SOCKET);
     c.key_file = Some(dir.join(CLUSTER_KEY));
     c.mm_public_key_file = Some(dir.join(MM_PUBLIC_KEY));
     c.node_key_file = Some(dir.join(SLOT_KEY));

@@ -317,7 +317,14 @@ fn assemble(
         Commits::Group(r, _) => Some(r.clone()),
         Commits::Disk(_) => None,
     };
-    let env = DaemonEnv::new(fabric.clone(), waker, programs, commits, enrolled);
+    let env = DaemonEnv::new(
+        fabric.clone(),
+        waker,
+        programs,
+        commits,
+        enrolled,
+        peer_accounts(cfg),
+    );
     let parts = MmParts {
         config: cfg.clone(),
         rm,
@@ -505,6 +512,9 @@ pub struct DaemonEnv {
     saver: Saver,
     /// Writes the journal's batches (on a thread of its own, or through the manager group).
     commits: Commits,
+    /// The local accounts peers' jobs run as (`[[peer]] flock_user` of peers this cluster
+    /// lends to), by uid, with the peer's name: resolved once, at start.
+    peer_accounts: HashMap<u32, String>,
 }
 
 /// A core that stops (a shutdown, or a replica that no longer leads) leaves nothing running:
@@ -533,6 +543,21 @@ impl std::fmt::Debug for DaemonEnv {
     }
 }
 
+/// The local accounts the peers this cluster lends to run their jobs as (their
+/// `flock_user`), by uid; an account this host does not know is left out (its peer's jobs are
+/// refused anyway, by the peer agent).
+fn peer_accounts(cfg: &ClusterConfig) -> HashMap<u32, String> {
+    cfg.peers
+        .iter()
+        .filter(|p| p.lend)
+        .filter_map(|p| {
+            let name = p.flock_user.as_ref()?;
+            let user = nix::unistd::User::from_name(name).ok()??;
+            Some((user.uid.as_raw(), p.name.clone()))
+        })
+        .collect()
+}
+
 impl DaemonEnv {
     fn new(
         fabric: Arc<dyn Primitives>,
@@ -540,6 +565,7 @@ impl DaemonEnv {
         store: Option<ProgramStore>,
         commits: Commits,
         enrolled: Arc<parking_lot::RwLock<Enrolled>>,
+        peer_accounts: HashMap<u32, String>,
     ) -> Self {
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
         Self {
@@ -557,6 +583,7 @@ impl DaemonEnv {
             saver: Saver::new(store.clone()),
             store,
             commits,
+            peer_accounts,
         }
     }
 
@@ -663,6 +690,10 @@ impl MmEnv for DaemonEnv {
 
     fn operator_uid(&self) -> u32 {
         nix::unistd::geteuid().as_raw()
+    }
+
+    fn peer_account(&self, uid: u32) -> Option<&str> {
+        self.peer_accounts.get(&uid).map(String::as_str)
     }
 
     fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {

@@ -129,6 +129,12 @@ pub trait MmEnv {
     fn clock(&self) -> &dyn Clock;
     /// The user who may act as operator besides root (the MM's own user).
     fn operator_uid(&self) -> u32;
+    /// The peer cluster whose jobs run here as local account `uid` (a `[[peer]]` this
+    /// cluster lends to names it as its `flock_user`), if any: that account submits no jobs
+    /// of its own (docs/federation.md). The host reads the user database; none by default.
+    fn peer_account(&self, _uid: u32) -> Option<&str> {
+        None
+    }
     /// The replicas of the manager group this MM leads, as it sees them (`storm managers`);
     /// a single MM, itself alone.
     fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {

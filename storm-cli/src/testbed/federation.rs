@@ -11,8 +11,8 @@
 //! names the others' guest files (`DIR/c<k>/guest/cluster.toml`, their topology and keys)
 //! as its `[[peer]] guest_file`, so any node may be lent (`storm lend`). Cutting a cluster's `fed0` cuts its lent nodes off from their borrowers too. Every pair of clusters shares a
 //! pair key (`DIR/keys/c<i>-c<j>.key`); each cluster lends to and borrows from every other,
-//! and runs their jobs as its dedicated account, `nobody` (`flock_user`; `same_users` is off,
-//! the default).
+//! and runs their jobs as its dedicated account, [`FLOCK_USER`] (`flock_user`, made if the
+//! host has none; `same_users` is off, the default).
 //!
 //! [`Federation::set_link`] cuts a cluster's link to the others (its `fed0` cable), and
 //! restores it; [`Federation::set_loss`] makes that link drop packets at random. [`down`]
@@ -41,6 +41,38 @@ pub const MAX_CLUSTERS: u32 = 9;
 /// Cluster `k`'s address on the bridge between the clusters.
 pub fn fed_addr(k: u32) -> Ipv4Addr {
     Ipv4Addr::new(10, 199, 0, 1 + k as u8)
+}
+
+/// The account each cluster runs its peers' jobs as (`[[peer]] flock_user`): one of its
+/// own, as docs/federation.md asks (a peer's account submits no jobs of its own, so an
+/// account users share, such as `nobody`, would lose that right). Made if missing.
+pub const FLOCK_USER: &str = "storm-flock";
+
+/// Makes the account [`FLOCK_USER`] if this host has none (no home, no login shell).
+fn ensure_flock_user() -> Result<()> {
+    if nix::unistd::User::from_name(FLOCK_USER)?.is_some() {
+        return Ok(());
+    }
+    let out = std::process::Command::new("useradd")
+        .args([
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            "--user-group",
+            "--comment",
+            "storm: peer clusters' jobs (storm-testbed)",
+            FLOCK_USER,
+        ])
+        .output()
+        .context("running useradd")?;
+    // Another testbed made it meanwhile.
+    if !out.status.success() && nix::unistd::User::from_name(FLOCK_USER)?.is_none() {
+        bail!(
+            "cannot make the account {FLOCK_USER} that runs the peers' jobs: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Where cluster `k`'s guest file and the keys its guests need are, for the nodes of the
@@ -111,6 +143,7 @@ impl Federation {
         if base.managers != 1 {
             bail!("--clusters runs one MM per cluster (not --managers)");
         }
+        ensure_flock_user()?;
         std::fs::create_dir(&base.dir)
             .with_context(|| format!("creating {}", base.dir.display()))?;
         std::fs::set_permissions(
@@ -146,7 +179,7 @@ impl Federation {
                     lend: true,
                     borrow: true,
                     priority: 0,
-                    flock_user: Some("nobody".into()),
+                    flock_user: Some(FLOCK_USER.into()),
                     same_users: false,
                     // The borrower's guest file (its topology and keys), where this
                     // host's nodes read it: written once that cluster is up.

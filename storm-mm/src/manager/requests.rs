@@ -683,6 +683,19 @@ impl<E: MmEnv> MachineManager<E> {
                 "only this cluster's peer agent submits a job flocked from {peer}"
             ));
         }
+        // A peer's jobs run here as its account: what they submit is no job of this
+        // cluster's (it would outlive its peer's job, and be nobody's). Their steps are
+        // steps of the peer's job, and end with it.
+        if req.step_of.is_none()
+            && let Some(peer) = self.env.peer_account(owner.0)
+        {
+            return Err(format!(
+                "uid {} is the account peer cluster {peer}'s jobs run as here ([[peer]] \
+                 flock_user): it submits no jobs of its own (a job flocked or lent here runs \
+                 its steps within its own allocation)",
+                owner.0
+            ));
+        }
         self.submit_as(client, owner, req, program)
     }
 
