@@ -275,6 +275,82 @@ fn encoded<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 
 const COMMANDS: &str = "storm MM commands v1";
 const MEMBERSHIP: &str = "storm MM membership v1";
+const LEASE: &str = "storm lease grant v1";
+
+/// A lender's word that its node `node` is lent to cluster `borrower` until `until_ms`,
+/// signed by the lender's MM (docs/federation.md, "What a lender's root can do"). The lent
+/// node's guest NM shows it when it registers with the borrower, which admits the guest
+/// slot only with a grant its lender's MM signed, for that slot's node, that has not run
+/// out. Root of the lending node holds the slot's keys for good; a grant it cannot make: it
+/// cannot join the borrower's fabric outside a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    pub lender: String,
+    pub borrower: String,
+    pub node: String,
+    pub until_ms: u64,
+    pub signature: Vec<u8>,
+}
+
+impl LeaseGrant {
+    fn transcript(lender: &str, borrower: &str, node: &str, until_ms: u64) -> Vec<u8> {
+        let body = encoded(&(borrower, node));
+        transcript(LEASE, lender, &[], until_ms, &body)
+    }
+
+    /// Whether one of `keys` (the lender's MM's public keys) signed it, for node `node` of
+    /// cluster `lender` lent to `borrower`, and it still runs at `now_ms`; why not otherwise.
+    pub fn check(
+        &self,
+        keys: &[VerifyingKey],
+        (lender, node): (&str, &str),
+        borrower: &str,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        if self.lender != lender || self.node != node || self.borrower != borrower {
+            return Err(format!(
+                "its grant lends node {} of {} to {}, not node {node} of {lender} to {borrower}",
+                self.node, self.lender, self.borrower
+            ));
+        }
+        if self.until_ms <= now_ms {
+            return Err(format!(
+                "its lease ran out {} s ago",
+                (now_ms - self.until_ms) / 1000
+            ));
+        }
+        let Ok(bytes) = <[u8; 64]>::try_from(self.signature.as_slice()) else {
+            return Err("its grant's signature is malformed".into());
+        };
+        let signature = Signature::from_bytes(&bytes);
+        let t = Self::transcript(&self.lender, &self.borrower, &self.node, self.until_ms);
+        if keys.iter().any(|k| k.verify(&t, &signature).is_ok()) {
+            Ok(())
+        } else {
+            Err(format!(
+                "its grant was not signed by {lender}'s machine manager (the key its [[peer]] \
+                 mm_public_key_file holds)"
+            ))
+        }
+    }
+
+    /// As text, for a guest NM's command line or input (hex of its encoding).
+    pub fn to_hex(&self) -> String {
+        hex(&encoded(self))
+    }
+
+    pub fn from_hex(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.len() % 2 != 0 || text.len() > 4096 || !text.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err("a lease grant is an even number of hex digits".into());
+        }
+        let bytes: Vec<u8> = (0..text.len() / 2)
+            .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap_or(0))
+            .collect();
+        crate::messages::decode("lease grant", &bytes, 4096).map_err(|e| e.to_string())
+    }
+}
 
 /// The MM's side: seals what it sends.
 pub struct MmSigner {
@@ -319,6 +395,18 @@ impl MmSigner {
             issued_ms: now_ms,
             signature: self.key.sign(&t).to_bytes().to_vec(),
         })
+    }
+
+    /// This MM's grant of its node `node` to cluster `borrower` until `until_ms`.
+    pub fn grant_lease(&self, borrower: &str, node: &str, until_ms: u64) -> LeaseGrant {
+        let t = LeaseGrant::transcript(&self.cluster, borrower, node, until_ms);
+        LeaseGrant {
+            lender: self.cluster.clone(),
+            borrower: borrower.to_string(),
+            node: node.to_string(),
+            until_ms,
+            signature: self.key.sign(&t).to_bytes().to_vec(),
+        }
     }
 
     /// The seal of membership message `msg` for node `node`.

@@ -466,6 +466,8 @@ pub enum Command {
         nodes: NodeSet,
         peer: String,
         until_ms: u64,
+        /// The MM's signed grant of the lease, which the guest shows the borrower.
+        grant: crate::identity::LeaseGrant,
     },
     /// The node comes home: its NM stops the guest NM, whose tasks die with it, before it
     /// takes the next command (so that no job of this cluster starts beside a guest's).
@@ -586,11 +588,17 @@ pub struct Inventory {
     /// The memory the node has (bytes, as its NM detects it): what jobs may use there unless
     /// the cluster file declares the node's `mem`.
     pub mem: u64,
+    /// A guest NM's lease: its lender's grant, without which the borrower admits no guest
+    /// slot (docs/federation.md). `None` for a cluster's own nodes.
+    pub lease: Option<crate::identity::LeaseGrant>,
 }
 
-/// Bytes of one node's inventory area, for at most `max_jobs` jobs.
+/// Bytes of a lease grant at most (names of up to 255 bytes each, the signature).
+pub const LEASE_GRANT_BYTES: usize = 3 * 256 + 64 + 32;
+
+/// Bytes of one node's inventory area, for at most `max_jobs` jobs (and a guest's lease).
 pub fn inventory_bytes(max_jobs: usize) -> usize {
-    64 + 24 * max_jobs
+    64 + 24 * max_jobs + LEASE_GRANT_BYTES
 }
 
 /// The heartbeat: one entry of the heartbeat queue, issued every timeslice.

@@ -75,6 +75,9 @@ pub struct Identity {
     pub mem: u64,
     /// The MM's public key: membership messages and commands count only with its seal.
     pub mm: MmVerifier,
+    /// A guest NM's lease: its lender's grant, shown in every registration (the borrower
+    /// admits no guest slot without one).
+    pub lease: Option<storm_cluster::identity::LeaseGrant>,
 }
 
 impl Identity {
@@ -87,6 +90,7 @@ impl Identity {
             started_ms: *PROCESS_STARTED_MS,
             mem,
             mm,
+            lease: None,
         }
     }
 }
@@ -390,6 +394,7 @@ impl Registration {
                 since_ms: self.identity.started_ms,
                 jobs: jobs.clone(),
                 mem: self.identity.mem,
+                lease: self.identity.lease.clone(),
             };
             match encode_sealed("inventory", &inventory, self.rm.inventory_bytes) {
                 Ok(b) => break b,

@@ -35,13 +35,15 @@ pub struct Heard {
 }
 
 /// How a simulated node's NM is set up.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeOptions {
     /// Keep every heartbeat it takes ([`SimNode::heard`]).
     pub record: bool,
     /// How far its wall clock reads ahead of the MM's (behind, when negative), in
     /// milliseconds: it shows in the NM's start time, which its registrations carry.
     pub clock_ahead_ms: i64,
+    /// A guest slot's lease grant, shown in its registrations.
+    pub lease: Option<storm_cluster::identity::LeaseGrant>,
 }
 
 pub struct SimNode {
@@ -64,7 +66,8 @@ impl SimNode {
         let NodeOptions {
             record,
             clock_ahead_ms,
-        } = opts;
+            ..
+        } = opts.clone();
         let identity = Identity {
             clock: clock.clone(),
             pid: 1000 + id,
@@ -75,6 +78,7 @@ impl SimNode {
                 crate::mm_signing_key().verifying_key(),
                 &cfg.cluster.name,
             ),
+            lease: opts.lease,
         };
         // An ENQUEUE that finds no room gives up at once: the next step tries again.
         let forwarder = Forwarder::new(prims.clone(), rm, id, cfg.mm_id(), Duration::ZERO);

@@ -60,7 +60,7 @@ fn ensure_flock_user() -> Result<()> {
             "/usr/sbin/nologin",
             "--user-group",
             "--comment",
-            "storm: peer clusters' jobs (storm-testbed)",
+            "storm testbed peer jobs",
             FLOCK_USER,
         ])
         .output()
