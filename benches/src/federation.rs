@@ -313,6 +313,7 @@ impl Federation {
                 flock_user: Some("nobody".into()),
                 same_users: false,
                 guest_file: None,
+                mm_public_key_file: None,
                 priority: 0,
             })
         };

@@ -141,6 +141,7 @@ impl Pair {
                 flock_user: None,
                 same_users: false,
                 guest_file: None,
+                mm_public_key_file: None,
                 priority: 0,
             })
         };
@@ -166,6 +167,7 @@ impl Pair {
             federation: federation(p_borrow)?,
             peers: vec![PeerEntry {
                 borrow: true,
+                mm_public_key_file: Some(keys.path().join("lender-mm.pub")),
                 ..peer("lb-lend", p_lend)?
             }],
             guests: (0..nodes)
@@ -184,12 +186,18 @@ impl Pair {
             federation: federation(p_lend)?,
             peers: vec![PeerEntry {
                 lend: true,
-                flock_user: Some("nobody".into()),
+                // An account of its own (nobody, who submits here, is no peer's).
+                flock_user: Some("daemon".into()),
                 guest_file: Some(guest_dir.join("cluster.toml")),
+                mm_public_key_file: None,
                 ..peer("lb-borrow", p_borrow)?
             }],
             ..LocalOptions::new(nodes)
         })?)?;
+        // The lender's MM key, where the borrower checks its leases with it.
+        let at = keys.path().join("lender-mm.pub");
+        std::fs::copy(lender.config().mm_key_paths().1, &at)?;
+        std::fs::set_permissions(&at, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
         Ok(Self {
             borrower,
             lender,

@@ -237,6 +237,7 @@ fn jobs_flock_to_a_peer_with_room_and_come_back_when_it_goes() {
         flock_user: Some("nobody".into()),
         same_users: false,
         guest_file: None,
+        mm_public_key_file: None,
         priority: 0,
     };
     let mut home = cluster(

@@ -814,6 +814,7 @@ fn a_user_cannot_act_as_the_peer_agent_or_the_operator() {
             flock_user: Some("daemon".into()),
             same_users: false,
             guest_file: Some(keys.path().join("other.toml")),
+            mm_public_key_file: None,
             priority: 0,
         }],
         ..storm_cli::local::LocalOptions::new(2)

@@ -56,6 +56,7 @@ fn peer(name: &str, port: u16, key: &std::path::Path) -> PeerEntry {
         flock_user: None,
         same_users: false,
         guest_file: None,
+        mm_public_key_file: None,
         priority: 0,
     }
 }
@@ -184,6 +185,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         federation: federation(borrower_port),
         peers: vec![PeerEntry {
             borrow: true,
+            mm_public_key_file: Some(pair.with_file_name("lender-mm.pub")),
             ..peer("lender", lender_port, &pair)
         }],
         guests: vec![GuestOf {
@@ -202,10 +204,12 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
             lend: true,
             flock_user: Some("daemon".into()),
             guest_file: Some(borrower_file),
+            mm_public_key_file: None,
             ..peer("borrower", borrower_port, &pair)
         }],
         ..LocalOptions::new(1)
     });
+    support::install_lender_key(&lender, &pair.with_file_name("lender-mm.pub"));
     // This test's guest NMs: their command line names its lender's file, as the lender's
     // own daemons' do (the other tests of this file run guests of their own meanwhile).
     let our_guests = lender
@@ -592,6 +596,7 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
         federation: federation(borrower_port),
         peers: vec![PeerEntry {
             borrow: true,
+            mm_public_key_file: Some(pair.with_file_name("lender-mm.pub")),
             ..peer("wg-lend", lender_port, &pair)
         }],
         guests: vec![GuestOf {
@@ -613,10 +618,12 @@ fn a_node_at_home_keeps_a_warm_guest_that_joins_nothing_until_it_is_lent() {
             lend: true,
             flock_user: Some("daemon".into()),
             guest_file: Some(borrower_file.clone()),
+            mm_public_key_file: None,
             ..peer("wg-borrow", borrower_port, &pair)
         }],
         ..LocalOptions::new(1)
     });
+    support::install_lender_key(&lender, &pair.with_file_name("lender-mm.pub"));
     // This test's guests name its lender's file.
     let ours = lender
         .root
@@ -881,6 +888,7 @@ fn asking_pair(asker: &str, giver: &str, warm: bool) -> AskingPair {
         federation: fast(asker_port),
         peers: vec![PeerEntry {
             borrow: true,
+            mm_public_key_file: Some(pair.with_file_name("lender-mm.pub")),
             ..peer(giver, giver_port, &pair)
         }],
         guests: ["node0", "node1"]
@@ -902,10 +910,12 @@ fn asking_pair(asker: &str, giver: &str, warm: bool) -> AskingPair {
             lend: true,
             flock_user: Some("daemon".into()),
             guest_file: Some(asker_guest_file),
+            mm_public_key_file: None,
             ..peer(asker, asker_port, &pair)
         }],
         ..LocalOptions::new(2)
     });
+    support::install_lender_key(&giver_cluster, &pair.with_file_name("lender-mm.pub"));
     let agents = (
         support::start_agent(&asker_file),
         support::start_agent(&giver_cluster.root.join("cluster.toml")),

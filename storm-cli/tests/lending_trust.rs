@@ -13,7 +13,11 @@
 //!   never comes up at the borrower;
 //! * the same refusal for a clean file that `nobody` owns;
 //! * with the clean file as root installed it, the lend works and the borrowed task runs as
-//!   the lender's account for the peer, its launcher the lender's own.
+//!   the lender's account for the peer, its launcher the lender's own; that task reaches no
+//!   MM through its STORM_SOCKET, and the lender's MM refuses jobs of that account (L1);
+//! * once the node is home, its root runs a guest NM of its own for the slot (it holds the
+//!   slot's keys): without a lease grant, or with one it signed itself, the borrower admits
+//!   neither (H3).
 
 mod support;
 
@@ -43,6 +47,7 @@ fn peer(name: &str, port: u16, key: &Path) -> PeerEntry {
         flock_user: None,
         same_users: false,
         guest_file: None,
+        mm_public_key_file: None,
         priority: 0,
     }
 }
@@ -96,6 +101,7 @@ fn a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender() 
         federation: federation(borrower_port),
         peers: vec![PeerEntry {
             borrow: true,
+            mm_public_key_file: Some(pair.with_file_name("lender-mm.pub")),
             ..peer("lt-lend", lender_port, &pair)
         }],
         guests: vec![GuestOf {
@@ -134,10 +140,12 @@ fn a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender() 
             lend: true,
             flock_user: Some("daemon".into()),
             guest_file: Some(guest_file.clone()),
+            mm_public_key_file: None,
             ..peer("lt-borrow", borrower_port, &pair)
         }],
         ..LocalOptions::new(1)
     });
+    support::install_lender_key(&lender, &pair.with_file_name("lender-mm.pub"));
     let node_log = || std::fs::read_to_string(lender.root.join("node0.log")).unwrap_or_default();
     let lend = || {
         let out = lender.storm(&["lend", "node0", "--to", "lt-borrow", "--for", "60"]);
@@ -238,4 +246,54 @@ fn a_borrowers_guest_file_runs_nothing_of_the_borrowers_as_root_on_the_lender() 
         assert!(!marker.exists(), "a planted script ran");
     }
     reclaim();
+    support::wait_until(Duration::from_secs(20), "the slot goes down", || {
+        (state_of(&borrower, "lt-lend-node0") == "idle").then(|| "still idle".to_string())
+    });
+
+    // Issue 61, H3: the node is home, and its root (who holds the slot's keys for good) runs
+    // a guest NM of its own for the slot: without a grant, then with one it signed itself.
+    // The borrower admits neither; before, it took the slot as a member, lease or not.
+    let forged = storm_cluster::identity::MmSigner::new(
+        ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
+        "lt-lend",
+    )
+    .grant_lease(
+        "lt-borrow",
+        "node0",
+        storm_cluster::daemon::unix_ms() + 600_000,
+    );
+    for grant in [None, Some(forged.to_hex())] {
+        let until = (storm_cluster::daemon::unix_ms() + 600_000).to_string();
+        let mut rogue = std::process::Command::new(support::bin_dir().join("storm-nm"));
+        rogue
+            .arg("--config")
+            .arg(lender.root.join("cluster.toml"))
+            .args([
+                "--node",
+                "node0",
+                "--guest-of",
+                "lt-borrow",
+                "--lease-until",
+                &until,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        if let Some(g) = &grant {
+            rogue.args(["--lease-grant", g]);
+        }
+        let mut rogue = rogue.spawn().unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+        let state = state_of(&borrower, "lt-lend-node0");
+        let _ = rogue.kill();
+        let _ = rogue.wait();
+        assert_ne!(
+            state, "idle",
+            "the lending node's root joined the borrower outside a lease (grant: {grant:?})"
+        );
+    }
+    let mm_log = std::fs::read_to_string(borrower.root.join("mm.log")).unwrap_or_default();
+    assert!(
+        mm_log.contains("refusing the registration of a guest slot"),
+        "the borrower says why: {mm_log}"
+    );
 }

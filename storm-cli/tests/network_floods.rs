@@ -197,6 +197,7 @@ fn a_host_without_the_pair_key_keeps_no_peer_out() {
         flock_user: Some("nobody".into()),
         same_users: false,
         guest_file: None,
+        mm_public_key_file: None,
         priority: 0,
     };
     let cluster = |name: &str, me: u16, other: (&str, u16)| {

@@ -779,6 +779,10 @@ fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
+/// The longest name of a cluster, node or peer (bytes): a guest's lease grant, which names
+/// three, must fit its registration (`messages::LEASE_GRANT_BYTES`).
+pub const MAX_NAME_BYTES: usize = 255;
+
 /// The most replicas a replicated MM may have (each commit waits for a majority of them).
 pub const MAX_MANAGERS: usize = 7;
 
@@ -814,6 +818,7 @@ impl ClusterConfig {
         for p in &mut cfg.peers {
             p.key_file = dir.join(&p.key_file);
             p.guest_file = p.guest_file.as_ref().map(|f| dir.join(f));
+            p.mm_public_key_file = p.mm_public_key_file.as_ref().map(|f| dir.join(f));
         }
         Ok(cfg)
     }
@@ -948,6 +953,18 @@ impl ClusterConfig {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.nodes.is_empty() {
             return bad("no [[node]] entries: a cluster needs at least one node".into());
+        }
+        let names = std::iter::once(("cluster", &self.cluster.name))
+            .chain(self.nodes.iter().map(|n| ("node", &n.name)))
+            .chain(self.peers.iter().map(|p| ("[[peer]]", &p.name)));
+        for (what, name) in names {
+            if name.len() > MAX_NAME_BYTES {
+                return bad(format!(
+                    "{what} name {:?}... is {} bytes: at most {MAX_NAME_BYTES}",
+                    name.chars().take(20).collect::<String>(),
+                    name.len()
+                ));
+            }
         }
         if let Some(n) = self.nodes.iter().find(|n| n.spool.as_os_str().is_empty()) {
             return bad(format!(
@@ -1439,10 +1456,17 @@ impl ClusterConfig {
         let mut seen = std::collections::BTreeSet::new();
         for n in &self.nodes {
             let Some(g) = &n.guest_of else { continue };
-            if !self.peers.iter().any(|p| p.name == g.cluster && p.borrow) {
+            let Some(peer) = self.peers.iter().find(|p| p.name == g.cluster && p.borrow) else {
                 return Err(format!(
                     "node {}: guest_of cluster {:?} is not a [[peer]] this cluster may borrow \
                      from (borrow = true)",
+                    n.name, g.cluster
+                ));
+            };
+            if peer.mm_public_key_file.is_none() {
+                return Err(format!(
+                    "node {}: [[peer]] {:?} names no mm_public_key_file (its MM's public key), \
+                     with which this cluster checks the lease of each node it lends here",
                     n.name, g.cluster
                 ));
             }
@@ -1601,7 +1625,8 @@ pub(crate) mod tests {
         let mut text = SMALL.to_string();
         text.push_str(&format!(
             "[federation]\nlisten = \"127.0.0.1:7100\"\n[[peer]]\nname = \"p\"\naddress = \
-             \"127.0.0.1:7101\"\nkey_file = \"p.key\"\nborrow = {borrow}\n"
+             \"127.0.0.1:7101\"\nkey_file = \"p.key\"\nmm_public_key_file = \"p-mm.pub\"\nborrow = \
+             {borrow}\n"
         ));
         for (i, (name, cluster, node)) in guests.iter().enumerate() {
             text.push_str(&format!(
@@ -1633,6 +1658,14 @@ pub(crate) mod tests {
         );
         let e = ClusterConfig::parse(&text).unwrap_err().to_string();
         assert!(e.contains("1 lending clusters"), "{e}");
+    }
+
+    #[test]
+    fn guest_slots_need_their_lenders_mm_key_to_check_leases_with() {
+        let text = with_guests(true, &[("p-n0", "p", "n0")])
+            .replace("mm_public_key_file = \"p-mm.pub\"\n", "");
+        let err = ClusterConfig::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("mm_public_key_file"), "{err}");
     }
 
     #[test]

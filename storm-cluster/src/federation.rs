@@ -131,6 +131,13 @@ pub struct PeerEntry {
     /// for the node ([`GuestOf`]). Unset: no node of this cluster is lent to the peer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_file: Option<PathBuf>,
+    /// Borrowing (docs/federation.md): the peer's MM's public key (its `mm.pub`, as this
+    /// cluster's operator installed it; relative to this cluster file's directory). A guest
+    /// slot of the peer's node is admitted only with a lease grant this key signed: the
+    /// lending node's root, who holds the slot's keys, cannot join outside a lease. Needed
+    /// for every peer this file names guest slots of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_public_key_file: Option<PathBuf>,
     /// Where this peer comes among lenders under `[federation] lenders = "priority"`
     /// (highest first).
     #[serde(default)]
@@ -406,6 +413,7 @@ mod tests {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            mm_public_key_file: None,
             priority: 0,
         }
     }

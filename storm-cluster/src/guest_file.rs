@@ -445,6 +445,7 @@ listen = "127.0.0.1:7100"
 name = "home"
 address = "127.0.0.1:7101"
 key_file = "{d}/pair.key"
+mm_public_key_file = "{d}/home-mm.pub"
 borrow = true
 [[node]]
 name = "f0"

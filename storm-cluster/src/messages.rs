@@ -1079,11 +1079,19 @@ mod tests {
                     ended: true,
                 })
                 .collect::<Vec<_>>();
+            let name = |c: char| c.to_string().repeat(crate::config::MAX_NAME_BYTES);
             let inv = Inventory {
                 stamp: u64::MAX,
                 since_ms: u64::MAX,
                 jobs: jobs.clone(),
                 mem: u64::MAX,
+                lease: Some(crate::identity::LeaseGrant {
+                    lender: name('l'),
+                    borrower: name('b'),
+                    node: name('n'),
+                    until_ms: u64::MAX,
+                    signature: vec![0xff; 64],
+                }),
             };
             encode_sealed("inventory", &inv, inventory_bytes(max_jobs)).unwrap();
             let welcome = Membership::Welcome {

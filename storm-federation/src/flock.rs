@@ -1015,6 +1015,7 @@ mod tests {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            mm_public_key_file: None,
             priority: 0,
         };
         let e = local_account("daemon", &peer, "c1").unwrap_err();
@@ -1034,6 +1035,7 @@ mod tests {
         let shared = PeerEntry {
             same_users: true,
             guest_file: None,
+            mm_public_key_file: None,
             ..dedicated.clone()
         };
         assert_eq!(

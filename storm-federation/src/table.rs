@@ -184,6 +184,7 @@ mod tests {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            mm_public_key_file: None,
             priority: 0,
         }]
     }

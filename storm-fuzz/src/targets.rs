@@ -819,6 +819,7 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                 nodes: nodes("1"),
                 peer: "c0".into(),
                 until_ms: 1_700_000_600_000,
+                grant: signer().grant_lease("c0", "node1", 1_700_000_600_000),
             },
             Command::EndLend { nodes: nodes("1") },
             Command::Shutdown,
@@ -866,6 +867,7 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                     ended: false,
                 }],
                 mem: 8 << 30,
+                lease: Some(signer().grant_lease("c9", "node1", 1_700_000_600_000)),
             },
         ),
         tagged(

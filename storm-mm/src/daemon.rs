@@ -323,7 +323,13 @@ fn assemble(
         programs,
         commits,
         enrolled,
-        peer_accounts(cfg),
+        (
+            peer_accounts(cfg),
+            cfg.peers
+                .iter()
+                .filter_map(|p| Some((p.name.clone(), p.mm_public_key_file.clone()?)))
+                .collect(),
+        ),
     );
     let parts = MmParts {
         config: cfg.clone(),
@@ -515,6 +521,10 @@ pub struct DaemonEnv {
     /// The local accounts peers' jobs run as (`[[peer]] flock_user` of peers this cluster
     /// lends to), by uid, with the peer's name: resolved once, at start.
     peer_accounts: HashMap<u32, String>,
+    /// Where each peer this cluster borrows from keeps its MM's public key (`[[peer]]
+    /// mm_public_key_file`): read when a guest slot of it registers (so a lender's key
+    /// installed or rotated later is taken without a restart).
+    lender_key_files: HashMap<String, std::path::PathBuf>,
 }
 
 /// A core that stops (a shutdown, or a replica that no longer leads) leaves nothing running:
@@ -565,7 +575,10 @@ impl DaemonEnv {
         store: Option<ProgramStore>,
         commits: Commits,
         enrolled: Arc<parking_lot::RwLock<Enrolled>>,
-        peer_accounts: HashMap<u32, String>,
+        (peer_accounts, lender_key_files): (
+            HashMap<u32, String>,
+            HashMap<String, std::path::PathBuf>,
+        ),
     ) -> Self {
         let (worker_tx, worker_rx) = crossbeam_channel::unbounded();
         Self {
@@ -584,6 +597,7 @@ impl DaemonEnv {
             store,
             commits,
             peer_accounts,
+            lender_key_files,
         }
     }
 
@@ -694,6 +708,19 @@ impl MmEnv for DaemonEnv {
 
     fn peer_account(&self, uid: u32) -> Option<&str> {
         self.peer_accounts.get(&uid).map(String::as_str)
+    }
+
+    fn lender_keys(&mut self, peer: &str) -> Vec<storm_cluster::identity::VerifyingKey> {
+        let Some(path) = self.lender_key_files.get(peer) else {
+            return Vec::new();
+        };
+        match storm_cluster::identity::load_public(path) {
+            Ok(keys) => keys,
+            Err(e) => {
+                tracing::error!(%peer, "cannot check a lease of {peer}'s: {e}");
+                Vec::new()
+            }
+        }
     }
 
     fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {

@@ -135,6 +135,12 @@ pub trait MmEnv {
     fn peer_account(&self, _uid: u32) -> Option<&str> {
         None
     }
+    /// The public keys of peer `peer`'s MM (`[[peer]] mm_public_key_file`), with which a
+    /// guest slot's lease grant is checked; none if they cannot be read (then no guest slot
+    /// of that peer is admitted). The host reads the file.
+    fn lender_keys(&mut self, _peer: &str) -> Vec<storm_cluster::identity::VerifyingKey> {
+        Vec::new()
+    }
     /// The replicas of the manager group this MM leads, as it sees them (`storm managers`);
     /// a single MM, itself alone.
     fn managers(&self) -> Vec<storm_cluster::control::ManagerInfo> {

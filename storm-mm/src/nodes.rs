@@ -74,6 +74,9 @@ pub struct Node {
     /// home, so it is kept out of allocation until it goes down (a job placed on it meanwhile
     /// would lose it without notice).
     pub given_back: bool,
+    /// A guest slot's lease, as its lender's grant says (Unix ms): it is a member until then
+    /// at most.
+    pub lease_until_ms: Option<u64>,
     /// The last registration stamp the MM acted on.
     pub stamp_seen: u64,
     /// The NM process of that registration; `None` before this MM heard from the node.
@@ -118,6 +121,7 @@ impl NodeTable {
             sick: None,
             recalled: None,
             given_back: false,
+            lease_until_ms: None,
             stamp_seen: 0,
             nm: None,
             output_epoch: 1,

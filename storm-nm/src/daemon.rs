@@ -152,6 +152,8 @@ pub struct Prepared {
     guest: crate::guest::GuestProcess,
     switch_log: Option<std::io::LineWriter<std::fs::File>>,
     heartbeat_log: Option<std::io::LineWriter<std::fs::File>>,
+    /// A guest's lease grant, shown in its registrations ([`Prepared::show_lease`]).
+    lease: Option<storm_cluster::identity::LeaseGrant>,
 }
 
 /// The first half of a node manager's start: checks what the node needs (this node in the
@@ -239,10 +241,17 @@ pub fn prepare(opts: NmOptions) -> Result<Prepared> {
         guest: guest_runner,
         switch_log,
         heartbeat_log,
+        lease: None,
     })
 }
 
 impl Prepared {
+    /// A guest's lease grant from this node's cluster, which it shows the borrower in every
+    /// registration.
+    pub fn show_lease(&mut self, grant: storm_cluster::identity::LeaseGrant) {
+        self.lease = Some(grant);
+    }
+
     /// Takes `[scheduler] daemon_rt_priority` for this thread and the launcher: what a warm
     /// guest, which waits for its lend at normal priority, does once lent.
     pub fn take_rt_priority(&self) {
@@ -287,6 +296,7 @@ impl Prepared {
             guest,
             switch_log,
             heartbeat_log,
+            lease,
         } = self;
         if !groups_made {
             bail!("a warm guest NM opens only once its groups are made (make_groups)");
@@ -367,13 +377,16 @@ impl Prepared {
             rm,
             node,
             fabric: prims,
-            identity: Identity::this_process(
-                mm_key,
-                // The node's memory as detected (the cluster file's `mem` may say less).
-                std::fs::read_to_string("/proc/meminfo")
-                    .map(|t| crate::sample::parse_meminfo(&t).total)
-                    .unwrap_or(0),
-            ),
+            identity: Identity {
+                lease,
+                ..Identity::this_process(
+                    mm_key,
+                    // The node's memory as detected (the cluster file's `mem` may say less).
+                    std::fs::read_to_string("/proc/meminfo")
+                        .map(|t| crate::sample::parse_meminfo(&t).total)
+                        .unwrap_or(0),
+                )
+            },
             report_wait: op_timeout * 2,
             pmi_library,
             guest_user,

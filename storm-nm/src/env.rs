@@ -47,8 +47,9 @@ pub trait NmEnv {
 
 /// The guest NM this node runs while it is lent to a peer cluster (docs/federation.md).
 pub trait GuestRunner {
-    /// Runs the guest NM for peer `peer` until `until_ms` (Unix ms), if none runs yet.
-    fn start(&mut self, peer: &str, until_ms: u64);
+    /// Runs the guest NM for peer `peer` until `until_ms` (Unix ms), if none runs yet, with
+    /// this cluster's MM's `grant` of the lease to show the borrower.
+    fn start(&mut self, peer: &str, until_ms: u64, grant: &storm_cluster::identity::LeaseGrant);
     /// Stops the guest NM, if one runs, and returns once it and its tasks are gone.
     fn stop(&mut self);
 }

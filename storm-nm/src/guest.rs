@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use storm_cluster::ClusterConfig;
 use storm_cluster::daemon_dir::DaemonDir;
 use storm_cluster::guest_file::GuestSetup;
+use storm_cluster::identity::LeaseGrant;
 
 use crate::env::GuestRunner;
 
@@ -160,7 +161,12 @@ impl Warm {
     /// Hands this warm guest the lease (it opens its link and registers with the borrower at
     /// once), or says why it cannot take it: it ended, or the peer's file changed since it read
     /// it (`file`: that file as it is now).
-    fn lend(mut self, until_ms: u64, file: Option<FileStamp>) -> Result<Child, String> {
+    fn lend(
+        mut self,
+        until_ms: u64,
+        grant: &LeaseGrant,
+        file: Option<FileStamp>,
+    ) -> Result<Child, String> {
         if let Ok(Some(status)) = self.child.try_wait() {
             return Err(format!("it ended ({status})"));
         }
@@ -175,7 +181,7 @@ impl Warm {
         {
             tracing::warn!("the lent guest NM sets up at normal priority: {e}");
         }
-        if let Err(e) = writeln!(self.stdin, "{until_ms}") {
+        if let Err(e) = writeln!(self.stdin, "{until_ms} {}", grant.to_hex()) {
             self.retire();
             return Err(format!("it does not take the lease: {e}"));
         }
@@ -423,9 +429,9 @@ impl GuestProcess {
         Ok((setup, groups))
     }
 
-    /// How to start peer `peer`'s guest until `until_ms` (`None`: a warm guest), or why it
-    /// cannot run.
-    fn command(&self, peer: &str, until_ms: Option<u64>) -> Result<GuestStart, String> {
+    /// How to start peer `peer`'s guest until a lease's end, with its grant (`None`: a warm
+    /// guest), or why it cannot run.
+    fn command(&self, peer: &str, lease: Option<(u64, &LeaseGrant)>) -> Result<GuestStart, String> {
         let config_path = self
             .config_path
             .as_ref()
@@ -442,8 +448,12 @@ impl GuestProcess {
             .stdout(Stdio::null())
             // It is not the service: this NM is.
             .env_remove("NOTIFY_SOCKET");
-        match until_ms {
-            Some(ms) => cmd.arg("--lease-until").arg(ms.to_string()),
+        match lease {
+            Some((ms, grant)) => cmd
+                .arg("--lease-until")
+                .arg(ms.to_string())
+                .arg("--lease-grant")
+                .arg(grant.to_hex()),
             None => cmd.arg("--warm"),
         };
         // Its log goes where this NM's goes (stderr).
@@ -456,7 +466,12 @@ impl GuestProcess {
     }
 
     /// The lease handed to peer `peer`'s warm guest, if it has one that can take it.
-    fn lend_warm(&mut self, peer: &str, until_ms: u64) -> Option<(Child, GuestGroups)> {
+    fn lend_warm(
+        &mut self,
+        peer: &str,
+        until_ms: u64,
+        grant: &LeaseGrant,
+    ) -> Option<(Child, GuestGroups)> {
         let warm = self.warm.remove(peer)?.started()?;
         let groups = warm.groups.clone();
         let file = self
@@ -466,7 +481,7 @@ impl GuestProcess {
             .find(|p| p.name == peer && p.lend)
             .and_then(|p| p.guest_file.as_deref())
             .and_then(FileStamp::of);
-        match warm.lend(until_ms, file) {
+        match warm.lend(until_ms, grant, file) {
             Ok(child) => Some((child, groups)),
             Err(why) => {
                 tracing::info!(%peer, "the warm guest NM cannot take this lease ({why}): starting a guest");
@@ -498,7 +513,7 @@ impl GuestProcess {
 }
 
 impl GuestRunner for GuestProcess {
-    fn start(&mut self, peer: &str, until_ms: u64) {
+    fn start(&mut self, peer: &str, until_ms: u64, grant: &LeaseGrant) {
         if self.alive() {
             let r = self.running.as_ref().expect("alive");
             if r.peer != peer || r.until_ms != until_ms {
@@ -513,15 +528,17 @@ impl GuestRunner for GuestProcess {
         if until_ms <= storm_cluster::daemon::unix_ms() {
             return;
         }
-        let started = match self.lend_warm(peer, until_ms) {
+        let started = match self.lend_warm(peer, until_ms, grant) {
             Some(warm) => Ok(warm),
-            None => self.command(peer, Some(until_ms)).and_then(|mut start| {
-                let child = start
-                    .cmd
-                    .spawn()
-                    .map_err(|e| format!("starting the guest NM: {e}"))?;
-                Ok((child, start.groups))
-            }),
+            None => self
+                .command(peer, Some((until_ms, grant)))
+                .and_then(|mut start| {
+                    let child = start
+                        .cmd
+                        .spawn()
+                        .map_err(|e| format!("starting the guest NM: {e}"))?;
+                    Ok((child, start.groups))
+                }),
         };
         match started {
             Ok((child, groups)) => {
@@ -609,8 +626,9 @@ impl GuestProcess {
 /// What a warm guest is told by its node's NM ([`wait_for_lend`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Told {
-    /// It is lent until then (Unix ms): it opens its link and registers at once.
-    Lease(u64),
+    /// It is lent until then (Unix ms), under this grant: it opens its link and registers at
+    /// once, showing the grant.
+    Lease(u64, Option<LeaseGrant>),
     /// It is not needed (its node's NM stops, or the peer's file changed): it goes, removing
     /// its empty groups.
     Retire,
@@ -644,10 +662,18 @@ pub fn wait_for_lend(input: &mut impl BufRead) -> anyhow::Result<Told> {
     if said == GROUPS {
         return Ok(Told::Groups);
     }
-    let until_ms = said.parse::<u64>().map_err(|_| {
+    let (until, grant) = match said.split_once(' ') {
+        Some((until, grant)) => (until, Some(grant)),
+        None => (said, None),
+    };
+    let until_ms = until.parse::<u64>().map_err(|_| {
         anyhow::anyhow!("a warm guest NM was told {said:?} by its node's NM, not a lease's end")
     })?;
-    Ok(Told::Lease(until_ms))
+    let grant = grant
+        .map(LeaseGrant::from_hex)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("a warm guest NM's lease grant: {e}"))?;
+    Ok(Told::Lease(until_ms, grant))
 }
 
 /// Stops the guest NM whose pid `dir` keeps, if that process still runs and is a guest NM.
@@ -707,7 +733,17 @@ mod tests {
         let mut lease = "1796085036972\n".as_bytes();
         assert_eq!(
             wait_for_lend(&mut lease).unwrap(),
-            Told::Lease(1796085036972)
+            Told::Lease(1796085036972, None)
+        );
+        let grant = storm_cluster::identity::MmSigner::new(
+            ed25519_dalek::SigningKey::from_bytes(&[2; 32]),
+            "home",
+        )
+        .grant_lease("far", "n0", 1796085036972);
+        let with_grant = format!("1796085036972 {}\n", grant.to_hex());
+        assert_eq!(
+            wait_for_lend(&mut with_grant.as_bytes()).unwrap(),
+            Told::Lease(1796085036972, Some(grant))
         );
         let retire = format!("{RETIRE}\n");
         assert_eq!(wait_for_lend(&mut retire.as_bytes()).unwrap(), Told::Retire);
@@ -716,7 +752,7 @@ mod tests {
         assert_eq!(wait_for_lend(&mut input).unwrap(), Told::Groups);
         assert_eq!(
             wait_for_lend(&mut input).unwrap(),
-            Told::Lease(1796085036972)
+            Told::Lease(1796085036972, None)
         );
         assert_eq!(wait_for_lend(&mut "".as_bytes()).unwrap(), Told::NmGone);
         let mut garbage = "soon\n".as_bytes();

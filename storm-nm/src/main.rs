@@ -40,6 +40,10 @@ struct Args {
     /// A guest NM's lease end (Unix ms): it stops itself and its jobs then.
     #[arg(long, requires = "guest_of", group = "lease", value_name = "UNIX_MS")]
     lease_until: Option<u64>,
+    /// A guest NM's lease grant, signed by this cluster's MM (hex), which it shows the
+    /// borrower when it registers: the borrower admits a guest slot only with one.
+    #[arg(long, requires = "lease_until", value_name = "HEX")]
+    lease_grant: Option<String>,
     /// A warm guest NM, started ahead of a lend by the node's NM: it gets ready, then waits
     /// on its standard input for the lease's end (Unix ms), or `retire`; it goes if that
     /// closes first (docs/federation.md, warm guests).
@@ -108,12 +112,24 @@ fn run() -> Result<()> {
     })?;
     let lease_until_ms = match guest.map(|g| g.lease) {
         None => None,
-        Some(Lease::Until(ms)) => Some(ms),
+        Some(Lease::Until(ms)) => {
+            if let Some(hex) = &args.lease_grant {
+                let grant = storm_cluster::identity::LeaseGrant::from_hex(hex)
+                    .map_err(|e| anyhow::anyhow!("--lease-grant: {e}"))?;
+                ready.show_lease(grant);
+            }
+            Some(ms)
+        }
         Some(Lease::OnLend) => loop {
             match storm_nm::guest::wait_for_lend(&mut std::io::stdin().lock())? {
                 Told::Groups => ready.make_groups(),
-                Told::Lease(ms) if !stop.load(Ordering::Acquire) => break Some(ms),
-                Told::Lease(_) | Told::Retire => {
+                Told::Lease(ms, grant) if !stop.load(Ordering::Acquire) => {
+                    if let Some(grant) = grant {
+                        ready.show_lease(grant);
+                    }
+                    break Some(ms);
+                }
+                Told::Lease(..) | Told::Retire => {
                     tracing::debug!("a warm guest NM goes unlent");
                     return Ok(());
                 }

@@ -481,7 +481,12 @@ impl<E: NmEnv> NodeManager<E> {
                     self.apply_schedule(hb.seq, received_ns, &run);
                 }
                 Command::Shutdown => self.done = true,
-                Command::Lend { peer, until_ms, .. } => self.env.guest().start(&peer, until_ms),
+                Command::Lend {
+                    peer,
+                    until_ms,
+                    grant,
+                    ..
+                } => self.env.guest().start(&peer, until_ms, &grant),
                 Command::EndLend { .. } => self.env.guest().stop(),
                 Command::Input {
                     job,
@@ -1329,10 +1334,15 @@ mod tests {
     #[test]
     fn a_guest_nm_refuses_to_lend_its_node_on() {
         let nodes = storm_primitives::NodeSet::single(0);
+        let signer = storm_cluster::identity::MmSigner::new(
+            ed25519_dalek::SigningKey::from_bytes(&[1; 32]),
+            "borrower",
+        );
         assert!(!guest_obeys(&Command::Lend {
             nodes: nodes.clone(),
             peer: "elsewhere".into(),
             until_ms: u64::MAX,
+            grant: signer.grant_lease("elsewhere", "n0", u64::MAX),
         }));
         assert!(!guest_obeys(&Command::EndLend {
             nodes: nodes.clone()

@@ -233,6 +233,11 @@ impl MmEnv for SimEnv {
         0
     }
 
+    /// Every simulated lender's MM signs with [`crate::lender_signing_key`].
+    fn lender_keys(&mut self, _peer: &str) -> Vec<storm_cluster::identity::VerifyingKey> {
+        vec![crate::lender_signing_key().verifying_key()]
+    }
+
     fn send(&mut self, client: ClientId, reply: Reply) {
         self.sent.push((client, reply));
     }

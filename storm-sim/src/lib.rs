@@ -403,6 +403,7 @@ impl Sim {
                     NodeOptions {
                         record: opts.record,
                         clock_ahead_ms: opts.node_clock_ahead_ms,
+                        lease: sim_lease(&cfg, n, SIM_LEASE_MS),
                     },
                 )
             })
@@ -840,6 +841,17 @@ impl Sim {
     /// a container is often pid 1), and its node's wall clock now reads `clock_ahead_ms`
     /// ahead of the MM's (behind, when negative).
     pub fn restart_nm(&mut self, n: NodeId, clock_ahead_ms: i64) {
+        self.restart_nm_showing(n, clock_ahead_ms, sim_lease(&self.cfg, n, SIM_LEASE_MS));
+    }
+
+    /// [`Sim::restart_nm`], its NM showing `lease` when it registers (a guest slot's grant,
+    /// or none: [`sim_lease`] makes one).
+    pub fn restart_nm_showing(
+        &mut self,
+        n: NodeId,
+        clock_ahead_ms: i64,
+        lease: Option<storm_cluster::identity::LeaseGrant>,
+    ) {
         self.fabric.restart(n);
         let record = self.nodes[n as usize].records();
         self.nodes[n as usize] = SimNode::new(
@@ -851,8 +863,14 @@ impl Sim {
             NodeOptions {
                 record,
                 clock_ahead_ms,
+                lease,
             },
         );
+    }
+
+    /// The MM's clock, as Unix ms (what a lease grant's end is compared with).
+    pub fn unix_ms(&self) -> u64 {
+        self.clock.unix_ms()
     }
 
     /// Ends the MM process and starts another over the journal it committed: a new
@@ -1208,6 +1226,12 @@ fn config(opts: &SimOptions) -> Result<ClusterConfig> {
     }
     cfg.federation = opts.federation.clone();
     cfg.peers = opts.peers.clone();
+    // A simulated lender's MM key is no file ([`SimEnv`] hands it over); the path is named
+    // as a borrower's file must.
+    for p in cfg.peers.iter_mut().filter(|p| p.borrow) {
+        p.mm_public_key_file
+            .get_or_insert_with(|| format!("/storm-sim/{}-mm.pub", p.name).into());
+    }
     // Guest slots: entries like the first node's, standing for the peers' nodes.
     let template = cfg.nodes[0].clone();
     for g in &opts.guests {
@@ -1270,6 +1294,27 @@ fn new_mm(
         env,
     )
 }
+
+/// The signing key of every simulated lender's MM: the grants of the guest slots' leases
+/// ([`sim_lease`]) are signed with it.
+pub fn lender_signing_key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[0x1e; 32])
+}
+
+/// A lease grant for guest slot `n` of `cfg` (`None` for an own node) from its lender, until
+/// `until_ms`: what a lent node's guest NM shows when it registers.
+pub fn sim_lease(
+    cfg: &ClusterConfig,
+    n: NodeId,
+    until_ms: u64,
+) -> Option<storm_cluster::identity::LeaseGrant> {
+    let g = cfg.nodes.get(n as usize)?.guest_of.as_ref()?;
+    let lender = storm_cluster::identity::MmSigner::new(lender_signing_key(), &g.cluster);
+    Some(lender.grant_lease(&cfg.cluster.name, &g.node, until_ms))
+}
+
+/// How long a simulated guest slot's lease runs: for the whole of any simulation.
+const SIM_LEASE_MS: u64 = u64::MAX / 4;
 
 /// The simulated MM's signing key (the same in every simulation: nothing secret is at stake).
 pub fn mm_signing_key() -> ed25519_dalek::SigningKey {

@@ -295,7 +295,8 @@ impl Spool for NoFiles {
 impl storm_nm::env::GuestRunner for NoFiles {
     // A simulated node runs no processes: a lease's guest NM is not simulated (the guest
     // slots of a simulated borrower are nodes of its own simulation).
-    fn start(&mut self, _peer: &str, _until_ms: u64) {}
+    fn start(&mut self, _peer: &str, _until_ms: u64, _grant: &storm_cluster::identity::LeaseGrant) {
+    }
 
     fn stop(&mut self) {}
 }

@@ -38,6 +38,7 @@ fn peer(name: &str, port: u16, priority: u32) -> PeerEntry {
         flock_user: None,
         same_users: false,
         guest_file: None,
+        mm_public_key_file: None,
         priority,
     }
 }

@@ -46,6 +46,7 @@ fn sim() -> Sim {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            mm_public_key_file: None,
             priority: 0,
         }],
         ..SimOptions::default()
@@ -300,6 +301,7 @@ fn lender() -> Sim {
             flock_user: Some("nobody".into()),
             same_users: false,
             guest_file: None,
+            mm_public_key_file: None,
             priority: 0,
         }],
         ..SimOptions::default()

@@ -38,6 +38,7 @@ fn lends_to_c1() -> PeerEntry {
         flock_user: Some("nobody".into()),
         same_users: false,
         guest_file: Some("/nonexistent/c1.toml".into()),
+        mm_public_key_file: None,
         priority: 0,
     }
 }

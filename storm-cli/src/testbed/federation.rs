@@ -184,6 +184,10 @@ impl Federation {
                     // The borrower's guest file (its topology and keys), where this
                     // host's nodes read it: written once that cluster is up.
                     guest_file: Some(guest_dir(&base.dir, j).join("cluster.toml")),
+                    // The lender's MM key, in the guest directory it writes for its peers.
+                    mm_public_key_file: Some(
+                        guest_dir(&base.dir, j).join(storm_cluster::guest_file::MM_PUBLIC_KEY),
+                    ),
                 })
                 .collect();
             // A guest slot for every node of every other cluster, at that node's address

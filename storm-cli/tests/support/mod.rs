@@ -262,6 +262,15 @@ pub fn guest_file_of(borrower: &TestCluster) -> PathBuf {
     dir.join("cluster.toml")
 }
 
+/// Installs `lender`'s MM public key (its `mm.pub`) at `at`, root's, mode 0644: where a
+/// borrower's `[[peer]] mm_public_key_file` names it, to check its guest slots' leases.
+pub fn install_lender_key(lender: &TestCluster, at: &Path) {
+    let cfg = storm_cluster::ClusterConfig::load(&lender.root.join("cluster.toml")).unwrap();
+    std::fs::copy(cfg.mm_key_paths().1, at).expect("copy the lender's mm.pub");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
 /// Starts the peer agent of the cluster file `config`, its log beside it (`*.peer.log`).
 pub fn start_agent(config: &Path) -> Agent {
     let log = std::fs::File::create(config.with_extension("peer.log")).unwrap();

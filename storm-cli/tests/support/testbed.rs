@@ -210,6 +210,8 @@ pub fn up_with_guest_slot(nodes: u32, work: &Path) -> Testbed {
             flock_user: None,
             same_users: false,
             guest_file: None,
+            // Never read: the slot's node is lent by no one here.
+            mm_public_key_file: Some(work.join("far-mm.pub")),
         }],
         ..opts
     })

@@ -102,7 +102,8 @@ impl<E: MmEnv> MachineManager<E> {
         });
         self.policy.set_unavailable(n);
         self.outbox.journal.put_node(n, self.nodes.record(n));
-        self.hb.commands.push_back(lend_command(n, peer, until_ms));
+        let cmd = self.lend_command(n, peer, until_ms);
+        self.hb.commands.push_back(cmd);
     }
 
     /// Peer `peer` asks, for its waiting jobs, for up to `count` of `names` (this cluster's
@@ -445,7 +446,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// running (it missed the end). Nothing on a cluster that lends no nodes.
     pub(super) fn lease_command_for(&self, n: NodeId) -> Option<Command> {
         if let Some(l) = &self.nodes.get(n).lent {
-            return Some(lend_command(n, &l.peer, l.until_ms));
+            return Some(self.lend_command(n, &l.peer, l.until_ms));
         }
         self.cfg
             .peers
@@ -457,10 +458,16 @@ impl<E: MmEnv> MachineManager<E> {
     }
 }
 
-fn lend_command(n: NodeId, peer: &str, until_ms: u64) -> Command {
-    Command::Lend {
-        nodes: NodeSet::single(n),
-        peer: peer.to_string(),
-        until_ms,
+impl<E: MmEnv> MachineManager<E> {
+    /// Node `n`'s order to lend itself to `peer` until `until_ms`, with this MM's signed
+    /// grant of the lease, which the guest shows the borrower (it admits no guest slot
+    /// without one).
+    fn lend_command(&self, n: NodeId, peer: &str, until_ms: u64) -> Command {
+        Command::Lend {
+            nodes: NodeSet::single(n),
+            peer: peer.to_string(),
+            until_ms,
+            grant: self.signer.grant_lease(peer, self.node_name(n), until_ms),
+        }
     }
 }

@@ -48,6 +48,9 @@ impl<E: MmEnv> MachineManager<E> {
         for event in [self.rm.registered, self.rm.join_sent] {
             while let Ok(true) = self.prims.test_event(event, Wait::Poll) {}
         }
+        if self.attention.sweep {
+            self.end_run_out_leases();
+        }
         let now = self.now();
         let prims = self.prims.clone();
         let mem = prims.memory();
@@ -103,6 +106,15 @@ impl<E: MmEnv> MachineManager<E> {
         let Some(inventory) = self.read_inventory(n, stamp) else {
             return false;
         };
+        // A guest slot is admitted only under a lease its lender signed: the lending node's
+        // root holds the slot's keys for good, not a lease.
+        if let Some(why) = self.lease_refused(n, &inventory) {
+            let node = self.nodes.get_mut(n);
+            node.stamp_seen = stamp;
+            tracing::warn!(node = n, name = %self.node_name(n), "refusing the registration of a guest slot: {why}");
+            return true;
+        }
+        self.nodes.get_mut(n).lease_until_ms = inventory.lease.as_ref().map(|g| g.until_ms);
         let process = NmProcess::of(stamp, &inventory);
         // Before any registration (`None`) this MM has just started: whatever the NM holds
         // may be ours to re-adopt.
@@ -133,6 +145,49 @@ impl<E: MmEnv> MachineManager<E> {
         tracing::info!(node = n, name = %self.node_name(n), stamp = format!("{stamp:#x}"), kept = ?keep, "node manager registered");
         self.welcome(n, stamp, keep, now);
         true
+    }
+
+    /// Why guest slot `n`'s registration with `inventory` is refused, if it is: it shows no
+    /// lease grant from the slot's lender, or one that lends another node, to another
+    /// cluster, that ran out, or that the lender's MM did not sign. `None` for an own node.
+    fn lease_refused(&mut self, n: NodeId, inventory: &Inventory) -> Option<String> {
+        let g = self.cfg.nodes[n as usize].guest_of.clone()?;
+        let Some(grant) = &inventory.lease else {
+            return Some(format!(
+                "it shows no grant of a lease from {} (an NM that is no lent node's guest)",
+                g.cluster
+            ));
+        };
+        let keys = self.env.lender_keys(&g.cluster);
+        grant
+            .check(
+                &keys,
+                (&g.cluster, &g.node),
+                &self.cfg.cluster.name,
+                self.unix_ms(),
+            )
+            .err()
+    }
+
+    /// Guest slots whose lease ran out leave: their lender's grant is over, whatever their
+    /// guest does (the lending node's root may keep it running).
+    pub(super) fn end_run_out_leases(&mut self) {
+        let now_ms = self.unix_ms();
+        let over: Vec<(NodeId, u64)> = (0..self.nodes.len() as NodeId)
+            .filter_map(|n| Some((n, self.nodes.get(n).lease_until_ms?)))
+            .filter(|&(_, until)| until <= now_ms)
+            .collect();
+        for (n, _) in over {
+            self.nodes.get_mut(n).lease_until_ms = None;
+            let lender = self.cfg.nodes[n as usize]
+                .guest_of
+                .as_ref()
+                .map_or("", |g| g.cluster.as_str())
+                .to_string();
+            if !matches!(self.nodes.get(n).life(), Life::Down { .. } | Life::Unknown) {
+                self.mark_down(n, format!("its lease from cluster {lender} ran out"));
+            }
+        }
     }
 
     /// The inventory node `n` wrote with registration `stamp`, once it has arrived whole.
