@@ -125,10 +125,12 @@ pub struct PeerEntry {
     /// default: the peer's word for who owns a job then reaches no local user's files.
     #[serde(default)]
     pub same_users: bool,
-    /// Lending (docs/federation.md): the peer's cluster file, as this cluster's operator
-    /// installed it on every node it may lend to the peer (relative to this cluster file's
-    /// directory). A lent node's NM starts the guest NM from it, as that file's guest slot
-    /// for the node ([`GuestOf`]). Unset: no node of this cluster is lent to the peer.
+    /// Lending (docs/federation.md): the peer's guest file (its topology, written by its
+    /// `storm guest-file`), as this cluster's operator installed it on every node it may lend
+    /// to the peer, root's, with the peer's keys beside it (relative to this cluster file's
+    /// directory). A lent node's guest NM runs as that file's guest slot for the node
+    /// ([`GuestOf`]), taking nothing else from it (`crate::guest_file`). Unset: no node of
+    /// this cluster is lent to the peer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_file: Option<PathBuf>,
     /// Borrowing (docs/federation.md): the peer's MM's public key (its `mm.pub`, as this

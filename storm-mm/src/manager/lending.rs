@@ -68,7 +68,7 @@ impl<E: MmEnv> MachineManager<E> {
         if !entry.lend || entry.guest_file.is_none() || entry.flock_user.is_none() {
             return Err(format!(
                 "this cluster does not lend nodes to {peer}: its [[peer]] needs lend = true, a \
-                 guest_file (the peer's cluster file on the nodes) and a flock_user (the account \
+                 guest_file (the peer's guest file on the nodes) and a flock_user (the account \
                  its jobs run as)"
             ));
         }
