@@ -115,19 +115,22 @@ impl RelayedUsers {
     fn resolve(&self, uid: u32, node: &str) -> Result<(u32, u32), String> {
         if self.guest_slots.contains(node) {
             return Err(format!(
-                "node {node} is a guest slot (a node another cluster lends this one): its keys                  are on the lender's node, so no control relay acts from it"
+                "node {node} is a guest slot (a node another cluster lends this one): its keys \
+                 are on the lender's node, so no control relay acts from it"
             ));
         }
         if uid != 0 && uid < self.min_uid {
             return Err(format!(
-                "a control relay may not act for uid {uid}: system accounts below [relay]                  min_uid = {} are not reached through relays",
+                "a control relay may not act for uid {uid}: system accounts below [relay] \
+                 min_uid = {} are not reached through relays",
                 self.min_uid
             ));
         }
         match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
             Ok(Some(user)) => Ok((uid, user.gid.as_raw())),
             Ok(None) => Err(format!(
-                "uid {uid} has no account on the machine manager's host; a relayed user must                  have one there (the same user database as the nodes')"
+                "uid {uid} has no account on the machine manager's host; a relayed user must \
+                 have one there (the same user database as the nodes')"
             )),
             Err(e) => Err(format!(
                 "cannot look uid {uid} up on the machine manager's host: {e}"

@@ -630,7 +630,10 @@ impl<E: MmEnv> MachineManager<E> {
         let more = argument_bytes(req) as u64 * count as u64;
         if held + more > limit {
             return Err(format!(
-                "the machine manager already holds {held} bytes of arguments and environment                  for user {uid}'s unfinished jobs; {more} more would pass the limit ([limits]                  max_held_request_bytes_per_user = {limit}); wait for some jobs to finish, or                  pass fewer variables (--export)"
+                "the machine manager already holds {held} bytes of arguments and environment \
+                 for user {uid}'s unfinished jobs; {more} more would pass the limit ([limits] \
+                 max_held_request_bytes_per_user = {limit}); wait for some jobs to finish, or \
+                 pass fewer variables (--export)"
             ));
         }
         Ok(())
