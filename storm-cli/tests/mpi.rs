@@ -129,10 +129,72 @@ fn a_rank_that_leaves_without_finalize_ends_the_job_instead_of_hanging_it() {
     let c = TestCluster::start(2);
     let out = c.submit(&["-N", "2", "-n", "4", early.to_str().unwrap()]);
     let err = text(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{err}");
+    // It exited 0, but the job failed: 1, as mpirun.
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("rank 2 on node 1 ended the job: rank 2 exited without calling MPI_Finalize"),
+        err.contains("rank 2 on node 1 exited with code 0: it left without calling MPI_Finalize"),
         "{err}"
+    );
+}
+
+/// Issue 62: a rank that fails after MPI_Init ends the job with its own code, as mpirun's
+/// (exit(1): 1; SIGSEGV: 139), never the SIGTERM storm then sent the other ranks (before:
+/// 143 for both, the lowest-numbered failed rank being rank 0, which storm killed), and the
+/// reason names the rank and its real cause first. The same program under MPICH's own
+/// mpiexec, in the same run, for reference.
+#[test]
+fn a_failed_rank_gives_the_job_its_own_exit_code_and_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fail) = mpi_program("mpi: a rank's failure", dir.path(), "fail") else {
+        return;
+    };
+    let c = TestCluster::start(2);
+    for (how, code, cause) in [
+        ("exit", 1, "rank 1 on node 0 exited with code 1"),
+        (
+            "segv",
+            139,
+            "rank 1 on node 0 was killed by SIGSEGV (signal 11)",
+        ),
+    ] {
+        let reference = Command::new(mpi_tool("mpiexec", "mpich"))
+            .args(["-n", "4"])
+            .arg(&fail)
+            .arg(how)
+            .output()
+            .expect("mpiexec (mpich) is installed with mpicc");
+        let out = c.submit(&["-N", "2", "-n", "4", fail.to_str().unwrap(), how]);
+        let err = text(&out.stderr);
+        eprintln!(
+            "rank 1 {how}: storm {:?}, mpiexec (Hydra) {:?}",
+            out.status.code(),
+            reference.status.code()
+        );
+        assert_eq!(out.status.code(), Some(code), "rank 1 {how}: {err}");
+        let first = err.lines().find(|l| l.contains("rank 1")).unwrap_or("");
+        assert!(
+            first.contains(cause),
+            "rank 1 {how}: the first word of it: {err}"
+        );
+    }
+    // In the history as sacct has them: failed, with the rank's code (not cancelled).
+    let out = c.storm(&["history", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ended: Vec<(String, i64)> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["state"].as_str().unwrap_or("").to_string(),
+                j["exit_code"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [("failed".to_string(), 1), ("failed".to_string(), 139)],
+        "{v}"
     );
 }
 

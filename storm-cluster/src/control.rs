@@ -580,9 +580,10 @@ impl JobOutcome {
         }
     }
 
-    /// The exit code storm-submit returns: the code of an `MPI_Abort` that ended the job;
-    /// otherwise 0 when every rank succeeded; otherwise the lowest
-    /// failing rank's exit code, or 128 + its signal; 1 for a job that ended without reports.
+    /// The exit code storm-submit returns: the code of the rank that ended the job (an
+    /// `MPI_Abort`'s, or that rank's own exit code or 128 + its signal: `abort_code`);
+    /// otherwise 0 when every rank succeeded; otherwise the lowest failing rank's exit code,
+    /// or 128 + its signal; 1 for a job that ended without reports (docs/mpi.md).
     pub fn exit_code(&self) -> i32 {
         if let Some(code) = self.abort_code {
             return code;

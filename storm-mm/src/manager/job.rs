@@ -153,6 +153,9 @@ pub(super) struct Job {
     pub(super) pmi_epoch: u32,
     /// MPI: the exit code a rank asked the job to end with (`MPI_Abort`).
     pub(super) abort_code: Option<i32>,
+    /// The rank whose failure ended the job, as its node said it (see `pmi`): its own exit
+    /// code or signal is the job's, never the SIGTERM storm then sent the others.
+    pub(super) culprit: Option<super::pmi::Culprit>,
     /// A batch job (no submitter follows it): the start of what came through the output
     /// queues (a node saying why its script could not start), for the outcome's reason.
     pub(super) unsent: String,
@@ -267,6 +270,7 @@ impl Job {
             held_output: Vec::new(),
             pmi_epoch: 0,
             abort_code: None,
+            culprit: None,
             unsent: String::new(),
             held_input: Vec::new(),
             admitted: false,

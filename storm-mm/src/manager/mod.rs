@@ -913,11 +913,19 @@ impl<E: MmEnv> MachineManager<E> {
                 now.saturating_duration_since(launched),
             );
         }
+        // A rank's failure ended it: its code and cause, named first.
+        let (reason, abort_code) = match &j.culprit {
+            Some(c) => {
+                let status = ranks.get(c.rank as usize).copied().flatten();
+                (Some(c.reason(status)), c.exit_code(status).or(j.abort_code))
+            }
+            None => (reason, j.abort_code),
+        };
         let mut outcome = JobOutcome {
             job: id,
             ranks,
             reason,
-            abort_code: j.abort_code,
+            abort_code,
             timing,
             usage: j.ran.usage,
             cause: j.end_cause,

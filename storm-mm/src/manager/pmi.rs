@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use storm_cluster::messages::{JobId, MpiMode, PmiFenced, PmiUp, decode_sealed, encode_sealed};
+use storm_cluster::messages::{
+    JobId, MpiMode, PmiFenced, PmiUp, RankStatus, decode_sealed, encode_sealed,
+};
 use storm_primitives::{NodeSet, Wait};
 
 use super::{MachineManager, MmEnv, Phase};
@@ -40,7 +42,78 @@ enum Parts {
     Waiting,
 }
 
+/// The rank whose failure ended a job (an `MPI_Abort`, or leaving without `MPI_Finalize`), as
+/// its node said it: the job's exit code and reason are its, the code of an `MPI_Abort` or
+/// the rank's own exit code or signal (as mpirun's), never the SIGTERM the others then got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Culprit {
+    pub rank: u32,
+    /// Its node.
+    pub node: storm_primitives::NodeId,
+    /// `MPI_Abort`'s code.
+    pub code: Option<i32>,
+    /// What its node said of it.
+    pub message: String,
+}
+
+impl Culprit {
+    /// The job's exit code, given the rank's own status: `MPI_Abort`'s code, else its exit
+    /// code or 128 + its signal; 1 if it exited 0 (the job failed all the same).
+    pub fn exit_code(&self, status: Option<RankStatus>) -> Option<i32> {
+        match (self.code, status) {
+            (Some(c), _) => Some(c),
+            (None, Some(RankStatus::Exited(0))) => Some(1),
+            (None, Some(s)) => Some(s.shell_code()),
+            (None, None) => None,
+        }
+    }
+
+    /// The job's reason, naming the rank and its real cause first.
+    pub fn reason(&self, status: Option<RankStatus>) -> String {
+        let (rank, node, message) = (self.rank, self.node, &self.message);
+        match (self.code, status) {
+            (Some(c), _) => {
+                format!("rank {rank} on node {node} aborted the job with exit code {c}: {message}")
+            }
+            (None, Some(s)) => format!("rank {rank} on node {node} {}: {message}", what_ended(s)),
+            (None, None) => format!("rank {rank} on node {node} ended the job: {message}"),
+        }
+    }
+}
+
+/// How a rank ended, as a user reads it: `exited with code 1`, `was killed by SIGSEGV
+/// (signal 11)`.
+pub fn what_ended(status: RankStatus) -> String {
+    match status {
+        RankStatus::Exited(c) => format!("exited with code {c}"),
+        RankStatus::Signaled(s) => match nix::sys::signal::Signal::try_from(s) {
+            Ok(sig) => format!("was killed by {} (signal {s})", sig.as_str()),
+            Err(_) => format!("was killed by signal {s}"),
+        },
+    }
+}
+
 impl<E: MmEnv> MachineManager<E> {
+    /// Ends job `id` because of `culprit`'s failure: its other ranks are stopped (a cancel),
+    /// but the job ends as failed, with the culprit's code and cause ([`Culprit`]), not as
+    /// cancelled.
+    pub(super) fn end_for_rank(&mut self, id: JobId, culprit: Culprit) {
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if j.culprit.is_some() {
+            return;
+        }
+        j.abort_code = culprit.code;
+        let had_cause = j.end_cause.is_some();
+        let why = culprit.reason(None);
+        j.culprit = Some(culprit);
+        self.cancel(id, why);
+        if !had_cause && let Some(j) = self.jobs.get_mut(&id) {
+            j.end_cause = None;
+        }
+    }
+
     /// Carries out every fence whose parts have all arrived, and every abort.
     pub(super) fn pmi_exchange(&mut self) {
         let mut signalled = std::mem::take(&mut self.pmi_recheck);
@@ -65,18 +138,15 @@ impl<E: MmEnv> MachineManager<E> {
                     rank,
                     code,
                     message,
-                } => {
-                    let why = match code {
-                        Some(c) => format!(
-                            "rank {rank} on node {node} aborted the job with exit code {c}: {message}"
-                        ),
-                        None => format!("rank {rank} on node {node} ended the job: {message}"),
-                    };
-                    if let Some(j) = self.jobs.get_mut(&id) {
-                        j.abort_code = code;
-                    }
-                    self.cancel(id, why);
-                }
+                } => self.end_for_rank(
+                    id,
+                    Culprit {
+                        rank,
+                        node,
+                        code,
+                        message,
+                    },
+                ),
                 Parts::Complete { epoch, pairs } => {
                     self.pmi_release(id, slot, &nodes, epoch, pairs)
                 }

@@ -385,7 +385,7 @@ impl PmiJob {
             return self.abort(
                 rank,
                 None,
-                format!("rank {rank} exited without calling MPI_Finalize"),
+                "it left without calling MPI_Finalize".to_string(),
             );
         }
         Vec::new()
