@@ -137,6 +137,34 @@ fn a_rank_that_leaves_without_finalize_ends_the_job_instead_of_hanging_it() {
     );
 }
 
+/// Issue 62: a program that speaks another PMI than the job serves is told so: MPICH (its
+/// PMI-1 wire) under `--mpi pmi2`. Before, every rank died of SIGPIPE (exit 141) with no word
+/// of a protocol; now the job ends naming the mismatch and what serves it.
+#[test]
+fn a_pmi_protocol_mismatch_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hello) = mpi_program("mpi: protocol mismatch", dir.path(), "hello") else {
+        return;
+    };
+    let c = TestCluster::start(2);
+    let out = c.submit(&[
+        "-N",
+        "2",
+        "-n",
+        "2",
+        "--mpi",
+        "pmi2",
+        hello.to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("speaks PMI-1, and this job serves PMI-2 only")
+            && err.contains("--mpi auto serves both"),
+        "{err}"
+    );
+}
+
 /// Issue 62: a rank that fails after MPI_Init ends the job with its own code, as mpirun's
 /// (exit(1): 1; SIGSEGV: 139), never the SIGTERM storm then sent the other ranks (before:
 /// 143 for both, the lowest-numbered failed rank being rank 0, which storm killed), and the
@@ -343,6 +371,61 @@ fn an_open_mpi_program_prints_under_storm_what_it_prints_under_mpirun() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Issue 62: Open MPI 4 programs start as one world with no `--mpi` flag and no `OMPI_MCA_*`
+/// variable, on two pretend nodes of one host. Before, the default served PMI alone and Open
+/// MPI ran 4 singletons (`rank 0 of 1`) and exited 0; with `--mpi openmpi`, the two nodes'
+/// shared-memory segments (named by host name and local rank) collided and ranks died of
+/// SIGSEGV (14 of 14 runs in the issue). Now each node's ranks keep their segments and
+/// session files in the job's own scratch directory on that node (in `/dev/shm`), which storm
+/// removes with the job. Three runs, each the world `mpirun -n 4` prints.
+#[test]
+fn an_open_mpi_program_is_one_world_with_no_flags_on_pretend_nodes() {
+    let test = "mpi: Open MPI with no flags";
+    let mpicc = mpi_tool("mpicc", "openmpi");
+    if mpicc == "mpicc" {
+        say_not_tested(
+            test,
+            "mpicc.openmpi is not installed; install openmpi-bin and libopenmpi-dev",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hello) = compile(test, &mpicc, dir.path(), "hello", "openmpi-bin") else {
+        return;
+    };
+    let reference = Command::new(mpi_tool("mpirun", "openmpi"))
+        .args(["--oversubscribe", "--allow-run-as-root", "-n", "4"])
+        .arg(&hello)
+        .output()
+        .expect("mpirun.openmpi is installed with mpicc.openmpi");
+    assert!(reference.status.success(), "{}", text(&reference.stderr));
+    let c = TestCluster::start(2);
+    let name = c.cluster.as_ref().unwrap().config().cluster.name.clone();
+    for attempt in 1..=3 {
+        let mut cmd = c.submit_cmd(&["-N", "2", "-n", "4", hello.to_str().unwrap()]);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("OMPI_MCA_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "run {attempt}: {}", text(&out.stderr));
+        assert_eq!(
+            sorted_lines(&out.stdout),
+            sorted_lines(&reference.stdout),
+            "run {attempt}: 4 ranks on 2 nodes, each sees size 4, the sum and its neighbour"
+        );
+    }
+    // Nothing of the jobs is left in the nodes' scratch space.
+    for node in ["node0", "node1"] {
+        let root = std::path::Path::new("/dev/shm").join(format!("storm-{name}-{node}"));
+        let left: Vec<_> = std::fs::read_dir(&root)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{} holds {left:?}", root.display());
+    }
 }
 
 /// A fence entered while the MM is down completes once it is back: each NM sends its part

@@ -260,6 +260,19 @@ impl DaemonDir {
         }
     }
 
+    /// Gives this directory to `uid`/`gid` with `mode`, through its descriptor: a directory
+    /// this daemon made for a user (say, a job's scratch space) that the user may then
+    /// write, and whose parent the user still cannot change.
+    pub fn give_to(&self, uid: u32, gid: u32, mode: u32) -> std::io::Result<()> {
+        nix::unistd::fchown(
+            &self.fd,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+        nix::sys::stat::fchmod(&self.fd, Mode::from_bits_truncate(mode))?;
+        Ok(())
+    }
+
     /// Opens `name` for reading (never through a symlink).
     pub fn open_file(&self, name: &str) -> std::io::Result<File> {
         self.open_existing(name, OFlag::O_RDONLY)

@@ -309,20 +309,47 @@ pub enum MpiMode {
     Pmi1,
     Pmi2,
     /// Both on one socket; the task's first line decides (as Slurm's pmi2 plugin does).
-    #[default]
     Both,
     /// Both, and what Open MPI 4 needs to load storm's PMI-1 client library through its
     /// `flux` component: `FLUX_JOB_ID` and `FLUX_PMI_LIBRARY_PATH` (docs/mpi.md).
     OpenMpi,
+    /// Whatever the program speaks (the default): PMI-1 and PMI-2 on one socket, and Open
+    /// MPI 4's way in, so MPICH and Open MPI programs start as one world with no option.
+    #[default]
+    Auto,
 }
 
 impl MpiMode {
     pub fn serves_v1(self) -> bool {
-        matches!(self, MpiMode::Pmi1 | MpiMode::Both | MpiMode::OpenMpi)
+        matches!(
+            self,
+            MpiMode::Pmi1 | MpiMode::Both | MpiMode::OpenMpi | MpiMode::Auto
+        )
     }
 
     pub fn serves_v2(self) -> bool {
-        matches!(self, MpiMode::Pmi2 | MpiMode::Both | MpiMode::OpenMpi)
+        matches!(
+            self,
+            MpiMode::Pmi2 | MpiMode::Both | MpiMode::OpenMpi | MpiMode::Auto
+        )
+    }
+
+    /// Whether Open MPI 4's tasks are told to load storm's PMI library (`FLUX_JOB_ID`,
+    /// `FLUX_PMI_LIBRARY_PATH`).
+    pub fn serves_open_mpi(self) -> bool {
+        matches!(self, MpiMode::OpenMpi | MpiMode::Auto)
+    }
+
+    /// How `--mpi` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MpiMode::None => "none",
+            MpiMode::Pmi1 => "pmi1",
+            MpiMode::Pmi2 => "pmi2",
+            MpiMode::Both => "both",
+            MpiMode::OpenMpi => "openmpi",
+            MpiMode::Auto => "auto",
+        }
     }
 }
 
@@ -336,8 +363,9 @@ impl std::str::FromStr for MpiMode {
             "pmi2" => Ok(MpiMode::Pmi2),
             "both" | "pmi" => Ok(MpiMode::Both),
             "openmpi" => Ok(MpiMode::OpenMpi),
+            "auto" => Ok(MpiMode::Auto),
             other => Err(format!(
-                "unknown --mpi {other:?} (expected none, pmi1, pmi2, both or openmpi)"
+                "unknown --mpi {other:?} (expected auto, none, pmi1, pmi2, both or openmpi)"
             )),
         }
     }

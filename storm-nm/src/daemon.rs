@@ -349,6 +349,7 @@ impl Prepared {
             op_timeout,
         )
         .context("starting the sampling thread")?;
+        let scratch = scratch_root(&cfg.cluster.name, &entry.name, &spool);
         let env = DaemonEnv {
             guest,
             clock: SystemClock,
@@ -362,6 +363,7 @@ impl Prepared {
                 hashes: Default::default(),
                 checking: Default::default(),
                 checkers: BTreeMap::new(),
+                scratch,
             },
             output,
             pmi: DaemonPmi {
@@ -556,6 +558,41 @@ struct DaemonSpool {
     /// Checks whether programs are in place here, and the one `file.ack` answers for.
     checking: in_place::Checking,
     checkers: BTreeMap<JobId, in_place::Checker>,
+    /// Where jobs' scratch directories go (`/dev/shm/storm-CLUSTER-NODE`, this NM's, 0711),
+    /// if it could be made.
+    scratch: Option<DaemonDir>,
+}
+
+/// A node manager that stops removes its scratch root if no job left anything in it (an
+/// embedded cluster's nodes leave nothing behind in `/dev/shm`).
+impl Drop for DaemonSpool {
+    fn drop(&mut self) {
+        if let Some(root) = &self.scratch
+            && root.names().is_ok_and(|n| n.is_empty())
+        {
+            // Root's own directory in a sticky one: no one else can have replaced it.
+            let _ = std::fs::remove_dir(root.path());
+        }
+    }
+}
+
+/// The directory of node `node`'s jobs' scratch directories (see [`Spool::scratch_dir`]):
+/// in `/dev/shm` (memory) where the host has it, else in the spool. A name someone else
+/// made first is refused by [`DaemonDir`] (it is not this NM's), and jobs run without.
+fn scratch_root(cluster: &str, node: &str, spool: &DaemonDir) -> Option<DaemonDir> {
+    let name = format!("storm-{cluster}-{node}");
+    let made = if std::path::Path::new("/dev/shm").is_dir() {
+        DaemonDir::open_or_create(&std::path::Path::new("/dev/shm").join(&name), 0o711)
+    } else {
+        spool.subdir("scratch", 0o711)
+    };
+    match made {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!("jobs get no scratch directory on this node: {e}");
+            None
+        }
+    }
 }
 
 impl Spool for DaemonSpool {
@@ -654,6 +691,37 @@ impl Spool for DaemonSpool {
         if let Err(e) = self.dir.remove_tree(&receive::job_dir_name(job)) {
             tracing::warn!("cannot remove {}: {e}", self.job_dir(job).display());
         }
+        if let Some(scratch) = &self.scratch
+            && let Err(e) = scratch.remove_tree(&receive::job_dir_name(job))
+        {
+            tracing::warn!(
+                "cannot remove {}: {e}",
+                scratch.join(&receive::job_dir_name(job)).display()
+            );
+        }
+    }
+
+    fn scratch_dir(&mut self, job: JobId, uid: u32, gid: u32) -> Option<PathBuf> {
+        let root = self.scratch.as_ref()?;
+        let name = receive::job_dir_name(job);
+        let made = root.subdir(&name, 0o700).and_then(|d| {
+            if nix::unistd::geteuid().is_root() {
+                d.give_to(uid, gid, 0o700).map_err(|e| {
+                    storm_cluster::daemon_dir::DirError::Io {
+                        path: root.join(&name),
+                        source: e,
+                    }
+                })?;
+            }
+            Ok(())
+        });
+        match made {
+            Ok(()) => Some(root.join(&name)),
+            Err(e) => {
+                tracing::warn!(job, "no scratch directory for the job: {e}");
+                None
+            }
+        }
     }
 }
 
@@ -671,6 +739,7 @@ impl PmiServer for DaemonPmi {
         facts: JobFacts,
         ranks: &[u32],
     ) -> Result<Vec<Option<OwnedFd>>, String> {
+        // Asked for by name, Open MPI's way in must be there (auto does without it).
         if mode == MpiMode::OpenMpi && !self.library.is_file() {
             return Err(format!(
                 "--mpi openmpi needs storm's PMI library, which is not at {} (cargo build --release builds it beside storm-nm; or set [cluster] pmi_library)",

@@ -143,8 +143,14 @@ pub trait Spool {
     fn verify(&self, job: JobId, expected: Option<[u8; 32]>) -> Result<(), String>;
     /// Stops every receiver and waits for them (a new membership numbers transfers afresh).
     fn stop_all(&mut self);
-    /// Removes a job's directory.
+    /// Removes a job's directory, and its scratch directory.
     fn remove(&mut self, job: JobId);
+    /// A directory of job `job`'s own on this node, in memory where the node has it
+    /// (`/dev/shm`), that its user `uid`/`gid` may write and no one else may reach: where
+    /// its MPI keeps its shared-memory segments and session files apart from another node's
+    /// or job's on the same host. Made once per launch; removed with the job ([`Spool::remove`]),
+    /// however it ended. `None` if it cannot be made (the job runs without).
+    fn scratch_dir(&mut self, job: JobId, uid: u32, gid: u32) -> Option<PathBuf>;
 }
 
 /// The tasks' output streams, and messages for the user (see [`crate::output`]).

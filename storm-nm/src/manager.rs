@@ -596,8 +596,8 @@ impl<E: NmEnv> NodeManager<E> {
         &self,
         spec: &LaunchSpec,
         rank: u32,
-        local_rank: u32,
-        local_size: u32,
+        (local_rank, local_size): (u32, u32),
+        scratch: Option<&std::path::Path>,
     ) -> Vec<(OsString, OsString)> {
         let name = self.cfg.nodes[self.node as usize].name.clone();
         let mut ours: Vec<(&str, String)> = vec![
@@ -659,7 +659,7 @@ impl<E: NmEnv> NodeManager<E> {
                 ("PMI_JOBID", format!("storm-{}", spec.job)),
             ]);
         }
-        if spec.mpi == MpiMode::OpenMpi {
+        if serves_open_mpi(spec) {
             // Open MPI 4's `flux` component is chosen when FLUX_JOB_ID is set, and loads the
             // PMI-1 library named here (docs/mpi.md).
             ours_prefixes.push("FLUX_");
@@ -671,6 +671,29 @@ impl<E: NmEnv> NodeManager<E> {
                 ),
             ]);
         }
+        // What Open MPI reads, unless the user set it: its shared-memory segments and
+        // session files in the job's own scratch directory (two nodes of one host, or two
+        // jobs, never share them; storm removes it with the job), and, on a node running
+        // more of the job's ranks than it has CPUs or time-sharing them under gang
+        // scheduling, to yield when idle rather than spin, as mpirun tells it
+        // (docs/mpi.md).
+        let mut defaults: Vec<(&str, String)> = Vec::new();
+        if serves_open_mpi(spec) {
+            if let Some(dir) = scratch {
+                let dir = dir.display().to_string();
+                defaults.push(("OMPI_MCA_btl_vader_backing_directory", dir.clone()));
+                defaults.push(("OMPI_MCA_orte_tmpdir_base", dir));
+            }
+            let cpus = self.cfg.nodes[self.node as usize].cpus;
+            let shared =
+                self.cfg.scheduler.policy == PolicyKind::Gang && self.cfg.scheduler.mpl > 1;
+            if local_size > cpus || shared {
+                defaults.push(("OMPI_MCA_mpi_yield_when_idle", "1".into()));
+                defaults.push(("OMPI_MCA_mpi_oversubscribe", "1".into()));
+            }
+        }
+        let set_by_user = |k: &str| spec.env.iter().any(|(x, _)| x.as_bytes() == k.as_bytes());
+        ours.extend(defaults.into_iter().filter(|(k, _)| !set_by_user(k)));
         let theirs = |k: &OsString| {
             !ours_prefixes
                 .iter()
@@ -739,6 +762,10 @@ impl<E: NmEnv> NodeManager<E> {
             Program::Path(p) => p.clone(),
         };
         let ranks: Vec<u32> = (first..first + count).collect();
+        // Jobs Open MPI may run in: a scratch directory of their own on this node.
+        let scratch = serves_open_mpi(&spec)
+            .then(|| self.env.spool().scratch_dir(spec.job, spec.uid, spec.gid))
+            .flatten();
         // MPI jobs: the PMI server serves them from before they start.
         let pmi_ends = if spec.mpi == MpiMode::None {
             Ok(Vec::new())
@@ -764,7 +791,8 @@ impl<E: NmEnv> NodeManager<E> {
                     // sees end of file when the task is gone (the launcher closes its copy
                     // once the task has started).
                     let end = ends.get(local).and_then(Option::as_ref);
-                    self.start_rank(&spec, &program, rank, local as u32, count, end)
+                    let at = (local as u32, count);
+                    self.start_rank(&spec, &program, rank, at, end, scratch.as_deref())
                 }
                 Err(why) => self.failed_rank(&spec, rank, why),
             };
@@ -793,9 +821,9 @@ impl<E: NmEnv> NodeManager<E> {
         spec: &LaunchSpec,
         program: &std::path::Path,
         rank: u32,
-        local: u32,
-        count: u32,
+        (local, count): (u32, u32),
         pmi: Option<&std::os::fd::OwnedFd>,
+        scratch: Option<&std::path::Path>,
     ) -> LocalRank {
         let name = &self.cfg.nodes[self.node as usize].name;
         let array = spec
@@ -816,7 +844,7 @@ impl<E: NmEnv> NodeManager<E> {
             rank,
             program,
             args: &spec.args,
-            env: self.task_env(spec, rank, local, count),
+            env: self.task_env(spec, rank, (local, count), scratch),
             cwd: &spec.cwd,
             uid: spec.uid,
             gid: spec.gid,
@@ -1316,6 +1344,18 @@ fn held_jobs(
         ended: false,
     });
     running.chain(waiting).collect()
+}
+
+/// Whether job `spec`'s tasks get what Open MPI 4 needs (storm's PMI library through its
+/// `flux` component, and a scratch directory of the job's own on each node): asked for by
+/// name (`--mpi openmpi`), or by default (`--mpi auto`) for a job of more than one rank (one
+/// rank is a world of one either way, and a plain job costs no directory).
+fn serves_open_mpi(spec: &LaunchSpec) -> bool {
+    match spec.mpi {
+        MpiMode::OpenMpi => true,
+        MpiMode::Auto => spec.ntasks > 1,
+        _ => false,
+    }
 }
 
 /// Whether a guest NM carries out `cmd` from its borrower: everything a node of the

@@ -290,6 +290,11 @@ impl Spool for NoFiles {
     fn stop_all(&mut self) {}
 
     fn remove(&mut self, _job: JobId) {}
+
+    /// Simulated tasks make no files: a path, never made.
+    fn scratch_dir(&mut self, job: JobId, _uid: u32, _gid: u32) -> Option<PathBuf> {
+        Some(PathBuf::from(format!("/storm-sim/scratch/job-{job}")))
+    }
 }
 
 impl storm_nm::env::GuestRunner for NoFiles {

@@ -45,14 +45,15 @@ struct Args {
     /// Never copy the program: it is at that path on every node.
     #[arg(long)]
     no_bcast: bool,
-    /// How MPI programs find each other: the PMI protocols each task is served on the socket
-    /// `PMI_FD` (none: no PMI, MPI programs start as singletons; default: PMI-1 and PMI-2,
-    /// the task's first message decides; openmpi: both, and Open MPI 4 loads storm's PMI
-    /// library through its flux component).
+    /// How MPI programs find each other (docs/mpi.md). auto (the default): whatever the
+    /// program speaks, so MPICH and Open MPI programs start as one world (PMI-1 and PMI-2 on
+    /// the socket `PMI_FD`, the task's first message deciding, and Open MPI 4 loading storm's
+    /// PMI library through its flux component); both: PMI-1 and PMI-2 only; pmi1, pmi2: one;
+    /// openmpi: as auto; none: no PMI, MPI programs start as singletons.
     #[arg(
         long,
-        value_name = "none|pmi1|pmi2|both|openmpi",
-        default_value = "both"
+        value_name = "auto|none|pmi1|pmi2|both|openmpi",
+        default_value = "auto"
     )]
     mpi: storm_cluster::messages::MpiMode,
     /// Which tasks read this standard input: a rank, `all`, or `none` (their standard input

@@ -156,18 +156,20 @@ impl PmiJob {
                     self.facts.v1
                 };
                 if !served {
-                    let msg = if wants_v2 {
-                        "this job serves PMI-1 only (storm-submit --mpi)"
-                    } else {
-                        "this job serves PMI-2 only (storm-submit --mpi)"
-                    };
-                    return vec![
-                        Effect::Reply(
-                            rank,
-                            reply_v1("response_to_init", &[("rc", "-1"), ("msg", msg)]),
-                        ),
-                        Effect::Close(rank),
-                    ];
+                    // A mismatch is named, and ends the job: the rank would otherwise die
+                    // of a closed socket (SIGPIPE) with no word of why.
+                    let (speaks, served) = if wants_v2 { ("2", "1") } else { ("1", "2") };
+                    let msg = format!(
+                        "it speaks PMI-{speaks}, and this job serves PMI-{served} only \
+                         (storm-submit --mpi pmi{served}); --mpi auto serves both"
+                    );
+                    let mut out = vec![Effect::Reply(
+                        rank,
+                        reply_v1("response_to_init", &[("rc", "-1"), ("msg", &msg)]),
+                    )];
+                    out.extend(self.abort(rank, None, msg));
+                    out.push(Effect::Close(rank));
+                    return out;
                 }
                 r.version = Some(if wants_v2 { Version::Two } else { Version::One });
                 r.initialized = !wants_v2;
