@@ -165,6 +165,45 @@ fn a_pmi_protocol_mismatch_is_named() {
     );
 }
 
+/// Issue 62: a rank that dies before `MPI_Init` ends the job at once, with its code, instead
+/// of leaving the others waiting in `MPI_Init` until the time limit (before: the job hung
+/// until `-t`; mpirun ends it in about a second). Both ways it can be placed: beside another
+/// rank on its node (that node's NM sees it), and alone on its node (the MM sees the others
+/// wait in a fence its node can never join). A storm-submit that has not ended in a minute
+/// has hung.
+#[test]
+fn a_rank_that_dies_before_mpi_init_ends_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(prog) = mpi_program("mpi: death before MPI_Init", dir.path(), "before_init") else {
+        return;
+    };
+    let c = TestCluster::start(2);
+    for ranks in ["4", "2"] {
+        let child = c
+            .submit_cmd(&["-N", "2", "-n", ranks, prog.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut child = child;
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > until {
+                let _ = child.kill();
+                panic!("-n {ranks}: the job still waits a minute after rank 1 died");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "-n {ranks}: {err}");
+        assert!(
+            err.contains("rank 1 on node") && err.contains("exited with code 3"),
+            "-n {ranks}: {err}"
+        );
+    }
+}
+
 /// Issue 62: a rank that fails after MPI_Init ends the job with its own code, as mpirun's
 /// (exit(1): 1; SIGSEGV: 139), never the SIGTERM storm then sent the other ranks (before:
 /// 143 for both, the lowest-numbered failed rank being rank 0, which storm killed), and the

@@ -115,6 +115,9 @@ pub struct MachineManager<E: MmEnv> {
     /// A signal of the termination event was handed in ([`Input::TerminationSignalled`]):
     /// the next look at terminations counts it.
     term_announced: bool,
+    /// MPI jobs some of whose nodes said their ranks ended since the last look: a fence the
+    /// others wait in may never be whole (see `pmi`).
+    pmi_ended: BTreeSet<JobId>,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
     pmi_recheck: bool,
     /// A job ended, started, or came held: look at the held jobs again at the next
@@ -216,6 +219,7 @@ impl<E: MmEnv> MachineManager<E> {
             policy,
             nodes: NodeTable::new(cfg.node_count(), cfg.failure.missed_heartbeats),
             term_announced: false,
+            pmi_ended: BTreeSet::new(),
             pmi_recheck: false,
             queue_changed: true,
             program_holders: BTreeMap::new(),
@@ -711,6 +715,10 @@ impl<E: MmEnv> MachineManager<E> {
                     && mem.load(self.rm.term_hint.at(slot)) == j.id
                 {
                     j.terminating = true;
+                    // A node whose ranks ended may be one an MPI fence waits for (`pmi`).
+                    if j.req.mpi != MpiMode::None {
+                        self.pmi_ended.insert(j.id);
+                    }
                 }
             }
         }

@@ -120,12 +120,15 @@ impl<E: MmEnv> MachineManager<E> {
         while let Ok(true) = self.prims.test_event(self.rm.pmi_up_event, Wait::Poll) {
             signalled = true;
         }
-        if !signalled {
+        // Without a part's arrival, only the jobs a node of which just ended are looked at.
+        let ended = std::mem::take(&mut self.pmi_ended);
+        if !signalled && ended.is_empty() {
             return;
         }
         let mpi_jobs: Vec<(JobId, usize, NodeSet, u32)> = self
             .jobs
             .values()
+            .filter(|j| signalled || ended.contains(&j.id))
             .filter(|j| j.req.mpi != MpiMode::None && j.cancel.is_none())
             .filter(|j| matches!(j.phase, Phase::Running | Phase::Recovering))
             .filter_map(|j| Some((j.id, j.slot?, j.nodes.clone(), j.pmi_epoch)))
@@ -162,6 +165,8 @@ impl<E: MmEnv> MachineManager<E> {
         let mem = self.prims.memory();
         for n in nodes.iter() {
             let _ = mem.write(self.rm.pmi_up_offset(slot, n as usize), &[0u8; 32]);
+            // A node's report of an earlier run would say its ranks ended (see `pmi_parts`).
+            let _ = mem.write(self.rm.report_offset(slot, n as usize), &[0u8; 32]);
         }
     }
 
@@ -172,6 +177,7 @@ impl<E: MmEnv> MachineManager<E> {
         let mut epoch = None;
         let mut merged = BTreeMap::new();
         let mut complete = true;
+        let mut missing = Vec::new();
         for n in nodes.iter() {
             let bytes = mem
                 .read_vec(self.rm.pmi_up_offset(slot, n as usize), limit)
@@ -202,7 +208,10 @@ impl<E: MmEnv> MachineManager<E> {
                 }
                 // Another job's message from an earlier use of the slot, an older fence, or
                 // nothing yet (zeroes decode as nothing valid).
-                _ => complete = false,
+                _ => {
+                    complete = false;
+                    missing.push(n);
+                }
             }
         }
         match epoch {
@@ -210,8 +219,48 @@ impl<E: MmEnv> MachineManager<E> {
                 epoch,
                 pairs: merged.into_iter().collect(),
             },
-            _ => Parts::Waiting,
+            // Some nodes wait in a fence: one whose ranks have all ended can never join it
+            // (a rank that died before MPI_Init on a node of its own); the job ends, naming
+            // it, rather than wait for its time limit.
+            Some(_) => missing
+                .into_iter()
+                .find_map(|n| self.ended_outside_fence(id, slot, n))
+                .unwrap_or(Parts::Waiting),
+            None => Parts::Waiting,
         }
+    }
+
+    /// If node `n`'s ranks of job `id` have all ended (its report is in), an abort naming
+    /// the first of them that failed (else the first).
+    fn ended_outside_fence(&self, id: JobId, slot: usize, n: u32) -> Option<Parts> {
+        let bytes = self
+            .prims
+            .memory()
+            .read_vec(
+                self.rm.report_offset(slot, n as usize),
+                self.rm.report_bytes,
+            )
+            .ok()?;
+        let report = decode_sealed::<storm_cluster::messages::NodeReport>(
+            "report",
+            &bytes,
+            self.rm.report_bytes,
+        )
+        .ok()
+        .filter(|r| r.job == id)?;
+        let (rank, _) = report
+            .statuses
+            .iter()
+            .find(|(_, s)| !s.success())
+            .or_else(|| report.statuses.first())?;
+        Some(Parts::Abort {
+            node: n,
+            rank: *rank,
+            code: None,
+            message: "its node's ranks ended while the job's other ranks wait for them in an MPI \
+                      fence (MPI_Init, or a collective)"
+                .to_string(),
+        })
     }
 
     /// Sends the union of fence `epoch` to the job's nodes, which lets their ranks go on.

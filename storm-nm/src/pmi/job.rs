@@ -174,7 +174,7 @@ impl PmiJob {
                 r.version = Some(if wants_v2 { Version::Two } else { Version::One });
                 r.initialized = !wants_v2;
                 let (version, sub) = if wants_v2 { ("2", "0") } else { ("1", "1") };
-                vec![Effect::Reply(
+                let mut out = vec![Effect::Reply(
                     rank,
                     reply_v1(
                         "response_to_init",
@@ -184,7 +184,9 @@ impl PmiJob {
                             ("rc", "0"),
                         ],
                     ),
-                )]
+                )];
+                out.extend(self.ended_before_init());
+                out
             }
             (None, other) => self.protocol_error(
                 rank,
@@ -249,6 +251,10 @@ impl PmiJob {
             (Some(Version::Two), cmd) => match cmd {
                 "fullinit" => {
                     self.ranks.get_mut(&rank).expect("rank").initialized = true;
+                    let ended = self.ended_before_init();
+                    if !ended.is_empty() {
+                        return ended;
+                    }
                     let me = rank.to_string();
                     vec![reply(
                         "fullinit-response",
@@ -377,7 +383,9 @@ impl PmiJob {
     }
 
     /// Rank `rank`'s socket closed (the task ended). After init and before finalize that
-    /// ends the job: the other ranks would wait for it for ever.
+    /// ends the job: the other ranks would wait for it for ever. So does a rank that ended
+    /// before init in a job another local rank initialized (an MPI job): this node's part of
+    /// every fence needs it, and the others would wait in `MPI_Init` until the time limit.
     pub fn closed(&mut self, rank: u32) -> Vec<Effect> {
         let Some(r) = self.ranks.get_mut(&rank) else {
             return Vec::new();
@@ -390,7 +398,26 @@ impl PmiJob {
                 "it left without calling MPI_Finalize".to_string(),
             );
         }
-        Vec::new()
+        self.ended_before_init()
+    }
+
+    /// Ends the job if a local rank ended without initializing while another initialized:
+    /// the fence the initialized ones enter can never be whole on this node.
+    fn ended_before_init(&mut self) -> Vec<Effect> {
+        let gone = self
+            .ranks
+            .iter()
+            .find(|(_, r)| r.closed && !r.initialized)
+            .map(|(&rank, _)| rank);
+        match gone {
+            Some(rank) if self.ranks.values().any(|r| r.initialized) => self.abort(
+                rank,
+                None,
+                "it ended before calling MPI_Init, while the job's other ranks wait for it there"
+                    .to_string(),
+            ),
+            _ => Vec::new(),
+        }
     }
 
     /// Rank `rank` sent bytes that are no PMI message: the job ends, the socket closes.
@@ -610,12 +637,30 @@ mod tests {
         );
         assert!(job.closed(0).is_empty(), "the job is already ending");
 
+        // A rank that ends before init, in a job another rank initialized, ends the job:
+        // the others would wait for it in MPI_Init until the time limit. (Before issue 62 this
+        // test said "a task that never used PMI may leave", and protected that hang.) Either
+        // order: it ends after the other's init, or before it.
+        for closed_first in [false, true] {
+            let mut job = PmiJob::new(facts(), [0, 1]);
+            let init = |job: &mut PmiJob| v1(job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
+            let effects = if closed_first {
+                assert!(job.closed(1).is_empty(), "no rank initialized yet");
+                init(&mut job)
+            } else {
+                init(&mut job);
+                job.closed(1)
+            };
+            assert!(
+                effects.iter().any(|e| matches!(e,
+                    Effect::Abort { rank: 1, code: None, message }
+                        if message.contains("before calling MPI_Init"))),
+                "closed first: {closed_first}: {effects:?}"
+            );
+        }
         let mut job = PmiJob::new(facts(), [0, 1]);
         v1(&mut job, 0, "cmd=init pmi_version=1 pmi_subversion=1");
-        assert!(
-            job.closed(1).is_empty(),
-            "a task that never used PMI may leave"
-        );
+        v1(&mut job, 1, "cmd=init pmi_version=1 pmi_subversion=1");
         match job.closed(0).as_slice() {
             [
                 Effect::Abort {
