@@ -406,11 +406,15 @@ fn a_task_that_never_reads_pmi_answers_stalls_no_other_job() {
          yes 'cmd=get_maxes' | head -n 200000 >&4\n\
          sleep 60\n",
     );
+    // A well-behaved PMI client: it finalizes before it leaves (since issue 62 a rank that
+    // leaves without finalizing fails its job, as under mpirun).
     let asker = support::script(
         work.path(),
         "asker",
         "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&4\n\
-         echo \"got: $(timeout 10 head -n 1 <&4)\"\n",
+         echo \"got: $(timeout 10 head -n 1 <&4)\"\n\
+         printf 'cmd=finalize\\n' >&4\n\
+         timeout 10 head -n 1 <&4 >/dev/null\n",
     );
     let attack = {
         c.submit_cmd_as(NOBODY, &["--mpi", "pmi1", "--no-bcast"])
