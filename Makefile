@@ -5,6 +5,7 @@
 #   PREFIX/bin                       storm-submit, storm, storm-mm, storm-nm, storm-relay,
 #                                    storm-peer, storm-testbed, storm-local, storm-bench
 #   PREFIX/libexec/storm/storm-pl    the node's launcher (storm-nm finds it there)
+#   PREFIX/libexec/storm/storm-pmix  the node's PMIx server (storm-nm starts it)
 #   PREFIX/lib/storm/libstorm_pmi.so the PMI-1 library of --mpi openmpi jobs
 #   PREFIX/share/man/man1            man pages, one per tool and per `storm` subcommand
 #   PREFIX/share/...                 bash, zsh and fish completions
@@ -48,6 +49,7 @@ install: all
 		$(DESTDIR)$(SYSTEMD_UNIT_DIR) $(DESTDIR)$(SYSCONFDIR)/storm
 	for t in $(TOOLS); do install -m 755 $(RELEASE)/$$t $(DESTDIR)$(BINDIR)/$$t; done
 	install -m 755 $(RELEASE)/storm-pl $(DESTDIR)$(LIBEXECDIR)/storm-pl
+	install -m 755 $(RELEASE)/storm-pmix $(DESTDIR)$(LIBEXECDIR)/storm-pmix
 	install -m 644 $(RELEASE)/libstorm_pmi.so $(DESTDIR)$(LIBDIR)/libstorm_pmi.so
 	install -m 644 $(DIST)/man1/*.1 $(DESTDIR)$(MANDIR)/
 	install -m 644 $(DIST)/bash-completion/* $(DESTDIR)$(BASHDIR)/

@@ -47,6 +47,8 @@ pub struct LocalOptions {
     pub encrypt: bool,
     /// The cgroups jobs run in (`[cluster] cgroups`).
     pub cgroups: CgroupMode,
+    /// How PMIx clients prove their account (`[cluster] pmix`).
+    pub pmix: storm_cluster::config::PmixSecurity,
     /// The primitives backend, and the libfabric provider for `ofi` (default if `None`).
     pub backend: BackendKind,
     pub provider: Option<String>,
@@ -93,6 +95,7 @@ impl LocalOptions {
             fanout: None,
             encrypt: TcpSection::default().encrypt,
             cgroups: CgroupMode::Auto,
+            pmix: storm_cluster::config::PmixSecurity::Munge,
             backend: BackendKind::Tcp,
             provider: None,
             scheduler: SchedulerSection::default(),
@@ -450,6 +453,7 @@ impl LocalCluster {
                     .unwrap_or(ClusterSection::default().kill_wait_ms),
                 backend: opts.backend,
                 cgroups: opts.cgroups,
+                pmix: opts.pmix,
                 ..ClusterSection::default()
             },
             tcp: TcpSection {

@@ -457,12 +457,14 @@ fn an_open_mpi_program_is_one_world_with_no_flags_on_pretend_nodes() {
             "run {attempt}: 4 ranks on 2 nodes, each sees size 4, the sum and its neighbour"
         );
     }
-    // Nothing of the jobs is left in the nodes' scratch space.
+    // Nothing of the jobs is left in the nodes' scratch space (the running NM's PMIx helper
+    // keeps its directory, `pmix`, there until the NM stops: tests/pmix.rs).
     for node in ["node0", "node1"] {
         let root = std::path::Path::new("/dev/shm").join(format!("storm-{name}-{node}"));
         let left: Vec<_> = std::fs::read_dir(&root)
             .map(|d| d.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
+        let left: Vec<_> = left.into_iter().filter(|n| n != "pmix").collect();
         assert!(left.is_empty(), "{} holds {left:?}", root.display());
     }
 }
@@ -524,4 +526,46 @@ pmi "cmd=finalize"
         .collect();
     expected.sort();
     assert_eq!(sorted_lines(&out.stdout), expected, "{}", text(&out.stderr));
+}
+
+/// A node manager that was killed leaves its jobs' scratch directories in `/dev/shm`
+/// (memory) and its PMIx helper's directory; the next NM of that node removes them as it
+/// starts, and nothing else: a file beside the scratch root is untouched.
+#[test]
+fn a_new_node_manager_removes_what_a_killed_one_left_in_its_scratch_space() {
+    let test = "mpi: scratch space left by a killed NM";
+    if !support::root_or_say(test) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let name = format!("scratch-{}", std::process::id());
+    let root = Path::new("/dev/shm").join(format!("storm-{name}-node0"));
+    let neighbour = Path::new("/dev/shm").join(format!("storm-{name}-neighbour"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711)).unwrap();
+    for dir in ["job-7", "job-12/nested", "pmix"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    std::fs::write(root.join("job-12/nested/segment"), vec![0u8; 4096]).unwrap();
+    std::fs::write(&neighbour, "not the NM's").unwrap();
+    let c = TestCluster::with(LocalOptions {
+        name: Some(name.clone()),
+        cpus: Some(support::TEST_CPUS),
+        ..LocalOptions::new(1)
+    });
+    let out = c.submit(&["-n", "1", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let left: BTreeSet<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !left.contains("job-7") && !left.contains("job-12"),
+        "the killed NM's job directories are still there: {left:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&neighbour).unwrap(), "not the NM's");
+    drop(c);
+    let _ = std::fs::remove_file(&neighbour);
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -132,6 +132,26 @@ pub struct ClusterSection {
     /// is v2 only, else v1 where it has v1 controllers, else v2; `none`: process groups
     /// only).
     pub cgroups: CgroupMode,
+    /// How PMIx clients prove their account to the node's PMIx server (docs/mpi.md, PMIx).
+    pub pmix: PmixSecurity,
+    /// The account a root NM runs its PMIx helper as (never root; no job of it is served
+    /// PMIx). A dedicated account is best: any process of it can stop the helper.
+    pub pmix_user: String,
+}
+
+/// How a PMIx client proves which account it runs as (`[cluster] pmix`). The PMIx library
+/// takes its clients over loopback TCP, where the kernel vouches for no one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PmixSecurity {
+    /// A MUNGE credential, checked by the node's munged; without munged, PMIx is not served.
+    #[default]
+    Munge,
+    /// The account the client says it runs as: any local user can pose as a rank of any
+    /// job on the node (its data, its fences, its abort). Only for a node no one else uses.
+    Native,
+    /// PMIx is not served (PMI-1 and PMI-2 still are).
+    Off,
 }
 
 /// The cgroup version jobs are confined with (`[cluster] cgroups`).
@@ -173,6 +193,8 @@ impl Default for ClusterSection {
             node_key_file: None,
             enrolled_file: None,
             cgroups: CgroupMode::Auto,
+            pmix: PmixSecurity::Munge,
+            pmix_user: "nobody".into(),
         }
     }
 }

@@ -315,6 +315,8 @@ fn with_lenders_settings(
     c.pl_path = lender.cluster.pl_path.clone();
     c.pmi_library = lender.cluster.pmi_library.clone();
     c.cgroups = lender.cluster.cgroups;
+    c.pmix = lender.cluster.pmix;
+    c.pmix_user = lender.cluster.pmix_user.clone();
     c.state_dir = lender.cluster.state_dir.clone();
     // What its tasks get as STORM_SOCKET: neither this cluster's MM (its jobs are the
     // peer's) nor the peer's (whose control socket is on the peer's host, and whose relays

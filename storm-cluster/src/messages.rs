@@ -334,6 +334,11 @@ impl MpiMode {
         )
     }
 
+    /// Whether the node's PMIx server serves the job (where it runs).
+    pub fn serves_pmix(self) -> bool {
+        matches!(self, MpiMode::OpenMpi | MpiMode::Auto)
+    }
+
     /// Whether Open MPI 4's tasks are told to load storm's PMI library (`FLUX_JOB_ID`,
     /// `FLUX_PMI_LIBRARY_PATH`).
     pub fn serves_open_mpi(self) -> bool {

@@ -13,6 +13,7 @@
 //! | `task-spec` | a PL's standard input, from its NM | `PlSpec::decode` |
 //! | `ofi-bootstrap` | another node's slot in the ofi bootstrap | `PeerRecord::decode` |
 //! | `pmi` | an MPI task's `PMI_FD` (any program a user runs) | `pmi::wire::Framer`, then `PmiJob::handle` |
+//! | `pmix-helper` | the NM's PMIx helper (which parses any local user's PMIx connections) | `storm_pmix::wire::read_frame`, then `PmiJob`'s PMIx calls |
 //! | `enrollment` | the enrolled nodes' keys (`nodes.pub`) and the MM's public keys (`mm.pub`) | `identity::Enrolled::parse`, `identity::parse_public` |
 //! | `relay` | the manager-side control relay's TCP port (anyone on the network) | `relay::wire::handshake_as_manager` |
 //! | `peer` | a peer agent's `[federation] listen` port (anyone on the network), and a peer link's messages (a holder of the pair key) | `storm_federation::wire::handshake_as_listener`, `PeerMessage` |
@@ -187,6 +188,15 @@ static TARGETS: &[Target] = &[
         ],
         check: pmi,
         checked_allocation: 0,
+    },
+    Target {
+        name: "pmix-helper",
+        seeds: pmix_helper_seeds,
+        dictionary: &[&[0, 0, 0, 0], &[7], b"storm-9", &[0xff, 0xff]],
+        check: pmix_helper,
+        // A frame's body is allocated once its length passed the NM's bound (one node's
+        // fence data and 1 MiB), before it is read.
+        checked_allocation: PMIX_HELPER_MAX,
     },
     Target {
         name: "enrollment",
@@ -1423,6 +1433,108 @@ fn ofi_bootstrap(input: &[u8]) -> bool {
     PeerRecord::decode(input).is_some()
 }
 
+// --- the NM's PMIx helper --------------------------------------------------------------------
+
+/// The bound the NM puts on one frame from its helper in this target (its `pmi_node_bytes`
+/// and 1 MiB in the daemon; smaller here to keep the run fast).
+const PMIX_HELPER_MAX: usize = 64 << 10;
+
+fn pmix_helper_seeds() -> Vec<Vec<u8>> {
+    use storm_pmix::wire::{Event, write_frame};
+    let events = [
+        Event::Connected {
+            nspace: "storm-9".into(),
+            rank: 1,
+            id: 1,
+        },
+        Event::Fence {
+            id: 1,
+            nspace: "storm-9".into(),
+            data: vec![1, 2, 3],
+        },
+        Event::Abort {
+            nspace: "storm-9".into(),
+            rank: 0,
+            status: 7,
+            message: "PMIx_Abort".into(),
+            id: 3,
+        },
+        Event::Finalized {
+            nspace: "storm-9".into(),
+            rank: 0,
+            id: 4,
+        },
+        Event::FenceTooLarge {
+            id: 5,
+            nspace: "storm-9".into(),
+            bytes: 1 << 30,
+        },
+    ];
+    let mut all = Vec::new();
+    let mut seeds = Vec::new();
+    for e in &events {
+        let mut one = Vec::new();
+        write_frame(&mut one, e).unwrap();
+        all.extend_from_slice(&one);
+        seeds.push(one);
+    }
+    seeds.push(all);
+    seeds
+}
+
+/// What an NM does with the bytes its PMIx helper sends: cut them into frames under the
+/// NM's bound, and carry each event out on a job core of this node (ranks 0 and 1 of 4 on 2
+/// nodes), a fence's result as the MM would give it. Accepted if an event was decoded.
+fn pmix_helper(input: &[u8]) -> bool {
+    use base64::Engine;
+    use storm_pmix::wire::{Event, read_frame};
+    let facts = JobFacts {
+        job: 9,
+        size: 4,
+        mapping: process_mapping(4, 2),
+        v1: true,
+        v2: true,
+        node_bytes: 4 << 10,
+        job_bytes: 16 << 10,
+        nodes: vec![("node0".into(), vec![0, 1]), ("node1".into(), vec![2, 3])],
+        node: 0,
+        owner: (65534, 65534),
+    };
+    let mut job = PmiJob::new(facts, [0, 1]);
+    let mut r = input;
+    let mut decoded = 0;
+    while let Ok(event) = read_frame::<Event>(&mut r, PMIX_HELPER_MAX) {
+        decoded += 1;
+        let effects = match event {
+            Event::Connected { rank, .. } => job.pmix_connected(rank),
+            Event::Finalized { rank, .. } => {
+                job.pmix_finalized(rank);
+                Vec::new()
+            }
+            Event::Abort {
+                rank,
+                status,
+                message,
+                ..
+            } => job.pmix_abort(rank, status, message),
+            Event::Fence { data, .. } => {
+                let blob = base64::engine::general_purpose::STANDARD.encode(&data);
+                job.pmix_fence(0, blob)
+            }
+            Event::FenceTooLarge { bytes, .. } => job.pmix_fence_too_large(bytes),
+            _ => Vec::new(),
+        };
+        for effect in effects {
+            if let Effect::Contribute { epoch, pairs } = effect {
+                let _ = job.fenced(epoch, pairs);
+                let _ = job.pmix_blobs(2);
+            }
+        }
+    }
+    let _ = job.closed(0);
+    decoded > 0
+}
+
 // --- an MPI task's PMI socket --------------------------------------------------------------
 
 fn pmi_seeds() -> Vec<Vec<u8>> {
@@ -1478,6 +1590,9 @@ fn pmi(input: &[u8]) -> bool {
         v2: true,
         node_bytes: 4 << 10,
         job_bytes: 16 << 10,
+        nodes: vec![("node0".into(), vec![0, 1])],
+        node: 0,
+        owner: (65534, 65534),
     };
     let mut job = PmiJob::new(facts, [0]);
     let mut framer = Framer::default();

@@ -161,3 +161,8 @@ fn the_guard_notices_a_trusted_length() {
 fn pmi_messages_from_mpi_tasks() {
     fuzz("pmi");
 }
+
+#[test]
+fn what_the_pmix_helper_says() {
+    fuzz("pmix-helper");
+}

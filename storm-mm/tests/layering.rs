@@ -121,6 +121,9 @@ const CORE_FILES: &[(&str, &str)] = &[
     ("storm-nm", "src/manager.rs"),
     ("storm-nm", "src/membership.rs"),
     ("storm-nm", "src/report.rs"),
+    // The PMI core: each MPI job's PMI-1, PMI-2 and PMIx decisions (its hosts are the PMI
+    // thread and the PMIx helper's link).
+    ("storm-nm", "src/pmi/job.rs"),
 ];
 
 /// Source text that does I/O, or reads real time, on its own.

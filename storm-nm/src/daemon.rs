@@ -51,6 +51,8 @@ pub struct NmOptions {
     pub pl_path: PathBuf,
     /// The PMI-1 client library for `--mpi openmpi` jobs (`libstorm_pmi.so`).
     pub pmi_library: PathBuf,
+    /// The node's PMIx server (`storm-pmix`).
+    pub pmix_helper: PathBuf,
     /// Set to stop the NM (signal handlers set it).
     pub stop: Arc<AtomicBool>,
     /// A guest NM: this node is lent to the cluster of `config` (docs/federation.md).
@@ -80,11 +82,21 @@ pub enum Lease {
     OnLend,
 }
 
-/// The storm-pl launcher and the PMI library a node manager uses: those the cluster file
-/// names; else the ones beside the running executable (where `cargo build` puts them); else
-/// where `make install` and the Debian package put them, `PREFIX/libexec/storm/storm-pl` and
-/// `PREFIX/lib/storm/libstorm_pmi.so` for an executable in `PREFIX/bin`.
-pub fn helpers(cfg: &ClusterConfig) -> Result<(PathBuf, PathBuf)> {
+/// The programs and library a node manager uses beside itself.
+pub struct Helpers {
+    /// The launcher, `storm-pl`.
+    pub pl_path: PathBuf,
+    /// The PMI-1 library Open MPI 4 loads, `libstorm_pmi.so`.
+    pub pmi_library: PathBuf,
+    /// The node's PMIx server, `storm-pmix`.
+    pub pmix_helper: PathBuf,
+}
+
+/// The helpers a node manager uses: those the cluster file names; else the ones beside the
+/// running executable (where `cargo build` puts them); else where `make install` and the
+/// Debian package put them, `PREFIX/libexec/storm/storm-pl`, `PREFIX/libexec/storm/storm-pmix`
+/// and `PREFIX/lib/storm/libstorm_pmi.so` for an executable in `PREFIX/bin`.
+pub fn helpers(cfg: &ClusterConfig) -> Result<Helpers> {
     let exe = std::env::current_exe().context("locating the running executable")?;
     let find = |name: &str, installed: &str| -> PathBuf {
         let beside = exe.with_file_name(name);
@@ -102,7 +114,11 @@ pub fn helpers(cfg: &ClusterConfig) -> Result<(PathBuf, PathBuf)> {
         Some(p) => p.clone(),
         None => find("libstorm_pmi.so", "lib/storm"),
     };
-    Ok((pl_path, pmi_library))
+    Ok(Helpers {
+        pl_path,
+        pmi_library,
+        pmix_helper: find("storm-pmix", "libexec/storm"),
+    })
 }
 
 /// A started node manager daemon.
@@ -140,6 +156,7 @@ pub struct Prepared {
     entry: storm_cluster::config::NodeEntry,
     listen: Listen,
     pmi_library: PathBuf,
+    pmix_helper: PathBuf,
     stop: Arc<AtomicBool>,
     guest_user: Option<(u32, u32)>,
     spool: DaemonDir,
@@ -169,6 +186,7 @@ pub fn prepare(opts: NmOptions) -> Result<Prepared> {
         listen,
         pl_path,
         pmi_library,
+        pmix_helper,
         stop,
         guest,
     } = opts;
@@ -231,6 +249,7 @@ pub fn prepare(opts: NmOptions) -> Result<Prepared> {
         entry,
         listen,
         pmi_library,
+        pmix_helper,
         stop,
         guest_user: guest.map(|g| g.user),
         spool,
@@ -286,6 +305,7 @@ impl Prepared {
             entry,
             listen,
             pmi_library,
+            pmix_helper,
             stop,
             guest_user,
             spool,
@@ -326,7 +346,18 @@ impl Prepared {
         let op_timeout = Duration::from_millis(cfg.tcp.op_timeout_ms);
         // Sends from the first welcome on, at that membership's output queue epoch.
         let output = Output::start(prims.clone(), &rm, node, mm)?;
-        let pmi = PmiService::start(prims.clone(), &rm, node, mm, op_timeout * 2)?;
+        // Bounded: a helper that says more than the PMI thread takes waits for it.
+        let (pmix_tx, pmix_rx) = crossbeam_channel::bounded(1024);
+        let pmi = PmiService::start(prims.clone(), &rm, node, mm, op_timeout * 2, pmix_rx)?;
+        let scratch = scratch_root(&cfg.cluster.name, &entry.name, &spool);
+        let pmix = start_pmix(
+            &cfg,
+            &entry.name,
+            pmix_helper,
+            scratch.as_ref(),
+            pmix_tx,
+            &pmi,
+        );
         let jobs = Arc::new(AtomicUsize::new(0));
         let monitor = Monitor::start(
             prims.clone(),
@@ -349,7 +380,6 @@ impl Prepared {
             op_timeout,
         )
         .context("starting the sampling thread")?;
-        let scratch = scratch_root(&cfg.cluster.name, &entry.name, &spool);
         let env = DaemonEnv {
             guest,
             clock: SystemClock,
@@ -369,6 +399,7 @@ impl Prepared {
             pmi: DaemonPmi {
                 service: pmi,
                 library: pmi_library.clone(),
+                pmix,
             },
             switch_log,
             heartbeat_log,
@@ -477,9 +508,10 @@ pub struct DaemonEnv {
     guest: crate::guest::GuestProcess,
     clock: SystemClock,
     tasks: PlRunner,
+    /// Before the spool: the PMIx helper's directory goes before the scratch root does.
+    pmi: DaemonPmi,
     spool: DaemonSpool,
     output: Output,
-    pmi: DaemonPmi,
     /// Where applied schedules are recorded, if the cluster asks for it.
     switch_log: Option<std::io::LineWriter<std::fs::File>>,
     /// Where heartbeats are recorded as they are taken, if the cluster asks for it.
@@ -576,6 +608,48 @@ impl Drop for DaemonSpool {
     }
 }
 
+/// The node's PMIx server, where it can run: its helper gets a directory in the jobs'
+/// scratch root. Where it cannot, the NM says why once, and serves PMI-1 and PMI-2 alone.
+fn start_pmix(
+    cfg: &ClusterConfig,
+    node: &str,
+    helper: PathBuf,
+    scratch: Option<&DaemonDir>,
+    events: crossbeam_channel::Sender<crate::pmix::PmixEvent>,
+    pmi: &PmiService,
+) -> Option<crate::pmix::PmixLink> {
+    let root = match scratch.map(DaemonDir::try_clone) {
+        Some(Ok(root)) => root,
+        Some(Err(e)) => {
+            tracing::warn!("PMIx is not served on this node: the scratch root: {e}");
+            return None;
+        }
+        None => {
+            tracing::warn!("PMIx is not served on this node: it has no scratch root");
+            return None;
+        }
+    };
+    let settings = crate::pmix::PmixSettings {
+        helper,
+        security: cfg.cluster.pmix,
+        user: cfg.cluster.pmix_user.clone(),
+        node: node.to_string(),
+        root,
+        node_bytes: cfg.cluster.pmi_node_bytes,
+        job_bytes: cfg.cluster.pmi_job_bytes,
+    };
+    match crate::pmix::PmixLink::start(settings, events, pmi.waker()) {
+        Ok(link) => {
+            tracing::info!(version = link.version(), "PMIx served on this node");
+            Some(link)
+        }
+        Err(e) => {
+            tracing::warn!("PMIx is not served on this node: {e}");
+            None
+        }
+    }
+}
+
 /// The directory of node `node`'s jobs' scratch directories (see [`Spool::scratch_dir`]):
 /// in `/dev/shm` (memory) where the host has it, else in the spool. A name someone else
 /// made first is refused by [`DaemonDir`] (it is not this NM's), and jobs run without.
@@ -587,10 +661,33 @@ fn scratch_root(cluster: &str, node: &str, spool: &DaemonDir) -> Option<DaemonDi
         spool.subdir("scratch", 0o711)
     };
     match made {
-        Ok(d) => Some(d),
+        Ok(d) => {
+            remove_left_behind(&d);
+            Some(d)
+        }
         Err(e) => {
             tracing::warn!("jobs get no scratch directory on this node: {e}");
             None
+        }
+    }
+}
+
+/// What an earlier NM of this node left in the scratch root when it was killed (its jobs'
+/// directories, its PMIx helper's): a new NM runs none of those jobs, and `/dev/shm` is
+/// memory. Removed through the root's descriptor, never following a link.
+fn remove_left_behind(root: &DaemonDir) {
+    let Ok(names) = root.names() else {
+        return;
+    };
+    for name in names {
+        if name.starts_with("job-") || name == "pmix" {
+            match root.remove_tree(&name) {
+                Ok(()) => tracing::info!(
+                    "removed {} (left by an earlier NM)",
+                    root.join(&name).display()
+                ),
+                Err(e) => tracing::warn!("cannot remove {}: {e}", root.join(&name).display()),
+            }
         }
     }
 }
@@ -725,10 +822,12 @@ impl Spool for DaemonSpool {
     }
 }
 
-/// The PMI server's thread, and the library `--mpi openmpi` tasks load.
+/// The PMI server's thread, the library `--mpi openmpi` tasks load, and the node's PMIx
+/// server where libpmix is.
 struct DaemonPmi {
     service: PmiService,
     library: PathBuf,
+    pmix: Option<crate::pmix::PmixLink>,
 }
 
 impl PmiServer for DaemonPmi {
@@ -738,7 +837,7 @@ impl PmiServer for DaemonPmi {
         mode: MpiMode,
         facts: JobFacts,
         ranks: &[u32],
-    ) -> Result<Vec<Option<OwnedFd>>, String> {
+    ) -> Result<crate::env::PmiStart, String> {
         // Asked for by name, Open MPI's way in must be there (auto does without it).
         if mode == MpiMode::OpenMpi && !self.library.is_file() {
             return Err(format!(
@@ -761,12 +860,35 @@ impl PmiServer for DaemonPmi {
                 }
             }
         }
+        // PMIx, for a job of more than one rank (one rank is a world of one either way):
+        // registered before its tasks start, their variables for their environment.
+        let mut env = Vec::new();
+        if let Some(pmix) = &self.pmix
+            && mode.serves_pmix()
+            && facts.size > 1
+        {
+            let job_info = storm_pmix::wire::JobInfo {
+                nspace: facts.kvsname(),
+                size: facts.size,
+                nodes: facts.nodes.clone(),
+                node: facts.node as u32,
+                uid: facts.owner.0,
+                gid: facts.owner.1,
+            };
+            match pmix.register(job_info, ranks) {
+                Ok(e) => env = e,
+                Err(e) => tracing::warn!(job, "PMIx is not served to this job: {e}"),
+            }
+        }
         self.service.add_job(slot, facts, conns);
-        Ok(ends)
+        Ok(crate::env::PmiStart { ends, env })
     }
 
     fn remove_job(&mut self, job: JobId) {
         self.service.remove_job(job);
+        if let Some(pmix) = &self.pmix {
+            pmix.deregister(&format!("storm-{job}"));
+        }
     }
 
     fn resend(&mut self) {

@@ -190,18 +190,29 @@ pub trait OutputForwarder {
 /// The PMI server of this node.
 pub trait PmiServer {
     /// Serves the tasks `ranks` of an MPI job about to start here in `mode`; gives each
-    /// task's end of its PMI socket (or `None` for a task whose socket could not be made), or
-    /// why the job cannot be served at all.
+    /// task's end of its PMI socket (or `None` for a task whose socket could not be made) and
+    /// what PMIx adds to its environment, or why the job cannot be served at all.
     fn start_job(
         &mut self,
         slot: usize,
         mode: MpiMode,
         facts: JobFacts,
         ranks: &[u32],
-    ) -> Result<Vec<Option<OwnedFd>>, String>;
+    ) -> Result<PmiStart, String>;
     fn remove_job(&mut self, job: JobId);
     /// A new membership: send again the contributions of fences still waiting.
     fn resend(&mut self);
+}
+
+/// What the PMI server gives a job's local tasks ([`PmiServer::start_job`]), by task, in the
+/// order of the ranks asked for.
+#[derive(Default)]
+pub struct PmiStart {
+    /// Each task's end of its PMI socket.
+    pub ends: Vec<Option<OwnedFd>>,
+    /// What the node's PMIx server puts in each task's environment (`PMIX_NAMESPACE`,
+    /// `PMIX_RANK`, its address...); empty where PMIx is not served.
+    pub env: Vec<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
 }
 
 /// A completed gang switch, as the switch log records it.

@@ -39,6 +39,7 @@ pub mod membership;
 pub mod monitor;
 pub mod output;
 pub mod pmi;
+pub mod pmix;
 pub mod procstat;
 pub mod receive;
 pub mod report;

@@ -75,7 +75,11 @@ fn run() -> Result<()> {
             (setup.config, setup.slot, Some(setup.user))
         }
     };
-    let (pl_path, pmi_library) = nm_daemon::helpers(&config)?;
+    let nm_daemon::Helpers {
+        pl_path,
+        pmi_library,
+        pmix_helper,
+    } = nm_daemon::helpers(&config)?;
     // A warm guest waits at normal priority: its setup must not take a core from the daemons
     // of this node at work. It takes real-time priority once lent.
     if args.warm {
@@ -107,6 +111,7 @@ fn run() -> Result<()> {
         listen,
         pl_path,
         pmi_library,
+        pmix_helper,
         stop: stop.clone(),
         guest,
     })?;

@@ -650,8 +650,10 @@ impl<E: NmEnv> NodeManager<E> {
             ]);
         }
         if spec.mpi != MpiMode::None {
-            // The PMI server's socket (see `pmi`), as MPICH's and Slurm's launchers set it.
+            // The PMI server's socket (see `pmi`), as MPICH's and Slurm's launchers set it;
+            // and the node's PMIx server's variables, added by the PMI server.
             ours_prefixes.push("PMI_");
+            ours_prefixes.push("PMIX_");
             ours.extend([
                 ("PMI_FD", crate::pmi::PMI_FD.to_string()),
                 ("PMI_RANK", rank.to_string()),
@@ -684,6 +686,10 @@ impl<E: NmEnv> NodeManager<E> {
                 defaults.push(("OMPI_MCA_btl_vader_backing_directory", dir.clone()));
                 defaults.push(("OMPI_MCA_orte_tmpdir_base", dir));
             }
+            // Open MPI 4 keeps to its flux component where PMIx is served too (its PMIx
+            // components would take the PMIx variables); Open MPI 5 has no such component
+            // and speaks PMIx.
+            defaults.push(("OMPI_MCA_pmix", "flux".into()));
             let cpus = self.cfg.nodes[self.node as usize].cpus;
             let shared =
                 self.cfg.scheduler.policy == PolicyKind::Gang && self.cfg.scheduler.mpl > 1;
@@ -767,17 +773,34 @@ impl<E: NmEnv> NodeManager<E> {
             .then(|| self.env.spool().scratch_dir(spec.job, spec.uid, spec.gid))
             .flatten();
         // MPI jobs: the PMI server serves them from before they start.
-        let pmi_ends = if spec.mpi == MpiMode::None {
-            Ok(Vec::new())
+        let pmi = if spec.mpi == MpiMode::None {
+            Ok(crate::env::PmiStart::default())
         } else {
+            let nnodes = spec.nodes.len() as u32;
             let facts = JobFacts {
                 job: spec.job,
                 size: spec.ntasks,
-                mapping: process_mapping(spec.ntasks, spec.nodes.len() as u32),
+                mapping: process_mapping(spec.ntasks, nnodes),
                 v1: spec.mpi.serves_v1(),
                 v2: spec.mpi.serves_v2(),
                 node_bytes: self.rm.pmi_node_bytes,
                 job_bytes: self.rm.pmi_job_bytes,
+                nodes: spec
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        let (first, count) = ranks_on(spec.ntasks, nnodes, i as u32);
+                        let name = self
+                            .cfg
+                            .nodes
+                            .get(n as usize)
+                            .map_or_else(|| format!("node{n}"), |e| e.name.clone());
+                        (name, (first..first + count).collect())
+                    })
+                    .collect(),
+                node: k,
+                owner: (spec.uid, spec.gid),
             };
             self.env
                 .pmi()
@@ -785,14 +808,15 @@ impl<E: NmEnv> NodeManager<E> {
         };
         let mut started = Vec::new();
         for (local, &rank) in ranks.iter().enumerate() {
-            let r = match &pmi_ends {
-                Ok(ends) => {
+            let r = match &pmi {
+                Ok(started) => {
                     // The task's end is closed here once the launcher has it: the PMI server
                     // sees end of file when the task is gone (the launcher closes its copy
                     // once the task has started).
-                    let end = ends.get(local).and_then(Option::as_ref);
+                    let end = started.ends.get(local).and_then(Option::as_ref);
+                    let pmix = started.env.get(local).map_or(&[][..], Vec::as_slice);
                     let at = (local as u32, count);
-                    self.start_rank(&spec, &program, rank, at, end, scratch.as_deref())
+                    self.start_rank(&spec, &program, rank, at, (end, pmix), scratch.as_deref())
                 }
                 Err(why) => self.failed_rank(&spec, rank, why),
             };
@@ -822,7 +846,7 @@ impl<E: NmEnv> NodeManager<E> {
         program: &std::path::Path,
         rank: u32,
         (local, count): (u32, u32),
-        pmi: Option<&std::os::fd::OwnedFd>,
+        (pmi, pmix_env): (Option<&std::os::fd::OwnedFd>, &[(OsString, OsString)]),
         scratch: Option<&std::path::Path>,
     ) -> LocalRank {
         let name = &self.cfg.nodes[self.node as usize].name;
@@ -844,7 +868,11 @@ impl<E: NmEnv> NodeManager<E> {
             rank,
             program,
             args: &spec.args,
-            env: self.task_env(spec, rank, (local, count), scratch),
+            env: {
+                let mut env = self.task_env(spec, rank, (local, count), scratch);
+                env.extend(pmix_env.iter().cloned());
+                env
+            },
             cwd: &spec.cwd,
             uid: spec.uid,
             gid: spec.gid,

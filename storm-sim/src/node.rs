@@ -6,7 +6,6 @@
 //! out: program transfers are modelled on the MM's side ([`crate::env`]), and tasks speak no
 //! PMI.
 
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -313,9 +312,12 @@ impl PmiServer for NoFiles {
         _mode: MpiMode,
         _facts: JobFacts,
         ranks: &[u32],
-    ) -> Result<Vec<Option<OwnedFd>>, String> {
+    ) -> Result<storm_nm::env::PmiStart, String> {
         // Simulated tasks speak no PMI: they get no socket.
-        Ok(ranks.iter().map(|_| None).collect())
+        Ok(storm_nm::env::PmiStart {
+            ends: ranks.iter().map(|_| None).collect(),
+            env: Vec::new(),
+        })
     }
 
     fn remove_job(&mut self, _job: JobId) {}

@@ -49,7 +49,11 @@ fn main() -> Result<()> {
     let rm = RmLayout::new(&config)?;
     let fabric = LocalFabric::new(config.node_count() + 1, rm.layout.clone());
     let stop = daemon::stop_flag()?;
-    let (pl_path, pmi_library) = storm_nm::daemon::helpers(&config)?;
+    let storm_nm::daemon::Helpers {
+        pl_path,
+        pmi_library,
+        pmix_helper,
+    } = storm_nm::daemon::helpers(&config)?;
     // Every NM is started (or has failed to) before the MM starts and says it is ready.
     let mut nms = Vec::new();
     // Guest slots run no NM here: a lent node's own NM starts their guest.
@@ -61,6 +65,7 @@ fn main() -> Result<()> {
             listen: Listen::Local(fabric.clone()),
             pl_path: pl_path.clone(),
             pmi_library: pmi_library.clone(),
+            pmix_helper: pmix_helper.clone(),
             stop: stop.clone(),
             guest: None,
         };

@@ -67,6 +67,7 @@ pub fn ensure_daemons() {
             "storm-mm",
             "storm-nm",
             "storm-pl",
+            "storm-pmix",
             "libstorm_pmi.so",
             "storm-bench",
             "storm-peer",

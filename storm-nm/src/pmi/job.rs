@@ -29,6 +29,12 @@ pub struct JobFacts {
     /// The bytes of keys and values the job's whole key space may hold (`[cluster]
     /// pmi_job_bytes`).
     pub job_bytes: usize,
+    /// The job's nodes, in its order: each one's name and ranks (PMIx's maps), and this
+    /// node's index among them.
+    pub nodes: Vec<(String, Vec<u32>)>,
+    pub node: usize,
+    /// The job's user and group (a PMIx client's credentials are checked against them).
+    pub owner: (u32, u32),
 }
 
 impl JobFacts {
@@ -382,6 +388,84 @@ impl PmiJob {
         out
     }
 
+    // ------------------------------------------------------------------ PMIx
+    //
+    // A PMIx client speaks to the node's PMIx server (the OpenPMIx library in the NM's
+    // process, `crate::pmix`), not to its PMI socket. The library collects the local ranks'
+    // data and asks for a fence once per node, with this node's blob; here that blob becomes
+    // this node's contribution to the job's fence at the MM, like the PMI puts of a node's
+    // ranks, under a key of its own (`pmix.fence.N`). Connection and finalization count as
+    // PMI's init and finalize do, so a PMIx rank that leaves without finalizing (its task's
+    // PMI socket closes) ends the job the same way.
+
+    /// PMIx rank `rank` connected to the node's PMIx server: it is an MPI rank now.
+    pub fn pmix_connected(&mut self, rank: u32) -> Vec<Effect> {
+        if let Some(r) = self.ranks.get_mut(&rank) {
+            r.initialized = true;
+        }
+        self.ended_before_init()
+    }
+
+    /// PMIx rank `rank` finalized.
+    pub fn pmix_finalized(&mut self, rank: u32) {
+        if let Some(r) = self.ranks.get_mut(&rank) {
+            r.finalized = true;
+        }
+    }
+
+    /// PMIx rank `rank` called `PMIx_Abort`: the job ends with `status`, as with
+    /// `MPI_Abort` through PMI. The helper's word is a claim: a rank not of this node is no
+    /// one's, and changes nothing.
+    pub fn pmix_abort(&mut self, rank: u32, status: i32, message: String) -> Vec<Effect> {
+        if !self.ranks.contains_key(&rank) {
+            return Vec::new();
+        }
+        self.abort(rank, Some(status), message)
+    }
+
+    /// The node's PMIx server asks for a fence with this node's `blob` (every local rank
+    /// is in it): this node's contribution goes to the MM. Its key is this node's
+    /// (`node`, the node's index among the job's); every node puts one each fence, so after
+    /// the fence the key space holds every node's latest ([`PmiJob::pmix_blobs`]).
+    pub fn pmix_fence(&mut self, node: usize, blob: String) -> Vec<Effect> {
+        if self.contributed {
+            return Vec::new();
+        }
+        // Too much data is charged to the node's first rank (the library merged them all).
+        let first = self.ranks.keys().next().copied().unwrap_or(0);
+        if let Err(abort) = self.put(first, &pmix_key(node), &blob) {
+            return abort;
+        }
+        self.contributed = true;
+        vec![Effect::Contribute {
+            epoch: self.epoch + 1,
+            pairs: self.contribution(),
+        }]
+    }
+
+    /// The node's PMIx server had more of this node's data for a fence than a node may
+    /// give one (`bytes`): the job ends, naming the limit, as a PMI put over it does.
+    pub fn pmix_fence_too_large(&mut self, bytes: u64) -> Vec<Effect> {
+        let first = self.ranks.keys().next().copied().unwrap_or(0);
+        let limit = self.facts.node_bytes;
+        self.abort(
+            first,
+            None,
+            format!(
+                "this node's ranks gave one PMIx fence {bytes} bytes, more than the {limit} allowed for one fence's puts on a node ([cluster] pmi_node_bytes)"
+            ),
+        )
+    }
+
+    /// Every node's blob of the last fence, in node order (what the PMIx server takes as the
+    /// fence's collected data); `nodes` is the job's node count. A node that put none counts
+    /// as empty.
+    pub fn pmix_blobs(&self, nodes: usize) -> Vec<&str> {
+        (0..nodes)
+            .map(|n| self.kvs.get(&pmix_key(n)).map_or("", String::as_str))
+            .collect()
+    }
+
     /// Rank `rank`'s socket closed (the task ended). After init and before finalize that
     /// ends the job: the other ranks would wait for it for ever. So does a rank that ended
     /// before init in a job another local rank initialized (an MPI job): this node's part of
@@ -505,6 +589,11 @@ impl PmiJob {
     }
 }
 
+/// The key under which node `node` (its index in the job) puts its PMIx fence blob.
+fn pmix_key(node: usize) -> String {
+    format!("pmix.fence.{node}")
+}
+
 fn found_reply(
     reply: &impl Fn(&str, &[(&str, &str)]) -> Effect,
     cmd: &str,
@@ -530,7 +619,110 @@ mod tests {
             v2: true,
             node_bytes: 32 << 10,
             job_bytes: 1 << 20,
+            nodes: vec![("node0".into(), vec![0, 1]), ("node1".into(), vec![2, 3])],
+            node: 0,
+            owner: (65534, 65534),
         }
+    }
+
+    /// A PMIx fence: the node's server hands this node's data once; it goes to the MM as
+    /// this node's contribution, under the node's own key. The MM's result (every node's
+    /// data) gives the server every node's blob in node order, this one's included; a
+    /// second fence replaces each node's blob.
+    #[test]
+    fn a_pmix_fence_is_one_contribution_per_node_and_gives_every_nodes_data_in_order() {
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        match job.pmix_fence(0, "QUJD".into()).as_slice() {
+            [Effect::Contribute { epoch: 1, pairs }] => {
+                assert_eq!(pairs, &[("pmix.fence.0".to_string(), "QUJD".to_string())]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            job.pmix_fence(0, "QUJD".into()).is_empty(),
+            "one contribution per fence"
+        );
+        let union = vec![
+            ("pmix.fence.1".to_string(), "REVG".to_string()),
+            ("pmix.fence.0".to_string(), "QUJD".to_string()),
+        ];
+        assert!(job.fenced(1, union).is_empty(), "no PMI rank waits");
+        assert_eq!(job.pmix_blobs(2), ["QUJD", "REVG"]);
+        assert!(matches!(
+            job.pmix_fence(0, "WFla".into()).as_slice(),
+            [Effect::Contribute { epoch: 2, .. }]
+        ));
+        job.fenced(
+            2,
+            vec![
+                ("pmix.fence.0".to_string(), "WFla".to_string()),
+                ("pmix.fence.1".to_string(), "".to_string()),
+            ],
+        );
+        assert_eq!(job.pmix_blobs(2), ["WFla", ""]);
+    }
+
+    /// PMIx_Abort ends the job with its status, once; an abort the helper claims for a rank
+    /// of another node changes nothing.
+    #[test]
+    fn a_pmix_abort_ends_the_job_only_for_a_rank_of_this_node() {
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        assert!(job.pmix_abort(2, 9, "not here".into()).is_empty());
+        assert_eq!(
+            job.pmix_abort(1, 9, "PMIx_Abort: bye".into()),
+            [Effect::Abort {
+                rank: 1,
+                code: Some(9),
+                message: "PMIx_Abort: bye".into()
+            }]
+        );
+        assert!(job.pmix_abort(0, 3, "again".into()).is_empty(), "once");
+    }
+
+    /// More PMIx data from this node to one fence than a node may give ends the job, naming
+    /// the limit; nothing goes to the MM.
+    #[test]
+    fn pmix_data_over_the_node_limit_ends_the_job_naming_it() {
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        match job.pmix_fence_too_large(1 << 20).as_slice() {
+            [
+                Effect::Abort {
+                    rank: 0,
+                    code: None,
+                    message,
+                },
+            ] => {
+                assert!(message.contains("pmi_node_bytes"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Data the helper passed on whose base64 is over the limit is refused by the put.
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        match job.pmix_fence(0, "A".repeat(40 << 10)).as_slice() {
+            [Effect::Abort { message, .. }] => {
+                assert!(message.contains("pmi_node_bytes"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A PMIx client's connection counts as PMI's init: one that leaves without finalizing
+    /// ends the job; one that finalized may leave.
+    #[test]
+    fn a_pmix_client_that_leaves_without_finalizing_ends_the_job() {
+        let mut job = PmiJob::new(facts(), [0, 1]);
+        assert!(job.pmix_connected(0).is_empty());
+        assert!(job.pmix_connected(1).is_empty());
+        job.pmix_finalized(0);
+        assert!(job.closed(0).is_empty(), "rank 0 finalized");
+        assert!(matches!(
+            job.closed(1).as_slice(),
+            [Effect::Abort {
+                rank: 1,
+                code: None,
+                ..
+            }]
+        ));
     }
 
     fn v1(job: &mut PmiJob, rank: u32, line: &str) -> Vec<Effect> {

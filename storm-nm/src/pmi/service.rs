@@ -26,6 +26,9 @@ use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
 use super::job::{Effect, JobFacts, PmiJob};
 use super::wire::Framer;
+use crate::pmix::{FenceDone, PmixEvent};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 
 /// Key-value pairs of the PMI key space.
 type Pairs = Vec<(String, String)>;
@@ -59,6 +62,7 @@ impl PmiService {
         node: NodeId,
         mm: NodeId,
         op_timeout: Duration,
+        pmix: Receiver<PmixEvent>,
     ) -> std::io::Result<Self> {
         let (wake_r, wake_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
@@ -71,6 +75,7 @@ impl PmiService {
             mm,
             op_timeout,
             jobs: BTreeMap::new(),
+            pmix,
         };
         std::thread::Builder::new()
             .name(format!("storm-pmi-{node}"))
@@ -111,6 +116,11 @@ impl PmiService {
         let _ = self.tx.send(Msg::Resend);
         poke(&self.wake);
     }
+
+    /// What wakes the thread (the node's PMIx server's callbacks write to it).
+    pub fn waker(&self) -> Arc<OwnedFd> {
+        self.wake.clone()
+    }
 }
 
 fn poke(fd: &OwnedFd) {
@@ -148,6 +158,8 @@ struct Served {
     slot: usize,
     state: PmiJob,
     conns: BTreeMap<u32, Conn>,
+    /// The node's PMIx server waits for this fence's result.
+    pmix_fence: Option<FenceDone>,
 }
 
 struct Server {
@@ -157,6 +169,8 @@ struct Server {
     mm: NodeId,
     op_timeout: Duration,
     jobs: BTreeMap<JobId, Served>,
+    /// What the node's PMIx server's callbacks say (nothing where it does not run).
+    pmix: Receiver<PmixEvent>,
 }
 
 impl Server {
@@ -200,6 +214,9 @@ impl Server {
                     Err(crossbeam_channel::TryRecvError::Disconnected) => return,
                 }
             }
+            while let Ok(event) = self.pmix.try_recv() {
+                self.take_pmix(event);
+            }
             self.collect_results();
             for (pfd, (job, rank)) in fds[1..].iter().zip(who) {
                 if pfd.revents & libc::POLLOUT != 0 {
@@ -234,10 +251,20 @@ impl Server {
                         }
                     })
                     .collect();
-                self.jobs.insert(job, Served { slot, state, conns });
+                self.jobs.insert(
+                    job,
+                    Served {
+                        slot,
+                        state,
+                        conns,
+                        pmix_fence: None,
+                    },
+                );
             }
             Msg::Remove(job) => {
-                self.jobs.remove(&job);
+                if let Some(done) = self.jobs.remove(&job).and_then(|s| s.pmix_fence) {
+                    done.complete(Err(format!("job {job} ended")));
+                }
             }
             Msg::Resend => {
                 let waiting: Vec<(JobId, u32, Pairs)> = self
@@ -270,11 +297,106 @@ impl Server {
             })
             .collect();
         for (job, msg) in ready {
-            let effects = match self.jobs.get_mut(&job) {
-                Some(s) => s.state.fenced(msg.epoch, msg.pairs),
-                None => continue,
+            let Some(s) = self.jobs.get_mut(&job) else {
+                continue;
             };
+            let before = s.state.waiting_fence().map(|(e, _)| e);
+            let effects = s.state.fenced(msg.epoch, msg.pairs);
+            // A PMIx fence that this result completed: every node's data, in node order.
+            if before.is_some()
+                && s.state.waiting_fence().is_none()
+                && let Some(done) = s.pmix_fence.take()
+            {
+                let nodes = s.state.facts.nodes.len();
+                let mut data = Vec::new();
+                let mut bad = None;
+                for (node, blob) in s.state.pmix_blobs(nodes).into_iter().enumerate() {
+                    match BASE64.decode(blob) {
+                        Ok(bytes) => data.extend(bytes),
+                        Err(e) => bad = Some(format!("node {node}'s fence data: {e}")),
+                    }
+                }
+                done.complete(bad.map_or(Ok(data), Err));
+            }
             self.apply(job, effects);
+        }
+    }
+
+    /// Carries out what the node's PMIx server said, for the job whose namespace it names
+    /// (a job not served here is no one's), then answers the client's waiting call.
+    fn take_pmix(&mut self, event: PmixEvent) {
+        let job_of = |jobs: &BTreeMap<JobId, Served>, nspace: &str| {
+            jobs.iter()
+                .find(|(_, s)| s.state.facts.kvsname() == nspace)
+                .map(|(&j, _)| j)
+        };
+        match event {
+            PmixEvent::Connected { nspace, rank, done } => {
+                if let Some(job) = job_of(&self.jobs, &nspace) {
+                    let effects = self
+                        .jobs
+                        .get_mut(&job)
+                        .map(|s| s.state.pmix_connected(rank))
+                        .unwrap_or_default();
+                    self.apply(job, effects);
+                }
+                done.complete();
+            }
+            PmixEvent::Finalized { nspace, rank, done } => {
+                if let Some(job) = job_of(&self.jobs, &nspace)
+                    && let Some(s) = self.jobs.get_mut(&job)
+                {
+                    s.state.pmix_finalized(rank);
+                }
+                done.complete();
+            }
+            PmixEvent::Abort {
+                nspace,
+                rank,
+                status,
+                message,
+                done,
+            } => {
+                if let Some(job) = job_of(&self.jobs, &nspace) {
+                    let effects = self
+                        .jobs
+                        .get_mut(&job)
+                        .map(|s| s.state.pmix_abort(rank, status, message))
+                        .unwrap_or_default();
+                    self.apply(job, effects);
+                }
+                done.complete();
+            }
+            PmixEvent::Fence { nspace, data, done } => {
+                let Some(s) = job_of(&self.jobs, &nspace).and_then(|j| self.jobs.get_mut(&j))
+                else {
+                    done.complete(Err(format!("no job {nspace} here")));
+                    return;
+                };
+                let job = s.state.facts.job;
+                let node = s.state.facts.node;
+                let effects = s.state.pmix_fence(node, BASE64.encode(&data));
+                if let Some(earlier) = s.pmix_fence.replace(done) {
+                    earlier.complete(Err("a later fence replaced it".into()));
+                }
+                self.apply(job, effects);
+            }
+            PmixEvent::FenceTooLarge {
+                nspace,
+                bytes,
+                done,
+            } => {
+                let why = format!("{bytes} bytes of this node's PMIx data to one fence");
+                if let Some(job) = job_of(&self.jobs, &nspace) {
+                    let effects = self
+                        .jobs
+                        .get_mut(&job)
+                        .map(|s| s.state.pmix_fence_too_large(bytes))
+                        .unwrap_or_default();
+                    self.apply(job, effects);
+                }
+                done.complete(Err(why));
+            }
         }
     }
 
