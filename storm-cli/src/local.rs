@@ -313,11 +313,35 @@ fn daemon_log(root: &Path, name: &str) -> PathBuf {
 }
 
 /// `n` loopback addresses no one listens on now (for daemons that bind their own later).
+///
+/// They are drawn at random from below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port the kernel picked (port 0) and that is then
+/// freed until the daemon binds it may meanwhile become the local port of any outgoing
+/// connection on the host, and the daemon's bind then fails with "Address already in use".
 fn free_addresses(n: usize) -> Result<Vec<SocketAddr>> {
-    let held = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("binding loopback ports")?;
+    use rand::Rng;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let range = if ephemeral_low > 12_000 {
+        10_000..ephemeral_low
+    } else {
+        // A host whose ephemeral range starts low: ports above it are the ones left.
+        ephemeral_low.max(1024)..u16::MAX
+    };
+    let mut rng = rand::rng();
+    let mut held: Vec<TcpListener> = Vec::with_capacity(n);
+    let mut tries = 0;
+    while held.len() < n {
+        tries += 1;
+        if tries > 1000 + 10 * n {
+            bail!("no free loopback port found in {range:?} after {tries} tries");
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", rng.random_range(range.clone()))) {
+            held.push(l);
+        }
+    }
     Ok(held
         .iter()
         .map(|l| l.local_addr())
