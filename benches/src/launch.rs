@@ -27,6 +27,7 @@ use anyhow::{Context, Result, bail};
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, Progress};
 use storm_cluster::control::{Client, JobRequest};
+use storm_cluster::messages::MpiMode;
 use storm_cluster::tasks::TaskRequest;
 
 use crate::report::{Csv, Table};
@@ -42,6 +43,9 @@ pub struct LaunchArgs {
     pub fanout: Option<usize>,
     pub backend: storm_cluster::config::BackendKind,
     pub provider: Option<String>,
+    /// What PMI the do-nothing job is served (`storm-submit --mpi`; auto by default, as
+    /// users run).
+    pub mpi: storm_cluster::messages::MpiMode,
 }
 
 pub const CSV_HEADER: &[&str] = &[
@@ -99,7 +103,7 @@ struct Sample {
     end_to_end: f64,
 }
 
-fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample> {
+fn launch_once(cluster: &LocalCluster, program: &Path, n: u32, mpi: MpiMode) -> Result<Sample> {
     let client = Client::connect(cluster.socket()).map_err(anyhow::Error::msg)?;
     let file = File::open(program)?;
     let req = JobRequest {
@@ -109,6 +113,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32) -> Result<Sample>
             ..TaskRequest::default()
         },
         delivery: storm_cluster::control::Delivery::Broadcast,
+        mpi,
         ..JobRequest::new("donothing", program.to_path_buf(), std::env::temp_dir())
     };
     let start = Instant::now();
@@ -243,13 +248,14 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
     let mut table = Table::new(
         format!(
             "Job launch (paper Fig. 2a): do-nothing program on N nodes of an N-node embedded {:?} cluster{}, \
-             timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies; \
+             --mpi {}, timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies; \
              TCP floor: the program over N loopback TCP connections into N dirs + fork/exec; same run",
             args.backend,
             args.provider
                 .as_ref()
                 .map(|p| format!(" ({p})"))
                 .unwrap_or_default(),
+            args.mpi.name(),
             args.timeslice_ms,
             args.runs
         ),
@@ -293,10 +299,10 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
         })?;
         let mut launches: Vec<Vec<Sample>> = Vec::new();
         for (_, program) in &programs {
-            launch_once(&cluster, program, n)?; // warm-up: page cache, connections
+            launch_once(&cluster, program, n, args.mpi)?; // warm-up: page cache, connections
             let mut samples = Vec::new();
             for _ in 0..args.runs {
-                samples.push(launch_once(&cluster, program, n)?);
+                samples.push(launch_once(&cluster, program, n, args.mpi)?);
             }
             launches.push(samples);
         }

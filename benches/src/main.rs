@@ -127,6 +127,10 @@ enum Command {
         /// Also draw the figure (paper Fig. 2a: launch time against nodes, with the floor) into this PNG file.
         #[arg(long, value_name = "FILE.png")]
         plot: Option<PathBuf>,
+        /// What PMI the job is served, as `storm-submit --mpi` (auto: PMI-1, PMI-2 and PMIx,
+        /// what users get; none: no PMI at all).
+        #[arg(long, default_value = "auto")]
+        mpi: storm_cluster::messages::MpiMode,
     },
     /// Single-task jobs per second from concurrent clients, with p50/p99 submit-to-exit
     /// latency, beside fork/exec of /bin/true from as many threads in the same run.
@@ -487,8 +491,10 @@ fn main() -> Result<()> {
             provider,
             csv,
             plot,
+            mpi,
         } => {
             let args = launch::LaunchArgs {
+                mpi,
                 nodes,
                 sizes_mb,
                 runs: runs.max(1),
