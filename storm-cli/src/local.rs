@@ -348,6 +348,12 @@ fn free_addresses(n: usize) -> Result<Vec<SocketAddr>> {
         .collect::<std::io::Result<_>>()?)
 }
 
+/// A loopback port no one listens on now, drawn as [`free_addresses`] draws them: for a
+/// daemon a caller configures to bind it later (a federation agent's listener).
+pub fn free_loopback_port() -> Result<u16> {
+    Ok(free_addresses(1)?[0].port())
+}
+
 /// The last lines of a daemon's log worth showing: its error and causes, without the
 /// backtrace that follows them.
 pub(crate) fn tail(path: &Path) -> String {

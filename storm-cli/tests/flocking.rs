@@ -40,11 +40,7 @@ use support::{NOBODY, TestCluster, start_agent};
 const PEER_TIMEOUT_MS: u64 = 3000;
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    storm_cli::local::free_loopback_port().expect("a free loopback port")
 }
 
 /// A cluster of `nodes` nodes named `name`, its agent listening on `listen`, with `peer`.

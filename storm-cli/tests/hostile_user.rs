@@ -795,13 +795,7 @@ fn a_user_cannot_act_as_the_peer_agent_or_the_operator() {
     let keys = tempfile::tempdir().unwrap();
     let pair = keys.path().join("pair.key");
     storm_cluster::key::generate(&pair).unwrap();
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
+    let free_port = || storm_cli::local::free_loopback_port().expect("a free loopback port");
     let c = TestCluster::with(storm_cli::local::LocalOptions {
         cpus: Some(support::TEST_CPUS),
         name: Some("victim".into()),

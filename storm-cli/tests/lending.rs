@@ -39,11 +39,7 @@ use storm_cluster::federation::{FederationSection, GuestOf, PeerEntry};
 use support::{NOBODY, TestCluster};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    storm_cli::local::free_loopback_port().expect("a free loopback port")
 }
 
 fn peer(name: &str, port: u16, key: &std::path::Path) -> PeerEntry {
@@ -62,17 +58,59 @@ fn peer(name: &str, port: u16, key: &std::path::Path) -> PeerEntry {
 }
 
 /// `child`'s output once it ends, or `None` (it is killed) if it runs past `limit`.
-fn output_within(mut child: std::process::Child, limit: Duration) -> Option<std::process::Output> {
+fn output_within(child: std::process::Child, limit: Duration) -> Option<std::process::Output> {
+    ended_within(child, limit).ok()
+}
+
+/// `child`'s output once it ends; if it runs past `limit`, it is killed and what it had
+/// printed is the error.
+fn ended_within(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> Result<std::process::Output, String> {
     let until = std::time::Instant::now() + limit;
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > until {
             let _ = child.kill();
-            let _ = child.wait();
-            return None;
+            let out = child.wait_with_output().unwrap();
+            return Err(format!(
+                "still running after {limit:?}; it had printed:\n{}{}",
+                support::text(&out.stdout),
+                support::text(&out.stderr)
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Some(child.wait_with_output().unwrap())
+    Ok(child.wait_with_output().unwrap())
+}
+
+/// The last lines of every daemon log of `clusters` (`mm.log`, `nodeN.log`), for a failure's
+/// message.
+fn daemon_logs(clusters: &[&TestCluster]) -> String {
+    let mut all = String::new();
+    for c in clusters {
+        let Ok(dir) = std::fs::read_dir(&c.root) else {
+            continue;
+        };
+        let mut logs: Vec<PathBuf> = dir
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(30)..];
+            all += &format!(
+                "--- {} (last {} lines)\n{}\n",
+                log.display(),
+                tail.len(),
+                tail.join("\n")
+            );
+        }
+    }
+    all
 }
 
 /// Processes of user `uid` alive now (zombies left out: they are dead, waiting for init)
@@ -399,7 +437,12 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the dead node's slot goes down",
     );
     lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
-    let out = output_within(job, Duration::from_secs(60)).expect("the requeued job ends");
+    let out = ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
+        panic!(
+            "the requeued job ends: {e}\n{}",
+            daemon_logs(&[&lender, &borrower])
+        )
+    });
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
@@ -436,8 +479,12 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the guest outlives its NM"
     );
     lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
-    let out = output_within(job, Duration::from_secs(60))
-        .expect("the job on the orphan's slot ends once the new NM stops the orphan");
+    let out = ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
+        panic!(
+            "the job on the orphan's slot ends once the new NM stops the orphan: {e}\n{}",
+            daemon_logs(&[&lender, &borrower])
+        )
+    });
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(

@@ -30,11 +30,7 @@ use storm_cluster::federation::{FederationSection, GuestOf, PeerEntry};
 use support::{NOBODY, TestCluster, text};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    storm_cli::local::free_loopback_port().expect("a free loopback port")
 }
 
 fn peer(name: &str, port: u16, key: &Path) -> PeerEntry {
