@@ -25,6 +25,7 @@ mod faults;
 mod federation;
 mod fuzz;
 mod gang;
+mod hpcc;
 mod launch;
 mod lending;
 mod links;
@@ -270,6 +271,31 @@ enum Command {
         /// Timeslice of the cluster, in milliseconds.
         #[arg(long, default_value_t = 1.0)]
         timeslice_ms: f64,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// HPC Challenge (Debian's hpcc, Open MPI) under storm-submit with no MPI flag and under
+    /// mpirun, interleaved on this host; each figure's ratio (above 1: storm slower).
+    Hpcc {
+        /// Ranks, all on one node.
+        #[arg(long, default_value_t = 2)]
+        ranks: u32,
+        /// HPL's matrix order.
+        #[arg(long, default_value_t = 2000)]
+        n: u32,
+        /// Measured runs under each (after one warm-up of each).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Timeslice of the cluster, in milliseconds.
+        #[arg(long, default_value_t = 1.0)]
+        timeslice_ms: f64,
+        /// The hpcc binary.
+        #[arg(long, default_value = "/usr/bin/hpcc")]
+        program: PathBuf,
+        /// Open MPI's launcher, the baseline.
+        #[arg(long, default_value = "mpirun")]
+        mpirun: String,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -670,6 +696,30 @@ fn main() -> Result<()> {
             };
             let mut out = report::Csv::new(mpi::CSV_HEADER);
             println!("{}", mpi::run(&args, &mut out)?.render());
+            out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Hpcc {
+            ranks,
+            n,
+            runs,
+            timeslice_ms,
+            program,
+            mpirun,
+            csv,
+        } => {
+            if ranks == 0 || n == 0 || timeslice_ms <= 0.0 {
+                anyhow::bail!("--ranks, --n and --timeslice-ms must be positive");
+            }
+            let args = hpcc::HpccArgs {
+                ranks,
+                n,
+                runs: runs.max(1),
+                timeslice_ms,
+                program,
+                mpirun,
+            };
+            let mut out = report::Csv::new(hpcc::CSV_HEADER);
+            println!("{}", hpcc::run(&args, &mut out)?.render());
             out.write_if_asked(csv.as_deref())?;
         }
         Command::Startup {
