@@ -11,56 +11,13 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use storm_cli::local::LocalOptions;
 use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
+use support::mpi::{compile, mpi_program, mpi_tool, sorted_lines};
 use support::{TestCluster, say_not_tested, script, text};
-
-/// `tool.<flavour>` if Debian's alternatives installed it under that name, else `tool`.
-fn mpi_tool(tool: &str, flavour: &str) -> String {
-    let named = format!("{tool}.{flavour}");
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&named).is_file()));
-    if found { named } else { tool.to_string() }
-}
-
-/// Compiles `tests/mpi/<name>.c` with MPICH's mpicc into `dir`, or says why the test cannot
-/// run.
-fn mpi_program(test: &str, dir: &Path, name: &str) -> Option<PathBuf> {
-    compile(
-        test,
-        &mpi_tool("mpicc", "mpich"),
-        dir,
-        name,
-        "mpich and libmpich-dev",
-    )
-}
-
-fn compile(test: &str, mpicc: &str, dir: &Path, name: &str, packages: &str) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mpi")
-        .join(format!("{name}.c"));
-    let out = dir.join(name);
-    match Command::new(mpicc).arg("-o").arg(&out).arg(&src).output() {
-        Ok(o) if o.status.success() => Some(out),
-        Ok(o) => panic!("{mpicc} failed on {}: {}", src.display(), text(&o.stderr)),
-        Err(e) => {
-            say_not_tested(
-                test,
-                &format!("{mpicc} is not installed ({e}); install {packages}"),
-            );
-            None
-        }
-    }
-}
-
-fn sorted_lines(b: &[u8]) -> Vec<String> {
-    let mut v: Vec<String> = text(b).lines().map(str::to_string).collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn an_mpi_program_prints_under_storm_what_it_prints_under_mpiexec() {

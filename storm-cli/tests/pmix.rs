@@ -9,70 +9,18 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use storm_cli::local::LocalOptions;
 use storm_cluster::config::PmixSecurity;
-use support::{TestCluster, say_not_tested, text};
+use support::mpi::{pmix_program, sorted_lines};
+use support::{TestCluster, text};
 
 /// A job's account in the attack (Debian's `daemon`) and the attacker's (`bin`).
 const VICTIM: u32 = 1;
 const ATTACKER: u32 = 2;
-
-/// Compiles `tests/mpi/<name>.c` against OpenPMIx into `dir`, or says why the test cannot
-/// run (no libpmix-dev, or no munged to check credentials with).
-fn pmix_program(test: &str, dir: &Path, name: &str) -> Option<PathBuf> {
-    let flags = match Command::new("pkg-config")
-        .args(["--cflags", "--libs", "pmix"])
-        .output()
-    {
-        Ok(o) if o.status.success() => text(&o.stdout),
-        _ => {
-            say_not_tested(test, "OpenPMIx is not installed (install libpmix-dev)");
-            return None;
-        }
-    };
-    let munged = Command::new("munge")
-        .arg("-n")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !munged.is_ok_and(|s| s.success()) {
-        say_not_tested(
-            test,
-            "munged is not running (install munge and start munged): PMIx is served only with MUNGE",
-        );
-        return None;
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mpi")
-        .join(format!("{name}.c"));
-    let out = dir.join(name);
-    let o = Command::new("cc")
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .args(flags.split_whitespace())
-        .output()
-        .expect("cc");
-    assert!(
-        o.status.success(),
-        "cc {}: {}",
-        src.display(),
-        text(&o.stderr)
-    );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
-    Some(out)
-}
-
-fn sorted_lines(b: &[u8]) -> Vec<String> {
-    let mut v: Vec<String> = text(b).lines().map(str::to_string).collect();
-    v.sort();
-    v
-}
 
 /// The processes named `storm-pmix`: (pid, real uid, effective uid).
 fn helpers() -> Vec<(u32, u32, u32)> {

@@ -10,6 +10,7 @@ use std::sync::Once;
 use storm_cli::local::{LocalCluster, LocalOptions};
 
 pub mod handshake;
+pub mod mpi;
 pub mod testbed;
 
 /// The directory holding the workspace's binaries (target/debug).
