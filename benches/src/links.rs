@@ -309,6 +309,7 @@ pub fn seal_costs() -> Table {
         input: Default::default(),
         batch: None,
         mem: None,
+        kill_on_bad_exit: false,
     });
     let bytes =
         storm_cluster::messages::encode("heartbeat", &[launch], 1 << 20).expect("a launch encodes");

@@ -71,6 +71,7 @@ fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
         borrow: shape.borrow,
         less: shape.less,
         one_cluster: shape.one_cluster,
+        kill_on_bad_exit: false,
     })
 }
 

@@ -223,6 +223,7 @@ pub fn request(
         borrow: shape.borrow,
         less: shape.less,
         one_cluster: shape.one_cluster,
+        kill_on_bad_exit: false,
     };
     Ok((req, source))
 }

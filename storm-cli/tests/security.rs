@@ -450,6 +450,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
             input: Default::default(),
             batch: None,
             mem: None,
+            kill_on_bad_exit: false,
         });
         let mut hb = Heartbeat {
             seq,

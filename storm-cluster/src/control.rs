@@ -39,7 +39,8 @@ use crate::tasks::TaskRequest;
 /// `one_cluster`. Version 21: calling lent nodes home with notice (`Reclaim`'s `now`,
 /// `Recalls`, `Recalled`). Version 22: a flocked job's standard input in its `FlockOrder`.
 /// Version 23: each node of a `Lent` says whether it was lent on the borrower's asking.
-pub const PROTOCOL_VERSION: u32 = 23;
+/// Version 24: a request's `kill_on_bad_exit`.
+pub const PROTOCOL_VERSION: u32 = 24;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A job as storm-submit asks for it.
@@ -103,6 +104,9 @@ pub struct JobRequest {
     /// Its nodes are all of one cluster: this one's own, or one lender's guest slots, never
     /// both (`--one-cluster`, Balloc's `--ba--one`).
     pub one_cluster: bool,
+    /// A rank that exits with a non-zero code or is killed by a signal ends the whole job at
+    /// once, with its code (`--kill-on-bad-exit`, srun's `-K`; docs/mpi.md).
+    pub kill_on_bad_exit: bool,
 }
 
 /// Memory a job asks for, as srun means it (bytes).
@@ -161,6 +165,7 @@ impl JobRequest {
             borrow: false,
             less: false,
             one_cluster: false,
+            kill_on_bad_exit: false,
         }
     }
 }

@@ -612,6 +612,7 @@ mod tests {
             input: Default::default(),
             batch: None,
             mem: None,
+            kill_on_bad_exit: false,
         })
     }
 

@@ -221,6 +221,9 @@ pub struct LaunchSpec {
     pub batch: Option<BatchLaunch>,
     /// The memory the job may use on each node (bytes, `--mem`): its cgroup's limit there.
     pub mem: Option<u64>,
+    /// A local rank that exits non-zero or by a signal ends the job (`--kill-on-bad-exit`):
+    /// its NM stops the job's other local ranks and names it in its report.
+    pub kill_on_bad_exit: bool,
 }
 
 /// Where a batch script's output goes (`storm batch -o/-e`): patterns, relative to the
@@ -651,6 +654,9 @@ pub struct NodeReport {
     /// (rank, status) for each task of the job on this node.
     pub statuses: Vec<(u32, RankStatus)>,
     pub timing: NodeTiming,
+    /// The local rank whose failure ended the job here (`--kill-on-bad-exit`): the others
+    /// were stopped by its NM because of it.
+    pub culprit: Option<u32>,
 }
 
 /// When a job's tasks ran on one node, in microseconds after the node took the heartbeat
@@ -1038,6 +1044,7 @@ mod tests {
             input: Default::default(),
             batch: None,
             mem: None,
+            kill_on_bad_exit: false,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
         let bad = |f: &dyn Fn(&mut LaunchSpec)| {
@@ -1076,6 +1083,7 @@ mod tests {
                     input: Default::default(),
                     batch: None,
                     mem: None,
+                    kill_on_bad_exit: false,
                 }),
             ],
             seal: Some(crate::identity::Seal {

@@ -760,6 +760,7 @@ fn launch_spec() -> LaunchSpec {
             array: Some((40, 2, 10)),
         }),
         mem: Some(256 << 20),
+        kill_on_bad_exit: true,
     }
 }
 
@@ -854,6 +855,7 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                         oom_kills: Some(1),
                     },
                 },
+                culprit: Some(1),
             },
         ),
         tagged(
@@ -1026,6 +1028,7 @@ fn job_request() -> JobRequest {
         borrow: true,
         less: true,
         one_cluster: true,
+        kill_on_bad_exit: true,
     }
 }
 

@@ -144,6 +144,8 @@ struct LocalJob {
     /// Reported to another MM process: reported again to this one once the output that
     /// process may not have passed on has been sent again.
     report_again: bool,
+    /// The local rank whose failure ended the job here (`--kill-on-bad-exit`).
+    culprit: Option<u32>,
 }
 
 impl LocalJob {
@@ -159,6 +161,7 @@ impl LocalJob {
             output_closed: false,
             reported: false,
             report_again: false,
+            culprit: None,
         }
     }
 
@@ -1242,6 +1245,7 @@ impl<E: NmEnv> NodeManager<E> {
         let mut ready = Vec::new();
         let mut close = Vec::new();
         let mut exiting = false;
+        let mut stop = Vec::new();
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
             let held_out = j.held_out();
             for r in j.ranks.iter_mut() {
@@ -1250,6 +1254,10 @@ impl<E: NmEnv> NodeManager<E> {
                 };
                 if let Some(s) = self.env.tasks().status(task) {
                     r.status = Some(s);
+                    if j.spec.kill_on_bad_exit && !j.ending && j.culprit.is_none() && failed(s) {
+                        j.culprit = Some(r.rank);
+                        stop.push(*job);
+                    }
                 } else if held_out {
                     Self::halt(&mut self.env, r);
                 } else if r.output.load(Ordering::Acquire) == 0 {
@@ -1280,6 +1288,14 @@ impl<E: NmEnv> NodeManager<E> {
             if drained && flushed {
                 ready.push(*job);
             }
+        }
+        // `--kill-on-bad-exit`: a rank failed; the job's other local ranks stop now, and
+        // the report names it (the MM then ends the job on its other nodes).
+        for job in stop {
+            if let Some(j) = self.jobs.get(&job) {
+                tracing::info!(node = self.node, job, rank = ?j.culprit, "a rank failed under --kill-on-bad-exit: stopping the job's other ranks here");
+            }
+            self.signal_job(job, libc::SIGTERM);
         }
         self.exiting_since = match (exiting, self.exiting_since) {
             (false, _) => None,
@@ -1338,7 +1354,8 @@ impl<E: NmEnv> NodeManager<E> {
             reported_us: since(self.env.stamp_ns()),
             usage,
         };
-        self.reporter().report(&j.spec, statuses, timing)?;
+        self.reporter()
+            .report(&j.spec, statuses, timing, j.culprit)?;
         let Some(j) = self.jobs.get_mut(&job) else {
             return Ok(());
         };
@@ -1354,6 +1371,11 @@ impl<E: NmEnv> NodeManager<E> {
         tracing::info!(node = self.node, job, "reported termination");
         Ok(())
     }
+}
+
+/// Whether a rank's end is a failure (`--kill-on-bad-exit`): a non-zero code or a signal.
+fn failed(status: RankStatus) -> bool {
+    !matches!(status, RankStatus::Exited(0))
 }
 
 /// The jobs a node holds: those launched here, and those waiting for their time slot.

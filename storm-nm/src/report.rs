@@ -45,19 +45,22 @@ impl Reporter<'_> {
     }
 
     /// Tells the MM how job `spec`'s tasks on this node ended: the report into the MM's
-    /// report area, then this node's termination flag, and, from the job's reporter node,
-    /// the hint that raises the MM's termination event.
+    /// report area, then this node's termination flag, and, from the job's reporter node or
+    /// a node whose rank's failure ends the job (`culprit`, `--kill-on-bad-exit`), the hint
+    /// that raises the MM's termination event.
     pub fn report(
         &self,
         spec: &LaunchSpec,
         statuses: Vec<(u32, RankStatus)>,
         timing: NodeTiming,
+        culprit: Option<u32>,
     ) -> Result<(), ReportError> {
         let slot = spec.slot as usize;
         let report = NodeReport {
             job: spec.job,
             statuses,
             timing,
+            culprit,
         };
         let bytes = encode_sealed("report", &report, self.rm.report_bytes)?;
         let mm = NodeSet::single(self.mm);
@@ -66,7 +69,7 @@ impl Reporter<'_> {
         self.prims
             .memory()
             .store(self.rm.terminated.at(slot), spec.job);
-        if spec.reporter == self.node {
+        if spec.reporter == self.node || culprit.is_some() {
             let hint = self.rm.term_hint.at(slot).offset();
             self.put_and_wait(
                 &mm,

@@ -56,6 +56,11 @@ struct Args {
         default_value = "auto"
     )]
     mpi: storm_cluster::messages::MpiMode,
+    /// A rank that exits with a non-zero code or is killed by a signal ends the whole job at
+    /// once, and the job exits with its code (srun's `-K`). Without it, such a rank ends the
+    /// job only if it had started MPI (docs/mpi.md); the others run on.
+    #[arg(short = 'K', long)]
+    kill_on_bad_exit: bool,
     /// Which tasks read this standard input: a rank, `all`, or `none` (their standard input
     /// is then /dev/null). In the background of a terminal, none.
     #[arg(short = 'i', long, value_name = "RANK|all|none", default_value = "0")]
@@ -440,6 +445,7 @@ fn run(args: Args) -> Result<i32, String> {
         borrow: shape.borrow,
         less: shape.less,
         one_cluster: shape.one_cluster,
+        kill_on_bad_exit: args.kill_on_bad_exit,
     };
 
     let local = match args.local {

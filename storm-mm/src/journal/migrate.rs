@@ -1,6 +1,9 @@
 //! Journals of the previous formats, read once and written again in this one.
 //!
-//! * **Format 18** is this format but for the lease: format 19 added whether the owner calls
+//! * **Format 19** is this format but for the job request: format 20 added whether a rank's
+//!   failure ends the job at once (`kill_on_bad_exit`, `--kill-on-bad-exit`). A job of format
+//!   19 comes over without it, as it was submitted. Format 18's jobs are format 19's.
+//! * **Format 18** is format 19 but for the lease: format 19 added whether the owner calls
 //!   a lent node home (`recall`). A lease of format 18 comes over not called home, as it was:
 //!   no earlier storm called a node home with notice.
 //! * **Format 17** is this format but for the job request and the lease: format 18 added
@@ -43,7 +46,7 @@ use storm_primitives::NodeSet;
 use super::{JobRecord, JobState, NodeRecord};
 
 /// The formats this module reads.
-pub(super) const READS: [u64; 6] = [13, 14, 15, 16, 17, 18];
+pub(super) const READS: [u64; 7] = [13, 14, 15, 16, 17, 18, 19];
 
 /// A job request as formats 13 and 14 wrote it (the tests write one, too).
 #[derive(Deserialize)]
@@ -124,7 +127,26 @@ impl From<JobRequest17> for JobRequest {
     }
 }
 
-/// A job record as formats 14 to 17 wrote it, with their request `R` (the state is this
+/// A job request as formats 18 and 19 wrote it: format 17's, then `less` and `one_cluster`.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct JobRequest19 {
+    head: JobRequest17,
+    less: bool,
+    one_cluster: bool,
+}
+
+impl From<JobRequest19> for JobRequest {
+    fn from(r: JobRequest19) -> Self {
+        JobRequest {
+            less: r.less,
+            one_cluster: r.one_cluster,
+            ..r.head.into()
+        }
+    }
+}
+
+/// A job record as formats 14 to 19 wrote it, with their request `R` (the state is this
 /// format's: it last changed in format 14).
 #[derive(Deserialize)]
 struct JobRecordOf<R> {
@@ -195,6 +217,12 @@ struct NodeRecord17 {
 
 /// A node record of `format` (one of [`READS`]), as this format holds it.
 pub(super) fn node_from(format: u64, bytes: &[u8]) -> Result<NodeRecord, String> {
+    if format == 19 {
+        // Format 19's node records are this format's: only its job requests differ.
+        return storm_primitives::codec::decode::<NodeRecord>(bytes)
+            .map(|(r, _)| r)
+            .map_err(|e| e.to_string());
+    }
     if format == 18 {
         let (old, _) =
             storm_primitives::codec::decode::<NodeRecord18>(bytes).map_err(|e| e.to_string())?;
@@ -255,6 +283,7 @@ impl From<JobRequest14> for JobRequest {
             borrow: false,
             less: false,
             one_cluster: false,
+            kill_on_bad_exit: false,
         }
     }
 }
@@ -293,12 +322,8 @@ enum JobState13 {
 /// it does not decode.
 pub(super) fn job_from(format: u64, bytes: &[u8]) -> Result<JobRecord, String> {
     match format {
-        // Format 18's jobs are this format's: only its leases differ.
-        18 => {
-            return storm_primitives::codec::decode::<JobRecord>(bytes)
-                .map(|(r, _)| r)
-                .map_err(|e| e.to_string());
-        }
+        // Format 18's jobs are format 19's: only its leases differ.
+        18 | 19 => return JobRecordOf::<JobRequest19>::read(bytes),
         17 => return JobRecordOf::<JobRequest17>::read(bytes),
         16 => return JobRecordOf::<JobRequest16>::read(bytes),
         15 => return JobRecordOf::<JobRequest15>::read(bytes),
@@ -441,8 +466,26 @@ mod tests {
         }
     }
 
+    /// `r` as formats 18 and 19 wrote it.
+    fn request_19(r: &JobRequest) -> JobRequest19 {
+        assert!(!r.kill_on_bad_exit, "format 19 had no --kill-on-bad-exit");
+        JobRequest19 {
+            head: request_17(&JobRequest {
+                less: false,
+                one_cluster: false,
+                ..r.clone()
+            }),
+            less: r.less,
+            one_cluster: r.one_cluster,
+        }
+    }
+
+    fn written_19(rec: &JobRecord) -> Vec<u8> {
+        encode(rec, request_19(&rec.req))
+    }
+
     fn written_18(rec: &JobRecord) -> Vec<u8> {
-        encode(rec, &rec.req)
+        encode(rec, request_19(&rec.req))
     }
 
     fn written_17(rec: &JobRecord) -> Vec<u8> {
@@ -603,6 +646,12 @@ mod tests {
     #[test]
     fn a_journal_of_format_18_is_read_and_rewritten_in_this_format() {
         upgrade_from(18, written_18);
+    }
+
+    /// Format 19: requests come over without `--kill-on-bad-exit`.
+    #[test]
+    fn a_journal_of_format_19_is_read_and_rewritten_in_this_format() {
+        upgrade_from(19, written_19);
     }
 
     /// Node record `old`, written by `format`, is read as `want`, and rewritten so.

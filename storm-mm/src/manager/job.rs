@@ -466,6 +466,7 @@ pub(super) fn launch_spec(
             array: req.element.map(|e| (e.array, e.index, e.count)),
         }),
         mem: req.mem.map(|m| m.per_node(held_cpus)),
+        kill_on_bad_exit: req.kill_on_bad_exit,
     }
 }
 

@@ -721,6 +721,7 @@ impl<E: MmEnv> MachineManager<E> {
                     }
                 }
             }
+            self.end_for_failed_ranks();
         }
         let ending: Vec<(JobId, usize, NodeSet)> = self
             .jobs

@@ -15,12 +15,14 @@
 //!
 //! A node may instead write an abort (a rank's `MPI_Abort`, a broken protocol, a rank gone
 //! without finalize): the job is cancelled with the rank's message and ends with its code.
+//! A `--kill-on-bad-exit` job ends the same way when a node's report names a failed rank
+//! ([`MachineManager::end_for_failed_ranks`]), MPI or not.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use storm_cluster::messages::{
-    JobId, MpiMode, PmiFenced, PmiUp, RankStatus, decode_sealed, encode_sealed,
+    JobId, MpiMode, NodeReport, PmiFenced, PmiUp, RankStatus, decode_sealed, encode_sealed,
 };
 use storm_primitives::{NodeSet, Wait};
 
@@ -111,6 +113,44 @@ impl<E: MmEnv> MachineManager<E> {
         self.cancel(id, why);
         if !had_cause && let Some(j) = self.jobs.get_mut(&id) {
             j.end_cause = None;
+        }
+    }
+
+    /// Ends every `--kill-on-bad-exit` job a node of which reports a failed rank (its NM has
+    /// stopped its other local ranks and raised the termination hint): the job's other
+    /// nodes stop too, and the job takes that rank's code and cause.
+    pub(super) fn end_for_failed_ranks(&mut self) {
+        let watched: Vec<(JobId, usize, NodeSet)> = self
+            .jobs
+            .values()
+            .filter(|j| j.terminating && j.req.kill_on_bad_exit && j.culprit.is_none())
+            .filter_map(|j| Some((j.id, j.slot?, j.nodes.clone())))
+            .collect();
+        for (id, slot, nodes) in watched {
+            let failed = nodes.iter().find_map(|n| {
+                let bytes = self
+                    .prims
+                    .memory()
+                    .read_vec(
+                        self.rm.report_offset(slot, n as usize),
+                        self.rm.report_bytes,
+                    )
+                    .ok()?;
+                let report =
+                    decode_sealed::<NodeReport>("report", &bytes, self.rm.report_bytes).ok()?;
+                (report.job == id).then_some((n, report.culprit?))
+            });
+            if let Some((node, rank)) = failed {
+                self.end_for_rank(
+                    id,
+                    Culprit {
+                        rank,
+                        node,
+                        code: None,
+                        message: "the job ends when a rank fails (--kill-on-bad-exit)".into(),
+                    },
+                );
+            }
         }
     }
 

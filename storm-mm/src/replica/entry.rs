@@ -16,11 +16,11 @@ use crate::journal::{Batch, Change};
 /// What marks a journal commit's part in the log (Raft's entry context): the journal's format,
 /// so that a replica never reads a part written in another (bincode's records carry no
 /// version of their own, and one format's bytes can decode as another's, wrongly).
-pub const CONTEXT: &[u8] = b"journal-19";
+pub const CONTEXT: &[u8] = b"journal-20";
 
 /// Why a journal commit's part of an older mark (none until the journal's format 14) does not
 /// decode.
-pub const OLDER_FORMAT: &str = "a journal commit written by a storm-mm of journal format 18 \
+pub const OLDER_FORMAT: &str = "a journal commit written by a storm-mm of journal format 19 \
      or older; upgrade a group's replicas together, once every entry is applied (see \
      docs/operations.md)";
 
