@@ -22,6 +22,20 @@ use support::{TestCluster, text};
 const VICTIM: u32 = 1;
 const ATTACKER: u32 = 2;
 
+/// The inodes of the TCP sockets listening on loopback at `ports` (from /proc/net/tcp).
+fn listening_inodes(ports: &[u16]) -> Vec<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            (f.get(3) == Some(&"0A") && ports.contains(&port)).then(|| f.get(9)?.parse().ok())?
+        })
+        .collect()
+}
+
 /// The processes named `storm-pmix`: (pid, real uid, effective uid).
 fn helpers() -> Vec<(u32, u32, u32)> {
     let mut found = Vec::new();
@@ -95,8 +109,37 @@ fn a_pmix_program_is_one_world_with_no_flags_on_pretend_nodes() {
             })
             .collect();
         assert_eq!(ours.len(), 2, "one PMIx helper per node: {ours:?}");
+        // The NMs' listening sockets (handed to them as descriptor 3) are not the
+        // helpers': unprivileged, a helper holding one could accept the NM's connections.
+        let ports: Vec<u16> = c
+            .cluster
+            .as_ref()
+            .unwrap()
+            .config()
+            .nodes
+            .iter()
+            .map(|n| n.address.port())
+            .collect();
+        let nm_listeners = listening_inodes(&ports);
+        assert_eq!(nm_listeners.len(), 2, "both NMs listen: {nm_listeners:?}");
         for (pid, ruid, euid) in ours {
             assert_eq!((ruid, euid), (nobody, nobody), "helper {pid} is nobody's");
+            let held: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .flatten()
+                .filter_map(|e| {
+                    let link = std::fs::read_link(e.path()).ok()?;
+                    let link = link.to_str()?;
+                    link.strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            assert!(
+                !held.iter().any(|i| nm_listeners.contains(i)),
+                "helper {pid} holds an NM's listening socket"
+            );
         }
     }
     drop(c);

@@ -204,6 +204,15 @@ fn listener(listen: Listen, addr: std::net::SocketAddr) -> Result<TcpListener, S
             let l = unsafe { TcpListener::from_raw_fd(fd) };
             l.local_addr()
                 .map_err(|e| format!("descriptor {fd} is not a listening socket: {e}"))?;
+            // Inherited, it is open across exec: every process the daemon starts (its PMIx
+            // helper, a guest NM) would hold the daemon's listening socket, able to accept its
+            // connections and keeping its port bound after the daemon is gone.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+                return Err(format!(
+                    "--listen-fd {fd}: cannot mark it close-on-exec: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
             Ok(l)
         }
         _ => TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}")),

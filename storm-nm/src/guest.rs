@@ -700,12 +700,38 @@ fn stop_orphan(dir: &DaemonDir) {
     let pid = nix::unistd::Pid::from_raw(pid);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let deadline = Instant::now() + STOP_WAIT;
-    while is_guest(pid.as_raw()) && Instant::now() < deadline {
+    while running(pid.as_raw()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     if is_guest(pid.as_raw()) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let deadline = Instant::now() + STOP_WAIT;
+        while running(pid.as_raw()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
+}
+
+/// Whether process `pid` may still hold what it opened (the guest slot's listening port):
+/// it exists and is not yet a zombie whose threads have all ended. Its command line alone
+/// says too little: it reads empty from the moment the exiting process drops its memory,
+/// before its threads have closed its descriptors, and a guest NM started in that moment
+/// found the slot's address still in use (lending.rs, about one run in eight).
+fn running(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or("")
+            .to_string()
+    };
+    let zombie = field("State:").starts_with('Z') || field("State:").starts_with('X');
+    let threads: u32 = field("Threads:").parse().unwrap_or(1);
+    !(zombie && threads <= 1)
 }
 
 impl Drop for GuestProcess {
