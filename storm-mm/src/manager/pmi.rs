@@ -138,7 +138,10 @@ impl<E: MmEnv> MachineManager<E> {
                     .ok()?;
                 let report =
                     decode_sealed::<NodeReport>("report", &bytes, self.rm.report_bytes).ok()?;
-                (report.job == id).then_some((n, report.culprit?))
+                let rank = report.culprit?;
+                // A node names only a rank it reported: no other node's.
+                let its_own = report.statuses.iter().any(|&(r, _)| r == rank);
+                (report.job == id && its_own).then_some((n, rank))
             });
             if let Some((node, rank)) = failed {
                 self.end_for_rank(
