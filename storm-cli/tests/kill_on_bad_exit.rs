@@ -6,25 +6,10 @@
 
 mod support;
 
-use std::process::{Child, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
-use support::{TestCluster, script, text};
-
-/// `child`'s output once it ends, or `None` (it is killed) if it runs past `limit`: a guard
-/// against a hang, not a measure of speed.
-fn ended_within(mut child: Child, limit: Duration) -> Option<Output> {
-    let until = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some(child.wait_with_output().unwrap())
-}
+use support::{TestCluster, ended_within, script, text};
 
 /// A job whose rank 1 fails with `fail` (a shell command) once it has written its marker,
 /// while every other rank waits for five minutes.
@@ -50,8 +35,9 @@ fn a_failed_rank_ends_the_job_on_every_node_with_its_code() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let out = ended_within(job, Duration::from_secs(60))
-        .expect("the job ends once rank 1 fails, not after rank 0's five minutes");
+    let out = ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
+        panic!("the job ends once rank 1 fails, not after rank 0's five minutes: {e}")
+    });
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "rank 1's code: {err}");
     assert!(
@@ -78,8 +64,9 @@ fn a_rank_killed_by_a_signal_ends_the_job_beside_its_own_node_s_ranks() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let out = ended_within(job, Duration::from_secs(60))
-        .expect("the job ends once rank 1 is killed, not after the others' five minutes");
+    let out = ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
+        panic!("the job ends once rank 1 is killed, not after the others' five minutes: {e}")
+    });
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(139), "128 + SIGSEGV: {err}");
     assert!(

@@ -59,29 +59,7 @@ fn peer(name: &str, port: u16, key: &std::path::Path) -> PeerEntry {
 
 /// `child`'s output once it ends, or `None` (it is killed) if it runs past `limit`.
 fn output_within(child: std::process::Child, limit: Duration) -> Option<std::process::Output> {
-    ended_within(child, limit).ok()
-}
-
-/// `child`'s output once it ends; if it runs past `limit`, it is killed and what it had
-/// printed is the error.
-fn ended_within(
-    mut child: std::process::Child,
-    limit: Duration,
-) -> Result<std::process::Output, String> {
-    let until = std::time::Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > until {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            return Err(format!(
-                "still running after {limit:?}; it had printed:\n{}{}",
-                support::text(&out.stdout),
-                support::text(&out.stderr)
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(child.wait_with_output().unwrap())
+    support::ended_within(child, limit).ok()
 }
 
 /// The last lines of every daemon log of `clusters` (`mm.log`, `nodeN.log`), for a failure's
@@ -437,7 +415,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the dead node's slot goes down",
     );
     lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
-    let out = ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
+    let out = support::ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
         panic!(
             "the requeued job ends: {e}\n{}",
             daemon_logs(&[&lender, &borrower])
@@ -479,7 +457,7 @@ fn a_lent_node_runs_the_borrowers_jobs_as_the_lenders_account_and_comes_home() {
         "the guest outlives its NM"
     );
     lender.cluster.as_mut().unwrap().restart_nm(0).unwrap();
-    let out = ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
+    let out = support::ended_within(job, Duration::from_secs(60)).unwrap_or_else(|e| {
         panic!(
             "the job on the orphan's slot ends once the new NM stops the orphan: {e}\n{}",
             daemon_logs(&[&lender, &borrower])

@@ -465,6 +465,25 @@ pub fn assert_counted_lines(out: &Output, ranks: u32, n: u32, log: &Path) {
     }
 }
 
+/// `child`'s output once it ends; if it runs past `limit`, it is killed and what it had
+/// printed is the error (a guard against a hang, not a measure of speed).
+pub fn ended_within(mut child: Child, limit: std::time::Duration) -> Result<Output, String> {
+    let until = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            return Err(format!(
+                "still running after {limit:?}; it had printed:\n{}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(child.wait_with_output().unwrap())
+}
+
 /// Waits up to `limit` until `check` says nothing is missing (`None`); panics with `what` and
 /// the last thing `check` said was missing.
 pub fn wait_until(

@@ -128,20 +128,11 @@ impl<E: MmEnv> MachineManager<E> {
             .collect();
         for (id, slot, nodes) in watched {
             let failed = nodes.iter().find_map(|n| {
-                let bytes = self
-                    .prims
-                    .memory()
-                    .read_vec(
-                        self.rm.report_offset(slot, n as usize),
-                        self.rm.report_bytes,
-                    )
-                    .ok()?;
-                let report =
-                    decode_sealed::<NodeReport>("report", &bytes, self.rm.report_bytes).ok()?;
+                let report = self.node_report(id, slot, n)?;
                 let rank = report.culprit?;
                 // A node names only a rank it reported: no other node's.
                 let its_own = report.statuses.iter().any(|&(r, _)| r == rank);
-                (report.job == id && its_own).then_some((n, rank))
+                its_own.then_some((n, rank))
             });
             if let Some((node, rank)) = failed {
                 self.end_for_rank(
@@ -273,9 +264,8 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
-    /// If node `n`'s ranks of job `id` have all ended (its report is in), an abort naming
-    /// the first of them that failed (else the first).
-    fn ended_outside_fence(&self, id: JobId, slot: usize, n: u32) -> Option<Parts> {
+    /// Node `n`'s report of job `id` in job slot `slot`, if it is in (and decodes).
+    fn node_report(&self, id: JobId, slot: usize, n: u32) -> Option<NodeReport> {
         let bytes = self
             .prims
             .memory()
@@ -284,13 +274,15 @@ impl<E: MmEnv> MachineManager<E> {
                 self.rm.report_bytes,
             )
             .ok()?;
-        let report = decode_sealed::<storm_cluster::messages::NodeReport>(
-            "report",
-            &bytes,
-            self.rm.report_bytes,
-        )
-        .ok()
-        .filter(|r| r.job == id)?;
+        decode_sealed::<NodeReport>("report", &bytes, self.rm.report_bytes)
+            .ok()
+            .filter(|r| r.job == id)
+    }
+
+    /// If node `n`'s ranks of job `id` have all ended (its report is in), an abort naming
+    /// the first of them that failed (else the first).
+    fn ended_outside_fence(&self, id: JobId, slot: usize, n: u32) -> Option<Parts> {
+        let report = self.node_report(id, slot, n)?;
         let (rank, _) = report
             .statuses
             .iter()
