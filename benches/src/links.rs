@@ -310,6 +310,7 @@ pub fn seal_costs() -> Table {
         batch: None,
         mem: None,
         kill_on_bad_exit: false,
+        exit_wait_s: 0,
     });
     let bytes =
         storm_cluster::messages::encode("heartbeat", &[launch], 1 << 20).expect("a launch encodes");

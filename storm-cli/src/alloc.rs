@@ -72,6 +72,7 @@ fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
         less: shape.less,
         one_cluster: shape.one_cluster,
         kill_on_bad_exit: false,
+        exit_wait_s: 0,
     })
 }
 

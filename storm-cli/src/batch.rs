@@ -224,6 +224,7 @@ pub fn request(
         less: shape.less,
         one_cluster: shape.one_cluster,
         kill_on_bad_exit: false,
+        exit_wait_s: 0,
     };
     Ok((req, source))
 }

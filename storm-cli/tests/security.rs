@@ -451,6 +451,7 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
             batch: None,
             mem: None,
             kill_on_bad_exit: false,
+            exit_wait_s: 0,
         });
         let mut hb = Heartbeat {
             seq,

@@ -39,7 +39,7 @@ use crate::tasks::TaskRequest;
 /// `one_cluster`. Version 21: calling lent nodes home with notice (`Reclaim`'s `now`,
 /// `Recalls`, `Recalled`). Version 22: a flocked job's standard input in its `FlockOrder`.
 /// Version 23: each node of a `Lent` says whether it was lent on the borrower's asking.
-/// Version 24: a request's `kill_on_bad_exit`.
+/// Version 24: a request's `kill_on_bad_exit` and `exit_wait_s`.
 pub const PROTOCOL_VERSION: u32 = 24;
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -107,7 +107,15 @@ pub struct JobRequest {
     /// A rank that exits with a non-zero code or is killed by a signal ends the whole job at
     /// once, with its code (`--kill-on-bad-exit`, srun's `-K`; docs/mpi.md).
     pub kill_on_bad_exit: bool,
+    /// Seconds after its first rank ends that the job ends, if its other ranks still run
+    /// (`--wait`, srun's `-W`, Flux's `exit-timeout`); 0: they may run on as long as they
+    /// like. storm-submit's default is [`DEFAULT_EXIT_WAIT_S`].
+    pub exit_wait_s: u32,
 }
+
+/// How long a job's other ranks may run on after its first rank ended, unless storm-submit
+/// is told otherwise (`--wait`): Flux's default `exit-timeout`.
+pub const DEFAULT_EXIT_WAIT_S: u32 = 30;
 
 /// Memory a job asks for, as srun means it (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,6 +174,7 @@ impl JobRequest {
             less: false,
             one_cluster: false,
             kill_on_bad_exit: false,
+            exit_wait_s: 0,
         }
     }
 }

@@ -613,6 +613,7 @@ mod tests {
             batch: None,
             mem: None,
             kill_on_bad_exit: false,
+            exit_wait_s: 0,
         })
     }
 

@@ -224,6 +224,9 @@ pub struct LaunchSpec {
     /// A local rank that exits non-zero or by a signal ends the job (`--kill-on-bad-exit`):
     /// its NM stops the job's other local ranks and names it in its report.
     pub kill_on_bad_exit: bool,
+    /// Seconds after a local rank ends that the NM stops the job's other local ranks, naming
+    /// the first to end in its report (`--wait`); 0: never.
+    pub exit_wait_s: u32,
 }
 
 /// Where a batch script's output goes (`storm batch -o/-e`): patterns, relative to the
@@ -657,6 +660,11 @@ pub struct NodeReport {
     /// The local rank whose failure ended the job here (`--kill-on-bad-exit`): the others
     /// were stopped by its NM because of it.
     pub culprit: Option<u32>,
+    /// The local rank that ended first (the one `--wait` counts from).
+    pub first_ended: Option<u32>,
+    /// The NM stopped the job's other local ranks because they ran on `--wait` seconds
+    /// after `first_ended` ended.
+    pub waited: bool,
 }
 
 /// When a job's tasks ran on one node, in microseconds after the node took the heartbeat
@@ -1045,6 +1053,7 @@ mod tests {
             batch: None,
             mem: None,
             kill_on_bad_exit: false,
+            exit_wait_s: 0,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
         let bad = |f: &dyn Fn(&mut LaunchSpec)| {
@@ -1084,6 +1093,7 @@ mod tests {
                     batch: None,
                     mem: None,
                     kill_on_bad_exit: false,
+                    exit_wait_s: 0,
                 }),
             ],
             seal: Some(crate::identity::Seal {

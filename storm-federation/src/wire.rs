@@ -28,7 +28,7 @@ use storm_primitives::tcp::auth::{ClusterKey, NONCE_LEN, Transcript, random_byte
 /// (`Recall`). Version 6: a flocked job's standard input (`Input`). Version 7: each node of
 /// a `Lent` says whether it was lent on the borrower's asking (only those go home when given
 /// back, so only those are held out of the borrower's allocation once given back). Version 8:
-/// a flocked job's request carries `kill_on_bad_exit`.
+/// a flocked job's request carries `kill_on_bad_exit` and `exit_wait_s`.
 pub const PEER_VERSION: u32 = 8;
 
 /// The largest sealed frame either side takes: a flocked job's request (its arguments and

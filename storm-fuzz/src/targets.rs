@@ -761,6 +761,7 @@ fn launch_spec() -> LaunchSpec {
         }),
         mem: Some(256 << 20),
         kill_on_bad_exit: true,
+        exit_wait_s: 30,
     }
 }
 
@@ -856,6 +857,8 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                     },
                 },
                 culprit: Some(1),
+                first_ended: Some(1),
+                waited: true,
             },
         ),
         tagged(
@@ -1029,6 +1032,7 @@ fn job_request() -> JobRequest {
         less: true,
         one_cluster: true,
         kill_on_bad_exit: true,
+        exit_wait_s: 30,
     }
 }
 

@@ -39,7 +39,7 @@ use crate::env::{NmEnv, SwitchRecord, TaskId, TaskStart, TaskTimes};
 use crate::membership::{Event, Identity, Registration};
 use crate::output::Drained;
 use crate::pmi::{JobFacts, process_mapping};
-use crate::report::Reporter;
+use crate::report::{Ended, Reporter};
 
 /// How long after its tasks ended a job's output pipes may stay open (held by a process the
 /// task left behind) before the NM stops reading them and reports the job.
@@ -146,6 +146,14 @@ struct LocalJob {
     report_again: bool,
     /// The local rank whose failure ended the job here (`--kill-on-bad-exit`).
     culprit: Option<u32>,
+    /// The local rank that ended first, and when (`--wait` counts from it).
+    first_ended: Option<(u32, Instant)>,
+    /// The other local ranks were stopped because they outlived `first_ended` by `--wait`.
+    waited: bool,
+    /// When this NM stopped the job's local ranks of its own accord (`--kill-on-bad-exit`,
+    /// `--wait`) with SIGTERM: those still running `[cluster] kill_wait_ms` later get
+    /// SIGKILL, as a cancel's do (until then the node cannot report, so nothing else would).
+    stopped_at: Option<Instant>,
 }
 
 impl LocalJob {
@@ -162,7 +170,23 @@ impl LocalJob {
             reported: false,
             report_again: false,
             culprit: None,
+            first_ended: None,
+            waited: false,
+            stopped_at: None,
         }
+    }
+
+    /// Whether its local ranks still running have outlived the first to end by `--wait`
+    /// (and have not been stopped for it, or for anything else, yet).
+    fn outlived_wait(&self, now: Instant) -> bool {
+        let wait = Duration::from_secs(u64::from(self.spec.exit_wait_s));
+        self.spec.exit_wait_s > 0
+            && !self.ending
+            && !self.waited
+            && self.culprit.is_none()
+            && self
+                .first_ended
+                .is_some_and(|(_, at)| now.saturating_duration_since(at) >= wait)
     }
 
     /// Whether gang scheduling keeps this job's tasks stopped.
@@ -1125,6 +1149,15 @@ impl<E: NmEnv> NodeManager<E> {
         }
     }
 
+    /// Stops the job's local ranks of this NM's own accord: SIGTERM now, SIGKILL to those
+    /// still running `[cluster] kill_wait_ms` later (`poll_tasks`).
+    fn stop_job(&mut self, job: JobId, now: Instant) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.stopped_at = Some(now);
+        }
+        self.signal_job(job, libc::SIGTERM);
+    }
+
     fn signal_job(&mut self, job: JobId, signal: i32) {
         if let Some(spec) = self.pending.remove(&job) {
             // Never started here: its tasks end, unstarted, by this signal.
@@ -1246,6 +1279,9 @@ impl<E: NmEnv> NodeManager<E> {
         let mut close = Vec::new();
         let mut exiting = false;
         let mut stop = Vec::new();
+        let mut waited = Vec::new();
+        let mut kill = Vec::new();
+        let kill_wait = Duration::from_millis(self.cfg.cluster.kill_wait_ms);
         for (job, j) in self.jobs.iter_mut().filter(|(_, j)| !j.reported) {
             let held_out = j.held_out();
             for r in j.ranks.iter_mut() {
@@ -1254,6 +1290,7 @@ impl<E: NmEnv> NodeManager<E> {
                 };
                 if let Some(s) = self.env.tasks().status(task) {
                     r.status = Some(s);
+                    j.first_ended.get_or_insert((r.rank, now));
                     if j.spec.kill_on_bad_exit && !j.ending && j.culprit.is_none() && failed(s) {
                         j.culprit = Some(r.rank);
                         stop.push(*job);
@@ -1265,6 +1302,16 @@ impl<E: NmEnv> NodeManager<E> {
                 }
             }
             if j.ranks.iter().any(|r| r.status.is_none()) {
+                if j.outlived_wait(now) {
+                    j.waited = true;
+                    waited.push(*job);
+                }
+                if j.stopped_at
+                    .is_some_and(|at| now.saturating_duration_since(at) >= kill_wait)
+                {
+                    j.stopped_at = None;
+                    kill.push(*job);
+                }
                 continue;
             }
             let ended = *j.exited_at.get_or_insert(now);
@@ -1295,7 +1342,23 @@ impl<E: NmEnv> NodeManager<E> {
             if let Some(j) = self.jobs.get(&job) {
                 tracing::info!(node = self.node, job, rank = ?j.culprit, "a rank failed under --kill-on-bad-exit: stopping the job's other ranks here");
             }
-            self.signal_job(job, libc::SIGTERM);
+            self.stop_job(job, now);
+        }
+        // `--wait`: the job's other local ranks outlived its first by that long; they stop
+        // now, and the report says why (the MM then ends the job on its other nodes).
+        for job in waited {
+            if let Some(j) = self.jobs.get(&job) {
+                tracing::info!(node = self.node, job, first = ?j.first_ended.map(|f| f.0), wait_s = j.spec.exit_wait_s, "the job's ranks here outlived its first to end by --wait: stopping them");
+            }
+            self.stop_job(job, now);
+        }
+        for job in kill {
+            tracing::warn!(
+                node = self.node,
+                job,
+                "ranks stopped here still run: SIGKILL"
+            );
+            self.signal_job(job, libc::SIGKILL);
         }
         self.exiting_since = match (exiting, self.exiting_since) {
             (false, _) => None,
@@ -1354,8 +1417,16 @@ impl<E: NmEnv> NodeManager<E> {
             reported_us: since(self.env.stamp_ns()),
             usage,
         };
-        self.reporter()
-            .report(&j.spec, statuses, timing, j.culprit)?;
+        self.reporter().report(
+            &j.spec,
+            statuses,
+            timing,
+            Ended {
+                culprit: j.culprit,
+                first: j.first_ended.map(|(rank, _)| rank),
+                waited: j.waited,
+            },
+        )?;
         let Some(j) = self.jobs.get_mut(&job) else {
             return Ok(());
         };

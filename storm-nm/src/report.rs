@@ -19,6 +19,17 @@ pub enum ReportError {
     NoCompletion(Duration),
 }
 
+/// What ended a job's ranks on one node, beside their statuses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ended {
+    /// The local rank whose failure ended the job (`--kill-on-bad-exit`).
+    pub culprit: Option<u32>,
+    /// The local rank that ended first.
+    pub first: Option<u32>,
+    /// The NM stopped the others because they outlived `first` by `--wait`.
+    pub waited: bool,
+}
+
 /// Where a node reports: its fabric endpoint and layout, its own id, the MM's, and how long
 /// a report may take to complete.
 pub struct Reporter<'a> {
@@ -46,22 +57,25 @@ impl Reporter<'_> {
 
     /// Tells the MM how job `spec`'s tasks on this node ended: the report into the MM's
     /// report area, then this node's termination flag, and, from the job's reporter node or
-    /// a node whose rank's failure ends the job (`culprit`, `--kill-on-bad-exit`), the hint
-    /// that raises the MM's termination event.
+    /// a node whose rank's failure ends the job (`culprit`, `--kill-on-bad-exit`) or whose
+    /// ranks outlived `--wait`, the hint that raises the MM's termination event.
     pub fn report(
         &self,
         spec: &LaunchSpec,
         statuses: Vec<(u32, RankStatus)>,
         timing: NodeTiming,
-        culprit: Option<u32>,
+        ended: Ended,
     ) -> Result<(), ReportError> {
         let slot = spec.slot as usize;
         let report = NodeReport {
             job: spec.job,
             statuses,
             timing,
-            culprit,
+            culprit: ended.culprit,
+            first_ended: ended.first,
+            waited: ended.waited,
         };
+        let raise = spec.reporter == self.node || ended.culprit.is_some() || ended.waited;
         let bytes = encode_sealed("report", &report, self.rm.report_bytes)?;
         let mm = NodeSet::single(self.mm);
         let offset = self.rm.report_offset(slot, self.node as usize);
@@ -69,7 +83,7 @@ impl Reporter<'_> {
         self.prims
             .memory()
             .store(self.rm.terminated.at(slot), spec.job);
-        if spec.reporter == self.node || culprit.is_some() {
+        if raise {
             let hint = self.rm.term_hint.at(slot).offset();
             self.put_and_wait(
                 &mm,

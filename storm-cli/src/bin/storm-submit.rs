@@ -61,6 +61,16 @@ struct Args {
     /// job only if it had started MPI (docs/mpi.md); the others run on.
     #[arg(short = 'K', long)]
     kill_on_bad_exit: bool,
+    /// End the job this many seconds after its first rank ends, if its other ranks still run
+    /// then (srun's `-W`, Flux's `exit-timeout`); the job exits with the first rank's code
+    /// (1 if it was 0). 0: let them run on as long as they like (docs/mpi.md).
+    #[arg(
+        short = 'W',
+        long = "wait",
+        value_name = "SECONDS",
+        default_value_t = storm_cluster::control::DEFAULT_EXIT_WAIT_S
+    )]
+    exit_wait: u32,
     /// Which tasks read this standard input: a rank, `all`, or `none` (their standard input
     /// is then /dev/null). In the background of a terminal, none.
     #[arg(short = 'i', long, value_name = "RANK|all|none", default_value = "0")]
@@ -446,6 +456,7 @@ fn run(args: Args) -> Result<i32, String> {
         less: shape.less,
         one_cluster: shape.one_cluster,
         kill_on_bad_exit: args.kill_on_bad_exit,
+        exit_wait_s: args.exit_wait,
     };
 
     let local = match args.local {

@@ -294,6 +294,7 @@ impl<E: MmEnv> MachineManager<E> {
         j.recovery = None;
         j.terminating = false;
         j.pmi_epoch = 0;
+        j.first_end = None;
         j.time_slot = 0;
         // Other nodes: the program may be in place there, or not.
         j.forget_program_place();

@@ -156,6 +156,8 @@ pub(super) struct Job {
     /// The rank whose failure ended the job, as its node said it (see `pmi`): its own exit
     /// code or signal is the job's, never the SIGTERM storm then sent the others.
     pub(super) culprit: Option<super::pmi::Culprit>,
+    /// `--wait`: the first node the MM found to have ended its ranks (see `exit_wait`).
+    pub(super) first_end: Option<super::exit_wait::FirstEnd>,
     /// A batch job (no submitter follows it): the start of what came through the output
     /// queues (a node saying why its script could not start), for the outcome's reason.
     pub(super) unsent: String,
@@ -271,6 +273,7 @@ impl Job {
             pmi_epoch: 0,
             abort_code: None,
             culprit: None,
+            first_end: None,
             unsent: String::new(),
             held_input: Vec::new(),
             admitted: false,
@@ -467,6 +470,7 @@ pub(super) fn launch_spec(
         }),
         mem: req.mem.map(|m| m.per_node(held_cpus)),
         kill_on_bad_exit: req.kill_on_bad_exit,
+        exit_wait_s: req.exit_wait_s,
     }
 }
 

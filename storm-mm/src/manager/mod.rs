@@ -38,6 +38,7 @@ use storm_primitives::{NodeSet, Primitives, Relation, Wait};
 mod admission;
 mod attention;
 mod borrowing;
+mod exit_wait;
 mod failure;
 mod flock;
 mod health;
@@ -120,6 +121,8 @@ pub struct MachineManager<E: MmEnv> {
     pmi_ended: BTreeSet<JobId>,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
     pmi_recheck: bool,
+    /// When `--wait` jobs' report areas are read next (see `exit_wait`).
+    next_wait_scan: Instant,
     /// A job ended, started, or came held: look at the held jobs again at the next
     /// timeslice (see [`admission`]).
     queue_changed: bool,
@@ -221,6 +224,7 @@ impl<E: MmEnv> MachineManager<E> {
             term_announced: false,
             pmi_ended: BTreeSet::new(),
             pmi_recheck: false,
+            next_wait_scan: now,
             queue_changed: true,
             program_holders: BTreeMap::new(),
             held: BTreeSet::new(),
@@ -390,6 +394,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.share_nodes();
         }
         self.enforce_limits();
+        self.enforce_exit_waits();
         self.escalate_cancels();
         if self
             .jobs
@@ -503,11 +508,11 @@ impl<E: MmEnv> MachineManager<E> {
             .map(|n| self.cfg.nodes[n as usize].name.clone())
             .collect();
         let gang = self.gang;
-        if self
-            .jobs
-            .get(&id)
-            .is_some_and(|j| j.req.mpi != MpiMode::None)
-        {
+        // MPI fences, `--kill-on-bad-exit` and `--wait` read nodes' reports before the job
+        // ends: none of an earlier run in this slot (a requeue) may be taken for this one's.
+        if self.jobs.get(&id).is_some_and(|j| {
+            j.req.mpi != MpiMode::None || j.req.kill_on_bad_exit || j.req.exit_wait_s > 0
+        }) {
             self.clear_pmi_parts(slot, &nodes);
         }
         let now = self.now();
@@ -722,6 +727,7 @@ impl<E: MmEnv> MachineManager<E> {
                 }
             }
             self.end_for_failed_ranks();
+            self.end_waited_jobs();
         }
         let ending: Vec<(JobId, usize, NodeSet)> = self
             .jobs

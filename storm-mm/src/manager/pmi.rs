@@ -265,7 +265,7 @@ impl<E: MmEnv> MachineManager<E> {
     }
 
     /// Node `n`'s report of job `id` in job slot `slot`, if it is in (and decodes).
-    fn node_report(&self, id: JobId, slot: usize, n: u32) -> Option<NodeReport> {
+    pub(super) fn node_report(&self, id: JobId, slot: usize, n: u32) -> Option<NodeReport> {
         let bytes = self
             .prims
             .memory()
