@@ -311,6 +311,8 @@ pub fn seal_costs() -> Table {
         mem: None,
         kill_on_bad_exit: false,
         exit_wait_s: 0,
+        cpu_bind: None,
+        cpus: None,
     });
     let bytes =
         storm_cluster::messages::encode("heartbeat", &[launch], 1 << 20).expect("a launch encodes");

@@ -73,6 +73,7 @@ fn request(shape: &JobShape, here: &Path) -> Result<JobRequest, String> {
         one_cluster: shape.one_cluster,
         kill_on_bad_exit: false,
         exit_wait_s: 0,
+        cpu_bind: None,
     })
 }
 

@@ -225,6 +225,7 @@ pub fn request(
         one_cluster: shape.one_cluster,
         kill_on_bad_exit: false,
         exit_wait_s: 0,
+        cpu_bind: None,
     };
     Ok((req, source))
 }

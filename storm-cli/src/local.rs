@@ -178,6 +178,18 @@ pub fn host_cpus() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
+/// How an embedded cluster of `nodes` pretend nodes of `cpus` CPUs each binds ranks by
+/// default: as a real cluster (`cores`) when they fit in this host's CPUs; otherwise they
+/// share its CPUs, every node's NM may use them all, and binding each node's first rank to
+/// the first CPU would pile the nodes' ranks onto the same CPUs: `none` (docs/mpi.md).
+pub fn embedded_cpu_bind(nodes: u32, cpus: u32) -> storm_cluster::cpu_bind::CpuBind {
+    if nodes.saturating_mul(cpus) > host_cpus() {
+        storm_cluster::cpu_bind::CpuBind::None
+    } else {
+        storm_cluster::cpu_bind::CpuBind::Cores
+    }
+}
+
 /// The scheduler settings of an embedded cluster (or a testbed) of `nodes` nodes on this
 /// host: as given, except that real-time daemons, the default, are left out when there are
 /// more NMs than cores. Real-time priority serves one NM per node; with more NMs than cores on
@@ -484,6 +496,7 @@ impl LocalCluster {
                 backend: opts.backend,
                 cgroups: opts.cgroups,
                 pmix: opts.pmix,
+                cpu_bind: embedded_cpu_bind(opts.nodes, cpus),
                 ..ClusterSection::default()
             },
             tcp: TcpSection {

@@ -129,7 +129,7 @@ impl OutputSink {
     }
 
     pub fn write(&mut self, rank: u32, stream: Stream, data: &[u8]) {
-        let is_err = stream == Stream::Stderr;
+        let is_err = matches!(stream, Stream::Stderr | Stream::Notice);
         if !self.label {
             self.emit(is_err, data);
             return;

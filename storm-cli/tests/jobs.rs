@@ -880,7 +880,7 @@ fn raw_submit_helper() {
             use std::io::Write;
             match stream {
                 Stream::Stdout => std::io::stdout().write_all(data).unwrap(),
-                Stream::Stderr => std::io::stderr().write_all(data).unwrap(),
+                Stream::Stderr | Stream::Notice => std::io::stderr().write_all(data).unwrap(),
                 Stream::InputTaken => {}
             }
         }

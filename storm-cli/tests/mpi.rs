@@ -40,6 +40,11 @@ fn an_mpi_program_prints_under_storm_what_it_prints_under_mpiexec() {
             sorted_lines(&reference.stdout),
             "--mpi {mpi}: 8 ranks, 2 per node, each sees size 8, the allreduce's sum and its ring neighbour"
         );
+        assert!(
+            !text(&out.stderr).contains("singleton"),
+            "--mpi {mpi}: one world, no singleton notice: {}",
+            text(&out.stderr)
+        );
     }
     // Without PMI every rank is a singleton, as the issue first saw.
     let out = c.submit(&[
@@ -56,6 +61,19 @@ fn an_mpi_program_prints_under_storm_what_it_prints_under_mpiexec() {
         ["rank 0 of 1 sum=1 from=0"; 2],
         "{}",
         text(&out.stderr)
+    );
+    // ... and says so, for each rank (issue 62: never silently).
+    let err = text(&out.stderr);
+    for rank in 0..2 {
+        assert!(
+            err.contains(&format!("storm: rank {rank} of 2 (node {rank}) loaded "))
+                && err.contains("libmpi"),
+            "rank {rank}'s singleton is named: {err}"
+        );
+    }
+    assert!(
+        err.contains("ran as an MPI singleton") && err.contains("--mpi none"),
+        "{err}"
     );
 }
 
@@ -414,6 +432,23 @@ fn an_open_mpi_program_is_one_world_with_no_flags_on_pretend_nodes() {
             "run {attempt}: 4 ranks on 2 nodes, each sees size 4, the sum and its neighbour"
         );
     }
+    // Without PMI the same program runs as four singletons, and the job says so for each.
+    let out = c.submit(&[
+        "-N",
+        "2",
+        "-n",
+        "4",
+        "--mpi",
+        "none",
+        hello.to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.matches("ran as an MPI singleton").count(),
+        4,
+        "every singleton rank is named: {err}"
+    );
+    assert!(err.contains("libmpi.so"), "the library it loaded: {err}");
     // Nothing of the jobs is left in the nodes' scratch space (the running NM's PMIx helper
     // keeps its directory, `pmix`, there until the NM stops: tests/pmix.rs).
     for node in ["node0", "node1"] {

@@ -452,6 +452,8 @@ fn a_key_holder_cannot_make_a_node_launch_anything() {
             mem: None,
             kill_on_bad_exit: false,
             exit_wait_s: 0,
+            cpu_bind: Default::default(),
+            cpus: None,
         });
         let mut hb = Heartbeat {
             seq,

@@ -137,6 +137,10 @@ pub struct ClusterSection {
     /// The account a root NM runs its PMIx helper as (never root; no job of it is served
     /// PMIx). A dedicated account is best: any process of it can stop the helper.
     pub pmix_user: String,
+    /// How a job's ranks are bound to CPUs when storm-submit does not say (`--cpu-bind`):
+    /// `cores` (each rank its own CPUs), `rank` or `none` (docs/mpi.md). An embedded local
+    /// cluster whose pretend nodes share the host's CPUs is written with `none`.
+    pub cpu_bind: crate::cpu_bind::CpuBind,
 }
 
 /// How a PMIx client proves which account it runs as (`[cluster] pmix`). The PMIx library
@@ -195,6 +199,7 @@ impl Default for ClusterSection {
             cgroups: CgroupMode::Auto,
             pmix: PmixSecurity::Munge,
             pmix_user: "nobody".into(),
+            cpu_bind: crate::cpu_bind::CpuBind::Cores,
         }
     }
 }

@@ -39,7 +39,7 @@ use crate::tasks::TaskRequest;
 /// `one_cluster`. Version 21: calling lent nodes home with notice (`Reclaim`'s `now`,
 /// `Recalls`, `Recalled`). Version 22: a flocked job's standard input in its `FlockOrder`.
 /// Version 23: each node of a `Lent` says whether it was lent on the borrower's asking.
-/// Version 24: a request's `kill_on_bad_exit` and `exit_wait_s`.
+/// Version 24: a request's `kill_on_bad_exit`, `exit_wait_s` and `cpu_bind`.
 pub const PROTOCOL_VERSION: u32 = 24;
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -111,6 +111,9 @@ pub struct JobRequest {
     /// (`--wait`, srun's `-W`, Flux's `exit-timeout`); 0: they may run on as long as they
     /// like. storm-submit's default is [`DEFAULT_EXIT_WAIT_S`].
     pub exit_wait_s: u32,
+    /// How its ranks are bound to CPUs (`--cpu-bind`); `None`: the cluster's `[cluster]
+    /// cpu_bind`.
+    pub cpu_bind: Option<crate::cpu_bind::CpuBind>,
 }
 
 /// How long a job's other ranks may run on after its first rank ended, unless storm-submit
@@ -175,6 +178,7 @@ impl JobRequest {
             one_cluster: false,
             kill_on_bad_exit: false,
             exit_wait_s: 0,
+            cpu_bind: None,
         }
     }
 }

@@ -614,6 +614,8 @@ mod tests {
             mem: None,
             kill_on_bad_exit: false,
             exit_wait_s: 0,
+            cpu_bind: Default::default(),
+            cpus: None,
         })
     }
 

@@ -41,6 +41,7 @@ pub mod cli_docs;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod cpu_bind;
 pub mod daemon;
 pub mod daemon_dir;
 pub mod dependency;

@@ -227,6 +227,11 @@ pub struct LaunchSpec {
     /// Seconds after a local rank ends that the NM stops the job's other local ranks, naming
     /// the first to end in its report (`--wait`); 0: never.
     pub exit_wait_s: u32,
+    /// How the job's ranks are bound to CPUs (`--cpu-bind`; `None`: the node's `[cluster]
+    /// cpu_bind`), and which of the node's CPUs (indices, `0..cpus`) the job holds when it
+    /// shares the node with other jobs (`None`: all of them).
+    pub cpu_bind: Option<crate::cpu_bind::CpuBind>,
+    pub cpus: Option<NodeSet>,
 }
 
 /// Where a batch script's output goes (`storm batch -o/-e`): patterns, relative to the
@@ -701,6 +706,9 @@ pub enum Stream {
     /// storm-submit sends more input only as far as this lets it (see [`Command::Input`]),
     /// and sends the end again until it is taken.
     InputTaken,
+    /// Not the task's output: what its NM says of the rank (that it ran as an MPI
+    /// singleton), which storm-submit writes to its standard error.
+    Notice,
 }
 
 /// Which tasks get storm-submit's standard input (`-i`): srun's `--input` modes.
@@ -1054,6 +1062,8 @@ mod tests {
             mem: None,
             kill_on_bad_exit: false,
             exit_wait_s: 0,
+            cpu_bind: Default::default(),
+            cpus: None,
         };
         assert_eq!(ok.problem(4, 4, 4), None);
         let bad = |f: &dyn Fn(&mut LaunchSpec)| {
@@ -1094,6 +1104,8 @@ mod tests {
                     mem: None,
                     kill_on_bad_exit: false,
                     exit_wait_s: 0,
+                    cpu_bind: Default::default(),
+                    cpus: None,
                 }),
             ],
             seal: Some(crate::identity::Seal {

@@ -762,6 +762,8 @@ fn launch_spec() -> LaunchSpec {
         mem: Some(256 << 20),
         kill_on_bad_exit: true,
         exit_wait_s: 30,
+        cpu_bind: Some(storm_cluster::cpu_bind::CpuBind::Rank),
+        cpus: Some(NodeSet::from_iter([2, 3])),
     }
 }
 
@@ -1033,6 +1035,7 @@ fn job_request() -> JobRequest {
         one_cluster: true,
         kill_on_bad_exit: true,
         exit_wait_s: 30,
+        cpu_bind: Some(storm_cluster::cpu_bind::CpuBind::Rank),
     }
 }
 

@@ -423,6 +423,7 @@ impl Prepared {
             report_wait: op_timeout * 2,
             pmi_library,
             guest_user,
+            cpus: own_cpus(),
         };
         let keys = KeyWatch::new(
             vec![
@@ -891,7 +892,26 @@ impl PmiServer for DaemonPmi {
         }
     }
 
+    fn contacted(&self, job: JobId, rank: u32) -> bool {
+        self.service.contacted(job, rank)
+    }
+
     fn resend(&mut self) {
         self.service.resend();
+    }
+}
+
+/// The CPUs this process may run on (its affinity: the machine's, or the cpuset of the Slurm
+/// allocation or cgroup it was started in), in order; none if the kernel does not say.
+fn own_cpus() -> Vec<u32> {
+    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => (0..nix::sched::CpuSet::count())
+            .filter(|&i| set.is_set(i).unwrap_or(false))
+            .map(|i| i as u32)
+            .collect(),
+        Err(e) => {
+            tracing::warn!("cannot read this process's CPU affinity ({e}): ranks are not bound");
+            Vec::new()
+        }
     }
 }

@@ -122,6 +122,9 @@ pub trait TaskRunner {
     fn end_job(&mut self, job: JobId) -> JobUsage;
     /// Housekeeping, called on every pass of the NM's loop (watching the launcher).
     fn poll(&mut self);
+    /// The MPI library the running task has loaded (a `libmpi` shared object in its memory
+    /// map), if it has and is still running.
+    fn mpi_library(&mut self, task: TaskId) -> Option<String>;
 }
 
 /// Program files sent by the MM, and the per-job directories they go to.
@@ -165,8 +168,9 @@ pub trait OutputForwarder {
         source: Box<dyn OutputSource>,
         remaining: Drained,
     );
-    /// Delivers `text` as the rank's standard error (the NM could not start the task).
-    fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained);
+    /// Delivers `text` as the rank's `stream`: its standard error (the NM could not start
+    /// the task) or storm's notice of it; counted in `remaining` until delivered.
+    fn tell(&mut self, job: JobId, rank: u32, stream: Stream, text: &str, remaining: &Drained);
     /// Writes the rank's standard input into `pipe` from now on.
     fn feed(&mut self, job: JobId, rank: u32, pipe: OwnedFd);
     /// The rank's standard input from `offset` on (bytes before what it has are dropped);
@@ -202,6 +206,8 @@ pub trait PmiServer {
     fn remove_job(&mut self, job: JobId);
     /// A new membership: send again the contributions of fences still waiting.
     fn resend(&mut self);
+    /// Whether rank `rank` of job `job` has spoken to this node's PMI or PMIx server.
+    fn contacted(&self, job: JobId, rank: u32) -> bool;
 }
 
 /// What the PMI server gives a job's local tasks ([`PmiServer::start_job`]), by task, in the

@@ -44,6 +44,7 @@ pub mod procstat;
 pub mod receive;
 pub mod report;
 pub mod sample;
+pub mod singleton;
 pub mod tasks;
 pub mod usage;
 

@@ -25,10 +25,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use storm_cluster::config::PolicyKind;
+use storm_cluster::cpu_bind;
 use storm_cluster::identity::{MmVerifier, Seal, SealError};
 use storm_cluster::messages::{
     Command, FileInfo, Heartbeat, HeldJob, JobId, LaunchSpec, MAX_LAUNCH_BYTES, MpiMode,
-    NodeTiming, Program, RankStatus, decode, expand_output_pattern,
+    NodeTiming, Program, RankStatus, Stream, decode, expand_output_pattern,
 };
 use storm_cluster::tasks::ranks_on;
 use storm_cluster::{ClusterConfig, RmLayout};
@@ -40,6 +41,7 @@ use crate::membership::{Event, Identity, Registration};
 use crate::output::Drained;
 use crate::pmi::{JobFacts, process_mapping};
 use crate::report::{Ended, Reporter};
+use crate::singleton;
 
 /// How long after its tasks ended a job's output pipes may stay open (held by a process the
 /// task left behind) before the NM stops reading them and reports the job.
@@ -101,6 +103,10 @@ pub struct NmParts {
     /// files and tasks are this local account's (uid, gid), whoever the borrower's MM says
     /// owns the job. The borrower's word for a uid reaches no user of the lending cluster.
     pub guest_user: Option<(u32, u32)>,
+    /// The CPUs this NM may run tasks on (its own affinity: the machine's, or a Slurm
+    /// allocation's cpuset), in order: index `i` of a job's held CPUs is `cpus[i % len]`
+    /// (`--cpu-bind`, [`storm_cluster::cpu_bind`]).
+    pub cpus: Vec<u32>,
 }
 
 struct LocalRank {
@@ -111,6 +117,8 @@ struct LocalRank {
     output: Drained,
     /// Gang scheduling has stopped the task, or holds its slot before the task starts.
     stopped: bool,
+    /// Whether it loaded an MPI library (see `singleton`).
+    mpi: crate::singleton::Probe,
 }
 
 impl LocalRank {
@@ -121,6 +129,7 @@ impl LocalRank {
             status: Some(status),
             output: Arc::new(AtomicU32::new(0)),
             stopped: false,
+            mpi: Default::default(),
         }
     }
 
@@ -230,6 +239,8 @@ pub struct NodeManager<E: NmEnv> {
     pmi_library: PathBuf,
     /// A guest NM's account for every job (see [`NmParts::guest_user`]).
     guest_user: Option<(u32, u32)>,
+    /// The CPUs this NM may run tasks on (see [`NmParts::cpus`]).
+    cpus: Vec<u32>,
     jobs: BTreeMap<JobId, LocalJob>,
     /// Jobs launched under gang scheduling whose time slot has not come yet.
     pending: BTreeMap<JobId, LaunchSpec>,
@@ -278,6 +289,7 @@ impl<E: NmEnv> NodeManager<E> {
             report_wait,
             pmi_library,
             guest_user,
+            cpus,
         } = parts;
         let mm = cfg.mm_id();
         let mm_key = identity.mm.clone();
@@ -300,6 +312,7 @@ impl<E: NmEnv> NodeManager<E> {
             report_wait,
             pmi_library,
             guest_user,
+            cpus,
             jobs: BTreeMap::new(),
             pending: BTreeMap::new(),
             assembling: BTreeMap::new(),
@@ -619,6 +632,35 @@ impl<E: NmEnv> NodeManager<E> {
         self.env.spool().receive(info);
     }
 
+    /// How local rank `local_rank` of `local_size` of job `spec` is bound: the mode (the
+    /// request's, else this node's `[cluster] cpu_bind`; `none` where it binds nothing) and
+    /// its CPUs, from those the job holds here ([`storm_cluster::cpu_bind::bind`]).
+    fn cpu_binding(
+        &self,
+        spec: &LaunchSpec,
+        local_rank: u32,
+        local_size: u32,
+    ) -> (cpu_bind::CpuBind, Option<Vec<u32>>) {
+        let mode = spec.cpu_bind.unwrap_or(self.cfg.cluster.cpu_bind);
+        if self.cpus.is_empty() {
+            return (cpu_bind::CpuBind::None, None);
+        }
+        let node_cpus = self.cfg.nodes[self.node as usize].cpus as usize;
+        let index = |i: u32| self.cpus[i as usize % self.cpus.len()];
+        let mut held: Vec<u32> = match &spec.cpus {
+            Some(set) => set.iter().map(index).collect(),
+            None => (0..node_cpus as u32).map(index).collect(),
+        };
+        // A node file saying more CPUs than the NM may use maps several onto one.
+        let mut seen = std::collections::BTreeSet::new();
+        held.retain(|c| seen.insert(*c));
+        let usable = node_cpus.min(self.cpus.len());
+        match cpu_bind::bind(mode, &held, usable, local_rank, local_size) {
+            Some(cpus) => (mode, Some(cpus)),
+            None => (cpu_bind::CpuBind::None, None),
+        }
+    }
+
     fn task_env(
         &self,
         spec: &LaunchSpec,
@@ -665,6 +707,13 @@ impl<E: NmEnv> NodeManager<E> {
                 .filter(|m| *m <= 0o777)
         {
             ours.push(("STORM_UMASK", format!("{mask:04o}")));
+        }
+        // `--cpu-bind`: the mode and, for a bound rank, its CPUs, which the launcher
+        // applies before the program runs.
+        let (bind, cpus) = self.cpu_binding(spec, local_rank, local_size);
+        ours.push((cpu_bind::MODE_VAR, bind.name().to_string()));
+        if let Some(cpus) = cpus {
+            ours.push((cpu_bind::LIST_VAR, cpu_bind::format_list(&cpus)));
         }
         // The user's variables with these prefixes are replaced by ours.
         let mut ours_prefixes = vec!["STORM_"];
@@ -926,6 +975,7 @@ impl<E: NmEnv> NodeManager<E> {
                     status: None,
                     output,
                     stopped: false,
+                    mpi: Default::default(),
                 }
             }
             Err(why) => self.failed_rank(spec, rank, &why),
@@ -938,7 +988,9 @@ impl<E: NmEnv> NodeManager<E> {
         tracing::error!(node = self.node, job = spec.job, rank, "{why}");
         let r = LocalRank::unstarted(rank, RankStatus::Exited(127));
         let text = format!("storm-nm: rank {rank} on node {}: {why}\n", self.node);
-        self.env.output().tell(spec.job, rank, &text, &r.output);
+        self.env
+            .output()
+            .tell(spec.job, rank, Stream::Stderr, &text, &r.output);
         r
     }
 
@@ -1288,8 +1340,24 @@ impl<E: NmEnv> NodeManager<E> {
                 let Some(task) = r.live_task() else {
                     continue;
                 };
+                // A multi-rank job's rank that has not spoken to the PMI server: has it
+                // loaded an MPI library (a singleton in the making)?
+                let multi = j.spec.ntasks > 1;
+                if multi && r.mpi.due(now) && !self.env.pmi().contacted(*job, r.rank) {
+                    r.mpi.library = self.env.tasks().mpi_library(task);
+                }
                 if let Some(s) = self.env.tasks().status(task) {
                     r.status = Some(s);
+                    if let Some(lib) = r.mpi.library.as_deref()
+                        && !self.env.pmi().contacted(*job, r.rank)
+                    {
+                        let size = j.spec.ntasks;
+                        let text = singleton::notice(r.rank, size, self.node, lib, j.spec.mpi);
+                        tracing::warn!(node = self.node, job, rank = r.rank, "{}", text.trim());
+                        self.env
+                            .output()
+                            .tell(*job, r.rank, Stream::Notice, &text, &r.output);
+                    }
                     j.first_ended.get_or_insert((r.rank, now));
                     if j.spec.kill_on_bad_exit && !j.ending && j.culprit.is_none() && failed(s) {
                         j.culprit = Some(r.rank);

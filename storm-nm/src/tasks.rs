@@ -212,7 +212,28 @@ impl PlRunner {
     }
 }
 
+/// The first `libmpi` shared object in a memory map as `/proc/PID/maps` lists it.
+fn mpi_library_in(maps: &str) -> Option<String> {
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| {
+            std::path::Path::new(path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libmpi") && n.contains(".so"))
+        })
+        .map(str::to_string)
+}
+
 impl TaskRunner for PlRunner {
+    fn mpi_library(&mut self, task: TaskId) -> Option<String> {
+        let t = self.tasks.get(&task).filter(|t| t.lost.is_none())?;
+        let pid = self.table.pid(t.slot).ok().flatten()?;
+        // The kernel's file: no path of the user's is followed.
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        mpi_library_in(&maps)
+    }
+
     fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
         let cgroups = self.cgroups.prepare(task.job, task.mem)?;
         let Some(slot) = self.table.claim() else {

@@ -388,6 +388,17 @@ fn failure(spec: &PlSpec, e: SpawnError) -> (String, i32) {
             format!("cannot join the job's cgroup on node {node}: {io}"),
             126,
         ),
+        Step::Affinity => (
+            format!(
+                "cannot bind to CPUs {} on node {node} (--cpu-bind): {io}",
+                spec.env
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == storm_cluster::cpu_bind::LIST_VAR)
+                    .map_or("?".into(), |(_, v)| v.to_string_lossy())
+            ),
+            126,
+        ),
         Step::OutputFile | Step::ErrorFile => {
             let (what, path) = match e.step {
                 Step::OutputFile => ("output", &spec.output_file),

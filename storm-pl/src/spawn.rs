@@ -19,7 +19,7 @@
 //! 3. a process group of its own, which the NM signals for gang switches and kills (the
 //!    launcher sets it too, so it exists as soon as the clone returns), and the job's cgroup
 //!    (it writes itself into each `cgroup.procs` the launcher opened), so that nothing it
-//!    forks can leave the job;
+//!    forks can leave the job, and the CPUs its NM bound it to (`--cpu-bind`);
 //! 4. the user's groups, group and user (when the launcher runs as root), and the memory
 //!    marked not to be traced (it is the launcher's until the exec);
 //! 5. death with the launcher (after the change of user, which would clear it);
@@ -53,6 +53,7 @@ pub enum Step {
     Cgroup = 8,
     OutputFile = 9,
     ErrorFile = 10,
+    Affinity = 11,
 }
 
 impl Step {
@@ -68,6 +69,7 @@ impl Step {
             8 => Self::Cgroup,
             9 => Self::OutputFile,
             10 => Self::ErrorFile,
+            11 => Self::Affinity,
             _ => return None,
         })
     }
@@ -112,6 +114,32 @@ pub struct TaskImage {
     /// submitter's command set it; Slurm's `SLURM_UMASK`), set in the child before it opens
     /// or makes anything; `None` keeps the launcher's.
     umask: Option<u32>,
+    /// The CPUs the task is bound to (`STORM_CPU_BIND_LIST`, set by its NM: `--cpu-bind`),
+    /// as the kernel's `cpu_set_t` bits; `None` leaves the launcher's affinity.
+    cpus: Option<CpuMask>,
+}
+
+/// A `cpu_set_t` of 1024 CPUs, as `sched_setaffinity` takes it.
+type CpuMask = [u64; CPU_MASK_WORDS];
+const CPU_MASK_WORDS: usize = (storm_cluster::cpu_bind::MAX_CPU as usize + 1) / 64;
+
+/// The CPUs `STORM_CPU_BIND_LIST` in `env` names, as a mask; `None` without the variable.
+/// A list that does not parse is refused with the reason (its NM wrote it: it parses).
+pub fn cpus_of(
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Result<Option<CpuMask>, String> {
+    use storm_cluster::cpu_bind::{LIST_VAR, parse_list};
+    let Some((_, v)) = env.iter().rev().find(|(k, _)| k == LIST_VAR) else {
+        return Ok(None);
+    };
+    let text = v
+        .to_str()
+        .ok_or_else(|| format!("{LIST_VAR} is not text"))?;
+    let mut mask = [0u64; CPU_MASK_WORDS];
+    for cpu in parse_list(text)? {
+        mask[cpu as usize / 64] |= 1 << (cpu % 64);
+    }
+    Ok(Some(mask))
 }
 
 /// The variable that carries the submitter's umask to its tasks (octal, as `umask` prints
@@ -134,10 +162,16 @@ struct OutputFiles {
     error: Option<CString>,
 }
 
-/// A NUL byte in a path, argument or variable (which no exec could pass).
+/// Why a task's image cannot be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0} contains a NUL byte")]
-pub struct NulError(pub &'static str);
+pub enum ImageError {
+    /// A NUL byte in a path, argument or variable (which no exec could pass).
+    #[error("{0} contains a NUL byte")]
+    Nul(&'static str),
+    /// `STORM_CPU_BIND_LIST` names no CPUs the launcher can bind to.
+    #[error("{0}")]
+    CpuList(String),
+}
 
 impl TaskImage {
     /// `fds` are placed in the child as (from, to); every `from` must be above every `to`.
@@ -148,9 +182,9 @@ impl TaskImage {
         user: Option<User>,
         fds: Vec<(RawFd, RawFd)>,
         cgroups: Vec<RawFd>,
-    ) -> Result<Self, NulError> {
+    ) -> Result<Self, ImageError> {
         use std::os::unix::ffi::OsStrExt;
-        let c = |bytes: &[u8], what| CString::new(bytes).map_err(|_| NulError(what));
+        let c = |bytes: &[u8], what| CString::new(bytes).map_err(|_| ImageError::Nul(what));
         let program = c(spec.program.as_os_str().as_bytes(), "the program's path")?;
         let mut argv = vec![program.clone()];
         for a in &spec.args {
@@ -191,6 +225,7 @@ impl TaskImage {
             launcher: unsafe { libc::getpid() },
             files,
             umask: umask_of(&spec.env),
+            cpus: cpus_of(&spec.env).map_err(ImageError::CpuList)?,
         })
     }
 }
@@ -415,6 +450,17 @@ extern "C" fn run_child(arg: *mut c_void) -> libc::c_int {
         );
         if r < 0 {
             fail(Step::Cgroup, r);
+        }
+    }
+    // `--cpu-bind`: before the change of user, so that a failure is the launcher's to
+    // report whatever the user may do.
+    if let Some(mask) = &image.cpus {
+        let r = sys(
+            libc::SYS_sched_setaffinity,
+            [0, std::mem::size_of::<CpuMask>(), mask.as_ptr() as usize, 0],
+        );
+        if r != 0 {
+            fail(Step::Affinity, r);
         }
     }
     if let Some(user) = &image.user {

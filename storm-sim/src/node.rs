@@ -100,6 +100,7 @@ impl SimNode {
             report_wait: Duration::ZERO,
             pmi_library: PathBuf::new(),
             guest_user: None,
+            cpus: (0..cfg.nodes[id as usize].cpus).collect(),
         };
         Self {
             core: NodeManager::new(parts, env),
@@ -323,4 +324,8 @@ impl PmiServer for NoFiles {
     fn remove_job(&mut self, _job: JobId) {}
 
     fn resend(&mut self) {}
+
+    fn contacted(&self, _job: JobId, _rank: u32) -> bool {
+        false
+    }
 }

@@ -317,4 +317,9 @@ impl TaskRunner for SimTasks {
     }
 
     fn poll(&mut self) {}
+
+    // Simulated tasks load no library.
+    fn mpi_library(&mut self, _task: TaskId) -> Option<String> {
+        None
+    }
 }

@@ -71,6 +71,13 @@ struct Args {
         default_value_t = storm_cluster::control::DEFAULT_EXIT_WAIT_S
     )]
     exit_wait: u32,
+    /// How each rank is bound to CPUs (srun's `--cpu-bind`): cores, each rank on CPUs of its
+    /// own among the job's, an equal share each, when the node has no more ranks than CPUs;
+    /// rank, local rank k on the job's k-th CPU; none. Default: the cluster's `[cluster]
+    /// cpu_bind` (cores unless its operator chose otherwise). Tasks find theirs in
+    /// STORM_CPU_BIND and STORM_CPU_BIND_LIST (docs/mpi.md).
+    #[arg(long, value_name = "none|cores|rank")]
+    cpu_bind: Option<storm_cluster::cpu_bind::CpuBind>,
     /// Which tasks read this standard input: a rank, `all`, or `none` (their standard input
     /// is then /dev/null). In the background of a terminal, none.
     #[arg(short = 'i', long, value_name = "RANK|all|none", default_value = "0")]
@@ -457,6 +464,7 @@ fn run(args: Args) -> Result<i32, String> {
         one_cluster: shape.one_cluster,
         kill_on_bad_exit: args.kill_on_bad_exit,
         exit_wait_s: args.exit_wait,
+        cpu_bind: args.cpu_bind,
     };
 
     let local = match args.local {

@@ -1,9 +1,10 @@
 //! Journals of the previous formats, read once and written again in this one.
 //!
 //! * **Format 19** is this format but for the job request: format 20 added whether a rank's
-//!   failure ends the job at once (`kill_on_bad_exit`, `--kill-on-bad-exit`), and how long
-//!   its ranks may outlive the first to end (`exit_wait_s`, `--wait`). A job of format 19
-//!   comes over without either, as it was submitted. Format 18's jobs are format 19's.
+//!   failure ends the job at once (`kill_on_bad_exit`, `--kill-on-bad-exit`), how long
+//!   its ranks may outlive the first to end (`exit_wait_s`, `--wait`), and how they are
+//!   bound to CPUs (`cpu_bind`, `--cpu-bind`). A job of format 19 comes over without them,
+//!   as it was submitted (its ranks bound by the cluster's default). Format 18's jobs are format 19's.
 //! * **Format 18** is format 19 but for the lease: format 19 added whether the owner calls
 //!   a lent node home (`recall`). A lease of format 18 comes over not called home, as it was:
 //!   no earlier storm called a node home with notice.
@@ -286,6 +287,7 @@ impl From<JobRequest14> for JobRequest {
             one_cluster: false,
             kill_on_bad_exit: false,
             exit_wait_s: 0,
+            cpu_bind: None,
         }
     }
 }
@@ -472,6 +474,7 @@ mod tests {
     fn request_19(r: &JobRequest) -> JobRequest19 {
         assert!(!r.kill_on_bad_exit, "format 19 had no --kill-on-bad-exit");
         assert_eq!(r.exit_wait_s, 0, "format 19 had no --wait");
+        assert_eq!(r.cpu_bind, None, "format 19 had no --cpu-bind");
         JobRequest19 {
             head: request_17(&JobRequest {
                 less: false,

@@ -60,8 +60,8 @@ mod migrate;
 /// `one_cluster`, and a lease whether the peer `asked` for it (a journal of format 13 to 17
 /// is rewritten in format 18 when opened). Format 19: a lease carries whether its node is
 /// called home (`recall`; a journal of format 13 to 18 is rewritten in format 19 when
-/// opened). Format 20: a request carries `kill_on_bad_exit` and `exit_wait_s` (a journal of
-/// format 13 to 19 is rewritten in format 20 when opened).
+/// opened). Format 20: a request carries `kill_on_bad_exit`, `exit_wait_s` and `cpu_bind` (a
+/// journal of format 13 to 19 is rewritten in format 20 when opened).
 pub(crate) const FORMAT: u64 = 20;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");

@@ -327,6 +327,7 @@ impl Job {
             spec.program = Program::Path(self.req.program.clone());
         }
         spec.program_hash = self.program_hash;
+        spec.cpus = self.cpus.clone();
         spec
     }
 }
@@ -471,6 +472,8 @@ pub(super) fn launch_spec(
         mem: req.mem.map(|m| m.per_node(held_cpus)),
         kill_on_bad_exit: req.kill_on_bad_exit,
         exit_wait_s: req.exit_wait_s,
+        cpu_bind: req.cpu_bind,
+        cpus: None,
     }
 }
 

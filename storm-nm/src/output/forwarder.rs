@@ -227,10 +227,10 @@ impl Forwarder {
         }
     }
 
-    /// Delivers `text` as the rank's standard error, as a stream that ends with it.
-    pub fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
-        remaining.store(1, Ordering::Release);
-        let mut s = OutputStream::new(job, rank, Stream::Stderr, remaining.clone());
+    /// Delivers `text` as the rank's `stream` (its standard error, or storm's notice), as a
+    /// stream that ends with it. The caller has counted it in `remaining`.
+    pub fn tell(&mut self, job: JobId, rank: u32, stream: Stream, text: &str, remaining: &Drained) {
+        let mut s = OutputStream::new(job, rank, stream, remaining.clone());
         self.data(&mut s, text.as_bytes());
         self.closed(s);
     }

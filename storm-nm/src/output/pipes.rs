@@ -34,7 +34,7 @@ enum Msg {
     /// The job ended with an earlier membership: stop reading it, drop what waits of it.
     Discard(JobId),
     /// Text for a rank's standard error.
-    Tell(JobId, u32, String, Drained),
+    Tell(JobId, u32, Stream, String, Drained),
     /// The write end of a rank's standard input.
     Feed(JobId, u32, OwnedFd),
     /// The job is gone: close its input pipes.
@@ -133,8 +133,8 @@ fn run(mut core: Forwarder, rx: Receiver<Msg>, wake: OwnedFd) {
                     eof,
                 }) => inputs.input(job, rank, offset, data, eof),
                 Ok(Msg::Epoch(epoch)) => core.new_epoch(epoch, Instant::now()),
-                Ok(Msg::Tell(job, rank, text, remaining)) => {
-                    core.tell(job, rank, &text, &remaining)
+                Ok(Msg::Tell(job, rank, stream, text, remaining)) => {
+                    core.tell(job, rank, stream, &text, &remaining)
                 }
                 Err(TryRecvError::Empty) => break,
                 // The NM is gone (shutting down): nothing left to forward to.
@@ -237,10 +237,16 @@ impl crate::env::OutputForwarder for Output {
         self.send(Msg::Watch(s, source));
     }
 
-    fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
+    fn tell(&mut self, job: JobId, rank: u32, stream: Stream, text: &str, remaining: &Drained) {
         // Counted now: the NM must not take the rank as drained before the thread has it.
-        remaining.store(1, std::sync::atomic::Ordering::Release);
-        self.send(Msg::Tell(job, rank, text.to_string(), remaining.clone()));
+        remaining.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.send(Msg::Tell(
+            job,
+            rank,
+            stream,
+            text.to_string(),
+            remaining.clone(),
+        ));
     }
 
     fn feed(&mut self, job: JobId, rank: u32, pipe: OwnedFd) {

@@ -80,8 +80,9 @@ impl OutputForwarder for SteppedOutput {
             .push((OutputStream::new(job, rank, stream, remaining), source));
     }
 
-    fn tell(&mut self, job: JobId, rank: u32, text: &str, remaining: &Drained) {
-        self.core.tell(job, rank, text, remaining);
+    fn tell(&mut self, job: JobId, rank: u32, stream: Stream, text: &str, remaining: &Drained) {
+        remaining.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.core.tell(job, rank, stream, text, remaining);
     }
 
     fn feed(&mut self, job: JobId, rank: u32, pipe: std::os::fd::OwnedFd) {

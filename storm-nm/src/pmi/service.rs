@@ -11,11 +11,11 @@
 //! (it asks and never reads) ends its own job, with the reason; the other jobs are served as
 //! before.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,10 +49,15 @@ enum Msg {
     Resend,
 }
 
+/// The ranks of each served job that spoke to the server at all (a PMI message, or a PMIx
+/// client's connection), as the thread notes them for the NM's main loop.
+type Contacts = Arc<Mutex<BTreeMap<JobId, BTreeSet<u32>>>>;
+
 /// The handle the NM's main loop keeps.
 pub struct PmiService {
     tx: Sender<Msg>,
     wake: Arc<OwnedFd>,
+    contacts: Contacts,
 }
 
 impl PmiService {
@@ -68,7 +73,9 @@ impl PmiService {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
         let wake_w = Arc::new(wake_w);
         let (tx, rx) = crossbeam_channel::unbounded();
+        let contacts = Contacts::default();
         let server = Server {
+            contacts: contacts.clone(),
             prims: prims.clone(),
             rm: rm.clone(),
             node,
@@ -97,7 +104,11 @@ impl PmiService {
                     }
                 }
             })?;
-        Ok(Self { tx, wake: wake_w })
+        Ok(Self {
+            tx,
+            wake: wake_w,
+            contacts,
+        })
     }
 
     /// Serves the tasks of a job that just started here: `conns` are the NM's ends of their
@@ -105,6 +116,13 @@ impl PmiService {
     pub fn add_job(&self, slot: usize, facts: JobFacts, conns: Vec<(u32, UnixStream)>) {
         let _ = self.tx.send(Msg::Add { slot, facts, conns });
         poke(&self.wake);
+    }
+
+    /// Whether rank `rank` of job `job` has spoken to this node's PMI or PMIx server.
+    pub fn contacted(&self, job: JobId, rank: u32) -> bool {
+        self.contacts
+            .lock()
+            .is_ok_and(|c| c.get(&job).is_some_and(|ranks| ranks.contains(&rank)))
     }
 
     pub fn remove_job(&self, job: JobId) {
@@ -163,6 +181,7 @@ struct Served {
 }
 
 struct Server {
+    contacts: Contacts,
     prims: Arc<dyn Primitives>,
     rm: RmLayout,
     node: NodeId,
@@ -262,6 +281,9 @@ impl Server {
                 );
             }
             Msg::Remove(job) => {
+                if let Ok(mut c) = self.contacts.lock() {
+                    c.remove(&job);
+                }
                 if let Some(done) = self.jobs.remove(&job).and_then(|s| s.pmix_fence) {
                     done.complete(Err(format!("job {job} ended")));
                 }
@@ -333,6 +355,7 @@ impl Server {
         match event {
             PmixEvent::Connected { nspace, rank, done } => {
                 if let Some(job) = job_of(&self.jobs, &nspace) {
+                    self.contacted(job, rank);
                     let effects = self
                         .jobs
                         .get_mut(&job)
@@ -400,6 +423,13 @@ impl Server {
         }
     }
 
+    /// Notes that rank `rank` of `job` spoke to the server.
+    fn contacted(&self, job: JobId, rank: u32) {
+        if let Ok(mut seen) = self.contacts.lock() {
+            seen.entry(job).or_default().insert(rank);
+        }
+    }
+
     fn read_from(&mut self, job: JobId, rank: u32) {
         let Some(s) = self.jobs.get_mut(&job) else {
             return;
@@ -422,6 +452,9 @@ impl Server {
                 s.state.closed(rank)
             }
             Ok(n) => {
+                if let Ok(mut seen) = self.contacts.lock() {
+                    seen.entry(job).or_default().insert(rank);
+                }
                 c.framer.push(&buf[..n]);
                 let mut effects = Vec::new();
                 loop {
