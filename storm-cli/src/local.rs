@@ -179,11 +179,12 @@ pub fn host_cpus() -> u32 {
 }
 
 /// How an embedded cluster of `nodes` pretend nodes of `cpus` CPUs each binds ranks by
-/// default: as a real cluster (`cores`) when they fit in this host's CPUs; otherwise they
-/// share its CPUs, every node's NM may use them all, and binding each node's first rank to
-/// the first CPU would pile the nodes' ranks onto the same CPUs: `none` (docs/mpi.md).
+/// default: as a real node (`cores`) when it has one node that fits in this host's CPUs.
+/// Pretend nodes share the host's CPUs: every node's NM may use them all and numbers them
+/// alike, so binding would put each node's first rank on the same first CPU (two nodes of one
+/// CPU each would take turns on CPU 0 while CPU 1 idles): `none` (docs/mpi.md).
 pub fn embedded_cpu_bind(nodes: u32, cpus: u32) -> storm_cluster::cpu_bind::CpuBind {
-    if nodes.saturating_mul(cpus) > host_cpus() {
+    if nodes > 1 || cpus > host_cpus() {
         storm_cluster::cpu_bind::CpuBind::None
     } else {
         storm_cluster::cpu_bind::CpuBind::Cores
