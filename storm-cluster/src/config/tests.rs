@@ -3,35 +3,35 @@
 use super::*;
 
 const SMALL: &str = r#"
-    [cluster]
-    name = "t"
-    [mm]
-    address = "127.0.0.1:7000"
-    [[node]]
-    name = "a"
-    address = "127.0.0.1:7001"
-    spool = "/tmp/a"
-    [[node]]
-    name = "b"
-    address = "127.0.0.1:7002"
-    spool = "/tmp/b"
-    cpus = 4
-"#;
+        [cluster]
+        name = "t"
+        [mm]
+        address = "127.0.0.1:7000"
+        [[node]]
+        name = "a"
+        address = "127.0.0.1:7001"
+        spool = "/tmp/a"
+        [[node]]
+        name = "b"
+        address = "127.0.0.1:7002"
+        spool = "/tmp/b"
+        cpus = 4
+    "#;
 
 /// A cluster file whose one `[[node]]` table names `n` nodes.
 pub(crate) fn hostlist_file(n: usize) -> String {
     format!(
         r#"
-        [cluster]
-        name = "big"
-        [mm]
-        address = "127.0.0.1:7000"
-        [[node]]
-        name = "node[00000-{:05}]"
-        address = "127.0.0.1:0"
-        spool = "/tmp/spool"
-        cpus = 2
-        "#,
+            [cluster]
+            name = "big"
+            [mm]
+            address = "127.0.0.1:7000"
+            [[node]]
+            name = "node[00000-{:05}]"
+            address = "127.0.0.1:0"
+            spool = "/tmp/spool"
+            cpus = 2
+            "#,
         n - 1
     )
 }
@@ -42,7 +42,7 @@ fn group_file(n: usize) -> String {
     for i in 0..n {
         text.push_str(&format!(
             "[[manager]]\nname = \"m{i}\"\naddress = \"127.0.0.1:{}\"\npeer_address = \
-             \"127.0.0.1:{}\"\ncontrol_socket = \"/run/m{i}.sock\"\n",
+                 \"127.0.0.1:{}\"\ncontrol_socket = \"/run/m{i}.sock\"\n",
             7100 + i,
             7200 + i
         ));
@@ -56,13 +56,13 @@ fn with_guests(borrow: bool, guests: &[(&str, &str, &str)]) -> String {
     let mut text = SMALL.to_string();
     text.push_str(&format!(
         "[federation]\nlisten = \"127.0.0.1:7100\"\n[[peer]]\nname = \"p\"\naddress = \
-         \"127.0.0.1:7101\"\nkey_file = \"p.key\"\nmm_public_key_file = \"p-mm.pub\"\nborrow = \
-         {borrow}\n"
+             \"127.0.0.1:7101\"\nkey_file = \"p.key\"\nmm_public_key_file = \"p-mm.pub\"\nborrow = \
+             {borrow}\n"
     ));
     for (i, (name, cluster, node)) in guests.iter().enumerate() {
         text.push_str(&format!(
             "[[node]]\nname = \"{name}\"\naddress = \"127.0.0.1:{}\"\nspool = \
-             \"/tmp/{name}\"\nguest_of = {{ cluster = \"{cluster}\", node = \"{node}\" }}\n",
+                 \"/tmp/{name}\"\nguest_of = {{ cluster = \"{cluster}\", node = \"{node}\" }}\n",
             7300 + i
         ));
     }
