@@ -1,5 +1,8 @@
 //! Jobs end to end on real daemons (storm-mm, storm-nm, storm-pl as processes) on loopback:
 //! what a user of storm-submit sees.
+//!
+//! Why this file is over 1,000 lines: one test binary. Every integration-test binary links
+//! storm's crates anew, so the end-to-end job tests share one.
 
 mod support;
 

@@ -28,6 +28,10 @@
 //!
 //! Borrowing by asking (two more clusters, both peer agents running) is described at its
 //! test; so is a lender whose MM freezes and thaws.
+//!
+//! Why this file is over 1,000 lines: one test binary. Every integration-test binary links
+//! storm's crates anew, so the lending tests share one, and its helpers (two clusters, their
+//! terminals, their logs on failure).
 
 mod support;
 

@@ -2,6 +2,10 @@
 //! checked as users see it: the leader killed or frozen under a running job, the job's output
 //! arrives whole and once, new jobs run under the new leader, and a frozen leader that thaws
 //! acts no more.
+//!
+//! Why this file is over 1,000 lines: one test binary. Every integration-test binary links
+//! storm's crates anew, so the replicated-MM tests share one, and its helpers (starting,
+//! freezing and killing replicas, finding the leader).
 
 mod support;
 

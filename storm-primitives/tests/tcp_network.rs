@@ -1,5 +1,8 @@
 //! The tcp backend against peers that misbehave: unreachable, silent, or built for another
 //! cluster. Each fails the operation within the configured bound and says why.
+//!
+//! Why this file is over 1,000 lines: one test binary. Every integration-test binary links the
+//! crate anew, so the misbehaving-peer tests share one, and its fake peers.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};

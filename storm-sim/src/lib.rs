@@ -24,6 +24,10 @@
 //!
 //! Not simulated: what the NM does with processes, files and sockets (storm-pl, PMI, program
 //! reception); see `docs/architecture.md`.
+//!
+//! Why this file is over 1,000 lines: `Sim` is one driver whose methods are the simulated
+//! cluster's whole control surface (submit, fail, freeze, federate, step) and share its private
+//! state; the federation methods are the part to move into a module of their own next.
 
 pub mod env;
 pub mod group;
