@@ -673,6 +673,9 @@ fn make_config(opts: &TestbedOptions) -> Result<ClusterConfig> {
             control_socket: opts.dir.join("mm.sock"),
             state_dir: opts.dir.join("mm-state"),
             key_file: Some(opts.dir.join(storm_cluster::key::DEFAULT_NAME)),
+            // Its nodes are namespaces of this host: they share its CPUs (see
+            // `embedded_cpu_bind`).
+            cpu_bind: crate::local::embedded_cpu_bind(opts.nodes, opts.cpus),
             ..ClusterSection::default()
         },
         tcp: TcpSection::default(),
