@@ -159,6 +159,35 @@ fn jobs_sharing_a_node_run_on_the_cpus_each_holds() {
     assert_ne!(a, b, "the two jobs run on different CPUs");
 }
 
+/// Two pretend nodes of one host share its CPUs and number them alike: by default neither
+/// binds, so their ranks are not piled onto the same first CPU (as they were when an embedded
+/// cluster whose nodes fit the host's CPUs was written with `cores`: CI's gang test then saw
+/// a job's two ranks take turns on CPU 0).
+#[test]
+fn pretend_nodes_sharing_the_host_do_not_pile_their_ranks_onto_one_cpu() {
+    let cpus = own_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: this host lets the test use only {cpus:?}");
+        return;
+    }
+    let c = TestCluster::with(LocalOptions {
+        cpus: Some(1),
+        ..LocalOptions::new(2)
+    });
+    let ranks = seen(&c, &["-N", "2", "-n", "2"]);
+    for (rank, (mode, list, allowed)) in &ranks {
+        assert_eq!(
+            (mode.as_str(), list.as_str()),
+            ("none", "unset"),
+            "rank {rank}"
+        );
+        assert_eq!(
+            allowed, &cpus,
+            "rank {rank} may run on any of the host's CPUs"
+        );
+    }
+}
+
 /// A mode storm does not know is refused before anything runs, naming the choices.
 #[test]
 fn an_unknown_mode_is_refused_naming_the_choices() {
