@@ -63,7 +63,10 @@ impl<E: NmEnv> NodeManager<E> {
                 }
                 if let Some(s) = self.env.tasks().status(task) {
                     r.status = Some(s);
+                    // Not of a rank storm was ending (a cancel, a time limit, -K): it may
+                    // have been stopped on its way to MPI_Init.
                     if let Some(lib) = r.mpi.library.as_deref()
+                        && !j.ending
                         && !self.env.pmi().contacted(*job, r.rank)
                     {
                         let size = j.spec.ntasks;
