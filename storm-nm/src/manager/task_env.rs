@@ -20,14 +20,14 @@ impl<E: NmEnv> NodeManager<E> {
         }
         let node_cpus = self.cfg.nodes[self.node as usize].cpus as usize;
         let index = |i: u32| self.cpus[i as usize % self.cpus.len()];
+        // A node file saying more CPUs than the NM may use maps several onto one.
+        let usable = node_cpus.min(self.cpus.len());
         let mut held: Vec<u32> = match &spec.cpus {
             Some(set) => set.iter().map(index).collect(),
-            None => (0..node_cpus as u32).map(index).collect(),
+            None => (0..usable as u32).map(index).collect(),
         };
-        // A node file saying more CPUs than the NM may use maps several onto one.
         let mut seen = std::collections::BTreeSet::new();
         held.retain(|c| seen.insert(*c));
-        let usable = node_cpus.min(self.cpus.len());
         match cpu_bind::bind(mode, &held, usable, local_rank, local_size) {
             Some(cpus) => (mode, Some(cpus)),
             None => (cpu_bind::CpuBind::None, None),
