@@ -100,26 +100,8 @@ pub fn format_list(cpus: &[u32]) -> String {
     let mut sorted = cpus.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    let mut out = String::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let start = sorted[i];
-        let mut end = start;
-        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
-            i += 1;
-            end = sorted[i];
-        }
-        if !out.is_empty() {
-            out.push(',');
-        }
-        if start == end {
-            out.push_str(&start.to_string());
-        } else {
-            out.push_str(&format!("{start}-{end}"));
-        }
-        i += 1;
-    }
-    out
+    // The same format as Slurm's array indices.
+    crate::control::index_ranges(&sorted)
 }
 
 /// The CPUs of a list such as `0-3,8` (the kernel's format), each at most [`MAX_CPU`].

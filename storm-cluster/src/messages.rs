@@ -672,6 +672,22 @@ pub struct NodeReport {
     pub waited: bool,
 }
 
+impl NodeReport {
+    /// The rank that speaks for this node's end: its first failed rank, else its first.
+    pub fn telling_rank(&self) -> Option<u32> {
+        self.statuses
+            .iter()
+            .find(|(_, s)| !s.success())
+            .or_else(|| self.statuses.first())
+            .map(|&(rank, _)| rank)
+    }
+
+    /// Whether `rank` is one this report gives a status for (a node names only its own).
+    pub fn reports(&self, rank: u32) -> bool {
+        self.statuses.iter().any(|&(r, _)| r == rank)
+    }
+}
+
 /// When a job's tasks ran on one node, in microseconds after the node took the heartbeat
 /// that launched them (its own clock: nodes' clocks need not agree).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

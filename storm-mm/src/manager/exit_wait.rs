@@ -35,17 +35,10 @@ pub(super) struct FirstEnd {
     pub(super) rank: u32,
 }
 
-/// The rank a node's report names as its first to end (reports before `first_ended` was
-/// added name none: then its first failed rank, else its first).
+/// The rank a node's report names as its first to end (a node none of whose ranks started
+/// names none: then its first failed rank, else its first).
 fn first_rank(report: &NodeReport) -> Option<u32> {
-    report.first_ended.or_else(|| {
-        report
-            .statuses
-            .iter()
-            .find(|(_, s)| !s.success())
-            .or_else(|| report.statuses.first())
-            .map(|&(rank, _)| rank)
-    })
+    report.first_ended.or_else(|| report.telling_rank())
 }
 
 /// The reason beside the first rank's end.
@@ -74,14 +67,8 @@ impl<E: MmEnv> MachineManager<E> {
     /// (its report says so; its NM raised the termination hint).
     pub(super) fn end_waited_jobs(&mut self) {
         for (id, slot, nodes, wait_s, _) in self.exit_wait_jobs() {
-            let waited = nodes.iter().find_map(|n| {
-                let report = self.node_report(id, slot, n).filter(|r| r.waited)?;
-                // A node names only a rank it reported: no other node's.
-                let rank = first_rank(&report)?;
-                let its_own = report.statuses.iter().any(|&(r, _)| r == rank);
-                its_own.then_some((n, rank))
-            });
-            if let Some((node, rank)) = waited {
+            let waited = |r: &NodeReport| r.waited.then(|| first_rank(r)).flatten();
+            if let Some((node, rank)) = self.named_rank(id, slot, &nodes, waited) {
                 self.end_for_wait(id, node, rank, wait_s);
             }
         }
@@ -103,11 +90,7 @@ impl<E: MmEnv> MachineManager<E> {
             let first = match first {
                 Some(f) => f,
                 None if scan => {
-                    let found = nodes.iter().find_map(|n| {
-                        let report = self.node_report(id, slot, n)?;
-                        Some((n, first_rank(&report)?))
-                    });
-                    let Some((node, rank)) = found else {
+                    let Some((node, rank)) = self.named_rank(id, slot, &nodes, first_rank) else {
                         continue;
                     };
                     let f = FirstEnd {

@@ -127,14 +127,7 @@ impl<E: MmEnv> MachineManager<E> {
             .filter_map(|j| Some((j.id, j.slot?, j.nodes.clone())))
             .collect();
         for (id, slot, nodes) in watched {
-            let failed = nodes.iter().find_map(|n| {
-                let report = self.node_report(id, slot, n)?;
-                let rank = report.culprit?;
-                // A node names only a rank it reported: no other node's.
-                let its_own = report.statuses.iter().any(|&(r, _)| r == rank);
-                its_own.then_some((n, rank))
-            });
-            if let Some((node, rank)) = failed {
+            if let Some((node, rank)) = self.named_rank(id, slot, &nodes, |r| r.culprit) {
                 self.end_for_rank(
                     id,
                     Culprit {
@@ -264,6 +257,22 @@ impl<E: MmEnv> MachineManager<E> {
         }
     }
 
+    /// The first of `nodes` whose report of job `id` names, by `name`, one of the ranks it
+    /// reports (a node names only its own: no other node's), with that rank.
+    pub(super) fn named_rank(
+        &self,
+        id: JobId,
+        slot: usize,
+        nodes: &NodeSet,
+        name: impl Fn(&NodeReport) -> Option<u32>,
+    ) -> Option<(u32, u32)> {
+        nodes.iter().find_map(|n| {
+            let report = self.node_report(id, slot, n)?;
+            let rank = name(&report)?;
+            report.reports(rank).then_some((n, rank))
+        })
+    }
+
     /// Node `n`'s report of job `id` in job slot `slot`, if it is in (and decodes).
     pub(super) fn node_report(&self, id: JobId, slot: usize, n: u32) -> Option<NodeReport> {
         let bytes = self
@@ -282,15 +291,10 @@ impl<E: MmEnv> MachineManager<E> {
     /// If node `n`'s ranks of job `id` have all ended (its report is in), an abort naming
     /// the first of them that failed (else the first).
     fn ended_outside_fence(&self, id: JobId, slot: usize, n: u32) -> Option<Parts> {
-        let report = self.node_report(id, slot, n)?;
-        let (rank, _) = report
-            .statuses
-            .iter()
-            .find(|(_, s)| !s.success())
-            .or_else(|| report.statuses.first())?;
+        let rank = self.node_report(id, slot, n)?.telling_rank()?;
         Some(Parts::Abort {
             node: n,
-            rank: *rank,
+            rank,
             code: None,
             message: "its node's ranks ended while the job's other ranks wait for them in an MPI \
                       fence (MPI_Init, or a collective)"
