@@ -35,12 +35,26 @@ pub const PMIX_ERR_NOT_FOUND: pmix_status_t = -46;
 pub const PMIX_ERR_NOT_SUPPORTED: pmix_status_t = -47;
 pub const PMIX_RANK_WILDCARD: pmix_rank_t = u32::MAX - 1;
 
+/// Events of a process's end (`pmix_common.h`, "process-related events"), which a host
+/// server raises for its clients with [`Pmix::notify_event`].
+pub const PMIX_ERR_PROC_REQUESTED_ABORT: pmix_status_t = -8;
+pub const PMIX_ERR_PROC_TERM_WO_SYNC: pmix_status_t = -200;
+pub const PMIX_ERR_PROC_ABORTED_BY_SIG: pmix_status_t = -402;
+pub const PMIX_ERR_EXIT_NONZERO_TERM: pmix_status_t = -404;
+
+/// `pmix_data_range_t`.
+pub type pmix_data_range_t = u8;
+/// The processes of the source's namespace only.
+pub const PMIX_RANGE_NAMESPACE: pmix_data_range_t = 3;
+
 pub const PMIX_BOOL: pmix_data_type_t = 1;
+pub const PMIX_INT: pmix_data_type_t = 6;
 pub const PMIX_STRING: pmix_data_type_t = 3;
 pub const PMIX_UINT16: pmix_data_type_t = 13;
 pub const PMIX_UINT32: pmix_data_type_t = 14;
 pub const PMIX_INFO: pmix_data_type_t = 24;
 pub const PMIX_DATA_ARRAY: pmix_data_type_t = 39;
+pub const PMIX_PROC: pmix_data_type_t = 22;
 pub const PMIX_PROC_RANK: pmix_data_type_t = 40;
 
 /// Keys (`pmix_common.h`).
@@ -67,6 +81,8 @@ pub mod keys {
     pub const SOCKET_MODE: &std::ffi::CStr = c"pmix.sockmode";
     pub const SERVER_NSPACE: &std::ffi::CStr = c"pmix.srv.nspace";
     pub const SERVER_RANK: &std::ffi::CStr = c"pmix.srv.rank";
+    pub const EVENT_AFFECTED_PROC: &std::ffi::CStr = c"pmix.evproc";
+    pub const EXIT_CODE: &std::ffi::CStr = c"pmix.exit.code";
 }
 
 /// `pmix_proc_t`: a process's namespace and rank.
@@ -181,6 +197,11 @@ pub type pmix_server_fencenb_fn_t = Option<
         *mut c_void,
     ) -> pmix_status_t,
 >;
+/// `pmix_dmodex_response_fn_t`: the data of one process, for
+/// [`Pmix::server_dmodex_request`].
+pub type pmix_dmodex_response_fn_t =
+    Option<unsafe extern "C" fn(pmix_status_t, *mut c_char, usize, *mut c_void)>;
+
 /// `pmix_server_dmodex_req_fn_t`.
 pub type pmix_server_dmodex_req_fn_t = Option<
     unsafe extern "C" fn(
@@ -292,6 +313,11 @@ exports! {
     data_array_destruct = "PMIx_Data_array_destruct": fn(*mut pmix_data_array_t);
     error_string = "PMIx_Error_string": fn(pmix_status_t) -> *const c_char;
     get_version = "PMIx_Get_version": fn() -> *const c_char;
+    server_dmodex_request = "PMIx_server_dmodex_request":
+        fn(*const pmix_proc_t, pmix_dmodex_response_fn_t, *mut c_void) -> pmix_status_t;
+    notify_event = "PMIx_Notify_event":
+        fn(pmix_status_t, *const pmix_proc_t, pmix_data_range_t, *const pmix_info_t, usize,
+            pmix_op_cbfunc_t, *mut c_void) -> pmix_status_t;
 }
 
 impl Pmix {

@@ -20,6 +20,11 @@ int main(void) {
            offsetof(pmix_server_module_t, direct_modex));
     printf("BOOL %d\nSTRING %d\nUINT16 %d\nUINT32 %d\nINFO %d\nDATA_ARRAY %d\nPROC_RANK %d\n",
            PMIX_BOOL, PMIX_STRING, PMIX_UINT16, PMIX_UINT32, PMIX_INFO, PMIX_DATA_ARRAY, PMIX_PROC_RANK);
+    printf("INT %d\nPROC %d\nRANGE_NAMESPACE %d\n", PMIX_INT, PMIX_PROC, PMIX_RANGE_NAMESPACE);
+    printf("REQUESTED_ABORT %d\nTERM_WO_SYNC %d\nABORTED_BY_SIG %d\nEXIT_NONZERO %d\n",
+           PMIX_ERR_PROC_REQUESTED_ABORT, PMIX_ERR_PROC_TERM_WO_SYNC, PMIX_ERR_PROC_ABORTED_BY_SIG,
+           PMIX_ERR_EXIT_NONZERO_TERM);
+    printf("key2 %s %s\n", PMIX_EVENT_AFFECTED_PROC, PMIX_EXIT_CODE);
     printf("SUCCESS %d\nERR_NOT_FOUND %d\nERR_NOT_SUPPORTED %d\nRANK_WILDCARD %u\n",
            PMIX_SUCCESS, PMIX_ERR_NOT_FOUND, PMIX_ERR_NOT_SUPPORTED, PMIX_RANK_WILDCARD);
     printf("key %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n",
@@ -117,9 +122,28 @@ fn the_crates_layout_is_the_installed_libpmix_headers() {
         ("INFO", PMIX_INFO),
         ("DATA_ARRAY", PMIX_DATA_ARRAY),
         ("PROC_RANK", PMIX_PROC_RANK),
+        ("INT", PMIX_INT),
+        ("PROC", PMIX_PROC),
     ] {
         assert_eq!(num(name), ours as i64, "{name}");
     }
+    assert_eq!(num("RANGE_NAMESPACE"), PMIX_RANGE_NAMESPACE as i64);
+    for (name, ours) in [
+        ("REQUESTED_ABORT", PMIX_ERR_PROC_REQUESTED_ABORT),
+        ("TERM_WO_SYNC", PMIX_ERR_PROC_TERM_WO_SYNC),
+        ("ABORTED_BY_SIG", PMIX_ERR_PROC_ABORTED_BY_SIG),
+        ("EXIT_NONZERO", PMIX_ERR_EXIT_NONZERO_TERM),
+    ] {
+        assert_eq!(num(name), ours as i64, "{name}");
+    }
+    assert_eq!(
+        value("key2"),
+        format!(
+            "{} {}",
+            keys::EVENT_AFFECTED_PROC.to_string_lossy(),
+            keys::EXIT_CODE.to_string_lossy()
+        )
+    );
     assert_eq!(num("SUCCESS"), PMIX_SUCCESS as i64);
     assert_eq!(num("ERR_NOT_FOUND"), PMIX_ERR_NOT_FOUND as i64);
     assert_eq!(num("ERR_NOT_SUPPORTED"), PMIX_ERR_NOT_SUPPORTED as i64);

@@ -35,21 +35,19 @@ fn mpi_programs_are_one_world_with_no_flags_across_namespaces() {
     let work = tempfile::tempdir().unwrap();
     let ompi = work.path().join("ompi");
     std::fs::create_dir(&ompi).unwrap();
-    let programs: Vec<(&str, std::path::PathBuf, Vec<String>)> = [
-        mpi_program(test, work.path(), "hello").map(|p| ("MPICH", p, hello_lines())),
-        open_mpi_program(test, &ompi, "hello").map(|p| ("Open MPI", p, hello_lines())),
-        pmix_program(test, work.path(), "pmix_client").map(|p| {
-            (
-                "PMIx",
-                p,
-                vec![
-                    "rank 0 of 4 (local 0) got: hello from 1".to_string(),
-                    "rank 1 of 4 (local 1) got: hello from 2".to_string(),
-                    "rank 2 of 4 (local 0) got: hello from 3".to_string(),
-                    "rank 3 of 4 (local 1) got: hello from 0".to_string(),
-                ],
-            )
-        }),
+    let pmix_lines = vec![
+        "rank 0 of 4 (local 0) got: hello from 1".to_string(),
+        "rank 1 of 4 (local 1) got: hello from 2".to_string(),
+        "rank 2 of 4 (local 0) got: hello from 3".to_string(),
+        "rank 3 of 4 (local 1) got: hello from 0".to_string(),
+    ];
+    let pmix = pmix_program(test, work.path(), "pmix_client");
+    // The last: a remote key that no fence collected, fetched by direct modex.
+    let programs: Vec<(&str, std::path::PathBuf, &str, Vec<String>)> = [
+        mpi_program(test, work.path(), "hello").map(|p| ("MPICH", p, "", hello_lines())),
+        open_mpi_program(test, &ompi, "hello").map(|p| ("Open MPI", p, "", hello_lines())),
+        pmix.clone().map(|p| ("PMIx", p, "", pmix_lines.clone())),
+        pmix.map(|p| ("PMIx direct modex", p, "nofence", pmix_lines)),
     ]
     .into_iter()
     .flatten()
@@ -58,12 +56,15 @@ fn mpi_programs_are_one_world_with_no_flags_across_namespaces() {
         return;
     }
     let tb = up(2, work.path());
-    for (mpi, program, want) in programs {
+    for (mpi, program, arg, want) in programs {
         let mut cmd = Command::new(bin_dir().join("storm-submit"));
         cmd.arg("--config")
             .arg(&tb.config_path)
             .args(["-N", "2", "-n", "4"])
             .arg(&program);
+        if !arg.is_empty() {
+            cmd.arg(arg);
+        }
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("OMPI_MCA_") {
                 cmd.env_remove(k);

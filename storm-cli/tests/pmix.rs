@@ -155,6 +155,68 @@ fn a_pmix_program_is_one_world_with_no_flags_on_pretend_nodes() {
     }
 }
 
+/// A PMIx program whose fence collects no data (PMIx_Fence's default), or that has no fence
+/// at all, still reads a neighbour's key on the other node: its node's PMIx server fetches
+/// it from that rank's node (a direct modex, through the MM), waiting, without a fence,
+/// until that rank has committed it. Before, the server answered "not supported" and the
+/// client's PMIx_Get failed (exit 4).
+#[test]
+fn a_remote_key_no_fence_collected_comes_by_direct_modex() {
+    let test = "pmix: direct modex";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(client) = pmix_program(test, dir.path(), "pmix_client") else {
+        return;
+    };
+    let c = TestCluster::start(2);
+    for mode in ["dmodex", "nofence", "dmodex"] {
+        let out = support::output_within(
+            c.submit_cmd(&["-N", "2", "-n", "4", client.to_str().unwrap(), mode]),
+            Duration::from_secs(60),
+        )
+        .expect("the job ended");
+        assert!(out.status.success(), "{mode}: {}", text(&out.stderr));
+        assert_eq!(
+            sorted_lines(&out.stdout),
+            [
+                "rank 0 of 4 (local 0) got: hello from 1",
+                "rank 1 of 4 (local 1) got: hello from 2",
+                "rank 2 of 4 (local 0) got: hello from 3",
+                "rank 3 of 4 (local 1) got: hello from 0",
+            ],
+            "{mode}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// A rank's end is a PMIx event for its job's other ranks, as PRRTE raises it: rank 3 of
+/// 4 (node 1) exits 7 after finalizing; rank 2 beside it and ranks 0 and 1 on the other
+/// node each hear "rank 3 ended" with its code, and finish. Before, nothing was raised and
+/// each waited its 30 s in vain.
+#[test]
+fn a_ranks_end_is_a_pmix_event_for_the_others_on_every_node() {
+    let test = "pmix: rank end events";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(client) = pmix_program(test, dir.path(), "pmix_client") else {
+        return;
+    };
+    let c = TestCluster::start(2);
+    let out = support::output_within(
+        c.submit_cmd(&["-N", "2", "-n", "4", client.to_str().unwrap(), "ends"]),
+        Duration::from_secs(90),
+    )
+    .expect("the job ended");
+    // PMIX_ERR_EXIT_NONZERO_TERM.
+    let heard = "heard: rank 3 ended: event -404 exit code 7";
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        [0, 1, 2].map(|r| format!("rank {r} {heard}")),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+}
+
 /// `PMIx_Abort(5)` in one rank ends the whole job, on both nodes, with exit code 5, and the
 /// reason names the rank and its message.
 #[test]

@@ -82,6 +82,12 @@ pub struct RmLayout {
     pub pmi_down: Area,
     pub pmi_job_bytes: usize,
     pub pmi_down_event: EventId,
+    /// `pmix_up[slot][node]`: a node's [`crate::messages::PmixUp`] for the PMIx job in
+    /// `slot` (NM to MM, `pmi_node_bytes` each), signalled with `pmi_up_event` too.
+    pub pmix_up: Area,
+    /// `pmix_down[slot]`: the MM's [`crate::messages::PmixDown`] for the job in `slot`, on
+    /// each of its nodes (`pmi_job_bytes`), signalled with `pmi_down_event` too.
+    pub pmix_down: Area,
     // --- local completion events (each used by one thread) ---
     /// MM main loop: heartbeat transfers.
     pub hb_sent: EventId,
@@ -121,6 +127,7 @@ impl RmLayout {
         let pmi_job_bytes = c.pmi_job_bytes;
         let pmi_down = b.area("pmi.down", c.max_jobs * pmi_job_bytes);
         let pmi_down_event = b.event("pmi.down.signal");
+        let pmix_down = b.area("pmix.down", c.max_jobs * pmi_job_bytes);
         let hb_sent = b.event("heartbeat.sent");
         let chunk_sent = (0..c.max_transfers)
             .map(|i| b.event(&format!("chunk.sent.{i}")))
@@ -149,6 +156,7 @@ impl RmLayout {
         let pmi_node_bytes = c.pmi_node_bytes;
         let pmi_up = b.area("pmi.up", c.max_jobs * nodes * pmi_node_bytes);
         let pmi_up_event = b.event("pmi.up.signal");
+        let pmix_up = b.area("pmix.up", c.max_jobs * nodes * pmi_node_bytes);
         let node_records = b.area(
             "node.records",
             nodes * RECORDS_PER_NODE * crate::sample::RECORD_BYTES,
@@ -180,6 +188,8 @@ impl RmLayout {
             pmi_down,
             pmi_job_bytes,
             pmi_down_event,
+            pmix_up,
+            pmix_down,
             hb_sent,
             chunk_sent,
             report_sent,
@@ -234,6 +244,18 @@ impl RmLayout {
         self.pmi_down.offset + (slot * self.pmi_job_bytes) as u64
     }
 
+    /// Offset of node `node`'s PMIx exchange state for the job in `slot` (at the MM).
+    pub fn pmix_up_offset(&self, slot: usize, node: usize) -> u64 {
+        debug_assert!(slot < self.max_jobs && node < self.nodes);
+        self.pmix_up.offset + ((slot * self.nodes + node) * self.pmi_node_bytes) as u64
+    }
+
+    /// Offset of the MM's PMIx exchange answer for the job in `slot` (at its nodes).
+    pub fn pmix_down_offset(&self, slot: usize) -> u64 {
+        debug_assert!(slot < self.max_jobs);
+        self.pmix_down.offset + (slot * self.pmi_job_bytes) as u64
+    }
+
     /// Whether node `node` may write `len` bytes at `offset` in the MM's memory: only in its
     /// own areas there (its output queue's slots, its reports, inventory, PMI messages,
     /// registration and acknowledgement, sample records), or in the termination hints any node of a job
@@ -259,6 +281,7 @@ impl RmLayout {
         within(queue.offset, queue.len as u64)
             || entry(&self.reports, self.report_bytes)
             || entry(&self.pmi_up, self.pmi_node_bytes)
+            || entry(&self.pmix_up, self.pmi_node_bytes)
             || within(self.inventory_offset(node), self.inventory_bytes as u64)
             || within(
                 self.sample_offset(node),
@@ -321,9 +344,9 @@ mod tests {
             let nm = c.heartbeat_slots * (c.heartbeat_bytes + 16)
                 + c.transfer_slots * (c.transfer_chunk_bytes + 16)
                 + crate::messages::membership_bytes(c.max_jobs)
-                + c.max_jobs * (8 + c.pmi_job_bytes);
+                + c.max_jobs * (8 + 2 * c.pmi_job_bytes);
             let per_node = c.output_slots * (c.output_bytes + 16)
-                + c.max_jobs * (report_bytes(c.max_tasks_per_node) + c.pmi_node_bytes)
+                + c.max_jobs * (report_bytes(c.max_tasks_per_node) + 2 * c.pmi_node_bytes)
                 + crate::messages::inventory_bytes(c.max_jobs)
                 + RECORDS_PER_NODE * crate::sample::RECORD_BYTES;
             let mm = nm + nodes * per_node + 8 * c.max_jobs;
@@ -343,6 +366,7 @@ mod tests {
             (rm.report_offset(3, 2), rm.report_bytes),
             (rm.inventory_offset(2), rm.inventory_bytes),
             (rm.pmi_up_offset(1, 2), rm.pmi_node_bytes),
+            (rm.pmix_up_offset(1, 2), rm.pmi_node_bytes),
             (rm.registry.at(2).offset(), 8),
             (rm.join_ack.at(2).offset(), 8),
             (rm.term_hint.at(0).offset(), 8),
@@ -372,6 +396,8 @@ mod tests {
             (rm.report_offset(3, 1), rm.report_bytes),
             (rm.inventory_offset(1), rm.inventory_bytes),
             (rm.pmi_up_offset(1, 3), rm.pmi_node_bytes),
+            (rm.pmix_up_offset(1, 3), rm.pmi_node_bytes),
+            (rm.pmix_up_offset(1, 2) + 8, rm.pmi_node_bytes),
             (rm.registry.at(1).offset(), 8),
             (rm.join_ack.at(3).offset(), 8),
             (rm.output[1].slots.offset, 16),
@@ -391,6 +417,7 @@ mod tests {
         }
         let reads = [
             (rm.pmi_down_offset(2), rm.pmi_job_bytes),
+            (rm.pmix_down_offset(2), rm.pmi_job_bytes),
             (rm.join.offset, rm.join.len),
             (rm.terminated.at(5).offset(), 8),
         ];

@@ -406,6 +406,9 @@ pub enum PmiUp {
     },
 }
 
+mod exchange;
+pub use exchange::{PmixDown, PmixUp, RankEnd, events as pmix_events, pmix_down};
+
 /// MM to a job's NMs: the union of every node's puts for fence `epoch`, written into
 /// `pmi_down[slot]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

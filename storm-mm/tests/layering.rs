@@ -125,6 +125,8 @@ const CORE_FILES: &[(&str, &str)] = &[
     // The PMI core: each MPI job's PMI-1, PMI-2 and PMIx decisions (its hosts are the PMI
     // thread and the PMIx helper's link).
     ("storm-nm", "src/pmi/job.rs"),
+    // A PMIx job's direct modex and ranks' ends on one node (its host is the PMI thread).
+    ("storm-nm", "src/pmi/exchange.rs"),
 ];
 
 /// Source text that does I/O, or reads real time, on its own.

@@ -899,6 +899,10 @@ impl PmiServer for DaemonPmi {
     fn resend(&mut self) {
         self.service.resend();
     }
+
+    fn rank_ended(&mut self, job: JobId, rank: u32, status: storm_cluster::messages::RankStatus) {
+        self.service.rank_ended(job, rank, status);
+    }
 }
 
 /// The CPUs this process may run on (its affinity: the machine's, or the cpuset of the Slurm

@@ -208,6 +208,9 @@ pub trait PmiServer {
     fn resend(&mut self);
     /// Whether rank `rank` of job `job` has spoken to this node's PMI or PMIx server.
     fn contacted(&self, job: JobId, rank: u32) -> bool;
+    /// Local rank `rank` of MPI job `job` ended with `status` (before the job's end): its
+    /// job's other ranks are told, if it ended badly (PMIx events).
+    fn rank_ended(&mut self, job: JobId, rank: u32, status: RankStatus);
 }
 
 /// What the PMI server gives a job's local tasks ([`PmiServer::start_job`]), by task, in the

@@ -24,6 +24,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use storm_cluster::config::PmixSecurity;
 use storm_cluster::daemon_dir::DaemonDir;
+use storm_cluster::messages::RankEnd;
 use storm_pmix::wire::{EnvVar, Event, JobInfo, Request, WireError, read_frame, write_frame};
 
 /// What the helper said a job's clients did, for the PMI thread. Each carries what answers
@@ -62,6 +63,73 @@ pub enum PmixEvent {
         bytes: u64,
         done: FenceDone,
     },
+    /// The helper runs: what the PMI thread sends it of its own accord goes through `tx`
+    /// (the first event).
+    Started { tx: HelperTx },
+    /// A client of job `nspace` wants the data of rank `rank`, which runs on another node
+    /// (a direct modex); the data goes to `done`.
+    DirectModex {
+        nspace: String,
+        rank: u32,
+        done: ModexDone,
+    },
+    /// The data of local rank `rank` asked for with [`HelperTx::serve_modex`].
+    ModexData {
+        nspace: String,
+        rank: u32,
+        result: Result<Vec<u8>, String>,
+    },
+}
+
+/// The PMI thread's way to the helper.
+#[derive(Clone)]
+pub struct HelperTx {
+    link: Arc<Mutex<UnixStream>>,
+}
+
+impl HelperTx {
+    /// Asks for the data local rank `rank` of job `nspace` commits
+    /// ([`PmixEvent::ModexData`]).
+    pub fn serve_modex(&self, nspace: &str, rank: u32) {
+        send(
+            &self.link,
+            &Request::ServeModex {
+                nspace: nspace.to_string(),
+                rank,
+            },
+        );
+    }
+
+    /// Tells job `nspace`'s local clients that its rank `end.rank` ended.
+    pub fn notify(&self, nspace: &str, end: RankEnd) {
+        send(
+            &self.link,
+            &Request::Notify {
+                nspace: nspace.to_string(),
+                rank: end.rank,
+                status: end.status,
+                exit_code: end.exit_code,
+            },
+        );
+    }
+}
+
+/// A direct modex the helper waits on: completed once, with the remote rank's data.
+pub struct ModexDone {
+    id: u64,
+    link: Arc<Mutex<UnixStream>>,
+}
+
+impl ModexDone {
+    pub fn complete(self, result: Result<Vec<u8>, String>) {
+        send(
+            &self.link,
+            &Request::ModexResult {
+                id: self.id,
+                result,
+            },
+        );
+    }
 }
 
 /// A fence the helper waits on: completed once, with the fence's result.
@@ -357,6 +425,14 @@ fn read_events(
         id,
         link: writer.clone(),
     };
+    let started = PmixEvent::Started {
+        tx: HelperTx {
+            link: writer.clone(),
+        },
+    };
+    if events.send(started).is_err() {
+        return;
+    }
     loop {
         let event = match read_frame::<Event>(&mut reader, max) {
             Ok(e) => e,
@@ -407,6 +483,23 @@ fn read_events(
                 nspace,
                 bytes,
                 done: fence(id),
+            },
+            Event::DirectModex { id, nspace, rank } => PmixEvent::DirectModex {
+                nspace,
+                rank,
+                done: ModexDone {
+                    id,
+                    link: writer.clone(),
+                },
+            },
+            Event::ModexData {
+                nspace,
+                rank,
+                result,
+            } => PmixEvent::ModexData {
+                nspace,
+                rank,
+                result,
             },
         };
         if events.send(event).is_err() {

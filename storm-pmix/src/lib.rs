@@ -20,3 +20,16 @@
 
 pub mod server;
 pub mod wire;
+
+#[cfg(test)]
+mod tests {
+    /// The events the NM's core decides (storm-cluster, which knows nothing of libpmix) are
+    /// the library's own numbers (pmix-sys, checked against the installed headers).
+    #[test]
+    fn the_cores_rank_end_events_are_the_librarys() {
+        use storm_cluster::messages::pmix_events as ours;
+        assert_eq!(ours::TERM_WO_SYNC, pmix_sys::PMIX_ERR_PROC_TERM_WO_SYNC);
+        assert_eq!(ours::ABORTED_BY_SIG, pmix_sys::PMIX_ERR_PROC_ABORTED_BY_SIG);
+        assert_eq!(ours::EXIT_NONZERO, pmix_sys::PMIX_ERR_EXIT_NONZERO_TERM);
+    }
+}

@@ -117,6 +117,18 @@ fn main() -> Result<()> {
             Ok(Request::Deregister { nspace }) => server.deregister(&nspace),
             Ok(Request::FenceResult { id, result }) => server.complete_fence(id, result),
             Ok(Request::Done { id }) => server.complete_op(id),
+            Ok(Request::ModexResult { id, result }) => server.complete_modex(id, result),
+            Ok(Request::ServeModex { nspace, rank }) => server.serve_modex(&nspace, rank),
+            Ok(Request::Notify {
+                nspace,
+                rank,
+                status,
+                exit_code,
+            }) => {
+                if let Err(why) = server.notify(&nspace, rank, status, exit_code) {
+                    tracing::warn!(%nspace, rank, "cannot raise a rank's end: {why}");
+                }
+            }
             Err(WireError::Closed) => return Ok(()),
             Err(e) => bail!("the NM's link: {e}"),
         }

@@ -15,11 +15,16 @@
 //! * a fence the library asks for (once per node, with the node's collected data) goes to
 //!   the NM, which makes it this node's contribution to the job's fence at the MM; the
 //!   fence's result, every node's data in node order, comes back ([`Server::complete_fence`]);
-//! * `PMIx_Abort`, a client's connection and its finalization go to the NM.
+//! * `PMIx_Abort`, a client's connection and its finalization go to the NM;
+//! * a direct modex (a client's `PMIx_Get` of a remote rank's key that no fence collected)
+//!   goes to the NM, which fetches that rank's data from its node through the MM and
+//!   answers ([`Server::complete_modex`]); the other way, the NM asks the library for a
+//!   local rank's data on another node's behalf ([`Server::serve_modex`]);
+//! * a rank's end, here or on another node, is raised as a PMIx event to the job's local
+//!   clients ([`Server::notify`]).
 //!
 //! The library keeps process-wide state: one server per process, which is one reason it runs
-//! in a helper of its own. Direct modex (a key fetched from one remote node on demand) is not
-//! served: fences collect every node's data.
+//! in a helper of its own.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -71,6 +76,8 @@ unsafe extern "C" fn release_data(keep: *mut c_void) {
 struct Callbacks {
     sink: Box<dyn Fn(Event) + Send + Sync>,
     fences: Mutex<HashMap<u64, FenceDone>>,
+    /// Direct modex requests waiting for a remote rank's data (answered as a fence is).
+    modexes: Mutex<HashMap<u64, FenceDone>>,
     ops: Mutex<HashMap<u64, OpDone>>,
     next_id: AtomicU64,
     /// The most data one node may give a fence.
@@ -239,13 +246,70 @@ unsafe extern "C" fn fence_nb(
 }
 
 unsafe extern "C" fn direct_modex(
-    _proc: *const pmix_proc_t,
+    proc: *const pmix_proc_t,
     _info: *const pmix_info_t,
     _ninfo: usize,
-    _cb: pmix_modex_cbfunc_t,
-    _cbdata: *mut c_void,
+    cb: pmix_modex_cbfunc_t,
+    cbdata: *mut c_void,
 ) -> pmix_status_t {
-    pmix_sys::PMIX_ERR_NOT_SUPPORTED
+    // SAFETY: the library passes the name of the process whose data a client wants.
+    let Some((nspace, rank)) = (unsafe { who(proc) }) else {
+        return pmix_sys::PMIX_ERR_NOT_FOUND;
+    };
+    let Some(c) = CALLBACKS.get() else {
+        return pmix_sys::PMIX_ERROR;
+    };
+    let id = c.next_id.fetch_add(1, Ordering::Relaxed);
+    c.modexes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, FenceDone { cb, cbdata });
+    (c.sink)(Event::DirectModex { id, nspace, rank });
+    pmix_sys::PMIX_SUCCESS
+}
+
+/// Which local rank's data [`Server::serve_modex`] asked the library for.
+struct Serving {
+    nspace: String,
+    rank: u32,
+}
+
+/// The library's answer to [`Server::serve_modex`]: the rank's data, which goes to the NM
+/// (more than one node may give a fence is refused, naming its size).
+unsafe extern "C" fn modex_served(
+    status: pmix_status_t,
+    data: *mut c_char,
+    size: usize,
+    cbdata: *mut c_void,
+) {
+    if cbdata.is_null() {
+        return;
+    }
+    // SAFETY: `cbdata` is the box `serve_modex` leaked, taken back once.
+    let Serving { nspace, rank } = *unsafe { Box::from_raw(cbdata as *mut Serving) };
+    let Some(c) = CALLBACKS.get() else {
+        return;
+    };
+    let result = if status != pmix_sys::PMIX_SUCCESS {
+        Err(pmix_sys::library()
+            .map(|lib| lib.error(status))
+            .unwrap_or_else(|_| format!("PMIx status {status}")))
+    } else if size > c.max_fence_bytes {
+        Err(format!(
+            "{size} bytes of data, more than one node may give a fence ({} bytes)",
+            c.max_fence_bytes
+        ))
+    } else if data.is_null() || size == 0 {
+        Ok(Vec::new())
+    } else {
+        // SAFETY: the library gives `size` bytes at `data`, valid for this call.
+        Ok(unsafe { std::slice::from_raw_parts(data as *const u8, size) }.to_vec())
+    };
+    (c.sink)(Event::ModexData {
+        nspace,
+        rank,
+        result,
+    });
 }
 
 /// A list of `pmix_info_t` being built through the library (freed when dropped).
@@ -445,6 +509,7 @@ impl Server {
         let callbacks = Callbacks {
             sink,
             fences: Mutex::new(HashMap::new()),
+            modexes: Mutex::new(HashMap::new()),
             ops: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             max_fence_bytes,
@@ -519,6 +584,97 @@ impl Server {
             }
             (None, _) => tracing::warn!(id, "a result for no fence waiting"),
         }
+    }
+
+    /// Hands direct modex `id`'s answer to the library (one it does not wait for is
+    /// ignored): the remote rank's data, or a failure the client's `PMIx_Get` returns.
+    pub fn complete_modex(&self, id: u64, result: Result<Vec<u8>, String>) {
+        let Some(c) = CALLBACKS.get() else {
+            return;
+        };
+        let done = c
+            .modexes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        match (done, result) {
+            (Some(done), Ok(data)) => done.complete(pmix_sys::PMIX_SUCCESS, data),
+            (Some(done), Err(why)) => {
+                tracing::warn!(id, "a direct modex failed: {why}");
+                done.complete(pmix_sys::PMIX_ERR_NOT_FOUND, Vec::new());
+            }
+            (None, _) => tracing::warn!(id, "an answer for no direct modex waiting"),
+        }
+    }
+
+    /// Asks the library for the data local rank `rank` of job `nspace` committed (once it
+    /// has): it comes back as [`Event::ModexData`].
+    pub fn serve_modex(&self, nspace: &str, rank: u32) {
+        let proc = pmix_proc_t::new(nspace, rank);
+        let cbdata = Box::into_raw(Box::new(Serving {
+            nspace: nspace.to_string(),
+            rank,
+        })) as *mut c_void;
+        // SAFETY: `proc` outlives the call (the library copies it); `cbdata` is ours until
+        // the callback takes it back.
+        let rc = unsafe { (self.lib.server_dmodex_request)(&proc, Some(modex_served), cbdata) };
+        if rc != pmix_sys::PMIX_SUCCESS {
+            // SAFETY: the library refused the request and will not call back.
+            drop(unsafe { Box::from_raw(cbdata as *mut Serving) });
+            if let Some(c) = CALLBACKS.get() {
+                (c.sink)(Event::ModexData {
+                    nspace: nspace.to_string(),
+                    rank,
+                    result: Err(format!(
+                        "PMIx_server_dmodex_request: {}",
+                        self.lib.error(rc)
+                    )),
+                });
+            }
+        }
+    }
+
+    /// Raises PMIx event `status` for rank `rank` of job `nspace` (which ended with
+    /// `exit_code`) to the job's local clients that registered for it.
+    pub fn notify(
+        &self,
+        nspace: &str,
+        rank: u32,
+        status: i32,
+        exit_code: i32,
+    ) -> Result<(), String> {
+        let lib = self.lib;
+        let source = pmix_proc_t::new(nspace, rank);
+        let mut info = InfoList::new(lib);
+        info.add_raw(
+            keys::EVENT_AFFECTED_PROC,
+            &source as *const pmix_proc_t as *const c_void,
+            pmix_sys::PMIX_PROC,
+        )?;
+        info.add_raw(
+            keys::EXIT_CODE,
+            &exit_code as *const i32 as *const c_void,
+            pmix_sys::PMIX_INT,
+        )?;
+        let mut array = info.convert()?;
+        let raised = wait_op(lib, "PMIx_Notify_event", |cb, cbdata| {
+            // SAFETY: `source` and the array outlive the call and its completion (the array
+            // is destructed below, after `wait_op` saw the callback).
+            unsafe {
+                (lib.notify_event)(
+                    status,
+                    &source,
+                    pmix_sys::PMIX_RANGE_NAMESPACE,
+                    array.array as *const pmix_info_t,
+                    array.size,
+                    cb,
+                    cbdata,
+                )
+            }
+        });
+        // SAFETY: the library's array, no longer used.
+        unsafe { (lib.data_array_destruct)(&mut array) };
+        raised
     }
 
     /// Registers job `job` and its local `ranks` as clients, and gives each rank's

@@ -46,6 +46,23 @@ pub enum Request {
     /// The NM has taken event `id` (a connection, finalization or abort): the client's
     /// call may return. Its next act (say, exiting) then cannot overtake the event.
     Done { id: u64 },
+    /// Direct modex `id`'s answer: the remote rank's data, or why there is none.
+    ModexResult {
+        id: u64,
+        result: Result<Vec<u8>, String>,
+    },
+    /// Another node wants the data of local rank `rank` of job `nspace`: answered by
+    /// [`Event::ModexData`] once the rank has committed it.
+    ServeModex { nspace: String, rank: u32 },
+    /// Rank `rank` of job `nspace` ended (on this node or another): tell the job's local
+    /// clients, as PMIx event `status` (`PMIX_ERR_PROC_ABORTED_BY_SIG`, ...) with the
+    /// rank's exit code.
+    Notify {
+        nspace: String,
+        rank: u32,
+        status: i32,
+        exit_code: i32,
+    },
 }
 
 /// From the helper to its NM.
@@ -84,6 +101,17 @@ pub enum Event {
     /// Every local client of job `nspace` entered fence `id` with more data than one
     /// node may give a fence (`bytes`, above the helper's `--max-fence-bytes`).
     FenceTooLarge { id: u64, nspace: String, bytes: u64 },
+    /// A local client of job `nspace` asks for the data of rank `rank`, which runs on
+    /// another node (a direct modex: the job's fences did not collect it). Answered by
+    /// [`Request::ModexResult`] with `id`.
+    DirectModex { id: u64, nspace: String, rank: u32 },
+    /// The data of local rank `rank` the NM asked for ([`Request::ServeModex`]); more than
+    /// one node may give a fence is refused here, naming its size.
+    ModexData {
+        nspace: String,
+        rank: u32,
+        result: Result<Vec<u8>, String>,
+    },
 }
 
 /// The longest abort message passed on, in bytes.
@@ -168,6 +196,16 @@ mod tests {
                 nspace: "storm-3".into(),
                 result: Ok(vec![vec![(b"PMIX_RANK".to_vec(), b"0".to_vec())]]),
             },
+            Event::DirectModex {
+                id: 9,
+                nspace: "storm-3".into(),
+                rank: 5,
+            },
+            Event::ModexData {
+                nspace: "storm-3".into(),
+                rank: 1,
+                result: Err("too large".into()),
+            },
         ];
         let mut requests = Vec::new();
         write_frame(&mut requests, &Request::Done { id: 3 }).unwrap();
@@ -180,7 +218,7 @@ mod tests {
             write_frame(&mut buf, m).unwrap();
         }
         let mut r = &buf[..];
-        let got: Vec<Event> = (0..3)
+        let got: Vec<Event> = (0..sent.len())
             .map(|_| read_frame(&mut r, 1 << 20).unwrap())
             .collect();
         assert_eq!(got, sent);

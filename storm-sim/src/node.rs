@@ -328,4 +328,13 @@ impl PmiServer for NoFiles {
     fn contacted(&self, _job: JobId, _rank: u32) -> bool {
         false
     }
+
+    // No simulated task is a PMIx client: nobody to tell.
+    fn rank_ended(
+        &mut self,
+        _job: JobId,
+        _rank: u32,
+        _status: storm_cluster::messages::RankStatus,
+    ) {
+    }
 }

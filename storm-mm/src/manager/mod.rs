@@ -53,6 +53,7 @@ mod limits;
 mod membership;
 mod output;
 mod pmi;
+mod pmix_exchange;
 mod publish;
 mod records;
 mod requests;
@@ -124,6 +125,9 @@ pub struct MachineManager<E: MmEnv> {
     pmi_ended: BTreeSet<JobId>,
     /// A PMI fence result was not confirmed: look at the nodes' parts again next tick.
     pmi_recheck: bool,
+    /// The seal (length and checksum) of what each PMIx job's nodes were last sent of its
+    /// exchange (see `pmix_exchange`).
+    pmix_sent: BTreeMap<JobId, [u8; 12]>,
     /// When `--wait` jobs' report areas are read next (see `exit_wait`).
     next_wait_scan: Instant,
     /// A job ended, started, or came held: look at the held jobs again at the next
@@ -227,6 +231,7 @@ impl<E: MmEnv> MachineManager<E> {
             term_announced: false,
             pmi_ended: BTreeSet::new(),
             pmi_recheck: false,
+            pmix_sent: BTreeMap::new(),
             next_wait_scan: now,
             queue_changed: true,
             program_holders: BTreeMap::new(),

@@ -147,6 +147,9 @@ impl<E: MmEnv> MachineManager<E> {
         while let Ok(true) = self.prims.test_event(self.rm.pmi_up_event, Wait::Poll) {
             signalled = true;
         }
+        if signalled {
+            self.pmix_exchange();
+        }
         // Without a part's arrival, only the jobs a node of which just ended are looked at.
         let ended = std::mem::take(&mut self.pmi_ended);
         if !signalled && ended.is_empty() {
@@ -192,6 +195,7 @@ impl<E: MmEnv> MachineManager<E> {
         let mem = self.prims.memory();
         for n in nodes.iter() {
             let _ = mem.write(self.rm.pmi_up_offset(slot, n as usize), &[0u8; 32]);
+            let _ = mem.write(self.rm.pmix_up_offset(slot, n as usize), &[0u8; 32]);
             // A node's report of an earlier run would say its ranks ended (see `pmi_parts`).
             let _ = mem.write(self.rm.report_offset(slot, n as usize), &[0u8; 32]);
         }

@@ -76,6 +76,11 @@ impl<E: NmEnv> NodeManager<E> {
                             .output()
                             .tell(*job, r.rank, Stream::Notice, &text, &r.output);
                     }
+                    // Its job's other ranks hear of it (PMIx events), unless storm is
+                    // ending the job.
+                    if multi && j.spec.mpi.serves_pmix() && !j.ending {
+                        self.env.pmi().rank_ended(*job, r.rank, s);
+                    }
                     j.first_ended.get_or_insert((r.rank, now));
                     if j.spec.kill_on_bad_exit && !j.ending && j.culprit.is_none() && failed(s) {
                         j.culprit = Some(r.rank);

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use storm_cluster::messages::JobId;
+use storm_cluster::messages::{JobId, RankEnd, RankStatus};
 
 use super::wire::{Request, Version, reply_v1, reply_v2};
 
@@ -404,6 +404,13 @@ impl PmiJob {
             r.initialized = true;
         }
         self.ended_before_init()
+    }
+
+    /// The PMIx event of local rank `rank`'s end with `status`, if it ended badly (for the
+    /// job's other ranks: [`super::exchange`]).
+    pub fn end_event(&self, rank: u32, status: RankStatus) -> Option<RankEnd> {
+        let r = self.ranks.get(&rank)?;
+        RankEnd::of(rank, status, r.initialized, r.finalized)
     }
 
     /// PMIx rank `rank` finalized.

@@ -1,5 +1,7 @@
 //! The NM's PMI thread: serves the PMI sockets of every local task of every MPI job, sends
-//! each fence's contribution (or an abort) to the MM, and takes the MM's fence results.
+//! each fence's contribution (or an abort) to the MM, and takes the MM's fence results; for
+//! PMIx jobs it is also the host of each job's exchange core ([`super::exchange`]: direct
+//! modex and ranks' ends), between the node's PMIx helper and the MM.
 //!
 //! The thread sleeps in `poll` on the tasks' sockets and a wake-up pipe. A second thread
 //! waits on `pmi_down_event` (the MM wrote a fence result) and writes to that pipe; the main
@@ -21,12 +23,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use storm_cluster::RmLayout;
-use storm_cluster::messages::{JobId, PmiFenced, PmiUp, decode_sealed, encode_sealed};
+use storm_cluster::messages::{
+    JobId, PmiFenced, PmiUp, PmixDown, RankStatus, decode_sealed, encode_sealed,
+};
 use storm_primitives::{NodeId, NodeSet, PrimError, Primitives, Wait};
 
+use super::exchange::{Exchange, XEffect};
 use super::job::{Effect, JobFacts, PmiJob};
 use super::wire::Framer;
-use crate::pmix::{FenceDone, PmixEvent};
+use crate::pmix::{FenceDone, HelperTx, ModexDone, PmixEvent};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
@@ -44,6 +49,12 @@ enum Msg {
         conns: Vec<(u32, UnixStream)>,
     },
     Remove(JobId),
+    /// A local rank of the job ended.
+    RankEnded {
+        job: JobId,
+        rank: u32,
+        status: RankStatus,
+    },
     /// A new membership (perhaps a restarted MM): send again the contributions of fences
     /// still waiting.
     Resend,
@@ -83,6 +94,7 @@ impl PmiService {
             op_timeout,
             jobs: BTreeMap::new(),
             pmix,
+            helper: None,
         };
         std::thread::Builder::new()
             .name(format!("storm-pmi-{node}"))
@@ -135,6 +147,12 @@ impl PmiService {
         poke(&self.wake);
     }
 
+    /// Local rank `rank` of MPI job `job` ended with `status`.
+    pub fn rank_ended(&self, job: JobId, rank: u32, status: RankStatus) {
+        let _ = self.tx.send(Msg::RankEnded { job, rank, status });
+        poke(&self.wake);
+    }
+
     /// What wakes the thread (the node's PMIx server's callbacks write to it).
     pub fn waker(&self) -> Arc<OwnedFd> {
         self.wake.clone()
@@ -178,7 +196,15 @@ struct Served {
     conns: BTreeMap<u32, Conn>,
     /// The node's PMIx server waits for this fence's result.
     pmix_fence: Option<FenceDone>,
+    /// Direct modex and ranks' ends.
+    exchange: Exchange<ModexDone>,
+    /// The seal (length and checksum) of the last [`PmixDown`] taken: the same is not
+    /// decoded again.
+    down_seen: [u8; SEAL_BYTES],
 }
+
+/// A sealed message's length and checksum.
+const SEAL_BYTES: usize = 12;
 
 struct Server {
     contacts: Contacts,
@@ -190,6 +216,8 @@ struct Server {
     jobs: BTreeMap<JobId, Served>,
     /// What the node's PMIx server's callbacks say (nothing where it does not run).
     pmix: Receiver<PmixEvent>,
+    /// The way to the node's PMIx helper, once it runs.
+    helper: Option<HelperTx>,
 }
 
 impl Server {
@@ -237,6 +265,7 @@ impl Server {
                 self.take_pmix(event);
             }
             self.collect_results();
+            self.collect_exchanges();
             for (pfd, (job, rank)) in fds[1..].iter().zip(who) {
                 if pfd.revents & libc::POLLOUT != 0 {
                     self.flush_to(job, rank);
@@ -252,7 +281,19 @@ impl Server {
         match msg {
             Msg::Add { slot, facts, conns } => {
                 let job = facts.job;
-                let state = PmiJob::new(facts, conns.iter().map(|(r, _)| *r));
+                let local: Vec<u32> = conns.iter().map(|(r, _)| *r).collect();
+                let exchange = Exchange::new(
+                    job,
+                    facts.size,
+                    local.iter().copied(),
+                    self.rm.pmi_node_bytes.saturating_sub(SEAL_BYTES),
+                );
+                let state = PmiJob::new(facts, local);
+                // What an earlier job of the slot was sent down is not this one's.
+                let _ = self
+                    .prims
+                    .memory()
+                    .write(self.rm.pmix_down_offset(slot), &[0u8; SEAL_BYTES]);
                 let conns = conns
                     .into_iter()
                     .filter_map(|(rank, stream)| match stream.set_nonblocking(true) {
@@ -277,6 +318,8 @@ impl Server {
                         state,
                         conns,
                         pmix_fence: None,
+                        exchange,
+                        down_seen: [0; SEAL_BYTES],
                     },
                 );
             }
@@ -284,9 +327,24 @@ impl Server {
                 if let Ok(mut c) = self.contacts.lock() {
                     c.remove(&job);
                 }
-                if let Some(done) = self.jobs.remove(&job).and_then(|s| s.pmix_fence) {
-                    done.complete(Err(format!("job {job} ended")));
+                if let Some(mut s) = self.jobs.remove(&job) {
+                    if let Some(done) = s.pmix_fence.take() {
+                        done.complete(Err(format!("job {job} ended")));
+                    }
+                    let effects = s.exchange.close();
+                    self.apply_exchange(job, effects);
                 }
+            }
+            Msg::RankEnded { job, rank, status } => {
+                let effects = self
+                    .jobs
+                    .get_mut(&job)
+                    .and_then(|s| {
+                        let end = s.state.end_event(rank, status)?;
+                        Some(s.exchange.rank_ended(end))
+                    })
+                    .unwrap_or_default();
+                self.apply_exchange(job, effects);
             }
             Msg::Resend => {
                 let waiting: Vec<(JobId, u32, Pairs)> = self
@@ -296,6 +354,15 @@ impl Server {
                     .collect();
                 for (job, epoch, pairs) in waiting {
                     self.send_up(job, PmiUp::Fence { job, epoch, pairs });
+                }
+                let jobs: Vec<JobId> = self.jobs.keys().copied().collect();
+                for job in jobs {
+                    let effects = self
+                        .jobs
+                        .get_mut(&job)
+                        .map(|s| s.exchange.resend())
+                        .unwrap_or_default();
+                    self.apply_exchange(job, effects);
                 }
             }
         }
@@ -341,6 +408,76 @@ impl Server {
                 done.complete(bad.map_or(Ok(data), Err));
             }
             self.apply(job, effects);
+        }
+    }
+
+    /// Takes what the MM sent down for each job's exchange, if it is new.
+    fn collect_exchanges(&mut self) {
+        let limit = self.rm.pmi_job_bytes;
+        let mem = self.prims.memory();
+        let mut fresh = Vec::new();
+        for (&job, s) in self.jobs.iter_mut() {
+            let offset = self.rm.pmix_down_offset(s.slot);
+            let mut seal = [0u8; SEAL_BYTES];
+            if mem.read(offset, &mut seal).is_err() || seal == s.down_seen || seal == [0; 12] {
+                continue;
+            }
+            let len = u32::from_le_bytes([seal[0], seal[1], seal[2], seal[3]]) as usize;
+            let Ok(bytes) = mem.read_vec(offset, (SEAL_BYTES + len).min(limit)) else {
+                continue;
+            };
+            // Still arriving, or overwritten while read: taken at the next wake.
+            let Ok(msg) = decode_sealed::<PmixDown>("PMIx exchange", &bytes, limit) else {
+                continue;
+            };
+            s.down_seen = seal;
+            fresh.push((job, msg));
+        }
+        for (job, msg) in fresh {
+            let effects = self
+                .jobs
+                .get_mut(&job)
+                .map(|s| s.exchange.down(msg))
+                .unwrap_or_default();
+            self.apply_exchange(job, effects);
+        }
+    }
+
+    /// Carries out what a job's exchange core decided.
+    fn apply_exchange(&mut self, job: JobId, effects: Vec<XEffect<ModexDone>>) {
+        let nspace = format!("storm-{job}");
+        for effect in effects {
+            match effect {
+                XEffect::Send(up) => {
+                    let Some(slot) = self.jobs.get(&job).map(|s| s.slot) else {
+                        continue;
+                    };
+                    match encode_sealed("PMIx exchange", &up, self.rm.pmi_node_bytes) {
+                        Ok(bytes) => {
+                            let offset = self.rm.pmix_up_offset(slot, self.node as usize);
+                            self.write_to_mm(job, offset, bytes);
+                        }
+                        Err(e) => tracing::error!(node = self.node, job, "PMIx exchange: {e}"),
+                    }
+                }
+                XEffect::Answer(done, result) => done.complete(result),
+                XEffect::Fetch(rank) => match &self.helper {
+                    Some(helper) => helper.serve_modex(&nspace, rank),
+                    None => {
+                        let effects = self
+                            .jobs
+                            .get_mut(&job)
+                            .map(|s| s.exchange.fetched(rank, Err("no PMIx server here".into())))
+                            .unwrap_or_default();
+                        self.apply_exchange(job, effects);
+                    }
+                },
+                XEffect::Tell(end) => {
+                    if let Some(helper) = &self.helper {
+                        helper.notify(&nspace, end);
+                    }
+                }
+            }
         }
     }
 
@@ -403,6 +540,33 @@ impl Server {
                     earlier.complete(Err("a later fence replaced it".into()));
                 }
                 self.apply(job, effects);
+            }
+            PmixEvent::Started { tx } => self.helper = Some(tx),
+            PmixEvent::DirectModex { nspace, rank, done } => {
+                let Some(job) = job_of(&self.jobs, &nspace) else {
+                    done.complete(Err(format!("no job {nspace} here")));
+                    return;
+                };
+                let effects = self
+                    .jobs
+                    .get_mut(&job)
+                    .map(|s| s.exchange.want(rank, done))
+                    .unwrap_or_default();
+                self.apply_exchange(job, effects);
+            }
+            PmixEvent::ModexData {
+                nspace,
+                rank,
+                result,
+            } => {
+                if let Some(job) = job_of(&self.jobs, &nspace) {
+                    let effects = self
+                        .jobs
+                        .get_mut(&job)
+                        .map(|s| s.exchange.fetched(rank, result))
+                        .unwrap_or_default();
+                    self.apply_exchange(job, effects);
+                }
             }
             PmixEvent::FenceTooLarge {
                 nspace,
@@ -569,11 +733,23 @@ impl Server {
                         self.node
                     ),
                 };
-                encode_sealed("PMI message", &abort, limit).expect("an abort fits in any area")
+                match encode_sealed("PMI message", &abort, limit) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(node = self.node, job, "PMI: no room for an abort: {e}");
+                        return;
+                    }
+                }
             }
         };
-        let mm = NodeSet::single(self.mm);
         let offset = self.rm.pmi_up_offset(slot, self.node as usize);
+        self.write_to_mm(job, offset, bytes);
+    }
+
+    /// Writes `bytes` at `offset` of the MM's memory (one of this node's areas there),
+    /// raising `pmi_up_event`.
+    fn write_to_mm(&self, job: JobId, offset: u64, bytes: Vec<u8>) {
+        let mm = NodeSet::single(self.mm);
         let sent = self
             .prims
             .xfer_and_signal(
