@@ -36,6 +36,7 @@ pub mod node_metrics;
 pub mod plot;
 pub mod relay;
 pub mod run_windows;
+pub mod start;
 pub mod submit;
 pub mod testbed;
 pub mod top;

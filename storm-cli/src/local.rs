@@ -115,10 +115,10 @@ impl LocalOptions {
 }
 
 /// One daemon of the cluster.
-struct Daemon {
+pub(crate) struct Daemon {
     /// "storm-mm", or "storm-nm node3".
     name: String,
-    child: Child,
+    pub(crate) child: Child,
     /// CLOCK_MONOTONIC (microseconds) just before its fork/exec.
     started_usec: u64,
     /// How long after `started` it said it was ready.
@@ -222,7 +222,7 @@ pub fn bin_dir() -> Result<PathBuf> {
 /// Starts daemon `name` with its output appended to `log` and its readiness sent to
 /// `notify`. With `listener` it uses that pre-bound socket (`--listen-fd 3`); without, it
 /// binds its configured address (a restart).
-fn spawn_daemon(
+pub(crate) fn spawn_daemon(
     name: &str,
     bin: &Path,
     args: &[String],

@@ -60,6 +60,19 @@ pub const USER_RESERVE: u64 = 64;
 /// Descriptors kept free of operators' connections: for the MM itself (journal, transfers).
 pub const OPERATOR_RESERVE: u64 = 16;
 
+/// An MM that does not run as root is one user's private instance (`storm start`, an
+/// embedded cluster): its launchers cannot become anyone else, and no other user may see or
+/// touch its queue. Only its own user, and root, are served.
+fn private_instance_admits(operator: u32, uid: u32) -> Result<(), String> {
+    if operator == 0 || uid == operator || uid == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "this machine manager runs as uid {operator}, not as root: it is that user's private \
+         instance and serves no other user (uid {uid})"
+    ))
+}
+
 /// Why a new connection or descriptor of user `uid` is refused, if it is: fewer than the
 /// reserve of descriptors would be left.
 fn out_of_descriptors(uid: u32, operator: u32) -> Option<String> {
@@ -326,6 +339,7 @@ impl Shared {
                 "control protocol {version} is not supported; this MM speaks {PROTOCOL_VERSION}"
             ));
         }
+        private_instance_admits(self.operator, who.0)?;
         Ok(who)
     }
 }
@@ -620,6 +634,16 @@ fn write_replies(sock: UnixStream, rx: Receiver<Reply>, written: &AtomicU64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A root MM serves everyone; one running as a user serves that user and root only.
+    #[test]
+    fn a_private_instance_serves_its_own_user_alone() {
+        assert!(private_instance_admits(0, 1000).is_ok());
+        assert!(private_instance_admits(1000, 1000).is_ok());
+        assert!(private_instance_admits(1000, 0).is_ok());
+        let refused = private_instance_admits(1000, 1001).unwrap_err();
+        assert!(refused.contains("private instance"), "{refused}");
+    }
 
     /// A connection whose greeting the main loop never took up (it was still queued when the
     /// core stopped: a replica deposed while clients reconnected) ends with the server: its

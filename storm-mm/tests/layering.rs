@@ -127,6 +127,12 @@ const CORE_FILES: &[(&str, &str)] = &[
     ("storm-nm", "src/pmi/job.rs"),
     // A PMIx job's direct modex and ranks' ends on one node (its host is the PMI thread).
     ("storm-nm", "src/pmi/exchange.rs"),
+    // `storm start`'s front end decides here; its host is `start/host.rs` (and the
+    // agents' `start/agent.rs`); what it reads and derives is pure too.
+    ("storm-cli", "src/start/core.rs"),
+    ("storm-cli", "src/start/allocation.rs"),
+    ("storm-cli", "src/start/instance.rs"),
+    ("storm-cli", "src/start/report.rs"),
 ];
 
 /// Source text that does I/O, or reads real time, on its own.

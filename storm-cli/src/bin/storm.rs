@@ -48,6 +48,13 @@ enum Cmd {
     /// `storm-submit` in the command runs steps on the allocation's nodes; the allocation is
     /// given back when the command ends.
     Alloc(Box<AllocArgs>),
+    /// Start a private storm instance over this Slurm allocation's nodes, as you, and run a
+    /// command (default: your shell) against it; the instance ends with the command
+    /// (`storm start -- storm-submit -N 4 hostname`; `--local N` on this host alone).
+    Start(Box<storm_cli::start::StartArgs>),
+    /// One node of a private instance (started by `storm start` on each node).
+    #[command(hide = true)]
+    Agent(storm_cli::start::AgentArgs),
     /// Jobs queued and running.
     Queue {
         /// Print JSON (`{"jobs": [...]}`) instead of a table.
@@ -234,6 +241,14 @@ fn run(args: Args) -> Result<(), String> {
         Cmd::Keygen { out, mm, node } => return keygen(out, args.config, mm, node),
         Cmd::Enroll { name, key, replace } => return enroll(args.config, &name, &key, replace),
         Cmd::GuestFile { out } => return guest_file(args.config, &out),
+        Cmd::Start(start) => {
+            let code = storm_cli::start::host::run(*start).map_err(|e| format!("{e:#}"))?;
+            std::process::exit(code);
+        }
+        Cmd::Agent(agent) => {
+            let code = storm_cli::start::agent::run(agent).map_err(|e| format!("{e:#}"))?;
+            std::process::exit(code);
+        }
         _ => {}
     }
     let sockets = storm_cli::control_sockets(args.socket.clone(), args.config.clone())?;
@@ -350,7 +365,11 @@ fn run(args: Args) -> Result<(), String> {
             false,
         ),
         Cmd::Shutdown => (Request::Shutdown, false),
-        Cmd::Keygen { .. } | Cmd::Enroll { .. } | Cmd::GuestFile { .. } => {
+        Cmd::Keygen { .. }
+        | Cmd::Enroll { .. }
+        | Cmd::GuestFile { .. }
+        | Cmd::Start(_)
+        | Cmd::Agent(_) => {
             unreachable!("handled above")
         }
     };

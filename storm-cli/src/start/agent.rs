@@ -1,0 +1,147 @@
+//! `storm agent`: one node of a private instance, started by `storm start` through the
+//! allocator's step launcher (one task per node). It binds the node manager's listening
+//! socket, tells the front end where it is and where its directory is ([`AgentReport`] on
+//! standard output), takes the instance's files from standard input ([`Bundle`]), writes
+//! them into its own directory (mode 0700, made here for this instance), and runs
+//! `storm-nm` there with that socket. When its standard input ends (the front end's
+//! teardown closes it, and so does the front end's death) or the step is signalled (the
+//! allocation's end: SIGTERM, SIGINT or SIGHUP) it stops the node manager and removes the
+//! directory.
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixDatagram;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::AgentArgs;
+use super::report::{AgentReport, Bundle, MAX_LINE};
+
+/// Runs the agent until its node manager ends or the step is stopped; its exit code.
+pub fn run(args: AgentArgs) -> Result<i32> {
+    let var = |k: &str| {
+        std::env::var(k)
+            .with_context(|| format!("{k} is not set (storm agent runs under storm start's srun)"))
+    };
+    let index: u32 = var("SLURM_NODEID")?
+        .parse()
+        .context("SLURM_NODEID is not a number")?;
+    let name = var("SLURMD_NODENAME")?;
+    let step = format!("{}.{}", var("SLURM_JOB_ID")?, var("SLURM_STEP_ID")?);
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("storm-agent-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("making the agent's directory")?;
+    let ip = super::own_address(args.bind).map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
+    let report = AgentReport {
+        index,
+        name: name.clone(),
+        address: listener.local_addr()?,
+        cpus: crate::local::host_cpus(),
+        dir: dir.path().to_path_buf(),
+        step,
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", report.to_line())?;
+        out.flush()?;
+    }
+    let mut line = String::new();
+    let read = std::io::stdin()
+        .lock()
+        .take(MAX_LINE as u64)
+        .read_line(&mut line)
+        .context("reading the instance's files")?;
+    if read == 0 {
+        bail!("node {name}: the front end closed its link before sending the instance's files");
+    }
+    let bundle = Bundle::parse(&line)
+        .map_err(|why| anyhow::anyhow!("node {name}: the instance's files: {why}"))?;
+    for (rel, bytes) in &bundle.files {
+        let path = dir.path().join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(bytes))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    // The end of the front end's input is the instance's end.
+    let eof = stop.clone();
+    std::thread::Builder::new()
+        .name("storm-agent-input".into())
+        .spawn(move || {
+            let mut sink = [0u8; 4096];
+            let mut input = std::io::stdin().lock();
+            while matches!(input.read(&mut sink), Ok(n) if n > 0) {}
+            eof.store(true, Ordering::Relaxed);
+        })?;
+    let notify_path = dir.path().join("notify.sock");
+    let _notify = UnixDatagram::bind(&notify_path)?;
+    let log = dir.path().join("nm.log");
+    let mut nm = crate::local::spawn_daemon(
+        &format!("storm-nm {name}"),
+        &crate::local::bin_dir()?.join("storm-nm"),
+        &[
+            "--config".into(),
+            dir.path().join("cluster.toml").display().to_string(),
+            "--node".into(),
+            name.clone(),
+        ],
+        Some(&listener),
+        &log,
+        None,
+        &notify_path,
+    )?;
+    drop(listener);
+    let code = loop {
+        if let Some(status) = nm.child.try_wait()? {
+            if !status.success() {
+                eprintln!(
+                    "storm agent: node {name}: storm-nm ended ({status}):\n{}",
+                    crate::local::tail(&log)
+                );
+            }
+            break status.code().unwrap_or(1);
+        }
+        if stop.load(Ordering::Relaxed) {
+            stop_child(&mut nm.child, Duration::from_secs(3));
+            break 0;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(dir);
+    Ok(code)
+}
+
+/// SIGTERM to `child`, then SIGKILL if it is still there after `grace`; reaped.
+pub(crate) fn stop_child(child: &mut std::process::Child, grace: Duration) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

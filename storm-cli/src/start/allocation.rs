@@ -1,0 +1,264 @@
+//! The nodes a private storm instance runs on, as the allocator gives them: Slurm's
+//! environment inside `salloc`, `sbatch` or `srun` (`SLURM_JOB_ID`, `SLURM_JOB_NODELIST`,
+//! `SLURM_JOB_CPUS_PER_NODE`), read the way Slurm writes it. Pure: the caller hands in the
+//! variables.
+
+use thiserror::Error;
+
+/// An allocation: the job that holds it and its nodes, in the allocator's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The allocator's job id (Slurm's `SLURM_JOB_ID`).
+    pub job: String,
+    /// Node names, in order.
+    pub nodes: Vec<String>,
+    /// CPUs allocated on each node, in the same order.
+    pub cpus: Vec<u32>,
+}
+
+/// Why an allocation could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AllocationError {
+    #[error(
+        "not inside a Slurm allocation: {0} is not set (run storm start inside salloc, sbatch or srun, or use --hosts or --local)"
+    )]
+    NotInside(&'static str),
+    #[error("{var} = {value:?}: {why}")]
+    Malformed {
+        var: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("SLURM_JOB_NODELIST names {nodes} nodes but SLURM_JOB_CPUS_PER_NODE gives {cpus}")]
+    Mismatch { nodes: usize, cpus: usize },
+}
+
+/// The most hosts a host list may expand to (a bound on what a malformed variable costs).
+pub const MAX_HOSTS: usize = 1 << 20;
+
+/// The allocation Slurm describes in `var` (a lookup of its environment variables).
+pub fn from_slurm(var: impl Fn(&str) -> Option<String>) -> Result<Allocation, AllocationError> {
+    let need = |name: &'static str| var(name).ok_or(AllocationError::NotInside(name));
+    let job = need("SLURM_JOB_ID")?;
+    let list = need("SLURM_JOB_NODELIST")?;
+    let nodes = expand_hostlist(&list).map_err(|why| AllocationError::Malformed {
+        var: "SLURM_JOB_NODELIST",
+        value: list.clone(),
+        why,
+    })?;
+    let cpus = match var("SLURM_JOB_CPUS_PER_NODE") {
+        Some(text) => expand_counts(&text).map_err(|why| AllocationError::Malformed {
+            var: "SLURM_JOB_CPUS_PER_NODE",
+            value: text.clone(),
+            why,
+        })?,
+        None => vec![1; nodes.len()],
+    };
+    if cpus.len() != nodes.len() {
+        return Err(AllocationError::Mismatch {
+            nodes: nodes.len(),
+            cpus: cpus.len(),
+        });
+    }
+    Ok(Allocation { job, nodes, cpus })
+}
+
+/// Slurm's host list (`node[1-3,07],gpu01,rack[1-2]n[1-2]`) as the names it stands for, in
+/// Slurm's order: ranges keep the width of their first bound (`[07-10]`: `07`, `08`, ...),
+/// and a name with several bracket groups stands for every combination, the first group
+/// varying slowest.
+pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
+    let mut hosts = Vec::new();
+    for item in split_top_level(list)? {
+        if item.is_empty() {
+            continue;
+        }
+        let mut names = vec![String::new()];
+        let mut rest = item;
+        while let Some(open) = rest.find('[') {
+            let close = rest[open..]
+                .find(']')
+                .map(|c| open + c)
+                .ok_or_else(|| format!("{item:?}: a '[' without its ']'"))?;
+            let prefix = &rest[..open];
+            let values = expand_ranges(&rest[open + 1..close])?;
+            let mut next = Vec::with_capacity(names.len() * values.len());
+            for name in &names {
+                for v in &values {
+                    next.push(format!("{name}{prefix}{v}"));
+                }
+            }
+            if hosts.len() + next.len() > MAX_HOSTS {
+                return Err(format!("more than {MAX_HOSTS} hosts"));
+            }
+            names = next;
+            rest = &rest[close + 1..];
+        }
+        if rest.contains(']') {
+            return Err(format!("{item:?}: a ']' without its '['"));
+        }
+        hosts.extend(names.into_iter().map(|n| format!("{n}{rest}")));
+        if hosts.len() > MAX_HOSTS {
+            return Err(format!("more than {MAX_HOSTS} hosts"));
+        }
+    }
+    if hosts.is_empty() {
+        return Err("no hosts".into());
+    }
+    Ok(hosts)
+}
+
+/// The comma-separated items of a host list, commas inside brackets kept.
+fn split_top_level(list: &str) -> Result<Vec<&str>, String> {
+    let mut items = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(list[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err("nested or unbalanced brackets".into());
+        }
+    }
+    items.push(list[start..].trim());
+    Ok(items)
+}
+
+/// `1-3,07,10-11` as `1 2 3 07 10 11`: each range's numbers as wide as its first bound.
+fn expand_ranges(inner: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for part in inner.split(',') {
+        let part = part.trim();
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let bad = || format!("{part:?} is not a number or a range of numbers");
+        if lo.is_empty() || !lo.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let width = lo.len();
+        let a: u64 = lo.parse().map_err(|_| bad())?;
+        let b: u64 = hi.parse().map_err(|_| bad())?;
+        if b < a {
+            return Err(format!("{part:?}: the range runs backwards"));
+        }
+        if (b - a) as usize >= MAX_HOSTS || out.len() + (b - a) as usize >= MAX_HOSTS {
+            return Err(format!("more than {MAX_HOSTS} hosts"));
+        }
+        out.extend((a..=b).map(|n| format!("{n:0width$}")));
+    }
+    Ok(out)
+}
+
+/// Slurm's counts per node (`2(x3),1`) as one count per node (`2 2 2 1`).
+pub fn expand_counts(text: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let (count, times) = match part.split_once("(x") {
+            Some((c, rest)) => {
+                let t = rest
+                    .strip_suffix(')')
+                    .ok_or_else(|| format!("{part:?}: a '(x' without its ')'"))?;
+                (
+                    c,
+                    t.parse::<usize>()
+                        .map_err(|_| format!("{part:?}: not a repeat count"))?,
+                )
+            }
+            None => (part, 1),
+        };
+        let count: u32 = count
+            .parse()
+            .map_err(|_| format!("{part:?}: not a count"))?;
+        if out.len() + times > MAX_HOSTS {
+            return Err(format!("more than {MAX_HOSTS} nodes"));
+        }
+        out.extend(std::iter::repeat_n(count, times));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(list: &str) -> Vec<String> {
+        expand_hostlist(list).unwrap()
+    }
+
+    /// Slurm's own forms: ranges, lists in brackets, zero padding, several groups, plain
+    /// names, in Slurm's order.
+    #[test]
+    fn host_lists_expand_as_slurm_writes_them() {
+        assert_eq!(hosts("node[1-3]"), ["node1", "node2", "node3"]);
+        assert_eq!(hosts("n[08-10],login"), ["n08", "n09", "n10", "login"]);
+        assert_eq!(hosts("a[1,3-4]-ib"), ["a1-ib", "a3-ib", "a4-ib"]);
+        assert_eq!(hosts("r[1-2]n[1-2]"), ["r1n1", "r1n2", "r2n1", "r2n2"]);
+        assert_eq!(hosts("vm"), ["vm"]);
+    }
+
+    /// What is not a host list is named, never a panic, and a huge range is refused
+    /// before it is built.
+    #[test]
+    fn malformed_host_lists_are_refused_naming_the_fault() {
+        for bad in [
+            "",
+            "n[1-",
+            "n]1",
+            "n[a-b]",
+            "n[3-1]",
+            "n[[1]]",
+            "n[1-99999999999]",
+        ] {
+            assert!(expand_hostlist(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cpu_counts_expand_with_repeats() {
+        assert_eq!(expand_counts("2(x3),1").unwrap(), [2, 2, 2, 1]);
+        assert_eq!(expand_counts("48").unwrap(), [48]);
+        assert!(expand_counts("2(x").is_err());
+        assert!(expand_counts("x").is_err());
+        assert!(expand_counts("1(x99999999999)").is_err());
+    }
+
+    /// The allocation from Slurm's variables; outside one, the missing variable is named.
+    #[test]
+    fn an_allocation_is_read_from_slurms_variables() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let a = from_slurm(env(&[
+            ("SLURM_JOB_ID", "12"),
+            ("SLURM_JOB_NODELIST", "node[1-4]"),
+            ("SLURM_JOB_CPUS_PER_NODE", "2(x4)"),
+        ]))
+        .unwrap();
+        assert_eq!(a.nodes.len(), 4);
+        assert_eq!(a.cpus, [2, 2, 2, 2]);
+        assert_eq!(
+            from_slurm(env(&[("SLURM_JOB_ID", "12")])),
+            Err(AllocationError::NotInside("SLURM_JOB_NODELIST"))
+        );
+        let mismatch = from_slurm(env(&[
+            ("SLURM_JOB_ID", "12"),
+            ("SLURM_JOB_NODELIST", "node[1-4]"),
+            ("SLURM_JOB_CPUS_PER_NODE", "2(x3)"),
+        ]));
+        assert_eq!(
+            mismatch,
+            Err(AllocationError::Mismatch { nodes: 4, cpus: 3 })
+        );
+    }
+}

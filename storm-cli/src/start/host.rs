@@ -1,0 +1,361 @@
+//! The host of `storm start`'s front end: the processes, pipes, files, signals and clock the
+//! core ([`super::core`]) decides about. It starts the node agents with `srun --overlap`
+//! (one per node, in a process group of their own so that the terminal's Ctrl-C does not
+//! reach srun), reads their reports, writes the instance's files (a directory of mode 0700
+//! made for this instance, keys made for it), sends the agents their bundle, runs the MM
+//! with a socket bound here, waits for the nodes, runs the command, and tears everything
+//! down: the command, the agents' step (`scancel JOB.STEP`, then srun), the MM, the files.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, Sender};
+
+use super::StartArgs;
+use super::allocation::{self, Allocation};
+use super::core::{Effect, Input, Limits, StartCore};
+use super::instance::{InstanceSpec, instance_config};
+use super::report::{AgentReport, Bundle, MAX_LINE};
+use crate::local::{Daemon, bin_dir, spawn_daemon, wait_for_nodes};
+
+/// How often the host looks at its children, signals and the clock.
+const TICK: Duration = Duration::from_millis(50);
+
+/// Runs `storm start`; its exit code.
+pub fn run(args: StartArgs) -> Result<i32> {
+    if let Some(n) = args.local {
+        return run_local(&args, n);
+    }
+    let alloc = allocation::from_slurm(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    Front::start(args, alloc)?.run()
+}
+
+/// The signals that stop an instance: recorded as they come, looked at each tick (SIGINT
+/// only while no command runs: the command, an interactive shell say, has the terminal).
+fn watch_signals() -> Result<Arc<AtomicUsize>> {
+    let last = Arc::new(AtomicUsize::new(0));
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let last = last.clone();
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                last.store(sig as usize, Ordering::Relaxed)
+            })
+        }
+        .context("installing signal handlers")?;
+    }
+    Ok(last)
+}
+
+/// The front end of an allocation's instance.
+struct Front {
+    args: StartArgs,
+    alloc: Allocation,
+    dir: tempfile::TempDir,
+    core: StartCore,
+    srun: Child,
+    srun_stdin: Option<ChildStdin>,
+    inputs: Receiver<Input>,
+    tx: Sender<Input>,
+    signals: Arc<AtomicUsize>,
+    mm: Option<Daemon>,
+    mm_listener: Option<TcpListener>,
+    command: Option<Child>,
+    step: Option<String>,
+    config_path: PathBuf,
+    _notify: Option<UnixDatagram>,
+}
+
+impl Front {
+    fn start(args: StartArgs, alloc: Allocation) -> Result<Self> {
+        let signals = watch_signals()?;
+        let dir = tempfile::Builder::new()
+            .prefix("storm-start-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .context("making the instance's directory")?;
+        storm_cluster::key::generate(&dir.path().join(storm_cluster::key::DEFAULT_NAME))?;
+        let names: Vec<&str> = alloc.nodes.iter().map(String::as_str).collect();
+        storm_cluster::identity::generate_for_one_host(dir.path(), &names)?;
+        let ip = super::own_address(args.bind).map_err(anyhow::Error::msg)?;
+        let mm_listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
+        let k = alloc.nodes.len().to_string();
+        let storm = std::env::current_exe().context("locating storm")?;
+        let mut cmd = Command::new(&args.srun);
+        // Each agent's task holds as many CPUs as the allocation gives every node (where
+        // the site binds tasks, its NM then sees them as its own).
+        let cpus = alloc
+            .cpus
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(1)
+            .max(1)
+            .to_string();
+        cmd.args([
+            "--overlap",
+            "--nodes",
+            &k,
+            "--ntasks",
+            &k,
+            "--ntasks-per-node=1",
+        ])
+        .args(["--cpus-per-task", &cpus])
+        .args(["--kill-on-bad-exit=1", "--mpi=none", "--quiet"])
+        .args(["--job-name", "storm-agents"])
+        .arg(&storm)
+        .arg("agent");
+        if let Some(ip) = args.bind {
+            cmd.arg("--bind").arg(ip.to_string());
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0);
+        let mut srun = cmd
+            .spawn()
+            .with_context(|| format!("starting the node agents with {}", args.srun))?;
+        let (tx, inputs) = crossbeam_channel::unbounded();
+        let stdout = srun.stdout.take().context("srun's output")?;
+        let lines = tx.clone();
+        std::thread::Builder::new()
+            .name("storm-start-agents".into())
+            .spawn(move || {
+                let mut reader = BufReader::new(stdout);
+                loop {
+                    let mut line = String::new();
+                    match (&mut reader).take(MAX_LINE as u64).read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {
+                            if lines.send(Input::AgentLine(line)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            })?;
+        let srun_stdin = srun.stdin.take();
+        let limits = Limits {
+            agents: Duration::from_secs(args.start_timeout),
+            join: Duration::from_secs(args.start_timeout),
+        };
+        let core = StartCore::new(alloc.nodes.clone(), limits, Instant::now());
+        let config_path = dir.path().join("cluster.toml");
+        Ok(Self {
+            args,
+            alloc,
+            dir,
+            core,
+            srun,
+            srun_stdin,
+            inputs,
+            tx,
+            signals,
+            mm: None,
+            mm_listener: Some(mm_listener),
+            command: None,
+            step: None,
+            config_path,
+            _notify: None,
+        })
+    }
+
+    fn run(mut self) -> Result<i32> {
+        loop {
+            let input = match self.inputs.recv_timeout(TICK) {
+                Ok(input) => input,
+                Err(_) => self.poll(),
+            };
+            for effect in self.core.step(input) {
+                if let Some(code) = self.carry_out(effect) {
+                    return Ok(code);
+                }
+            }
+        }
+    }
+
+    /// What the clock, the signals and the children say now.
+    fn poll(&mut self) -> Input {
+        let sig = self.signals.swap(0, Ordering::Relaxed) as i32;
+        if sig != 0 && (sig != libc::SIGINT || self.command.is_none()) {
+            return Input::Signal(sig);
+        }
+        if let Some(c) = &mut self.command
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            self.command = None;
+            return Input::CommandEnded(shell_code(status));
+        }
+        if let Ok(Some(status)) = self.srun.try_wait() {
+            return Input::StepEnded(status.code());
+        }
+        Input::Tick(Instant::now())
+    }
+
+    /// Carries out `effect`; the exit code once the instance is over.
+    fn carry_out(&mut self, effect: Effect) -> Option<i32> {
+        match effect {
+            Effect::Configure(reports) => {
+                let result = self.configure(&reports).map_err(|e| format!("{e:#}"));
+                self.step = reports.first().map(|r| r.step.clone());
+                let _ = self.tx.send(Input::Configured(result));
+            }
+            Effect::AwaitNodes => {
+                let socket = self.dir.path().join("mm.sock");
+                let own = self.alloc.nodes.len() as u32;
+                let limit = Duration::from_secs(self.args.start_timeout);
+                let tx = self.tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name("storm-start-join".into())
+                    .spawn(move || {
+                        let up = wait_for_nodes(&[socket], own, limit, || Ok(()))
+                            .map_err(|e| format!("{e:#}"));
+                        let _ = tx.send(Input::NodesUp(up));
+                    });
+            }
+            Effect::RunCommand => match self.run_command() {
+                Ok(child) => self.command = Some(child),
+                Err(e) => {
+                    eprintln!("storm start: {e:#}");
+                    let _ = self.tx.send(Input::CommandEnded(127));
+                }
+            },
+            Effect::Say(text) => eprintln!("{text}"),
+            Effect::Teardown => self.teardown(),
+            Effect::Exit(code) => return Some(code),
+        }
+        None
+    }
+
+    /// Writes the instance's files, sends the agents theirs, starts the MM.
+    fn configure(&mut self, reports: &[AgentReport]) -> Result<()> {
+        let dir = self.dir.path();
+        let listener = self.mm_listener.take().context("configured twice")?;
+        let suffix = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("storm-start-"))
+            .unwrap_or("0")
+            .to_string();
+        let spec = InstanceSpec {
+            name: format!("slurm-{}-{suffix}", self.alloc.job),
+            dir,
+            mm: listener.local_addr()?,
+            timeslice_ms: self.args.timeslice_ms,
+        };
+        let config = instance_config(&spec, reports);
+        config.validate().map_err(anyhow::Error::msg)?;
+        std::fs::write(&self.config_path, config.to_toml())?;
+        let mut files = vec![("cluster.toml".to_string(), config.to_toml().into_bytes())];
+        let mut add = |rel: String| -> Result<()> {
+            let bytes = std::fs::read(dir.join(&rel)).with_context(|| format!("reading {rel}"))?;
+            files.push((rel, bytes));
+            Ok(())
+        };
+        add(storm_cluster::key::DEFAULT_NAME.to_string())?;
+        add("mm.pub".into())?;
+        add("nodes.pub".into())?;
+        for r in reports {
+            add(format!("keys/{}.key", r.name))?;
+        }
+        let line = Bundle { files }.to_line();
+        let stdin = self
+            .srun_stdin
+            .as_mut()
+            .context("the agents' input is closed")?;
+        stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| stdin.write_all(b"\n"))
+            .and_then(|()| stdin.flush())
+            .context("sending the agents the instance's files")?;
+        let notify_path = dir.join("notify.sock");
+        self._notify = Some(UnixDatagram::bind(&notify_path)?);
+        self.mm = Some(spawn_daemon(
+            "storm-mm",
+            &bin_dir()?.join("storm-mm"),
+            &["--config".into(), self.config_path.display().to_string()],
+            Some(&listener),
+            &dir.join("mm.log"),
+            None,
+            &notify_path,
+        )?);
+        Ok(())
+    }
+
+    fn run_command(&mut self) -> Result<Child> {
+        let mut argv: Vec<OsString> = self.args.command.clone();
+        if argv.is_empty() {
+            argv.push(std::env::var_os("SHELL").unwrap_or_else(|| "/bin/sh".into()));
+        }
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .env("STORM_CONFIG", &self.config_path)
+            .env_remove("STORM_SOCKET");
+        cmd.spawn()
+            .with_context(|| format!("running {}", argv[0].to_string_lossy()))
+    }
+
+    fn teardown(&mut self) {
+        if let Some(mut c) = self.command.take() {
+            super::agent::stop_child(&mut c, Duration::from_secs(2));
+        }
+        // The agents end at the end of their input: each stops its node manager and removes
+        // its directory, and srun exits. One that does not is cancelled with the step.
+        drop(self.srun_stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && matches!(self.srun.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(self.srun.try_wait(), Ok(None))
+            && let Some(step) = &self.step
+        {
+            eprintln!("storm start: the node agents did not stop in 10 s: cancelling step {step}");
+            let _ = Command::new("scancel")
+                .args(["--quiet", step])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        super::agent::stop_child(&mut self.srun, Duration::from_secs(5));
+        if let Some(mut mm) = self.mm.take() {
+            super::agent::stop_child(&mut mm.child, Duration::from_secs(5));
+        }
+    }
+}
+
+/// A process's end as a shell gives it: its code, or 128 + its signal.
+fn shell_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// `storm start --local N`: the embedded cluster, and the command against it.
+fn run_local(args: &StartArgs, nodes: u32) -> Result<i32> {
+    let mut opts = crate::local::LocalOptions::new(nodes);
+    opts.timeslice_ms = args.timeslice_ms;
+    let cluster = crate::local::LocalCluster::start(&opts)?;
+    let mut argv: Vec<OsString> = args.command.clone();
+    if argv.is_empty() {
+        argv.push(std::env::var_os("SHELL").unwrap_or_else(|| "/bin/sh".into()));
+    }
+    let status = Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("STORM_CONFIG", &cluster.config_path)
+        .env_remove("STORM_SOCKET")
+        .status()
+        .with_context(|| format!("running {}", argv[0].to_string_lossy()));
+    cluster.shutdown()?;
+    Ok(shell_code(status?))
+}

@@ -1,0 +1,354 @@
+//! `storm start` inside a real Slurm allocation, as an unprivileged user would run it:
+//! Debian's slurmctld and four slurmd on this host (`.ci/slurm-up`: node1..node4, each its
+//! own name and port on 127.0.0.1, munge), users the test makes (`useradd`).
+//!
+//! Seen from outside: what the user's command prints and its exit code through `salloc`,
+//! which processes run and as whom while it runs, what is left afterwards on the "nodes"
+//! (this host), and what a second user can reach of the first one's instance.
+//!
+//! Needs root (to make the users), Slurm up (`SLURM_CONF`, default the file `.ci/slurm-up`
+//! writes) and munged; without them each test says NOT TESTED.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use support::mpi::{pmix_program, sorted_lines};
+use support::{bin_dir, text};
+
+/// The file `.ci/slurm-up` writes.
+const CI_SLURM_CONF: &str = "/run/storm-ci-slurm/slurm.conf";
+
+fn slurm_conf() -> PathBuf {
+    std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(CI_SLURM_CONF))
+}
+
+/// One test at a time: each takes all four nodes, and each looks at its users' processes.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether this test can run here; says why not.
+fn can_run(test: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("{test}: NOT TESTED: needs root to make its users");
+        return false;
+    }
+    let up = Command::new("sinfo")
+        .arg("-h")
+        .env("SLURM_CONF", slurm_conf())
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !up {
+        eprintln!("{test}: NOT TESTED: no Slurm here (run .ci/slurm-up, or set SLURM_CONF)");
+        return false;
+    }
+    support::ensure_daemons();
+    true
+}
+
+/// A user of this host made for the tests (`useradd`), with its uid and gid.
+fn user(name: &str) -> (u32, u32) {
+    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
+        let made = Command::new("useradd")
+            .args(["--create-home", "--shell", "/bin/sh", name])
+            .status()
+            .expect("useradd");
+        assert!(made.success(), "useradd {name}");
+    }
+    let u = nix::unistd::User::from_name(name).unwrap().unwrap();
+    (u.uid.as_raw(), u.gid.as_raw())
+}
+
+/// `salloc -N 4 storm start -- ARGS` as `who`, in /tmp, within `limit`.
+fn salloc_start(who: (u32, u32), args: &[&str], limit: Duration) -> Output {
+    let mut cmd = Command::new("salloc");
+    cmd.args(["-N", "4", "--quiet"])
+        .arg(bin_dir().join("storm"))
+        .args(["start", "--"])
+        .args(args)
+        .current_dir("/tmp")
+        .env("SLURM_CONF", slurm_conf())
+        .env("STORM_BIN_DIR", bin_dir())
+        .env_remove("STORM_CONFIG")
+        .env_remove("STORM_SOCKET")
+        .uid(who.0)
+        .gid(who.1);
+    support::output_within(cmd, limit).expect("salloc storm start ended in time")
+}
+
+/// The processes of uid `uid` now: (pid, command name).
+fn processes_of(uid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let owner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next()?.parse::<u32>().ok());
+        let name = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:\t"))
+            .unwrap_or("")
+            .to_string();
+        if owner == Some(uid) && !status.contains("State:\tZ") {
+            found.push((pid, name));
+        }
+    }
+    found
+}
+
+/// What of `uid`'s is left in the temporary directory: storm's instance directories.
+fn leftovers_of(uid: u32) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("storm-start-") || n.starts_with("storm-agent-")
+        })
+        .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Waits (a little) until `uid` has no process left: Slurm reaps a step's tasks
+/// asynchronously.
+fn settled(uid: u32) -> Vec<(u32, String)> {
+    for _ in 0..100 {
+        if processes_of(uid).is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    processes_of(uid)
+}
+
+/// Inside `salloc -N 4`, a user's `storm start -- COMMAND` runs a 4-node job (each rank on
+/// its own node of the allocation), the daemons and the job run as that user and none as
+/// root, the instance's exit code is the command's, and afterwards nothing of it is left:
+/// no process of the user, no directory.
+#[test]
+fn a_user_starts_an_instance_in_an_allocation_and_it_leaves_nothing() {
+    let test = "start_slurm: an instance in an allocation";
+    let _one = one_at_a_time();
+    if !can_run(test) {
+        return;
+    }
+    let who = user("storm-ua");
+    let bins = bin_dir();
+    let script = format!(
+        "{submit} -N 4 -l hostname || exit 9; \
+         ps -e -o user=,comm= | grep -E ' (storm|storm-mm|storm-nm|storm-pmix|storm-pl|srun)$' | sort | uniq -c; \
+         exit 3",
+        submit = bins.join("storm-submit").display()
+    );
+    let out = salloc_start(who, &["/bin/sh", "-c", &script], Duration::from_secs(120));
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the command's code: {stdout}{stderr}"
+    );
+    let ranks: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.len() > 2 && l.as_bytes()[1] == b':')
+        .collect();
+    let mut rank_ids: Vec<&str> = ranks.iter().map(|l| &l[..1]).collect();
+    rank_ids.sort();
+    assert_eq!(rank_ids, ["0", "1", "2", "3"], "{stdout}{stderr}");
+    // Who runs what, as the command saw it: the user's MM, four NMs, four agents; no root.
+    let counts: Vec<(usize, String, String)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(1)?.to_string(),
+                f.get(2)?.to_string(),
+            ))
+        })
+        .collect();
+    let count = |user: &str, comm: &str| {
+        counts
+            .iter()
+            .find(|(_, u, c)| u == user && c == comm)
+            .map_or(0, |(n, ..)| *n)
+    };
+    assert!(
+        !counts.iter().any(|(_, u, _)| u == "root"),
+        "nothing of the instance runs as root: {counts:?}"
+    );
+    assert_eq!(count("storm-ua", "storm-mm"), 1, "{counts:?}");
+    assert_eq!(count("storm-ua", "storm-nm"), 4, "{counts:?}");
+    assert!(
+        count("storm-ua", "storm") >= 5,
+        "front end and agents: {counts:?}"
+    );
+    assert_eq!(settled(who.0), Vec::new(), "the user's processes are gone");
+    assert_eq!(
+        leftovers_of(who.0),
+        Vec::<PathBuf>::new(),
+        "its directories are gone"
+    );
+}
+
+/// An MPI program (a PMIx client: PMIx_Init, put, fence, get across nodes) runs as one
+/// world of 4 ranks in the user's instance, served by the user's own node managers.
+#[test]
+fn an_mpi_program_is_one_world_in_a_users_instance() {
+    let test = "start_slurm: PMIx in an instance";
+    let _one = one_at_a_time();
+    if !can_run(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let Some(client) = pmix_program(test, dir.path(), "pmix_client") else {
+        return;
+    };
+    let who = user("storm-ua");
+    let submit = bin_dir().join("storm-submit");
+    let out = salloc_start(
+        who,
+        &[
+            submit.to_str().unwrap(),
+            "-N",
+            "4",
+            "-n",
+            "4",
+            client.to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        [
+            "rank 0 of 4 (local 0) got: hello from 1",
+            "rank 1 of 4 (local 0) got: hello from 2",
+            "rank 2 of 4 (local 0) got: hello from 3",
+            "rank 3 of 4 (local 0) got: hello from 0",
+        ],
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(settled(who.0), Vec::new());
+}
+
+/// A second user on the same nodes reaches nothing of the first one's instance: not its
+/// control socket (its directory is the first user's alone), not its files, and a job
+/// submitted there by the first user is not the second's to cancel or see.
+#[test]
+fn a_second_users_instance_cannot_reach_the_first() {
+    let test = "start_slurm: two users' instances";
+    let _one = one_at_a_time();
+    if !can_run(test) {
+        return;
+    }
+    let a = user("storm-ua");
+    let b = user("storm-ub");
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let said = shared.path().join("config-path");
+    // A's command says where its instance's file is, then holds the instance up while B
+    // tries it.
+    let hold = format!(
+        "echo \"$STORM_CONFIG\" > {said}; {submit} -N 4 sleep 30",
+        said = said.display(),
+        submit = bin_dir().join("storm-submit").display()
+    );
+    let a_run = std::thread::spawn(move || {
+        salloc_start(a, &["/bin/sh", "-c", &hold], Duration::from_secs(120))
+    });
+    let mut config = String::new();
+    for _ in 0..600 {
+        config = std::fs::read_to_string(&said).unwrap_or_default();
+        if !config.trim().is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let config = PathBuf::from(config.trim());
+    assert!(
+        config.is_absolute(),
+        "A's command said where its instance is"
+    );
+    let as_b = |program: &Path, args: &[&str]| {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir("/tmp")
+            .env_remove("STORM_CONFIG")
+            .env_remove("STORM_SOCKET")
+            .uid(b.0)
+            .gid(b.1);
+        support::output_within(cmd, Duration::from_secs(30)).expect("B's command ended")
+    };
+    let socket = config.parent().unwrap().join("mm.sock");
+    for args in [
+        vec!["--config", config.to_str().unwrap(), "queue"],
+        vec!["--socket", socket.to_str().unwrap(), "queue"],
+        vec!["--socket", socket.to_str().unwrap(), "cancel", "1"],
+    ] {
+        let out = as_b(&bin_dir().join("storm"), &args);
+        assert!(
+            !out.status.success(),
+            "B ran `storm {args:?}` on A's instance"
+        );
+        let err = text(&out.stderr).to_lowercase();
+        assert!(err.contains("permission denied"), "{args:?}: {err}");
+    }
+    // Were A to open its directory to all (a mistake), its MM still serves A alone.
+    let dir = config.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = as_b(
+        &bin_dir().join("storm"),
+        &["--socket", socket.to_str().unwrap(), "queue"],
+    );
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(
+        !out.status.success(),
+        "B saw A's queue through an open directory"
+    );
+    assert!(
+        text(&out.stderr).contains("private instance"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A's job was never B's to end: it runs its 30 s and A's instance ends with 0.
+    let out = a_run.join().unwrap();
+    assert!(out.status.success(), "A's instance: {}", text(&out.stderr));
+    assert_eq!(settled(a.0), Vec::new());
+}
+
+/// Outside any allocation, `storm start` says so and names the ways in.
+#[test]
+fn outside_an_allocation_storm_start_says_how_to_start_one() {
+    let out = Command::new(bin_dir().join("storm"))
+        .args(["start", "--", "true"])
+        .env_remove("SLURM_JOB_ID")
+        .env_remove("SLURM_JOB_NODELIST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("not inside a Slurm allocation") && err.contains("--local"),
+        "{err}"
+    );
+}
