@@ -193,6 +193,10 @@ enum Cmd {
         /// nodes fail).
         #[arg(long)]
         now: bool,
+        /// Return once the borrower was told, without waiting for the nodes to come home
+        /// (by default the command returns when they are: within `[federation] vacate_ms`).
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Stop the machine manager and every node manager.
     Shutdown,
@@ -357,13 +361,27 @@ fn run(args: Args) -> Result<(), String> {
             },
             false,
         ),
-        Cmd::Reclaim { nodes, now } => (
-            Request::Reclaim {
-                nodes: node_set(&socket, &nodes)?,
+        Cmd::Reclaim {
+            nodes,
+            now,
+            no_wait,
+        } => {
+            let set = node_set(&socket, &nodes)?;
+            let client = connect(&socket, &sockets)?;
+            let req = Request::Reclaim {
+                nodes: set.clone(),
                 now,
-            },
-            false,
-        ),
+            };
+            match client.call(&req)? {
+                Reply::Notice(text) => println!("{text}"),
+                Reply::Error(e) => return Err(e),
+                other => return Err(format!("unexpected reply {other:?}")),
+            }
+            if !no_wait {
+                wait_home(&client, &set)?;
+            }
+            return Ok(());
+        }
         Cmd::Shutdown => (Request::Shutdown, false),
         Cmd::Keygen { .. }
         | Cmd::Enroll { .. }
@@ -627,6 +645,37 @@ fn node_list(client: &Client) -> Result<Vec<NodeInfo>, String> {
     match client.call(&Request::Nodes)? {
         Reply::Nodes(n) => Ok(n),
         other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Waits until none of `nodes` is lent any more (a node called home comes home once its
+/// borrower gives it back, or `[federation] vacate_ms` after the call), and says so: the
+/// next command then finds the borrower already without them.
+fn wait_home(client: &Client, nodes: &NodeSet) -> Result<(), String> {
+    let limit = std::time::Duration::from_secs(600);
+    let start = std::time::Instant::now();
+    let mut waited = false;
+    loop {
+        let still: Vec<String> = node_list(client)?
+            .into_iter()
+            .filter(|n| nodes.contains(n.id) && n.state == storm_cluster::control::NodeState::Lent)
+            .map(|n| n.name)
+            .collect();
+        if still.is_empty() {
+            if waited {
+                println!("home now: {} node(s)", nodes.len());
+            }
+            return Ok(());
+        }
+        waited = true;
+        if start.elapsed() > limit {
+            return Err(format!(
+                "{} still lent after {} s (see storm nodes)",
+                still.join(","),
+                limit.as_secs()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 
