@@ -35,6 +35,7 @@ mod prims;
 mod report;
 mod sample;
 mod scale;
+mod start;
 mod startup;
 mod stats;
 mod throughput;
@@ -312,6 +313,21 @@ enum Command {
         /// Clusters started per backend (after one warm-up).
         #[arg(long, default_value_t = 20)]
         runs: usize,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Inside a Slurm allocation: `storm start` (an instance up, one job, torn down) to its
+    /// first output and exit, and launch inside one instance, each beside `srun` in the same
+    /// allocation (`salloc -N 4 storm-bench start`).
+    Start {
+        /// Measured runs of each (after one warm-up of each).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// The launch measurement, run as an instance's command (by `storm-bench start`
+        /// itself).
+        #[arg(long, hide = true)]
+        inner: bool,
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -741,6 +757,18 @@ fn main() -> Result<()> {
             let mut out = report::Csv::new(startup::CSV_HEADER);
             println!("{}", startup::run(&args, &mut out)?.render());
             out.write_if_asked(csv.as_deref())?;
+        }
+        Command::Start { runs, inner, csv } => {
+            let bin = storm_cli::local::bin_dir()?;
+            if inner {
+                start::inner(&bin, runs.max(1))?;
+            } else {
+                let mut out = report::Csv::new(start::CSV_HEADER);
+                for table in start::run(&bin, runs.max(1), &mut out)? {
+                    println!("{}", table.render());
+                }
+                out.write_if_asked(csv.as_deref())?;
+            }
         }
         Command::Federation {
             nodes,

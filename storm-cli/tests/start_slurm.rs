@@ -251,6 +251,122 @@ fn an_mpi_program_is_one_world_in_a_users_instance() {
     assert_eq!(settled(who.0), Vec::new());
 }
 
+/// `srun -N 4 storm start -- COMMAND`: every task of the step runs `storm start`; the
+/// first is the instance's front end and runs the command once, the others leave at once.
+/// The job's ranks answer once each, and nothing is left.
+#[test]
+fn srun_storm_start_runs_one_instance_over_the_steps_nodes() {
+    let _one = one_at_a_time();
+    let test = "start_slurm: srun storm start";
+    if !can_run(test) {
+        return;
+    }
+    let who = user("storm-ua");
+    let bins = bin_dir();
+    let mut cmd = Command::new("salloc");
+    cmd.args(["-N", "4", "--quiet", "srun", "-N", "4", "--quiet"])
+        .arg(bins.join("storm"))
+        .args(["start", "--"])
+        .arg(bins.join("storm-submit"))
+        .args(["-N", "4", "-l", "hostname"])
+        .current_dir("/tmp")
+        .env("SLURM_CONF", slurm_conf())
+        .env("STORM_BIN_DIR", &bins)
+        .env_remove("STORM_CONFIG")
+        .uid(who.0)
+        .gid(who.1);
+    let out = support::output_within(cmd, Duration::from_secs(120)).expect("ended in time");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let mut ranks: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(r, _)| r)
+        .collect();
+    ranks.sort();
+    assert_eq!(
+        ranks,
+        ["0", "1", "2", "3"],
+        "one instance, one job: {stdout}"
+    );
+    assert_eq!(settled(who.0), Vec::new());
+}
+
+/// `storm start --policy gang`: two 4-node jobs at once in the user's instance are gang
+/// scheduled, each in a time slot of its own on the same nodes (as `storm queue` shows them
+/// from inside), and both finish; without root the daemons ran under the normal policy.
+#[test]
+fn a_gang_scheduled_pair_timeshares_the_users_nodes() {
+    let _one = one_at_a_time();
+    let test = "start_slurm: a gang-scheduled pair";
+    if !can_run(test) {
+        return;
+    }
+    let who = user("storm-ua");
+    let bins = bin_dir();
+    let script = format!(
+        "{submit} -N 4 sleep 3 > /dev/null & a=$!; {submit} -N 4 sleep 3 > /dev/null & b=$!; \
+         sleep 1.5; {storm} queue; wait $a && wait $b && echo both-finished",
+        submit = bins.join("storm-submit").display(),
+        storm = bins.join("storm").display()
+    );
+    let mut cmd = Command::new("salloc");
+    cmd.args(["-N", "4", "--quiet"])
+        .arg(bins.join("storm"))
+        .args([
+            "start", "--policy", "gang", "--mpl", "2", "--", "/bin/sh", "-c", &script,
+        ])
+        .current_dir("/tmp")
+        .env("SLURM_CONF", slurm_conf())
+        .env("STORM_BIN_DIR", &bins)
+        .env_remove("STORM_CONFIG")
+        .uid(who.0)
+        .gid(who.1);
+    let out = support::output_within(cmd, Duration::from_secs(120)).expect("ended in time");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("(time slot 0)") && stdout.contains("(time slot 1)"),
+        "both jobs placed, each in its own slot: {stdout}"
+    );
+    assert!(stdout.contains("both-finished"), "{stdout}");
+    assert_eq!(settled(who.0), Vec::new());
+}
+
+/// The harness in an allocation: `storm-bench start` measures an instance's start and a
+/// launch inside it beside srun in the same allocation, as the user, and prints each with
+/// its ratio.
+#[test]
+fn storm_bench_start_measures_an_instance_beside_srun() {
+    let _one = one_at_a_time();
+    let test = "start_slurm: storm-bench start";
+    if !can_run(test) {
+        return;
+    }
+    let who = user("storm-ua");
+    let mut cmd = Command::new("salloc");
+    cmd.args(["-N", "4", "--quiet"])
+        .arg(bin_dir().join("storm-bench"))
+        .args(["start", "--runs", "2"])
+        .current_dir("/tmp")
+        .env("SLURM_CONF", slurm_conf())
+        .env("STORM_BIN_DIR", bin_dir())
+        .env_remove("STORM_CONFIG")
+        .uid(who.0)
+        .gid(who.1);
+    let out = support::output_within(cmd, Duration::from_secs(300)).expect("ended in time");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for row in ["to first output", "to exit", "launch to exit"] {
+        let ratio = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(row))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok());
+        assert!(ratio.is_some_and(|r| r > 0.0), "{row}: {stdout}");
+    }
+    assert_eq!(settled(who.0), Vec::new());
+}
+
 /// A second user on the same nodes reaches nothing of the first one's instance: not its
 /// control socket (its directory is the first user's alone), not its files, and a job
 /// submitted there by the first user is not the second's to cancel or see.

@@ -10,6 +10,8 @@ use thiserror::Error;
 pub struct Allocation {
     /// The allocator's job id (Slurm's `SLURM_JOB_ID`).
     pub job: String,
+    /// The nodes as the allocator wrote them (`node[1-4]`), for its launcher's `--nodelist`.
+    pub list: String,
     /// Node names, in order.
     pub nodes: Vec<String>,
     /// CPUs allocated on each node, in the same order.
@@ -36,23 +38,32 @@ pub enum AllocationError {
 /// The most hosts a host list may expand to (a bound on what a malformed variable costs).
 pub const MAX_HOSTS: usize = 1 << 20;
 
-/// The allocation Slurm describes in `var` (a lookup of its environment variables).
+/// The allocation Slurm describes in `var` (a lookup of its environment variables): inside
+/// a step (`srun -N 2 storm start` in a larger allocation), the step's nodes.
 pub fn from_slurm(var: impl Fn(&str) -> Option<String>) -> Result<Allocation, AllocationError> {
     let need = |name: &'static str| var(name).ok_or(AllocationError::NotInside(name));
     let job = need("SLURM_JOB_ID")?;
-    let list = need("SLURM_JOB_NODELIST")?;
+    let job_list = need("SLURM_JOB_NODELIST")?;
+    let (list_var, list) = match var("SLURM_STEP_NODELIST") {
+        Some(step) => ("SLURM_STEP_NODELIST", step),
+        None => ("SLURM_JOB_NODELIST", job_list.clone()),
+    };
     let nodes = expand_hostlist(&list).map_err(|why| AllocationError::Malformed {
-        var: "SLURM_JOB_NODELIST",
+        var: list_var,
         value: list.clone(),
         why,
     })?;
+    // The job's CPU counts are by the job's nodes: a step's own nodes get one each (each
+    // agent reports the CPUs it may use anyway).
     let cpus = match var("SLURM_JOB_CPUS_PER_NODE") {
-        Some(text) => expand_counts(&text).map_err(|why| AllocationError::Malformed {
-            var: "SLURM_JOB_CPUS_PER_NODE",
-            value: text.clone(),
-            why,
-        })?,
-        None => vec![1; nodes.len()],
+        Some(text) if list == job_list => {
+            expand_counts(&text).map_err(|why| AllocationError::Malformed {
+                var: "SLURM_JOB_CPUS_PER_NODE",
+                value: text.clone(),
+                why,
+            })?
+        }
+        _ => vec![1; nodes.len()],
     };
     if cpus.len() != nodes.len() {
         return Err(AllocationError::Mismatch {
@@ -60,44 +71,33 @@ pub fn from_slurm(var: impl Fn(&str) -> Option<String>) -> Result<Allocation, Al
             cpus: cpus.len(),
         });
     }
-    Ok(Allocation { job, nodes, cpus })
+    Ok(Allocation {
+        job,
+        list,
+        nodes,
+        cpus,
+    })
 }
 
 /// Slurm's host list (`node[1-3,07],gpu01,rack[1-2]n[1-2]`) as the names it stands for, in
-/// Slurm's order: ranges keep the width of their first bound (`[07-10]`: `07`, `08`, ...),
-/// and a name with several bracket groups stands for every combination, the first group
-/// varying slowest.
+/// Slurm's order: each comma-separated item expanded by [`storm_cluster::hostlist`] (ranges
+/// keep the width of their first bound; several groups multiply out, the first slowest).
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
     let mut hosts = Vec::new();
     for item in split_top_level(list)? {
         if item.is_empty() {
             continue;
         }
-        let mut names = vec![String::new()];
-        let mut rest = item;
-        while let Some(open) = rest.find('[') {
-            let close = rest[open..]
-                .find(']')
-                .map(|c| open + c)
-                .ok_or_else(|| format!("{item:?}: a '[' without its ']'"))?;
-            let prefix = &rest[..open];
-            let values = expand_ranges(&rest[open + 1..close])?;
-            let mut next = Vec::with_capacity(names.len() * values.len());
-            for name in &names {
-                for v in &values {
-                    next.push(format!("{name}{prefix}{v}"));
-                }
-            }
-            if hosts.len() + next.len() > MAX_HOSTS {
-                return Err(format!("more than {MAX_HOSTS} hosts"));
-            }
-            names = next;
-            rest = &rest[close + 1..];
+        if item.contains(']') && !item.contains('[')
+            || item.matches('[').count() != item.matches(']').count()
+        {
+            return Err(format!("{item:?}: unbalanced brackets"));
         }
-        if rest.contains(']') {
-            return Err(format!("{item:?}: a ']' without its '['"));
+        let names = storm_cluster::hostlist::expand(item).map_err(|e| e.to_string())?;
+        if names.iter().any(|n| n.contains('[')) {
+            return Err(format!("{item:?}: a bracket that is not a list of numbers"));
         }
-        hosts.extend(names.into_iter().map(|n| format!("{n}{rest}")));
+        hosts.extend(names);
         if hosts.len() > MAX_HOSTS {
             return Err(format!("more than {MAX_HOSTS} hosts"));
         }
@@ -129,30 +129,6 @@ fn split_top_level(list: &str) -> Result<Vec<&str>, String> {
     }
     items.push(list[start..].trim());
     Ok(items)
-}
-
-/// `1-3,07,10-11` as `1 2 3 07 10 11`: each range's numbers as wide as its first bound.
-fn expand_ranges(inner: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    for part in inner.split(',') {
-        let part = part.trim();
-        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let bad = || format!("{part:?} is not a number or a range of numbers");
-        if lo.is_empty() || !lo.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        let width = lo.len();
-        let a: u64 = lo.parse().map_err(|_| bad())?;
-        let b: u64 = hi.parse().map_err(|_| bad())?;
-        if b < a {
-            return Err(format!("{part:?}: the range runs backwards"));
-        }
-        if (b - a) as usize >= MAX_HOSTS || out.len() + (b - a) as usize >= MAX_HOSTS {
-            return Err(format!("more than {MAX_HOSTS} hosts"));
-        }
-        out.extend((a..=b).map(|n| format!("{n:0width$}")));
-    }
-    Ok(out)
 }
 
 /// Slurm's counts per node (`2(x3),1`) as one count per node (`2 2 2 1`).
@@ -260,5 +236,15 @@ mod tests {
             mismatch,
             Err(AllocationError::Mismatch { nodes: 4, cpus: 3 })
         );
+        let step = from_slurm(env(&[
+            ("SLURM_JOB_ID", "12"),
+            ("SLURM_JOB_NODELIST", "node[1-4]"),
+            ("SLURM_JOB_CPUS_PER_NODE", "2(x4)"),
+            ("SLURM_STEP_NODELIST", "node[3-4]"),
+        ]))
+        .unwrap();
+        assert_eq!(step.nodes, ["node3", "node4"], "a step's own nodes");
+        assert_eq!(step.list, "node[3-4]");
+        assert_eq!(step.cpus, [1, 1]);
     }
 }

@@ -36,6 +36,13 @@ pub fn run(args: StartArgs) -> Result<i32> {
     if let Some(n) = args.local {
         return run_local(&args, n);
     }
+    // `srun -N K storm start`: every task of the step runs this; the first is the front end
+    // (it starts the agents itself, in a step of their own), the others have nothing to do.
+    if std::env::var_os("SLURM_STEP_ID").is_some()
+        && std::env::var("SLURM_PROCID").is_ok_and(|r| r != "0")
+    {
+        return Ok(0);
+    }
     let alloc = allocation::from_slurm(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
     Front::start(args, alloc)?.run()
 }
@@ -110,6 +117,7 @@ impl Front {
             &k,
             "--ntasks-per-node=1",
         ])
+        .args(["--nodelist", &alloc.list])
         .args(["--cpus-per-task", &cpus])
         .args(["--kill-on-bad-exit=1", "--mpi=none", "--quiet"])
         .args(["--job-name", "storm-agents"])
@@ -247,13 +255,29 @@ impl Front {
             .and_then(|n| n.strip_prefix("storm-start-"))
             .unwrap_or("0")
             .to_string();
+        let rt = super::daemon_rt_priority();
         let spec = InstanceSpec {
             name: format!("slurm-{}-{suffix}", self.alloc.job),
             dir,
             mm: listener.local_addr()?,
-            timeslice_ms: self.args.timeslice_ms,
+            timeslice_ms: self
+                .args
+                .timeslice_ms
+                .unwrap_or_else(|| super::default_quantum_ms(rt)),
+            scheduler: storm_cluster::config::SchedulerSection {
+                policy: self.args.policy,
+                mpl: self.args.mpl,
+                daemon_rt_priority: rt,
+                ..Default::default()
+            },
         };
         let config = instance_config(&spec, reports);
+        if rt == 0 && self.args.policy == storm_cluster::config::PolicyKind::Gang {
+            eprintln!(
+                "storm start: no real-time priority here (ulimit -r is 0): gang quantum {} ms",
+                spec.timeslice_ms
+            );
+        }
         config.validate().map_err(anyhow::Error::msg)?;
         std::fs::write(&self.config_path, config.to_toml())?;
         let mut files = vec![("cluster.toml".to_string(), config.to_toml().into_bytes())];
@@ -343,8 +367,14 @@ fn shell_code(status: std::process::ExitStatus) -> i32 {
 
 /// `storm start --local N`: the embedded cluster, and the command against it.
 fn run_local(args: &StartArgs, nodes: u32) -> Result<i32> {
+    let rt = super::daemon_rt_priority();
     let mut opts = crate::local::LocalOptions::new(nodes);
-    opts.timeslice_ms = args.timeslice_ms;
+    opts.timeslice_ms = args
+        .timeslice_ms
+        .unwrap_or_else(|| super::default_quantum_ms(rt));
+    opts.scheduler.policy = args.policy;
+    opts.scheduler.mpl = args.mpl;
+    opts.scheduler.daemon_rt_priority = rt;
     let cluster = crate::local::LocalCluster::start(&opts)?;
     let mut argv: Vec<OsString> = args.command.clone();
     if argv.is_empty() {

@@ -21,6 +21,8 @@ pub struct InstanceSpec<'a> {
     pub mm: SocketAddr,
     /// The timeslice, in milliseconds.
     pub timeslice_ms: f64,
+    /// Policy, MPL, and the daemons' real-time priority.
+    pub scheduler: storm_cluster::config::SchedulerSection,
 }
 
 /// The spool of the node whose agent wrote `report`.
@@ -59,7 +61,7 @@ pub fn instance_config(spec: &InstanceSpec<'_>, reports: &[AgentReport]) -> Clus
         security: Default::default(),
         limits: Default::default(),
         ofi: Default::default(),
-        scheduler: Default::default(),
+        scheduler: spec.scheduler.clone(),
         failure: Default::default(),
         history: Default::default(),
         relay: Default::default(),
@@ -98,6 +100,7 @@ mod tests {
             dir,
             mm: "127.0.0.1:4999".parse().unwrap(),
             timeslice_ms: 1.0,
+            scheduler: Default::default(),
         };
         let cfg = instance_config(&spec, &reports);
         assert_eq!(cfg.nodes.len(), 3);
