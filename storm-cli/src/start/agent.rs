@@ -41,7 +41,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir()
         .context("making the agent's directory")?;
-    let ip = super::own_address(args.bind).map_err(anyhow::Error::msg)?;
+    let ip = super::own_address(args.bind)?;
     let listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
     let report = AgentReport {
         index,
@@ -50,6 +50,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         cpus: crate::local::host_cpus(),
         dir: dir.path().to_path_buf(),
         step,
+        host: super::host_name(),
     };
     {
         let mut out = std::io::stdout().lock();

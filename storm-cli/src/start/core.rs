@@ -90,11 +90,13 @@ pub struct StartCore {
     limits: Limits,
     /// The latest time the host told ([`Input::Tick`]).
     now: Instant,
+    /// The front end's host name: an agent elsewhere with a loopback address is unreachable.
+    host: String,
 }
 
 impl StartCore {
-    /// An instance over `nodes` (the allocation's, in order), started at `now`.
-    pub fn new(nodes: Vec<String>, limits: Limits, now: Instant) -> Self {
+    /// An instance over `nodes` (the allocation's, in order), started at `now` on `host`.
+    pub fn new(nodes: Vec<String>, limits: Limits, now: Instant, host: String) -> Self {
         Self {
             nodes,
             reports: BTreeMap::new(),
@@ -102,6 +104,7 @@ impl StartCore {
             deadline: now + limits.agents,
             limits,
             now,
+            host,
         }
     }
 
@@ -180,6 +183,16 @@ impl StartCore {
                 ));
             }
         }
+        if report.address.ip().is_loopback() && report.host != self.host {
+            return self.fail(format!(
+                "node {}'s name resolves to a loopback address ({}) on host {}: no other host can \
+                 reach it; make its name resolve to the address the nodes share (or use --bind \
+                 ADDR where all nodes share one)",
+                report.name,
+                report.address.ip(),
+                report.host
+            ));
+        }
         if self.reports.insert(report.index, report).is_some() {
             return self.fail("two agents reported for one node".into());
         }
@@ -246,12 +259,37 @@ mod tests {
             cpus: 2,
             dir: "/tmp/a".into(),
             step: "1.0".into(),
+            host: "front".into(),
         }
         .to_line()
     }
 
     fn core(now: Instant) -> StartCore {
-        StartCore::new(vec!["n1".into(), "n2".into()], Limits::default(), now)
+        StartCore::new(
+            vec!["n1".into(), "n2".into()],
+            Limits::default(),
+            now,
+            "front".into(),
+        )
+    }
+
+    /// An agent on another host that can only be reached on loopback ends the start,
+    /// naming the node and the fix (Debian names itself 127.0.1.1 by default).
+    #[test]
+    fn an_agent_elsewhere_on_loopback_is_named() {
+        let mut c = core(Instant::now());
+        let elsewhere = AgentReport {
+            index: 1,
+            name: "n2".into(),
+            address: "127.0.1.1:7".parse().unwrap(),
+            cpus: 2,
+            dir: "/tmp/b".into(),
+            step: "1.0".into(),
+            host: "other".into(),
+        };
+        let e = c.step(Input::AgentLine(elsewhere.to_line()));
+        assert!(matches!(&e[0], Effect::Say(s) if s.contains("n2") && s.contains("loopback")));
+        assert_eq!(e.last(), Some(&Effect::Exit(1)));
     }
 
     /// Reports in any order, then configure, join, run; the command's code is the

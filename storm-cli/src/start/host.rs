@@ -94,7 +94,7 @@ impl Front {
         storm_cluster::key::generate(&dir.path().join(storm_cluster::key::DEFAULT_NAME))?;
         let names: Vec<&str> = alloc.nodes.iter().map(String::as_str).collect();
         storm_cluster::identity::generate_for_one_host(dir.path(), &names)?;
-        let ip = super::own_address(args.bind).map_err(anyhow::Error::msg)?;
+        let ip = super::own_address(args.bind)?;
         let mm_listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
         let k = alloc.nodes.len().to_string();
         let storm = std::env::current_exe().context("locating storm")?;
@@ -157,7 +157,12 @@ impl Front {
             agents: Duration::from_secs(args.start_timeout),
             join: Duration::from_secs(args.start_timeout),
         };
-        let core = StartCore::new(alloc.nodes.clone(), limits, Instant::now());
+        let core = StartCore::new(
+            alloc.nodes.clone(),
+            limits,
+            Instant::now(),
+            super::host_name(),
+        );
         let config_path = dir.path().join("cluster.toml");
         Ok(Self {
             args,

@@ -92,6 +92,7 @@ mod tests {
                 cpus: 2,
                 dir: format!("/tmp/agent{i}").into(),
                 step: "9.0".into(),
+                host: "h".into(),
             })
             .collect();
         let dir = Path::new("/tmp/front");

@@ -106,27 +106,51 @@ pub fn rtprio_limit() -> u64 {
         .unwrap_or(0)
 }
 
+/// This host's name (empty if the kernel does not say).
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Why this host's address for the instance is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    #[error("this host's name: {0}")]
+    NoName(nix::Error),
+    #[error("resolving this host's name {name:?}: {source} (use --bind ADDR)")]
+    Resolve {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("this host's name {0:?} has no address (use --bind ADDR)")]
+    NoAddress(String),
+}
+
 /// The address of this host's name, for daemons the other nodes must reach: `bind` if
 /// given, else the first IPv4 address the name resolves to.
-pub fn own_address(bind: Option<IpAddr>) -> Result<IpAddr, String> {
+pub fn own_address(bind: Option<IpAddr>) -> Result<IpAddr, AddressError> {
     if let Some(ip) = bind {
         return Ok(ip);
     }
     let name = nix::unistd::gethostname()
-        .map_err(|e| format!("this host's name: {e}"))?
+        .map_err(AddressError::NoName)?
         .to_string_lossy()
         .into_owned();
     use std::net::ToSocketAddrs;
     let addrs: Vec<_> = (name.as_str(), 0)
         .to_socket_addrs()
-        .map_err(|e| format!("resolving this host's name {name:?}: {e} (use --bind ADDR)"))?
+        .map_err(|source| AddressError::Resolve {
+            name: name.clone(),
+            source,
+        })?
         .collect();
     addrs
         .iter()
         .find(|a| a.is_ipv4())
         .or(addrs.first())
         .map(|a| a.ip())
-        .ok_or_else(|| format!("this host's name {name:?} has no address (use --bind ADDR)"))
+        .ok_or(AddressError::NoAddress(name))
 }
 
 #[cfg(test)]

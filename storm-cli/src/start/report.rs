@@ -36,6 +36,8 @@ pub struct AgentReport {
     pub dir: PathBuf,
     /// The allocator's step it runs in (`JOB.STEP`), which the front end ends at teardown.
     pub step: String,
+    /// Its host's name (`gethostname`): a loopback address is of use only on the front end's.
+    pub host: String,
 }
 
 impl AgentReport {
@@ -50,6 +52,17 @@ impl AgentReport {
     pub fn parse(line: &str) -> Option<Self> {
         serde_json::from_str(line.trim_end().strip_prefix(REPORT_TAG)?).ok()
     }
+}
+
+/// Why a line is not a bundle an agent may write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BundleError {
+    #[error("not an instance bundle")]
+    NotABundle,
+    #[error("a malformed instance bundle: {0}")]
+    Malformed(String),
+    #[error("{0:?} is not a path inside the agent's directory")]
+    Outside(String),
 }
 
 /// The instance's files, by path relative to an agent's directory.
@@ -68,19 +81,20 @@ impl Bundle {
 
     /// The bundle in `line`; a file path that would leave the directory (absolute, or
     /// with `..`) is refused.
-    pub fn parse(line: &str) -> Result<Self, String> {
+    pub fn parse(line: &str) -> Result<Self, BundleError> {
         let json = line
             .trim_end()
             .strip_prefix(BUNDLE_TAG)
-            .ok_or("not an instance bundle")?;
-        let bundle: Bundle = serde_json::from_str(json).map_err(|e| e.to_string())?;
+            .ok_or(BundleError::NotABundle)?;
+        let bundle: Bundle =
+            serde_json::from_str(json).map_err(|e| BundleError::Malformed(e.to_string()))?;
         for (path, _) in &bundle.files {
             let p = Path::new(path);
             let inside = !path.is_empty()
                 && p.components()
                     .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
             if !inside {
-                return Err(format!("{path:?} is not a path inside the directory"));
+                return Err(BundleError::Outside(path.clone()));
             }
         }
         Ok(bundle)
@@ -100,6 +114,7 @@ mod tests {
             cpus: 2,
             dir: "/tmp/storm agent x".into(),
             step: "7.0".into(),
+            host: "n3".into(),
         };
         assert_eq!(AgentReport::parse(&r.to_line()), Some(r));
         assert_eq!(
@@ -120,7 +135,11 @@ mod tests {
             let b = Bundle {
                 files: vec![(bad.into(), Vec::new())],
             };
-            assert!(Bundle::parse(&b.to_line()).is_err(), "{bad:?}");
+            assert_eq!(
+                Bundle::parse(&b.to_line()),
+                Err(BundleError::Outside(bad.into())),
+                "{bad:?}"
+            );
         }
     }
 }
