@@ -77,24 +77,40 @@ pub struct PmixDown {
     pub ended: Vec<RankEnd>,
 }
 
-/// What the MM sends down, given each node's state (`None`: a node that wrote none), in at
-/// most `limit` bytes of encoded message: data some node wants goes down as long as it
-/// fits, the rest at a later round (when the first wants are met).
-pub fn pmix_down(job: JobId, parts: &[Option<PmixUp>], limit: usize) -> PmixDown {
+/// What the MM sends down, given each node's state (`parts[k]`: the job's `k`-th node's, in
+/// node-set order; `None`: a node that wrote none) for a job of `ntasks` ranks placed as
+/// storm places them ([`crate::tasks::ranks_on`]), in at most `limit` bytes of encoded
+/// message: data some node wants goes down as long as it fits, the rest at a later round
+/// (when the first wants are met). A node speaks only for its own ranks: what it offers or
+/// says of another node's rank (root of that node, lying) is not taken.
+pub fn pmix_down(job: JobId, parts: &[Option<PmixUp>], ntasks: u32, limit: usize) -> PmixDown {
     use std::collections::{BTreeMap, BTreeSet};
-    let parts: Vec<&PmixUp> = parts.iter().flatten().filter(|p| p.job == job).collect();
-    let wants: BTreeSet<u32> = parts.iter().flat_map(|p| p.wants.iter().copied()).collect();
+    let nnodes = parts.len() as u32;
+    let parts: Vec<(std::ops::Range<u32>, &PmixUp)> = parts
+        .iter()
+        .enumerate()
+        .filter_map(|(k, p)| {
+            let p = p.as_ref().filter(|p| p.job == job)?;
+            let (first, count) = crate::tasks::ranks_on(ntasks, nnodes, k as u32);
+            Some((first..first + count, p))
+        })
+        .collect();
+    let wants: BTreeSet<u32> = parts
+        .iter()
+        .flat_map(|(_, p)| p.wants.iter().copied())
+        .filter(|&r| r < ntasks)
+        .collect();
     let mut offered: BTreeMap<u32, &Vec<u8>> = BTreeMap::new();
     let mut unservable: BTreeMap<u32, &String> = BTreeMap::new();
     let mut ended: BTreeMap<u32, RankEnd> = BTreeMap::new();
-    for p in &parts {
-        for (rank, data) in &p.serves {
+    for (own, p) in &parts {
+        for (rank, data) in p.serves.iter().filter(|(r, _)| own.contains(r)) {
             offered.entry(*rank).or_insert(data);
         }
-        for (rank, why) in &p.unservable {
+        for (rank, why) in p.unservable.iter().filter(|(r, _)| own.contains(r)) {
             unservable.entry(*rank).or_insert(why);
         }
-        for e in &p.ended {
+        for e in p.ended.iter().filter(|e| own.contains(&e.rank)) {
             ended.entry(e.rank).or_insert(*e);
         }
     }
@@ -139,13 +155,14 @@ mod tests {
     /// down (and it is no longer asked for); once nobody wants it, neither.
     #[test]
     fn a_wanted_rank_is_asked_for_then_delivered_then_dropped() {
-        let asked = pmix_down(7, &[up(&[3], &[]), up(&[], &[])], 1 << 20);
+        // Ranks 0-1 on the first node, 2-3 on the second.
+        let asked = pmix_down(7, &[up(&[3], &[]), up(&[], &[])], 4, 1 << 20);
         assert_eq!(asked.asks, vec![3]);
         assert!(asked.blobs.is_empty());
-        let given = pmix_down(7, &[up(&[3], &[]), up(&[], &[(3, b"addr")])], 1 << 20);
+        let given = pmix_down(7, &[up(&[3], &[]), up(&[], &[(3, b"addr")])], 4, 1 << 20);
         assert!(given.asks.is_empty());
         assert_eq!(given.blobs, vec![(3, b"addr".to_vec())]);
-        let done = pmix_down(7, &[up(&[], &[]), up(&[], &[(3, b"addr")])], 1 << 20);
+        let done = pmix_down(7, &[up(&[], &[]), up(&[], &[(3, b"addr")])], 4, 1 << 20);
         assert_eq!(
             done,
             PmixDown {
@@ -156,22 +173,44 @@ mod tests {
     }
 
     /// Another job's state (an earlier job of the slot) counts for nothing; a rank that
-    /// cannot be served fails for whoever wants it; ends go to every node.
+    /// cannot be served fails for whoever wants it; ends go to every node. A node that
+    /// offers data or tells ends of another node's ranks is not believed.
     #[test]
-    fn other_jobs_are_ignored_and_failures_and_ends_pass_down() {
+    fn other_jobs_and_other_nodes_ranks_are_ignored_failures_and_ends_pass_down() {
+        // 8 ranks on 4 nodes: 0-1, 2-3, 4-5, 6-7.
         let mut stale = up(&[1], &[]).unwrap();
         stale.job = 6;
+        let mut liar = up(&[4], &[(6, b"forged")]).unwrap();
+        liar.ended = vec![RankEnd {
+            rank: 0,
+            status: -402,
+            exit_code: 137,
+        }];
         let mut owner = up(&[], &[]).unwrap();
-        owner.unservable = vec![(2, "too large".into())];
+        owner.unservable = vec![(4, "too large".into())];
         owner.ended = vec![RankEnd {
-            rank: 4,
+            rank: 5,
             status: -402,
             exit_code: 139,
         }];
-        let down = pmix_down(7, &[Some(stale), up(&[2], &[]), Some(owner), None], 1 << 20);
-        assert!(down.asks.is_empty(), "job 6's want is not job 7's");
-        assert_eq!(down.failed, vec![(2, "too large".to_string())]);
-        assert_eq!(down.ended.len(), 1);
+        let wants_six = up(&[6, 99], &[]);
+        let down = pmix_down(
+            7,
+            &[Some(stale), Some(liar), Some(owner), wants_six],
+            8,
+            1 << 20,
+        );
+        assert_eq!(down.failed, vec![(4, "too large".to_string())]);
+        assert_eq!(down.ended.iter().map(|e| e.rank).collect::<Vec<_>>(), [5]);
+        assert!(
+            down.blobs.is_empty(),
+            "rank 6's data comes only from its own node"
+        );
+        assert_eq!(
+            down.asks,
+            vec![6],
+            "job 6's want is not job 7's; rank 99 is none"
+        );
     }
 
     /// Data beyond the limit waits for a later round; what fits goes now.
@@ -180,10 +219,11 @@ mod tests {
         let big = vec![1u8; 600];
         let down = pmix_down(
             7,
-            &[up(&[1, 2], &[]), up(&[], &[(1, &big), (2, &big)])],
+            &[up(&[2, 3], &[]), up(&[], &[(2, &big), (3, &big)])],
+            4,
             1000,
         );
         assert_eq!(down.blobs.len(), 1);
-        assert!(down.asks.is_empty(), "rank 2 is offered: not asked again");
+        assert!(down.asks.is_empty(), "rank 3 is offered: not asked again");
     }
 }

@@ -25,17 +25,17 @@ impl<E: MmEnv> MachineManager<E> {
     /// Sends each running multi-node PMIx job's nodes what changed of its exchange (called
     /// when a node wrote to the MM, or a send is to be retried).
     pub(super) fn pmix_exchange(&mut self) {
-        let jobs: Vec<(JobId, usize, NodeSet)> = self
+        let jobs: Vec<(JobId, usize, NodeSet, u32)> = self
             .jobs
             .values()
             .filter(|j| j.req.mpi.serves_pmix())
             .filter(|j| j.nodes.len() > 1 && j.cancel.is_none())
             .filter(|j| matches!(j.phase, Phase::Running | Phase::Recovering))
-            .filter_map(|j| Some((j.id, j.slot?, j.nodes.clone())))
+            .filter_map(|j| Some((j.id, j.slot?, j.nodes.clone(), j.plan.ntasks)))
             .collect();
-        let live: BTreeSet<JobId> = jobs.iter().map(|(id, _, _)| *id).collect();
+        let live: BTreeSet<JobId> = jobs.iter().map(|(id, ..)| *id).collect();
         self.pmix_sent.retain(|id, _| live.contains(id));
-        for (id, slot, nodes) in jobs {
+        for (id, slot, nodes, ntasks) in jobs {
             let parts: Vec<Option<PmixUp>> = nodes
                 .iter()
                 .map(|n| self.pmix_part(slot, n as usize))
@@ -43,7 +43,8 @@ impl<E: MmEnv> MachineManager<E> {
             if parts.iter().all(Option::is_none) {
                 continue;
             }
-            let down = pmix_down(id, &parts, self.rm.pmi_job_bytes - SEAL_BYTES - 64);
+            let limit = self.rm.pmi_job_bytes - SEAL_BYTES - 64;
+            let down = pmix_down(id, &parts, ntasks, limit);
             let bytes = match encode_sealed("PMIx exchange", &down, self.rm.pmi_job_bytes) {
                 Ok(b) => b,
                 Err(e) => {
