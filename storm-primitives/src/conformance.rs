@@ -182,6 +182,27 @@ fn signal_node_1(c: &dyn TestCluster, t: &TestLayout, ev: EventId) {
     outcome(&*c.node(0), t.done).unwrap();
 }
 
+/// Makes sure node 0's earlier signals to node 1 are raised: one initiator's transfers to
+/// one target are raised in order, so once this one's event is seen, so are theirs.
+fn signal_after(c: &dyn TestCluster, t: &TestLayout) {
+    c.node(0)
+        .xfer_and_signal(
+            &NodeSet::single(1),
+            t.home_area.offset,
+            Bytes::from_static(b"y"),
+            Some(t.home_event),
+            Some(t.done),
+        )
+        .unwrap();
+    outcome(&*c.node(0), t.done).unwrap();
+    assert_eq!(
+        c.node(1)
+            .test_event(t.home_event, Wait::Timeout(Duration::from_secs(10))),
+        Ok(true),
+        "the later signal arrived"
+    );
+}
+
 fn no_signal(node: &dyn Primitives, ev: EventId, wait: Duration) -> bool {
     matches!(node.test_event(ev, Wait::Timeout(wait)), Ok(false))
 }
@@ -440,6 +461,11 @@ pub fn test_event_polls_blocks_and_counts(f: &dyn ClusterFactory) {
         signal_node_1(&*c, &t, t.data);
     }
     assert_eq!(waiter.join().unwrap(), Ok(true), "blocked waiter woke");
+    // On ofi the target's progress thread raises an event after the initiator's completion
+    // (CI saw the second poll come first on the sockets provider). A later transfer raising
+    // another event on the same target is raised after all three: once it is seen, the
+    // three signals are all pending, and the polls below count them exactly.
+    signal_after(&*c, &t);
     assert_eq!(target.test_event(t.data, Wait::Poll), Ok(true));
     assert_eq!(target.test_event(t.data, Wait::Poll), Ok(true));
     assert_eq!(
@@ -490,20 +516,9 @@ pub fn a_local_wake_up_ends_a_wait_without_a_signal(f: &dyn ClusterFactory) {
     signal_node_1(&*c, &t, t.data);
     // A target may raise the event on a thread of its own after the data landed (ofi: its
     // progress thread reads the remote CQ data), so the initiator's completion can come
-    // first (seen in CI on the sockets provider). A second transfer, raising another event
-    // that node 1 waits for, is raised after the first (one initiator, one target, in
-    // order): then the signal and the wake-up are both pending.
-    c.node(0)
-        .xfer_and_signal(
-            &NodeSet::single(1),
-            t.home_area.offset,
-            Bytes::from_static(b"y"),
-            Some(t.home_event),
-            Some(t.done),
-        )
-        .unwrap();
-    outcome(&*c.node(0), t.done).unwrap();
-    assert_eq!(c.node(1).test_event(t.home_event, long), Ok(true));
+    // first (seen in CI on the sockets provider): then the signal and the wake-up are both
+    // pending only once a later signal is seen.
+    signal_after(&*c, &t);
     assert_eq!(
         c.node(1).test_event(t.data, long),
         Ok(true),
