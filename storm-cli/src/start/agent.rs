@@ -1,5 +1,5 @@
 //! `storm agent`: one node of a private instance, started by `storm start` through the
-//! allocator's step launcher (one task per node). It binds the node manager's listening
+//! allocator's step launcher (one task per node) or through ssh (`--hosts`). It binds the node manager's listening
 //! socket, tells the front end where it is and where its directory is ([`AgentReport`] on
 //! standard output), takes the instance's files from standard input ([`Bundle`]), writes
 //! them into its own directory (mode 0700, made here for this instance), and runs
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use super::AgentArgs;
 use super::report::{AgentReport, Bundle, MAX_LINE};
@@ -27,11 +27,29 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         std::env::var(k)
             .with_context(|| format!("{k} is not set (storm agent runs under storm start's srun)"))
     };
-    let index: u32 = var("SLURM_NODEID")?
-        .parse()
-        .context("SLURM_NODEID is not a number")?;
-    let name = var("SLURMD_NODENAME")?;
-    let step = format!("{}.{}", var("SLURM_JOB_ID")?, var("SLURM_STEP_ID")?);
+    // Under ssh (`storm start --hosts`) the front end names the node; under srun, Slurm.
+    let (index, name, step, ip) = match (args.index, &args.node) {
+        (Some(index), Some(name)) => {
+            let ssh = std::env::var("SSH_CONNECTION").ok();
+            let ip = match args.bind.or(super::ssh_server_address(ssh.as_deref())) {
+                Some(ip) => ip,
+                None => super::own_address(None)?,
+            };
+            (index, name.clone(), "ssh".to_string(), ip)
+        }
+        _ => {
+            let index: u32 = var("SLURM_NODEID")?
+                .parse()
+                .context("SLURM_NODEID is not a number")?;
+            let step = format!("{}.{}", var("SLURM_JOB_ID")?, var("SLURM_STEP_ID")?);
+            (
+                index,
+                var("SLURMD_NODENAME")?,
+                step,
+                super::own_address(args.bind)?,
+            )
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -41,7 +59,6 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir()
         .context("making the agent's directory")?;
-    let ip = super::own_address(args.bind)?;
     let listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
     let report = AgentReport {
         index,
@@ -64,7 +81,8 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         .read_line(&mut line)
         .context("reading the instance's files")?;
     if read == 0 {
-        bail!("node {name}: the front end closed its link before sending the instance's files");
+        // The front end ended before the instance was up, and says why itself.
+        return Ok(0);
     }
     let bundle = Bundle::parse(&line)
         .map_err(|why| anyhow::anyhow!("node {name}: the instance's files: {why}"))?;

@@ -33,6 +33,8 @@ pub enum AllocationError {
     },
     #[error("SLURM_JOB_NODELIST names {nodes} nodes but SLURM_JOB_CPUS_PER_NODE gives {cpus}")]
     Mismatch { nodes: usize, cpus: usize },
+    #[error("--hosts {given}: {why}")]
+    Hosts { given: String, why: String },
 }
 
 /// The most hosts a host list may expand to (a bound on what a malformed variable costs).
@@ -76,6 +78,61 @@ pub fn from_slurm(var: impl Fn(&str) -> Option<String>) -> Result<Allocation, Al
         list,
         nodes,
         cpus,
+    })
+}
+
+/// The hosts given to `storm start --hosts`: `file` is the text of the host file named
+/// `source` where there is one (one host per line; `#` starts a comment; what follows the
+/// host on its line, such as an MPI host file's `slots=4`, and a trailing `:4`, is
+/// ignored: each agent reports the CPUs it may use), else `source` is a host list
+/// (`node[1-4],login`). A host named twice is refused: it would be two nodes of one host.
+pub fn from_hosts(source: &str, file: Option<&str>) -> Result<Allocation, AllocationError> {
+    let fail = |why: String| AllocationError::Hosts {
+        given: source.to_string(),
+        why,
+    };
+    let nodes: Vec<String> = match file {
+        Some(text) => {
+            let mut hosts = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let line = line.split('#').next().unwrap_or("");
+                let Some(word) = line.split_whitespace().next() else {
+                    continue;
+                };
+                let host = match word.rsplit_once(':') {
+                    Some((h, slots)) if slots.bytes().all(|b| b.is_ascii_digit()) => h,
+                    _ => word,
+                };
+                if host.is_empty() || host.starts_with('-') {
+                    return Err(fail(format!("line {}: {word:?} is not a host", n + 1)));
+                }
+                hosts.push(host.to_string());
+                if hosts.len() > MAX_HOSTS {
+                    return Err(fail(format!("more than {MAX_HOSTS} hosts")));
+                }
+            }
+            if hosts.is_empty() {
+                return Err(fail("the file names no host".into()));
+            }
+            hosts
+        }
+        None => {
+            let hosts = expand_hostlist(source).map_err(fail)?;
+            if let Some(h) = hosts.iter().find(|h| h.starts_with('-')) {
+                return Err(fail(format!("{h:?} is not a host")));
+            }
+            hosts
+        }
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = nodes.iter().find(|h| !seen.insert(h.as_str())) {
+        return Err(fail(format!("{twice} is named twice")));
+    }
+    Ok(Allocation {
+        job: "hosts".into(),
+        list: nodes.join(","),
+        cpus: vec![1; nodes.len()],
+        nodes,
     })
 }
 
@@ -193,6 +250,30 @@ mod tests {
             "n[1-99999999999]",
         ] {
             assert!(expand_hostlist(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// `--hosts` takes a host list or a host file (MPI's forms of slots ignored, comments
+    /// and blank lines skipped); a host named twice, an option where a host should be, and
+    /// an empty file are refused naming the fault.
+    #[test]
+    fn hosts_come_from_a_list_or_a_host_file() {
+        let a = from_hosts("n[1-3],login", None).unwrap();
+        assert_eq!(a.nodes, ["n1", "n2", "n3", "login"]);
+        let file = "# the nodes\nn1 slots=4\n\nn2:8  # fast\n10.0.0.7\n";
+        let b = from_hosts("hosts.txt", Some(file)).unwrap();
+        assert_eq!(b.nodes, ["n1", "n2", "10.0.0.7"]);
+        assert_eq!(b.cpus.len(), 3);
+        for (source, file, says) in [
+            ("n1,n[1-2]", None, "n1 is named twice"),
+            ("f", Some("n1\nn1:2\n"), "n1 is named twice"),
+            ("f", Some("# none\n"), "names no host"),
+            ("f", Some("-oProxyCommand=x\n"), "is not a host"),
+            ("-oProxyCommand=x", None, "is not a host"),
+            ("n[1-", None, "unbalanced"),
+        ] {
+            let err = from_hosts(source, file).unwrap_err().to_string();
+            assert!(err.contains(says), "{source:?}: {err}");
         }
     }
 

@@ -21,6 +21,8 @@ pub enum Input {
     AgentLine(String),
     /// The agents' step ended (its launcher exited with this code).
     StepEnded(Option<i32>),
+    /// One node's agent ended (`--hosts`: its ssh exited with this code).
+    AgentEnded { node: String, code: Option<i32> },
     /// The instance is configured: its MM runs (or why it does not).
     Configured(Result<(), String>),
     /// Every node joined the MM (or why not).
@@ -32,6 +34,9 @@ pub enum Input {
     /// The time now.
     Tick(Instant),
 }
+
+/// The code ssh exits with when it could not connect or log in.
+const SSH_FAILED: i32 = 255;
 
 /// What the host does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +145,22 @@ impl StartCore {
                     )
                 } else {
                     format!("the node agents' step ended {how} before the instance was up")
+                };
+                self.fail(why)
+            }
+            Input::AgentEnded { node, code } => {
+                let how = code.map_or("by a signal".to_string(), |c| format!("with code {c}"));
+                let why = if self.stage == Stage::Running {
+                    format!("the node agent on {node} ended ({how}): stopping")
+                } else if code == Some(SSH_FAILED) {
+                    format!(
+                        "the node agent on {node} ended with code {SSH_FAILED} before the \
+                         instance was up: ssh could not reach or log in to {node} (try `ssh \
+                         {node} true`; storm start needs ssh without a password, and storm at \
+                         the same path there)"
+                    )
+                } else {
+                    format!("the node agent on {node} ended {how} before the instance was up")
                 };
                 self.fail(why)
             }
@@ -368,5 +389,35 @@ mod tests {
         up(&mut c);
         let e = c.step(Input::Tick(now + Duration::from_secs(61)));
         assert!(matches!(&e[0], Effect::Say(s) if s.contains("did not join")));
+    }
+
+    /// Under `--hosts`, an ssh that fails before the instance is up names its host and
+    /// what ssh needs; one node's agent ending later stops the instance naming it.
+    #[test]
+    fn one_hosts_agent_ending_names_the_host() {
+        let now = Instant::now();
+        let mut c = core(now);
+        c.step(Input::AgentLine(report(0, "n1")));
+        let e = c.step(Input::AgentEnded {
+            node: "n2".into(),
+            code: Some(255),
+        });
+        assert!(
+            matches!(&e[0], Effect::Say(s) if s.contains("n2") && s.contains("ssh n2 true")),
+            "{e:?}"
+        );
+        assert_eq!(e.last(), Some(&Effect::Exit(1)));
+
+        let mut c = core(now);
+        c.step(Input::AgentLine(report(0, "n1")));
+        c.step(Input::AgentLine(report(1, "n2")));
+        c.step(Input::Configured(Ok(())));
+        c.step(Input::NodesUp(Ok(())));
+        let e = c.step(Input::AgentEnded {
+            node: "n1".into(),
+            code: None,
+        });
+        assert!(matches!(&e[0], Effect::Say(s) if s.contains("on n1 ended (by a signal)")));
+        assert_eq!(e.last(), Some(&Effect::Exit(1)));
     }
 }

@@ -1,19 +1,18 @@
 //! The host of `storm start`'s front end: the processes, pipes, files, signals and clock the
-//! core ([`super::core`]) decides about. It starts the node agents with `srun --overlap`
-//! (one per node, in a process group of their own so that the terminal's Ctrl-C does not
-//! reach srun), reads their reports, writes the instance's files (a directory of mode 0700
-//! made for this instance, keys made for it), sends the agents their bundle, runs the MM
-//! with a socket bound here, waits for the nodes, runs the command, and tears everything
-//! down: the command, the agents' step (`scancel JOB.STEP`, then srun), the MM, the files.
+//! core ([`super::core`]) decides about. It starts the node agents ([`super::launch`]: one
+//! `srun --overlap` step, or one ssh per host under `--hosts`, in process groups of their
+//! own so that the terminal's Ctrl-C does not reach them), reads their reports, writes the
+//! instance's files (a directory of mode 0700 made for this instance, keys made for it),
+//! sends the agents their bundle, runs the MM with a socket bound here, waits for the
+//! nodes, runs the command, and tears everything down: the command, the agents (their
+//! input closed; then `scancel JOB.STEP` or ssh killed), the MM, the files.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -25,7 +24,8 @@ use super::StartArgs;
 use super::allocation::{self, Allocation};
 use super::core::{Effect, Input, Limits, StartCore};
 use super::instance::{InstanceSpec, instance_config};
-use super::report::{AgentReport, Bundle, MAX_LINE};
+use super::launch::Agents;
+use super::report::{AgentReport, Bundle};
 use crate::local::{Daemon, bin_dir, spawn_daemon, wait_for_nodes};
 
 /// How often the host looks at its children, signals and the clock.
@@ -43,7 +43,20 @@ pub fn run(args: StartArgs) -> Result<i32> {
     {
         return Ok(0);
     }
-    let alloc = allocation::from_slurm(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    if let Some(source) = &args.hosts {
+        let path = std::path::Path::new(source);
+        let file = if path.is_file() {
+            Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the host file {source}"))?,
+            )
+        } else {
+            None
+        };
+        let alloc = allocation::from_hosts(source, file.as_deref())?;
+        return Front::start(args, alloc)?.run();
+    }
+    let alloc = allocation::from_slurm(|k| std::env::var(k).ok())?;
     Front::start(args, alloc)?.run()
 }
 
@@ -70,15 +83,13 @@ struct Front {
     alloc: Allocation,
     dir: tempfile::TempDir,
     core: StartCore,
-    srun: Child,
-    srun_stdin: Option<ChildStdin>,
+    agents: Agents,
     inputs: Receiver<Input>,
     tx: Sender<Input>,
     signals: Arc<AtomicUsize>,
     mm: Option<Daemon>,
     mm_listener: Option<TcpListener>,
     command: Option<Child>,
-    step: Option<String>,
     config_path: PathBuf,
     _notify: Option<UnixDatagram>,
 }
@@ -94,65 +105,18 @@ impl Front {
         storm_cluster::key::generate(&dir.path().join(storm_cluster::key::DEFAULT_NAME))?;
         let names: Vec<&str> = alloc.nodes.iter().map(String::as_str).collect();
         storm_cluster::identity::generate_for_one_host(dir.path(), &names)?;
-        let ip = super::own_address(args.bind)?;
+        let ip = match (&args.bind, &args.hosts) {
+            (None, Some(_)) => super::address_toward(&alloc.nodes[0])?,
+            _ => super::own_address(args.bind)?,
+        };
         let mm_listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
-        let k = alloc.nodes.len().to_string();
         let storm = std::env::current_exe().context("locating storm")?;
-        let mut cmd = Command::new(&args.srun);
-        // Each agent's task holds as many CPUs as the allocation gives every node (where
-        // the site binds tasks, its NM then sees them as its own).
-        let cpus = alloc
-            .cpus
-            .iter()
-            .min()
-            .copied()
-            .unwrap_or(1)
-            .max(1)
-            .to_string();
-        cmd.args([
-            "--overlap",
-            "--nodes",
-            &k,
-            "--ntasks",
-            &k,
-            "--ntasks-per-node=1",
-        ])
-        .args(["--nodelist", &alloc.list])
-        .args(["--cpus-per-task", &cpus])
-        .args(["--kill-on-bad-exit=1", "--mpi=none", "--quiet"])
-        .args(["--job-name", "storm-agents"])
-        .arg(&storm)
-        .arg("agent");
-        if let Some(ip) = args.bind {
-            cmd.arg("--bind").arg(ip.to_string());
-        }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .process_group(0);
-        let mut srun = cmd
-            .spawn()
-            .with_context(|| format!("starting the node agents with {}", args.srun))?;
         let (tx, inputs) = crossbeam_channel::unbounded();
-        let stdout = srun.stdout.take().context("srun's output")?;
-        let lines = tx.clone();
-        std::thread::Builder::new()
-            .name("storm-start-agents".into())
-            .spawn(move || {
-                let mut reader = BufReader::new(stdout);
-                loop {
-                    let mut line = String::new();
-                    match (&mut reader).take(MAX_LINE as u64).read_line(&mut line) {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {
-                            if lines.send(Input::AgentLine(line)).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-            })?;
-        let srun_stdin = srun.stdin.take();
+        let agents = if args.hosts.is_some() {
+            Agents::ssh(&args.ssh, &alloc, &storm, &tx)?
+        } else {
+            Agents::srun(&args.srun, &alloc, &storm, args.bind, &tx)?
+        };
         let limits = Limits {
             agents: Duration::from_secs(args.start_timeout),
             join: Duration::from_secs(args.start_timeout),
@@ -169,15 +133,13 @@ impl Front {
             alloc,
             dir,
             core,
-            srun,
-            srun_stdin,
+            agents,
             inputs,
             tx,
             signals,
             mm: None,
             mm_listener: Some(mm_listener),
             command: None,
-            step: None,
             config_path,
             _notify: None,
         })
@@ -209,8 +171,8 @@ impl Front {
             self.command = None;
             return Input::CommandEnded(shell_code(status));
         }
-        if let Ok(Some(status)) = self.srun.try_wait() {
-            return Input::StepEnded(status.code());
+        if let Some(ended) = self.agents.ended() {
+            return ended;
         }
         Input::Tick(Instant::now())
     }
@@ -220,7 +182,8 @@ impl Front {
         match effect {
             Effect::Configure(reports) => {
                 let result = self.configure(&reports).map_err(|e| format!("{e:#}"));
-                self.step = reports.first().map(|r| r.step.clone());
+                self.agents
+                    .set_step(reports.first().map(|r| r.step.clone()));
                 let _ = self.tx.send(Input::Configured(result));
             }
             Effect::AwaitNodes => {
@@ -262,7 +225,10 @@ impl Front {
             .to_string();
         let rt = super::daemon_rt_priority();
         let spec = InstanceSpec {
-            name: format!("slurm-{}-{suffix}", self.alloc.job),
+            name: match self.args.hosts {
+                Some(_) => format!("hosts-{suffix}"),
+                None => format!("slurm-{}-{suffix}", self.alloc.job),
+            },
             dir,
             mm: listener.local_addr()?,
             timeslice_ms: self
@@ -297,16 +263,7 @@ impl Front {
         for r in reports {
             add(format!("keys/{}.key", r.name))?;
         }
-        let line = Bundle { files }.to_line();
-        let stdin = self
-            .srun_stdin
-            .as_mut()
-            .context("the agents' input is closed")?;
-        stdin
-            .write_all(line.as_bytes())
-            .and_then(|()| stdin.write_all(b"\n"))
-            .and_then(|()| stdin.flush())
-            .context("sending the agents the instance's files")?;
+        self.agents.send_all(&Bundle { files }.to_line())?;
         let notify_path = dir.join("notify.sock");
         self._notify = Some(UnixDatagram::bind(&notify_path)?);
         self.mm = Some(spawn_daemon(
@@ -339,23 +296,8 @@ impl Front {
             super::agent::stop_child(&mut c, Duration::from_secs(2));
         }
         // The agents end at the end of their input: each stops its node manager and removes
-        // its directory, and srun exits. One that does not is cancelled with the step.
-        drop(self.srun_stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && matches!(self.srun.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if matches!(self.srun.try_wait(), Ok(None))
-            && let Some(step) = &self.step
-        {
-            eprintln!("storm start: the node agents did not stop in 10 s: cancelling step {step}");
-            let _ = Command::new("scancel")
-                .args(["--quiet", step])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-        super::agent::stop_child(&mut self.srun, Duration::from_secs(5));
+        // its directory. One that does not is ended by its launcher.
+        self.agents.stop();
         if let Some(mut mm) = self.mm.take() {
             super::agent::stop_child(&mut mm.child, Duration::from_secs(5));
         }

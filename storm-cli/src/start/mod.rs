@@ -18,6 +18,7 @@ pub mod allocation;
 pub mod core;
 pub mod host;
 pub mod instance;
+pub mod launch;
 pub mod report;
 
 use std::ffi::OsString;
@@ -48,6 +49,15 @@ pub struct StartArgs {
     /// name).
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<IpAddr>,
+    /// Start the instance over these hosts through ssh instead of an allocation: a host
+    /// list (`node[1-4],login`) or a host file (one host per line; `#` comments; MPI's
+    /// `slots=N` ignored). storm must be at the same path on every host, and ssh must log
+    /// in without a password.
+    #[arg(long, value_name = "LIST|FILE", conflicts_with = "local")]
+    pub hosts: Option<String>,
+    /// The ssh command `--hosts` runs, split at spaces (`ssh -i KEY -p 2222`).
+    #[arg(long, default_value = "ssh", value_name = "COMMAND")]
+    pub ssh: String,
     /// Slurm's step launcher (for a wrapper, or a site's path).
     #[arg(long, default_value = "srun", value_name = "PROGRAM")]
     pub srun: String,
@@ -64,9 +74,18 @@ pub struct StartArgs {
 #[derive(Parser, Debug, Clone)]
 #[command(name = "storm agent")]
 pub struct AgentArgs {
-    /// The address the node manager listens on (default: the address of the host's name).
+    /// The address the node manager listens on (default: under ssh, the address ssh
+    /// reached this host on; else the address of the host's name).
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<IpAddr>,
+    /// This node's index in the instance (`--hosts`: given by the front end; under srun,
+    /// Slurm's `SLURM_NODEID`).
+    #[arg(long, requires = "node")]
+    pub index: Option<u32>,
+    /// This node's name in the instance (`--hosts`: the host as the user named it; under
+    /// srun, `SLURMD_NODENAME`).
+    #[arg(long, requires = "index")]
+    pub node: Option<String>,
 }
 
 /// The real-time priority an unprivileged instance's daemons take: storm's default where
@@ -127,6 +146,36 @@ pub enum AddressError {
     NoAddress(String),
 }
 
+/// The address the other hosts reach this one on, under ssh: the server's address in
+/// `SSH_CONNECTION` (`client port server port`), which ssh sets for the remote command.
+pub fn ssh_server_address(ssh_connection: Option<&str>) -> Option<IpAddr> {
+    ssh_connection?.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// The address of this host on the way to `host` (the source address the kernel picks for
+/// it): where the front end of `--hosts` listens, so that the hosts can reach it.
+pub fn address_toward(host: &str) -> Result<IpAddr, AddressError> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let resolve = |source: std::io::Error| AddressError::Resolve {
+        name: host.to_string(),
+        source,
+    };
+    let to = (host, 22)
+        .to_socket_addrs()
+        .map_err(resolve)?
+        .next()
+        .ok_or_else(|| AddressError::NoAddress(host.to_string()))?;
+    let any: IpAddr = if to.is_ipv4() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    };
+    // A UDP socket's connect only chooses a route: nothing is sent.
+    let socket = UdpSocket::bind((any, 0)).map_err(resolve)?;
+    socket.connect(to).map_err(resolve)?;
+    Ok(socket.local_addr().map_err(resolve)?.ip())
+}
+
 /// The address of this host's name, for daemons the other nodes must reach: `bind` if
 /// given, else the first IPv4 address the name resolves to.
 pub fn own_address(bind: Option<IpAddr>) -> Result<IpAddr, AddressError> {
@@ -155,6 +204,20 @@ pub fn own_address(bind: Option<IpAddr>) -> Result<IpAddr, AddressError> {
 
 #[cfg(test)]
 mod tests {
+    /// Under ssh, an agent listens where ssh reached its host; without the variable, or
+    /// with one it cannot read, it does not guess from it.
+    #[test]
+    fn an_agent_under_ssh_listens_where_ssh_reached_it() {
+        assert_eq!(
+            super::ssh_server_address(Some("10.200.0.1 51234 10.200.0.3 22")),
+            Some("10.200.0.3".parse().unwrap())
+        );
+        assert_eq!(super::ssh_server_address(None), None);
+        assert_eq!(super::ssh_server_address(Some("garbage")), None);
+        // The route toward a loopback host starts on loopback.
+        assert!(super::address_toward("127.0.0.1").unwrap().is_loopback());
+    }
+
     /// Root (no limit) gets the default; a user gets what `ulimit -r` allows, up to it;
     /// without an allowance, the normal policy.
     #[test]

@@ -34,7 +34,8 @@ pub struct AgentReport {
     pub cpus: u32,
     /// Its own directory on the node (mode 0700): the instance's files go there.
     pub dir: PathBuf,
-    /// The allocator's step it runs in (`JOB.STEP`), which the front end ends at teardown.
+    /// The allocator's step it runs in (`JOB.STEP`), which the front end ends at teardown
+    /// (`ssh` when started through ssh).
     pub step: String,
     /// Its host's name (`gethostname`): a loopback address is of use only on the front end's.
     pub host: String,

@@ -291,6 +291,42 @@ impl Testbed {
         Ok(tb)
     }
 
+    /// Only the network of `opts`: the namespaces, the bridge and every address, with no
+    /// daemon, key or cluster file (for tests that bring their own daemons, such as sshd
+    /// for `storm start --hosts`, through [`Testbed::spawn_program`]).
+    pub fn network_only(opts: &TestbedOptions) -> Result<Self> {
+        std::fs::create_dir(&opts.dir)
+            .with_context(|| format!("creating {}", opts.dir.display()))?;
+        let config = make_config(opts)?;
+        let config_path = opts.dir.join("cluster.toml");
+        let mut tb = Testbed {
+            name: opts.name.clone(),
+            dir: opts.dir.clone(),
+            config,
+            config_path,
+            namespaces: Vec::new(),
+            daemons: Vec::new(),
+            children: Vec::new(),
+            delay_lines: Default::default(),
+            torn_down: false,
+            net: opts.net,
+        };
+        tb.build_network(opts.nodes)?;
+        Ok(tb)
+    }
+
+    /// Runs `program` with `args` in namespace `ns` as a daemon of the testbed (killed at
+    /// teardown), its standard error in `DIR/NAME.log`.
+    pub fn spawn_program(
+        &mut self,
+        ns: &str,
+        name: &str,
+        program: &Path,
+        args: &[String],
+    ) -> Result<()> {
+        self.spawn_path_in(ns, name, program, args)
+    }
+
     fn add_ns(&mut self, ns: String) -> Result<()> {
         ip(&["netns", "add", &ns])?;
         self.namespaces.push(ns.clone());
@@ -352,6 +388,10 @@ impl Testbed {
                 bin.display()
             );
         }
+        self.spawn_path_in(ns, name, &bin, args)
+    }
+
+    fn spawn_path_in(&mut self, ns: &str, name: &str, bin: &Path, args: &[String]) -> Result<()> {
         let log = self.dir.join(format!("{}.log", name.replace(' ', "-")));
         // Appended to: a restarted daemon keeps its predecessor's log.
         let log = std::fs::OpenOptions::new()
@@ -365,7 +405,7 @@ impl Testbed {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{ns}"))
             .arg("--")
-            .arg(&bin)
+            .arg(bin)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

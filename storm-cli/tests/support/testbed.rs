@@ -107,7 +107,7 @@ pub fn up_with_limits(
 }
 
 /// What [`up`] builds, for a test to change before [`up_options`].
-fn options(nodes: u32, work: &Path) -> TestbedOptions {
+pub fn options(nodes: u32, work: &Path) -> TestbedOptions {
     TestbedOptions {
         name: unique_name(),
         nodes,
