@@ -132,3 +132,54 @@ fn a_job_that_no_node_can_hold_is_refused_with_what_is_missing() {
         .expect("storm-submit runs");
     assert!(ok.status.success(), "{}", support::text(&ok.stderr));
 }
+
+/// In a user's own instance (`storm start --local`, every daemon the user's), the node
+/// managers keep no cgroups, so `--mem` cannot be enforced: the job still runs, and the user
+/// is told so on its standard error, once per node, naming the node and why. A job without
+/// `--mem` hears nothing.
+#[test]
+fn a_mem_limit_a_private_instance_cannot_keep_is_said_and_the_job_runs() {
+    use std::os::unix::process::CommandExt;
+    let test = "a_mem_limit_a_private_instance_cannot_keep_is_said_and_the_job_runs";
+    if !support::root_or_say(test) {
+        return;
+    }
+    support::ensure_all_binaries();
+    let user = "storm-ua";
+    if nix::unistd::User::from_name(user).ok().flatten().is_none() {
+        let made = std::process::Command::new("useradd")
+            .args(["--create-home", "--shell", "/bin/sh", user])
+            .status()
+            .expect("useradd");
+        assert!(made.success());
+    }
+    let u = nix::unistd::User::from_name(user).unwrap().unwrap();
+    let bin = support::bin_dir();
+    let submit = bin.join("storm-submit").display().to_string();
+    let script = format!("{submit} -N 2 -n 4 --mem 64M echo hi && {submit} -N 2 echo plain");
+    let mut cmd = std::process::Command::new(bin.join("storm"));
+    cmd.args(["start", "--local", "2", "--", "sh", "-c", &script])
+        .current_dir("/tmp")
+        .env("STORM_BIN_DIR", &bin)
+        .env_remove("STORM_CONFIG")
+        .env_remove("STORM_SOCKET")
+        .uid(u.uid.as_raw())
+        .gid(u.gid.as_raw());
+    let out = support::output_within(cmd, Duration::from_secs(120)).expect("ended in time");
+    let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.matches("hi").count(), 4, "every rank ran: {stdout}");
+    assert_eq!(stdout.matches("plain").count(), 2, "{stdout}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("--mem is not enforced"))
+        .collect();
+    assert_eq!(said.len(), 2, "once per node: {stderr}");
+    for node in ["node0", "node1"] {
+        assert!(
+            said.iter()
+                .any(|l| l.contains(&format!("node {node}:")) && l.contains("keeps no cgroups")),
+            "{node} named, and why: {said:?}"
+        );
+    }
+}

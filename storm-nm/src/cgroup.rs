@@ -78,6 +78,21 @@ fn mounts() -> Vec<(String, PathBuf)> {
     out
 }
 
+/// A job's group, made.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// The `cgroup.procs` files a task of the job writes itself into.
+    pub procs: Vec<PathBuf>,
+    /// Why the job's `--mem` is not enforced here, where it is not.
+    pub unenforced: Option<String>,
+}
+
+/// Why job `job`'s memory limit is not enforced (logged; the text for the user).
+fn unenforced(job: JobId, why: &str) -> String {
+    tracing::warn!(job, "--mem not enforced: {why}");
+    format!("--mem is not enforced: {why}")
+}
+
 impl Cgroups {
     /// Finds the cgroup file systems `mode` allows, and makes this node's base directories
     /// (`storm/<cluster>/<node>`), removing what an earlier NM of this node left there (its
@@ -205,9 +220,10 @@ impl Cgroups {
     }
 
     /// Makes job `job`'s group if it is not there, confined to `mem` bytes if given (swap
-    /// included: a job over its memory is killed, not swapped); the `cgroup.procs` files a
-    /// task of it writes itself into.
-    pub fn prepare(&self, job: JobId, mem: Option<u64>) -> Result<Vec<PathBuf>, String> {
+    /// included: a job over its memory is killed, not swapped): the `cgroup.procs` files a
+    /// task of it writes itself into, and why `mem` is not enforced where it cannot be
+    /// (for the user: the job still runs, unconfined).
+    pub fn prepare(&self, job: JobId, mem: Option<u64>) -> Result<Prepared, String> {
         let dirs = self.job_dirs(job);
         for d in &dirs {
             match std::fs::create_dir(d) {
@@ -216,16 +232,21 @@ impl Cgroups {
                 Err(e) => return Err(format!("cannot make the job's cgroup {}: {e}", d.display())),
             }
         }
-        if let Some(bytes) = mem {
-            self.confine(job, bytes)?;
-        }
-        Ok(dirs.into_iter().map(|d| d.join("cgroup.procs")).collect())
+        let unenforced = match mem {
+            Some(bytes) => self.confine(job, bytes)?,
+            None => None,
+        };
+        Ok(Prepared {
+            procs: dirs.into_iter().map(|d| d.join("cgroup.procs")).collect(),
+            unenforced,
+        })
     }
 
     /// Caps job `job`'s group at `bytes` of memory, and as much memory and swap together.
     /// Without cgroups, or without the memory controller, the job runs unconfined: the MM
-    /// still places it by its memory, and the NM says so in its log.
-    fn confine(&self, job: JobId, bytes: u64) -> Result<(), String> {
+    /// still places it by its memory, and the NM says why (returned, for the user, and in
+    /// its log).
+    fn confine(&self, job: JobId, bytes: u64) -> Result<Option<String>, String> {
         let name = format!("job-{job}");
         let (limit, with_swap, swap_only) = match self {
             Cgroups::V1(list) => match list.iter().find(|(c, _)| *c == "memory") {
@@ -238,8 +259,10 @@ impl Cgroups {
                     )
                 }
                 None => {
-                    tracing::warn!(job, "--mem not enforced: no v1 memory hierarchy");
-                    return Ok(());
+                    return Ok(Some(unenforced(
+                        job,
+                        "no cgroup memory hierarchy is mounted",
+                    )));
                 }
             },
             Cgroups::V2(base) => {
@@ -247,13 +270,16 @@ impl Cgroups {
                 (d.join("memory.max"), None, Some(d.join("memory.swap.max")))
             }
             Cgroups::None => {
-                tracing::warn!(job, "--mem not enforced: this NM keeps no cgroups");
-                return Ok(());
+                return Ok(Some(unenforced(
+                    job,
+                    "this node manager keeps no cgroups (it is not root, or may write no cgroup \
+                     file system here)",
+                )));
             }
         };
         if !limit.exists() {
-            tracing::warn!(job, "--mem not enforced: {} is missing", limit.display());
-            return Ok(());
+            let why = format!("{} is missing", limit.display());
+            return Ok(Some(unenforced(job, &why)));
         }
         let write = |path: &Path, value: &str| {
             std::fs::write(path, value).map_err(|e| {
@@ -271,7 +297,7 @@ impl Cgroups {
         if let Some(p) = swap_only.filter(|p| p.exists()) {
             write(&p, "0")?;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Kills every process left in job `job`'s group, reads what the group used, and removes
@@ -498,7 +524,14 @@ mod tests {
     fn without_cgroups_nothing_is_made_or_known() {
         let g = Cgroups::None;
         assert!(g.job_dirs(3).is_empty());
-        assert_eq!(g.prepare(3, Some(1 << 20)).unwrap(), Vec::<PathBuf>::new());
+        let prepared = g.prepare(3, Some(1 << 20)).unwrap();
+        assert_eq!(prepared.procs, Vec::<PathBuf>::new());
+        assert!(
+            prepared
+                .unenforced
+                .is_some_and(|why| why.contains("keeps no cgroups")),
+            "a limit that cannot be kept is said"
+        );
         assert_eq!(g.end_job(3), JobUsage::default());
     }
 }

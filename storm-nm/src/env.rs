@@ -84,6 +84,9 @@ pub struct StartedTask {
     /// The write end of the task's standard input, for a task that reads the job's input
     /// (`TaskStart::stdin`) and has a pipe for it.
     pub input: Option<OwnedFd>,
+    /// What the user should know of how the task was started (a `--mem` not enforced
+    /// here), told on the job's standard error.
+    pub notice: Option<String>,
 }
 
 /// A runner's name for one of its tasks.

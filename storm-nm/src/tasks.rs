@@ -235,7 +235,8 @@ impl TaskRunner for PlRunner {
     }
 
     fn start(&mut self, task: TaskStart<'_>) -> Result<StartedTask, String> {
-        let cgroups = self.cgroups.prepare(task.job, task.mem)?;
+        let prepared = self.cgroups.prepare(task.job, task.mem)?;
+        let cgroups = prepared.procs;
         let Some(slot) = self.table.claim() else {
             return Err("too many tasks on this node".into());
         };
@@ -308,6 +309,7 @@ impl TaskRunner for PlRunner {
                 (Stream::Stderr, Box::new(stderr)),
             ],
             input: stdin_w,
+            notice: prepared.unenforced,
         })
     }
 

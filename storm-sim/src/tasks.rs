@@ -257,8 +257,9 @@ impl TaskRunner for SimTasks {
         Ok(StartedTask {
             id,
             output,
-            // Simulated tasks read no input.
+            // Simulated tasks read no input, and have every limit kept.
             input: None,
+            notice: None,
         })
     }
 

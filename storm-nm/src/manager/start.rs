@@ -152,6 +152,13 @@ impl<E: NmEnv> NodeManager<E> {
                 if let Some(pipe) = started.input {
                     self.env.output().feed(spec.job, rank, pipe);
                 }
+                // Once per node, on its first rank's standard error.
+                if let Some(notice) = started.notice.filter(|_| local == 0) {
+                    let text = format!("storm: node {name}: {notice}\n");
+                    self.env
+                        .output()
+                        .tell(spec.job, rank, Stream::Notice, &text, &output);
+                }
                 LocalRank {
                     rank,
                     task: Some(started.id),
