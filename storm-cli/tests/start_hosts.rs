@@ -142,6 +142,20 @@ impl Site {
     /// `storm start --hosts HOSTS ARGS` as the user, from the MM's namespace (a login
     /// node beside the hosts), within `limit`.
     fn start(&self, who: (u32, u32), hosts: &str, args: &[&str], limit: Duration) -> Output {
+        self.start_in(who, hosts, args, limit, None)
+    }
+
+    /// [`Site::start`], the front end's `TMPDIR` (its instance directory, the MM's socket)
+    /// a file system of its own at `private` if given: as on a cluster whose login node's
+    /// /tmp no compute node sees.
+    fn start_in(
+        &self,
+        who: (u32, u32),
+        hosts: &str,
+        args: &[&str],
+        limit: Duration,
+        private: Option<&Path>,
+    ) -> Output {
         let ssh = format!(
             "ssh -F /dev/null -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
              -o LogLevel=ERROR -o ConnectTimeout=5",
@@ -149,7 +163,18 @@ impl Site {
         );
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{}", self.tb.mm_ns()))
-            .args(["--", "setpriv"])
+            .arg("--");
+        if let Some(dir) = private {
+            cmd.args(["unshare", "--mount", "--propagation", "private", "--"])
+                .args([
+                    "sh",
+                    "-c",
+                    r#"mount -t tmpfs -o mode=1777 tmpfs "$0" && exec "$@""#,
+                ])
+                .arg(dir)
+                .env("TMPDIR", dir);
+        }
+        cmd.arg("setpriv")
             .arg(format!("--reuid={}", who.0))
             .arg(format!("--regid={}", who.1))
             .args(["--clear-groups", "--"])
@@ -325,6 +350,64 @@ fn an_unreachable_host_is_named_and_the_others_leave_nothing() {
             "the node agent on {unreachable} ended with code 255"
         )) && stderr.contains(&format!("ssh {unreachable} true")),
         "names the host and ssh: {stderr}"
+    );
+    let (procs, dirs) = left_by(who.0);
+    assert!(procs.is_empty(), "the user's processes left: {procs:?}");
+    assert!(dirs.is_empty(), "the instance's directories left: {dirs:?}");
+}
+
+/// A batch job's steps, on the hosts, reach the instance's MM through their node's control
+/// relay: the MM's socket is only in the front end's own file system (a tmpfs in its mount
+/// namespace, as a login node's /tmp that no compute node sees). The script's step runs on
+/// both of its nodes and its code is 0.
+#[test]
+fn a_batch_scripts_steps_reach_the_instance_from_its_nodes() {
+    let test = "a_batch_scripts_steps_reach_the_instance_from_its_nodes";
+    if !can_run(test) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let who = user();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let site = site(2, work.path(), who);
+    let private = work.path().join("front-tmp");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let script = support::script(
+        work.path(),
+        "steps.sh",
+        &format!(
+            "#!/bin/sh\n{} -N 2 -l sh -c 'echo \"step on $STORM_NODEID\"'\necho \"step rc=$?\"\n",
+            bin_dir().join("storm-submit").display()
+        ),
+    );
+    let out_file = work.path().join("user").join("steps.out");
+    let hosts = format!("{},{}", node_addr(0), node_addr(1));
+    let out = site.start_in(
+        who,
+        &hosts,
+        &[
+            bin_dir().join("storm").to_str().unwrap(),
+            "batch",
+            "-W",
+            "-N",
+            "2",
+            "-o",
+            out_file.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+        Some(&private),
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let written = std::fs::read_to_string(&out_file).unwrap_or_default();
+    assert!(
+        written.contains("0: step on 0")
+            && written.contains("1: step on 1")
+            && written.contains("step rc=0"),
+        "the step ran on both nodes: {written}\n{stderr}"
     );
     let (procs, dirs) = left_by(who.0);
     assert!(procs.is_empty(), "the user's processes left: {procs:?}");

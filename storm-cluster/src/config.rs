@@ -216,6 +216,9 @@ impl ClusterConfig {
             let named = file.take().unwrap_or_else(|| PathBuf::from(default));
             *file = Some(dir.join(named));
         }
+        // A relative relay socket is beside the file too (each node of a private instance
+        // has its own copy of the file, in its own directory).
+        cfg.relay.socket = dir.join(&cfg.relay.socket);
         for p in &mut cfg.peers {
             p.key_file = dir.join(&p.key_file);
             p.guest_file = p.guest_file.as_ref().map(|f| dir.join(f));

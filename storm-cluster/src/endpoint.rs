@@ -192,8 +192,9 @@ pub fn start_group(
     .map_err(|e| e.to_string())
 }
 
-/// The tcp listener of a node at `addr`: bound here, or inherited.
-fn listener(listen: Listen, addr: std::net::SocketAddr) -> Result<TcpListener, String> {
+/// The tcp listener of a daemon at `addr`: bound here, or inherited (`--listen-fd`, made
+/// close-on-exec).
+pub fn listener(listen: Listen, addr: std::net::SocketAddr) -> Result<TcpListener, String> {
     match listen {
         Listen::Fd(fd) => {
             // Check the descriptor is open before taking ownership of it.

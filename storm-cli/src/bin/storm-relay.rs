@@ -37,6 +37,10 @@ struct Args {
     /// host's name): take local users' connections on `[relay] socket`.
     #[arg(long)]
     node: Option<String>,
+    /// With --manager: listen on this inherited, bound socket instead of binding `[relay]
+    /// address` (its address must be the one the cluster file gives).
+    #[arg(long, requires = "manager", value_name = "FD")]
+    listen_fd: Option<i32>,
 }
 
 fn main() -> ExitCode {
@@ -56,7 +60,11 @@ fn run() -> Result<()> {
             .map(|r| config.manager_by_name(r))
             .transpose()
             .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
-        return storm_cli::relay::manager::serve(config, beside);
+        let listen = args
+            .listen_fd
+            .map(storm_cluster::endpoint::Listen::Fd)
+            .unwrap_or(storm_cluster::endpoint::Listen::Configured);
+        return storm_cli::relay::manager::serve(config, beside, listen);
     }
     let node = config
         .this_node(args.node.as_deref())

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Seek, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -28,6 +28,7 @@ use storm_cluster::ClusterConfig;
 use storm_cluster::accept_gate::{AcceptGate, Place};
 use storm_cluster::control::{self, ConnectionCounts, Reply, Request};
 use storm_cluster::daemon_dir::DaemonDir;
+use storm_cluster::endpoint::Listen;
 use storm_cluster::identity::Enrolled;
 use storm_cluster::messages::ProgramStamp;
 use storm_primitives::NodeId;
@@ -74,7 +75,10 @@ struct ManagerRelay {
 /// index). It then listens on that replica's `relay_address` and carries users only to that
 /// replica's control socket: while the replica does not lead (it does not listen), a node
 /// relay is told so ([`Opened::NoManager`]) and tries the next replica's relay.
-pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
+///
+/// `listen`: bind that address, or take an inherited listening socket (`--listen-fd`: a
+/// private instance binds a free port itself and writes it into its cluster file).
+pub fn serve(cfg: ClusterConfig, beside: Option<usize>, listen: Listen) -> Result<()> {
     let (addr, control_sockets, state_dir) = match beside {
         None => {
             if cfg.managers.iter().any(|m| m.relay_address.is_some()) {
@@ -106,8 +110,8 @@ pub fn serve(cfg: ClusterConfig, beside: Option<usize>) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("the directory for relayed programs: {e}"))?;
     let key = cfg.load_key()?;
     let enrolled = cfg.load_enrolled().map_err(anyhow::Error::msg)?;
-    let listener = TcpListener::bind(addr)
-        .with_context(|| format!("cannot listen on [relay] address {addr}"))?;
+    let listener = storm_cluster::endpoint::listener(listen, addr)
+        .map_err(|e| anyhow::anyhow!("[relay] address: {e}"))?;
     let relay = Arc::new(ManagerRelay {
         addr,
         key,

@@ -1,12 +1,12 @@
 //! `storm agent`: one node of a private instance, started by `storm start` through the
-//! allocator's step launcher (one task per node) or through ssh (`--hosts`). It binds the node manager's listening
-//! socket, tells the front end where it is and where its directory is ([`AgentReport`] on
-//! standard output), takes the instance's files from standard input ([`Bundle`]), writes
-//! them into its own directory (mode 0700, made here for this instance), and runs
-//! `storm-nm` there with that socket. When its standard input ends (the front end's
-//! teardown closes it, and so does the front end's death) or the step is signalled (the
-//! allocation's end: SIGTERM, SIGINT or SIGHUP) it stops the node manager and removes the
-//! directory.
+//! allocator's step launcher (one task per node) or through ssh (`--hosts`). It binds the
+//! node manager's listening socket, tells the front end where it is and where its directory
+//! is ([`AgentReport`] on standard output), takes the instance's files from standard input
+//! ([`Bundle`]), writes them into its own directory (mode 0700, made here for this
+//! instance), and runs `storm-nm` there with that socket, and the node side of the control
+//! relay beside it. When its standard input ends (the front end's teardown closes it, and
+//! so does the front end's death) or the step is signalled (the allocation's end: SIGTERM,
+//! SIGINT or SIGHUP) it stops the node manager and the relay and removes the directory.
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpListener;
@@ -130,6 +130,23 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         &notify_path,
     )?;
     drop(listener);
+    // The node side of the control relay: the jobs' tasks here (a batch script's steps)
+    // reach the MM through it (`STORM_SOCKET`).
+    let relay_log = dir.path().join("relay.log");
+    let mut relay = crate::local::spawn_daemon(
+        &format!("storm-relay {name}"),
+        &crate::local::bin_dir()?.join("storm-relay"),
+        &[
+            "--config".into(),
+            dir.path().join("cluster.toml").display().to_string(),
+            "--node".into(),
+            name.clone(),
+        ],
+        None,
+        &relay_log,
+        None,
+        &notify_path,
+    )?;
     let code = loop {
         if let Some(status) = nm.child.try_wait()? {
             if !status.success() {
@@ -140,12 +157,21 @@ pub fn run(args: AgentArgs) -> Result<i32> {
             }
             break status.code().unwrap_or(1);
         }
+        if let Ok(Some(status)) = relay.child.try_wait() {
+            eprintln!(
+                "storm agent: node {name}: storm-relay ended ({status}):\n{}",
+                crate::local::tail(&relay_log)
+            );
+            stop_child(&mut nm.child, Duration::from_secs(3));
+            break 1;
+        }
         if stop.load(Ordering::Relaxed) {
             stop_child(&mut nm.child, Duration::from_secs(3));
             break 0;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    stop_child(&mut relay.child, Duration::from_secs(3));
     drop(dir);
     Ok(code)
 }

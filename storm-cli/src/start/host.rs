@@ -89,6 +89,9 @@ struct Front {
     signals: Arc<AtomicUsize>,
     mm: Option<Daemon>,
     mm_listener: Option<TcpListener>,
+    /// The manager side of the control relay: its listener until it runs, then it.
+    relay_listener: Option<TcpListener>,
+    relay: Option<Daemon>,
     command: Option<Child>,
     config_path: PathBuf,
     _notify: Option<UnixDatagram>,
@@ -110,6 +113,7 @@ impl Front {
             _ => super::own_address(args.bind)?,
         };
         let mm_listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
+        let relay_listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
         let storm = std::env::current_exe().context("locating storm")?;
         let (tx, inputs) = crossbeam_channel::unbounded();
         let agents = if args.hosts.is_some() {
@@ -139,6 +143,8 @@ impl Front {
             signals,
             mm: None,
             mm_listener: Some(mm_listener),
+            relay_listener: Some(relay_listener),
+            relay: None,
             command: None,
             config_path,
             _notify: None,
@@ -217,6 +223,7 @@ impl Front {
     fn configure(&mut self, reports: &[AgentReport]) -> Result<()> {
         let dir = self.dir.path();
         let listener = self.mm_listener.take().context("configured twice")?;
+        let relay_listener = self.relay_listener.take().context("configured twice")?;
         let suffix = dir
             .file_name()
             .and_then(|n| n.to_str())
@@ -241,6 +248,8 @@ impl Front {
                 daemon_rt_priority: rt,
                 ..Default::default()
             },
+            relay: relay_listener.local_addr()?,
+            uid: nix::unistd::getuid().as_raw(),
         };
         let config = instance_config(&spec, reports);
         if rt == 0 && self.args.policy == storm_cluster::config::PolicyKind::Gang {
@@ -275,6 +284,20 @@ impl Front {
             None,
             &notify_path,
         )?);
+        // Jobs' tasks reach the MM through their node's relay, which connects to this one.
+        self.relay = Some(spawn_daemon(
+            "storm-relay",
+            &bin_dir()?.join("storm-relay"),
+            &[
+                "--manager".into(),
+                "--config".into(),
+                self.config_path.display().to_string(),
+            ],
+            Some(&relay_listener),
+            &dir.join("relay.log"),
+            None,
+            &notify_path,
+        )?);
         Ok(())
     }
 
@@ -298,8 +321,9 @@ impl Front {
         // The agents end at the end of their input: each stops its node manager and removes
         // its directory. One that does not is ended by its launcher.
         self.agents.stop();
-        if let Some(mut mm) = self.mm.take() {
-            super::agent::stop_child(&mut mm.child, Duration::from_secs(5));
+        for daemon in [self.relay.take(), self.mm.take()].into_iter().flatten() {
+            let mut child = daemon.child;
+            super::agent::stop_child(&mut child, Duration::from_secs(5));
         }
     }
 }

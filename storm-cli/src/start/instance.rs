@@ -1,13 +1,14 @@
 //! The cluster file of a private instance (`storm start`), from its agents' reports: one
 //! node per agent, at the address its agent bound, its spool in the agent's own directory;
-//! the MM where the front end runs, its socket and state in the front end's directory; key
+//! the MM where the front end runs, its socket and state in the front end's directory, the
+//! manager side of the control relay beside it and a node relay in each agent's directory; key
 //! files named relative to the cluster file, so that the same file serves the front end and
 //! every agent, each with the keys beside it. Pure: paths and addresses come in.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use storm_cluster::config::{ClusterConfig, ClusterSection, MmSection, NodeEntry};
+use storm_cluster::config::{ClusterConfig, ClusterSection, MmSection, NodeEntry, RelaySection};
 
 use super::report::AgentReport;
 
@@ -23,7 +24,15 @@ pub struct InstanceSpec<'a> {
     pub timeslice_ms: f64,
     /// Policy, MPL, and the daemons' real-time priority.
     pub scheduler: storm_cluster::config::SchedulerSection,
+    /// Where the manager side of the control relay listens (beside the MM): jobs' tasks on
+    /// every node reach the MM through their node's relay.
+    pub relay: SocketAddr,
+    /// The user the instance is (and serves).
+    pub uid: u32,
 }
+
+/// Each node's relay socket, relative to the cluster file: in the node's own directory.
+pub const RELAY_SOCKET: &str = "relay.sock";
 
 /// The spool of the node whose agent wrote `report`.
 pub fn spool_of(report: &AgentReport) -> PathBuf {
@@ -64,7 +73,13 @@ pub fn instance_config(spec: &InstanceSpec<'_>, reports: &[AgentReport]) -> Clus
         scheduler: spec.scheduler.clone(),
         failure: Default::default(),
         history: Default::default(),
-        relay: Default::default(),
+        relay: RelaySection {
+            address: Some(spec.relay),
+            socket: RELAY_SOCKET.into(),
+            // The user's own relays carry the user; root only where root is the user.
+            root_from_nodes: spec.uid == 0,
+            min_uid: spec.uid,
+        },
         mm: MmSection { address: spec.mm },
         replication: Default::default(),
         monitoring: Default::default(),
@@ -102,6 +117,8 @@ mod tests {
             mm: "127.0.0.1:4999".parse().unwrap(),
             timeslice_ms: 1.0,
             scheduler: Default::default(),
+            relay: "127.0.0.1:4998".parse().unwrap(),
+            uid: 1001,
         };
         let cfg = instance_config(&spec, &reports);
         assert_eq!(cfg.nodes.len(), 3);
@@ -111,5 +128,11 @@ mod tests {
         let text = cfg.to_toml();
         let back = ClusterConfig::parse(&text).expect("a valid cluster file");
         assert_eq!(back.nodes[1].address, reports[1].address);
+        assert!(
+            back.relay.socket.is_relative(),
+            "each node's relay in its own directory"
+        );
+        assert_eq!(back.relay.min_uid, 1001);
+        assert!(!back.relay.root_from_nodes);
     }
 }

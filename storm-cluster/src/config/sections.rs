@@ -607,7 +607,8 @@ pub struct RelaySection {
     /// Where the manager side listens; no relay when absent.
     pub address: Option<SocketAddr>,
     /// The node side's Unix socket, which jobs' tasks get as `STORM_SOCKET`; `{node}` stands
-    /// for the node's name (for clusters whose nodes share one file system).
+    /// for the node's name (for clusters whose nodes share one file system). A relative path
+    /// is relative to the cluster file's directory.
     pub socket: PathBuf,
     /// Whether root on a node (and the MM's own user there) acts as an operator of the
     /// whole cluster through the relay. Off by default: root of one node is then an ordinary

@@ -336,3 +336,25 @@ fn mistakes_are_named() {
     let e = ClusterConfig::load(Path::new("/nonexistent/storm.toml")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/storm.toml"), "{e}");
 }
+
+/// A relative `[relay] socket` (and the key files) mean paths beside the cluster file, so one
+/// file copied into each node's own directory names each node's own socket; an absolute one
+/// stays as written.
+#[test]
+fn a_relative_relay_socket_is_beside_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.toml");
+    let text = format!(
+        "{SMALL}\n[relay]\naddress = \"127.0.0.1:7100\"\nsocket = \"relay/{{node}}.sock\"\n"
+    );
+    std::fs::write(&path, &text).unwrap();
+    let cfg = ClusterConfig::load(&path).unwrap();
+    assert_eq!(cfg.relay.socket_of("a"), dir.path().join("relay/a.sock"));
+    std::fs::write(
+        &path,
+        text.replace("relay/{node}.sock", "/run/x/{node}.sock"),
+    )
+    .unwrap();
+    let cfg = ClusterConfig::load(&path).unwrap();
+    assert_eq!(cfg.relay.socket_of("b"), Path::new("/run/x/b.sock"));
+}
