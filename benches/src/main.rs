@@ -20,12 +20,14 @@
 //!   with each figure's growth per 8× nodes.
 
 mod baseline;
+mod fabric;
 mod failover;
 mod faults;
 mod federation;
 mod fuzz;
 mod gang;
 mod hpcc;
+mod instance_report;
 mod launch;
 mod lending;
 mod links;
@@ -331,6 +333,67 @@ enum Command {
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+    },
+    /// Inside an instance (`storm start -- storm-bench fabric`): the primitives between its
+    /// nodes on storm's tcp fabric and on every libfabric provider here that reaches other
+    /// hosts, in OSU's and perftest's columns, beside fi_pingpong in the same run.
+    Fabric {
+        /// Fabrics: `tcp` and `ofi:PROVIDER`, comma-separated (default: every one present).
+        #[arg(long, value_name = "LIST")]
+        fabrics: Option<String>,
+        /// Nodes of the measuring job (latency and bandwidth between the first two; a
+        /// broadcast to the others).
+        #[arg(long, default_value_t = 2)]
+        nodes: u32,
+        /// Transfer sizes (K, M suffixes are powers of 1024).
+        #[arg(long, default_value = "8,64,1K,8K,64K,1M", value_parser = report::parse_sizes)]
+        sizes: std::vec::Vec<usize>,
+        /// Measured round trips per size (after a tenth as many to warm up).
+        #[arg(long, default_value_t = 1000)]
+        iterations: u32,
+        /// Transfers in flight in the bandwidth test (osu_bw's window).
+        #[arg(long, default_value_t = 64)]
+        window: u32,
+        /// Do not run fi_pingpong beside each libfabric provider.
+        #[arg(long)]
+        no_fabtests: bool,
+        /// Also write the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Also write the results to this JSON file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also draw latency and bandwidth against size into this PNG file.
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
+    },
+    /// One rank of `storm-bench fabric`'s measuring job (not for users).
+    #[command(hide = true)]
+    FabricRank {
+        #[arg(long, value_parser = fabric::Fabric::parse)]
+        fabric: Option<fabric::Fabric>,
+        #[arg(long)]
+        pingpong: Option<String>,
+        #[arg(long, value_parser = report::parse_sizes)]
+        sizes: std::vec::Vec<usize>,
+        #[arg(long)]
+        iterations: u32,
+        #[arg(long)]
+        window: u32,
+    },
+    /// Inside an instance (`storm start -- storm-bench report --out DIR`): the whole report
+    /// for a fresh allocation: the primitives on every fabric (`fabric`), and launch against
+    /// node count beside srun where Slurm gave the nodes, as tables, CSV, JSON and PNG.
+    Report {
+        /// Where the report goes (made if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Measured round trips per size.
+        #[arg(long, default_value_t = 1000)]
+        iterations: u32,
+        /// Measured launches per node count.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
     },
     /// Gang scheduling: quantum sweep (Fig. 3), MPL sweep (Fig. 5), CPU per switch, skew.
     Gang {
@@ -758,6 +821,64 @@ fn main() -> Result<()> {
             println!("{}", startup::run(&args, &mut out)?.render());
             out.write_if_asked(csv.as_deref())?;
         }
+        Command::Fabric {
+            fabrics,
+            nodes,
+            sizes,
+            iterations,
+            window,
+            no_fabtests,
+            csv,
+            json,
+            plot,
+        } => {
+            let fabrics = match fabrics {
+                Some(list) => list
+                    .split(',')
+                    .map(fabric::Fabric::parse)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(anyhow::Error::msg)?,
+                None => fabric::fabrics_present(),
+            };
+            let args = fabric::FabricArgs {
+                fabrics,
+                nodes,
+                sizes,
+                iterations,
+                window,
+                fabtests: !no_fabtests,
+            };
+            let mut out = report::Csv::new(fabric::CSV_HEADER);
+            let bin = storm_cli::local::bin_dir()?;
+            let (tables, figures) = fabric::run(&args, &bin, &mut out)?;
+            for table in tables {
+                println!("{}", table.render());
+            }
+            out.write_if_asked(csv.as_deref())?;
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&figures)?)?;
+                eprintln!("wrote {}", path.display());
+            }
+            plot_if_asked(plot.as_deref(), plot::fabric(&figures))?;
+        }
+        Command::FabricRank {
+            fabric,
+            pingpong,
+            sizes,
+            iterations,
+            window,
+        } => fabric::rank(&fabric::RankArgs {
+            fabric,
+            pingpong,
+            sizes,
+            iterations,
+            window,
+        })?,
+        Command::Report {
+            out,
+            iterations,
+            runs,
+        } => instance_report::run(&out, iterations, runs.max(1))?,
         Command::Start { runs, inner, csv } => {
             let bin = storm_cli::local::bin_dir()?;
             if inner {

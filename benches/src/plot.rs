@@ -310,6 +310,59 @@ pub fn faults(csv: &Csv) -> Vec<Panel> {
     panels
 }
 
+/// `storm-bench fabric`: latency and bandwidth against size for each fabric, with
+/// fi_pingpong's latency beside its provider's (dashed).
+pub fn fabric(figures: &[crate::fabric::Figure]) -> Vec<Panel> {
+    let mut fabrics: Vec<&str> = Vec::new();
+    for f in figures {
+        if f.test != "fi_pingpong" && !fabrics.contains(&f.fabric.as_str()) {
+            fabrics.push(&f.fabric);
+        }
+    }
+    let points = |fabric: &str, test: &str, y: fn(&crate::fabric::Figure) -> f64| {
+        figures
+            .iter()
+            .filter(|f| f.fabric == fabric && f.test == test)
+            .map(|f| (f.size as f64, y(f)))
+            .collect::<Vec<_>>()
+    };
+    let mut latency = Vec::new();
+    let mut bandwidth = Vec::new();
+    for (i, fabric) in fabrics.iter().enumerate() {
+        latency.push(Series::line(*fabric, points(fabric, "latency", |f| f.median_us)).colored(i));
+        if let Some(provider) = fabric.strip_prefix("ofi:") {
+            let pp = points(&format!("fi_pingpong:{provider}"), "fi_pingpong", |f| {
+                f.median_us
+            });
+            if !pp.is_empty() {
+                latency.push(Series::reference(format!("fi_pingpong {provider}"), pp).colored(i));
+            }
+        }
+        bandwidth
+            .push(Series::line(*fabric, points(fabric, "bandwidth", |f| f.mb_per_s)).colored(i));
+    }
+    let panel = |title: &str, y: &str, series| Panel {
+        title: title.into(),
+        x_label: "bytes".into(),
+        y_label: y.into(),
+        x_scale: Scale::Log(2.0),
+        y_scale: Scale::Log(10.0),
+        series,
+    };
+    vec![
+        panel(
+            "XFER-AND-SIGNAL latency between two nodes (one way, median)",
+            "us",
+            latency,
+        ),
+        panel(
+            "XFER-AND-SIGNAL bandwidth between two nodes",
+            "MB/s",
+            bandwidth,
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

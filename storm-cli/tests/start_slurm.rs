@@ -367,6 +367,89 @@ fn storm_bench_start_measures_an_instance_beside_srun() {
     assert_eq!(settled(who.0), Vec::new());
 }
 
+/// The harness's whole report for a fresh allocation, in one command, as the user: `salloc
+/// -N 4 storm start -- storm-bench report --out DIR`. DIR holds the primitives on storm's
+/// tcp fabric and on every libfabric provider the harness found (latency, bandwidth,
+/// COMPARE-AND-WRITE, broadcast to the other 3 nodes), fi_pingpong beside each provider,
+/// launch at 1, 2 and 4 nodes beside srun, as CSV, JSON and a PNG; every figure a positive
+/// number; nothing of the user's left after.
+#[test]
+fn storm_bench_report_writes_the_whole_report_of_an_allocation() {
+    let _one = one_at_a_time();
+    let test = "start_slurm: storm-bench report";
+    if !can_run(test) {
+        return;
+    }
+    let who = user("storm-ua");
+    let work = support::shared_tempdir();
+    let dir = work.path().join("report");
+    let mut cmd = Command::new("salloc");
+    cmd.args(["-N", "4", "--quiet"])
+        .arg(bin_dir().join("storm"))
+        .args(["start", "--"])
+        .arg(bin_dir().join("storm-bench"))
+        .args(["report", "--iterations", "50", "--runs", "1", "--out"])
+        .arg(&dir)
+        .current_dir("/tmp")
+        .env("SLURM_CONF", slurm_conf())
+        .env("STORM_BIN_DIR", bin_dir())
+        .env_remove("STORM_CONFIG")
+        .uid(who.0)
+        .gid(who.1);
+    let out = support::output_within(cmd, Duration::from_secs(600)).expect("ended in time");
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    let csv = std::fs::read_to_string(dir.join("fabric.csv")).expect("fabric.csv");
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let has = |fabric: &str, test: &str| {
+        rows.iter()
+            .any(|r| r[0] == fabric && r[1] == test && r[6].parse::<f64>().is_ok_and(|v| v > 0.0))
+    };
+    for test in ["latency", "bandwidth", "compare_and_write", "broadcast"] {
+        assert!(has("tcp", test), "tcp {test}: {csv}");
+    }
+    // libfabric's tcp provider is here (libfabric1): storm over it, and fi_pingpong beside.
+    let libfabric = std::path::Path::new("/usr/bin/fi_pingpong").is_file();
+    if libfabric {
+        assert!(has("ofi:tcp;ofi_rxm", "latency"), "{csv}");
+        assert!(has("ofi:tcp;ofi_rxm", "broadcast"), "{csv}");
+        assert!(has("fi_pingpong:tcp;ofi_rxm", "fi_pingpong"), "{csv}");
+    }
+    let broadcast = rows.iter().find(|r| r[1] == "broadcast").unwrap();
+    assert_eq!(broadcast[2], "4", "to every other node of the 4: {csv}");
+    let json: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fabric.json")).unwrap())
+            .expect("fabric.json");
+    assert_eq!(json.len(), rows.len(), "the same figures in JSON and CSV");
+    let png = std::fs::read(dir.join("fabric.png")).expect("fabric.png");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let launch = std::fs::read_to_string(dir.join("launch.csv")).expect("launch.csv");
+    let counts: Vec<&str> = launch
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            assert!(
+                cells[1].parse::<f64>().is_ok_and(|v| v > 0.0)
+                    && cells[2].parse::<f64>().is_ok_and(|v| v > 0.0),
+                "storm and srun each timed: {l}"
+            );
+            cells[0]
+        })
+        .collect();
+    assert_eq!(counts, ["1", "2", "4"], "{launch}");
+    let report = std::fs::read_to_string(dir.join("report.txt")).expect("report.txt");
+    assert!(
+        report.contains("osu_latency") && report.contains("srun"),
+        "{report}"
+    );
+    assert_eq!(settled(who.0), Vec::new());
+}
+
 /// A second user on the same nodes reaches nothing of the first one's instance: not its
 /// control socket (its directory is the first user's alone), not its files, and a job
 /// submitted there by the first user is not the second's to cancel or see.

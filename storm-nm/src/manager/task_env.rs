@@ -48,6 +48,12 @@ impl<E: NmEnv> NodeManager<E> {
             ("STORM_SIZE", spec.ntasks.to_string()),
             ("STORM_NODEID", self.node.to_string()),
             ("STORM_NODENAME", name.clone()),
+            // The address the node is reached on (its NM's, in the cluster file): where a
+            // job's own processes on different nodes can meet (storm-bench fabric).
+            (
+                "STORM_NODE_ADDR",
+                self.cfg.nodes[self.node as usize].address.ip().to_string(),
+            ),
             ("STORM_LOCAL_RANK", local_rank.to_string()),
             ("STORM_LOCAL_SIZE", local_size.to_string()),
             ("STORM_NNODES", spec.nodes.len().to_string()),
