@@ -450,6 +450,76 @@ fn storm_bench_report_writes_the_whole_report_of_an_allocation() {
     assert_eq!(settled(who.0), Vec::new());
 }
 
+/// Monitoring and CPU binding in a user's instance, seen from outside: `storm nodes --json`
+/// lists the allocation's 4 nodes, each with a fresh sample of its CPUs and memory and its
+/// inventory (read from /proc, without root); and a job of 2 ranks on each of 2 nodes has
+/// each rank bound to one CPU of its own on its node (`Cpus_allowed_list`, read inside the
+/// ranks), as srun's task/affinity binds them.
+#[test]
+fn monitoring_and_cpu_binding_work_in_a_users_instance() {
+    let _one = one_at_a_time();
+    let test = "start_slurm: monitoring and binding";
+    if !can_run(test) {
+        return;
+    }
+    if storm_cli::local::host_cpus() < 2 {
+        support::say_not_tested(test, "binding two ranks per node needs two CPUs");
+        return;
+    }
+    let who = user("storm-ua");
+    let script = "sleep 3; storm nodes --json; echo ===; \
+                  storm-submit -N 2 -n 4 -l grep Cpus_allowed_list /proc/self/status";
+    let out = salloc_start(
+        who,
+        &[
+            "sh",
+            "-c",
+            &format!("PATH={}:$PATH; {script}", bin_dir().display()),
+        ],
+        Duration::from_secs(120),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let (json, bound) = stdout.split_once("===").expect("both parts");
+    let nodes: serde_json::Value = serde_json::from_str(json).expect("storm nodes --json");
+    let nodes = nodes["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 4, "{json}");
+    for n in nodes {
+        let records = &n["records"];
+        let sample = &records["sample"];
+        assert!(sample["mem_total"].as_u64().is_some_and(|m| m > 0), "{n}");
+        assert!(sample["cpus"].as_u64().is_some_and(|c| c > 0), "{n}");
+        assert!(
+            records["inventory"]["ram"].as_u64().is_some_and(|m| m > 0),
+            "{n}"
+        );
+        assert_eq!(records["stale"], serde_json::Value::Bool(false), "{n}");
+    }
+    // "0: Cpus_allowed_list:\t1": rank, then the list.
+    let mut cpus: Vec<(u32, String)> = bound
+        .lines()
+        .filter_map(|l| {
+            let (rank, rest) = l.split_once(':')?;
+            Some((
+                rank.trim().parse().ok()?,
+                rest.rsplit('\t').next()?.trim().to_string(),
+            ))
+        })
+        .collect();
+    cpus.sort();
+    assert_eq!(cpus.len(), 4, "{bound}");
+    for (rank, list) in &cpus {
+        assert!(
+            list.parse::<u32>().is_ok(),
+            "rank {rank} bound to one CPU: {list:?}"
+        );
+    }
+    // Ranks 0-1 on the first node, 2-3 on the second: each pair on two CPUs.
+    assert_ne!(cpus[0].1, cpus[1].1, "{cpus:?}");
+    assert_ne!(cpus[2].1, cpus[3].1, "{cpus:?}");
+    assert_eq!(settled(who.0), Vec::new());
+}
+
 /// A second user on the same nodes reaches nothing of the first one's instance: not its
 /// control socket (its directory is the first user's alone), not its files, and a job
 /// submitted there by the first user is not the second's to cancel or see.
