@@ -454,97 +454,143 @@ pub fn rank(args: &RankArgs) -> Result<()> {
             Arc::new(node)
         }
     };
-    let label = fabric.label();
-    let say = |f: Figure| -> Result<()> {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{RESULT_TAG}{}", serde_json::to_string(&f)?)?;
-        out.flush()?;
-        Ok(())
+    let run = Run {
+        node,
+        bl,
+        me,
+        size,
+        label: fabric.label(),
+        n: args.iterations.max(1),
     };
-    let figure = |test: &str, nodes: u32, size: usize, n: u32, mut us: Vec<f64>, mbs: f64| {
+    for &bytes in &args.sizes {
+        pmi.barrier().map_err(pmi_err)?;
+        run.latency(bytes)?;
+    }
+    for &bytes in &args.sizes {
+        pmi.barrier().map_err(pmi_err)?;
+        run.bandwidth(bytes, args.window.max(1))?;
+    }
+    pmi.barrier().map_err(pmi_err)?;
+    run.compare_and_write()?;
+    if size > 2 {
+        for &bytes in &args.sizes {
+            pmi.barrier().map_err(pmi_err)?;
+            run.broadcast(bytes)?;
+        }
+    }
+    pmi.barrier().map_err(pmi_err)?;
+    pmi.finalize().map_err(pmi_err)?;
+    Ok(())
+}
+
+/// One rank's part in the measurements: rank 0 measures and prints, rank 1 answers, the
+/// others take part in the broadcast only. Every rank runs the same schedule.
+struct Run {
+    node: Arc<dyn Primitives>,
+    bl: crate::prims::BenchLayout,
+    me: u32,
+    size: u32,
+    label: String,
+    /// Measured operations per size (after a tenth as many to warm up).
+    n: u32,
+}
+
+impl Run {
+    fn warm(&self) -> u32 {
+        (self.n / 10).max(1)
+    }
+
+    /// XFER-AND-SIGNAL of `data` to `dest`, raising `arrived` there, until it is done.
+    fn send(&self, dest: &NodeSet, data: &Bytes) -> Result<()> {
+        let bl = &self.bl;
+        self.node.xfer_and_signal(
+            dest,
+            bl.data_offset,
+            data.clone(),
+            Some(bl.arrived),
+            Some(bl.done),
+        )?;
+        self.wait(bl.done)
+    }
+
+    /// The next signal of `ev` here (an error after 30 s: a peer is gone).
+    fn wait(&self, ev: storm_primitives::EventId) -> Result<()> {
+        match self
+            .node
+            .test_event(ev, Wait::Timeout(Duration::from_secs(30)))
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => bail!("no event in 30 s"),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Prints rank 0's figure for `test` from its samples (microseconds).
+    fn say(&self, test: &str, nodes: u32, size: usize, mut us: Vec<f64>, mbs: f64) -> Result<()> {
         us.sort_by(f64::total_cmp);
         let q = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
-        Figure {
-            fabric: label.clone(),
+        let f = Figure {
+            fabric: self.label.clone(),
             test: test.into(),
             nodes,
             size,
-            iterations: n,
+            iterations: us.len() as u32,
             min_us: us[0],
             median_us: q(0.5),
             mean_us: us.iter().sum::<f64>() / us.len() as f64,
             p99_us: q(0.99),
             max_us: us[us.len() - 1],
             mb_per_s: mbs,
-        }
-    };
-    let n = args.iterations.max(1);
-    let warm = (n / 10).max(1);
-    let one = NodeSet::single(1);
-    let zero = NodeSet::single(0);
-    let wait = |ev| -> Result<()> {
-        match node.test_event(ev, Wait::Timeout(Duration::from_secs(30))) {
-            Ok(true) => Ok(()),
-            Ok(false) => bail!("no event in 30 s"),
-            Err(e) => Err(e.into()),
-        }
-    };
-    // Latency: half a round trip of SIZE bytes each way.
-    for &size in &args.sizes {
-        pmi.barrier().map_err(pmi_err)?;
+        };
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{RESULT_TAG}{}", serde_json::to_string(&f)?)?;
+        out.flush()?;
+        Ok(())
+    }
+
+    /// Half a round trip of `size` bytes each way between ranks 0 and 1.
+    fn latency(&self, size: usize) -> Result<()> {
         let data = Bytes::from(vec![0x5a; size]);
-        let mut us = Vec::with_capacity(n as usize);
-        for i in 0..warm + n {
-            match me {
+        let mut us = Vec::with_capacity(self.n as usize);
+        for i in 0..self.warm() + self.n {
+            match self.me {
                 0 => {
                     let t = Instant::now();
-                    node.xfer_and_signal(
-                        &one,
-                        bl.data_offset,
-                        data.clone(),
-                        Some(bl.arrived),
-                        Some(bl.done),
-                    )?;
-                    wait(bl.done)?;
-                    wait(bl.arrived)?;
-                    if i >= warm {
+                    self.send(&NodeSet::single(1), &data)?;
+                    self.wait(self.bl.arrived)?;
+                    if i >= self.warm() {
                         us.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                     }
                 }
                 1 => {
-                    wait(bl.arrived)?;
-                    node.xfer_and_signal(
-                        &zero,
-                        bl.data_offset,
-                        data.clone(),
-                        Some(bl.arrived),
-                        Some(bl.done),
-                    )?;
-                    wait(bl.done)?;
+                    self.wait(self.bl.arrived)?;
+                    self.send(&NodeSet::single(0), &data)?;
                 }
-                _ => break,
+                _ => return Ok(()),
             }
         }
-        if me == 0 {
+        if self.me == 0 {
             let mbs = size as f64 / (us[us.len() / 2] * 1e-6) / 1e6;
-            say(figure("latency", 2, size, n, us, mbs))?;
+            self.say("latency", 2, size, us, mbs)?;
         }
+        Ok(())
     }
-    // Bandwidth: WINDOW transfers in flight, one small answer once all arrived.
-    let window = args.window.max(1);
-    let rounds = (n / window).max(4);
-    for &size in &args.sizes {
-        pmi.barrier().map_err(pmi_err)?;
+
+    /// `window` transfers of `size` bytes in flight to rank 1, which answers once all
+    /// arrived; rounds of that.
+    fn bandwidth(&self, size: usize, window: u32) -> Result<()> {
+        let bl = &self.bl;
         let data = Bytes::from(vec![0xa5; size]);
         let ack = Bytes::from_static(&[1u8; 8]);
+        let rounds = (self.n / window).max(4);
         let mut us = Vec::new();
         for r in 0..rounds + 1 {
-            match me {
+            match self.me {
                 0 => {
                     let t = Instant::now();
                     for _ in 0..window {
-                        node.xfer_and_signal(
-                            &one,
+                        self.node.xfer_and_signal(
+                            &NodeSet::single(1),
                             bl.data_offset,
                             data.clone(),
                             Some(bl.arrived),
@@ -552,82 +598,69 @@ pub fn rank(args: &RankArgs) -> Result<()> {
                         )?;
                     }
                     for _ in 0..window {
-                        wait(bl.done)?;
+                        self.wait(bl.done)?;
                     }
-                    wait(bl.arrived)?;
+                    self.wait(bl.arrived)?;
                     if r > 0 {
                         us.push(t.elapsed().as_secs_f64() * 1e6);
                     }
                 }
                 1 => {
                     for _ in 0..window {
-                        wait(bl.arrived)?;
+                        self.wait(bl.arrived)?;
                     }
-                    node.xfer_and_signal(
-                        &zero,
-                        bl.data_offset,
-                        ack.clone(),
-                        Some(bl.arrived),
-                        Some(bl.done),
-                    )?;
-                    wait(bl.done)?;
+                    self.send(&NodeSet::single(0), &ack)?;
                 }
-                _ => break,
+                _ => return Ok(()),
             }
         }
-        if me == 0 {
+        if self.me == 0 {
             let total: f64 = us.iter().sum();
-            let mbs = (size as f64 * window as f64 * us.len() as f64) / (total * 1e-6) / 1e6;
-            say(figure("bandwidth", 2, size, rounds * window, us, mbs))?;
+            let mbs = size as f64 * window as f64 * us.len() as f64 / (total * 1e-6) / 1e6;
+            self.say("bandwidth", 2, size, us, mbs)?;
         }
+        Ok(())
     }
-    // COMPARE-AND-WRITE on rank 1.
-    pmi.barrier().map_err(pmi_err)?;
-    if me == 0 {
-        let mut us = Vec::with_capacity(n as usize);
-        for i in 0..warm + n {
+
+    /// COMPARE-AND-WRITE of rank 1's variable, from rank 0.
+    fn compare_and_write(&self) -> Result<()> {
+        if self.me != 0 {
+            return Ok(());
+        }
+        let mut us = Vec::with_capacity(self.n as usize);
+        for i in 0..self.warm() + self.n {
             let t = Instant::now();
-            node.compare_and_write(&one, bl.var, Relation::Eq, 0, None)?;
-            if i >= warm {
+            self.node
+                .compare_and_write(&NodeSet::single(1), self.bl.var, Relation::Eq, 0, None)?;
+            if i >= self.warm() {
                 us.push(t.elapsed().as_secs_f64() * 1e6);
             }
         }
-        say(figure("compare_and_write", 2, 8, n, us, 0.0))?;
+        self.say("compare_and_write", 2, 8, us, 0.0)
     }
-    // Broadcast: to every other rank, until all have it.
-    if size > 2 {
-        let all: NodeSet = (1..size).collect();
-        for &bytes in &args.sizes {
-            pmi.barrier().map_err(pmi_err)?;
-            let data = Bytes::from(vec![0x3c; bytes]);
-            let mut us = Vec::with_capacity(n as usize);
-            for i in 0..warm + n {
-                if me == 0 {
-                    let t = Instant::now();
-                    node.xfer_and_signal(
-                        &all,
-                        bl.data_offset,
-                        data.clone(),
-                        Some(bl.arrived),
-                        Some(bl.done),
-                    )?;
-                    wait(bl.done)?;
-                    if i >= warm {
-                        us.push(t.elapsed().as_secs_f64() * 1e6);
-                    }
-                } else {
-                    wait(bl.arrived)?;
+
+    /// XFER-AND-SIGNAL of `size` bytes from rank 0 to every other rank, until all have it.
+    fn broadcast(&self, size: usize) -> Result<()> {
+        let all: NodeSet = (1..self.size).collect();
+        let data = Bytes::from(vec![0x3c; size]);
+        let mut us = Vec::with_capacity(self.n as usize);
+        for i in 0..self.warm() + self.n {
+            if self.me == 0 {
+                let t = Instant::now();
+                self.send(&all, &data)?;
+                if i >= self.warm() {
+                    us.push(t.elapsed().as_secs_f64() * 1e6);
                 }
-            }
-            if me == 0 {
-                let mbs = bytes as f64 / (us[us.len() / 2] * 1e-6) / 1e6;
-                say(figure("broadcast", size, bytes, n, us, mbs))?;
+            } else {
+                self.wait(self.bl.arrived)?;
             }
         }
+        if self.me == 0 {
+            let mbs = size as f64 / (us[us.len() / 2] * 1e-6) / 1e6;
+            self.say("broadcast", self.size, size, us, mbs)?;
+        }
+        Ok(())
     }
-    pmi.barrier().map_err(pmi_err)?;
-    pmi.finalize().map_err(pmi_err)?;
-    Ok(())
 }
 
 /// fi_pingpong between ranks 0 (client) and 1 (server) on `provider`, one run per size;
@@ -652,17 +685,7 @@ fn pingpong_rank(
         }
         let server = if me == 1 {
             Some(
-                pingpong(provider)
-                    .args([
-                        "-p",
-                        provider,
-                        "-e",
-                        "rdm",
-                        "-I",
-                        &n,
-                        "-S",
-                        &size.to_string(),
-                    ])
+                pingpong(provider, &n, size)
                     .args(["-B", &port])
                     .stdout(Stdio::null())
                     .spawn()
@@ -678,17 +701,7 @@ fn pingpong_rank(
             let mut us = None;
             // The server may not listen yet: a few tries.
             for _ in 0..20 {
-                let out = pingpong(provider)
-                    .args([
-                        "-p",
-                        provider,
-                        "-e",
-                        "rdm",
-                        "-I",
-                        &n,
-                        "-S",
-                        &size.to_string(),
-                    ])
+                let out = pingpong(provider, &n, size)
                     .args(["-P", &port, &server])
                     .output()
                     .context("running fi_pingpong")?;
@@ -725,10 +738,13 @@ fn pingpong_rank(
     Ok(())
 }
 
-/// fi_pingpong on `provider`, tuned as storm's ofi backend tunes it (the sockets
-/// provider's progress engine otherwise sleeps about 10 ms per operation).
-fn pingpong(provider: &str) -> Command {
+/// fi_pingpong on `provider`'s reliable datagrams, `iterations` messages of `size` bytes,
+/// tuned as storm's ofi backend tunes it (the sockets provider's progress engine otherwise
+/// sleeps about 10 ms per operation).
+fn pingpong(provider: &str, iterations: &str, size: usize) -> Command {
     let mut cmd = Command::new("fi_pingpong");
+    cmd.args(["-p", provider, "-e", "rdm", "-I", iterations])
+        .args(["-S", &size.to_string()]);
     if provider == "sockets" {
         cmd.env("FI_SOCKETS_PE_WAITTIME", "0");
     }

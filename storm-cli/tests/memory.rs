@@ -145,15 +145,7 @@ fn a_mem_limit_a_private_instance_cannot_keep_is_said_and_the_job_runs() {
         return;
     }
     support::ensure_all_binaries();
-    let user = "storm-ua";
-    if nix::unistd::User::from_name(user).ok().flatten().is_none() {
-        let made = std::process::Command::new("useradd")
-            .args(["--create-home", "--shell", "/bin/sh", user])
-            .status()
-            .expect("useradd");
-        assert!(made.success());
-    }
-    let u = nix::unistd::User::from_name(user).unwrap().unwrap();
+    let (uid, gid) = support::test_user("storm-ua");
     let bin = support::bin_dir();
     let submit = bin.join("storm-submit").display().to_string();
     let script = format!("{submit} -N 2 -n 4 --mem 64M echo hi && {submit} -N 2 echo plain");
@@ -163,8 +155,8 @@ fn a_mem_limit_a_private_instance_cannot_keep_is_said_and_the_job_runs() {
         .env("STORM_BIN_DIR", &bin)
         .env_remove("STORM_CONFIG")
         .env_remove("STORM_SOCKET")
-        .uid(u.uid.as_raw())
-        .gid(u.gid.as_raw());
+        .uid(uid)
+        .gid(gid);
     let out = support::output_within(cmd, Duration::from_secs(120)).expect("ended in time");
     let (stdout, stderr) = (support::text(&out.stdout), support::text(&out.stderr));
     assert!(out.status.success(), "{stderr}");

@@ -45,20 +45,13 @@ fn can_run(test: &str) -> bool {
 /// locked password (`!`), which sshd without PAM reads as a locked account; `*` is no
 /// password at all, not a lock.
 fn user() -> (u32, u32) {
-    if nix::unistd::User::from_name(USER).ok().flatten().is_none() {
-        let made = Command::new("useradd")
-            .args(["--create-home", "--shell", "/bin/sh", USER])
-            .status()
-            .expect("useradd");
-        assert!(made.success(), "useradd {USER}");
-    }
+    let who = support::test_user(USER);
     let unlocked = Command::new("usermod")
         .args(["-p", "*", USER])
         .status()
         .expect("usermod");
     assert!(unlocked.success());
-    let u = nix::unistd::User::from_name(USER).unwrap().unwrap();
-    (u.uid.as_raw(), u.gid.as_raw())
+    who
 }
 
 /// A network of `hosts` namespaces under `work`, each running sshd on port 22 of its
@@ -189,52 +182,43 @@ impl Site {
     }
 }
 
-/// The processes of `uid` now (pid, name), zombies aside.
-fn processes_of(uid: u32) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let owner = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next()?.parse::<u32>().ok());
-        let name = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Name:\t"))
-            .unwrap_or("")
-            .to_string();
-        if owner == Some(uid) && !status.contains("State:\tZ") {
-            found.push((pid, name));
-        }
-    }
-    found
-}
-
 /// What `uid` left after sshd reaped its sessions (a moment after the last ssh ended):
 /// its processes, and storm's directories of its in the temporary directory.
 fn left_by(uid: u32) -> (Vec<(u32, String)>, Vec<PathBuf>) {
     for _ in 0..100 {
-        if processes_of(uid).is_empty() {
+        if support::processes_of(uid).is_empty() {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let dirs = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("storm-start-") || n.starts_with("storm-agent-")
-        })
-        .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
-        .map(|e| e.path())
-        .collect();
-    (processes_of(uid), dirs)
+    (support::processes_of(uid), support::start_leftovers_of(uid))
+}
+
+/// What each test starts from: its turn, the user, a work directory others may enter, and a
+/// site of hosts in it.
+struct Setup {
+    _one: std::sync::MutexGuard<'static, ()>,
+    who: (u32, u32),
+    work: tempfile::TempDir,
+    site: Site,
+}
+
+/// A [`Setup`] with `hosts` hosts; `None` (said why) where the test cannot run here.
+fn setup(test: &str, hosts: u32) -> Option<Setup> {
+    if !can_run(test) {
+        return None;
+    }
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let who = user();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let site = site(hosts, work.path(), who);
+    Some(Setup {
+        _one: one,
+        who,
+        work,
+        site,
+    })
 }
 
 /// The network namespace a rank reports (`readlink /proc/self/ns/net`: `net:[INODE]`) for
@@ -253,14 +237,15 @@ fn namespace_of(tb: &Testbed, i: u32) -> String {
 #[test]
 fn a_user_starts_an_instance_over_ssh_on_a_host_list_and_it_leaves_nothing() {
     let test = "a_user_starts_an_instance_over_ssh_on_a_host_list_and_it_leaves_nothing";
-    if !can_run(test) {
+    let Some(Setup {
+        _one,
+        who,
+        work,
+        site,
+    }) = setup(test, 4)
+    else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let who = user();
-    let work = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let site = site(4, work.path(), who);
+    };
     let script = support::script(
         work.path(),
         "where.sh",
@@ -321,14 +306,15 @@ fn a_user_starts_an_instance_over_ssh_on_a_host_list_and_it_leaves_nothing() {
 #[test]
 fn an_unreachable_host_is_named_and_the_others_leave_nothing() {
     let test = "an_unreachable_host_is_named_and_the_others_leave_nothing";
-    if !can_run(test) {
+    let Some(Setup {
+        _one,
+        who,
+        work,
+        site,
+    }) = setup(test, 2)
+    else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let who = user();
-    let work = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let site = site(2, work.path(), who);
+    };
     // A host file: the second line an address no namespace has.
     let hosts = work.path().join("hosts");
     std::fs::write(
@@ -363,14 +349,15 @@ fn an_unreachable_host_is_named_and_the_others_leave_nothing() {
 #[test]
 fn a_batch_scripts_steps_reach_the_instance_from_its_nodes() {
     let test = "a_batch_scripts_steps_reach_the_instance_from_its_nodes";
-    if !can_run(test) {
+    let Some(Setup {
+        _one,
+        who,
+        work,
+        site,
+    }) = setup(test, 2)
+    else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let who = user();
-    let work = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let site = site(2, work.path(), who);
+    };
     let private = work.path().join("front-tmp");
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o1777)).unwrap();

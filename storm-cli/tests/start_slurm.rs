@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use support::mpi::{pmix_program, sorted_lines};
-use support::{bin_dir, text};
+use support::{bin_dir, processes_of, start_leftovers_of as leftovers_of, test_user as user, text};
 
 /// The file `.ci/slurm-up` writes.
 const CI_SLURM_CONF: &str = "/run/storm-ci-slurm/slurm.conf";
@@ -55,19 +55,6 @@ fn can_run(test: &str) -> bool {
     true
 }
 
-/// A user of this host made for the tests (`useradd`), with its uid and gid.
-fn user(name: &str) -> (u32, u32) {
-    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
-        let made = Command::new("useradd")
-            .args(["--create-home", "--shell", "/bin/sh", name])
-            .status()
-            .expect("useradd");
-        assert!(made.success(), "useradd {name}");
-    }
-    let u = nix::unistd::User::from_name(name).unwrap().unwrap();
-    (u.uid.as_raw(), u.gid.as_raw())
-}
-
 /// `salloc -N 4 storm start -- ARGS` as `who`, in /tmp, within `limit`.
 fn salloc_start(who: (u32, u32), args: &[&str], limit: Duration) -> Output {
     let mut cmd = Command::new("salloc");
@@ -83,47 +70,6 @@ fn salloc_start(who: (u32, u32), args: &[&str], limit: Duration) -> Output {
         .uid(who.0)
         .gid(who.1);
     support::output_within(cmd, limit).expect("salloc storm start ended in time")
-}
-
-/// The processes of uid `uid` now: (pid, command name).
-fn processes_of(uid: u32) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let owner = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next()?.parse::<u32>().ok());
-        let name = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Name:\t"))
-            .unwrap_or("")
-            .to_string();
-        if owner == Some(uid) && !status.contains("State:\tZ") {
-            found.push((pid, name));
-        }
-    }
-    found
-}
-
-/// What of `uid`'s is left in the temporary directory: storm's instance directories.
-fn leftovers_of(uid: u32) -> Vec<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("storm-start-") || n.starts_with("storm-agent-")
-        })
-        .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
-        .map(|e| e.path())
-        .collect()
 }
 
 /// Waits (a little) until `uid` has no process left: Slurm reaps a step's tasks
@@ -383,20 +329,21 @@ fn storm_bench_report_writes_the_whole_report_of_an_allocation() {
     let who = user("storm-ua");
     let work = support::shared_tempdir();
     let dir = work.path().join("report");
-    let mut cmd = Command::new("salloc");
-    cmd.args(["-N", "4", "--quiet"])
-        .arg(bin_dir().join("storm"))
-        .args(["start", "--"])
-        .arg(bin_dir().join("storm-bench"))
-        .args(["report", "--iterations", "50", "--runs", "1", "--out"])
-        .arg(&dir)
-        .current_dir("/tmp")
-        .env("SLURM_CONF", slurm_conf())
-        .env("STORM_BIN_DIR", bin_dir())
-        .env_remove("STORM_CONFIG")
-        .uid(who.0)
-        .gid(who.1);
-    let out = support::output_within(cmd, Duration::from_secs(600)).expect("ended in time");
+    let bench = bin_dir().join("storm-bench");
+    let out = salloc_start(
+        who,
+        &[
+            bench.to_str().unwrap(),
+            "report",
+            "--iterations",
+            "50",
+            "--runs",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        Duration::from_secs(600),
+    );
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{said}");
     let csv = std::fs::read_to_string(dir.join("fabric.csv")).expect("fabric.csv");

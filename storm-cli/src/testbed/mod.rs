@@ -250,18 +250,7 @@ impl Testbed {
         storm_cluster::key::generate(&opts.dir.join(storm_cluster::key::DEFAULT_NAME))?;
         let names: Vec<&str> = config.nodes.iter().map(|n| n.name.as_str()).collect();
         storm_cluster::identity::generate_for_one_host(&opts.dir, &names)?;
-        let mut tb = Testbed {
-            name: opts.name.clone(),
-            dir: opts.dir.clone(),
-            config,
-            config_path,
-            namespaces: Vec::new(),
-            daemons: Vec::new(),
-            children: Vec::new(),
-            delay_lines: Default::default(),
-            torn_down: false,
-            net: opts.net,
-        };
+        let mut tb = Testbed::empty(opts, config, config_path);
         // On any error below, dropping `tb` removes what was made so far.
         tb.build_network(opts.nodes)?;
         tb.start_daemons()?;
@@ -297,9 +286,14 @@ impl Testbed {
     pub fn network_only(opts: &TestbedOptions) -> Result<Self> {
         std::fs::create_dir(&opts.dir)
             .with_context(|| format!("creating {}", opts.dir.display()))?;
-        let config = make_config(opts)?;
-        let config_path = opts.dir.join("cluster.toml");
-        let mut tb = Testbed {
+        let mut tb = Testbed::empty(opts, make_config(opts)?, opts.dir.join("cluster.toml"));
+        tb.build_network(opts.nodes)?;
+        Ok(tb)
+    }
+
+    /// A testbed of `opts` with nothing made yet.
+    fn empty(opts: &TestbedOptions, config: ClusterConfig, config_path: PathBuf) -> Self {
+        Testbed {
             name: opts.name.clone(),
             dir: opts.dir.clone(),
             config,
@@ -310,9 +304,7 @@ impl Testbed {
             delay_lines: Default::default(),
             torn_down: false,
             net: opts.net,
-        };
-        tb.build_network(opts.nodes)?;
-        Ok(tb)
+        }
     }
 
     /// Runs `program` with `args` in namespace `ns` as a daemon of the testbed (killed at

@@ -546,3 +546,59 @@ pub fn exporter(c: &TestCluster, args: &[&str]) -> (std::process::Child, Result<
         .ok_or(first);
     (child, addr)
 }
+
+/// A user of this host made for the tests (`useradd`, a home and /bin/sh), with its uid and
+/// gid.
+pub fn test_user(name: &str) -> (u32, u32) {
+    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
+        let made = Command::new("useradd")
+            .args(["--create-home", "--shell", "/bin/sh", name])
+            .status()
+            .expect("useradd");
+        assert!(made.success(), "useradd {name}");
+    }
+    let u = nix::unistd::User::from_name(name).unwrap().unwrap();
+    (u.uid.as_raw(), u.gid.as_raw())
+}
+
+/// The processes of uid `uid` now: (pid, command name), zombies aside.
+pub fn processes_of(uid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let owner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next()?.parse::<u32>().ok());
+        let name = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:\t"))
+            .unwrap_or("")
+            .to_string();
+        if owner == Some(uid) && !status.contains("State:\tZ") {
+            found.push((pid, name));
+        }
+    }
+    found
+}
+
+/// What of `uid`'s is left in the temporary directory: `storm start`'s instance and agent
+/// directories.
+pub fn start_leftovers_of(uid: u32) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("storm-start-") || n.starts_with("storm-agent-")
+        })
+        .filter(|e| e.metadata().is_ok_and(|m| m.uid() == uid))
+        .map(|e| e.path())
+        .collect()
+}
