@@ -241,7 +241,7 @@ impl Front {
             timeslice_ms: self
                 .args
                 .timeslice_ms
-                .unwrap_or_else(|| super::default_quantum_ms(rt)),
+                .unwrap_or_else(|| super::default_quantum_ms(rt, self.args.policy)),
             scheduler: storm_cluster::config::SchedulerSection {
                 policy: self.args.policy,
                 mpl: self.args.mpl,
@@ -342,7 +342,7 @@ fn run_local(args: &StartArgs, nodes: u32) -> Result<i32> {
     let mut opts = crate::local::LocalOptions::new(nodes);
     opts.timeslice_ms = args
         .timeslice_ms
-        .unwrap_or_else(|| super::default_quantum_ms(rt));
+        .unwrap_or_else(|| super::default_quantum_ms(rt, args.policy));
     opts.scheduler.policy = args.policy;
     opts.scheduler.mpl = args.mpl;
     opts.scheduler.daemon_rt_priority = rt;
