@@ -7,6 +7,10 @@
 //!   ... up to the instance's nodes, beside `srun --overlap -N K true` in the same run where
 //!   Slurm gave the nodes: `launch.txt`, `launch.csv`, `launch.json`.
 //!
+//! * the heartbeat at the instance's size: the MM's own histogram of heartbeat round trips
+//!   (issued to delivered on every node, `storm metrics`) over 5 idle seconds, and the
+//!   heartbeats any node missed: `heartbeat.txt`, `heartbeat.json`.
+//!
 //! Everything printed is also in `report.txt`.
 
 use std::path::Path;
@@ -56,6 +60,96 @@ fn median_run(runs: usize, mut cmd: impl FnMut() -> Command) -> Result<f64> {
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// The heartbeat figures between two snapshots of the MM's metrics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Heartbeats {
+    pub count: u64,
+    pub mean_s: f64,
+    /// The upper bound of the histogram bucket holding the median, and the 99th percentile.
+    pub p50_le_s: f64,
+    pub p99_le_s: f64,
+    pub missed: u64,
+}
+
+/// The cumulative buckets (upper bound, count), sum, count and missed total of the
+/// heartbeat metrics in Prometheus text.
+fn heartbeat_metrics(text: &str) -> (Vec<(f64, u64)>, f64, u64, u64) {
+    let mut buckets = Vec::new();
+    let (mut sum, mut count, mut missed) = (0.0, 0, 0);
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value = value.trim();
+        if let Some(le) = name
+            .strip_prefix("storm_heartbeat_round_trip_seconds_bucket{le=\"")
+            .and_then(|r| r.strip_suffix("\"}"))
+        {
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::NAN)
+            };
+            if let Ok(n) = value.parse::<f64>() {
+                buckets.push((le, n as u64));
+            }
+        } else if name == "storm_heartbeat_round_trip_seconds_sum" {
+            sum = value.parse().unwrap_or(0.0);
+        } else if name == "storm_heartbeat_round_trip_seconds_count" {
+            count = value.parse::<f64>().unwrap_or(0.0) as u64;
+        } else if name == "storm_heartbeats_missed_total" {
+            missed = value.parse::<f64>().unwrap_or(0.0) as u64;
+        }
+    }
+    (buckets, sum, count, missed)
+}
+
+/// What happened between metrics snapshots `before` and `after`; `None` without heartbeats.
+pub fn heartbeats_between(before: &str, after: &str) -> Option<Heartbeats> {
+    let (b0, s0, c0, m0) = heartbeat_metrics(before);
+    let (b1, s1, c1, m1) = heartbeat_metrics(after);
+    let count = c1.checked_sub(c0)?;
+    if count == 0 {
+        return None;
+    }
+    let delta: Vec<(f64, u64)> = b1
+        .iter()
+        .map(|&(le, n)| {
+            let was = b0.iter().find(|(l, _)| *l == le).map_or(0, |(_, n)| *n);
+            (le, n.saturating_sub(was))
+        })
+        .collect();
+    let quantile = |q: f64| {
+        let want = (count as f64 * q).ceil() as u64;
+        delta
+            .iter()
+            .find(|(_, n)| *n >= want.max(1))
+            .map_or(f64::INFINITY, |(le, _)| *le)
+    };
+    Some(Heartbeats {
+        count,
+        mean_s: (s1 - s0) / count as f64,
+        p50_le_s: quantile(0.5),
+        p99_le_s: quantile(0.99),
+        missed: m1.saturating_sub(m0),
+    })
+}
+
+/// `storm metrics` of the instance, as text.
+fn metrics(bin: &Path) -> Result<String> {
+    let out = Command::new(bin.join("storm"))
+        .arg("metrics")
+        .output()
+        .context("running storm metrics")?;
+    if !out.status.success() {
+        bail!(
+            "storm metrics failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[derive(Serialize)]
@@ -162,6 +256,34 @@ pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
         dir.join("launch.json"),
         serde_json::to_string_pretty(&launch_json)?,
     )?;
+    // The heartbeat over idle seconds, at the instance's size.
+    let before = metrics(&bin)?;
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let after = metrics(&bin)?;
+    let beats =
+        heartbeats_between(&before, &after).context("the MM counted no heartbeat in 5 s")?;
+    let mut hb = Table::new(
+        format!(
+            "# heartbeat to all {nodes} nodes over 5 idle seconds (the MM's histogram: issued \
+             to delivered everywhere; p50 and p99 as the upper bounds of their buckets)"
+        ),
+        &["heartbeats", "mean", "p50 <=", "p99 <=", "missed"],
+    );
+    hb.push(vec![
+        beats.count.to_string(),
+        crate::stats::fmt_time(beats.mean_s),
+        crate::stats::fmt_time(beats.p50_le_s),
+        crate::stats::fmt_time(beats.p99_le_s),
+        beats.missed.to_string(),
+    ]);
+    let mut hb_text = String::new();
+    say(&hb, &mut hb_text);
+    std::fs::write(dir.join("heartbeat.txt"), &hb_text)?;
+    std::fs::write(
+        dir.join("heartbeat.json"),
+        serde_json::to_string_pretty(&beats)?,
+    )?;
+    text.push_str(&hb_text);
     std::fs::write(dir.join("report.txt"), text)?;
     eprintln!("wrote the report into {}", dir.display());
     Ok(())
@@ -169,6 +291,35 @@ pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// Two snapshots of the MM's metrics as `storm metrics` prints them: the heartbeats
+    /// between them, their mean, the buckets of their median and 99th percentile, and the
+    /// misses.
+    #[test]
+    fn heartbeats_are_read_between_two_snapshots_of_the_metrics() {
+        let snap = |b: [u64; 3], sum: f64, count: u64, missed: u64| {
+            format!(
+                "# TYPE storm_heartbeat_round_trip_seconds histogram\n\
+                 storm_heartbeat_round_trip_seconds_bucket{{le=\"0.0001\"}} {}\n\
+                 storm_heartbeat_round_trip_seconds_bucket{{le=\"0.0002\"}} {}\n\
+                 storm_heartbeat_round_trip_seconds_bucket{{le=\"+Inf\"}} {}\n\
+                 storm_heartbeat_round_trip_seconds_sum {sum}\n\
+                 storm_heartbeat_round_trip_seconds_count {count}\n\
+                 storm_heartbeats_missed_total {missed}\n",
+                b[0], b[1], b[2]
+            )
+        };
+        let before = snap([10, 10, 10], 0.001, 10, 1);
+        // 100 more: 90 under 100 us, 9 under 200 us, 1 above.
+        let after = snap([100, 109, 110], 0.001 + 0.012, 110, 3);
+        let h = super::heartbeats_between(&before, &after).unwrap();
+        assert_eq!(h.count, 100);
+        assert!((h.mean_s - 0.00012).abs() < 1e-9, "{h:?}");
+        assert_eq!(h.p50_le_s, 0.0001);
+        assert_eq!(h.p99_le_s, 0.0002);
+        assert_eq!(h.missed, 2);
+        assert_eq!(super::heartbeats_between(&after, &after), None);
+    }
+
     #[test]
     fn launch_is_measured_at_powers_of_two_and_at_every_node() {
         assert_eq!(super::node_counts(4), [1, 2, 4]);

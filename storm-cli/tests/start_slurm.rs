@@ -389,6 +389,14 @@ fn storm_bench_report_writes_the_whole_report_of_an_allocation() {
         })
         .collect();
     assert_eq!(counts, ["1", "2", "4"], "{launch}");
+    let beats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("heartbeat.json")).unwrap())
+            .expect("heartbeat.json");
+    assert!(
+        beats["count"].as_u64().is_some_and(|c| c > 0)
+            && beats["mean_s"].as_f64().is_some_and(|m| m > 0.0),
+        "heartbeats counted over the idle seconds: {beats}"
+    );
     let report = std::fs::read_to_string(dir.join("report.txt")).expect("report.txt");
     assert!(
         report.contains("osu_latency") && report.contains("srun"),

@@ -36,13 +36,6 @@ pub fn run(args: StartArgs) -> Result<i32> {
     if let Some(n) = args.local {
         return run_local(&args, n);
     }
-    // `srun -N K storm start`: every task of the step runs this; the first is the front end
-    // (it starts the agents itself, in a step of their own), the others have nothing to do.
-    if std::env::var_os("SLURM_STEP_ID").is_some()
-        && std::env::var("SLURM_PROCID").is_ok_and(|r| r != "0")
-    {
-        return Ok(0);
-    }
     if let Some(source) = &args.hosts {
         let path = std::path::Path::new(source);
         let file = if path.is_file() {
@@ -55,6 +48,13 @@ pub fn run(args: StartArgs) -> Result<i32> {
         };
         let alloc = allocation::from_hosts(source, file.as_deref())?;
         return Front::start(args, alloc)?.run();
+    }
+    // `srun -N K storm start`: every task of the step runs this; the first is the front end
+    // (it starts the agents itself, in a step of their own), the others have nothing to do.
+    if std::env::var_os("SLURM_STEP_ID").is_some()
+        && std::env::var("SLURM_PROCID").is_ok_and(|r| r != "0")
+    {
+        return Ok(0);
     }
     let alloc = allocation::from_slurm(|k| std::env::var(k).ok())?;
     Front::start(args, alloc)?.run()
