@@ -91,6 +91,73 @@ pub fn fabrics_present() -> Vec<Fabric> {
     out
 }
 
+/// `storm-bench fabric`'s options.
+#[derive(Debug, clap::Args)]
+pub struct FabricCli {
+    /// Fabrics: `tcp` and `ofi:PROVIDER`, comma-separated (default: every one present).
+    #[arg(long, value_name = "LIST")]
+    fabrics: Option<String>,
+    /// Nodes of the measuring job (latency and bandwidth between the first two; a
+    /// broadcast to the others).
+    #[arg(long, default_value_t = 2)]
+    nodes: u32,
+    /// Transfer sizes (K, M suffixes are powers of 1024).
+    #[arg(long, default_value = "8,64,1K,8K,64K,1M", value_parser = crate::report::parse_sizes)]
+    sizes: std::vec::Vec<usize>,
+    /// Measured round trips per size (after a tenth as many to warm up).
+    #[arg(long, default_value_t = 1000)]
+    iterations: u32,
+    /// Transfers in flight in the bandwidth test (osu_bw's window).
+    #[arg(long, default_value_t = 64)]
+    window: u32,
+    /// Do not run fi_pingpong beside each libfabric provider.
+    #[arg(long)]
+    no_fabtests: bool,
+    /// Also write the results to this CSV file.
+    #[arg(long)]
+    csv: Option<std::path::PathBuf>,
+    /// Also write the results to this JSON file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Also draw latency and bandwidth against size into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<std::path::PathBuf>,
+}
+
+impl FabricCli {
+    /// Measures, prints the tables, and writes what was asked for.
+    pub fn run(self) -> Result<()> {
+        let fabrics = match self.fabrics {
+            Some(list) => list
+                .split(',')
+                .map(Fabric::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(anyhow::Error::msg)?,
+            None => fabrics_present(),
+        };
+        let args = FabricArgs {
+            fabrics,
+            nodes: self.nodes,
+            sizes: self.sizes,
+            iterations: self.iterations,
+            window: self.window,
+            fabtests: !self.no_fabtests,
+        };
+        let mut out = Csv::new(CSV_HEADER);
+        let bin = storm_cli::local::bin_dir()?;
+        let (tables, figures) = run(&args, &bin, &mut out)?;
+        for table in tables {
+            println!("{}", table.render());
+        }
+        out.write_if_asked(self.csv.as_deref())?;
+        if let Some(path) = self.json {
+            std::fs::write(&path, serde_json::to_string_pretty(&figures)?)?;
+            eprintln!("wrote {}", path.display());
+        }
+        crate::plot_if_asked(self.plot.as_deref(), crate::plot::fabric(&figures))
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct FabricArgs {
@@ -354,14 +421,19 @@ fn tables(args: &FabricArgs, figures: &[Figure]) -> Vec<Table> {
 // The ranks
 // ---------------------------------------------------------------------------------------------
 
-/// What one rank of the measuring job does.
-#[derive(Debug, Clone)]
+/// What one rank of the measuring job does (the driver passes the same to every rank).
+#[derive(Debug, Clone, clap::Args)]
 pub struct RankArgs {
     /// The primitives on this fabric; or, with `pingpong`, fi_pingpong on that provider.
+    #[arg(long, value_parser = Fabric::parse)]
     pub fabric: Option<Fabric>,
+    #[arg(long)]
     pub pingpong: Option<String>,
-    pub sizes: Vec<usize>,
+    #[arg(long, value_parser = crate::report::parse_sizes)]
+    pub sizes: std::vec::Vec<usize>,
+    #[arg(long)]
     pub iterations: u32,
+    #[arg(long)]
     pub window: u32,
 }
 

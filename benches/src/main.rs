@@ -337,50 +337,10 @@ enum Command {
     /// Inside an instance (`storm start -- storm-bench fabric`): the primitives between its
     /// nodes on storm's tcp fabric and on every libfabric provider here that reaches other
     /// hosts, in OSU's and perftest's columns, beside fi_pingpong in the same run.
-    Fabric {
-        /// Fabrics: `tcp` and `ofi:PROVIDER`, comma-separated (default: every one present).
-        #[arg(long, value_name = "LIST")]
-        fabrics: Option<String>,
-        /// Nodes of the measuring job (latency and bandwidth between the first two; a
-        /// broadcast to the others).
-        #[arg(long, default_value_t = 2)]
-        nodes: u32,
-        /// Transfer sizes (K, M suffixes are powers of 1024).
-        #[arg(long, default_value = "8,64,1K,8K,64K,1M", value_parser = report::parse_sizes)]
-        sizes: std::vec::Vec<usize>,
-        /// Measured round trips per size (after a tenth as many to warm up).
-        #[arg(long, default_value_t = 1000)]
-        iterations: u32,
-        /// Transfers in flight in the bandwidth test (osu_bw's window).
-        #[arg(long, default_value_t = 64)]
-        window: u32,
-        /// Do not run fi_pingpong beside each libfabric provider.
-        #[arg(long)]
-        no_fabtests: bool,
-        /// Also write the results to this CSV file.
-        #[arg(long)]
-        csv: Option<PathBuf>,
-        /// Also write the results to this JSON file.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Also draw latency and bandwidth against size into this PNG file.
-        #[arg(long, value_name = "FILE.png")]
-        plot: Option<PathBuf>,
-    },
+    Fabric(fabric::FabricCli),
     /// One rank of `storm-bench fabric`'s measuring job (not for users).
     #[command(hide = true)]
-    FabricRank {
-        #[arg(long, value_parser = fabric::Fabric::parse)]
-        fabric: Option<fabric::Fabric>,
-        #[arg(long)]
-        pingpong: Option<String>,
-        #[arg(long, value_parser = report::parse_sizes)]
-        sizes: std::vec::Vec<usize>,
-        #[arg(long)]
-        iterations: u32,
-        #[arg(long)]
-        window: u32,
-    },
+    FabricRank(fabric::RankArgs),
     /// Inside an instance (`storm start -- storm-bench report --out DIR`): the whole report
     /// for a fresh allocation: the primitives on every fabric (`fabric`), and launch against
     /// node count beside srun where Slurm gave the nodes, as tables, CSV, JSON and PNG.
@@ -821,59 +781,8 @@ fn main() -> Result<()> {
             println!("{}", startup::run(&args, &mut out)?.render());
             out.write_if_asked(csv.as_deref())?;
         }
-        Command::Fabric {
-            fabrics,
-            nodes,
-            sizes,
-            iterations,
-            window,
-            no_fabtests,
-            csv,
-            json,
-            plot,
-        } => {
-            let fabrics = match fabrics {
-                Some(list) => list
-                    .split(',')
-                    .map(fabric::Fabric::parse)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(anyhow::Error::msg)?,
-                None => fabric::fabrics_present(),
-            };
-            let args = fabric::FabricArgs {
-                fabrics,
-                nodes,
-                sizes,
-                iterations,
-                window,
-                fabtests: !no_fabtests,
-            };
-            let mut out = report::Csv::new(fabric::CSV_HEADER);
-            let bin = storm_cli::local::bin_dir()?;
-            let (tables, figures) = fabric::run(&args, &bin, &mut out)?;
-            for table in tables {
-                println!("{}", table.render());
-            }
-            out.write_if_asked(csv.as_deref())?;
-            if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&figures)?)?;
-                eprintln!("wrote {}", path.display());
-            }
-            plot_if_asked(plot.as_deref(), plot::fabric(&figures))?;
-        }
-        Command::FabricRank {
-            fabric,
-            pingpong,
-            sizes,
-            iterations,
-            window,
-        } => fabric::rank(&fabric::RankArgs {
-            fabric,
-            pingpong,
-            sizes,
-            iterations,
-            window,
-        })?,
+        Command::Fabric(cli) => cli.run()?,
+        Command::FabricRank(args) => fabric::rank(&args)?,
         Command::Report {
             out,
             iterations,
@@ -1011,7 +920,10 @@ fn main() -> Result<()> {
 }
 
 /// Draws the figure if the user asked for one (`--plot`), and says where.
-fn plot_if_asked(path: Option<&std::path::Path>, panels: Vec<plot::Panel>) -> Result<()> {
+pub(crate) fn plot_if_asked(
+    path: Option<&std::path::Path>,
+    panels: Vec<plot::Panel>,
+) -> Result<()> {
     if let Some(path) = path {
         plot::draw(&panels, path)?;
         eprintln!("wrote {}", path.display());

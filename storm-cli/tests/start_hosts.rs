@@ -221,6 +221,13 @@ fn setup(test: &str, hosts: u32) -> Option<Setup> {
     })
 }
 
+/// Nothing of `uid`'s is left once sshd reaped its sessions: no process, no directory.
+fn assert_nothing_left(uid: u32) {
+    let (procs, dirs) = left_by(uid);
+    assert!(procs.is_empty(), "the user's processes left: {procs:?}");
+    assert!(dirs.is_empty(), "the instance's directories left: {dirs:?}");
+}
+
 /// The network namespace a rank reports (`readlink /proc/self/ns/net`: `net:[INODE]`) for
 /// host `i` of the site.
 fn namespace_of(tb: &Testbed, i: u32) -> String {
@@ -296,9 +303,7 @@ fn a_user_starts_an_instance_over_ssh_on_a_host_list_and_it_leaves_nothing() {
         );
         assert_eq!(*uid, who.0, "as the user");
     }
-    let (procs, dirs) = left_by(who.0);
-    assert!(procs.is_empty(), "the user's processes left: {procs:?}");
-    assert!(dirs.is_empty(), "the instance's directories left: {dirs:?}");
+    assert_nothing_left(who.0);
 }
 
 /// A host that cannot be reached ends the start with 1 and a message that names it and
@@ -337,9 +342,7 @@ fn an_unreachable_host_is_named_and_the_others_leave_nothing() {
         )) && stderr.contains(&format!("ssh {unreachable} true")),
         "names the host and ssh: {stderr}"
     );
-    let (procs, dirs) = left_by(who.0);
-    assert!(procs.is_empty(), "the user's processes left: {procs:?}");
-    assert!(dirs.is_empty(), "the instance's directories left: {dirs:?}");
+    assert_nothing_left(who.0);
 }
 
 /// A batch job's steps, on the hosts, reach the instance's MM through their node's control
@@ -396,7 +399,5 @@ fn a_batch_scripts_steps_reach_the_instance_from_its_nodes() {
             && written.contains("step rc=0"),
         "the step ran on both nodes: {written}\n{stderr}"
     );
-    let (procs, dirs) = left_by(who.0);
-    assert!(procs.is_empty(), "the user's processes left: {procs:?}");
-    assert!(dirs.is_empty(), "the instance's directories left: {dirs:?}");
+    assert_nothing_left(who.0);
 }
