@@ -64,13 +64,16 @@ impl<E: MmEnv> MachineManager<E> {
             .peers
             .iter()
             .find(|p| p.name == peer)
-            .ok_or_else(|| match self.cfg.peers.is_empty() {
-                true => format!(
-                    "{peer} is not a [[peer]] of this cluster, which has none: lending is between \
-                     clusters whose operators made them peers (a private instance of storm \
-                     start has no peers; docs/start.md)"
-                ),
-                false => format!("{peer} is not a [[peer]] of this cluster"),
+            .ok_or_else(|| {
+                if self.cfg.peers.is_empty() {
+                    format!(
+                        "{peer} is not a [[peer]] of this cluster, which has none: lending is \
+                         between clusters whose operators made them peers (a private instance \
+                         of storm start has no peers; docs/start.md)"
+                    )
+                } else {
+                    format!("{peer} is not a [[peer]] of this cluster")
+                }
             })?;
         if !entry.lend || entry.guest_file.is_none() || entry.flock_user.is_none() {
             return Err(format!(
