@@ -197,9 +197,12 @@ fn an_mpi_program_is_one_world_in_a_users_instance() {
     assert_eq!(settled(who.0), Vec::new());
 }
 
-/// `srun -N 4 storm start -- COMMAND`: every task of the step runs `storm start`; the
-/// first is the instance's front end and runs the command once, the others leave at once.
-/// The job's ranks answer once each, and nothing is left.
+/// `srun --mpi=M -N 4 storm start -- COMMAND` as a user: every task of the step runs `storm
+/// start`, and one instance runs the command once, with its exit code. The job's ranks
+/// answer once each; the allocation's steps, as squeue shows them from inside, are the
+/// user's own and, without PMI, the agents' step (its first task starts the agents itself)
+/// or, with Slurm's PMI (`pmi2`), none besides (the step's own tasks are the agents, met
+/// through PMI). Nothing is left.
 #[test]
 fn srun_storm_start_runs_one_instance_over_the_steps_nodes() {
     let _one = one_at_a_time();
@@ -209,33 +212,41 @@ fn srun_storm_start_runs_one_instance_over_the_steps_nodes() {
     }
     let who = user("storm-ua");
     let bins = bin_dir();
-    let mut cmd = Command::new("salloc");
-    cmd.args(["-N", "4", "--quiet", "srun", "-N", "4", "--quiet"])
-        .arg(bins.join("storm"))
-        .args(["start", "--"])
-        .arg(bins.join("storm-submit"))
-        .args(["-N", "4", "-l", "hostname"])
-        .current_dir("/tmp")
-        .env("SLURM_CONF", slurm_conf())
-        .env("STORM_BIN_DIR", &bins)
-        .env_remove("STORM_CONFIG")
-        .uid(who.0)
-        .gid(who.1);
-    let out = support::output_within(cmd, Duration::from_secs(120)).expect("ended in time");
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    let mut ranks: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.split_once(": "))
-        .map(|(r, _)| r)
-        .collect();
-    ranks.sort();
-    assert_eq!(
-        ranks,
-        ["0", "1", "2", "3"],
-        "one instance, one job: {stdout}"
-    );
-    assert_eq!(settled(who.0), Vec::new());
+    for (mpi, steps) in [("none", "storm,storm-agents"), ("pmi2", "storm")] {
+        let script = format!(
+            "{submit} -N 4 -l hostname; \
+             echo steps=$(squeue -h -s -j $SLURM_JOB_ID -o %j | sort | paste -sd, -); exit 3",
+            submit = bins.join("storm-submit").display()
+        );
+        let mut cmd = Command::new("salloc");
+        cmd.args(["-N", "4", "--quiet", "srun", "-N", "4", "--quiet"])
+            .arg(format!("--mpi={mpi}"))
+            .arg(bins.join("storm"))
+            .args(["start", "--", "sh", "-c", &script])
+            .current_dir("/tmp")
+            .env("SLURM_CONF", slurm_conf())
+            .env("STORM_BIN_DIR", &bins)
+            .env_remove("STORM_CONFIG")
+            .uid(who.0)
+            .gid(who.1);
+        let out = support::output_within(cmd, Duration::from_secs(120)).expect("ended in time");
+        let stdout = text(&out.stdout);
+        let all = format!("--mpi={mpi}: {stdout}{}", text(&out.stderr));
+        assert_eq!(out.status.code(), Some(3), "the command's code: {all}");
+        let mut ranks: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .map(|(r, _)| r)
+            .collect();
+        ranks.sort();
+        assert_eq!(ranks, ["0", "1", "2", "3"], "one instance, one job: {all}");
+        assert!(
+            stdout.contains(&format!("steps={steps}\n")),
+            "the allocation's steps: {all}"
+        );
+        assert_eq!(settled(who.0), Vec::new(), "{all}");
+        assert_eq!(leftovers_of(who.0), Vec::<PathBuf>::new(), "{all}");
+    }
 }
 
 /// `storm start --policy gang`: two 4-node jobs at once in the user's instance are gang

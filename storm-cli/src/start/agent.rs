@@ -1,15 +1,17 @@
 //! `storm agent`: one node of a private instance, started by `storm start` through the
-//! allocator's step launcher (one task per node) or through ssh (`--hosts`). It binds the
-//! node manager's listening socket, tells the front end where it is and where its directory
-//! is ([`AgentReport`] on standard output), takes the instance's files from standard input
-//! ([`Bundle`]), writes them into its own directory (mode 0700, made here for this
+//! allocator's step launcher (one task per node) or through ssh (`--hosts`), or one of the
+//! step's own tasks linked to the front end over TCP (`srun --mpi=pmi2 -N K storm start`:
+//! [`Link::Tcp`], [`super::link`]). It binds the node manager's listening socket, tells the
+//! front end where it is and where its directory is ([`AgentReport`] on standard output or
+//! the link), takes the instance's files from standard input or the link ([`Bundle`]),
+//! writes them into its own directory (mode 0700, made here for this
 //! instance), and runs `storm-nm` there with that socket, and the node side of the control
-//! relay beside it. When its standard input ends (the front end's teardown closes it, and
-//! so does the front end's death) or the step is signalled (the allocation's end: SIGTERM,
+//! relay beside it. When its input ends (the front end's teardown closes it, and so does the
+//! front end's death) or the step is signalled (the allocation's end: SIGTERM,
 //! SIGINT or SIGHUP) it stops the node manager and the relay and removes the directory.
 
-use std::io::{BufRead, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
@@ -21,34 +23,101 @@ use anyhow::{Context, Result};
 use super::AgentArgs;
 use super::report::{AgentReport, Bundle, MAX_LINE};
 
+/// Where an agent's report goes, and where its files and its end come from.
+pub enum Link {
+    /// Its standard output and input: srun's or ssh's.
+    Stdio,
+    /// A connection to the front end ([`super::link`]), its hello said.
+    Tcp(TcpStream),
+}
+
+/// Where an agent runs: its node in the instance and the address its node manager takes.
+pub struct Placement {
+    pub index: u32,
+    pub name: String,
+    /// The allocator's step (`JOB.STEP`), or `ssh`.
+    pub step: String,
+    pub ip: IpAddr,
+}
+
 /// Runs the agent until its node manager ends or the step is stopped; its exit code.
 pub fn run(args: AgentArgs) -> Result<i32> {
     let var = |k: &str| {
         std::env::var(k)
             .with_context(|| format!("{k} is not set (storm agent runs under storm start's srun)"))
     };
-    // Under ssh (`storm start --hosts`) the front end names the node; under srun, Slurm.
-    let (index, name, step, ip) = match (args.index, &args.node) {
+    // Under ssh (`storm start --hosts`) or beside the front end (`--front`) the front end
+    // names the node; under srun, Slurm.
+    let placement = match (args.index, &args.node) {
         (Some(index), Some(name)) => {
             let ssh = std::env::var("SSH_CONNECTION").ok();
             let ip = match args.bind.or(super::ssh_server_address(ssh.as_deref())) {
                 Some(ip) => ip,
                 None => super::own_address(None)?,
             };
-            (index, name.clone(), "ssh".to_string(), ip)
-        }
-        _ => {
-            let index: u32 = var("SLURM_NODEID")?
-                .parse()
-                .context("SLURM_NODEID is not a number")?;
-            let step = format!("{}.{}", var("SLURM_JOB_ID")?, var("SLURM_STEP_ID")?);
-            (
+            Placement {
                 index,
-                var("SLURMD_NODENAME")?,
-                step,
-                super::own_address(args.bind)?,
-            )
+                name: name.clone(),
+                step: slurm_step().unwrap_or_else(|| "ssh".into()),
+                ip,
+            }
         }
+        _ => Placement {
+            index: var("SLURM_NODEID")?
+                .parse()
+                .context("SLURM_NODEID is not a number")?,
+            name: var("SLURMD_NODENAME")?,
+            step: slurm_step().context("SLURM_JOB_ID or SLURM_STEP_ID is not set")?,
+            ip: super::own_address(args.bind)?,
+        },
+    };
+    let link = match args.front {
+        Some(front) => {
+            let token = std::env::var(super::linked::TOKEN_VAR)
+                .with_context(|| format!("{} is not set", super::linked::TOKEN_VAR))?;
+            let token = super::link::Token::parse(&token)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", super::linked::TOKEN_VAR))?;
+            connect(front, &token, placement.index)?
+        }
+        None => Link::Stdio,
+    };
+    serve(placement, link)
+}
+
+/// `JOB.STEP` of the Slurm step this process runs in, if it runs in one.
+pub fn slurm_step() -> Option<String> {
+    let job = std::env::var("SLURM_JOB_ID").ok()?;
+    let step = std::env::var("SLURM_STEP_ID").ok()?;
+    Some(format!("{job}.{step}"))
+}
+
+/// Connects to the front end at `front` and says hello as node `index`.
+pub fn connect(front: SocketAddr, token: &super::link::Token, index: u32) -> Result<Link> {
+    let mut stream = TcpStream::connect_timeout(&front, Duration::from_secs(10))
+        .with_context(|| format!("connecting to storm start's front end at {front}"))?;
+    stream
+        .write_all(super::link::hello_line(token, index).as_bytes())
+        .with_context(|| format!("saying hello to the front end at {front}"))?;
+    Ok(Link::Tcp(stream))
+}
+
+/// Runs the agent at `placement`, talking to the front end over `link`; its exit code.
+pub fn serve(placement: Placement, link: Link) -> Result<i32> {
+    let Placement {
+        index,
+        name,
+        step,
+        ip,
+    } = placement;
+    let (mut input, mut output): (Box<dyn BufRead + Send>, Box<dyn Write>) = match link {
+        Link::Stdio => (
+            Box::new(BufReader::new(std::io::stdin())),
+            Box::new(std::io::stdout()),
+        ),
+        Link::Tcp(stream) => (
+            Box::new(BufReader::new(stream.try_clone()?)),
+            Box::new(stream),
+        ),
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
@@ -69,14 +138,10 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         step,
         host: super::host_name(),
     };
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", report.to_line())?;
-        out.flush()?;
-    }
+    writeln!(output, "{}", report.to_line())?;
+    output.flush()?;
     let mut line = String::new();
-    let read = std::io::stdin()
-        .lock()
+    let read = (&mut input)
         .take(MAX_LINE as u64)
         .read_line(&mut line)
         .context("reading the instance's files")?;
@@ -108,7 +173,6 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         .name("storm-agent-input".into())
         .spawn(move || {
             let mut sink = [0u8; 4096];
-            let mut input = std::io::stdin().lock();
             while matches!(input.read(&mut sink), Ok(n) if n > 0) {}
             eof.store(true, Ordering::Relaxed);
         })?;
@@ -173,6 +237,8 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     };
     stop_child(&mut relay.child, Duration::from_secs(3));
     drop(dir);
+    // Closing the output tells a linked front end this node is done.
+    drop(output);
     Ok(code)
 }
 

@@ -23,6 +23,9 @@ pub enum Input {
     StepEnded(Option<i32>),
     /// One node's agent ended (`--hosts`: its ssh exited with this code).
     AgentEnded { node: String, code: Option<i32> },
+    /// One node's agent closed its link to the front end (`srun --mpi=pmi2 -N K storm
+    /// start`: it ended, or its node did).
+    LinkLost { node: String },
     /// The instance is configured: its MM runs (or why it does not).
     Configured(Result<(), String>),
     /// Every node joined the MM (or why not).
@@ -164,6 +167,11 @@ impl StartCore {
                 };
                 self.fail(why)
             }
+            Input::LinkLost { node } => self.fail(if self.stage == Stage::Running {
+                format!("the node agent on {node} closed its link (it ended, or its node failed): stopping")
+            } else {
+                format!("the node agent on {node} closed its link before the instance was up")
+            }),
             Input::Signal(sig) => {
                 let mut effects = vec![Effect::Say(format!(
                     "storm start: signal {sig}: stopping the instance"
@@ -418,6 +426,25 @@ mod tests {
             code: None,
         });
         assert!(matches!(&e[0], Effect::Say(s) if s.contains("on n1 ended (by a signal)")));
+        assert_eq!(e.last(), Some(&Effect::Exit(1)));
+    }
+
+    /// A linked agent (`srun --mpi=pmi2 -N K storm start`) that closes its link stops a
+    /// running instance with 1, naming its node.
+    #[test]
+    fn a_lost_link_stops_the_instance_naming_the_node() {
+        let now = Instant::now();
+        let mut c = core(now);
+        c.step(Input::AgentLine(report(0, "n1")));
+        c.step(Input::AgentLine(report(1, "n2")));
+        c.step(Input::Configured(Ok(())));
+        c.step(Input::NodesUp(Ok(())));
+        let e = c.step(Input::LinkLost { node: "n2".into() });
+        assert!(
+            matches!(&e[0], Effect::Say(s) if s.contains("on n2 closed its link")),
+            "{e:?}"
+        );
+        assert!(e.contains(&Effect::Teardown));
         assert_eq!(e.last(), Some(&Effect::Exit(1)));
     }
 }

@@ -1,7 +1,9 @@
 //! The host of `storm start`'s front end: the processes, pipes, files, signals and clock the
 //! core ([`super::core`]) decides about. It starts the node agents ([`super::launch`]: one
 //! `srun --overlap` step, or one ssh per host under `--hosts`, in process groups of their
-//! own so that the terminal's Ctrl-C does not reach them), reads their reports, writes the
+//! own so that the terminal's Ctrl-C does not reach them), or, as the first task of `srun
+//! --mpi=pmi2 -N K storm start`, accepts the links of the step's other tasks
+//! ([`super::linked`]), reads their reports, writes the
 //! instance's files (a directory of mode 0700 made for this instance, keys made for it),
 //! sends the agents their bundle, runs the MM with a socket bound here, waits for the
 //! nodes, runs the command, and tears everything down: the command, the agents (their
@@ -21,10 +23,14 @@ use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::StartArgs;
+use super::agent::Placement;
 use super::allocation::{self, Allocation};
+use super::bootstrap::{self, StepRole};
 use super::core::{Effect, Input, Limits, StartCore};
 use super::instance::{InstanceSpec, instance_config};
 use super::launch::Agents;
+use super::link::Token;
+use super::linked::LinkedAgents;
 use super::report::{AgentReport, Bundle};
 use crate::local::{Daemon, bin_dir, spawn_daemon, wait_for_nodes};
 
@@ -47,17 +53,62 @@ pub fn run(args: StartArgs) -> Result<i32> {
             None
         };
         let alloc = allocation::from_hosts(source, file.as_deref())?;
-        return Front::start(args, alloc)?.run();
+        return Front::start(args, alloc, None)?.run();
     }
-    // `srun -N K storm start`: every task of the step runs this; the first is the front end
-    // (it starts the agents itself, in a step of their own), the others have nothing to do.
+    // `srun -N K storm start`: every task of the step runs this. With Slurm's PMI the
+    // tasks meet through it and are the agents themselves.
+    if bootstrap::step_has_pmi(|k| std::env::var(k).ok()) {
+        return run_step_task(args);
+    }
+    // Without: the first is the front end (it starts the agents itself, in a step of their
+    // own), the others have nothing to do.
     if std::env::var_os("SLURM_STEP_ID").is_some()
         && std::env::var("SLURM_PROCID").is_ok_and(|r| r != "0")
     {
         return Ok(0);
     }
     let alloc = allocation::from_slurm(|k| std::env::var(k).ok())?;
-    Front::start(args, alloc)?.run()
+    Front::start(args, alloc, None)?.run()
+}
+
+/// One task of `srun --mpi=pmi2 -N K storm start`: the front end, a node's agent, or a
+/// spare task that leaves.
+fn run_step_task(args: StartArgs) -> Result<i32> {
+    match bootstrap::exchange(args.bind)? {
+        StepRole::Spare => Ok(0),
+        StepRole::Agent {
+            front,
+            token,
+            index,
+            name,
+            mut pmi,
+        } => {
+            let linked = (|| {
+                let placement = Placement {
+                    index,
+                    name,
+                    step: super::agent::slurm_step().unwrap_or_default(),
+                    ip: super::own_address(args.bind)?,
+                };
+                Ok((placement, super::agent::connect(front, &token, index)?))
+            })();
+            match linked {
+                Ok((placement, link)) => {
+                    let _ = pmi.finalize();
+                    super::agent::serve(placement, link)
+                }
+                Err(e) => {
+                    // No task should wait for this node: the step ends.
+                    bootstrap::abort(pmi, &e);
+                    Err(e)
+                }
+            }
+        }
+        StepRole::Front { listener, token } => {
+            let alloc = allocation::from_slurm(|k| std::env::var(k).ok())?;
+            Front::start(args, alloc, Some((listener, token)))?.run()
+        }
+    }
 }
 
 /// The signals that stop an instance: recorded as they come, looked at each tick (SIGINT
@@ -93,12 +144,22 @@ struct Front {
     relay_listener: Option<TcpListener>,
     relay: Option<Daemon>,
     command: Option<Child>,
+    /// Whether the command runs in a process group of its own (its input is not a
+    /// terminal): signals to the front end are passed to that group, and the teardown ends
+    /// the whole group, not only the command's first process.
+    command_group: bool,
     config_path: PathBuf,
     _notify: Option<UnixDatagram>,
 }
 
 impl Front {
-    fn start(args: StartArgs, alloc: Allocation) -> Result<Self> {
+    /// Starts the instance's front end over `alloc`; `links`: the agents are the step's own
+    /// tasks and link to this listener with this token (else it starts them).
+    fn start(
+        args: StartArgs,
+        alloc: Allocation,
+        links: Option<(TcpListener, Token)>,
+    ) -> Result<Self> {
         let signals = watch_signals()?;
         let dir = tempfile::Builder::new()
             .prefix("storm-start-")
@@ -116,7 +177,21 @@ impl Front {
         let relay_listener = TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
         let storm = std::env::current_exe().context("locating storm")?;
         let (tx, inputs) = crossbeam_channel::unbounded();
-        let agents = if args.hosts.is_some() {
+        let agents = if let Some((listener, token)) = links {
+            let own: u32 = std::env::var("SLURM_NODEID")
+                .context("SLURM_NODEID is not set")?
+                .parse()
+                .context("SLURM_NODEID is not a number")?;
+            Agents::Linked(LinkedAgents::start(
+                listener,
+                token,
+                &alloc.nodes,
+                own,
+                &storm,
+                args.bind,
+                &tx,
+            )?)
+        } else if args.hosts.is_some() {
             Agents::ssh(&args.ssh, &alloc, &storm, &tx)?
         } else {
             Agents::srun(&args.srun, &alloc, &storm, args.bind, &tx)?
@@ -146,6 +221,7 @@ impl Front {
             relay_listener: Some(relay_listener),
             relay: None,
             command: None,
+            command_group: false,
             config_path,
             _notify: None,
         })
@@ -168,7 +244,18 @@ impl Front {
     /// What the clock, the signals and the children say now.
     fn poll(&mut self) -> Input {
         let sig = self.signals.swap(0, Ordering::Relaxed) as i32;
-        if sig != 0 && (sig != libc::SIGINT || self.command.is_none()) {
+        if sig == libc::SIGINT
+            && let Some(c) = &self.command
+        {
+            // A terminal's Ctrl-C reached the command's group itself; a SIGINT sent to the
+            // front end alone (srun passes the user's Ctrl-C to its task) is passed on.
+            if self.command_group {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(c.id() as i32),
+                    nix::sys::signal::Signal::SIGINT,
+                );
+            }
+        } else if sig != 0 {
             return Input::Signal(sig);
         }
         if let Some(c) = &mut self.command
@@ -310,13 +397,23 @@ impl Front {
         cmd.args(&argv[1..])
             .env("STORM_CONFIG", &self.config_path)
             .env_remove("STORM_SOCKET");
+        // An interactive command keeps the terminal's process group (Ctrl-C reaches it);
+        // any other runs in a group of its own, which the teardown ends whole.
+        self.command_group = !std::io::IsTerminal::is_terminal(&std::io::stdin());
+        if self.command_group {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        }
         cmd.spawn()
             .with_context(|| format!("running {}", argv[0].to_string_lossy()))
     }
 
     fn teardown(&mut self) {
         if let Some(mut c) = self.command.take() {
-            super::agent::stop_child(&mut c, Duration::from_secs(2));
+            if self.command_group {
+                stop_group(&mut c, Duration::from_secs(2));
+            } else {
+                super::agent::stop_child(&mut c, Duration::from_secs(2));
+            }
         }
         // The agents end at the end of their input: each stops its node manager and removes
         // its directory. One that does not is ended by its launcher.
@@ -326,6 +423,24 @@ impl Front {
             super::agent::stop_child(&mut child, Duration::from_secs(5));
         }
     }
+}
+
+/// SIGTERM to `child`'s process group (it leads one), SIGKILL to the group if `child` is
+/// still there after `grace`; `child` reaped.
+fn stop_group(child: &mut Child, grace: Duration) {
+    use nix::sys::signal::{Signal, killpg};
+    let group = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What is left of the group (the command's children) goes too.
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = child.wait();
 }
 
 /// A process's end as a shell gives it: its code, or 128 + its signal.

@@ -30,6 +30,9 @@ pub enum Agents {
     },
     /// One ssh per host, in the allocation's order.
     Ssh(Vec<SshAgent>),
+    /// The step's own tasks, linked to the front end over TCP (`srun --mpi=pmi2 -N K storm
+    /// start`).
+    Linked(super::linked::LinkedAgents),
 }
 
 /// One host's `ssh HOST storm agent`.
@@ -142,6 +145,7 @@ impl Agents {
                 .with_context(|| format!("sending {whom} the instance's files"))
         };
         match self {
+            Agents::Linked(linked) => linked.send_all(line),
             Agents::Srun { input, .. } => send(input, "the node agents"),
             Agents::Ssh(agents) => agents
                 .iter_mut()
@@ -152,6 +156,7 @@ impl Agents {
     /// An agent (or the step) that ended since the last call, if one did.
     pub fn ended(&mut self) -> Option<Input> {
         match self {
+            Agents::Linked(linked) => linked.ended(),
             Agents::Srun { child, .. } => match child.try_wait() {
                 Ok(Some(status)) => Some(Input::StepEnded(status.code())),
                 _ => None,
@@ -171,6 +176,7 @@ impl Agents {
     /// directory and exits), up to 10 s for that, then the step cancelled or ssh killed.
     pub fn stop(&mut self) {
         let mut children: Vec<&mut Child> = match self {
+            Agents::Linked(linked) => return linked.stop(),
             Agents::Srun { child, input, .. } => {
                 drop(input.take());
                 vec![child]
@@ -208,6 +214,7 @@ impl Agents {
             }
         }
         match self {
+            Agents::Linked(_) => {}
             Agents::Srun { child, .. } => super::agent::stop_child(child, Duration::from_secs(5)),
             Agents::Ssh(agents) => {
                 for a in agents {

@@ -6,6 +6,11 @@
 //!   launcher (`srun --overlap`, no ssh), runs the MM itself, and runs the command with
 //!   `STORM_CONFIG` naming the instance. Each agent ([`agent`]) binds its node manager's
 //!   socket, says where ([`report`]), takes the instance's files, and runs `storm-nm`.
+//! * As a step, `srun --mpi=pmi2 -N K storm start`: the step's tasks meet through Slurm's
+//!   PMI ([`bootstrap`]); the first is the front end, the first on each other node that
+//!   node's agent, linked to it over TCP ([`link`], [`linked`]). Without PMI in the step,
+//!   the first task starts the agents in a step of their own, as inside `salloc`.
+//! * `--hosts LIST|FILE`: one agent per host through ssh.
 //! * `--local N`: today's embedded cluster under the same command.
 //!
 //! The front end is a core that decides ([`core`]) and a host that does the I/O
@@ -15,10 +20,13 @@
 
 pub mod agent;
 pub mod allocation;
+pub mod bootstrap;
 pub mod core;
 pub mod host;
 pub mod instance;
 pub mod launch;
+pub mod link;
+pub mod linked;
 pub mod report;
 
 use std::ffi::OsString;
@@ -87,6 +95,11 @@ pub struct AgentArgs {
     /// srun, `SLURMD_NODENAME`).
     #[arg(long, requires = "index")]
     pub node: Option<String>,
+    /// Link to the front end at this address instead of standard input and output (the
+    /// front end's own node under `srun --mpi=pmi2 -N K storm start`; the link's token in
+    /// `STORM_LINK_TOKEN`).
+    #[arg(long, value_name = "ADDR:PORT", requires = "index")]
+    pub front: Option<std::net::SocketAddr>,
 }
 
 /// The real-time priority an unprivileged instance's daemons take: storm's default where
