@@ -12,10 +12,11 @@ use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::Duration;
 
-use storm_cli::relay::wire::{self, FRAME_LIMIT, Opened, Up, WireError};
+use storm_cli::relay::wire::WireError;
 use storm_cli::testbed::Testbed;
 use storm_cluster::control::{self, PROTOCOL_VERSION, Reply, Request};
 use storm_primitives::tcp::auth::ClusterKey;
+use support::handshake::relay_as;
 use support::testbed::{can_run, in_node_ns, up, up_group};
 use support::{NOBODY, bin_dir, root_or_say, script, shared_tempdir, text};
 
@@ -322,37 +323,6 @@ fn relay_keys(tb: &Testbed) -> (SocketAddr, ClusterKey, ed25519_dalek::SigningKe
     )
 }
 
-/// Opens a relay link to `addr` as node 1 with these keys, greets the MM for `uid`, then
-/// sends `then` if given; returns the MM's answers (or why the link failed).
-fn relay_as(
-    addr: SocketAddr,
-    key: ClusterKey,
-    identity: ed25519_dalek::SigningKey,
-    uid: u32,
-    then: Option<Request>,
-) -> Result<Vec<Reply>, WireError> {
-    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut link =
-        wire::handshake_as_node(tcp.try_clone()?, tcp, &key, 1, 2, &identity, FRAME_LIMIT)?;
-    link.writer.send(&Up::Open {
-        uid,
-        gid: uid,
-        version: PROTOCOL_VERSION,
-    })?;
-    // The manager side says first whether its MM took the connection.
-    match link.reader.recv::<Opened>()? {
-        Opened::Ready => {}
-        other => return Err(WireError::Refused(format!("{other:?}"))),
-    }
-    let mut replies = vec![link.reader.recv::<Reply>()?];
-    if let Some(req) = then {
-        link.writer.send(&Up::Request(req))?;
-        replies.push(link.reader.recv::<Reply>()?);
-    }
-    Ok(replies)
-}
-
 #[test]
 fn the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_orders() {
     let test = "the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_orders";
@@ -366,7 +336,7 @@ fn the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_order
     // The real node's keys, for an ordinary user: the MM greets them.
     let (k, i) = (key.clone(), identity.clone());
     let reply = in_node_ns(&tb, 1, move || {
-        relay_as(addr, k, i, NOBODY, Some(Request::Queue))
+        relay_as(addr, (1, 2), k, i, NOBODY, Some(Request::Queue))
     });
     assert!(
         matches!(reply.as_deref(), Ok([Reply::Hello { .. }, Reply::Queue(_)])),
@@ -376,7 +346,7 @@ fn the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_order
     // Another cluster's key: the node side finds out at once, and nothing reaches the MM.
     let i = identity.clone();
     let reply = in_node_ns(&tb, 1, move || {
-        relay_as(addr, ClusterKey::random(), i, NOBODY, None)
+        relay_as(addr, (1, 2), ClusterKey::random(), i, NOBODY, None)
     });
     let err = reply
         .expect_err("a wrong cluster key is refused")
@@ -387,7 +357,9 @@ fn the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_order
     // any request, and says why in its log.
     let k = key.clone();
     let forged = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
-    let reply = in_node_ns(&tb, 1, move || relay_as(addr, k, forged, NOBODY, None));
+    let reply = in_node_ns(&tb, 1, move || {
+        relay_as(addr, (1, 2), k, forged, NOBODY, None)
+    });
     // (Closed, or reset: the manager side closed with the node's first frame unread.)
     assert!(
         matches!(reply, Err(WireError::Closed | WireError::Io(_))),
@@ -402,7 +374,7 @@ fn the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_order
         nodes: storm_primitives::NodeSet::single(0),
         reason: "relayed".into(),
     };
-    let reply = in_node_ns(&tb, 1, move || relay_as(addr, k, i, 0, Some(drain)));
+    let reply = in_node_ns(&tb, 1, move || relay_as(addr, (1, 2), k, i, 0, Some(drain)));
     match reply.as_deref() {
         Ok([Reply::Hello { .. }, Reply::Error(e)]) => assert!(e.contains("root_from_nodes"), "{e}"),
         other => panic!("root through the relay: {other:?}"),
@@ -417,7 +389,9 @@ fn the_relay_refuses_peers_without_the_key_or_the_nodes_identity_and_roots_order
         let mut buf = [0u8; 16];
         assert!(matches!(tcp.read(&mut buf), Ok(0) | Err(_)), "dropped");
     });
-    let reply = in_node_ns(&tb, 1, move || relay_as(addr, key, identity, NOBODY, None));
+    let reply = in_node_ns(&tb, 1, move || {
+        relay_as(addr, (1, 2), key, identity, NOBODY, None)
+    });
     assert!(
         matches!(reply.as_deref(), Ok([Reply::Hello { .. }])),
         "{reply:?}"

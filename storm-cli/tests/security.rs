@@ -21,8 +21,8 @@ use storm_cluster::config::ClusterConfig;
 use storm_primitives::NodeSet;
 use storm_primitives::tcp::auth::ClusterKey;
 use storm_primitives::tcp::peer::{Membership, RawPeer};
-use storm_primitives::tcp::wire::{Control, Hello, OpKey, OutFrame, XferBegin, XferMsg};
-use support::handshake::{client_proof, daemons, handshake};
+use storm_primitives::tcp::wire::{Control, OpKey, OutFrame, XferBegin, XferMsg};
+use support::handshake::{client_proof, daemons, handshake, member_hello as hello};
 use support::{TestCluster, ensure_daemons, text};
 
 /// Runs daemon `bin` (`storm-mm`, or `storm-nm` for node0) on `config` and returns its exit
@@ -83,18 +83,6 @@ fn daemons_refuse_a_missing_exposed_or_foreign_key_naming_the_file_and_fix() {
             "daemons_refuse_..._foreign_key (the chown part)",
             "needs root",
         );
-    }
-}
-
-/// A `Hello` as node `node` of `cfg` would send it.
-fn hello(cfg: &ClusterConfig, node: u32, nonce: [u8; 32]) -> Hello {
-    let rm = storm_cluster::layout::RmLayout::new(cfg).unwrap();
-    Hello {
-        node,
-        cluster_size: cfg.node_count() + 1,
-        layout_fingerprint: rm.layout.fingerprint(),
-        protection: cfg.protection().code(),
-        nonce,
     }
 }
 

@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use storm_cluster::control::Request;
+use storm_primitives::tcp::auth::ClusterKey;
+use support::handshake::{client_proof, daemons, handshake, member_hello, relay_as};
 use support::mpi::{pmix_program, sorted_lines};
 use support::{bin_dir, processes_of, start_leftovers_of as leftovers_of, test_user as user, text};
 
@@ -487,8 +490,9 @@ fn monitoring_and_cpu_binding_work_in_a_users_instance() {
 }
 
 /// A second user on the same nodes reaches nothing of the first one's instance: not its
-/// control socket (its directory is the first user's alone), not its files, and a job
-/// submitted there by the first user is not the second's to cancel or see.
+/// control socket (its directory is the first user's alone), not its files, not its
+/// daemons' or its relay's ports as a network peer without its keys, and a job submitted
+/// there by the first user is not the second's to cancel or see.
 #[test]
 fn a_second_users_instance_cannot_reach_the_first() {
     let test = "start_slurm: two users' instances";
@@ -565,6 +569,39 @@ fn a_second_users_instance_cannot_reach_the_first() {
         "{}",
         text(&out.stderr)
     );
+    // As a peer on the network without the instance's keys (B's own instance's, or
+    // anyone's; the addresses are no secret, a port scan finds them): every daemon of A's
+    // instance refuses a handshake under another key, claiming to be the MM to a node and
+    // node 0 to the MM, and the relay's manager side refuses a link.
+    let cfg = storm_cluster::ClusterConfig::load(&config).unwrap();
+    let other_key = ClusterKey::random();
+    for (target, addr) in daemons(&cfg) {
+        let claim = if target == cfg.mm_id() {
+            0
+        } else {
+            cfg.mm_id()
+        };
+        let h = member_hello(&cfg, claim, [9; 32]);
+        let (refused, _) = handshake(addr, &h, |n| client_proof(&other_key, &h, target, n));
+        assert!(
+            refused,
+            "daemon {target} of A's instance at {addr} took another key"
+        );
+    }
+    let relay = cfg
+        .relay
+        .address
+        .expect("an instance runs the relay's manager side");
+    let reply = relay_as(
+        relay,
+        (1, cfg.node_count() + 1),
+        other_key,
+        ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
+        b.0,
+        Some(Request::Queue),
+    );
+    let err = reply.expect_err("A's relay took another key").to_string();
+    assert!(err.contains("does not hold this cluster's key"), "{err}");
     // A's job was never B's to end: it runs its 30 s and A's instance ends with 0.
     let out = a_run.join().unwrap();
     assert!(out.status.success(), "A's instance: {}", text(&out.stderr));

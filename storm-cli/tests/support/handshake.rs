@@ -4,7 +4,9 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use storm_cli::relay::wire::{self, FRAME_LIMIT, Opened, Up, WireError};
 use storm_cluster::config::ClusterConfig;
+use storm_cluster::control::{PROTOCOL_VERSION, Reply, Request};
 use storm_primitives::tcp::auth::{ClusterKey, Protection, Transcript};
 use storm_primitives::tcp::wire::{Control, Frame, Hello, OutFrame, read_frame};
 
@@ -66,4 +68,56 @@ pub fn handshake(
         other => panic!("a proof is answered by an ack or a refusal: {other:?}"),
     };
     (was_refused, p)
+}
+
+/// A `Hello` as node `node` of `cfg` would send it.
+pub fn member_hello(cfg: &ClusterConfig, node: u32, nonce: [u8; 32]) -> Hello {
+    let rm = storm_cluster::layout::RmLayout::new(cfg).unwrap();
+    Hello {
+        node,
+        cluster_size: cfg.node_count() + 1,
+        layout_fingerprint: rm.layout.fingerprint(),
+        protection: cfg.protection().code(),
+        nonce,
+    }
+}
+
+/// Opens a relay link to the manager side at `addr` as `member` (node id, cluster size:
+/// MM included) with these keys, greets the MM for `uid`, then sends `then` if given;
+/// returns the MM's answers (or why the link failed).
+pub fn relay_as(
+    addr: SocketAddr,
+    member: (u32, u32),
+    key: ClusterKey,
+    identity: ed25519_dalek::SigningKey,
+    uid: u32,
+    then: Option<Request>,
+) -> Result<Vec<Reply>, WireError> {
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut link = wire::handshake_as_node(
+        tcp.try_clone()?,
+        tcp,
+        &key,
+        member.0,
+        member.1,
+        &identity,
+        FRAME_LIMIT,
+    )?;
+    link.writer.send(&Up::Open {
+        uid,
+        gid: uid,
+        version: PROTOCOL_VERSION,
+    })?;
+    // The manager side says first whether its MM took the connection.
+    match link.reader.recv::<Opened>()? {
+        Opened::Ready => {}
+        other => return Err(WireError::Refused(format!("{other:?}"))),
+    }
+    let mut replies = vec![link.reader.recv::<Reply>()?];
+    if let Some(req) = then {
+        link.writer.send(&Up::Request(req))?;
+        replies.push(link.reader.recv::<Reply>()?);
+    }
+    Ok(replies)
 }
