@@ -9,8 +9,11 @@
 //!
 //! * the heartbeat at the instance's size: the MM's own histogram of heartbeat round trips
 //!   (issued to delivered on every node, `storm metrics`) over 5 idle seconds, and the
-//!   heartbeats any node missed: `heartbeat.txt`, `heartbeat.json`.
+//!   heartbeats any node missed: `heartbeat.txt`, `heartbeat.json`;
+//! * gang scheduling at the instance's size where it gang-schedules, as the tasks see it
+//!   ([`crate::instance_gang`]), or why not: `gang.txt`, `gang.json`.
 //!
+//! `--parts` picks some of them.
 //! Everything printed is also in `report.txt`.
 
 use std::path::Path;
@@ -23,14 +26,36 @@ use serde::Serialize;
 use crate::fabric::{self, FabricArgs};
 use crate::report::{Csv, Table};
 
-/// The nodes of the instance this runs in (its cluster file, `STORM_CONFIG`).
-fn instance_nodes() -> Result<u32> {
+/// The cluster file of the instance this runs in (`STORM_CONFIG`).
+fn instance_config() -> Result<storm_cluster::ClusterConfig> {
     let path = std::env::var_os("STORM_CONFIG").context(
         "storm-bench report runs inside an instance: storm start -- storm-bench report --out DIR",
     )?;
-    let cfg = storm_cluster::ClusterConfig::load(Path::new(&path))
-        .with_context(|| format!("reading {}", Path::new(&path).display()))?;
-    Ok(cfg.nodes.len() as u32)
+    storm_cluster::ClusterConfig::load(Path::new(&path))
+        .with_context(|| format!("reading {}", Path::new(&path).display()))
+}
+
+/// The parts of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Fabric,
+    Launch,
+    Heartbeat,
+    Gang,
+}
+
+/// What `storm-bench report` measures, and how much.
+#[derive(Debug, Clone)]
+pub struct ReportArgs {
+    pub parts: Vec<Part>,
+    /// Measured round trips per size.
+    pub iterations: u32,
+    /// Measured launches per node count.
+    pub runs: usize,
+    /// CPU seconds of each gang probe rank.
+    pub gang_cpu_s: f64,
+    /// Gang probe ranks per node (default: the fewest CPUs a node has).
+    pub gang_ranks_per_node: Option<u32>,
 }
 
 /// 1, 2, 4, ... up to `n`, and `n`.
@@ -160,21 +185,64 @@ struct LaunchFigure {
 }
 
 /// Writes the report into `dir`.
-pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
-    let nodes = instance_nodes()?;
+pub fn run(dir: &Path, report: &ReportArgs) -> Result<()> {
+    let cfg = instance_config()?;
+    let nodes = cfg.nodes.len() as u32;
+    let (iterations, runs) = (report.iterations, report.runs);
     if nodes < 2 {
         bail!("the instance has {nodes} node: the report measures between 2 or more");
     }
     std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
     let bin = storm_cli::local::bin_dir()?;
     let mut text = String::new();
-    let say = |t: &Table, text: &mut String| {
-        let r = t.render();
-        println!("{r}");
-        text.push_str(&r);
-        text.push('\n');
-    };
+    if report.parts.contains(&Part::Fabric) {
+        fabric_part(dir, nodes, iterations, &bin, &mut text)?;
+    }
+    if report.parts.contains(&Part::Launch) {
+        launch_part(dir, nodes, runs, &bin, &mut text)?;
+    }
+    if report.parts.contains(&Part::Heartbeat) {
+        heartbeat_part(dir, nodes, &bin, &mut text)?;
+    }
+    if report.parts.contains(&Part::Gang) {
+        let figures = crate::instance_gang::measure(
+            &cfg,
+            &bin,
+            dir,
+            report.gang_cpu_s,
+            report.gang_ranks_per_node,
+        );
+        let mut gang_text = String::new();
+        say(&crate::instance_gang::table(&figures), &mut gang_text);
+        std::fs::write(dir.join("gang.txt"), &gang_text)?;
+        let json = match &figures {
+            Ok(g) => serde_json::to_value(g)?,
+            Err(why) => serde_json::json!({ "not_measured": why }),
+        };
+        std::fs::write(dir.join("gang.json"), serde_json::to_string_pretty(&json)?)?;
+        text.push_str(&gang_text);
+    }
+    std::fs::write(dir.join("report.txt"), text)?;
+    eprintln!("wrote the report into {}", dir.display());
+    Ok(())
+}
 
+/// Prints `t` and adds it to `text`.
+fn say(t: &Table, text: &mut String) {
+    let r = t.render();
+    println!("{r}");
+    text.push_str(&r);
+    text.push('\n');
+}
+
+/// The primitives on every fabric present: `fabric.{txt,csv,json,png}`.
+fn fabric_part(
+    dir: &Path,
+    nodes: u32,
+    iterations: u32,
+    bin: &Path,
+    text: &mut String,
+) -> Result<()> {
     let args = FabricArgs {
         fabrics: fabric::fabrics_present(),
         nodes,
@@ -184,7 +252,7 @@ pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
         fabtests: true,
     };
     let mut csv = Csv::new(fabric::CSV_HEADER);
-    let (tables, figures) = fabric::run(&args, &bin, &mut csv)?;
+    let (tables, figures) = fabric::run(&args, bin, &mut csv)?;
     let mut fabric_text = String::new();
     for t in &tables {
         say(t, &mut fabric_text);
@@ -197,7 +265,11 @@ pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
         serde_json::to_string_pretty(&figures)?,
     )?;
     crate::plot::draw(&crate::plot::fabric(&figures), &dir.join("fabric.png"))?;
+    Ok(())
+}
 
+/// Launch against node count beside srun: `launch.{txt,csv,json}`.
+fn launch_part(dir: &Path, nodes: u32, runs: usize, bin: &Path, text: &mut String) -> Result<()> {
     let slurm = std::env::var_os("SLURM_JOB_ID").is_some();
     let mut launch = Table::new(
         format!(
@@ -256,10 +328,14 @@ pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
         dir.join("launch.json"),
         serde_json::to_string_pretty(&launch_json)?,
     )?;
-    // The heartbeat over idle seconds, at the instance's size.
-    let before = metrics(&bin)?;
+    Ok(())
+}
+
+/// The heartbeat over idle seconds, at the instance's size: `heartbeat.{txt,json}`.
+fn heartbeat_part(dir: &Path, nodes: u32, bin: &Path, text: &mut String) -> Result<()> {
+    let before = metrics(bin)?;
     std::thread::sleep(std::time::Duration::from_secs(5));
-    let after = metrics(&bin)?;
+    let after = metrics(bin)?;
     let beats =
         heartbeats_between(&before, &after).context("the MM counted no heartbeat in 5 s")?;
     let mut hb = Table::new(
@@ -284,8 +360,6 @@ pub fn run(dir: &Path, iterations: u32, runs: usize) -> Result<()> {
         serde_json::to_string_pretty(&beats)?,
     )?;
     text.push_str(&hb_text);
-    std::fs::write(dir.join("report.txt"), text)?;
-    eprintln!("wrote the report into {}", dir.display());
     Ok(())
 }
 

@@ -27,6 +27,7 @@ mod federation;
 mod fuzz;
 mod gang;
 mod hpcc;
+mod instance_gang;
 mod instance_report;
 mod launch;
 mod lending;
@@ -342,12 +343,29 @@ enum Command {
     #[command(hide = true)]
     FabricRank(fabric::RankArgs),
     /// Inside an instance (`storm start -- storm-bench report --out DIR`): the whole report
-    /// for a fresh allocation: the primitives on every fabric (`fabric`), and launch against
-    /// node count beside srun where Slurm gave the nodes, as tables, CSV, JSON and PNG.
+    /// for a fresh allocation: the primitives on every fabric (`fabric`), launch against
+    /// node count beside srun where Slurm gave the nodes, the heartbeat, and gang scheduling
+    /// where the instance gang-schedules, as tables, CSV, JSON and PNG.
     Report {
-        /// Where the report goes (made if missing).
+        /// Where the report goes (made if missing; on a file system every node sees, for
+        /// the gang part).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
+        /// Which parts to measure.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "fabric,launch,heartbeat,gang"
+        )]
+        parts: Vec<instance_report::Part>,
+        /// CPU seconds of each rank of the gang part's probe jobs.
+        #[arg(long, default_value_t = 2.0)]
+        gang_cpu_s: f64,
+        /// Ranks per node of the gang part's probe jobs (default: the fewest CPUs a node
+        /// has, so that two jobs cannot share a time slot).
+        #[arg(long, value_name = "N")]
+        gang_ranks_per_node: Option<u32>,
         /// Measured round trips per size.
         #[arg(long, default_value_t = 1000)]
         iterations: u32,
@@ -785,9 +803,21 @@ fn main() -> Result<()> {
         Command::FabricRank(args) => fabric::rank(&args)?,
         Command::Report {
             out,
+            parts,
+            gang_cpu_s,
+            gang_ranks_per_node,
             iterations,
             runs,
-        } => instance_report::run(&out, iterations, runs.max(1))?,
+        } => instance_report::run(
+            &out,
+            &instance_report::ReportArgs {
+                parts,
+                iterations,
+                runs: runs.max(1),
+                gang_cpu_s,
+                gang_ranks_per_node,
+            },
+        )?,
         Command::Start { runs, inner, csv } => {
             let bin = storm_cli::local::bin_dir()?;
             if inner {

@@ -27,7 +27,7 @@
 
 mod support;
 
-use storm_cli::run_windows::{GangView, build_probe, run_probes};
+use storm_cli::run_windows::{GangView, ProbeClock, ProbeJobs, build_probe, run_probes};
 use storm_cli::testbed::{Testbed, TestbedOptions};
 use storm_cluster::config::{FailureSection, PolicyKind, SchedulerSection};
 use support::testbed::{can_run, logs, submit, unique_name};
@@ -68,10 +68,14 @@ fn tasks_view(nodes: u32, jobs: usize, quantum_ms: f64, cpu_s: f64) -> GangView 
         || submit(&tb, &[]),
         &probe,
         &out,
-        nodes,
-        jobs,
-        cpu_s,
-        quantum_ms,
+        &ProbeJobs {
+            nodes,
+            ranks_per_node: 1,
+            jobs,
+            cpu_s,
+            quantum_ms,
+            clock: ProbeClock::Monotonic,
+        },
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&tb)));
     drop(tb);

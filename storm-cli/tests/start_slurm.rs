@@ -411,10 +411,72 @@ fn storm_bench_report_writes_the_whole_report_of_an_allocation() {
             && beats["mean_s"].as_f64().is_some_and(|m| m > 0.0),
         "heartbeats counted over the idle seconds: {beats}"
     );
+    // This instance does not gang-schedule: the gang part says so instead of figures.
+    let gang: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("gang.json")).unwrap())
+            .expect("gang.json");
+    assert!(
+        gang["not_measured"]
+            .as_str()
+            .is_some_and(|w| w.contains("--policy gang")),
+        "{gang}"
+    );
     let report = std::fs::read_to_string(dir.join("report.txt")).expect("report.txt");
     assert!(
-        report.contains("osu_latency") && report.contains("srun"),
+        report.contains("osu_latency") && report.contains("srun") && report.contains("gang"),
         "{report}"
+    );
+    assert_eq!(settled(who.0), Vec::new());
+}
+
+/// The report's gang part in an instance that gang-schedules, as the user: `salloc -N 2
+/// storm start --policy gang -- storm-bench report --parts gang --out DIR`. Two probe jobs
+/// that each fill both nodes (a rank per CPU) ran alone and then together, and the ranks'
+/// own windows say the pair took turns: they ran at once less than half of the time (a
+/// scheduler that let both run would show close to all of it), and the pair took about
+/// twice as long as one job.
+#[test]
+fn storm_bench_report_measures_gang_scheduling_in_a_gang_instance() {
+    let _one = one_at_a_time();
+    let test = "start_slurm: storm-bench report, gang";
+    if !can_run(test) {
+        return;
+    }
+    let who = user("storm-ua");
+    let work = support::shared_tempdir();
+    let dir = work.path().join("report");
+    let mut cmd = Command::new("salloc");
+    cmd.args(["-N", "2", "--quiet"])
+        .arg(bin_dir().join("storm"))
+        .args(["start", "--policy", "gang", "--"])
+        .arg(bin_dir().join("storm-bench"))
+        .args(["report", "--parts", "gang", "--gang-cpu-s", "0.3", "--out"])
+        .arg(&dir)
+        .current_dir("/tmp")
+        .env("SLURM_CONF", slurm_conf())
+        .env("STORM_BIN_DIR", bin_dir())
+        .env_remove("STORM_CONFIG")
+        .uid(who.0)
+        .gid(who.1);
+    let out = support::output_within(cmd, Duration::from_secs(300)).expect("ended in time");
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    let gang: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("gang.json")).unwrap())
+            .expect("gang.json");
+    let f = |k: &str| gang[k].as_f64().unwrap_or_else(|| panic!("{k} in {gang}"));
+    assert_eq!(gang["nodes"], 2, "{gang}");
+    assert!(f("alone_s") > 0.0 && f("together_s") > 0.0, "{gang}");
+    assert!(f("overlap") < 0.5, "the two jobs took turns: {gang}");
+    assert!((0.0..=1.0).contains(&f("corun_min")), "a fraction: {gang}");
+    assert!(
+        f("slowdown") > 0.7,
+        "two jobs that take turns take about twice one: {gang}"
+    );
+    assert!(
+        std::fs::read_to_string(dir.join("gang.txt"))
+            .is_ok_and(|t| t.contains("overlap") && t.contains("slowdown")),
+        "gang.txt"
     );
     assert_eq!(settled(who.0), Vec::new());
 }

@@ -23,7 +23,7 @@ use std::process::Command;
 
 use anyhow::Result;
 use storm_cli::local::{LocalCluster, LocalOptions};
-use storm_cli::run_windows::{GangView, Runs, build_probe, run_probes};
+use storm_cli::run_windows::{GangView, ProbeClock, ProbeJobs, Runs, build_probe, run_probes};
 use storm_cli::testbed::{Testbed, TestbedOptions, namespaces_available};
 use storm_cluster::config::{PolicyKind, SchedulerSection};
 
@@ -173,8 +173,15 @@ pub fn tasks_table(args: &TasksArgs) -> Result<Table> {
             let out = work.path().join("windows");
             let probes = |jobs| {
                 let submit = || cluster.submit(&bin);
-                run_probes(submit, &probe, &out, args.nodes, jobs, args.cpu_s, q)
-                    .map_err(anyhow::Error::msg)
+                let jobs = ProbeJobs {
+                    nodes: args.nodes,
+                    ranks_per_node: 1,
+                    jobs,
+                    cpu_s: args.cpu_s,
+                    quantum_ms: q,
+                    clock: ProbeClock::Monotonic,
+                };
+                run_probes(submit, &probe, &out, &jobs).map_err(anyhow::Error::msg)
             };
             let alone = probes(1)?;
             let together = probes(2)?;

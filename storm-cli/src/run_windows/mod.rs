@@ -57,20 +57,44 @@ pub fn build_probe(dir: &Path) -> Result<PathBuf, String> {
     Ok(bin)
 }
 
-/// Runs `jobs` jobs of `nodes` probe ranks at once, each rank running `cpu_s` of CPU time
-/// at quantum `quantum_ms`, through the storm-submit commands `submit` makes (each already
+/// The clock the probes read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeClock {
+    /// `CLOCK_MONOTONIC`: one clock where every node shares a kernel (a testbed, an
+    /// embedded cluster).
+    Monotonic,
+    /// `CLOCK_REALTIME`: nodes that are hosts of their own, as far as their time
+    /// synchronization keeps their clocks together.
+    Realtime,
+}
+
+/// What [`run_probes`] runs.
+#[derive(Debug, Clone)]
+pub struct ProbeJobs {
+    pub nodes: u32,
+    /// Ranks on each node (all of a node's CPUs, for jobs that cannot share a node).
+    pub ranks_per_node: u32,
+    /// Jobs submitted at once.
+    pub jobs: usize,
+    /// CPU seconds each rank runs.
+    pub cpu_s: f64,
+    pub quantum_ms: f64,
+    pub clock: ProbeClock,
+}
+
+/// Runs `p.jobs` jobs of probe ranks at once, each rank running `p.cpu_s` of CPU time at
+/// quantum `p.quantum_ms`, through the storm-submit commands `submit` makes (each already
 /// pointed at its cluster), and returns the windows they wrote into `out` (made afresh,
 /// writable by every user). An error names the job that failed and what storm-submit said.
 pub fn run_probes(
     submit: impl Fn() -> Command,
     probe: &Path,
     out: &Path,
-    nodes: u32,
-    jobs: usize,
-    cpu_s: f64,
-    quantum_ms: f64,
+    p: &ProbeJobs,
 ) -> Result<Runs, String> {
     use std::os::unix::fs::PermissionsExt;
+    let (nodes, jobs) = (p.nodes, p.jobs);
+    let ranks = nodes * p.ranks_per_node.max(1);
     let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", out.display());
     if out.exists() {
         std::fs::remove_dir_all(out).map_err(|e| io("clearing", e))?;
@@ -81,13 +105,23 @@ pub fn run_probes(
     let mut running = Vec::new();
     for _ in 0..jobs {
         let mut cmd = submit();
-        cmd.args(["-N", &nodes.to_string(), "--no-bcast"])
-            .arg(probe)
-            .arg(out)
-            .arg(cpu_s.to_string())
-            .arg(gap_us(quantum_ms).to_string())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
+        cmd.args([
+            "-N",
+            &nodes.to_string(),
+            "-n",
+            &ranks.to_string(),
+            "--no-bcast",
+        ])
+        .arg(probe)
+        .arg(out)
+        .arg(p.cpu_s.to_string())
+        .arg(gap_us(p.quantum_ms).to_string())
+        .arg(match p.clock {
+            ProbeClock::Monotonic => "monotonic",
+            ProbeClock::Realtime => "realtime",
+        })
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
         running.push(
             cmd.spawn()
                 .map_err(|e| format!("starting storm-submit: {e}"))?,
@@ -106,9 +140,9 @@ pub fn run_probes(
         }
     }
     let runs = read_runs(out)?;
-    if runs.len() != jobs || runs.values().any(|r| r.len() != nodes as usize) {
+    if runs.len() != jobs || runs.values().any(|r| r.len() != ranks as usize) {
         return Err(format!(
-            "the probes wrote windows for {} jobs of {:?} ranks, not {jobs} of {nodes}",
+            "the probes wrote windows for {} jobs of {:?} ranks, not {jobs} of {ranks}",
             runs.len(),
             runs.values().map(|r| r.len()).collect::<Vec<_>>()
         ));

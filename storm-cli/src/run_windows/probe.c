@@ -1,9 +1,10 @@
 /* A CPU-bound rank that records when it actually ran (storm_cli::run_windows).
  *
- *   probe DIR CPU_SECONDS [GAP_US]
+ *   probe DIR CPU_SECONDS [GAP_US [CLOCK]]
  *
- * Spins reading CLOCK_MONOTONIC (one clock for every node of a testbed, which share a kernel)
- * until it has run CPU_SECONDS of wall time on a CPU. A gap of more than GAP_US (default 1000)
+ * Spins reading CLOCK_MONOTONIC (one clock for every node of a testbed, which share a kernel;
+ * CLOCK "realtime": CLOCK_REALTIME, for nodes that are hosts of their own, whose clocks agree
+ * only as far as their time synchronization keeps them) until it has run CPU_SECONDS of wall time on a CPU. A gap of more than GAP_US (default 1000)
  * between two readings means it was off the CPU (stopped, or preempted): the gap ends a run
  * window. At the end it writes its windows to DIR/job-$STORM_JOB_ID.rank-$STORM_RANK, one
  * "START_NS END_NS" line each.
@@ -14,15 +15,17 @@
 #include <stdlib.h>
 #include <time.h>
 
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
 static uint64_t now_ns(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(clock_id, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s DIR CPU_SECONDS [GAP_US]\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR CPU_SECONDS [GAP_US [monotonic|realtime]]\n", argv[0]);
         return 2;
     }
     const char *job = getenv("STORM_JOB_ID"), *rank = getenv("STORM_RANK");
@@ -32,6 +35,7 @@ int main(int argc, char **argv) {
     }
     uint64_t want = (uint64_t)(atof(argv[2]) * 1e9);
     uint64_t gap = (argc > 3 ? (uint64_t)atoll(argv[3]) : 1000) * 1000;
+    if (argc > 4 && argv[4][0] == 'r') clock_id = CLOCK_REALTIME;
     size_t cap = 1024, n = 0;
     uint64_t *w = malloc(cap * 2 * sizeof *w);
     if (!w) return 1;
