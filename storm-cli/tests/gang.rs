@@ -637,3 +637,38 @@ fn real_time_daemons_start_their_tasks_under_the_normal_policy() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "task 0 launcher 1 nm 1\n");
 }
+
+/// Under the normal policy (`daemon_rt_priority = 0`, as every unprivileged instance runs)
+/// the NM asks the kernel for a short time slice, so that a heartbeat preempts busy tasks
+/// when it wakes the NM, but the tasks do not get it: they run with the kernel's own slice,
+/// as a job started by anything else would.
+#[test]
+fn normal_policy_daemons_take_a_short_slice_and_their_tasks_do_not() {
+    let c = TestCluster::with(LocalOptions {
+        scheduler: SchedulerSection {
+            daemon_rt_priority: 0,
+            ..SchedulerSection::default()
+        },
+        ..LocalOptions::new(1)
+    });
+    // The task's parent is the launcher, whose parent is the NM; se.slice in ns.
+    let slices = r#"
+        slice() { awk '/^se.slice/ {print $3}' "/proc/$1/sched"; }
+        nm=$(cut -d' ' -f4 "/proc/$PPID/stat")
+        echo "task $(slice $$) nm $(slice $nm)"
+    "#;
+    let out = c.submit(&["/bin/sh", "-c", slices]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    if said.trim() == "task  nm" {
+        support::say_not_tested(
+            "normal_policy_daemons_take_a_short_slice_and_their_tasks_do_not",
+            "this kernel shows no se.slice",
+        );
+        return;
+    }
+    let short = storm_cluster::daemon::DAEMON_SLICE_NS;
+    let words: Vec<&str> = said.split_whitespace().collect();
+    assert_eq!(words[3], short.to_string(), "the NM's slice: {said}");
+    assert_ne!(words[1], short.to_string(), "the task's slice: {said}");
+}

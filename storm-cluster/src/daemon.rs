@@ -34,11 +34,75 @@ pub fn init_logging() {
         .init();
 }
 
+/// The kernel time slice a daemon asks for when it runs under the normal policy: 100 us,
+/// the shortest Linux takes. Under EEVDF (Linux 6.12 and later) a task that wakes with a
+/// shorter slice than the one running preempts it at once, rather than when the running
+/// task's slice ends (about 3 ms): a node manager woken by a heartbeat while the jobs keep
+/// every CPU busy stops and continues them that much sooner, and the nodes' switches stay
+/// together. It takes no privilege, and older kernels ignore it. Measured in a 2-node
+/// instance as a user at a 32 ms gang quantum: overlap 3.8-5.4 % and co-run 0.83-0.86
+/// without, 2.3-2.5 % and 0.89-0.91 with (docs/start.md).
+pub const DAEMON_SLICE_NS: u64 = 100_000;
+
+/// Linux's `struct sched_attr` (sched_setattr(2)), as far as SCHED_OTHER uses it.
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+    util_min: u32,
+    util_max: u32,
+}
+
+/// Asks for a kernel time slice of `ns` for the calling thread and what it starts from now
+/// on (0: the kernel's default), keeping its policy and nice value. Only under the normal
+/// policy; a real-time thread is left alone.
+pub fn set_slice(ns: u64) -> std::io::Result<()> {
+    let mut attr = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: sched_getattr(2) on the calling thread, into a buffer of `size` bytes.
+    if unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &raw mut attr, size, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if attr.policy != libc::SCHED_OTHER as u32 {
+        return Ok(());
+    }
+    attr.size = size;
+    attr.runtime = ns;
+    // SAFETY: sched_setattr(2) on the calling thread with the attributes it just read.
+    if unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's kernel time slice in nanoseconds, as `/proc/thread-self/sched`
+/// shows it (`None` where the kernel does not say).
+pub fn current_slice_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/sched").ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix("se.slice")?
+            .split(':')
+            .nth(1)?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// Puts the calling thread, and every thread it starts from now on, under SCHED_FIFO at
-/// `priority` (nothing for 0), as `[scheduler] daemon_rt_priority` asks; call it before the
-/// daemon starts its threads. Without the privilege it warns and leaves the policy as it is.
+/// `priority`, as `[scheduler] daemon_rt_priority` asks; call it before the daemon starts
+/// its threads. Without the privilege it warns and leaves the policy as it is. Under the
+/// normal policy (priority 0, or without the privilege) it asks for [`DAEMON_SLICE_NS`].
 pub fn set_rt_priority(priority: u8) {
     if priority == 0 {
+        short_slice();
         return;
     }
     let param = libc::sched_param {
@@ -54,8 +118,16 @@ pub fn set_rt_priority(priority: u8) {
              (set [scheduler] daemon_rt_priority = 0 to choose this and silence this warning)",
             std::io::Error::last_os_error()
         );
+        short_slice();
     } else {
         tracing::info!(priority, "running under SCHED_FIFO");
+    }
+}
+
+/// [`DAEMON_SLICE_NS`] for the calling thread, or a debug line saying why not.
+fn short_slice() {
+    if let Err(e) = set_slice(DAEMON_SLICE_NS) {
+        tracing::debug!("keeping the kernel's time slice: {e}");
     }
 }
 
@@ -97,10 +169,14 @@ pub fn set_rt_priority_of(pid: u32, priority: u8, passed_on: bool) -> std::io::R
 }
 
 /// Keeps the calling thread's policy, but a real-time one is no longer passed on: whatever it
-/// starts from now on runs under the normal policy (SCHED_RESET_ON_FORK). A launcher started
+/// starts from now on runs under the normal policy (SCHED_RESET_ON_FORK), with the kernel's
+/// own time slice (a daemon's short one, [`DAEMON_SLICE_NS`], is dropped). A launcher started
 /// by a real-time NM calls this first, so that it starts tasks promptly on busy nodes while
 /// the tasks themselves never run real-time.
 pub fn children_run_normal() -> std::io::Result<()> {
+    // A daemon's short slice is not the tasks' either: the kernel's own from here on (the
+    // launcher's work is not on a gang switch's path).
+    let _ = set_slice(0);
     // SAFETY: sched_getscheduler and sched_getparam on the calling thread.
     let policy = unsafe { libc::sched_getscheduler(0) };
     if policy < 0 {
@@ -290,6 +366,27 @@ fn one_line(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A thread under the normal policy gets the short slice it asks for, without
+    /// privilege, passes it to the threads it starts, and gets the kernel's default back;
+    /// where the kernel shows no slice the test says so.
+    #[test]
+    fn a_thread_takes_a_short_slice_and_gives_it_back() {
+        std::thread::spawn(|| {
+            let Some(before) = super::current_slice_ns() else {
+                eprintln!("NOT TESTED: this kernel shows no se.slice");
+                return;
+            };
+            super::set_slice(super::DAEMON_SLICE_NS).unwrap();
+            assert_eq!(super::current_slice_ns(), Some(super::DAEMON_SLICE_NS));
+            let child = std::thread::spawn(super::current_slice_ns).join().unwrap();
+            assert_eq!(child, Some(super::DAEMON_SLICE_NS));
+            super::set_slice(0).unwrap();
+            assert_eq!(super::current_slice_ns(), Some(before));
+        })
+        .join()
+        .unwrap();
+    }
+
     use super::*;
 
     #[test]

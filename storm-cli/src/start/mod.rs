@@ -42,7 +42,7 @@ pub struct StartArgs {
     #[arg(long, value_name = "N")]
     pub local: Option<u32>,
     /// The timeslice of the instance's scheduler, in milliseconds (its gang quantum).
-    /// Default: 1 where the daemons get real-time priority; else 32 with --policy gang,
+    /// Default: 1 where the daemons get real-time priority; else 48 with --policy gang,
     /// the smallest quantum at which gang scheduling held under the normal policy, and 4
     /// otherwise (docs/start.md, "Scheduling").
     #[arg(long)]
@@ -140,10 +140,11 @@ pub fn default_quantum_ms(rt: u8, policy: storm_cluster::config::PolicyKind) -> 
 pub const UNPRIVILEGED_TIMESLICE_MS: f64 = 4.0;
 
 /// The smallest quantum at which gang scheduling held without real-time priority, seen from
-/// the tasks (`storm-bench gang --parts tasks --daemon-rt-priority 0`, as a user, 2 nodes
-/// on 2 cores: 16 ms gave 3.3 % overlap and 0.886 co-run, 32 ms 1.2 % and 0.926; the target
-/// is at most 2 % and at least 0.90).
-pub const UNPRIVILEGED_QUANTUM_MS: f64 = 32.0;
+/// the tasks inside a Slurm allocation (`storm-bench report --parts gang`, as a user, 2
+/// nodes on this 2-core host, the daemons with their short kernel slice, medians: 32 ms
+/// gave 2.6 % overlap and 0.91 co-run over 8 runs, 48 ms 1.4-1.6 % and 0.90-0.95 over 3, 64
+/// ms 0.9-1.4 % and 0.92-0.94; the target is at most 2 % and at least 0.90).
+pub const UNPRIVILEGED_QUANTUM_MS: f64 = 48.0;
 
 /// This process's RLIMIT_RTPRIO (0 where it cannot be read).
 pub fn rtprio_limit() -> u64 {
