@@ -1174,7 +1174,10 @@ fn frozen_node_case(
 
 /// A node killed while a large transfer is under way: the origin learns of the failure and no
 /// destination raises the remote event. (If the kill lands after the transfer completed,
-/// every node must have been signalled; the case retries until it catches one mid-transfer.)
+/// every node must have been signalled; if it lands in the short signal or commit window
+/// after the data phase, which all-or-nothing does not cover, a node signalled must hold
+/// all the data, and so must every survivor. The case retries until it catches a kill in
+/// the data phase.)
 pub fn node_killed_mid_transfer_leaves_no_partial_signal(f: &dyn ClusterFactory) {
     let t = test_layout();
     let len = 32 << 20;
@@ -1212,12 +1215,23 @@ pub fn node_killed_mid_transfer_leaves_no_partial_signal(f: &dyn ClusterFactory)
         watcher.join().unwrap();
         match result {
             Err(_) => {
-                caught += 1;
-                for id in 0..5 {
-                    assert!(
-                        no_signal(&*c.node(id), t.data, Duration::from_millis(200)),
-                        "attempt {attempt}: node {id} raised the event of a failed transfer"
-                    );
+                let signalled: Vec<u32> = (0..5)
+                    .filter(|&id| !no_signal(&*c.node(id), t.data, Duration::from_millis(200)))
+                    .collect();
+                if signalled.is_empty() {
+                    caught += 1;
+                } else {
+                    // The kill fell in the signal (commit) window, which docs/primitives.md
+                    // names as outside all-or-nothing: the data phase had completed, so
+                    // every surviving destination holds all the data. A signal raised while
+                    // some node's data was still incomplete fails here.
+                    for id in 0..5 {
+                        assert!(
+                            read(&*c.node(id), t.bulk.offset, len) == data[..],
+                            "attempt {attempt}: nodes {signalled:?} raised the event of a \
+                             failed transfer whose data node {id} does not hold"
+                        );
+                    }
                 }
             }
             Ok(()) => {
