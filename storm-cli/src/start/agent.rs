@@ -73,10 +73,16 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     };
     let link = match args.front {
         Some(front) => {
-            let token = std::env::var(super::linked::TOKEN_VAR)
-                .with_context(|| format!("{} is not set", super::linked::TOKEN_VAR))?;
-            let token = super::link::Token::parse(&token)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", super::linked::TOKEN_VAR))?;
+            // The token comes on standard input (an environment variable would pass on to
+            // the node manager and the jobs).
+            let mut line = String::new();
+            std::io::stdin()
+                .lock()
+                .take(super::link::MAX_HELLO as u64)
+                .read_line(&mut line)
+                .context("reading the link's token")?;
+            let token = super::link::Token::parse(line.trim_end())
+                .map_err(|e| anyhow::anyhow!("the link's token on standard input: {e}"))?;
             connect(front, &token, placement.index)?
         }
         None => Link::Stdio,

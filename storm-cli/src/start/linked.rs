@@ -22,9 +22,6 @@ use super::core::Input;
 use super::link::{self, Token};
 use super::report::MAX_LINE;
 
-/// The environment variable that hands the own node's agent the token.
-pub const TOKEN_VAR: &str = "STORM_LINK_TOKEN";
-
 /// How long a connection may take to say hello.
 const HELLO_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -105,12 +102,11 @@ impl LinkedAgents {
         let mut cmd = Command::new(storm);
         cmd.arg("agent")
             .args(["--front", &front.to_string()])
-            .args(["--index", &own_index.to_string(), "--node", &own_node])
-            .env(TOKEN_VAR, token.as_str());
+            .args(["--index", &own_index.to_string(), "--node", &own_node]);
         if let Some(ip) = bind {
             cmd.arg("--bind").arg(ip.to_string());
         }
-        let own = spawn_own(cmd)?;
+        let own = spawn_own(cmd, &token)?;
         Ok(Self {
             own,
             own_node,
@@ -171,15 +167,21 @@ impl LinkedAgents {
     }
 }
 
-/// Starts the own node's agent (the token in its environment, which only this user can
-/// read), in a process group of its own: the terminal's Ctrl-C does not reach it.
-fn spawn_own(mut cmd: Command) -> Result<Child> {
+/// Starts the own node's agent, the token its first line of input (not its environment,
+/// which would pass on to its node manager and the jobs), in a process group of its own:
+/// the terminal's Ctrl-C does not reach it.
+fn spawn_own(mut cmd: Command, token: &Token) -> Result<Child> {
     use std::os::unix::process::CommandExt;
-    cmd.stdin(Stdio::null())
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .process_group(0);
-    cmd.spawn().context("starting this node's agent")
+    let mut child = cmd.spawn().context("starting this node's agent")?;
+    let mut input = child.stdin.take().context("this node's agent's input")?;
+    input
+        .write_all(format!("{}\n", token.as_str()).as_bytes())
+        .context("giving this node's agent the link's token")?;
+    Ok(child)
 }
 
 /// Accepts links until every node has one; then the listener is closed.

@@ -96,8 +96,8 @@ pub struct AgentArgs {
     #[arg(long, requires = "index")]
     pub node: Option<String>,
     /// Link to the front end at this address instead of standard input and output (the
-    /// front end's own node under `srun --mpi=pmi2 -N K storm start`; the link's token in
-    /// `STORM_LINK_TOKEN`).
+    /// front end's own node under `srun --mpi=pmi2 -N K storm start`; the link's token is
+    /// the first line of standard input).
     #[arg(long, value_name = "ADDR:PORT", requires = "index")]
     pub front: Option<std::net::SocketAddr>,
 }
