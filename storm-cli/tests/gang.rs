@@ -660,10 +660,10 @@ fn normal_policy_daemons_take_a_short_slice_and_their_tasks_do_not() {
     let out = c.submit(&["/bin/sh", "-c", slices]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
-    if said.trim() == "task  nm" {
+    if said.trim() == "task  nm" || !storm_cluster::daemon::custom_slices_supported() {
         support::say_not_tested(
             "normal_policy_daemons_take_a_short_slice_and_their_tasks_do_not",
-            "this kernel shows no se.slice",
+            "this kernel takes no time slice under the normal policy (Linux 6.12 on)",
         );
         return;
     }
