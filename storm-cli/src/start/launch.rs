@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -243,8 +243,8 @@ fn spawn_piped(mut cmd: Command, tx: &Sender<Input>, what: &str) -> Result<(Chil
     Ok((child, input))
 }
 
-/// Each line of `out` (bounded by [`MAX_LINE`]) as an [`Input::AgentLine`].
-fn forward_lines(out: ChildStdout, tx: &Sender<Input>) {
+/// Each line of `out` (bounded by [`MAX_LINE`]) as an [`Input::AgentLine`], to its end.
+pub(super) fn forward_lines(out: impl Read, tx: &Sender<Input>) {
     let mut reader = BufReader::new(out);
     loop {
         let mut line = String::new();

@@ -6,7 +6,7 @@
 //! [`Input::LinkLost`], and closing it is the instance's end on that node.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -20,7 +20,6 @@ use parking_lot::Mutex;
 
 use super::core::Input;
 use super::link::{self, Token};
-use super::report::MAX_LINE;
 
 /// How long a connection may take to say hello.
 const HELLO_DEADLINE: Duration = Duration::from_secs(5);
@@ -224,7 +223,7 @@ fn accept(
                 left.done(from.ip());
                 if let Some((index, reader)) = linked {
                     open.fetch_add(1, Ordering::AcqRel);
-                    forward(reader, &tx);
+                    super::launch::forward_lines(reader, &tx);
                     open.fetch_sub(1, Ordering::AcqRel);
                     let _ = tx.send(Input::LinkLost {
                         node: nodes[index as usize].clone(),
@@ -259,25 +258,10 @@ fn hello(
     Some((index, conn))
 }
 
-/// Each line of `reader` (bounded by [`MAX_LINE`]) as an [`Input::AgentLine`], to its end.
-fn forward(reader: TcpStream, tx: &Sender<Input>) {
-    let mut reader = BufReader::new(reader);
-    loop {
-        let mut line = String::new();
-        match (&mut reader).take(MAX_LINE as u64).read_line(&mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {
-                if tx.send(Input::AgentLine(line)).is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::net::SocketAddr;
 
     /// A TCP connection to `to` from the loopback address `from`.
