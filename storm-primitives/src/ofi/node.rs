@@ -424,46 +424,16 @@ impl Inner {
         let mut targets = job.dest.clone();
         targets.remove(self.id);
         let chunk = self.config.chunk_size.max(1);
-        // Data of one chunk with a signal, to one other node: one write that carries the
+        // Data of one piece with a signal, to one other node: the data's write carries the
         // signal as its remote CQ data. The target's completion, which raises its event, comes
         // only once the data is in its memory, so the signal still follows the data; the
         // initiator waits for one round trip instead of two. (To several nodes the data goes
         // everywhere before any signal: that is what keeps a transfer to a dead node from
         // signalling the others.)
-        if let Some(ev) = job.remote
-            && !job.data.is_empty()
-            && job.data.len() <= chunk
-            && targets.len() == 1
-        {
-            let mr = if self.fabric.mr_mode.local() {
-                Some(self.fabric.register_local(&job.data)?)
-            } else {
-                None
-            };
-            let desc = mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
-            let data = signal_data(ev.index() as u32);
-            let mut tickets = Vec::new();
-            for t in targets.iter() {
-                let raddr = self.remote_addr(t, job.offset);
-                // `job.data` outlives the operation: we wait for every ticket below.
-                let ticket = self.write(
-                    t,
-                    job.data.as_ptr().cast(),
-                    job.data.len(),
-                    desc,
-                    raddr,
-                    Some(data),
-                    deadline,
-                )?;
-                tickets.push((t, ticket));
-            }
-            progress::wait_all(&tickets, deadline, "writing the data and signalling")?;
-            drop(mr);
-            if job.dest.contains(self.id) {
-                self.events.signal(ev);
-            }
-            return Ok(());
-        }
+        let carried = job
+            .remote
+            .filter(|_| !job.data.is_empty() && job.data.len() <= chunk && targets.len() == 1)
+            .map(|ev| signal_data(ev.index() as u32));
         if !job.data.is_empty() && !targets.is_empty() {
             let mr = if self.fabric.mr_mode.local() {
                 Some(self.fabric.register_local(&job.data)?)
@@ -485,7 +455,7 @@ impl Inner {
                         piece.len(),
                         desc,
                         raddr,
-                        None,
+                        carried,
                         deadline,
                     )?;
                     tickets.push((t, ticket));
@@ -496,16 +466,19 @@ impl Inner {
             drop(mr);
         }
         let Some(ev) = job.remote else { return Ok(()) };
-        let mut tickets = Vec::new();
-        let data = signal_data(ev.index() as u32);
-        let src = self.word(SIGNAL_SOURCE);
-        let desc = self.local_desc();
-        for t in targets.iter() {
-            let raddr = self.remote_addr(t, tail_offset(&self.layout, t) + SIGNAL_LANDING);
-            let ticket = self.write(t, src.cast_const(), 8, desc, raddr, Some(data), deadline)?;
-            tickets.push((t, ticket));
+        if carried.is_none() {
+            let mut tickets = Vec::new();
+            let data = signal_data(ev.index() as u32);
+            let src = self.word(SIGNAL_SOURCE);
+            let desc = self.local_desc();
+            for t in targets.iter() {
+                let raddr = self.remote_addr(t, tail_offset(&self.layout, t) + SIGNAL_LANDING);
+                let ticket =
+                    self.write(t, src.cast_const(), 8, desc, raddr, Some(data), deadline)?;
+                tickets.push((t, ticket));
+            }
+            progress::wait_all(&tickets, deadline, "signalling")?;
         }
-        progress::wait_all(&tickets, deadline, "signalling")?;
         if job.dest.contains(self.id) {
             self.events.signal(ev);
         }
