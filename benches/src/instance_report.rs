@@ -205,22 +205,7 @@ pub fn run(dir: &Path, report: &ReportArgs) -> Result<()> {
         heartbeat_part(dir, nodes, &bin, &mut text)?;
     }
     if report.parts.contains(&Part::Gang) {
-        let figures = crate::instance_gang::measure(
-            &cfg,
-            &bin,
-            dir,
-            report.gang_cpu_s,
-            report.gang_ranks_per_node,
-        );
-        let mut gang_text = String::new();
-        say(&crate::instance_gang::table(&figures), &mut gang_text);
-        std::fs::write(dir.join("gang.txt"), &gang_text)?;
-        let json = match &figures {
-            Ok(g) => serde_json::to_value(g)?,
-            Err(why) => serde_json::json!({ "not_measured": why }),
-        };
-        std::fs::write(dir.join("gang.json"), serde_json::to_string_pretty(&json)?)?;
-        text.push_str(&gang_text);
+        gang_part(dir, &cfg, report, &bin, &mut text)?;
     }
     std::fs::write(dir.join("report.txt"), text)?;
     eprintln!("wrote the report into {}", dir.display());
@@ -233,6 +218,28 @@ fn say(t: &Table, text: &mut String) {
     println!("{r}");
     text.push_str(&r);
     text.push('\n');
+}
+
+/// Gang scheduling at the instance's size, or why not: `gang.{txt,json}`.
+fn gang_part(
+    dir: &Path,
+    cfg: &storm_cluster::ClusterConfig,
+    report: &ReportArgs,
+    bin: &Path,
+    text: &mut String,
+) -> Result<()> {
+    let figures =
+        crate::instance_gang::measure(cfg, bin, dir, report.gang_cpu_s, report.gang_ranks_per_node);
+    let mut gang_text = String::new();
+    say(&crate::instance_gang::table(&figures), &mut gang_text);
+    std::fs::write(dir.join("gang.txt"), &gang_text)?;
+    let json = match &figures {
+        Ok(g) => serde_json::to_value(g)?,
+        Err(why) => serde_json::json!({ "not_measured": why }),
+    };
+    std::fs::write(dir.join("gang.json"), serde_json::to_string_pretty(&json)?)?;
+    text.push_str(&gang_text);
+    Ok(())
 }
 
 /// The primitives on every fabric present: `fabric.{txt,csv,json,png}`.

@@ -60,10 +60,23 @@ fn can_run(test: &str) -> bool {
 
 /// `salloc -N 4 storm start -- ARGS` as `who`, in /tmp, within `limit`.
 fn salloc_start(who: (u32, u32), args: &[&str], limit: Duration) -> Output {
+    salloc_start_with(who, 4, &[], args, limit)
+}
+
+/// `salloc -N NODES storm start OPTIONS -- ARGS` as `who`, in /tmp, within `limit`.
+fn salloc_start_with(
+    who: (u32, u32),
+    nodes: u32,
+    options: &[&str],
+    args: &[&str],
+    limit: Duration,
+) -> Output {
     let mut cmd = Command::new("salloc");
-    cmd.args(["-N", "4", "--quiet"])
+    cmd.args(["-N", &nodes.to_string(), "--quiet"])
         .arg(bin_dir().join("storm"))
-        .args(["start", "--"])
+        .arg("start")
+        .args(options)
+        .arg("--")
         .args(args)
         .current_dir("/tmp")
         .env("SLURM_CONF", slurm_conf())
@@ -445,20 +458,23 @@ fn storm_bench_report_measures_gang_scheduling_in_a_gang_instance() {
     let who = user("storm-ua");
     let work = support::shared_tempdir();
     let dir = work.path().join("report");
-    let mut cmd = Command::new("salloc");
-    cmd.args(["-N", "2", "--quiet"])
-        .arg(bin_dir().join("storm"))
-        .args(["start", "--policy", "gang", "--"])
-        .arg(bin_dir().join("storm-bench"))
-        .args(["report", "--parts", "gang", "--gang-cpu-s", "0.3", "--out"])
-        .arg(&dir)
-        .current_dir("/tmp")
-        .env("SLURM_CONF", slurm_conf())
-        .env("STORM_BIN_DIR", bin_dir())
-        .env_remove("STORM_CONFIG")
-        .uid(who.0)
-        .gid(who.1);
-    let out = support::output_within(cmd, Duration::from_secs(300)).expect("ended in time");
+    let bench = bin_dir().join("storm-bench");
+    let out = salloc_start_with(
+        who,
+        2,
+        &["--policy", "gang"],
+        &[
+            bench.to_str().unwrap(),
+            "report",
+            "--parts",
+            "gang",
+            "--gang-cpu-s",
+            "0.3",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        Duration::from_secs(300),
+    );
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{said}");
     let gang: serde_json::Value =
