@@ -27,6 +27,7 @@ mod federation;
 mod fuzz;
 mod gang;
 mod hpcc;
+mod idle;
 mod instance_gang;
 mod instance_report;
 mod launch;

@@ -211,9 +211,9 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     }
     let half = args.jobs.div_ceil(2);
     let mut floor = spread(half, args.clients, fork_exec_once)?;
-    let (storm, during, MmCpu { all: mm_cpu, .. }) = storm_pass(args, 1)?;
+    let (storm, during, MmCpu { all: mm_cpu, .. }, idle) = storm_pass(args, 1)?;
     let group = if args.managers > 1 {
-        Some(storm_pass(args, args.managers)?)
+        Some(storm_pass(args, args.managers)?).map(|(p, l, c, _)| (p, l, c))
     } else {
         None
     };
@@ -272,9 +272,26 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         ),
     ]);
     let mut phases = Table::new(
-        "Where a storm job's time went (the MM's --timing phases, median over the jobs)",
+        "Where a storm job's time went, phase by phase (median over the jobs; the MM's clock, \
+         and the node's from its taking the launch heartbeat): queued to nodes allocated, \
+         program sent, start recorded in the journal, launch heartbeat issued; on the node: \
+         seal checked, job readied (program and PMI), tasks handed to the launcher (cgroup), \
+         first task forked; its run, its report to the MM; the client's own part (connect, \
+         submit, reply) is submit-to-exit less the MM's total",
         &[
-            "MM", "queued", "send", "launch", "start", "run", "report", "MM total",
+            "MM",
+            "queued",
+            "send",
+            "journal",
+            "heartbeat",
+            "verify",
+            "ready",
+            "hand over",
+            "fork",
+            "run",
+            "report",
+            "MM total",
+            "client",
         ],
     );
     let mut passes = vec![("single".to_string(), &storm)];
@@ -283,16 +300,22 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
     }
     for (what, p) in passes {
         let t = &p.timings;
+        let client = p.latency.quantile(0.5) - median_us(t, |t| t.total_us);
         let mut row = vec![what];
         row.extend(
             [
                 median_us(t, |t| t.queued_us),
                 median_us(t, |t| t.send_us),
-                median_us(t, |t| t.launch_us),
-                median_us(t, |t| t.start_us),
+                median_us(t, |t| t.record_us),
+                median_us(t, |t| t.launch_us.saturating_sub(t.record_us)),
+                median_us(t, |t| t.verified_us),
+                median_us(t, |t| t.prepared_us.saturating_sub(t.verified_us)),
+                median_us(t, |t| t.asked_us.saturating_sub(t.prepared_us)),
+                median_us(t, |t| t.start_us.saturating_sub(t.asked_us)),
                 median_us(t, |t| t.run_us),
                 median_us(t, |t| t.report_us),
                 median_us(t, |t| t.total_us),
+                client,
             ]
             .into_iter()
             .map(fmt_time),
@@ -309,7 +332,12 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
         during.commits.0.to_string(),
         fmt_time(during.commits.mean()),
     ]);
-    let mut tables = vec![table, phases, mm];
+    let mut tables = vec![
+        table,
+        phases,
+        mm,
+        crate::idle::table(&idle, IDLE_WINDOW, args.timeslice_ms),
+    ];
     if let Some((g, g_loop, MmCpu { all: g_cpu, leader })) = group {
         let mut cost = Table::new(
             format!(
@@ -389,9 +417,16 @@ struct MmCpu {
     leader: f64,
 }
 
+/// How long the cluster is watched idle, after its jobs.
+const IDLE_WINDOW: Duration = Duration::from_secs(3);
+
 /// One pass of the jobs on a fresh embedded cluster with `managers` MM replicas: the pass,
-/// the MM's loop meanwhile (the leader's), and the CPU time of the MM processes.
-fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmCpu)> {
+/// the MM's loop meanwhile (the leader's), the CPU time of the MM processes, and then each
+/// daemon's cost idle ([`crate::idle`]).
+fn storm_pass(
+    args: &ThroughputArgs,
+    managers: u32,
+) -> Result<(Pass, MmLoop, MmCpu, crate::idle::IdleCost)> {
     let cluster = LocalCluster::start(&LocalOptions {
         cpus: Some(args.cpus),
         timeslice_ms: args.timeslice_ms,
@@ -453,8 +488,11 @@ fn storm_pass(args: &ThroughputArgs, managers: u32) -> Result<(Pass, MmLoop, MmC
     } else {
         mm_loop(&now)?
     };
+    // Idle once the jobs' ends have settled (their nodes told to forget them).
+    thread::sleep(Duration::from_millis(500));
+    let idle = crate::idle::measure(&cluster, IDLE_WINDOW);
     cluster.shutdown()?;
-    Ok((pass, during, cpu))
+    Ok((pass, during, cpu, idle))
 }
 
 /// CPU time (user and system) the processes `pids` used so far, in seconds.

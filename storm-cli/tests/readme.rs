@@ -136,6 +136,18 @@ fn check_output(line: &str, stdout: &str, dir: &Path) {
             rate("storm").is_some_and(|r| r > 0.0) && rate("fork/exec").is_some_and(|r| r > 0.0),
             "`{line}` gives storm's jobs/s beside fork/exec's: {stdout}"
         );
+        // The idle cluster's cost, daemon by daemon: the MM and each of the 4 NMs.
+        let idle: Vec<f64> = stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("An idle cluster"))
+            .filter(|l| l.trim_start().starts_with("storm-mm") || l.contains("storm-nm node"))
+            .filter_map(|l| l.split_whitespace().rev().nth(1)?.parse().ok())
+            .collect();
+        assert_eq!(
+            idle.len(),
+            5,
+            "`{line}` gives each idle daemon's cost: {stdout}"
+        );
     }
     if line.contains("storm-bench federation") {
         // The row of a run: `RUN  JOBS  FLOCKED  ...`; the number of jobs that flocked.

@@ -935,6 +935,18 @@ impl ClusterConfig {
             .max(Duration::from_millis(self.failure.deadline_min_ms.max(1)))
     }
 
+    /// How often a heartbeat goes that carries nothing new (`quiet_heartbeat_ms`): never
+    /// more often than each timeslice, and never so seldom that failure detection slows, at
+    /// most a quarter of a heartbeat's deadline and of K periods.
+    pub fn quiet_heartbeat_period(&self) -> Duration {
+        let slice = self.timeslice();
+        let bound = (self.heartbeat_deadline() / 4)
+            .min(slice.saturating_mul(self.failure.missed_heartbeats) / 4);
+        Duration::from_millis(self.failure.quiet_heartbeat_ms)
+            .min(bound)
+            .max(slice)
+    }
+
     pub fn timeslice(&self) -> Duration {
         Duration::from_secs_f64(self.cluster.timeslice_ms / 1000.0)
     }

@@ -532,6 +532,17 @@ pub struct Timing {
     pub launch_us: u64,
     /// Launch heartbeat to termination detected.
     pub execute_us: u64,
+    /// Program ready to its start held by the journal (write-ahead: a restarted MM must know
+    /// of every job whose tasks may run); part of `launch_us`.
+    pub record_us: u64,
+    /// Launch heartbeat taken to its seal checked, on the slowest node; part of `start_us`.
+    pub verified_us: u64,
+    /// Launch heartbeat taken to the job readied (program checked, PMI set up), on the
+    /// slowest node; part of `start_us`.
+    pub prepared_us: u64,
+    /// Launch heartbeat taken to every local task handed to the launcher, on the slowest
+    /// node; part of `start_us` where one node runs the job.
+    pub asked_us: u64,
     /// Launch heartbeat to the first task started (on the node that started one first).
     pub start_us: u64,
     /// First task started to last task ended (on any node).

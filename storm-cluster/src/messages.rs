@@ -695,6 +695,13 @@ impl NodeReport {
 /// that launched them (its own clock: nodes' clocks need not agree).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeTiming {
+    /// The launch heartbeat's seal was checked.
+    pub verified_us: Option<u64>,
+    /// The job was readied here: its program checked (a spooled copy hashed against the
+    /// launch), its PMI server set up.
+    pub prepared_us: Option<u64>,
+    /// Every local task was handed to the node's launcher (its cgroup made).
+    pub asked_us: Option<u64>,
     /// The first local task started (its launcher forked it); none if none started.
     pub first_started_us: Option<u64>,
     /// The last local task ended; none if the node does not know when (a lost launcher).

@@ -854,6 +854,9 @@ fn rm_message_seeds() -> Vec<Vec<u8>> {
                 job: 42,
                 statuses: vec![(0, RankStatus::Exited(0)), (1, RankStatus::Signaled(9))],
                 timing: messages::NodeTiming {
+                    verified_us: Some(40),
+                    prepared_us: Some(300),
+                    asked_us: Some(900),
                     first_started_us: Some(1_200),
                     last_exited_us: Some(9_000),
                     reported_us: 9_400,

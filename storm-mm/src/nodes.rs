@@ -110,6 +110,8 @@ pub struct NodeTable {
     /// The nodes whose silence counts towards DOWN: out of the heartbeat (unresponsive, or
     /// registering again after that) and heard at some time. Only these are looked at.
     silent: BTreeSet<NodeId>,
+    /// The nodes registering: welcomed, not members yet.
+    joining: BTreeSet<NodeId>,
 }
 
 impl NodeTable {
@@ -134,6 +136,7 @@ impl NodeTable {
             limit: limit.max(1),
             all_heard: None,
             silent: BTreeSet::new(),
+            joining: BTreeSet::new(),
         }
     }
 
@@ -241,7 +244,13 @@ impl NodeTable {
         };
         self.leave_heartbeat(n);
         self.nodes[n as usize].life = Life::Unresponsive { stamp, reason };
+        self.joining.remove(&n);
         true
+    }
+
+    /// Whether every node is a member or out (none joining, none unresponsive).
+    pub fn settled(&self) -> bool {
+        self.silent.is_empty() && self.joining.is_empty()
     }
 
     /// How many nodes are unresponsive: out of the heartbeat after missing it, not DOWN yet,
@@ -260,6 +269,7 @@ impl NodeTable {
             self.leave_heartbeat(n);
         }
         self.nodes[n as usize].life = Life::Joining { stamp, sent };
+        self.joining.insert(n);
     }
 
     /// Nodes out of the heartbeat (unresponsive, or registering again after that) whose
@@ -292,6 +302,7 @@ impl NodeTable {
         node.life = Life::Up { stamp };
         node.last_heard = Some(now);
         self.silent.remove(&n);
+        self.joining.remove(&n);
     }
 
     /// Marks `n` down; false if it already was.
@@ -306,6 +317,7 @@ impl NodeTable {
         node.given_back = false;
         node.last_nudge = Some(now);
         self.silent.remove(&n);
+        self.joining.remove(&n);
         true
     }
 

@@ -481,7 +481,11 @@ impl Sim {
     /// since the last one and ticks, then every node takes what it was sent and reports what
     /// ended.
     pub fn step(&mut self) {
-        let tick = self.mm.poll_timeout();
+        // A request wakes a quiet MM, whose next timeslice then comes at the usual cadence.
+        let tick = match self.requests.is_empty() {
+            true => self.mm.poll_timeout(),
+            false => self.mm.poll_timeout_with_input(),
+        };
         self.step_nodes_before(tick);
         self.clock.advance_to(tick);
         let mm_start = thread_cpu();

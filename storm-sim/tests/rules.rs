@@ -742,5 +742,74 @@ fn an_nm_looks_again_soon_for_the_status_of_a_task_whose_output_drained() {
     );
     assert!(s.run_until(ms(1_000), |s| s.outcome(job).is_some()));
     assert_eq!(s.outcome(job).unwrap().exit_code(), 0);
-    assert_eq!(s.node(0).poll_timeout(), idle);
+    // Once the node has forgotten the job, it waits as long as an idle node does again.
+    assert!(
+        s.run_until(ms(1_000), |s| s.node(0).poll_timeout() == idle),
+        "the NM still looks every {:?}, not {idle:?}, with the job ended",
+        s.node(0).poll_timeout()
+    );
+}
+
+/// Issue 64: an idle cluster is not woken every timeslice. With nothing new to say (no
+/// command, the same members), the MM sends a heartbeat only each quiet period
+/// (`[failure] quiet_heartbeat_ms`, 50 ms at the defaults); yet a job submitted meanwhile
+/// starts at the usual cadence, and a node that freezes is still DOWN exactly K periods
+/// after the last heartbeat it took.
+#[test]
+fn an_idle_cluster_is_heartbeat_each_quiet_period_yet_jobs_and_failures_keep_their_times() {
+    let slice = ms(1);
+    let k = 1000;
+    let mut s = Sim::up(SimOptions {
+        timeslice: slice,
+        missed_heartbeats: k,
+        record: true,
+        ..SimOptions::default()
+    })
+    .expect("a simulated cluster, every node up");
+    let quiet = s.config().quiet_heartbeat_period();
+    assert_eq!(quiet, ms(50), "the defaults' quiet period");
+    s.run_for(ms(100));
+    let from = s.now();
+    s.run_for(ms(1_000));
+    let taken: Vec<_> = s
+        .node(1)
+        .heard()
+        .iter()
+        .map(|h| h.at)
+        .filter(|&at| at >= from)
+        .collect();
+    assert!(
+        (19..=21).contains(&taken.len()),
+        "{} heartbeats in 1 s of an idle cluster, not one per {quiet:?}",
+        taken.len()
+    );
+    for pair in taken.windows(2) {
+        assert!(
+            pair[1] - pair[0] <= quiet,
+            "{:?} between two heartbeats of an idle cluster",
+            pair[1] - pair[0]
+        );
+    }
+    // Between two quiet heartbeats: the job's launch does not wait for the next one.
+    s.run_for(ms(7));
+    let submitted = s.now();
+    let job = s.submit(&SimJob::new(4, ms(20))).unwrap();
+    assert!(s.run_until(ms(1_000), |s| !s.started(job).is_empty()));
+    let waited = s.started(job)[0] - submitted;
+    assert!(
+        waited <= slice * 5,
+        "a job submitted to an idle cluster started {waited:?} later"
+    );
+    assert!(s.run_until(ms(1_000), |s| s.outcome(job).is_some()));
+    // Idle again: a node that freezes now is DOWN K periods after its last heartbeat.
+    s.run_for(ms(200));
+    s.freeze(2, true);
+    let last = s.node(2).heard().last().expect("node 2 took heartbeats").at;
+    assert!(s.run_until(ms(5_000), |s| s.state(2).state == NodeState::Down));
+    assert_eq!(
+        s.now(),
+        last + slice * k,
+        "DOWN {:?} after its last heartbeat",
+        s.now() - last
+    );
 }

@@ -573,13 +573,17 @@ fn run(args: Args) -> Result<i32, String> {
     if args.timing {
         let t = outcome.timing;
         eprintln!(
-            "storm-submit: job {} timing: queued {}, send {}, launch {}, execute {} (start {}, run {}, report {}), total {}",
+            "storm-submit: job {} timing: queued {}, send {}, launch {} (journal {}), execute {} (start {} [seal checked {}, readied {}, handed to the launcher {}], run {}, report {}), total {}",
             outcome.job,
             ms(t.queued_us),
             ms(t.send_us),
             ms(t.launch_us),
+            ms(t.record_us),
             ms(t.execute_us),
             ms(t.start_us),
+            ms(t.verified_us),
+            ms(t.prepared_us),
+            ms(t.asked_us),
             ms(t.run_us),
             ms(t.report_us),
             ms(t.total_us)

@@ -303,6 +303,11 @@ pub struct FailureSection {
     /// How often the MM checks with COMPARE-AND-WRITE that every member took the heartbeats
     /// delivered to it; one found behind is unresponsive.
     pub check_interval_ms: u64,
+    /// A heartbeat that would tell the members nothing new (no command, the schedule they
+    /// already run) goes only this often, not every timeslice: an idle cluster then costs its
+    /// daemons almost nothing. Bounded by failure detection (at most a quarter of a
+    /// heartbeat's deadline and of K periods); 0 sends one every timeslice.
+    pub quiet_heartbeat_ms: u64,
     /// After a restart of the MM, how long jobs that ran wait for their nodes to register
     /// again and say they still hold them; a job some of whose nodes did not come back by then
     /// ends, naming them.
@@ -327,6 +332,7 @@ impl Default for FailureSection {
             deadline_heartbeats: 10,
             deadline_min_ms: 200,
             check_interval_ms: 100,
+            quiet_heartbeat_ms: 50,
             readopt_within_ms: 30_000,
             rejoin_after_ms: 10_000,
             launcher_timeout_ms: 10_000,

@@ -41,6 +41,25 @@ pub(super) struct HeartbeatSender {
     /// Heartbeat failures recur every timeslice while a node is unreachable: log them at most
     /// once a second.
     pub(super) errors: LogLimit,
+    /// What the last heartbeat issued told the members, to skip one that would tell them
+    /// nothing new (see [`Quiet`]).
+    pub(super) last: Option<Quiet>,
+    /// How often a heartbeat that tells the members nothing new goes all the same, and
+    /// how many whole timeslices that is (at least one).
+    pub(super) quiet_slices: u32,
+    pub(super) slice: Duration,
+}
+
+/// What the last heartbeat issued said and to whom. The next one may be skipped while it
+/// would carry no command and the same strobe to the same members, until the quiet period has
+/// passed since this one: an idle cluster is not woken every timeslice. Failure detection is
+/// not slowed past what its own bounds allow ([`ClusterConfig::quiet_heartbeat_period`]).
+pub(super) struct Quiet {
+    /// The timeslice it went in.
+    pub(super) tick: Instant,
+    pub(super) members: NodeSet,
+    /// The strobe it carried (under gang scheduling).
+    pub(super) strobe: Option<Command>,
 }
 
 impl HeartbeatSender {
@@ -63,7 +82,20 @@ impl HeartbeatSender {
             joined_since_check: NodeSet::new(),
             commands: VecDeque::new(),
             errors: LogLimit::new(Duration::from_secs(1)),
+            last: None,
+            slice: cfg.timeslice(),
+            quiet_slices: (cfg.quiet_heartbeat_period().as_nanos()
+                / cfg.timeslice().as_nanos().max(1))
+            .clamp(1, u32::MAX as u128) as u32,
         }
+    }
+}
+
+impl HeartbeatSender {
+    /// When the timeslice is due that sends a heartbeat after `last` even if it has nothing
+    /// new to say: whole timeslices after the one `last` went in.
+    pub(super) fn next_quiet(&self, last: &Quiet) -> Instant {
+        last.tick + self.slice * self.quiet_slices
     }
 }
 
@@ -85,6 +117,10 @@ impl<E: MmEnv> MachineManager<E> {
         if self.hb.queue.dest().is_empty() {
             return;
         }
+        let strobe = self.strobe();
+        if self.hb.resend.is_none() && self.heartbeat_says_nothing_new(&strobe) {
+            return;
+        }
         let (bytes, fresh) = match self.hb.resend.take() {
             Some(bytes) => (bytes, None),
             None => match self.next_heartbeat() {
@@ -99,6 +135,11 @@ impl<E: MmEnv> MachineManager<E> {
         {
             Ok(()) => {
                 let now = self.now();
+                self.hb.last = Some(Quiet {
+                    tick: self.last_tick,
+                    members: self.hb.queue.dest().clone(),
+                    strobe,
+                });
                 if let Some(taken) = fresh {
                     self.hb.seq += 1;
                     let mut unneeded = Vec::new();
@@ -171,13 +212,7 @@ impl<E: MmEnv> MachineManager<E> {
             }
             taken += 1;
         }
-        if self.gang {
-            let lease = self.cfg.slot_lease().filter(|_| self.run_rotates);
-            hb.commands.push(Command::Schedule {
-                run: self.run_set.clone(),
-                lease_us: lease.map_or(0, |l| l.as_micros().clamp(1, u32::MAX as u128) as u32),
-            });
-        }
+        hb.commands.extend(self.strobe());
         hb.seal = self.signer.seal_commands(
             self.reattach.incarnation,
             hb.seq,
@@ -191,6 +226,32 @@ impl<E: MmEnv> MachineManager<E> {
                 None
             }
         }
+    }
+
+    /// Under gang scheduling, the schedule of this timeslice (the strobe).
+    fn strobe(&self) -> Option<Command> {
+        self.gang.then(|| {
+            let lease = self.cfg.slot_lease().filter(|_| self.run_rotates);
+            Command::Schedule {
+                run: self.run_set.clone(),
+                lease_us: lease.map_or(0, |l| l.as_micros().clamp(1, u32::MAX as u128) as u32),
+            }
+        })
+    }
+
+    /// Whether this timeslice's heartbeat may be skipped: it would carry no command and the
+    /// strobe the same members took last (one without a lease: a leased slot stops on a node
+    /// whose next heartbeat is late), and the quiet period has not passed since.
+    fn heartbeat_says_nothing_new(&self, strobe: &Option<Command>) -> bool {
+        let Some(last) = &self.hb.last else {
+            return false;
+        };
+        let leased = matches!(strobe, Some(Command::Schedule { lease_us, .. }) if *lease_us > 0);
+        self.hb.commands.is_empty()
+            && !leased
+            && last.strobe == *strobe
+            && last.members == *self.hb.queue.dest()
+            && self.last_tick < self.hb.next_quiet(last)
     }
 
     /// Takes the outcome of the heartbeat in flight, if it has one; true when none is in

@@ -128,6 +128,8 @@ pub(super) struct Job {
     pub(super) program_save_failed: bool,
     pub(super) allocated: Option<Instant>,
     pub(super) ready: Option<Instant>,
+    /// Its start held by the journal: its launch may go.
+    pub(super) recorded: Option<Instant>,
     pub(super) launched: Option<Instant>,
     /// When its tasks ran, as its nodes reported (for the outcome's timing).
     pub(super) ran: RanAt,
@@ -181,6 +183,11 @@ const UNSENT_KEPT: usize = 1024;
 /// launch heartbeat.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct RanAt {
+    /// How far the slowest node's start got: its seal checked, the job readied, every
+    /// task handed to the launcher.
+    pub(super) verified_us: Option<u64>,
+    pub(super) prepared_us: Option<u64>,
+    pub(super) asked_us: Option<u64>,
     pub(super) first_started_us: Option<u64>,
     pub(super) last_exited_us: Option<u64>,
     /// What its processes used: CPU time summed over its nodes, the largest peak memory
@@ -190,6 +197,9 @@ pub(super) struct RanAt {
 
 impl RanAt {
     pub(super) fn add(&mut self, t: &storm_cluster::messages::NodeTiming) {
+        self.verified_us = self.verified_us.max(t.verified_us);
+        self.prepared_us = self.prepared_us.max(t.prepared_us);
+        self.asked_us = self.asked_us.max(t.asked_us);
         self.first_started_us = match (self.first_started_us, t.first_started_us) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -259,6 +269,7 @@ impl Job {
             program_save_failed: false,
             allocated: None,
             ready: None,
+            recorded: None,
             launched: None,
             ran: RanAt::default(),
             launched_ms: None,

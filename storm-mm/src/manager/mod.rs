@@ -294,6 +294,38 @@ impl<E: MmEnv> MachineManager<E> {
         self.next_tick
     }
 
+    /// Whether nothing is under way that a timeslice must move on: no job, no command or
+    /// heartbeat waiting, no reply, journal change or transfer pending, no node joining or
+    /// unresponsive, no shutdown. A quiet MM's next timeslice comes a quiet heartbeat
+    /// period later (`[failure] quiet_heartbeat_ms`), not one timeslice later: an idle
+    /// cluster does not wake it a thousand times a second. Any input brings the next
+    /// timeslice back to the usual cadence ([`MachineManager::handle`]).
+    fn is_quiet(&self) -> bool {
+        self.jobs.is_empty()
+            && !self.shutting_down
+            && self.hb.commands.is_empty()
+            && self.hb.in_flight.is_none()
+            && self.hb.resend.is_none()
+            && self.outbox.is_idle()
+            && self.transfers.is_idle()
+            && !self.term_announced
+            && !self.pmi_recheck
+            && self.pmi_ended.is_empty()
+            && !self.queue_changed
+            && self.nodes.settled()
+    }
+
+    /// When the next timeslice is due once an input arrives: one timeslice after the last,
+    /// as when the MM is busy, however quiet it was.
+    pub fn poll_timeout_with_input(&self) -> Instant {
+        self.next_tick.min(self.last_tick + self.cfg.timeslice())
+    }
+
+    /// An input came: see [`MachineManager::poll_timeout_with_input`].
+    fn back_to_cadence(&mut self) {
+        self.next_tick = self.poll_timeout_with_input();
+    }
+
     /// What the MM does between timeslices: takes the terminations announced since the last
     /// timeslice, takes the program transfers its workers finished (verifying the nodes'
     /// answers, and recording the launch of a job whose program every node holds), and sends
@@ -378,8 +410,13 @@ impl<E: MmEnv> MachineManager<E> {
         // A stall of the MM's own (it was not scheduled, or swapped) is nobody's silence.
         let gap = now.saturating_duration_since(self.last_tick);
         let slice = self.cfg.timeslice();
-        if gap > slice * 3 {
-            self.nodes.excuse(gap - slice);
+        // What the MM meant to wait: a timeslice, or longer while quiet.
+        let meant = self
+            .next_tick
+            .saturating_duration_since(self.last_tick)
+            .max(slice);
+        if gap > meant + slice * 2 {
+            self.nodes.excuse(gap - meant);
         }
         self.last_tick = now;
         self.attention.collect(&*self.prims, now);
@@ -425,6 +462,13 @@ impl<E: MmEnv> MachineManager<E> {
         self.next_tick += slice;
         if self.next_tick < after {
             self.next_tick = after;
+        }
+        if self.is_quiet()
+            && let Some(last) = &self.hb.last
+        {
+            // In whole timeslices: they stay on their grid, so that what is due K periods
+            // after a heartbeat is seen then, not between two timeslices.
+            self.next_tick = self.next_tick.max(self.hb.next_quiet(last));
         }
     }
 
@@ -583,6 +627,7 @@ impl<E: MmEnv> MachineManager<E> {
 
     /// Queues the launch of every job whose start the journal now holds.
     fn release_launches(&mut self) {
+        let now = self.now();
         let settled = self.outbox.journal.settled();
         let mut ready: Vec<JobId> = self
             .jobs
@@ -597,6 +642,7 @@ impl<E: MmEnv> MachineManager<E> {
             self.queue_changed = true;
             let j = self.jobs.get_mut(&id).expect("listed");
             j.phase = Phase::Launching;
+            j.recorded = Some(now);
             let spec = j.launch_spec(self.cfg.capacity().cpus_per_node);
             self.launch_in_heartbeats(spec);
             self.release_held_input(id);
@@ -919,6 +965,10 @@ impl<E: MmEnv> MachineManager<E> {
             queued_us: us(Some(j.submitted), j.allocated),
             send_us: us(j.allocated, j.ready),
             launch_us: us(j.ready.or(j.allocated), j.launched),
+            record_us: us(j.ready.or(j.allocated), j.recorded),
+            verified_us: j.ran.verified_us.unwrap_or(0),
+            prepared_us: j.ran.prepared_us.unwrap_or(0),
+            asked_us: j.ran.asked_us.unwrap_or(0),
             execute_us,
             start_us: j.ran.first_started_us.unwrap_or(0),
             run_us: j.ran.run_us(),

@@ -41,6 +41,17 @@ pub(super) struct Outbox {
 }
 
 impl Outbox {
+    /// Whether nothing waits to be answered, replied, recorded or forgotten.
+    pub(super) fn is_idle(&self) -> bool {
+        self.unanswered.is_empty()
+            && self.replies.is_empty()
+            && self.unrecorded.is_empty()
+            && self.saving.is_empty()
+            && self.saved_programs.is_empty()
+            && self.forgets.is_empty()
+            && !self.journal.dirty()
+    }
+
     pub(super) fn new(journal: Journal) -> Self {
         Self {
             clients: HashMap::new(),

@@ -96,6 +96,7 @@ impl<E: MmEnv> MachineManager<E> {
     /// timeslice, once the journal holds what they tell; the other inputs are taken up where
     /// the timeslice (or [`MachineManager::between_ticks`]) looks for them.
     pub fn handle(&mut self, input: Input) {
+        self.back_to_cadence();
         match input {
             Input::Connected {
                 client,

@@ -44,6 +44,11 @@ impl Transfers {
             finished: Vec::new(),
         }
     }
+
+    /// Whether no transfer runs and none ended untaken.
+    pub(super) fn is_idle(&self) -> bool {
+        self.workers.iter().all(Option::is_none) && self.finished.is_empty()
+    }
 }
 
 /// How long every node has to answer whether a program is in place before it is copied

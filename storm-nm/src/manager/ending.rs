@@ -202,7 +202,11 @@ impl<E: NmEnv> NodeManager<E> {
             return Ok(());
         };
         let since = |ns: u128| (ns.saturating_sub(j.launched_ns) / 1_000) as u64;
+        let stamp = |ns: Option<u128>| ns.map(since);
         let timing = NodeTiming {
+            verified_us: stamp(j.stamps.verified_ns),
+            prepared_us: stamp(j.stamps.prepared_ns),
+            asked_us: stamp(j.stamps.asked_ns),
             first_started_us,
             last_exited_us,
             reported_us: since(self.env.stamp_ns()),

@@ -57,6 +57,9 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 const SWITCH_INLINE_WAIT: Duration = Duration::from_millis(5);
 /// How often a switch waiting for tasks to stop is looked at again.
 const SWITCH_RECHECK: Duration = Duration::from_millis(1);
+/// How long a member that holds no job waits for a heartbeat before it looks around: there
+/// is nothing to look at, and a heartbeat ends the wait when it comes.
+const QUIET_POLL: Duration = Duration::from_millis(100);
 /// The first look again for the exit status of a task whose output has drained: its
 /// launcher writes the status once it has reaped the task, a moment after the task's pipes
 /// closed (which is what woke the NM). Later looks wait as long as the NM has waited so far.
@@ -153,6 +156,8 @@ struct LocalJob {
     exited_at: Option<Instant>,
     /// When this node took the heartbeat that launched it ([`NmEnv::stamp_ns`]).
     launched_ns: u128,
+    /// How far its start got here, and when (the phases its report gives).
+    stamps: LaunchStamps,
     output_closed: bool,
     reported: bool,
     /// Reported to another MM process: reported again to this one once the output that
@@ -170,6 +175,17 @@ struct LocalJob {
     stopped_at: Option<Instant>,
 }
 
+/// When a job's start passed each phase on this node ([`NmEnv::stamp_ns`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct LaunchStamps {
+    /// Its launch heartbeat's seal was checked.
+    verified_ns: Option<u128>,
+    /// Its program was checked and its PMI server set up.
+    prepared_ns: Option<u128>,
+    /// Every local task was handed to the launcher.
+    asked_ns: Option<u128>,
+}
+
 impl LocalJob {
     /// A job as it starts on this node; `ending` for one whose tasks never start here.
     fn new(spec: LaunchSpec, ranks: Vec<LocalRank>, ending: bool, launched_ns: u128) -> Self {
@@ -180,6 +196,7 @@ impl LocalJob {
             ending,
             exited_at: None,
             launched_ns,
+            stamps: LaunchStamps::default(),
             output_closed: false,
             reported: false,
             report_again: false,
@@ -274,6 +291,8 @@ pub struct NodeManager<E: NmEnv> {
     /// When the latest heartbeat was taken ([`NmEnv::stamp_ns`]): jobs it launches count
     /// their timing from it.
     heard_ns: u128,
+    /// When the last heartbeat's seal was checked ([`NmEnv::stamp_ns`]).
+    verified_ns: u128,
     output_epoch: u32,
     /// Since when some task's output has drained but its exit status is not known yet: the
     /// NM looks again soon, rather than at its next heartbeat, to report the end at once.
@@ -331,6 +350,7 @@ impl<E: NmEnv> NodeManager<E> {
             last_sealed: None,
             refused: LogLimit::with_burst(Duration::from_secs(10), 20),
             heard_ns: 0,
+            verified_ns: 0,
             output_epoch: 0,
             exiting_since: None,
             done: false,
@@ -361,6 +381,9 @@ impl<E: NmEnv> NodeManager<E> {
     pub fn poll_timeout(&self) -> Duration {
         let mut idle = if self.switch.is_some() {
             SWITCH_RECHECK
+        } else if self.jobs.is_empty() && self.pending.is_empty() && self.registration.is_member() {
+            // Nothing to look at between heartbeats: an idle node sleeps until one comes.
+            QUIET_POLL
         } else {
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50))
         };
@@ -488,6 +511,7 @@ impl<E: NmEnv> NodeManager<E> {
             // The schedule rides on the links' protection alone (docs/security.md).
             commands.retain(|c| matches!(c, Command::Schedule { .. }));
         }
+        self.verified_ns = self.env.stamp_ns();
         for mut cmd in commands {
             if cmd.nodes().is_some_and(|n| !n.contains(self.node)) {
                 continue;

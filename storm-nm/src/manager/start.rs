@@ -65,6 +65,7 @@ impl<E: NmEnv> NodeManager<E> {
                 .pmi()
                 .start_job(spec.slot as usize, spec.mpi, facts, &ranks)
         };
+        let prepared_ns = self.env.stamp_ns();
         let mut started = Vec::new();
         for (local, &rank) in ranks.iter().enumerate() {
             let r = match &pmi {
@@ -82,8 +83,13 @@ impl<E: NmEnv> NodeManager<E> {
             started.push(r);
         }
         tracing::info!(node = self.node, job = spec.job, ranks = count, "launched");
-        self.jobs
-            .insert(spec.job, LocalJob::new(spec, started, false, self.heard_ns));
+        let mut job = LocalJob::new(spec, started, false, self.heard_ns);
+        job.stamps = LaunchStamps {
+            verified_ns: Some(self.verified_ns),
+            prepared_ns: Some(prepared_ns),
+            asked_ns: Some(self.env.stamp_ns()),
+        };
+        self.jobs.insert(job.spec.job, job);
     }
 
     /// A job whose tasks never started on this node: report them with `status`.
