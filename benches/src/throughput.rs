@@ -276,7 +276,8 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
          and the node's from its taking the launch heartbeat): queued to nodes allocated, \
          program sent, start recorded in the journal, launch heartbeat issued; on the node: \
          seal checked, job readied (program and PMI), tasks handed to the launcher (cgroup), \
-         first task forked; its run, its report to the MM; the client's own part (connect, \
+         first task forked; its run; its report written (the node) and seen by the MM; the \
+         client's own part (connect, \
          submit, reply) is submit-to-exit less the MM's total",
         &[
             "MM",
@@ -289,7 +290,8 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             "hand over",
             "fork",
             "run",
-            "report",
+            "node report",
+            "MM sees",
             "MM total",
             "client",
         ],
@@ -313,7 +315,11 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
                 median_us(t, |t| t.asked_us.saturating_sub(t.prepared_us)),
                 median_us(t, |t| t.start_us.saturating_sub(t.asked_us)),
                 median_us(t, |t| t.run_us),
-                median_us(t, |t| t.report_us),
+                median_us(t, |t| {
+                    t.reported_us
+                        .saturating_sub(t.start_us.saturating_add(t.run_us))
+                }),
+                median_us(t, |t| t.execute_us.saturating_sub(t.reported_us)),
                 median_us(t, |t| t.total_us),
                 client,
             ]

@@ -549,6 +549,9 @@ pub struct Timing {
     pub run_us: u64,
     /// Last task ended to termination detected by the MM.
     pub report_us: u64,
+    /// Launch heartbeat taken to the report written, on the node that wrote last: the
+    /// node's part of `report_us` ends here, the MM's begins.
+    pub reported_us: u64,
     /// Submission to termination detected.
     pub total_us: u64,
 }

@@ -705,6 +705,17 @@ fn the_outcome_times_start_run_and_report_from_the_nodes() {
         t.total_us,
         "{t:?}"
     );
+    // The parts (issue 64's phase table): each within the phase it belongs to, in order.
+    assert!(t.record_us <= t.launch_us, "{t:?}");
+    assert!(
+        t.verified_us <= t.prepared_us && t.prepared_us <= t.asked_us,
+        "{t:?}"
+    );
+    assert!(t.asked_us <= t.start_us + t.run_us, "{t:?}");
+    assert!(
+        t.reported_us >= t.start_us + t.run_us && t.reported_us <= t.execute_us,
+        "the node wrote its report after its tasks ended and before the MM saw it: {t:?}"
+    );
 }
 
 /// A task's end is reported once the NM knows its exit status, which its launcher writes a

@@ -189,6 +189,8 @@ pub(super) struct RanAt {
     pub(super) prepared_us: Option<u64>,
     pub(super) asked_us: Option<u64>,
     pub(super) first_started_us: Option<u64>,
+    /// The last node's report written.
+    pub(super) reported_us: Option<u64>,
     pub(super) last_exited_us: Option<u64>,
     /// What its processes used: CPU time summed over its nodes, the largest peak memory
     /// of any node (each known only where some node's cgroup told it).
@@ -200,6 +202,7 @@ impl RanAt {
         self.verified_us = self.verified_us.max(t.verified_us);
         self.prepared_us = self.prepared_us.max(t.prepared_us);
         self.asked_us = self.asked_us.max(t.asked_us);
+        self.reported_us = self.reported_us.max(Some(t.reported_us));
         self.first_started_us = match (self.first_started_us, t.first_started_us) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -976,6 +976,7 @@ impl<E: MmEnv> MachineManager<E> {
                 .ran
                 .last_exited_us
                 .map_or(0, |last| execute_us.saturating_sub(last)),
+            reported_us: j.ran.reported_us.unwrap_or(0),
             total_us: us(Some(j.submitted), Some(now)),
         };
         tracing::info!(job = id, ?timing, "job ended");
