@@ -239,11 +239,6 @@ impl Registration {
     }
 
     /// Whether this node is registering with the MM (and not yet welcomed).
-    /// Whether the node is a member: it takes heartbeats.
-    pub fn is_member(&self) -> bool {
-        matches!(self.standing, Standing::Member { .. })
-    }
-
     pub fn registering(&self) -> bool {
         matches!(self.standing, Standing::Registering { .. })
     }

@@ -57,9 +57,6 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 const SWITCH_INLINE_WAIT: Duration = Duration::from_millis(5);
 /// How often a switch waiting for tasks to stop is looked at again.
 const SWITCH_RECHECK: Duration = Duration::from_millis(1);
-/// How long a member that holds no job waits for a heartbeat before it looks around: there
-/// is nothing to look at, and a heartbeat ends the wait when it comes.
-const QUIET_POLL: Duration = Duration::from_millis(100);
 /// The first look again for the exit status of a task whose output has drained: its
 /// launcher writes the status once it has reaped the task, a moment after the task's pipes
 /// closed (which is what woke the NM). Later looks wait as long as the NM has waited so far.
@@ -381,9 +378,6 @@ impl<E: NmEnv> NodeManager<E> {
     pub fn poll_timeout(&self) -> Duration {
         let mut idle = if self.switch.is_some() {
             SWITCH_RECHECK
-        } else if self.jobs.is_empty() && self.pending.is_empty() && self.registration.is_member() {
-            // Nothing to look at between heartbeats: an idle node sleeps until one comes.
-            QUIET_POLL
         } else {
             (self.cfg.timeslice() * 10).clamp(Duration::from_millis(1), Duration::from_millis(50))
         };
