@@ -185,9 +185,11 @@ fn an_attacker_on_the_network_without_the_key_achieves_nothing() {
     let size = cfg.node_count() + 1;
     let targets = daemons(&cfg);
 
-    // What a host on the network sees: the MM's heartbeats to node 1.
+    // What a host on the network sees: the MM's heartbeats to node 1. The cluster is idle, so
+    // they go once per quiet period (`[failure] quiet_heartbeat_ms`, 50 ms), not every
+    // timeslice: three seconds of them.
     let to_node1 = SocketAddr::V4(SocketAddrV4::new(storm_cli::testbed::node_addr(1), 7000));
-    let seen = tb.capture(1, Duration::from_secs(1)).unwrap();
+    let seen = tb.capture(1, Duration::from_secs(3)).unwrap();
     let captured: Vec<u8> = seen
         .iter()
         .filter(|s| SocketAddr::V4(s.dst) == to_node1)
