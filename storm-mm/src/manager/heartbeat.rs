@@ -1,12 +1,13 @@
 //! The heartbeat (paper Algorithm 4): every timeslice the MM issues one XFER-AND-SIGNAL to
-//! every member with the commands due and, under gang scheduling, the strobe, and takes its
-//! outcome (a failure is `failure`'s).
+//! every member with the commands due (among them the launches the journal released) and,
+//! under gang scheduling, the strobe, and takes its outcome (a failure is `failure`'s). A
+//! heartbeat with nothing new to say waits for the quiet period (see `quiet`).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use storm_cluster::messages::{Command, Heartbeat, encode};
+use storm_cluster::messages::{Command, Heartbeat, JobId, LaunchSpec, encode, launch_commands};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::helpers::{QueueProducer, epoch_base};
 use storm_primitives::{NodeSet, PrimError, Wait};
@@ -44,10 +45,9 @@ pub(super) struct HeartbeatSender {
     /// What the last heartbeat issued told the members, to skip one that would tell them
     /// nothing new (see [`Quiet`]).
     pub(super) last: Option<Quiet>,
-    /// How often a heartbeat that tells the members nothing new goes all the same, and
-    /// how many whole timeslices that is (at least one).
-    pub(super) quiet_slices: u32,
-    pub(super) slice: Duration,
+    /// How often a heartbeat that tells the members nothing new goes all the same: the
+    /// quiet period in whole timeslices (at least one).
+    pub(super) quiet_stretch: Duration,
 }
 
 /// What the last heartbeat issued said and to whom. The next one may be skipped while it
@@ -83,20 +83,21 @@ impl HeartbeatSender {
             commands: VecDeque::new(),
             errors: LogLimit::new(Duration::from_secs(1)),
             last: None,
-            slice: cfg.timeslice(),
-            quiet_slices: (cfg.quiet_heartbeat_period().as_nanos()
-                / cfg.timeslice().as_nanos().max(1))
-            .clamp(1, u32::MAX as u128) as u32,
+            quiet_stretch: whole_timeslices(cfg.quiet_heartbeat_period(), cfg.timeslice()),
         }
     }
-}
 
-impl HeartbeatSender {
     /// When the timeslice is due that sends a heartbeat after `last` even if it has nothing
     /// new to say: whole timeslices after the one `last` went in.
     pub(super) fn next_quiet(&self, last: &Quiet) -> Instant {
-        last.tick + self.slice * self.quiet_slices
+        last.tick + self.quiet_stretch
     }
+}
+
+/// `period` rounded down to whole timeslices of `slice`, at least one.
+fn whole_timeslices(period: Duration, slice: Duration) -> Duration {
+    let n = (period.as_nanos() / slice.as_nanos().max(1)).clamp(1, u32::MAX as u128);
+    slice * n as u32
 }
 
 /// The heartbeat whose transfer has not completed yet.
@@ -277,6 +278,43 @@ impl<E: MmEnv> MachineManager<E> {
                 self.heartbeat_failed(e, flight.bytes);
                 true
             }
+        }
+    }
+}
+
+impl<E: MmEnv> MachineManager<E> {
+    /// Queues the launch of every job whose start the journal now holds.
+    pub(super) fn release_launches(&mut self) {
+        let now = self.now();
+        let settled = self.outbox.journal.settled();
+        let mut ready: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase.may_launch(settled))
+            .map(|j| j.id)
+            .collect();
+        // In the order they became ready to launch.
+        ready.sort_by_key(|id| self.jobs[id].ready);
+        for id in ready {
+            // `after:ID` waits for this.
+            self.queue_changed = true;
+            let j = self.jobs.get_mut(&id).expect("listed");
+            j.phase = Phase::Launching;
+            j.recorded = Some(now);
+            let spec = j.launch_spec(self.cfg.capacity().cpus_per_node);
+            self.launch_in_heartbeats(spec);
+            self.release_held_input(id);
+        }
+    }
+
+    /// Queues a job's launch for the heartbeats: whole, or in pieces when it is too large
+    /// for one (its arguments and environment approach `ARG_MAX`).
+    pub(super) fn launch_in_heartbeats(&mut self, spec: LaunchSpec) {
+        let job = spec.job;
+        match launch_commands(spec, self.cfg.cluster.heartbeat_bytes) {
+            Ok(cmds) => self.hb.commands.extend(cmds),
+            // Submission checked the size: not reached.
+            Err(e) => tracing::error!(job, "cannot encode the launch: {e}"),
         }
     }
 }

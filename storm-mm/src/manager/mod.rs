@@ -28,9 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use storm_cluster::control::{EndCause, JobInfo, JobOutcome, NodeInfo, Reply, Timing};
 use storm_cluster::identity::MmSigner;
-use storm_cluster::messages::{
-    Command, JobId, LaunchSpec, MpiMode, NodeReport, decode_sealed, launch_commands,
-};
+use storm_cluster::messages::{Command, JobId, MpiMode, NodeReport, decode_sealed};
 use storm_cluster::{ClusterConfig, RmLayout};
 use storm_primitives::helpers::QueueConsumer;
 use storm_primitives::{NodeSet, Primitives, Relation, Wait};
@@ -55,6 +53,7 @@ mod output;
 mod pmi;
 mod pmix_exchange;
 mod publish;
+mod quiet;
 mod records;
 mod requests;
 mod restart;
@@ -292,38 +291,6 @@ impl<E: MmEnv> MachineManager<E> {
     /// the MM fell behind.
     pub fn poll_timeout(&self) -> Instant {
         self.next_tick
-    }
-
-    /// Whether nothing is under way that a timeslice must move on: no job, no command or
-    /// heartbeat waiting, no reply, journal change or transfer pending, no node joining or
-    /// unresponsive, no shutdown. A quiet MM's next timeslice comes a quiet heartbeat
-    /// period later (`[failure] quiet_heartbeat_ms`), not one timeslice later: an idle
-    /// cluster does not wake it a thousand times a second. Any input brings the next
-    /// timeslice back to the usual cadence ([`MachineManager::handle`]).
-    fn is_quiet(&self) -> bool {
-        self.jobs.is_empty()
-            && !self.shutting_down
-            && self.hb.commands.is_empty()
-            && self.hb.in_flight.is_none()
-            && self.hb.resend.is_none()
-            && self.outbox.is_idle()
-            && self.transfers.is_idle()
-            && !self.term_announced
-            && !self.pmi_recheck
-            && self.pmi_ended.is_empty()
-            && !self.queue_changed
-            && self.nodes.settled()
-    }
-
-    /// When the next timeslice is due once an input arrives: one timeslice after the last,
-    /// as when the MM is busy, however quiet it was.
-    pub fn poll_timeout_with_input(&self) -> Instant {
-        self.next_tick.min(self.last_tick + self.cfg.timeslice())
-    }
-
-    /// An input came: see [`MachineManager::poll_timeout_with_input`].
-    fn back_to_cadence(&mut self) {
-        self.next_tick = self.poll_timeout_with_input();
     }
 
     /// What the MM does between timeslices: takes the terminations announced since the last
@@ -623,41 +590,6 @@ impl<E: MmEnv> MachineManager<E> {
         j.launched_to = launched_to;
         j.phase = Phase::Recording { batch: None };
         self.outbox.unrecorded.insert(id);
-    }
-
-    /// Queues the launch of every job whose start the journal now holds.
-    fn release_launches(&mut self) {
-        let now = self.now();
-        let settled = self.outbox.journal.settled();
-        let mut ready: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| j.phase.may_launch(settled))
-            .map(|j| j.id)
-            .collect();
-        // In the order they became ready to launch.
-        ready.sort_by_key(|id| self.jobs[id].ready);
-        for id in ready {
-            // `after:ID` waits for this.
-            self.queue_changed = true;
-            let j = self.jobs.get_mut(&id).expect("listed");
-            j.phase = Phase::Launching;
-            j.recorded = Some(now);
-            let spec = j.launch_spec(self.cfg.capacity().cpus_per_node);
-            self.launch_in_heartbeats(spec);
-            self.release_held_input(id);
-        }
-    }
-
-    /// Queues a job's launch for the heartbeats: whole, or in pieces when it is too large
-    /// for one (its arguments and environment approach `ARG_MAX`).
-    pub(super) fn launch_in_heartbeats(&mut self, spec: LaunchSpec) {
-        let job = spec.job;
-        match launch_commands(spec, self.cfg.cluster.heartbeat_bytes) {
-            Ok(cmds) => self.hb.commands.extend(cmds),
-            // Submission checked the size: not reached.
-            Err(e) => tracing::error!(job, "cannot encode the launch: {e}"),
-        }
     }
 
     // ---------------------------------------------------------------- program transfer
