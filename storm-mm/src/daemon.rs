@@ -357,11 +357,6 @@ impl Daemon {
     fn run(mut self) -> Result<Ended> {
         storm_cluster::daemon::notify_ready();
         let mut fenced = None;
-        // Since when this leader has looked cut off from its nodes, and for how long it must
-        // before it hands the group over.
-        let mut cut_since: Option<Instant> = None;
-        let cfg = self.core.config();
-        let hold = cfg.timeslice() * (cfg.failure.missed_heartbeats / 2).max(1);
         loop {
             if self.keys.poll(Instant::now()) == Due::Reload {
                 self.reload_keys();
@@ -372,23 +367,13 @@ impl Daemon {
                 break;
             }
             // A leader that hears the replicas but not its nodes lets one that may reach them
-            // lead, before it marks any node DOWN: once it has looked cut off for half the
-            // time that makes a node DOWN (a stall that every node comes back from, as they
-            // register again at once when told they were evicted, is no cut).
+            // lead, before it marks any node DOWN (the core says when).
             if let Some(replica) = &self.replica {
-                match self.core.cut_off_from_nodes() {
-                    None => cut_since = None,
-                    Some(cut) => {
-                        let since = *cut_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= hold {
-                            fenced =
-                                Some(replica.hand_over(
-                                    self.term,
-                                    &format!("cut off from its nodes: {cut}"),
-                                ));
-                            break;
-                        }
-                    }
+                if let Some(cut) = self.core.hand_over_due() {
+                    fenced = Some(
+                        replica.hand_over(self.term, &format!("cut off from its nodes: {cut}")),
+                    );
+                    break;
                 }
             }
             self.hand_over_arrivals();

@@ -291,6 +291,18 @@ impl NodeTable {
             .collect()
     }
 
+    /// The soonest an unresponsive node becomes DOWN: K heartbeat periods (`period`) after
+    /// the last heartbeat it took.
+    pub fn first_down_at(&self, period: Duration) -> Option<Instant> {
+        let limit = period.saturating_mul(self.limit);
+        self.silent
+            .iter()
+            .filter(|&&n| matches!(self.nodes[n as usize].life, Life::Unresponsive { .. }))
+            .filter_map(|&n| self.nodes[n as usize].last_heard)
+            .min()
+            .map(|heard| heard + limit)
+    }
+
     /// When `n` last took a heartbeat (its issue time), if it is not DOWN.
     pub fn last_heard(&self, n: NodeId) -> Option<Instant> {
         self.heard(n)

@@ -107,6 +107,48 @@ fn a_core_cut_off_from_most_nodes_says_so_before_any_is_down_and_one_lost_node_i
     assert_eq!(down(&s), 1);
 }
 
+/// The leader's hand-over comes before any node is DOWN, whenever the cut happens: at the
+/// defaults of a group (1 ms timeslices, K = 1000, quiet heartbeats), a cut just before a
+/// quiet heartbeat would have gone leaves the nodes' last receipt up to a quiet period old;
+/// that may not let a node be DOWN before the core says to hand over. Cuts at a spread of
+/// moments are tried. (The simulated fabric reports a cut node at once, where a real one
+/// waits out each node's deadline in turn, so here the cut is found early; the process
+/// test `managers_netns.rs` meets the slow finding.)
+#[test]
+fn the_hand_over_is_due_before_any_node_is_down_wherever_the_cut_falls() {
+    for offset_ms in [0u64, 7, 19, 31, 43, 49] {
+        let mut s = Sim::new(SimOptions {
+            nodes: 2,
+            timeslice: Duration::from_millis(1),
+            missed_heartbeats: 1000,
+            ..SimOptions::default()
+        })
+        .expect("simulated cluster");
+        s.run_until_up(Duration::from_secs(10)).unwrap();
+        s.restart_mm_in_term(2).unwrap();
+        s.run_until_up(Duration::from_secs(10)).unwrap();
+        let job = s.submit(&SimJob::new(2, Duration::from_secs(60))).unwrap();
+        assert!(s.run_until(Duration::from_secs(10), |s| !s.started(job).is_empty()));
+        s.run_for(Duration::from_millis(200 + offset_ms));
+        s.cut(0, true);
+        s.cut(1, true);
+        let mut due = None;
+        let end = s.now() + Duration::from_secs(5);
+        while s.now() < end && due.is_none() {
+            assert_eq!(
+                down(&s),
+                0,
+                "cut {offset_ms} ms into a quiet period: a node was DOWN before the core said \
+                 to hand the group over"
+            );
+            due = s.mm_mut().hand_over_due();
+            s.step();
+        }
+        let due = due.unwrap_or_else(|| panic!("cut at +{offset_ms} ms: never said to hand over"));
+        assert!(due.contains("2 of the 2 nodes"), "{due}");
+    }
+}
+
 /// A submission sent again with its token, to the MM that took over (here: restarted over
 /// the journal) after the first never answered its submitter: the MM follows the job it
 /// made, and makes no second one. Another token makes a new job.

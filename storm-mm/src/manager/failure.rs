@@ -122,6 +122,31 @@ impl<E: MmEnv> MachineManager<E> {
         })
     }
 
+    /// Whether the leader of a replicated group should hand the group over now, and why: it
+    /// has looked cut off from its nodes ([`Self::cut_off_from_nodes`]) for half the time
+    /// that makes a node DOWN (a stall that every node comes back from, as they register
+    /// again at once when told they were evicted, is no cut), or the first of them would be
+    /// DOWN within a quarter of that time, whichever comes first. Either way the hand-over
+    /// comes before any node is DOWN, so no job ends for the leader's cut; how long finding
+    /// the cut took (receipt checks, a quiet heartbeat's older last receipt) does not eat
+    /// into that. The host calls it between timeslices and hands over when it says so.
+    pub fn hand_over_due(&mut self) -> Option<String> {
+        let Some(cut) = self.cut_off_from_nodes() else {
+            self.hb.cut_since = None;
+            return None;
+        };
+        let now = self.now();
+        let since = *self.hb.cut_since.get_or_insert(now);
+        let period = self.cfg.timeslice();
+        let hold = period * (self.cfg.failure.missed_heartbeats / 2).max(1);
+        let held = now.saturating_duration_since(since) >= hold;
+        let down_soon = self
+            .nodes
+            .first_down_at(period)
+            .is_some_and(|down| now + hold / 2 >= down);
+        (held || down_soon).then_some(cut)
+    }
+
     /// Nodes silent for K heartbeat periods are DOWN.
     pub(super) fn enforce_silence(&mut self, now: Instant) {
         let k = self.cfg.failure.missed_heartbeats;

@@ -48,6 +48,9 @@ pub(super) struct HeartbeatSender {
     /// How often a heartbeat that tells the members nothing new goes all the same: the
     /// quiet period in whole timeslices (at least one).
     pub(super) quiet_stretch: Duration,
+    /// Since when most members have looked unresponsive at once (see
+    /// [`super::MachineManager::hand_over_due`]).
+    pub(super) cut_since: Option<Instant>,
 }
 
 /// What the last heartbeat issued said and to whom. The next one may be skipped while it
@@ -84,6 +87,7 @@ impl HeartbeatSender {
             errors: LogLimit::new(Duration::from_secs(1)),
             last: None,
             quiet_stretch: whole_timeslices(cfg.quiet_heartbeat_period(), cfg.timeslice()),
+            cut_since: None,
         }
     }
 
