@@ -940,9 +940,10 @@ impl ClusterConfig {
     /// most a quarter of a heartbeat's deadline and of K periods. Not for a cluster that
     /// shares nodes with peers (`[[peer]]`, guest slots), nor for a replicated MM
     /// (`[[manager]]`): there, with quiet heartbeats, a node lent did not run the borrower's
-    /// job (`lending.rs`), and after a leader was killed a followed job's output line was
-    /// lost or the leader changed again (`managers.rs`, 3 runs of 6; 0 of 6 without). The
-    /// causes are not found yet, so every timeslice sends one there, as before.
+    /// job (`lending.rs`), and the replicated group's tests failed 3 full runs of 6 (0 of 6
+    /// without); one cause, output lost across a failover, is mended, and they still fail 1
+    /// run of 6 (a diverged leader leading again). Until the rest is found, every timeslice
+    /// sends one there, as before.
     pub fn quiet_heartbeat_period(&self) -> Duration {
         let slice = self.timeslice();
         if !self.peers.is_empty()

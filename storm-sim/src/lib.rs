@@ -353,6 +353,8 @@ pub struct Sim {
     followers: Vec<u64>,
     /// Replies to the simulation's requests, with the time they were sent.
     pub replies: Vec<(Instant, Reply)>,
+    /// The client has stopped reading its replies ([`Sim::stop_reading`]).
+    not_reading: bool,
     ticks: u64,
     cpu: SimCpu,
 }
@@ -419,6 +421,7 @@ impl Sim {
             copies,
             submitted: Vec::new(),
             followers: Vec::new(),
+            not_reading: false,
             clock,
             fabric,
             cfg,
@@ -1090,11 +1093,20 @@ impl Sim {
         id
     }
 
+    /// The simulation's client stops reading what the MM sends it (or reads again): the
+    /// replies wait unread, as behind a reply the MM's socket writer has not written yet, so
+    /// the output they carry is not released on its nodes.
+    pub fn stop_reading(&mut self, stop: bool) {
+        self.not_reading = stop;
+    }
+
     fn collect_replies(&mut self) {
         let now = self.now();
         let client = self.client;
-        for r in self.mm.env_mut().read_replies(client) {
-            self.replies.push((now, r));
+        if !self.not_reading {
+            for r in self.mm.env_mut().read_replies(client) {
+                self.replies.push((now, r));
+            }
         }
         for &f in &self.followers {
             let _ = self.mm.env_mut().read_replies(f);

@@ -88,3 +88,32 @@ fn a_burst_larger_than_the_output_queue_arrives_whole_before_the_outcome() {
     assert_every_line(&s, job, 2, 10_000);
     assert_output_before_outcome(&s, job);
 }
+
+/// A job's output may still be on its way to the submitter when the MM journals the job's
+/// end and goes (killed before its socket writer wrote the reply; a leader that lost the
+/// group): the entry was never released, so the node sends it again to the next MM, which
+/// knows the job only as ended. That MM holds it for the submitter, and the submitter that
+/// follows the job again gets every line, then the outcome.
+#[test]
+fn output_of_a_job_that_ended_as_its_mm_went_reaches_the_submitter_that_follows_it() {
+    let mut s = Sim::up(SimOptions::default()).expect("a simulated cluster, every node up");
+    let job = s.submit(&SimJob::new(2, ms(50)).with_lines(5)).unwrap();
+    // The client's socket writer falls behind: the MM ends the job and journals its end,
+    // but the replies with its output (and its outcome) are still unwritten.
+    assert!(s.run_until(ms(2_000), |s| !s.started(job).is_empty()));
+    s.stop_reading(true);
+    assert!(s.run_until(ms(3_000), |s| {
+        s.journaled()
+            .jobs
+            .iter()
+            .any(|r| r.id == job && matches!(r.state, storm_mm::journal::JobState::Finished { .. }))
+    }));
+    s.run_for(ms(50));
+    // The MM goes with what it had not written; the client follows the job at the next.
+    s.restart_mm().unwrap();
+    s.stop_reading(false);
+    assert!(s.run_until(ms(10_000), |s| s.outcome(job).is_some()));
+    assert_eq!(s.outcome(job).unwrap().reason, None, "{:?}", s.outcome(job));
+    assert_every_line(&s, job, 2, 5);
+    assert_output_before_outcome(&s, job);
+}

@@ -398,6 +398,7 @@ impl<E: MmEnv> MachineManager<E> {
         self.end_leases();
         if !self.shutting_down {
             self.release_held();
+            self.release_parked_outcomes();
             self.end_reattach_window(now);
             self.admit_waiting();
             self.end_orphan_steps();

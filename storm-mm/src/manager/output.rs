@@ -18,13 +18,23 @@
 //! yet is taken and held, unreleased, until it does (the queue's slots bound what is held), or
 //! until the reattach window ends; then it is dropped. A job that ends meanwhile keeps what
 //! was held for it (`finished_output`) for its submitter, who gets it before the outcome.
+//!
+//! A job may also have ended under the MM before this one while some of its output was still
+//! on its way to the submitter: that MM journaled the end, and went before its reply reached
+//! the socket (killed, or a leader that lost the group), so the entry was never released. Its
+//! nodes send it again to this MM, which knows the job only as ended. For a while after it
+//! took over (the reattach grace), such output is held as for a restored job, and a
+//! submitter that follows such a job is told its outcome only once the job's nodes have
+//! joined this MM (and sent again what they kept), or the grace has passed: the last words
+//! before the outcome, as always.
 
 use std::collections::VecDeque;
 
+use storm_cluster::control::JobOutcome;
 use storm_cluster::control::Reply;
 use storm_cluster::messages::{JobId, OutputChunk, decode};
 use storm_primitives::helpers::QueueConsumer;
-use storm_primitives::{NodeId, Wait};
+use storm_primitives::{NodeId, NodeSet, Wait};
 
 use super::{ClientId, MachineManager, MmEnv};
 
@@ -37,6 +47,15 @@ enum Ack {
     Held(JobId),
     /// Nobody to send it to (or unreadable).
     Done,
+}
+
+/// A submitter that followed a job which ended under the MM before this one, waiting for
+/// the job's nodes to join this MM before it is told the outcome.
+pub(super) struct ParkedOutcome {
+    client: ClientId,
+    job: JobId,
+    nodes: NodeSet,
+    outcome: JobOutcome,
 }
 
 /// One node's output queue as the MM reads it.
@@ -109,7 +128,7 @@ impl<E: MmEnv> MachineManager<E> {
         let job = chunk.job;
         let reattaching = self.reattach.until.is_some();
         let Some(j) = self.jobs.get_mut(&job) else {
-            return Ack::Done;
+            return self.hold_for_ended(n, seq, chunk);
         };
         match j.client {
             Some(client) => match self.reply(client, Reply::Output(chunk)) {
@@ -128,6 +147,96 @@ impl<E: MmEnv> MachineManager<E> {
             }
             None => Ack::Done,
         }
+    }
+
+    /// A chunk of a job this MM knows only as ended: sent again by its node, the MM before
+    /// this one having journaled the job's end before the chunk reached its submitter. Held
+    /// for the submitter to reattach while such chunks may come (see the module's overview);
+    /// otherwise nobody is left to take it.
+    fn hold_for_ended(&mut self, n: NodeId, seq: u64, chunk: OutputChunk) -> Ack {
+        let job = chunk.job;
+        let now = self.now();
+        let Some(until) = self.reattach.resends_until.filter(|&u| now < u) else {
+            return Ack::Done;
+        };
+        // A batch job's tasks wrote to files: nobody follows it.
+        let followed = self.finished.get(&job).map(|r| r.req.batch.is_none());
+        if followed != Some(true) {
+            return Ack::Done;
+        }
+        // Dropped with the rest of the held output if nobody follows it in time.
+        self.reattach.until.get_or_insert(until);
+        self.reattach
+            .finished_output
+            .entry(job)
+            .or_default()
+            .push((n, seq, chunk));
+        Ack::Held(job)
+    }
+
+    /// Tells `client`, which follows `job` (ended, on `nodes`), the job's outcome after its
+    /// held output; while the job's nodes may still send output again and have not all
+    /// joined this MM, the client waits for them (see the module's overview).
+    pub(super) fn tell_outcome_after_output(
+        &mut self,
+        client: ClientId,
+        job: JobId,
+        nodes: NodeSet,
+        outcome: JobOutcome,
+    ) {
+        let parked = ParkedOutcome {
+            client,
+            job,
+            nodes,
+            outcome,
+        };
+        if self.resends_may_come() && !self.joined_all(&parked.nodes) {
+            self.reattach.parked.push(parked);
+            return;
+        }
+        self.tell_parked(parked);
+    }
+
+    /// Tells the parked followers whose jobs' nodes have all joined, or all of them once
+    /// the grace has passed.
+    pub(super) fn release_parked_outcomes(&mut self) {
+        if self.reattach.parked.is_empty() {
+            return;
+        }
+        let late = !self.resends_may_come();
+        for parked in std::mem::take(&mut self.reattach.parked) {
+            if late || self.joined_all(&parked.nodes) {
+                self.tell_parked(parked);
+            } else {
+                self.reattach.parked.push(parked);
+            }
+        }
+    }
+
+    /// Whether nodes may still send again output of jobs that ended under an earlier MM.
+    fn resends_may_come(&self) -> bool {
+        self.reattach
+            .resends_until
+            .is_some_and(|until| self.now() < until)
+    }
+
+    /// Whether every node of `nodes` is up in this MM (or is not one of its nodes).
+    fn joined_all(&self, nodes: &NodeSet) -> bool {
+        nodes
+            .iter()
+            .all(|n| (n as usize) >= self.outputs.len() || self.nodes.is_up(n))
+    }
+
+    /// What the job's nodes sent again is taken, then the held output and the outcome go.
+    fn tell_parked(&mut self, p: ParkedOutcome) {
+        let nodes: Vec<NodeId> = p
+            .nodes
+            .iter()
+            .filter(|&n| (n as usize) < self.outputs.len())
+            .collect();
+        self.forward_output(nodes);
+        self.send_finished_output(p.client, p.job);
+        self.reply(p.client, Reply::Finished(p.outcome));
     }
 
     /// Releases node `n`'s entries, in order, up to the first still on its way.

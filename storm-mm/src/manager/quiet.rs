@@ -11,10 +11,11 @@ use super::MachineManager;
 impl<E: MmEnv> MachineManager<E> {
     /// Whether nothing is under way that a timeslice must move on: no job, no command or
     /// heartbeat waiting, no reply, journal change or transfer pending, no node joining or
-    /// unresponsive, no shutdown. A quiet MM's next timeslice comes a quiet heartbeat
-    /// period later (`[failure] quiet_heartbeat_ms`), not one timeslice later: an idle
-    /// cluster does not wake it a thousand times a second. Any input brings the next
-    /// timeslice back to the usual cadence ([`MachineManager::handle`]).
+    /// unresponsive, no follower waiting for an ended job's nodes, no shutdown. A quiet
+    /// MM's next timeslice comes a quiet heartbeat period later (`[failure]
+    /// quiet_heartbeat_ms`), not one timeslice later: an idle cluster does not wake it a
+    /// thousand times a second. Any input brings the next timeslice back to the usual
+    /// cadence ([`MachineManager::handle`]).
     pub(super) fn is_quiet(&self) -> bool {
         self.jobs.is_empty()
             && !self.shutting_down
@@ -28,6 +29,7 @@ impl<E: MmEnv> MachineManager<E> {
             && self.pmi_ended.is_empty()
             && !self.queue_changed
             && self.nodes.settled()
+            && self.reattach.parked.is_empty()
     }
 
     /// When the next timeslice is due once an input arrives: one timeslice after the last,

@@ -67,6 +67,13 @@ pub(super) struct Reattach {
     /// Output held for restored jobs that ended before their submitters reattached: given
     /// to the submitter that reattaches, before the outcome (see `output`).
     pub(super) finished_output: HashMap<JobId, Vec<(NodeId, u64, OutputChunk)>>,
+    /// Until when the nodes may still send again output of jobs that ended under the MM
+    /// before this one (its end journaled while the output was on its way to the
+    /// submitter): set when the journal held an ended job (see `output`).
+    pub(super) resends_until: Option<Instant>,
+    /// Submitters that followed such a job, told its outcome once its nodes joined this MM
+    /// (see `output`).
+    pub(super) parked: Vec<super::output::ParkedOutcome>,
     /// Which MM process this is (NMs send again what an earlier one held in its memory).
     pub(super) incarnation: u64,
 }
@@ -77,6 +84,8 @@ impl Reattach {
             held: None,
             until: None,
             finished_output: HashMap::new(),
+            resends_until: None,
+            parked: Vec::new(),
             incarnation,
         }
     }
@@ -112,9 +121,11 @@ impl<E: MmEnv> MachineManager<E> {
         }
         self.take_home_from_peers_not_lent_to();
         let (mut queued, mut ended, mut requeued, mut recovering) = (0, 0, 0, 0);
+        let mut had_ended = false;
         for rec in restored.jobs {
             let outcome = match &rec.state {
                 JobState::Finished { .. } => {
+                    had_ended = true;
                     // Past the history's bounds (a smaller max_jobs since): forgotten.
                     for gone in self.finished.insert(rec) {
                         self.outbox.journal.remove_job(gone);
@@ -193,6 +204,9 @@ impl<E: MmEnv> MachineManager<E> {
         }
         if queued + requeued + recovering > 0 {
             self.reattach.until = Some(self.now() + REATTACH_GRACE);
+        }
+        if had_ended {
+            self.reattach.resends_until = Some(self.now() + REATTACH_GRACE);
         }
         if queued + ended + requeued + recovering + self.finished.len() > 0 {
             tracing::info!(
@@ -501,11 +515,11 @@ impl<E: MmEnv> MachineManager<E> {
             Some(_) => {}
         }
         if let Some(rec) = self.finished.get(&job) {
-            if let JobState::Finished { outcome, .. } = &rec.state {
-                let outcome = outcome.clone();
-                // It ended while its submitter was away: first the output held for it.
-                self.send_finished_output(client, job);
-                self.reply(client, Reply::Finished(outcome));
+            if let JobState::Finished { outcome, nodes, .. } = &rec.state {
+                let (outcome, nodes) = (outcome.clone(), nodes.clone());
+                // It ended while its submitter was away: first the output held for it, and
+                // what its nodes may still send again.
+                self.tell_outcome_after_output(client, job, nodes, outcome);
             }
             return;
         }
