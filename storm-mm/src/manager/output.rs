@@ -191,6 +191,10 @@ impl<E: MmEnv> MachineManager<E> {
             outcome,
         };
         if self.resends_may_come() && !self.joined_all(&parked.nodes) {
+            // One wait per connection (storm-submit follows one job): a client that asks
+            // again, for this job or another, replaces its wait, so what waits is bounded
+            // by the connections the control socket admits.
+            self.reattach.parked.retain(|p| p.client != client);
             self.reattach.parked.push(parked);
             return;
         }
