@@ -307,7 +307,7 @@ pub struct FailureSection {
     /// already run) goes only this often, not every timeslice: an idle cluster then costs its
     /// daemons almost nothing. Bounded by failure detection (at most a quarter of a
     /// heartbeat's deadline and of K periods); 0 sends one every timeslice, as does a
-    /// cluster with peers (see `ClusterConfig::quiet_heartbeat_period`).
+    /// cluster with peers or a replicated MM (see `ClusterConfig::quiet_heartbeat_period`).
     pub quiet_heartbeat_ms: u64,
     /// After a restart of the MM, how long jobs that ran wait for their nodes to register
     /// again and say they still hold them; a job some of whose nodes did not come back by then
