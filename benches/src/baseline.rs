@@ -20,6 +20,46 @@ pub fn memcpy(len: usize, budget: Budget) -> Result<Samples> {
     })
 }
 
+/// One BLAKE3 hash of `len` bytes, in one pass on one thread (as a node hashes a program
+/// it receives, and the MM one it sends).
+pub fn blake3(len: usize, budget: Budget) -> Result<Samples> {
+    let data = vec![0x3cu8; len];
+    sample::<anyhow::Error>(budget, || {
+        let t = Instant::now();
+        std::hint::black_box(blake3::hash(std::hint::black_box(&data)));
+        Ok(t.elapsed())
+    })
+}
+
+/// AES-256-GCM sealing of `len` bytes in frames of `frame` bytes, in place, one nonce per
+/// frame: what the tcp backend's encryption (its default) does to every byte it sends.
+pub fn aes_gcm(len: usize, frame: usize, budget: Budget) -> Result<Samples> {
+    use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+    let key = LessSafeKey::new(
+        UnboundKey::new(&AES_256_GCM, &[7u8; 32])
+            .map_err(|_| anyhow::anyhow!("cannot make an AES-256-GCM key"))?,
+    );
+    let mut data = vec![0x96u8; len];
+    let mut counter = 0u64;
+    sample::<anyhow::Error>(budget, || {
+        let t = Instant::now();
+        for piece in data.chunks_mut(frame.max(1)) {
+            counter += 1;
+            let mut nonce = [0u8; 12];
+            nonce[4..].copy_from_slice(&counter.to_le_bytes());
+            let tag = key
+                .seal_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(nonce),
+                    Aad::empty(),
+                    piece,
+                )
+                .map_err(|_| anyhow::anyhow!("AES-256-GCM sealing failed"))?;
+            let _ = std::hint::black_box(tag);
+        }
+        Ok(t.elapsed())
+    })
+}
+
 /// A raw TCP connection on loopback, with a peer thread that reads `len` bytes and answers
 /// with one byte.
 pub struct RawTcp {

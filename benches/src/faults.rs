@@ -108,7 +108,8 @@ fn replication_cost(args: &FaultsArgs) -> Result<Option<Table>> {
     };
     // Its own rows (jobs/s) do not fit this bench's CSV of times.
     let mut rows = Csv::new(crate::throughput::CSV_HEADER);
-    Ok(crate::throughput::run(&cost, &mut rows)?.pop())
+    // Nor do its phase records belong to the regression check of `storm-bench throughput`.
+    Ok(crate::throughput::run(&cost, &mut rows, &mut Vec::new())?.pop())
 }
 
 /// The MM's state for `node`.

@@ -26,12 +26,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use storm_cli::local::{LocalCluster, LocalOptions};
 use storm_cli::submit::{self, Progress};
-use storm_cluster::control::{Client, JobRequest};
+use storm_cluster::control::{Client, JobRequest, Timing};
 use storm_cluster::messages::MpiMode;
 use storm_cluster::tasks::TaskRequest;
 
+use crate::mm_metrics::{CountSum, MmMetrics};
 use crate::report::{Csv, Table};
-use crate::stats::fmt_time;
+use crate::stats::{Budget, fmt_time, mb_per_s};
 
 pub struct LaunchArgs {
     pub nodes: Vec<u32>,
@@ -60,6 +61,8 @@ pub const CSV_HEADER: &[&str] = &[
     "ratio",
     "tcp_floor_s",
     "tcp_ratio",
+    "protected_floor_s",
+    "protected_ratio",
 ];
 
 /// Builds the padded do-nothing program with the C compiler.
@@ -101,6 +104,8 @@ struct Sample {
     execute: f64,
     mm_total: f64,
     end_to_end: f64,
+    /// The MM's account of the job's phases.
+    timing: Timing,
 }
 
 fn launch_once(cluster: &LocalCluster, program: &Path, n: u32, mpi: MpiMode) -> Result<Sample> {
@@ -129,6 +134,7 @@ fn launch_once(cluster: &LocalCluster, program: &Path, n: u32, mpi: MpiMode) -> 
         execute: t.execute_us as f64 / 1e6,
         mm_total: t.total_us as f64 / 1e6,
         end_to_end,
+        timing: t,
     })
 }
 
@@ -236,7 +242,40 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
+/// The MM's metrics of program transfers: its send times and their parts.
+struct SendParts {
+    send: CountSum,
+    delivered: CountSum,
+    answered: CountSum,
+}
+
+impl SendParts {
+    fn now(socket: &Path) -> Result<Self> {
+        let m = MmMetrics::fetch(socket)?;
+        Ok(Self {
+            send: m.histogram("storm_launch_send_seconds"),
+            delivered: m.histogram("storm_transfer_delivered_seconds"),
+            answered: m.histogram("storm_transfer_answered_seconds"),
+        })
+    }
+
+    fn since(&self, earlier: &Self) -> Self {
+        Self {
+            send: self.send.since(earlier.send),
+            delivered: self.delivered.since(earlier.delivered),
+            answered: self.answered.since(earlier.answered),
+        }
+    }
+}
+
+/// The launch table, the phase table of the same launches, and what the program's bytes
+/// cost on their own on this host (copy, hash, seal, loopback TCP), measured in the same run.
+/// Each point's phases go to `records` for the regression check.
+pub fn run(
+    args: &LaunchArgs,
+    csv: &mut Csv,
+    records: &mut Vec<crate::regress::Record>,
+) -> Result<Vec<Table>> {
     let work = tempfile::Builder::new()
         .prefix("storm-bench-launch-")
         .tempdir()?;
@@ -245,11 +284,24 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
         .iter()
         .map(|&mb| build_program(work.path(), mb).map(|p| (mb, p)))
         .collect::<Result<_>>()?;
+    let chunk = args
+        .chunk_kb
+        .map(|k| k * 1024)
+        .unwrap_or(storm_cluster::config::ClusterSection::default().transfer_chunk_bytes);
+    let costs: Vec<ByteCosts> = args
+        .sizes_mb
+        .iter()
+        .map(|&mb| ByteCosts::measure(mb, chunk))
+        .collect::<Result<_>>()?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut table = Table::new(
         format!(
             "Job launch (paper Fig. 2a): do-nothing program on N nodes of an N-node embedded {:?} cluster{}, \
              --mpi {}, timeslice {} ms, median of {} runs; floor: cp into N dirs + fork/exec of the N copies; \
-             TCP floor: the program over N loopback TCP connections into N dirs + fork/exec; same run",
+             TCP floor: the program over N loopback TCP connections into N dirs + fork/exec; \
+             protected floor: the floor plus the AES-GCM and BLAKE3 passes the defaults need \
+             (2N seals and opens, N + 1 hashes, each at its own rate measured below) over the \
+             host's {} CPUs; same run",
             args.backend,
             args.provider
                 .as_ref()
@@ -257,7 +309,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
                 .unwrap_or_default(),
             args.mpi.name(),
             args.timeslice_ms,
-            args.runs
+            args.runs,
+            cpus
         ),
         &[
             "size",
@@ -270,6 +323,31 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
             "ratio",
             "TCP floor",
             "ratio",
+            "protected floor",
+            "ratio",
+        ],
+    );
+    let mut phases = crate::phases::table(
+        format!(
+            "Where each launch's time went, phase by phase (median over the runs): {}",
+            crate::phases::LEGEND
+        ),
+        "size, N",
+    );
+    let mut send_table = Table::new(
+        "The send phase (program sent and checked on every node; means over the runs, from \
+         the MM's metrics): the transfer's worker started to every chunk delivered to every \
+         node (the program read, hashed and sent; its rate per node), then to every node's \
+         answer (its last write, its size, checksum and hash checks, its file closed), and \
+         the MM's own part (the worker's start, its look at the answers)",
+        &[
+            "size",
+            "N",
+            "send",
+            "delivered",
+            "MB/s",
+            "answered",
+            "MM's part",
         ],
     );
     for &n in &args.nodes {
@@ -298,24 +376,62 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
             ..LocalOptions::new(n)
         })?;
         let mut launches: Vec<Vec<Sample>> = Vec::new();
+        let mut sends: Vec<SendParts> = Vec::new();
         for (_, program) in &programs {
             launch_once(&cluster, program, n, args.mpi)?; // warm-up: page cache, connections
+            let before = SendParts::now(cluster.socket())?;
             let mut samples = Vec::new();
             for _ in 0..args.runs {
                 samples.push(launch_once(&cluster, program, n, args.mpi)?);
             }
             launches.push(samples);
+            sends.push(SendParts::now(cluster.socket())?.since(&before));
         }
         cluster.shutdown()?;
         std::thread::sleep(Duration::from_millis(100));
         floor_runs(&mut floors, args.runs / 2)?;
-        for (((mb, _), samples), floors) in programs.iter().zip(launches).zip(floors) {
+        for (((((mb, _), samples), floors), parts), cost) in programs
+            .iter()
+            .zip(launches)
+            .zip(floors)
+            .zip(sends)
+            .zip(&costs)
+        {
             let send = median(samples.iter().map(|s| s.send).collect());
             let execute = median(samples.iter().map(|s| s.execute).collect());
             let mm_total = median(samples.iter().map(|s| s.mm_total).collect());
             let e2e = median(samples.iter().map(|s| s.end_to_end).collect());
             let tcp_floor = median(floors.iter().map(|f| f.1).collect());
             let floor = median(floors.iter().map(|f| f.0).collect());
+            let protected = floor + cost.protections(n, cpus);
+            let timings: Vec<Timing> = samples.iter().map(|s| s.timing).collect();
+            phases.push(crate::phases::row(format!("{mb} MB, {n}"), &timings, e2e));
+            let (send_mean, delivered, answered) = (
+                parts.send.mean(),
+                parts.delivered.mean(),
+                parts.answered.mean(),
+            );
+            send_table.push(vec![
+                format!("{mb} MB"),
+                n.to_string(),
+                fmt_time(send_mean),
+                fmt_time(delivered),
+                format!("{:.0}", mb_per_s(*mb as usize * 1024 * 1024, delivered)),
+                fmt_time(answered),
+                fmt_time(send_mean - delivered - answered),
+            ]);
+            records.push(crate::phases::record(
+                format!(
+                    "launch-{mb}MB-{n}N-{:?}-{}-mpi-{}",
+                    args.backend,
+                    args.provider.as_deref().unwrap_or("default"),
+                    args.mpi.name()
+                ),
+                "cp+fork floor",
+                floor,
+                &timings,
+                e2e,
+            ));
             table.push(vec![
                 format!("{mb} MB"),
                 n.to_string(),
@@ -327,6 +443,8 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
                 format!("{:.2}", e2e / floor),
                 fmt_time(tcp_floor),
                 format!("{:.2}", e2e / tcp_floor),
+                fmt_time(protected),
+                format!("{:.2}", e2e / protected),
             ]);
             csv.push(vec![
                 mb.to_string(),
@@ -340,9 +458,74 @@ pub fn run(args: &LaunchArgs, csv: &mut Csv) -> Result<Table> {
                 format!("{:.4}", e2e / floor),
                 format!("{tcp_floor:.6}"),
                 format!("{:.4}", e2e / tcp_floor),
+                format!("{protected:.6}"),
+                format!("{:.4}", e2e / protected),
             ]);
         }
         eprintln!("  measured N = {n}");
     }
-    Ok(table)
+    Ok(vec![table, phases, send_table, bytes_table(&costs, chunk)])
+}
+
+/// What one program size costs on its own on this host, in this run, in seconds (medians).
+struct ByteCosts {
+    mb: u32,
+    memcpy: f64,
+    blake3: f64,
+    aes_gcm: f64,
+    raw_tcp: f64,
+}
+
+impl ByteCosts {
+    /// One memcpy, one BLAKE3 hash (nodes hash what they receive, the MM what it sends),
+    /// AES-256-GCM sealing in the transfer's `chunk`-byte pieces (the tcp backend encrypts
+    /// by default), one loopback TCP transfer.
+    fn measure(mb: u32, chunk: usize) -> Result<Self> {
+        let len = mb as usize * 1024 * 1024;
+        let budget = Budget {
+            min_samples: 5,
+            max_samples: 50,
+            time: Duration::from_millis(300),
+        };
+        Ok(Self {
+            mb,
+            memcpy: crate::baseline::memcpy(len, budget)?.median(),
+            blake3: crate::baseline::blake3(len, budget)?.median(),
+            aes_gcm: crate::baseline::aes_gcm(len, chunk, budget)?.median(),
+            raw_tcp: crate::baseline::raw_tcp(len, budget)?.median(),
+        })
+    }
+
+    /// What the protections add to the cp+fork floor at `n` nodes, spread over `cpus`: every
+    /// node's link seals and opens the program once (2N AES-GCM passes, forwarding nodes
+    /// included), and the MM and every node hash it (N + 1 BLAKE3 passes). On one host all
+    /// of it shares the same CPUs; on a real cluster each node pays only its own.
+    fn protections(&self, n: u32, cpus: usize) -> f64 {
+        let n = f64::from(n);
+        (2.0 * n * self.aes_gcm + (n + 1.0) * self.blake3) / cpus.max(1) as f64
+    }
+}
+
+/// The byte costs as a table.
+fn bytes_table(costs: &[ByteCosts], chunk: usize) -> Table {
+    let mut table = Table::new(
+        format!(
+            "The program's bytes on their own, same run (median; MB/s): one memcpy, one \
+             BLAKE3 hash, AES-256-GCM sealing in {} KiB chunks, one loopback TCP transfer",
+            chunk / 1024
+        ),
+        &["size", "memcpy", "BLAKE3", "AES-256-GCM", "raw TCP"],
+    );
+    for c in costs {
+        let len = c.mb as usize * 1024 * 1024;
+        let cell = |secs: f64| format!("{} ({:.0})", fmt_time(secs), mb_per_s(len, secs));
+        table.push(vec![
+            format!("{} MB", c.mb),
+            cell(c.memcpy),
+            cell(c.blake3),
+            cell(c.aes_gcm),
+            cell(c.raw_tcp),
+        ]);
+    }
+    table
 }

@@ -33,9 +33,12 @@ mod instance_report;
 mod launch;
 mod lending;
 mod links;
+mod mm_metrics;
 mod mpi;
+mod phases;
 mod plot;
 mod prims;
+mod regress;
 mod report;
 mod sample;
 mod scale;
@@ -137,6 +140,8 @@ enum Command {
         /// what users get; none: no PMI at all).
         #[arg(long, default_value = "auto")]
         mpi: storm_cluster::messages::MpiMode,
+        #[command(flatten)]
+        history: regress::HistoryArgs,
     },
     /// Single-task jobs per second from concurrent clients, with p50/p99 submit-to-exit
     /// latency, beside fork/exec of /bin/true from as many threads in the same run.
@@ -185,6 +190,8 @@ enum Command {
         /// Also write the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+        #[command(flatten)]
+        history: regress::HistoryArgs,
     },
     /// Failure detection (kill to DOWN), rejoin (restart to UP), tree healing and MM restart to ready.
     Faults {
@@ -576,6 +583,7 @@ fn main() -> Result<()> {
             csv,
             plot,
             mpi,
+            history,
         } => {
             let args = launch::LaunchArgs {
                 mpi,
@@ -590,10 +598,15 @@ fn main() -> Result<()> {
                 provider,
             };
             let mut out = report::Csv::new(launch::CSV_HEADER);
-            let table = launch::run(&args, &mut out)?;
-            println!("{}", table.render());
+            let mut records = Vec::new();
+            for table in launch::run(&args, &mut out, &mut records)? {
+                println!("{}", table.render());
+            }
             out.write_if_asked(csv.as_deref())?;
             plot_if_asked(plot.as_deref(), plot::launch(&out))?;
+            if history.run(&records)? {
+                std::process::exit(3);
+            }
         }
         Command::Throughput {
             jobs,
@@ -609,6 +622,7 @@ fn main() -> Result<()> {
             checksum_every,
             no_log_sync,
             csv,
+            history,
         } => {
             use storm_cluster::control::Delivery;
             let args = throughput::ThroughputArgs {
@@ -634,10 +648,14 @@ fn main() -> Result<()> {
                 },
             };
             let mut out = report::Csv::new(throughput::CSV_HEADER);
-            for t in throughput::run(&args, &mut out)? {
+            let mut records = Vec::new();
+            for t in throughput::run(&args, &mut out, &mut records)? {
                 println!("{}", t.render());
             }
             out.write_if_asked(csv.as_deref())?;
+            if history.run(&records)? {
+                std::process::exit(3);
+            }
         }
         Command::Faults {
             nodes,

@@ -383,6 +383,8 @@ mod tests {
                 "5.0".into(),
                 "0.008".into(),
                 "2.5".into(),
+                "0.012".into(),
+                "1.67".into(),
             ]);
         }
         let panels = launch(&csv);

@@ -27,6 +27,7 @@ use storm_cli::submit;
 use storm_cluster::control::{Client, Delivery, JobRequest, Timing};
 use storm_cluster::tasks::TaskRequest;
 
+use crate::mm_metrics::{CountSum, MmMetrics};
 use crate::report::{Csv, Table};
 use crate::stats::{Samples, fmt_time};
 
@@ -199,13 +200,12 @@ fn csv_row(what: &str, p: &Pass, clients: usize) -> Vec<String> {
     ]
 }
 
-fn median_us(timings: &[Timing], part: impl Fn(&Timing) -> u64) -> f64 {
-    let mut v: Vec<u64> = timings.iter().map(part).collect();
-    v.sort_unstable();
-    v.get(v.len() / 2).map_or(f64::NAN, |&us| us as f64 / 1e6)
-}
-
-pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
+/// The phases of each pass go to `records` for the regression check.
+pub fn run(
+    args: &ThroughputArgs,
+    csv: &mut Csv,
+    records: &mut Vec<crate::regress::Record>,
+) -> Result<Vec<Table>> {
     if args.jobs == 0 || args.clients == 0 || args.nodes == 0 || args.cpus == 0 {
         bail!("--jobs, --clients, --nodes and --cpus must be positive");
     }
@@ -271,62 +271,33 @@ pub fn run(args: &ThroughputArgs, csv: &mut Csv) -> Result<Vec<Table>> {
             storm.latency.quantile(0.99) / floor.latency.quantile(0.99)
         ),
     ]);
-    let mut phases = Table::new(
-        "Where a storm job's time went, phase by phase (median over the jobs; the MM's clock, \
-         and the node's from its taking the launch heartbeat): queued to nodes allocated, \
-         program sent, start recorded in the journal, launch heartbeat issued; on the node: \
-         seal checked, job readied (program and PMI), tasks handed to the launcher (cgroup), \
-         first task forked; its run; its report written (the node) and seen by the MM; the \
-         client's own part (connect, \
-         submit, reply) is submit-to-exit less the MM's total",
-        &[
-            "MM",
-            "queued",
-            "send",
-            "journal",
-            "heartbeat",
-            "verify",
-            "ready",
-            "hand over",
-            "fork",
-            "run",
-            "node report",
-            "MM sees",
-            "MM total",
-            "client",
-        ],
+    let mut phases = crate::phases::table(
+        format!(
+            "Where a storm job's time went, phase by phase (median over the jobs): {}",
+            crate::phases::LEGEND
+        ),
+        "MM",
     );
     let mut passes = vec![("single".to_string(), &storm)];
     if let Some((g, ..)) = &group {
         passes.push((format!("{} replicas", args.managers), g));
     }
     for (what, p) in passes {
-        let t = &p.timings;
-        let client = p.latency.quantile(0.5) - median_us(t, |t| t.total_us);
-        let mut row = vec![what];
-        row.extend(
-            [
-                median_us(t, |t| t.queued_us),
-                median_us(t, |t| t.send_us),
-                median_us(t, |t| t.record_us),
-                median_us(t, |t| t.launch_us.saturating_sub(t.record_us)),
-                median_us(t, |t| t.verified_us),
-                median_us(t, |t| t.prepared_us.saturating_sub(t.verified_us)),
-                median_us(t, |t| t.asked_us.saturating_sub(t.prepared_us)),
-                median_us(t, |t| t.start_us.saturating_sub(t.asked_us)),
-                median_us(t, |t| t.run_us),
-                median_us(t, |t| {
-                    t.reported_us
-                        .saturating_sub(t.start_us.saturating_add(t.run_us))
-                }),
-                median_us(t, |t| t.execute_us.saturating_sub(t.reported_us)),
-                median_us(t, |t| t.total_us),
-                client,
-            ]
-            .into_iter()
-            .map(fmt_time),
-        );
-        phases.push(row);
+        phases.push(crate::phases::row(
+            what.clone(),
+            &p.timings,
+            p.latency.quantile(0.5),
+        ));
+        records.push(crate::phases::record(
+            format!(
+                "throughput-{}jobs-{}clients-{}x{}-{:?}-{:?}-{}",
+                args.jobs, args.clients, args.nodes, args.cpus, args.backend, args.delivery, what
+            ),
+            "fork/exec",
+            floor.latency.quantile(0.5),
+            &p.timings,
+            p.latency.quantile(0.5),
+        ));
     }
     let mut mm = Table::new(
         "The MM's loop meanwhile (its metrics: timeslices and journal commits, count and mean)",
@@ -520,20 +491,6 @@ fn cpu_seconds(pids: &[u32]) -> f64 {
         .sum()
 }
 
-/// A histogram's count and sum (seconds).
-#[derive(Default, Clone, Copy)]
-struct CountSum(u64, f64);
-
-impl CountSum {
-    fn mean(&self) -> f64 {
-        if self.0 == 0 {
-            f64::NAN
-        } else {
-            self.1 / self.0 as f64
-        }
-    }
-}
-
 /// What the MM's metrics say of its loop: its timeslices and its journal commits.
 #[derive(Default)]
 struct MmLoop {
@@ -543,29 +500,17 @@ struct MmLoop {
 
 impl MmLoop {
     fn since(&self, earlier: &MmLoop) -> MmLoop {
-        let d = |a: CountSum, b: CountSum| CountSum(a.0 - b.0, a.1 - b.1);
         MmLoop {
-            ticks: d(self.ticks, earlier.ticks),
-            commits: d(self.commits, earlier.commits),
+            ticks: self.ticks.since(earlier.ticks),
+            commits: self.commits.since(earlier.commits),
         }
     }
 }
 
 fn mm_loop(socket: &std::path::Path) -> Result<MmLoop> {
-    let text = storm_cli::metrics_http::fetch(socket).map_err(anyhow::Error::msg)?;
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    let hist = |name: &str| {
-        CountSum(
-            value(&format!("{name}_count")) as u64,
-            value(&format!("{name}_sum")),
-        )
-    };
+    let m = MmMetrics::fetch(socket)?;
     Ok(MmLoop {
-        ticks: hist("storm_main_loop_tick_seconds"),
-        commits: hist("storm_journal_commit_seconds"),
+        ticks: m.histogram("storm_main_loop_tick_seconds"),
+        commits: m.histogram("storm_journal_commit_seconds"),
     })
 }

@@ -196,6 +196,18 @@ pub struct TransferDone {
     /// The BLAKE3 hash of the program sent, which its launch will carry under the MM's seal
     /// (nodes run only the file that hashes to it), or why the transfer failed.
     pub result: Result<[u8; 32], Failure>,
+    /// How long its parts took, for the MM's metrics (zero for a check in place).
+    pub took: TransferTook,
+}
+
+/// The parts of a program transfer's time, as its worker measured them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferTook {
+    /// The worker started to every chunk delivered to every node (read, hashed, sent).
+    pub delivered: Duration,
+    /// Then to every node's answer seen (its last write, its checks, its file closed),
+    /// or the wait for them given up.
+    pub answered: Duration,
 }
 
 /// Why a transfer did not complete.

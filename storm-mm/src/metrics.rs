@@ -12,6 +12,8 @@
 //! | `storm_heartbeats_missed_total` | counter | heartbeats a member missed |
 //! | `storm_launch_send_seconds` | histogram | nodes allocated to program ready everywhere |
 //! | `storm_launch_execute_seconds` | histogram | launch heartbeat to termination detected |
+//! | `storm_transfer_delivered_seconds` | histogram | a program transfer's worker started to every chunk delivered to every node |
+//! | `storm_transfer_answered_seconds` | histogram | every chunk delivered to every node's answer (written, checked, closed) seen |
 //! | `storm_program_bytes_total` | counter | program bytes delivered (each node counted) |
 //! | `storm_programs_in_place_total` | counter | jobs whose program every node had, identical: run in place, not copied |
 //! | `storm_output_bytes_total` | counter | task output forwarded to submitters |
@@ -83,6 +85,8 @@ pub struct Metrics {
     heartbeats_missed: Counter,
     launch_send: Histogram,
     launch_execute: Histogram,
+    transfer_delivered: Histogram,
+    transfer_answered: Histogram,
     program_bytes: Counter,
     output_bytes: Counter,
     journal_commit: Histogram,
@@ -153,6 +157,22 @@ impl Metrics {
             Unit::Seconds,
             launch_execute.clone(),
         );
+        // 100 us to ~26 s, as the send time they are parts of.
+        let transfer_delivered = Histogram::new(exponential_buckets(1e-4, 2.0, 19));
+        registry.register_with_unit(
+            "transfer_delivered",
+            "Program transfer: worker started to every chunk delivered to every node",
+            Unit::Seconds,
+            transfer_delivered.clone(),
+        );
+        // 10 us to ~2.6 s.
+        let transfer_answered = Histogram::new(exponential_buckets(1e-5, 2.0, 19));
+        registry.register_with_unit(
+            "transfer_answered",
+            "Program transfer: every chunk delivered to every node's answer seen",
+            Unit::Seconds,
+            transfer_answered.clone(),
+        );
         let program_bytes = Counter::default();
         registry.register_with_unit(
             "program",
@@ -203,6 +223,8 @@ impl Metrics {
             heartbeats_missed,
             launch_send,
             launch_execute,
+            transfer_delivered,
+            transfer_answered,
             program_bytes,
             output_bytes,
             journal_commit,
@@ -228,6 +250,14 @@ impl Metrics {
             self.launch_send.observe(s.as_secs_f64());
         }
         self.launch_execute.observe(execute.as_secs_f64());
+    }
+
+    /// A program transfer that succeeded: how long its chunks took to reach every node, and
+    /// then the nodes' answers.
+    pub fn transfer_took(&self, took: crate::env::TransferTook) {
+        self.transfer_delivered
+            .observe(took.delivered.as_secs_f64());
+        self.transfer_answered.observe(took.answered.as_secs_f64());
     }
 
     pub fn program_delivered(&self, bytes: u64, nodes: u64) {

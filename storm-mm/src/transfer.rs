@@ -31,7 +31,7 @@ use storm_primitives::helpers::{QueueEntry, QueueProducer};
 use storm_primitives::{EventId, NodeSet, PrimError, Primitives, Relation, VarId, Wait};
 
 use crate::Waker;
-use crate::env::{Failure, TransferDone};
+use crate::env::{Failure, TransferDone, TransferTook};
 
 /// How often a waiting worker looks whether its transfer was cancelled.
 const CANCEL_CHECK: Duration = Duration::from_millis(100);
@@ -80,6 +80,7 @@ pub fn spawn(
     let spawned = std::thread::Builder::new()
         .name(format!("storm-mm-send-{job}"))
         .spawn(move || {
+            let started = Instant::now();
             let result = if t.check_only {
                 t.hashes
                     .hash(&t.file, &|| t.cancel.load(Ordering::Acquire))
@@ -87,14 +88,24 @@ pub fn spawn(
             } else {
                 send(&*prims, queue, &t)
             };
+            let delivered = Instant::now();
             if result.is_ok() {
                 await_answers(&*prims, &t);
             }
+            let took = if t.check_only {
+                TransferTook::default()
+            } else {
+                TransferTook {
+                    delivered: delivered - started,
+                    answered: delivered.elapsed(),
+                }
+            };
             let _ = done.send(TransferDone {
                 job,
                 transfer,
                 worker,
                 result,
+                took,
             });
             t.wake.wake();
         });
@@ -104,6 +115,7 @@ pub fn spawn(
             transfer,
             worker,
             result: Err(Failure::new(format!("cannot start a transfer thread: {e}"))),
+            took: TransferTook::default(),
         });
     }
 }

@@ -819,6 +819,8 @@ impl Sim {
                 transfer: t.transfer,
                 worker: t.worker,
                 result,
+                // Modelled in one step: the parts of its time are not.
+                took: Default::default(),
             }));
         }
         for job in self.mm.env_mut().copies_made() {

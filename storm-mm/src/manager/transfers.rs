@@ -276,6 +276,8 @@ impl<E: MmEnv> MachineManager<E> {
                 };
             }
             Ok(hash) => {
+                self.metrics.transfer_took(done.took);
+                let j = self.jobs.get_mut(&done.job).expect("current");
                 j.program_hash = Some(hash);
                 j.phase = Phase::Verifying {
                     transfer,
