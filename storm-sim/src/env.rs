@@ -117,6 +117,8 @@ pub struct SimEnv {
     copies: ProgramCopies,
     /// Copies made, whose outcome the MM has not been handed yet.
     saved: Vec<JobId>,
+    /// Copies the MM began, in all.
+    copies_begun: usize,
     /// How many more copies may complete (a slow disk); `None`: every copy completes at the
     /// next timeslice.
     copies_allowed: Option<usize>,
@@ -143,6 +145,7 @@ impl SimEnv {
             next_program: 1,
             copies,
             saved: Vec::new(),
+            copies_begun: 0,
             copies_allowed: None,
             journal,
         }
@@ -216,6 +219,11 @@ impl SimEnv {
         let at = self.saved.iter().position(|&j| j == job)?;
         self.saved.remove(at);
         self.copies.lock().expect("copies").remove(&job)
+    }
+
+    /// How many program copies beside the journal this MM began.
+    pub fn copies_begun(&self) -> usize {
+        self.copies_begun
     }
 
     /// Lets only `n` more program copies complete (`None`: all of them, as they are made).
@@ -304,6 +312,7 @@ impl MmEnv for SimEnv {
         }
         self.copies.lock().expect("copies").insert(job, size);
         self.saved.push(job);
+        self.copies_begun += 1;
         true
     }
 

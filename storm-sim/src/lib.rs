@@ -50,6 +50,7 @@ use storm_cluster::{ClusterConfig, RmLayout};
 use storm_mm::MachineManager;
 use storm_mm::env::{Input, TransferDone};
 use storm_mm::journal::Restored;
+use storm_mm::manager::COPY_WAITS_AT_MOST;
 use storm_primitives::local::{LocalFabric, thread_cpu};
 use storm_primitives::{NodeId, Primitives};
 
@@ -602,13 +603,22 @@ impl Sim {
         Ok(())
     }
 
-    /// Submits `job`; returns its id once the MM accepted it: the next timeslice, or, for a
-    /// job that waits with a program, the one after its copy beside the journal was made (a
-    /// submitter never hears of a job a restarted MM would not know).
+    /// Submits `job`; returns its id once the MM accepted it: the next timeslice; for a job
+    /// that waits with a program, the one after its copy beside the journal was made; for a
+    /// job with a program given nodes at once, the one that journals its launch, or, if its
+    /// program travels longer than a quarter second, the one after its copy was made (a submitter
+    /// never hears of a job a restarted MM would not know).
     pub fn submit(&mut self, job: &SimJob) -> Result<JobId, String> {
         let before = self.replies.len();
         self.requests.push(job.submission());
-        for _ in 0..ANSWER_WITHIN_TICKS {
+        let slice = self.cfg.timeslice().max(Duration::from_micros(1));
+        let ticks = match job.program {
+            Some(_) => {
+                ANSWER_WITHIN_TICKS + (COPY_WAITS_AT_MOST.as_nanos() / slice.as_nanos()) as usize
+            }
+            None => ANSWER_WITHIN_TICKS,
+        };
+        for _ in 0..ticks {
             self.step();
             for (_, r) in &self.replies[before..] {
                 match r {

@@ -2,6 +2,11 @@
 //! them: the MM restarts, or its disk is slow. Seen from outside: the job runs once, to its
 //! end, and its submitter hears of it as usual.
 //!
+//! Since 8 December such a job is journaled with its launch and makes no copy of its program
+//! unless its program travels longer than a quarter of a second (`COPY_WAITS_AT_MOST`): the
+//! copy's write and sync slowed every broadcast launch, and nothing reads it once the launch
+//! is recorded.
+//!
 //! Until 1 December such a job had no program copy beside the journal (only jobs that waited
 //! in the queue got one). Its first record said it had nodes and no launch out, so a
 //! restarted MM (or the next leader of a manager group) put it back in the queue, found no
@@ -26,17 +31,55 @@ fn two_nodes() -> Sim {
     .expect("a simulated cluster, every node up")
 }
 
-/// 200 MB: about a quarter of a second to send to the nodes with the default model.
-const LARGE: u64 = 200_000_000;
+/// 100 MB: about an eighth of a second to send to the nodes with the default model.
+const LARGE: u64 = 100_000_000;
+
+/// 400 MB: about half a second, longer than a copy waits for a launch.
+const HUGE: u64 = 400_000_000;
 
 /// The MM restarts while the program of a job that got both nodes at once is still being
-/// sent (the journal says the job has nodes, and no launch went out): the new MM queues it
-/// again from its copy, its submitter reattaches, and it runs once, to its end.
+/// sent. Such a job is journaled with its launch, and its submitter told only then: the new
+/// MM knows nothing of it, and the submitter, told nothing, sends it again (with its token,
+/// as storm-submit does). It runs once, to its end; no launch of the first went out.
 #[test]
-fn a_job_whose_program_was_being_sent_when_the_mm_restarted_runs_once() {
+fn a_job_whose_program_was_being_sent_when_the_mm_restarted_is_sent_again_and_runs_once() {
+    let mut s = two_nodes();
+    let job = SimJob::new(2, ms(50)).with_program(LARGE).with_token(7);
+    s.send_submission(&job);
+    s.run_for(ms(60));
+    assert!(
+        (0..2).all(|n| s.node(n).jobs().is_empty()),
+        "no launch reached its nodes yet: its program is still on its way"
+    );
+    assert!(
+        !s.replies
+            .iter()
+            .any(|(_, r)| matches!(r, Reply::Accepted { .. })),
+        "its submitter was told of it before its launch was journaled"
+    );
+    assert!(
+        s.journaled().jobs.is_empty(),
+        "journaled before its launch, though no copy of its program was made"
+    );
+    assert_eq!(
+        s.mm().env().copies_begun(),
+        0,
+        "a copy was made of a program on its way to its nodes for less than a quarter second"
+    );
+    s.restart_mm().unwrap();
+    let again = s.submit(&job).unwrap();
+    s.assert_ran_once_to_its_end(again, 2, ms(10_000));
+}
+
+/// A program that takes longer than a quarter of a second to reach its nodes gets its copy
+/// beside the journal after all, and the job is journaled as given nodes: the MM restarts while it is
+/// still being sent, and the new MM queues it again from its copy; its submitter, told of
+/// it, reattaches, and it runs once, to its end.
+#[test]
+fn a_job_whose_long_transfer_was_cut_by_a_restart_runs_once_from_its_copy() {
     let mut s = two_nodes();
     let job = s
-        .submit(&SimJob::new(2, ms(50)).with_program(LARGE))
+        .submit(&SimJob::new(2, ms(50)).with_program(HUGE))
         .unwrap();
     let starting = |s: &Sim| {
         s.journaled().jobs.iter().any(|r| {
@@ -60,6 +103,44 @@ fn a_job_whose_program_was_being_sent_when_the_mm_restarted_runs_once() {
     );
     s.restart_mm().unwrap();
     s.assert_ran_once_to_its_end(job, 2, ms(10_000));
+}
+
+/// Who gets a program copy beside the journal, seen from the disk: a job given nodes at
+/// once needs none (its launch is its first record); a job that waits for nodes gets one,
+/// and so does a job that may be requeued, even given nodes at once.
+#[test]
+fn only_a_job_that_waits_or_may_run_again_has_its_program_copied() {
+    let mut s = two_nodes();
+    let at_once = s
+        .submit(&SimJob::new(2, ms(300)).with_program(8_000_000))
+        .unwrap();
+    assert_eq!(
+        s.mm().env().copies_begun(),
+        0,
+        "copied a job given nodes at once"
+    );
+    let waits = s
+        .submit(&SimJob::new(2, ms(20)).with_program(8_000_000))
+        .unwrap();
+    assert_eq!(
+        s.mm().env().copies_begun(),
+        1,
+        "a job that waits for nodes has no copy"
+    );
+    s.assert_ran_once_to_its_end(at_once, 2, ms(5_000));
+    s.assert_ran_once_to_its_end(waits, 2, ms(5_000));
+    let requeue = s
+        .submit(&SimJob {
+            requeue: true,
+            ..SimJob::new(2, ms(20)).with_program(8_000_000)
+        })
+        .unwrap();
+    assert_eq!(
+        s.mm().env().copies_begun(),
+        2,
+        "a job that may be requeued has no copy"
+    );
+    s.assert_ran_once_to_its_end(requeue, 2, ms(5_000));
 }
 
 /// The disk never finishes a program copy. A job given nodes at once launches all the same

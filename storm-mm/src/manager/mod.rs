@@ -60,6 +60,8 @@ mod restart;
 mod steps;
 mod transfers;
 
+pub use publish::COPY_WAITS_AT_MOST;
+
 use crate::env::{ClientId, MmEnv};
 use crate::journal::{JobRecord, JobState, Journal, Restored};
 use crate::metrics::Metrics;
@@ -155,7 +157,7 @@ pub struct MachineManager<E: MmEnv> {
     /// What `storm metrics` shows.
     metrics: Metrics,
     /// When the last timeslice began (to tell the MM's own stalls from nodes' silence).
-    last_tick: Instant,
+    pub(super) last_tick: Instant,
     /// When the next timeslice is due.
     next_tick: Instant,
     /// Where the sweep of the nodes' records stands ([`records`]).

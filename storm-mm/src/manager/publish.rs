@@ -30,6 +30,9 @@ pub(super) struct Outbox {
     /// Jobs whose program copy is under way: not journaled yet, their submitters' replies
     /// held.
     pub(super) saving: BTreeSet<JobId>,
+    /// Jobs whose copy waits (see [`copy_can_wait`]): not journaled yet, their submitters'
+    /// replies held, as for a copy under way.
+    pub(super) copy_waits: BTreeSet<JobId>,
     /// Program copies beside the journal that ended, as their inputs came, not yet taken up.
     pub(super) saved_programs: Vec<(JobId, Result<(), JournalError>)>,
     /// Jobs whose nodes are to forget them, each with the journal commit that records its end
@@ -47,6 +50,7 @@ impl Outbox {
             && self.replies.is_empty()
             && self.unrecorded.is_empty()
             && self.saving.is_empty()
+            && self.copy_waits.is_empty()
             && self.saved_programs.is_empty()
             && self.forgets.is_empty()
             && !self.journal.dirty()
@@ -60,11 +64,53 @@ impl Outbox {
             journal,
             unrecorded: BTreeSet::new(),
             saving: BTreeSet::new(),
+            copy_waits: BTreeSet::new(),
             saved_programs: Vec::new(),
             forgets: Vec::new(),
             journal_errors: LogLimit::new(Duration::from_secs(10)),
         }
     }
+}
+
+/// How long a job given nodes as it came goes without a copy of its program while the
+/// program travels to its nodes: past this its copy is made after all, so that its submitter
+/// hears of it (its replies wait for its record), `storm queue` lists it, and a restart of
+/// the MM keeps it. A quarter of a second covers the launches where the copy costs most (12
+/// MB to 8 nodes takes 160 ms on the 2-core test host); a longer transfer hides the copy,
+/// made beside it, and a progress bar shows only after a second.
+pub const COPY_WAITS_AT_MOST: Duration = Duration::from_millis(250);
+
+/// Whether job `j`'s program copy beside the journal can wait, at `now`, the last scheduling
+/// pass having begun at `last_tick`. The copy is needed only if a restarted MM could have to
+/// run the job from its beginning; a job whose program reaches its nodes before its copy is
+/// made is journaled with its launch, and nothing reads the copy. So the copy waits while
+///
+/// * the job has not been through a scheduling pass yet (it came after the last one began):
+///   the next pass may give it nodes at once, and it waits at most a timeslice;
+/// * or it was given nodes and its program is on its way to them (sent, or checked in
+///   place), it cannot be requeued, it is no element of an array (an array is journaled as
+///   one), and it came less than [`COPY_WAITS_AT_MOST`] ago.
+///
+/// Making the copy anyway costs every such launch the copy's write and sync: on a disk, a
+/// journal commit behind 12 MB of it waited 14 ms, and the job's own exec behind it 12 ms.
+/// A restart before the launch's record finds no record of the job, and its submitter, told
+/// nothing yet, sends it again, as when the launch came before the copy.
+fn copy_can_wait(
+    j: &super::job::Job,
+    last_tick: std::time::Instant,
+    now: std::time::Instant,
+) -> bool {
+    if j.submitted > last_tick {
+        return true;
+    }
+    let on_its_way = matches!(
+        j.phase,
+        Phase::Allocated | Phase::Checking { .. } | Phase::Sending { .. } | Phase::Verifying { .. }
+    );
+    on_its_way
+        && !j.req.requeue
+        && j.req.element.is_none()
+        && now.saturating_duration_since(j.submitted) < COPY_WAITS_AT_MOST
 }
 
 impl<E: MmEnv> MachineManager<E> {
@@ -104,6 +150,8 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         let unrecorded = std::mem::take(&mut self.outbox.unrecorded);
+        let now = self.now();
+        let mut waiting_copy = BTreeSet::new();
         // A job that a restarted MM could have to run from its beginning needs its program
         // then: one that waits, one given nodes whose launch is not out yet, one that may be
         // requeued. Its copy is made first, and the job is recorded once it is complete.
@@ -116,6 +164,10 @@ impl<E: MmEnv> MachineManager<E> {
                 || j.program_save_failed
                 || !j.copy_needed()
             {
+                continue;
+            }
+            if copy_can_wait(j, self.last_tick, now) {
+                waiting_copy.insert(id);
                 continue;
             }
             let Some(program) = j.program else {
@@ -141,6 +193,7 @@ impl<E: MmEnv> MachineManager<E> {
                 continue;
             };
             if (self.outbox.saving.contains(&id) && j.copy_needed())
+                || waiting_copy.contains(&id)
                 || j.req
                     .element
                     .is_some_and(|e| arrays_copied.contains(&e.array))
@@ -159,6 +212,7 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         self.outbox.unrecorded = later;
+        self.outbox.copy_waits = waiting_copy;
         let batch = self.outbox.journal.commit().unwrap_or_else(|e| {
             self.journal_failed(e);
             // Replies and launches go all the same, as they did before commits were made
@@ -199,6 +253,7 @@ impl<E: MmEnv> MachineManager<E> {
             .outbox
             .saving
             .iter()
+            .chain(&self.outbox.copy_waits)
             .filter_map(|id| self.jobs.get(id)?.client)
             .collect();
         let mut held = copying.clone();
@@ -215,6 +270,7 @@ impl<E: MmEnv> MachineManager<E> {
             if let Reply::Queue(list) = &mut r {
                 list.retain(|j| {
                     !self.outbox.saving.contains(&j.job)
+                        && !self.outbox.copy_waits.contains(&j.job)
                         && !j.element.is_some_and(|e| arrays_copied.contains(&e.array))
                 });
             }
