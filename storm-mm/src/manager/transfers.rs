@@ -12,6 +12,7 @@
 //! check takes a transfer's number and holds its nodes as a transfer does: a node answers in
 //! `file.ack` for one check or transfer at a time.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use storm_cluster::control::{Delivery, Reply};
@@ -61,11 +62,19 @@ pub(super) const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 impl<E: MmEnv> MachineManager<E> {
     /// Starts the program transfers of allocated jobs, as workers and nodes allow: each node
     /// receives one program at a time (it has one chunk queue).
+    ///
+    /// A requeued job's transfer waits until the `Forget` of its last placement has gone to
+    /// the heartbeat: a node that took the new placement's check or transfer first would
+    /// have it cancelled, and its spool directory removed, by that `Forget` (it names the
+    /// job, not the placement), and the job then waited out [`CHECK_WAIT`] (10 s) for an
+    /// answer that never came. The `Forget` waits only for the journal's commit of the
+    /// requeue.
     pub(super) fn begin_transfers(&mut self) {
+        let forgetting: BTreeSet<JobId> = self.outbox.forgets.iter().map(|(j, _)| *j).collect();
         let waiting: Vec<JobId> = self
             .jobs
             .values()
-            .filter(|j| j.phase == Phase::Allocated)
+            .filter(|j| j.phase == Phase::Allocated && !forgetting.contains(&j.id))
             .map(|j| j.id)
             .collect();
         for id in waiting {
