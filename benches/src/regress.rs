@@ -197,7 +197,10 @@ pub struct HistoryArgs {
 }
 
 impl HistoryArgs {
-    /// Runs the check on `records` as asked, printing its table; says whether to fail.
+    /// Runs the check on `records` as asked, printing its table; says whether to fail. A
+    /// history that cannot be read or written is an error with `--fail-on-growth` (the check
+    /// was asked for and could not be made); otherwise a warning naming it, after the
+    /// benchmark's own tables.
     pub fn run(&self, records: &[Record]) -> Result<bool> {
         if self.no_history || records.is_empty() {
             return Ok(false);
@@ -206,9 +209,20 @@ impl HistoryArgs {
             eprintln!("storm-bench: no --history and no HOME: the run is not compared or kept");
             return Ok(false);
         };
-        let (table, grown) = check(&dir, records)?;
-        println!("{}", table.render());
-        Ok(grown > 0 && self.fail_on_growth)
+        match check(&dir, records) {
+            Ok((table, grown)) => {
+                println!("{}", table.render());
+                Ok(grown > 0 && self.fail_on_growth)
+            }
+            Err(e) if !self.fail_on_growth => {
+                eprintln!(
+                    "storm-bench: the run is not compared with the last one or kept: {e:#} \
+                     (--history DIR keeps it elsewhere, --no-history not at all)"
+                );
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -283,6 +297,23 @@ mod tests {
         // The slower run is now the last one: the same figure again is no regression.
         let (_, grown) = check(dir.path(), &[slower]).unwrap();
         assert_eq!(grown, 0);
+    }
+
+    #[test]
+    fn an_unwritable_history_fails_the_run_only_when_the_check_was_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the history's directory should be.
+        let history = dir.path().join("not-a-dir");
+        std::fs::write(&history, "").unwrap();
+        let r = record(0.010, &[("send", 0.020)]);
+        let args = |fail_on_growth| HistoryArgs {
+            history: Some(history.clone()),
+            no_history: false,
+            fail_on_growth,
+        };
+        assert!(!args(false).run(std::slice::from_ref(&r)).unwrap());
+        let err = format!("{:#}", args(true).run(&[r]).unwrap_err());
+        assert!(err.contains("not-a-dir"), "{err}");
     }
 
     #[test]

@@ -73,9 +73,9 @@ fn a_job_whose_program_was_being_sent_when_the_mm_restarted_is_sent_again_and_ru
 }
 
 /// A program that takes longer than a quarter of a second to reach its nodes gets its copy
-/// beside the journal after all, and the job is journaled as given nodes: the MM restarts while it is
-/// still being sent, and the new MM queues it again from its copy; its submitter, told of
-/// it, reattaches, and it runs once, to its end.
+/// beside the journal after all, and the job is journaled as given nodes: the MM restarts
+/// while it is still being sent, and the new MM queues it again from its copy; its
+/// submitter, told of it, reattaches, and it runs once, to its end.
 #[test]
 fn a_job_whose_long_transfer_was_cut_by_a_restart_runs_once_from_its_copy() {
     let mut s = two_nodes();
