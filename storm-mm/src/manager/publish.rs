@@ -30,9 +30,6 @@ pub(super) struct Outbox {
     /// Jobs whose program copy is under way: not journaled yet, their submitters' replies
     /// held.
     pub(super) saving: BTreeSet<JobId>,
-    /// Jobs whose copy waits (see [`copy_can_wait`]): not journaled yet, their submitters'
-    /// replies held, as for a copy under way.
-    pub(super) copy_waits: BTreeSet<JobId>,
     /// Program copies beside the journal that ended, as their inputs came, not yet taken up.
     pub(super) saved_programs: Vec<(JobId, Result<(), JournalError>)>,
     /// Jobs whose nodes are to forget them, each with the journal commit that records its end
@@ -50,7 +47,6 @@ impl Outbox {
             && self.replies.is_empty()
             && self.unrecorded.is_empty()
             && self.saving.is_empty()
-            && self.copy_waits.is_empty()
             && self.saved_programs.is_empty()
             && self.forgets.is_empty()
             && !self.journal.dirty()
@@ -64,7 +60,6 @@ impl Outbox {
             journal,
             unrecorded: BTreeSet::new(),
             saving: BTreeSet::new(),
-            copy_waits: BTreeSet::new(),
             saved_programs: Vec::new(),
             forgets: Vec::new(),
             journal_errors: LogLimit::new(Duration::from_secs(10)),
@@ -151,6 +146,8 @@ impl<E: MmEnv> MachineManager<E> {
         }
         let unrecorded = std::mem::take(&mut self.outbox.unrecorded);
         let now = self.now();
+        // Jobs whose copy waits (see [`copy_can_wait`]): they stay unrecorded, their
+        // submitters' replies held and listings without them, as for a copy under way.
         let mut waiting_copy = BTreeSet::new();
         // A job that a restarted MM could have to run from its beginning needs its program
         // then: one that waits, one given nodes whose launch is not out yet, one that may be
@@ -212,7 +209,6 @@ impl<E: MmEnv> MachineManager<E> {
             }
         }
         self.outbox.unrecorded = later;
-        self.outbox.copy_waits = waiting_copy;
         let batch = self.outbox.journal.commit().unwrap_or_else(|e| {
             self.journal_failed(e);
             // Replies and launches go all the same, as they did before commits were made
@@ -253,7 +249,7 @@ impl<E: MmEnv> MachineManager<E> {
             .outbox
             .saving
             .iter()
-            .chain(&self.outbox.copy_waits)
+            .chain(&waiting_copy)
             .filter_map(|id| self.jobs.get(id)?.client)
             .collect();
         let mut held = copying.clone();
@@ -270,7 +266,7 @@ impl<E: MmEnv> MachineManager<E> {
             if let Reply::Queue(list) = &mut r {
                 list.retain(|j| {
                     !self.outbox.saving.contains(&j.job)
-                        && !self.outbox.copy_waits.contains(&j.job)
+                        && !waiting_copy.contains(&j.job)
                         && !j.element.is_some_and(|e| arrays_copied.contains(&e.array))
                 });
             }
